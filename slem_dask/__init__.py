@@ -1,0 +1,20 @@
+"""slem-dask: square-loss exemplar machines for image retrieval, on Dask.
+
+The library never starts a Dask client: it takes numpy or dask arrays, and the
+dask paths stay lazy until the caller computes. Jobs and the ``slem-dask``
+command line start or connect to a cluster (see :mod:`slem_dask.cluster`).
+"""
+
+from ._version import __version__
+from .models import LinearSLEM, NotFittedError, load_model
+from .retrieval import mean_average_precision, precision_recall_at_k, search
+
+__all__ = [
+    "__version__",
+    "LinearSLEM",
+    "NotFittedError",
+    "load_model",
+    "search",
+    "mean_average_precision",
+    "precision_recall_at_k",
+]

@@ -1,0 +1,158 @@
+"""The ``slem-dask`` command line: demo, fit, encode.
+
+Without ``--scheduler`` (or $DASK_SCHEDULER_ADDRESS) every command starts a
+LocalCluster sized to this machine and closes it at the end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import sys
+
+from ._version import __version__
+
+EXIT_ERROR = 1
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number > 0, got {text!r}") from None
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"expected a finite number > 0, got {text!r}")
+    return value
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}")
+    return value
+
+
+def _add_cluster_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("cluster")
+    g.add_argument("--scheduler", metavar="ADDRESS",
+                   help="address of a running dask scheduler, e.g. tcp://host:8786 "
+                        "(default: $DASK_SCHEDULER_ADDRESS, else a LocalCluster on this machine)")
+    g.add_argument("--workers", type=_positive_int, metavar="N",
+                   help="LocalCluster worker processes (default: one per core)")
+    g.add_argument("--threads-per-worker", type=_positive_int, metavar="N",
+                   help="LocalCluster threads per worker (default: 1)")
+    g.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
+                   help="show progress bars (default: when the output is a terminal)")
+
+
+def _add_partition_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--partition-rows", type=_positive_int, metavar="N",
+                   help="rows per dask partition, rounded up to whole zarr chunks/shards "
+                        "(default: about 64 MiB of float64 per partition)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="slem-dask",
+        description="Square-loss exemplar machines for image retrieval, on Dask. "
+                    "PATH arguments are zarr v3 arrays: a local path or an fsspec URL.")
+    parser.add_argument("--version", action="version", version=f"slem-dask {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    p = sub.add_parser("demo", help="generate a small corpus, fit, encode, evaluate, print a table")
+    p.add_argument("--workdir", default="slem-demo", help="where the corpus and model go "
+                   "(default: ./slem-demo)")
+    p.add_argument("--negatives", type=_positive_int, default=50_000, metavar="N",
+                   help="number of negatives to generate (default: 50000)")
+    p.add_argument("--instances", type=_positive_int, default=1_000, metavar="N",
+                   help="number of instances; the database holds 4 views of each (default: 1000)")
+    p.add_argument("--dim", type=_positive_int, default=128, metavar="D",
+                   help="descriptor dimension (default: 128)")
+    p.add_argument("--lam", type=_positive_float, default=1e-3, help="ridge lambda (default: 1e-3)")
+    p.add_argument("--seed", type=int, default=0)
+    _add_cluster_args(p)
+
+    p = sub.add_parser("fit", help="fit a linear SLEM model on negatives stored in zarr")
+    p.add_argument("--negatives", required=True, metavar="PATH",
+                   help="zarr array (n, d) of negatives, e.g. corpus.zarr/negatives")
+    p.add_argument("--model", required=True, metavar="PATH", help="zarr group to write the model to")
+    p.add_argument("--lam", type=_positive_float, default=1e-3,
+                   help="ridge lambda > 0 (default: 1e-3)")
+    p.add_argument("--theta", type=_positive_float, default=1.0,
+                   help="weight of the positive; changes only exemplar() norms (default: 1)")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing model")
+    _add_partition_arg(p)
+    _add_cluster_args(p)
+
+    p = sub.add_parser("encode", help="encode positives stored in zarr with a fitted model")
+    p.add_argument("--model", required=True, metavar="PATH", help="model written by `fit`")
+    p.add_argument("--positives", required=True, metavar="PATH",
+                   help="zarr array (m, d) of descriptors to encode")
+    p.add_argument("--out", required=True, metavar="PATH", help="zarr array to write (m, d)")
+    p.add_argument("--dtype", choices=("float32", "float64"),
+                   help="dtype of the output (default: the positives' float dtype)")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing output")
+    _add_partition_arg(p)
+    _add_cluster_args(p)
+    return parser
+
+
+def _print_table(rows: list[dict]) -> None:
+    cols = list(rows[0])
+    text = [[f"{r[c]:.4f}" if isinstance(r[c], float) else str(r[c]) for c in cols] for r in rows]
+    widths = [max(len(c), *(len(t[i]) for t in text)) for i, c in enumerate(cols)]
+    print("  ".join(c.ljust(w) for c, w in zip(cols, widths)))
+    print("  ".join("-" * w for w in widths))
+    for t in text:
+        print("  ".join(v.ljust(w) for v, w in zip(t, widths)))
+
+
+def _run(args) -> int:
+    from . import pipeline
+    from .cluster import connect
+
+    progress = sys.stdout.isatty() if args.progress is None else args.progress
+    with connect(args.scheduler, args.workers, args.threads_per_worker,
+                 quiet=not progress) as client:
+        print(f"dask: {client.scheduler_info().get('address', '')} with "
+              f"{len(client.scheduler_info()['workers'])} worker(s)", flush=True)
+        if args.command == "fit":
+            reports = [pipeline.fit_job(client, args.negatives, args.model, lam=args.lam,
+                                        theta=args.theta, partition_rows=args.partition_rows,
+                                        overwrite=args.overwrite, progress=progress)]
+        elif args.command == "encode":
+            reports = [pipeline.encode_job(client, args.model, args.positives, args.out,
+                                           dtype=args.dtype, partition_rows=args.partition_rows,
+                                           overwrite=args.overwrite, progress=progress)]
+        else:
+            rows, reports = pipeline.demo_job(
+                client, workdir=args.workdir, n_negatives=args.negatives,
+                n_instances=args.instances, d=args.dim, lam=args.lam, seed=args.seed,
+                progress=progress)
+    for report in reports:
+        print("\n".join(report.lines()))
+    if args.command == "demo":
+        print()
+        _print_table(rows)
+    return 0
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return _run(args)
+    except (ValueError, TypeError, FileNotFoundError, FileExistsError, OSError) as exc:
+        print(f"slem-dask {args.command}: error: {exc}", file=sys.stderr)
+        return EXIT_ERROR
+    except KeyboardInterrupt:
+        print(f"slem-dask {args.command}: interrupted; nothing was marked complete",
+              file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

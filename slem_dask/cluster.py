@@ -1,0 +1,65 @@
+"""Starting or joining a Dask cluster: used by jobs and the command line only.
+
+The library itself never creates a client.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+
+from distributed import Client, LocalCluster
+from distributed.diagnostics.plugin import WorkerPlugin
+
+__all__ = ["connect", "SingleThreadedBLAS", "default_local_cluster_kwargs"]
+
+
+class SingleThreadedBLAS(WorkerPlugin):
+    """Limit BLAS to one thread in each worker process.
+
+    Dask already runs one task per worker thread; a multi-threaded BLAS inside
+    each task would oversubscribe the cores. Nannies set OMP_NUM_THREADS=1
+    for the processes they start, but workers started otherwise (or an
+    already-loaded BLAS) need the limit applied at run time.
+    """
+
+    name = "slem-dask-single-threaded-blas"
+
+    def setup(self, worker):
+        from threadpoolctl import threadpool_limits
+
+        self._limits = threadpool_limits(limits=1, user_api="blas")
+
+
+def default_local_cluster_kwargs(n_workers: int | None = None,
+                                 threads_per_worker: int | None = None) -> dict:
+    """A LocalCluster sized to the machine: one single-threaded process per core.
+
+    Processes rather than threads: zarr decoding and the float64 conversions
+    hold the GIL in places, and separate processes keep the cores busy.
+    """
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    threads = threads_per_worker or 1
+    workers = n_workers or max(1, (cores or 1) // threads)
+    return {"n_workers": workers, "threads_per_worker": threads, "processes": True,
+            "dashboard_address": None}
+
+
+@contextlib.contextmanager
+def connect(scheduler: str | None = None, n_workers: int | None = None,
+            threads_per_worker: int | None = None, security=None, quiet: bool = False):
+    """Yield a Client: to ``scheduler`` (or $DASK_SCHEDULER_ADDRESS) if given,
+    else to a new LocalCluster sized to this machine, closed on exit."""
+    address = scheduler or os.environ.get("DASK_SCHEDULER_ADDRESS")
+    if address:
+        client = Client(address, security=security)
+        try:
+            client.register_plugin(SingleThreadedBLAS())
+            yield client
+        finally:
+            client.close()
+        return
+    kwargs = default_local_cluster_kwargs(n_workers, threads_per_worker)
+    with LocalCluster(**kwargs, silence_logs=40 if quiet else 30) as cluster, Client(cluster) as client:
+        client.register_plugin(SingleThreadedBLAS())
+        yield client

@@ -1,0 +1,84 @@
+"""Closed-form linear SLEM (slem_linear.tex).
+
+Notation follows the paper: negatives have mean ``mu`` and population
+covariance ``Sigma``; ``A = Sigma + lam I`` (section "Woodbury identity and
+matching scores"); ``delta = x0 - mu``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from scipy import linalg
+
+__all__ = [
+    "regularized_covariance",
+    "precision_matrix",
+    "encode_rows",
+    "exemplar_solution",
+]
+
+
+def regularized_covariance(cov: np.ndarray, lam: float) -> np.ndarray:
+    """A = X X^T / n - mu mu^T + lam Id  (slem_linear.tex, definition of A)."""
+    a = np.array(cov, dtype=np.float64, copy=True)
+    a[np.diag_indices_from(a)] += lam
+    return a
+
+
+def precision_matrix(cov: np.ndarray, lam: float) -> np.ndarray:
+    """A^-1, the one inverse shared by all positives (slem_linear.tex, eq. invU).
+
+    Computed from the Cholesky factor of A, which is positive definite for any
+    lam > 0 because Sigma is positive semi-definite.
+    """
+    a = regularized_covariance(cov, lam)
+    try:
+        factor = linalg.cho_factor(a, lower=True, check_finite=False)
+    except linalg.LinAlgError as exc:  # pragma: no cover - only for lam ~ -min eig
+        raise np.linalg.LinAlgError(
+            f"A = Sigma + lam*I is not positive definite for lam={lam!r}; "
+            "increase lam"
+        ) from exc
+    inverse = linalg.cho_solve(factor, np.eye(a.shape[0]), check_finite=False)
+    # cho_solve is symmetric only up to rounding; the encoder relies on A^-1 = A^-T.
+    return (inverse + inverse.T) * 0.5
+
+
+def encode_rows(rows: np.ndarray, mean: np.ndarray, precision: np.ndarray,
+                dtype=np.float64) -> np.ndarray:
+    """L2-normalized SLEM vectors of ``rows``: the direction of A^-1 (x0 - mu).
+
+    By slem_linear.tex, eq. Wood:omega, w* = 2 theta / (theta delta^T A^-1 delta
+    + theta + 1) A^-1 delta: theta and the scalar factor change only the norm,
+    so the normalized vector is A^-1 delta / |A^-1 delta| for every theta.
+    Computed in float64 and centred before the product, so data far from the
+    origin loses no digits. A row equal to mu has no direction and maps to 0.
+    """
+    centred = np.array(rows, dtype=np.float64, order="C", copy=True)
+    centred -= mean
+    # A^-1 is symmetric, so the rows of (A^-1 delta)^T are delta^T A^-1.
+    vectors = centred @ precision
+    norms = np.sqrt(np.einsum("ij,ij->i", vectors, vectors))
+    np.divide(vectors, norms[:, None], out=vectors, where=norms[:, None] > 0)
+    vectors[norms == 0] = 0.0
+    return vectors.astype(dtype, copy=False)
+
+
+def exemplar_solution(x0: np.ndarray, mean: np.ndarray, precision: np.ndarray,
+                      theta: float) -> tuple[np.ndarray, float]:
+    """Exact minimizer (w*, nu*) of J(w, nu) for one positive x0.
+
+    w*  = 2 theta / (theta delta^T A^-1 delta + theta + 1) A^-1 delta
+          (slem_linear.tex, eq. Wood:omega, erratum 3 applied)
+    nu* = (theta - 1)/(theta + 1) - (theta x0 + mu)^T w* / (theta + 1)
+          (slem_linear.tex, eq. omega:solution)
+    ``theta x0 + mu`` is rewritten ``theta delta + (theta + 1) mu`` so that the
+    large common offset of x0 and mu is never subtracted twice.
+    """
+    x0 = np.asarray(x0, dtype=np.float64)
+    delta = x0 - mean
+    a_inv_delta = precision @ delta
+    quad = float(delta @ a_inv_delta)
+    w = (2.0 * theta / (theta * quad + theta + 1.0)) * a_inv_delta
+    nu = (theta - 1.0) / (theta + 1.0) - (theta / (theta + 1.0)) * float(delta @ w) - float(mean @ w)
+    return w, nu

@@ -1,0 +1,6 @@
+"""The estimators: one module per model, sharing :mod:`.base`."""
+
+from .base import MODEL_CLASSES, NotFittedError, SLEMEstimator, load_model
+from .linear import LinearSLEM
+
+__all__ = ["LinearSLEM", "SLEMEstimator", "NotFittedError", "load_model", "MODEL_CLASSES"]

@@ -1,0 +1,105 @@
+"""What every SLEM estimator shares: parameters, fitted checks, save and load."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .. import storage
+from ..validation import check_n_features, check_rows, is_dask_array
+
+__all__ = ["SLEMEstimator", "load_model", "MODEL_CLASSES", "NotFittedError"]
+
+#: Model name (as written in a store) -> class; filled by each model module.
+MODEL_CLASSES: dict[str, type] = {}
+
+
+class NotFittedError(RuntimeError):
+    """Raised when a model is used before ``fit`` (or ``load_model``)."""
+
+
+class SLEMEstimator:
+    """Base class. Subclasses set ``_param_names``, ``_array_names`` and ``_input_name``.
+
+    ``__init__`` stores parameters only; everything learned ends in ``_`` and
+    is set by ``fit`` or by :func:`load_model`.
+    """
+
+    _param_names: tuple[str, ...] = ()
+    _array_names: tuple[str, ...] = ()
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        MODEL_CLASSES[cls.__name__] = cls
+
+    def get_params(self) -> dict:
+        return {name: getattr(self, name) for name in self._param_names}
+
+    def __repr__(self) -> str:
+        args = ", ".join(f"{k}={v!r}" for k, v in self.get_params().items())
+        return f"{type(self).__name__}({args})"
+
+    # -- fitted state -------------------------------------------------
+    def _check_fitted(self) -> None:
+        if not hasattr(self, "n_features_in_"):
+            raise NotFittedError(
+                f"this {type(self).__name__} is not fitted yet; call fit(X) with the "
+                f"negatives, or load a fitted model with slem_dask.load_model(path)"
+            )
+
+    def _check_positives(self, p, name: str = "P"):
+        self._check_fitted()
+        p = check_rows(p, name)
+        check_n_features(p, self.n_features_in_, name)
+        return p
+
+    # -- persistence --------------------------------------------------
+    def _state(self) -> tuple[dict, dict[str, np.ndarray]]:
+        """(info, arrays): what :meth:`save` writes besides the parameters."""
+        raise NotImplementedError
+
+    def _set_state(self, info: dict, arrays: dict[str, np.ndarray]) -> None:
+        raise NotImplementedError
+
+    @property
+    def fingerprint_(self) -> str:
+        self._check_fitted()
+        info, arrays = self._state()
+        return storage.fingerprint(arrays, self.get_params())
+
+    def save(self, path: str, overwrite: bool = False, metadata: dict | None = None) -> str:
+        """Write the fitted model to a zarr group at ``path``; return its fingerprint.
+
+        ``metadata``: extra JSON-serializable facts to record (e.g. the source).
+        """
+        self._check_fitted()
+        info, arrays = self._state()
+        return storage.write_model_store(path, type(self).__name__, self.get_params(),
+                                         arrays, {**info, **(metadata or {})},
+                                         overwrite=overwrite)
+
+    def similarity(self, p, q):
+        """Matching scores: cosines of the SLEM vectors of the rows of ``p`` and ``q``.
+
+        Shape (len(p), len(q)); numpy unless either input is a dask array.
+        """
+        zp = self.transform(p)
+        zq = self.transform(q)
+        if is_dask_array(zp) or is_dask_array(zq):
+            import dask.array as da
+
+            zp, zq = da.asarray(zp), da.asarray(zq)
+        return zp @ zq.T
+
+
+def load_model(path: str):
+    """Load a model written by ``model.save(path)`` or ``slem-dask fit``."""
+    meta, arrays = storage.read_model_store(path)
+    cls = MODEL_CLASSES.get(meta["model"])
+    if cls is None:
+        raise ValueError(
+            f"model: {path!r} holds a {meta['model']!r} model, which this version of "
+            f"slem-dask does not know (it knows {sorted(MODEL_CLASSES)}); upgrade slem-dask"
+        )
+    model = cls(**meta["params"])
+    model._set_state(meta, arrays)
+    return model

@@ -1,0 +1,128 @@
+"""The linear square-loss exemplar machine (slem_linear.tex)."""
+
+from __future__ import annotations
+
+import dask
+import numpy as np
+
+from ..core.linear import encode_rows, exemplar_solution, precision_matrix
+from ..core.statistics import ScatterStats, block_statistics, covariance, merge_many
+from ..parallel import encode_blocks, scatter_statistics, shared
+from ..validation import check_finite_rows, check_positive_float, check_rows, is_dask_array
+from .base import SLEMEstimator
+
+__all__ = ["LinearSLEM"]
+
+#: Rows per block when fitting on an in-memory numpy array (bounds the float64 copy).
+_NUMPY_BLOCK_BYTES = 64 * 2**20
+
+
+class LinearSLEM(SLEMEstimator):
+    """Linear square-loss exemplar machine.
+
+    Parameters
+    ----------
+    lam : float > 0
+        Ridge parameter lambda of J(w, nu) (slem_linear.tex, eq. first).
+    theta : float > 0
+        Weight of the positive exemplar. It scales w* but not its direction
+        (eq. Wood:omega), so it changes :meth:`exemplar` only, never
+        :meth:`transform` or :meth:`similarity`.
+
+    Attributes (after ``fit``)
+    --------------------------
+    mean_ : (d,) float64, mean mu of the negatives.
+    covariance_ : (d, d) float64, population covariance Sigma of the negatives.
+    precision_ : (d, d) float64, A^-1 = (Sigma + lam I)^-1.
+    n_samples_ : number of negatives.
+    n_features_in_ : d.
+    input_dtype_ : dtype name of the negatives.
+    """
+
+    _param_names = ("lam", "theta")
+
+    def __init__(self, lam: float = 1e-3, theta: float = 1.0):
+        self.lam = lam
+        self.theta = theta
+
+    def _check_params(self) -> None:
+        check_positive_float(self.lam, "lam", "; typical values are 1e-4 to 1e-1 for "
+                             "L2-normalized descriptors")
+        check_positive_float(self.theta, "theta")
+
+    # -- fit ----------------------------------------------------------
+    def fit(self, X, y=None):
+        """Learn mean_, covariance_ and precision_ from the negatives ``X`` (n, d).
+
+        ``X`` may be numpy or dask; a dask array is reduced blockwise (one task
+        per row block, then a tree of merges) in a single ``dask.compute``.
+        """
+        self._check_params()
+        X = check_rows(X, "X", min_rows=2)
+        if is_dask_array(X):
+            (stats,) = dask.compute(scatter_statistics(X))
+        else:
+            rows = max(1, _NUMPY_BLOCK_BYTES // (8 * X.shape[1]))
+            stats = merge_many(block_statistics(X[i:i + rows]) for i in range(0, len(X), rows))
+        return self._fit_statistics(stats, X.dtype)
+
+    def _fit_statistics(self, stats: ScatterStats, dtype) -> "LinearSLEM":
+        """Finish a fit from merged statistics (also used by jobs that stream them)."""
+        self._check_params()
+        if stats.nonfinite:
+            raise ValueError(
+                f"X has {stats.nonfinite} row(s) with NaN or inf out of "
+                f"{stats.count + stats.nonfinite}; drop or repair those rows before fitting"
+            )
+        if stats.count < 2:
+            raise ValueError(f"X has {stats.count} row(s); at least 2 negatives are needed")
+        self.mean_ = stats.mean
+        self.covariance_ = covariance(stats)
+        self.precision_ = precision_matrix(self.covariance_, float(self.lam))
+        self.n_samples_ = int(stats.count)
+        self.n_features_in_ = int(stats.n_features)
+        self.input_dtype_ = np.dtype(dtype).name
+        return self
+
+    # -- encode -------------------------------------------------------
+    def transform(self, P, dtype=np.float64):
+        """L2-normalized SLEM vector of every row of ``P`` (n_p, d).
+
+        numpy in, numpy out; dask in, lazy dask out with the row chunks of ``P``.
+        Computed in float64; ``dtype`` is the dtype of the result.
+        """
+        P = self._check_positives(P)
+        if is_dask_array(P):
+            return encode_blocks(P, shared(self.mean_), shared(self.precision_), dtype, "P")
+        check_finite_rows(P, "P")
+        return encode_rows(P, self.mean_, self.precision_, dtype=dtype)
+
+    def exemplar(self, x0):
+        """Exact unnormalized minimizer (w*, nu*) of J(w, nu) for one positive ``x0`` (d,)."""
+        self._check_params()
+        self._check_fitted()
+        x0 = np.asarray(x0)
+        if x0.ndim != 1:
+            raise ValueError(
+                f"x0 must be one descriptor of shape ({self.n_features_in_},), got shape "
+                f"{x0.shape}; use transform() for several rows"
+            )
+        self._check_positives(x0[None, :], "x0")
+        check_finite_rows(x0[None, :], "x0")
+        return exemplar_solution(x0, self.mean_, self.precision_, float(self.theta))
+
+    # -- persistence --------------------------------------------------
+    def _state(self):
+        info = {"n_samples": self.n_samples_, "n_features": self.n_features_in_,
+                "input_dtype": self.input_dtype_}
+        arrays = {"mean": self.mean_, "covariance": self.covariance_,
+                  "precision": self.precision_}
+        return info, arrays
+
+    def _set_state(self, info, arrays):
+        self.mean_ = arrays["mean"]
+        self.covariance_ = arrays["covariance"]
+        self.precision_ = arrays["precision"]
+        self.n_samples_ = int(info["n_samples"])
+        self.n_features_in_ = int(info["n_features"])
+        self.input_dtype_ = info["input_dtype"]

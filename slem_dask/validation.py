@@ -1,0 +1,111 @@
+"""Input checks shared by the estimators, the jobs and the command line.
+
+Every error names the parameter, the value received, what was expected and how
+to fix it.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+
+import numpy as np
+
+__all__ = [
+    "check_positive_float",
+    "check_rows",
+    "check_n_features",
+    "check_finite_rows",
+    "is_dask_array",
+]
+
+
+def is_dask_array(x) -> bool:
+    # Imported lazily: the numpy paths must not pay for importing dask.
+    try:
+        import dask.array as da
+    except ImportError:  # pragma: no cover
+        return False
+    return isinstance(x, da.Array)
+
+
+def check_positive_float(value, name: str, hint: str = "") -> float:
+    """A finite real number > 0 (lam, theta, gamma ...)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(
+            f"{name} must be a real number > 0, got {value!r} of type "
+            f"{type(value).__name__}{hint}"
+        )
+    value = float(value)
+    if not math.isfinite(value) or value <= 0:
+        raise ValueError(f"{name} must be a finite number > 0, got {value!r}{hint}")
+    return value
+
+
+def check_rows(x, name: str, min_rows: int = 1):
+    """A 2-D float array (numpy or dask) of rows, with known chunks.
+
+    Returns the array: numpy input as a numpy array, dask input unchanged.
+    """
+    if is_dask_array(x):
+        if x.ndim != 2:
+            raise ValueError(
+                f"{name} must be a 2-D array (n_rows, n_features), got {x.ndim}-D "
+                f"shape {x.shape}; reshape it, e.g. x.reshape(len(x), -1)"
+            )
+        if any(math.isnan(c) for c in x.chunks[0]):
+            raise ValueError(
+                f"{name} has unknown row chunk sizes {x.chunks[0]!r}; call "
+                f"{name}.compute_chunk_sizes() before passing it"
+            )
+        if len(x.chunks[1]) != 1:
+            raise ValueError(
+                f"{name} is chunked along columns (chunks {x.chunks[1]!r}); SLEM needs "
+                f"whole rows in each block: use {name}.rechunk({{1: -1}})"
+            )
+    else:
+        x = np.asarray(x)
+        if x.ndim != 2:
+            raise ValueError(
+                f"{name} must be a 2-D array (n_rows, n_features), got {x.ndim}-D "
+                f"shape {x.shape}; reshape it, e.g. x.reshape(len(x), -1)"
+            )
+    if not np.issubdtype(x.dtype, np.floating) and not np.issubdtype(x.dtype, np.integer):
+        raise TypeError(
+            f"{name} must hold real numbers, got dtype {x.dtype}; convert it with "
+            f".astype('float32')"
+        )
+    if x.shape[1] == 0:
+        raise ValueError(f"{name} has shape {x.shape}: it has no features (columns)")
+    if x.shape[0] < min_rows:
+        raise ValueError(
+            f"{name} has {x.shape[0]} rows, shape {x.shape}; at least {min_rows} "
+            f"{'row is' if min_rows == 1 else 'rows are'} needed"
+        )
+    return x
+
+
+def check_n_features(x, expected: int, name: str, fitted_on: str = "the model") -> None:
+    if x.shape[1] != expected:
+        raise ValueError(
+            f"{name} has {x.shape[1]} features (shape {x.shape}) but {fitted_on} was "
+            f"fitted on {expected}; encode descriptors of the same dimension as the "
+            f"negatives the model was fitted on"
+        )
+
+
+def count_nonfinite_rows(x: np.ndarray) -> int:
+    return int(x.shape[0] - np.count_nonzero(np.isfinite(x).all(axis=1)))
+
+
+def check_finite_rows(x: np.ndarray, name: str, row_offset: int = 0) -> None:
+    """Raise if any row of a numpy block holds NaN or inf, saying how many and where."""
+    finite = np.isfinite(x).all(axis=1)
+    if finite.all():
+        return
+    bad = np.flatnonzero(~finite) + row_offset
+    shown = ", ".join(str(i) for i in bad[:5]) + (", ..." if bad.size > 5 else "")
+    raise ValueError(
+        f"{name} has {bad.size} row(s) with NaN or inf (rows {shown}); drop or "
+        f"repair those rows before running SLEM"
+    )
