@@ -47,6 +47,11 @@ def _add_cluster_args(p: argparse.ArgumentParser) -> None:
                    help="LocalCluster threads per worker (default: 1)")
     g.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
                    help="show progress bars (default: when the output is a terminal)")
+    g.add_argument("--performance-report", metavar="HTML",
+                   help="save Dask's performance report of the run to this HTML file")
+    g.add_argument("--tls-ca-file", metavar="PEM", help="CA certificate, for a TLS scheduler")
+    g.add_argument("--tls-cert", metavar="PEM", help="client certificate, for a TLS scheduler")
+    g.add_argument("--tls-key", metavar="PEM", help="client private key, for a TLS scheduler")
 
 
 def _add_partition_arg(p: argparse.ArgumentParser) -> None:
@@ -85,6 +90,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--theta", type=_positive_float, default=1.0,
                    help="weight of the positive; changes only exemplar() norms (default: 1)")
     p.add_argument("--overwrite", action="store_true", help="replace an existing model")
+    p.add_argument("--update", action="store_true",
+                   help="if MODEL was fitted on the first rows of NEGATIVES, merge the rows "
+                        "appended since (reads only the new rows)")
     _add_partition_arg(p)
     _add_cluster_args(p)
 
@@ -95,8 +103,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", required=True, metavar="PATH", help="zarr array to write (m, d)")
     p.add_argument("--dtype", choices=("float32", "float64"),
                    help="dtype of the output (default: the positives' float dtype)")
-    p.add_argument("--overwrite", action="store_true", help="replace an existing output")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace an existing output (without it, an unfinished output is "
+                        "resumed, appended positives are encoded, and an output of another "
+                        "model is an error)")
     _add_partition_arg(p)
+    _add_cluster_args(p)
+
+    p = sub.add_parser("run", help="run a job spec (TOML): fit and encode steps, re-runnable")
+    p.add_argument("spec", metavar="SPEC.toml", help="job spec, e.g. jobs/demo.toml")
+    p.add_argument("--overwrite", action="store_true",
+                   help="refit the model and rebuild every output from scratch")
     _add_cluster_args(p)
     return parser
 
@@ -111,19 +128,57 @@ def _print_table(rows: list[dict]) -> None:
         print("  ".join(v.ljust(w) for v, w in zip(t, widths)))
 
 
+def _security(args):
+    """A TLS Security from --tls-* (all three or none), else None: the client then
+    follows dask's configuration (distributed.comm.tls.* in YAML or DASK_* variables)."""
+    given = [args.tls_ca_file, args.tls_cert, args.tls_key]
+    if not any(given):
+        return None
+    if not all(given):
+        raise ValueError("--tls-ca-file, --tls-cert and --tls-key go together; give all three")
+    from distributed.security import Security
+
+    return Security(tls_ca_file=args.tls_ca_file, tls_client_cert=args.tls_cert,
+                    tls_client_key=args.tls_key, require_encryption=True)
+
+
+def _performance_report(path):
+    import contextlib
+
+    if not path:
+        return contextlib.nullcontext()
+    from distributed import performance_report
+
+    return performance_report(filename=path)
+
+
 def _run(args) -> int:
     from . import pipeline
     from .cluster import connect
 
     progress = sys.stdout.isatty() if args.progress is None else args.progress
-    with connect(args.scheduler, args.workers, args.threads_per_worker,
-                 quiet=not progress) as client:
+    spec = None
+    scheduler, workers, threads = args.scheduler, args.workers, args.threads_per_worker
+    if args.command == "run":
+        from .jobspec import load_spec
+
+        spec = load_spec(args.spec)  # before any cluster starts: spec errors come first
+        scheduler = scheduler or spec.cluster.scheduler
+        workers = workers or spec.cluster.workers
+        threads = threads or spec.cluster.threads_per_worker
+    with connect(scheduler, workers, threads, security=_security(args),
+                 quiet=not progress) as client, _performance_report(args.performance_report):
         print(f"dask: {client.scheduler_info().get('address', '')} with "
               f"{len(client.scheduler_info()['workers'])} worker(s)", flush=True)
-        if args.command == "fit":
+        if args.command == "run":
+            from .jobspec import run_spec
+
+            reports = run_spec(client, spec, overwrite=args.overwrite, progress=progress)
+        elif args.command == "fit":
             reports = [pipeline.fit_job(client, args.negatives, args.model, lam=args.lam,
                                         theta=args.theta, partition_rows=args.partition_rows,
-                                        overwrite=args.overwrite, progress=progress)]
+                                        overwrite=args.overwrite, update=args.update,
+                                        progress=progress)]
         elif args.command == "encode":
             reports = [pipeline.encode_job(client, args.model, args.positives, args.out,
                                            dtype=args.dtype, partition_rows=args.partition_rows,

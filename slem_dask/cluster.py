@@ -42,7 +42,7 @@ def default_local_cluster_kwargs(n_workers: int | None = None,
     threads = threads_per_worker or 1
     workers = n_workers or max(1, (cores or 1) // threads)
     return {"n_workers": workers, "threads_per_worker": threads, "processes": True,
-            "dashboard_address": None}
+            "dashboard_address": ":0"}  # a free port: never clash with another cluster
 
 
 @contextlib.contextmanager

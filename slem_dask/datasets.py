@@ -86,8 +86,8 @@ def background_rows(n: int, d: int, seed: int = 0, start: int = 0, dtype=np.floa
 
 
 def make_corpus(n_negatives: int = 20000, n_instances: int = 500, group_size: int = 4,
-                d: int = 128, nuisance_dims: int = 8, nuisance: float = 1.5,
-                noise: float = 0.02, seed: int = 0, dtype=np.float32) -> Corpus:
+                d: int = 128, nuisance_dims: int = 8, nuisance: float = 0.4,
+                noise: float = 0.1, seed: int = 0, dtype=np.float32) -> Corpus:
     """Generate negatives, a database of near-duplicate groups, and queries."""
     if min(n_negatives, n_instances, group_size, d) < 1:
         raise ValueError("n_negatives, n_instances, group_size and d must all be >= 1")

@@ -18,6 +18,7 @@ import numpy as np
 from . import storage
 from ._version import __version__
 from .models import LinearSLEM, load_model
+from .core.statistics import ScatterStats, merge_statistics
 from .parallel import scatter_statistics
 from .validation import check_n_features
 
@@ -43,42 +44,83 @@ def _compute(client, obj, progress: bool):
     """Compute one collection or Delayed on ``client``, with a progress bar if asked."""
     if client is None:
         return dask.compute(obj)[0]
-    future = client.compute(obj)
+    future = client.compute(obj)  # a list of futures for a list of collections
     if progress:
         from distributed import progress as show_progress
 
         show_progress(future)
         sys.stdout.write("\n")
-    return future.result()
+    try:
+        return client.gather(future)
+    except BaseException:
+        _settle(client, future)
+        raise
+
+
+def _settle(client, future, timeout: float = 60.0) -> None:
+    """After a failed compute, cancel the rest and wait (up to ``timeout``) until no task
+    runs on the workers: tasks already running when one failed keep going, and the
+    caller must not remove an output while they still write chunks into it."""
+    try:
+        client.cancel(future)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            busy = client.run(lambda dask_worker: len(dask_worker.state.executing)
+                              + len(dask_worker.state.long_running))
+            if not any(busy.values()):
+                return
+            time.sleep(0.05)
+    except Exception:  # cleanup is best effort: the original error is what matters
+        pass
 
 
 def fit_job(client, negatives: str, model_path: str, lam: float = 1e-3, theta: float = 1.0,
             partition_rows: int | None = None, overwrite: bool = False,
-            progress: bool = False) -> JobReport:
-    """Fit a LinearSLEM on the zarr array ``negatives`` and save it to ``model_path``."""
+            progress: bool = False, update: bool = False) -> JobReport:
+    """Fit a LinearSLEM on the zarr array ``negatives`` and save it to ``model_path``.
+
+    ``update``: if ``model_path`` holds a model fitted on the first rows of this
+    same ``negatives`` array, merge the statistics of the rows appended since
+    into the stored ones (Chan et al.), without reading the old rows again.
+    """
     t0 = time.perf_counter()
     model = LinearSLEM(lam=lam, theta=theta)
     model._check_params()
-    if not overwrite and storage._exists(model_path):
+    exists = storage._exists(model_path)
+    if exists and not (overwrite or update):
         raise FileExistsError(
-            f"model store {model_path!r} already exists; pass --overwrite to replace it"
+            f"model store {model_path!r} already exists; pass --overwrite to replace it, "
+            f"or --update to add the negatives appended since it was fitted"
         )
     arr = storage.open_input(negatives, "negatives")
     if arr.shape[0] < 2:
         raise ValueError(
             f"negatives: {negatives!r} has shape {arr.shape}; at least 2 rows are needed"
         )
-    x = storage.dask_rows(arr, partition_rows)
-    t1 = time.perf_counter()
-    stats = _compute(client, scatter_statistics(x), progress)
-    t2 = time.perf_counter()
-    model._fit_statistics(stats, arr.dtype)
+    previous = _previous_statistics(model_path, negatives, arr) if exists and update else None
+    start = previous.count if previous is not None else 0
+    x = storage.dask_rows(arr, partition_rows)[start:]
     report = JobReport("fit")
     report.facts.update({
         "negatives": str(negatives), "rows": arr.shape[0], "features": arr.shape[1],
-        "dtype": str(arr.dtype), "partitions": x.numblocks[0], "lam": lam, "theta": theta,
+        "dtype": str(arr.dtype), "lam": lam, "theta": theta,
+        "action": "update" if previous is not None else "fit",
+        "rows read": arr.shape[0] - start,
     })
-    fp = model.save(model_path, overwrite=overwrite, metadata={"source": str(negatives)})
+    t1 = time.perf_counter()
+    if previous is not None and start == arr.shape[0] and load_model(model_path).get_params() \
+            == model.get_params():
+        report.facts["action"] = "up to date"
+        report.facts["model"] = str(model_path)
+        report.timings["total"] = time.perf_counter() - t0
+        return report
+    stats = _compute(client, scatter_statistics(x), progress) if start < arr.shape[0] else None
+    if previous is not None:
+        stats = previous if stats is None else merge_statistics(previous, stats)
+    t2 = time.perf_counter()
+    model._fit_statistics(stats, arr.dtype)
+    fp = model.save(model_path, overwrite=overwrite or update,
+                    metadata={"source": str(negatives)})
     t3 = time.perf_counter()
     report.facts.update({"model": str(model_path), "fingerprint": fp[:16]})
     report.timings.update({"open": t1 - t0, "statistics": t2 - t1, "factor+save": t3 - t2,
@@ -86,10 +128,36 @@ def fit_job(client, negatives: str, model_path: str, lam: float = 1e-3, theta: f
     return report
 
 
+def _previous_statistics(model_path: str, negatives: str, arr) -> ScatterStats:
+    """The statistics stored in a model, checked to be those of the first rows of ``arr``."""
+    meta, _ = storage.read_model_store(model_path)
+    old = load_model(model_path)
+    if not isinstance(old, LinearSLEM):
+        raise ValueError(f"--update needs a LinearSLEM model; {model_path!r} holds {meta['model']}")
+    if meta.get("source") != str(negatives) or old.n_features_in_ != arr.shape[1] \
+            or old.n_samples_ > arr.shape[0]:
+        raise ValueError(
+            f"--update: the model {model_path!r} was fitted on {old.n_samples_} rows of "
+            f"{meta.get('source')!r} with {old.n_features_in_} features, which is not a prefix "
+            f"of {str(negatives)!r} (shape {arr.shape}); fit from scratch with --overwrite")
+    # Row counts identify the old rows: --update assumes rows are only ever appended.
+    return ScatterStats(old.n_samples_, old.mean_, old.covariance_ * old.n_samples_)
+
+
 def encode_job(client, model_path: str, positives: str, out: str, dtype: str | None = None,
                partition_rows: int | None = None, overwrite: bool = False,
-               progress: bool = False) -> JobReport:
-    """Encode the zarr array ``positives`` with the model at ``model_path`` into ``out``."""
+               progress: bool = False, on_model_change: str = "fail") -> JobReport:
+    """Encode the zarr array ``positives`` with the model at ``model_path`` into ``out``.
+
+    Re-running the same command resumes: an output left unfinished by a killed
+    run gets only its missing partitions; rows appended to ``positives`` since
+    the last complete run get encoded (and the one partition they extend), the
+    rest is kept. An output written with another model is refused
+    (``on_model_change="fail"``, the CLI default) unless ``overwrite``; with
+    ``on_model_change="reencode"`` (job specs) it is rebuilt.
+    """
+    if on_model_change not in ("fail", "reencode"):
+        raise ValueError(f"on_model_change must be 'fail' or 'reencode', got {on_model_change!r}")
     t0 = time.perf_counter()
     model = load_model(model_path)
     arr = storage.open_input(positives, "positives")
@@ -98,34 +166,113 @@ def encode_job(client, model_path: str, positives: str, out: str, dtype: str | N
     out_dtype = np.dtype(dtype or (arr.dtype if np.issubdtype(arr.dtype, np.floating) else "float64"))
     if not np.issubdtype(out_dtype, np.floating):
         raise ValueError(f"dtype must be a float dtype (float32 or float64), got {dtype!r}")
-    if not overwrite and storage._exists(out):
-        raise FileExistsError(f"output {out!r} already exists; pass --overwrite to replace it")
-    x = storage.dask_rows(arr, partition_rows)
-    z = model.transform(x, dtype=out_dtype)
     fingerprint = model.fingerprint_
-    target = storage.create_output(out, arr.shape, x.chunks[0][0], out_dtype, {
-        "model": type(model).__name__, "model_fingerprint": fingerprint,
-        "model_path": str(model_path), "params": model.get_params(),
-        "source": str(positives), "n_rows": int(arr.shape[0]),
-    }, overwrite=overwrite)
+    n_rows = int(arr.shape[0])
+    target, todo, action = _plan_output(out, arr, positives, fingerprint, out_dtype,
+                                        partition_rows, overwrite, on_model_change)
+    if target is None:
+        rows = storage.row_partition(arr, partition_rows)
+        target = storage.create_output(out, arr.shape, rows, out_dtype, {
+            "model": type(model).__name__, "model_fingerprint": fingerprint,
+            "model_path": str(model_path), "params": model.get_params(),
+            "source": str(positives), "n_rows": n_rows, "stale_partition": None,
+        }, overwrite=True)
+        created = True
+    else:
+        created = False
+    rows = int(target.chunks[0])
+    n_parts = -(-n_rows // rows)
+    if todo is None:
+        todo = [i for i in range(n_parts) if not storage.partition_written(target, i)]
     t1 = time.perf_counter()
+    report = JobReport("encode")
+    report.facts.update({
+        "positives": str(positives), "rows": n_rows, "features": arr.shape[1],
+        "partitions": f"{len(todo)} encoded of {n_parts}", "action": action,
+        "model": str(model_path), "fingerprint": fingerprint[:16], "out": str(out),
+        "out dtype": out_dtype.name,
+    })
     try:
-        import dask.array as da
+        if todo:
+            import dask.array as da
 
-        _compute(client, da.store(z, target, lock=False, compute=False), progress)
+            z = model.transform(da.from_zarr(arr, chunks=(rows, arr.shape[1])), dtype=out_dtype)
+            regions = [(slice(i * rows, min(n_rows, (i + 1) * rows)), slice(None)) for i in todo]
+            _compute(client, da.store([z.blocks[i] for i in todo], [target] * len(todo),
+                                      regions=regions, lock=False, compute=False), progress)
         t2 = time.perf_counter()
-        report = JobReport("encode")
-        report.facts.update({
-            "positives": str(positives), "rows": arr.shape[0], "features": arr.shape[1],
-            "partitions": x.numblocks[0], "model": str(model_path),
-            "fingerprint": fingerprint[:16], "out": str(out), "out dtype": out_dtype.name,
-        })
         report.timings.update({"open": t1 - t0, "encode+write": t2 - t1, "total": t2 - t0})
-        storage.mark_complete(target, {"timings": report.timings})
+        meta = storage.output_meta(target) or {}
+        runs = (meta.get("runs") or [])[-19:] + [{
+            "finished": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "action": action, "rows": n_rows, "partitions_encoded": len(todo),
+            "model_fingerprint": fingerprint, "package_version": __version__,
+            "timings": report.timings}]
+        storage.remove_stray_partials(out)  # left by writers killed mid-chunk
+        storage.mark_complete(target, {"n_rows": n_rows, "stale_partition": None,
+                                       "timings": report.timings, "runs": runs})
     except BaseException:
-        storage._remove(out)
+        # A new output that failed is removed; a resumed one keeps its finished
+        # partitions (complete stays false) so that the next run picks up there.
+        if created:
+            storage._remove(out)
         raise
     return report
+
+
+def _plan_output(out, arr, positives, fingerprint, out_dtype, partition_rows, overwrite,
+                 on_model_change):
+    """Decide what to do with an existing output: (target or None, partitions or None, action).
+
+    None as target: create a new output. None as partitions: write every
+    partition whose chunk is missing.
+    """
+    existing = storage.open_existing_output(out)
+    if existing is None and storage._exists(out) and not overwrite:
+        raise FileExistsError(
+            f"output {out!r} already exists and is not a zarr array; pass --overwrite to "
+            f"replace it, or choose another path")
+    if existing is None or overwrite:
+        return None, None, "create"
+    meta = storage.output_meta(existing)
+    if meta is None:
+        raise FileExistsError(
+            f"output {out!r} already exists and was not written by slem-dask; pass "
+            f"--overwrite to replace it, or choose another path")
+    if meta.get("model_fingerprint") != fingerprint:
+        if on_model_change == "reencode":
+            return None, None, "re-encode (model changed)"
+        raise FileExistsError(
+            f"output {out!r} was encoded with another model (fingerprint "
+            f"{str(meta.get('model_fingerprint'))[:16]}, now {fingerprint[:16]}); pass "
+            f"--overwrite to re-encode it with the current model")
+    problems = []
+    if meta.get("source") != str(positives):
+        problems.append(f"it encodes {meta.get('source')!r}, not {str(positives)!r}")
+    if existing.shape[1] != arr.shape[1] or existing.dtype != out_dtype:
+        problems.append(f"it holds {existing.shape[1]} columns of {existing.dtype}, this run "
+                        f"writes {arr.shape[1]} of {out_dtype}")
+    if arr.shape[0] < existing.shape[0]:
+        problems.append(f"the positives shrank from {existing.shape[0]} to {arr.shape[0]} rows")
+    if problems:
+        raise FileExistsError(
+            f"output {out!r} cannot be resumed: {'; '.join(problems)}; pass --overwrite to "
+            f"rebuild it")
+    rows = int(existing.chunks[0])
+    n_new = int(arr.shape[0])
+    n_old = int(existing.shape[0])
+    stale = meta.get("stale_partition")
+    if meta.get("complete") and n_new == n_old:
+        return existing, [], "up to date"
+    if n_new > n_old:
+        if n_old % rows:
+            stale = n_old // rows  # its chunk holds only the old rows
+        storage.update_meta(existing, complete=False, stale_partition=stale)
+        existing.resize((n_new, existing.shape[1]))
+    todo = [i for i in range(-(-n_new // rows))
+            if i == stale or not storage.partition_written(existing, i)]
+    return existing, todo, "append" if n_new > n_old else "resume"
+
 
 
 def _ranked(queries, database, k: int):

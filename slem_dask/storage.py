@@ -93,6 +93,11 @@ def open_input(path: str, name: str) -> zarr.Array:
             f"{name}: the zarr array at {path!r} has shape {node.shape} ({node.ndim}-D); "
             f"expected a 2-D array (n_rows, n_features)"
         )
+    if 0 in node.shape:
+        raise ValueError(
+            f"{name}: the zarr array at {path!r} has shape {node.shape}: it has no "
+            f"{'features (columns)' if node.shape[1] == 0 else 'rows'}"
+        )
     if not (np.issubdtype(node.dtype, np.floating) or np.issubdtype(node.dtype, np.integer)):
         raise TypeError(
             f"{name}: the zarr array at {path!r} has dtype {node.dtype}; expected real numbers"
@@ -264,18 +269,71 @@ def create_output(path: str, shape: tuple[int, int], partition_rows: int, dtype,
     _check_overwrite(path, overwrite, "output", "--overwrite")
     if _exists(path):
         _remove(path)
+    # write_empty_chunks: a partition whose encodings are all 0 must still leave
+    # a chunk behind, since a resumed run takes a present chunk as done.
     arr = zarr.create_array(store=path, shape=shape, dtype=dtype,
-                            chunks=(max(1, partition_rows), shape[1]), overwrite=True)
+                            chunks=(max(1, partition_rows), shape[1]), overwrite=True,
+                            config={"write_empty_chunks": True})
     arr.attrs[ATTR] = {"kind": "encoding", "complete": False, "package_version": __version__, **meta}
     return arr
 
 
-def mark_complete(arr: zarr.Array, extra: dict | None = None) -> None:
+def output_meta(arr: zarr.Array) -> dict | None:
+    """The ``slem_dask`` attribute of an output written by slem-dask, else None."""
+    meta = arr.attrs.get(ATTR)
+    return dict(meta) if isinstance(meta, dict) and meta.get("kind") == "encoding" else None
+
+
+def update_meta(arr: zarr.Array, **fields) -> dict:
     meta = dict(arr.attrs[ATTR])
-    meta.update(extra or {})
-    meta["complete"] = True
-    meta["completed"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    meta.update(fields)
     arr.attrs[ATTR] = meta
+    return meta
+
+
+def open_existing_output(path: str) -> zarr.Array | None:
+    """The output array at ``path`` opened for writing, or None if nothing is there."""
+    if not _exists(path):
+        return None
+    try:
+        node = zarr.open(store=str(path), mode="r+")
+    except Exception:
+        return None
+    return node if isinstance(node, zarr.Array) else None
+
+
+def partition_written(arr: zarr.Array, index: int) -> bool:
+    """Whether the chunk of row partition ``index`` is in the store.
+
+    Zarr stores write a chunk whole or not at all (the local store writes a
+    temporary file and renames it; object stores PUT atomically), and an
+    output has one chunk per partition: a present chunk is a finished one.
+    """
+    from zarr.core.sync import sync
+
+    key = arr.metadata.encode_chunk_key((index, 0))
+    if arr.path:
+        key = f"{arr.path}/{key}"
+    return bool(sync(arr.store_path.store.exists(key)))
+
+
+def remove_stray_partials(path: str) -> int:
+    """Delete the temporary ``*.partial`` files that a killed writer leaves in a local
+    zarr store (zarr writes a chunk to such a file, then renames it). Returns how many."""
+    if not _is_local(path):
+        return 0
+    removed = 0
+    for root, _, files in os.walk(_local(path)):
+        for name in files:
+            if name.endswith(".partial"):
+                os.remove(os.path.join(root, name))
+                removed += 1
+    return removed
+
+
+def mark_complete(arr: zarr.Array, extra: dict | None = None) -> None:
+    update_meta(arr, **(extra or {}), complete=True,
+                completed=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
 
 
 def open_output(path: str, name: str = "encodings") -> zarr.Array:
@@ -285,6 +343,7 @@ def open_output(path: str, name: str = "encodings") -> zarr.Array:
     if isinstance(meta, dict) and meta.get("kind") == "encoding" and not meta.get("complete"):
         raise ValueError(
             f"{name}: {path!r} is an unfinished slem-dask output (the run that wrote it "
-            f"stopped part-way); run `slem-dask encode` again with --overwrite"
+            f"stopped part-way); run the same `slem-dask encode` again to finish it "
+            f"(it resumes), or with --overwrite to start over"
         )
     return arr

@@ -1,0 +1,191 @@
+"""Job specs: one TOML file describes a whole run (``slem-dask run SPEC.toml``).
+
+A spec is re-runnable on a schedule: the fit step merges only negatives
+appended since the last run (``update = true``), and each encode step writes
+only what is missing or new, re-encoding when the model changed. See
+``jobs/*.toml`` for ready specs. Relative paths are taken from the current
+working directory, like every other path on the command line.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from dataclasses import MISSING, dataclass, field, fields
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+__all__ = ["JobSpec", "load_spec", "SpecError"]
+
+
+class SpecError(ValueError):
+    """A job spec that cannot be run; the message names the key and what is allowed."""
+
+
+@dataclass(frozen=True)
+class ClusterSpec:
+    scheduler: str | None = None
+    workers: int | None = None
+    threads_per_worker: int | None = None
+
+
+@dataclass(frozen=True)
+class GenerateSpec:
+    """Write the synthetic demo corpus to ``path`` if it is not there yet."""
+
+    path: str
+    n_negatives: int = 50_000
+    n_instances: int = 1_000
+    dim: int = 128
+    seed: int = 0
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    path: str
+    type: str = "linear"
+    lam: float = 1e-3
+    theta: float = 1.0
+
+
+@dataclass(frozen=True)
+class FitSpec:
+    negatives: str
+    partition_rows: int | None = None
+    update: bool = True
+
+
+@dataclass(frozen=True)
+class EncodeSpec:
+    positives: str
+    out: str
+    dtype: str | None = None
+    partition_rows: int | None = None
+    on_model_change: str = "reencode"
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    model: ModelSpec
+    fit: FitSpec | None = None
+    encode: tuple[EncodeSpec, ...] = ()
+    cluster: ClusterSpec = field(default_factory=ClusterSpec)
+    generate: GenerateSpec | None = None
+    source: str = "<spec>"
+
+
+_CHOICES = {
+    ("model", "type"): ("linear",),
+    ("encode", "dtype"): ("float32", "float64"),
+    ("encode", "on_model_change"): ("reencode", "fail"),
+}
+
+
+def _build(cls, table, where: str):
+    if not isinstance(table, dict):
+        raise SpecError(f"{where} must be a table ([{where}]), got {type(table).__name__}")
+    known = {f.name: f for f in fields(cls)}
+    unknown = sorted(set(table) - set(known))
+    if unknown:
+        raise SpecError(
+            f"unknown key {where}.{unknown[0]}; allowed keys in [{where}]: {', '.join(known)}"
+        )
+    section = where.split("[")[0]
+    values = {}
+    for name, f in known.items():
+        if name not in table:
+            if f.default is MISSING and f.default_factory is MISSING:
+                raise SpecError(f"missing key {where}.{name} (required)")
+            continue
+        value = table[name]
+        kind = str(f.type)
+        if "bool" in kind:
+            ok = isinstance(value, bool)
+            expected = "true or false"
+        elif "int" in kind:
+            low = 0 if name == "seed" else 1
+            ok = isinstance(value, int) and not isinstance(value, bool) and value >= low
+            expected = f"an integer >= {low}"
+        elif "float" in kind:
+            ok = (isinstance(value, (int, float)) and not isinstance(value, bool)
+                  and math.isfinite(value) and value > 0)
+            expected = "a number > 0"
+        else:
+            ok = isinstance(value, str) and value != ""
+            expected = "a non-empty string"
+        choices = _CHOICES.get((section, name))
+        if ok and choices and value not in choices:
+            ok, expected = False, "one of " + ", ".join(repr(c) for c in choices)
+        if not ok:
+            raise SpecError(f"{where}.{name} = {value!r}: expected {expected}")
+        values[name] = float(value) if "float" in kind and "int" not in kind else value
+    return cls(**values)
+
+
+def parse_spec(data: dict, source: str = "<spec>") -> JobSpec:
+    allowed = ("cluster", "generate", "model", "fit", "encode")
+    unknown = sorted(set(data) - set(allowed))
+    if unknown:
+        raise SpecError(f"{source}: unknown section [{unknown[0]}]; allowed: {', '.join(allowed)}")
+    if "model" not in data:
+        raise SpecError(f"{source}: missing section [model] (keys: path, type, lam, theta)")
+    encode = data.get("encode", [])
+    if isinstance(encode, dict):
+        encode = [encode]
+    if not isinstance(encode, list):
+        raise SpecError(f"{source}: [[encode]] must be an array of tables")
+    try:
+        return JobSpec(
+            model=_build(ModelSpec, data["model"], "model"),
+            fit=_build(FitSpec, data["fit"], "fit") if "fit" in data else None,
+            encode=tuple(_build(EncodeSpec, e, f"encode[{i}]") for i, e in enumerate(encode)),
+            cluster=_build(ClusterSpec, data.get("cluster", {}), "cluster"),
+            generate=_build(GenerateSpec, data["generate"], "generate") if "generate" in data
+            else None,
+            source=source,
+        )
+    except SpecError as exc:
+        raise SpecError(f"{source}: {exc}") from None
+
+
+def load_spec(path: str) -> JobSpec:
+    try:
+        with open(path, "rb") as f:
+            data = tomllib.load(f)
+    except FileNotFoundError:
+        raise FileNotFoundError(f"job spec {path!r} does not exist; see jobs/ for examples") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise SpecError(f"{path}: not valid TOML ({exc})") from None
+    return parse_spec(data, source=str(path))
+
+
+def run_spec(client, spec: JobSpec, overwrite: bool = False, progress: bool = False):
+    """Run every step of ``spec`` on ``client``; return the job reports."""
+    import os
+
+    from . import pipeline
+
+    reports = []
+    if spec.generate is not None and not os.path.exists(spec.generate.path):
+        from .datasets import make_corpus, write_corpus
+
+        g = spec.generate
+        write_corpus(make_corpus(n_negatives=g.n_negatives, n_instances=g.n_instances,
+                                 d=g.dim, seed=g.seed), g.path)
+        report = pipeline.JobReport("generate corpus")
+        report.facts.update({"corpus": g.path, "negatives": g.n_negatives})
+        reports.append(report)
+    if spec.fit is not None:
+        reports.append(pipeline.fit_job(
+            client, spec.fit.negatives, spec.model.path, lam=spec.model.lam,
+            theta=spec.model.theta, partition_rows=spec.fit.partition_rows,
+            overwrite=overwrite, update=spec.fit.update, progress=progress))
+    for step in spec.encode:
+        reports.append(pipeline.encode_job(
+            client, spec.model.path, step.positives, step.out, dtype=step.dtype,
+            partition_rows=step.partition_rows, overwrite=overwrite, progress=progress,
+            on_model_change=step.on_model_change))
+    return reports

@@ -1,0 +1,155 @@
+"""Job specs (`slem-dask run SPEC.toml`) and scheduled, incremental reprocessing."""
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import zarr
+
+from slem_dask import LinearSLEM, load_model, storage
+from slem_dask.cli import main
+from slem_dask.jobspec import SpecError, load_spec, parse_spec
+
+ROOT = Path(__file__).resolve().parents[1]
+CLUSTER = ["--workers", "1", "--threads-per-worker", "2", "--no-progress"]
+
+
+@pytest.mark.parametrize("spec", sorted((ROOT / "jobs").glob("*.toml")), ids=lambda p: p.name)
+def test_shipped_specs_parse(spec):
+    parsed = load_spec(str(spec))
+    assert parsed.model.type == "linear" and parsed.encode
+
+
+@pytest.mark.parametrize("data, message", [
+    ({"fit": {"negatives": "x"}}, r"missing section \[model\]"),
+    ({"model": {"path": "m"}, "fitt": {}}, r"unknown section \[fitt\]; allowed: cluster, "),
+    ({"model": {"path": "m", "lamda": 1}}, r"unknown key model.lamda; allowed keys in \[model\]: "
+                                           r"path, type, lam, theta"),
+    ({"model": {"path": "m", "lam": 0}}, r"model.lam = 0: expected a number > 0"),
+    ({"model": {"path": "m", "lam": "big"}}, r"model.lam = 'big': expected a number > 0"),
+    ({"model": {"path": "m", "type": "quadratic"}}, r"model.type = 'quadratic': expected one of "
+                                                    r"'linear'"),
+    ({"model": {"lam": 1.0}}, r"missing key model.path"),
+    ({"model": {"path": "m"}, "fit": {"negatives": "n", "update": "yes"}},
+     r"fit.update = 'yes': expected true or false"),
+    ({"model": {"path": "m"}, "encode": [{"positives": "p", "out": "o", "dtype": "f16"}]},
+     r"encode\[0\].dtype = 'f16': expected one of 'float32', 'float64'"),
+    ({"model": {"path": "m"}, "encode": [{"positives": "p"}]}, r"missing key encode\[0\].out"),
+    ({"model": {"path": "m"}, "cluster": {"workers": 0}}, r"cluster.workers = 0: expected an "
+                                                          r"integer >= 1"),
+])
+def test_spec_errors_name_the_key_and_allowed_values(data, message):
+    with pytest.raises(SpecError, match=message):
+        parse_spec(data)
+
+
+def test_run_bad_spec_exits_nonzero_before_starting_a_cluster(tmp_path, capsys):
+    spec = tmp_path / "bad.toml"
+    spec.write_text('[model]\npath = "m.zarr"\nlam = -1\n')
+    assert main(["run", str(spec)]) == 1
+    assert "model.lam = -1: expected a number > 0" in capsys.readouterr().err
+    assert main(["run", str(tmp_path / "missing.toml")]) == 1
+
+
+def _spec(tmp_path):
+    text = f"""
+[model]
+path = "{tmp_path}/model.zarr"
+lam = 0.01
+
+[fit]
+negatives = "{tmp_path}/data.zarr/negatives"
+update = true
+
+[[encode]]
+positives = "{tmp_path}/data.zarr/positives"
+out = "{tmp_path}/data.zarr/encoded"
+partition_rows = 64
+"""
+    path = tmp_path / "job.toml"
+    path.write_text(text)
+    return str(path)
+
+
+def _write(tmp_path, neg, pos):
+    group = zarr.open_group(str(tmp_path / "data.zarr"), mode="a")
+    for name, data in (("negatives", neg), ("positives", pos)):
+        if name in group:
+            arr = group[name]
+            arr.resize(data.shape)
+        else:
+            arr = group.create_array(name, shape=data.shape, dtype=data.dtype, chunks=(64, 12))
+        arr[...] = data
+
+
+def _facts(out, step):
+    """The 'action' and 'partitions' lines of the report of one step ('fit:' or 'encode:')."""
+    lines = out.split(f"\n{step}:\n")[1].splitlines()
+    block = [line for line in lines[:next((i for i, x in enumerate(lines)
+                                           if not x.startswith("  ")), len(lines))]]
+    return {line.split()[0]: " ".join(line.split()[1:]) for line in block}
+
+
+def test_scheduled_reprocessing_is_incremental(tmp_path, capsys):
+    rng = np.random.default_rng(3)
+    neg = (rng.standard_normal((1000, 12)) * rng.uniform(0.5, 2, 12) + 50).astype("float32")
+    pos = rng.standard_normal((300, 12)).astype("float32")
+    _write(tmp_path, neg[:700], pos[:200])
+    spec = _spec(tmp_path)
+
+    assert main(["run", spec, *CLUSTER]) == 0
+    out = capsys.readouterr().out
+    assert _facts(out, "fit")["action"] == "fit"
+    assert _facts(out, "encode")["action"] == "create"
+
+    # nothing changed: nothing is read or written
+    assert main(["run", spec, *CLUSTER]) == 0
+    out = capsys.readouterr().out
+    assert _facts(out, "fit")["action"] == "up to date"
+    assert _facts(out, "encode")["partitions"] == "0 encoded of 4"
+
+    # positives appended: only the new rows (and the partition they extend) are encoded
+    _write(tmp_path, neg[:700], pos)
+    assert main(["run", spec, *CLUSTER]) == 0
+    out = capsys.readouterr().out
+    assert _facts(out, "encode")["action"] == "append"
+    assert _facts(out, "encode")["partitions"] == "2 encoded of 5"
+    model = load_model(f"{tmp_path}/model.zarr")
+    encoded = storage.open_output(f"{tmp_path}/data.zarr/encoded")[...]
+    np.testing.assert_array_equal(encoded, model.transform(pos, dtype="float32"))
+
+    # negatives appended: statistics merged (only new rows read), equal to a fit from scratch;
+    # the changed model triggers re-encoding of every partition
+    _write(tmp_path, neg, pos)
+    assert main(["run", spec, *CLUSTER]) == 0
+    out = capsys.readouterr().out
+    assert _facts(out, "fit")["action"] == "update"
+    assert _facts(out, "fit")["rows"] == "read 300"
+    assert _facts(out, "encode")["action"] == "re-encode (model changed)"
+    updated = load_model(f"{tmp_path}/model.zarr")
+    scratch = LinearSLEM(lam=0.01).fit(neg)
+    assert updated.n_samples_ == 1000
+    np.testing.assert_allclose(updated.mean_, scratch.mean_, rtol=1e-13)
+    np.testing.assert_allclose(updated.covariance_, scratch.covariance_, rtol=1e-10, atol=1e-13)
+    np.testing.assert_allclose(updated.precision_, scratch.precision_, rtol=1e-9)
+    encoded = storage.open_output(f"{tmp_path}/data.zarr/encoded")[...]
+    np.testing.assert_allclose(encoded, scratch.transform(pos), atol=1e-6)
+
+
+def test_encode_refuses_output_of_another_model_without_overwrite(tmp_path, capsys):
+    rng = np.random.default_rng(4)
+    _write(tmp_path, rng.standard_normal((300, 12)).astype("float32"),
+           rng.standard_normal((100, 12)).astype("float32"))
+    d = f"{tmp_path}/data.zarr"
+    assert main(["fit", "--negatives", f"{d}/negatives", "--model", f"{tmp_path}/a", *CLUSTER]) == 0
+    assert main(["fit", "--negatives", f"{d}/negatives", "--model", f"{tmp_path}/b", "--lam", "0.5",
+                 *CLUSTER]) == 0
+    enc = ["encode", "--positives", f"{d}/positives", "--out", f"{d}/enc"]
+    assert main([*enc, "--model", f"{tmp_path}/a", *CLUSTER]) == 0
+    before = storage.open_output(f"{d}/enc")[...]
+    capsys.readouterr()
+    assert main([*enc, "--model", f"{tmp_path}/b", *CLUSTER]) == 1
+    assert "encoded with another model" in capsys.readouterr().err
+    np.testing.assert_array_equal(storage.open_output(f"{d}/enc")[...], before)
+    assert main([*enc, "--model", f"{tmp_path}/b", "--overwrite", *CLUSTER]) == 0
+    assert not np.array_equal(storage.open_output(f"{d}/enc")[...], before)
