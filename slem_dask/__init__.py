@@ -6,12 +6,13 @@ command line start or connect to a cluster (see :mod:`slem_dask.cluster`).
 """
 
 from ._version import __version__
-from .models import LinearSLEM, NotFittedError, load_model
+from .models import KernelSLEM, LinearSLEM, NotFittedError, load_model
 from .retrieval import mean_average_precision, precision_recall_at_k, search
 
 __all__ = [
     "__version__",
     "LinearSLEM",
+    "KernelSLEM",
     "NotFittedError",
     "load_model",
     "search",

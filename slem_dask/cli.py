@@ -54,6 +54,38 @@ def _add_cluster_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--tls-key", metavar="PEM", help="client private key, for a TLS scheduler")
 
 
+def _fraction(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number in [0, 1), got {text!r}") from None
+    if not 0 <= value < 1:
+        raise argparse.ArgumentTypeError(f"expected a number in [0, 1), got {text!r}")
+    return value
+
+
+def _add_kernel_args(p: argparse.ArgumentParser) -> None:
+    from .core.kernels import KERNELS
+
+    g = p.add_argument_group("kernel SLEM (with --kernel; without it, a linear SLEM)")
+    g.add_argument("--kernel", choices=KERNELS,
+                   help="fit a KernelSLEM with this kernel (intersection, chi2: non-negative "
+                        "histograms only)")
+    g.add_argument("--gamma", type=_positive_float, default=0.1,
+                   help="gamma of the rbf, quad and poly kernels (default: 0.1)")
+    g.add_argument("--degree", type=_positive_int, default=2,
+                   help="degree of the poly kernel (default: 2)")
+    g.add_argument("--rank", type=_positive_int, metavar="R",
+                   help="maximum number of pivots of the incomplete Cholesky factor "
+                        "(default: no limit, stop on --tol)")
+    g.add_argument("--pivoting", choices=("greedy", "rpcholesky"), default="greedy",
+                   help="greedy: one pass over the negatives per pivot; rpcholesky: "
+                        "randomly pivoted, many pivots per pass (default: greedy)")
+    g.add_argument("--tol", type=_fraction, default=1e-3,
+                   help="stop when the residual trace is below TOL x the trace (default: 1e-3)")
+    g.add_argument("--seed", type=int, metavar="N", help="random seed of rpcholesky")
+
+
 def _add_partition_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument("--partition-rows", type=_positive_int, metavar="N",
                    help="rows per dask partition, rounded up to whole zarr chunks/shards "
@@ -81,7 +113,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     _add_cluster_args(p)
 
-    p = sub.add_parser("fit", help="fit a linear SLEM model on negatives stored in zarr")
+    p = sub.add_parser("fit", help="fit a linear (or, with --kernel, kernel) SLEM model on "
+                       "negatives stored in zarr")
     p.add_argument("--negatives", required=True, metavar="PATH",
                    help="zarr array (n, d) of negatives, e.g. corpus.zarr/negatives")
     p.add_argument("--model", required=True, metavar="PATH", help="zarr group to write the model to")
@@ -93,6 +126,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--update", action="store_true",
                    help="if MODEL was fitted on the first rows of NEGATIVES, merge the rows "
                         "appended since (reads only the new rows)")
+    _add_kernel_args(p)
     _add_partition_arg(p)
     _add_cluster_args(p)
 
@@ -178,7 +212,9 @@ def _run(args) -> int:
             reports = [pipeline.fit_job(client, args.negatives, args.model, lam=args.lam,
                                         theta=args.theta, partition_rows=args.partition_rows,
                                         overwrite=args.overwrite, update=args.update,
-                                        progress=progress)]
+                                        progress=progress, kernel=args.kernel,
+                                        gamma=args.gamma, degree=args.degree, rank=args.rank,
+                                        pivoting=args.pivoting, tol=args.tol, seed=args.seed)]
         elif args.command == "encode":
             reports = [pipeline.encode_job(client, args.model, args.positives, args.out,
                                            dtype=args.dtype, partition_rows=args.partition_rows,

@@ -17,7 +17,7 @@ import numpy as np
 
 from . import storage
 from ._version import __version__
-from .models import LinearSLEM, load_model
+from .models import KernelSLEM, LinearSLEM, load_model
 from .core.statistics import ScatterStats, merge_statistics
 from .parallel import scatter_statistics
 from .validation import check_n_features
@@ -76,13 +76,25 @@ def _settle(client, future, timeout: float = 60.0) -> None:
 
 def fit_job(client, negatives: str, model_path: str, lam: float = 1e-3, theta: float = 1.0,
             partition_rows: int | None = None, overwrite: bool = False,
-            progress: bool = False, update: bool = False) -> JobReport:
+            progress: bool = False, update: bool = False, kernel: str | None = None,
+            gamma: float = 0.1, degree: int = 2, rank: int | None = None,
+            pivoting: str = "greedy", tol: float = 1e-3, seed: int | None = None) -> JobReport:
     """Fit a LinearSLEM on the zarr array ``negatives`` and save it to ``model_path``.
+
+    With ``kernel`` set, fit a KernelSLEM instead (``gamma``, ``degree``,
+    ``rank``, ``pivoting``, ``tol``, ``seed``: see :class:`KernelSLEM`).
 
     ``update``: if ``model_path`` holds a model fitted on the first rows of this
     same ``negatives`` array, merge the statistics of the rows appended since
     into the stored ones (Chan et al.), without reading the old rows again.
     """
+    if kernel is not None:
+        if update:
+            raise ValueError("--update works for linear models only; refit a kernel model "
+                             "with --overwrite")
+        return _fit_kernel_job(client, negatives, model_path, KernelSLEM(
+            kernel=kernel, gamma=gamma, degree=degree, lam=lam, rank=rank, pivoting=pivoting,
+            tol=tol, random_state=seed), partition_rows, overwrite)
     t0 = time.perf_counter()
     model = LinearSLEM(lam=lam, theta=theta)
     model._check_params()
@@ -128,6 +140,41 @@ def fit_job(client, negatives: str, model_path: str, lam: float = 1e-3, theta: f
     return report
 
 
+def _fit_kernel_job(client, negatives: str, model_path: str, model, partition_rows,
+                    overwrite: bool) -> JobReport:
+    """Fit a KernelSLEM on zarr negatives: ``model.fit`` runs its rounds on ``client``."""
+    t0 = time.perf_counter()
+    model._check_params()
+    if storage._exists(model_path) and not overwrite:
+        raise FileExistsError(
+            f"model store {model_path!r} already exists; pass --overwrite to replace it")
+    arr = storage.open_input(negatives, "negatives")
+    if arr.shape[0] < 2:
+        raise ValueError(
+            f"negatives: {negatives!r} has shape {arr.shape}; at least 2 rows are needed")
+    x = storage.dask_rows(arr, partition_rows)
+    t1 = time.perf_counter()
+    if client is None:
+        model.fit(x)
+    else:
+        with client.as_current():
+            model.fit(x)
+    t2 = time.perf_counter()
+    fp = model.save(model_path, overwrite=overwrite, metadata={"source": str(negatives)})
+    t3 = time.perf_counter()
+    report = JobReport("fit")
+    report.facts.update({
+        "negatives": str(negatives), "rows": arr.shape[0], "features": arr.shape[1],
+        "dtype": str(arr.dtype), "partitions": x.numblocks[0],
+        **{k: v for k, v in model.get_params().items() if k != "exact"},
+        "pivots": model.rank_, "trace error": f"{model.trace_error_:.4g}",
+        "passes": model.n_passes_, "model": str(model_path), "fingerprint": fp[:16],
+    })
+    report.timings.update({"open": t1 - t0, "factor": t2 - t1, "save": t3 - t2,
+                           "total": t3 - t0})
+    return report
+
+
 def _previous_statistics(model_path: str, negatives: str, arr) -> ScatterStats:
     """The statistics stored in a model, checked to be those of the first rows of ``arr``."""
     meta, _ = storage.read_model_store(model_path)
@@ -168,11 +215,12 @@ def encode_job(client, model_path: str, positives: str, out: str, dtype: str | N
         raise ValueError(f"dtype must be a float dtype (float32 or float64), got {dtype!r}")
     fingerprint = model.fingerprint_
     n_rows = int(arr.shape[0])
+    width = int(getattr(model, "rank_", arr.shape[1]))  # a KernelSLEM writes r columns
     target, todo, action = _plan_output(out, arr, positives, fingerprint, out_dtype,
-                                        partition_rows, overwrite, on_model_change)
+                                        partition_rows, overwrite, on_model_change, width)
     if target is None:
         rows = storage.row_partition(arr, partition_rows)
-        target = storage.create_output(out, arr.shape, rows, out_dtype, {
+        target = storage.create_output(out, (arr.shape[0], width), rows, out_dtype, {
             "model": type(model).__name__, "model_fingerprint": fingerprint,
             "model_path": str(model_path), "params": model.get_params(),
             "source": str(positives), "n_rows": n_rows, "stale_partition": None,
@@ -221,7 +269,7 @@ def encode_job(client, model_path: str, positives: str, out: str, dtype: str | N
 
 
 def _plan_output(out, arr, positives, fingerprint, out_dtype, partition_rows, overwrite,
-                 on_model_change):
+                 on_model_change, width=None):
     """Decide what to do with an existing output: (target or None, partitions or None, action).
 
     None as target: create a new output. None as partitions: write every
@@ -249,9 +297,10 @@ def _plan_output(out, arr, positives, fingerprint, out_dtype, partition_rows, ov
     problems = []
     if meta.get("source") != str(positives):
         problems.append(f"it encodes {meta.get('source')!r}, not {str(positives)!r}")
-    if existing.shape[1] != arr.shape[1] or existing.dtype != out_dtype:
+    width = arr.shape[1] if width is None else width
+    if existing.shape[1] != width or existing.dtype != out_dtype:
         problems.append(f"it holds {existing.shape[1]} columns of {existing.dtype}, this run "
-                        f"writes {arr.shape[1]} of {out_dtype}")
+                        f"writes {width} of {out_dtype}")
     if arr.shape[0] < existing.shape[0]:
         problems.append(f"the positives shrank from {existing.shape[0]} to {arr.shape[0]} rows")
     if problems:
@@ -320,6 +369,17 @@ def demo_job(client, workdir: str = "slem-demo", n_negatives: int = 50_000,
         reports.append(encode_job(client, model_path, f"{corpus_path}/{name}",
                                   f"{corpus_path}/slem_{name}", partition_rows=1024,
                                   overwrite=True, progress=progress))
+    # rbf kernel SLEM: gamma 0.5 suits these L2-normalized rows (median squared
+    # distance between negatives ~0.5); 256 rpcholesky pivots take a few passes.
+    kernel_path = os.path.join(workdir, "kernel_model.zarr")
+    reports.append(fit_job(client, f"{corpus_path}/negatives", kernel_path, lam=lam,
+                           partition_rows=8192, overwrite=True, progress=progress,
+                           kernel="rbf", gamma=0.5, rank=min(256, n_negatives),
+                           pivoting="rpcholesky", tol=0.0, seed=seed))
+    for name in ("database", "queries"):
+        reports.append(encode_job(client, kernel_path, f"{corpus_path}/{name}",
+                                  f"{corpus_path}/kslem_{name}", partition_rows=1024,
+                                  overwrite=True, progress=progress))
 
     group = zarr.open_group(store=corpus_path, mode="r")
     db_labels = np.asarray(group["database_labels"][...])
@@ -328,7 +388,8 @@ def demo_job(client, workdir: str = "slem-demo", n_negatives: int = 50_000,
     k = min(100, len(db_labels))
     rows = []
     for method, db_name, q_name in (("raw features", "database", "queries"),
-                                    ("linear SLEM", "slem_database", "slem_queries")):
+                                    ("linear SLEM", "slem_database", "slem_queries"),
+                                    ("rbf kernel SLEM", "kslem_database", "kslem_queries")):
         t = time.perf_counter()
         db = storage.dask_rows(storage.open_output(f"{corpus_path}/{db_name}"))
         q = storage.open_output(f"{corpus_path}/{q_name}")[...]

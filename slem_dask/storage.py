@@ -134,10 +134,21 @@ def dask_rows(arr: zarr.Array, partition_rows: int | None = None):
     return da.from_zarr(arr, chunks=(rows, arr.shape[1]))
 
 
+def json_params(params: dict[str, Any]) -> dict[str, Any]:
+    """Parameters as plain JSON values (numpy scalars such as np.float32(0.1) become floats)."""
+    def native(value):
+        if isinstance(value, np.generic):
+            return value.item()
+        raise TypeError(f"model parameter value {value!r} of type {type(value).__name__} "
+                        f"cannot be stored; use a plain number or string")
+
+    return json.loads(json.dumps(params, default=native))
+
+
 def fingerprint(arrays: dict[str, np.ndarray], params: dict[str, Any]) -> str:
     """SHA-256 of a model's arrays (name, dtype, shape, bytes) and parameters."""
     h = hashlib.sha256()
-    h.update(json.dumps(params, sort_keys=True).encode())
+    h.update(json.dumps(json_params(params), sort_keys=True).encode())
     for key in sorted(arrays):
         a = np.ascontiguousarray(arrays[key])
         h.update(key.encode())
@@ -180,6 +191,7 @@ def write_model_store(path: str, model_name: str, params: dict, arrays: dict[str
     """
     path = str(path)
     _check_overwrite(path, overwrite, "model store", "overwrite=True (CLI: --overwrite)")
+    params = json_params(params)
     fp = fingerprint(arrays, params)
     meta = {
         "kind": "model",
@@ -210,7 +222,7 @@ def write_model_store(path: str, model_name: str, params: dict, arrays: dict[str
                 trash = target + ".old"
                 os.replace(local, trash)
                 os.replace(target, local)
-                shutil.rmtree(trash, ignore_errors=True)
+                _remove(trash)
             else:
                 os.replace(target, local)
     except BaseException:

@@ -88,7 +88,7 @@ def merge_statistics(a: ScatterStats, b: ScatterStats) -> ScatterStats:
     delta = b.mean - a.mean
     mean = a.mean + delta * (b.count / n)
     scatter = a.scatter + b.scatter
-    scatter += np.outer(delta, delta * (a.count * b.count / n))
+    scatter += np.outer(delta, delta) * (a.count * b.count / n)  # exactly symmetric
     return ScatterStats(n, mean, scatter, nonfinite)
 
 

@@ -1,0 +1,381 @@
+"""Distributed pivoted incomplete Cholesky of the negatives' kernel matrix.
+
+The n x n kernel matrix is never formed. The negatives stay split in row
+blocks; each block keeps, in worker memory, a state: its rows (float64), its
+rows of the factor F (n_b x t, in a buffer that grows by doubling) and its
+residual diagonal diag(K - F F^T). The fit runs in *rounds*; each round is
+one pass over the blocks and one small round trip to the caller:
+
+1. every block task appends the columns of the pivots accepted in the
+   previous round (kernel against those pivot rows, one matrix product with
+   its old columns, one triangular solve: :func:`core.cholesky.new_columns`)
+   and updates its residual diagonal;
+2. it proposes pivot candidates from its own rows: the row with the largest
+   residual diagonal (``greedy``) or ``b`` rows drawn with probability
+   proportional to the residual diagonal (``rpcholesky``), each with its data
+   row and its row of F;
+3. the proposals, residual traces and maxima are merged by a tree of tasks
+   (``SPLIT_EVERY`` wide) into one small summary, which the caller computes;
+4. the caller picks the pivots of the round (greedy: the best proposal;
+   rpcholesky: the accept/reject pass of :func:`core.cholesky.accept_candidates`
+   on the candidates' residual block) and extends L = F(I, :).
+
+Per round: one task per block plus the merge tree; one ``dask.persist``
+(the new block states and the summary, together) and the compute of the
+summary, which is already in memory. Greedy takes one pivot per round (r + 1
+rounds: the pivot rule needs the global maximum after every pivot);
+rpcholesky takes many (about r / acceptance-per-round rounds). The final
+round appends the last pivots and returns, instead of proposals, the Chan
+statistics (:mod:`core.statistics`) of the rows of F: mean row and centred
+scatter, merged in float64 by the same tree. F itself never leaves the
+workers unless ``gather=True`` (the exact mode, modest n).
+
+A block's factor buffer is written in place, but only in the columns of the
+current round, which the block's previous state never reads: re-running a
+round task (after a lost worker, or on a copy moved to another worker) gives
+the same result, so the in-place write is safe under the distributed
+scheduler.
+
+The same round functions run without dask on a list of numpy blocks
+(:func:`incomplete_cholesky` with ``x`` a numpy array), so the numpy and dask
+paths compute the same thing; greedy pivots do not depend on the chunking,
+rpcholesky pivots depend on ``seed`` and on the chunking (the random streams
+are per block and per merge node).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+
+from .core.cholesky import accept_candidates, new_columns, update_residual_diagonal
+from .core.kernels import check_histogram, kernel_diagonal, kernel_matrix
+from .core.statistics import ScatterStats, block_statistics, merge_many
+from .validation import check_finite_rows, is_dask_array
+
+__all__ = ["CholeskyConfig", "CholeskyResult", "incomplete_cholesky", "SPLIT_EVERY"]
+
+#: How many partial summaries one merge task combines (as in :mod:`parallel`).
+SPLIT_EVERY = 8
+#: Candidates drawn per rpcholesky round (fewer when fewer pivots remain).
+RP_CANDIDATES = 128
+#: rpcholesky gives up after this many rounds in a row without an accepted candidate.
+MAX_EMPTY_ROUNDS = 10
+#: A pivot whose residual is <= BREAKDOWN x max_i K(i, i) is not taken: its
+#: row is numerically in the span of the pivots already chosen.
+BREAKDOWN = 1e-10
+
+
+@dataclass(frozen=True)
+class CholeskyConfig:
+    kernel: str
+    gamma: float
+    degree: int
+    pivoting: str  # "greedy" | "rpcholesky"
+    rank: int  # maximum number of pivots
+    tol: float  # stop when residual trace <= tol * trace
+    seed: int = 0
+    gather: bool = False  # return F and the float64 rows (exact mode)
+
+
+@dataclass
+class CholeskyResult:
+    pivots: np.ndarray  # (r,) int64, indices into the negatives, pivot order
+    pivot_rows: np.ndarray  # (r, d) float64
+    pivot_factor: np.ndarray  # (r, r) lower triangular L = F(I, :)
+    stats: ScatterStats  # of the rows of F: count n, mean mu (r,), centred scatter
+    trace: float  # trace of K
+    residual_trace: float  # trace of K - F F^T
+    rounds: int  # passes over the blocks (initial pass included)
+    factor: np.ndarray | None = None  # (n, r), with gather=True
+    rows: np.ndarray | None = None  # (n, d) float64, with gather=True
+
+
+@dataclass
+class _Block:
+    x: np.ndarray
+    offset: int
+    diag: np.ndarray
+    buf: np.ndarray
+    t: int = 0
+
+
+@dataclass
+class _Accepted:
+    """Pivots of one round: data rows, their old rows of F, and R = F(T, new cols)."""
+
+    rows: np.ndarray
+    f_rows: np.ndarray
+    chol: np.ndarray
+
+
+@dataclass
+class _Summary:
+    trace: float = 0.0
+    max_diag: float = 0.0
+    residual: float = 0.0
+    max_residual: float = 0.0
+    # greedy: (value, index, row, f_row) or None; rpcholesky: dict of arrays or None
+    proposal: object = None
+    stats: ScatterStats | None = None
+    gathered: list = field(default_factory=list)  # [(offset, F block, x block)]
+
+
+# -- block tasks ------------------------------------------------------------
+def _propose(block: _Block, cfg: CholeskyConfig, count: int, key: tuple):
+    m = block.diag.shape[0]
+    if m == 0:
+        return None
+    if cfg.pivoting == "greedy":
+        i = int(np.argmax(block.diag))
+        return (float(block.diag[i]), block.offset + i, block.x[i].copy(),
+                block.buf[i, :block.t].copy())
+    total = float(block.diag.sum())
+    if not total > 0:
+        return None
+    rng = np.random.default_rng([cfg.seed, *key])
+    cum = np.cumsum(block.diag)
+    idx = np.searchsorted(cum, rng.random(count) * cum[-1], side="right")
+    np.minimum(idx, m - 1, out=idx)
+    return {"total": total, "diag": block.diag[idx].copy(), "index": idx + block.offset,
+            "rows": block.x[idx].copy(), "f_rows": block.buf[idx, :block.t].copy()}
+
+
+def _summarize(block: _Block, cfg: CholeskyConfig, count: int, key: tuple, final: bool,
+               trace: float = 0.0, max_diag: float = 0.0) -> _Summary:
+    s = _Summary(trace=trace, max_diag=max_diag, residual=float(block.diag.sum()),
+                 max_residual=float(block.diag.max(initial=0.0)))
+    if final:
+        s.stats = block_statistics(block.buf[:, :block.t])
+        if cfg.gather:
+            s.gathered = [(block.offset, block.buf[:, :block.t].copy(), block.x)]
+    else:
+        s.proposal = _propose(block, cfg, count, key)
+    return s
+
+
+def _init_block(x, offset: int, cfg: CholeskyConfig, count: int, key: tuple, name: str):
+    x = np.asarray(x)
+    check_finite_rows(x, name, row_offset=offset)
+    check_histogram(x, cfg.kernel, name, row_offset=offset)
+    x = np.array(x, dtype=np.float64, order="C", copy=True)
+    kdiag = kernel_diagonal(x, cfg.kernel, cfg.gamma, cfg.degree)
+    block = _Block(x, offset, kdiag, np.empty((x.shape[0], 0)), 0)
+    summary = _summarize(block, cfg, count, key, False, trace=float(kdiag.sum()),
+                         max_diag=float(kdiag.max(initial=0.0)))
+    return block, summary
+
+
+def _step_block(block: _Block, acc: _Accepted | None, cfg: CholeskyConfig, count: int,
+                key: tuple, final: bool):
+    if acc is not None and acc.rows.shape[0]:
+        s = acc.rows.shape[0]
+        t = block.t
+        k_cols = kernel_matrix(block.x, acc.rows, cfg.kernel, cfg.gamma, cfg.degree)
+        cols = new_columns(k_cols, block.buf[:, :t], acc.f_rows, acc.chol)
+        buf = block.buf
+        if buf.shape[1] < t + s:  # grow by doubling; the old state keeps the old buffer
+            cap = max(t + s, 2 * buf.shape[1], 16)
+            if cfg.rank:
+                cap = min(cap, max(cfg.rank, t + s))
+            grown = np.empty((buf.shape[0], cap))
+            grown[:, :t] = buf[:, :t]
+            buf = grown
+        buf[:, t:t + s] = cols  # only the columns of this round: see the module docstring
+        block = replace(block, diag=update_residual_diagonal(block.diag, cols), buf=buf, t=t + s)
+    return block, _summarize(block, cfg, count, key, final)
+
+
+# -- merging summaries --------------------------------------------------------
+def _merge_proposals(parts: list, cfg: CholeskyConfig, count: int, key: tuple):
+    parts = [p for p in parts if p is not None]
+    if not parts:
+        return None
+    if cfg.pivoting == "greedy":
+        # Largest residual; ties go to the smallest index (as numpy's argmax).
+        return max(parts, key=lambda p: (p[0], -p[1]))
+    if len(parts) == 1:
+        return parts[0]
+    # Mixture of i.i.d. samples: part j holds `count` draws proportional to the
+    # residual diagonal within its rows; a multinomial split by the parts'
+    # residual traces, then a random order, gives `count` i.i.d. draws
+    # proportional to the residual diagonal over the union.
+    rng = np.random.default_rng([cfg.seed, *key])
+    totals = np.array([p["total"] for p in parts])
+    counts = rng.multinomial(count, totals / totals.sum())
+    pick = {name: np.concatenate([p[name][:c] for p, c in zip(parts, counts)])
+            for name in ("diag", "index", "rows", "f_rows")}
+    order = rng.permutation(count)
+    out = {name: value[order] for name, value in pick.items()}
+    out["total"] = float(totals.sum())
+    return out
+
+
+def _merge_summaries(parts: list, cfg: CholeskyConfig, count: int, key: tuple) -> _Summary:
+    out = _Summary(
+        trace=sum(p.trace for p in parts),
+        max_diag=max(p.max_diag for p in parts),
+        residual=sum(p.residual for p in parts),
+        max_residual=max(p.max_residual for p in parts),
+    )
+    if all(p.stats is not None for p in parts):
+        out.stats = merge_many([p.stats for p in parts])
+        out.gathered = [g for p in parts for g in p.gathered]
+    else:
+        out.proposal = _merge_proposals([p.proposal for p in parts], cfg, count, key)
+    return out
+
+
+def _tree(parts: list, merge, cfg, count, round_no: int, delayed=None):
+    """Merge ``parts`` SPLIT_EVERY at a time; the node keys seed the random merges."""
+    level = 0
+    while len(parts) > 1:
+        groups = [parts[i:i + SPLIT_EVERY] for i in range(0, len(parts), SPLIT_EVERY)]
+        fn = merge if delayed is None else delayed(merge, pure=False)
+        parts = [fn(g, cfg, count, (round_no, 1, level, j)) for j, g in enumerate(groups)]
+        level += 1
+    if len(parts) == 1 and level == 0:  # a single block: still normalize the summary
+        fn = merge if delayed is None else delayed(merge, pure=False)
+        parts = [fn(parts, cfg, count, (round_no, 1, 0, 0))]
+    return parts[0]
+
+
+# -- the two backends ------------------------------------------------------------
+class _NumpyRounds:
+    def __init__(self, blocks: list[tuple[np.ndarray, int]], name: str):
+        self.blocks, self.name = blocks, name
+
+    def start(self, cfg, count):
+        outs = [_init_block(x, off, cfg, count, (0, 0, j), self.name)
+                for j, (x, off) in enumerate(self.blocks)]
+        self.states = [o[0] for o in outs]
+        return _tree([o[1] for o in outs], _merge_summaries, cfg, count, 0)
+
+    def step(self, acc, cfg, count, round_no, final):
+        outs = [_step_block(s, acc, cfg, count, (round_no, 0, j), final)
+                for j, s in enumerate(self.states)]
+        self.states = [o[0] for o in outs]
+        return _tree([o[1] for o in outs], _merge_summaries, cfg, count, round_no)
+
+
+class _DaskRounds:
+    def __init__(self, x, name: str):
+        self.x, self.name = x, name
+
+    def _run(self, outs, cfg, count, round_no):
+        import dask
+
+        states = [o[0] for o in outs]
+        summary = _tree([o[1] for o in outs], _merge_summaries, cfg, count, round_no,
+                        delayed=dask.delayed)
+        *states, summary = dask.persist(*states, summary)
+        self.states = states
+        return summary.compute()
+
+    def start(self, cfg, count):
+        import dask
+
+        offsets = np.concatenate([[0], np.cumsum(self.x.chunks[0])[:-1]]).astype(int)
+        init = dask.delayed(_init_block, pure=False, nout=2)
+        outs = [init(b, int(off), cfg, count, (0, 0, j), self.name)
+                for j, (b, off) in enumerate(zip(self.x.to_delayed().ravel(), offsets))]
+        return self._run(outs, cfg, count, 0)
+
+    def step(self, acc, cfg, count, round_no, final):
+        import dask
+
+        shared_acc = dask.delayed(acc, traverse=False)
+        step = dask.delayed(_step_block, pure=False, nout=2)
+        outs = [step(s, shared_acc, cfg, count, (round_no, 0, j), final)
+                for j, s in enumerate(self.states)]
+        return self._run(outs, cfg, count, round_no)
+
+
+# -- the driver ---------------------------------------------------------------------
+def _candidates(cfg: CholeskyConfig, t: int) -> int:
+    return 1 if cfg.pivoting == "greedy" else max(1, min(RP_CANDIDATES, cfg.rank - t))
+
+
+def _choose(summary: _Summary, cfg: CholeskyConfig, t: int, floor: float, round_no: int):
+    """The pivots of the next round from the merged proposal (on the caller)."""
+    prop = summary.proposal
+    if prop is None:
+        return None
+    if cfg.pivoting == "greedy":
+        value, index, row, f_row = prop
+        rows, f_rows = row[None, :], f_row[None, :]
+        indices, sampled, uniforms = np.array([index]), np.array([value]), np.zeros(1)
+    else:
+        rows, f_rows = prop["rows"], prop["f_rows"]
+        indices, sampled = prop["index"], prop["diag"]
+        uniforms = np.random.default_rng([cfg.seed, round_no, 2]).random(len(indices))
+    # Residual block of the candidates; erratum 1: K(i, i) - sum_m B(i, m)^2.
+    h = kernel_matrix(rows, rows, cfg.kernel, cfg.gamma, cfg.degree) - f_rows @ f_rows.T
+    acc, chol = accept_candidates(h, sampled, uniforms, floor, cfg.rank - t)
+    return indices[acc], _Accepted(rows[acc], f_rows[acc], chol)
+
+
+def incomplete_cholesky(x, cfg: CholeskyConfig, block_rows: int = 4096,
+                        name: str = "X") -> CholeskyResult:
+    """Pivoted incomplete Cholesky factor of K(x, x), never forming the n x n matrix.
+
+    ``x``: numpy array (split into blocks of ``block_rows`` rows and run
+    in-process) or dask array (one block per row chunk, run on the current
+    dask scheduler). Stops when ``cfg.rank`` pivots are taken, when the
+    residual trace is <= ``cfg.tol`` times the trace, or when no remaining
+    row has a residual above BREAKDOWN x max K(i, i) (rpcholesky: or after
+    MAX_EMPTY_ROUNDS rounds in a row in which every candidate was rejected).
+    """
+    if is_dask_array(x):
+        rounds = _DaskRounds(x, name)
+    else:
+        blocks = [(x[i:i + block_rows], i) for i in range(0, x.shape[0], block_rows)]
+        rounds = _NumpyRounds(blocks, name)
+    d = x.shape[1]
+    summary = rounds.start(cfg, _candidates(cfg, 0))
+    trace, max_diag = summary.trace, summary.max_diag
+    floor = BREAKDOWN * max_diag
+    pivots: list[np.ndarray] = []
+    pivot_rows = np.empty((0, d))
+    lower = np.zeros((0, 0))
+    t, round_no, empty = 0, 0, 0
+    while True:
+        round_no += 1
+        stop = (t >= cfg.rank or summary.max_residual <= floor
+                or summary.residual <= cfg.tol * trace or empty >= MAX_EMPTY_ROUNDS)
+        chosen = None if stop else _choose(summary, cfg, t, floor, round_no)
+        if chosen is None:
+            # Nothing left to add: one more pass for the statistics of F.
+            summary = rounds.step(None, cfg, 1, round_no, final=True)
+            break
+        idx, acc = chosen
+        s = len(idx)
+        empty = 0 if s else empty + 1
+        if s:
+            pivots.append(idx)
+            pivot_rows = np.vstack([pivot_rows, acc.rows])
+            grown = np.zeros((t + s, t + s))
+            grown[:t, :t] = lower
+            grown[t:, :t] = acc.f_rows
+            grown[t:, t:] = acc.chol
+            lower = grown
+            t += s
+        final = t >= cfg.rank
+        summary = rounds.step(acc if s else None, cfg, _candidates(cfg, t), round_no, final)
+        if final:
+            break
+    if t == 0:
+        raise ValueError(
+            f"{name}: the kernel matrix of the negatives is zero (every k(x, x) <= "
+            f"{floor:g}); nothing to factor: check the data and the kernel parameters"
+        )
+    result = CholeskyResult(
+        pivots=np.concatenate(pivots).astype(np.int64), pivot_rows=pivot_rows,
+        pivot_factor=lower, stats=summary.stats, trace=float(trace),
+        residual_trace=float(summary.residual), rounds=round_no + 1)
+    if cfg.gather:
+        parts = sorted(summary.gathered, key=lambda g: g[0])
+        result.factor = np.concatenate([g[1] for g in parts])
+        result.rows = np.concatenate([g[2] for g in parts])
+    return result

@@ -1,0 +1,331 @@
+"""The ``slem-dask`` command line: round trips equal the library, bad input writes nothing.
+
+Most tests call ``slem_dask.cli.main`` in-process against one in-process dask
+scheduler (``--scheduler ADDRESS``), so no worker processes start; one test
+lets the CLI start its own LocalCluster, and one (slow) runs the installed
+``slem-dask`` executable in a subprocess.
+"""
+
+import os
+import re
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import zarr
+from distributed import LocalCluster
+
+from slem_dask import LinearSLEM, load_model, storage
+from slem_dask.cli import main
+
+N, M, D = 300, 70, 12
+
+
+@pytest.fixture(scope="module")
+def scheduler():
+    with LocalCluster(n_workers=1, threads_per_worker=2, processes=False,
+                      dashboard_address=":0") as cluster:
+        yield cluster.scheduler_address
+
+
+@pytest.fixture(autouse=True)
+def no_scheduler_env(monkeypatch):
+    monkeypatch.delenv("DASK_SCHEDULER_ADDRESS", raising=False)
+
+
+def write_array(path, data, chunk_rows=32):
+    arr = zarr.create_array(store=str(path), shape=data.shape, dtype=data.dtype,
+                            chunks=(max(1, min(chunk_rows, data.shape[0])),) + data.shape[1:])
+    arr[...] = data
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    root = tmp_path_factory.mktemp("corpus")
+    rng = np.random.default_rng(7)
+    X = (rng.standard_normal((N, D)) * rng.uniform(0.5, 2, D) + 3.0).astype(np.float32)
+    P = (rng.standard_normal((M, D)) + 3.0).astype(np.float32)
+    paths = {"X": X, "P": P,
+             "negatives": write_array(root / "negatives.zarr", X, 64),
+             "positives": write_array(root / "positives.zarr", P, 16)}
+    model = root / "model.zarr"
+    LinearSLEM(lam=0.01, theta=2.0).fit(X).save(str(model))
+    paths["model"] = str(model)
+    return paths
+
+
+def run(capsys, *args):
+    """Run the CLI in-process: (exit code, stdout, stderr)."""
+    try:
+        code = main([str(a) for a in args])
+    except SystemExit as exc:  # argparse errors
+        code = exc.code
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def fit_args(scheduler, negatives, model, *extra):
+    return ("fit", "--negatives", negatives, "--model", model, "--scheduler", scheduler,
+            "--no-progress", *extra)
+
+
+def encode_args(scheduler, model, positives, out, *extra):
+    return ("encode", "--model", model, "--positives", positives, "--out", out,
+            "--scheduler", scheduler, "--no-progress", *extra)
+
+
+# -- round trips ---------------------------------------------------------------
+def test_fit_round_trip(scheduler, corpus, tmp_path, capsys):
+    model_path = str(tmp_path / "model.zarr")
+    code, out, err = run(capsys, *fit_args(scheduler, corpus["negatives"], model_path,
+                                           "--lam", "0.01", "--theta", "2", "--partition-rows", "50"))
+    assert code == 0, err
+    assert "fit:" in out and "fingerprint" in out
+    got = load_model(model_path)
+    want = LinearSLEM(lam=0.01, theta=2.0).fit(corpus["X"])
+    assert got.get_params() == {"lam": 0.01, "theta": 2.0}
+    for name in ("mean_", "covariance_", "precision_"):
+        a, b = getattr(got, name), getattr(want, name)
+        assert np.linalg.norm(a - b) <= 1e-12 * np.linalg.norm(b), name
+    assert (got.n_samples_, got.n_features_in_, got.input_dtype_) == (N, D, "float32")
+    meta = zarr.open_group(store=model_path, mode="r").attrs[storage.ATTR]
+    assert meta["source"] == corpus["negatives"]
+    assert sorted(os.listdir(tmp_path)) == ["model.zarr"]
+
+
+def test_encode_round_trip_float32(scheduler, corpus, tmp_path, capsys):
+    out_path = str(tmp_path / "codes.zarr")
+    code, out, err = run(capsys, *encode_args(scheduler, corpus["model"], corpus["positives"],
+                                              out_path, "--partition-rows", "20"))
+    assert code == 0, err
+    model = load_model(corpus["model"])
+    arr = storage.open_output(out_path)
+    assert arr.dtype == np.float32 and arr.shape == (M, D)
+    want = model.transform(corpus["P"])
+    np.testing.assert_allclose(arr[...], want, rtol=0, atol=1.5e-7)  # float32 rounding
+    meta = arr.attrs[storage.ATTR]
+    assert meta["complete"] is True
+    assert meta["kind"] == "encoding"
+    assert meta["model_fingerprint"] == model.fingerprint_
+    assert meta["params"] == {"lam": 0.01, "theta": 2.0}
+    assert meta["model"] == "LinearSLEM" and meta["n_rows"] == M
+    assert meta["source"] == corpus["positives"]
+
+
+def test_encode_round_trip_float64(scheduler, corpus, tmp_path, capsys):
+    out_path = str(tmp_path / "codes.zarr")
+    code, _, err = run(capsys, *encode_args(scheduler, corpus["model"], corpus["positives"],
+                                            out_path, "--dtype", "float64"))
+    assert code == 0, err
+    arr = storage.open_output(out_path)
+    assert arr.dtype == np.float64
+    want = load_model(corpus["model"]).transform(corpus["P"])
+    np.testing.assert_allclose(arr[...], want, rtol=1e-13, atol=1e-15)
+
+
+def test_overwrite_replaces(scheduler, corpus, tmp_path, capsys):
+    out_path = str(tmp_path / "codes.zarr")
+    assert run(capsys, *encode_args(scheduler, corpus["model"], corpus["positives"], out_path))[0] == 0
+    code, _, err = run(capsys, *encode_args(scheduler, corpus["model"], corpus["positives"],
+                                            out_path, "--dtype", "float64", "--overwrite"))
+    assert code == 0, err
+    assert storage.open_output(out_path).dtype == np.float64
+    model_path = str(tmp_path / "model.zarr")
+    assert run(capsys, *fit_args(scheduler, corpus["negatives"], model_path))[0] == 0
+    code, _, err = run(capsys, *fit_args(scheduler, corpus["negatives"], model_path,
+                                         "--lam", "0.5", "--overwrite"))
+    assert code == 0, err
+    assert load_model(model_path).lam == 0.5
+    assert sorted(os.listdir(tmp_path)) == ["codes.zarr", "model.zarr"]
+
+
+def test_cli_starts_its_own_local_cluster(corpus, tmp_path, capsys):
+    model_path = str(tmp_path / "model.zarr")
+    code, out, err = run(capsys, "fit", "--negatives", corpus["negatives"], "--model", model_path,
+                         "--workers", "1", "--threads-per-worker", "2", "--lam", "0.01",
+                         "--no-progress")
+    assert code == 0, err
+    assert "with 1 worker(s)" in out
+    want = LinearSLEM(lam=0.01).fit(corpus["X"])
+    np.testing.assert_allclose(load_model(model_path).precision_, want.precision_, rtol=1e-11)
+
+
+@pytest.mark.slow
+def test_installed_executable_round_trip(corpus, tmp_path):
+    exe = os.path.join(os.path.dirname(sys.executable), "slem-dask")
+    env = {k: v for k, v in os.environ.items() if k != "DASK_SCHEDULER_ADDRESS"}
+    common = ["--workers", "1", "--threads-per-worker", "1", "--no-progress"]
+    model_path, out_path = str(tmp_path / "model.zarr"), str(tmp_path / "codes.zarr")
+    fit = subprocess.run([exe, "fit", "--negatives", corpus["negatives"], "--model", model_path,
+                          "--lam", "0.01", "--theta", "2", *common],
+                         capture_output=True, text=True, env=env, timeout=300)
+    assert fit.returncode == 0, fit.stderr
+    enc = subprocess.run([exe, "encode", "--model", model_path, "--positives",
+                          corpus["positives"], "--out", out_path, *common],
+                         capture_output=True, text=True, env=env, timeout=300)
+    assert enc.returncode == 0, enc.stderr
+    model = load_model(model_path)
+    np.testing.assert_allclose(model.precision_,
+                               LinearSLEM(lam=0.01).fit(corpus["X"]).precision_, rtol=1e-11)
+    np.testing.assert_allclose(storage.open_output(out_path)[...], model.transform(corpus["P"]),
+                               rtol=0, atol=1.5e-7)
+    bad = subprocess.run([exe, "fit", "--negatives", str(tmp_path / "missing.zarr"), "--model",
+                          str(tmp_path / "m2.zarr"), *common],
+                         capture_output=True, text=True, env=env, timeout=300)
+    assert bad.returncode != 0 and "no zarr array at" in bad.stderr
+    assert not os.path.exists(tmp_path / "m2.zarr")
+
+
+# -- bad input: non-zero exit, a message naming the problem, nothing written ----
+@pytest.fixture(scope="module")
+def bad_inputs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("bad")
+    rng = np.random.default_rng(3)
+    (root / "plain").mkdir()
+    (root / "file.txt").write_text("not zarr")
+    group = zarr.open_group(store=str(root / "group.zarr"), mode="w")
+    group.create_array("negatives", shape=(4, D), dtype="f4")
+    nan_rows = rng.standard_normal((40, D)).astype(np.float32)
+    nan_rows[[3, 30], 1] = np.nan
+    inf_rows = rng.standard_normal((40, D))
+    inf_rows[[5, 6, 7], 0] = np.inf
+    foreign = zarr.open_group(store=str(root / "foreign.zarr"), mode="w")
+    for name in ("mean", "covariance", "precision"):
+        foreign.create_array(name, shape=(D,), dtype="f8")
+    return {
+        "missing": str(root / "missing.zarr"),
+        "plain": str(root / "plain"),
+        "file": str(root / "file.txt"),
+        "group": str(root / "group.zarr"),
+        "1-D": write_array(root / "one.zarr", np.ones(10)),
+        "3-D": write_array(root / "three.zarr", np.ones((5, D, 2))),
+        "one row": write_array(root / "onerow.zarr", np.ones((1, D))),
+        "empty": write_array(root / "empty.zarr", np.ones((0, D))),
+        "no features": write_array(root / "nofeat.zarr", np.ones((5, 0))),
+        "nan": write_array(root / "nan.zarr", nan_rows, 8),
+        "inf": write_array(root / "inf.zarr", inf_rows, 8),
+        "wrong d": write_array(root / "wrongd.zarr", np.ones((6, D + 1))),
+        "foreign model": str(root / "foreign.zarr"),
+    }
+
+
+INPUT_ERRORS = {
+    "missing": "no zarr array at",
+    "plain": "no zarr array at",
+    "file": "no zarr array at",
+    "group": "is a zarr group, not an array",
+    "1-D": r"\(1-D\); expected a 2-D array",
+    "3-D": r"\(3-D\); expected a 2-D array",
+}
+
+
+@pytest.mark.parametrize("kind", list(INPUT_ERRORS) + ["one row", "empty", "no features",
+                                                       "nan", "inf"])
+def test_fit_bad_negatives(scheduler, bad_inputs, tmp_path, capsys, kind):
+    messages = {**INPUT_ERRORS, "one row": "at least 2 rows", "empty": "has no rows",
+                "no features": r"has no features \(columns\)",
+                "nan": r"2 row\(s\) with NaN or inf", "inf": r"3 row\(s\) with NaN or inf"}
+    model_path = tmp_path / "model.zarr"
+    code, _, err = run(capsys, *fit_args(scheduler, bad_inputs[kind], model_path))
+    assert code != 0
+    # (the NaN / inf message comes from the estimator, which calls the data X)
+    prefix = "slem-dask fit: error: " + ("X" if kind in ("nan", "inf") else "negatives")
+    assert err.startswith(prefix), err
+    assert re.search(messages[kind], err), err
+    assert os.listdir(tmp_path) == []
+
+
+@pytest.mark.parametrize("kind", list(INPUT_ERRORS) + ["empty", "no features", "wrong d"])
+def test_encode_bad_positives(scheduler, corpus, bad_inputs, tmp_path, capsys, kind):
+    messages = {**INPUT_ERRORS, "empty": "has no rows",
+                "no features": r"has no features \(columns\)",
+                "wrong d": f"{D + 1} features .* fitted on {D}"}
+    out_path = tmp_path / "codes.zarr"
+    code, _, err = run(capsys, *encode_args(scheduler, corpus["model"], bad_inputs[kind], out_path))
+    assert code != 0
+    assert err.startswith("slem-dask encode: error: positives")
+    assert re.search(messages[kind], err), err
+    assert os.listdir(tmp_path) == []
+
+
+@pytest.mark.parametrize("kind,rows", [("nan", "2"), ("inf", "3")])
+def test_encode_nonfinite_rows_found_mid_run_leave_no_output(scheduler, bad_inputs, tmp_path,
+                                                             capsys, kind, rows):
+    X = np.random.default_rng(0).standard_normal((50, D))
+    model_path = str(tmp_path / "model.zarr")
+    LinearSLEM().fit(X).save(model_path)
+    out_path = tmp_path / "codes.zarr"
+    code, _, err = run(capsys, *encode_args(scheduler, model_path, bad_inputs[kind], out_path,
+                                            "--partition-rows", "8"))
+    assert code != 0
+    assert "row(s) with NaN or inf" in err, err
+    assert not out_path.exists()
+    assert sorted(os.listdir(tmp_path)) == ["model.zarr"]
+
+
+@pytest.mark.parametrize("flag,value", [
+    ("--lam", "abc"), ("--lam", "-1"), ("--lam", "0"), ("--lam", "nan"), ("--lam", "inf"),
+    ("--theta", "-2"), ("--theta", "x"), ("--partition-rows", "0"), ("--partition-rows", "1.5"),
+])
+def test_fit_bad_numbers(scheduler, corpus, tmp_path, capsys, flag, value):
+    code, _, err = run(capsys, *fit_args(scheduler, corpus["negatives"], tmp_path / "m.zarr",
+                                         flag, value))
+    assert code not in (0, None)
+    assert f"argument {flag}" in err and repr(value) in err, err
+    assert os.listdir(tmp_path) == []
+
+
+def test_encode_bad_dtype(scheduler, corpus, tmp_path, capsys):
+    code, _, err = run(capsys, *encode_args(scheduler, corpus["model"], corpus["positives"],
+                                            tmp_path / "o.zarr", "--dtype", "int8"))
+    assert code not in (0, None) and "argument --dtype" in err
+    assert os.listdir(tmp_path) == []
+
+
+def test_fit_refuses_existing_model(scheduler, corpus, tmp_path, capsys):
+    model_path = str(tmp_path / "model.zarr")
+    LinearSLEM(lam=0.7).fit(corpus["X"]).save(model_path)
+    before = load_model(model_path).fingerprint_
+    code, _, err = run(capsys, *fit_args(scheduler, corpus["negatives"], model_path))
+    assert code != 0 and "already exists" in err and "--overwrite" in err
+    assert load_model(model_path).fingerprint_ == before
+    assert os.listdir(tmp_path) == ["model.zarr"]
+
+
+def test_encode_refuses_existing_output(scheduler, corpus, tmp_path, capsys):
+    out_path = str(tmp_path / "codes.zarr")
+    write_array(out_path, np.zeros((3, 3)))
+    code, _, err = run(capsys, *encode_args(scheduler, corpus["model"], corpus["positives"],
+                                            out_path))
+    assert code != 0 and "already exists" in err and "--overwrite" in err
+    np.testing.assert_array_equal(zarr.open_array(store=out_path, mode="r")[...], 0.0)
+
+
+def test_encode_bad_models(scheduler, corpus, bad_inputs, tmp_path, capsys):
+    tampered = str(tmp_path / "tampered.zarr")
+    LinearSLEM().fit(corpus["X"]).save(tampered)
+    group = zarr.open_group(store=tampered, mode="r+")
+    group["mean"][0] = group["mean"][0] + 1.0
+    cases = {
+        bad_inputs["missing"]: "no zarr store at",
+        bad_inputs["foreign model"]: "not written by slem-dask",
+        bad_inputs["1-D"]: "model: ",
+        tampered: "do not match its recorded fingerprint",
+    }
+    for model_path, message in cases.items():
+        out_path = tmp_path / "codes.zarr"
+        code, _, err = run(capsys, *encode_args(scheduler, model_path, corpus["positives"],
+                                                out_path))
+        assert code != 0
+        assert err.startswith("slem-dask encode: error: model"), err
+        assert message in err, err
+        assert not out_path.exists()
+
+
+def test_missing_required_arguments(capsys):
+    code, _, err = run(capsys, "fit", "--negatives", "x.zarr")
+    assert code == 2 and "--model" in err
+    code, _, err = run(capsys)
+    assert code == 2

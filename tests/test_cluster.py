@@ -1,0 +1,139 @@
+"""A real multi-process LocalCluster gives the numpy results (marked ``cluster``: run with --slow).
+
+One module-scoped cluster of 2 single-threaded worker processes serves every
+test here. The tests at the bottom (cluster sizing) start nothing and always run.
+"""
+
+import os
+
+import dask.array as da
+import numpy as np
+import pytest
+import zarr
+
+from slem_dask import LinearSLEM, load_model, storage
+from slem_dask.cluster import default_local_cluster_kwargs
+
+D = 10
+
+
+@pytest.fixture(scope="module")
+def client():
+    from distributed import Client, LocalCluster
+
+    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
+                      dashboard_address=":0") as cluster, Client(cluster) as c:
+        yield c
+
+
+@pytest.fixture(scope="module")
+def data():
+    rng = np.random.default_rng(11)
+    X = (rng.standard_normal((500, D)) * rng.uniform(0.5, 2, D) + 100.0).astype(np.float32)
+    P = (rng.standard_normal((130, D)) + 100.0).astype(np.float32)
+    return X, P
+
+
+def write_array(path, data, chunk_rows):
+    arr = zarr.create_array(store=str(path), shape=data.shape, dtype=data.dtype,
+                            chunks=(chunk_rows, data.shape[1]))
+    arr[...] = data
+    return str(path)
+
+
+@pytest.mark.cluster
+@pytest.mark.parametrize("chunks", [7, 64, (1, 200, 299)])
+def test_fit_and_transform_on_processes_equal_numpy(client, data, chunks):
+    X, P = data
+    want = LinearSLEM(lam=0.02, theta=3.0).fit(X)
+    got = LinearSLEM(lam=0.02, theta=3.0).fit(da.from_array(X, chunks=(chunks, D)))
+    for name in ("mean_", "covariance_", "precision_"):
+        a, b = getattr(got, name), getattr(want, name)
+        assert np.linalg.norm(a - b) <= 1e-12 * np.linalg.norm(b), name
+    Pd = da.from_array(P, chunks=(29, D))
+    Z = got.transform(Pd)
+    assert Z.chunks == Pd.chunks
+    np.testing.assert_allclose(client.compute(Z).result(), want.transform(P),
+                               rtol=1e-12, atol=1e-13)
+    Z32 = client.compute(got.transform(Pd, dtype=np.float32)).result()
+    assert Z32.dtype == np.float32
+    np.testing.assert_allclose(Z32, want.transform(P), rtol=0, atol=1.5e-7)
+    # both workers took part
+    assert len(client.scheduler_info()["workers"]) == 2
+
+
+@pytest.mark.cluster
+def test_fit_job_and_encode_job_equal_the_library(client, data, tmp_path):
+    from slem_dask.pipeline import encode_job, fit_job
+
+    X, P = data
+    negatives = write_array(tmp_path / "negatives.zarr", X, 40)
+    positives = write_array(tmp_path / "positives.zarr", P, 16)
+    model_path = str(tmp_path / "model.zarr")
+    out = str(tmp_path / "codes.zarr")
+    fit_job(client, negatives, model_path, lam=0.02, theta=3.0, partition_rows=80)
+    model = load_model(model_path)
+    want = LinearSLEM(lam=0.02, theta=3.0).fit(X)
+    for name in ("mean_", "covariance_", "precision_"):
+        a, b = getattr(model, name), getattr(want, name)
+        assert np.linalg.norm(a - b) <= 1e-12 * np.linalg.norm(b), name
+    encode_job(client, model_path, positives, out, partition_rows=32)
+    arr = storage.open_output(out)
+    assert arr.dtype == np.float32
+    np.testing.assert_allclose(arr[...], want.transform(P), rtol=0, atol=1.5e-7)
+    meta = arr.attrs[storage.ATTR]
+    assert meta["complete"] is True and meta["model_fingerprint"] == model.fingerprint_
+    encode_job(client, model_path, positives, out, dtype="float64", overwrite=True)
+    np.testing.assert_allclose(storage.open_output(out)[...], want.transform(P),
+                               rtol=1e-12, atol=1e-13)
+
+
+@pytest.mark.cluster
+def test_encode_job_failure_on_processes_leaves_no_output(client, data, tmp_path):
+    from slem_dask.pipeline import encode_job
+
+    X, P = data
+    P = P.copy()
+    P[[5, 100], 0] = np.nan
+    positives = write_array(tmp_path / "positives.zarr", P, 8)
+    model_path = str(tmp_path / "model.zarr")
+    LinearSLEM().fit(X).save(model_path)
+    with pytest.raises(ValueError, match=r"row\(s\) with NaN or inf"):
+        encode_job(client, model_path, positives, str(tmp_path / "codes.zarr"), partition_rows=8)
+    assert sorted(os.listdir(tmp_path)) == ["model.zarr", "positives.zarr"]
+
+
+@pytest.mark.cluster
+def test_fit_job_rejects_nonfinite_negatives_and_writes_nothing(client, data, tmp_path):
+    from slem_dask.pipeline import fit_job
+
+    X = data[0].copy()
+    X[[0, 499], 3] = np.inf
+    negatives = write_array(tmp_path / "negatives.zarr", X, 50)
+    with pytest.raises(ValueError, match=r"2 row\(s\) with NaN or inf out of 500"):
+        fit_job(client, negatives, str(tmp_path / "model.zarr"))
+    assert os.listdir(tmp_path) == ["negatives.zarr"]
+
+
+@pytest.mark.cluster
+def test_connect_limits_blas_threads_on_workers(client):
+    from slem_dask.cluster import connect
+
+    with connect(client.scheduler.address) as c:
+        def blas_threads():
+            from threadpoolctl import threadpool_info
+
+            return [i["num_threads"] for i in threadpool_info() if i["user_api"] == "blas"]
+
+        per_worker = c.run(blas_threads)
+    assert len(per_worker) == 2
+    assert all(threads and set(threads) == {1} for threads in per_worker.values())
+
+
+# -- sizing (no cluster started) -------------------------------------------------
+def test_default_local_cluster_kwargs():
+    cores = len(os.sched_getaffinity(0))
+    kw = default_local_cluster_kwargs()
+    assert (kw["n_workers"], kw["threads_per_worker"], kw["processes"]) == (cores, 1, True)
+    assert default_local_cluster_kwargs(3, 2)["n_workers"] == 3
+    assert default_local_cluster_kwargs(None, 2)["n_workers"] == max(1, cores // 2)

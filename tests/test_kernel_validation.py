@@ -1,0 +1,96 @@
+"""Bad inputs to KernelSLEM get errors naming the parameter, the value and a fix."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from slem_dask import KernelSLEM, NotFittedError
+
+
+@pytest.fixture
+def X(rng):
+    return np.abs(rng.standard_normal((30, 4)))
+
+
+@pytest.mark.parametrize("kwargs, exc, words", [
+    ({"kernel": "gaussian"}, ValueError, ["kernel", "'gaussian'", "'rbf'", "'chi2'", "'poly'"]),
+    ({"kernel": None}, ValueError, ["kernel", "None", "'linear'"]),
+    ({"kernel": "rbf", "gamma": 0}, ValueError, ["gamma", "> 0", "rbf"]),
+    ({"kernel": "poly", "gamma": -1.0}, ValueError, ["gamma", "-1.0"]),
+    ({"kernel": "quad", "gamma": float("nan")}, ValueError, ["gamma", "nan"]),
+    ({"kernel": "rbf", "gamma": "1"}, TypeError, ["gamma", "'1'"]),
+    ({"kernel": "poly", "degree": 0}, ValueError, ["degree", ">= 1", "0"]),
+    ({"kernel": "poly", "degree": 1.5}, TypeError, ["degree", "1.5", "integer"]),
+    ({"lam": 0}, ValueError, ["lam", "> 0"]),
+    ({"lam": -1e-3}, ValueError, ["lam", "-0.001"]),
+    ({"rank": 0}, ValueError, ["rank", ">= 1", "0"]),
+    ({"rank": 2.5}, TypeError, ["rank", "2.5"]),
+    ({"tol": 1.0}, ValueError, ["tol", "[0, 1)", "1.0"]),
+    ({"tol": -0.1}, ValueError, ["tol", "-0.1"]),
+    ({"pivoting": "random"}, ValueError, ["pivoting", "'random'", "'greedy'", "'rpcholesky'"]),
+    ({"random_state": "seed"}, TypeError, ["random_state", "'seed'"]),
+])
+def test_bad_parameters(X, kwargs, exc, words):
+    with pytest.raises(exc) as info:
+        KernelSLEM(**kwargs).fit(X)
+    for w in words:
+        assert w in str(info.value), (w, str(info.value))
+
+
+def test_unused_parameters_are_not_checked(X):
+    # gamma and degree are ignored by kernels that do not use them
+    KernelSLEM(kernel="intersection", gamma=-1, degree=0, rank=3).fit(X)
+    KernelSLEM(kernel="rbf", degree=0, rank=3).fit(X)
+
+
+@pytest.mark.parametrize("kernel", ["intersection", "chi2"])
+def test_histogram_kernels_reject_negative_values(X, kernel):
+    bad = X.copy()
+    bad[[3, 17], 1] = -0.5
+    with pytest.raises(ValueError) as info:
+        KernelSLEM(kernel=kernel, rank=3).fit(bad)
+    msg = str(info.value)
+    assert "2 row(s)" in msg and "3, 17" in msg and kernel in msg and "non-negative" in msg
+    model = KernelSLEM(kernel=kernel, rank=3).fit(X)
+    with pytest.raises(ValueError, match="negative values"):
+        model.transform(bad[:5])
+    with pytest.raises(ValueError, match="negative values"):
+        model.similarity(X[:2], bad[:5])
+    import dask.array as da
+
+    with pytest.raises(ValueError, match=r"rows 17"):
+        model.transform(da.from_array(bad, chunks=(10, 4))).compute()
+
+
+def test_nan_rows_are_rejected(X):
+    bad = X.copy()
+    bad[5, 0] = np.nan
+    with pytest.raises(ValueError, match=r"X has 1 row\(s\) with NaN or inf \(rows 5\)"):
+        KernelSLEM(rank=3).fit(bad)
+    import dask.array as da
+
+    with pytest.raises(ValueError, match=r"rows 5"):
+        KernelSLEM(rank=3).fit(da.from_array(bad, chunks=(4, 4)))
+    model = KernelSLEM(rank=3).fit(X)
+    with pytest.raises(ValueError, match="P has 1 row"):
+        model.transform(bad[:6])
+
+
+def test_shapes(X):
+    with pytest.raises(ValueError, match="2-D"):
+        KernelSLEM().fit(X[0])
+    with pytest.raises(ValueError, match="at least 2"):
+        KernelSLEM().fit(X[:1])
+    model = KernelSLEM(rank=3).fit(X)
+    with pytest.raises(ValueError, match="has 3 features .* fitted on 4"):
+        model.transform(X[:, :3])
+    with pytest.raises(ValueError, match="Q has 5 features"):
+        model.similarity(X, np.ones((2, 5)))
+    with pytest.raises(NotFittedError, match="not fitted"):
+        KernelSLEM().transform(X)
+
+
+def test_zero_kernel_matrix_is_an_error():
+    with pytest.raises(ValueError, match="kernel matrix of the negatives is zero"):
+        KernelSLEM(kernel="linear").fit(np.zeros((5, 3)))

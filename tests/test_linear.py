@@ -1,0 +1,230 @@
+"""Linear SLEM on numpy: the closed form against a brute-force minimization of J.
+
+J(w, nu) = theta/2 (w.x0 + nu - 1)^2 + 1/(2n) sum_i (w.x_i + nu + 1)^2 + lam/2 |w|^2
+(slem_linear.tex, eq. first, square loss).
+"""
+
+import math
+
+import numpy as np
+import pytest
+
+from reference import brute_force_exemplar, slem_gradient, slem_objective
+from slem_dask import LinearSLEM, NotFittedError
+
+# (n, d, theta, lam, offset in standard deviations)
+CASES = [
+    (500, 20, 3.0, 0.1, 0.0),
+    (200, 10, 1.0, 1e-3, 0.0),
+    (80, 12, 0.05, 1e-2, 0.0),
+    (15, 40, 0.5, 1e-2, 0.0),        # n < d
+    (300, 8, 10.0, 1e-3, 1000.0),    # far from the origin
+    (25, 60, 2.0, 0.05, 1000.0),     # n < d and far from the origin
+]
+
+
+def make_problem(n, d, offset, seed):
+    rng = np.random.default_rng(seed)
+    sd = rng.uniform(0.5, 2.0, d)
+    X = offset * sd + rng.standard_normal((n, d)) * sd
+    x0 = offset * sd + rng.standard_normal(d) * sd * 1.5
+    return X, x0
+
+
+def rel(a, b):
+    return np.linalg.norm(np.asarray(a) - b) / np.linalg.norm(b)
+
+
+@pytest.mark.parametrize("n,d,theta,lam,offset", CASES)
+def test_exemplar_equals_brute_force_minimizer(n, d, theta, lam, offset):
+    X, x0 = make_problem(n, d, offset, seed=n + d)
+    w, nu = LinearSLEM(lam=lam, theta=theta).fit(X).exemplar(x0)
+    w_ref, nu_ref = brute_force_exemplar(X, x0, theta, lam)
+    assert rel(w, w_ref) < 1e-8
+    assert abs(nu - nu_ref) <= 1e-8 * max(abs(nu_ref), 1.0)
+    assert slem_objective(w, nu, x0, X, theta, lam) <= (
+        slem_objective(w_ref, nu_ref, x0, X, theta, lam) * (1 + 1e-12))
+
+
+@pytest.mark.parametrize("n,d,theta,lam,offset", CASES)
+def test_gradient_of_J_vanishes_at_the_solution(n, d, theta, lam, offset):
+    X, x0 = make_problem(n, d, offset, seed=n + d)
+    w, nu = LinearSLEM(lam=lam, theta=theta).fit(X).exemplar(x0)
+
+    def gradient_is_zero(w, nu):
+        gw, gnu, sw, snu = slem_gradient(w, nu, x0, X, theta, lam)
+        return np.linalg.norm(gw) <= 1e-9 * np.linalg.norm(sw) and abs(gnu) <= 1e-9 * snu
+
+    assert gradient_is_zero(w, nu)
+    # The check can fail: a solution off by 1e-6 (relative) is caught.
+    assert not gradient_is_zero(w * (1 + 1e-6), nu)
+    assert not gradient_is_zero(w, nu + 1e-6 * max(abs(nu), 1.0))
+
+
+def test_brute_force_reference_is_a_minimizer():
+    """The reference itself: J grows in every random direction around it."""
+    X, x0 = make_problem(60, 5, 0.0, seed=7)
+    w, nu = brute_force_exemplar(X, x0, 2.0, 0.1)
+    j0 = slem_objective(w, nu, x0, X, 2.0, 0.1)
+    rng = np.random.default_rng(0)
+    for _ in range(20):
+        dw, dnu = rng.standard_normal(5) * 1e-3, rng.standard_normal() * 1e-3
+        assert slem_objective(w + dw, nu + dnu, x0, X, 2.0, 0.1) > j0
+
+
+@pytest.mark.parametrize("n,d,theta,lam,offset", CASES)
+def test_transform_is_normalized_exemplar_direction(n, d, theta, lam, offset):
+    X, x0 = make_problem(n, d, offset, seed=n + d + 1)
+    rng = np.random.default_rng(3)
+    P = np.vstack([x0, x0 + rng.standard_normal((4, d)) * 0.3 * X.std(axis=0)])
+    base = LinearSLEM(lam=lam, theta=1.0).fit(X).transform(P)
+    np.testing.assert_allclose(np.linalg.norm(base, axis=1), 1.0, rtol=1e-14)
+    norms = []
+    for th in sorted({0.01, 1.0, theta, 100.0}):
+        model = LinearSLEM(lam=lam, theta=th).fit(X)
+        Z = model.transform(P)
+        np.testing.assert_array_equal(Z, base)  # theta never changes the encoding
+        for row, p in zip(Z, P):
+            w, _ = model.exemplar(p)
+            np.testing.assert_allclose(row, w / np.linalg.norm(w), rtol=1e-10, atol=1e-13)
+        w_ref, _ = brute_force_exemplar(X, P[0], th, lam)
+        assert rel(Z[0], w_ref / np.linalg.norm(w_ref)) < 1e-8
+        norms.append(np.linalg.norm(model.exemplar(P[0])[0]))
+    assert len(set(np.round(norms, 12))) == len(norms)  # ... but it does change the norm
+
+
+def test_fitted_attributes_equal_numpy():
+    X, _ = make_problem(300, 9, 5.0, seed=11)
+    X32 = X.astype(np.float32)
+    lam = 0.02
+    model = LinearSLEM(lam=lam).fit(X32)
+    X64 = X32.astype(np.float64)
+    cov = np.cov(X64, rowvar=False, bias=True)
+    np.testing.assert_allclose(model.mean_, X64.mean(axis=0), rtol=1e-14)
+    np.testing.assert_allclose(model.covariance_, cov, rtol=1e-12, atol=1e-14)
+    np.testing.assert_allclose(model.precision_, np.linalg.inv(cov + lam * np.eye(9)),
+                               rtol=1e-10, atol=1e-12)
+    np.testing.assert_array_equal(model.precision_, model.precision_.T)
+    np.testing.assert_array_equal(model.covariance_, model.covariance_.T)
+    assert model.n_samples_ == 300 and model.n_features_in_ == 9
+    assert model.input_dtype_ == "float32"
+    assert model.get_params() == {"lam": lam, "theta": 1.0}
+
+
+def test_transform_dtype_and_row_at_the_mean():
+    X, _ = make_problem(50, 4, 0.0, seed=2)
+    model = LinearSLEM().fit(X)
+    P = np.vstack([model.mean_, X[:3]])
+    Z = model.transform(P)
+    assert Z.dtype == np.float64
+    np.testing.assert_array_equal(Z[0], 0.0)  # no direction: 0, not NaN
+    Z32 = model.transform(P, dtype=np.float32)
+    assert Z32.dtype == np.float32
+    np.testing.assert_array_equal(Z32, Z.astype(np.float32))
+
+
+def test_similarity_is_cosine_of_encodings():
+    X, _ = make_problem(100, 6, 0.0, seed=3)
+    model = LinearSLEM(lam=0.1).fit(X)
+    P, Q = X[:5] + 0.1, X[5:12] - 0.2
+    S = model.similarity(P, Q)
+    assert S.shape == (5, 7)
+    np.testing.assert_allclose(S, model.transform(P) @ model.transform(Q).T, rtol=1e-14)
+
+
+def test_lda_direction_at_small_lambda():
+    """slem_linear.tex, "LDA and SLEM": as lam -> 0 the SLEM is LDA's Sigma^-1 (x0 - mu)."""
+    X, x0 = make_problem(400, 5, 0.0, seed=4)
+    z = LinearSLEM(lam=1e-12).fit(X).transform(x0[None])[0]
+    lda = np.linalg.solve(np.cov(X, rowvar=False, bias=True), x0 - X.mean(axis=0))
+    np.testing.assert_allclose(z, lda / np.linalg.norm(lda), rtol=1e-8, atol=1e-10)
+
+
+# -- bad input -----------------------------------------------------------------
+@pytest.mark.parametrize("value,error", [
+    (0, ValueError), (0.0, ValueError), (-1, ValueError), (float("nan"), ValueError),
+    (float("inf"), ValueError), ("abc", TypeError), ("0.1", TypeError), (True, TypeError),
+    (None, TypeError),
+])
+@pytest.mark.parametrize("name", ["lam", "theta"])
+def test_bad_parameters_raise(name, value, error):
+    X = np.random.default_rng(0).standard_normal((10, 3))
+    model = LinearSLEM(**{name: value})
+    with pytest.raises(error, match=name):
+        model.fit(X)
+    assert not hasattr(model, "n_features_in_")
+
+
+def test_bad_parameter_set_after_fit_is_caught_by_exemplar():
+    X = np.random.default_rng(0).standard_normal((10, 3))
+    model = LinearSLEM().fit(X)
+    model.theta = -1.0
+    with pytest.raises(ValueError, match="theta"):
+        model.exemplar(X[0])
+
+
+@pytest.mark.parametrize("X,message", [
+    (np.ones(5), "2-D"),
+    (np.ones((4, 3, 2)), "2-D"),
+    (np.ones((1, 3)), "at least 2"),
+    (np.ones((0, 3)), "0 rows"),
+    (np.ones((5, 0)), "no features"),
+    (np.array([["a", "b"], ["c", "d"]]), "real numbers"),
+    (np.ones((3, 2), dtype=complex), "real numbers"),
+])
+def test_bad_negatives_raise(X, message):
+    with pytest.raises((ValueError, TypeError), match=message):
+        LinearSLEM().fit(X)
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
+def test_nonfinite_negatives_raise_with_row_count(bad):
+    X = np.random.default_rng(0).standard_normal((20, 3))
+    X[[2, 7], 1] = bad
+    X[7, 0] = bad
+    with pytest.raises(ValueError, match=r"2 row\(s\) with NaN or inf out of 20"):
+        LinearSLEM().fit(X)
+
+
+def test_nonfinite_positives_raise_with_row_count():
+    rng = np.random.default_rng(0)
+    model = LinearSLEM().fit(rng.standard_normal((20, 3)))
+    P = rng.standard_normal((9, 3))
+    P[[1, 4, 8], 2] = [np.nan, np.inf, np.nan]
+    with pytest.raises(ValueError, match=r"P has 3 row\(s\) with NaN or inf \(rows 1, 4, 8\)"):
+        model.transform(P)
+    with pytest.raises(ValueError, match=r"x0 has 1 row\(s\) with NaN or inf"):
+        model.exemplar(P[1])
+
+
+@pytest.mark.parametrize("P,message", [
+    (np.ones((4, 5)), "P has 5 features .* fitted on 3"),
+    (np.ones(3), "2-D"),
+    (np.ones((2, 3, 1)), "2-D"),
+    (np.ones((0, 3)), "0 rows"),
+])
+def test_bad_positives_raise(P, message):
+    model = LinearSLEM().fit(np.random.default_rng(0).standard_normal((20, 3)))
+    with pytest.raises(ValueError, match=message):
+        model.transform(P)
+
+
+def test_bad_exemplar_input_raises():
+    model = LinearSLEM().fit(np.random.default_rng(0).standard_normal((20, 3)))
+    with pytest.raises(ValueError, match="one descriptor of shape"):
+        model.exemplar(np.ones((2, 3)))
+    with pytest.raises(ValueError, match="4 features"):
+        model.exemplar(np.ones(4))
+
+
+def test_not_fitted_raises():
+    model = LinearSLEM()
+    for call in (lambda: model.transform(np.ones((2, 3))), lambda: model.exemplar(np.ones(3)),
+                 lambda: model.fingerprint_):
+        with pytest.raises(NotFittedError, match="not fitted"):
+            call()
+
+
+def test_repr_and_params():
+    assert repr(LinearSLEM(lam=0.5, theta=2)) == "LinearSLEM(lam=0.5, theta=2)"
+    assert math.isclose(LinearSLEM().lam, 1e-3)

@@ -1,0 +1,233 @@
+"""Zarr storage: inputs, model stores (save / load_model, atomic, fingerprinted), outputs."""
+
+import json
+import os
+
+import numpy as np
+import pytest
+import zarr
+
+from slem_dask import LinearSLEM, load_model
+from slem_dask import storage
+
+
+@pytest.fixture
+def fitted():
+    rng = np.random.default_rng(0)
+    return LinearSLEM(lam=0.03, theta=4.0).fit(rng.standard_normal((50, 6)).astype(np.float32))
+
+
+def write_array(path, data, chunks=None):
+    arr = zarr.create_array(store=str(path), shape=data.shape, dtype=data.dtype,
+                            chunks=chunks or data.shape)
+    arr[...] = data
+    return arr
+
+
+def listing(directory):
+    return sorted(os.listdir(directory))
+
+
+# -- inputs --------------------------------------------------------------------
+def test_open_input_reads_a_2d_array(tmp_path):
+    data = np.arange(12, dtype=np.float32).reshape(4, 3)
+    write_array(tmp_path / "x.zarr", data)
+    arr = storage.open_input(str(tmp_path / "x.zarr"), "negatives")
+    np.testing.assert_array_equal(arr[...], data)
+
+
+def test_open_input_errors(tmp_path):
+    (tmp_path / "plain").mkdir()
+    (tmp_path / "file.txt").write_text("not zarr")
+    group = zarr.open_group(store=str(tmp_path / "g.zarr"), mode="w")
+    group.create_array("negatives", shape=(3, 2), dtype="f4")
+    write_array(tmp_path / "one.zarr", np.ones(3))
+    write_array(tmp_path / "three.zarr", np.ones((2, 2, 2)))
+    write_array(tmp_path / "text.zarr", np.array([[True], [False]]))
+    cases = {
+        "missing.zarr": (FileNotFoundError, "no zarr array at"),
+        "plain": (FileNotFoundError, "no zarr array at"),
+        "file.txt": (FileNotFoundError, "no zarr array at"),
+        "g.zarr": (ValueError, r"is a zarr group, not an array \(arrays in it: negatives\).*"
+                               r"g.zarr/negatives"),
+        "one.zarr": (ValueError, r"shape \(3,\) \(1-D\); expected a 2-D array"),
+        "three.zarr": (ValueError, r"\(3-D\); expected a 2-D array"),
+        "text.zarr": (TypeError, "expected real numbers"),
+    }
+    for name, (error, message) in cases.items():
+        with pytest.raises(error, match=message) as info:
+            storage.open_input(str(tmp_path / name), "negatives")
+        assert str(info.value).startswith("negatives: "), name
+
+
+def test_row_partition_is_whole_chunks(tmp_path):
+    arr = write_array(tmp_path / "x.zarr", np.zeros((100, 4)), chunks=(16, 4))
+    assert storage.row_partition(arr, 1) == 16
+    assert storage.row_partition(arr, 17) == 32
+    assert storage.row_partition(arr, 1000) == 100  # never more than the rows
+    x = storage.dask_rows(arr, 20)
+    assert x.chunks == ((32, 32, 32, 4), (4,))
+
+
+# -- model stores --------------------------------------------------------------
+def test_save_and_load_round_trip(tmp_path, fitted):
+    path = str(tmp_path / "model.zarr")
+    fp = fitted.save(path, metadata={"source": "test"})
+    assert fp == fitted.fingerprint_
+    loaded = load_model(path)
+    assert type(loaded) is LinearSLEM
+    assert loaded.get_params() == fitted.get_params()
+    for name in ("mean_", "covariance_", "precision_"):
+        np.testing.assert_array_equal(getattr(loaded, name), getattr(fitted, name))
+        assert getattr(loaded, name).dtype == np.float64
+    assert (loaded.n_samples_, loaded.n_features_in_, loaded.input_dtype_) == (50, 6, "float32")
+    assert loaded.fingerprint_ == fp
+    meta = zarr.open_group(store=path, mode="r").attrs[storage.ATTR]
+    assert meta["kind"] == "model" and meta["model"] == "LinearSLEM"
+    assert meta["source"] == "test" and meta["fingerprint"] == fp
+    P = np.random.default_rng(1).standard_normal((5, 6))
+    np.testing.assert_array_equal(loaded.transform(P), fitted.transform(P))
+    assert listing(tmp_path) == ["model.zarr"]  # no hidden leftovers
+
+
+def test_fingerprint_depends_on_params_and_arrays(fitted):
+    base = fitted.fingerprint_
+    fitted.theta = 5.0
+    assert fitted.fingerprint_ != base
+    fitted.theta = 4.0
+    assert fitted.fingerprint_ == base
+    fitted.mean_ = fitted.mean_.copy()
+    fitted.mean_[0] = np.nextafter(fitted.mean_[0], np.inf)
+    assert fitted.fingerprint_ != base
+
+
+def test_save_refuses_existing_path_without_overwrite(tmp_path, fitted):
+    path = str(tmp_path / "model.zarr")
+    fitted.save(path)
+    other = LinearSLEM(lam=1.0).fit(np.random.default_rng(9).standard_normal((20, 6)))
+    with pytest.raises(FileExistsError, match="already exists; pass overwrite=True"):
+        other.save(path)
+    assert load_model(path).fingerprint_ == fitted.fingerprint_
+    other.save(path, overwrite=True)
+    assert load_model(path).fingerprint_ == other.fingerprint_
+    assert listing(tmp_path) == ["model.zarr"]
+
+
+def _fail_after_first_array(monkeypatch):
+    original = zarr.Group.create_array
+    calls = []
+
+    def failing(self, *args, **kwargs):
+        calls.append(1)
+        if len(calls) > 1:
+            raise OSError("disk full (injected)")
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(zarr.Group, "create_array", failing)
+    return calls
+
+
+def test_failed_save_leaves_nothing(tmp_path, fitted, monkeypatch):
+    calls = _fail_after_first_array(monkeypatch)
+    path = str(tmp_path / "model.zarr")
+    with pytest.raises(OSError, match="injected"):
+        fitted.save(path)
+    assert len(calls) == 2  # the failure really happened mid-write
+    assert listing(tmp_path) == []  # no model, no hidden partial folder
+
+
+def test_failed_overwrite_keeps_the_old_model(tmp_path, fitted, monkeypatch):
+    path = str(tmp_path / "model.zarr")
+    fitted.save(path)
+    _fail_after_first_array(monkeypatch)
+    other = LinearSLEM(lam=1.0).fit(np.random.default_rng(9).standard_normal((20, 6)))
+    with pytest.raises(OSError, match="injected"):
+        other.save(path, overwrite=True)
+    monkeypatch.undo()
+    assert listing(tmp_path) == ["model.zarr"]
+    assert load_model(path).fingerprint_ == fitted.fingerprint_
+
+
+def test_load_model_errors(tmp_path, fitted):
+    with pytest.raises(FileNotFoundError, match="no zarr store at"):
+        load_model(str(tmp_path / "missing.zarr"))
+    zarr.open_group(store=str(tmp_path / "foreign.zarr"), mode="w").create_array(
+        "mean", shape=(6,), dtype="f8")
+    with pytest.raises(ValueError, match="not written by slem-dask"):
+        load_model(str(tmp_path / "foreign.zarr"))
+    write_array(tmp_path / "array.zarr", np.zeros((3, 3)))
+    with pytest.raises(ValueError, match="model: .*array.zarr"):
+        load_model(str(tmp_path / "array.zarr"))
+    (tmp_path / "plain").mkdir()
+    with pytest.raises((FileNotFoundError, ValueError), match="model: "):
+        load_model(str(tmp_path / "plain"))
+
+
+def test_load_model_detects_tampered_arrays(tmp_path, fitted):
+    path = str(tmp_path / "model.zarr")
+    fitted.save(path)
+    group = zarr.open_group(store=path, mode="r+")
+    precision = group["precision"][...]
+    precision[0, 0] *= 1.0 + 1e-12
+    group["precision"][...] = precision
+    with pytest.raises(ValueError, match="do not match its recorded fingerprint"):
+        load_model(path)
+
+
+def test_load_model_detects_tampered_params(tmp_path, fitted):
+    path = str(tmp_path / "model.zarr")
+    fitted.save(path)
+    group = zarr.open_group(store=path, mode="r+")
+    meta = dict(group.attrs[storage.ATTR])
+    meta["params"] = {**meta["params"], "lam": 0.5}
+    group.attrs[storage.ATTR] = meta
+    with pytest.raises(ValueError, match="fingerprint"):
+        load_model(path)
+
+
+@pytest.mark.parametrize("change,message", [
+    ({"format_version": 99}, "format_version 99"),
+    ({"model": "NoSuchSLEM"}, "'NoSuchSLEM' model"),
+    ({"kind": "encoding"}, "not written by slem-dask"),
+])
+def test_load_model_refuses_unknown_metadata(tmp_path, fitted, change, message):
+    path = str(tmp_path / "model.zarr")
+    fitted.save(path)
+    group = zarr.open_group(store=path, mode="r+")
+    group.attrs[storage.ATTR] = {**group.attrs[storage.ATTR], **change}
+    with pytest.raises(ValueError, match=message):
+        load_model(path)
+
+
+def test_model_metadata_is_json(tmp_path, fitted):
+    path = str(tmp_path / "model.zarr")
+    fitted.save(path)
+    with open(os.path.join(path, "zarr.json")) as f:
+        attrs = json.load(f)["attributes"][storage.ATTR]
+    assert attrs["params"] == {"lam": 0.03, "theta": 4.0}
+    assert attrs["n_samples"] == 50 and attrs["n_features"] == 6
+
+
+# -- outputs -------------------------------------------------------------------
+def test_output_lifecycle(tmp_path):
+    path = str(tmp_path / "out.zarr")
+    arr = storage.create_output(path, (10, 3), 4, np.float32, {"model_fingerprint": "abc"})
+    assert arr.chunks == (4, 3)
+    arr[...] = np.ones((10, 3), np.float32)
+    with pytest.raises(ValueError, match="unfinished slem-dask output"):
+        storage.open_output(path)
+    storage.mark_complete(arr, {"rows": 10})
+    out = storage.open_output(path)
+    meta = out.attrs[storage.ATTR]
+    assert meta["complete"] is True and meta["model_fingerprint"] == "abc" and meta["rows"] == 10
+    with pytest.raises(FileExistsError, match="already exists; pass --overwrite"):
+        storage.create_output(path, (10, 3), 4, np.float32, {})
+    storage.create_output(path, (2, 3), 1, np.float64, {}, overwrite=True)
+    with pytest.raises(ValueError, match="unfinished"):
+        storage.open_output(path)
+
+
+def test_open_output_accepts_plain_arrays(tmp_path):
+    """Arrays not written by slem-dask (raw descriptors) are read as they are."""
+    write_array(tmp_path / "raw.zarr", np.ones((3, 2)))
+    assert storage.open_output(str(tmp_path / "raw.zarr")).shape == (3, 2)
