@@ -49,6 +49,14 @@ class ModelSpec:
     type: str = "linear"
     lam: float = 1e-3
     theta: float = 1.0
+    # type = "kernel" only (see KernelSLEM):
+    kernel: str = "rbf"
+    gamma: float = 0.1
+    degree: int = 2
+    rank: int | None = None
+    pivoting: str = "greedy"
+    tol: float = 1e-3
+    seed: int = 0
 
 
 @dataclass(frozen=True)
@@ -78,7 +86,9 @@ class JobSpec:
 
 
 _CHOICES = {
-    ("model", "type"): ("linear",),
+    ("model", "type"): ("linear", "kernel"),
+    ("model", "kernel"): ("linear", "rbf", "quad", "poly", "intersection", "chi2"),
+    ("model", "pivoting"): ("greedy", "rpcholesky"),
     ("encode", "dtype"): ("float32", "float64"),
     ("encode", "on_model_change"): ("reencode", "fail"),
 }
@@ -110,9 +120,10 @@ def _build(cls, table, where: str):
             ok = isinstance(value, int) and not isinstance(value, bool) and value >= low
             expected = f"an integer >= {low}"
         elif "float" in kind:
+            low_ok = (lambda v: 0 <= v < 1) if name == "tol" else (lambda v: v > 0)
             ok = (isinstance(value, (int, float)) and not isinstance(value, bool)
-                  and math.isfinite(value) and value > 0)
-            expected = "a number > 0"
+                  and math.isfinite(value) and low_ok(value))
+            expected = "a number in [0, 1)" if name == "tol" else "a number > 0"
         else:
             ok = isinstance(value, str) and value != ""
             expected = "a non-empty string"
@@ -137,6 +148,11 @@ def parse_spec(data: dict, source: str = "<spec>") -> JobSpec:
         encode = [encode]
     if not isinstance(encode, list):
         raise SpecError(f"{source}: [[encode]] must be an array of tables")
+    kernel_keys = sorted(set(data["model"]) & {"kernel", "gamma", "degree", "rank", "pivoting",
+                                               "tol", "seed"}) if isinstance(data["model"], dict) else []
+    if kernel_keys and data["model"].get("type", "linear") != "kernel":
+        raise SpecError(f"{source}: model.{kernel_keys[0]} applies to type = \"kernel\" only; "
+                        f"set model.type = \"kernel\" or remove it")
     try:
         return JobSpec(
             model=_build(ModelSpec, data["model"], "model"),
@@ -179,10 +195,14 @@ def run_spec(client, spec: JobSpec, overwrite: bool = False, progress: bool = Fa
         report.facts.update({"corpus": g.path, "negatives": g.n_negatives})
         reports.append(report)
     if spec.fit is not None:
+        m = spec.model
+        kernel_args = {} if m.type == "linear" else {
+            "kernel": m.kernel, "gamma": m.gamma, "degree": m.degree, "rank": m.rank,
+            "pivoting": m.pivoting, "tol": m.tol, "seed": m.seed}
         reports.append(pipeline.fit_job(
-            client, spec.fit.negatives, spec.model.path, lam=spec.model.lam,
-            theta=spec.model.theta, partition_rows=spec.fit.partition_rows,
-            overwrite=overwrite, update=spec.fit.update, progress=progress))
+            client, spec.fit.negatives, m.path, lam=m.lam, theta=m.theta,
+            partition_rows=spec.fit.partition_rows, overwrite=overwrite,
+            update=spec.fit.update, progress=progress, **kernel_args))
     for step in spec.encode:
         reports.append(pipeline.encode_job(
             client, spec.model.path, step.positives, step.out, dtype=step.dtype,

@@ -89,12 +89,9 @@ def fit_job(client, negatives: str, model_path: str, lam: float = 1e-3, theta: f
     into the stored ones (Chan et al.), without reading the old rows again.
     """
     if kernel is not None:
-        if update:
-            raise ValueError("--update works for linear models only; refit a kernel model "
-                             "with --overwrite")
         return _fit_kernel_job(client, negatives, model_path, KernelSLEM(
             kernel=kernel, gamma=gamma, degree=degree, lam=lam, rank=rank, pivoting=pivoting,
-            tol=tol, random_state=seed), partition_rows, overwrite)
+            tol=tol, random_state=seed), partition_rows, overwrite, update)
     t0 = time.perf_counter()
     model = LinearSLEM(lam=lam, theta=theta)
     model._check_params()
@@ -141,17 +138,32 @@ def fit_job(client, negatives: str, model_path: str, lam: float = 1e-3, theta: f
 
 
 def _fit_kernel_job(client, negatives: str, model_path: str, model, partition_rows,
-                    overwrite: bool) -> JobReport:
-    """Fit a KernelSLEM on zarr negatives: ``model.fit`` runs its rounds on ``client``."""
+                    overwrite: bool, update: bool = False) -> JobReport:
+    """Fit a KernelSLEM on zarr negatives: ``model.fit`` runs its rounds on ``client``.
+
+    A pivoted Cholesky factor cannot absorb appended rows the way linear
+    statistics can: with ``update``, a model of the same parameters fitted on
+    all current rows is kept ("up to date"), anything else is refitted.
+    """
     t0 = time.perf_counter()
     model._check_params()
-    if storage._exists(model_path) and not overwrite:
+    exists = storage._exists(model_path)
+    if exists and not (overwrite or update):
         raise FileExistsError(
             f"model store {model_path!r} already exists; pass --overwrite to replace it")
     arr = storage.open_input(negatives, "negatives")
     if arr.shape[0] < 2:
         raise ValueError(
             f"negatives: {negatives!r} has shape {arr.shape}; at least 2 rows are needed")
+    if exists and update and not overwrite:
+        meta, _ = storage.read_model_store(model_path)
+        if (meta.get("source") == str(negatives) and meta.get("n_samples") == arr.shape[0]
+                and meta["params"] == storage.json_params(model.get_params())):
+            report = JobReport("fit")
+            report.facts.update({"negatives": str(negatives), "rows": arr.shape[0],
+                                 "action": "up to date", "model": str(model_path)})
+            report.timings["total"] = time.perf_counter() - t0
+            return report
     x = storage.dask_rows(arr, partition_rows)
     t1 = time.perf_counter()
     if client is None:
@@ -160,7 +172,8 @@ def _fit_kernel_job(client, negatives: str, model_path: str, model, partition_ro
         with client.as_current():
             model.fit(x)
     t2 = time.perf_counter()
-    fp = model.save(model_path, overwrite=overwrite, metadata={"source": str(negatives)})
+    fp = model.save(model_path, overwrite=overwrite or update,
+                    metadata={"source": str(negatives)})
     t3 = time.perf_counter()
     report = JobReport("fit")
     report.facts.update({
@@ -222,7 +235,7 @@ def encode_job(client, model_path: str, positives: str, out: str, dtype: str | N
         rows = storage.row_partition(arr, partition_rows)
         target = storage.create_output(out, (arr.shape[0], width), rows, out_dtype, {
             "model": type(model).__name__, "model_fingerprint": fingerprint,
-            "model_path": str(model_path), "params": model.get_params(),
+            "model_path": str(model_path), "params": storage.json_params(model.get_params()),
             "source": str(positives), "n_rows": n_rows, "stale_partition": None,
         }, overwrite=True)
         created = True
@@ -230,8 +243,8 @@ def encode_job(client, model_path: str, positives: str, out: str, dtype: str | N
         created = False
     rows = int(target.chunks[0])
     n_parts = -(-n_rows // rows)
-    if todo is None:
-        todo = [i for i in range(n_parts) if not storage.partition_written(target, i)]
+    if created:
+        todo = list(range(n_parts))
     t1 = time.perf_counter()
     report = JobReport("encode")
     report.facts.update({
@@ -245,9 +258,12 @@ def encode_job(client, model_path: str, positives: str, out: str, dtype: str | N
             import dask.array as da
 
             z = model.transform(da.from_zarr(arr, chunks=(rows, arr.shape[1])), dtype=out_dtype)
-            regions = [(slice(i * rows, min(n_rows, (i + 1) * rows)), slice(None)) for i in todo]
-            _compute(client, da.store([z.blocks[i] for i in todo], [target] * len(todo),
-                                      regions=regions, lock=False, compute=False), progress)
+            # One store per run of consecutive partitions: a store per partition makes
+            # graph construction grow faster than linearly (4000 partitions: 14 s vs 1 s).
+            spans = [(a * rows, min(n_rows, (b + 1) * rows)) for a, b in _runs(todo)]
+            _compute(client, da.store([z[lo:hi] for lo, hi in spans], [target] * len(spans),
+                                      regions=[(slice(lo, hi), slice(None)) for lo, hi in spans],
+                                      lock=False, compute=False), progress)
         t2 = time.perf_counter()
         report.timings.update({"open": t1 - t0, "encode+write": t2 - t1, "total": t2 - t0})
         meta = storage.output_meta(target) or {}
@@ -266,6 +282,17 @@ def encode_job(client, model_path: str, positives: str, out: str, dtype: str | N
             storage._remove(out)
         raise
     return report
+
+
+def _runs(indices):
+    """Sorted indices as (first, last) runs of consecutive values: [0,1,2,5,6] -> (0,2),(5,6)."""
+    runs = []
+    for i in sorted(indices):
+        if runs and i == runs[-1][1] + 1:
+            runs[-1][1] = i
+        else:
+            runs.append([i, i])
+    return [tuple(r) for r in runs]
 
 
 def _plan_output(out, arr, positives, fingerprint, out_dtype, partition_rows, overwrite,
@@ -354,7 +381,7 @@ def demo_job(client, workdir: str = "slem-demo", n_negatives: int = 50_000,
     if existing.get("slem_dask_demo") != params:
         corpus = make_corpus(n_negatives=n_negatives, n_instances=n_instances,
                              group_size=group_size, d=d, seed=seed)
-        write_corpus(corpus, corpus_path)
+        write_corpus(corpus, corpus_path, chunk_rows=1024)
         zarr.open_group(store=corpus_path, mode="r+").attrs["slem_dask_demo"] = params
     generate = JobReport("generate corpus")
     generate.facts.update({"corpus": corpus_path, **params})

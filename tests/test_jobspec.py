@@ -17,7 +17,7 @@ CLUSTER = ["--workers", "1", "--threads-per-worker", "2", "--no-progress"]
 @pytest.mark.parametrize("spec", sorted((ROOT / "jobs").glob("*.toml")), ids=lambda p: p.name)
 def test_shipped_specs_parse(spec):
     parsed = load_spec(str(spec))
-    assert parsed.model.type == "linear" and parsed.encode
+    assert parsed.model.type in ("linear", "kernel") and parsed.encode
 
 
 @pytest.mark.parametrize("data, message", [
@@ -28,7 +28,12 @@ def test_shipped_specs_parse(spec):
     ({"model": {"path": "m", "lam": 0}}, r"model.lam = 0: expected a number > 0"),
     ({"model": {"path": "m", "lam": "big"}}, r"model.lam = 'big': expected a number > 0"),
     ({"model": {"path": "m", "type": "quadratic"}}, r"model.type = 'quadratic': expected one of "
-                                                    r"'linear'"),
+                                                    r"'linear', 'kernel'"),
+    ({"model": {"path": "m", "gamma": 0.5}}, r'model.gamma applies to type = "kernel" only'),
+    ({"model": {"path": "m", "type": "kernel", "kernel": "sigmoid"}},
+     r"model.kernel = 'sigmoid': expected one of 'linear', 'rbf', 'quad', 'poly', "),
+    ({"model": {"path": "m", "type": "kernel", "tol": 1.0}}, r"model.tol = 1.0: expected a "
+                                                             r"number in \[0, 1\)"),
     ({"model": {"lam": 1.0}}, r"missing key model.path"),
     ({"model": {"path": "m"}, "fit": {"negatives": "n", "update": "yes"}},
      r"fit.update = 'yes': expected true or false"),
@@ -153,3 +158,37 @@ def test_encode_refuses_output_of_another_model_without_overwrite(tmp_path, caps
     np.testing.assert_array_equal(storage.open_output(f"{d}/enc")[...], before)
     assert main([*enc, "--model", f"{tmp_path}/b", "--overwrite", *CLUSTER]) == 0
     assert not np.array_equal(storage.open_output(f"{d}/enc")[...], before)
+
+
+def test_kernel_spec_runs_and_rerun_is_up_to_date(tmp_path, capsys):
+    rng = np.random.default_rng(5)
+    _write(tmp_path, rng.random((400, 12)).astype("float32"),
+           rng.random((100, 12)).astype("float32"))
+    spec = tmp_path / "kernel.toml"
+    spec.write_text(f"""
+[model]
+path = "{tmp_path}/kmodel.zarr"
+type = "kernel"
+kernel = "chi2"
+rank = 20
+seed = 1
+
+[fit]
+negatives = "{tmp_path}/data.zarr/negatives"
+
+[[encode]]
+positives = "{tmp_path}/data.zarr/positives"
+out = "{tmp_path}/data.zarr/kencoded"
+""")
+    assert main(["run", str(spec), *CLUSTER]) == 0
+    out = capsys.readouterr().out
+    assert _facts(out, "encode")["action"] == "create"
+    model = load_model(f"{tmp_path}/kmodel.zarr")
+    assert model.kernel == "chi2" and model.rank_ == 20
+    encoded = storage.open_output(f"{tmp_path}/data.zarr/kencoded")[...]
+    positives = zarr.open_array(f"{tmp_path}/data.zarr/positives")[...]
+    np.testing.assert_allclose(encoded, model.transform(positives), rtol=1e-5, atol=1e-6)
+    assert main(["run", str(spec), *CLUSTER]) == 0
+    out = capsys.readouterr().out
+    assert _facts(out, "fit")["action"] == "up to date"
+    assert _facts(out, "encode")["action"] == "up to date"

@@ -1,0 +1,217 @@
+"""Shared helpers of the benchmark scripts: arguments, the data store, timing, machine facts.
+
+The data store is a zarr v3 array of ``n`` rows of the deterministic negatives
+stream of :func:`slem_dask.datasets.background_rows` (d features, float32),
+written block by block so that a store of any size is written without holding
+it in memory. It is written with zarr's default codecs (for a float32 array in
+zarr-python 3: ``BytesCodec`` + ``ZstdCodec(level=0)``) and reused by every
+script while its shape, dtype, chunking and seed match; an attribute written
+last marks it complete, so a write that was interrupted is redone.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import statistics
+import sys
+import time
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+DEFAULT_WORKDIR = os.path.join(HERE, "_data")
+
+DEFAULT_N = 1_000_000
+DEFAULT_D = 512
+QUICK_N = 100_000
+QUICK_D = 128
+#: Rows per zarr chunk of the data store. Partitions are whole multiples of it
+#: (storage.row_partition), so it must not exceed the smallest partition tried.
+DEFAULT_CHUNK_ROWS = 8192
+#: Rows generated and written per step when the store is written.
+WRITE_BLOCK_ROWS = 65536
+
+STORE_ATTR = "slem_dask_benchmark"
+
+
+# -- arguments ------------------------------------------------------------
+
+def int_size(text: str) -> int:
+    """Accept 1000000, 1e6, 1_000_000."""
+    value = float(text.replace("_", ""))
+    if value != int(value) or value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive whole number, got {text!r}")
+    return int(value)
+
+
+def add_common_args(parser: argparse.ArgumentParser, sizes: bool = True) -> None:
+    if sizes:
+        parser.add_argument("--n", type=int_size, default=None,
+                            help=f"rows of the data store (default {DEFAULT_N:.0e}; "
+                                 f"--quick: {QUICK_N:.0e})")
+    parser.add_argument("--d", type=int_size, default=None,
+                        help=f"features (default {DEFAULT_D}; --quick: {QUICK_D})")
+    parser.add_argument("--workdir", default=DEFAULT_WORKDIR,
+                        help="folder of the data stores and outputs (default benchmarks/_data)")
+    parser.add_argument("--quick", action="store_true",
+                        help=f"small smoke-test size (n={QUICK_N:.0e}, d={QUICK_D}) "
+                             f"unless --n/--d are given")
+    parser.add_argument("--chunk-rows", type=int_size, default=DEFAULT_CHUNK_ROWS,
+                        help=f"rows per zarr chunk of the data store (default {DEFAULT_CHUNK_ROWS})")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the data stream (default 0)")
+
+
+def add_run_args(parser: argparse.ArgumentParser, repeat: int = 3) -> None:
+    parser.add_argument("--repeat", type=int, default=repeat,
+                        help=f"timed runs of each contender (default {repeat}; best is reported)")
+    parser.add_argument("--partition-rows", type=int_size, default=None,
+                        help="rows per dask partition (default: the library's, "
+                             "storage.row_partition)")
+    parser.add_argument("--workers", type=int, default=None,
+                        help="LocalCluster worker processes (default: slem_dask.cluster "
+                             "default, one per core)")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="threads per worker (default 1)")
+    parser.add_argument("--lam", type=float, default=1e-3, help="ridge lambda (default 1e-3)")
+
+
+def resolve_sizes(args) -> None:
+    if getattr(args, "n", "absent") is None:
+        args.n = QUICK_N if args.quick else DEFAULT_N
+    if args.d is None:
+        args.d = QUICK_D if args.quick else DEFAULT_D
+
+
+# -- the data store -------------------------------------------------------
+
+def store_path(workdir: str, n: int, d: int, seed: int = 0, chunk_rows: int = DEFAULT_CHUNK_ROWS) -> str:
+    return os.path.join(workdir, f"negatives-n{n}-d{d}-s{seed}-c{chunk_rows}-float32.zarr")
+
+
+def _store_params(n, d, seed, chunk_rows) -> dict:
+    return {"n": int(n), "d": int(d), "seed": int(seed), "chunk_rows": int(chunk_rows),
+            "dtype": "float32", "generator": "slem_dask.datasets.background_rows",
+            "complete": True}
+
+
+def ensure_store(workdir: str, n: int, d: int, seed: int = 0,
+                 chunk_rows: int = DEFAULT_CHUNK_ROWS, log=print) -> str:
+    """Path of a complete data store of shape (n, d); written (block by block) if absent."""
+    import zarr
+
+    from slem_dask.datasets import background_rows
+
+    path = store_path(workdir, n, d, seed, chunk_rows)
+    params = _store_params(n, d, seed, chunk_rows)
+    try:
+        arr = zarr.open_array(store=path, mode="r")
+        if (arr.shape == (n, d) and arr.dtype == np.float32 and arr.chunks[0] == chunk_rows
+                and dict(arr.attrs).get(STORE_ATTR) == params):
+            log(f"data: reusing {path} (shape {arr.shape}, {arr.dtype}, chunks {arr.chunks})")
+            return path
+        log(f"data: {path} does not match (shape {arr.shape}, attrs "
+            f"{dict(arr.attrs).get(STORE_ATTR)}); rewriting it")
+    except (FileNotFoundError, ValueError, KeyError, TypeError):
+        pass
+    if os.path.exists(path):
+        shutil.rmtree(path)
+    os.makedirs(workdir, exist_ok=True)
+    t0 = time.perf_counter()
+    arr = zarr.create_array(store=path, shape=(n, d), dtype="float32",
+                            chunks=(min(chunk_rows, n), d))
+    step = max(chunk_rows, (WRITE_BLOCK_ROWS // chunk_rows) * chunk_rows)
+    for start in range(0, n, step):
+        stop = min(n, start + step)
+        arr[start:stop] = background_rows(stop - start, d, seed=seed, start=start)
+        if stop == n or (start // step) % 16 == 15:
+            log(f"data: wrote rows {stop:,}/{n:,} of {path} ({time.perf_counter() - t0:.1f} s)")
+    arr.attrs[STORE_ATTR] = params  # written last: marks the store complete
+    log(f"data: wrote {path} in {time.perf_counter() - t0:.1f} s; codecs: "
+        f"serializer={arr.serializer}, compressors={arr.compressors}, filters={arr.filters}")
+    return path
+
+
+def describe_store(path: str) -> str:
+    import zarr
+
+    arr = zarr.open_array(store=path, mode="r")
+    raw = arr.nbytes
+    disk = sum(os.path.getsize(os.path.join(root, f))
+               for root, _, files in os.walk(path) for f in files)
+    return (f"{arr.shape} {arr.dtype}, chunks {arr.chunks}, codecs "
+            f"{[type(c).__name__ for c in (arr.serializer, *arr.compressors)]}, "
+            f"{raw / 2**30:.2f} GiB raw, {disk / 2**30:.2f} GiB on disk")
+
+
+# -- timing and reporting -------------------------------------------------
+
+class Timer:
+    def __enter__(self):
+        self.t0 = time.perf_counter()
+        return self
+
+    def __exit__(self, *exc):
+        self.seconds = time.perf_counter() - self.t0
+
+
+def spread(values) -> str:
+    values = list(values)
+    if not values:
+        return "n/a"
+    return (f"best {min(values):.3f} s, median {statistics.median(values):.3f} s, "
+            f"worst {max(values):.3f} s over {len(values)}")
+
+
+def runs_line(values) -> str:
+    return "[" + ", ".join(f"{v:.3f}" for v in values) + "]"
+
+
+def load_line() -> str:
+    la = os.getloadavg()
+    return f"load average {la[0]:.2f} {la[1]:.2f} {la[2]:.2f} on {os.cpu_count()} cores"
+
+
+def machine_lines() -> list[str]:
+    import dask
+    import distributed
+    import psutil
+    import zarr
+    from threadpoolctl import threadpool_info
+
+    blas = [f"{i.get('internal_api')} {i.get('version')} x{i.get('num_threads')} threads"
+            for i in threadpool_info() if i.get("user_api") == "blas"]
+    vm = psutil.virtual_memory()
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return [
+        f"machine: {platform.node()} {platform.machine()}, {cores} usable cores, "
+        f"{vm.total / 2**30:.1f} GiB RAM ({vm.available / 2**30:.1f} GiB available), "
+        f"{load_line()}",
+        f"versions: python {platform.python_version()}, numpy {np.__version__}, "
+        f"dask {dask.__version__}, distributed {distributed.__version__}, zarr {zarr.__version__}",
+        f"numpy BLAS in this process: {'; '.join(blas) or 'unknown'}",
+        f"time: {time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime())}",
+    ]
+
+
+def header(title: str, args) -> None:
+    print("=" * 78)
+    print(title)
+    print("  command: " + " ".join([os.path.basename(sys.executable)] + sys.argv))
+    for line in machine_lines():
+        print("  " + line)
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    if os.getloadavg()[0] > 0.5 * cores:
+        print(f"  WARNING: the machine is busy ({load_line()}): timings are not reliable; "
+              f"a multi-threaded BLAS in particular slows down a lot when the cores are shared")
+    print("=" * 78)
+    sys.stdout.flush()
+
+
+def emit_json(tag: str, payload: dict) -> None:
+    """One machine-readable line, e.g. for collecting results from run_all.sh logs."""
+    print(f"{tag} {json.dumps(payload, sort_keys=True)}")
+    sys.stdout.flush()

@@ -1,0 +1,235 @@
+#!/usr/bin/env python
+"""Peak memory of a fit vs n: slem-dask (``fit_job`` on a LocalCluster) and numpy.
+
+For each n (default 1e6 and 4e6 rows, d = 512 float32; 4e6 rows are 8 GB of
+raw data, written block by block) the fit runs in a fresh child process
+(``python bench_memory.py --child ...``): for slem-dask that process is the
+client and the scheduler, and its LocalCluster starts the worker processes.
+This (parent) process samples the resident set size (RSS) of the child's whole
+process tree every ``--interval`` seconds (default 0.05) with psutil, summed
+over the tree, and prints the peak, the tree's RSS once the cluster is up and
+idle (baseline), the share of each process at the peak, and the ratio
+peak(largest n) / peak(smallest n) (goal: flat in n, ratio ~1).
+
+Notes: RSS counts pages shared between processes (shared libraries) once per
+process, so the sum over-states the physical memory a little; pages of the
+OS file cache are not counted. The numpy reference (``X = arr[...]``;
+``X.T @ X``; mean) holds all the data in memory, so it grows with n; it is
+skipped when its estimated need (n*d*4 bytes + 1 GiB) is above 70% of the
+available memory, and the skip is printed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import _common as C  # noqa: E402
+
+DEFAULT_SIZES = "1e6,4e6"
+QUICK_SIZES = "1e5,4e5"
+QUICK_PARTITION_ROWS = 16384
+
+
+def tree_rss(proc) -> tuple[int, dict]:
+    """(sum of RSS over proc and its descendants, {pid: (rss, label)})."""
+    import psutil
+
+    parts = {}
+    try:
+        procs = [proc] + proc.children(recursive=True)
+    except psutil.NoSuchProcess:
+        return 0, parts
+    for p in procs:
+        try:
+            rss = p.memory_info().rss
+            cmd = " ".join(p.cmdline())
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            continue
+        if p.pid == proc.pid:
+            label = "main (client+scheduler)" if "--child slem" in cmd else "main"
+        elif "resource_tracker" in cmd:
+            label = "resource tracker"
+        elif "forkserver" in cmd:
+            label = "forkserver"
+        else:
+            label = "worker" if "spawn" in cmd or "multiprocessing" in cmd else cmd[:40]
+        parts[p.pid] = (rss, label)
+    return sum(r for r, _ in parts.values()), parts
+
+
+class Sampler(threading.Thread):
+    def __init__(self, pid: int, interval: float):
+        super().__init__(daemon=True)
+        import psutil
+
+        self.proc = psutil.Process(pid)
+        self.interval = interval
+        self.peak = 0
+        self.peak_parts: dict = {}
+        self.samples = 0
+        self.stop = threading.Event()
+
+    def run(self):
+        while not self.stop.is_set():
+            total, parts = tree_rss(self.proc)
+            self.samples += 1
+            if total > self.peak:
+                self.peak, self.peak_parts = total, parts
+            self.stop.wait(self.interval)
+
+
+def run_child(args, kind: str, path: str) -> dict:
+    cmd = [sys.executable, os.path.abspath(__file__), "--child", kind, "--store", path,
+           "--workdir", args.workdir, "--lam", str(args.lam)]
+    if args.partition_rows:
+        cmd += ["--partition-rows", str(args.partition_rows)]
+    if args.workers:
+        cmd += ["--workers", str(args.workers)]
+    if args.threads:
+        cmd += ["--threads", str(args.threads)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
+    sampler = Sampler(proc.pid, args.interval)
+    sampler.start()
+    out, _ = proc.communicate()
+    sampler.stop.set()
+    sampler.join()
+    if proc.returncode != 0:
+        raise RuntimeError(f"child {kind} failed ({proc.returncode}):\n{out}")
+    result = json.loads([line for line in out.splitlines() if line.startswith("CHILD ")][-1][6:])
+    result["peak"] = sampler.peak
+    result["samples"] = sampler.samples
+    by_label: dict = {}
+    for rss, label in sampler.peak_parts.values():
+        by_label.setdefault(label, []).append(rss)
+    result["peak_parts"] = {k: v for k, v in sorted(by_label.items())}
+    return result
+
+
+def child_main(args) -> int:
+    """Run one fit in this process and print a CHILD json line."""
+    import psutil
+
+    me = psutil.Process()
+    out = {}
+    if args.child == "slem":
+        from slem_dask.cluster import connect
+        from slem_dask.pipeline import fit_job
+
+        with connect(n_workers=args.workers, threads_per_worker=args.threads, quiet=True) as client:
+            client.run(lambda: 0)  # workers up
+            time.sleep(0.5)
+            out["baseline"], _ = tree_rss(me)
+            model = os.path.join(args.workdir, f"bench-memory-model-{os.getpid()}.zarr")
+            report = fit_job(client, args.store, model, lam=args.lam,
+                             partition_rows=args.partition_rows, overwrite=True)
+            out["timings"] = report.timings
+            from slem_dask import storage
+
+            arr = storage.open_input(args.store, "negatives")
+            rows = storage.row_partition(arr, args.partition_rows)
+            out["partitions"] = f"{-(-arr.shape[0] // rows)} x {rows} rows"
+            import shutil
+
+            shutil.rmtree(model, ignore_errors=True)
+    else:
+        import zarr
+
+        out["baseline"], _ = tree_rss(me)
+        t0 = time.perf_counter()
+        x = zarr.open_array(store=args.store, mode="r")[...]
+        out["read"] = time.perf_counter() - t0
+        gram = x.T @ x
+        mean = x.mean(axis=0, dtype=np.float64)
+        out["timings"] = {"total": time.perf_counter() - t0}
+        del x, gram, mean
+    print("CHILD " + json.dumps(out))
+    return 0
+
+
+def mib(b) -> str:
+    return f"{b / 2**20:,.0f} MiB"
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    C.add_common_args(parser, sizes=False)
+    C.add_run_args(parser, repeat=1)
+    parser.add_argument("--sizes", default=None,
+                        help=f"comma-separated row counts (default {DEFAULT_SIZES}; --quick: {QUICK_SIZES})")
+    parser.add_argument("--interval", type=float, default=0.05, help="sampling period in seconds")
+    parser.add_argument("--skip-numpy", action="store_true", help="do not run the numpy reference")
+    parser.add_argument("--child", choices=("slem", "numpy"), help=argparse.SUPPRESS)
+    parser.add_argument("--store", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.child:
+        return child_main(args)
+    C.resolve_sizes(args)
+    if args.quick and args.partition_rows is None:
+        # at d=128 the library's default partition is 65536 rows: 1e5 rows would be
+        # 2 partitions, too few for each worker to reach its steady state
+        args.partition_rows = QUICK_PARTITION_ROWS
+    sizes = [C.int_size(s) for s in (args.sizes or (QUICK_SIZES if args.quick else DEFAULT_SIZES)).split(",")]
+
+    import psutil
+
+    C.header(f"bench_memory: n in {sizes} d={args.d} float32", args)
+    results = {}
+    for n in sizes:
+        path = C.ensure_store(args.workdir, n, args.d, args.seed, args.chunk_rows)
+        print(f"data: {C.describe_store(path)}")
+        runs = []
+        for r in range(args.repeat):
+            res = run_child(args, "slem", path)
+            runs.append(res)
+            parts = ", ".join(f"{label} {'+'.join(mib(v) for v in vals)}"
+                              for label, vals in res["peak_parts"].items())
+            print(f"n={n:,}: slem-dask fit_job peak tree RSS {mib(res['peak'])} (idle cluster "
+                  f"baseline {mib(res['baseline'])}, above baseline {mib(res['peak'] - res['baseline'])}); "
+                  f"partitions {res['partitions']}; fit {res['timings']['total']:.2f} s; "
+                  f"{res['samples']} samples | {C.load_line()}")
+            print(f"    at peak: {parts}")
+            sys.stdout.flush()
+        entry = {"slem_peak": min(r["peak"] for r in runs), "slem_baseline": runs[0]["baseline"],
+                 "slem_peaks": [r["peak"] for r in runs]}
+        need = n * args.d * 4 + 2**30
+        avail = psutil.virtual_memory().available
+        if args.skip_numpy:
+            print(f"n={n:,}: numpy reference skipped (--skip-numpy)")
+        elif need > 0.7 * avail:
+            print(f"n={n:,}: numpy reference SKIPPED: needs ~{mib(need)}, only {mib(avail)} available")
+        else:
+            res = run_child(args, "numpy", path)
+            entry["numpy_peak"] = res["peak"]
+            print(f"n={n:,}: numpy reference peak RSS {mib(res['peak'])} (data alone "
+                  f"{mib(n * args.d * 4)}; read {res['read']:.2f} s, total {res['timings']['total']:.2f} s)")
+        results[n] = entry
+        sys.stdout.flush()
+
+    print()
+    lo, hi = sizes[0], sizes[-1]
+    for n in sizes:
+        e = results[n]
+        np_part = f"numpy {mib(e['numpy_peak'])}" if "numpy_peak" in e else "numpy skipped"
+        print(f"PEAK n={n:>10,}: slem-dask {mib(e['slem_peak'])} (runs "
+              f"{[mib(p) for p in e['slem_peaks']]}) | {np_part}")
+    ratio = results[hi]["slem_peak"] / results[lo]["slem_peak"]
+    print(f"RATIO slem-dask peak(n={hi:,}) / peak(n={lo:,}) = {ratio:.3f}  [goal ~1: flat in n]")
+    if "numpy_peak" in results[hi] and "numpy_peak" in results[lo]:
+        print(f"RATIO numpy     peak(n={hi:,}) / peak(n={lo:,}) = "
+              f"{results[hi]['numpy_peak'] / results[lo]['numpy_peak']:.3f}")
+    C.emit_json("RESULT bench_memory", {"d": args.d, "ratio": ratio,
+                                        **{str(n): results[n] for n in sizes}})
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

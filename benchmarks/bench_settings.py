@@ -1,0 +1,91 @@
+#!/usr/bin/env python
+"""Dask settings vs speed: partition size x LocalCluster layout, for fit_job and encode_job.
+
+One LocalCluster per layout (default: 2 processes x 1 thread, and 1 process x
+2 threads) is started (``slem_dask.cluster.connect``) and warmed up; all stay
+up (idle) while ``--repeat`` rounds run; each round times fit_job and
+encode_job once for every layout and partition size (default 8192, 32768,
+131072 rows), so that a change of machine load spreads over all settings. Printed: every run, and
+best / median / worst per setting.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import _common as C  # noqa: E402
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    C.add_common_args(parser)
+    C.add_run_args(parser)
+    parser.add_argument("--partitions", default="8192,32768,131072",
+                        help="comma-separated partition_rows values")
+    parser.add_argument("--layouts", default="2x1,1x2",
+                        help="comma-separated PROCESSESxTHREADS LocalCluster layouts")
+    args = parser.parse_args(argv)
+    if args.n is None and not args.quick:
+        args.n = 200_000
+    C.resolve_sizes(args)
+    parts = [C.int_size(p) for p in args.partitions.split(",")]
+    layouts = [tuple(int(v) for v in s.split("x")) for s in args.layouts.split(",")]
+
+    import numpy as np
+
+    from slem_dask import storage
+    from slem_dask.cluster import connect
+    from slem_dask.pipeline import encode_job, fit_job
+
+    C.header(f"bench_settings: n={args.n:,} d={args.d} float32", args)
+    path = C.ensure_store(args.workdir, args.n, args.d, args.seed, args.chunk_rows)
+    print(f"data: {C.describe_store(path)}")
+    arr = storage.open_input(path, "negatives")
+    model = os.path.join(args.workdir, f"bench-settings-model-n{args.n}-d{args.d}.zarr")
+    out = os.path.join(args.workdir, f"bench-settings-out-n{args.n}-d{args.d}.zarr")
+    results = {}
+    with contextlib.ExitStack() as stack:
+        clients = {}
+        for procs, threads in layouts:  # all clusters up at once, idle ones cost no CPU
+            client = stack.enter_context(connect(n_workers=procs, threads_per_worker=threads,
+                                                 quiet=True))
+            clients[(procs, threads)] = client
+            print(f"cluster {procs} process(es) x {threads} thread(s): {client.nthreads()}")
+            # warm-up: imports in every worker, not counted
+            fit_job(client, path, model, lam=args.lam, partition_rows=parts[0], overwrite=True)
+            encode_job(client, model, path, out, partition_rows=parts[0], overwrite=True)
+        print()
+        for r in range(args.repeat):
+            for (procs, threads), client in clients.items():
+                for pr in parts:
+                    nparts = -(-args.n // storage.row_partition(arr, pr))
+                    f = fit_job(client, path, model, lam=args.lam, partition_rows=pr,
+                                overwrite=True).timings["total"]
+                    e = encode_job(client, model, path, out, partition_rows=pr,
+                                   overwrite=True).timings["total"]
+                    key = (f"{procs}x{threads}", pr, nparts)
+                    results.setdefault(key, {"fit": [], "encode": []})
+                    results[key]["fit"].append(f)
+                    results[key]["encode"].append(e)
+                    print(f"round {r + 1} {procs}x{threads} partition_rows={pr:>6} "
+                          f"({nparts:>3} partitions): fit {f:.3f} s, encode {e:.3f} s | "
+                          f"{C.load_line()}")
+                    sys.stdout.flush()
+    print()
+    print(f"{'layout':<7} {'rows/part':>9} {'parts':>5}  {'fit best/median/worst [s]':<28}"
+          f"{'encode best/median/worst [s]':<28}")
+    for (layout, pr, nparts), v in results.items():
+        fit, enc = v["fit"], v["encode"]
+        print(f"{layout:<7} {pr:>9} {nparts:>5}  "
+              f"{min(fit):6.3f} {float(np.median(fit)):6.3f} {max(fit):6.3f}        "
+              f"{min(enc):6.3f} {float(np.median(enc)):6.3f} {max(enc):6.3f}")
+    C.emit_json("RESULT bench_settings", {f"{k[0]}/{k[1]}": v for k, v in results.items()})
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
