@@ -95,17 +95,7 @@ def fit_job(client, negatives: str, model_path: str, lam: float = 1e-3, theta: f
     t0 = time.perf_counter()
     model = LinearSLEM(lam=lam, theta=theta)
     model._check_params()
-    exists = storage._exists(model_path)
-    if exists and not (overwrite or update):
-        raise FileExistsError(
-            f"model store {model_path!r} already exists; pass --overwrite to replace it, "
-            f"or --update to add the negatives appended since it was fitted"
-        )
-    arr = storage.open_input(negatives, "negatives")
-    if arr.shape[0] < 2:
-        raise ValueError(
-            f"negatives: {negatives!r} has shape {arr.shape}; at least 2 rows are needed"
-        )
+    arr, exists = _open_negatives(negatives, model_path, overwrite, update)
     previous = _previous_statistics(model_path, negatives, arr) if exists and update else None
     start = previous.count if previous is not None else 0
     x = storage.dask_rows(arr, partition_rows)[start:]
@@ -147,14 +137,7 @@ def _fit_kernel_job(client, negatives: str, model_path: str, model, partition_ro
     """
     t0 = time.perf_counter()
     model._check_params()
-    exists = storage._exists(model_path)
-    if exists and not (overwrite or update):
-        raise FileExistsError(
-            f"model store {model_path!r} already exists; pass --overwrite to replace it")
-    arr = storage.open_input(negatives, "negatives")
-    if arr.shape[0] < 2:
-        raise ValueError(
-            f"negatives: {negatives!r} has shape {arr.shape}; at least 2 rows are needed")
+    arr, exists = _open_negatives(negatives, model_path, overwrite, update)
     if exists and update and not overwrite:
         meta, _ = storage.read_model_store(model_path)
         if (meta.get("source") == str(negatives) and meta.get("n_samples") == arr.shape[0]
@@ -186,6 +169,20 @@ def _fit_kernel_job(client, negatives: str, model_path: str, model, partition_ro
     report.timings.update({"open": t1 - t0, "factor": t2 - t1, "save": t3 - t2,
                            "total": t3 - t0})
     return report
+
+
+def _open_negatives(negatives: str, model_path: str, overwrite: bool, update: bool):
+    """Checks shared by every fit, before any data is read: (zarr array, model exists)."""
+    exists = storage._exists(model_path)
+    if exists and not (overwrite or update):
+        raise FileExistsError(
+            f"model store {model_path!r} already exists; pass --overwrite to replace it, "
+            f"or --update to add the negatives appended since it was fitted")
+    arr = storage.open_input(negatives, "negatives")
+    if arr.shape[0] < 2:
+        raise ValueError(
+            f"negatives: {negatives!r} has shape {arr.shape}; at least 2 rows are needed")
+    return arr, exists
 
 
 def _previous_statistics(model_path: str, negatives: str, arr) -> ScatterStats:
