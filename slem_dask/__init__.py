@@ -6,13 +6,17 @@ command line start or connect to a cluster (see :mod:`slem_dask.cluster`).
 """
 
 from ._version import __version__
-from .models import KernelSLEM, LinearSLEM, NotFittedError, load_model
+from .models import (ESVM, KernelSLEM, LinearSLEM, NotFittedError, PCAWhitening,
+                     RawFeatures, load_model)
 from .retrieval import mean_average_precision, precision_recall_at_k, search
 
 __all__ = [
     "__version__",
     "LinearSLEM",
     "KernelSLEM",
+    "ESVM",
+    "PCAWhitening",
+    "RawFeatures",
     "NotFittedError",
     "load_model",
     "search",

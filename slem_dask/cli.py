@@ -1,4 +1,4 @@
-"""The ``slem-dask`` command line: demo, fit, encode.
+"""The ``slem-dask`` command line: demo, fit, encode, run, search, evaluate.
 
 Without ``--scheduler`` (or $DASK_SCHEDULER_ADDRESS) every command starts a
 LocalCluster sized to this machine and closes it at the end.
@@ -149,6 +149,46 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--overwrite", action="store_true",
                    help="refit the model and rebuild every output from scratch")
     _add_cluster_args(p)
+
+    p = sub.add_parser("search", help="exact top-k of encoded queries against an encoded "
+                       "database; writes (scores, indices) to zarr")
+    p.add_argument("--queries", required=True, metavar="PATH",
+                   help="zarr array (q, d) of query encodings")
+    p.add_argument("--database", required=True, metavar="PATH",
+                   help="zarr array (m, d) of database encodings")
+    p.add_argument("--k", type=_positive_int, default=100, metavar="K",
+                   help="results per query, at most the database size (default: 100)")
+    p.add_argument("--out", required=True, metavar="PATH",
+                   help="zarr group to write, with arrays scores (q, k) and indices (q, k)")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing output")
+    _add_partition_arg(p)
+    _add_cluster_args(p)
+
+    p = sub.add_parser("evaluate", help="compare raw, PCA-whitening, E-SVM and SLEM on a "
+                       "corpus: results table and precision-recall plot")
+    p.add_argument("--corpus", required=True, metavar="PATH",
+                   help="zarr group with negatives, database, queries, database_labels, "
+                        "query_labels (datasets.write_corpus; `demo` writes WORKDIR/corpus.zarr)")
+    p.add_argument("--methods", default="raw,pca,esvm,slem", metavar="LIST",
+                   help="comma-separated methods among raw, pca, esvm, slem, kernel "
+                        "(default: raw,pca,esvm,slem)")
+    p.add_argument("--negatives", type=_positive_int, metavar="N",
+                   help="fit on the first N negatives (default: all)")
+    p.add_argument("--k", type=_positive_int, metavar="K",
+                   help="ranking length for mAP (default: the database, up to 10000)")
+    p.add_argument("--p-at", type=_positive_int, metavar="K",
+                   help="k of the P@k column (default: median number of relevant items)")
+    p.add_argument("--plot", metavar="PNG", help="save precision-recall curves to this PNG")
+    p.add_argument("--lam", type=_positive_float, default=1e-3,
+                   help="SLEM ridge lambda (default: 1e-3)")
+    p.add_argument("--esvm-lam", type=_positive_float, default=1e-2,
+                   help="E-SVM ridge lambda (default: 1e-2)")
+    p.add_argument("--esvm-iters", type=_positive_int, default=1000, metavar="T",
+                   help="E-SVM stochastic sub-gradient steps per positive (default: 1000)")
+    p.add_argument("--pca-eps", type=_positive_float, default=1e-6,
+                   help="PCA whitening regularizer added to the variances (default: 1e-6)")
+    _add_partition_arg(p)
+    _add_cluster_args(p)
     return parser
 
 
@@ -200,6 +240,13 @@ def _run(args) -> int:
         scheduler = scheduler or spec.cluster.scheduler
         workers = workers or spec.cluster.workers
         threads = threads or spec.cluster.threads_per_worker
+    if args.command in ("search", "evaluate"):  # input errors before any cluster starts
+        from . import evaluation
+
+        if args.command == "search":
+            evaluation.check_search_inputs(args.queries, args.database, args.k)
+        else:
+            evaluation.check_evaluate_inputs(args.corpus, args.methods, args.negatives, args.k)
     with connect(scheduler, workers, threads, security=_security(args),
                  quiet=not progress) as client, _performance_report(args.performance_report):
         print(f"dask: {client.scheduler_info().get('address', '')} with "
@@ -215,6 +262,18 @@ def _run(args) -> int:
                                         progress=progress, kernel=args.kernel,
                                         gamma=args.gamma, degree=args.degree, rank=args.rank,
                                         pivoting=args.pivoting, tol=args.tol, seed=args.seed)]
+        elif args.command == "search":
+            reports = [evaluation.search_job(client, args.queries, args.database, args.out,
+                                             k=args.k, partition_rows=args.partition_rows,
+                                             overwrite=args.overwrite)]
+        elif args.command == "evaluate":
+            params = {"slem": {"lam": args.lam}, "pca": {"eps": args.pca_eps},
+                      "esvm": {"lam": args.esvm_lam, "n_iter": args.esvm_iters}}
+            rows, _, report = evaluation.evaluate_job(
+                client, args.corpus, args.methods, n_negatives=args.negatives, k=args.k,
+                p_at=args.p_at, plot=args.plot, params=params,
+                partition_rows=args.partition_rows)
+            reports = [report]
         elif args.command == "encode":
             reports = [pipeline.encode_job(client, args.model, args.positives, args.out,
                                            dtype=args.dtype, partition_rows=args.partition_rows,
@@ -229,6 +288,9 @@ def _run(args) -> int:
     if args.command == "demo":
         print()
         _print_table(rows)
+    if args.command == "evaluate":
+        print()
+        print(evaluation.format_table(rows))
     return 0
 
 

@@ -2,7 +2,10 @@
 
 from .base import MODEL_CLASSES, NotFittedError, SLEMEstimator, load_model
 from .kernel import KernelSLEM
+from .esvm import ESVM
 from .linear import LinearSLEM
+from .raw import RawFeatures
+from .whitening import PCAWhitening
 
-__all__ = ["LinearSLEM", "KernelSLEM", "SLEMEstimator", "NotFittedError", "load_model",
-           "MODEL_CLASSES"]
+__all__ = ["LinearSLEM", "KernelSLEM", "ESVM", "PCAWhitening", "RawFeatures",
+           "SLEMEstimator", "NotFittedError", "load_model", "MODEL_CLASSES"]

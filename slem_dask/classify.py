@@ -1,0 +1,200 @@
+"""Several positives per class: SLEM class-centroid classifiers and a multi-class SVM.
+
+* :class:`CentroidSLEMClassifier`: for each class, the SLEM of eq. omega:solution
+  with x0 the centre of mass of the class's examples (slem_linear.tex, "LDA and
+  SLEM"): w_c proportional to A^-1 (centroid_c - mu), nu_c its bias; with theta = 1
+  it is LDA's b' = -(x0 + mu)^T w / 2 (eq. lda) up to the norm of w.
+  Predicts argmax_c w_c.x + nu_c.
+* :class:`MulticlassSVM`: Crammer-Singer multi-class linear SVM trained by
+  stochastic sub-gradient (:mod:`slem_dask.core.multiclass`), used on raw
+  features or on SLEM vectors.
+* :func:`compare_classifiers`: accuracy of these against raw features.
+
+All in numpy (the training sets of this setting are small); inputs are 2-D
+arrays of rows, labels any 1-D array of hashable values.
+"""
+
+from __future__ import annotations
+
+import numbers
+import time
+
+import numpy as np
+
+from .core.linear import exemplar_solution
+from .core.multiclass import crammer_singer_sgd, multiclass_hinge_objective
+from .core.whitening import normalize_rows
+from .models.linear import LinearSLEM
+from .validation import check_finite_rows, check_n_features, check_positive_float, check_rows
+
+__all__ = ["CentroidSLEMClassifier", "MulticlassSVM", "compare_classifiers"]
+
+
+def _check_labelled(X, y, name="X"):
+    X = np.asarray(check_rows(X, name))
+    check_finite_rows(X, name)
+    y = np.asarray(y)
+    if y.ndim != 1 or len(y) != len(X):
+        raise ValueError(
+            f"y must be 1-D with one label per row of {name} ({len(X)} rows), got shape "
+            f"{y.shape}"
+        )
+    classes, codes = np.unique(y, return_inverse=True)
+    if len(classes) < 2:
+        raise ValueError(f"y has {len(classes)} class(es); at least 2 are needed to classify")
+    return X, classes, codes
+
+
+class _Classifier:
+    def _check_fitted(self):
+        if not hasattr(self, "coef_"):
+            raise RuntimeError(f"this {type(self).__name__} is not fitted yet; call fit(X, y)")
+
+    def decision_function(self, X) -> np.ndarray:
+        """Scores (n, n_classes): w_c.x + b_c."""
+        self._check_fitted()
+        X = np.asarray(check_rows(X, "X"))
+        check_n_features(X, self.coef_.shape[1], "X")
+        return self._prepare(X) @ self.coef_.T + self.intercept_
+
+    def _prepare(self, X):
+        return np.asarray(X, dtype=np.float64)
+
+    def predict(self, X) -> np.ndarray:
+        scores = self.decision_function(X)
+        return self.classes_[np.argmax(scores, axis=1)]
+
+    def score(self, X, y) -> float:
+        """Accuracy on (X, y)."""
+        return float(np.mean(self.predict(X) == np.asarray(y)))
+
+
+class CentroidSLEMClassifier(_Classifier):
+    """One linear SLEM classifier per class, from the class centroid.
+
+    Parameters: lam, theta as in :class:`LinearSLEM` (theta scales each w_c and
+    shifts nu_c, so it does change argmax decisions; theta = 1 is LDA's rule).
+    ``fit(X, y, negatives=None)``: the negatives define mu and A; by default the
+    training rows of all classes pooled (the LDA setting: one shared covariance).
+
+    Attributes: classes_, centroids_ (K, d), coef_ (K, d), intercept_ (K,), slem_.
+    """
+
+    def __init__(self, lam: float = 1e-3, theta: float = 1.0):
+        self.lam = lam
+        self.theta = theta
+
+    def fit(self, X, y, negatives=None):
+        X, classes, codes = _check_labelled(X, y)
+        check_positive_float(self.theta, "theta")
+        negatives = X if negatives is None else negatives
+        self.slem_ = LinearSLEM(lam=self.lam, theta=self.theta).fit(negatives)
+        check_n_features(X, self.slem_.n_features_in_, "X", fitted_on="the negatives")
+        K, d = len(classes), X.shape[1]
+        self.classes_ = classes
+        self.centroids_ = np.zeros((K, d))
+        np.add.at(self.centroids_, codes, X.astype(np.float64))
+        self.centroids_ /= np.bincount(codes, minlength=K)[:, None]
+        self.coef_ = np.empty((K, d))
+        self.intercept_ = np.empty(K)
+        for c in range(K):
+            self.coef_[c], self.intercept_[c] = exemplar_solution(
+                self.centroids_[c], self.slem_.mean_, self.slem_.precision_, float(self.theta))
+        return self
+
+
+class MulticlassSVM(_Classifier):
+    """Crammer-Singer multi-class linear SVM, by stochastic sub-gradient steps.
+
+    Parameters
+    ----------
+    lam : float > 0, the ridge weight of R(W) (lam = 1 / (C N)).
+    n_iter, batch_size, eta0, random_state : solver settings (deterministic per seed).
+    fit_intercept : append a constant feature 1 (its weight, the class bias, is
+        regularized like the others, as in liblinear).
+    normalize : L2-normalize rows before training and predicting.
+
+    Attributes: classes_, coef_ (K, d), intercept_ (K,).
+    """
+
+    def __init__(self, lam: float = 1e-4, n_iter: int = 3000, batch_size: int = 64,
+                 eta0: float = 1.0, fit_intercept: bool = True, normalize: bool = True,
+                 random_state: int = 0):
+        self.lam = lam
+        self.n_iter = n_iter
+        self.batch_size = batch_size
+        self.eta0 = eta0
+        self.fit_intercept = fit_intercept
+        self.normalize = normalize
+        self.random_state = random_state
+
+    def _prepare(self, X):
+        return normalize_rows(X) if self.normalize else np.asarray(X, dtype=np.float64)
+
+    def _augment(self, X):
+        X = self._prepare(X)
+        return np.hstack([X, np.ones((len(X), 1))]) if self.fit_intercept else X
+
+    def fit(self, X, y):
+        X, classes, codes = _check_labelled(X, y)
+        check_positive_float(self.lam, "lam")
+        check_positive_float(self.eta0, "eta0")
+        for name in ("n_iter", "batch_size"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < 1:
+                raise ValueError(f"{name} must be an integer >= 1, got {v!r}")
+        W = crammer_singer_sgd(self._augment(X), codes, len(classes), float(self.lam),
+                               int(self.n_iter), int(self.batch_size), float(self.eta0),
+                               random_state=self.random_state)
+        self.classes_ = classes
+        self.coef_ = W[:, :-1] if self.fit_intercept else W
+        self.intercept_ = W[:, -1] if self.fit_intercept else np.zeros(len(classes))
+        return self
+
+    def objective(self, X, y) -> float:
+        """R(W) of the fitted model on (X, y) (with the intercept as a feature)."""
+        self._check_fitted()
+        codes = np.searchsorted(self.classes_, np.asarray(y))
+        W = np.hstack([self.coef_, self.intercept_[:, None]]) if self.fit_intercept else self.coef_
+        return multiclass_hinge_objective(W, self._augment(np.asarray(X)), codes, float(self.lam))
+
+
+def compare_classifiers(X_train, y_train, X_test, y_test, negatives=None, lam: float = 1e-3,
+                        svm_lam: float = 1e-4, svm_iter: int = 3000,
+                        random_state: int = 0) -> list[dict]:
+    """Accuracy of class-level classifiers on raw features and on SLEM.
+
+    Rows: nearest class mean by cosine on raw features; multi-class SVM on raw
+    features; SLEM centroid classifiers; multi-class SVM on linear SLEM vectors
+    (the SLEM model fitted on ``negatives``, default the training rows).
+    """
+    X_train = np.asarray(X_train, dtype=np.float64)
+    X_test = np.asarray(X_test, dtype=np.float64)
+    rows = []
+
+    def timed(name, fit_predict):
+        t = time.perf_counter()
+        predicted = fit_predict()
+        rows.append({"method": name, "accuracy": float(np.mean(predicted == np.asarray(y_test))),
+                     "time [s]": time.perf_counter() - t})
+
+    def nearest_mean():
+        classes, codes = np.unique(y_train, return_inverse=True)
+        centres = normalize_rows(np.stack([normalize_rows(X_train)[codes == c].mean(axis=0)
+                                           for c in range(len(classes))]))
+        return classes[np.argmax(normalize_rows(X_test) @ centres.T, axis=1)]
+
+    def svm(train, test):
+        model = MulticlassSVM(lam=svm_lam, n_iter=svm_iter, random_state=random_state)
+        return model.fit(train, y_train).predict(test)
+
+    def slem_svm():
+        slem = LinearSLEM(lam=lam).fit(X_train if negatives is None else negatives)
+        return svm(slem.transform(X_train), slem.transform(X_test))
+
+    timed("raw: nearest class mean (cosine)", nearest_mean)
+    timed("raw: multi-class SVM", lambda: svm(X_train, X_test))
+    timed("SLEM: class-centroid classifiers",
+          lambda: CentroidSLEMClassifier(lam=lam).fit(X_train, y_train, negatives).predict(X_test))
+    timed("SLEM vectors: multi-class SVM", slem_svm)
+    return rows

@@ -1,0 +1,480 @@
+"""Retrieval evaluation of SLEM against its baselines, and the search job.
+
+* :data:`METHODS` names the encoders a results table compares (raw features,
+  PCA whitening, E-SVM, linear SLEM, kernel SLEM);
+* :func:`evaluate_methods` fits each on the negatives, encodes database and
+  queries, searches exactly and measures mAP, P@k, encode time per positive
+  and total time; :func:`pr_curve` gives each method's precision-recall curve;
+* :func:`format_table` and :func:`plot_pr_curves` present them;
+* :func:`search_job` and :func:`evaluate_job` are the ``slem-dask search`` and
+  ``slem-dask evaluate`` commands (zarr in, zarr / table / PNG out).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import dask
+import numpy as np
+
+from . import storage
+from ._version import __version__
+from .retrieval import mean_average_precision, precision_recall_at_k, search
+from .validation import check_rows, is_dask_array
+
+__all__ = [
+    "METHODS",
+    "parse_methods",
+    "make_estimator",
+    "relevant_from_labels",
+    "pr_curve",
+    "evaluate_methods",
+    "format_table",
+    "plot_pr_curves",
+    "search_job",
+    "open_search_result",
+    "evaluate_job",
+    "export_faiss",
+]
+
+#: Method name -> description, in the order of the paper's tables.
+METHODS = {
+    "raw": "raw features (L2-normalized)",
+    "pca": "PCA + whitening",
+    "esvm": "E-SVM (hinge, SGD)",
+    "slem": "linear SLEM",
+    "kernel": "kernel SLEM",
+}
+
+#: Longest full ranking kept for mAP and PR curves when k is not given.
+_FULL_RANKING_MAX = 10_000
+
+
+def parse_methods(text) -> list[str]:
+    """'raw,pca,slem' (or a list) -> ['raw', 'pca', 'slem'], refusing unknown names."""
+    names = [m.strip().lower() for m in (text.split(",") if isinstance(text, str) else text)]
+    names = [m for m in names if m]
+    if not names:
+        raise ValueError(f"methods: no method given; choose from {', '.join(METHODS)}")
+    unknown = [m for m in names if m not in METHODS]
+    if unknown:
+        raise ValueError(
+            f"methods: unknown method(s) {', '.join(map(repr, unknown))}; the allowed "
+            f"methods are {', '.join(METHODS)} (comma-separated, e.g. raw,pca,slem,esvm)"
+        )
+    if len(set(names)) != len(names):
+        raise ValueError(f"methods: {text!r} names a method twice")
+    return names
+
+
+def make_estimator(name: str, params: dict | None = None):
+    """A fresh, unfitted estimator for method ``name``; ``params`` go to its constructor."""
+    from .models import ESVM, LinearSLEM, PCAWhitening, RawFeatures
+
+    params = dict(params or {})
+    if name == "kernel":
+        try:
+            from .models import KernelSLEM
+        except ImportError:  # pragma: no cover - depends on the installed version
+            raise ValueError("methods: this slem-dask has no kernel SLEM model") from None
+        return KernelSLEM(**params)
+    classes = {"raw": RawFeatures, "pca": PCAWhitening, "esvm": ESVM, "slem": LinearSLEM}
+    if name not in classes:
+        parse_methods([name])
+    return classes[name](**params)
+
+
+def relevant_from_labels(database_labels, query_labels) -> list[np.ndarray]:
+    """Database indices sharing each query's label; an error names queries with none."""
+    database_labels = np.asarray(database_labels)
+    query_labels = np.asarray(query_labels)
+    if database_labels.ndim != 1 or query_labels.ndim != 1:
+        raise ValueError(
+            f"labels must be 1-D, got database_labels shape {database_labels.shape} and "
+            f"query_labels shape {query_labels.shape}"
+        )
+    order = np.argsort(database_labels, kind="stable")
+    sorted_labels = database_labels[order]
+    starts = np.searchsorted(sorted_labels, query_labels, "left")
+    ends = np.searchsorted(sorted_labels, query_labels, "right")
+    empty = np.flatnonzero(ends == starts)
+    if empty.size:
+        shown = ", ".join(str(i) for i in empty[:5]) + (", ..." if empty.size > 5 else "")
+        raise ValueError(
+            f"query_labels: {empty.size} of {len(query_labels)} queries (indices {shown}) "
+            f"have a label that no database row has, so their relevant set is empty and "
+            f"their AP undefined; drop those queries or add their matches to the database"
+        )
+    return [np.sort(order[s:e]) for s, e in zip(starts, ends)]
+
+
+def pr_curve(indices, relevant, n_points: int = 101) -> tuple[np.ndarray, np.ndarray]:
+    """Mean interpolated precision-recall curve over queries.
+
+    For each query, precision at recall r is the best precision at any rank
+    whose recall is >= r (the usual interpolation; 0 for recall levels the
+    ranked list never reaches). Returns (recall levels, mean precision).
+    """
+    indices = np.asarray(indices)
+    levels = np.linspace(0.0, 1.0, n_points)
+    total = np.zeros(n_points)
+    for ranking, rel in zip(indices, relevant):
+        hits = np.isin(ranking, rel)
+        cum = np.cumsum(hits)
+        precision = cum / np.arange(1, len(ranking) + 1)
+        recall = cum / len(rel)
+        # best precision at recall >= r: running max from the end
+        best = np.maximum.accumulate(precision[::-1])[::-1]
+        pos = np.searchsorted(recall, levels, side="left")
+        reached = pos < len(ranking)
+        total[reached] += best[pos[reached]]
+    return levels, total / len(indices)
+
+
+def _as_numpy(x):
+    if is_dask_array(x):
+        (x,) = dask.compute(x)
+    return np.asarray(x)
+
+
+def evaluate_methods(negatives, database, queries, relevant, methods=("raw", "pca", "esvm", "slem"),
+                     k: int | None = None, p_at: int | None = None,
+                     params: dict[str, dict] | None = None, curves: bool = True,
+                     min_time: float = 0.0):
+    """Fit each method on ``negatives``, encode database and queries, search, score.
+
+    Arrays may be numpy or dask (dask ones are computed where needed, on the
+    current scheduler). ``params``: method name -> constructor parameters.
+    ``k``: ranking length (default: the whole database up to 10,000 rows).
+    ``p_at``: the k of P@k (default: the median size of the relevant sets).
+
+    ``min_time``: encoding is repeated until this many seconds have passed (at
+    most 50 runs) and the fastest run is reported: steadier timings of fast
+    encoders (benchmarks). Total time counts one run of each step.
+
+    Returns (rows, curves): rows are dicts with method, mAP, P@k, fit time,
+    encode time per positive and total time; curves maps method -> (recall,
+    precision) from :func:`pr_curve`.
+    """
+    methods = parse_methods(methods)
+    negatives = check_rows(negatives, "negatives", min_rows=2)
+    database = check_rows(database, "database")
+    queries = check_rows(queries, "queries")
+    for name, arr in (("database", database), ("queries", queries)):
+        if arr.shape[1] != negatives.shape[1]:
+            raise ValueError(
+                f"{name} has {arr.shape[1]} features but negatives have "
+                f"{negatives.shape[1]}; all three must be descriptors of the same dimension"
+            )
+    relevant = [np.asarray(r, dtype=np.int64) for r in relevant]
+    if len(relevant) != len(queries):
+        raise ValueError(
+            f"relevant has {len(relevant)} entries but there are {len(queries)} queries; "
+            f"give one set of relevant database indices per query"
+        )
+    for i, rel in enumerate(relevant):
+        if rel.size == 0:
+            raise ValueError(f"relevant[{i}] is empty: query {i} has no relevant item; "
+                             f"drop that query")
+    n_db = database.shape[0]
+    if k is None:
+        k = min(n_db, _FULL_RANKING_MAX)
+    if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1 or k > n_db:
+        raise ValueError(f"k must be an integer between 1 and the database size {n_db}, "
+                         f"got {k!r}")
+    if p_at is None:
+        p_at = max(1, int(np.median([len(r) for r in relevant])))
+    params = params or {}
+    n_positives = database.shape[0] + queries.shape[0]
+    rows, pr = [], {}
+    for name in methods:
+        model = make_estimator(name, params.get(name))
+        t0 = time.perf_counter()
+        model.fit(negatives)
+        t1 = time.perf_counter()
+        db = _as_numpy(model.transform(database))
+        q = _as_numpy(model.transform(queries))
+        t2 = time.perf_counter()
+        encode = best = t2 - t1
+        for _ in range(49):
+            if encode >= min_time:
+                break
+            t = time.perf_counter()
+            _as_numpy(model.transform(database))
+            _as_numpy(model.transform(queries))
+            run = time.perf_counter() - t
+            encode, best = encode + run, min(best, run)
+        t_search = time.perf_counter()
+        _, indices = search(q, db, k)
+        t3 = time.perf_counter()
+        t3 = (t2 - t0) + (t3 - t_search)  # total: one fit, one encode, one search
+        p, _ = precision_recall_at_k(indices, relevant, p_at)
+        rows.append({
+            "method": name,
+            "mAP": mean_average_precision(indices, relevant),
+            f"P@{p_at}": p,
+            "fit [s]": t1 - t0,
+            "encode/positive [s]": best / n_positives,
+            "total [s]": t3,
+        })
+        if curves:
+            pr[name] = pr_curve(indices, relevant)
+    return rows, pr
+
+
+def format_table(rows: list[dict]) -> str:
+    """Aligned text table; floats with 4 significant digits."""
+    cols = list(rows[0])
+
+    def fmt(v):
+        if isinstance(v, float):
+            return f"{v:.4f}" if 1e-3 <= abs(v) < 1e4 or v == 0 else f"{v:.3e}"
+        return str(v)
+
+    text = [[fmt(r.get(c, "")) for c in cols] for r in rows]
+    widths = [max(len(c), *(len(t[i]) for t in text)) for i, c in enumerate(cols)]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(cols, widths)),
+             "  ".join("-" * w for w in widths)]
+    lines += ["  ".join(v.ljust(w) for v, w in zip(t, widths)) for t in text]
+    return "\n".join(lines)
+
+
+def plot_pr_curves(curves: dict, path: str, title: str = "precision-recall",
+                   maps: dict | None = None) -> str:
+    """Save a PNG of one precision-recall curve per method; return ``path``."""
+    import matplotlib
+
+    matplotlib.use("Agg", force=False)
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4.5), dpi=100)
+    for name, (recall, precision) in curves.items():
+        label = METHODS.get(name, name)
+        if maps and name in maps:
+            label += f" (mAP {maps[name]:.3f})"
+        ax.plot(recall, precision, label=label, linewidth=1.6)
+    ax.set_xlabel("recall")
+    ax.set_ylabel("precision (interpolated, mean over queries)")
+    ax.set_xlim(0, 1)
+    ax.set_ylim(0, 1.02)
+    ax.grid(True, alpha=0.3)
+    ax.set_title(title)
+    ax.legend(loc="lower left", fontsize="small")
+    fig.tight_layout()
+    fig.savefig(path, format="png")
+    plt.close(fig)
+    return path
+
+
+# -- jobs -----------------------------------------------------------------
+
+@dataclass
+class _Report:
+    name: str
+    facts: dict = field(default_factory=dict)
+    timings: dict = field(default_factory=dict)
+
+    def lines(self) -> list[str]:
+        out = [f"{self.name}:"]
+        out += [f"  {k:<18} {v}" for k, v in self.facts.items()]
+        out += [f"  {k + ' [s]':<18} {v:.2f}" for k, v in self.timings.items()]
+        return out
+
+
+def _compute(client, obj):
+    if client is None:
+        return dask.compute(obj)[0]
+    return client.compute(obj).result()
+
+
+def check_search_inputs(queries: str, database: str, k: int):
+    """Open both zarr arrays and check shapes and k, before any cluster starts."""
+    q = storage.open_input(queries, "queries")
+    db = storage.open_input(database, "database")
+    if q.shape[1] != db.shape[1]:
+        raise ValueError(
+            f"queries ({queries!r}) have {q.shape[1]} features but database rows "
+            f"({database!r}) have {db.shape[1]}; encode both with the same model"
+        )
+    if q.shape[0] < 1 or db.shape[0] < 1:
+        raise ValueError(f"queries {q.shape} and database {db.shape} must both have rows")
+    if k > db.shape[0]:
+        raise ValueError(
+            f"k={k} is larger than the database {database!r} ({db.shape[0]} rows); use "
+            f"--k {db.shape[0]} or less"
+        )
+    return q, db
+
+
+def search_job(client, queries: str, database: str, out: str, k: int = 100,
+               partition_rows: int | None = None, overwrite: bool = False) -> _Report:
+    """Exact top-k of every query row against the database rows; write a zarr group.
+
+    ``out`` gets arrays ``scores`` (float64) and ``indices`` (int64), each
+    (n_queries, k), best first, ties to the lower database index, and the
+    group attribute ``slem_dask`` = {kind: "search", complete: ...}; it reads
+    ``complete: true`` only once both arrays are written.
+    """
+    import zarr
+
+    t0 = time.perf_counter()
+    q_arr, db_arr = check_search_inputs(queries, database, k)
+    if not overwrite and storage._exists(out):
+        raise FileExistsError(f"output {out!r} already exists; pass --overwrite to replace it")
+    db = storage.dask_rows(db_arr, partition_rows)
+    q = np.asarray(q_arr[...])
+    t1 = time.perf_counter()
+    scores, indices = _compute(client, search(q, db, k))
+    t2 = time.perf_counter()
+    if storage._exists(out):
+        storage._remove(out)
+    try:
+        group = zarr.open_group(store=str(out), mode="w")
+        meta = {"kind": "search", "complete": False, "k": int(k), "queries": str(queries),
+                "database": str(database), "n_queries": int(q.shape[0]),
+                "n_database": int(db_arr.shape[0]), "package_version": __version__}
+        group.attrs[storage.ATTR] = meta
+        for name, data in (("scores", scores.astype(np.float64)),
+                           ("indices", indices.astype(np.int64))):
+            arr = group.create_array(name, shape=data.shape, dtype=data.dtype,
+                                     chunks=(max(1, min(len(data), 65536)), data.shape[1]))
+            arr[...] = data
+        t3 = time.perf_counter()
+        timings = {"open": t1 - t0, "search": t2 - t1, "write": t3 - t2, "total": t3 - t0}
+        group.attrs[storage.ATTR] = {**meta, "complete": True, "timings": timings,
+                                     "completed": time.strftime("%Y-%m-%dT%H:%M:%SZ",
+                                                                time.gmtime())}
+    except BaseException:
+        storage._remove(out)
+        raise
+    report = _Report("search")
+    report.facts.update({"queries": str(queries), "database": str(database),
+                         "rows": f"{q.shape[0]} x {db_arr.shape[0]}", "k": k,
+                         "partitions": db.numblocks[0], "out": str(out)})
+    report.timings.update(timings)
+    return report
+
+
+def open_search_result(path: str) -> tuple[np.ndarray, np.ndarray]:
+    """(scores, indices) written by :func:`search_job`, refusing an unfinished one."""
+    import zarr
+
+    try:
+        group = zarr.open_group(store=str(path), mode="r")
+    except FileNotFoundError:
+        raise FileNotFoundError(f"search result: no zarr group at {path!r}") from None
+    meta = group.attrs.get(storage.ATTR)
+    if not isinstance(meta, dict) or meta.get("kind") != "search":
+        raise ValueError(f"search result: {path!r} was not written by `slem-dask search`")
+    if not meta.get("complete"):
+        raise ValueError(
+            f"search result: {path!r} is unfinished (the run that wrote it stopped "
+            f"part-way); run `slem-dask search` again with --overwrite"
+        )
+    return np.asarray(group["scores"][...]), np.asarray(group["indices"][...])
+
+
+def _open_corpus(path: str):
+    import zarr
+
+    try:
+        group = zarr.open_group(store=str(path), mode="r")
+    except FileNotFoundError:
+        raise FileNotFoundError(
+            f"corpus: no zarr group at {path!r}; write one with "
+            f"slem_dask.datasets.write_corpus or `slem-dask demo` (its workdir/corpus.zarr)"
+        ) from None
+    except Exception as exc:
+        raise ValueError(f"corpus: {path!r} is not a zarr group ({type(exc).__name__}: {exc})") \
+            from None
+    needed = ("negatives", "database", "queries", "database_labels", "query_labels")
+    missing = [n for n in needed if n not in group]
+    if missing:
+        raise ValueError(
+            f"corpus: {path!r} lacks {', '.join(missing)}; a corpus group holds "
+            f"{', '.join(needed)} (as written by slem_dask.datasets.write_corpus)"
+        )
+    return group
+
+
+def check_evaluate_inputs(corpus: str, methods, n_negatives: int | None, k: int | None):
+    """Validate everything the evaluate job can check from metadata, before any compute."""
+    methods = parse_methods(methods)
+    group = _open_corpus(corpus)
+    neg = storage.open_input(f"{str(corpus).rstrip('/')}/negatives", "negatives")
+    db = storage.open_input(f"{str(corpus).rstrip('/')}/database", "database")
+    q = storage.open_input(f"{str(corpus).rstrip('/')}/queries", "queries")
+    for name, arr in (("database", db), ("queries", q)):
+        if arr.shape[1] != neg.shape[1]:
+            raise ValueError(f"corpus: {name} has {arr.shape[1]} features but negatives "
+                             f"have {neg.shape[1]}")
+    if n_negatives is not None and n_negatives > neg.shape[0]:
+        raise ValueError(
+            f"--negatives {n_negatives} is more than the corpus holds ({neg.shape[0]}); "
+            f"use --negatives {neg.shape[0]} or less"
+        )
+    if n_negatives is not None and n_negatives < 2:
+        raise ValueError(f"--negatives must be at least 2, got {n_negatives}")
+    if k is not None and k > db.shape[0]:
+        raise ValueError(f"k={k} is larger than the database ({db.shape[0]} rows); use "
+                         f"--k {db.shape[0]} or less")
+    relevant = relevant_from_labels(group["database_labels"][...], group["query_labels"][...])
+    return methods, neg, db, q, relevant
+
+
+def evaluate_job(client, corpus: str, methods="raw,pca,esvm,slem", n_negatives: int | None = None,
+                 k: int | None = None, p_at: int | None = None, plot: str | None = None,
+                 params: dict[str, dict] | None = None,
+                 partition_rows: int | None = None):
+    """Results table (and optionally a PR plot) of ``methods`` on a corpus zarr group.
+
+    Each method is fitted on the first ``n_negatives`` negatives (default all)
+    and encodes the database and the queries; relevance comes from the labels.
+    Fitting and encoding run on ``client`` (dask arrays read from zarr).
+    Returns (rows, curves, report).
+    """
+    t0 = time.perf_counter()
+    methods, neg, db, q, relevant = check_evaluate_inputs(corpus, methods, n_negatives, k)
+    negatives = storage.dask_rows(neg, partition_rows)
+    if n_negatives is not None:
+        negatives = negatives[:n_negatives]
+    database = storage.dask_rows(db, partition_rows)
+    queries = storage.dask_rows(q, partition_rows)
+    rows, curves = evaluate_methods(negatives, database, queries, relevant, methods, k=k,
+                                    p_at=p_at, params=params)
+    report = _Report("evaluate")
+    report.facts.update({"corpus": str(corpus), "negatives": negatives.shape[0],
+                         "database": db.shape[0], "queries": q.shape[0],
+                         "features": db.shape[1], "methods": ",".join(methods)})
+    if plot:
+        plot_pr_curves(curves, plot, title=f"{corpus}: {negatives.shape[0]} negatives",
+                       maps={r["method"]: r["mAP"] for r in rows})
+        report.facts["plot"] = str(plot)
+    report.timings["total"] = time.perf_counter() - t0
+    return rows, curves, report
+
+
+# -- FAISS ----------------------------------------------------------------
+
+def export_faiss(encodings, path: str | None = None):
+    """An exact inner-product FAISS index (IndexFlatIP) of the rows of ``encodings``.
+
+    Optional: needs ``pip install 'slem-dask[faiss]'`` (faiss-cpu). The rows go
+    in as float32, in order, so FAISS ids are row indices; for L2-normalized
+    encodings inner product is cosine, the score :func:`slem_dask.search` uses.
+    With ``path`` the index is also written with ``faiss.write_index``.
+    """
+    try:
+        import faiss
+    except ImportError:
+        raise ImportError(
+            "export_faiss needs the faiss-cpu package; install it with "
+            "pip install 'slem-dask[faiss]'"
+        ) from None
+    x = np.ascontiguousarray(_as_numpy(check_rows(encodings, "encodings")), dtype=np.float32)
+    index = faiss.IndexFlatIP(x.shape[1])
+    index.add(x)
+    if path is not None:
+        faiss.write_index(index, str(path))
+    return index

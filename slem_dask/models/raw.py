@@ -1,0 +1,47 @@
+"""Raw features as an estimator: the 'base features' row of the results tables."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..core.whitening import normalize_rows
+from ..validation import check_finite_rows, check_rows, is_dask_array
+from ._rows import map_rows
+from .base import SLEMEstimator
+
+__all__ = ["RawFeatures"]
+
+
+class RawFeatures(SLEMEstimator):
+    """L2-normalized input descriptors, with the interface of the SLEM estimators.
+
+    ``fit`` learns nothing from the negatives but their dimension (so that
+    :meth:`transform` can check it, as for the other models).
+    """
+
+    _param_names = ()
+
+    def fit(self, X, y=None):
+        X = check_rows(X, "X")
+        self.n_samples_ = int(X.shape[0])
+        self.n_features_in_ = int(X.shape[1])
+        self.input_dtype_ = np.dtype(X.dtype).name
+        return self
+
+    def transform(self, P, dtype=np.float64):
+        """Each row of ``P`` divided by its L2 norm (numpy in/out, or lazy dask)."""
+        P = self._check_positives(P)
+        if is_dask_array(P):
+            return map_rows(normalize_rows, P, (), P.shape[1], dtype, "P", "raw-normalize")
+        check_finite_rows(P, "P")
+        return normalize_rows(P, dtype)
+
+    def _state(self):
+        info = {"n_samples": self.n_samples_, "n_features": self.n_features_in_,
+                "input_dtype": self.input_dtype_}
+        return info, {}
+
+    def _set_state(self, info, arrays):
+        self.n_samples_ = int(info["n_samples"])
+        self.n_features_in_ = int(info["n_features"])
+        self.input_dtype_ = info["input_dtype"]

@@ -1,0 +1,205 @@
+"""Retrieval evaluation: PR curves, results table, `slem-dask search` and `slem-dask evaluate`."""
+
+import numpy as np
+import pytest
+import zarr
+
+from slem_dask import search
+from slem_dask.cli import main
+from slem_dask.datasets import make_corpus, write_corpus
+from slem_dask.evaluation import (METHODS, evaluate_methods, export_faiss, format_table,
+                                  open_search_result, parse_methods, plot_pr_curves, pr_curve,
+                                  relevant_from_labels, search_job)
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.fixture(scope="module")
+def corpus_path(tmp_path_factory):
+    path = tmp_path_factory.mktemp("eval") / "corpus.zarr"
+    write_corpus(make_corpus(n_negatives=600, n_instances=25, group_size=3, d=12, seed=2),
+                 str(path), chunk_rows=128)
+    return str(path)
+
+
+def _write(path, data):
+    arr = zarr.create_array(store=str(path), shape=data.shape, dtype=data.dtype,
+                            chunks=(16, data.shape[1]))
+    arr[...] = data
+    return str(path)
+
+
+# -- pure functions ---------------------------------------------------------
+
+def test_pr_curve_by_hand():
+    # relevant {0, 2}; ranking 0, 1, 2: P = 1, 1/2, 2/3 at recall 1/2, 1/2, 1
+    recall, precision = pr_curve(np.array([[0, 1, 2]]), [np.array([0, 2])], n_points=5)
+    np.testing.assert_allclose(recall, [0, 0.25, 0.5, 0.75, 1.0])
+    np.testing.assert_allclose(precision, [1, 1, 1, 2 / 3, 2 / 3])
+    # interpolation: precision at recall r is the best precision at recall >= r
+    _, precision = pr_curve(np.array([[0, 1, 2]]), [np.array([1, 2])], n_points=3)
+    np.testing.assert_allclose(precision, [2 / 3, 2 / 3, 2 / 3])
+    # mean over queries
+    _, precision = pr_curve(np.array([[0, 1], [1, 0]]), [np.array([0]), np.array([0])],
+                            n_points=2)
+    np.testing.assert_allclose(precision, [0.75, 0.75])
+    # a relevant item beyond the ranking: recall 1 never reached -> precision 0 there
+    _, precision = pr_curve(np.array([[0, 1]]), [np.array([0, 2])], n_points=3)
+    np.testing.assert_allclose(precision, [1, 1, 0])
+
+
+def test_relevant_sets_and_method_names():
+    rel = relevant_from_labels(np.array([5, 7, 5, 9]), np.array([5, 9]))
+    assert [r.tolist() for r in rel] == [[0, 2], [3]]
+    with pytest.raises(ValueError, match=r"1 of 2 queries \(indices 1\).*relevant set is empty"):
+        relevant_from_labels(np.array([5, 7]), np.array([5, 8]))
+    assert parse_methods("raw, SLEM,esvm") == ["raw", "slem", "esvm"]
+    with pytest.raises(ValueError, match="unknown method.*'lda'.*allowed methods are raw, pca, "
+                                         "esvm, slem, kernel"):
+        parse_methods("raw,lda")
+    with pytest.raises(ValueError, match="twice"):
+        parse_methods("raw,raw")
+
+
+def test_evaluate_methods_table_plot_and_errors(tmp_path):
+    c = make_corpus(n_negatives=800, n_instances=30, d=16, seed=4)
+    rows, curves = evaluate_methods(c.negatives, c.database, c.queries, c.relevant(),
+                                    "raw,pca,slem,esvm", params={"esvm": {"n_iter": 50}})
+    assert [r["method"] for r in rows] == ["raw", "pca", "slem", "esvm"]
+    assert set(rows[0]) == {"method", "mAP", "P@4", "fit [s]", "encode/positive [s]",
+                            "total [s]"}
+    for r in rows:
+        assert 0 < r["mAP"] <= 1 and r["encode/positive [s]"] > 0
+        recall, precision = curves[r["method"]]
+        assert precision[0] >= precision[-1] and np.all(np.diff(precision) <= 1e-12)
+    table = format_table(rows)
+    assert table.splitlines()[0].split()[:3] == ["method", "mAP", "P@4"]
+    png = plot_pr_curves(curves, str(tmp_path / "pr.png"), maps={"raw": 0.5})
+    assert open(png, "rb").read(8) == PNG_MAGIC
+    with pytest.raises(ValueError, match="database has 15 features but negatives have 16"):
+        evaluate_methods(c.negatives, c.database[:, :15], c.queries, c.relevant(), "raw")
+    with pytest.raises(ValueError, match="k must be an integer between 1 and the database "
+                                         "size 120"):
+        evaluate_methods(c.negatives, c.database, c.queries, c.relevant(), "raw", k=121)
+    rel = c.relevant()
+    rel[3] = np.array([], dtype=int)
+    with pytest.raises(ValueError, match=r"relevant\[3\] is empty"):
+        evaluate_methods(c.negatives, c.database, c.queries, rel, "raw")
+    with pytest.raises(ValueError, match="allowed methods"):
+        evaluate_methods(c.negatives, c.database, c.queries, c.relevant(), "raw,svm")
+
+
+# -- search job ---------------------------------------------------------------
+
+def test_search_job_writes_a_completed_group(tmp_path, rng):
+    q = rng.standard_normal((7, 5))
+    db = np.round(rng.standard_normal((50, 5)), 1)  # rounding makes ties
+    db[10] = db[3]
+    qp, dbp = _write(tmp_path / "q", q), _write(tmp_path / "db", db)
+    out = str(tmp_path / "hits.zarr")
+    report = search_job(None, qp, dbp, out, k=6, partition_rows=16)
+    scores, indices = open_search_result(out)
+    exp_scores, exp_indices = search(q, db, 6)
+    np.testing.assert_array_equal(indices, exp_indices)
+    np.testing.assert_allclose(scores, exp_scores)
+    meta = zarr.open_group(out, mode="r").attrs["slem_dask"]
+    assert meta["complete"] is True and meta["kind"] == "search" and meta["k"] == 6
+    assert "search" in report.timings
+    with pytest.raises(FileExistsError, match="--overwrite"):
+        search_job(None, qp, dbp, out, k=6)
+    # an unfinished group is refused
+    zarr.open_group(out, mode="r+").attrs["slem_dask"] = {**meta, "complete": False}
+    with pytest.raises(ValueError, match="unfinished"):
+        open_search_result(out)
+    with pytest.raises(ValueError, match="k=51 is larger than the database"):
+        search_job(None, qp, dbp, str(tmp_path / "x.zarr"), k=51)
+    bad = _write(tmp_path / "q4", q[:, :4])
+    with pytest.raises(ValueError, match="4 features but database rows.*have 5"):
+        search_job(None, bad, dbp, str(tmp_path / "y.zarr"), k=3)
+
+
+# -- command line -------------------------------------------------------------
+
+def test_cli_errors_come_before_any_cluster(tmp_path, corpus_path, capsys, monkeypatch):
+    import slem_dask.cluster as cluster
+
+    def no_cluster(*a, **k):
+        raise AssertionError("a cluster was started for bad input")
+
+    monkeypatch.setattr(cluster, "connect", no_cluster)
+    db = f"{corpus_path}/database"
+    assert main(["search", "--queries", f"{corpus_path}/queries", "--database", db,
+                 "--k", "76", "--out", str(tmp_path / "o.zarr")]) == 1
+    assert "k=76 is larger than the database" in capsys.readouterr().err
+    assert main(["search", "--queries", f"{corpus_path}/queries", "--database",
+                 str(tmp_path / "missing"), "--k", "3", "--out", str(tmp_path / "o.zarr")]) == 1
+    assert "no zarr array" in capsys.readouterr().err
+    assert main(["evaluate", "--corpus", corpus_path, "--methods", "raw,foo"]) == 1
+    err = capsys.readouterr().err
+    assert "unknown method(s) 'foo'" in err and "raw, pca, esvm, slem, kernel" in err
+    assert main(["evaluate", "--corpus", corpus_path, "--negatives", "601"]) == 1
+    assert "more than the corpus holds (600)" in capsys.readouterr().err
+    assert main(["evaluate", "--corpus", str(tmp_path / "nothing.zarr")]) == 1
+    assert "no zarr group" in capsys.readouterr().err
+    group = zarr.open_group(corpus_path, mode="r")
+    bad = str(tmp_path / "bad.zarr")
+    g = zarr.open_group(bad, mode="w")
+    for name in ("negatives", "database", "queries", "database_labels"):
+        data = group[name][...]
+        g.create_array(name, shape=data.shape, dtype=data.dtype)[...] = data
+    labels = group["query_labels"][...] + 1000
+    g.create_array("query_labels", shape=labels.shape, dtype=labels.dtype)[...] = labels
+    assert main(["evaluate", "--corpus", bad]) == 1
+    assert "relevant set is empty" in capsys.readouterr().err
+
+
+def test_cli_search_and_evaluate_end_to_end(tmp_path, corpus_path, capsys):
+    out = str(tmp_path / "hits.zarr")
+    args = ["--workers", "1", "--threads-per-worker", "1", "--no-progress"]
+    assert main(["search", "--queries", f"{corpus_path}/queries", "--database",
+                 f"{corpus_path}/database", "--k", "5", "--out", out, *args]) == 0
+    scores, indices = open_search_result(out)
+    group = zarr.open_group(corpus_path, mode="r")
+    exp = search(group["queries"][...], group["database"][...], 5)
+    np.testing.assert_array_equal(indices, exp[1])
+    capsys.readouterr()
+    png = str(tmp_path / "pr.png")
+    assert main(["evaluate", "--corpus", corpus_path, "--methods", "raw,slem,esvm",
+                 "--negatives", "500", "--esvm-iters", "30", "--plot", png, *args]) == 0
+    text = capsys.readouterr().out
+    lines = text.splitlines()
+    header = next(i for i, line in enumerate(lines) if line.startswith("method"))
+    assert lines[header].split() == ["method", "mAP", "P@3", "fit", "[s]",
+                                     "encode/positive", "[s]", "total", "[s]"]
+    assert [line.split()[0] for line in lines[header + 2:header + 5]] == ["raw", "slem", "esvm"]
+    assert "negatives          500" in text
+    assert open(png, "rb").read(8) == PNG_MAGIC
+
+
+def test_export_faiss_matches_exact_search(tmp_path, rng):
+    faiss = pytest.importorskip("faiss")
+    db = rng.standard_normal((40, 8))
+    db /= np.linalg.norm(db, axis=1, keepdims=True)
+    q = db[:5] + 0.01 * rng.standard_normal((5, 8))
+    index = export_faiss(db, str(tmp_path / "index.faiss"))
+    _, ids = index.search(q.astype(np.float32), 3)
+    np.testing.assert_array_equal(ids, search(q, db, 3)[1])
+    assert faiss.read_index(str(tmp_path / "index.faiss")).ntotal == 40
+
+
+def test_method_names_cover_the_paper_rows():
+    assert list(METHODS) == ["raw", "pca", "esvm", "slem", "kernel"]
+
+
+@pytest.mark.slow
+def test_bench_retrieval_quick_runs(capsys):
+    import importlib.util
+    import os
+
+    path = os.path.join(os.path.dirname(__file__), "..", "benchmarks", "bench_retrieval.py")
+    spec = importlib.util.spec_from_file_location("bench_retrieval", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    assert bench.main(["--quick", "--sizes", "1000", "--no-digits", "--instances", "20"]) == 0
+    out = capsys.readouterr().out
+    assert "RATIO synthetic n=1000" in out and "E-SVM solver vs exact optimum" in out
