@@ -171,6 +171,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "query_labels (datasets.write_corpus; `demo` writes WORKDIR/corpus.zarr)")
     p.add_argument("--methods", default="raw,pca,esvm,slem", metavar="LIST",
                    help="comma-separated methods among raw, pca, esvm, slem, kernel "
+                        "(kernel: rbf, gamma 0.5, rank 256, rpcholesky) "
                         "(default: raw,pca,esvm,slem)")
     p.add_argument("--negatives", type=_positive_int, metavar="N",
                    help="fit on the first N negatives (default: all)")
