@@ -7,6 +7,7 @@ LocalCluster sized to this machine and closes it at the end.
 from __future__ import annotations
 
 import argparse
+import logging
 import math
 import os
 import sys
@@ -110,7 +111,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dim", type=_positive_int, default=128, metavar="D",
                    help="descriptor dimension (default: 128)")
     p.add_argument("--lam", type=_positive_float, default=1e-3, help="ridge lambda (default: 1e-3)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0,
+                   help="seed of the generated corpus and of the kernel pivots (default: 0)")
     _add_cluster_args(p)
 
     p = sub.add_parser("fit", help="fit a linear (or, with --kernel, kernel) SLEM model on "
@@ -197,10 +199,10 @@ def _print_table(rows: list[dict]) -> None:
     cols = list(rows[0])
     text = [[f"{r[c]:.4f}" if isinstance(r[c], float) else str(r[c]) for c in cols] for r in rows]
     widths = [max(len(c), *(len(t[i]) for t in text)) for i, c in enumerate(cols)]
-    print("  ".join(c.ljust(w) for c, w in zip(cols, widths)))
+    print("  ".join(c.ljust(w) for c, w in zip(cols, widths)).rstrip())
     print("  ".join("-" * w for w in widths))
     for t in text:
-        print("  ".join(v.ljust(w) for v, w in zip(t, widths)))
+        print("  ".join(v.ljust(w) for v, w in zip(t, widths)).rstrip())
 
 
 def _security(args):
@@ -211,6 +213,10 @@ def _security(args):
         return None
     if not all(given):
         raise ValueError("--tls-ca-file, --tls-cert and --tls-key go together; give all three")
+    for flag, path in zip(("--tls-ca-file", "--tls-cert", "--tls-key"), given):
+        if not os.path.isfile(path):
+            raise FileNotFoundError(f"{flag}: no file at {path!r}; give a PEM file "
+                                    f"(deploy/tls/make_certs.py makes a test set)")
     from distributed.security import Security
 
     return Security(tls_ca_file=args.tls_ca_file, tls_client_cert=args.tls_cert,
@@ -222,9 +228,36 @@ def _performance_report(path):
 
     if not path:
         return contextlib.nullcontext()
+    parent = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(parent):
+        raise FileNotFoundError(f"--performance-report: folder {parent!r} does not exist")
     from distributed import performance_report
 
     return performance_report(filename=path)
+
+
+def _check_inputs(args, spec) -> None:
+    """What can be checked from metadata alone, so that bad paths fail in a second
+    instead of after a cluster start-up. The jobs check again (cheaply) themselves."""
+    from . import storage
+
+    if args.command == "run":
+        from .jobspec import check_inputs
+
+        check_inputs(spec)
+    elif args.command == "fit":
+        storage.check_distinct(args.model, "--model", {"negatives": args.negatives})
+        storage.open_input(args.negatives, "negatives")
+    elif args.command == "encode":
+        from .models import load_model
+        from .validation import check_n_features
+
+        storage.check_distinct(args.out, "--out", {"positives": args.positives,
+                                                  "model": args.model})
+        model = load_model(args.model)
+        check_n_features(storage.open_input(args.positives, "positives"),
+                         model.n_features_in_, f"positives ({args.positives!r})",
+                         fitted_on=f"the model {args.model!r}")
 
 
 def _run(args) -> int:
@@ -241,7 +274,8 @@ def _run(args) -> int:
         scheduler = scheduler or spec.cluster.scheduler
         workers = workers or spec.cluster.workers
         threads = threads or spec.cluster.threads_per_worker
-    if args.command in ("search", "evaluate"):  # input errors before any cluster starts
+    _check_inputs(args, spec)  # input errors come before any cluster starts
+    if args.command in ("search", "evaluate"):
         from . import evaluation
 
         if args.command == "search":
@@ -297,14 +331,18 @@ def _run(args) -> int:
 
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
+    # Interrupting a run leaves asyncio tasks of the closing client behind; their
+    # "Task exception was never retrieved" tracebacks say nothing to a user.
+    logging.getLogger("asyncio").setLevel(logging.CRITICAL)
     try:
         return _run(args)
     except (ValueError, TypeError, FileNotFoundError, FileExistsError, OSError) as exc:
         print(f"slem-dask {args.command}: error: {exc}", file=sys.stderr)
         return EXIT_ERROR
     except KeyboardInterrupt:
-        print(f"slem-dask {args.command}: interrupted; nothing was marked complete",
-              file=sys.stderr)
+        print(f"slem-dask {args.command}: interrupted; nothing was marked complete (an "
+              f"unfinished output is kept and refused by readers: run the same command "
+              f"again to resume it)", file=sys.stderr)
         return 130
 
 

@@ -6,6 +6,7 @@ The library itself never creates a client.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 
 from distributed import Client, LocalCluster
@@ -49,10 +50,22 @@ def default_local_cluster_kwargs(n_workers: int | None = None,
 def connect(scheduler: str | None = None, n_workers: int | None = None,
             threads_per_worker: int | None = None, security=None, quiet: bool = False):
     """Yield a Client: to ``scheduler`` (or $DASK_SCHEDULER_ADDRESS) if given,
-    else to a new LocalCluster sized to this machine, closed on exit."""
+    else to a new LocalCluster sized to this machine, closed on exit.
+
+    A LocalCluster's workers log nothing below CRITICAL: task errors (bad rows,
+    say) come back to the caller as exceptions and are reported once, there.
+    """
     address = scheduler or os.environ.get("DASK_SCHEDULER_ADDRESS")
     if address:
-        client = Client(address, security=security)
+        try:
+            client = Client(address, security=security, timeout="20s")
+        except (OSError, ValueError, TypeError) as exc:
+            source = "--scheduler" if scheduler else "DASK_SCHEDULER_ADDRESS"
+            raise ConnectionError(
+                f"could not connect to the dask scheduler at {address!r} (from {source}): "
+                f"{exc}; check the address (e.g. tcp://host:8786) and that `dask scheduler` "
+                f"is running there, or omit it to use a LocalCluster on this machine"
+            ) from None
         try:
             client.register_plugin(SingleThreadedBLAS())
             yield client
@@ -60,6 +73,7 @@ def connect(scheduler: str | None = None, n_workers: int | None = None,
             client.close()
         return
     kwargs = default_local_cluster_kwargs(n_workers, threads_per_worker)
-    with LocalCluster(**kwargs, silence_logs=40 if quiet else 30) as cluster, Client(cluster) as client:
+    with LocalCluster(**kwargs, silence_logs=logging.CRITICAL) as cluster, \
+            Client(cluster) as client:
         client.register_plugin(SingleThreadedBLAS())
         yield client

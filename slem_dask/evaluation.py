@@ -13,13 +13,13 @@
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
 
 import dask
 import numpy as np
 
 from . import storage
 from ._version import __version__
+from .pipeline import JobReport, _compute
 from .retrieval import mean_average_precision, precision_recall_at_k, search
 from .validation import check_rows, is_dask_array
 
@@ -273,25 +273,6 @@ def plot_pr_curves(curves: dict, path: str, title: str = "precision-recall",
 
 # -- jobs -----------------------------------------------------------------
 
-@dataclass
-class _Report:
-    name: str
-    facts: dict = field(default_factory=dict)
-    timings: dict = field(default_factory=dict)
-
-    def lines(self) -> list[str]:
-        out = [f"{self.name}:"]
-        out += [f"  {k:<18} {v}" for k, v in self.facts.items()]
-        out += [f"  {k + ' [s]':<18} {v:.2f}" for k, v in self.timings.items()]
-        return out
-
-
-def _compute(client, obj):
-    if client is None:
-        return dask.compute(obj)[0]
-    return client.compute(obj).result()
-
-
 def check_search_inputs(queries: str, database: str, k: int):
     """Open both zarr arrays and check shapes and k, before any cluster starts."""
     q = storage.open_input(queries, "queries")
@@ -312,7 +293,7 @@ def check_search_inputs(queries: str, database: str, k: int):
 
 
 def search_job(client, queries: str, database: str, out: str, k: int = 100,
-               partition_rows: int | None = None, overwrite: bool = False) -> _Report:
+               partition_rows: int | None = None, overwrite: bool = False) -> JobReport:
     """Exact top-k of every query row against the database rows; write a zarr group.
 
     ``out`` gets arrays ``scores`` (float64) and ``indices`` (int64), each
@@ -323,13 +304,14 @@ def search_job(client, queries: str, database: str, out: str, k: int = 100,
     import zarr
 
     t0 = time.perf_counter()
+    storage.check_distinct(out, "--out", {"queries": queries, "database": database})
     q_arr, db_arr = check_search_inputs(queries, database, k)
     if not overwrite and storage._exists(out):
         raise FileExistsError(f"output {out!r} already exists; pass --overwrite to replace it")
     db = storage.dask_rows(db_arr, partition_rows)
     q = np.asarray(q_arr[...])
     t1 = time.perf_counter()
-    scores, indices = _compute(client, search(q, db, k))
+    scores, indices = _compute(client, search(q, db, k), progress=False)
     t2 = time.perf_counter()
     if storage._exists(out):
         storage._remove(out)
@@ -352,7 +334,7 @@ def search_job(client, queries: str, database: str, out: str, k: int = 100,
     except BaseException:
         storage._remove(out)
         raise
-    report = _Report("search")
+    report = JobReport("search")
     report.facts.update({"queries": str(queries), "database": str(database),
                          "rows": f"{q.shape[0]} x {db_arr.shape[0]}", "k": k,
                          "partitions": db.numblocks[0], "out": str(out)})
@@ -447,7 +429,7 @@ def evaluate_job(client, corpus: str, methods="raw,pca,esvm,slem", n_negatives: 
     queries = storage.dask_rows(q, partition_rows)
     rows, curves = evaluate_methods(negatives, database, queries, relevant, methods, k=k,
                                     p_at=p_at, params=params)
-    report = _Report("evaluate")
+    report = JobReport("evaluate")
     report.facts.update({"corpus": str(corpus), "negatives": negatives.shape[0],
                          "database": db.shape[0], "queries": q.shape[0],
                          "features": db.shape[1], "methods": ",".join(methods)})

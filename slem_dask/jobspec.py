@@ -178,6 +178,38 @@ def load_spec(path: str) -> JobSpec:
     return parse_spec(data, source=str(path))
 
 
+def check_inputs(spec: JobSpec) -> None:
+    """Check every input path of ``spec`` before a cluster starts or anything is written.
+
+    Paths inside ``[generate] path`` are skipped while that corpus does not exist yet.
+    """
+    import os
+
+    from . import storage
+    from .models import load_model
+
+    gen = spec.generate.path if spec.generate and not os.path.exists(spec.generate.path) else None
+
+    def check(key: str, fn, *args):
+        if gen and (storage._key(args[0]) + "/").startswith(storage._key(gen) + "/"):
+            return
+        try:
+            fn(*args)
+        except (ValueError, TypeError, OSError) as exc:
+            raise type(exc)(f"{spec.source}: {key}: {exc}") from None
+
+    if spec.fit is not None:
+        check("fit.negatives", storage.open_input, spec.fit.negatives, "negatives")
+        check("model.path", storage.check_distinct, spec.model.path, "model.path",
+              {"negatives": spec.fit.negatives})
+    elif spec.encode:
+        check("model.path", load_model, spec.model.path)
+    for i, step in enumerate(spec.encode):
+        check(f"encode[{i}].positives", storage.open_input, step.positives, "positives")
+        check(f"encode[{i}].out", storage.check_distinct, step.out, f"encode[{i}].out",
+              {"positives": step.positives, "model": spec.model.path})
+
+
 def run_spec(client, spec: JobSpec, overwrite: bool = False, progress: bool = False):
     """Run every step of ``spec`` on ``client``; return the job reports."""
     import os

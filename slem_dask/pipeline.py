@@ -113,11 +113,15 @@ def fit_job(client, negatives: str, model_path: str, lam: float = 1e-3, theta: f
         report.facts["model"] = str(model_path)
         report.timings["total"] = time.perf_counter() - t0
         return report
-    stats = _compute(client, scatter_statistics(x), progress) if start < arr.shape[0] else None
-    if previous is not None:
-        stats = previous if stats is None else merge_statistics(previous, stats)
-    t2 = time.perf_counter()
-    model._fit_statistics(stats, arr.dtype)
+    try:
+        stats = (_compute(client, scatter_statistics(x), progress)
+                 if start < arr.shape[0] else None)
+        if previous is not None:
+            stats = previous if stats is None else merge_statistics(previous, stats)
+        t2 = time.perf_counter()
+        model._fit_statistics(stats, arr.dtype)
+    except ValueError as exc:  # e.g. NaN rows: say which input
+        raise ValueError(f"negatives {str(negatives)!r}: {exc}") from None
     fp = model.save(model_path, overwrite=overwrite or update,
                     metadata={"source": str(negatives)})
     t3 = time.perf_counter()
@@ -138,22 +142,32 @@ def _fit_kernel_job(client, negatives: str, model_path: str, model, partition_ro
     t0 = time.perf_counter()
     model._check_params()
     arr, exists = _open_negatives(negatives, model_path, overwrite, update)
+    action = "fit"
     if exists and update and not overwrite:
         meta, _ = storage.read_model_store(model_path)
-        if (meta.get("source") == str(negatives) and meta.get("n_samples") == arr.shape[0]
-                and meta["params"] == storage.json_params(model.get_params())):
+        if meta["params"] != storage.json_params(model.get_params()):
+            raise FileExistsError(
+                f"model store {model_path!r} holds a {meta['model']} with other parameters "
+                f"({meta['params']}); --update keeps parameters: pass --overwrite to refit "
+                f"with the new ones")
+        if meta.get("source") == str(negatives) and meta.get("n_samples") == arr.shape[0]:
             report = JobReport("fit")
             report.facts.update({"negatives": str(negatives), "rows": arr.shape[0],
                                  "action": "up to date", "model": str(model_path)})
             report.timings["total"] = time.perf_counter() - t0
             return report
+        action = (f"refit (negatives now {arr.shape[0]} rows, the model had "
+                  f"{meta.get('n_samples')}; a kernel factor cannot be updated)")
     x = storage.dask_rows(arr, partition_rows)
     t1 = time.perf_counter()
-    if client is None:
-        model.fit(x)
-    else:
-        with client.as_current():
+    try:
+        if client is None:
             model.fit(x)
+        else:
+            with client.as_current():
+                model.fit(x)
+    except ValueError as exc:  # e.g. NaN rows, negative histogram values: say which input
+        raise ValueError(f"negatives {str(negatives)!r}: {exc}") from None
     t2 = time.perf_counter()
     fp = model.save(model_path, overwrite=overwrite or update,
                     metadata={"source": str(negatives)})
@@ -161,7 +175,7 @@ def _fit_kernel_job(client, negatives: str, model_path: str, model, partition_ro
     report = JobReport("fit")
     report.facts.update({
         "negatives": str(negatives), "rows": arr.shape[0], "features": arr.shape[1],
-        "dtype": str(arr.dtype), "partitions": x.numblocks[0],
+        "dtype": str(arr.dtype), "partitions": x.numblocks[0], "action": action,
         **{k: v for k, v in model.get_params().items() if k != "exact"},
         "pivots": model.rank_, "trace error": f"{model.trace_error_:.4g}",
         "passes": model.n_passes_, "model": str(model_path), "fingerprint": fp[:16],
@@ -173,6 +187,7 @@ def _fit_kernel_job(client, negatives: str, model_path: str, model, partition_ro
 
 def _open_negatives(negatives: str, model_path: str, overwrite: bool, update: bool):
     """Checks shared by every fit, before any data is read: (zarr array, model exists)."""
+    storage.check_distinct(model_path, "--model", {"negatives": negatives})
     exists = storage._exists(model_path)
     if exists and not (overwrite or update):
         raise FileExistsError(
@@ -216,6 +231,7 @@ def encode_job(client, model_path: str, positives: str, out: str, dtype: str | N
     if on_model_change not in ("fail", "reencode"):
         raise ValueError(f"on_model_change must be 'fail' or 'reencode', got {on_model_change!r}")
     t0 = time.perf_counter()
+    storage.check_distinct(out, "--out", {"positives": positives, "model": model_path})
     model = load_model(model_path)
     arr = storage.open_input(positives, "positives")
     check_n_features(arr, model.n_features_in_, f"positives ({positives!r})",
@@ -225,6 +241,9 @@ def encode_job(client, model_path: str, positives: str, out: str, dtype: str | N
         raise ValueError(f"dtype must be a float dtype (float32 or float64), got {dtype!r}")
     fingerprint = model.fingerprint_
     n_rows = int(arr.shape[0])
+    existing = storage.open_existing_output(out)
+    if partition_rows is None and existing is not None:
+        partition_rows = int(existing.chunks[0])  # a rebuild keeps the output's chunking
     width = int(getattr(model, "rank_", arr.shape[1]))  # a KernelSLEM writes r columns
     target, todo, action = _plan_output(out, arr, positives, fingerprint, out_dtype,
                                         partition_rows, overwrite, on_model_change, width)
@@ -272,11 +291,15 @@ def encode_job(client, model_path: str, positives: str, out: str, dtype: str | N
         storage.remove_stray_partials(out)  # left by writers killed mid-chunk
         storage.mark_complete(target, {"n_rows": n_rows, "stale_partition": None,
                                        "timings": report.timings, "runs": runs})
-    except BaseException:
-        # A new output that failed is removed; a resumed one keeps its finished
-        # partitions (complete stays false) so that the next run picks up there.
+    except KeyboardInterrupt:
+        raise  # finished partitions stay (complete: false): a re-run resumes
+    except BaseException as exc:
+        # A new output that failed on its data is removed; a resumed one keeps its
+        # finished partitions (complete stays false) so that the next run picks up there.
         if created:
             storage._remove(out)
+        if isinstance(exc, ValueError):  # e.g. NaN rows found by a worker: say where
+            raise ValueError(f"positives {str(positives)!r}: {exc}") from None
         raise
     return report
 

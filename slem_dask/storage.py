@@ -102,6 +102,13 @@ def open_input(path: str, name: str) -> zarr.Array:
         raise TypeError(
             f"{name}: the zarr array at {path!r} has dtype {node.dtype}; expected real numbers"
         )
+    meta = node.attrs.get(ATTR)
+    if isinstance(meta, dict) and meta.get("kind") == "encoding" and not meta.get("complete"):
+        raise ValueError(
+            f"{name}: {path!r} is an unfinished slem-dask output (the run that wrote it "
+            f"stopped part-way); run the same `slem-dask encode` again to finish it "
+            f"(it resumes), or with --overwrite to start over"
+        )
     return node
 
 
@@ -351,13 +358,30 @@ def mark_complete(arr: zarr.Array, extra: dict | None = None) -> None:
 
 
 def open_output(path: str, name: str = "encodings") -> zarr.Array:
-    """Open an output written by slem-dask, refusing one that is incomplete."""
-    arr = open_input(path, name)
-    meta = arr.attrs.get(ATTR)
-    if isinstance(meta, dict) and meta.get("kind") == "encoding" and not meta.get("complete"):
-        raise ValueError(
-            f"{name}: {path!r} is an unfinished slem-dask output (the run that wrote it "
-            f"stopped part-way); run the same `slem-dask encode` again to finish it "
-            f"(it resumes), or with --overwrite to start over"
-        )
-    return arr
+    """Open an output written by slem-dask (refused, like any input, if unfinished)."""
+    return open_input(path, name)
+
+
+def _key(path: str) -> str:
+    path = str(path)
+    if _is_local(path):
+        return os.path.realpath(os.path.abspath(_local(path)))
+    return path.rstrip("/")
+
+
+def check_distinct(target: str, flag: str, inputs: dict[str, str]) -> None:
+    """Refuse to write ``target`` where it would replace or nest in an input.
+
+    With --overwrite, writing a model or output over (or inside, or around)
+    the arrays being read would delete the user's data.
+    """
+    t = _key(target)
+    for name, source in inputs.items():
+        s = _key(source)
+        if t == s or s.startswith(t + "/") or t.startswith(s + "/"):
+            relation = ("is" if t == s else "contains" if s.startswith(t + "/")
+                        else "is inside")
+            raise ValueError(
+                f"{flag} {str(target)!r} {relation} the {name} {str(source)!r}; writing it "
+                f"would destroy the input: choose another path, e.g. a sibling such as "
+                f"{str(source).rstrip('/').rsplit('/', 1)[0]}/slem_output")

@@ -1,0 +1,118 @@
+"""What protects a user's data: outputs never overwrite inputs, unfinished outputs are
+never read, an interrupted encode stays resumable, kernel --update never changes
+parameters silently; plus the performance report and connection errors."""
+
+import numpy as np
+import pytest
+import zarr
+from distributed import Client, LocalCluster
+
+from slem_dask import KernelSLEM, LinearSLEM, load_model, pipeline, storage
+from slem_dask.cli import main
+
+
+@pytest.fixture(scope="module")
+def client():
+    with LocalCluster(n_workers=1, threads_per_worker=2, processes=False,
+                      dashboard_address=":0") as cluster, Client(cluster) as c:
+        yield c
+
+
+@pytest.fixture
+def corpus(tmp_path):
+    rng = np.random.default_rng(11)
+    group = zarr.open_group(str(tmp_path / "corpus.zarr"), mode="w")
+    for name, n in (("negatives", 400), ("database", 120)):
+        arr = group.create_array(name, shape=(n, 10), dtype="float32", chunks=(40, 10))
+        arr[...] = rng.random((n, 10)).astype("float32")
+    LinearSLEM().fit(group["negatives"][...]).save(str(tmp_path / "model.zarr"))
+    return tmp_path
+
+
+def _cli(capsys, client, *args):
+    code = main([*map(str, args), "--scheduler", client.scheduler.address, "--no-progress"])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+@pytest.mark.parametrize("out", ["corpus.zarr", "corpus.zarr/database",
+                                 "corpus.zarr/database/inner"])
+def test_encode_overwrite_never_destroys_the_input(corpus, client, capsys, out):
+    before = zarr.open_array(str(corpus / "corpus.zarr/database"))[...]
+    code, _, err = _cli(capsys, client, "encode", "--model", corpus / "model.zarr",
+                        "--positives", corpus / "corpus.zarr/database", "--out", corpus / out,
+                        "--overwrite")
+    assert code == 1 and "would destroy the input" in err and "positives" in err
+    np.testing.assert_array_equal(zarr.open_array(str(corpus / "corpus.zarr/database"))[...],
+                                  before)
+    assert "negatives" in zarr.open_group(str(corpus / "corpus.zarr"), mode="r")
+
+
+def test_fit_overwrite_never_destroys_the_negatives(corpus, client, capsys):
+    code, _, err = _cli(capsys, client, "fit", "--negatives", corpus / "corpus.zarr/negatives",
+                        "--model", corpus / "corpus.zarr/negatives", "--overwrite")
+    assert code == 1 and "--model" in err and "is the negatives" in err
+    assert zarr.open_array(str(corpus / "corpus.zarr/negatives")).shape == (400, 10)
+
+
+def test_unfinished_output_is_refused_as_input(corpus, client, capsys, monkeypatch):
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(pipeline, "_compute", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        pipeline.encode_job(client, str(corpus / "model.zarr"),
+                            str(corpus / "corpus.zarr/database"), str(corpus / "half.zarr"))
+    # interrupted: the output is kept (resumable) but marked unfinished ...
+    assert storage.output_meta(zarr.open_array(str(corpus / "half.zarr")))["complete"] is False
+    monkeypatch.undo()
+    # ... and no command reads it
+    code, _, err = _cli(capsys, client, "encode", "--model", corpus / "model.zarr",
+                        "--positives", corpus / "half.zarr", "--out", corpus / "again.zarr")
+    assert code == 1 and "unfinished slem-dask output" in err
+    assert not (corpus / "again.zarr").exists()
+    # the same command resumes it to the same result as a clean run
+    report = pipeline.encode_job(client, str(corpus / "model.zarr"),
+                                 str(corpus / "corpus.zarr/database"), str(corpus / "half.zarr"))
+    assert report.facts["action"] == "resume"
+    model = load_model(str(corpus / "model.zarr"))
+    np.testing.assert_array_equal(
+        storage.open_output(str(corpus / "half.zarr"))[...],
+        model.transform(zarr.open_array(str(corpus / "corpus.zarr/database"))[...],
+                        dtype="float32"))
+
+
+def test_kernel_update_refuses_new_parameters_and_refits_on_new_rows(corpus, client):
+    neg = str(corpus / "corpus.zarr/negatives")
+    kpath = str(corpus / "kmodel.zarr")
+    args = dict(kernel="rbf", gamma=0.5, rank=8, pivoting="rpcholesky", tol=0.0, seed=0)
+    assert pipeline.fit_job(client, neg, kpath, **args).facts["action"] == "fit"
+    assert pipeline.fit_job(client, neg, kpath, update=True, **args).facts["action"] \
+        == "up to date"
+    with pytest.raises(FileExistsError, match="other parameters.*--overwrite"):
+        pipeline.fit_job(client, neg, kpath, update=True, **{**args, "gamma": 1.0})
+    arr = zarr.open_array(neg, mode="r+")
+    arr.resize((440, 10))
+    arr[400:] = np.random.default_rng(0).random((40, 10)).astype("float32")
+    report = pipeline.fit_job(client, neg, kpath, update=True, **args)
+    assert report.facts["action"].startswith("refit (negatives now 440 rows")
+    assert isinstance(load_model(kpath), KernelSLEM) and load_model(kpath).n_samples_ == 440
+
+
+def test_performance_report_is_written(corpus, client, capsys, tmp_path):
+    report = tmp_path / "report.html"
+    code, _, err = _cli(capsys, client, "fit", "--negatives", corpus / "corpus.zarr/negatives",
+                        "--model", tmp_path / "m.zarr", "--performance-report", report)
+    assert code == 0, err
+    assert report.stat().st_size > 10_000 and b"<html" in report.read_bytes()[:2000].lower()
+
+
+def test_bad_scheduler_address_names_the_fix(corpus, capsys, monkeypatch):
+    monkeypatch.delenv("DASK_SCHEDULER_ADDRESS", raising=False)
+    code = main(["fit", "--negatives", str(corpus / "corpus.zarr/negatives"), "--model",
+                 str(corpus / "m.zarr"), "--scheduler", "127.0.0.1:notaport"])
+    err = capsys.readouterr().err
+    assert code == 1
+    assert "could not connect to the dask scheduler at '127.0.0.1:notaport'" in err
+    assert "tcp://host:8786" in err
+    assert not (corpus / "m.zarr").exists()
