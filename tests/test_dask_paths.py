@@ -80,9 +80,25 @@ def test_statistics_tree_is_bounded():
     X = da.from_array(np.zeros((100, 2)), chunks=(1, 2))
     stats = scatter_statistics(X, split_every=4)
     graph = dict(stats.__dask_graph__())
-    merges = [k for k in graph if str(k).startswith("merge_many")]
+    merges = [k for k in graph if str(k).startswith("_merge_parts")]
     # 100 leaves, merged 4 at a time: 25 + 7 + 2 + 1 merge tasks.
     assert len(merges) == 35
+
+
+def test_block_statistics_are_fused_with_the_read(tmp_path):
+    """Each block is reduced in the task that reads it: no separate read tasks whose
+    32 MB blocks would travel to another worker."""
+    import zarr
+
+    arr = zarr.create_array(str(tmp_path / "x.zarr"), shape=(100, 3), dtype="float32",
+                            chunks=(10, 3))
+    arr[...] = np.random.default_rng(0).random((100, 3))
+    stats = scatter_statistics(da.from_zarr(arr, chunks=(20, 3)))
+    graph = dict(stats.__dask_graph__())
+    names = {str(k[0] if isinstance(k, tuple) else k).split("-")[0] for k in graph}
+    assert not any(n.startswith("from") for n in names), names
+    (result,) = dask.compute(stats, scheduler="sync")
+    np.testing.assert_allclose(result.mean, arr[...].astype(np.float64).mean(axis=0))
 
 
 @pytest.mark.parametrize("chunks", list(CHUNKINGS.values()), ids=list(CHUNKINGS))

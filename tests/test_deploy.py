@@ -148,3 +148,13 @@ def test_cli_over_tls_with_generated_certificates(tmp_path):
             p.terminate()
         for p in procs:
             p.wait(timeout=30)
+
+
+def test_worker_dask_config_matches_local_clusters():
+    from slem_dask.cluster import WORKER_MALLOC
+
+    cfg = yaml.safe_load((DEPLOY / "dask" / "slem-workers.yaml").read_text())
+    environ = cfg["distributed"]["nanny"]["pre-spawn-environ"]
+    assert {f"distributed.nanny.pre-spawn-environ.{k}": v for k, v in environ.items()} \
+        == WORKER_MALLOC
+    assert "/etc/dask/slem-workers.yaml" in (DEPLOY / "docker" / "Dockerfile").read_text()

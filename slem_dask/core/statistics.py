@@ -43,6 +43,18 @@ class ScatterStats:
     def n_features(self) -> int:
         return int(self.mean.shape[0])
 
+    def to_array(self) -> np.ndarray:
+        """One float64 row [count, nonfinite, mean, scatter.ravel()]: the form a dask
+        block returns, so that reading a block and reducing it stay one task."""
+        return np.concatenate(([self.count, self.nonfinite], self.mean, self.scatter.ravel()))
+
+    @classmethod
+    def from_array(cls, packed: np.ndarray) -> "ScatterStats":
+        packed = np.asarray(packed, dtype=np.float64).ravel()
+        d = int(round((-1 + np.sqrt(1 + 4 * (packed.size - 2))) / 2))  # size = 2 + d + d^2
+        return cls(int(packed[0]), packed[2:2 + d].copy(),
+                   packed[2 + d:].reshape(d, d).copy(), int(packed[1]))
+
 
 def _centred_scatter(centred: np.ndarray) -> np.ndarray:
     """C^T C for a C-contiguous float64 block, with one BLAS-3 call.
