@@ -31,6 +31,8 @@ import numbers
 
 import numpy as np
 
+from ..validation import check_positive_float
+
 __all__ = [
     "KERNELS",
     "HISTOGRAM_KERNELS",
@@ -60,17 +62,8 @@ def check_kernel_params(kernel, gamma, degree) -> tuple[str, float, int]:
             f"kernel must be one of {', '.join(repr(k) for k in KERNELS)}; got {kernel!r}"
         )
     if kernel in _USES_GAMMA:
-        if isinstance(gamma, bool) or not isinstance(gamma, numbers.Real):
-            raise TypeError(
-                f"gamma must be a real number > 0 for kernel={kernel!r}, got {gamma!r} of "
-                f"type {type(gamma).__name__}"
-            )
-        gamma = float(gamma)
-        if not math.isfinite(gamma) or gamma <= 0:
-            raise ValueError(
-                f"gamma must be a finite number > 0 for kernel={kernel!r}, got {gamma!r}; "
-                f"for L2-normalized descriptors try gamma between 0.1 and 10"
-            )
+        gamma = check_positive_float(gamma, "gamma", f" (kernel={kernel!r}); for L2-normalized "
+                                     f"descriptors try gamma between 0.1 and 10")
     else:  # unused by this kernel: not checked, passed through as 1.0
         gamma = 1.0
     if kernel in _USES_DEGREE:
