@@ -240,17 +240,19 @@ def encode_job(client, model_path: str, positives: str, out: str, dtype: str | N
     if not np.issubdtype(out_dtype, np.floating):
         raise ValueError(f"dtype must be a float dtype (float32 or float64), got {dtype!r}")
     fingerprint = model.fingerprint_
+    encoding = model.encoding_fingerprint_  # what decides whether an output can be kept
     n_rows = int(arr.shape[0])
     existing = storage.open_existing_output(out)
     if partition_rows is None and existing is not None:
         partition_rows = int(existing.chunks[0])  # a rebuild keeps the output's chunking
     width = int(getattr(model, "rank_", arr.shape[1]))  # a KernelSLEM writes r columns
-    target, todo, action = _plan_output(out, arr, positives, fingerprint, out_dtype,
+    target, todo, action = _plan_output(out, arr, positives, encoding, out_dtype,
                                         partition_rows, overwrite, on_model_change, width)
     if target is None:
         rows = storage.row_partition(arr, partition_rows)
         target = storage.create_output(out, (arr.shape[0], width), rows, out_dtype, {
             "model": type(model).__name__, "model_fingerprint": fingerprint,
+            "encoding_fingerprint": encoding,
             "model_path": str(model_path), "params": storage.json_params(model.get_params()),
             "source": str(positives), "n_rows": n_rows, "stale_partition": None,
         }, overwrite=True)
@@ -290,6 +292,9 @@ def encode_job(client, model_path: str, positives: str, out: str, dtype: str | N
             "timings": report.timings}]
         storage.remove_stray_partials(out)  # left by writers killed mid-chunk
         storage.mark_complete(target, {"n_rows": n_rows, "stale_partition": None,
+                                       "model_fingerprint": fingerprint,
+                                       "model_path": str(model_path),
+                                       "params": storage.json_params(model.get_params()),
                                        "timings": report.timings, "runs": runs})
     except KeyboardInterrupt:
         raise  # finished partitions stay (complete: false): a re-run resumes
@@ -315,7 +320,7 @@ def _runs(indices):
     return [tuple(r) for r in runs]
 
 
-def _plan_output(out, arr, positives, fingerprint, out_dtype, partition_rows, overwrite,
+def _plan_output(out, arr, positives, encoding, out_dtype, partition_rows, overwrite,
                  on_model_change, width=None):
     """Decide what to do with an existing output: (target or None, partitions or None, action).
 
@@ -334,12 +339,12 @@ def _plan_output(out, arr, positives, fingerprint, out_dtype, partition_rows, ov
         raise FileExistsError(
             f"output {out!r} already exists and was not written by slem-dask; pass "
             f"--overwrite to replace it, or choose another path")
-    if meta.get("model_fingerprint") != fingerprint:
+    if meta.get("encoding_fingerprint") != encoding:
         if on_model_change == "reencode":
             return None, None, "re-encode (model changed)"
         raise FileExistsError(
-            f"output {out!r} was encoded with another model (fingerprint "
-            f"{str(meta.get('model_fingerprint'))[:16]}, now {fingerprint[:16]}); pass "
+            f"output {out!r} was encoded with another model (encoding fingerprint "
+            f"{str(meta.get('encoding_fingerprint'))[:16]}, now {encoding[:16]}); pass "
             f"--overwrite to re-encode it with the current model")
     problems = []
     if meta.get("source") != str(positives):

@@ -192,3 +192,25 @@ out = "{tmp_path}/data.zarr/kencoded"
     out = capsys.readouterr().out
     assert _facts(out, "fit")["action"] == "up to date"
     assert _facts(out, "encode")["action"] == "up to date"
+
+
+def test_theta_changes_no_encoding_so_outputs_are_kept(tmp_path, capsys):
+    """theta scales w* only (slem_linear.tex, eq. Wood:omega): a model refitted with another
+    theta encodes identically, and its outputs stay valid."""
+    rng = np.random.default_rng(6)
+    _write(tmp_path, rng.standard_normal((300, 12)).astype("float32"),
+           rng.standard_normal((100, 12)).astype("float32"))
+    d = f"{tmp_path}/data.zarr"
+    enc = ["encode", "--model", f"{tmp_path}/m", "--positives", f"{d}/positives", "--out",
+           f"{d}/enc", *CLUSTER]
+    assert main(["fit", "--negatives", f"{d}/negatives", "--model", f"{tmp_path}/m",
+                 *CLUSTER]) == 0
+    assert main(enc) == 0
+    assert main(["fit", "--negatives", f"{d}/negatives", "--model", f"{tmp_path}/m",
+                 "--theta", "5", "--overwrite", *CLUSTER]) == 0
+    capsys.readouterr()
+    assert main(enc) == 0
+    assert _facts(capsys.readouterr().out, "encode")["action"] == "up to date"
+    meta = storage.output_meta(zarr.open_array(f"{d}/enc"))
+    assert meta["params"]["theta"] == 5.0
+    assert meta["model_fingerprint"] == load_model(f"{tmp_path}/m").fingerprint_

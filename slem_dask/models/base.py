@@ -26,6 +26,8 @@ class SLEMEstimator:
 
     _param_names: tuple[str, ...] = ()
     _array_names: tuple[str, ...] = ()
+    #: Parameters that change exemplar() only, never transform() (LinearSLEM's theta).
+    _exemplar_only_params: tuple[str, ...] = ()
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
@@ -65,6 +67,16 @@ class SLEMEstimator:
         self._check_fitted()
         info, arrays = self._state()
         return storage.fingerprint(arrays, self.get_params())
+
+    @property
+    def encoding_fingerprint_(self) -> str:
+        """Fingerprint of what ``transform`` depends on: models that share it encode
+        identically (a LinearSLEM refitted with another theta keeps it)."""
+        self._check_fitted()
+        _, arrays = self._state()
+        params = {k: v for k, v in self.get_params().items()
+                  if k not in self._exemplar_only_params}
+        return storage.fingerprint(arrays, params)
 
     def save(self, path: str, overwrite: bool = False, metadata: dict | None = None) -> str:
         """Write the fitted model to a zarr group at ``path``; return its fingerprint.

@@ -40,6 +40,7 @@ class LinearSLEM(SLEMEstimator):
     """
 
     _param_names = ("lam", "theta")
+    _exemplar_only_params = ("theta",)
 
     def __init__(self, lam: float = 1e-3, theta: float = 1.0):
         self.lam = lam
