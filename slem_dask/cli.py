@@ -246,8 +246,15 @@ def _check_inputs(args, spec) -> None:
 
         check_inputs(spec)
     elif args.command == "fit":
-        storage.check_distinct(args.model, "--model", {"negatives": args.negatives})
-        storage.open_input(args.negatives, "negatives")
+        from .pipeline import _open_negatives
+
+        _open_negatives(args.negatives, args.model, args.overwrite, args.update)
+    elif args.command == "search":
+        storage.check_distinct(args.out, "--out", {"queries": args.queries,
+                                                  "database": args.database})
+        if storage._exists(args.out) and not args.overwrite:
+            raise FileExistsError(f"output {args.out!r} already exists; pass --overwrite to "
+                                  f"replace it")
     elif args.command == "encode":
         from .models import load_model
         from .validation import check_n_features
@@ -340,9 +347,12 @@ def main(argv=None) -> int:
         print(f"slem-dask {args.command}: error: {exc}", file=sys.stderr)
         return EXIT_ERROR
     except KeyboardInterrupt:
-        print(f"slem-dask {args.command}: interrupted; nothing was marked complete (an "
-              f"unfinished output is kept and refused by readers: run the same command "
-              f"again to resume it)", file=sys.stderr)
+        kept = {"encode": "an unfinished output, if one was started, is kept and refused by "
+                          "readers: run the same command again to resume it",
+                "run": "unfinished outputs are kept and refused by readers: run the same "
+                       "spec again to resume"}
+        print(f"slem-dask {args.command}: interrupted; nothing was marked complete ("
+              f"{kept.get(args.command, 'no model or output was written')})", file=sys.stderr)
         return 130
 
 

@@ -198,14 +198,25 @@ def check_inputs(spec: JobSpec) -> None:
         except (ValueError, TypeError, OSError) as exc:
             raise type(exc)(f"{spec.source}: {key}: {exc}") from None
 
+    width = {}  # the dimension every positive must have, once known
+
+    def features(path, name, what):
+        width[what] = storage.open_input(path, name).shape[1]
+
     if spec.fit is not None:
-        check("fit.negatives", storage.open_input, spec.fit.negatives, "negatives")
+        check("fit.negatives", features, spec.fit.negatives, "negatives", "model")
         check("model.path", storage.check_distinct, spec.model.path, "model.path",
               {"negatives": spec.fit.negatives})
     elif spec.encode:
-        check("model.path", load_model, spec.model.path)
+        check("model.path", lambda p: width.update(model=load_model(p).n_features_in_),
+              spec.model.path)
     for i, step in enumerate(spec.encode):
-        check(f"encode[{i}].positives", storage.open_input, step.positives, "positives")
+        check(f"encode[{i}].positives", features, step.positives, "positives", i)
+        if "model" in width and i in width and width[i] != width["model"]:
+            raise SpecError(
+                f"{spec.source}: encode[{i}].positives: {step.positives!r} has {width[i]} "
+                f"features but the model is fitted on {width['model']}; encode descriptors of "
+                f"the negatives' dimension")
         check(f"encode[{i}].out", storage.check_distinct, step.out, f"encode[{i}].out",
               {"positives": step.positives, "model": spec.model.path})
 

@@ -145,11 +145,14 @@ def _fit_kernel_job(client, negatives: str, model_path: str, model, partition_ro
     action = "fit"
     if exists and update and not overwrite:
         meta, _ = storage.read_model_store(model_path)
-        if meta["params"] != storage.json_params(model.get_params()):
+        given = storage.json_params(model.get_params())
+        if meta["params"] != given:
+            diff = ", ".join(f"{k}: stored {meta['params'].get(k)!r}, given {v!r}"
+                             for k, v in given.items() if meta["params"].get(k) != v)
             raise FileExistsError(
                 f"model store {model_path!r} holds a {meta['model']} with other parameters "
-                f"({meta['params']}); --update keeps parameters: pass --overwrite to refit "
-                f"with the new ones")
+                f"({diff}); --update keeps parameters: give the stored values, or pass "
+                f"--overwrite to refit with the new ones")
         if meta.get("source") == str(negatives) and meta.get("n_samples") == arr.shape[0]:
             report = JobReport("fit")
             report.facts.update({"negatives": str(negatives), "rows": arr.shape[0],
@@ -437,7 +440,7 @@ def demo_job(client, workdir: str = "slem-demo", n_negatives: int = 50_000,
     db_labels = np.asarray(group["database_labels"][...])
     q_labels = np.asarray(group["query_labels"][...])
     relevant = [np.flatnonzero(db_labels == label) for label in q_labels]
-    k = min(100, len(db_labels))
+    k = min(len(db_labels), 10_000)  # the whole ranking, as `slem-dask evaluate`
     rows = []
     for method, db_name, q_name in (("raw features", "database", "queries"),
                                     ("linear SLEM", "slem_database", "slem_queries"),

@@ -292,11 +292,13 @@ def create_output(path: str, shape: tuple[int, int], partition_rows: int, dtype,
     # a chunk behind, since a resumed run takes a present chunk as done.
     # No compressor: encodings are dense floats that zstd shrinks by ~7% while
     # tripling the time to write a chunk (benchmarks/, bench_encode.py).
-    arr = zarr.create_array(store=path, shape=shape, dtype=dtype,
-                            chunks=(max(1, partition_rows), shape[1]), overwrite=True,
-                            compressors=None, config={"write_empty_chunks": True})
-    arr.attrs[ATTR] = {"kind": "encoding", "complete": False, "package_version": __version__, **meta}
-    return arr
+    # The marker goes into the array's own metadata document, written in one piece
+    # with it: there is no moment when the array exists without "complete: false".
+    return zarr.create_array(store=path, shape=shape, dtype=dtype,
+                             chunks=(max(1, partition_rows), shape[1]), overwrite=True,
+                             compressors=None, config={"write_empty_chunks": True},
+                             attributes={ATTR: {"kind": "encoding", "complete": False,
+                                                "package_version": __version__, **meta}})
 
 
 def output_meta(arr: zarr.Array) -> dict | None:

@@ -116,3 +116,63 @@ def test_bad_scheduler_address_names_the_fix(corpus, capsys, monkeypatch):
     assert "could not connect to the dask scheduler at '127.0.0.1:notaport'" in err
     assert "tcp://host:8786" in err
     assert not (corpus / "m.zarr").exists()
+
+
+def test_output_is_born_unfinished(tmp_path):
+    """The completion marker is in the array's first metadata write: a run killed right
+    after creating its output still leaves something every reader refuses."""
+    import json
+
+    storage.create_output(str(tmp_path / "out.zarr"), (10, 3), 5, "float32", {"n_rows": 10})
+    meta = json.loads((tmp_path / "out.zarr" / "zarr.json").read_text())
+    assert meta["attributes"]["slem_dask"]["complete"] is False
+    with pytest.raises(ValueError, match="unfinished"):
+        storage.open_input(str(tmp_path / "out.zarr"), "positives")
+
+
+def _no_cluster(monkeypatch):
+    import slem_dask.cluster
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("a cluster was started before the input check")
+
+    monkeypatch.setattr(slem_dask.cluster, "connect", refuse)
+
+
+def test_existing_model_refused_before_any_cluster(corpus, capsys, monkeypatch):
+    _no_cluster(monkeypatch)
+    code = main(["fit", "--negatives", str(corpus / "corpus.zarr/negatives"), "--model",
+                 str(corpus / "model.zarr")])
+    assert code == 1 and "already exists" in capsys.readouterr().err
+
+
+def test_spec_dimension_mismatch_refused_before_any_cluster(corpus, capsys, monkeypatch):
+    _no_cluster(monkeypatch)
+    wide = zarr.create_array(str(corpus / "wide.zarr"), shape=(20, 11), dtype="float32",
+                             chunks=(10, 11))
+    wide[...] = 1.0
+    spec = corpus / "job.toml"
+    spec.write_text(f"""
+[model]
+path = "{corpus}/m2.zarr"
+[fit]
+negatives = "{corpus}/corpus.zarr/negatives"
+[[encode]]
+positives = "{corpus}/corpus.zarr/database"
+out = "{corpus}/e0.zarr"
+[[encode]]
+positives = "{corpus}/wide.zarr"
+out = "{corpus}/e1.zarr"
+""")
+    assert main(["run", str(spec)]) == 1
+    err = capsys.readouterr().err
+    assert "encode[1].positives" in err and "11 features but the model is fitted on 10" in err
+    assert not (corpus / "m2.zarr").exists() and not (corpus / "e0.zarr").exists()
+
+
+def test_kernel_update_names_the_differing_parameters(corpus, client):
+    neg = str(corpus / "corpus.zarr/negatives")
+    kpath = str(corpus / "k.zarr")
+    pipeline.fit_job(client, neg, kpath, kernel="rbf", rank=5, tol=0.0, seed=0)
+    with pytest.raises(FileExistsError, match=r"tol: stored 0.0, given 0.001"):
+        pipeline.fit_job(client, neg, kpath, kernel="rbf", rank=5, seed=0, update=True)
