@@ -249,8 +249,8 @@ def encode_job(client, model_path: str, positives: str, out: str, dtype: str | N
     if partition_rows is None and existing is not None:
         partition_rows = int(existing.chunks[0])  # a rebuild keeps the output's chunking
     width = int(getattr(model, "rank_", arr.shape[1]))  # a KernelSLEM writes r columns
-    target, todo, action = _plan_output(out, arr, positives, encoding, out_dtype,
-                                        partition_rows, overwrite, on_model_change, width)
+    target, todo, action = _plan_output(out, existing, arr, positives, encoding, out_dtype,
+                                        overwrite, on_model_change, width)
     if target is None:
         rows = storage.row_partition(arr, partition_rows)
         target = storage.create_output(out, (arr.shape[0], width), rows, out_dtype, {
@@ -323,14 +323,13 @@ def _runs(indices):
     return [tuple(r) for r in runs]
 
 
-def _plan_output(out, arr, positives, encoding, out_dtype, partition_rows, overwrite,
-                 on_model_change, width=None):
+def _plan_output(out, existing, arr, positives, encoding, out_dtype, overwrite,
+                 on_model_change, width):
     """Decide what to do with an existing output: (target or None, partitions or None, action).
 
     None as target: create a new output. None as partitions: write every
-    partition whose chunk is missing.
+    partition whose chunk is missing. ``existing``: the array at ``out``, or None.
     """
-    existing = storage.open_existing_output(out)
     if existing is None and storage._exists(out) and not overwrite:
         raise FileExistsError(
             f"output {out!r} already exists and is not a zarr array; pass --overwrite to "
@@ -352,7 +351,6 @@ def _plan_output(out, arr, positives, encoding, out_dtype, partition_rows, overw
     problems = []
     if meta.get("source") != str(positives):
         problems.append(f"it encodes {meta.get('source')!r}, not {str(positives)!r}")
-    width = arr.shape[1] if width is None else width
     if existing.shape[1] != width or existing.dtype != out_dtype:
         problems.append(f"it holds {existing.shape[1]} columns of {existing.dtype}, this run "
                         f"writes {width} of {out_dtype}")
