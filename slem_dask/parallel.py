@@ -15,7 +15,7 @@ from .core.linear import encode_rows
 from .core.statistics import ScatterStats, block_statistics, merge_many
 from .validation import check_finite_rows
 
-__all__ = ["scatter_statistics", "encode_blocks", "shared"]
+__all__ = ["scatter_statistics", "encode_blocks", "map_rows", "shared"]
 
 #: How many partial results one task of a tree reduction merges.
 SPLIT_EVERY = 8
@@ -62,10 +62,28 @@ def shared(value):
     return dask.delayed(value, pure=True, traverse=False)
 
 
-def _encode_block(block, mean, precision, out_dtype, name, block_info=None):
+def _apply_rows(block, func, out_dtype, name, *args, block_info=None):
     offset = block_info[0]["array-location"][0][0] if block_info else 0
     check_finite_rows(block, name, row_offset=offset)
-    return encode_rows(block, mean, precision, dtype=out_dtype)
+    return np.asarray(func(block, *args), dtype=out_dtype)
+
+
+def map_rows(func, x: da.Array, args: tuple, out_dim: int, out_dtype, name: str,
+             label: str) -> da.Array:
+    """Lazy ``func(block, *args)`` over the row blocks of ``x``, one task per block.
+
+    ``func`` maps (rows, d) to (rows, out_dim); rows with NaN or inf are rejected
+    with their global index (``name`` names the input in the message). ``args``
+    may hold results of :func:`shared` (one graph key each, shipped once per worker).
+    """
+    out_dtype = np.dtype(out_dtype)
+    return da.map_blocks(
+        _apply_rows, x, func, out_dtype, name, *args,
+        dtype=out_dtype,
+        chunks=(x.chunks[0], (out_dim,)),
+        meta=np.empty((0, out_dim), dtype=out_dtype),
+        name=f"{label}-" + dask.base.tokenize(x, func, args, out_dtype),
+    )
 
 
 def encode_blocks(p: da.Array, mean, precision, out_dtype, name: str = "positives") -> da.Array:
@@ -73,17 +91,5 @@ def encode_blocks(p: da.Array, mean, precision, out_dtype, name: str = "positive
 
     ``mean`` and ``precision`` may be numpy arrays or results of :func:`shared`.
     """
-    out_dtype = np.dtype(out_dtype)
-    d = p.shape[1]
-    return da.map_blocks(
-        _encode_block,
-        p,
-        mean,
-        precision,
-        out_dtype,
-        name,
-        dtype=out_dtype,
-        chunks=(p.chunks[0], (d,)),
-        meta=np.empty((0, d), dtype=out_dtype),
-        name="slem-encode-" + dask.base.tokenize(p, mean, precision, out_dtype),
-    )
+    return map_rows(encode_rows, p, (mean, precision), p.shape[1], out_dtype, name,
+                    "slem-encode")

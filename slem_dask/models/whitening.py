@@ -9,9 +9,8 @@ import numpy as np
 
 from ..core.statistics import block_statistics, covariance, merge_many
 from ..core.whitening import pca_whitening, whiten_rows
-from ..parallel import scatter_statistics, shared
+from ..parallel import map_rows, scatter_statistics, shared
 from ..validation import check_finite_rows, check_positive_float, check_rows, is_dask_array
-from ._rows import map_rows
 from .base import SLEMEstimator
 
 __all__ = ["PCAWhitening"]
