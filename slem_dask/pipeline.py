@@ -17,7 +17,7 @@ import numpy as np
 
 from . import storage
 from ._version import __version__
-from .models import KernelSLEM, LinearSLEM, load_model
+from .models import KernelSLEM, LinearSLEM, RawFeatures, load_model
 from .core.statistics import ScatterStats, merge_statistics
 from .parallel import scatter_statistics
 from .validation import check_n_features
@@ -446,18 +446,12 @@ def demo_job(client, workdir: str = "slem-demo", n_negatives: int = 50_000,
         t = time.perf_counter()
         db = storage.dask_rows(storage.open_output(f"{corpus_path}/{db_name}"))
         q = storage.open_output(f"{corpus_path}/{q_name}")[...]
-        if method == "raw features":  # cosine: the raw rows are L2-normalized
-            q = q / np.linalg.norm(q, axis=1, keepdims=True)
-            db = db / da_norm(db)
+        if method == "raw features":  # cosine: the raw rows, L2-normalized
+            raw = RawFeatures().fit(q)
+            q, db = raw.transform(q), raw.transform(db)
         _, indices = _ranked(q, db, k)
         p_at, r_at = precision_recall_at_k(indices, relevant, group_size)
         rows.append({"method": method, "mAP": mean_average_precision(indices, relevant),
                      f"P@{group_size}": p_at, "search [s]": time.perf_counter() - t})
     return rows, reports
 
-
-def da_norm(x):
-    """Row norms of a dask array, as a column (lazy)."""
-    import dask.array as da
-
-    return da.sqrt((x.astype("float64") ** 2).sum(axis=1, keepdims=True))
