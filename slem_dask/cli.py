@@ -124,7 +124,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="ridge lambda > 0 (default: 1e-3)")
     p.add_argument("--theta", type=_positive_float, default=1.0,
                    help="weight of the positive; changes only exemplar() norms (default: 1)")
-    p.add_argument("--overwrite", action="store_true", help="replace an existing model")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace an existing model written by slem-dask (refit from scratch, "
+                        "also with --update); anything else at MODEL is never deleted")
     p.add_argument("--update", action="store_true",
                    help="if MODEL was fitted on the first rows of NEGATIVES, merge the rows "
                         "appended since (reads only the new rows)")
@@ -140,16 +142,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dtype", choices=("float32", "float64"),
                    help="dtype of the output (default: the positives' float dtype)")
     p.add_argument("--overwrite", action="store_true",
-                   help="replace an existing output (without it, an unfinished output is "
-                        "resumed, appended positives are encoded, and an output of another "
-                        "model is an error)")
+                   help="replace an existing output written by slem-dask (without it, an "
+                        "unfinished output is resumed, partitions whose positives changed or "
+                        "were appended are encoded, and an output of another model is an "
+                        "error); anything else at OUT is never deleted")
     _add_partition_arg(p)
     _add_cluster_args(p)
 
     p = sub.add_parser("run", help="run a job spec (TOML): fit and encode steps, re-runnable")
     p.add_argument("spec", metavar="SPEC.toml", help="job spec, e.g. jobs/demo.toml")
     p.add_argument("--overwrite", action="store_true",
-                   help="refit the model and rebuild every output from scratch")
+                   help="refit the model and rebuild every output from scratch (only stores "
+                        "written by slem-dask are ever replaced)")
     _add_cluster_args(p)
 
     p = sub.add_parser("search", help="exact top-k of encoded queries against an encoded "
@@ -162,7 +166,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="results per query, at most the database size (default: 100)")
     p.add_argument("--out", required=True, metavar="PATH",
                    help="zarr group to write, with arrays scores (q, k) and indices (q, k)")
-    p.add_argument("--overwrite", action="store_true", help="replace an existing output")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace an existing search result written by slem-dask")
     _add_partition_arg(p)
     _add_cluster_args(p)
 
@@ -192,6 +197,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="PCA whitening regularizer added to the variances (default: 1e-6)")
     _add_partition_arg(p)
     _add_cluster_args(p)
+
+    p = sub.add_parser("verify", help="check a model, output or search result written by "
+                       "slem-dask end to end (checksums, completeness); exit 1 on any problem")
+    p.add_argument("paths", nargs="+", metavar="PATH", help="stores to check")
     return parser
 
 
@@ -211,6 +220,14 @@ def _security(args):
     given = [args.tls_ca_file, args.tls_cert, args.tls_key]
     if not any(given):
         return None
+    address = getattr(args, "scheduler_address", None)
+    if not address:
+        raise ValueError("--tls-ca-file, --tls-cert and --tls-key apply to a TLS scheduler: "
+                         "give its address with --scheduler tls://host:8786 (a LocalCluster "
+                         "needs no certificates)")
+    if not address.startswith("tls://"):
+        raise ValueError(f"--tls-* options were given but the scheduler address {address!r} "
+                         f"is not a TLS address; use --scheduler tls://HOST:PORT")
     if not all(given):
         raise ValueError("--tls-ca-file, --tls-cert and --tls-key go together; give all three")
     for flag, path in zip(("--tls-ca-file", "--tls-cert", "--tls-key"), given):
@@ -239,7 +256,7 @@ def _performance_report(path):
 def _check_inputs(args, spec) -> None:
     """What can be checked from metadata alone, so that bad paths fail in a second
     instead of after a cluster start-up. The jobs check again (cheaply) themselves."""
-    from . import storage
+    from . import integrity, storage
 
     if args.command == "run":
         from .jobspec import check_inputs
@@ -252,25 +269,41 @@ def _check_inputs(args, spec) -> None:
     elif args.command == "search":
         storage.check_distinct(args.out, "--out", {"queries": args.queries,
                                                   "database": args.database})
-        if storage._exists(args.out) and not args.overwrite:
-            raise FileExistsError(f"output {args.out!r} already exists; pass --overwrite to "
-                                  f"replace it")
+        if storage._exists(args.out):
+            if not args.overwrite:
+                raise FileExistsError(f"output {args.out!r} already exists; pass --overwrite "
+                                      f"to replace it")
+            integrity.check_may_replace(args.out, "search result")
     elif args.command == "encode":
         from .models import load_model
-        from .validation import check_n_features
+        from .pipeline import check_encode_inputs
 
-        storage.check_distinct(args.out, "--out", {"positives": args.positives,
-                                                  "model": args.model})
-        model = load_model(args.model)
-        check_n_features(storage.open_input(args.positives, "positives"),
-                         model.n_features_in_, f"positives ({args.positives!r})",
-                         fitted_on=f"the model {args.model!r}")
+        check_encode_inputs(load_model(args.model), args.model, args.positives, args.out,
+                            args.dtype, args.overwrite)
+
+
+def _verify(paths) -> int:
+    from . import storage
+
+    code = 0
+    for path in paths:
+        what, problems = storage.verify(path)
+        if problems:
+            code = EXIT_ERROR
+            print(f"{path}: {what}: {len(problems)} problem(s)")
+            for problem in problems:
+                print(f"  - {problem}")
+        else:
+            print(f"{path}: {what}: ok")
+    return code
 
 
 def _run(args) -> int:
     from . import pipeline
     from .cluster import connect
 
+    if args.command == "verify":
+        return _verify(args.paths)
     progress = sys.stdout.isatty() if args.progress is None else args.progress
     spec = None
     scheduler, workers, threads = args.scheduler, args.workers, args.threads_per_worker
@@ -281,6 +314,8 @@ def _run(args) -> int:
         scheduler = scheduler or spec.cluster.scheduler
         workers = workers or spec.cluster.workers
         threads = threads or spec.cluster.threads_per_worker
+    args.scheduler_address = scheduler or os.environ.get("DASK_SCHEDULER_ADDRESS")
+    security = _security(args)  # before any cluster starts, like every input check
     _check_inputs(args, spec)  # input errors come before any cluster starts
     if args.command in ("search", "evaluate"):
         from . import evaluation
@@ -289,7 +324,7 @@ def _run(args) -> int:
             evaluation.check_search_inputs(args.queries, args.database, args.k)
         else:
             evaluation.check_evaluate_inputs(args.corpus, args.methods, args.negatives, args.k)
-    with connect(scheduler, workers, threads, security=_security(args),
+    with connect(scheduler, workers, threads, security=security,
                  quiet=not progress) as client, _performance_report(args.performance_report):
         print(f"dask: {client.scheduler_info().get('address', '')} with "
               f"{len(client.scheduler_info()['workers'])} worker(s)", flush=True)
@@ -341,9 +376,12 @@ def main(argv=None) -> int:
     # Interrupting a run leaves asyncio tasks of the closing client behind; their
     # "Task exception was never retrieved" tracebacks say nothing to a user.
     logging.getLogger("asyncio").setLevel(logging.CRITICAL)
+    from .integrity import IntegrityError
+
     try:
         return _run(args)
-    except (ValueError, TypeError, FileNotFoundError, FileExistsError, OSError) as exc:
+    except (ValueError, TypeError, FileNotFoundError, FileExistsError, OSError,
+            IntegrityError) as exc:
         print(f"slem-dask {args.command}: error: {exc}", file=sys.stderr)
         return EXIT_ERROR
     except KeyboardInterrupt:

@@ -298,42 +298,37 @@ def search_job(client, queries: str, database: str, out: str, k: int = 100,
 
     ``out`` gets arrays ``scores`` (float64) and ``indices`` (int64), each
     (n_queries, k), best first, ties to the lower database index, and the
-    group attribute ``slem_dask`` = {kind: "search", complete: ...}; it reads
-    ``complete: true`` only once both arrays are written.
+    group attribute ``slem_dask`` = {kind: "search", complete: true}. The group
+    is written beside ``out`` and renamed into place (local stores), under a
+    lease, with a crc32c on every chunk.
     """
-    import zarr
+    from . import integrity
 
     t0 = time.perf_counter()
+    queries, database, out = map(integrity.canonical, (queries, database, out))
     storage.check_distinct(out, "--out", {"queries": queries, "database": database})
-    q_arr, db_arr = check_search_inputs(queries, database, k)
-    if not overwrite and storage._exists(out):
-        raise FileExistsError(f"output {out!r} already exists; pass --overwrite to replace it")
-    db = storage.dask_rows(db_arr, partition_rows)
-    q = np.asarray(q_arr[...])
-    t1 = time.perf_counter()
-    scores, indices = _compute(client, search(q, db, k), progress=False)
-    t2 = time.perf_counter()
+    q_arr, db_arr = check_search_inputs(str(queries), str(database), k)
     if storage._exists(out):
-        storage._remove(out)
-    try:
-        group = zarr.open_group(store=str(out), mode="w")
-        meta = {"kind": "search", "complete": False, "k": int(k), "queries": str(queries),
-                "database": str(database), "n_queries": int(q.shape[0]),
-                "n_database": int(db_arr.shape[0]), "package_version": __version__}
-        group.attrs[storage.ATTR] = meta
-        for name, data in (("scores", scores.astype(np.float64)),
-                           ("indices", indices.astype(np.int64))):
-            arr = group.create_array(name, shape=data.shape, dtype=data.dtype,
-                                     chunks=(max(1, min(len(data), 65536)), data.shape[1]))
-            arr[...] = data
+        if not overwrite:
+            raise FileExistsError(f"output {str(out)!r} already exists; pass --overwrite to "
+                                  f"replace it")
+        integrity.check_may_replace(out, "search result")
+    with integrity.Lease(out, "slem-dask search") as lease:
+        integrity.check_workers_see(client, {"database": database})
+        db = storage.dask_rows(db_arr, partition_rows, name="database")
+        q = storage.read_rows(q_arr, 0, q_arr.shape[0], "queries")
+        t1 = time.perf_counter()
+        scores, indices = _compute(client, search(q, db, k), progress=False)
+        t2 = time.perf_counter()
+        meta = {"kind": "search", "complete": True, "k": int(k), "queries": queries.url,
+                "database": database.url, "n_queries": int(q.shape[0]),
+                "n_database": int(db_arr.shape[0]), "package_version": __version__,
+                "completed": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+        storage.write_group(out, meta, {"scores": scores.astype(np.float64),
+                                        "indices": indices.astype(np.int64)},
+                            "search result", overwrite=True, lease=lease)
         t3 = time.perf_counter()
-        timings = {"open": t1 - t0, "search": t2 - t1, "write": t3 - t2, "total": t3 - t0}
-        group.attrs[storage.ATTR] = {**meta, "complete": True, "timings": timings,
-                                     "completed": time.strftime("%Y-%m-%dT%H:%M:%SZ",
-                                                                time.gmtime())}
-    except BaseException:
-        storage._remove(out)
-        raise
+    timings = {"open": t1 - t0, "search": t2 - t1, "write": t3 - t2, "total": t3 - t0}
     report = JobReport("search")
     report.facts.update({"queries": str(queries), "database": str(database),
                          "rows": f"{q.shape[0]} x {db_arr.shape[0]}", "k": k,
@@ -346,8 +341,11 @@ def open_search_result(path: str) -> tuple[np.ndarray, np.ndarray]:
     """(scores, indices) written by :func:`search_job`, refusing an unfinished one."""
     import zarr
 
+    from . import integrity
+
+    path = str(integrity.canonical(path))
     try:
-        group = zarr.open_group(store=str(path), mode="r")
+        group = zarr.open_group(store=path, mode="r")
     except FileNotFoundError:
         raise FileNotFoundError(f"search result: no zarr group at {path!r}") from None
     meta = group.attrs.get(storage.ATTR)
@@ -358,7 +356,11 @@ def open_search_result(path: str) -> tuple[np.ndarray, np.ndarray]:
             f"search result: {path!r} is unfinished (the run that wrote it stopped "
             f"part-way); run `slem-dask search` again with --overwrite"
         )
-    return np.asarray(group["scores"][...]), np.asarray(group["indices"][...])
+    if meta.get("metadata_checksum") != storage.metadata_checksum(meta):
+        raise ValueError(f"search result: the metadata of {path!r} does not match its "
+                         f"checksum; run `slem-dask search` again with --overwrite")
+    arrays = storage.read_group_arrays(group, path, "search result")
+    return arrays["scores"], arrays["indices"]
 
 
 def _open_corpus(path: str):

@@ -217,8 +217,35 @@ def check_inputs(spec: JobSpec) -> None:
                 f"{spec.source}: encode[{i}].positives: {step.positives!r} has {width[i]} "
                 f"features but the model is fitted on {width['model']}; encode descriptors of "
                 f"the negatives' dimension")
-        check(f"encode[{i}].out", storage.check_distinct, step.out, f"encode[{i}].out",
-              {"positives": step.positives, "model": spec.model.path})
+    check_paths(spec)
+
+
+def check_paths(spec: JobSpec) -> None:
+    """Every store a step writes, against every store any step reads and every other
+    store written: none may be, contain or sit inside another, so that no step
+    (with --overwrite or not) can replace another step's input. Also refuses, before
+    anything runs, a written path that holds something slem-dask did not write."""
+    from . import integrity
+
+    inputs = {}
+    if spec.fit is not None:
+        inputs["fit.negatives"] = spec.fit.negatives
+    else:
+        inputs["model.path"] = spec.model.path  # read by the encode steps only
+    for i, step in enumerate(spec.encode):
+        inputs[f"encode[{i}].positives"] = step.positives
+    outputs = {f"encode[{i}].out": step.out for i, step in enumerate(spec.encode)}
+    if spec.fit is not None:
+        outputs = {"model.path": spec.model.path, **outputs}
+    written = list(outputs.items())
+    for k, (key, path) in enumerate(written):
+        others = {name: p for name, p in written[k + 1:]}
+        try:
+            integrity.check_outside_inputs(path, key, {**inputs, **others})
+            if integrity.exists(integrity.canonical(path)):
+                integrity.check_may_replace(path, "the store at " + key)
+        except (ValueError, OSError) as exc:
+            raise type(exc)(f"{spec.source}: {exc}") from None
 
 
 def run_spec(client, spec: JobSpec, overwrite: bool = False, progress: bool = False):
@@ -227,6 +254,7 @@ def run_spec(client, spec: JobSpec, overwrite: bool = False, progress: bool = Fa
 
     from . import pipeline
 
+    check_paths(spec)
     reports = []
     if spec.generate is not None and not os.path.exists(spec.generate.path):
         from .datasets import make_corpus, write_corpus

@@ -15,8 +15,13 @@ from dataclasses import dataclass, field
 import dask
 import numpy as np
 
-from . import storage
+from concurrent.futures import CancelledError
+
+from distributed.comm.core import CommClosedError
+
+from . import integrity, storage
 from ._version import __version__
+from .integrity import canonical
 from .models import KernelSLEM, LinearSLEM, RawFeatures, load_model
 from .core.statistics import ScatterStats, merge_statistics
 from .parallel import scatter_statistics
@@ -74,6 +79,21 @@ def _settle(client, future, timeout: float = 60.0) -> None:
         pass
 
 
+class JobFailed(integrity.IntegrityError):
+    """A job stopped for a reason outside its inputs (lost scheduler, workers that do
+    not see the same storage, a store taken over); the message says what is kept."""
+
+
+#: Errors that mean the connection to the cluster is gone, not that the data is bad.
+_LOST = (CancelledError, CommClosedError, ConnectionError, TimeoutError)
+
+
+def _lost_cluster(exc: BaseException, what_is_kept: str) -> JobFailed:
+    return JobFailed(
+        f"lost the dask cluster while computing ({type(exc).__name__}: "
+        f"{str(exc) or 'no message'}); {what_is_kept}")
+
+
 def fit_job(client, negatives: str, model_path: str, lam: float = 1e-3, theta: float = 1.0,
             partition_rows: int | None = None, overwrite: bool = False,
             progress: bool = False, update: bool = False, kernel: str | None = None,
@@ -85,9 +105,12 @@ def fit_job(client, negatives: str, model_path: str, lam: float = 1e-3, theta: f
     ``rank``, ``pivoting``, ``tol``, ``seed``: see :class:`KernelSLEM`).
 
     ``update``: if ``model_path`` holds a model fitted on the first rows of this
-    same ``negatives`` array, merge the statistics of the rows appended since
-    into the stored ones (Chan et al.), without reading the old rows again.
+    same ``negatives`` array, and those rows are unchanged (their fingerprint),
+    merge the statistics of the rows appended since into the stored ones
+    (Chan et al.), without reading the old rows again. With ``overwrite`` as
+    well, the model is refitted from scratch.
     """
+    negatives, model_path = canonical(negatives), canonical(model_path)
     if kernel is not None:
         return _fit_kernel_job(client, negatives, model_path, KernelSLEM(
             kernel=kernel, gamma=gamma, degree=degree, lam=lam, rank=rank, pivoting=pivoting,
@@ -96,34 +119,43 @@ def fit_job(client, negatives: str, model_path: str, lam: float = 1e-3, theta: f
     model = LinearSLEM(lam=lam, theta=theta)
     model._check_params()
     arr, exists = _open_negatives(negatives, model_path, overwrite, update)
-    previous = _previous_statistics(model_path, negatives, arr) if exists and update else None
-    start = previous.count if previous is not None else 0
-    x = storage.dask_rows(arr, partition_rows)[start:]
-    report = JobReport("fit")
-    report.facts.update({
-        "negatives": str(negatives), "rows": arr.shape[0], "features": arr.shape[1],
-        "dtype": str(arr.dtype), "lam": lam, "theta": theta,
-        "action": "update" if previous is not None else "fit",
-        "rows read": arr.shape[0] - start,
-    })
-    t1 = time.perf_counter()
-    if previous is not None and start == arr.shape[0] and load_model(model_path).get_params() \
-            == model.get_params():
-        report.facts["action"] = "up to date"
-        report.facts["model"] = str(model_path)
-        report.timings["total"] = time.perf_counter() - t0
-        return report
-    try:
-        stats = (_compute(client, scatter_statistics(x), progress)
-                 if start < arr.shape[0] else None)
-        if previous is not None:
-            stats = previous if stats is None else merge_statistics(previous, stats)
-        t2 = time.perf_counter()
-        model._fit_statistics(stats, arr.dtype)
-    except ValueError as exc:  # e.g. NaN rows: say which input
-        raise ValueError(f"negatives {str(negatives)!r}: {exc}") from None
-    fp = model.save(model_path, overwrite=overwrite or update,
-                    metadata={"source": str(negatives)})
+    with integrity.Lease(model_path, "slem-dask fit") as lease:
+        update = update and exists and not overwrite  # --overwrite --update: refit
+        previous = _previous_statistics(model_path, negatives, arr) if update else None
+        start = previous.count if previous is not None else 0
+        n = int(arr.shape[0])
+        report = JobReport("fit")
+        report.facts.update({
+            "negatives": str(negatives), "rows": n, "features": arr.shape[1],
+            "dtype": str(arr.dtype), "lam": lam, "theta": theta,
+            "action": "update" if previous is not None else "fit", "rows read": n - start,
+        })
+        if previous is not None and start == n and \
+                load_model(model_path).get_params() == model.get_params():
+            report.facts["action"] = "up to date"
+            report.facts["model"] = str(model_path)
+            report.timings["total"] = time.perf_counter() - t0
+            return report
+        seen = integrity.rows_fingerprint(arr, negatives, "negatives", n)
+        integrity.check_workers_see(client, {"negatives": negatives})
+        x = storage.dask_rows(arr, partition_rows, name="negatives")[start:]
+        t1 = time.perf_counter()
+        try:
+            stats = (_compute(client, scatter_statistics(x), progress) if start < n else None)
+            if previous is not None:
+                stats = previous if stats is None else merge_statistics(previous, stats)
+            t2 = time.perf_counter()
+            model._fit_statistics(stats, arr.dtype)
+        except integrity.DamagedStoreError:
+            raise
+        except ValueError as exc:  # e.g. NaN rows: say which input
+            raise ValueError(f"negatives {str(negatives)!r}: {exc}") from None
+        except _LOST as exc:
+            raise _lost_cluster(exc, f"no model was written ({str(model_path)!r} is as "
+                                     f"before): run the same command again") from None
+        _check_unchanged(arr, negatives, n, seen)
+        fp = model.save(model_path, overwrite=True, lease=lease,
+                        metadata={"source": negatives.url, "negatives_fingerprint": seen})
     t3 = time.perf_counter()
     report.facts.update({"model": str(model_path), "fingerprint": fp[:16]})
     report.timings.update({"open": t1 - t0, "statistics": t2 - t1, "factor+save": t3 - t2,
@@ -131,53 +163,75 @@ def fit_job(client, negatives: str, model_path: str, lam: float = 1e-3, theta: f
     return report
 
 
-def _fit_kernel_job(client, negatives: str, model_path: str, model, partition_rows,
+def _check_unchanged(arr, path, n: int, seen: str) -> None:
+    """Refuse to record a model or output if its input changed while it was read."""
+    if integrity.rows_fingerprint(arr, path, "negatives", n) != seen:
+        raise JobFailed(
+            f"the negatives {str(path)!r} changed while this fit read them; nothing was "
+            f"written: run the fit again once the negatives are no longer being written")
+
+
+def _fit_kernel_job(client, negatives, model_path, model, partition_rows,
                     overwrite: bool, update: bool = False) -> JobReport:
     """Fit a KernelSLEM on zarr negatives: ``model.fit`` runs its rounds on ``client``.
 
     A pivoted Cholesky factor cannot absorb appended rows the way linear
     statistics can: with ``update``, a model of the same parameters fitted on
-    all current rows is kept ("up to date"), anything else is refitted.
+    all current rows, unchanged since, is kept ("up to date"); anything else is
+    refitted.
     """
     t0 = time.perf_counter()
     model._check_params()
     arr, exists = _open_negatives(negatives, model_path, overwrite, update)
-    action = "fit"
-    if exists and update and not overwrite:
-        meta, _ = storage.read_model_store(model_path)
-        given = storage.json_params(model.get_params())
-        if meta["params"] != given:
-            diff = ", ".join(f"{k}: stored {meta['params'].get(k)!r}, given {v!r}"
-                             for k, v in given.items() if meta["params"].get(k) != v)
-            raise FileExistsError(
-                f"model store {model_path!r} holds a {meta['model']} with other parameters "
-                f"({diff}); --update keeps parameters: give the stored values, or pass "
-                f"--overwrite to refit with the new ones")
-        if meta.get("source") == str(negatives) and meta.get("n_samples") == arr.shape[0]:
-            report = JobReport("fit")
-            report.facts.update({"negatives": str(negatives), "rows": arr.shape[0],
-                                 "action": "up to date", "model": str(model_path)})
-            report.timings["total"] = time.perf_counter() - t0
-            return report
-        action = (f"refit (negatives now {arr.shape[0]} rows, the model had "
-                  f"{meta.get('n_samples')}; a kernel factor cannot be updated)")
-    x = storage.dask_rows(arr, partition_rows)
-    t1 = time.perf_counter()
-    try:
-        if client is None:
-            model.fit(x)
-        else:
-            with client.as_current():
+    n = int(arr.shape[0])
+    with integrity.Lease(model_path, "slem-dask fit") as lease:
+        action = "fit"
+        seen = integrity.rows_fingerprint(arr, negatives, "negatives", n)
+        if exists and update and not overwrite:
+            meta, _ = storage.read_model_store(model_path)
+            given = storage.json_params(model.get_params())
+            if meta["params"] != given:
+                diff = ", ".join(f"{k}: stored {meta['params'].get(k)!r}, given {v!r}"
+                                 for k, v in given.items() if meta["params"].get(k) != v)
+                raise FileExistsError(
+                    f"model store {str(model_path)!r} holds a {meta['model']} with other "
+                    f"parameters ({diff}); --update keeps parameters: give the stored "
+                    f"values, or pass --overwrite to refit with the new ones")
+            if meta.get("source") == negatives.url and meta.get("n_samples") == n \
+                    and meta.get("negatives_fingerprint") == seen:
+                report = JobReport("fit")
+                report.facts.update({"negatives": str(negatives), "rows": n,
+                                     "action": "up to date", "model": str(model_path)})
+                report.timings["total"] = time.perf_counter() - t0
+                return report
+            action = (f"refit (negatives now {n} rows, the model had "
+                      f"{meta.get('n_samples')}; a kernel factor cannot be updated)"
+                      if meta.get("n_samples") != n else
+                      "refit (the negatives changed since the model was fitted)")
+        integrity.check_workers_see(client, {"negatives": negatives})
+        x = storage.dask_rows(arr, partition_rows, name="negatives")
+        t1 = time.perf_counter()
+        try:
+            if client is None:
                 model.fit(x)
-    except ValueError as exc:  # e.g. NaN rows, negative histogram values: say which input
-        raise ValueError(f"negatives {str(negatives)!r}: {exc}") from None
-    t2 = time.perf_counter()
-    fp = model.save(model_path, overwrite=overwrite or update,
-                    metadata={"source": str(negatives)})
+            else:
+                with client.as_current():
+                    model.fit(x)
+        except integrity.DamagedStoreError:
+            raise
+        except ValueError as exc:  # e.g. NaN rows, negative histogram values: say which input
+            raise ValueError(f"negatives {str(negatives)!r}: {exc}") from None
+        except _LOST as exc:
+            raise _lost_cluster(exc, f"no model was written ({str(model_path)!r} is as "
+                                     f"before): run the same command again") from None
+        t2 = time.perf_counter()
+        _check_unchanged(arr, negatives, n, seen)
+        fp = model.save(model_path, overwrite=True, lease=lease,
+                        metadata={"source": negatives.url, "negatives_fingerprint": seen})
     t3 = time.perf_counter()
     report = JobReport("fit")
     report.facts.update({
-        "negatives": str(negatives), "rows": arr.shape[0], "features": arr.shape[1],
+        "negatives": str(negatives), "rows": n, "features": arr.shape[1],
         "dtype": str(arr.dtype), "partitions": x.numblocks[0], "action": action,
         **{k: v for k, v in model.get_params().items() if k != "exact"},
         "pivots": model.rank_, "trace error": f"{model.trace_error_:.4g}",
@@ -188,34 +242,44 @@ def _fit_kernel_job(client, negatives: str, model_path: str, model, partition_ro
     return report
 
 
-def _open_negatives(negatives: str, model_path: str, overwrite: bool, update: bool):
+def _open_negatives(negatives, model_path, overwrite: bool, update: bool):
     """Checks shared by every fit, before any data is read: (zarr array, model exists)."""
+    negatives, model_path = canonical(negatives), canonical(model_path)
     storage.check_distinct(model_path, "--model", {"negatives": negatives})
     exists = storage._exists(model_path)
     if exists and not (overwrite or update):
         raise FileExistsError(
-            f"model store {model_path!r} already exists; pass --overwrite to replace it, "
-            f"or --update to add the negatives appended since it was fitted")
+            f"model store {str(model_path)!r} already exists; pass --overwrite to replace "
+            f"it, or --update to add the negatives appended since it was fitted")
+    if exists:
+        integrity.check_may_replace(model_path, "model store")
     arr = storage.open_input(negatives, "negatives")
     if arr.shape[0] < 2:
         raise ValueError(
-            f"negatives: {negatives!r} has shape {arr.shape}; at least 2 rows are needed")
+            f"negatives: {str(negatives)!r} has shape {arr.shape}; at least 2 rows are needed")
     return arr, exists
 
 
-def _previous_statistics(model_path: str, negatives: str, arr) -> ScatterStats:
-    """The statistics stored in a model, checked to be those of the first rows of ``arr``."""
+def _previous_statistics(model_path, negatives, arr) -> ScatterStats:
+    """The statistics stored in a model, checked to be those of the first rows of ``arr``,
+    unchanged since they were merged."""
     meta, _ = storage.read_model_store(model_path)
     old = load_model(model_path)
     if not isinstance(old, LinearSLEM):
-        raise ValueError(f"--update needs a LinearSLEM model; {model_path!r} holds {meta['model']}")
-    if meta.get("source") != str(negatives) or old.n_features_in_ != arr.shape[1] \
+        raise ValueError(f"--update needs a LinearSLEM model; {str(model_path)!r} holds "
+                         f"{meta['model']}: pass --overwrite to refit")
+    if meta.get("source") != negatives.url or old.n_features_in_ != arr.shape[1] \
             or old.n_samples_ > arr.shape[0]:
         raise ValueError(
-            f"--update: the model {model_path!r} was fitted on {old.n_samples_} rows of "
+            f"--update: the model {str(model_path)!r} was fitted on {old.n_samples_} rows of "
             f"{meta.get('source')!r} with {old.n_features_in_} features, which is not a prefix "
-            f"of {str(negatives)!r} (shape {arr.shape}); fit from scratch with --overwrite")
-    # Row counts identify the old rows: --update assumes rows are only ever appended.
+            f"of {negatives.url!r} (shape {arr.shape}); fit from scratch with --overwrite")
+    now = integrity.rows_fingerprint(arr, negatives, "negatives", old.n_samples_)
+    if meta.get("negatives_fingerprint") != now:
+        raise ValueError(
+            f"--update: the first {old.n_samples_} rows of {str(negatives)!r}, already merged "
+            f"into {str(model_path)!r}, changed since (rewritten, truncated or replaced); "
+            f"merging would count old and new values: refit with --overwrite")
     return ScatterStats(old.n_samples_, old.mean_, old.covariance_ * old.n_samples_)
 
 
@@ -225,91 +289,200 @@ def encode_job(client, model_path: str, positives: str, out: str, dtype: str | N
     """Encode the zarr array ``positives`` with the model at ``model_path`` into ``out``.
 
     Re-running the same command resumes: an output left unfinished by a killed
-    run gets only its missing partitions; rows appended to ``positives`` since
-    the last complete run get encoded (and the one partition they extend), the
-    rest is kept. An output written with another model is refused
-    (``on_model_change="fail"``, the CLI default) unless ``overwrite``; with
-    ``on_model_change="reencode"`` (job specs) it is rebuilt.
+    run gets only its missing partitions; partitions whose input rows changed
+    (by the store listing) or whose chunk is missing or damaged are encoded
+    again; rows appended to ``positives`` get encoded. An output written with
+    another model is refused (``on_model_change="fail"``, the CLI default)
+    unless ``overwrite``; with ``on_model_change="reencode"`` (job specs) it is
+    rebuilt. ``complete: true`` is written only after the client has checked
+    that every partition is in the store with the checksum its task wrote.
     """
     if on_model_change not in ("fail", "reencode"):
         raise ValueError(f"on_model_change must be 'fail' or 'reencode', got {on_model_change!r}")
     t0 = time.perf_counter()
-    storage.check_distinct(out, "--out", {"positives": positives, "model": model_path})
+    model_path, positives, out = canonical(model_path), canonical(positives), canonical(out)
     model = load_model(model_path)
-    arr = storage.open_input(positives, "positives")
-    check_n_features(arr, model.n_features_in_, f"positives ({positives!r})",
-                     fitted_on=f"the model {model_path!r}")
-    out_dtype = np.dtype(dtype or (arr.dtype if np.issubdtype(arr.dtype, np.floating) else "float64"))
-    if not np.issubdtype(out_dtype, np.floating):
-        raise ValueError(f"dtype must be a float dtype (float32 or float64), got {dtype!r}")
+    arr, out_dtype, width = check_encode_inputs(model, model_path, positives, out, dtype,
+                                                overwrite, on_model_change)
     fingerprint = model.fingerprint_
     encoding = model.encoding_fingerprint_  # what decides whether an output can be kept
     n_rows = int(arr.shape[0])
-    existing = storage.open_existing_output(out)
-    if partition_rows is None and existing is not None:
-        partition_rows = int(existing.chunks[0])  # a rebuild keeps the output's chunking
-    width = int(getattr(model, "rank_", arr.shape[1]))  # a KernelSLEM writes r columns
-    target, todo, action = _plan_output(out, existing, arr, positives, encoding, out_dtype,
-                                        overwrite, on_model_change, width)
-    if target is None:
-        rows = storage.row_partition(arr, partition_rows)
-        target = storage.create_output(out, (arr.shape[0], width), rows, out_dtype, {
-            "model": type(model).__name__, "model_fingerprint": fingerprint,
-            "encoding_fingerprint": encoding,
-            "model_path": str(model_path), "params": storage.json_params(model.get_params()),
-            "source": str(positives), "n_rows": n_rows, "stale_partition": None,
-        }, overwrite=True)
-        created = True
-    else:
-        created = False
-    rows = int(target.chunks[0])
-    n_parts = -(-n_rows // rows)
-    if created:
-        todo = list(range(n_parts))
-    t1 = time.perf_counter()
-    report = JobReport("encode")
-    report.facts.update({
-        "positives": str(positives), "rows": n_rows, "features": arr.shape[1],
-        "partitions": f"{len(todo)} encoded of {n_parts}", "action": action,
-        "model": str(model_path), "fingerprint": fingerprint[:16], "out": str(out),
-        "out dtype": out_dtype.name,
-    })
-    try:
-        if todo:
-            import dask.array as da
-
-            z = model.transform(da.from_zarr(arr, chunks=(rows, arr.shape[1])), dtype=out_dtype)
-            # One store per run of consecutive partitions: a store per partition makes
-            # graph construction grow faster than linearly (4000 partitions: 14 s vs 1 s).
-            spans = [(a * rows, min(n_rows, (b + 1) * rows)) for a, b in _runs(todo)]
-            _compute(client, da.store([z[lo:hi] for lo, hi in spans], [target] * len(spans),
-                                      regions=[(slice(lo, hi), slice(None)) for lo, hi in spans],
-                                      lock=False, compute=False), progress)
-        t2 = time.perf_counter()
-        report.timings.update({"open": t1 - t0, "encode+write": t2 - t1, "total": t2 - t0})
-        meta = storage.output_meta(target) or {}
-        runs = (meta.get("runs") or [])[-19:] + [{
-            "finished": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-            "action": action, "rows": n_rows, "partitions_encoded": len(todo),
-            "model_fingerprint": fingerprint, "package_version": __version__,
-            "timings": report.timings}]
-        storage.remove_stray_partials(out)  # left by writers killed mid-chunk
-        storage.mark_complete(target, {"n_rows": n_rows, "stale_partition": None,
-                                       "model_fingerprint": fingerprint,
-                                       "model_path": str(model_path),
-                                       "params": storage.json_params(model.get_params()),
-                                       "timings": report.timings, "runs": runs})
-    except KeyboardInterrupt:
-        raise  # finished partitions stay (complete: false): a re-run resumes
-    except BaseException as exc:
-        # A new output that failed on its data is removed; a resumed one keeps its
-        # finished partitions (complete stays false) so that the next run picks up there.
+    with integrity.Lease(out, "slem-dask encode") as lease:
+        existing = storage.open_existing_output(out)
+        target, action = _plan_output(out, existing, arr, positives, encoding, out_dtype,
+                                      overwrite, on_model_change, width)
+        created = target is None
         if created:
-            storage._remove(out)
-        if isinstance(exc, ValueError):  # e.g. NaN rows found by a worker: say where
+            if partition_rows is None and existing is not None:
+                partition_rows = int(existing.chunks[0])  # a rebuild keeps the chunking
+            rows = storage.row_partition(arr, partition_rows)
+        else:
+            rows = int(target.chunks[0])
+        n_parts = -(-n_rows // rows)
+        inputs = integrity.partition_fingerprints(arr, positives, "positives", rows)
+        if created:
+            target = storage.create_output(out, (n_rows, width), rows, out_dtype, {
+                "model": type(model).__name__, "model_fingerprint": fingerprint,
+                "encoding_fingerprint": encoding, "model_path": model_path.url,
+                "params": storage.json_params(model.get_params()),
+                "source": positives.url, "n_rows": n_rows, "input_partitions": inputs,
+                "partition_crc32c": [None] * n_parts}, overwrite=True)
+            todo, crcs = list(range(n_parts)), [None] * n_parts
+        else:
+            todo, crcs = _reconcile(target, inputs, n_parts)
+        t1 = time.perf_counter()
+        report = JobReport("encode")
+        report.facts.update({
+            "positives": str(positives), "rows": n_rows, "features": arr.shape[1],
+            "partitions": f"{len(todo)} encoded of {n_parts}", "action": action,
+            "model": str(model_path), "fingerprint": fingerprint[:16], "out": str(out),
+            "out dtype": out_dtype.name,
+        })
+        meta = storage.output_meta(target) or {}
+        if not created and not todo and meta.get("complete") and meta.get("n_rows") == n_rows:
+            report.facts["action"] = "up to date"  # no partition written
+            if meta.get("model_fingerprint") != fingerprint:
+                # a model that encodes identically (theta changed): record which one it is
+                storage.update_meta(target, model_fingerprint=fingerprint,
+                                    model_path=model_path.url,
+                                    params=storage.json_params(model.get_params()))
+                report.facts["action"] = "up to date (model metadata updated)"
+            report.timings["total"] = time.perf_counter() - t0
+            return report
+        if not created:
+            if not todo:
+                report.facts["action"] = "verified"
+            if target.shape[0] != n_rows:
+                target.resize((n_rows, width))
+            storage.update_meta(target, complete=False, n_rows=n_rows, input_partitions=inputs,
+                                partition_crc32c=crcs)
+        try:
+            integrity.check_workers_see(client, {"positives": positives, "output": out})
+            if todo:
+                written = _compute(client, _write_partitions(model, arr, target, todo, rows,
+                                                             out_dtype), progress)
+                for index, crc in np.asarray(written).reshape(-1, 2).tolist():
+                    crcs[int(index)] = int(crc)
+            t2 = time.perf_counter()
+            _verify_partitions(target, out, crcs)
+            if integrity.partition_fingerprints(arr, positives, "positives", rows) != inputs:
+                raise JobFailed(
+                    f"the positives {str(positives)!r} changed while they were encoded; "
+                    f"{str(out)!r} is kept unfinished: run the same command again")
+            report.timings.update({"open": t1 - t0, "encode+write": t2 - t1,
+                                   "total": time.perf_counter() - t0})
+            runs = (meta.get("runs") or [])[-19:] + [{
+                "finished": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                "action": report.facts["action"], "rows": n_rows,
+                "partitions_encoded": len(todo), "model_fingerprint": fingerprint,
+                "package_version": __version__, "timings": report.timings}]
+            storage.remove_stray_partials(out)  # left by writers killed mid-chunk
+            lease.check()  # still the one writer: no other job took the output over
+            storage.mark_complete(target, {"n_rows": n_rows, "model_fingerprint": fingerprint,
+                                           "model_path": model_path.url,
+                                           "params": storage.json_params(model.get_params()),
+                                           "partition_crc32c": crcs, "timings": report.timings,
+                                           "runs": runs})
+        except KeyboardInterrupt:
+            raise  # finished partitions stay (complete: false): a re-run resumes
+        except integrity.DamagedStoreError:
+            raise
+        except ValueError as exc:  # e.g. NaN rows found by a worker: say where
+            # A new output that failed on its data is removed (once no task writes any
+            # more); a resumed one keeps its finished partitions for the next run.
+            if created:
+                storage._remove(out)
             raise ValueError(f"positives {str(positives)!r}: {exc}") from None
-        raise
+        except _LOST as exc:
+            raise _lost_cluster(exc, f"the partitions already written to {str(out)!r} are "
+                                     f"kept (complete: false): run the same command again "
+                                     f"to resume") from None
+        except OSError as exc:
+            if integrity.is_out_of_space(exc):
+                raise JobFailed(
+                    f"no space left on the storage of {str(out)!r} ({exc}); the partitions "
+                    f"already written are kept (complete: false): free space, then run the "
+                    f"same command again to resume") from None
+            raise
     return report
+
+
+def check_encode_inputs(model, model_path, positives, out, dtype=None, overwrite=False,
+                        on_model_change="fail"):
+    """Every check of an encode that needs no data: (positives array, output dtype,
+    output width). Run by the command line before a cluster starts, and by the job."""
+    model_path, positives, out = canonical(model_path), canonical(positives), canonical(out)
+    storage.check_distinct(out, "--out", {"positives": positives, "model": model_path})
+    arr = storage.open_input(positives, "positives")
+    check_n_features(arr, model.n_features_in_, f"positives ({str(positives)!r})",
+                     fitted_on=f"the model {str(model_path)!r}")
+    out_dtype = np.dtype(dtype or (arr.dtype if np.issubdtype(arr.dtype, np.floating)
+                                   else "float64"))
+    if not np.issubdtype(out_dtype, np.floating):
+        raise ValueError(f"dtype must be a float dtype (float32 or float64), got {dtype!r}")
+    width = int(getattr(model, "rank_", arr.shape[1]))  # a KernelSLEM writes r columns
+    _plan_output(out, storage.open_existing_output(out), arr, positives,
+                 model.encoding_fingerprint_, out_dtype, overwrite, on_model_change, width)
+    return arr, out_dtype, width
+
+
+def _write_partitions(model, arr, target, todo: list[int], rows: int, out_dtype):
+    """Lazy (len(todo), 2) array of [partition, crc32c]: each task reads, encodes and
+    writes one partition (fused by dask into one task), and returns its checksum."""
+    import dask.array as da
+
+    z = model.transform(storage.dask_rows(arr, rows, name="positives", exact=True),
+                        dtype=out_dtype)
+    part = z.blocks[todo]
+    index = da.from_array(np.asarray(todo, dtype=np.int64)[:, None], chunks=1)
+    return da.blockwise(_write_block, "ij", part, "ij", index, "ij", target,
+                        None, align_arrays=False, adjust_chunks={"i": 1, "j": 2},
+                        dtype=np.int64, meta=np.empty((0, 2), dtype=np.int64))
+
+
+def _write_block(block, index, target):
+    return storage.write_partition(block, target, int(index[0, 0]))
+
+
+def _reconcile(target, inputs: list[str], n_parts: int) -> tuple[list[int], list]:
+    """Which partitions of an existing output must be (re-)encoded, and the crc32c of
+    each partition that can be kept. Chunks of partitions to encode again are deleted
+    first, so that a chunk present later is always one written from ``inputs``."""
+    meta = storage.output_meta(target) or {}
+    old_inputs = meta.get("input_partitions") or []
+    old_crcs = meta.get("partition_crc32c") or []
+    todo, crcs = [], []
+    for i in range(n_parts):
+        same_input = i < len(old_inputs) and old_inputs[i] == inputs[i]
+        recorded = old_crcs[i] if i < len(old_crcs) else None
+        if same_input and recorded is not None:
+            if integrity.stored_crc32c(target, i) == recorded:
+                crcs.append(recorded)
+                continue
+        elif same_input:  # written by an interrupted run from these same input rows
+            crc = integrity.self_consistent_crc32c(target, i)
+            if crc is not None:
+                crcs.append(crc)
+                continue
+        if integrity.stored_crc32c(target, i) is not None:
+            integrity.delete_chunk(target, i)
+        crcs.append(None)
+        todo.append(i)
+    return todo, crcs
+
+
+def _verify_partitions(target, out, crcs: list) -> None:
+    """Every partition present, as this client reads the store, with the crc32c its
+    task computed from the encodings it wrote."""
+    bad = [i for i, crc in enumerate(crcs)
+           if crc is None or integrity.stored_crc32c(target, i) != crc]
+    if bad:
+        shown = ", ".join(map(str, bad[:5])) + (", ..." if len(bad) > 5 else "")
+        raise JobFailed(
+            f"output {str(out)!r}: {len(bad)} partition(s) ({shown}) are missing or differ "
+            f"from what the workers wrote, as this client reads the store: the workers do "
+            f"not write to the storage this client sees; nothing was marked complete. Make "
+            f"every worker mount the same storage at the same path, then run again")
 
 
 def _runs(indices):
@@ -325,32 +498,34 @@ def _runs(indices):
 
 def _plan_output(out, existing, arr, positives, encoding, out_dtype, overwrite,
                  on_model_change, width):
-    """Decide what to do with an existing output: (target or None, partitions or None, action).
-
-    None as target: create a new output. None as partitions: write every
-    partition whose chunk is missing. ``existing``: the array at ``out``, or None.
-    """
-    if existing is None and storage._exists(out) and not overwrite:
-        raise FileExistsError(
-            f"output {out!r} already exists and is not a zarr array; pass --overwrite to "
-            f"replace it, or choose another path")
-    if existing is None or overwrite:
-        return None, None, "create"
+    """Decide what to do with what is at ``out``: (existing output to update, or None
+    to create a new one; action). Refuses to replace anything slem-dask did not write."""
+    if existing is None and storage._exists(out):
+        if not overwrite:
+            raise FileExistsError(
+                f"output {str(out)!r} already exists and is not a zarr array; choose "
+                f"another path")
+        integrity.check_may_replace(out, "output")
+    if existing is None:
+        return None, "create"
     meta = storage.output_meta(existing)
     if meta is None:
         raise FileExistsError(
-            f"output {out!r} already exists and was not written by slem-dask; pass "
-            f"--overwrite to replace it, or choose another path")
+            f"output {str(out)!r} already exists and was not written by slem-dask; "
+            f"slem-dask never replaces what it did not write, even with --overwrite: "
+            f"choose another path")
+    if overwrite:
+        return None, "create"
     if meta.get("encoding_fingerprint") != encoding:
         if on_model_change == "reencode":
-            return None, None, "re-encode (model changed)"
+            return None, "re-encode (model changed)"
         raise FileExistsError(
-            f"output {out!r} was encoded with another model (encoding fingerprint "
+            f"output {str(out)!r} was encoded with another model (encoding fingerprint "
             f"{str(meta.get('encoding_fingerprint'))[:16]}, now {encoding[:16]}); pass "
             f"--overwrite to re-encode it with the current model")
     problems = []
-    if meta.get("source") != str(positives):
-        problems.append(f"it encodes {meta.get('source')!r}, not {str(positives)!r}")
+    if meta.get("source") != positives.url:
+        problems.append(f"it encodes {meta.get('source')!r}, not {positives.url!r}")
     if existing.shape[1] != width or existing.dtype != out_dtype:
         problems.append(f"it holds {existing.shape[1]} columns of {existing.dtype}, this run "
                         f"writes {width} of {out_dtype}")
@@ -358,22 +533,11 @@ def _plan_output(out, existing, arr, positives, encoding, out_dtype, overwrite,
         problems.append(f"the positives shrank from {existing.shape[0]} to {arr.shape[0]} rows")
     if problems:
         raise FileExistsError(
-            f"output {out!r} cannot be resumed: {'; '.join(problems)}; pass --overwrite to "
-            f"rebuild it")
-    rows = int(existing.chunks[0])
-    n_new = int(arr.shape[0])
-    n_old = int(existing.shape[0])
-    stale = meta.get("stale_partition")
-    if meta.get("complete") and n_new == n_old:
-        return existing, [], "up to date"
-    if n_new > n_old:
-        if n_old % rows:
-            stale = n_old // rows  # its chunk holds only the old rows
-        storage.update_meta(existing, complete=False, stale_partition=stale)
-        existing.resize((n_new, existing.shape[1]))
-    todo = [i for i in range(-(-n_new // rows))
-            if i == stale or not storage.partition_written(existing, i)]
-    return existing, todo, "append" if n_new > n_old else "resume"
+            f"output {str(out)!r} cannot be resumed: {'; '.join(problems)}; pass --overwrite "
+            f"to rebuild it")
+    if arr.shape[0] > existing.shape[0]:
+        return existing, "append"
+    return existing, "resume" if not meta.get("complete") else "update"
 
 
 
@@ -444,8 +608,9 @@ def demo_job(client, workdir: str = "slem-demo", n_negatives: int = 50_000,
                                     ("linear SLEM", "slem_database", "slem_queries"),
                                     ("rbf kernel SLEM", "kslem_database", "kslem_queries")):
         t = time.perf_counter()
-        db = storage.dask_rows(storage.open_output(f"{corpus_path}/{db_name}"))
-        q = storage.open_output(f"{corpus_path}/{q_name}")[...]
+        db = storage.dask_rows(storage.open_output(f"{corpus_path}/{db_name}"),
+                               name="database")
+        q = storage.read_all(f"{corpus_path}/{q_name}", "queries")
         if method == "raw features":  # cosine: the raw rows, L2-normalized
             raw = RawFeatures().fit(q)
             q, db = raw.transform(q), raw.transform(db)

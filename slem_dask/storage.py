@@ -9,7 +9,9 @@ Layout and contracts (see README, "Zarr layout"):
   ``complete: false`` while it is written and ``complete: true`` at the end.
 
 Readers refuse a model or output that is not marked complete, so a run that
-dies part-way never leaves something that looks valid.
+dies part-way never leaves something that looks valid. The rules that make
+"complete" mean "right" (canonical paths, leases, checksums, fingerprints,
+what may be deleted) live in :mod:`slem_dask.integrity`.
 """
 
 from __future__ import annotations
@@ -22,10 +24,13 @@ import time
 import uuid
 from typing import Any
 
+import dask
 import numpy as np
 import zarr
 
+from . import integrity
 from ._version import __version__
+from .integrity import canonical
 
 __all__ = [
     "ATTR",
@@ -40,35 +45,23 @@ __all__ = [
     "open_output",
 ]
 
-ATTR = "slem_dask"
-MODEL_FORMAT_VERSION = 1
+ATTR = integrity.ATTR
+MODEL_FORMAT_VERSION = 2
+
+#: Every chunk slem-dask writes ends in a crc32c of its bytes (zarr v3 codec).
+CHECKSUM = [zarr.codecs.Crc32cCodec()]
 
 #: Bytes of input per dask partition when the caller does not choose.
 DEFAULT_PARTITION_BYTES = 64 * 2**20
 
 
-def _is_local(path: str) -> bool:
-    return "://" not in str(path) or str(path).startswith("file://")
-
-
-def _local(path: str) -> str:
-    path = str(path)
-    return path[len("file://"):] if path.startswith("file://") else path
-
-
-def _exists(path: str) -> bool:
-    if _is_local(path):
-        return os.path.exists(_local(path))
-    try:
-        zarr.open(store=path, mode="r")
-        return True
-    except (FileNotFoundError, KeyError, ValueError):
-        return False
+def _exists(path) -> bool:
+    return integrity.exists(canonical(path))
 
 
 def open_input(path: str, name: str) -> zarr.Array:
     """Open an existing 2-D zarr array for reading, with a clear error otherwise."""
-    path = str(path)
+    path = str(canonical(path))
     try:
         node = zarr.open(store=path, mode="r")
     except FileNotFoundError:
@@ -133,12 +126,73 @@ def row_partition(arr: zarr.Array, partition_rows: int | None = None,
     return int(min(max(arr.shape[0], 1), multiple * unit)) if arr.shape[0] else unit
 
 
-def dask_rows(arr: zarr.Array, partition_rows: int | None = None):
-    """A dask array over the rows of ``arr``, whole rows per block."""
+def dask_rows(arr: zarr.Array, partition_rows: int | None = None, name: str = "input",
+              exact: bool = False):
+    """A dask array over the rows of ``arr``, whole rows per block.
+
+    ``partition_rows`` is rounded up to whole storage units (chunks or shards),
+    unless ``exact`` (to match an existing output's chunks).
+
+    Each task checks that every chunk it reads is in the store (zarr would read
+    a missing chunk as fill values) and names the store and chunk of any chunk
+    that fails its checksum or cannot be decoded.
+    """
     import dask.array as da
 
-    rows = row_partition(arr, partition_rows)
-    return da.from_zarr(arr, chunks=(rows, arr.shape[1]))
+    rows = int(partition_rows) if exact else row_partition(arr, partition_rows)
+    n, d = arr.shape
+    chunks = (tuple(min(rows, n - lo) for lo in range(0, n, rows)), (d,))
+    return da.map_blocks(_read_rows, arr, name, chunks=chunks, dtype=arr.dtype,
+                         meta=np.empty((0, d), dtype=arr.dtype),
+                         name="slem-read-" + dask.base.tokenize(
+                             str(arr.store_path), arr.metadata.to_dict(), rows, name))
+
+
+def _read_rows(arr: zarr.Array, name: str, block_info=None) -> np.ndarray:
+    (lo, hi), _ = block_info[None]["array-location"]
+    return read_rows(arr, lo, hi, name)
+
+
+def read_rows(arr: zarr.Array, lo: int, hi: int, name: str = "input") -> np.ndarray:
+    """Rows [lo, hi) of ``arr``: refused if a chunk is missing, named if one is corrupt."""
+    from zarr.core.sync import sync
+
+    store = arr.store_path.store
+    for key, a, b in integrity.chunk_keys_for_rows(arr, lo, hi):
+        if not sync(store.exists(key)):
+            raise integrity.missing_chunk_error(name, _where(arr), key, a, b)
+    try:
+        return np.asarray(arr[lo:hi])
+    except Exception as exc:  # noqa: BLE001 - find and name the damaged chunk
+        for key, a, b in integrity.chunk_keys_for_rows(arr, lo, hi):
+            try:
+                arr[a:b]
+            except Exception as inner:  # noqa: BLE001
+                raise integrity.CorruptChunkError(
+                    f"{name} {_where(arr)!r}: chunk {key!r} (rows {a}-{b - 1}) cannot be read "
+                    f"({_reason(inner)}); the store is damaged: restore that chunk, or "
+                    f"rewrite (slem-dask outputs: re-run with --overwrite)") from None
+        raise exc
+
+
+def _where(arr: zarr.Array) -> str:
+    root = str(arr.store_path.store).replace("file://", "")
+    return f"{root.rstrip('/')}/{arr.path}" if arr.path else root
+
+
+def _reason(exc: BaseException) -> str:
+    text = str(exc)
+    if "checksum" in text.lower():
+        return "its crc32c checksum does not match its bytes"
+    if "reshape" in text or "buffer" in text.lower() or "size" in text.lower():
+        return f"its size is wrong, it is truncated ({type(exc).__name__}: {text})"
+    return f"{type(exc).__name__}: {text}"
+
+
+def read_all(path, name: str = "encodings") -> np.ndarray:
+    """A whole (small) array, with missing or corrupt chunks named."""
+    arr = open_input(path, name)
+    return read_rows(arr, 0, arr.shape[0], name)
 
 
 def json_params(params: dict[str, Any]) -> dict[str, Any]:
@@ -165,42 +219,79 @@ def fingerprint(arrays: dict[str, np.ndarray], params: dict[str, Any]) -> str:
     return h.hexdigest()
 
 
-def _check_overwrite(path: str, overwrite: bool, what: str, flag: str) -> None:
+def _check_overwrite(path, overwrite: bool, what: str, flag: str) -> None:
     if _exists(path) and not overwrite:
         raise FileExistsError(
-            f"{what} {path!r} already exists; pass {flag} to replace it, or choose "
-            f"another path"
-        )
+            f"{what} {str(canonical(path))!r} already exists; pass {flag} to replace it, or "
+            f"choose another path")
+    integrity.check_may_replace(path, what, flag)
 
 
-def _remove(path: str) -> None:
-    if _is_local(path):
-        local = _local(path)
-        if os.path.isdir(local):
-            shutil.rmtree(local)
-        elif os.path.exists(local):
-            os.remove(local)
-    else:  # pragma: no cover - needs a remote store
-        import fsspec
-
-        fs, root = fsspec.core.url_to_fs(path)
-        if fs.exists(root):
-            fs.rm(root, recursive=True)
+def _remove(path) -> None:
+    integrity.remove(path)
 
 
-def write_model_store(path: str, model_name: str, params: dict, arrays: dict[str, np.ndarray],
-                      info: dict, overwrite: bool = False) -> str:
-    """Write a model group; return its fingerprint.
+def metadata_checksum(meta: dict) -> str:
+    """SHA-256 of every metadata field but the checksum itself: a model whose
+    n_samples, source or parameters were edited by hand is refused."""
+    fields = {k: v for k, v in meta.items() if k != "metadata_checksum"}
+    return hashlib.sha256(json.dumps(fields, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def write_group(path, meta: dict, arrays: dict[str, np.ndarray], what: str,
+                overwrite: bool = False, lease: integrity.Lease | None = None) -> None:
+    """Write a zarr group of small arrays (a model, a search result) atomically.
 
     Local paths are written to a hidden sibling folder and renamed into place,
-    so the path holds either the old model, or the whole new one. Remote
-    stores are written in place with the ``slem_dask`` attribute last.
+    so the path holds either the old store, or the whole new one. Remote stores
+    are written in place with the ``slem_dask`` attribute last. Every chunk
+    carries a crc32c. Written under ``lease`` (taken here if not given).
     """
-    path = str(path)
-    _check_overwrite(path, overwrite, "model store", "overwrite=True (CLI: --overwrite)")
+    path = canonical(path)
+    _check_overwrite(path, overwrite, what, "overwrite=True (CLI: --overwrite)")
+    own = lease is None
+    lease = lease or integrity.Lease(path, f"write {what}").acquire()
+    try:
+        target = path.location
+        if path.is_local:
+            parent = os.path.dirname(path.location)
+            os.makedirs(parent, exist_ok=True)
+            target = os.path.join(parent, f".{path.name}.partial-{uuid.uuid4().hex[:12]}")
+        try:
+            group = zarr.open_group(store=target, mode="w")
+            for key, value in arrays.items():
+                value = np.asarray(value)
+                arr = group.create_array(key, shape=value.shape, dtype=value.dtype,
+                                         chunks=value.shape if value.ndim else None,
+                                         compressors=CHECKSUM)
+                arr[...] = value
+            group.attrs[ATTR] = {**meta, "metadata_checksum": metadata_checksum(meta)}
+            lease.check()  # no other job took the store over meanwhile
+            if path.is_local:
+                if os.path.exists(path.location):
+                    _check_overwrite(path, True, what, "overwrite=True (CLI: --overwrite)")
+                    trash = target + ".old"
+                    os.replace(path.location, trash)
+                    os.replace(target, path.location)
+                    shutil.rmtree(trash, ignore_errors=True)
+                else:
+                    os.replace(target, path.location)
+        except BaseException:
+            if path.is_local:
+                shutil.rmtree(target, ignore_errors=True)
+            raise
+    finally:
+        if own:
+            lease.release()
+
+
+def write_model_store(path, model_name: str, params: dict, arrays: dict[str, np.ndarray],
+                      info: dict, overwrite: bool = False,
+                      lease: integrity.Lease | None = None) -> str:
+    """Write a model group; return its fingerprint (see :func:`write_group`)."""
     params = json_params(params)
     fp = fingerprint(arrays, params)
-    meta = {
+    meta = json_params({
         "kind": "model",
         "format_version": MODEL_FORMAT_VERSION,
         "model": model_name,
@@ -209,39 +300,27 @@ def write_model_store(path: str, model_name: str, params: dict, arrays: dict[str
         "package_version": __version__,
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         **info,
-    }
-    target = path
-    if _is_local(path):
-        local = os.path.abspath(_local(path))
-        parent, base = os.path.split(local.rstrip(os.sep))
-        os.makedirs(parent, exist_ok=True)
-        target = os.path.join(parent, f".{base}.partial-{uuid.uuid4().hex[:12]}")
-    try:
-        group = zarr.open_group(store=target, mode="w")
-        for key, value in arrays.items():
-            value = np.asarray(value)
-            arr = group.create_array(key, shape=value.shape, dtype=value.dtype,
-                                     chunks=value.shape if value.ndim else None)
-            arr[...] = value
-        group.attrs[ATTR] = meta
-        if target != path:
-            if os.path.exists(local):
-                trash = target + ".old"
-                os.replace(local, trash)
-                os.replace(target, local)
-                _remove(trash)
-            else:
-                os.replace(target, local)
-    except BaseException:
-        if target != path:
-            shutil.rmtree(target, ignore_errors=True)
-        raise
+    })
+    write_group(path, meta, arrays, "model store", overwrite=overwrite, lease=lease)
     return fp
+
+
+def read_group_arrays(group, path, what: str) -> dict[str, np.ndarray]:
+    """Every array of a group written by :func:`write_group`, corrupt chunks named."""
+    arrays = {}
+    for key, arr in group.arrays():
+        try:
+            arrays[key] = np.asarray(arr[...])
+        except Exception as exc:  # noqa: BLE001
+            raise integrity.CorruptChunkError(
+                f"{what}: array {key!r} of {str(path)!r} cannot be read ({_reason(exc)}); "
+                f"the store is damaged: write it again") from None
+    return arrays
 
 
 def read_model_store(path: str) -> tuple[dict, dict[str, np.ndarray]]:
     """Read a model group written by :func:`write_model_store`: (metadata, arrays)."""
-    path = str(path)
+    path = str(canonical(path))
     try:
         group = zarr.open_group(store=path, mode="r")
     except FileNotFoundError:
@@ -266,7 +345,12 @@ def read_model_store(path: str) -> tuple[dict, dict[str, np.ndarray]]:
             f"model: {path!r} has format_version {meta.get('format_version')!r}, this "
             f"slem-dask {__version__} reads {MODEL_FORMAT_VERSION}; refit the model"
         )
-    arrays = {key: np.asarray(arr[...]) for key, arr in group.arrays()}
+    if meta.get("metadata_checksum") != metadata_checksum(meta):
+        raise ValueError(
+            f"model: the metadata of {path!r} does not match its checksum (a field such as "
+            f"n_samples, source or params was edited); the store was modified or damaged, "
+            f"refit the model")
+    arrays = read_group_arrays(group, path, "model")
     if fingerprint(arrays, meta["params"]) != meta.get("fingerprint"):
         raise ValueError(
             f"model: the arrays in {path!r} do not match its recorded fingerprint; the "
@@ -275,30 +359,32 @@ def read_model_store(path: str) -> tuple[dict, dict[str, np.ndarray]]:
     return meta, arrays
 
 
-def create_output(path: str, shape: tuple[int, int], partition_rows: int, dtype,
+def create_output(path, shape: tuple[int, int], partition_rows: int, dtype,
                   meta: dict, overwrite: bool = False) -> zarr.Array:
     """Create the output array up front, one zarr chunk per dask partition.
 
     Chunks equal to the partitions mean every task writes whole chunks of its
     own (no read-modify-write on a chunk that another task also writes: the
     data-loss trap of dask#12583 and zarr-python#3682). It is marked
-    ``complete: false`` until :func:`mark_complete`.
+    ``complete: false`` until :func:`mark_complete`. The caller holds the lease.
     """
-    path = str(path)
+    path = canonical(path)
     _check_overwrite(path, overwrite, "output", "--overwrite")
     if _exists(path):
         _remove(path)
     # write_empty_chunks: a partition whose encodings are all 0 must still leave
     # a chunk behind, since a resumed run takes a present chunk as done.
     # No compressor: encodings are dense floats that zstd shrinks by ~7% while
-    # tripling the time to write a chunk (benchmarks/, bench_encode.py).
+    # tripling the time to write a chunk (benchmarks/, bench_encode.py); a crc32c
+    # trailer only (CHECKSUM).
     # The marker goes into the array's own metadata document, written in one piece
     # with it: there is no moment when the array exists without "complete: false".
-    return zarr.create_array(store=path, shape=shape, dtype=dtype,
+    return zarr.create_array(store=path.location, shape=shape, dtype=np.dtype(dtype).newbyteorder("<"),
                              chunks=(max(1, partition_rows), shape[1]), overwrite=True,
-                             compressors=None, config={"write_empty_chunks": True},
-                             attributes={ATTR: {"kind": "encoding", "complete": False,
-                                                "package_version": __version__, **meta}})
+                             compressors=CHECKSUM, config={"write_empty_chunks": True},
+                             attributes={ATTR: json_params({
+                                 "kind": "encoding", "complete": False,
+                                 "package_version": __version__, **meta})})
 
 
 def output_meta(arr: zarr.Array) -> dict | None:
@@ -309,44 +395,43 @@ def output_meta(arr: zarr.Array) -> dict | None:
 
 def update_meta(arr: zarr.Array, **fields) -> dict:
     meta = dict(arr.attrs[ATTR])
-    meta.update(fields)
+    meta.update(json_params(fields))
     arr.attrs[ATTR] = meta
     return meta
 
 
-def open_existing_output(path: str) -> zarr.Array | None:
+def open_existing_output(path) -> zarr.Array | None:
     """The output array at ``path`` opened for writing, or None if nothing is there."""
+    path = canonical(path)
     if not _exists(path):
         return None
     try:
-        node = zarr.open(store=str(path), mode="r+")
+        node = zarr.open(store=path.location, mode="r+")
     except Exception:
         return None
     return node if isinstance(node, zarr.Array) else None
 
 
-def partition_written(arr: zarr.Array, index: int) -> bool:
-    """Whether the chunk of row partition ``index`` is in the store.
-
-    Zarr stores write a chunk whole or not at all (the local store writes a
-    temporary file and renames it; object stores PUT atomically), and an
-    output has one chunk per partition: a present chunk is a finished one.
-    """
-    from zarr.core.sync import sync
-
-    key = arr.metadata.encode_chunk_key((index, 0))
-    if arr.path:
-        key = f"{arr.path}/{key}"
-    return bool(sync(arr.store_path.store.exists(key)))
+def write_partition(block: np.ndarray, arr: zarr.Array, index: int,
+                    block_info=None) -> np.ndarray:
+    """Write one partition's rows (its own chunk) and return [[index, crc32c]]: the
+    checksum of the chunk as written, which the client compares with the stored one."""
+    rows = int(arr.chunks[0])
+    lo = index * rows
+    block = np.ascontiguousarray(block, dtype=arr.dtype)
+    arr[lo:lo + block.shape[0]] = block
+    crc = integrity.chunk_crc32c(block, arr.chunks, arr.metadata.fill_value)
+    return np.array([[index, crc]], dtype=np.int64)
 
 
-def remove_stray_partials(path: str) -> int:
+def remove_stray_partials(path) -> int:
     """Delete the temporary ``*.partial`` files that a killed writer leaves in a local
     zarr store (zarr writes a chunk to such a file, then renames it). Returns how many."""
-    if not _is_local(path):
+    path = canonical(path)
+    if not path.is_local:
         return 0
     removed = 0
-    for root, _, files in os.walk(_local(path)):
+    for root, _, files in os.walk(path.location):
         for name in files:
             if name.endswith(".partial"):
                 os.remove(os.path.join(root, name))
@@ -359,31 +444,68 @@ def mark_complete(arr: zarr.Array, extra: dict | None = None) -> None:
                 completed=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
 
 
-def open_output(path: str, name: str = "encodings") -> zarr.Array:
+def open_output(path, name: str = "encodings") -> zarr.Array:
     """Open an output written by slem-dask (refused, like any input, if unfinished)."""
     return open_input(path, name)
 
 
-def _key(path: str) -> str:
-    path = str(path)
-    if _is_local(path):
-        return os.path.realpath(os.path.abspath(_local(path)))
-    return path.rstrip("/")
+def _key(path) -> str:
+    return canonical(path).key
 
 
-def check_distinct(target: str, flag: str, inputs: dict[str, str]) -> None:
-    """Refuse to write ``target`` where it would replace or nest in an input.
+def check_distinct(target, flag: str, inputs: dict[str, object]) -> None:
+    """Refuse to write ``target`` where it would replace or nest in an input."""
+    integrity.check_outside_inputs(target, flag, inputs)
 
-    With --overwrite, writing a model or output over (or inside, or around)
-    the arrays being read would delete the user's data.
+
+# -- verification ---------------------------------------------------------------------
+def verify(path) -> tuple[str, list[str]]:
+    """Check a store written by slem-dask end to end: (what it is, problems found).
+
+    A model: its metadata checksum, every chunk's crc32c, its fingerprint. An
+    output: complete, every partition present with the recorded crc32c, and
+    every chunk decodable. A search result: complete, every chunk decodable.
     """
-    t = _key(target)
-    for name, source in inputs.items():
-        s = _key(source)
-        if t == s or s.startswith(t + "/") or t.startswith(s + "/"):
-            relation = ("is" if t == s else "contains" if s.startswith(t + "/")
-                        else "is inside")
-            raise ValueError(
-                f"{flag} {str(target)!r} {relation} the {name} {str(source)!r}; writing it "
-                f"would destroy the input: choose another path, e.g. a sibling such as "
-                f"{str(source).rstrip('/').rsplit('/', 1)[0]}/slem_output")
+    path = canonical(path)
+    if not _exists(path):
+        return "nothing", [f"no store at {str(path)!r}"]
+    kind = integrity.slem_dask_kind(path)
+    if kind is None:
+        return "unknown", [f"{str(path)!r} was not written by slem-dask (no '{ATTR}' marker)"]
+    if kind == "model":
+        try:
+            meta, _ = read_model_store(path)
+        except ValueError as exc:
+            return kind, [str(exc)]
+        return f"model ({meta['model']})", []
+    if kind == "search":
+        group = zarr.open_group(store=path.location, mode="r")
+        problems = [] if group.attrs[ATTR].get("complete") else ["unfinished (complete: false)"]
+        if group.attrs[ATTR].get("metadata_checksum") not in (
+                None, metadata_checksum(dict(group.attrs[ATTR]))):
+            problems.append("its metadata does not match its checksum")
+        try:
+            read_group_arrays(group, path, "search result")
+        except ValueError as exc:
+            problems.append(str(exc))
+        return "search result", problems
+    arr = zarr.open_array(store=path.location, mode="r")
+    meta = output_meta(arr) or {}
+    problems = [] if meta.get("complete") else ["unfinished (complete: false): re-run the "
+                                                "encode to finish it"]
+    crcs = meta.get("partition_crc32c") or []
+    n_parts = -(-arr.shape[0] // int(arr.chunks[0]))
+    if meta.get("complete") and len(crcs) != n_parts:
+        problems.append(f"records {len(crcs)} partition checksums for {n_parts} partitions")
+    for i in range(n_parts):
+        key = integrity._full_key(arr, (i, 0))
+        lo, hi = i * arr.chunks[0], min(arr.shape[0], (i + 1) * arr.chunks[0])
+        crc = integrity.self_consistent_crc32c(arr, i)
+        if crc is None:
+            exists = integrity.stored_crc32c(arr, i) is not None
+            problems.append(f"chunk {key!r} (rows {lo}-{hi - 1}) is "
+                            f"{'corrupt or truncated' if exists else 'missing'}")
+        elif i < len(crcs) and crcs[i] is not None and crcs[i] != crc:
+            problems.append(f"chunk {key!r} (rows {lo}-{hi - 1}) is not the chunk that was "
+                            f"written (crc32c {crc:08x}, recorded {crcs[i]:08x})")
+    return "output", problems

@@ -18,6 +18,7 @@ from distributed import LocalCluster
 
 from slem_dask import LinearSLEM, load_model, storage
 from slem_dask.cli import main
+from slem_dask.integrity import canonical
 
 N, M, D = 300, 70, 12
 
@@ -91,7 +92,7 @@ def test_fit_round_trip(scheduler, corpus, tmp_path, capsys):
         assert np.linalg.norm(a - b) <= 1e-12 * np.linalg.norm(b), name
     assert (got.n_samples_, got.n_features_in_, got.input_dtype_) == (N, D, "float32")
     meta = zarr.open_group(store=model_path, mode="r").attrs[storage.ATTR]
-    assert meta["source"] == corpus["negatives"]
+    assert meta["source"] == canonical(corpus["negatives"]).url
     assert sorted(os.listdir(tmp_path)) == ["model.zarr"]
 
 
@@ -111,7 +112,7 @@ def test_encode_round_trip_float32(scheduler, corpus, tmp_path, capsys):
     assert meta["model_fingerprint"] == model.fingerprint_
     assert meta["params"] == {"lam": 0.01, "theta": 2.0}
     assert meta["model"] == "LinearSLEM" and meta["n_rows"] == M
-    assert meta["source"] == corpus["positives"]
+    assert meta["source"] == canonical(corpus["positives"]).url
 
 
 def test_encode_round_trip_float64(scheduler, corpus, tmp_path, capsys):

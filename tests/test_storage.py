@@ -181,6 +181,11 @@ def test_load_model_detects_tampered_params(tmp_path, fitted):
     meta = dict(group.attrs[storage.ATTR])
     meta["params"] = {**meta["params"], "lam": 0.5}
     group.attrs[storage.ATTR] = meta
+    with pytest.raises(ValueError, match="does not match its checksum"):
+        load_model(path)
+    # a forger who also recomputes the metadata checksum is caught by the fingerprint
+    meta["metadata_checksum"] = storage.metadata_checksum(meta)
+    group.attrs[storage.ATTR] = meta
     with pytest.raises(ValueError, match="fingerprint"):
         load_model(path)
 
@@ -194,7 +199,8 @@ def test_load_model_refuses_unknown_metadata(tmp_path, fitted, change, message):
     path = str(tmp_path / "model.zarr")
     fitted.save(path)
     group = zarr.open_group(store=path, mode="r+")
-    group.attrs[storage.ATTR] = {**group.attrs[storage.ATTR], **change}
+    meta = {**group.attrs[storage.ATTR], **change}  # as a newer version would write it
+    group.attrs[storage.ATTR] = {**meta, "metadata_checksum": storage.metadata_checksum(meta)}
     with pytest.raises(ValueError, match=message):
         load_model(path)
 

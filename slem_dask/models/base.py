@@ -78,16 +78,19 @@ class SLEMEstimator:
                   if k not in self._exemplar_only_params}
         return storage.fingerprint(arrays, params)
 
-    def save(self, path: str, overwrite: bool = False, metadata: dict | None = None) -> str:
+    def save(self, path: str, overwrite: bool = False, metadata: dict | None = None,
+             lease=None) -> str:
         """Write the fitted model to a zarr group at ``path``; return its fingerprint.
 
         ``metadata``: extra JSON-serializable facts to record (e.g. the source).
+        The store is replaced whole or not at all, only if slem-dask wrote it, and
+        under a lease (one writer at a time; ``lease``: one the caller holds).
         """
         self._check_fitted()
         info, arrays = self._state()
         return storage.write_model_store(path, type(self).__name__, self.get_params(),
                                          arrays, {**info, **(metadata or {})},
-                                         overwrite=overwrite)
+                                         overwrite=overwrite, lease=lease)
 
     def similarity(self, p, q):
         """Matching scores: cosines of the SLEM vectors of the rows of ``p`` and ``q``.
