@@ -277,14 +277,19 @@ class Lease:
     def _create(self) -> bool:
         data = json.dumps(self._record()).encode()
         if self.file.is_local:
+            # written whole to a private file, then hard-linked into place: link() fails
+            # if the lease exists, and a lease never exists half-written
             os.makedirs(os.path.dirname(self.file.location), exist_ok=True)
+            tmp = f"{self.file.location}.{self.token}.new"
+            with open(tmp, "wb") as f:
+                f.write(data)
             try:
-                fd = os.open(self.file.location, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+                os.link(tmp, self.file.location)
+                return True
             except FileExistsError:
                 return False
-            with os.fdopen(fd, "wb") as f:
-                f.write(data)
-            return True
+            finally:
+                os.remove(tmp)
         fs, root = _fs(self.file)  # pragma: no cover - needs a remote store
         try:  # exclusive create where the filesystem supports it, else best effort
             with fs.open(root, "xb") as f:
@@ -317,10 +322,13 @@ class Lease:
             fs, root = _fs(self.file)
             fs.pipe(root, data)
 
-    @staticmethod
-    def is_stale(record: dict | None) -> bool:
-        if not record:
-            return True  # unreadable: a writer died between create and write
+    def is_stale(self, record: dict | None) -> bool:
+        if not record:  # unreadable (damaged): stale once nobody has touched it for a while
+            try:
+                age = time.time() - os.path.getmtime(self.file.location)
+            except OSError:
+                return True
+            return age > LEASE_TTL
         if record.get("host") == socket.gethostname() and isinstance(record.get("pid"), int):
             return not _pid_alive(record["pid"], record.get("pid_start"))
         return time.time() - float(record.get("heartbeat", 0)) > LEASE_TTL

@@ -247,12 +247,12 @@ def _open_negatives(negatives, model_path, overwrite: bool, update: bool):
     negatives, model_path = canonical(negatives), canonical(model_path)
     storage.check_distinct(model_path, "--model", {"negatives": negatives})
     exists = storage._exists(model_path)
+    if exists:
+        integrity.check_may_replace(model_path, "model store")
     if exists and not (overwrite or update):
         raise FileExistsError(
             f"model store {str(model_path)!r} already exists; pass --overwrite to replace "
             f"it, or --update to add the negatives appended since it was fitted")
-    if exists:
-        integrity.check_may_replace(model_path, "model store")
     arr = storage.open_input(negatives, "negatives")
     if arr.shape[0] < 2:
         raise ValueError(

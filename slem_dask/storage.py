@@ -220,11 +220,11 @@ def fingerprint(arrays: dict[str, np.ndarray], params: dict[str, Any]) -> str:
 
 
 def _check_overwrite(path, overwrite: bool, what: str, flag: str) -> None:
+    integrity.check_may_replace(path, what, flag)  # first: never suggest replacing the user's
     if _exists(path) and not overwrite:
         raise FileExistsError(
             f"{what} {str(canonical(path))!r} already exists; pass {flag} to replace it, or "
             f"choose another path")
-    integrity.check_may_replace(path, what, flag)
 
 
 def _remove(path) -> None:

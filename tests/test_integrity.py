@@ -1,0 +1,456 @@
+"""Issue 8: an output or model marked complete is always right, and slem-dask never
+deletes what it did not write. Each test reproduces one way it used to go wrong
+(item numbers of the issue in the test names' docstrings) and checks it now holds.
+The multi-process cases (separate workers, a killed scheduler, a worker without the
+mount, a full disk) are in test_real_cluster.py."""
+
+import errno
+import os
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+import zarr
+from distributed import Client, LocalCluster
+
+from slem_dask import LinearSLEM, KernelSLEM, integrity, load_model, pipeline, storage
+from slem_dask.cli import main
+from slem_dask.integrity import canonical
+
+D = 8
+
+
+@pytest.fixture(scope="module")
+def client():
+    with LocalCluster(n_workers=1, threads_per_worker=2, processes=False,
+                      dashboard_address=":0") as cluster, Client(cluster) as c:
+        yield c
+
+
+def _array(path, data, chunks=40):
+    arr = zarr.create_array(store=str(path), shape=data.shape, dtype=data.dtype,
+                            chunks=(chunks, data.shape[1]), overwrite=True)
+    arr[...] = data
+    return arr
+
+
+@pytest.fixture
+def corpus(tmp_path):
+    rng = np.random.default_rng(5)
+    neg = rng.standard_normal((400, D)).astype("float32")
+    pos = rng.standard_normal((200, D)).astype("float32")
+    _array(tmp_path / "neg.zarr", neg)
+    _array(tmp_path / "pos.zarr", pos)
+    LinearSLEM(lam=0.1).fit(neg).save(str(tmp_path / "model.zarr"))
+    return {"dir": tmp_path, "neg": neg, "pos": pos, "model": str(tmp_path / "model.zarr"),
+            "negatives": str(tmp_path / "neg.zarr"), "positives": str(tmp_path / "pos.zarr")}
+
+
+def _cli(capsys, client, *args):
+    code = main([*map(str, args), "--scheduler", client.scheduler.address, "--no-progress"])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def _verify(capsys, *paths):
+    code = main(["verify", *map(str, paths)])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def _encode(corpus, out, **kw):
+    return pipeline.encode_job(None, corpus["model"], corpus["positives"], str(out),
+                               partition_rows=40, **kw)
+
+
+def _expected(corpus, pos=None):
+    return load_model(corpus["model"]).transform(corpus["pos"] if pos is None else pos,
+                                                 dtype="float32")
+
+
+def _chunk(path, i):
+    return Path(path, "c", str(i), "0")
+
+
+# -- 1. completion is verified, missing input chunks are refused -------------------------
+def test_missing_input_chunk_is_refused_not_read_as_zeros(corpus, client, capsys):
+    """Item 1: zarr reads a missing chunk as fill values; fit and encode refuse it."""
+    os.remove(_chunk(corpus["positives"], 2))
+    with pytest.raises(integrity.MissingChunkError, match=r"chunk 'c/2/0' \(rows 80-119\)"):
+        _encode(corpus, corpus["dir"] / "out.zarr")
+    assert not (corpus["dir"] / "out.zarr").exists()
+    os.remove(_chunk(corpus["negatives"], 3))
+    code, _, err = _cli(capsys, client, "fit", "--negatives", corpus["negatives"], "--model",
+                        corpus["dir"] / "m2", "--no-progress")
+    assert code == 1 and "c/3/0" in err and "missing" in err
+    assert not (corpus["dir"] / "m2").exists()
+
+
+def test_missing_chunk_seen_by_a_worker_only_is_refused_in_the_task(corpus, monkeypatch):
+    """Item 1: the client saw the chunk, the task that reads it does not: the task refuses."""
+    arr = storage.open_input(corpus["positives"], "positives")
+    x = storage.dask_rows(arr, 40, name="positives")
+    os.remove(_chunk(corpus["positives"], 1))
+    with pytest.raises(integrity.MissingChunkError, match="c/1/0"):
+        x.compute()
+
+
+def test_output_not_marked_complete_when_a_written_chunk_is_not_there(corpus, monkeypatch):
+    """Item 1: a worker writing somewhere the client does not see leaves chunks missing; the
+    client checks each partition's crc32c in its own view before marking complete."""
+    real = storage.write_partition
+
+    def lost(block, arr, index, block_info=None):
+        record = real(block, arr, index)
+        if index == 3:  # as if written to another filesystem
+            integrity.delete_chunk(arr, index)
+        return record
+
+    monkeypatch.setattr(storage, "write_partition", lost)
+    out = corpus["dir"] / "out.zarr"
+    with pytest.raises(pipeline.JobFailed, match=r"1 partition\(s\) \(3\) are missing"):
+        _encode(corpus, out)
+    assert storage.output_meta(zarr.open_array(str(out)))["complete"] is False
+    monkeypatch.undo()
+    report = _encode(corpus, out)  # the re-run writes what was lost, then completes
+    assert report.facts["partitions"] == "1 encoded of 5"
+    np.testing.assert_array_equal(storage.read_all(out), _expected(corpus))
+
+
+# -- 2. one writer per store ----------------------------------------------------------
+def test_racing_encodes_to_one_output_leave_one_right_output(corpus):
+    """Item 2: 20 concurrent pairs writing different positives to the same --out. Each run
+    either finishes or is refused; the complete output always holds exactly the
+    encodings of the source it records."""
+    other = corpus["pos"][::-1].copy()
+    _array(corpus["dir"] / "other.zarr", other)
+    sources = {canonical(corpus["positives"]).url: _expected(corpus),
+               canonical(corpus["dir"] / "other.zarr").url: _expected(corpus, other)}
+    for trial in range(20):
+        out = corpus["dir"] / f"race{trial}.zarr"
+        results = [None, None]
+
+        def run(i, positives):
+            try:
+                pipeline.encode_job(None, corpus["model"], positives, str(out),
+                                    partition_rows=40)
+                results[i] = "ok"
+            except FileExistsError as exc:  # lease held, or the other source's output
+                results[i] = type(exc).__name__
+            except BaseException as exc:  # noqa: BLE001 - reported by the assertion
+                results[i] = repr(exc)
+
+        threads = [threading.Thread(target=run, args=(0, corpus["positives"])),
+                   threading.Thread(target=run, args=(1, str(corpus["dir"] / "other.zarr")))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert "ok" in results, results
+        meta = storage.output_meta(zarr.open_array(str(out)))
+        assert meta["complete"] is True
+        np.testing.assert_array_equal(storage.read_all(out), sources[meta["source"]])
+        assert not Path(str(out.parent / f".{out.name}.slem-dask-lease")).exists()
+
+
+def test_a_live_lease_is_refused_naming_its_owner_and_a_dead_one_taken_over(corpus):
+    out = corpus["dir"] / "leased.zarr"
+    with integrity.Lease(out, "another job"):
+        with pytest.raises(integrity.LeaseHeldError, match=rf"pid {os.getpid()} on host"):
+            _encode(corpus, out)
+    lease = integrity.Lease(out, "dead job")
+    assert lease._create()  # a job that died holding it: a pid that no longer runs
+    record = lease.read()
+    record["pid"] = 2**22 + 1
+    Path(lease.file.location).write_text(__import__("json").dumps(record))
+    report = _encode(corpus, out)
+    assert report.facts["action"] == "create"
+    np.testing.assert_array_equal(storage.read_all(out), _expected(corpus))
+
+
+def test_a_job_whose_lease_was_taken_over_does_not_mark_complete(corpus, monkeypatch):
+    out = corpus["dir"] / "stolen.zarr"
+    real = storage.mark_complete
+
+    def steal_then_mark(arr, extra=None):
+        raise AssertionError("must not be reached")
+
+    original_check = integrity.Lease.check
+
+    def stolen(self):
+        Path(self.file.location).write_text('{"token": "someone else", "pid": 1, '
+                                            '"host": "elsewhere", "heartbeat": 1e12}')
+        return original_check(self)
+
+    monkeypatch.setattr(integrity.Lease, "check", stolen)
+    monkeypatch.setattr(storage, "mark_complete", steal_then_mark)
+    with pytest.raises(integrity.LeaseLostError, match="taken over"):
+        _encode(corpus, out)
+    assert storage.output_meta(zarr.open_array(str(out)))["complete"] is False
+    monkeypatch.setattr(storage, "mark_complete", real)
+
+
+# -- 3, 4. deletion -------------------------------------------------------------------
+@pytest.mark.parametrize("flag", ["--out", "--model"])
+def test_overwrite_never_deletes_what_slem_dask_did_not_write(corpus, client, capsys, flag):
+    """Item 3: a folder of documents or an unrelated zarr array given as --out / --model."""
+    docs = corpus["dir"] / "documents"
+    docs.mkdir()
+    (docs / "thesis.txt").write_text("years of work")
+    foreign = corpus["dir"] / "foreign.zarr"
+    _array(foreign, np.ones((3, D), dtype="float32"))
+    for target in (docs, foreign):
+        for extra in ([], ["--overwrite"]):
+            if flag == "--out":
+                args = ["encode", "--model", corpus["model"], "--positives",
+                        corpus["positives"], "--out", target]
+            else:
+                args = ["fit", "--negatives", corpus["negatives"], "--model", target]
+            code, _, err = _cli(capsys, client, *args, *extra)
+            assert code == 1, err
+            assert "pass --overwrite" not in err  # never suggests deleting it
+            assert "not written by slem-dask" in err or "not a zarr array" in err
+    assert (docs / "thesis.txt").read_text() == "years of work"
+    np.testing.assert_array_equal(zarr.open_array(str(foreign))[...], 1)
+
+
+def test_spec_steps_are_checked_against_each_other_before_anything_runs(corpus, client,
+                                                                        capsys):
+    """Item 4: an encode output that is another step's input, or a model path that contains
+    one, is refused before any step runs, with or without --overwrite."""
+    d = corpus["dir"]
+    cases = {
+        "out_is_negatives": (f'{d}/m.zarr', corpus["negatives"]),
+        "model_contains_positives": (f'{d}', f'{d}/enc.zarr'),
+    }
+    for name, (model, out) in cases.items():
+        spec = d / f"{name}.toml"
+        spec.write_text(f'[model]\npath = "{model}"\n[fit]\nnegatives = "{corpus["negatives"]}"'
+                        f'\n[[encode]]\npositives = "{corpus["positives"]}"\nout = "{out}"\n')
+        for extra in ([], ["--overwrite"]):
+            code, out_text, err = _cli(capsys, client, "run", spec, *extra)
+            assert code == 1 and "destroy the input" in err, (name, err)
+            assert "dask:" not in out_text  # refused before the cluster was used
+    assert not (d / "m.zarr").exists()
+    np.testing.assert_array_equal(zarr.open_array(corpus["negatives"])[...], corpus["neg"])
+
+
+def test_overlap_refusal_suggests_a_path_outside_every_input(corpus):
+    """Item 9: the suggested path must not sit inside the input itself."""
+    inner = corpus["dir"] / "pos.zarr" / "inner"
+    with pytest.raises(ValueError, match="is inside the positives") as info:
+        _encode(corpus, inner)
+    suggested = str(info.value).rsplit("e.g. ", 1)[1]
+    assert integrity._relation(canonical(suggested), canonical(corpus["positives"])) is None
+
+
+# -- 5. --overwrite --update refits ---------------------------------------------------
+def test_fit_overwrite_update_refits_from_scratch(corpus):
+    """Item 5: with --overwrite, --update must not keep (or merge into) the old model."""
+    changed = corpus["neg"] * 2 + 1
+    model = str(corpus["dir"] / "m.zarr")
+    pipeline.fit_job(None, corpus["negatives"], model, lam=0.1)
+    zarr.open_array(corpus["negatives"])[...] = changed
+    report = pipeline.fit_job(None, corpus["negatives"], model, lam=0.1, overwrite=True,
+                              update=True)
+    assert report.facts["action"] == "fit"
+    np.testing.assert_allclose(load_model(model).covariance_,
+                               LinearSLEM(lam=0.1).fit(changed).covariance_, rtol=1e-10)
+
+
+# -- 7. inputs changed in place --------------------------------------------------------
+def test_positives_rewritten_in_place_are_encoded_again(corpus):
+    """Item 7: a complete output of positives rewritten since is not "up to date"."""
+    out = corpus["dir"] / "out.zarr"
+    _encode(corpus, out)
+    pos = corpus["pos"].copy()
+    pos[90:100] += 3  # rows of partition 2
+    zarr.open_array(corpus["positives"])[80:120] = pos[80:120]
+    report = _encode(corpus, out)
+    assert report.facts["action"] == "update"
+    assert report.facts["partitions"] == "1 encoded of 5"
+    np.testing.assert_array_equal(storage.read_all(out), _expected(corpus, pos))
+
+
+def test_positives_replaced_by_a_longer_array_are_not_an_append(corpus):
+    out = corpus["dir"] / "out.zarr"
+    _encode(corpus, out)
+    longer = np.random.default_rng(9).standard_normal((260, D)).astype("float32")
+    _array(corpus["positives"], longer)
+    report = _encode(corpus, out)
+    assert report.facts["partitions"] == "7 encoded of 7"
+    np.testing.assert_array_equal(storage.read_all(out), _expected(corpus, longer))
+
+
+@pytest.mark.parametrize("change", ["rewrite", "truncate_and_append"])
+def test_fit_update_refuses_when_merged_rows_changed(corpus, change):
+    """Item 7: --update must not merge statistics of rows it already merged."""
+    model = str(corpus["dir"] / "m.zarr")
+    arr = zarr.open_array(corpus["negatives"])
+    arr.resize((300, D))  # fit on the first 300 rows ...
+    arr[...] = corpus["neg"][:300]
+    pipeline.fit_job(None, corpus["negatives"], model, lam=0.1)
+    if change == "rewrite":
+        arr[0:40] = corpus["neg"][0:40] + 1
+        arr.resize((400, D))
+        arr[300:] = corpus["neg"][300:]
+    else:
+        arr.resize((200, D))
+        arr.resize((400, D))
+        arr[200:] = corpus["neg"][200:] * 3
+    with pytest.raises(ValueError, match="changed since .* refit with --overwrite"):
+        pipeline.fit_job(None, corpus["negatives"], model, lam=0.1, update=True)
+    # appending only (no old row touched) merges, equal to a fit from scratch
+    _array(corpus["negatives"], corpus["neg"][:300])
+    pipeline.fit_job(None, corpus["negatives"], model, lam=0.1, overwrite=True)
+    arr = zarr.open_array(corpus["negatives"])
+    arr.resize((400, D))
+    arr[300:] = corpus["neg"][300:]
+    assert pipeline.fit_job(None, corpus["negatives"], model, lam=0.1,
+                            update=True).facts["action"] == "update"
+    np.testing.assert_allclose(load_model(model).covariance_,
+                               LinearSLEM(lam=0.1).fit(corpus["neg"]).covariance_, rtol=1e-9)
+
+
+# -- 8. model metadata ------------------------------------------------------------------
+def test_model_n_samples_edited_by_hand_is_refused(corpus, client, capsys):
+    group = zarr.open_group(corpus["model"], mode="r+")
+    meta = dict(group.attrs[storage.ATTR])
+    group.attrs[storage.ATTR] = {**meta, "n_samples": 10}
+    code, _, err = _cli(capsys, client, "fit", "--negatives", corpus["negatives"], "--model",
+                        corpus["model"], "--update")
+    assert code == 1 and "does not match its checksum" in err and "n_samples" in err
+
+
+# -- 9. corruption ----------------------------------------------------------------------
+def test_deleted_output_chunk_is_not_up_to_date(corpus, client, capsys):
+    out = corpus["dir"] / "out.zarr"
+    _encode(corpus, out)
+    os.remove(_chunk(out, 1))
+    code, text, _ = _verify(capsys, out)
+    assert code == 1 and "c/1/0" in text and "missing" in text
+    report = _encode(corpus, out)
+    assert report.facts["partitions"] == "1 encoded of 5"
+    np.testing.assert_array_equal(storage.read_all(out), _expected(corpus))
+    assert _verify(capsys, out)[0] == 0
+
+
+def test_flipped_byte_in_an_output_chunk_fails_every_read_naming_the_chunk(corpus, client,
+                                                                         capsys):
+    out = corpus["dir"] / "out.zarr"
+    _encode(corpus, out)
+    chunk = _chunk(out, 2)
+    data = bytearray(chunk.read_bytes())
+    data[17] ^= 0x40
+    chunk.write_bytes(bytes(data))
+    with pytest.raises(integrity.CorruptChunkError, match=r"chunk 'c/2/0' \(rows 80-119\)"):
+        storage.read_all(out)
+    code, text, _ = _verify(capsys, out)
+    assert code == 1 and "c/2/0" in text and "corrupt" in text
+    # reading it as an input of another job names it too
+    code, _, err = _cli(capsys, client, "search", "--queries", out, "--database", out, "--k",
+                        "3", "--out", corpus["dir"] / "s.zarr")
+    assert code == 1 and "c/2/0" in err and "crc32c" in err
+    assert not (corpus["dir"] / "s.zarr").exists()
+
+
+def test_truncated_input_chunk_is_named(corpus):
+    chunk = _chunk(corpus["positives"], 3)
+    chunk.write_bytes(chunk.read_bytes()[:-9])
+    with pytest.raises(integrity.CorruptChunkError, match=r"c/3/0.*rows 120-159"):
+        _encode(corpus, corpus["dir"] / "out.zarr")
+
+
+def test_corrupt_model_chunk_gives_one_clear_line(corpus, client, capsys):
+    chunk = Path(corpus["model"], "precision", "c", "0", "0")
+    data = bytearray(chunk.read_bytes())
+    data[40] ^= 1
+    chunk.write_bytes(bytes(data))
+    code, _, err = _cli(capsys, client, "encode", "--model", corpus["model"], "--positives",
+                        corpus["positives"], "--out", corpus["dir"] / "o.zarr")
+    assert code == 1 and len(err.strip().splitlines()) == 1
+    assert "'precision'" in err and "crc32c" in err
+    code, text, _ = _verify(capsys, corpus["model"])
+    assert code == 1
+
+
+def test_verify_passes_on_good_stores_and_fails_on_foreign_ones(corpus, client, capsys):
+    out = corpus["dir"] / "out.zarr"
+    _encode(corpus, out)
+    code, text, _ = _cli(capsys, client, "search", "--queries", out, "--database", out,
+                         "--k", "3", "--out", corpus["dir"] / "s.zarr")
+    assert code == 0, text
+    for path in (out, corpus["model"], corpus["dir"] / "s.zarr"):
+        code, text, _ = _verify(capsys, path)
+        assert code == 0 and text.strip().endswith("ok"), text
+    code, text, _ = _verify(capsys, corpus["positives"], corpus["dir"] / "nope")
+    assert code == 1 and "not written by slem-dask" in text and "no store" in text
+
+
+def test_tls_options_with_a_tcp_address_or_without_a_scheduler_are_refused(corpus, capsys):
+    pem = corpus["dir"] / "x.pem"
+    pem.write_text("")
+    tls = ["--tls-ca-file", pem, "--tls-cert", pem, "--tls-key", pem]
+    args = ["encode", "--model", corpus["model"], "--positives", corpus["positives"], "--out",
+            corpus["dir"] / "o.zarr", *tls]
+    assert main([*map(str, args), "--scheduler", "tcp://127.0.0.1:1"]) == 1
+    assert "not a TLS address" in capsys.readouterr().err
+    assert main([*map(str, args)]) == 1
+    assert "--scheduler tls://" in capsys.readouterr().err
+
+
+# -- 10. one array, many spellings --------------------------------------------------------
+def test_the_same_array_spelled_differently_is_the_same_store(corpus, monkeypatch):
+    monkeypatch.chdir(corpus["dir"])
+    os.mkdir("sub")
+    _encode(corpus, "out.zarr")
+    for positives, out in (("./pos.zarr", "out.zarr/"), ("sub/../pos.zarr", "./out.zarr"),
+                           (corpus["positives"], str(corpus["dir"] / "out.zarr")),
+                           (f"file://{corpus['positives']}", "sub/../out.zarr")):
+        report = pipeline.encode_job(None, corpus["model"], positives, out)
+        assert report.facts["action"] == "up to date", (positives, out)
+    kernel = KernelSLEM(kernel="rbf", gamma=0.5, rank=20)
+    args = dict(kernel="rbf", gamma=0.5, rank=20)
+    pipeline.fit_job(None, "pos.zarr", "k.zarr", **args)
+    for spelling in ("./pos.zarr", "sub/../pos.zarr/", corpus["positives"]):
+        report = pipeline.fit_job(None, spelling, "./k.zarr/", update=True, **args)
+        assert report.facts["action"] == "up to date", spelling
+    del kernel
+
+
+def test_canonical_forms():
+    here = os.getcwd()
+    assert canonical("x").url == f"file://{here}/x"
+    assert canonical("a/../x/").url == canonical(f"file://{here}/x").url
+    assert canonical("s3://bucket/a/../b/").url == "s3://bucket/b"
+
+
+# -- disk full ---------------------------------------------------------------------------
+def test_disk_full_keeps_finished_partitions_and_resumes(corpus, monkeypatch):
+    """A store that fails writes part-way (ENOSPC): one clear error, the finished
+    partitions kept (complete: false), and the re-run after freeing space finishes."""
+    from zarr.storage import LocalStore
+
+    real = LocalStore.set
+    writes = {"n": 0}
+
+    async def full(self, key, value):
+        if "/c/" in f"/{key}":
+            writes["n"] += 1
+            if writes["n"] > 2:
+                raise OSError(errno.ENOSPC, "No space left on device")
+        return await real(self, key, value)
+
+    monkeypatch.setattr(LocalStore, "set", full)
+    out = corpus["dir"] / "out.zarr"
+    with pytest.raises(pipeline.JobFailed, match="no space left.*kept"):
+        pipeline.encode_job(None, corpus["model"], corpus["positives"], str(out),
+                            partition_rows=40)
+    monkeypatch.undo()
+    assert storage.output_meta(zarr.open_array(str(out)))["complete"] is False
+    kept = len(list(Path(out, "c").rglob("*")))
+    assert kept >= 2
+    report = _encode(corpus, out)
+    assert report.facts["action"] == "resume"
+    np.testing.assert_array_equal(storage.read_all(out), _expected(corpus))
