@@ -376,6 +376,11 @@ def main(argv=None) -> int:
     # Interrupting a run leaves asyncio tasks of the closing client behind; their
     # "Task exception was never retrieved" tracebacks say nothing to a user.
     logging.getLogger("asyncio").setLevel(logging.CRITICAL)
+    # A lost scheduler is reported once, as one line saying what is kept (pipeline.JobFailed);
+    # the client's own reconnection log lines would only repeat it.
+    import distributed  # noqa: F401 - its import sets its loggers' levels: override after
+
+    logging.getLogger("distributed.client").setLevel(logging.CRITICAL)
     from .integrity import IntegrityError
 
     try:

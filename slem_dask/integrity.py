@@ -403,6 +403,16 @@ class Lease:
             except FileNotFoundError:
                 pass
 
+    def check_free(self) -> None:
+        """Raise :class:`LeaseHeldError` if a live job holds the lease (taking nothing):
+        the checks made before a cluster starts."""
+        record = self.read()
+        if (record is not None or exists(self.file)) and not self.is_stale(record):
+            raise LeaseHeldError(
+                f"{str(self.target)!r} is being written by another slem-dask job: "
+                f"{self.describe(record or {})}; wait until it ends (one writer per store), "
+                f"or write to another path")
+
     def __enter__(self) -> "Lease":
         return self.acquire()
 

@@ -89,9 +89,11 @@ _LOST = (CancelledError, CommClosedError, ConnectionError, TimeoutError)
 
 
 def _lost_cluster(exc: BaseException, what_is_kept: str) -> JobFailed:
-    return JobFailed(
-        f"lost the dask cluster while computing ({type(exc).__name__}: "
-        f"{str(exc) or 'no message'}); {what_is_kept}")
+    text = str(exc)
+    why = ("the connection to the scheduler was lost" if "connection" in text.lower()
+           or isinstance(exc, (CommClosedError, ConnectionError))
+           else f"{type(exc).__name__}: {text.splitlines()[0][:200] if text else 'cancelled'}")
+    return JobFailed(f"lost the dask cluster while computing ({why}); {what_is_kept}")
 
 
 def fit_job(client, negatives: str, model_path: str, lam: float = 1e-3, theta: float = 1.0,
@@ -302,12 +304,13 @@ def encode_job(client, model_path: str, positives: str, out: str, dtype: str | N
     t0 = time.perf_counter()
     model_path, positives, out = canonical(model_path), canonical(positives), canonical(out)
     model = load_model(model_path)
-    arr, out_dtype, width = check_encode_inputs(model, model_path, positives, out, dtype,
-                                                overwrite, on_model_change)
-    fingerprint = model.fingerprint_
-    encoding = model.encoding_fingerprint_  # what decides whether an output can be kept
-    n_rows = int(arr.shape[0])
+    storage.check_distinct(out, "--out", {"positives": positives, "model": model_path})
     with integrity.Lease(out, "slem-dask encode") as lease:
+        arr, out_dtype, width = check_encode_inputs(model, model_path, positives, out, dtype,
+                                                    overwrite, on_model_change, leased=True)
+        fingerprint = model.fingerprint_
+        encoding = model.encoding_fingerprint_  # what decides whether an output can be kept
+        n_rows = int(arr.shape[0])
         existing = storage.open_existing_output(out)
         target, action = _plan_output(out, existing, arr, positives, encoding, out_dtype,
                                       overwrite, on_model_change, width)
@@ -408,9 +411,10 @@ def encode_job(client, model_path: str, positives: str, out: str, dtype: str | N
 
 
 def check_encode_inputs(model, model_path, positives, out, dtype=None, overwrite=False,
-                        on_model_change="fail"):
+                        on_model_change="fail", leased: bool = False):
     """Every check of an encode that needs no data: (positives array, output dtype,
-    output width). Run by the command line before a cluster starts, and by the job."""
+    output width). Run by the command line before a cluster starts, and by the job
+    (``leased``: it holds the output's lease)."""
     model_path, positives, out = canonical(model_path), canonical(positives), canonical(out)
     storage.check_distinct(out, "--out", {"positives": positives, "model": model_path})
     arr = storage.open_input(positives, "positives")
@@ -421,6 +425,8 @@ def check_encode_inputs(model, model_path, positives, out, dtype=None, overwrite
     if not np.issubdtype(out_dtype, np.floating):
         raise ValueError(f"dtype must be a float dtype (float32 or float64), got {dtype!r}")
     width = int(getattr(model, "rank_", arr.shape[1]))  # a KernelSLEM writes r columns
+    if not leased:
+        integrity.Lease(out, "slem-dask encode").check_free()
     _plan_output(out, storage.open_existing_output(out), arr, positives,
                  model.encoding_fingerprint_, out_dtype, overwrite, on_model_change, width)
     return arr, out_dtype, width

@@ -1,8 +1,11 @@
 """The command line against a real `dask scheduler` and two `dask worker` processes on
-127.0.0.1: fault tolerance (a worker killed, the client killed), resume, concurrency."""
+127.0.0.1, started in another working directory than the client: fault tolerance (a
+worker, the client or the scheduler killed), resume, concurrency, relative paths, a
+worker that does not see the storage, a full disk."""
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -13,7 +16,7 @@ import numpy as np
 import pytest
 import zarr
 
-from slem_dask import load_model, storage
+from slem_dask import LinearSLEM, load_model, storage
 
 pytestmark = pytest.mark.cluster
 
@@ -21,31 +24,42 @@ BIN = Path(sys.executable).parent
 N_ROWS, DIM, PART = 120_000, 64, 1_000   # 120 partitions: long enough to interrupt
 
 
-def _start(args, **kw):
-    return subprocess.Popen([str(BIN / "dask"), *args], stdout=subprocess.DEVNULL,
+def _start(args, prefix=(), **kw):
+    return subprocess.Popen([*prefix, str(BIN / "dask"), *args], stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL, start_new_session=True, **kw)
 
 
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory):
-    """A scheduler and two single-threaded workers, without nannies so that a killed
-    worker stays dead."""
-    tmp = tmp_path_factory.mktemp("cluster")
+def _start_cluster(tmp, n_workers=2, extra_worker_prefix=None):
+    """A scheduler and single-threaded workers without nannies (a killed worker stays
+    dead), all started in ``tmp/elsewhere``: not the client's working directory.
+    ``extra_worker_prefix``: a command that starts one more worker (in another mount
+    namespace, say)."""
+    elsewhere = tmp / "elsewhere"
+    elsewhere.mkdir(exist_ok=True)
     sched_file = tmp / "scheduler.json"
-    procs = [_start(["scheduler", "--host", "127.0.0.1", "--port", "0", "--no-dashboard",
-                     "--scheduler-file", str(sched_file)])]
+    if sched_file.exists():
+        sched_file.unlink()
+    scheduler = _start(["scheduler", "--host", "127.0.0.1", "--port", "0", "--no-dashboard",
+                        "--scheduler-file", str(sched_file)], cwd=elsewhere)
     deadline = time.time() + 60
     while not sched_file.exists() and time.time() < deadline:
         time.sleep(0.2)
     address = json.loads(sched_file.read_text())["address"]
-    workers = [_start(["worker", address, "--nthreads", "1", "--no-nanny", "--no-dashboard",
-                       "--host", "127.0.0.1", "--name", f"w{i}"]) for i in range(2)]
-    procs += workers
+    args = ["worker", address, "--nthreads", "1", "--no-nanny", "--no-dashboard",
+            "--host", "127.0.0.1"]
+    workers = [_start([*args, "--name", f"w{i}"], cwd=elsewhere) for i in range(n_workers)]
+    if extra_worker_prefix:
+        workers.append(_start([*args, "--name", "unmounted"], prefix=extra_worker_prefix,
+                              cwd=elsewhere))
     from distributed import Client
 
     with Client(address) as client:
-        client.wait_for_workers(2, timeout=60)
-    yield {"address": address, "workers": workers, "tmp": tmp}
+        client.wait_for_workers(len(workers), timeout=60)
+    return {"address": address, "scheduler": scheduler, "workers": workers, "tmp": tmp}
+
+
+def _stop_cluster(cluster):
+    procs = [cluster["scheduler"], *cluster["workers"]]
     for p in procs:
         if p.poll() is None:
             p.terminate()
@@ -54,6 +68,13 @@ def cluster(tmp_path_factory):
             p.wait(timeout=10)
         except subprocess.TimeoutExpired:
             p.kill()
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    cluster = _start_cluster(tmp_path_factory.mktemp("cluster"))
+    yield cluster
+    _stop_cluster(cluster)
 
 
 @pytest.fixture(scope="module")
@@ -72,7 +93,8 @@ def corpus(cluster):
 
 
 def _cli(cluster, *args, check=True, **kw):
-    cmd = [str(BIN / "slem-dask"), *args, "--scheduler", cluster["address"], "--no-progress"]
+    cmd = [str(BIN / "slem-dask"), *map(str, args), "--scheduler", cluster["address"],
+           "--no-progress"]
     result = subprocess.run(cmd, capture_output=True, text=True, timeout=300, **kw)
     if check:
         assert result.returncode == 0, result.stderr
@@ -162,3 +184,155 @@ def test_two_concurrent_encodes_equal_sequential(cluster, corpus):
                                   storage.open_output(f"{corpus}/clean")[...])
     np.testing.assert_array_equal(storage.open_output(outs[1])[...],
                                   storage.open_output(f"{corpus}/sequential_b")[...])
+
+
+def test_relative_paths_with_workers_in_another_directory(cluster, corpus):
+    """Issue 8, item 1: the client's relative paths are made absolute before they reach
+    workers started elsewhere (they used to write zeros, marked complete)."""
+    tmp = cluster["tmp"]
+    rel = os.path.relpath(corpus, tmp)
+    _cli(cluster, "encode", "--model", f"{rel}/model", "--positives", f"{rel}/others",
+         "--out", f"{rel}/relative", cwd=tmp)
+    _cli(cluster, "fit", "--negatives", f"{rel}/negatives", "--model", f"{rel}/model_rel",
+         cwd=tmp)
+    model = load_model(f"{corpus}/model")
+    np.testing.assert_array_equal(storage.read_all(f"{corpus}/relative"),
+                                  model.transform(zarr.open_array(f"{corpus}/others")[...],
+                                                  dtype="float32"))
+    np.testing.assert_allclose(load_model(f"{corpus}/model_rel").covariance_,
+                               model.covariance_, rtol=1e-12)
+    assert not (tmp / "elsewhere" / rel).exists()
+
+
+def test_racing_cli_encodes_on_a_shared_scheduler(cluster, corpus):
+    """Issue 8, item 2: concurrent `slem-dask encode` of different positives to one --out."""
+    model = load_model(f"{corpus}/model")
+    want = {"positives": model.transform(zarr.open_array(f"{corpus}/positives")[...],
+                                         dtype="float32"),
+            "others": model.transform(zarr.open_array(f"{corpus}/others")[...],
+                                      dtype="float32")}
+    for trial in range(3):
+        out = f"{corpus}/race{trial}"
+        procs = [subprocess.Popen(
+            [str(BIN / "slem-dask"), "encode", "--model", f"{corpus}/model", "--positives",
+             f"{corpus}/{src}", "--out", out, "--scheduler", cluster["address"],
+             "--no-progress"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            for src in ("positives", "others")]
+        results = [p.communicate(timeout=300) + (p.returncode,) for p in procs]
+        codes = [r[2] for r in results]
+        assert 0 in codes, results
+        for _, err, code in results:
+            assert code == 0 or "being written by another slem-dask job" in err \
+                or "cannot be resumed" in err, err
+        meta = storage.output_meta(zarr.open_array(out))
+        assert meta["complete"] is True
+        np.testing.assert_array_equal(storage.read_all(out),
+                                      want[meta["source"].rsplit("/", 1)[1]])
+
+
+def _can_unshare_mounts() -> bool:
+    try:
+        return subprocess.run(["unshare", "--mount", "--propagation", "private", "true"],
+                              capture_output=True, timeout=10).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+
+
+def test_worker_without_the_mount_is_refused_before_anything_is_written(tmp_path):
+    """Issue 8, item 1: one worker host does not mount the storage (here: a worker in its
+    own mount namespace with an empty tmpfs over the data folder)."""
+    if not _can_unshare_mounts():
+        pytest.skip("needs `unshare --mount` (root or user namespaces) to hide a mount")
+    data = tmp_path / "data"
+    data.mkdir()
+    rng = np.random.default_rng(2)
+    for name, n in (("negatives", 4000), ("positives", 6000)):
+        arr = zarr.create_array(str(data / name), shape=(n, DIM), dtype="float32",
+                                chunks=(PART, DIM))
+        arr[...] = rng.standard_normal((n, DIM)).astype("float32")
+    LinearSLEM().fit(zarr.open_array(str(data / "negatives"))[...]).save(str(data / "model"))
+    hide = ["unshare", "--mount", "--propagation", "private", "sh", "-c",
+            f'mount -t tmpfs none "{data}" && exec "$0" "$@"']
+    cluster = _start_cluster(tmp_path, n_workers=1, extra_worker_prefix=hide)
+    try:
+        enc = _cli(cluster, "encode", "--model", data / "model", "--positives",
+                   data / "positives", "--out", data / "out", check=False)
+        assert enc.returncode == 1
+        assert "does not see the positives" in enc.stderr and "unmounted" not in enc.stdout
+        assert len(enc.stderr.strip().splitlines()) == 1
+        with pytest.raises(ValueError, match="unfinished"):
+            storage.open_output(str(data / "out"))
+        fit = _cli(cluster, "fit", "--negatives", data / "negatives", "--model",
+                   data / "model2", check=False)
+        assert fit.returncode == 1 and "does not see the negatives" in fit.stderr
+        assert not (data / "model2").exists()
+    finally:
+        _stop_cluster(cluster)
+
+
+def test_scheduler_killed_mid_encode_keeps_finished_partitions(tmp_path):
+    """Issue 8, item 6: one clear line, finished partitions kept, the re-run resumes."""
+    data = tmp_path / "data"
+    rng = np.random.default_rng(4)
+    arr = zarr.create_array(str(data / "positives"), shape=(N_ROWS, DIM), dtype="float32",
+                            chunks=(PART, DIM))
+    arr[...] = rng.standard_normal((N_ROWS, DIM)).astype("float32")
+    model = LinearSLEM().fit(rng.standard_normal((3000, DIM)))
+    model.save(str(data / "model"))
+    out = data / "out"
+    cluster = _start_cluster(tmp_path)
+    try:
+        proc = subprocess.Popen(
+            [str(BIN / "slem-dask"), "encode", "--model", str(data / "model"), "--positives",
+             str(data / "positives"), "--out", str(out), "--partition-rows", str(PART),
+             "--scheduler", cluster["address"], "--no-progress"],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        assert _wait_for_chunks(out, 10, proc), "encode ended before it could be interrupted"
+        cluster["scheduler"].kill()
+        _, err = proc.communicate(timeout=120)
+    finally:
+        _stop_cluster(cluster)
+    assert proc.returncode == 1, err
+    assert len(err.strip().splitlines()) == 1 and "lost the dask cluster" in err, err
+    assert "kept" in err and "Traceback" not in err
+    kept = len(_chunks(out))
+    assert kept >= 10
+    with pytest.raises(ValueError, match="unfinished"):
+        storage.open_output(str(out))
+    cluster = _start_cluster(tmp_path)
+    try:
+        rerun = _cli(cluster, "encode", "--model", data / "model", "--positives",
+                     data / "positives", "--out", out, "--partition-rows", str(PART))
+    finally:
+        _stop_cluster(cluster)
+    assert "resume" in rerun.stdout
+    encoded = int(rerun.stdout.split("partitions")[1].split("encoded")[0])
+    assert encoded <= N_ROWS // PART - kept + 2  # at most the chunks in flight at the kill
+    np.testing.assert_array_equal(storage.read_all(out),
+                                  model.transform(arr[...], dtype="float32"))
+
+
+def test_disk_full_on_a_real_filesystem(cluster, corpus, tmp_path):
+    """A 2 MiB tmpfs as the output's storage: the job stops with one line, keeps what it
+    wrote, and resumes once there is space."""
+    mnt = tmp_path / "small"
+    mnt.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "none", str(mnt)],
+                      capture_output=True).returncode != 0:
+        pytest.skip("needs permission to mount a tmpfs")
+    try:
+        args = ["encode", "--model", f"{corpus}/model", "--positives", f"{corpus}/others",
+                "--out", mnt / "out", "--partition-rows", str(PART)]
+        full = _cli(cluster, *args, check=False)
+        assert full.returncode == 1 and "no space left" in full.stderr, full.stderr
+        assert len(full.stderr.strip().splitlines()) == 1
+        assert storage.output_meta(zarr.open_array(str(mnt / "out")))["complete"] is False
+        subprocess.run(["mount", "-o", "remount,size=64m", str(mnt)], check=True)
+        again = _cli(cluster, *args)
+        assert "resume" in again.stdout
+        model = load_model(f"{corpus}/model")
+        np.testing.assert_array_equal(
+            storage.read_all(mnt / "out"),
+            model.transform(zarr.open_array(f"{corpus}/others")[...], dtype="float32"))
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
