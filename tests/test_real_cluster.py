@@ -230,6 +230,27 @@ def test_racing_cli_encodes_on_a_shared_scheduler(cluster, corpus):
                                       want[meta["source"].rsplit("/", 1)[1]])
 
 
+def test_racing_cli_encodes_with_separate_local_clusters(cluster, corpus):
+    """Issue 8, item 2, without a shared scheduler: each process starts its own LocalCluster."""
+    out = f"{corpus}/race_local"
+    procs = [subprocess.Popen(
+        [str(BIN / "slem-dask"), "encode", "--model", f"{corpus}/model", "--positives",
+         f"{corpus}/{src}", "--out", out, "--workers", "1", "--no-progress"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for src in ("positives", "others")]
+    results = [p.communicate(timeout=300) + (p.returncode,) for p in procs]
+    assert [r[2] for r in results].count(0) >= 1, results
+    for _, err, code in results:
+        assert code == 0 or "being written by another slem-dask job" in err \
+            or "cannot be resumed" in err, err
+    meta = storage.output_meta(zarr.open_array(out))
+    model = load_model(f"{corpus}/model")
+    source = zarr.open_array(meta["source"][len("file://"):])[...]
+    assert meta["complete"] is True
+    np.testing.assert_array_equal(storage.read_all(out), model.transform(source,
+                                                                         dtype="float32"))
+
+
 def _can_unshare_mounts() -> bool:
     try:
         return subprocess.run(["unshare", "--mount", "--propagation", "private", "true"],

@@ -1,0 +1,112 @@
+#!/usr/bin/env python
+"""What the integrity guarantees cost an encode (issue 8: at most 5% at 1e6 x 512).
+
+Same LocalCluster, same model, same float32 store (the bench_fit store), alternating:
+
+* guarded: ``pipeline.encode_job(client, model, store, out, overwrite=True)``: canonical
+  paths, a lease on the output, listing fingerprints of the input (before and after),
+  the workers' view of input and output checked, every input chunk's presence checked
+  in the task that reads it, a crc32c on every output chunk, and every partition's
+  stored crc32c compared with the one its task computed before ``complete: true``.
+* unguarded: what slem-dask 0.1.0 did: ``da.from_zarr`` (no chunk checks), the same
+  ``model.transform``, ``da.store`` into an uncompressed zarr array without checksums,
+  no lease, no listing, no verification; the same output chunking.
+
+Prints every run, best/median, the ratio unguarded/guarded and the overhead in percent.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import sys
+import time
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import _common as C  # noqa: E402
+
+
+def unguarded(client, model, path: str, out: str, rows: int) -> float:
+    import dask.array as da
+    import zarr
+
+    t0 = time.perf_counter()
+    arr = zarr.open_array(store=path, mode="r")
+    if os.path.exists(out):
+        shutil.rmtree(out)
+    target = zarr.create_array(store=out, shape=arr.shape, dtype="float32",
+                               chunks=(rows, arr.shape[1]), compressors=None,
+                               config={"write_empty_chunks": True})
+    z = model.transform(da.from_zarr(arr, chunks=(rows, arr.shape[1])), dtype=np.float32)
+    client.compute(da.store(z, target, lock=False, compute=False)).result()
+    return time.perf_counter() - t0
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    C.add_common_args(parser)
+    C.add_run_args(parser)
+    args = parser.parse_args(argv)
+    C.resolve_sizes(args)
+
+    from slem_dask import integrity, storage
+    from slem_dask.cluster import connect
+    from slem_dask.models import load_model
+    from slem_dask.pipeline import encode_job, fit_job
+
+    C.header(f"bench_integrity: n={args.n:,} d={args.d} float32", args)
+    path = C.ensure_store(args.workdir, args.n, args.d, args.seed, args.chunk_rows)
+    print(f"data: {C.describe_store(path)}")
+    tag = f"n{args.n}-d{args.d}"
+    model_path = os.path.join(args.workdir, f"bench-integrity-model-{tag}.zarr")
+    out_g = os.path.join(args.workdir, f"bench-integrity-guarded-{tag}.zarr")
+    out_u = os.path.join(args.workdir, f"bench-integrity-unguarded-{tag}.zarr")
+    guarded, plain = [], []
+    with connect(n_workers=args.workers, threads_per_worker=args.threads, quiet=True) as client:
+        fit_job(client, path, model_path, lam=args.lam, overwrite=True)
+        model = load_model(model_path)
+        arr = storage.open_input(path, "positives")
+        rows = storage.row_partition(arr, args.partition_rows)
+        print(f"cluster: {len(client.nthreads())} worker process(es); partitions of {rows:,} "
+              f"rows ({-(-args.n // rows)} partitions)")
+        with C.Timer() as t:
+            integrity.partition_fingerprints(arr, path, "positives", rows)
+        print(f"listing fingerprint of the input alone: {t.seconds * 1e3:.1f} ms")
+        unguarded(client, model, path, out_u, rows)  # warm-up, not counted
+        for r in range(args.repeat):
+            report = encode_job(client, model_path, path, out_g, partition_rows=rows,
+                                overwrite=True)
+            guarded.append(report.timings["total"])
+            plain.append(unguarded(client, model, path, out_u, rows))
+            print(f"run {r + 1}: guarded {guarded[-1]:.3f} s | unguarded {plain[-1]:.3f} s "
+                  f"| {C.load_line()}")
+            sys.stdout.flush()
+        with C.Timer() as t:
+            what, problems = storage.verify(out_g)
+        print(f"`slem-dask verify` of the guarded output (reads it all): {t.seconds:.2f} s, "
+              f"{len(problems)} problem(s)")
+    med = C.statistics.median
+    ratio = min(plain) / min(guarded)
+    ratio_med = med(plain) / med(guarded)
+    print()
+    print(f"guarded   : {C.spread(guarded)}  runs {C.runs_line(guarded)}")
+    print(f"unguarded : {C.spread(plain)}  runs {C.runs_line(plain)}")
+    print(f"RATIO unguarded_time / guarded_time = {ratio:.3f} (best of {args.repeat}); "
+          f"{ratio_med:.3f} (medians); overhead {100 * (1 / ratio - 1):+.1f}% (best), "
+          f"{100 * (1 / ratio_med - 1):+.1f}% (medians)  [goal: overhead <= 5%]")
+    out_a = storage.read_rows(storage.open_output(out_g), 0, min(args.n, 50_000))
+    import zarr
+
+    out_b = zarr.open_array(store=out_u, mode="r")[:min(args.n, 50_000)]
+    print(f"check: first {len(out_a):,} rows identical: {bool(np.array_equal(out_a, out_b))}")
+    C.emit_json("RESULT bench_integrity", {
+        "n": args.n, "d": args.d, "guarded": guarded, "unguarded": plain,
+        "ratio_best": ratio, "ratio_median": ratio_med})
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
