@@ -168,6 +168,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="zarr group to write, with arrays scores (q, k) and indices (q, k)")
     p.add_argument("--overwrite", action="store_true",
                    help="replace an existing search result written by slem-dask")
+    p.add_argument("--force", action="store_true",
+                   help="search even if queries and database were encoded by different models")
     _add_partition_arg(p)
     _add_cluster_args(p)
 
@@ -258,6 +260,20 @@ def _check_inputs(args, spec) -> None:
     instead of after a cluster start-up. The jobs check again (cheaply) themselves."""
     from . import integrity, storage
 
+    paths = {k: getattr(args, k, None) for k in ("negatives", "model", "positives", "out",
+                                                 "queries", "database", "corpus")}
+    if spec is not None:
+        paths.update({"model.path": spec.model.path,
+                      "fit.negatives": spec.fit.negatives if spec.fit else None,
+                      **{f"encode[{i}].positives": e.positives for i, e in enumerate(spec.encode)},
+                      **{f"encode[{i}].out": e.out for i, e in enumerate(spec.encode)}})
+    for key, path in paths.items():
+        if isinstance(path, str) and integrity.canonical(path).url.startswith("memory://"):
+            raise ValueError(
+                f"{key} {path!r}: a memory:// store lives only as long as one process, and "
+                f"this command's would vanish when it exits; give a path or a URL (file://, "
+                f"s3://...) that the workers and later commands can read")
+
     if args.command == "run":
         from .jobspec import check_inputs
 
@@ -279,7 +295,7 @@ def _check_inputs(args, spec) -> None:
         from .pipeline import check_encode_inputs
 
         check_encode_inputs(load_model(args.model), args.model, args.positives, args.out,
-                            args.dtype, args.overwrite)
+                            args.dtype, args.overwrite, partition_rows=args.partition_rows)
 
 
 def _verify(paths) -> int:
@@ -321,7 +337,7 @@ def _run(args) -> int:
         from . import evaluation
 
         if args.command == "search":
-            evaluation.check_search_inputs(args.queries, args.database, args.k)
+            evaluation.check_search_inputs(args.queries, args.database, args.k, args.force)
         else:
             evaluation.check_evaluate_inputs(args.corpus, args.methods, args.negatives, args.k)
     with connect(scheduler, workers, threads, security=security,
@@ -331,7 +347,9 @@ def _run(args) -> int:
         if args.command == "run":
             from .jobspec import run_spec
 
-            reports = run_spec(client, spec, overwrite=args.overwrite, progress=progress)
+            run_spec(client, spec, overwrite=args.overwrite, progress=progress,
+                     on_report=lambda r: print("\n".join(r.lines()), flush=True))
+            reports = []  # printed as each step finished
         elif args.command == "fit":
             reports = [pipeline.fit_job(client, args.negatives, args.model, lam=args.lam,
                                         theta=args.theta, partition_rows=args.partition_rows,
@@ -342,7 +360,7 @@ def _run(args) -> int:
         elif args.command == "search":
             reports = [evaluation.search_job(client, args.queries, args.database, args.out,
                                              k=args.k, partition_rows=args.partition_rows,
-                                             overwrite=args.overwrite)]
+                                             overwrite=args.overwrite, force=args.force)]
         elif args.command == "evaluate":
             params = {"slem": {"lam": args.lam}, "pca": {"eps": args.pca_eps},
                       "esvm": {"lam": args.esvm_lam, "n_iter": args.esvm_iters}}

@@ -273,10 +273,22 @@ def plot_pr_curves(curves: dict, path: str, title: str = "precision-recall",
 
 # -- jobs -----------------------------------------------------------------
 
-def check_search_inputs(queries: str, database: str, k: int):
-    """Open both zarr arrays and check shapes and k, before any cluster starts."""
+def check_search_inputs(queries: str, database: str, k: int, force: bool = False):
+    """Open both zarr arrays and check shapes and k, before any cluster starts.
+
+    Queries and database encoded by slem-dask with different models are refused
+    (their scores mean nothing) unless ``force``."""
     q = storage.open_input(queries, "queries")
     db = storage.open_input(database, "database")
+    mq, mdb = storage.output_meta(q), storage.output_meta(db)
+    if not force and mq and mdb and \
+            mq.get("encoding_fingerprint") != mdb.get("encoding_fingerprint"):
+        raise ValueError(
+            f"queries ({queries!r}) and database ({database!r}) were encoded with different "
+            f"models (encoding fingerprints {str(mq.get('encoding_fingerprint'))[:16]} and "
+            f"{str(mdb.get('encoding_fingerprint'))[:16]}; models {mq.get('model_path')!r} "
+            f"and {mdb.get('model_path')!r}): their scores are not comparable. Encode both "
+            f"with one model, or pass --force to search anyway")
     if q.shape[1] != db.shape[1]:
         raise ValueError(
             f"queries ({queries!r}) have {q.shape[1]} features but database rows "
@@ -293,7 +305,8 @@ def check_search_inputs(queries: str, database: str, k: int):
 
 
 def search_job(client, queries: str, database: str, out: str, k: int = 100,
-               partition_rows: int | None = None, overwrite: bool = False) -> JobReport:
+               partition_rows: int | None = None, overwrite: bool = False,
+               force: bool = False) -> JobReport:
     """Exact top-k of every query row against the database rows; write a zarr group.
 
     ``out`` gets arrays ``scores`` (float64) and ``indices`` (int64), each
@@ -307,7 +320,7 @@ def search_job(client, queries: str, database: str, out: str, k: int = 100,
     t0 = time.perf_counter()
     queries, database, out = map(integrity.canonical, (queries, database, out))
     storage.check_distinct(out, "--out", {"queries": queries, "database": database})
-    q_arr, db_arr = check_search_inputs(str(queries), str(database), k)
+    q_arr, db_arr = check_search_inputs(str(queries), str(database), k, force=force)
     if storage._exists(out):
         if not overwrite:
             raise FileExistsError(f"output {str(out)!r} already exists; pass --overwrite to "

@@ -76,13 +76,16 @@ class StorePath:
         if self.is_local:
             return StorePath("file://" + os.path.dirname(self.location.rstrip("/") or "/"))
         protocol, rest = self.url.split("://", 1)
-        return StorePath(f"{protocol}://{rest.rstrip('/').rsplit('/', 1)[0] if '/' in rest else rest}")
+        rest = rest.rstrip("/")
+        return StorePath(f"{protocol}://{rest.rsplit('/', 1)[0] if '/' in rest else ''}")
 
     @property
     def name(self) -> str:
         return self.url.rstrip("/").rsplit("/", 1)[-1]
 
     def child(self, name: str) -> "StorePath":
+        if self.url.endswith("://"):  # the root of a remote file system
+            return StorePath(self.url + name)
         return StorePath(self.url.rstrip("/") + "/" + name)
 
     def __str__(self) -> str:  # what messages show: a plain path for local stores
@@ -531,7 +534,8 @@ def _listing(arr, path: StorePath) -> dict[str, tuple[int, int]]:
         rel = full[len(froot):].lstrip("/")
         if rel == "zarr.json":
             continue
-        stamp = info.get("mtime") or info.get("LastModified") or info.get("ETag") or ""
+        stamp = (info.get("mtime") or info.get("LastModified") or info.get("ETag")
+                 or info.get("created") or "")
         out[prefix + rel] = (int(info.get("size", 0)), hash(str(stamp)))
     return out
 
@@ -638,6 +642,15 @@ def check_workers_see(client, stores: dict[str, object]) -> None:
         return
     names = list(stores)
     paths = [canonical(stores[n]) for n in names]
+    local = [p for p in paths if p.url.startswith("memory://")]
+    if local:
+        apart = [w for w in client.scheduler_info().get("workers", {})
+                 if not w.startswith("inproc://")]
+        if apart:
+            raise StorageViewError(
+                f"{str(local[0])!r} is a memory:// store: it lives in this process only, "
+                f"and worker {apart[0]} is another process; use a path or URL every worker "
+                f"can reach (a shared file system, s3://...), or an in-process cluster")
     locations = [p.location for p in paths]
     here = _worker_signatures(locations)
     seen = client.run(_worker_signatures, locations)

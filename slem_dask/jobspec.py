@@ -248,14 +248,27 @@ def check_paths(spec: JobSpec) -> None:
             raise type(exc)(f"{spec.source}: {exc}") from None
 
 
-def run_spec(client, spec: JobSpec, overwrite: bool = False, progress: bool = False):
-    """Run every step of ``spec`` on ``client``; return the job reports."""
+def run_spec(client, spec: JobSpec, overwrite: bool = False, progress: bool = False,
+             on_report=None):
+    """Run every step of ``spec`` on ``client``; return the job reports.
+
+    ``on_report(report)`` is called as each step finishes (the command line prints
+    it then, so that a failing later step never hides what earlier ones wrote).
+    ``[fit] update = false`` refits the model (from scratch) on every run.
+    """
     import os
 
     from . import pipeline
 
     check_paths(spec)
+
     reports = []
+
+    def done(report):
+        reports.append(report)
+        if on_report is not None:
+            on_report(report)
+
     if spec.generate is not None and not os.path.exists(spec.generate.path):
         from .datasets import make_corpus, write_corpus
 
@@ -264,18 +277,18 @@ def run_spec(client, spec: JobSpec, overwrite: bool = False, progress: bool = Fa
                                  d=g.dim, seed=g.seed), g.path)
         report = pipeline.JobReport("generate corpus")
         report.facts.update({"corpus": g.path, "negatives": g.n_negatives})
-        reports.append(report)
+        done(report)
     if spec.fit is not None:
         m = spec.model
         kernel_args = {} if m.type == "linear" else {
             "kernel": m.kernel, "gamma": m.gamma, "degree": m.degree, "rank": m.rank,
             "pivoting": m.pivoting, "tol": m.tol, "seed": m.seed}
-        reports.append(pipeline.fit_job(
+        done(pipeline.fit_job(
             client, spec.fit.negatives, m.path, lam=m.lam, theta=m.theta,
-            partition_rows=spec.fit.partition_rows, overwrite=overwrite,
+            partition_rows=spec.fit.partition_rows, overwrite=overwrite or not spec.fit.update,
             update=spec.fit.update, progress=progress, **kernel_args))
     for step in spec.encode:
-        reports.append(pipeline.encode_job(
+        done(pipeline.encode_job(
             client, spec.model.path, step.positives, step.out, dtype=step.dtype,
             partition_rows=step.partition_rows, overwrite=overwrite, progress=progress,
             on_model_change=step.on_model_change))

@@ -307,7 +307,8 @@ def encode_job(client, model_path: str, positives: str, out: str, dtype: str | N
     storage.check_distinct(out, "--out", {"positives": positives, "model": model_path})
     with integrity.Lease(out, "slem-dask encode") as lease:
         arr, out_dtype, width = check_encode_inputs(model, model_path, positives, out, dtype,
-                                                    overwrite, on_model_change, leased=True)
+                                                    overwrite, on_model_change, leased=True,
+                                                    partition_rows=partition_rows)
         fingerprint = model.fingerprint_
         encoding = model.encoding_fingerprint_  # what decides whether an output can be kept
         n_rows = int(arr.shape[0])
@@ -411,7 +412,8 @@ def encode_job(client, model_path: str, positives: str, out: str, dtype: str | N
 
 
 def check_encode_inputs(model, model_path, positives, out, dtype=None, overwrite=False,
-                        on_model_change="fail", leased: bool = False):
+                        on_model_change="fail", leased: bool = False,
+                        partition_rows: int | None = None):
     """Every check of an encode that needs no data: (positives array, output dtype,
     output width). Run by the command line before a cluster starts, and by the job
     (``leased``: it holds the output's lease)."""
@@ -420,15 +422,26 @@ def check_encode_inputs(model, model_path, positives, out, dtype=None, overwrite
     arr = storage.open_input(positives, "positives")
     check_n_features(arr, model.n_features_in_, f"positives ({str(positives)!r})",
                      fitted_on=f"the model {str(model_path)!r}")
+    existing = storage.open_existing_output(out)
+    kept = existing if existing is not None and not overwrite \
+        and storage.output_meta(existing) is not None else None
+    if dtype is None and kept is not None:
+        dtype = existing.dtype  # a re-run continues the output as it was written
     out_dtype = np.dtype(dtype or (arr.dtype if np.issubdtype(arr.dtype, np.floating)
                                    else "float64"))
     if not np.issubdtype(out_dtype, np.floating):
         raise ValueError(f"dtype must be a float dtype (float32 or float64), got {dtype!r}")
+    if partition_rows is not None and kept is not None \
+            and storage.row_partition(arr, partition_rows) != int(kept.chunks[0]):
+        raise ValueError(
+            f"--partition-rows {partition_rows}: the output {str(out)!r} is written in "
+            f"partitions of {kept.chunks[0]} rows (one chunk each), and a re-run continues "
+            f"it that way; omit --partition-rows, or pass --overwrite to rebuild it")
     width = int(getattr(model, "rank_", arr.shape[1]))  # a KernelSLEM writes r columns
     if not leased:
         integrity.Lease(out, "slem-dask encode").check_free()
-    _plan_output(out, storage.open_existing_output(out), arr, positives,
-                 model.encoding_fingerprint_, out_dtype, overwrite, on_model_change, width)
+    _plan_output(out, existing, arr, positives, model.encoding_fingerprint_, out_dtype,
+                 overwrite, on_model_change, width)
     return arr, out_dtype, width
 
 

@@ -454,3 +454,76 @@ def test_disk_full_keeps_finished_partitions_and_resumes(corpus, monkeypatch):
     report = _encode(corpus, out)
     assert report.facts["action"] == "resume"
     np.testing.assert_array_equal(storage.read_all(out), _expected(corpus))
+
+
+# -- issue 10 items that touch storage and the jobs ------------------------------------
+def test_file_urls_work_for_every_input_and_output(corpus, client, capsys):
+    d = corpus["dir"]
+    code, _, err = _cli(capsys, client, "encode", "--model", f"file://{corpus['model']}",
+                        "--positives", f"file://{corpus['positives']}",
+                        "--out", f"file://{d}/url.zarr")
+    assert code == 0, err
+    np.testing.assert_array_equal(storage.read_all(d / "url.zarr"), _expected(corpus))
+    code, _, err = _cli(capsys, client, "search", "--queries", f"file://{d}/url.zarr",
+                        "--database", f"{d}/url.zarr", "--k", "2",
+                        "--out", f"file://{d}/search.zarr")
+    assert code == 0, err
+    assert _verify(capsys, d / "search.zarr")[0] == 0
+
+
+def test_memory_urls_are_refused_by_the_command_line_and_separate_workers(corpus, client,
+                                                                        capsys):
+    code, _, err = _cli(capsys, client, "encode", "--model", corpus["model"], "--positives",
+                        corpus["positives"], "--out", "memory://x.zarr")
+    assert code == 1 and "memory://" in err and "vanish" in err
+    with LocalCluster(n_workers=1, threads_per_worker=1, processes=True,
+                      dashboard_address=":0") as cluster, Client(cluster) as c:
+        with pytest.raises(integrity.StorageViewError, match="memory:// store"):
+            pipeline.encode_job(c, corpus["model"], corpus["positives"], "memory://x.zarr")
+    # in one process (the threaded scheduler) it is a fine scratch store
+    report = pipeline.encode_job(None, corpus["model"], corpus["positives"], "memory://y.zarr")
+    assert report.facts["action"] == "create"
+    np.testing.assert_array_equal(storage.read_all("memory://y.zarr"), _expected(corpus))
+
+
+def test_search_refuses_encodings_of_different_models_unless_forced(corpus, client, capsys):
+    d = corpus["dir"]
+    _encode(corpus, d / "q.zarr")
+    other = str(d / "other_model.zarr")
+    LinearSLEM(lam=1.0).fit(corpus["neg"]).save(other)
+    pipeline.encode_job(None, other, corpus["positives"], str(d / "db.zarr"))
+    args = ["search", "--queries", d / "q.zarr", "--database", d / "db.zarr", "--k", "3",
+            "--out", d / "s.zarr"]
+    code, _, err = _cli(capsys, client, *args)
+    assert code == 1 and "different models" in err and "--force" in err
+    assert _cli(capsys, client, *args, "--force")[0] == 0
+
+
+def test_run_prints_each_step_as_it_finishes_and_update_false_reruns(corpus, client, capsys):
+    d = corpus["dir"]
+    spec = d / "spec.toml"
+    spec.write_text(f'[model]\npath = "{d}/m.zarr"\n[fit]\nnegatives = "{corpus["negatives"]}"'
+                    f'\nupdate = false\n[[encode]]\npositives = "{corpus["positives"]}"\n'
+                    f'out = "{d}/e.zarr"\n[[encode]]\npositives = "{d}/missing.zarr"\n'
+                    f'out = "{d}/e2.zarr"\n')
+    _array(d / "missing.zarr", corpus["pos"])
+    code, out, err = _cli(capsys, client, "run", spec)
+    assert code == 0, err
+    os.remove(_chunk(d / "missing.zarr", 1))  # the second encode step now fails
+    code, out, err = _cli(capsys, client, "run", spec)
+    assert code == 1 and "c/1/0" in err
+    assert "fit:" in out and "encode:" in out  # the steps before it were reported
+    assert "action             fit" in out  # update = false: refitted, not refused
+
+
+def test_rerun_keeps_the_outputs_dtype_and_refuses_other_partition_rows(corpus, client,
+                                                                      capsys):
+    d = corpus["dir"]
+    base = ["encode", "--model", corpus["model"], "--positives", corpus["positives"],
+            "--out", d / "o.zarr"]
+    assert _cli(capsys, client, *base, "--dtype", "float64", "--partition-rows", "40")[0] == 0
+    code, out, err = _cli(capsys, client, *base)
+    assert code == 0 and "up to date" in out, err
+    assert zarr.open_array(str(d / "o.zarr")).dtype == np.float64
+    code, _, err = _cli(capsys, client, *base, "--partition-rows", "80")
+    assert code == 1 and "partitions of 40 rows" in err
