@@ -176,7 +176,16 @@ def read_rows(arr: zarr.Array, lo: int, hi: int, name: str = "input") -> np.ndar
 
 
 def _where(arr: zarr.Array) -> str:
-    root = str(arr.store_path.store).replace("file://", "")
+    """The store of ``arr`` as a user wrote it: a path, or a URL."""
+    store = arr.store_path.store
+    if hasattr(store, "root"):  # LocalStore
+        root = str(store.root)
+    elif hasattr(store, "fs"):  # FsspecStore
+        protocol = store.fs.protocol
+        protocol = protocol[0] if isinstance(protocol, (tuple, list)) else protocol
+        root = f"{protocol}://{store.path.lstrip('/')}"
+    else:
+        root = str(store)
     return f"{root.rstrip('/')}/{arr.path}" if arr.path else root
 
 
@@ -266,6 +275,7 @@ def write_group(path, meta: dict, arrays: dict[str, np.ndarray], what: str,
                                          compressors=CHECKSUM)
                 arr[...] = value
             group.attrs[ATTR] = {**meta, "metadata_checksum": metadata_checksum(meta)}
+            _check_written(target, arrays, what)
             lease.check()  # no other job took the store over meanwhile
             if path.is_local:
                 if os.path.exists(path.location):
@@ -283,6 +293,17 @@ def write_group(path, meta: dict, arrays: dict[str, np.ndarray], what: str,
     finally:
         if own:
             lease.release()
+
+
+def _check_written(location: str, arrays: dict[str, np.ndarray], what: str) -> None:
+    """Read a group back (through its checksums) before it is put in place: what is
+    marked complete is what was computed."""
+    back = read_group_arrays(zarr.open_group(store=location, mode="r"), location, what)
+    for key, value in arrays.items():
+        if key not in back or not np.array_equal(back[key], np.asarray(value), equal_nan=True):
+            raise integrity.IntegrityError(
+                f"{what}: array {key!r} read back from {location!r} differs from what was "
+                f"written; nothing was replaced: check the storage and write it again")
 
 
 def write_model_store(path, model_name: str, params: dict, arrays: dict[str, np.ndarray],
