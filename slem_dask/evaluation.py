@@ -309,7 +309,7 @@ def search_job(client, queries: str, database: str, out: str, k: int = 100,
     if not overwrite and storage._exists(out):
         raise FileExistsError(f"output {out!r} already exists; pass --overwrite to replace it")
     db = storage.dask_rows(db_arr, partition_rows)
-    q = np.asarray(q_arr[...])
+    q = storage.dask_rows(q_arr, partition_rows)
     t1 = time.perf_counter()
     scores, indices = _compute(client, search(q, db, k), progress=False)
     t2 = time.perf_counter()

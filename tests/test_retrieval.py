@@ -4,7 +4,6 @@ import dask
 import dask.array as da
 import numpy as np
 import pytest
-from dask.delayed import Delayed
 
 from reference import average_precision_loop, brute_force_topk, oxford_compute_ap
 from slem_dask import mean_average_precision, precision_recall_at_k, search
@@ -67,8 +66,14 @@ def test_dask_search_is_lazy(tied):
         raise AssertionError("search computed while building the graph")
 
     with dask.config.set(scheduler=fail):
-        result = search(queries, db, 4)
-    assert isinstance(result, Delayed)
+        scores, indices = search(queries, db, 4)  # unpacks without computing
+        assert isinstance(scores, da.Array) and isinstance(indices, da.Array)
+        assert scores.shape == indices.shape == (len(queries), 4)
+        assert scores.dtype == np.float64 and indices.dtype == np.int64
+    ref_scores, ref_indices = brute_force_topk(queries, database, 4)
+    got_scores, got_indices = dask.compute(scores, indices, scheduler="sync")
+    np.testing.assert_array_equal(got_indices, ref_indices)
+    np.testing.assert_allclose(got_scores, ref_scores, rtol=1e-12)
 
 
 @pytest.mark.parametrize("chunks", [13, (50, 1, 149)])
