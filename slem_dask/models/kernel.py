@@ -175,7 +175,7 @@ class KernelSLEM(SLEMEstimator):
                         self.pivot_factor_, self.factor_mean_, self.g_factor_, self.pivots_,
                         getattr(self, "negatives_", None), getattr(self, "factor_", None))
 
-    def transform(self, P, dtype=np.float64, normalize: str = "h"):
+    def transform(self, P, dtype=None, normalize: str = "h"):
         """Explicit SLEM vectors z (n_p, r_), one row per positive.
 
         z = beta / N with beta = G^-1 (v - mu) and N = sqrt(|beta|^2 + u^2 / lam^2)
@@ -211,12 +211,13 @@ class KernelSLEM(SLEMEstimator):
         experiment above, 0.72 and 0.98).
 
         numpy in, numpy out; dask in, lazy dask out with the row chunks of ``P``.
+        ``dtype``: of the result (default: the input's, float32 stays float32; computed in float64).
         """
         if normalize not in ("h", "unit"):
             raise ValueError(f"normalize must be 'h' (rows beta / |h|) or 'unit' (rows "
                              f"beta / |beta|), got {normalize!r}")
         P = self._check_positives(P)
-        dtype = np.dtype(dtype)
+        dtype = self._output_dtype(P, dtype)
         enc = self._encoder()
         unit = normalize == "unit"
         if is_dask_array(P):
