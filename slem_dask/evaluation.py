@@ -120,7 +120,10 @@ def pr_curve(indices, relevant, n_points: int = 101) -> tuple[np.ndarray, np.nda
     whose recall is >= r (the usual interpolation; 0 for recall levels the
     ranked list never reaches). Returns (recall levels, mean precision).
     """
+    from .retrieval import _check_per_query
+
     indices = np.asarray(indices)
+    relevant = _check_per_query(relevant, "relevant", len(indices))
     levels = np.linspace(0.0, 1.0, n_points)
     total = np.zeros(n_points)
     for ranking, rel in zip(indices, relevant):
@@ -171,12 +174,9 @@ def evaluate_methods(negatives, database, queries, relevant, methods=("raw", "pc
                 f"{name} has {arr.shape[1]} features but negatives have "
                 f"{negatives.shape[1]}; all three must be descriptors of the same dimension"
             )
-    relevant = [np.asarray(r, dtype=np.int64) for r in relevant]
-    if len(relevant) != len(queries):
-        raise ValueError(
-            f"relevant has {len(relevant)} entries but there are {len(queries)} queries; "
-            f"give one set of relevant database indices per query"
-        )
+    from .retrieval import _check_per_query
+
+    relevant = _check_per_query(relevant, "relevant", queries.shape[0])
     for i, rel in enumerate(relevant):
         if rel.size == 0:
             raise ValueError(f"relevant[{i}] is empty: query {i} has no relevant item; "

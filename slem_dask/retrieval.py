@@ -120,23 +120,39 @@ def search(queries, database, k: int = 100):
     return merged[:, :k], merged[:, k:].astype(np.int64)
 
 
+def _check_per_query(collections, name: str, n_queries: int) -> list[np.ndarray]:
+    """One id array per query from any sequence of per-query collections (list, tuple,
+    set, frozenset, array); a mapping is refused, never read by its keys."""
+    if hasattr(collections, "keys") and hasattr(collections, "values"):
+        raise TypeError(
+            f"{name} is a mapping ({type(collections).__name__}) of {len(collections)} "
+            f"entries; give a sequence with one collection of database indices per query, "
+            f"in query order, e.g. [{name}[q] for q in query_ids] (a mapping is not read "
+            f"by its keys)"
+        )
+    if isinstance(collections, (set, frozenset)):
+        raise TypeError(f"{name} is a {type(collections).__name__}, which has no order; give "
+                        f"a list with one collection of database indices per query")
+    collections = list(collections)
+    if len(collections) != n_queries:
+        raise ValueError(
+            f"{name} has {len(collections)} entries but indices has {n_queries} queries; "
+            f"give one collection of {name} database indices per query"
+        )
+    return [as_id_array(c, f"{name}[{i}]") for i, c in enumerate(collections)]
+
+
 def _per_query(indices, relevant, junk, name="relevant"):
     indices = np.asarray(indices)
     if indices.ndim != 2:
         raise ValueError(f"indices must be 2-D (n_queries, k), got shape {indices.shape}")
-    relevant = list(relevant)
-    if len(relevant) != len(indices):
-        raise ValueError(
-            f"{name} has {len(relevant)} entries but indices has {len(indices)} queries; "
-            f"give one collection of relevant indices per query"
-        )
-    junk = [()] * len(indices) if junk is None else list(junk)
-    if len(junk) != len(indices):
-        raise ValueError(f"junk has {len(junk)} entries but indices has {len(indices)} queries")
+    relevant = _check_per_query(relevant, name, len(indices))
+    junk = ([np.empty(0, np.int64)] * len(indices) if junk is None
+            else _check_per_query(junk, "junk", len(indices)))
     for i, rel in enumerate(relevant):
-        if len(np.atleast_1d(rel)) == 0:
+        if rel.size == 0:
             raise ValueError(
-                f"relevant[{i}] is empty: query {i} has no relevant item, so its AP is "
+                f"{name}[{i}] is empty: query {i} has no relevant item, so its AP is "
                 f"undefined; drop that query"
             )
     return indices, relevant, junk
@@ -146,7 +162,9 @@ def mean_average_precision(indices, relevant, junk=None, mode: str = "non-interp
     """Mean over queries of :func:`slem_dask.core.ranking.average_precision`.
 
     ``indices``: (n_queries, k) ranked database indices (e.g. from :func:`search`);
-    ``relevant`` and ``junk``: one collection of database indices per query.
+    ``relevant`` and ``junk``: a sequence with one collection of database indices
+    per query, in query order (lists, tuples, sets, frozensets or integer arrays); a
+    dict is refused.
     """
     indices, relevant, junk = _per_query(indices, relevant, junk)
     return float(np.mean([average_precision(r, rel, j, mode)
@@ -158,10 +176,8 @@ def precision_recall_at_k(indices, relevant, k: int, junk=None) -> tuple[float, 
     indices, relevant, junk = _per_query(indices, relevant, junk)
     precisions, recalls = [], []
     for ranking, rel, j in zip(indices, relevant, junk):
-        rel = np.unique(np.asarray(rel, dtype=np.int64))
-        ranking = np.asarray(ranking)
-        if len(j):
-            ranking = ranking[~np.isin(ranking, np.asarray(j))]
+        if j.size:
+            ranking = ranking[~np.isin(ranking, j)]
         hits = np.count_nonzero(np.isin(ranking[:k], rel))
         precisions.append(hits / k)
         recalls.append(hits / rel.size)

@@ -48,7 +48,8 @@ def merge_topk(parts, k: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 def topk_search(queries: np.ndarray, database: np.ndarray, k: int, offset: int = 0,
-                block_bytes: int = SCORE_BLOCK_BYTES) -> tuple[np.ndarray, np.ndarray]:
+                block_bytes: int = SCORE_BLOCK_BYTES,
+                database_rows: int = 16384) -> tuple[np.ndarray, np.ndarray]:
     """Top-k database rows of every query by inner product, in float64.
 
     Scores are formed ``block_bytes`` at a time (blocks of queries x blocks of
@@ -58,7 +59,7 @@ def topk_search(queries: np.ndarray, database: np.ndarray, k: int, offset: int =
     """
     q, m = len(queries), len(database)
     k = min(k, m)
-    db_rows = min(m, max(k, 16384))
+    db_rows = min(m, max(k, database_rows))
     q_rows = max(1, block_bytes // (8 * db_rows))
     scores = np.empty((q, k))
     indices = np.empty((q, k), dtype=np.int64)
