@@ -131,8 +131,11 @@ class KernelSLEM(SLEMEstimator):
         return kernel, gamma, degree, lam, rank
 
     # -- fit ----------------------------------------------------------
-    def fit(self, X, y=None):
+    def fit(self, X, y=None, progress=None):
         """Factor the negatives' kernel matrix and learn G; ``X`` (n, d) numpy or dask.
+
+        ``progress``: None, or a callable ``progress(round_no, n_pivots, trace_error)``
+        called after each pass over the negatives.
 
         A dask array is processed block by block on the current scheduler, in
         ``n_passes_`` rounds (see :mod:`slem_dask.parallel_kernel`); the n x n
@@ -147,7 +150,7 @@ class KernelSLEM(SLEMEstimator):
                              pivoting=self.pivoting, rank=min(rank or n, n),
                              tol=float(self.tol), seed=seed, gather=bool(self.exact))
         block_rows = max(1, _NUMPY_BLOCK_BYTES // (8 * max(d, 1)))
-        res = incomplete_cholesky(X, cfg, block_rows=block_rows, name="X")
+        res = incomplete_cholesky(X, cfg, block_rows=block_rows, name="X", on_round=progress)
         r = len(res.pivots)
         self.pivots_ = res.pivots
         self.pivot_rows_ = res.pivot_rows
