@@ -223,7 +223,10 @@ def leave_one_out_map(encodings, labels, k: int | None = None,
             aps.append(average_precision(ranking[i], rel, (), mode))
     if not aps:
         raise ValueError("leave-one-out mAP: no label occurs twice, so no row has a relevant "
-                         "item; give at least two rows of some label")
+                         "item; give at least two rows of some label (in cross-validation, "
+                         "shuffle the folds, e.g. cv=KFold(5, shuffle=True) or "
+                         "StratifiedKFold, so that a held-out fold holds several rows per "
+                         "label)")
     return float(np.mean(aps))
 
 
