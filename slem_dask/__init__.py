@@ -8,7 +8,8 @@ command line start or connect to a cluster (see :mod:`slem_dask.cluster`).
 from ._version import __version__
 from .models import (ESVM, KernelSLEM, LinearSLEM, NotFittedError, PCAWhitening,
                      RawFeatures, load_model)
-from .retrieval import mean_average_precision, precision_recall_at_k, search
+from .retrieval import (leave_one_out_map, make_map_scorer, map_scorer,
+                        mean_average_precision, precision_recall_at_k, search)
 
 __all__ = [
     "__version__",
@@ -22,4 +23,7 @@ __all__ = [
     "search",
     "mean_average_precision",
     "precision_recall_at_k",
+    "leave_one_out_map",
+    "make_map_scorer",
+    "map_scorer",
 ]

@@ -21,6 +21,7 @@ import time
 
 import numpy as np
 
+from ._estimator import EstimatorProtocol, NotFittedError
 from .core.linear import exemplar_solution
 from .core.multiclass import crammer_singer_sgd, multiclass_hinge_objective
 from .core.whitening import normalize_rows
@@ -33,7 +34,14 @@ __all__ = ["CentroidSLEMClassifier", "MulticlassSVM", "compare_classifiers"]
 def _check_labelled(X, y, name="X"):
     X = np.asarray(check_rows(X, name))
     check_finite_rows(X, name)
+    if y is None:
+        raise ValueError("this classifier requires y to be passed, but the target y is None; "
+                         "give one class label per row of X")
     y = np.asarray(y)
+    if y.dtype.kind == "f" and not np.all(np.mod(y[np.isfinite(y)], 1) == 0) \
+            or y.dtype.kind == "f" and not np.all(np.isfinite(y)):
+        raise ValueError("Unknown label type: y holds continuous values (floats that are not "
+                         "whole numbers, or NaN); a classifier needs class labels")
     if y.ndim != 1 or len(y) != len(X):
         raise ValueError(
             f"y must be 1-D with one label per row of {name} ({len(X)} rows), got shape "
@@ -45,23 +53,37 @@ def _check_labelled(X, y, name="X"):
     return X, classes, codes
 
 
-class _Classifier:
+class _Classifier(EstimatorProtocol):
+    """Shared by the classifiers: the scikit-learn protocol, decision and accuracy."""
+
+    _estimator_type = "classifier"
+
+    def __repr__(self) -> str:
+        args = ", ".join(f"{k}={v!r}" for k, v in self.get_params(deep=False).items())
+        return f"{type(self).__name__}({args})"
+
     def _check_fitted(self):
         if not hasattr(self, "coef_"):
-            raise RuntimeError(f"this {type(self).__name__} is not fitted yet; call fit(X, y)")
+            raise NotFittedError(f"this {type(self).__name__} is not fitted yet; call fit(X, y)")
 
-    def decision_function(self, X) -> np.ndarray:
-        """Scores (n, n_classes): w_c.x + b_c."""
+    def _scores(self, X) -> np.ndarray:
         self._check_fitted()
         X = np.asarray(check_rows(X, "X"))
-        check_n_features(X, self.coef_.shape[1], "X")
+        check_n_features(X, self.coef_.shape[1], "X", fitted_on=type(self).__name__)
+        check_finite_rows(X, "X")
         return self._prepare(X) @ self.coef_.T + self.intercept_
+
+    def decision_function(self, X) -> np.ndarray:
+        """Scores w_c.x + b_c, (n, n_classes); with two classes, as in scikit-learn,
+        the (n,) difference of the second class's score and the first's (> 0: classes_[1])."""
+        scores = self._scores(X)
+        return scores[:, 1] - scores[:, 0] if scores.shape[1] == 2 else scores
 
     def _prepare(self, X):
         return np.asarray(X, dtype=np.float64)
 
     def predict(self, X) -> np.ndarray:
-        scores = self.decision_function(X)
+        scores = self._scores(X)
         return self.classes_[np.argmax(scores, axis=1)]
 
     def score(self, X, y) -> float:
@@ -92,6 +114,7 @@ class CentroidSLEMClassifier(_Classifier):
         check_n_features(X, self.slem_.n_features_in_, "X", fitted_on="the negatives")
         K, d = len(classes), X.shape[1]
         self.classes_ = classes
+        self.n_features_in_ = int(d)
         self.centroids_ = np.zeros((K, d))
         np.add.at(self.centroids_, codes, X.astype(np.float64))
         self.centroids_ /= np.bincount(codes, minlength=K)[:, None]
@@ -147,6 +170,7 @@ class MulticlassSVM(_Classifier):
                                int(self.n_iter), int(self.batch_size), float(self.eta0),
                                random_state=self.random_state)
         self.classes_ = classes
+        self.n_features_in_ = int(X.shape[1])
         self.coef_ = W[:, :-1] if self.fit_intercept else W
         self.intercept_ = W[:, -1] if self.fit_intercept else np.zeros(len(classes))
         return self

@@ -37,6 +37,29 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _grid(convert):
+    """argparse type: one value or a comma-separated list of them, as a list."""
+    def parse(text: str) -> list:
+        items = [t.strip() for t in text.split(",")]
+        if not all(items):
+            raise argparse.ArgumentTypeError(f"expected comma-separated values such as "
+                                             f"1e-3,1e-2, got {text!r}")
+        values = [convert(t) for t in items]
+        if len(set(values)) != len(values):
+            raise argparse.ArgumentTypeError(f"{text!r} repeats a value")
+        return values
+
+    return parse
+
+
+def _at_least_two(text: str) -> int:
+    value = _positive_int(text)
+    if value < 2:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 2 (a model needs at least "
+                                         f"2 negatives), got {text!r}")
+    return value
+
+
 def _add_cluster_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("cluster")
     g.add_argument("--scheduler", metavar="ADDRESS",
@@ -72,17 +95,17 @@ def _add_kernel_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--kernel", choices=KERNELS,
                    help="fit a KernelSLEM with this kernel (intersection, chi2: non-negative "
                         "histograms only)")
-    g.add_argument("--gamma", type=_positive_float, default=0.1,
+    g.add_argument("--gamma", type=_positive_float,
                    help="gamma of the rbf, quad and poly kernels (default: 0.1)")
-    g.add_argument("--degree", type=_positive_int, default=2,
+    g.add_argument("--degree", type=_positive_int,
                    help="degree of the poly kernel (default: 2)")
     g.add_argument("--rank", type=_positive_int, metavar="R",
                    help="maximum number of pivots of the incomplete Cholesky factor "
                         "(default: no limit, stop on --tol)")
-    g.add_argument("--pivoting", choices=("greedy", "rpcholesky"), default="greedy",
+    g.add_argument("--pivoting", choices=("greedy", "rpcholesky"),
                    help="greedy: one pass over the negatives per pivot; rpcholesky: "
                         "randomly pivoted, many pivots per pass (default: greedy)")
-    g.add_argument("--tol", type=_fraction, default=1e-3,
+    g.add_argument("--tol", type=_fraction,
                    help="stop when the residual trace is below TOL x the trace (default: 1e-3)")
     g.add_argument("--seed", type=int, metavar="N", help="random seed of rpcholesky")
 
@@ -104,8 +127,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("demo", help="generate a small corpus, fit, encode, evaluate, print a table")
     p.add_argument("--workdir", default="slem-demo", help="where the corpus and model go "
                    "(default: ./slem-demo)")
-    p.add_argument("--negatives", type=_positive_int, default=50_000, metavar="N",
-                   help="number of negatives to generate (default: 50000)")
+    p.add_argument("--negatives", type=_at_least_two, default=50_000, metavar="N",
+                   help="number of negatives to generate, at least 2 (default: 50000)")
     p.add_argument("--instances", type=_positive_int, default=1_000, metavar="N",
                    help="number of instances; the database holds 4 views of each (default: 1000)")
     p.add_argument("--dim", type=_positive_int, default=128, metavar="D",
@@ -189,13 +212,22 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--p-at", type=_positive_int, metavar="K",
                    help="k of the P@k column (default: median number of relevant items)")
     p.add_argument("--plot", metavar="PNG", help="save precision-recall curves to this PNG")
-    p.add_argument("--lam", type=_positive_float, default=1e-3,
-                   help="SLEM ridge lambda (default: 1e-3)")
-    p.add_argument("--esvm-lam", type=_positive_float, default=1e-2,
-                   help="E-SVM ridge lambda (default: 1e-2)")
-    p.add_argument("--esvm-iters", type=_positive_int, default=1000, metavar="T",
+    g = p.add_argument_group(
+        "parameters (each takes one value or a comma-separated grid, e.g. --lam 1e-3,1e-2,1e-1:"
+        " every setting gets a row, and the best per method is marked *)")
+    g.add_argument("--lam", type=_grid(_positive_float), metavar="LAM[,LAM...]",
+                   help="ridge lambda of linear and kernel SLEM (default: 1e-3)")
+    g.add_argument("--gamma", type=_grid(_positive_float), metavar="G[,G...]",
+                   help="kernel SLEM rbf gamma (default: 0.5)")
+    g.add_argument("--rank", type=_grid(_positive_int), metavar="R[,R...]",
+                   help="kernel SLEM rank (default: 256)")
+    g.add_argument("--esvm-lam", type=_grid(_positive_float), default=[1e-2],
+                   metavar="LAM[,LAM...]", help="E-SVM ridge lambda (default: 1e-2)")
+    g.add_argument("--esvm-iters", type=_grid(_positive_int), default=[1000],
+                   metavar="T[,T...]",
                    help="E-SVM stochastic sub-gradient steps per positive (default: 1000)")
-    p.add_argument("--pca-eps", type=_positive_float, default=1e-6,
+    g.add_argument("--pca-eps", type=_grid(_positive_float), default=[1e-6],
+                   metavar="EPS[,EPS...]",
                    help="PCA whitening regularizer added to the variances (default: 1e-6)")
     _add_partition_arg(p)
     _add_cluster_args(p)
@@ -339,7 +371,8 @@ def _run(args) -> int:
         if args.command == "search":
             evaluation.check_search_inputs(args.queries, args.database, args.k, args.force)
         else:
-            evaluation.check_evaluate_inputs(args.corpus, args.methods, args.negatives, args.k)
+            evaluation.check_evaluate_inputs(args.corpus, args.methods, args.negatives, args.k,
+                                             args.plot)
     with connect(scheduler, workers, threads, security=security,
                  quiet=not progress) as client, _performance_report(args.performance_report):
         print(f"dask: {client.scheduler_info().get('address', '')} with "
@@ -362,11 +395,9 @@ def _run(args) -> int:
                                              k=args.k, partition_rows=args.partition_rows,
                                              overwrite=args.overwrite, force=args.force)]
         elif args.command == "evaluate":
-            params = {"slem": {"lam": args.lam}, "pca": {"eps": args.pca_eps},
-                      "esvm": {"lam": args.esvm_lam, "n_iter": args.esvm_iters}}
             rows, _, report = evaluation.evaluate_job(
                 client, args.corpus, args.methods, n_negatives=args.negatives, k=args.k,
-                p_at=args.p_at, plot=args.plot, params=params,
+                p_at=args.p_at, plot=args.plot, grids=_evaluate_grids(args),
                 partition_rows=args.partition_rows)
             reports = [report]
         elif args.command == "encode":
@@ -389,8 +420,44 @@ def _run(args) -> int:
     return 0
 
 
+def _evaluate_grids(args) -> dict[str, dict]:
+    """`evaluate`'s parameter options as method -> {parameter: [values]}."""
+    kernel = {name: getattr(args, name) for name in ("lam", "gamma", "rank")
+              if getattr(args, name) is not None}
+    return {"slem": {"lam": args.lam or [1e-3]}, "kernel": kernel,
+            "pca": {"eps": args.pca_eps},
+            "esvm": {"lam": args.esvm_lam, "n_iter": args.esvm_iters}}
+
+
+#: Kernel options of `fit` and their defaults, applied only with --kernel.
+KERNEL_DEFAULTS = {"gamma": 0.1, "degree": 2, "rank": None, "pivoting": "greedy",
+                   "tol": 1e-3, "seed": None}
+
+
+def _check_option_combinations(parser: argparse.ArgumentParser, args) -> None:
+    """Options that parse on their own but make no sense together: usage errors (exit 2)."""
+    sub = parser._subparsers._group_actions[0].choices[args.command]  # the command's usage
+    if args.command == "fit":
+        given = [f"--{name}" for name in KERNEL_DEFAULTS if getattr(args, name) is not None]
+        if args.kernel is None and given:
+            verb = "applies" if len(given) == 1 else "apply"
+            sub.error(f"{', '.join(given)} {verb} only to kernel SLEM models, but no "
+                         f"--kernel was given (without it `fit` fits a linear SLEM); add "
+                         f"--kernel rbf (or another kernel), or drop {', '.join(given)}")
+        for name, default in KERNEL_DEFAULTS.items():
+            if getattr(args, name) is None:
+                setattr(args, name, default)
+    if args.command == "evaluate" and args.p_at is not None and args.k is not None \
+            and args.p_at > args.k:
+        sub.error(f"--p-at {args.p_at} is larger than the ranking length --k {args.k}: "
+                     f"P@{args.p_at} would count missing ranks as misses; use --p-at "
+                     f"{args.k} or less, or a larger --k")
+
+
 def main(argv=None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    _check_option_combinations(parser, args)
     # Interrupting a run leaves asyncio tasks of the closing client behind; their
     # "Task exception was never retrieved" tracebacks say nothing to a user.
     logging.getLogger("asyncio").setLevel(logging.CRITICAL)

@@ -30,6 +30,8 @@ __all__ = [
     "relevant_from_labels",
     "pr_curve",
     "evaluate_methods",
+    "parameter_grid",
+    "grid_search",
     "format_table",
     "plot_pr_curves",
     "search_job",
@@ -120,7 +122,10 @@ def pr_curve(indices, relevant, n_points: int = 101) -> tuple[np.ndarray, np.nda
     whose recall is >= r (the usual interpolation; 0 for recall levels the
     ranked list never reaches). Returns (recall levels, mean precision).
     """
+    from .retrieval import _check_per_query
+
     indices = np.asarray(indices)
+    relevant = _check_per_query(relevant, "relevant", len(indices))
     levels = np.linspace(0.0, 1.0, n_points)
     total = np.zeros(n_points)
     for ranking, rel in zip(indices, relevant):
@@ -171,12 +176,9 @@ def evaluate_methods(negatives, database, queries, relevant, methods=("raw", "pc
                 f"{name} has {arr.shape[1]} features but negatives have "
                 f"{negatives.shape[1]}; all three must be descriptors of the same dimension"
             )
-    relevant = [np.asarray(r, dtype=np.int64) for r in relevant]
-    if len(relevant) != len(queries):
-        raise ValueError(
-            f"relevant has {len(relevant)} entries but there are {len(queries)} queries; "
-            f"give one set of relevant database indices per query"
-        )
+    from .retrieval import _check_per_query
+
+    relevant = _check_per_query(relevant, "relevant", queries.shape[0])
     for i, rel in enumerate(relevant):
         if rel.size == 0:
             raise ValueError(f"relevant[{i}] is empty: query {i} has no relevant item; "
@@ -225,6 +227,62 @@ def evaluate_methods(negatives, database, queries, relevant, methods=("raw", "pc
         if curves:
             pr[name] = pr_curve(indices, relevant)
     return rows, pr
+
+
+def parameter_grid(grid: dict | None) -> list[dict]:
+    """Every combination of a {param: [values]} grid, in order (the last key varies
+    fastest); a scalar value counts as a one-value list; {} or None gives [{}]."""
+    import itertools
+
+    grid = {k: (list(v) if isinstance(v, (list, tuple, np.ndarray)) else [v])
+            for k, v in (grid or {}).items()}
+    for name, values in grid.items():
+        if not values:
+            raise ValueError(f"grid: parameter {name!r} has no values; give at least one")
+    return [dict(zip(grid, combo)) for combo in itertools.product(*grid.values())]
+
+
+def _format_setting(params: dict) -> str:
+    return ", ".join(f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}"
+                     for k, v in params.items()) or "defaults"
+
+
+def grid_search(negatives, database, queries, relevant, grids: dict[str, dict],
+                k: int | None = None, p_at: int | None = None, curves: bool = False,
+                min_time: float = 0.0):
+    """Evaluate every setting of each method's parameter grid on a retrieval corpus.
+
+    ``grids``: method name -> {parameter: [values]} (a method with {} runs once
+    with its defaults), e.g. ``{"slem": {"lam": [1e-3, 1e-2, 1e-1]}, "kernel":
+    {"gamma": [0.25, 0.5, 1.0], "rank": [128, 256]}, "esvm": {"lam": [1e-2, 1e-1],
+    "n_iter": [1000, 3000]}}``. Each setting is fitted on ``negatives`` and scored
+    as in :func:`evaluate_methods` (same arguments).
+
+    Returns (rows, best, curves): rows as :func:`evaluate_methods`'s plus
+    "setting" (the parameters, as text) and "best" ("*" on the setting of highest
+    mAP of each method; ties to the first); ``best`` maps method -> its best
+    parameters; ``curves`` maps method -> the PR curve of its best setting (empty
+    unless ``curves=True``).
+    """
+    methods = parse_methods(list(grids))
+    rows, best, best_curves = [], {}, {}
+    for method in methods:
+        settings = parameter_grid(grids[method])
+        scored = []
+        for params in settings:
+            (row,), pr = evaluate_methods(negatives, database, queries, relevant, [method],
+                                          k=k, p_at=p_at, params={method: params},
+                                          curves=curves, min_time=min_time)
+            row = {"method": method, "setting": _format_setting(params), **{
+                key: value for key, value in row.items() if key != "method"}, "best": ""}
+            scored.append((row, params, pr.get(method)))
+        top = max(range(len(scored)), key=lambda i: (scored[i][0]["mAP"], -i))
+        scored[top][0]["best"] = "*"
+        best[method] = scored[top][1]
+        if curves:
+            best_curves[method] = scored[top][2]
+        rows += [r for r, _, _ in scored]
+    return rows, best, best_curves
 
 
 def format_table(rows: list[dict]) -> str:
@@ -329,7 +387,7 @@ def search_job(client, queries: str, database: str, out: str, k: int = 100,
     with integrity.Lease(out, "slem-dask search") as lease:
         integrity.check_workers_see(client, {"database": database})
         db = storage.dask_rows(db_arr, partition_rows, name="database")
-        q = storage.read_rows(q_arr, 0, q_arr.shape[0], "queries")
+        q = storage.dask_rows(q_arr, partition_rows, name="queries")
         t1 = time.perf_counter()
         scores, indices = _compute(client, search(q, db, k), progress=False)
         t2 = time.perf_counter()
@@ -399,8 +457,28 @@ def _open_corpus(path: str):
     return group
 
 
-def check_evaluate_inputs(corpus: str, methods, n_negatives: int | None, k: int | None):
+def check_plot_path(plot: str | None) -> None:
+    """A PNG path whose folder exists and is writable, checked before any computation."""
+    if plot is None:
+        return
+    import os
+
+    folder = os.path.dirname(os.path.abspath(str(plot)))
+    if not os.path.isdir(folder):
+        raise FileNotFoundError(f"--plot: folder {folder!r} does not exist; create it first "
+                                f"(mkdir -p {folder}) or give another path for {plot!r}")
+    if not os.access(folder, os.W_OK):
+        raise PermissionError(f"--plot: folder {folder!r} is not writable; give another "
+                              f"path for {plot!r}")
+    if os.path.isdir(str(plot)):
+        raise IsADirectoryError(f"--plot: {plot!r} is a folder; give a file name such as "
+                                f"{os.path.join(str(plot), 'pr.png')}")
+
+
+def check_evaluate_inputs(corpus: str, methods, n_negatives: int | None, k: int | None,
+                          plot: str | None = None):
     """Validate everything the evaluate job can check from metadata, before any compute."""
+    check_plot_path(plot)
     methods = parse_methods(methods)
     group = _open_corpus(corpus)
     neg = storage.open_input(f"{str(corpus).rstrip('/')}/negatives", "negatives")
@@ -427,30 +505,40 @@ def check_evaluate_inputs(corpus: str, methods, n_negatives: int | None, k: int 
 def evaluate_job(client, corpus: str, methods="raw,pca,esvm,slem", n_negatives: int | None = None,
                  k: int | None = None, p_at: int | None = None, plot: str | None = None,
                  params: dict[str, dict] | None = None,
-                 partition_rows: int | None = None):
+                 partition_rows: int | None = None, grids: dict[str, dict] | None = None):
     """Results table (and optionally a PR plot) of ``methods`` on a corpus zarr group.
 
     Each method is fitted on the first ``n_negatives`` negatives (default all)
     and encodes the database and the queries; relevance comes from the labels.
     Fitting and encoding run on ``client`` (dask arrays read from zarr).
+    ``grids``: method -> {parameter: [values]}; a method with a grid of more than
+    one setting gets one row per setting (columns "setting" and "best", see
+    :func:`grid_search`), and the plot shows its best setting.
     Returns (rows, curves, report).
     """
     t0 = time.perf_counter()
-    methods, neg, db, q, relevant = check_evaluate_inputs(corpus, methods, n_negatives, k)
+    methods, neg, db, q, relevant = check_evaluate_inputs(corpus, methods, n_negatives, k,
+                                                          plot)
     negatives = storage.dask_rows(neg, partition_rows)
     if n_negatives is not None:
         negatives = negatives[:n_negatives]
     database = storage.dask_rows(db, partition_rows)
     queries = storage.dask_rows(q, partition_rows)
-    rows, curves = evaluate_methods(negatives, database, queries, relevant, methods, k=k,
-                                    p_at=p_at, params=params)
+    grids = {m: {**(params or {}).get(m, {}), **(grids or {}).get(m, {})} for m in methods}
+    if all(len(parameter_grid(g)) == 1 for g in grids.values()):
+        rows, curves = evaluate_methods(negatives, database, queries, relevant, methods, k=k,
+                                        p_at=p_at, params={m: parameter_grid(g)[0]
+                                                           for m, g in grids.items()})
+    else:
+        rows, _, curves = grid_search(negatives, database, queries, relevant, grids, k=k,
+                                      p_at=p_at, curves=True)
     report = JobReport("evaluate")
     report.facts.update({"corpus": str(corpus), "negatives": negatives.shape[0],
                          "database": db.shape[0], "queries": q.shape[0],
                          "features": db.shape[1], "methods": ",".join(methods)})
     if plot:
         plot_pr_curves(curves, plot, title=f"{corpus}: {negatives.shape[0]} negatives",
-                       maps={r["method"]: r["mAP"] for r in rows})
+                       maps={r["method"]: r["mAP"] for r in rows if r.get("best", "*")})
         report.facts["plot"] = str(plot)
     report.timings["total"] = time.perf_counter() - t0
     return rows, curves, report

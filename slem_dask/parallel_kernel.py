@@ -317,7 +317,7 @@ def _choose(summary: _Summary, cfg: CholeskyConfig, t: int, floor: float, round_
 
 
 def incomplete_cholesky(x, cfg: CholeskyConfig, block_rows: int = 4096,
-                        name: str = "X") -> CholeskyResult:
+                        name: str = "X", on_round=None) -> CholeskyResult:
     """Pivoted incomplete Cholesky factor of K(x, x), never forming the n x n matrix.
 
     ``x``: numpy array (split into blocks of ``block_rows`` rows and run
@@ -326,6 +326,8 @@ def incomplete_cholesky(x, cfg: CholeskyConfig, block_rows: int = 4096,
     residual trace is <= ``cfg.tol`` times the trace, or when no remaining
     row has a residual above BREAKDOWN x max K(i, i) (rpcholesky: or after
     MAX_EMPTY_ROUNDS rounds in a row in which every candidate was rejected).
+    ``on_round(round_no, n_pivots, residual_trace / trace)``, if given, is called
+    after every pass over the data (progress reports).
     """
     if is_dask_array(x):
         rounds = _DaskRounds(x, name)
@@ -363,6 +365,8 @@ def incomplete_cholesky(x, cfg: CholeskyConfig, block_rows: int = 4096,
             t += s
         final = t >= cfg.rank
         summary = rounds.step(acc if s else None, cfg, _candidates(cfg, t), round_no, final)
+        if on_round is not None:
+            on_round(round_no, t, float(summary.residual) / float(trace))
         if final:
             break
     if t == 0:

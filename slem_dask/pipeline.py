@@ -116,7 +116,7 @@ def fit_job(client, negatives: str, model_path: str, lam: float = 1e-3, theta: f
     if kernel is not None:
         return _fit_kernel_job(client, negatives, model_path, KernelSLEM(
             kernel=kernel, gamma=gamma, degree=degree, lam=lam, rank=rank, pivoting=pivoting,
-            tol=tol, random_state=seed), partition_rows, overwrite, update)
+            tol=tol, random_state=seed), partition_rows, overwrite, update, progress)
     t0 = time.perf_counter()
     model = LinearSLEM(lam=lam, theta=theta)
     model._check_params()
@@ -173,8 +173,14 @@ def _check_unchanged(arr, path, n: int, seen: str) -> None:
             f"written: run the fit again once the negatives are no longer being written")
 
 
+def _print_round(round_no: int, n_pivots: int, trace_error: float) -> None:
+    sys.stdout.write(f"\rkernel fit: pass {round_no}, {n_pivots} pivots, residual trace "
+                     f"{trace_error:.3g} of the trace")
+    sys.stdout.flush()
+
+
 def _fit_kernel_job(client, negatives, model_path, model, partition_rows,
-                    overwrite: bool, update: bool = False) -> JobReport:
+                    overwrite: bool, update: bool = False, progress: bool = False) -> JobReport:
     """Fit a KernelSLEM on zarr negatives: ``model.fit`` runs its rounds on ``client``.
 
     A pivoted Cholesky factor cannot absorb appended rows the way linear
@@ -214,11 +220,14 @@ def _fit_kernel_job(client, negatives, model_path, model, partition_rows,
         x = storage.dask_rows(arr, partition_rows, name="negatives")
         t1 = time.perf_counter()
         try:
+            on_round = _print_round if progress else None
             if client is None:
-                model.fit(x)
+                model.fit(x, progress=on_round)
             else:
                 with client.as_current():
-                    model.fit(x)
+                    model.fit(x, progress=on_round)
+            if progress:
+                sys.stdout.write("\n")
         except integrity.DamagedStoreError:
             raise
         except ValueError as exc:  # e.g. NaN rows, negative histogram values: say which input

@@ -2,34 +2,84 @@
 
 from __future__ import annotations
 
+from functools import partial
+
 import dask
 import numpy as np
 
-from .core.ranking import average_precision, block_topk, merge_topk
+from .core.ranking import as_id_array, average_precision, merge_topk, topk_search
 from .validation import check_rows, is_dask_array
 
-__all__ = ["search", "mean_average_precision", "precision_recall_at_k"]
+__all__ = ["search", "mean_average_precision", "precision_recall_at_k",
+           "leave_one_out_map", "make_map_scorer", "map_scorer"]
 
 _SPLIT_EVERY = 8
+#: Query rows per task when numpy queries meet a dask database.
+_QUERY_ROWS = 16384
 
 
-def _score_block(queries, block, offset, k):
-    scores = np.asarray(queries, dtype=np.float64) @ np.asarray(block, dtype=np.float64).T
-    return block_topk(scores, offset, k)
+def _check_finite(x, name: str, row_offset: int = 0) -> None:
+    finite = np.isfinite(x).all(axis=1)
+    if not finite.all():
+        bad = np.flatnonzero(~finite) + row_offset
+        shown = ", ".join(str(i) for i in bad[:5]) + (", ..." if bad.size > 5 else "")
+        raise ValueError(
+            f"{name} has {bad.size} row(s) with NaN or inf (rows {shown}); scores against "
+            f"them are undefined: drop or repair those rows before searching"
+        )
 
 
-def _merge(parts, k):
-    return merge_topk(parts, k)
+def _topk_packed(queries, database, q_offset, db_offset, k):
+    """[scores | indices] (float64, width 2k) of one query block against one database
+    block; padded with -inf scores when the block has fewer than k rows. The
+    offsets are the blocks' global row ids (their first entries are used)."""
+    q0, d0 = int(q_offset[0]), int(db_offset[0])
+    _check_finite(queries, "queries", q0)
+    _check_finite(database, "database", d0)
+    scores, indices = topk_search(queries, database, k, offset=d0)
+    out = np.full((len(queries), 2 * k), -np.inf)
+    out[:, k:] = -1
+    out[:, :scores.shape[1]] = scores
+    out[:, k:k + scores.shape[1]] = indices
+    return out
+
+
+def _merge_packed(x, axis, keepdims, k):
+    """Merge concatenated [scores | indices] blocks of the same queries (reduction step)."""
+    n = x.shape[1] // (2 * k)
+    parts = x.reshape(len(x), n, 2, k)
+    scores = parts[:, :, 0, :].reshape(len(x), n * k)
+    indices = parts[:, :, 1, :].reshape(len(x), n * k).astype(np.int64)
+    top, idx = merge_topk([(scores, indices)], k)
+    return np.hstack([top, idx.astype(np.float64)])
+
+
+def _identity(x, axis, keepdims):
+    return x
+
+
+def _row_ids(x) -> "da.Array":
+    """Global row index of every row of ``x``, chunked like its rows (a block's first
+    entry is its offset)."""
+    import dask.array as da
+
+    return da.arange(x.shape[0], chunks=(x.chunks[0],), dtype=np.int64)
 
 
 def search(queries, database, k: int = 100):
     """Exact top-k by inner product (cosine for L2-normalized rows), best first.
 
-    Returns ``(scores, indices)``, each (n_queries, k); ties go to the lower
-    database index. A dask ``database`` is scanned block by block with a tree
-    of top-k merges, so memory is bounded by the block size and k, never by
-    the database size. Results are numpy arrays (computed) for numpy inputs
-    and Delayed for dask inputs: call ``dask.compute(search(...))``.
+    Returns ``(scores, indices)``, each (n_queries, k), float64 and int64; ties
+    go to the lower database index. numpy (or xarray) inputs give numpy
+    arrays; if either input is a dask array both results are lazy dask arrays
+    (row chunks of the queries), so ``scores, indices = search(...)`` unpacks
+    without computing and ``dask.compute(scores, indices)`` runs one graph.
+
+    Memory is bounded over both sides: scores are formed a block of queries
+    times a block of database rows at a time (about 16 MiB of float64 each),
+    merged into running top-k lists, and dask database blocks are combined by
+    a tree of top-k merges. Rows with NaN or inf on either side are an error
+    that names the side and the rows.
     """
     queries = check_rows(queries, "queries")
     database = check_rows(database, "database")
@@ -40,46 +90,69 @@ def search(queries, database, k: int = 100):
         )
     if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1:
         raise ValueError(f"k must be an integer >= 1, got {k!r}")
+    k = int(k)
     if k > database.shape[0]:
         raise ValueError(
             f"k={k} is larger than the database ({database.shape[0]} rows); use "
             f"k <= {database.shape[0]}"
         )
     if not is_dask_array(database) and not is_dask_array(queries):
-        return _score_block(queries, database, 0, k)
+        _check_finite(queries, "queries")
+        _check_finite(database, "database")
+        return topk_search(queries, database, k)
     import dask.array as da
 
-    if is_dask_array(queries):
-        queries = dask.delayed(queries.rechunk({0: -1}).to_delayed().ravel()[0])
-    else:
-        queries = dask.delayed(np.asarray(queries), pure=True, traverse=False)
+    if not is_dask_array(queries):
+        queries = da.from_array(np.asarray(queries), chunks=(_QUERY_ROWS, -1))
     database = da.asarray(database)
-    offsets = np.cumsum((0,) + database.chunks[0][:-1])
-    parts = [dask.delayed(_score_block, pure=True)(queries, block, int(off), k)
-             for block, off in zip(database.to_delayed().ravel(), offsets)]
-    while len(parts) > 1:
-        parts = [dask.delayed(_merge, pure=True)(parts[i:i + _SPLIT_EVERY], k)
-                 for i in range(0, len(parts), _SPLIT_EVERY)]
-    return parts[0]
+    token = dask.base.tokenize(queries, database, k)
+    packed = da.blockwise(
+        _topk_packed, "ij", queries, "ia", database, "ja",
+        _row_ids(queries), "i", _row_ids(database), "j",
+        k=k, adjust_chunks={"j": 2 * k}, concatenate=True, dtype=np.float64,
+        meta=np.empty((0, 0), dtype=np.float64), name="search-topk-" + token)
+    merged = da.reduction(packed, chunk=_identity,
+                          combine=partial(_merge_packed, k=k),
+                          aggregate=partial(_merge_packed, k=k), axis=1, keepdims=True,
+                          concatenate=True, split_every=_SPLIT_EVERY, dtype=np.float64,
+                          output_size=2 * k, meta=np.empty((0, 0), dtype=np.float64),
+                          name="search-merge-" + token)
+    return merged[:, :k], merged[:, k:].astype(np.int64)
+
+
+def _check_per_query(collections, name: str, n_queries: int) -> list[np.ndarray]:
+    """One id array per query from any sequence of per-query collections (list, tuple,
+    set, frozenset, array); a mapping is refused, never read by its keys."""
+    if hasattr(collections, "keys") and hasattr(collections, "values"):
+        raise TypeError(
+            f"{name} is a mapping ({type(collections).__name__}) of {len(collections)} "
+            f"entries; give a sequence with one collection of database indices per query, "
+            f"in query order, e.g. [{name}[q] for q in query_ids] (a mapping is not read "
+            f"by its keys)"
+        )
+    if isinstance(collections, (set, frozenset)):
+        raise TypeError(f"{name} is a {type(collections).__name__}, which has no order; give "
+                        f"a list with one collection of database indices per query")
+    collections = list(collections)
+    if len(collections) != n_queries:
+        raise ValueError(
+            f"{name} has {len(collections)} entries but indices has {n_queries} queries; "
+            f"give one collection of {name} database indices per query"
+        )
+    return [as_id_array(c, f"{name}[{i}]") for i, c in enumerate(collections)]
 
 
 def _per_query(indices, relevant, junk, name="relevant"):
     indices = np.asarray(indices)
     if indices.ndim != 2:
         raise ValueError(f"indices must be 2-D (n_queries, k), got shape {indices.shape}")
-    relevant = list(relevant)
-    if len(relevant) != len(indices):
-        raise ValueError(
-            f"{name} has {len(relevant)} entries but indices has {len(indices)} queries; "
-            f"give one collection of relevant indices per query"
-        )
-    junk = [()] * len(indices) if junk is None else list(junk)
-    if len(junk) != len(indices):
-        raise ValueError(f"junk has {len(junk)} entries but indices has {len(indices)} queries")
+    relevant = _check_per_query(relevant, name, len(indices))
+    junk = ([np.empty(0, np.int64)] * len(indices) if junk is None
+            else _check_per_query(junk, "junk", len(indices)))
     for i, rel in enumerate(relevant):
-        if len(np.atleast_1d(rel)) == 0:
+        if rel.size == 0:
             raise ValueError(
-                f"relevant[{i}] is empty: query {i} has no relevant item, so its AP is "
+                f"{name}[{i}] is empty: query {i} has no relevant item, so its AP is "
                 f"undefined; drop that query"
             )
     return indices, relevant, junk
@@ -89,7 +162,9 @@ def mean_average_precision(indices, relevant, junk=None, mode: str = "non-interp
     """Mean over queries of :func:`slem_dask.core.ranking.average_precision`.
 
     ``indices``: (n_queries, k) ranked database indices (e.g. from :func:`search`);
-    ``relevant`` and ``junk``: one collection of database indices per query.
+    ``relevant`` and ``junk``: a sequence with one collection of database indices
+    per query, in query order (lists, tuples, sets, frozensets or integer arrays); a
+    dict is refused.
     """
     indices, relevant, junk = _per_query(indices, relevant, junk)
     return float(np.mean([average_precision(r, rel, j, mode)
@@ -101,11 +176,76 @@ def precision_recall_at_k(indices, relevant, k: int, junk=None) -> tuple[float, 
     indices, relevant, junk = _per_query(indices, relevant, junk)
     precisions, recalls = [], []
     for ranking, rel, j in zip(indices, relevant, junk):
-        rel = np.unique(np.asarray(rel, dtype=np.int64))
-        ranking = np.asarray(ranking)
-        if len(j):
-            ranking = ranking[~np.isin(ranking, np.asarray(j))]
+        if j.size:
+            ranking = ranking[~np.isin(ranking, j)]
         hits = np.count_nonzero(np.isin(ranking[:k], rel))
         precisions.append(hits / k)
         recalls.append(hits / rel.size)
     return float(np.mean(precisions)), float(np.mean(recalls))
+
+
+def leave_one_out_map(encodings, labels, k: int | None = None,
+                      mode: str = "non-interpolated") -> float:
+    """mAP of every row as a query against all the other rows; relevant: same label.
+
+    Queries whose label no other row has are left out. ``k``: ranking length
+    (default: all other rows, up to 10,000).
+    """
+    z = check_rows(encodings, "encodings")
+    if is_dask_array(z):
+        (z,) = dask.compute(z)
+    z = np.asarray(z)
+    labels = np.asarray(labels)
+    if labels.ndim != 1 or len(labels) != len(z):
+        raise ValueError(f"labels must be 1-D with one label per row ({len(z)} rows), got "
+                         f"shape {labels.shape}")
+    n = len(z)
+    k = min(n - 1, 10_000) if k is None else int(k)
+    if n < 2 or k < 1:
+        raise ValueError(f"leave-one-out mAP needs at least 2 rows and k >= 1 (got {n} rows, "
+                         f"k={k})")
+    _, indices = search(z, z, min(k + 1, n))
+    rows = np.arange(n)
+    is_self = indices == rows[:, None]
+    # drop each row's own index (or the last entry when it ranked beyond k)
+    keep = ~is_self
+    keep[~is_self.any(axis=1), -1] = False
+    ranking = indices[keep].reshape(n, -1)[:, :k]
+    order = np.argsort(labels, kind="stable")
+    sorted_labels = labels[order]
+    starts = np.searchsorted(sorted_labels, labels, "left")
+    ends = np.searchsorted(sorted_labels, labels, "right")
+    aps = []
+    for i in range(n):
+        rel = order[starts[i]:ends[i]]
+        rel = rel[rel != i]
+        if rel.size:
+            aps.append(average_precision(ranking[i], rel, (), mode))
+    if not aps:
+        raise ValueError("leave-one-out mAP: no label occurs twice, so no row has a relevant "
+                         "item; give at least two rows of some label (in cross-validation, "
+                         "shuffle the folds, e.g. cv=KFold(5, shuffle=True) or "
+                         "StratifiedKFold, so that a held-out fold holds several rows per "
+                         "label)")
+    return float(np.mean(aps))
+
+
+def make_map_scorer(k: int | None = None, mode: str = "non-interpolated"):
+    """A scikit-learn scorer for retrieval: ``scorer(estimator, X, y)`` encodes ``X``
+    with ``estimator.transform`` and returns :func:`leave_one_out_map` with labels ``y``.
+
+    For ``GridSearchCV(LinearSLEM(), {"lam": [...]}, scoring=make_map_scorer())``: each
+    fold fits on the training rows (the negatives) and ranks the held-out rows
+    among themselves. Higher is better, as scikit-learn expects.
+    """
+    def scorer(estimator, X, y):
+        if y is None:
+            raise ValueError("the mAP scorer needs labels y (relevant = same label)")
+        return leave_one_out_map(estimator.transform(X), y, k=k, mode=mode)
+
+    scorer.__name__ = f"map_scorer(k={k}, mode={mode!r})"
+    return scorer
+
+
+#: :func:`make_map_scorer` with its defaults (whole ranking, non-interpolated AP).
+map_scorer = make_map_scorer()

@@ -17,6 +17,7 @@ __all__ = [
     "check_n_features",
     "check_finite_rows",
     "is_dask_array",
+    "unwrap_xarray",
 ]
 
 
@@ -42,16 +43,33 @@ def check_positive_float(value, name: str, hint: str = "") -> float:
     return value
 
 
+def _reshape_hint(x, name: str) -> str:
+    if x.ndim == 1:
+        return (f"; Reshape your data: {name}.reshape(1, -1) if it is one descriptor "
+                f"(one row), {name}.reshape(-1, 1) if it is one feature")
+    return f"; reshape it, e.g. {name}.reshape(len({name}), -1)"
+
+
+def unwrap_xarray(x):
+    """The array under an xarray DataArray (lazy dask stays lazy); anything else unchanged."""
+    if type(x).__name__ == "DataArray" and type(x).__module__.startswith("xarray"):
+        return x.data
+    return x
+
+
 def check_rows(x, name: str, min_rows: int = 1):
     """A 2-D float array (numpy or dask) of rows, with known chunks.
 
-    Returns the array: numpy input as a numpy array, dask input unchanged.
+    Returns the array: numpy input (or anything numpy can convert) as a numpy
+    array, dask input unchanged, an xarray DataArray as the array it wraps (a
+    dask-backed one stays lazy).
     """
+    x = unwrap_xarray(x)
     if is_dask_array(x):
         if x.ndim != 2:
             raise ValueError(
                 f"{name} must be a 2-D array (n_rows, n_features), got {x.ndim}-D "
-                f"shape {x.shape}; reshape it, e.g. x.reshape(len(x), -1)"
+                f"shape {x.shape}{_reshape_hint(x, name)}"
             )
         if any(math.isnan(c) for c in x.chunks[0]):
             raise ValueError(
@@ -64,23 +82,43 @@ def check_rows(x, name: str, min_rows: int = 1):
                 f"whole rows in each block: use {name}.rechunk({{1: -1}})"
             )
     else:
+        from scipy import sparse
+
+        if sparse.issparse(x):
+            raise TypeError(
+                f"{name} is a scipy sparse matrix of shape {x.shape}; sparse input is not "
+                f"supported: densify it with {name}.toarray()"
+            )
         x = np.asarray(x)
+        if x.dtype == object:
+            try:
+                x = x.astype(np.float64)
+            except (TypeError, ValueError) as exc:
+                raise TypeError(
+                    f"{name} holds Python objects that are not all numbers (dtype object, "
+                    f"shape {x.shape}: {exc}); give an array of real numbers"
+                ) from None
         if x.ndim != 2:
             raise ValueError(
                 f"{name} must be a 2-D array (n_rows, n_features), got {x.ndim}-D "
-                f"shape {x.shape}; reshape it, e.g. x.reshape(len(x), -1)"
+                f"shape {x.shape}{_reshape_hint(x, name)}"
             )
+    if np.issubdtype(x.dtype, np.complexfloating):
+        raise ValueError(f"{name} has dtype {x.dtype}: Complex data not supported; give "
+                         f"an array of real numbers")
     if not np.issubdtype(x.dtype, np.floating) and not np.issubdtype(x.dtype, np.integer):
         raise TypeError(
             f"{name} must hold real numbers, got dtype {x.dtype}; convert it with "
             f".astype('float32')"
         )
     if x.shape[1] == 0:
-        raise ValueError(f"{name} has shape {x.shape}: it has no features (columns)")
+        raise ValueError(f"{name} has 0 feature(s) (shape={x.shape}) while a minimum of 1 "
+                         f"is required: it has no features (columns)")
     if x.shape[0] < min_rows:
         raise ValueError(
-            f"{name} has {x.shape[0]} rows, shape {x.shape}; at least {min_rows} "
-            f"{'row is' if min_rows == 1 else 'rows are'} needed"
+            f"{name} has {x.shape[0]} rows, shape {x.shape}: {x.shape[0]} sample(s) while a "
+            f"minimum of {min_rows} is required (at least {min_rows} "
+            f"{'row is' if min_rows == 1 else 'rows are'} needed)"
         )
     return x
 
@@ -88,9 +126,9 @@ def check_rows(x, name: str, min_rows: int = 1):
 def check_n_features(x, expected: int, name: str, fitted_on: str = "the model") -> None:
     if x.shape[1] != expected:
         raise ValueError(
-            f"{name} has {x.shape[1]} features (shape {x.shape}) but {fitted_on} was "
-            f"fitted on {expected}; encode descriptors of the same dimension as the "
-            f"negatives the model was fitted on"
+            f"{name} has {x.shape[1]} features, but {fitted_on} is expecting {expected} "
+            f"features as input (shape {x.shape}; it was fitted on {expected}); encode "
+            f"descriptors of the same dimension as the negatives the model was fitted on"
         )
 
 

@@ -122,7 +122,7 @@ def test_encode_round_trip_float64(scheduler, corpus, tmp_path, capsys):
     assert code == 0, err
     arr = storage.open_output(out_path)
     assert arr.dtype == np.float64
-    want = load_model(corpus["model"]).transform(corpus["P"])
+    want = load_model(corpus["model"]).transform(corpus["P"], dtype=np.float64)
     np.testing.assert_allclose(arr[...], want, rtol=1e-13, atol=1e-15)
 
 
@@ -242,7 +242,7 @@ def test_fit_bad_negatives(scheduler, bad_inputs, tmp_path, capsys, kind):
 def test_encode_bad_positives(scheduler, corpus, bad_inputs, tmp_path, capsys, kind):
     messages = {**INPUT_ERRORS, "empty": "has no rows",
                 "no features": r"has no features \(columns\)",
-                "wrong d": f"{D + 1} features .* fitted on {D}"}
+                "wrong d": f"{D + 1} features.* fitted on {D}"}
     out_path = tmp_path / "codes.zarr"
     code, _, err = run(capsys, *encode_args(scheduler, corpus["model"], bad_inputs[kind], out_path))
     assert code != 0

@@ -198,7 +198,7 @@ def test_nonfinite_positives_raise_with_row_count():
 
 
 @pytest.mark.parametrize("P,message", [
-    (np.ones((4, 5)), "P has 5 features .* fitted on 3"),
+    (np.ones((4, 5)), "P has 5 features.* fitted on 3"),
     (np.ones(3), "2-D"),
     (np.ones((2, 3, 1)), "2-D"),
     (np.ones((0, 3)), "0 rows"),

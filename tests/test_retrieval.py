@@ -4,7 +4,6 @@ import dask
 import dask.array as da
 import numpy as np
 import pytest
-from dask.delayed import Delayed
 
 from reference import average_precision_loop, brute_force_topk, oxford_compute_ap
 from slem_dask import mean_average_precision, precision_recall_at_k, search
@@ -67,8 +66,14 @@ def test_dask_search_is_lazy(tied):
         raise AssertionError("search computed while building the graph")
 
     with dask.config.set(scheduler=fail):
-        result = search(queries, db, 4)
-    assert isinstance(result, Delayed)
+        scores, indices = search(queries, db, 4)  # unpacks without computing
+        assert isinstance(scores, da.Array) and isinstance(indices, da.Array)
+        assert scores.shape == indices.shape == (len(queries), 4)
+        assert scores.dtype == np.float64 and indices.dtype == np.int64
+    ref_scores, ref_indices = brute_force_topk(queries, database, 4)
+    got_scores, got_indices = dask.compute(scores, indices, scheduler="sync")
+    np.testing.assert_array_equal(got_indices, ref_indices)
+    np.testing.assert_allclose(got_scores, ref_scores, rtol=1e-12)
 
 
 @pytest.mark.parametrize("chunks", [13, (50, 1, 149)])
@@ -226,3 +231,113 @@ def test_demo_linear_slem_beats_raw_features(tmp_path):
     assert 0.0 <= raw <= 1.0 and 0.0 <= slem <= 1.0
     assert slem > raw + 0.05, (raw, slem)
     assert [r.name for r in reports][:2] == ["generate corpus", "fit"]
+
+
+# -- ground truth as any per-query collection; mappings refused -------------------
+
+@pytest.mark.parametrize("kind", [list, tuple, set, frozenset, np.array, range])
+def test_ground_truth_collections(kind):
+    indices = np.array([[3, 1, 0, 2], [2, 0, 1, 3]])
+    as_lists = [[1, 2], [2]]
+    junk_lists = [[3], []]
+    if kind is range:
+        relevant, junk = [range(1, 3), range(2, 3)], [range(3, 4), range(0)]
+    else:
+        relevant = [kind(r) for r in as_lists]
+        junk = [kind(j) if kind is not np.array else np.array(j, dtype=np.int64)
+                for j in junk_lists]
+    want = mean_average_precision(indices, as_lists, junk=junk_lists)
+    assert want == pytest.approx(np.mean([(1 / 1 + 2 / 3) / 2, 1.0]))
+    assert mean_average_precision(indices, relevant, junk=junk) == want
+    assert precision_recall_at_k(indices, relevant, 2, junk=junk) == \
+        precision_recall_at_k(indices, as_lists, 2, junk=junk_lists)
+
+
+def test_ground_truth_mapping_refused():
+    indices = np.array([[0, 1], [1, 0]])
+    gt = {0: [0], 1: [1]}  # read by keys this would be [0, 1]: a wrong, silent answer
+    with pytest.raises(TypeError, match="relevant is a mapping .*query order"):
+        mean_average_precision(indices, gt)
+    with pytest.raises(TypeError, match="junk is a mapping"):
+        mean_average_precision(indices, [[0], [1]], junk={0: [1], 1: [0]})
+    with pytest.raises(TypeError, match=r"relevant\[1\] is a mapping"):
+        mean_average_precision(indices, [[0], {1: 1}])
+    with pytest.raises(TypeError, match="no order"):
+        mean_average_precision(indices, {frozenset([0]), frozenset([1])})
+    with pytest.raises(TypeError, match=r"relevant\[0\] must hold integer database indices"):
+        mean_average_precision(indices, [[0.5], [1]])
+    with pytest.raises(TypeError, match="integer database indices"):
+        average_precision([0, 1], ["a"])
+    # the explicit match of ids to queries works
+    assert mean_average_precision(indices, [gt[q] for q in (0, 1)]) == 1.0
+
+
+# -- search: caller's world, NaN rows, bounded memory ------------------------------
+
+def test_search_nan_rows_named():
+    rng = np.random.default_rng(0)
+    q, db = rng.standard_normal((6, 5)), rng.standard_normal((40, 5))
+    bad_q, bad_db = q.copy(), db.copy()
+    bad_q[4, 2] = np.nan
+    bad_db[[7, 31], 0] = np.inf
+    with pytest.raises(ValueError, match=r"queries has 1 row\(s\) with NaN or inf \(rows 4\)"):
+        search(bad_q, db, 3)
+    with pytest.raises(ValueError, match=r"database has 2 row\(s\) with NaN or inf \(rows 7, 31\)"):
+        search(q, bad_db, 3)
+    # the same from dask inputs, with global row numbers, when computed
+    s, i = search(da.from_array(bad_q, chunks=(3, 5)), da.from_array(db, chunks=(9, 5)), 3)
+    with pytest.raises(ValueError, match=r"queries has 1 row\(s\) .*rows 4\)"):
+        dask.compute(s, i, scheduler="sync")
+    s, i = search(q, da.from_array(bad_db, chunks=(9, 5)), 3)  # rows 7, 31: two blocks
+    with pytest.raises(ValueError, match=r"database has 1 row\(s\) .*rows (7|31)\)"):
+        dask.compute(s, i, scheduler="sync")
+
+
+def test_search_one_dimensional_query_hint():
+    db = np.eye(4)
+    with pytest.raises(ValueError, match=r"queries.reshape\(1, -1\)"):
+        search(np.ones(4), db, 2)
+
+
+def test_search_numpy_queries_dask_database_are_lazy_and_equal():
+    rng = np.random.default_rng(1)
+    q, db = rng.standard_normal((30, 6)), rng.standard_normal((100, 6))
+    scores, indices = search(q, da.from_array(db, chunks=(17, 6)), 10)
+    assert isinstance(scores, da.Array) and isinstance(indices, da.Array)
+    ref = brute_force_topk(q, db, 10)
+    got = dask.compute(scores, indices, scheduler="sync")
+    np.testing.assert_array_equal(got[1], ref[1])
+    np.testing.assert_allclose(got[0], ref[0], rtol=1e-12)
+
+
+def test_search_memory_is_bounded_over_queries():
+    """40,000 queries x 2,000 rows would be 640 MB of float64 scores at once; blocks
+    keep the peak to the result plus a few 16 MiB blocks."""
+    import tracemalloc
+
+    rng = np.random.default_rng(2)
+    q = rng.standard_normal((40_000, 4)).astype(np.float32)
+    db = rng.standard_normal((2_000, 4)).astype(np.float32)
+    tracemalloc.start()
+    try:
+        scores, indices = search(q, db, 5)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 200 * 2**20, f"peak {peak / 2**20:.0f} MiB"
+    sample = np.arange(0, 40_000, 997)
+    ref = brute_force_topk(q[sample].astype(np.float64), db.astype(np.float64), 5)
+    np.testing.assert_array_equal(indices[sample], ref[1])
+
+
+def test_topk_search_blocks_equal_one_block():
+    from slem_dask.core.ranking import topk_search
+
+    rng = np.random.default_rng(3)
+    q, db = integer_rows(rng, 70, 3), integer_rows(rng, 500, 3)  # many exact ties
+    one = topk_search(q, db, 25, block_bytes=2**40)
+    tiny = topk_search(q, db, 25, block_bytes=8, database_rows=30)  # 1 query x 30 rows
+    ref = brute_force_topk(q, db, 25)
+    for got in (one, tiny):
+        np.testing.assert_array_equal(got[1], ref[1])
+        np.testing.assert_array_equal(got[0], ref[0])

@@ -8,7 +8,11 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["block_topk", "merge_topk", "average_precision"]
+__all__ = ["block_topk", "merge_topk", "topk_search", "average_precision", "as_id_array"]
+
+#: Bytes of float64 scores one step of :func:`topk_search` holds (block_topk needs a
+#: few temporaries of the same size on top).
+SCORE_BLOCK_BYTES = 16 * 2**20
 
 
 def block_topk(scores: np.ndarray, offset: int, k: int) -> tuple[np.ndarray, np.ndarray]:
@@ -43,6 +47,59 @@ def merge_topk(parts, k: int) -> tuple[np.ndarray, np.ndarray]:
     return np.take_along_axis(scores, order, axis=1), np.take_along_axis(indices, order, axis=1)
 
 
+def topk_search(queries: np.ndarray, database: np.ndarray, k: int, offset: int = 0,
+                block_bytes: int = SCORE_BLOCK_BYTES,
+                database_rows: int = 16384) -> tuple[np.ndarray, np.ndarray]:
+    """Top-k database rows of every query by inner product, in float64.
+
+    Scores are formed ``block_bytes`` at a time (blocks of queries x blocks of
+    database rows, each merged into a running top-k), so memory is the result
+    plus a bounded block, whatever the numbers of queries and rows. Returns
+    (scores, indices + offset), each (len(queries), min(k, len(database))).
+    """
+    q, m = len(queries), len(database)
+    k = min(k, m)
+    db_rows = min(m, max(k, database_rows))
+    q_rows = max(1, block_bytes // (8 * db_rows))
+    scores = np.empty((q, k))
+    indices = np.empty((q, k), dtype=np.int64)
+    for i in range(0, q, q_rows):
+        qb = np.asarray(queries[i:i + q_rows], dtype=np.float64)
+        best = None
+        for j in range(0, m, db_rows):
+            block = np.asarray(database[j:j + db_rows], dtype=np.float64)
+            part = block_topk(qb @ block.T, offset + j, k)
+            best = part if best is None else merge_topk([best, part], k)
+        scores[i:i + q_rows], indices[i:i + q_rows] = best
+    return scores, indices
+
+
+def as_id_array(ids, name: str) -> np.ndarray:
+    """One query's collection of database ids (list, tuple, set, frozenset, range or
+    1-D integer array) as a sorted int64 array without repeats."""
+    if isinstance(ids, dict) or hasattr(ids, "keys") and hasattr(ids, "values"):
+        raise TypeError(
+            f"{name} is a mapping ({type(ids).__name__}); give a collection of database "
+            f"indices (list, tuple, set or integer array), not a dict"
+        )
+    if isinstance(ids, (set, frozenset)):
+        ids = sorted(ids)
+    arr = np.asarray(ids)
+    if arr.ndim == 0:
+        arr = arr.reshape(1)
+    if arr.ndim != 1:
+        raise ValueError(f"{name} must be a 1-D collection of database indices, got shape "
+                         f"{arr.shape}")
+    if arr.size and not np.issubdtype(arr.dtype, np.integer):
+        if arr.dtype == object or not np.issubdtype(arr.dtype, np.number) \
+                or not np.all(np.isfinite(arr)) or not np.all(np.mod(arr, 1) == 0):
+            raise TypeError(
+                f"{name} must hold integer database indices, got {arr.dtype} values such "
+                f"as {arr[:3].tolist()!r}"
+            )
+    return np.unique(arr.astype(np.int64))
+
+
 def average_precision(ranking, relevant, junk=(), mode: str = "non-interpolated") -> float:
     """Average precision of one ranked list of database indices.
 
@@ -55,11 +112,11 @@ def average_precision(ranking, relevant, junk=(), mode: str = "non-interpolated"
     area under the precision-recall curve with trapezoids, precision at rank 0
     taken as 1.
     """
-    relevant = np.unique(np.asarray(relevant, dtype=np.int64))
+    relevant = as_id_array(relevant, "relevant")
     if relevant.size == 0:
         raise ValueError("average_precision needs at least one relevant item")
     ranking = np.asarray(ranking, dtype=np.int64)
-    junk = np.asarray(junk, dtype=np.int64)
+    junk = as_id_array(junk, "junk")
     if junk.size:
         ranking = ranking[~np.isin(ranking, junk)]
     hits = np.isin(ranking, relevant)

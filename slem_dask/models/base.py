@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from .. import storage
+from .._estimator import EstimatorProtocol, NotFittedError
 from ..validation import check_n_features, check_rows, is_dask_array
 
 __all__ = ["SLEMEstimator", "load_model", "MODEL_CLASSES", "NotFittedError"]
@@ -13,15 +14,13 @@ __all__ = ["SLEMEstimator", "load_model", "MODEL_CLASSES", "NotFittedError"]
 MODEL_CLASSES: dict[str, type] = {}
 
 
-class NotFittedError(RuntimeError):
-    """Raised when a model is used before ``fit`` (or ``load_model``)."""
-
-
-class SLEMEstimator:
+class SLEMEstimator(EstimatorProtocol):
     """Base class. Subclasses set ``_param_names``, ``_array_names`` and ``_input_name``.
 
     ``__init__`` stores parameters only; everything learned ends in ``_`` and
-    is set by ``fit`` or by :func:`load_model`.
+    is set by ``fit`` or by :func:`load_model`. The scikit-learn protocol
+    (``get_params``, ``set_params``, tags) comes from
+    :class:`slem_dask._estimator.EstimatorProtocol`.
     """
 
     _param_names: tuple[str, ...] = ()
@@ -33,12 +32,13 @@ class SLEMEstimator:
         super().__init_subclass__(**kwargs)
         MODEL_CLASSES[cls.__name__] = cls
 
-    def get_params(self) -> dict:
-        return {name: getattr(self, name) for name in self._param_names}
-
     def __repr__(self) -> str:
-        args = ", ".join(f"{k}={v!r}" for k, v in self.get_params().items())
+        args = ", ".join(f"{k}={getattr(self, k)!r}" for k in self._param_names)
         return f"{type(self).__name__}({args})"
+
+    def fit_transform(self, X, y=None):
+        """``fit(X).transform(X)``: the encodings of the negatives themselves."""
+        return self.fit(X, y).transform(X)
 
     # -- fitted state -------------------------------------------------
     def _check_fitted(self) -> None:
@@ -48,10 +48,19 @@ class SLEMEstimator:
                 f"negatives, or load a fitted model with slem_dask.load_model(path)"
             )
 
+    @staticmethod
+    def _output_dtype(p, dtype) -> np.dtype:
+        """``dtype``, or by default the input's: float32 (and float16) in gives float32
+        out, anything else float64. Computation is float64 either way."""
+        if dtype is not None:
+            return np.dtype(dtype)
+        return np.dtype(np.float32 if np.dtype(p.dtype).itemsize <= 4
+                        and np.issubdtype(p.dtype, np.floating) else np.float64)
+
     def _check_positives(self, p, name: str = "P"):
         self._check_fitted()
         p = check_rows(p, name)
-        check_n_features(p, self.n_features_in_, name)
+        check_n_features(p, self.n_features_in_, name, fitted_on=type(self).__name__)
         return p
 
     # -- persistence --------------------------------------------------
@@ -95,10 +104,10 @@ class SLEMEstimator:
     def similarity(self, p, q):
         """Matching scores: cosines of the SLEM vectors of the rows of ``p`` and ``q``.
 
-        Shape (len(p), len(q)); numpy unless either input is a dask array.
+        Shape (len(p), len(q)), float64; numpy unless either input is a dask array.
         """
-        zp = self.transform(p)
-        zq = self.transform(q)
+        zp = self.transform(p, dtype=np.float64)
+        zq = self.transform(q, dtype=np.float64)
         if is_dask_array(zp) or is_dask_array(zq):
             import dask.array as da
 

@@ -117,14 +117,16 @@ class ESVM(SLEMEstimator):
         return self
 
     # -- encode -------------------------------------------------------
-    def transform(self, P, dtype=np.float64):
+    def transform(self, P, dtype=None):
         """L2-normalized E-SVM weight vector w of each row of ``P``.
 
         numpy in, numpy out; dask in, lazy dask out (one task per row block,
         the negatives entering the graph once through :func:`parallel.shared`).
+        ``dtype``: of the result (default: the input's, float32 stays float32; computed in float64).
         """
         self._check_params()
         P = self._check_positives(P)
+        dtype = self._output_dtype(P, dtype)
         params = self._solver_params()
         if is_dask_array(P):
             return map_rows(_encode_exemplars, P,

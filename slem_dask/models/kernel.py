@@ -131,8 +131,11 @@ class KernelSLEM(SLEMEstimator):
         return kernel, gamma, degree, lam, rank
 
     # -- fit ----------------------------------------------------------
-    def fit(self, X, y=None):
+    def fit(self, X, y=None, progress=None):
         """Factor the negatives' kernel matrix and learn G; ``X`` (n, d) numpy or dask.
+
+        ``progress``: None, or a callable ``progress(round_no, n_pivots, trace_error)``
+        called after each pass over the negatives.
 
         A dask array is processed block by block on the current scheduler, in
         ``n_passes_`` rounds (see :mod:`slem_dask.parallel_kernel`); the n x n
@@ -147,7 +150,7 @@ class KernelSLEM(SLEMEstimator):
                              pivoting=self.pivoting, rank=min(rank or n, n),
                              tol=float(self.tol), seed=seed, gather=bool(self.exact))
         block_rows = max(1, _NUMPY_BLOCK_BYTES // (8 * max(d, 1)))
-        res = incomplete_cholesky(X, cfg, block_rows=block_rows, name="X")
+        res = incomplete_cholesky(X, cfg, block_rows=block_rows, name="X", on_round=progress)
         r = len(res.pivots)
         self.pivots_ = res.pivots
         self.pivot_rows_ = res.pivot_rows
@@ -175,7 +178,7 @@ class KernelSLEM(SLEMEstimator):
                         self.pivot_factor_, self.factor_mean_, self.g_factor_, self.pivots_,
                         getattr(self, "negatives_", None), getattr(self, "factor_", None))
 
-    def transform(self, P, dtype=np.float64, normalize: str = "h"):
+    def transform(self, P, dtype=None, normalize: str = "h"):
         """Explicit SLEM vectors z (n_p, r_), one row per positive.
 
         z = beta / N with beta = G^-1 (v - mu) and N = sqrt(|beta|^2 + u^2 / lam^2)
@@ -211,12 +214,13 @@ class KernelSLEM(SLEMEstimator):
         experiment above, 0.72 and 0.98).
 
         numpy in, numpy out; dask in, lazy dask out with the row chunks of ``P``.
+        ``dtype``: of the result (default: the input's, float32 stays float32; computed in float64).
         """
         if normalize not in ("h", "unit"):
             raise ValueError(f"normalize must be 'h' (rows beta / |h|) or 'unit' (rows "
                              f"beta / |beta|), got {normalize!r}")
         P = self._check_positives(P)
-        dtype = np.dtype(dtype)
+        dtype = self._output_dtype(P, dtype)
         enc = self._encoder()
         unit = normalize == "unit"
         if is_dask_array(P):

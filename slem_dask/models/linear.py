@@ -86,13 +86,15 @@ class LinearSLEM(SLEMEstimator):
         return self
 
     # -- encode -------------------------------------------------------
-    def transform(self, P, dtype=np.float64):
+    def transform(self, P, dtype=None):
         """L2-normalized SLEM vector of every row of ``P`` (n_p, d).
 
         numpy in, numpy out; dask in, lazy dask out with the row chunks of ``P``.
-        Computed in float64; ``dtype`` is the dtype of the result.
+        Computed in float64; ``dtype`` is the dtype of the result (default: the
+        input's; float32 in gives float32 out, other dtypes float64).
         """
         P = self._check_positives(P)
+        dtype = self._output_dtype(P, dtype)
         if is_dask_array(P):
             return encode_blocks(P, shared(self.mean_), shared(self.precision_), dtype, "P")
         check_finite_rows(P, "P")

@@ -23,14 +23,20 @@ class RawFeatures(SLEMEstimator):
 
     def fit(self, X, y=None):
         X = check_rows(X, "X")
+        if not is_dask_array(X):
+            check_finite_rows(X, "X")
         self.n_samples_ = int(X.shape[0])
         self.n_features_in_ = int(X.shape[1])
         self.input_dtype_ = np.dtype(X.dtype).name
         return self
 
-    def transform(self, P, dtype=np.float64):
-        """Each row of ``P`` divided by its L2 norm (numpy in/out, or lazy dask)."""
+    def transform(self, P, dtype=None):
+        """Each row of ``P`` divided by its L2 norm (numpy in/out, or lazy dask).
+
+        ``dtype``: of the result (default: the input's, float32 stays float32; computed in float64).
+        """
         P = self._check_positives(P)
+        dtype = self._output_dtype(P, dtype)
         if is_dask_array(P):
             return map_rows(normalize_rows, P, (), P.shape[1], dtype, "P", "raw-normalize")
         check_finite_rows(P, "P")

@@ -86,9 +86,13 @@ class PCAWhitening(SLEMEstimator):
         self.input_dtype_ = np.dtype(X.dtype).name
         return self
 
-    def transform(self, P, dtype=np.float64):
-        """Whitened, L2-normalized rows (n_p, n_components_); numpy or lazy dask."""
+    def transform(self, P, dtype=None):
+        """Whitened, L2-normalized rows (n_p, n_components_); numpy or lazy dask.
+
+        ``dtype``: of the result (default: the input's, float32 stays float32; computed in float64).
+        """
         P = self._check_positives(P)
+        dtype = self._output_dtype(P, dtype)
         if is_dask_array(P):
             return map_rows(whiten_rows, P, (shared(self.mean_), shared(self.projection_)),
                             self.n_components_, dtype, "P", "pca-whiten")

@@ -1,0 +1,104 @@
+"""The scikit-learn estimator protocol, without importing scikit-learn.
+
+Every estimator and classifier of slem-dask inherits :class:`EstimatorProtocol`:
+``get_params(deep=True)``, ``set_params(**params)``, ``__sklearn_tags__`` (scikit-learn
+>= 1.6) and ``_more_tags`` (older versions), which is what ``sklearn.base.clone``,
+``Pipeline``, ``GridSearchCV`` and ``cross_val_score`` call. scikit-learn is imported
+only inside ``__sklearn_tags__``, which only scikit-learn itself calls.
+"""
+
+from __future__ import annotations
+
+import inspect
+
+__all__ = ["EstimatorProtocol", "NotFittedError"]
+
+
+class NotFittedError(RuntimeError, ValueError, AttributeError):
+    """Raised when a model is used before ``fit`` (or ``load_model``).
+
+    Also a ValueError and an AttributeError, like scikit-learn's NotFittedError,
+    so that code written for scikit-learn estimators catches it.
+    """
+
+
+class EstimatorProtocol:
+    """get_params / set_params / tags in the scikit-learn convention.
+
+    The parameters are the arguments of ``__init__``, each stored unchanged
+    under its own name (``__init__`` does nothing else).
+    """
+
+    #: "transformer" or "classifier": the scikit-learn estimator type.
+    _estimator_type = "transformer"
+
+    @classmethod
+    def _get_param_names(cls) -> list[str]:
+        init = cls.__init__
+        if init is object.__init__:
+            return []
+        params = [p for p in inspect.signature(init).parameters.values()
+                  if p.name != "self" and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+        return sorted(p.name for p in params)
+
+    def get_params(self, deep: bool = True) -> dict:
+        """Constructor parameters of this estimator, by name.
+
+        ``deep=True`` also lists the parameters of parameters that are themselves
+        estimators, as ``name__param`` (the scikit-learn convention).
+        """
+        out = {}
+        for name in self._get_param_names():
+            value = getattr(self, name)
+            if deep and hasattr(value, "get_params") and not isinstance(value, type):
+                out.update((f"{name}__{k}", v) for k, v in value.get_params().items())
+            out[name] = value
+        return out
+
+    def set_params(self, **params):
+        """Set constructor parameters (``name__param`` for nested ones); returns self.
+
+        Values are checked when the estimator is next fitted or used, as in
+        scikit-learn.
+        """
+        if not params:
+            return self
+        valid = self.get_params(deep=True)
+        nested: dict[str, dict] = {}
+        for key, value in params.items():
+            name, _, sub = key.partition("__")
+            if name not in valid:
+                raise ValueError(
+                    f"set_params: {key!r} is not a parameter of {type(self).__name__}; "
+                    f"its parameters are {', '.join(self._get_param_names()) or '(none)'}"
+                )
+            if sub:
+                nested.setdefault(name, {})[sub] = value
+            else:
+                setattr(self, name, value)
+                valid[name] = value
+        for name, sub_params in nested.items():
+            valid[name].set_params(**sub_params)
+        return self
+
+    # -- tags ---------------------------------------------------------
+    def _preserved_dtypes(self) -> list[str]:
+        return ["float64", "float32"]
+
+    def __sklearn_tags__(self):
+        from sklearn.utils import (ClassifierTags, InputTags, Tags, TargetTags,
+                                   TransformerTags)
+
+        classifier = self._estimator_type == "classifier"
+        return Tags(
+            estimator_type=self._estimator_type,
+            target_tags=TargetTags(required=classifier),
+            transformer_tags=(None if classifier
+                              else TransformerTags(preserves_dtype=self._preserved_dtypes())),
+            classifier_tags=ClassifierTags(multi_class=True) if classifier else None,
+            input_tags=InputTags(two_d_array=True, allow_nan=False),
+        )
+
+    def _more_tags(self) -> dict:  # scikit-learn < 1.6
+        return {"requires_y": self._estimator_type == "classifier", "allow_nan": False,
+                "X_types": ["2darray"], "preserves_dtype": self._preserved_dtypes()}

@@ -1,0 +1,147 @@
+"""Command-line option checks of issue 10: combinations refused before any work,
+parameter grids in `evaluate`, kernel progress, `python -m slem_dask`."""
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import zarr
+
+from slem_dask.cli import main
+from slem_dask.datasets import make_corpus, write_corpus
+
+UNREACHABLE = "tcp://127.0.0.1:1"  # a check that ran after connecting would fail on this
+
+
+@pytest.fixture(autouse=True)
+def no_scheduler_env(monkeypatch):
+    monkeypatch.delenv("DASK_SCHEDULER_ADDRESS", raising=False)
+
+
+def run(capsys, *args):
+    try:
+        code = main([str(a) for a in args])
+    except SystemExit as exc:
+        code = exc.code
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    path = str(tmp_path_factory.mktemp("corpus") / "corpus.zarr")
+    write_corpus(make_corpus(n_negatives=600, n_instances=60, d=16, seed=2), path)
+    return path
+
+
+@pytest.mark.parametrize("flags", [["--gamma", "0.5"], ["--rank", "8"],
+                                   ["--pivoting", "rpcholesky"], ["--tol", "0.01"],
+                                   ["--gamma", "0.5", "--rank", "8"]])
+def test_kernel_options_without_kernel_refused(capsys, tmp_path, flags):
+    model = tmp_path / "m.zarr"
+    code, _, err = run(capsys, "fit", "--negatives", tmp_path / "none.zarr", "--model", model,
+                       "--scheduler", UNREACHABLE, *flags)
+    assert code == 2
+    assert "only to kernel SLEM models" in err and "--kernel rbf" in err
+    assert flags[0] in err and "usage: slem-dask fit" in err
+    assert not model.exists()
+
+
+def test_p_at_larger_than_k_refused(capsys, corpus):
+    code, _, err = run(capsys, "evaluate", "--corpus", corpus, "--k", "3", "--p-at", "4",
+                       "--scheduler", UNREACHABLE)
+    assert code == 2 and "--p-at 4 is larger than the ranking length --k 3" in err
+
+
+def test_plot_in_missing_folder_refused_before_any_work(capsys, corpus, tmp_path):
+    plot = tmp_path / "missing" / "pr.png"
+    code, out, err = run(capsys, "evaluate", "--corpus", corpus, "--plot", plot,
+                         "--scheduler", UNREACHABLE)
+    assert code == 1
+    assert "--plot: folder" in err and "does not exist" in err and "mkdir -p" in err
+    assert "dask:" not in out  # no cluster was reached
+
+
+def test_demo_with_one_negative_refused_before_writing(capsys, tmp_path):
+    workdir = tmp_path / "demo"
+    code, _, err = run(capsys, "demo", "--workdir", workdir, "--negatives", "1",
+                       "--scheduler", UNREACHABLE)
+    assert code == 2 and "expected an integer >= 2" in err
+    assert not workdir.exists()
+
+
+@pytest.mark.parametrize("text", ["1e-3,", "1e-3,abc", "0,1e-2", "1e-2,1e-2"])
+def test_bad_grids_refused(capsys, corpus, text):
+    code, _, err = run(capsys, "evaluate", "--corpus", corpus, "--lam", text,
+                       "--scheduler", UNREACHABLE)
+    assert code == 2 and "--lam" in err
+
+
+def test_python_dash_m():
+    result = subprocess.run([sys.executable, "-m", "slem_dask", "--version"],
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0 and result.stdout.startswith("slem-dask ")
+
+
+def test_evaluate_grid_marks_the_best(capsys, corpus, tmp_path):
+    plot = tmp_path / "pr.png"
+    code, out, err = run(capsys, "evaluate", "--corpus", corpus, "--methods", "raw,slem,kernel",
+                         "--lam", "1e-4,1e-1", "--gamma", "0.5", "--rank", "8,16",
+                         "--workers", "1", "--no-progress", "--plot", plot)
+    assert code == 0, err
+    table = out[out.index("method  setting"):].splitlines()
+    rows = [line.split() for line in table[2:] if line.strip()]
+    by_method = {}
+    for r in rows:
+        by_method.setdefault(r[0], []).append(r)
+    assert len(by_method["raw"]) == 1
+    assert len(by_method["slem"]) == 2 and len(by_method["kernel"]) == 4
+    for method, method_rows in by_method.items():
+        maps = [float(next(v for v in r if v.replace(".", "").isdigit() and "." in v))
+                for r in method_rows]
+        starred = [r[-1] == "*" for r in method_rows]
+        assert sum(starred) == 1, method
+        assert maps[starred.index(True)] == max(maps)
+    assert plot.exists()
+
+
+def test_grid_search_library_matches_evaluate_methods():
+    from slem_dask.evaluation import evaluate_methods, grid_search, parameter_grid
+
+    c = make_corpus(n_negatives=400, n_instances=40, d=12, seed=5)
+    rel = c.relevant()
+    rows, best, _ = grid_search(c.negatives, c.database, c.queries, rel,
+                                {"slem": {"lam": [1e-4, 1e-2, 1.0]}, "raw": {}})
+    assert [r["setting"] for r in rows] == ["lam=0.0001", "lam=0.01", "lam=1", "defaults"]
+    for r, lam in zip(rows[:3], [1e-4, 1e-2, 1.0]):
+        (ref,), _ = evaluate_methods(c.negatives, c.database, c.queries, rel, ["slem"],
+                                     params={"slem": {"lam": lam}}, curves=False)
+        assert r["mAP"] == ref["mAP"]
+    maps = [r["mAP"] for r in rows[:3]]
+    assert best["slem"] == {"lam": [1e-4, 1e-2, 1.0][int(np.argmax(maps))]}
+    assert [r["best"] for r in rows].count("*") == 2
+    assert parameter_grid({"a": [1, 2], "b": 3}) == [{"a": 1, "b": 3}, {"a": 2, "b": 3}]
+    assert parameter_grid(None) == [{}]
+    with pytest.raises(ValueError, match="no values"):
+        parameter_grid({"a": []})
+
+
+def test_kernel_fit_progress(capsys, tmp_path):
+    rng = np.random.default_rng(0)
+    X = rng.standard_normal((300, 6)).astype(np.float32)
+    neg = zarr.create_array(store=str(tmp_path / "neg.zarr"), shape=X.shape, dtype=X.dtype,
+                            chunks=(64, 6))
+    neg[...] = X
+    code, out, err = run(capsys, "fit", "--negatives", tmp_path / "neg.zarr", "--model",
+                         tmp_path / "k.zarr", "--kernel", "rbf", "--rank", "20",
+                         "--pivoting", "rpcholesky", "--seed", "0", "--workers", "1",
+                         "--progress")
+    assert code == 0, err
+    assert "kernel fit: pass 1," in out and "20 pivots" in out
+    code, out, err = run(capsys, "fit", "--negatives", tmp_path / "neg.zarr", "--model",
+                         tmp_path / "k2.zarr", "--kernel", "rbf", "--rank", "20",
+                         "--workers", "1", "--no-progress")
+    assert code == 0, err
+    assert "kernel fit: pass" not in out
