@@ -124,6 +124,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="ridge lambda > 0 (default: 1e-3)")
     p.add_argument("--theta", type=_positive_float, default=1.0,
                    help="weight of the positive; changes only exemplar() norms (default: 1)")
+    p.add_argument("--precision", choices=("auto", "float64"), default="auto",
+                   help="arithmetic inside blocks (linear SLEM): auto = the input's (float32 "
+                        "stays float32, within 1e-5 of float64), float64 = float64 throughout "
+                        "(default: auto)")
     p.add_argument("--overwrite", action="store_true", help="replace an existing model")
     p.add_argument("--update", action="store_true",
                    help="if MODEL was fitted on the first rows of NEGATIVES, merge the rows "
@@ -139,6 +143,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", required=True, metavar="PATH", help="zarr array to write (m, d)")
     p.add_argument("--dtype", choices=("float32", "float64"),
                    help="dtype of the output (default: the positives' float dtype)")
+    p.add_argument("--precision", choices=("auto", "float64"),
+                   help="arithmetic of a linear SLEM encoding: auto = the input's (float32 "
+                        "stays float32, within 1e-5 of float64), float64 = float64 "
+                        "(default: the model's setting)")
     p.add_argument("--overwrite", action="store_true",
                    help="replace an existing output (without it, an unfinished output is "
                         "resumed, appended positives are encoded, and an output of another "
@@ -303,7 +311,8 @@ def _run(args) -> int:
                                         overwrite=args.overwrite, update=args.update,
                                         progress=progress, kernel=args.kernel,
                                         gamma=args.gamma, degree=args.degree, rank=args.rank,
-                                        pivoting=args.pivoting, tol=args.tol, seed=args.seed)]
+                                        pivoting=args.pivoting, tol=args.tol, seed=args.seed,
+                                        precision=args.precision)]
         elif args.command == "search":
             reports = [evaluation.search_job(client, args.queries, args.database, args.out,
                                              k=args.k, partition_rows=args.partition_rows,
@@ -319,7 +328,8 @@ def _run(args) -> int:
         elif args.command == "encode":
             reports = [pipeline.encode_job(client, args.model, args.positives, args.out,
                                            dtype=args.dtype, partition_rows=args.partition_rows,
-                                           overwrite=args.overwrite, progress=progress)]
+                                           overwrite=args.overwrite, progress=progress,
+                                           precision=args.precision)]
         else:
             rows, reports = pipeline.demo_job(
                 client, workdir=args.workdir, n_negatives=args.negatives,

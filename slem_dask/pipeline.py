@@ -78,7 +78,8 @@ def fit_job(client, negatives: str, model_path: str, lam: float = 1e-3, theta: f
             partition_rows: int | None = None, overwrite: bool = False,
             progress: bool = False, update: bool = False, kernel: str | None = None,
             gamma: float = 0.1, degree: int = 2, rank: int | None = None,
-            pivoting: str = "greedy", tol: float = 1e-3, seed: int | None = None) -> JobReport:
+            pivoting: str = "greedy", tol: float = 1e-3, seed: int | None = None,
+            precision: str = "auto") -> JobReport:
     """Fit a LinearSLEM on the zarr array ``negatives`` and save it to ``model_path``.
 
     With ``kernel`` set, fit a KernelSLEM instead (``gamma``, ``degree``,
@@ -87,13 +88,16 @@ def fit_job(client, negatives: str, model_path: str, lam: float = 1e-3, theta: f
     ``update``: if ``model_path`` holds a model fitted on the first rows of this
     same ``negatives`` array, merge the statistics of the rows appended since
     into the stored ones (Chan et al.), without reading the old rows again.
+
+    ``precision`` (linear only): "auto" computes float32 negatives in float32
+    inside each block, "float64" in float64 (see :class:`LinearSLEM`).
     """
     if kernel is not None:
         return _fit_kernel_job(client, negatives, model_path, KernelSLEM(
             kernel=kernel, gamma=gamma, degree=degree, lam=lam, rank=rank, pivoting=pivoting,
             tol=tol, random_state=seed), partition_rows, overwrite, update)
     t0 = time.perf_counter()
-    model = LinearSLEM(lam=lam, theta=theta)
+    model = LinearSLEM(lam=lam, theta=theta, precision=precision)
     model._check_params()
     arr, exists = _open_negatives(negatives, model_path, overwrite, update)
     previous = _previous_statistics(model_path, negatives, arr) if exists and update else None
@@ -102,7 +106,7 @@ def fit_job(client, negatives: str, model_path: str, lam: float = 1e-3, theta: f
     report = JobReport("fit")
     report.facts.update({
         "negatives": str(negatives), "rows": arr.shape[0], "features": arr.shape[1],
-        "dtype": str(arr.dtype), "lam": lam, "theta": theta,
+        "dtype": str(arr.dtype), "lam": lam, "theta": theta, "precision": precision,
         "action": "update" if previous is not None else "fit",
         "rows read": arr.shape[0] - start,
     })
@@ -114,7 +118,7 @@ def fit_job(client, negatives: str, model_path: str, lam: float = 1e-3, theta: f
         report.timings["total"] = time.perf_counter() - t0
         return report
     try:
-        stats = (_compute(client, scatter_statistics(x), progress)
+        stats = (_compute(client, scatter_statistics(x, precision=precision), progress)
                  if start < arr.shape[0] else None)
         if previous is not None:
             stats = previous if stats is None else merge_statistics(previous, stats)
@@ -221,7 +225,8 @@ def _previous_statistics(model_path: str, negatives: str, arr) -> ScatterStats:
 
 def encode_job(client, model_path: str, positives: str, out: str, dtype: str | None = None,
                partition_rows: int | None = None, overwrite: bool = False,
-               progress: bool = False, on_model_change: str = "fail") -> JobReport:
+               progress: bool = False, on_model_change: str = "fail",
+               precision: str | None = None) -> JobReport:
     """Encode the zarr array ``positives`` with the model at ``model_path`` into ``out``.
 
     Re-running the same command resumes: an output left unfinished by a killed
@@ -229,7 +234,9 @@ def encode_job(client, model_path: str, positives: str, out: str, dtype: str | N
     the last complete run get encoded (and the one partition they extend), the
     rest is kept. An output written with another model is refused
     (``on_model_change="fail"``, the CLI default) unless ``overwrite``; with
-    ``on_model_change="reencode"`` (job specs) it is rebuilt.
+    ``on_model_change="reencode"`` (job specs) it is rebuilt. ``precision``
+    (linear models; default: the model's): "auto" encodes float32 positives in
+    float32, "float64" in float64.
     """
     if on_model_change not in ("fail", "reencode"):
         raise ValueError(f"on_model_change must be 'fail' or 'reencode', got {on_model_change!r}")
@@ -278,7 +285,9 @@ def encode_job(client, model_path: str, positives: str, out: str, dtype: str | N
         if todo:
             import dask.array as da
 
-            z = model.transform(da.from_zarr(arr, chunks=(rows, arr.shape[1])), dtype=out_dtype)
+            extra = {"precision": precision} if isinstance(model, LinearSLEM) and precision else {}
+            z = model.transform(da.from_zarr(arr, chunks=(rows, arr.shape[1])), dtype=out_dtype,
+                                **extra)
             # One store per run of consecutive partitions: a store per partition makes
             # graph construction grow faster than linearly (4000 partitions: 14 s vs 1 s).
             spans = [(a * rows, min(n_rows, (b + 1) * rows)) for a, b in _runs(todo)]
