@@ -31,19 +31,38 @@ def precision_matrix(cov: np.ndarray, lam: float) -> np.ndarray:
     """A^-1, the one inverse shared by all positives (slem_linear.tex, eq. invU).
 
     Computed from the Cholesky factor of A, which is positive definite for any
-    lam > 0 because Sigma is positive semi-definite.
+    lam > 0 because Sigma is positive semi-definite: LAPACK potrf then potri,
+    in place in one d x d copy (at d = 8192 each d x d float64 matrix is 512 MiB,
+    so no identity right-hand side and no transposed temporary), then the
+    computed triangle mirrored, so that A^-1 is exactly symmetric (the encoder
+    relies on A^-1 = A^-T).
     """
     a = regularized_covariance(cov, lam)
-    try:
-        factor = linalg.cho_factor(a, lower=True, check_finite=False)
-    except linalg.LinAlgError as exc:  # pragma: no cover - only for lam ~ -min eig
+    # a is C-ordered and symmetric: LAPACK sees a.T, whose lower triangle is a's upper.
+    factor, info = linalg.lapack.dpotrf(a.T, lower=True, clean=False, overwrite_a=True)
+    if info > 0:  # pragma: no cover - only for lam ~ -min eig
         raise np.linalg.LinAlgError(
-            f"A = Sigma + lam*I is not positive definite for lam={lam!r}; "
-            "increase lam"
-        ) from exc
-    inverse = linalg.cho_solve(factor, np.eye(a.shape[0]), check_finite=False)
-    # cho_solve is symmetric only up to rounding; the encoder relies on A^-1 = A^-T.
-    return (inverse + inverse.T) * 0.5
+            f"A = Sigma + lam*I is not positive definite for lam={lam!r}; increase lam")
+    if info < 0:  # pragma: no cover
+        raise ValueError(f"LAPACK dpotrf: illegal argument {-info}")
+    inverse, info = linalg.lapack.dpotri(factor, lower=True, overwrite_c=True)
+    if info != 0:  # pragma: no cover
+        raise np.linalg.LinAlgError(f"LAPACK dpotri failed (info={info}) for lam={lam!r}")
+    inverse = inverse.T  # back to C order: the upper triangle holds A^-1
+    _mirror_upper(inverse)
+    return inverse
+
+
+def _mirror_upper(m: np.ndarray, rows: int = 256) -> None:
+    """Copy the upper triangle of the square C-ordered ``m`` onto its lower one, in
+    place, ``rows`` rows at a time (temporaries of rows x d at most)."""
+    d = m.shape[0]
+    for i in range(0, d, rows):
+        j = min(d, i + rows)
+        m[i:j, :i] = m[:i, i:j].T
+        block = m[i:j, i:j]
+        lower = np.tril_indices(j - i, -1)
+        block[lower] = block.T[lower]
 
 
 def encode_rows(rows: np.ndarray, mean: np.ndarray, precision: np.ndarray,
