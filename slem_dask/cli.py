@@ -297,10 +297,14 @@ def _run(args) -> int:
             evaluation.check_search_inputs(args.queries, args.database, args.k)
         else:
             evaluation.check_evaluate_inputs(args.corpus, args.methods, args.negatives, args.k)
+    import time
+
+    started = time.perf_counter()
     with connect(scheduler, workers, threads, security=_security(args),
                  quiet=not progress) as client, _performance_report(args.performance_report):
         print(f"dask: {client.scheduler_info().get('address', '')} with "
-              f"{len(client.scheduler_info()['workers'])} worker(s)", flush=True)
+              f"{len(client.scheduler_info()['workers'])} worker(s), start-up "
+              f"{time.perf_counter() - started:.2f} s (the jobs' own times follow)", flush=True)
         if args.command == "run":
             from .jobspec import run_spec
 
