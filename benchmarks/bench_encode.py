@@ -1,24 +1,31 @@
 #!/usr/bin/env python
-"""Encode time: slem-dask (``pipeline.encode_job``) vs a numpy reference.
+"""Encode time: slem-dask (``pipeline.encode_job``) vs the numpy pipeline and naive Dask.
 
 The positives are the same n x d float32 store as bench_fit (the negatives
 store is encoded with a model fitted on itself; the data do not change the
 cost). The model is fitted once with ``fit_job`` (not timed).
 
 * slem-dask: ``encode_job(client, model, store, out)``: read the store,
-  transform (float64: centre, one product with precision_, L2-normalize, cast
-  to float32), write a float32 zarr output (zarr default codecs, one chunk per
-  partition). Timed: the whole job (load model, create output, encode+write).
+  transform (float32 inputs in float32 under precision "auto": centre with a
+  two-term mean, one product with A^-1 cast to float32, L2-normalize), write a
+  float32 zarr output (one chunk per partition); ``client=None`` on the
+  threaded scheduler. Timed: the whole job (load model, create output,
+  encode+write).
+* naive Dask: ``A = da.from_zarr(store)``; ``Z = (A - mean) @ precision`` in
+  float32, divided by its row norms, ``da.to_zarr`` to a new array (default
+  codecs), on the same scheduler.
 * numpy: ``X = arr[...]``; ``Z = (X - mean) @ precision`` with the model's
   mean_ and precision_ cast to ``--numpy-dtype`` (default float32, numpy's
   multi-threaded BLAS); rows divided by their norms; written with
   ``out[...] = Z`` to a zarr array with the same shape, dtype, chunking and
   (default) codecs as the slem-dask output. Timed: read + compute + write.
 
-Contenders alternate; every run is printed, then best/median/worst and the
-ratio numpy_time / slem_time (>= 1.0: slem-dask is no slower). Sanity check
-(not timed): max abs difference between the two outputs, and of each vs a
-float64 numpy encoding of the first ``--check-rows`` rows.
+``--schedulers threads,cluster`` as in bench_fit. Contenders alternate; every
+run is printed with the load average, then best/median/worst and the ratios
+numpy_time / slem_time and naive_time / slem_time (>= 1.0: slem-dask is no
+slower). Sanity check (not timed): max abs difference between the slem and
+numpy outputs, and of each vs a float64 encoding of the first
+``--check-rows`` rows.
 """
 
 from __future__ import annotations
@@ -58,17 +65,41 @@ def numpy_reference(path: str, out_path: str, mean: np.ndarray, precision: np.nd
             "total": t_read.seconds + t_comp.seconds + t_write.seconds}
 
 
+def naive_dask(path: str, out_path: str, mean, precision, rows: int) -> dict:
+    import dask.array as da
+    import zarr
+
+    with C.Timer() as t:
+        a = da.from_zarr(zarr.open_array(store=path, mode="r"), chunks=(rows, None))
+        z = (a - mean.astype(np.float32)) @ precision.astype(np.float32)
+        z = z / da.linalg.norm(z, axis=1, keepdims=True)
+        da.to_zarr(z.astype(np.float32), out_path, overwrite=True)
+    return {"total": t.seconds}
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     C.add_common_args(parser)
     C.add_run_args(parser)
     parser.add_argument("--numpy-dtype", choices=("float32", "float64"), default="float32",
                         help="arithmetic of the numpy reference (default float32)")
+    parser.add_argument("--precision", choices=("auto", "float64"), default="auto",
+                        help="slem-dask's precision for the encoding (default auto)")
+    parser.add_argument("--schedulers", default="threads,cluster",
+                        help="comma-separated: threads (no Client), cluster (LocalCluster)")
+    parser.add_argument("--no-naive", action="store_true", help="skip the naive Dask contender")
     parser.add_argument("--check-rows", type=C.int_size, default=20000,
                         help="rows compared with a float64 encoding (default 2e4)")
     args = parser.parse_args(argv)
     C.resolve_sizes(args)
+    schedulers = [s for s in args.schedulers.split(",") if s]
+    if not set(schedulers) <= {"threads", "cluster"}:
+        parser.error(f"--schedulers: expected threads and/or cluster, got {args.schedulers!r}")
 
+    import contextlib
+    import subprocess
+
+    import dask
     import zarr
 
     from slem_dask import storage
@@ -78,39 +109,62 @@ def main(argv=None) -> int:
     from slem_dask.pipeline import encode_job, fit_job
 
     C.header(f"bench_encode: n={args.n:,} d={args.d} float32", args)
+    print("uptime: " + subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip())
     path = C.ensure_store(args.workdir, args.n, args.d, args.seed, args.chunk_rows)
     print(f"data: {C.describe_store(path)}")
     tag = f"n{args.n}-d{args.d}"
     model_path = os.path.join(args.workdir, f"bench-encode-model-{tag}.zarr")
     out_slem = os.path.join(args.workdir, f"bench-encode-slem-{tag}.zarr")
     out_np = os.path.join(args.workdir, f"bench-encode-numpy-{tag}.zarr")
+    out_naive = os.path.join(args.workdir, f"bench-encode-naive-{tag}.zarr")
 
-    slem, numpy_runs = [], []
-    with connect(n_workers=args.workers, threads_per_worker=args.threads, quiet=True) as client:
-        nthreads = client.nthreads()
-        with C.Timer() as t:
-            fit_job(client, path, model_path, lam=args.lam, overwrite=True)
-        model = load_model(model_path)
-        arr = storage.open_input(path, "positives")
-        x = storage.dask_rows(arr, args.partition_rows)
-        rows = x.chunks[0][0]
-        print(f"cluster: {len(nthreads)} worker process(es) x {sorted(set(nthreads.values()))} "
-              f"thread(s); partitions: {x.numblocks[0]} of {rows:,} rows")
-        print(f"model: fitted with fit_job in {t.seconds:.2f} s (not counted)")
-        with C.Timer() as t:  # warm-up: imports in the workers, one partition
-            client.compute(model.transform(x[:rows], dtype=np.float32)).result()
-        print(f"warm-up (one partition, not counted): {t.seconds:.3f} s")
-        print("slem contender: pipeline.encode_job (float64 arithmetic, float32 output)")
+    with C.Timer() as t:
+        fit_job(None, path, model_path, lam=args.lam, overwrite=True)
+    model = load_model(model_path)
+    arr = storage.open_input(path, "positives")
+    x = storage.dask_rows(arr, args.partition_rows)
+    rows = x.chunks[0][0]
+    print(f"model: fitted with fit_job in {t.seconds:.2f} s (not counted); encoding in "
+          f"{model._encoding_matrix(arr.dtype, args.precision).dtype} (precision={args.precision!r})")
+    print(f"partitions: {x.numblocks[0]} of {rows:,} rows")
+    slem = {s: [] for s in schedulers}
+    naive = {s: [] for s in schedulers}
+    numpy_runs = []
+    cluster_cm = (connect(n_workers=args.workers, threads_per_worker=args.threads, quiet=True)
+                  if "cluster" in schedulers else contextlib.nullcontext())
+    with cluster_cm as client:
+        contexts = {"threads": lambda: dask.config.set(scheduler="threads"),
+                    "cluster": contextlib.nullcontext}
+        clients = {"threads": None, "cluster": client}
+        if client is not None:
+            nthreads = client.nthreads()
+            print(f"cluster: {len(nthreads)} worker process(es) x {sorted(set(nthreads.values()))} "
+                  f"thread(s)")
+        for sched in schedulers:
+            with contexts[sched](), C.Timer() as t:  # imports in the workers, one partition
+                dask.compute(model.transform(x[:rows], dtype=np.float32))
+            print(f"warm-up on {sched} (not counted): {t.seconds:.3f} s")
+        print("slem contender: pipeline.encode_job (float32 output)")
+        print("naive Dask contender: ((A - mean) @ precision) / row norms in float32, da.to_zarr")
         print(f"numpy contender: X = arr[...]; Z = (X - mean) @ precision in {args.numpy_dtype}; "
               f"Z /= row norms; zarr out[...] = Z (chunks ({rows}, {args.d}), default codecs)")
         print()
         for r in range(args.repeat):
-            report = encode_job(client, model_path, path, out_slem,
-                                partition_rows=args.partition_rows, overwrite=True)
-            tm = dict(report.timings)
-            slem.append(tm)
-            extra = ", ".join(f"{k} {v:.3f}" for k, v in tm.items() if k != "total")
-            print(f"run {r + 1}: slem-dask {tm['total']:.3f} s ({extra}) | {C.load_line()}")
+            for sched in schedulers:
+                with contexts[sched]():
+                    report = encode_job(clients[sched], model_path, path, out_slem,
+                                        partition_rows=args.partition_rows, overwrite=True,
+                                        precision=args.precision)
+                    tm = dict(report.timings)
+                    slem[sched].append(tm)
+                    extra = ", ".join(f"{k} {v:.3f}" for k, v in tm.items() if k != "total")
+                    print(f"run {r + 1}: slem-dask [{sched}] {tm['total']:.3f} s ({extra}) | "
+                          f"{C.load_line()}")
+                    if not args.no_naive:
+                        nv = naive_dask(path, out_naive, model.mean_, model.precision_, rows)
+                        naive[sched].append(nv)
+                        print(f"run {r + 1}: naive Dask [{sched}] {nv['total']:.3f} s | "
+                              f"{C.load_line()}")
             nt = numpy_reference(path, out_np, model.mean_, model.precision_, rows,
                                  np.dtype(args.numpy_dtype))
             numpy_runs.append(nt)
@@ -118,19 +172,31 @@ def main(argv=None) -> int:
                   f"{nt['compute']:.3f}, write {nt['write']:.3f}) | {C.load_line()}")
             sys.stdout.flush()
 
-    best_slem = min(t["total"] for t in slem)
-    best_np = min(t["total"] for t in numpy_runs)
     med = C.statistics.median
+    best_np = min(t["total"] for t in numpy_runs)
+    med_np = med([t["total"] for t in numpy_runs])
     print()
-    print(f"slem-dask encode total: {C.spread(t['total'] for t in slem)}  runs {C.runs_line(t['total'] for t in slem)}")
-    print(f"  of which encode+write: {C.spread(t['encode+write'] for t in slem)}")
     print(f"numpy total           : {C.spread(t['total'] for t in numpy_runs)}  runs {C.runs_line(t['total'] for t in numpy_runs)}")
     for part in ("read", "compute", "write"):
         print(f"  of which {part:<12}: {C.spread(t[part] for t in numpy_runs)}")
-    ratio = best_np / best_slem
-    ratio_med = med([t["total"] for t in numpy_runs]) / med([t["total"] for t in slem])
-    print(f"RATIO numpy_time / slem_time = {ratio:.3f} (best of {args.repeat}); "
-          f"{ratio_med:.3f} (medians)  [>= 1.0: slem-dask no slower]")
+    result = {"n": args.n, "d": args.d, "precision": args.precision, "numpy_best": best_np,
+              "numpy_runs": [t["total"] for t in numpy_runs]}
+    for sched in schedulers:
+        totals = [t["total"] for t in slem[sched]]
+        print(f"[{sched}] slem-dask encode total: {C.spread(totals)}  runs {C.runs_line(totals)}")
+        ratio, ratio_med = best_np / min(totals), med_np / med(totals)
+        print(f"[{sched}] RATIO numpy_time / slem_time = {ratio:.3f} (best of {args.repeat}); "
+              f"{ratio_med:.3f} (medians)  [>= 1.0: slem-dask no slower]")
+        result.update({f"{sched}_slem_runs": totals, f"{sched}_ratio_numpy_best": ratio,
+                       f"{sched}_ratio_numpy_median": ratio_med})
+        if naive[sched]:
+            nts = [t["total"] for t in naive[sched]]
+            print(f"[{sched}] naive Dask total      : {C.spread(nts)}  runs {C.runs_line(nts)}")
+            nr, nr_med = min(nts) / min(totals), med(nts) / med(totals)
+            print(f"[{sched}] RATIO naive_time / slem_time = {nr:.3f} (best of {args.repeat}); "
+                  f"{nr_med:.3f} (medians)")
+            result.update({f"{sched}_naive_runs": nts, f"{sched}_ratio_naive_best": nr})
+    print("uptime: " + subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip())
 
     zs = storage.open_output(out_slem)
     zn = zarr.open_array(store=out_np, mode="r")
@@ -138,21 +204,14 @@ def main(argv=None) -> int:
     for i in range(0, args.n, 65536):
         diff = max(diff, float(np.abs(zs[i:i + 65536] - zn[i:i + 65536]).max()))
     m = min(args.check_rows, args.n)
-    ref = encode_rows(zarr.open_array(store=path, mode="r")[:m], model.mean_, model.precision_)
+    ref = encode_rows(zarr.open_array(store=path, mode="r")[:m].astype(np.float64),
+                      model.mean_, model.precision_)
     print()
     print(f"check: max abs diff slem vs numpy outputs (all {args.n:,} rows): {diff:.3e}; vs a float64 "
           f"encoding of the first {m:,} rows: slem {np.abs(zs[:m] - ref).max():.3e}, "
           f"numpy {np.abs(zn[:m] - ref).max():.3e}")
-    sizes = {}
-    for name, p in (("slem", out_slem), ("numpy", out_np)):
-        sizes[name] = sum(os.path.getsize(os.path.join(root, f))
-                          for root, _, files in os.walk(p) for f in files)
-    print(f"outputs on disk: slem {sizes['slem'] / 2**20:.0f} MiB, numpy {sizes['numpy'] / 2**20:.0f} "
-          f"MiB, raw {args.n * args.d * 4 / 2**20:.0f} MiB (codecs {[type(c).__name__ for c in (zs.serializer, *zs.compressors)]})")
-    C.emit_json("RESULT bench_encode", {
-        "n": args.n, "d": args.d, "slem_best": best_slem, "numpy_best": best_np,
-        "ratio_best": ratio, "ratio_median": ratio_med, "output_maxdiff": diff,
-        "slem_runs": [t["total"] for t in slem], "numpy_runs": [t["total"] for t in numpy_runs]})
+    result["output_maxdiff"] = diff
+    C.emit_json("RESULT bench_encode", result)
     return 0
 
 

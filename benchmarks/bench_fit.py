@@ -1,33 +1,38 @@
 #!/usr/bin/env python
-"""Fit time: slem-dask (``pipeline.fit_job`` on a LocalCluster) vs a numpy reference.
+"""Fit time: slem-dask vs the numpy pipeline and naive Dask, without a Client and on a LocalCluster.
 
-Both read the same zarr store of n x d float32 negatives:
+All contenders read the same zarr store of n x d float32 negatives, in the same
+run, alternating so that a change in machine load hits all of them:
 
-* slem-dask: ``fit_job(client, store, model, lam)`` on a client from
-  ``slem_dask.cluster.connect()`` (one single-threaded worker process per
-  core). Timed: the whole job (open, distributed statistics, factor + save);
-  the statistics part is printed too. The cluster is started once and warmed
-  up (one partition) before the timed runs; its start-up is not timed.
-  ``--api estimator`` times ``LinearSLEM(lam).fit(storage.dask_rows(arr))``
-  on the same client instead.
-* numpy: ``X = arr[...]`` (zarr reads the whole store into memory), then
-  ``X.T @ X`` in float32 (numpy's multi-threaded BLAS, every core) and
-  ``X.mean(axis=0, dtype=float64)``. Timed: read + compute.
+* slem-dask: ``pipeline.fit_job(client, store, model, lam)`` (open, statistics,
+  Cholesky + save of the model); ``client=None`` for the threaded scheduler (what
+  a notebook user gets without a Client). ``--api estimator`` times
+  ``LinearSLEM(lam).fit(storage.dask_rows(arr))`` (+ save) instead.
+* naive Dask: ``A = da.from_zarr(arr, chunks=(partition rows, d))``;
+  ``dask.compute(A.mean(axis=0, dtype=float64), A.T @ A)`` on the same scheduler.
+* numpy pipeline: ``X = arr[...]`` then ``X.T @ X`` in float32 (numpy's BLAS on
+  every core) and ``X.mean(axis=0, dtype=float64)``.
 
-The two contenders alternate (slem, numpy, slem, numpy ...) so that a change in
-machine load hits both. Printed: every run, best/median/worst, and the ratio
-numpy_time / slem_time (>= 1.0: slem-dask is no slower than numpy).
+``--schedulers threads,cluster`` (default both): "threads" runs the dask
+contenders on dask's threaded scheduler (no Client), "cluster" on a
+LocalCluster from ``slem_dask.cluster.connect()`` (one single-threaded worker
+process per core; started and warmed up before the timed runs, start-up not
+counted). Printed: every run with the load average, best/median/worst, and
+``RATIO numpy/slem`` and ``RATIO naive/slem`` per scheduler (>= 1.0: slem-dask
+is no slower). ``--profile`` first times, in this process with one BLAS thread,
+the steps of one partition (zarr read + decode, the float32 statistics, the
+float64 statistics, one merge) and multiplies them by the number of partitions.
 
 Sanity check (not timed): the covariance of the fitted model and the float32
 numpy covariance X^T X / n - mu mu^T are compared with a float64 two-pass
-covariance of ALL n rows ((X - mu)^T (X - mu) / n accumulated in float64
-blocks), max absolute differences printed.
+covariance of ALL n rows, max absolute differences printed.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import subprocess
 import sys
 
 import numpy as np
@@ -63,6 +68,54 @@ def float64_covariance(x: np.ndarray, block: int = 65536):
     return mean, scatter / len(x)
 
 
+def naive_dask(path: str, rows: int) -> dict:
+    """What a user writes by hand with dask: mean and X^T X of a from_zarr array."""
+    import dask
+    import dask.array as da
+    import zarr
+
+    with C.Timer() as t:
+        a = da.from_zarr(zarr.open_array(store=path, mode="r"), chunks=(rows, None))
+        dask.compute(a.mean(axis=0, dtype=np.float64), a.T @ a)
+    return {"total": t.seconds}
+
+
+def profile_partition(path: str, rows: int, n_parts: int, repeat: int = 3) -> None:
+    """Per-partition costs in this process with one BLAS thread (like one worker)."""
+    import time
+
+    import zarr
+    from threadpoolctl import threadpool_limits
+
+    from slem_dask.core.statistics import block_statistics, merge_statistics
+
+    arr = zarr.open_array(store=path, mode="r")
+
+    def best(f):
+        out, ts = None, []
+        for _ in range(repeat):
+            t0 = time.perf_counter()
+            out = f()
+            ts.append(time.perf_counter() - t0)
+        return min(ts), out
+
+    with threadpool_limits(1, user_api="blas"):
+        t_read, block = best(lambda: arr[:rows])
+        t32, s32 = best(lambda: block_statistics(block))
+        t64, s64 = best(lambda: block_statistics(block, "float64"))
+        t_merge, _ = best(lambda: merge_statistics(s32, s64))
+        t_mm, _ = best(lambda: block.T @ block)
+    print(f"profile: one partition of {rows:,} rows, one core, best of {repeat}; x {n_parts} "
+          f"partitions = core-seconds for the whole fit")
+    for name, t in (("zarr read + zstd decode", t_read),
+                    ("block statistics, float32 (precision='auto')", t32),
+                    ("  of which the bare float32 X^T X", t_mm),
+                    ("block statistics, float64 (precision='float64')", t64),
+                    ("one Chan merge of two d x d partials", t_merge)):
+        print(f"  {name:<50} {t * 1e3:8.1f} ms   x{n_parts}: {t * n_parts:6.2f} core-s")
+    print()
+
+
 def slem_run(client, args, path: str, model_path: str) -> dict:
     from slem_dask import storage
     from slem_dask.models import LinearSLEM
@@ -70,12 +123,13 @@ def slem_run(client, args, path: str, model_path: str) -> dict:
 
     if args.api == "job":
         report = fit_job(client, path, model_path, lam=args.lam,
-                         partition_rows=args.partition_rows, overwrite=True)
+                         partition_rows=args.partition_rows, overwrite=True,
+                         precision=args.precision)
         return dict(report.timings), report.facts
     with C.Timer() as t:
         arr = storage.open_input(path, "negatives")
         x = storage.dask_rows(arr, args.partition_rows)
-        model = LinearSLEM(lam=args.lam).fit(x)
+        model = LinearSLEM(lam=args.lam, precision=args.precision).fit(x)
         model.save(model_path, overwrite=True)
     return {"total": t.seconds}, {"partitions": x.numblocks[0]}
 
@@ -86,10 +140,24 @@ def main(argv=None) -> int:
     C.add_run_args(parser)
     parser.add_argument("--api", choices=("job", "estimator"), default="job",
                         help="time pipeline.fit_job (default) or LinearSLEM().fit on dask_rows")
+    parser.add_argument("--schedulers", default="threads,cluster",
+                        help="comma-separated: threads (no Client), cluster (LocalCluster)")
+    parser.add_argument("--precision", choices=("auto", "float64"), default="auto",
+                        help="slem-dask's precision parameter (default auto)")
+    parser.add_argument("--no-naive", action="store_true", help="skip the naive Dask contender")
+    parser.add_argument("--profile", action="store_true",
+                        help="time the steps of one partition first")
     parser.add_argument("--no-check", action="store_true",
                         help="skip the float64 covariance check")
     args = parser.parse_args(argv)
     C.resolve_sizes(args)
+    schedulers = [s for s in args.schedulers.split(",") if s]
+    if not set(schedulers) <= {"threads", "cluster"}:
+        parser.error(f"--schedulers: expected threads and/or cluster, got {args.schedulers!r}")
+
+    import contextlib
+
+    import dask
 
     from slem_dask import storage
     from slem_dask.cluster import connect
@@ -97,31 +165,56 @@ def main(argv=None) -> int:
     from slem_dask.parallel import scatter_statistics
 
     C.header(f"bench_fit: n={args.n:,} d={args.d} float32", args)
+    print("uptime: " + subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip())
     path = C.ensure_store(args.workdir, args.n, args.d, args.seed, args.chunk_rows)
     print(f"data: {C.describe_store(path)}")
     model_path = os.path.join(args.workdir, f"bench-fit-model-n{args.n}-d{args.d}.zarr")
+    arr = storage.open_input(path, "negatives")
+    x = storage.dask_rows(arr, args.partition_rows)
+    rows = x.chunks[0][0]
+    print(f"partitions: {x.numblocks[0]} of {rows:,} rows ({rows * args.d * 4 / 2**20:.0f} MiB "
+          f"float32); slem precision={args.precision!r}")
+    if args.profile:
+        profile_partition(path, rows, x.numblocks[0])
 
-    slem, numpy_runs = [], []
-    with connect(n_workers=args.workers, threads_per_worker=args.threads, quiet=True) as client:
-        nthreads = client.nthreads()
-        arr = storage.open_input(path, "negatives")
-        x = storage.dask_rows(arr, args.partition_rows)
-        print(f"cluster: {len(nthreads)} worker process(es) x "
-              f"{sorted(set(nthreads.values()))} thread(s); partitions: {x.numblocks[0]} of "
-              f"{x.chunks[0][0]:,} rows ({x.chunks[0][0] * args.d * 4 / 2**20:.0f} MiB float32)")
-        with C.Timer() as t:  # imports and first reads in the workers
-            client.compute(scatter_statistics(x[: x.chunks[0][0]])).result()
-        print(f"warm-up (one partition, not counted): {t.seconds:.3f} s")
+    slem = {s: [] for s in schedulers}
+    naive = {s: [] for s in schedulers}
+    numpy_runs = []
+    cluster_cm = (connect(n_workers=args.workers, threads_per_worker=args.threads, quiet=True)
+                  if "cluster" in schedulers else contextlib.nullcontext())
+    with cluster_cm as client:
+        contexts = {"threads": lambda: dask.config.set(scheduler="threads"),
+                    "cluster": contextlib.nullcontext}
+        clients = {"threads": None, "cluster": client}
+        if client is not None:
+            nthreads = client.nthreads()
+            print(f"cluster: {len(nthreads)} worker process(es) x "
+                  f"{sorted(set(nthreads.values()))} thread(s)")
+        for sched in schedulers:  # imports and first reads, not counted
+            with contexts[sched](), C.Timer() as t:
+                dask.compute(scatter_statistics(x[:rows]))
+                if not args.no_naive:
+                    naive_dask(path, rows)
+            print(f"warm-up on {sched} (not counted): {t.seconds:.3f} s")
         print(f"slem contender: {'pipeline.fit_job' if args.api == 'job' else 'LinearSLEM().fit(dask_rows)'}")
+        print("naive Dask contender: dask.compute(A.mean(0, dtype=float64), A.T @ A), "
+              "A = da.from_zarr(store, chunks=(partition rows, d))")
         print("numpy contender: X = zarr_array[...]; X.T @ X (float32); X.mean(axis=0, dtype=float64)")
         print()
         x_last = gram = mean32 = None
         for r in range(args.repeat):
-            timings, facts = slem_run(client, args, path, model_path)
-            slem.append(timings)
-            extra = ", ".join(f"{k} {v:.3f}" for k, v in timings.items() if k != "total")
-            print(f"run {r + 1}: slem-dask {timings['total']:.3f} s{f' ({extra})' if extra else ''} | "
-                  f"{C.load_line()}")
+            for sched in schedulers:
+                with contexts[sched]():
+                    timings, facts = slem_run(clients[sched], args, path, model_path)
+                    slem[sched].append(timings)
+                    extra = ", ".join(f"{k} {v:.3f}" for k, v in timings.items() if k != "total")
+                    print(f"run {r + 1}: slem-dask [{sched}] {timings['total']:.3f} s"
+                          f"{f' ({extra})' if extra else ''} | {C.load_line()}")
+                    if not args.no_naive:
+                        nv = naive_dask(path, rows)
+                        naive[sched].append(nv)
+                        print(f"run {r + 1}: naive Dask [{sched}] {nv['total']:.3f} s | "
+                              f"{C.load_line()}")
             x_last = gram = None
             nt, mean32, gram, x_last = numpy_reference(path)
             numpy_runs.append(nt)
@@ -129,25 +222,34 @@ def main(argv=None) -> int:
                   f"compute {nt['compute']:.3f}) | {C.load_line()}")
             sys.stdout.flush()
 
-    best_slem = min(t["total"] for t in slem)
-    best_np = min(t["total"] for t in numpy_runs)
     med = C.statistics.median
+    best_np = min(t["total"] for t in numpy_runs)
+    med_np = med([t["total"] for t in numpy_runs])
     print()
-    print(f"slem-dask fit total : {C.spread(t['total'] for t in slem)}  runs {C.runs_line(t['total'] for t in slem)}")
-    if "statistics" in slem[0]:
-        print(f"  of which statistics: {C.spread(t['statistics'] for t in slem)}")
     print(f"numpy read+compute  : {C.spread(t['total'] for t in numpy_runs)}  runs {C.runs_line(t['total'] for t in numpy_runs)}")
     print(f"  of which read     : {C.spread(t['read'] for t in numpy_runs)}")
     print(f"  of which compute  : {C.spread(t['compute'] for t in numpy_runs)}")
-    ratio = best_np / best_slem
-    ratio_med = med([t['total'] for t in numpy_runs]) / med([t['total'] for t in slem])
-    print(f"RATIO numpy_time / slem_time = {ratio:.3f} (best of {args.repeat}); "
-          f"{ratio_med:.3f} (medians)  [>= 1.0: slem-dask no slower]")
-
-    result = {"n": args.n, "d": args.d, "slem_best": best_slem, "numpy_best": best_np,
-              "ratio_best": ratio, "ratio_median": ratio_med,
-              "slem_runs": [t["total"] for t in slem],
+    result = {"n": args.n, "d": args.d, "precision": args.precision, "numpy_best": best_np,
               "numpy_runs": [t["total"] for t in numpy_runs]}
+    for sched in schedulers:
+        totals = [t["total"] for t in slem[sched]]
+        print(f"[{sched}] slem-dask fit total : {C.spread(totals)}  runs {C.runs_line(totals)}")
+        if "statistics" in slem[sched][0]:
+            print(f"[{sched}]   of which statistics: {C.spread(t['statistics'] for t in slem[sched])}")
+        ratio, ratio_med = best_np / min(totals), med_np / med(totals)
+        print(f"[{sched}] RATIO numpy_time / slem_time = {ratio:.3f} (best of {args.repeat}); "
+              f"{ratio_med:.3f} (medians)  [>= 1.0: slem-dask no slower]")
+        result.update({f"{sched}_slem_runs": totals, f"{sched}_ratio_numpy_best": ratio,
+                       f"{sched}_ratio_numpy_median": ratio_med})
+        if naive[sched]:
+            nts = [t["total"] for t in naive[sched]]
+            print(f"[{sched}] naive Dask total    : {C.spread(nts)}  runs {C.runs_line(nts)}")
+            nr, nr_med = min(nts) / min(totals), med(nts) / med(totals)
+            print(f"[{sched}] RATIO naive_time / slem_time = {nr:.3f} (best of {args.repeat}); "
+                  f"{nr_med:.3f} (medians)  [goal >= 1.3]")
+            result.update({f"{sched}_naive_runs": nts, f"{sched}_ratio_naive_best": nr,
+                           f"{sched}_ratio_naive_median": nr_med})
+    print("uptime: " + subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip())
     if not args.no_check:
         with C.Timer() as t:
             mean64, cov64 = float64_covariance(x_last)

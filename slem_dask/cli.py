@@ -147,6 +147,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="ridge lambda > 0 (default: 1e-3)")
     p.add_argument("--theta", type=_positive_float, default=1.0,
                    help="weight of the positive; changes only exemplar() norms (default: 1)")
+    p.add_argument("--precision", choices=("auto", "float64"), default="auto",
+                   help="arithmetic inside blocks (linear SLEM): auto = the input's (float32 "
+                        "stays float32, within 1e-5 of float64), float64 = float64 throughout "
+                        "(default: auto)")
     p.add_argument("--overwrite", action="store_true",
                    help="replace an existing model written by slem-dask (refit from scratch, "
                         "also with --update); anything else at MODEL is never deleted")
@@ -164,6 +168,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", required=True, metavar="PATH", help="zarr array to write (m, d)")
     p.add_argument("--dtype", choices=("float32", "float64"),
                    help="dtype of the output (default: the positives' float dtype)")
+    p.add_argument("--precision", choices=("auto", "float64"),
+                   help="arithmetic of a linear SLEM encoding: auto = the input's (float32 "
+                        "stays float32, within 1e-5 of float64), float64 = float64 "
+                        "(default: the model's setting)")
     p.add_argument("--overwrite", action="store_true",
                    help="replace an existing output written by slem-dask (without it, an "
                         "unfinished output is resumed, partitions whose positives changed or "
@@ -327,7 +335,8 @@ def _check_inputs(args, spec) -> None:
         from .pipeline import check_encode_inputs
 
         check_encode_inputs(load_model(args.model), args.model, args.positives, args.out,
-                            args.dtype, args.overwrite, partition_rows=args.partition_rows)
+                            args.dtype, args.overwrite, partition_rows=args.partition_rows,
+                            precision=args.precision)
 
 
 def _verify(paths) -> int:
@@ -373,10 +382,14 @@ def _run(args) -> int:
         else:
             evaluation.check_evaluate_inputs(args.corpus, args.methods, args.negatives, args.k,
                                              args.plot)
+    import time
+
+    started = time.perf_counter()
     with connect(scheduler, workers, threads, security=security,
                  quiet=not progress) as client, _performance_report(args.performance_report):
         print(f"dask: {client.scheduler_info().get('address', '')} with "
-              f"{len(client.scheduler_info()['workers'])} worker(s)", flush=True)
+              f"{len(client.scheduler_info()['workers'])} worker(s), start-up "
+              f"{time.perf_counter() - started:.2f} s (the jobs' own times follow)", flush=True)
         if args.command == "run":
             from .jobspec import run_spec
 
@@ -389,7 +402,8 @@ def _run(args) -> int:
                                         overwrite=args.overwrite, update=args.update,
                                         progress=progress, kernel=args.kernel,
                                         gamma=args.gamma, degree=args.degree, rank=args.rank,
-                                        pivoting=args.pivoting, tol=args.tol, seed=args.seed)]
+                                        pivoting=args.pivoting, tol=args.tol, seed=args.seed,
+                                        precision=args.precision)]
         elif args.command == "search":
             reports = [evaluation.search_job(client, args.queries, args.database, args.out,
                                              k=args.k, partition_rows=args.partition_rows,
@@ -403,7 +417,8 @@ def _run(args) -> int:
         elif args.command == "encode":
             reports = [pipeline.encode_job(client, args.model, args.positives, args.out,
                                            dtype=args.dtype, partition_rows=args.partition_rows,
-                                           overwrite=args.overwrite, progress=progress)]
+                                           overwrite=args.overwrite, progress=progress,
+                                           precision=args.precision)]
         else:
             rows, reports = pipeline.demo_job(
                 client, workdir=args.workdir, n_negatives=args.negatives,

@@ -49,6 +49,7 @@ class ModelSpec:
     type: str = "linear"
     lam: float = 1e-3
     theta: float = 1.0
+    precision: str = "auto"  # type = "linear" only
     # type = "kernel" only (see KernelSLEM):
     kernel: str = "rbf"
     gamma: float = 0.1
@@ -73,6 +74,7 @@ class EncodeSpec:
     dtype: str | None = None
     partition_rows: int | None = None
     on_model_change: str = "reencode"
+    precision: str | None = None
 
 
 @dataclass(frozen=True)
@@ -91,6 +93,8 @@ _CHOICES = {
     ("model", "pivoting"): ("greedy", "rpcholesky"),
     ("encode", "dtype"): ("float32", "float64"),
     ("encode", "on_model_change"): ("reencode", "fail"),
+    ("model", "precision"): ("auto", "float64"),
+    ("encode", "precision"): ("auto", "float64"),
 }
 
 
@@ -280,7 +284,7 @@ def run_spec(client, spec: JobSpec, overwrite: bool = False, progress: bool = Fa
         done(report)
     if spec.fit is not None:
         m = spec.model
-        kernel_args = {} if m.type == "linear" else {
+        kernel_args = {"precision": m.precision} if m.type == "linear" else {
             "kernel": m.kernel, "gamma": m.gamma, "degree": m.degree, "rank": m.rank,
             "pivoting": m.pivoting, "tol": m.tol, "seed": m.seed}
         done(pipeline.fit_job(
@@ -291,5 +295,5 @@ def run_spec(client, spec: JobSpec, overwrite: bool = False, progress: bool = Fa
         done(pipeline.encode_job(
             client, spec.model.path, step.positives, step.out, dtype=step.dtype,
             partition_rows=step.partition_rows, overwrite=overwrite, progress=progress,
-            on_model_change=step.on_model_change))
+            on_model_change=step.on_model_change, precision=step.precision))
     return reports

@@ -7,48 +7,131 @@ when to compute, and on which client.
 
 from __future__ import annotations
 
+import contextlib
+import threading
+
 import dask
 import dask.array as da
 import numpy as np
+from dask.sizeof import sizeof
 
 from .core.linear import encode_rows
-from .core.statistics import ScatterStats, block_statistics, merge_many
+from .core.statistics import ScatterStats, block_statistics, check_precision, merge_many
 from .validation import check_finite_rows
 
-__all__ = ["scatter_statistics", "encode_blocks", "map_rows", "shared"]
+__all__ = ["scatter_statistics", "encode_blocks", "map_rows", "shared",
+           "single_threaded_blas", "merge_fan_in"]
 
-#: How many partial results one task of a tree reduction merges.
+#: How many partial results one task of a tree reduction merges (at most).
 SPLIT_EVERY = 8
 
+#: Bytes of d x d float64 partial scatters one merge task may take in; at
+#: d = 8192 a partial is 512 MiB, so merges there take two at a time.
+MERGE_BYTES = 2**30
 
-def _packed_block_statistics(block):
-    return block_statistics(block).to_array()[None, :]
+
+# -- BLAS threads inside tasks ---------------------------------------------------
+_blas_lock = threading.Lock()
+_blas_users = 0
+_blas_limit = None
+_blas_controller = None
+
+
+@contextlib.contextmanager
+def single_threaded_blas():
+    """One BLAS thread while a task runs in a thread pool (dask's threaded scheduler).
+
+    Dask already runs one task per core; OpenBLAS would start its own threads
+    inside every task and oversubscribe the cores (naive Dask: 1.99 s -> 1.53 s
+    with one BLAS thread, issue 9). The BLAS thread count is process-wide, so
+    concurrent tasks share one limit, counted: the first task in sets it and
+    the last one out restores the caller's setting. In the main thread (the
+    synchronous scheduler, numpy input) BLAS keeps all its threads. Worker
+    processes are limited once for all by ``cluster.SingleThreadedBLAS``.
+    """
+    global _blas_users, _blas_limit, _blas_controller
+    if threading.current_thread() is threading.main_thread():
+        yield
+        return
+    with _blas_lock:
+        if _blas_users == 0:
+            if _blas_controller is None:
+                from threadpoolctl import ThreadpoolController
+
+                _blas_controller = ThreadpoolController()  # scans the loaded libraries once
+            _blas_limit = _blas_controller.limit(limits=1, user_api="blas")
+        _blas_users += 1
+    try:
+        yield
+    finally:
+        with _blas_lock:
+            _blas_users -= 1
+            if _blas_users == 0:
+                _blas_limit.restore_original_limits()
+                _blas_limit = None
+
+
+# -- statistics of the negatives -------------------------------------------------
+@sizeof.register(ScatterStats)
+def _sizeof_statistics(stats) -> int:
+    # What the scheduler counts for memory and transfer decisions (512 MiB at d = 8192).
+    return int(stats.mean.nbytes + stats.scatter.nbytes + 64)
+
+
+def _block_statistics_task(block, precision):
+    # The block of the (never computed) dask array of partials is the ScatterStats
+    # itself: no packing into one float64 row (a copy of 512 MiB at d = 8192).
+    with single_threaded_blas():
+        return block_statistics(block, precision)
 
 
 def _merge_parts(parts):
-    return merge_many(p if isinstance(p, ScatterStats) else ScatterStats.from_array(p)
-                      for p in parts)
+    return merge_many(parts)
 
 
-def scatter_statistics(x: da.Array, split_every: int = SPLIT_EVERY):
+def merge_fan_in(d: int, split_every: int = SPLIT_EVERY) -> int:
+    """Partials one merge task takes: ``split_every``, fewer when d x d float64
+    matrices are large (at least 2, so the tree still shrinks)."""
+    return int(max(2, min(split_every, MERGE_BYTES // max(1, 8 * d * d))))
+
+
+def _rows_per_block(x: da.Array) -> int:
+    """Rows per block for the statistics: at least d, so that the d x d partials
+    (8 d^2 bytes each) never outweigh the rows they summarize (4-8 d bytes each)."""
+    rows = max(x.chunks[0])
+    d = x.shape[1]
+    if rows >= d or x.numblocks[0] == 1:
+        return rows
+    return int(-(-d // rows) * rows)  # a whole number of the current blocks
+
+
+def scatter_statistics(x: da.Array, split_every: int = SPLIT_EVERY, precision: str = "auto"):
     """Delayed :class:`ScatterStats` of all rows of ``x``.
 
-    One task per row block (one BLAS-3 call each), then a tree of merges
-    ``split_every`` wide, so no task ever holds more than ``split_every``
-    d x d scatter matrices and the data are never gathered. The block
-    statistics are a ``map_blocks`` of ``x``, so dask fuses each with the task
-    that produces its block (a zarr read, say): a block is reduced where it
-    was read, and never sent between workers (measured on 62 blocks of
-    16384 x 512 read from zarr: 8.9 s unfused, 1 s of it transfers).
+    One task per row block (one BLAS-3 call each), then a tree of merges at
+    most ``split_every`` wide (:func:`merge_fan_in`: 2 at d = 8192), so no
+    task ever holds more than a bounded number of d x d scatter matrices and
+    the data are never gathered. Blocks of fewer than d rows are joined into
+    blocks of at least d rows first: there are then at most n / d partials,
+    whatever the input chunking. The block statistics are a ``map_blocks`` of
+    ``x``, so dask fuses each with the task that produces its block (a zarr
+    read, say): a block is reduced where it was read, and never sent between
+    workers (measured on 62 blocks of 16384 x 512 read from zarr: 8.9 s
+    unfused, 1 s of it transfers). ``precision``: see
+    :func:`slem_dask.core.statistics.block_statistics`.
     """
-    d = x.shape[1]
-    packed = x.map_blocks(_packed_block_statistics, dtype=np.float64,
-                          chunks=((1,) * x.numblocks[0], (2 + d + d * d,)),
-                          meta=np.empty((0, 0), dtype=np.float64))
-    parts = list(packed.to_delayed().ravel())
+    check_precision(precision)
+    rows = _rows_per_block(x)
+    if rows != max(x.chunks[0]):
+        x = x.rechunk({0: rows})
+    partials = x.map_blocks(_block_statistics_task, precision, dtype=object,
+                            chunks=((1,) * x.numblocks[0], (1,)),
+                            meta=np.empty((0, 0), dtype=object))
+    parts = list(partials.to_delayed().ravel())
+    fan_in = merge_fan_in(x.shape[1], split_every)
     while True:  # at least one merge level: it also unpacks a single block
-        parts = [dask.delayed(_merge_parts, pure=True)(parts[i:i + split_every])
-                 for i in range(0, len(parts), split_every)]
+        parts = [dask.delayed(_merge_parts, pure=True)(parts[i:i + fan_in])
+                 for i in range(0, len(parts), fan_in)]
         if len(parts) == 1:
             return parts[0]
 
@@ -65,7 +148,8 @@ def shared(value):
 def _apply_rows(block, func, out_dtype, name, *args, block_info=None):
     offset = block_info[0]["array-location"][0][0] if block_info else 0
     check_finite_rows(block, name, row_offset=offset)
-    return np.asarray(func(block, *args), dtype=out_dtype)
+    with single_threaded_blas():
+        return np.asarray(func(block, *args), dtype=out_dtype)
 
 
 def map_rows(func, x: da.Array, args: tuple, out_dim: int, out_dtype, name: str,

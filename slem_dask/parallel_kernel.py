@@ -129,7 +129,7 @@ def _propose(block: _Block, cfg: CholeskyConfig, count: int, key: tuple):
         return None
     if cfg.pivoting == "greedy":
         i = int(np.argmax(block.diag))
-        return (float(block.diag[i]), block.offset + i, block.x[i].copy(),
+        return (float(block.diag[i]), block.offset + i, block.x[i].astype(np.float64),
                 block.buf[i, :block.t].copy())
     total = float(block.diag.sum())
     if not total > 0:
@@ -139,7 +139,7 @@ def _propose(block: _Block, cfg: CholeskyConfig, count: int, key: tuple):
     idx = np.searchsorted(cum, rng.random(count) * cum[-1], side="right")
     np.minimum(idx, m - 1, out=idx)
     return {"total": total, "diag": block.diag[idx].copy(), "index": idx + block.offset,
-            "rows": block.x[idx].copy(), "f_rows": block.buf[idx, :block.t].copy()}
+            "rows": block.x[idx].astype(np.float64), "f_rows": block.buf[idx, :block.t].copy()}
 
 
 def _summarize(block: _Block, cfg: CholeskyConfig, count: int, key: tuple, final: bool,
@@ -159,7 +159,10 @@ def _init_block(x, offset: int, cfg: CholeskyConfig, count: int, key: tuple, nam
     x = np.asarray(x)
     check_finite_rows(x, name, row_offset=offset)
     check_histogram(x, cfg.kernel, name, row_offset=offset)
-    x = np.array(x, dtype=np.float64, order="C", copy=True)
+    # Rows stay in the input precision for all the rounds (float32: half the memory);
+    # the kernel functions compute in float64 (exact for float32 values).
+    x = np.array(x, dtype=np.float32 if x.dtype == np.float32 else np.float64, order="C",
+                 copy=True)
     kdiag = kernel_diagonal(x, cfg.kernel, cfg.gamma, cfg.degree)
     block = _Block(x, offset, kdiag, np.empty((x.shape[0], 0)), 0)
     summary = _summarize(block, cfg, count, key, False, trace=float(kdiag.sum()),
@@ -381,5 +384,5 @@ def incomplete_cholesky(x, cfg: CholeskyConfig, block_rows: int = 4096,
     if cfg.gather:
         parts = sorted(summary.gathered, key=lambda g: g[0])
         result.factor = np.concatenate([g[1] for g in parts])
-        result.rows = np.concatenate([g[2] for g in parts])
+        result.rows = np.concatenate([g[2] for g in parts]).astype(np.float64, copy=False)
     return result

@@ -100,7 +100,8 @@ def fit_job(client, negatives: str, model_path: str, lam: float = 1e-3, theta: f
             partition_rows: int | None = None, overwrite: bool = False,
             progress: bool = False, update: bool = False, kernel: str | None = None,
             gamma: float = 0.1, degree: int = 2, rank: int | None = None,
-            pivoting: str = "greedy", tol: float = 1e-3, seed: int | None = None) -> JobReport:
+            pivoting: str = "greedy", tol: float = 1e-3, seed: int | None = None,
+            precision: str = "auto") -> JobReport:
     """Fit a LinearSLEM on the zarr array ``negatives`` and save it to ``model_path``.
 
     With ``kernel`` set, fit a KernelSLEM instead (``gamma``, ``degree``,
@@ -111,6 +112,9 @@ def fit_job(client, negatives: str, model_path: str, lam: float = 1e-3, theta: f
     merge the statistics of the rows appended since into the stored ones
     (Chan et al.), without reading the old rows again. With ``overwrite`` as
     well, the model is refitted from scratch.
+
+    ``precision`` (linear only): "auto" computes float32 negatives in float32
+    inside each block, "float64" in float64 (see :class:`LinearSLEM`).
     """
     negatives, model_path = canonical(negatives), canonical(model_path)
     if kernel is not None:
@@ -118,7 +122,7 @@ def fit_job(client, negatives: str, model_path: str, lam: float = 1e-3, theta: f
             kernel=kernel, gamma=gamma, degree=degree, lam=lam, rank=rank, pivoting=pivoting,
             tol=tol, random_state=seed), partition_rows, overwrite, update, progress)
     t0 = time.perf_counter()
-    model = LinearSLEM(lam=lam, theta=theta)
+    model = LinearSLEM(lam=lam, theta=theta, precision=precision)
     model._check_params()
     arr, exists = _open_negatives(negatives, model_path, overwrite, update)
     with integrity.Lease(model_path, "slem-dask fit") as lease:
@@ -129,7 +133,7 @@ def fit_job(client, negatives: str, model_path: str, lam: float = 1e-3, theta: f
         report = JobReport("fit")
         report.facts.update({
             "negatives": str(negatives), "rows": n, "features": arr.shape[1],
-            "dtype": str(arr.dtype), "lam": lam, "theta": theta,
+            "dtype": str(arr.dtype), "lam": lam, "theta": theta, "precision": precision,
             "action": "update" if previous is not None else "fit", "rows read": n - start,
         })
         if previous is not None and start == n and \
@@ -143,7 +147,8 @@ def fit_job(client, negatives: str, model_path: str, lam: float = 1e-3, theta: f
         x = storage.dask_rows(arr, partition_rows, name="negatives")[start:]
         t1 = time.perf_counter()
         try:
-            stats = (_compute(client, scatter_statistics(x), progress) if start < n else None)
+            stats = (_compute(client, scatter_statistics(x, precision=precision), progress)
+                     if start < n else None)
             if previous is not None:
                 stats = previous if stats is None else merge_statistics(previous, stats)
             t2 = time.perf_counter()
@@ -296,7 +301,8 @@ def _previous_statistics(model_path, negatives, arr) -> ScatterStats:
 
 def encode_job(client, model_path: str, positives: str, out: str, dtype: str | None = None,
                partition_rows: int | None = None, overwrite: bool = False,
-               progress: bool = False, on_model_change: str = "fail") -> JobReport:
+               progress: bool = False, on_model_change: str = "fail",
+               precision: str | None = None) -> JobReport:
     """Encode the zarr array ``positives`` with the model at ``model_path`` into ``out``.
 
     Re-running the same command resumes: an output left unfinished by a killed
@@ -307,6 +313,9 @@ def encode_job(client, model_path: str, positives: str, out: str, dtype: str | N
     unless ``overwrite``; with ``on_model_change="reencode"`` (job specs) it is
     rebuilt. ``complete: true`` is written only after the client has checked
     that every partition is in the store with the checksum its task wrote.
+    ``precision`` (linear models; default: the model's): "auto" encodes float32
+    positives in float32, "float64" in float64; an output is continued only in the
+    precision it was started with.
     """
     if on_model_change not in ("fail", "reencode"):
         raise ValueError(f"on_model_change must be 'fail' or 'reencode', got {on_model_change!r}")
@@ -317,13 +326,15 @@ def encode_job(client, model_path: str, positives: str, out: str, dtype: str | N
     with integrity.Lease(out, "slem-dask encode") as lease:
         arr, out_dtype, width = check_encode_inputs(model, model_path, positives, out, dtype,
                                                     overwrite, on_model_change, leased=True,
-                                                    partition_rows=partition_rows)
+                                                    partition_rows=partition_rows,
+                                                    precision=precision)
+        precision = _effective_precision(model, precision)
         fingerprint = model.fingerprint_
         encoding = model.encoding_fingerprint_  # what decides whether an output can be kept
         n_rows = int(arr.shape[0])
         existing = storage.open_existing_output(out)
         target, action = _plan_output(out, existing, arr, positives, encoding, out_dtype,
-                                      overwrite, on_model_change, width)
+                                      overwrite, on_model_change, width, precision)
         created = target is None
         if created:
             if partition_rows is None and existing is not None:
@@ -339,6 +350,7 @@ def encode_job(client, model_path: str, positives: str, out: str, dtype: str | N
                 "encoding_fingerprint": encoding, "model_path": model_path.url,
                 "params": storage.json_params(model.get_params()),
                 "source": positives.url, "n_rows": n_rows, "input_partitions": inputs,
+                "precision": precision,
                 "partition_crc32c": [None] * n_parts}, overwrite=True)
             todo, crcs = list(range(n_parts)), [None] * n_parts
         else:
@@ -373,7 +385,7 @@ def encode_job(client, model_path: str, positives: str, out: str, dtype: str | N
             integrity.check_workers_see(client, {"positives": positives, "output": out})
             if todo:
                 written = _compute(client, _write_partitions(model, arr, target, todo, rows,
-                                                             out_dtype), progress)
+                                                             out_dtype, precision), progress)
                 for index, crc in np.asarray(written).reshape(-1, 2).tolist():
                     crcs[int(index)] = int(crc)
             t2 = time.perf_counter()
@@ -420,9 +432,16 @@ def encode_job(client, model_path: str, positives: str, out: str, dtype: str | N
     return report
 
 
+def _effective_precision(model, precision: str | None) -> str | None:
+    """The arithmetic an encode uses: the given one, else the model's (linear models)."""
+    if not isinstance(model, LinearSLEM):
+        return None
+    return precision or model.precision
+
+
 def check_encode_inputs(model, model_path, positives, out, dtype=None, overwrite=False,
                         on_model_change="fail", leased: bool = False,
-                        partition_rows: int | None = None):
+                        partition_rows: int | None = None, precision: str | None = None):
     """Every check of an encode that needs no data: (positives array, output dtype,
     output width). Run by the command line before a cluster starts, and by the job
     (``leased``: it holds the output's lease)."""
@@ -450,17 +469,19 @@ def check_encode_inputs(model, model_path, positives, out, dtype=None, overwrite
     if not leased:
         integrity.Lease(out, "slem-dask encode").check_free()
     _plan_output(out, existing, arr, positives, model.encoding_fingerprint_, out_dtype,
-                 overwrite, on_model_change, width)
+                 overwrite, on_model_change, width, _effective_precision(model, precision))
     return arr, out_dtype, width
 
 
-def _write_partitions(model, arr, target, todo: list[int], rows: int, out_dtype):
+def _write_partitions(model, arr, target, todo: list[int], rows: int, out_dtype,
+                      precision: str | None = None):
     """Lazy (len(todo), 2) array of [partition, crc32c]: each task reads, encodes and
     writes one partition (fused by dask into one task), and returns its checksum."""
     import dask.array as da
 
+    extra = {"precision": precision} if precision else {}
     z = model.transform(storage.dask_rows(arr, rows, name="positives", exact=True),
-                        dtype=out_dtype)
+                        dtype=out_dtype, **extra)
     part = z.blocks[todo]
     index = da.from_array(np.asarray(todo, dtype=np.int64)[:, None], chunks=1)
     return da.blockwise(_write_block, "ij", part, "ij", index, "ij", target,
@@ -525,7 +546,7 @@ def _runs(indices):
 
 
 def _plan_output(out, existing, arr, positives, encoding, out_dtype, overwrite,
-                 on_model_change, width):
+                 on_model_change, width, precision=None):
     """Decide what to do with what is at ``out``: (existing output to update, or None
     to create a new one; action). Refuses to replace anything slem-dask did not write."""
     if existing is None and storage._exists(out):
@@ -559,6 +580,9 @@ def _plan_output(out, existing, arr, positives, encoding, out_dtype, overwrite,
                         f"writes {width} of {out_dtype}")
     if arr.shape[0] < existing.shape[0]:
         problems.append(f"the positives shrank from {existing.shape[0]} to {arr.shape[0]} rows")
+    if meta.get("precision") != precision:
+        problems.append(f"it was encoded with precision {meta.get('precision')!r}, this run "
+                        f"uses {precision!r} (give --precision {meta.get('precision')})")
     if problems:
         raise FileExistsError(
             f"output {str(out)!r} cannot be resumed: {'; '.join(problems)}; pass --overwrite "

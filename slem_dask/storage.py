@@ -121,7 +121,8 @@ def row_partition(arr: zarr.Array, partition_rows: int | None = None,
     unit = _storage_rows(arr)
     if partition_rows is None:
         row_bytes = max(1, arr.shape[1]) * 8  # the float64 copy a task makes
-        partition_rows = max(1, target_bytes // row_bytes)
+        # At least d rows: a fit's d x d partial then never outweighs its rows (issue 9).
+        partition_rows = max(1, target_bytes // row_bytes, arr.shape[1])
     multiple = max(1, -(-int(partition_rows) // unit))  # round up
     return int(min(max(arr.shape[0], 1), multiple * unit)) if arr.shape[0] else unit
 
@@ -224,7 +225,7 @@ def fingerprint(arrays: dict[str, np.ndarray], params: dict[str, Any]) -> str:
         h.update(key.encode())
         h.update(str(a.dtype).encode())
         h.update(str(a.shape).encode())
-        h.update(a.tobytes())
+        h.update(a.reshape(-1).view(np.uint8))  # the same bytes as a.tobytes(), without a copy
     return h.hexdigest()
 
 

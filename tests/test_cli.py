@@ -81,12 +81,13 @@ def encode_args(scheduler, model, positives, out, *extra):
 def test_fit_round_trip(scheduler, corpus, tmp_path, capsys):
     model_path = str(tmp_path / "model.zarr")
     code, out, err = run(capsys, *fit_args(scheduler, corpus["negatives"], model_path,
-                                           "--lam", "0.01", "--theta", "2", "--partition-rows", "50"))
+                                           "--lam", "0.01", "--theta", "2", "--partition-rows", "50",
+                                           "--precision", "float64"))
     assert code == 0, err
     assert "fit:" in out and "fingerprint" in out
     got = load_model(model_path)
-    want = LinearSLEM(lam=0.01, theta=2.0).fit(corpus["X"])
-    assert got.get_params() == {"lam": 0.01, "theta": 2.0}
+    want = LinearSLEM(lam=0.01, theta=2.0, precision="float64").fit(corpus["X"])
+    assert got.get_params() == {"lam": 0.01, "theta": 2.0, "precision": "float64"}
     for name in ("mean_", "covariance_", "precision_"):
         a, b = getattr(got, name), getattr(want, name)
         assert np.linalg.norm(a - b) <= 1e-12 * np.linalg.norm(b), name
@@ -110,7 +111,7 @@ def test_encode_round_trip_float32(scheduler, corpus, tmp_path, capsys):
     assert meta["complete"] is True
     assert meta["kind"] == "encoding"
     assert meta["model_fingerprint"] == model.fingerprint_
-    assert meta["params"] == {"lam": 0.01, "theta": 2.0}
+    assert meta["params"] == {"lam": 0.01, "theta": 2.0, "precision": "auto"}
     assert meta["model"] == "LinearSLEM" and meta["n_rows"] == M
     assert meta["source"] == canonical(corpus["positives"]).url
 

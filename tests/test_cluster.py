@@ -45,19 +45,23 @@ def write_array(path, data, chunk_rows):
 @pytest.mark.parametrize("chunks", [7, 64, (1, 200, 299)])
 def test_fit_and_transform_on_processes_equal_numpy(client, data, chunks):
     X, P = data
-    want = LinearSLEM(lam=0.02, theta=3.0).fit(X)
-    got = LinearSLEM(lam=0.02, theta=3.0).fit(da.from_array(X, chunks=(chunks, D)))
+    want = LinearSLEM(lam=0.02, theta=3.0, precision="float64").fit(X)
+    got = LinearSLEM(lam=0.02, theta=3.0, precision="float64").fit(
+        da.from_array(X, chunks=(chunks, D)))
     for name in ("mean_", "covariance_", "precision_"):
         a, b = getattr(got, name), getattr(want, name)
         assert np.linalg.norm(a - b) <= 1e-12 * np.linalg.norm(b), name
+    auto = LinearSLEM(lam=0.02, theta=3.0).fit(da.from_array(X, chunks=(chunks, D)))
+    assert np.abs(auto.covariance_ - want.covariance_).max() <= \
+        1e-5 * np.abs(want.covariance_).max()  # the float32 precision contract
     Pd = da.from_array(P, chunks=(29, D))
-    Z = got.transform(Pd)
+    Z = got.transform(Pd, dtype=np.float64)
     assert Z.chunks == Pd.chunks
-    np.testing.assert_allclose(client.compute(Z).result(), want.transform(P),
+    np.testing.assert_allclose(client.compute(Z).result(), want.transform(P, dtype=np.float64),
                                rtol=1e-12, atol=1e-13)
-    Z32 = client.compute(got.transform(Pd, dtype=np.float32)).result()
+    Z32 = client.compute(got.transform(Pd)).result()
     assert Z32.dtype == np.float32
-    np.testing.assert_allclose(Z32, want.transform(P), rtol=0, atol=1.5e-7)
+    np.testing.assert_allclose(Z32, want.transform(P, dtype=np.float64), rtol=0, atol=1.5e-7)
     # both workers took part
     assert len(client.scheduler_info()["workers"]) == 2
 
@@ -71,21 +75,23 @@ def test_fit_job_and_encode_job_equal_the_library(client, data, tmp_path):
     positives = write_array(tmp_path / "positives.zarr", P, 16)
     model_path = str(tmp_path / "model.zarr")
     out = str(tmp_path / "codes.zarr")
-    fit_job(client, negatives, model_path, lam=0.02, theta=3.0, partition_rows=80)
+    fit_job(client, negatives, model_path, lam=0.02, theta=3.0, partition_rows=80,
+            precision="float64")
     model = load_model(model_path)
-    want = LinearSLEM(lam=0.02, theta=3.0).fit(X)
+    want = LinearSLEM(lam=0.02, theta=3.0, precision="float64").fit(X)
     for name in ("mean_", "covariance_", "precision_"):
         a, b = getattr(model, name), getattr(want, name)
         assert np.linalg.norm(a - b) <= 1e-12 * np.linalg.norm(b), name
     encode_job(client, model_path, positives, out, partition_rows=32)
     arr = storage.open_output(out)
     assert arr.dtype == np.float32
-    np.testing.assert_allclose(arr[...], want.transform(P), rtol=0, atol=1.5e-7)
+    np.testing.assert_allclose(arr[...], want.transform(P, dtype=np.float64), rtol=0,
+                               atol=1.5e-7)
     meta = arr.attrs[storage.ATTR]
     assert meta["complete"] is True and meta["model_fingerprint"] == model.fingerprint_
     encode_job(client, model_path, positives, out, dtype="float64", overwrite=True)
-    np.testing.assert_allclose(storage.open_output(out)[...], want.transform(P),
-                               rtol=1e-12, atol=1e-13)
+    np.testing.assert_allclose(storage.open_output(out)[...],
+                               want.transform(P, dtype=np.float64), rtol=1e-12, atol=1e-13)
 
 
 @pytest.mark.cluster

@@ -256,7 +256,7 @@ def test_fit_overwrite_update_refits_from_scratch(corpus):
                               update=True)
     assert report.facts["action"] == "fit"
     np.testing.assert_allclose(load_model(model).covariance_,
-                               LinearSLEM(lam=0.1).fit(changed).covariance_, rtol=1e-10)
+                               LinearSLEM(lam=0.1).fit(changed).covariance_, rtol=1e-5)
 
 
 # -- 7. inputs changed in place --------------------------------------------------------
@@ -310,7 +310,7 @@ def test_fit_update_refuses_when_merged_rows_changed(corpus, change):
     assert pipeline.fit_job(None, corpus["negatives"], model, lam=0.1,
                             update=True).facts["action"] == "update"
     np.testing.assert_allclose(load_model(model).covariance_,
-                               LinearSLEM(lam=0.1).fit(corpus["neg"]).covariance_, rtol=1e-9)
+                               LinearSLEM(lam=0.1).fit(corpus["neg"]).covariance_, rtol=1e-5)
 
 
 # -- 8. model metadata ------------------------------------------------------------------

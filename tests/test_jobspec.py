@@ -8,6 +8,7 @@ import zarr
 
 from slem_dask import LinearSLEM, load_model, storage
 from slem_dask.cli import main
+from slem_dask.core.linear import condition_bound
 from slem_dask.jobspec import SpecError, load_spec, parse_spec
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -140,10 +141,15 @@ def test_scheduled_reprocessing_is_incremental(tmp_path, capsys):
     scratch = LinearSLEM(lam=0.01).fit(neg)
     assert updated.n_samples_ == 1000
     np.testing.assert_allclose(updated.mean_, scratch.mean_, rtol=1e-13)
-    np.testing.assert_allclose(updated.covariance_, scratch.covariance_, rtol=1e-10, atol=1e-13)
-    np.testing.assert_allclose(updated.precision_, scratch.precision_, rtol=1e-9)
+    # float32 negatives: each block is computed in float32 (the precision contract: 1e-5)
+    scale = np.abs(scratch.covariance_).max()
+    assert np.abs(updated.covariance_ - scratch.covariance_).max() <= 1e-5 * scale
+    # A^-1 amplifies the covariance's error by at most cond(A)
+    kappa = condition_bound(scratch.covariance_, 0.01)
+    scale = np.abs(scratch.precision_).max()
+    assert np.abs(updated.precision_ - scratch.precision_).max() <= 1e-5 * kappa * scale
     encoded = storage.open_output(f"{tmp_path}/data.zarr/encoded")[...]
-    np.testing.assert_allclose(encoded, scratch.transform(pos), atol=1e-6)
+    np.testing.assert_allclose(encoded, scratch.transform(pos), atol=1e-5)
 
 
 def test_encode_refuses_output_of_another_model_without_overwrite(tmp_path, capsys):

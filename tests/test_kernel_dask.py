@@ -106,3 +106,22 @@ def test_two_process_cluster_equals_local(data, pivoting):
     _same_model(model, ref)
     np.testing.assert_allclose(S, ref.similarity(P, P), atol=1e-12)
     np.testing.assert_allclose(Z, ref.transform(P), atol=1e-12)
+
+
+def test_rows_held_by_the_factorization_keep_float32():
+    """Worker-held rows stay float32 (half the memory); pivot rows and kernel values
+    are float64 (the float32 values are exact in float64)."""
+    from slem_dask.parallel_kernel import _init_block
+
+    rng = np.random.default_rng(4)
+    x32 = rng.standard_normal((30, 6)).astype(np.float32)
+    cfg = CholeskyConfig("rbf", 0.3, 2, "greedy", rank=5, tol=0.0)
+    block, _ = _init_block(x32, 0, cfg, 1, (0,), "X")
+    assert block.x.dtype == np.float32
+    block64, _ = _init_block(x32.astype(np.float64), 0, cfg, 1, (0,), "X")
+    np.testing.assert_array_equal(block.diag, block64.diag)
+    res32 = incomplete_cholesky(da.from_array(x32, chunks=(7, 6)), cfg)
+    res64 = incomplete_cholesky(da.from_array(x32.astype(np.float64), chunks=(7, 6)), cfg)
+    assert res32.pivot_rows.dtype == np.float64
+    np.testing.assert_array_equal(res32.pivots, res64.pivots)
+    np.testing.assert_allclose(res32.pivot_factor, res64.pivot_factor, rtol=1e-12, atol=1e-14)

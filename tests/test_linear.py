@@ -97,7 +97,7 @@ def test_fitted_attributes_equal_numpy():
     X, _ = make_problem(300, 9, 5.0, seed=11)
     X32 = X.astype(np.float32)
     lam = 0.02
-    model = LinearSLEM(lam=lam).fit(X32)
+    model = LinearSLEM(lam=lam, precision="float64").fit(X32)
     X64 = X32.astype(np.float64)
     cov = np.cov(X64, rowvar=False, bias=True)
     np.testing.assert_allclose(model.mean_, X64.mean(axis=0), rtol=1e-14)
@@ -108,7 +108,7 @@ def test_fitted_attributes_equal_numpy():
     np.testing.assert_array_equal(model.covariance_, model.covariance_.T)
     assert model.n_samples_ == 300 and model.n_features_in_ == 9
     assert model.input_dtype_ == "float32"
-    assert model.get_params() == {"lam": lam, "theta": 1.0}
+    assert model.get_params() == {"lam": lam, "theta": 1.0, "precision": "float64"}
 
 
 def test_transform_dtype_and_row_at_the_mean():
@@ -226,5 +226,5 @@ def test_not_fitted_raises():
 
 
 def test_repr_and_params():
-    assert repr(LinearSLEM(lam=0.5, theta=2)) == "LinearSLEM(lam=0.5, theta=2)"
+    assert repr(LinearSLEM(lam=0.5, theta=2)) == "LinearSLEM(lam=0.5, theta=2, precision='auto')"
     assert math.isclose(LinearSLEM().lam, 1e-3)

@@ -60,7 +60,7 @@ def test_set_params_changes_the_fit():
     rng = np.random.default_rng(0)
     X = rng.standard_normal((50, 6))
     m = LinearSLEM().set_params(lam=0.5)
-    assert m.lam == 0.5 and repr(m) == "LinearSLEM(lam=0.5, theta=1.0)"
+    assert m.lam == 0.5 and repr(m) == "LinearSLEM(lam=0.5, theta=1.0, precision='auto')"
     ref = np.linalg.inv(np.cov(X.T, bias=True) + 0.5 * np.eye(6))
     np.testing.assert_allclose(m.fit(X).precision_, ref, rtol=1e-10)
 

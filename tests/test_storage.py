@@ -210,7 +210,7 @@ def test_model_metadata_is_json(tmp_path, fitted):
     fitted.save(path)
     with open(os.path.join(path, "zarr.json")) as f:
         attrs = json.load(f)["attributes"][storage.ATTR]
-    assert attrs["params"] == {"lam": 0.03, "theta": 4.0}
+    assert attrs["params"] == {"lam": 0.03, "theta": 4.0, "precision": "auto"}
     assert attrs["n_samples"] == 50 and attrs["n_features"] == 6
 
 

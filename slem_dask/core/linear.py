@@ -14,6 +14,8 @@ __all__ = [
     "regularized_covariance",
     "precision_matrix",
     "encode_rows",
+    "condition_bound",
+    "float32_encoding_ok",
     "exemplar_solution",
 ]
 
@@ -29,19 +31,38 @@ def precision_matrix(cov: np.ndarray, lam: float) -> np.ndarray:
     """A^-1, the one inverse shared by all positives (slem_linear.tex, eq. invU).
 
     Computed from the Cholesky factor of A, which is positive definite for any
-    lam > 0 because Sigma is positive semi-definite.
+    lam > 0 because Sigma is positive semi-definite: LAPACK potrf then potri,
+    in place in one d x d copy (at d = 8192 each d x d float64 matrix is 512 MiB,
+    so no identity right-hand side and no transposed temporary), then the
+    computed triangle mirrored, so that A^-1 is exactly symmetric (the encoder
+    relies on A^-1 = A^-T).
     """
     a = regularized_covariance(cov, lam)
-    try:
-        factor = linalg.cho_factor(a, lower=True, check_finite=False)
-    except linalg.LinAlgError as exc:  # pragma: no cover - only for lam ~ -min eig
+    # a is C-ordered and symmetric: LAPACK sees a.T, whose lower triangle is a's upper.
+    factor, info = linalg.lapack.dpotrf(a.T, lower=True, clean=False, overwrite_a=True)
+    if info > 0:  # pragma: no cover - only for lam ~ -min eig
         raise np.linalg.LinAlgError(
-            f"A = Sigma + lam*I is not positive definite for lam={lam!r}; "
-            "increase lam"
-        ) from exc
-    inverse = linalg.cho_solve(factor, np.eye(a.shape[0]), check_finite=False)
-    # cho_solve is symmetric only up to rounding; the encoder relies on A^-1 = A^-T.
-    return (inverse + inverse.T) * 0.5
+            f"A = Sigma + lam*I is not positive definite for lam={lam!r}; increase lam")
+    if info < 0:  # pragma: no cover
+        raise ValueError(f"LAPACK dpotrf: illegal argument {-info}")
+    inverse, info = linalg.lapack.dpotri(factor, lower=True, overwrite_c=True)
+    if info != 0:  # pragma: no cover
+        raise np.linalg.LinAlgError(f"LAPACK dpotri failed (info={info}) for lam={lam!r}")
+    inverse = inverse.T  # back to C order: the upper triangle holds A^-1
+    _mirror_upper(inverse)
+    return inverse
+
+
+def _mirror_upper(m: np.ndarray, rows: int = 256) -> None:
+    """Copy the upper triangle of the square C-ordered ``m`` onto its lower one, in
+    place, ``rows`` rows at a time (temporaries of rows x d at most)."""
+    d = m.shape[0]
+    for i in range(0, d, rows):
+        j = min(d, i + rows)
+        m[i:j, :i] = m[:i, i:j].T
+        block = m[i:j, i:j]
+        lower = np.tril_indices(j - i, -1)
+        block[lower] = block.T[lower]
 
 
 def encode_rows(rows: np.ndarray, mean: np.ndarray, precision: np.ndarray,
@@ -51,17 +72,51 @@ def encode_rows(rows: np.ndarray, mean: np.ndarray, precision: np.ndarray,
     By slem_linear.tex, eq. Wood:omega, w* = 2 theta / (theta delta^T A^-1 delta
     + theta + 1) A^-1 delta: theta and the scalar factor change only the norm,
     so the normalized vector is A^-1 delta / |A^-1 delta| for every theta.
-    Computed in float64 and centred before the product, so data far from the
-    origin loses no digits. A row equal to mu has no direction and maps to 0.
+    Centred before the product, so data far from the origin loses no digits.
+    A row equal to mu has no direction and maps to 0.
+
+    Computed in float64, or in float32 when both ``rows`` and ``precision``
+    (A^-1, cast by the caller) are float32: then delta = (x0 - hi) - lo with
+    mu = hi + lo split into two float32 terms (x0 - hi rounds only relative to
+    delta, however far the data sit from the origin), one float32 product,
+    and norms summed in float64 (:func:`float32_encoding_ok` says when that
+    stays within 1e-5 of float64).
     """
-    centred = np.array(rows, dtype=np.float64, order="C", copy=True)
-    centred -= mean
+    if precision.dtype == np.float32 and np.asarray(rows).dtype == np.float32:
+        high = mean.astype(np.float32)
+        centred = rows - high
+        centred -= (mean - high).astype(np.float32)
+    else:
+        centred = np.array(rows, dtype=np.float64, order="C", copy=True)
+        centred -= mean
+        precision = np.asarray(precision, dtype=np.float64)
     # A^-1 is symmetric, so the rows of (A^-1 delta)^T are delta^T A^-1.
     vectors = centred @ precision
-    norms = np.sqrt(np.einsum("ij,ij->i", vectors, vectors))
-    np.divide(vectors, norms[:, None], out=vectors, where=norms[:, None] > 0)
-    vectors[norms == 0] = 0.0
+    norms = np.sqrt(np.einsum("ij,ij->i", vectors, vectors, dtype=np.float64))
+    scale = np.divide(1.0, norms, out=np.zeros_like(norms), where=norms > 0)
+    vectors *= scale[:, None].astype(vectors.dtype)
     return vectors.astype(dtype, copy=False)
+
+
+#: Largest bound on cond(A) for which float32 encoding is used with precision="auto".
+FLOAT32_ENCODE_MAX_COND = 1e3
+
+
+def condition_bound(cov: np.ndarray, lam: float) -> float:
+    """An upper bound on cond_2(A), A = Sigma + lam I: (|Sigma|_inf + lam) / lam.
+
+    |Sigma|_2 <= |Sigma|_inf for a symmetric matrix and the smallest
+    eigenvalue of A is at least lam; one pass over Sigma, no factorization.
+    """
+    return float((np.abs(cov).sum(axis=1).max() + lam) / lam)
+
+
+def float32_encoding_ok(cov: np.ndarray, lam: float) -> bool:
+    """Whether float32 encoding stays within 1e-5 of float64: the float32 rounding
+    of delta, A^-1 and the product is amplified by at most cond(A), so it is used
+    only while :func:`condition_bound` <= FLOAT32_ENCODE_MAX_COND (measured
+    errors: tests/test_precision.py)."""
+    return condition_bound(cov, lam) <= FLOAT32_ENCODE_MAX_COND
 
 
 def exemplar_solution(x0: np.ndarray, mean: np.ndarray, precision: np.ndarray,

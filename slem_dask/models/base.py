@@ -27,6 +27,9 @@ class SLEMEstimator(EstimatorProtocol):
     _array_names: tuple[str, ...] = ()
     #: Parameters that change exemplar() only, never transform() (LinearSLEM's theta).
     _exemplar_only_params: tuple[str, ...] = ()
+    #: Parameters that choose the arithmetic, not the model (LinearSLEM's precision):
+    #: outputs encoded under either setting agree to the documented bound.
+    _execution_params: tuple[str, ...] = ()
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
@@ -84,7 +87,7 @@ class SLEMEstimator(EstimatorProtocol):
         self._check_fitted()
         _, arrays = self._state()
         params = {k: v for k, v in self.get_params().items()
-                  if k not in self._exemplar_only_params}
+                  if k not in self._exemplar_only_params + self._execution_params}
         return storage.fingerprint(arrays, params)
 
     def save(self, path: str, overwrite: bool = False, metadata: dict | None = None,

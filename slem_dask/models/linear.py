@@ -5,8 +5,9 @@ from __future__ import annotations
 import dask
 import numpy as np
 
-from ..core.linear import encode_rows, exemplar_solution, precision_matrix
-from ..core.statistics import ScatterStats, block_statistics, covariance, merge_many
+from ..core.linear import encode_rows, exemplar_solution, float32_encoding_ok, precision_matrix
+from ..core.statistics import (ScatterStats, block_statistics, check_precision, compute_dtype,
+                               covariance, merge_many)
 from ..parallel import encode_blocks, scatter_statistics, shared
 from ..validation import check_finite_rows, check_positive_float, check_rows, is_dask_array
 from .base import SLEMEstimator
@@ -28,6 +29,15 @@ class LinearSLEM(SLEMEstimator):
         Weight of the positive exemplar. It scales w* but not its direction
         (eq. Wood:omega), so it changes :meth:`exemplar` only, never
         :meth:`transform` or :meth:`similarity`.
+    precision : "auto" or "float64"
+        Arithmetic inside a block. "auto" (default): float32 input is computed
+        in float32 inside each block (statistics always merged in float64), with
+        covariance and encodings within 1e-5 (max abs error relative to the
+        largest entry; encodings are unit rows) of float64 arithmetic on the
+        same values, also for data offset by 1e4 standard deviations; encoding
+        falls back to float64 when A is too ill-conditioned for that bound
+        (:func:`slem_dask.core.linear.float32_encoding_ok`). "float64": float64
+        throughout. float64 input is always computed in float64.
 
     Attributes (after ``fit``)
     --------------------------
@@ -39,17 +49,20 @@ class LinearSLEM(SLEMEstimator):
     input_dtype_ : dtype name of the negatives.
     """
 
-    _param_names = ("lam", "theta")
+    _param_names = ("lam", "theta", "precision")
     _exemplar_only_params = ("theta",)
+    _execution_params = ("precision",)
 
-    def __init__(self, lam: float = 1e-3, theta: float = 1.0):
+    def __init__(self, lam: float = 1e-3, theta: float = 1.0, precision: str = "auto"):
         self.lam = lam
         self.theta = theta
+        self.precision = precision
 
     def _check_params(self) -> None:
         check_positive_float(self.lam, "lam", "; typical values are 1e-4 to 1e-1 for "
                              "L2-normalized descriptors")
         check_positive_float(self.theta, "theta")
+        check_precision(self.precision)
 
     # -- fit ----------------------------------------------------------
     def fit(self, X, y=None):
@@ -61,10 +74,11 @@ class LinearSLEM(SLEMEstimator):
         self._check_params()
         X = check_rows(X, "X", min_rows=2)
         if is_dask_array(X):
-            (stats,) = dask.compute(scatter_statistics(X))
+            (stats,) = dask.compute(scatter_statistics(X, precision=self.precision))
         else:
             rows = max(1, _NUMPY_BLOCK_BYTES // (8 * X.shape[1]))
-            stats = merge_many(block_statistics(X[i:i + rows]) for i in range(0, len(X), rows))
+            stats = merge_many(block_statistics(X[i:i + rows], self.precision)
+                               for i in range(0, len(X), rows))
         return self._fit_statistics(stats, X.dtype)
 
     def _fit_statistics(self, stats: ScatterStats, dtype) -> "LinearSLEM":
@@ -86,19 +100,30 @@ class LinearSLEM(SLEMEstimator):
         return self
 
     # -- encode -------------------------------------------------------
-    def transform(self, P, dtype=None):
+    def transform(self, P, dtype=None, precision: str | None = None):
         """L2-normalized SLEM vector of every row of ``P`` (n_p, d).
 
         numpy in, numpy out; dask in, lazy dask out with the row chunks of ``P``.
-        Computed in float64; ``dtype`` is the dtype of the result (default: the
-        input's; float32 in gives float32 out, other dtypes float64).
+        ``dtype`` is the dtype of the result (default: the input's; float32 in gives
+        float32 out, other dtypes float64). ``precision`` (default: the model's):
+        float32 ``P`` is encoded in float32 under "auto" while A is well enough
+        conditioned (see the class docstring), else in float64.
         """
         P = self._check_positives(P)
         dtype = self._output_dtype(P, dtype)
+        matrix = self._encoding_matrix(P.dtype, self.precision if precision is None
+                                       else check_precision(precision))
         if is_dask_array(P):
-            return encode_blocks(P, shared(self.mean_), shared(self.precision_), dtype, "P")
+            return encode_blocks(P, shared(self.mean_), shared(matrix), dtype, "P")
         check_finite_rows(P, "P")
-        return encode_rows(P, self.mean_, self.precision_, dtype=dtype)
+        return encode_rows(P, self.mean_, matrix, dtype=dtype)
+
+    def _encoding_matrix(self, dtype, precision: str) -> np.ndarray:
+        """A^-1 in the dtype the encoding is computed in (the stored one stays float64)."""
+        if compute_dtype(dtype, precision) == np.float32 and \
+                float32_encoding_ok(self.covariance_, float(self.lam)):
+            return self.precision_.astype(np.float32)
+        return self.precision_
 
     def exemplar(self, x0):
         """Exact unnormalized minimizer (w*, nu*) of J(w, nu) for one positive ``x0`` (d,)."""

@@ -1,0 +1,246 @@
+"""The precision contract (issue 9, goal 3).
+
+float32 input is computed in float32 inside each block (statistics merged in
+float64) and must stay within 1e-5 (max abs error over the largest entry;
+encodings are unit rows, so 1e-5 absolute) of float64 arithmetic on the same
+float32 values, also for data offset by 1e4 standard deviations.
+``precision="float64"`` computes in float64 throughout (exact to ~1e-12).
+"""
+
+import threading
+
+import dask
+import dask.array as da
+import numpy as np
+import pytest
+
+from slem_dask import LinearSLEM
+from slem_dask.core.linear import encode_rows, float32_encoding_ok
+from slem_dask.core.statistics import block_statistics, covariance, merge_many
+from slem_dask.parallel import merge_fan_in, scatter_statistics, single_threaded_blas
+
+BOUND = 1e-5
+
+
+def descriptors(n, d, offset_sds=0.0, seed=0):
+    """float32 rows with correlated features of unequal scales, offset by
+    ``offset_sds`` standard deviations from the origin."""
+    rng = np.random.default_rng(seed)
+    mix = rng.standard_normal((d, d)) / np.sqrt(d)
+    sd = rng.uniform(0.5, 2.0, d)
+    x = (rng.standard_normal((n, d)) @ mix) * sd
+    return (x + offset_sds * sd * rng.choice([-1, 1], d)).astype(np.float32)
+
+
+def float64_statistics(x32):
+    """Two-pass float64 mean and covariance of the float32 values (the reference)."""
+    x = x32.astype(np.float64)
+    mean = x.mean(axis=0)
+    c = x - mean
+    return mean, c.T @ c / len(x)
+
+
+def max_rel(got, want):
+    return float(np.abs(got - want).max() / np.abs(want).max())
+
+
+@pytest.mark.parametrize("offset_sds", [0.0, 1e4])
+@pytest.mark.parametrize("block_rows", [20_000, 3_000, 7])
+def test_float32_block_statistics_within_bound(offset_sds, block_rows):
+    x = descriptors(20_000, 48, offset_sds, seed=1)
+    mean64, cov64 = float64_statistics(x)
+    parts = [block_statistics(x[i:i + block_rows]) for i in range(0, len(x), block_rows)]
+    stats = merge_many(parts)
+    assert stats.mean.dtype == np.float64 and stats.scatter.dtype == np.float64
+    cov = covariance(stats)
+    np.testing.assert_array_equal(cov, cov.T)
+    assert max_rel(cov, cov64) <= BOUND
+    assert np.abs(stats.mean - mean64).max() <= 1e-12 * np.abs(mean64).max() + 1e-12
+
+
+def test_float32_is_really_computed_in_float32_and_float64_on_request():
+    """The float32 path differs from float64 (so the test above can fail), and
+    precision="float64" gives the float64 answer to ~1e-12."""
+    x = descriptors(5_000, 32, 1e4, seed=2)
+    _, cov64 = float64_statistics(x)
+    err32 = max_rel(covariance(block_statistics(x)), cov64)
+    err64 = max_rel(covariance(block_statistics(x, "float64")), cov64)
+    assert err32 > 1e-9  # float32 rounding is visible ...
+    assert err64 < 1e-11  # ... and float64 has none of it
+    # The naive float32 formula on the same data is far outside the bound.
+    mean32 = x.mean(axis=0)
+    naive = (x.T @ x) / len(x) - np.outer(mean32, mean32)
+    assert max_rel(naive.astype(np.float64), cov64) > 1e3 * BOUND
+
+
+@pytest.mark.parametrize("offset_sds", [0.0, 1e4])
+def test_dask_fit_within_bound(offset_sds):
+    x = descriptors(12_000, 40, offset_sds, seed=3)
+    _, cov64 = float64_statistics(x)
+    auto = LinearSLEM(lam=0.01).fit(da.from_array(x, chunks=(2_500, 40)))
+    exact = LinearSLEM(lam=0.01, precision="float64").fit(da.from_array(x, chunks=(2_500, 40)))
+    assert max_rel(auto.covariance_, cov64) <= BOUND
+    assert max_rel(exact.covariance_, cov64) <= 1e-11
+    assert auto.input_dtype_ == "float32"
+
+
+@pytest.mark.parametrize("offset_sds", [0.0, 1e4])
+def test_float32_encoding_within_bound(offset_sds):
+    x = descriptors(6_000, 40, offset_sds, seed=4)
+    p = descriptors(3_000, 40, offset_sds, seed=5)
+    model = LinearSLEM(lam=0.05).fit(x)
+    assert model._encoding_matrix(np.float32, "auto").dtype == np.float32  # float32 path used
+    z32 = model.transform(p)
+    z64 = model.transform(p, dtype=np.float64, precision="float64")
+    ref = encode_rows(p.astype(np.float64), model.mean_, model.precision_)
+    np.testing.assert_array_equal(z64, ref)
+    err = np.abs(z32 - ref).max()
+    assert 0 < err <= BOUND
+    lazy = model.transform(da.from_array(p, chunks=(700, 40)), dtype=np.float32)
+    assert lazy.dtype == np.float32
+    assert np.abs(lazy.compute() - ref).max() <= BOUND
+    # float64 positives are encoded in float64 whatever the setting
+    np.testing.assert_array_equal(model.transform(p.astype(np.float64)), ref)
+
+
+def test_ill_conditioned_model_encodes_in_float64():
+    x = descriptors(2_000, 20, 0.0, seed=6)
+    model = LinearSLEM(lam=1e-6).fit(x)  # cond(A) up to ~1e7: float32 would lose the bound
+    assert not float32_encoding_ok(model.covariance_, model.lam)
+    assert model._encoding_matrix(np.float32, "auto").dtype == np.float64
+    ref = encode_rows(x[:50].astype(np.float64), model.mean_, model.precision_)
+    np.testing.assert_array_equal(model.transform(x[:50], dtype=np.float64), ref)
+
+
+def test_precision_parameter_is_checked():
+    with pytest.raises(ValueError, match=r"precision must be one of \('auto', 'float64'\), "
+                                         r"got 'float32'"):
+        LinearSLEM(precision="float32").fit(np.ones((4, 2)) + np.eye(4, 2))
+    model = LinearSLEM().fit(descriptors(50, 3))
+    with pytest.raises(ValueError, match="precision must be"):
+        model.transform(np.ones((2, 3), np.float32), precision="half")
+    with pytest.raises(ValueError, match="precision must be"):
+        scatter_statistics(da.ones((4, 2), chunks=2), precision="single")
+
+
+# -- wide descriptors: partials bounded whatever the chunking ----------------------
+def test_blocks_narrower_than_d_are_joined():
+    """d larger than the partition rows: blocks are joined to >= d rows, so there are
+    at most n / d partial d x d matrices; the result still equals numpy."""
+    rng = np.random.default_rng(7)
+    x = rng.standard_normal((300, 40)) + 3.0
+    stats = scatter_statistics(da.from_array(x, chunks=(8, 40)))
+    graph = dict(stats.__dask_graph__())
+    leaves = [k for k in graph if isinstance(k, tuple) and str(k[0]).startswith("_block_stat")]
+    assert len(leaves) == -(-300 // 40)  # 8 blocks of 40 (5 x 8 rows) rows, not 38
+    (got,) = dask.compute(stats)
+    ref = np.cov(x, rowvar=False, bias=True)
+    assert np.linalg.norm(covariance(got) - ref) <= 1e-12 * np.linalg.norm(ref)
+
+
+def test_merge_fan_in_shrinks_with_d(monkeypatch):
+    assert merge_fan_in(512) == 8  # 2 MiB partials: the default fan-in
+    assert merge_fan_in(8192) == 2  # 512 MiB partials: two at a time
+    import slem_dask.parallel as parallel
+
+    monkeypatch.setattr(parallel, "MERGE_BYTES", 3 * 8 * 30 * 30)  # 3 partials of d = 30
+    x = np.random.default_rng(8).standard_normal((600, 30)).astype(np.float32)
+    stats = scatter_statistics(da.from_array(x, chunks=(30, 30)))
+    graph = stats.__dask_graph__()
+    merges = [k for k in dict(graph) if str(k).startswith("_merge_parts")]
+    assert len(merges) == 7 + 3 + 1  # 20 leaves, 3 at a time: 7, then 3, then 1
+    (got,) = dask.compute(stats)
+    _, cov64 = float64_statistics(x)
+    assert max_rel(covariance(got), cov64) <= BOUND
+
+
+# -- BLAS threads ---------------------------------------------------------------
+class FakeController:
+    """Records the limits set, as threadpoolctl's controller would apply them.
+
+    (OpenBLAS's reported thread count is unreliable once a pool thread has set
+    it, so the test checks the calls, not threadpool_info().)
+    """
+
+    def __init__(self):
+        self.threads = 2
+        self.calls = []
+
+    def limit(self, limits, user_api):
+        assert (limits, user_api) == (1, "blas")
+        controller, original = self, self.threads
+        self.threads = 1
+        self.calls.append("limit")
+
+        class Limit:
+            def restore_original_limits(self):
+                controller.threads = original
+                controller.calls.append("restore")
+
+        return Limit()
+
+
+def test_single_threaded_blas_in_pool_threads_only(monkeypatch):
+    import slem_dask.parallel as parallel
+
+    fake = FakeController()
+    monkeypatch.setattr(parallel, "_blas_controller", fake)
+    with single_threaded_blas():  # main thread: the synchronous scheduler, numpy input
+        assert fake.threads == 2
+    inside = [threading.Event(), threading.Event()]
+    leave = [threading.Event(), threading.Event()]
+
+    def task(k):
+        with single_threaded_blas():
+            inside[k].set()
+            leave[k].wait(10)
+
+    threads = [threading.Thread(target=task, args=(k,)) for k in range(2)]
+    threads[0].start()
+    assert inside[0].wait(10)
+    assert fake.threads == 1  # a task in a pool thread: one BLAS thread
+    threads[1].start()
+    assert inside[1].wait(10)
+    leave[0].set()  # the first task leaves while the second still runs ...
+    threads[0].join()
+    assert fake.threads == 1  # ... and the limit stays
+    leave[1].set()
+    threads[1].join()
+    assert fake.threads == 2 and fake.calls == ["limit", "restore"]  # restored by the last
+
+
+def test_dask_tasks_run_with_one_blas_thread(monkeypatch):
+    import slem_dask.parallel as parallel
+
+    fake = FakeController()
+    monkeypatch.setattr(parallel, "_blas_controller", fake)
+    seen = []
+    original = parallel.block_statistics
+
+    def spy(block, precision):
+        seen.append(fake.threads)
+        return original(block, precision)
+
+    monkeypatch.setattr(parallel, "block_statistics", spy)
+    x = descriptors(400, 5)
+    dask.compute(scatter_statistics(da.from_array(x, chunks=(50, 5))), scheduler="threads")
+    model = LinearSLEM().fit(x)
+    z = model.transform(da.from_array(x, chunks=(50, 5)))
+    enc = []
+    monkeypatch.setattr(parallel, "encode_rows",
+                        lambda *a, **k: (enc.append(fake.threads), encode_rows(*a, **k))[1])
+    parallel.encode_blocks(da.from_array(x, chunks=(50, 5)), model.mean_, model.precision_,
+                           np.float32).compute(scheduler="threads")
+    assert seen == [1] * 8 and enc == [1] * 8 and fake.threads == 2
+    assert z.dtype == np.float32  # dtype in = dtype out
+
+
+def test_precision_in_job_specs():
+    from slem_dask.jobspec import SpecError, parse_spec
+
+    spec = parse_spec({"model": {"path": "m", "precision": "float64"},
+                       "encode": [{"positives": "p", "out": "o", "precision": "auto"}]})
+    assert spec.model.precision == "float64" and spec.encode[0].precision == "auto"
+    assert parse_spec({"model": {"path": "m"}}).model.precision == "auto"
+    with pytest.raises(SpecError, match="model.precision = 'single': expected one of"):
+        parse_spec({"model": {"path": "m", "precision": "single"}})
