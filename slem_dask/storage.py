@@ -266,6 +266,10 @@ def write_group(path, meta: dict, arrays: dict[str, np.ndarray], what: str,
         if path.is_local:
             parent = os.path.dirname(path.location)
             os.makedirs(parent, exist_ok=True)
+            # under the lease, any earlier temporary copy is a dead writer's: remove it
+            for name in os.listdir(parent):
+                if name.startswith(f".{path.name}.partial-"):
+                    shutil.rmtree(os.path.join(parent, name), ignore_errors=True)
             target = os.path.join(parent, f".{path.name}.partial-{uuid.uuid4().hex[:12]}")
         try:
             group = zarr.open_group(store=target, mode="w")

@@ -527,3 +527,12 @@ def test_rerun_keeps_the_outputs_dtype_and_refuses_other_partition_rows(corpus, 
     assert zarr.open_array(str(d / "o.zarr")).dtype == np.float64
     code, _, err = _cli(capsys, client, *base, "--partition-rows", "80")
     assert code == 1 and "partitions of 40 rows" in err
+
+
+def test_a_dead_writers_temporary_model_copy_is_removed_by_the_next_write(corpus):
+    stale = corpus["dir"] / ".model.zarr.partial-deadbeef0000"
+    stale.mkdir()
+    (stale / "zarr.json").write_text("{}")
+    LinearSLEM(lam=0.2).fit(corpus["neg"]).save(corpus["model"], overwrite=True)
+    assert not stale.exists()
+    assert load_model(corpus["model"]).lam == 0.2
