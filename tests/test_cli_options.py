@@ -1,7 +1,6 @@
 """Command-line option checks of issue 10: combinations refused before any work,
 parameter grids in `evaluate`, kernel progress, `python -m slem_dask`."""
 
-import os
 import subprocess
 import sys
 
