@@ -98,6 +98,8 @@ def run_child(args, kind: str, path: str) -> dict:
         cmd += ["--threads", str(args.threads)]
     if args.scheduler == "threads":
         cmd += ["--scheduler", "threads"]
+    if args.kernel_rank:
+        cmd += ["--kernel-rank", str(args.kernel_rank)]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
     sampler = Sampler(proc.pid, args.interval)
     sampler.start()
@@ -147,8 +149,11 @@ def child_main(args) -> int:
             time.sleep(0.5)
             out["baseline"], _ = tree_rss(me)
             model = os.path.join(args.workdir, f"bench-memory-model-{os.getpid()}.zarr")
+            kernel = ({"kernel": "rbf", "gamma": 0.5, "rank": args.kernel_rank,
+                       "pivoting": "rpcholesky", "tol": 0.0, "seed": 0}
+                      if args.kernel_rank else {})
             report = fit_job(client, args.store, model, lam=args.lam,
-                             partition_rows=args.partition_rows, overwrite=True)
+                             partition_rows=args.partition_rows, overwrite=True, **kernel)
             out["timings"] = report.timings
             from slem_dask import storage
 
@@ -185,6 +190,9 @@ def main(argv=None) -> int:
                         help=f"comma-separated row counts (default {DEFAULT_SIZES}; --quick: {QUICK_SIZES})")
     parser.add_argument("--interval", type=float, default=0.05, help="sampling period in seconds")
     parser.add_argument("--skip-numpy", action="store_true", help="do not run the numpy reference")
+    parser.add_argument("--kernel-rank", type=int, default=None,
+                        help="fit a KernelSLEM (rbf, gamma 0.5, rpcholesky) of this rank instead "
+                             "(LocalCluster only)")
     parser.add_argument("--scheduler", choices=("cluster", "threads"), default="cluster",
                         help="slem-dask on a LocalCluster (default) or dask's threaded "
                              "scheduler without a Client")
