@@ -96,6 +96,10 @@ def run_child(args, kind: str, path: str) -> dict:
         cmd += ["--workers", str(args.workers)]
     if args.threads:
         cmd += ["--threads", str(args.threads)]
+    if args.scheduler == "threads":
+        cmd += ["--scheduler", "threads"]
+    if args.kernel_rank:
+        cmd += ["--kernel-rank", str(args.kernel_rank)]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
     sampler = Sampler(proc.pid, args.interval)
     sampler.start()
@@ -120,7 +124,23 @@ def child_main(args) -> int:
 
     me = psutil.Process()
     out = {}
-    if args.child == "slem":
+    if args.child == "slem" and args.scheduler == "threads":  # no Client: dask's threads
+        from slem_dask import storage
+        from slem_dask.pipeline import fit_job
+
+        import dask.array  # noqa: F401  (imports counted in the baseline, as for a cluster)
+        out["baseline"], _ = tree_rss(me)
+        model = os.path.join(args.workdir, f"bench-memory-model-{os.getpid()}.zarr")
+        report = fit_job(None, args.store, model, lam=args.lam,
+                         partition_rows=args.partition_rows, overwrite=True)
+        out["timings"] = report.timings
+        arr = storage.open_input(args.store, "negatives")
+        rows = storage.row_partition(arr, args.partition_rows)
+        out["partitions"] = f"{-(-arr.shape[0] // rows)} x {rows} rows"
+        import shutil
+
+        shutil.rmtree(model, ignore_errors=True)
+    elif args.child == "slem":
         from slem_dask.cluster import connect
         from slem_dask.pipeline import fit_job
 
@@ -129,8 +149,11 @@ def child_main(args) -> int:
             time.sleep(0.5)
             out["baseline"], _ = tree_rss(me)
             model = os.path.join(args.workdir, f"bench-memory-model-{os.getpid()}.zarr")
+            kernel = ({"kernel": "rbf", "gamma": 0.5, "rank": args.kernel_rank,
+                       "pivoting": "rpcholesky", "tol": 0.0, "seed": 0}
+                      if args.kernel_rank else {})
             report = fit_job(client, args.store, model, lam=args.lam,
-                             partition_rows=args.partition_rows, overwrite=True)
+                             partition_rows=args.partition_rows, overwrite=True, **kernel)
             out["timings"] = report.timings
             from slem_dask import storage
 
@@ -167,6 +190,12 @@ def main(argv=None) -> int:
                         help=f"comma-separated row counts (default {DEFAULT_SIZES}; --quick: {QUICK_SIZES})")
     parser.add_argument("--interval", type=float, default=0.05, help="sampling period in seconds")
     parser.add_argument("--skip-numpy", action="store_true", help="do not run the numpy reference")
+    parser.add_argument("--kernel-rank", type=int, default=None,
+                        help="fit a KernelSLEM (rbf, gamma 0.5, rpcholesky) of this rank instead "
+                             "(LocalCluster only)")
+    parser.add_argument("--scheduler", choices=("cluster", "threads"), default="cluster",
+                        help="slem-dask on a LocalCluster (default) or dask's threaded "
+                             "scheduler without a Client")
     parser.add_argument("--child", choices=("slem", "numpy"), help=argparse.SUPPRESS)
     parser.add_argument("--store", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)

@@ -38,10 +38,13 @@ class SingleThreadedBLAS(WorkerPlugin):
 #: MALLOC_TRIM_THRESHOLD_=64 KiB so that freed memory goes back to the OS at once;
 #: every partition then allocates its 32-128 MB arrays on fresh, zero-filled pages.
 #: Keeping them in the heap made a 1e6 x 512 fit 22% faster (8.0 s -> 6.2 s on 2
-#: cores); memory stays bounded by the partitions in flight, as before.
+#: cores); memory stays bounded by the partitions in flight, as before. Arrays of
+#: 256 MiB and more (d x d partials and partitions at d = 8192) are still mapped
+#: and unmapped at once: kept in the heap they left freed gigabytes in each
+#: worker's resident memory (issue 9).
 WORKER_MALLOC = {
     "distributed.nanny.pre-spawn-environ.MALLOC_TRIM_THRESHOLD_": 2**30,
-    "distributed.nanny.pre-spawn-environ.MALLOC_MMAP_THRESHOLD_": 2**30,
+    "distributed.nanny.pre-spawn-environ.MALLOC_MMAP_THRESHOLD_": 2**28,
 }
 
 

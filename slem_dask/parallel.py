@@ -16,7 +16,7 @@ import numpy as np
 from dask.sizeof import sizeof
 
 from .core.linear import encode_rows
-from .core.statistics import ScatterStats, block_statistics, check_precision, merge_many
+from .core.statistics import ScatterStats, block_statistics, check_precision, merge_into
 from .validation import check_finite_rows
 
 __all__ = ["scatter_statistics", "encode_blocks", "map_rows", "shared",
@@ -86,7 +86,14 @@ def _block_statistics_task(block, precision):
 
 
 def _merge_parts(parts):
-    return merge_many(parts)
+    # Every partial has this merge task as its only consumer, so the first one's
+    # d x d matrix is reused for the total (no third 512 MiB matrix at d = 8192).
+    # Merged in order, pairwise-equal sizes as in a balanced tree when fan-in is 2.
+    parts = [p for p in parts if p.count or p.nonfinite] or parts[:1]
+    total = parts[0]
+    for part in parts[1:]:
+        total = merge_into(total, part)
+    return total
 
 
 def merge_fan_in(d: int, split_every: int = SPLIT_EVERY) -> int:

@@ -42,26 +42,30 @@ def write_array(path, data, chunk_rows):
 
 
 @pytest.mark.cluster
-@pytest.mark.parametrize("chunks", [7, 64, (1, 200, 299)])
-def test_fit_and_transform_on_processes_equal_numpy(client, data, chunks):
+@pytest.mark.parametrize("chunks,precision", [(7, "float64"), (64, "float64"),
+                                              ((1, 200, 299), "float64"), (64, "auto")])
+def test_fit_and_transform_on_processes_equal_numpy(client, data, chunks, precision):
     X, P = data
     want = LinearSLEM(lam=0.02, theta=3.0, precision="float64").fit(X)
-    got = LinearSLEM(lam=0.02, theta=3.0, precision="float64").fit(
+    got = LinearSLEM(lam=0.02, theta=3.0, precision=precision).fit(
         da.from_array(X, chunks=(chunks, D)))
+    Pd = da.from_array(P, chunks=(29, D))
+    if precision == "auto":  # float32 inside blocks: the 1e-5 contract (tests/test_precision.py)
+        cov = want.covariance_
+        assert np.abs(got.covariance_ - cov).max() <= 1e-5 * np.abs(cov).max()
+        Z = client.compute(got.transform(Pd)).result()
+        assert np.abs(Z - want.transform(P)).max() <= 1e-5
+        return
     for name in ("mean_", "covariance_", "precision_"):
         a, b = getattr(got, name), getattr(want, name)
         assert np.linalg.norm(a - b) <= 1e-12 * np.linalg.norm(b), name
-    auto = LinearSLEM(lam=0.02, theta=3.0).fit(da.from_array(X, chunks=(chunks, D)))
-    assert np.abs(auto.covariance_ - want.covariance_).max() <= \
-        1e-5 * np.abs(want.covariance_).max()  # the float32 precision contract
-    Pd = da.from_array(P, chunks=(29, D))
-    Z = got.transform(Pd, dtype=np.float64)
+    Z = got.transform(Pd)
     assert Z.chunks == Pd.chunks
-    np.testing.assert_allclose(client.compute(Z).result(), want.transform(P, dtype=np.float64),
+    np.testing.assert_allclose(client.compute(Z).result(), want.transform(P),
                                rtol=1e-12, atol=1e-13)
-    Z32 = client.compute(got.transform(Pd)).result()
+    Z32 = client.compute(got.transform(Pd, dtype=np.float32)).result()
     assert Z32.dtype == np.float32
-    np.testing.assert_allclose(Z32, want.transform(P, dtype=np.float64), rtol=0, atol=1.5e-7)
+    np.testing.assert_allclose(Z32, want.transform(P), rtol=0, atol=1.5e-7)
     # both workers took part
     assert len(client.scheduler_info()["workers"]) == 2
 
@@ -85,13 +89,12 @@ def test_fit_job_and_encode_job_equal_the_library(client, data, tmp_path):
     encode_job(client, model_path, positives, out, partition_rows=32)
     arr = storage.open_output(out)
     assert arr.dtype == np.float32
-    np.testing.assert_allclose(arr[...], want.transform(P, dtype=np.float64), rtol=0,
-                               atol=1.5e-7)
+    np.testing.assert_allclose(arr[...], want.transform(P), rtol=0, atol=1.5e-7)
     meta = arr.attrs[storage.ATTR]
     assert meta["complete"] is True and meta["model_fingerprint"] == model.fingerprint_
     encode_job(client, model_path, positives, out, dtype="float64", overwrite=True)
-    np.testing.assert_allclose(storage.open_output(out)[...],
-                               want.transform(P, dtype=np.float64), rtol=1e-12, atol=1e-13)
+    np.testing.assert_allclose(storage.open_output(out)[...], want.transform(P),
+                               rtol=1e-12, atol=1e-13)
 
 
 @pytest.mark.cluster

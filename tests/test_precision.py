@@ -244,3 +244,36 @@ def test_precision_in_job_specs():
     assert parse_spec({"model": {"path": "m"}}).model.precision == "auto"
     with pytest.raises(SpecError, match="model.precision = 'single': expected one of"):
         parse_spec({"model": {"path": "m", "precision": "single"}})
+
+
+def test_wide_rows_use_panels_and_stay_exact(monkeypatch):
+    """Wide rows: the float32 product in column panels of the upper block triangle,
+    mirrored; same bound, exactly symmetric (small panels stand in for d = 8192)."""
+    import slem_dask.core.statistics as statistics
+
+    monkeypatch.setattr(statistics, "_PANEL_COLUMNS", 7)
+    x = descriptors(3_000, 40, 1e4, seed=9)
+    _, cov64 = float64_statistics(x)
+    parts = [block_statistics(x[i:i + 500]) for i in range(0, 3_000, 500)]
+    cov = covariance(merge_many(parts))
+    np.testing.assert_array_equal(cov, cov.T)
+    assert max_rel(cov, cov64) <= BOUND
+
+
+def test_merge_task_reuses_its_first_partial():
+    from slem_dask.core.statistics import merge_into, merge_statistics
+    from slem_dask.parallel import _merge_parts
+
+    rng = np.random.default_rng(10)
+    blocks = [rng.standard_normal((m, 6)) + 5 for m in (30, 1, 50, 7)]
+    want = merge_many([block_statistics(b) for b in blocks])
+    parts = [block_statistics(b) for b in blocks] + [block_statistics(np.empty((0, 6)))]
+    first = parts[0].scatter
+    got = _merge_parts(parts)
+    assert got.scatter is first  # no new d x d matrix
+    assert got.count == 88
+    np.testing.assert_allclose(got.scatter, want.scatter, rtol=1e-12)
+    np.testing.assert_allclose(got.mean, want.mean, rtol=1e-14)
+    a, b = block_statistics(blocks[0]), block_statistics(blocks[2])
+    ref = merge_statistics(a, b)
+    np.testing.assert_allclose(merge_into(a, b).scatter, ref.scatter, rtol=1e-14)

@@ -10,6 +10,8 @@ from __future__ import annotations
 import numpy as np
 from scipy import linalg
 
+from .statistics import mirror_upper
+
 __all__ = [
     "regularized_covariance",
     "precision_matrix",
@@ -49,20 +51,8 @@ def precision_matrix(cov: np.ndarray, lam: float) -> np.ndarray:
     if info != 0:  # pragma: no cover
         raise np.linalg.LinAlgError(f"LAPACK dpotri failed (info={info}) for lam={lam!r}")
     inverse = inverse.T  # back to C order: the upper triangle holds A^-1
-    _mirror_upper(inverse)
+    mirror_upper(inverse)
     return inverse
-
-
-def _mirror_upper(m: np.ndarray, rows: int = 256) -> None:
-    """Copy the upper triangle of the square C-ordered ``m`` onto its lower one, in
-    place, ``rows`` rows at a time (temporaries of rows x d at most)."""
-    d = m.shape[0]
-    for i in range(0, d, rows):
-        j = min(d, i + rows)
-        m[i:j, :i] = m[:i, i:j].T
-        block = m[i:j, i:j]
-        lower = np.tril_indices(j - i, -1)
-        block[lower] = block.T[lower]
 
 
 def encode_rows(rows: np.ndarray, mean: np.ndarray, precision: np.ndarray,

@@ -31,6 +31,8 @@ __all__ = [
     "block_statistics",
     "merge_statistics",
     "merge_many",
+    "merge_into",
+    "mirror_upper",
     "covariance",
     "check_precision",
     "compute_dtype",
@@ -124,6 +126,46 @@ def _finite_rows(values: np.ndarray) -> np.ndarray | None:
     return None if finite.all() else finite
 
 
+#: Above this width the float32 product is done in column panels of this many
+#: columns (upper block triangle only), so its float32 temporary is d x 1024
+#: (32 MiB at d = 8192) instead of d x d (256 MiB).
+_PANEL_COLUMNS = 1024
+
+
+def _product_rows(d: int) -> int:
+    """Rows per float32 product: FLOAT32_PRODUCT_ROWS, fewer for wide rows
+    (a centred chunk of 2048 x 8192 float32 is 64 MiB)."""
+    return int(min(FLOAT32_PRODUCT_ROWS, max(256, 2**24 // max(1, d))))
+
+
+def _add_float32_scatter(scatter: np.ndarray, centred: np.ndarray) -> None:
+    """scatter += centred^T centred (float32 products, float64 sum).
+
+    Narrow rows: numpy computes ``a.T @ a`` with one syrk and mirrors it
+    (exactly symmetric). Wide rows: only the upper block triangle is updated,
+    panel by panel (half the flops, like syrk); the caller mirrors it once.
+    """
+    d = centred.shape[1]
+    if d <= 2 * _PANEL_COLUMNS:
+        scatter += centred.T @ centred
+        return
+    for j0 in range(0, d, _PANEL_COLUMNS):
+        j1 = min(d, j0 + _PANEL_COLUMNS)
+        scatter[:j1, j0:j1] += centred[:, :j1].T @ centred[:, j0:j1]
+
+
+def mirror_upper(m: np.ndarray, rows: int = 256) -> None:
+    """Copy the upper triangle of the square C-ordered ``m`` onto its lower one, in
+    place, ``rows`` rows at a time (temporaries of rows x d at most)."""
+    d = m.shape[0]
+    for i in range(0, d, rows):
+        j = min(d, i + rows)
+        m[i:j, :i] = m[:i, i:j].T
+        block = m[i:j, i:j]
+        lower = np.tril_indices(j - i, -1)
+        block[lower] = block.T[lower]
+
+
 def _float32_statistics(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(mean, centred scatter) in float64 of a float32 block, with float32 products.
 
@@ -138,10 +180,11 @@ def _float32_statistics(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     mean = values.mean(axis=0, dtype=np.float64)
     shift = mean.astype(np.float32)
     scatter = np.zeros((d, d))
-    for start in range(0, count, FLOAT32_PRODUCT_ROWS):
-        centred = values[start:start + FLOAT32_PRODUCT_ROWS] - shift
-        # numpy computes a.T @ a with one syrk and mirrors it: exactly symmetric.
-        scatter += centred.T @ centred
+    rows = _product_rows(d)
+    for start in range(0, count, rows):
+        _add_float32_scatter(scatter, values[start:start + rows] - shift)
+    if d > 2 * _PANEL_COLUMNS:
+        mirror_upper(scatter)
     residual = mean - shift.astype(np.float64)
     _add_outer(scatter, residual, -float(count))
     return mean, scatter
@@ -201,6 +244,24 @@ def merge_statistics(a: ScatterStats, b: ScatterStats) -> ScatterStats:
     scatter = a.scatter + b.scatter
     _add_outer(scatter, delta, a.count * b.count / n)  # exactly symmetric
     return ScatterStats(n, mean, scatter, nonfinite)
+
+
+def merge_into(total: ScatterStats, part: ScatterStats) -> ScatterStats:
+    """Chan et al. merge of ``part`` into ``total``, reusing ``total.scatter``'s memory.
+
+    For callers that own ``total`` (a merge task whose inputs have no other
+    consumer): no third d x d matrix (512 MiB at d = 8192). Same arithmetic as
+    :func:`merge_statistics`.
+    """
+    if total.count == 0 or part.count == 0:
+        return merge_statistics(total, part)
+    n = total.count + part.count
+    delta = part.mean - total.mean
+    mean = total.mean + delta * (part.count / n)
+    scatter = total.scatter
+    scatter += part.scatter
+    _add_outer(scatter, delta, total.count * part.count / n)
+    return ScatterStats(n, mean, scatter, total.nonfinite + part.nonfinite)
 
 
 def merge_many(parts) -> ScatterStats:

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import functools
+
 import dask
 import numpy as np
 
 from ..core.linear import encode_rows, exemplar_solution, float32_encoding_ok, precision_matrix
 from ..core.statistics import (ScatterStats, block_statistics, check_precision, compute_dtype,
-                               covariance, merge_many)
+                               covariance, merge_statistics)
 from ..parallel import encode_blocks, scatter_statistics, shared
 from ..validation import check_finite_rows, check_positive_float, check_rows, is_dask_array
 from .base import SLEMEstimator
@@ -76,9 +78,12 @@ class LinearSLEM(SLEMEstimator):
         if is_dask_array(X):
             (stats,) = dask.compute(scatter_statistics(X, precision=self.precision))
         else:
-            rows = max(1, _NUMPY_BLOCK_BYTES // (8 * X.shape[1]))
-            stats = merge_many(block_statistics(X[i:i + rows], self.precision)
-                               for i in range(0, len(X), rows))
+            # Blocks of at least d rows, folded one at a time: one d x d partial in
+            # memory besides the running total, whatever n (512 MiB each at d = 8192).
+            rows = max(1, _NUMPY_BLOCK_BYTES // (8 * X.shape[1]), X.shape[1])
+            stats = functools.reduce(merge_statistics, (
+                block_statistics(X[i:i + rows], self.precision)
+                for i in range(0, len(X), rows)))
         return self._fit_statistics(stats, X.dtype)
 
     def _fit_statistics(self, stats: ScatterStats, dtype) -> "LinearSLEM":
