@@ -327,9 +327,9 @@ def _check_inputs(args, spec) -> None:
                                                   "database": args.database})
         if storage._exists(args.out):
             if not args.overwrite:
-                raise FileExistsError(f"output {args.out!r} already exists; pass --overwrite "
-                                      f"to replace it")
-            integrity.check_may_replace(args.out, "search result")
+                raise FileExistsError(f"output {str(integrity.canonical(args.out))!r} already "
+                                      f"exists; pass --overwrite to replace it")
+            integrity.check_may_replace(args.out, "search result", kind="search")
     elif args.command == "encode":
         from .models import load_model
         from .pipeline import check_encode_inputs

@@ -383,7 +383,7 @@ def search_job(client, queries: str, database: str, out: str, k: int = 100,
         if not overwrite:
             raise FileExistsError(f"output {str(out)!r} already exists; pass --overwrite to "
                                   f"replace it")
-        integrity.check_may_replace(out, "search result")
+        integrity.check_may_replace(out, "search result", kind="search")
     with integrity.Lease(out, "slem-dask search") as lease:
         integrity.check_workers_see(client, {"database": database})
         db = storage.dask_rows(db_arr, partition_rows, name="database")

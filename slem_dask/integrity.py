@@ -10,8 +10,9 @@
   time; a live owner makes a second writer refuse; a dead owner's lease is taken
   over (:class:`Lease`).
 * **Checksums**: every chunk slem-dask writes ends in a crc32c (the zarr v3
-  ``crc32c`` codec); a write task returns the crc32c of what it wrote and the
-  client checks it against the chunk's stored trailer before marking complete.
+  ``crc32c`` codec); a write task returns the trailer of the chunk it wrote, as its
+  worker reads it back, and the client checks that it reads the same trailer
+  before marking complete.
 * **Fingerprints of inputs** come from the store listing (key, size, mtime per
   chunk): cheap, and they change whenever a chunk is rewritten.
 * **Workers see the same stores**: :func:`check_workers_see` compares what each
@@ -35,7 +36,7 @@ import numpy as np
 
 __all__ = [
     "StorePath", "canonical", "check_outside_inputs", "Lease", "LeaseHeldError",
-    "LeaseLostError", "MissingChunkError", "CorruptChunkError", "chunk_crc32c",
+    "LeaseLostError", "MissingChunkError", "CorruptChunkError",
     "stored_crc32c", "unit_rows", "chunk_keys_for_rows", "rows_fingerprint",
     "partition_fingerprints", "check_workers_see", "store_signature",
 ]
@@ -68,8 +69,7 @@ class StorePath:
 
     @property
     def key(self) -> str:
-        # realpath: two spellings through a symlink are the same store
-        return os.path.realpath(self.location) if self.is_local else self.url
+        return self.location if self.is_local else self.url  # local: already resolved
 
     @property
     def parent(self) -> "StorePath":
@@ -94,16 +94,19 @@ class StorePath:
 
 def canonical(path) -> StorePath:
     """The canonical form of a local path or fsspec URL (``./x``, ``x/``, ``a/../x``,
-    ``file://x`` and the absolute path all give the same)."""
+    ``file://x``, a symlink to it and the absolute path all give the same: local paths
+    are resolved, so that one store has one lease and one record)."""
     if isinstance(path, StorePath):
         return path
     text = os.fspath(path) if not isinstance(path, str) else path
     if not text:
         raise ValueError("a store path is empty; give a local path or an fsspec URL")
     if text.startswith("file://"):
-        text = text[len("file://"):]
+        from urllib.parse import unquote
+
+        text = unquote(text[len("file://"):])
     if "://" not in text:
-        return StorePath("file://" + os.path.abspath(os.path.expanduser(text)))
+        return StorePath("file://" + os.path.realpath(os.path.expanduser(text)))
     protocol, rest = text.split("://", 1)
     rest = posixpath.normpath(rest).lstrip("/") if rest.strip("/") else ""
     return StorePath(f"{protocol.lower()}://{rest}")
@@ -121,32 +124,38 @@ def _relation(target: StorePath, source: StorePath) -> str | None:
 
 
 def _suggestion(target: StorePath, inputs: list[StorePath]) -> str:
-    """A path next to the target, outside every input (and not containing one)."""
+    """A path near the target, outside every input and containing none."""
     base = target
-    while any(_relation(base, s) in ("is", "is inside") for s in inputs):
-        base = base.parent
-        if base.parent == base:
-            break
-    parent = base.parent
+    while any(_relation(base, s) == "is inside" for s in inputs):
+        base = base.parent  # climb out of the input it sits in
+    if any(_relation(base, s) == "contains" for s in inputs):
+        parent, stem = base, "slem-output"  # a new store inside the folder given
+    else:  # base is an input itself: a sibling of it
+        parent = base.parent
+        stem = base.name[:-5] + "-slem" if base.name.endswith(".zarr") else base.name + "-slem"
     for i in range(100):
-        candidate = parent.child(f"{base.name}-slem{'' if i == 0 else i}")
+        candidate = parent.child(f"{stem}{'' if i == 0 else i}.zarr")
         if all(_relation(candidate, s) is None for s in inputs):
             return str(candidate)
-    return str(parent.child("slem-output"))  # pragma: no cover
+    return str(parent.child(f"slem-output-{uuid.uuid4().hex[:8]}.zarr"))  # pragma: no cover
 
 
-def check_outside_inputs(target, flag: str, inputs: dict[str, object]) -> None:
-    """Refuse a store to be written that is, contains or sits inside an input:
-    replacing it (--overwrite) would destroy the input."""
+def check_outside_inputs(target, flag: str, inputs: dict[str, object],
+                         outputs: dict[str, object] | None = None) -> None:
+    """Refuse a store to be written that is, contains or sits inside an input
+    (replacing it, with --overwrite, would destroy the input) or another output."""
     t = canonical(target)
     sources = {name: canonical(p) for name, p in inputs.items() if p is not None}
-    for name, s in sources.items():
+    others = {name: canonical(p) for name, p in (outputs or {}).items() if p is not None}
+    everything = list(sources.values()) + list(others.values())
+    for name, s in {**sources, **others}.items():
         relation = _relation(t, s)
         if relation:
+            why = ("writing it would destroy the input" if name in sources
+                   else "two steps cannot write one store")
             raise ValueError(
-                f"{flag} {str(t)!r} {relation} the {name} {str(s)!r}; writing it would "
-                f"destroy the input: choose a path outside every input, e.g. "
-                f"{_suggestion(t, list(sources.values()))}")
+                f"{flag} {str(t)!r} {relation} the {name} {str(s)!r}; {why}: choose a path "
+                f"outside every input and output, e.g. {_suggestion(t, everything)}")
 
 
 # -- filesystem access (local or fsspec) ---------------------------------------------
@@ -191,10 +200,22 @@ def _is_empty_dir(path: StorePath) -> bool:
     return fs.isdir(root) and not fs.ls(root)
 
 
-def check_may_replace(path, what: str, flag: str = "--overwrite") -> None:
-    """Refuse to delete anything at ``path`` that slem-dask did not write."""
+def check_may_replace(path, what: str, flag: str = "--overwrite",
+                      kind: str | None = None) -> None:
+    """Refuse to delete anything at ``path`` that slem-dask did not write, or (``kind``)
+    a slem-dask store of another kind (an output never replaces a model, say)."""
     path = canonical(path)
-    if not exists(path) or _is_empty_dir(path) or slem_dask_kind(path) is not None:
+    if not exists(path) or _is_empty_dir(path):
+        return
+    found = slem_dask_kind(path)
+    if found is not None and kind is not None and found != kind:
+        names = {"model": "a model", "encoding": "an encoded output",
+                 "search": "a search result"}
+        raise FileExistsError(
+            f"{what} {str(path)!r} holds {names[found]} of slem-dask, not "
+            f"{names[kind]}; {flag} replaces only a store of the same kind: choose another "
+            f"path, or delete it yourself if it is really unwanted")
+    if found is not None:
         return
     raise FileExistsError(
         f"{what} {str(path)!r} exists and was not written by slem-dask (it has no "
@@ -336,10 +357,13 @@ class Lease:
             return not _pid_alive(record["pid"], record.get("pid_start"))
         return time.time() - float(record.get("heartbeat", 0)) > LEASE_TTL
 
-    def describe(self, record: dict) -> str:
+    def describe(self, record: dict | None) -> str:
+        if not record:
+            return (f"an unreadable lease file {self.file.location!r} (taken over once "
+                    f"untouched for {LEASE_TTL:.0f} s; delete it if no job runs)")
         since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(record.get("started", 0)))
         return (f"{record.get('job', 'a job')} (pid {record.get('pid')} on host "
-                f"{record.get('host')}, since {since})")
+                f"{record.get('host')}, since {since}; lease {self.file.location!r})")
 
     def acquire(self) -> "Lease":
         self._started = time.time()
@@ -413,8 +437,9 @@ class Lease:
         if (record is not None or exists(self.file)) and not self.is_stale(record):
             raise LeaseHeldError(
                 f"{str(self.target)!r} is being written by another slem-dask job: "
-                f"{self.describe(record or {})}; wait until it ends (one writer per store), "
-                f"or write to another path")
+                f"{self.describe(record)}; wait until it ends (one writer per store), "
+                f"or write to another path. A lease of a dead job is taken over "
+                f"automatically (after {LEASE_TTL:.0f} s for a job on another host)")
 
     def __enter__(self) -> "Lease":
         return self.acquire()
@@ -434,20 +459,6 @@ class MissingChunkError(DamagedStoreError):
 
 class CorruptChunkError(DamagedStoreError):
     """A chunk fails its checksum or cannot be decoded."""
-
-
-def chunk_crc32c(block: np.ndarray, chunk_shape: tuple[int, ...], fill_value=0) -> int:
-    """The crc32c that zarr's crc32c codec appends to the chunk holding ``block``
-    (uncompressed, little-endian, an edge chunk padded with the fill value)."""
-    import google_crc32c
-
-    block = np.asarray(block)
-    dtype = block.dtype.newbyteorder("<")
-    if block.shape != tuple(chunk_shape):
-        padded = np.full(chunk_shape, fill_value, dtype=dtype)
-        padded[tuple(slice(0, s) for s in block.shape)] = block
-        block = padded
-    return int(google_crc32c.value(np.ascontiguousarray(block, dtype=dtype).tobytes()))
 
 
 def _full_key(arr, coords) -> str:
@@ -513,7 +524,7 @@ def chunk_keys_for_rows(arr, lo: int, hi: int) -> list[tuple[str, int, int]]:
     return out
 
 
-def _listing(arr, path: StorePath) -> dict[str, tuple[int, int]]:
+def _listing(arr, path: StorePath) -> dict[str, tuple]:
     """{store key: (size, mtime in ns)} for every chunk of ``arr``."""
     prefix = f"{arr.path}/" if arr.path else ""
     root = path.location
@@ -536,7 +547,7 @@ def _listing(arr, path: StorePath) -> dict[str, tuple[int, int]]:
             continue
         stamp = (info.get("mtime") or info.get("LastModified") or info.get("ETag")
                  or info.get("created") or "")
-        out[prefix + rel] = (int(info.get("size", 0)), hash(str(stamp)))
+        out[prefix + rel] = (int(info.get("size", 0)), str(stamp))  # str: stable across runs
     return out
 
 
@@ -549,7 +560,9 @@ def missing_chunk_error(name: str, path, key: str, lo: int, hi: int) -> MissingC
         f"{name} {str(path)!r}: chunk {key!r} (rows {lo}-{hi - 1}) is missing from the "
         f"store; zarr would read it as fill values (zeros), so slem-dask refuses it. If the "
         f"store is on storage that this machine or a worker does not mount, mount it "
-        f"there; if the chunk was lost, restore or rewrite those rows")
+        f"there; if the chunk was lost, restore or rewrite those rows; if those rows are all "
+        f"zeros on purpose, zarr skipped the chunk (its default write_empty_chunks=False): "
+        f"rewrite the array with zarr.create_array(..., config={{'write_empty_chunks': True}})")
 
 
 def _digest(parts) -> str:

@@ -158,7 +158,7 @@ def parse_spec(data: dict, source: str = "<spec>") -> JobSpec:
         raise SpecError(f"{source}: model.{kernel_keys[0]} applies to type = \"kernel\" only; "
                         f"set model.type = \"kernel\" or remove it")
     try:
-        return JobSpec(
+        spec = JobSpec(
             model=_build(ModelSpec, data["model"], "model"),
             fit=_build(FitSpec, data["fit"], "fit") if "fit" in data else None,
             encode=tuple(_build(EncodeSpec, e, f"encode[{i}]") for i, e in enumerate(encode)),
@@ -169,6 +169,11 @@ def parse_spec(data: dict, source: str = "<spec>") -> JobSpec:
         )
     except SpecError as exc:
         raise SpecError(f"{source}: {exc}") from None
+    if spec.fit is None and not spec.encode:
+        raise SpecError(f"{source}: the spec has no [fit] and no [[encode]] step, so it "
+                        f"would do nothing; add a [fit] section (negatives = PATH) and/or "
+                        f"[[encode]] sections (positives = PATH, out = PATH), see jobs/demo.toml")
+    return spec
 
 
 def load_spec(path: str) -> JobSpec:
@@ -245,9 +250,10 @@ def check_paths(spec: JobSpec) -> None:
     for k, (key, path) in enumerate(written):
         others = {name: p for name, p in written[k + 1:]}
         try:
-            integrity.check_outside_inputs(path, key, {**inputs, **others})
+            integrity.check_outside_inputs(path, key, inputs, others)
             if integrity.exists(integrity.canonical(path)):
-                integrity.check_may_replace(path, "the store at " + key)
+                integrity.check_may_replace(path, "the store at " + key,
+                                            kind="model" if key == "model.path" else "encoding")
         except (ValueError, OSError) as exc:
             raise type(exc)(f"{spec.source}: {exc}") from None
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import sys
 import time
+import warnings
 from dataclasses import dataclass, field
 
 import dask
@@ -264,7 +265,7 @@ def _open_negatives(negatives, model_path, overwrite: bool, update: bool):
     storage.check_distinct(model_path, "--model", {"negatives": negatives})
     exists = storage._exists(model_path)
     if exists:
-        integrity.check_may_replace(model_path, "model store")
+        integrity.check_may_replace(model_path, "model store", kind="model")
     if exists and not (overwrite or update):
         raise FileExistsError(
             f"model store {str(model_path)!r} already exists; pass --overwrite to replace "
@@ -357,6 +358,10 @@ def encode_job(client, model_path: str, positives: str, out: str, dtype: str | N
             todo, crcs = _reconcile(target, inputs, n_parts)
         t1 = time.perf_counter()
         report = JobReport("encode")
+        scale = _scale_mismatch(model, arr)
+        if scale:
+            report.facts["warning"] = scale
+            warnings.warn(scale, stacklevel=2)
         report.facts.update({
             "positives": str(positives), "rows": n_rows, "features": arr.shape[1],
             "partitions": f"{len(todo)} encoded of {n_parts}", "action": action,
@@ -432,6 +437,22 @@ def encode_job(client, model_path: str, positives: str, out: str, dtype: str | N
     return report
 
 
+def _scale_mismatch(model, arr, sample_rows: int = 1000) -> str | None:
+    """A warning when the positives' row norms differ from the negatives' by more than
+    10x: a kernel model (rbf in particular) then maps them all to nearly one vector."""
+    pivots = getattr(model, "pivot_rows_", None)
+    if pivots is None or not len(pivots):
+        return None
+    sample = np.asarray(arr[:min(sample_rows, arr.shape[0])], dtype=np.float64)
+    theirs = float(np.median(np.linalg.norm(sample, axis=1)))
+    ours = float(np.median(np.linalg.norm(pivots, axis=1)))
+    if ours > 0 and theirs > 0 and not 0.1 <= theirs / ours <= 10:
+        return (f"the positives' rows have median norm {theirs:.3g}, the model's negatives "
+                f"{ours:.3g}: normalize both the same way (e.g. L2), or the kernel encodings "
+                f"collapse to nearly identical rows")
+    return None
+
+
 def _effective_precision(model, precision: str | None) -> str | None:
     """The arithmetic an encode uses: the given one, else the model's (linear models)."""
     if not isinstance(model, LinearSLEM):
@@ -482,15 +503,16 @@ def _write_partitions(model, arr, target, todo: list[int], rows: int, out_dtype,
     extra = {"precision": precision} if precision else {}
     z = model.transform(storage.dask_rows(arr, rows, name="positives", exact=True),
                         dtype=out_dtype, **extra)
-    part = z.blocks[todo]
-    index = da.from_array(np.asarray(todo, dtype=np.int64)[:, None], chunks=1)
-    return da.blockwise(_write_block, "ij", part, "ij", index, "ij", target,
-                        None, align_arrays=False, adjust_chunks={"i": 1, "j": 2},
-                        dtype=np.int64, meta=np.empty((0, 2), dtype=np.int64))
+    # map_blocks over every partition, then select: read, encode and write fuse into
+    # one task per partition (a write layer over z.blocks[todo] would not fuse)
+    written = da.map_blocks(_write_block, z, target, dtype=np.int64,
+                            chunks=((1,) * z.numblocks[0], (2,)),
+                            meta=np.empty((0, 2), dtype=np.int64))
+    return written if len(todo) == z.numblocks[0] else written.blocks[todo]
 
 
-def _write_block(block, index, target):
-    return storage.write_partition(block, target, int(index[0, 0]))
+def _write_block(block, target, block_info=None):
+    return storage.write_partition(block, target, block_info[0]["chunk-location"][0])
 
 
 def _reconcile(target, inputs: list[str], n_parts: int) -> tuple[list[int], list]:
@@ -522,7 +544,7 @@ def _reconcile(target, inputs: list[str], n_parts: int) -> tuple[list[int], list
 
 def _verify_partitions(target, out, crcs: list) -> None:
     """Every partition present, as this client reads the store, with the crc32c its
-    task computed from the encodings it wrote."""
+    task's worker read back after writing it."""
     bad = [i for i, crc in enumerate(crcs)
            if crc is None or integrity.stored_crc32c(target, i) != crc]
     if bad:
@@ -554,7 +576,7 @@ def _plan_output(out, existing, arr, positives, encoding, out_dtype, overwrite,
             raise FileExistsError(
                 f"output {str(out)!r} already exists and is not a zarr array; choose "
                 f"another path")
-        integrity.check_may_replace(out, "output")
+        integrity.check_may_replace(out, "output", kind="encoding")
     if existing is None:
         return None, "create"
     meta = storage.output_meta(existing)

@@ -171,8 +171,9 @@ def read_rows(arr: zarr.Array, lo: int, hi: int, name: str = "input") -> np.ndar
             except Exception as inner:  # noqa: BLE001
                 raise integrity.CorruptChunkError(
                     f"{name} {_where(arr)!r}: chunk {key!r} (rows {a}-{b - 1}) cannot be read "
-                    f"({_reason(inner)}); the store is damaged: restore that chunk, or "
-                    f"rewrite (slem-dask outputs: re-run with --overwrite)") from None
+                    f"({_reason(inner)}); the store is damaged: restore that chunk (an "
+                    f"output of slem-dask encode: delete that chunk file and re-run the same "
+                    f"encode, which writes only missing partitions)") from None
         raise exc
 
 
@@ -229,8 +230,9 @@ def fingerprint(arrays: dict[str, np.ndarray], params: dict[str, Any]) -> str:
     return h.hexdigest()
 
 
-def _check_overwrite(path, overwrite: bool, what: str, flag: str) -> None:
-    integrity.check_may_replace(path, what, flag)  # first: never suggest replacing the user's
+def _check_overwrite(path, overwrite: bool, what: str, flag: str,
+                     kind: str | None = None) -> None:
+    integrity.check_may_replace(path, what, flag, kind)  # first: never suggest replacing
     if _exists(path) and not overwrite:
         raise FileExistsError(
             f"{what} {str(canonical(path))!r} already exists; pass {flag} to replace it, or "
@@ -258,7 +260,7 @@ def write_group(path, meta: dict, arrays: dict[str, np.ndarray], what: str,
     carries a crc32c. Written under ``lease`` (taken here if not given).
     """
     path = canonical(path)
-    _check_overwrite(path, overwrite, what, "overwrite=True (CLI: --overwrite)")
+    _check_overwrite(path, overwrite, what, "overwrite=True (CLI: --overwrite)", meta.get("kind"))
     own = lease is None
     lease = lease or integrity.Lease(path, f"write {what}").acquire()
     try:
@@ -284,7 +286,8 @@ def write_group(path, meta: dict, arrays: dict[str, np.ndarray], what: str,
             lease.check()  # no other job took the store over meanwhile
             if path.is_local:
                 if os.path.exists(path.location):
-                    _check_overwrite(path, True, what, "overwrite=True (CLI: --overwrite)")
+                    _check_overwrite(path, True, what, "overwrite=True (CLI: --overwrite)",
+                                     meta.get("kind"))
                     trash = target + ".old"
                     os.replace(path.location, trash)
                     os.replace(target, path.location)
@@ -395,7 +398,7 @@ def create_output(path, shape: tuple[int, int], partition_rows: int, dtype,
     ``complete: false`` until :func:`mark_complete`. The caller holds the lease.
     """
     path = canonical(path)
-    _check_overwrite(path, overwrite, "output", "--overwrite")
+    _check_overwrite(path, overwrite, "output", "--overwrite", "encoding")
     if _exists(path):
         _remove(path)
     # write_empty_chunks: a partition whose encodings are all 0 must still leave
@@ -441,12 +444,16 @@ def open_existing_output(path) -> zarr.Array | None:
 def write_partition(block: np.ndarray, arr: zarr.Array, index: int,
                     block_info=None) -> np.ndarray:
     """Write one partition's rows (its own chunk) and return [[index, crc32c]]: the
-    checksum of the chunk as written, which the client compares with the stored one."""
+    checksum zarr's codec computed from these rows, as this worker reads it back. The
+    client compares it with the chunk it reads: the two see the same chunk."""
     rows = int(arr.chunks[0])
     lo = index * rows
-    block = np.ascontiguousarray(block, dtype=arr.dtype)
-    arr[lo:lo + block.shape[0]] = block
-    crc = integrity.chunk_crc32c(block, arr.chunks, arr.metadata.fill_value)
+    arr[lo:lo + block.shape[0]] = np.ascontiguousarray(block, dtype=arr.dtype)
+    crc = integrity.stored_crc32c(arr, index)
+    if crc is None:
+        raise integrity.IntegrityError(
+            f"output {_where(arr)!r}: partition {index} was written but cannot be read back "
+            f"on this worker; check the storage")
     return np.array([[index, crc]], dtype=np.int64)
 
 
@@ -534,4 +541,6 @@ def verify(path) -> tuple[str, list[str]]:
         elif i < len(crcs) and crcs[i] is not None and crcs[i] != crc:
             problems.append(f"chunk {key!r} (rows {lo}-{hi - 1}) is not the chunk that was "
                             f"written (crc32c {crc:08x}, recorded {crcs[i]:08x})")
+    if len(problems) > 12:  # an interrupted output can miss thousands of chunks
+        problems = problems[:10] + [f"... and {len(problems) - 10} more"]
     return "output", problems

@@ -93,8 +93,8 @@ def test_fit_job_and_encode_job_equal_the_library(client, data, tmp_path):
     meta = arr.attrs[storage.ATTR]
     assert meta["complete"] is True and meta["model_fingerprint"] == model.fingerprint_
     encode_job(client, model_path, positives, out, dtype="float64", overwrite=True)
-    np.testing.assert_allclose(storage.open_output(out)[...], want.transform(P),
-                               rtol=1e-12, atol=1e-13)
+    np.testing.assert_allclose(storage.open_output(out)[...],
+                               want.transform(P, dtype=np.float64), rtol=1e-12, atol=1e-13)
 
 
 @pytest.mark.cluster

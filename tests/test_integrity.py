@@ -536,3 +536,81 @@ def test_a_dead_writers_temporary_model_copy_is_removed_by_the_next_write(corpus
     LinearSLEM(lam=0.2).fit(corpus["neg"]).save(corpus["model"], overwrite=True)
     assert not stale.exists()
     assert load_model(corpus["model"]).lam == 0.2
+
+
+# -- from the fresh-clone review -------------------------------------------------------
+def test_a_symlink_to_an_output_shares_its_lease_and_record(corpus):
+    out = corpus["dir"] / "real.zarr"
+    _encode(corpus, out)
+    link = corpus["dir"] / "link.zarr"
+    link.symlink_to(out)
+    assert canonical(link) == canonical(out)
+    with integrity.Lease(out, "another job"):
+        with pytest.raises(integrity.LeaseHeldError, match="another slem-dask job"):
+            _encode(corpus, link, overwrite=True)
+    assert _encode(corpus, link).facts["action"] == "up to date"
+    assert link.is_symlink()
+
+
+def test_listing_fingerprints_of_url_stores_are_stable_across_processes(tmp_path):
+    """fsspec stores (s3://, memory://): the fingerprint of unchanged chunks must not
+    depend on the process (no salted hash())."""
+    import subprocess
+    import sys
+
+    code = ("import zarr, numpy as np\n"
+            "from slem_dask import integrity\n"
+            "a = zarr.create_array(store='memory://fp.zarr', shape=(10, 2), dtype='f4',"
+            " chunks=(4, 2))\n"
+            "a[...] = 1\n"
+            "info = integrity._listing(a, integrity.canonical('memory://fp.zarr'))\n"
+            "print(sorted((k, v[0]) for k, v in info.items()), "
+            "type(list(info.values())[0][1]).__name__)\n")
+    runs = {subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                           env={**os.environ, "PYTHONHASHSEED": seed}).stdout
+            for seed in ("1", "2")}
+    assert len(runs) == 1 and "str" in runs.pop()
+
+
+def test_overwrite_replaces_only_a_store_of_the_same_kind(corpus, client, capsys):
+    out = corpus["dir"] / "enc.zarr"
+    _encode(corpus, out)
+    other_model = str(corpus["dir"] / "other_model.zarr")
+    LinearSLEM().fit(corpus["neg"]).save(other_model)
+    code, _, err = _cli(capsys, client, "encode", "--model", corpus["model"], "--positives",
+                        corpus["positives"], "--out", other_model, "--overwrite")
+    assert code == 1 and "holds a model of slem-dask, not an encoded output" in err
+    code, _, err = _cli(capsys, client, "fit", "--negatives", corpus["negatives"], "--model",
+                        out, "--overwrite")
+    assert code == 1 and "holds an encoded output of slem-dask, not a model" in err
+    assert load_model(other_model).n_features_in_ == D
+    assert storage.output_meta(zarr.open_array(str(out)))["complete"] is True
+
+
+def test_overlap_suggestions_are_next_to_the_input(corpus):
+    pos = canonical(corpus["positives"])
+    for target in (pos.child("sub"), pos):
+        with pytest.raises(ValueError) as info:
+            integrity.check_outside_inputs(target, "--out", {"positives": pos})
+        suggested = str(info.value).rsplit("e.g. ", 1)[1]
+        assert suggested == str(corpus["dir"] / "pos-slem.zarr"), suggested
+    with pytest.raises(ValueError, match="two steps cannot write one store"):
+        integrity.check_outside_inputs(corpus["dir"] / "a.zarr", "encode[0].out", {},
+                                       {"encode[1].out": corpus["dir"] / "a.zarr"})
+
+
+def test_empty_spec_is_refused(tmp_path):
+    from slem_dask.jobspec import SpecError, parse_spec
+
+    with pytest.raises(SpecError, match="would do nothing"):
+        parse_spec({"model": {"path": str(tmp_path / "m")}})
+
+
+def test_kernel_encode_warns_on_positives_of_another_scale(corpus):
+    model = str(corpus["dir"] / "k.zarr")
+    pipeline.fit_job(None, corpus["negatives"], model, kernel="rbf", gamma=0.5, rank=20)
+    _array(corpus["dir"] / "big.zarr", corpus["pos"] * 100)
+    with pytest.warns(UserWarning, match="normalize both the same way"):
+        report = pipeline.encode_job(None, model, str(corpus["dir"] / "big.zarr"),
+                                     str(corpus["dir"] / "kb.zarr"))
+    assert "median norm" in report.facts["warning"]

@@ -241,7 +241,8 @@ def test_precision_in_job_specs():
     spec = parse_spec({"model": {"path": "m", "precision": "float64"},
                        "encode": [{"positives": "p", "out": "o", "precision": "auto"}]})
     assert spec.model.precision == "float64" and spec.encode[0].precision == "auto"
-    assert parse_spec({"model": {"path": "m"}}).model.precision == "auto"
+    assert parse_spec({"model": {"path": "m"}, "fit": {"negatives": "n"}}).model.precision \
+        == "auto"
     with pytest.raises(SpecError, match="model.precision = 'single': expected one of"):
         parse_spec({"model": {"path": "m", "precision": "single"}})
 
