@@ -410,27 +410,7 @@ def search_job(client, queries: str, database: str, out: str, k: int = 100,
 
 def open_search_result(path: str) -> tuple[np.ndarray, np.ndarray]:
     """(scores, indices) written by :func:`search_job`, refusing an unfinished one."""
-    import zarr
-
-    from . import integrity
-
-    path = str(integrity.canonical(path))
-    try:
-        group = zarr.open_group(store=path, mode="r")
-    except FileNotFoundError:
-        raise FileNotFoundError(f"search result: no zarr group at {path!r}") from None
-    meta = group.attrs.get(storage.ATTR)
-    if not isinstance(meta, dict) or meta.get("kind") != "search":
-        raise ValueError(f"search result: {path!r} was not written by `slem-dask search`")
-    if not meta.get("complete"):
-        raise ValueError(
-            f"search result: {path!r} is unfinished (the run that wrote it stopped "
-            f"part-way); run `slem-dask search` again with --overwrite"
-        )
-    if meta.get("metadata_checksum") != storage.metadata_checksum(meta):
-        raise ValueError(f"search result: the metadata of {path!r} does not match its "
-                         f"checksum; run `slem-dask search` again with --overwrite")
-    arrays = storage.read_group_arrays(group, path, "search result")
+    _, arrays = storage.read_search_store(path)
     return arrays["scores"], arrays["indices"]
 
 

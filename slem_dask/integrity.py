@@ -371,12 +371,8 @@ class Lease:
             if self._create():
                 break
             record = self.read()
-            if record is not None and not self.is_stale(record):
-                raise LeaseHeldError(
-                    f"{str(self.target)!r} is being written by another slem-dask job: "
-                    f"{self.describe(record)}; wait until it ends (one writer per store), "
-                    f"or write to another path. A lease of a dead job is taken over "
-                    f"automatically (after {LEASE_TTL:.0f} s for a job on another host)")
+            if not self.is_stale(record):
+                raise self._held(record)
             # stale: move it aside atomically (one taker wins the rename), then retry
             aside = f"{self.file.location}.stale-{self.token}"
             try:
@@ -435,11 +431,14 @@ class Lease:
         the checks made before a cluster starts."""
         record = self.read()
         if (record is not None or exists(self.file)) and not self.is_stale(record):
-            raise LeaseHeldError(
-                f"{str(self.target)!r} is being written by another slem-dask job: "
-                f"{self.describe(record)}; wait until it ends (one writer per store), "
-                f"or write to another path. A lease of a dead job is taken over "
-                f"automatically (after {LEASE_TTL:.0f} s for a job on another host)")
+            raise self._held(record)
+
+    def _held(self, record: dict | None) -> LeaseHeldError:
+        return LeaseHeldError(
+            f"{str(self.target)!r} is being written by another slem-dask job: "
+            f"{self.describe(record)}; wait until it ends (one writer per store), or write "
+            f"to another path. A lease of a dead job is taken over automatically (after "
+            f"{LEASE_TTL:.0f} s for a job on another host)")
 
     def __enter__(self) -> "Lease":
         return self.acquire()
@@ -502,20 +501,20 @@ def delete_chunk(arr, row_chunk: int) -> None:
     sync(arr.store_path.store.delete(_full_key(arr, (row_chunk, 0))))
 
 
+def _unit_shape(arr) -> tuple[int, ...]:
+    """Shape of the smallest unit of the store that is read or written whole (shard,
+    else chunk)."""
+    return tuple(int(n) for n in (getattr(arr, "shards", None) or arr.chunks))
+
+
 def unit_rows(arr) -> int:
     """Rows of the smallest unit of the store that is read or written whole."""
-    shards = getattr(arr, "shards", None)
-    return int((shards or arr.chunks)[0])
-
-
-def _unit_cols(arr) -> int:
-    shards = getattr(arr, "shards", None)
-    return int((shards or arr.chunks)[1])
+    return _unit_shape(arr)[0]
 
 
 def chunk_keys_for_rows(arr, lo: int, hi: int) -> list[tuple[str, int, int]]:
     """(store key, first row, last row + 1) of every storage unit holding rows [lo, hi)."""
-    rows, cols = unit_rows(arr), _unit_cols(arr)
+    rows, cols = _unit_shape(arr)[:2]
     n_cols = -(-int(arr.shape[1]) // cols)
     out = []
     for i in range(lo // rows, -(-hi // rows)):
@@ -551,10 +550,6 @@ def _listing(arr, path: StorePath) -> dict[str, tuple]:
     return out
 
 
-def _describe_rows(arr, key: str, lo: int, hi: int) -> str:
-    return f"chunk {key!r} (rows {lo}-{hi - 1})"
-
-
 def missing_chunk_error(name: str, path, key: str, lo: int, hi: int) -> MissingChunkError:
     return MissingChunkError(
         f"{name} {str(path)!r}: chunk {key!r} (rows {lo}-{hi - 1}) is missing from the "
@@ -578,6 +573,17 @@ def _layout(arr) -> tuple:
             repr(arr.metadata.fill_value))
 
 
+def _listed(listing: dict, arr, path: StorePath, name: str, lo: int, hi: int) -> list:
+    """(key, listing entry) of every storage unit holding rows [lo, hi); a unit absent
+    from the listing is an error."""
+    out = []
+    for key, a, b in chunk_keys_for_rows(arr, lo, hi):
+        if key not in listing:
+            raise missing_chunk_error(name, path, key, a, b)
+        out.append((key, listing[key]))
+    return out
+
+
 def partition_fingerprints(arr, path, name: str, rows: int) -> list[str]:
     """One fingerprint per row partition of ``rows`` rows, from the store listing.
 
@@ -591,12 +597,7 @@ def partition_fingerprints(arr, path, name: str, rows: int) -> list[str]:
     out = []
     for lo in range(0, n, rows):
         hi = min(n, lo + rows)
-        parts = [layout, hi - lo]
-        for key, a, b in chunk_keys_for_rows(arr, lo, hi):
-            if key not in listing:
-                raise missing_chunk_error(name, path, key, a, b)
-            parts.append((key, listing[key]))
-        out.append(_digest(parts))
+        out.append(_digest([layout, hi - lo, *_listed(listing, arr, path, name, lo, hi)]))
     return out
 
 
@@ -608,15 +609,10 @@ def rows_fingerprint(arr, path, name: str, n_rows: int) -> str:
     rows = unit_rows(arr)
     full = (n_rows // rows) * rows
     listing = _listing(arr, path)
-    parts = [_layout(arr), int(arr.shape[1]), n_rows]
-    for key, a, b in (chunk_keys_for_rows(arr, 0, full) if full else []):
-        if key not in listing:
-            raise missing_chunk_error(name, path, key, a, b)
-        parts.append((key, listing[key]))
+    parts = [_layout(arr), int(arr.shape[1]), n_rows,
+             *(_listed(listing, arr, path, name, 0, full) if full else [])]
     if full < n_rows:
-        for key, a, b in chunk_keys_for_rows(arr, full, n_rows):
-            if key not in listing:
-                raise missing_chunk_error(name, path, key, a, b)
+        _listed(listing, arr, path, name, full, n_rows)  # must exist; its rows are digested
         tail = np.ascontiguousarray(arr[full:n_rows])
         parts.append(hashlib.sha256(tail.tobytes()).hexdigest())
     return _digest(parts)

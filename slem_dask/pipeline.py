@@ -7,6 +7,7 @@ never leaves a model or output that looks complete after a failure.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import time
@@ -147,23 +148,14 @@ def fit_job(client, negatives: str, model_path: str, lam: float = 1e-3, theta: f
         integrity.check_workers_see(client, {"negatives": negatives})
         x = storage.dask_rows(arr, partition_rows, name="negatives")[start:]
         t1 = time.perf_counter()
-        try:
+        with _fit_errors(negatives, model_path):
             stats = (_compute(client, scatter_statistics(x, precision=precision), progress)
                      if start < n else None)
             if previous is not None:
                 stats = previous if stats is None else merge_statistics(previous, stats)
             t2 = time.perf_counter()
             model._fit_statistics(stats, arr.dtype)
-        except integrity.DamagedStoreError:
-            raise
-        except ValueError as exc:  # e.g. NaN rows: say which input
-            raise ValueError(f"negatives {str(negatives)!r}: {exc}") from None
-        except _LOST as exc:
-            raise _lost_cluster(exc, f"no model was written ({str(model_path)!r} is as "
-                                     f"before): run the same command again") from None
-        _check_unchanged(arr, negatives, n, seen)
-        fp = model.save(model_path, overwrite=True, lease=lease,
-                        metadata={"source": negatives.url, "negatives_fingerprint": seen})
+        fp = _save_fitted(model, arr, negatives, model_path, seen, lease)
     t3 = time.perf_counter()
     report.facts.update({"model": str(model_path), "fingerprint": fp[:16]})
     report.timings.update({"open": t1 - t0, "statistics": t2 - t1, "factor+save": t3 - t2,
@@ -171,12 +163,30 @@ def fit_job(client, negatives: str, model_path: str, lam: float = 1e-3, theta: f
     return report
 
 
-def _check_unchanged(arr, path, n: int, seen: str) -> None:
-    """Refuse to record a model or output if its input changed while it was read."""
-    if integrity.rows_fingerprint(arr, path, "negatives", n) != seen:
+@contextlib.contextmanager
+def _fit_errors(negatives, model_path):
+    """A fit's compute errors, said once: bad rows name the negatives, a lost cluster
+    says that the model is as before; damaged chunks already name themselves."""
+    try:
+        yield
+    except integrity.DamagedStoreError:
+        raise
+    except ValueError as exc:  # e.g. NaN rows, negative histogram values: say which input
+        raise ValueError(f"negatives {str(negatives)!r}: {exc}") from None
+    except _LOST as exc:
+        raise _lost_cluster(exc, f"no model was written ({str(model_path)!r} is as "
+                                 f"before): run the same command again") from None
+
+
+def _save_fitted(model, arr, negatives, model_path, seen: str, lease) -> str:
+    """Save a fitted model under the job's lease, unless its negatives changed while
+    they were read (``seen``: their fingerprint before); return its fingerprint."""
+    if integrity.rows_fingerprint(arr, negatives, "negatives", int(arr.shape[0])) != seen:
         raise JobFailed(
-            f"the negatives {str(path)!r} changed while this fit read them; nothing was "
-            f"written: run the fit again once the negatives are no longer being written")
+            f"the negatives {str(negatives)!r} changed while this fit read them; nothing "
+            f"was written: run the fit again once the negatives are no longer being written")
+    return model.save(model_path, overwrite=True, lease=lease,
+                      metadata={"source": negatives.url, "negatives_fingerprint": seen})
 
 
 def _print_round(round_no: int, n_pivots: int, trace_error: float) -> None:
@@ -225,7 +235,7 @@ def _fit_kernel_job(client, negatives, model_path, model, partition_rows,
         integrity.check_workers_see(client, {"negatives": negatives})
         x = storage.dask_rows(arr, partition_rows, name="negatives")
         t1 = time.perf_counter()
-        try:
+        with _fit_errors(negatives, model_path):
             on_round = _print_round if progress else None
             if client is None:
                 model.fit(x, progress=on_round)
@@ -234,17 +244,8 @@ def _fit_kernel_job(client, negatives, model_path, model, partition_rows,
                     model.fit(x, progress=on_round)
             if progress:
                 sys.stdout.write("\n")
-        except integrity.DamagedStoreError:
-            raise
-        except ValueError as exc:  # e.g. NaN rows, negative histogram values: say which input
-            raise ValueError(f"negatives {str(negatives)!r}: {exc}") from None
-        except _LOST as exc:
-            raise _lost_cluster(exc, f"no model was written ({str(model_path)!r} is as "
-                                     f"before): run the same command again") from None
         t2 = time.perf_counter()
-        _check_unchanged(arr, negatives, n, seen)
-        fp = model.save(model_path, overwrite=True, lease=lease,
-                        metadata={"source": negatives.url, "negatives_fingerprint": seen})
+        fp = _save_fitted(model, arr, negatives, model_path, seen, lease)
     t3 = time.perf_counter()
     report = JobReport("fit")
     report.facts.update({

@@ -105,12 +105,6 @@ def open_input(path: str, name: str) -> zarr.Array:
     return node
 
 
-def _storage_rows(arr: zarr.Array) -> int:
-    """Rows of the smallest unit that can be read or written whole (shard, else chunk)."""
-    shards = getattr(arr, "shards", None)
-    return int((shards or arr.chunks)[0])
-
-
 def row_partition(arr: zarr.Array, partition_rows: int | None = None,
                   target_bytes: int = DEFAULT_PARTITION_BYTES) -> int:
     """Rows per dask partition: a whole multiple of the store's shard (or chunk) rows.
@@ -118,7 +112,7 @@ def row_partition(arr: zarr.Array, partition_rows: int | None = None,
     Reading a partition then touches whole storage units only, and writing an
     output chunked the same way can never race on a shared chunk or shard.
     """
-    unit = _storage_rows(arr)
+    unit = integrity.unit_rows(arr)
     if partition_rows is None:
         row_bytes = max(1, arr.shape[1]) * 8  # the float64 copy a task makes
         # At least d rows: a fit's d x d partial then never outweighs its rows (issue 9).
@@ -260,10 +254,12 @@ def write_group(path, meta: dict, arrays: dict[str, np.ndarray], what: str,
     carries a crc32c. Written under ``lease`` (taken here if not given).
     """
     path = canonical(path)
-    _check_overwrite(path, overwrite, what, "overwrite=True (CLI: --overwrite)", meta.get("kind"))
     own = lease is None
     lease = lease or integrity.Lease(path, f"write {what}").acquire()
     try:
+        # under the lease: what is at the path stays as checked until it is replaced
+        _check_overwrite(path, overwrite, what, "overwrite=True (CLI: --overwrite)",
+                         meta.get("kind"))
         target = path.location
         if path.is_local:
             parent = os.path.dirname(path.location)
@@ -286,8 +282,6 @@ def write_group(path, meta: dict, arrays: dict[str, np.ndarray], what: str,
             lease.check()  # no other job took the store over meanwhile
             if path.is_local:
                 if os.path.exists(path.location):
-                    _check_overwrite(path, True, what, "overwrite=True (CLI: --overwrite)",
-                                     meta.get("kind"))
                     trash = target + ".old"
                     os.replace(path.location, trash)
                     os.replace(target, path.location)
@@ -345,6 +339,27 @@ def read_group_arrays(group, path, what: str) -> dict[str, np.ndarray]:
                 f"{what}: array {key!r} of {str(path)!r} cannot be read ({_reason(exc)}); "
                 f"the store is damaged: write it again") from None
     return arrays
+
+
+def read_search_store(path) -> tuple[dict, dict[str, np.ndarray]]:
+    """Read a search result written by ``slem-dask search``: (metadata, arrays), refusing
+    one that is unfinished, edited or damaged."""
+    path = str(canonical(path))
+    try:
+        group = zarr.open_group(store=path, mode="r")
+    except FileNotFoundError:
+        raise FileNotFoundError(f"search result: no zarr group at {path!r}") from None
+    meta = group.attrs.get(ATTR)
+    if not isinstance(meta, dict) or meta.get("kind") != "search":
+        raise ValueError(f"search result: {path!r} was not written by `slem-dask search`")
+    if not meta.get("complete"):
+        raise ValueError(
+            f"search result: {path!r} is unfinished (the run that wrote it stopped "
+            f"part-way); run `slem-dask search` again with --overwrite")
+    if meta.get("metadata_checksum") != metadata_checksum(meta):
+        raise ValueError(f"search result: the metadata of {path!r} does not match its "
+                         f"checksum; run `slem-dask search` again with --overwrite")
+    return meta, read_group_arrays(group, path, "search result")
 
 
 def read_model_store(path: str) -> tuple[dict, dict[str, np.ndarray]]:
@@ -512,16 +527,11 @@ def verify(path) -> tuple[str, list[str]]:
             return kind, [str(exc)]
         return f"model ({meta['model']})", []
     if kind == "search":
-        group = zarr.open_group(store=path.location, mode="r")
-        problems = [] if group.attrs[ATTR].get("complete") else ["unfinished (complete: false)"]
-        if group.attrs[ATTR].get("metadata_checksum") not in (
-                None, metadata_checksum(dict(group.attrs[ATTR]))):
-            problems.append("its metadata does not match its checksum")
         try:
-            read_group_arrays(group, path, "search result")
+            read_search_store(path)
         except ValueError as exc:
-            problems.append(str(exc))
-        return "search result", problems
+            return "search result", [str(exc)]
+        return "search result", []
     arr = zarr.open_array(store=path.location, mode="r")
     meta = output_meta(arr) or {}
     problems = [] if meta.get("complete") else ["unfinished (complete: false): re-run the "
