@@ -12,6 +12,7 @@ last marks it complete, so a write that was interrupted is redone.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
@@ -209,6 +210,27 @@ def header(title: str, args) -> None:
               f"a multi-threaded BLAS in particular slows down a lot when the cores are shared")
     print("=" * 78)
     sys.stdout.flush()
+
+
+@contextlib.contextmanager
+def scheduler_contexts(args, schedulers):
+    """Yield (clients, contexts) keyed by scheduler: "threads" (dask's threaded scheduler,
+    no Client) and "cluster" (a LocalCluster of --workers x --threads, started only if
+    asked for). ``contexts[name]()`` makes that scheduler the one dask.compute uses."""
+    import dask
+
+    from slem_dask.cluster import connect
+
+    cluster_cm = (connect(n_workers=args.workers, threads_per_worker=args.threads, quiet=True)
+                  if "cluster" in schedulers else contextlib.nullcontext())
+    with cluster_cm as client:
+        if client is not None:
+            nthreads = client.nthreads()
+            print(f"cluster: {len(nthreads)} worker process(es) x "
+                  f"{sorted(set(nthreads.values()))} thread(s)")
+        yield ({"threads": None, "cluster": client},
+               {"threads": lambda: dask.config.set(scheduler="threads"),
+                "cluster": contextlib.nullcontext})
 
 
 def emit_json(tag: str, payload: dict) -> None:

@@ -96,14 +96,12 @@ def main(argv=None) -> int:
     if not set(schedulers) <= {"threads", "cluster"}:
         parser.error(f"--schedulers: expected threads and/or cluster, got {args.schedulers!r}")
 
-    import contextlib
     import subprocess
 
     import dask
     import zarr
 
     from slem_dask import storage
-    from slem_dask.cluster import connect
     from slem_dask.core.linear import encode_rows
     from slem_dask.models import load_model
     from slem_dask.pipeline import encode_job, fit_job
@@ -130,16 +128,7 @@ def main(argv=None) -> int:
     slem = {s: [] for s in schedulers}
     naive = {s: [] for s in schedulers}
     numpy_runs = []
-    cluster_cm = (connect(n_workers=args.workers, threads_per_worker=args.threads, quiet=True)
-                  if "cluster" in schedulers else contextlib.nullcontext())
-    with cluster_cm as client:
-        contexts = {"threads": lambda: dask.config.set(scheduler="threads"),
-                    "cluster": contextlib.nullcontext}
-        clients = {"threads": None, "cluster": client}
-        if client is not None:
-            nthreads = client.nthreads()
-            print(f"cluster: {len(nthreads)} worker process(es) x {sorted(set(nthreads.values()))} "
-                  f"thread(s)")
+    with C.scheduler_contexts(args, schedulers) as (clients, contexts):
         for sched in schedulers:
             with contexts[sched](), C.Timer() as t:  # imports in the workers, one partition
                 dask.compute(model.transform(x[:rows], dtype=np.float32))

@@ -155,12 +155,10 @@ def main(argv=None) -> int:
     if not set(schedulers) <= {"threads", "cluster"}:
         parser.error(f"--schedulers: expected threads and/or cluster, got {args.schedulers!r}")
 
-    import contextlib
 
     import dask
 
     from slem_dask import storage
-    from slem_dask.cluster import connect
     from slem_dask.models import load_model
     from slem_dask.parallel import scatter_statistics
 
@@ -180,16 +178,7 @@ def main(argv=None) -> int:
     slem = {s: [] for s in schedulers}
     naive = {s: [] for s in schedulers}
     numpy_runs = []
-    cluster_cm = (connect(n_workers=args.workers, threads_per_worker=args.threads, quiet=True)
-                  if "cluster" in schedulers else contextlib.nullcontext())
-    with cluster_cm as client:
-        contexts = {"threads": lambda: dask.config.set(scheduler="threads"),
-                    "cluster": contextlib.nullcontext}
-        clients = {"threads": None, "cluster": client}
-        if client is not None:
-            nthreads = client.nthreads()
-            print(f"cluster: {len(nthreads)} worker process(es) x "
-                  f"{sorted(set(nthreads.values()))} thread(s)")
+    with C.scheduler_contexts(args, schedulers) as (clients, contexts):
         for sched in schedulers:  # imports and first reads, not counted
             with contexts[sched](), C.Timer() as t:
                 dask.compute(scatter_statistics(x[:rows]))
