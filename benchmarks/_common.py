@@ -213,24 +213,40 @@ def header(title: str, args) -> None:
 
 
 @contextlib.contextmanager
-def scheduler_contexts(args, schedulers):
+def scheduler_contexts(args, schedulers, plain_cluster: bool = False):
     """Yield (clients, contexts) keyed by scheduler: "threads" (dask's threaded scheduler,
-    no Client) and "cluster" (a LocalCluster of --workers x --threads, started only if
-    asked for). ``contexts[name]()`` makes that scheduler the one dask.compute uses."""
+    no Client) and "cluster" (slem-dask's LocalCluster, ``slem_dask.cluster.connect``, of
+    --workers x --threads, started only if asked for). ``contexts[name]()`` makes that
+    scheduler the one dask.compute uses. ``plain_cluster``: also "plain-cluster", the
+    LocalCluster a user writes by hand (``LocalCluster(n_workers, threads_per_worker)``,
+    distributed's defaults otherwise: no slem-dask worker settings), of the same size."""
+    import logging
+
     import dask
+    from distributed import Client, LocalCluster
 
-    from slem_dask.cluster import connect
+    from slem_dask.cluster import connect, default_local_cluster_kwargs
 
-    cluster_cm = (connect(n_workers=args.workers, threads_per_worker=args.threads, quiet=True)
-                  if "cluster" in schedulers else contextlib.nullcontext())
-    with cluster_cm as client:
-        if client is not None:
+    with contextlib.ExitStack() as stack:
+        clients = {"threads": None}
+        contexts = {"threads": lambda: dask.config.set(scheduler="threads")}
+        if "cluster" in schedulers:
+            client = stack.enter_context(
+                connect(n_workers=args.workers, threads_per_worker=args.threads, quiet=True))
             nthreads = client.nthreads()
             print(f"cluster: {len(nthreads)} worker process(es) x "
-                  f"{sorted(set(nthreads.values()))} thread(s)")
-        yield ({"threads": None, "cluster": client},
-               {"threads": lambda: dask.config.set(scheduler="threads"),
-                "cluster": contextlib.nullcontext})
+                  f"{sorted(set(nthreads.values()))} thread(s) (slem_dask.cluster.connect)")
+            clients["cluster"], contexts["cluster"] = client, client.as_current
+            if plain_cluster:
+                kw = default_local_cluster_kwargs(args.workers, args.threads)
+                cluster = stack.enter_context(LocalCluster(
+                    n_workers=kw["n_workers"], threads_per_worker=kw["threads_per_worker"],
+                    dashboard_address=":0", silence_logs=logging.CRITICAL))
+                plain = stack.enter_context(Client(cluster, set_as_default=False))
+                print(f"plain-cluster: LocalCluster(n_workers={kw['n_workers']}, "
+                      f"threads_per_worker={kw['threads_per_worker']}), distributed's defaults")
+                clients["plain-cluster"], contexts["plain-cluster"] = plain, plain.as_current
+        yield clients, contexts
 
 
 def emit_json(tag: str, payload: dict) -> None:

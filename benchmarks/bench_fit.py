@@ -9,7 +9,13 @@ run, alternating so that a change in machine load hits all of them:
   a notebook user gets without a Client). ``--api estimator`` times
   ``LinearSLEM(lam).fit(storage.dask_rows(arr))`` (+ save) instead.
 * naive Dask: ``A = da.from_zarr(arr, chunks=(partition rows, d))``;
-  ``dask.compute(A.mean(axis=0, dtype=float64), A.T @ A)`` on the same scheduler.
+  ``dask.compute(A.mean(axis=0, dtype=float64), A.T @ A)`` on the same scheduler;
+  on a cluster, twice: on the LocalCluster a user writes by hand (``LocalCluster(
+  n_workers, threads_per_worker)``, distributed's defaults: "naive Dask [cluster]", the
+  reference of the goal) and on slem-dask's own cluster, whose workers carry
+  slem-dask's settings (allocator thresholds, one BLAS thread): "naive Dask
+  [cluster, slem-dask's workers]", which shows how much of the difference those
+  settings make.
 * numpy pipeline: ``X = arr[...]`` then ``X.T @ X`` in float32 (numpy's BLAS on
   every core) and ``X.mean(axis=0, dtype=float64)``.
 
@@ -99,15 +105,19 @@ def profile_partition(path: str, rows: int, n_parts: int, repeat: int = 3) -> No
             ts.append(time.perf_counter() - t0)
         return min(ts), out
 
+    from slem_dask.storage import read_rows
+
     with threadpool_limits(1, user_api="blas"):
         t_read, block = best(lambda: arr[:rows])
+        t_own, _ = best(lambda: read_rows(arr, 0, rows))
         t32, s32 = best(lambda: block_statistics(block))
         t64, s64 = best(lambda: block_statistics(block, "float64"))
         t_merge, _ = best(lambda: merge_statistics(s32, s64))
         t_mm, _ = best(lambda: block.T @ block)
     print(f"profile: one partition of {rows:,} rows, one core, best of {repeat}; x {n_parts} "
           f"partitions = core-seconds for the whole fit")
-    for name, t in (("zarr read + zstd decode", t_read),
+    for name, t in (("zarr read + zstd decode (arr[:rows])", t_read),
+                    ("slem-dask's reader (storage.read_rows)", t_own),
                     ("block statistics, float32 (precision='auto')", t32),
                     ("  of which the bare float32 X^T X", t_mm),
                     ("block statistics, float64 (precision='float64')", t64),
@@ -176,14 +186,23 @@ def main(argv=None) -> int:
         profile_partition(path, rows, x.numblocks[0])
 
     slem = {s: [] for s in schedulers}
-    naive = {s: [] for s in schedulers}
     numpy_runs = []
-    with C.scheduler_contexts(args, schedulers) as (clients, contexts):
+    # where each naive Dask contender runs, by the label its results are printed under
+    naive_on = {"threads": "threads", "cluster": "plain-cluster",
+                "cluster, slem-dask's workers": "cluster"}
+    naive_labels = {s: [lb for lb in naive_on if lb == s or lb.startswith(s + ",")]
+                    for s in schedulers}
+    naive = {lb: [] for s in schedulers for lb in naive_labels[s]}
+    with C.scheduler_contexts(args, schedulers, plain_cluster=not args.no_naive) \
+            as (clients, contexts):
         for sched in schedulers:  # imports and first reads, not counted
-            with contexts[sched](), C.Timer() as t:
-                dask.compute(scatter_statistics(x[:rows]))
+            with C.Timer() as t:
+                with contexts[sched]():
+                    dask.compute(scatter_statistics(x[:rows]))
                 if not args.no_naive:
-                    naive_dask(path, rows)
+                    for label in naive_labels[sched]:
+                        with contexts[naive_on[label]]():
+                            naive_dask(path, rows)
             print(f"warm-up on {sched} (not counted): {t.seconds:.3f} s")
         print(f"slem contender: {'pipeline.fit_job' if args.api == 'job' else 'LinearSLEM().fit(dask_rows)'}")
         print("naive Dask contender: dask.compute(A.mean(0, dtype=float64), A.T @ A), "
@@ -199,10 +218,12 @@ def main(argv=None) -> int:
                     extra = ", ".join(f"{k} {v:.3f}" for k, v in timings.items() if k != "total")
                     print(f"run {r + 1}: slem-dask [{sched}] {timings['total']:.3f} s"
                           f"{f' ({extra})' if extra else ''} | {C.load_line()}")
-                    if not args.no_naive:
-                        nv = naive_dask(path, rows)
-                        naive[sched].append(nv)
-                        print(f"run {r + 1}: naive Dask [{sched}] {nv['total']:.3f} s | "
+                if not args.no_naive:
+                    for label in naive_labels[sched]:
+                        with contexts[naive_on[label]]():
+                            nv = naive_dask(path, rows)
+                        naive[label].append(nv)
+                        print(f"run {r + 1}: naive Dask [{label}] {nv['total']:.3f} s | "
                               f"{C.load_line()}")
             x_last = gram = None
             nt, mean32, gram, x_last = numpy_reference(path)
@@ -230,14 +251,16 @@ def main(argv=None) -> int:
               f"{ratio_med:.3f} (medians)  [>= 1.0: slem-dask no slower]")
         result.update({f"{sched}_slem_runs": totals, f"{sched}_ratio_numpy_best": ratio,
                        f"{sched}_ratio_numpy_median": ratio_med})
-        if naive[sched]:
-            nts = [t["total"] for t in naive[sched]]
-            print(f"[{sched}] naive Dask total    : {C.spread(nts)}  runs {C.runs_line(nts)}")
+        for label in naive_labels[sched] if not args.no_naive else ():
+            nts = [t["total"] for t in naive[label]]
+            goal = "goal >= 1.3" if label == sched else "for comparison"
+            print(f"[{label}] naive Dask total    : {C.spread(nts)}  runs {C.runs_line(nts)}")
             nr, nr_med = min(nts) / min(totals), med(nts) / med(totals)
-            print(f"[{sched}] RATIO naive_time / slem_time = {nr:.3f} (best of {args.repeat}); "
-                  f"{nr_med:.3f} (medians)  [goal >= 1.3]")
-            result.update({f"{sched}_naive_runs": nts, f"{sched}_ratio_naive_best": nr,
-                           f"{sched}_ratio_naive_median": nr_med})
+            print(f"[{label}] RATIO naive_time / slem_time = {nr:.3f} (best of {args.repeat}); "
+                  f"{nr_med:.3f} (medians)  [{goal}]")
+            key = label.replace(", slem-dask's workers", "_slem_workers")
+            result.update({f"{key}_naive_runs": nts, f"{key}_ratio_naive_best": nr,
+                           f"{key}_ratio_naive_median": nr_med})
     print("uptime: " + subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip())
     if not args.no_check:
         with C.Timer() as t:

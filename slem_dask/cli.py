@@ -69,6 +69,11 @@ def _add_cluster_args(p: argparse.ArgumentParser) -> None:
                    help="LocalCluster worker processes (default: one per core)")
     g.add_argument("--threads-per-worker", type=_positive_int, metavar="N",
                    help="LocalCluster threads per worker (default: 1)")
+    g.add_argument("--local-cluster", choices=("auto", "processes", "threads"), default="auto",
+                   help="without --scheduler: a LocalCluster of worker processes, or one "
+                        "worker in this process with a thread per core (starts in a fraction "
+                        "of the time); auto (default): threads for inputs under 256 MiB, "
+                        "unless --workers or --threads-per-worker is given")
     g.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
                    help="show progress bars (default: when the output is a terminal)")
     g.add_argument("--performance-report", metavar="HTML",
@@ -339,6 +344,46 @@ def _check_inputs(args, spec) -> None:
                             precision=args.precision)
 
 
+def _local_processes(args, spec, workers, threads) -> tuple[bool, str]:
+    """Whether a LocalCluster (if one is started) has worker processes, and why not."""
+    from .cluster import SMALL_INPUT_BYTES
+
+    choice = args.local_cluster
+    if choice != "auto":
+        return choice == "processes", "--local-cluster threads"
+    if workers or threads:
+        return True, ""
+    size = _input_bytes(args, spec)
+    if size is None or size >= SMALL_INPUT_BYTES:
+        return True, ""
+    return False, (f"input {size / 2**20:.0f} MiB < {SMALL_INPUT_BYTES // 2**20} MiB; "
+                   f"--local-cluster processes for worker processes")
+
+
+def _input_bytes(args, spec) -> int | None:
+    """Uncompressed bytes of the arrays a command reads, or None if not known
+    before it runs (a spec that generates its data, a store that is not there)."""
+    from . import storage
+
+    if args.command == "fit":
+        paths = [args.negatives]
+    elif args.command == "encode":
+        paths = [args.positives]
+    elif args.command == "search":
+        paths = [args.queries, args.database]
+    elif args.command == "evaluate":
+        paths = [f"{str(args.corpus).rstrip('/')}/{name}"
+                 for name in ("negatives", "database", "queries")]
+    elif args.command == "run" and spec is not None and not getattr(spec, "generate", None):
+        paths = ([spec.fit.negatives] if spec.fit else []) + [e.positives for e in spec.encode]
+    else:
+        return None
+    try:
+        return sum(int(storage.open_input(p, "input").nbytes) for p in paths)
+    except Exception:  # noqa: BLE001 - the job itself reports a bad input
+        return None
+
+
 def _verify(paths) -> int:
     from . import storage
 
@@ -385,11 +430,15 @@ def _run(args) -> int:
     import time
 
     started = time.perf_counter()
-    with connect(scheduler, workers, threads, security=security,
-                 quiet=not progress) as client, _performance_report(args.performance_report):
-        print(f"dask: {client.scheduler_info().get('address', '')} with "
-              f"{len(client.scheduler_info()['workers'])} worker(s), start-up "
-              f"{time.perf_counter() - started:.2f} s (the jobs' own times follow)", flush=True)
+    processes, why = _local_processes(args, spec, workers, threads)
+    with connect(scheduler, workers, threads, security=security, quiet=not progress,
+                 processes=processes) as client, _performance_report(args.performance_report):
+        info = client.scheduler_info()
+        where = ("" if args.scheduler_address or processes else
+                 f" in this process ({sum(client.nthreads().values())} threads; {why})")
+        print(f"dask: {info.get('address', '')} with {len(info['workers'])} worker(s){where}, "
+              f"start-up {time.perf_counter() - started:.2f} s (the jobs' own times follow)",
+              flush=True)
         if args.command == "run":
             from .jobspec import run_spec
 

@@ -14,7 +14,8 @@ import dask
 from distributed import Client, LocalCluster
 from distributed.diagnostics.plugin import WorkerPlugin
 
-__all__ = ["connect", "SingleThreadedBLAS", "default_local_cluster_kwargs"]
+__all__ = ["connect", "SingleThreadedBLAS", "default_local_cluster_kwargs", "in_process_kwargs",
+           "SMALL_INPUT_BYTES"]
 
 
 class SingleThreadedBLAS(WorkerPlugin):
@@ -62,11 +63,27 @@ def default_local_cluster_kwargs(n_workers: int | None = None,
             "dashboard_address": ":0"}  # a free port: never clash with another cluster
 
 
+#: Inputs below this size run on an in-process LocalCluster (one worker, a thread
+#: per core) unless worker processes are asked for: starting and stopping worker
+#: processes (1.3 s and more on 2 cores) would take longer than the job itself.
+SMALL_INPUT_BYTES = 256 * 2**20
+
+
+def in_process_kwargs() -> dict:
+    """A LocalCluster in this process: one worker with a thread per core."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return {"n_workers": 1, "threads_per_worker": cores or 1, "processes": False,
+            "dashboard_address": ":0"}
+
+
 @contextlib.contextmanager
 def connect(scheduler: str | None = None, n_workers: int | None = None,
-            threads_per_worker: int | None = None, security=None, quiet: bool = False):
+            threads_per_worker: int | None = None, security=None, quiet: bool = False,
+            processes: bool = True):
     """Yield a Client: to ``scheduler`` (or $DASK_SCHEDULER_ADDRESS) if given,
-    else to a new LocalCluster sized to this machine, closed on exit.
+    else to a new LocalCluster, closed on exit: worker processes sized to this
+    machine, or with ``processes=False`` one worker in this process (threads;
+    no BLAS limit is set process-wide, the tasks limit their own BLAS threads).
 
     A LocalCluster's workers log nothing below CRITICAL: task errors (bad rows,
     say) come back to the caller as exceptions and are reported once, there.
@@ -87,6 +104,11 @@ def connect(scheduler: str | None = None, n_workers: int | None = None,
             yield client
         finally:
             client.close()
+        return
+    if not processes:
+        with LocalCluster(**in_process_kwargs(), silence_logs=logging.CRITICAL) as cluster, \
+                Client(cluster) as client:
+            yield client
         return
     kwargs = default_local_cluster_kwargs(n_workers, threads_per_worker)
     with dask.config.set(WORKER_MALLOC), \

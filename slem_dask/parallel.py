@@ -16,10 +16,11 @@ import numpy as np
 from dask.sizeof import sizeof
 
 from .core.linear import encode_rows
-from .core.statistics import ScatterStats, block_statistics, check_precision, merge_into
+from .core.statistics import (ScatterAccumulator, ScatterStats, block_statistics, check_precision,
+                              merge_into)
 from .validation import check_finite_rows
 
-__all__ = ["scatter_statistics", "encode_blocks", "map_rows", "shared",
+__all__ = ["scatter_statistics", "store_statistics", "statistics_partition_rows", "encode_blocks", "map_rows", "shared",
            "single_threaded_blas", "merge_fan_in"]
 
 #: How many partial results one task of a tree reduction merges (at most).
@@ -85,6 +86,32 @@ def _block_statistics_task(block, precision):
         return block_statistics(block, precision)
 
 
+def _store_rows_statistics(arr, lo: int, hi: int, precision: str, name: str):
+    # One task reads its rows sub-block by sub-block into one reused buffer and
+    # folds each into one accumulator: whatever the partition's size, it holds
+    # one d x d float64 scatter and one sub-block of rows, never the partition.
+    from .storage import read_rows
+
+    step = _sub_block_rows(arr, hi - lo)
+    buffer = np.empty((min(step, hi - lo), arr.shape[1]), dtype=arr.dtype)
+    acc = ScatterAccumulator(arr.shape[1], precision)
+    with single_threaded_blas():
+        for a in range(lo, hi, step):
+            b = min(hi, a + step)
+            acc.add(read_rows(arr, a, b, name, out=buffer[:b - a]))
+    return acc.result()
+
+
+def _sub_block_rows(arr, rows: int) -> int:
+    """Rows read at a time by :func:`_store_rows_statistics`: whole storage units,
+    at least d rows (the two rank-one updates per sub-block, 2 d^2 each, stay
+    small next to its product, rows x d^2)."""
+    from .integrity import unit_rows
+
+    unit = unit_rows(arr)
+    return int(min(rows, -(-max(unit, arr.shape[1]) // unit) * unit))
+
+
 def _merge_parts(parts):
     # Every partial has this merge task as its only consumer, so the first one's
     # d x d matrix is reused for the total (no third 512 MiB matrix at d = 8192).
@@ -134,8 +161,53 @@ def scatter_statistics(x: da.Array, split_every: int = SPLIT_EVERY, precision: s
     partials = x.map_blocks(_block_statistics_task, precision, dtype=object,
                             chunks=((1,) * x.numblocks[0], (1,)),
                             meta=np.empty((0, 0), dtype=object))
-    parts = list(partials.to_delayed().ravel())
-    fan_in = merge_fan_in(x.shape[1], split_every)
+    return _merge_tree(list(partials.to_delayed().ravel()), x.shape[1], split_every)
+
+
+def store_statistics(arr, partition_rows: int, precision: str = "auto", name: str = "negatives",
+                     start: int = 0, split_every: int = SPLIT_EVERY):
+    """Delayed :class:`ScatterStats` of rows ``start:`` of the zarr array ``arr``.
+
+    The form of :func:`scatter_statistics` for data in a zarr store: one task per
+    partition of ``partition_rows`` rows (whole storage units, see
+    :func:`slem_dask.storage.row_partition`) reads its rows with the checked
+    reader and folds them sub-block by sub-block into one accumulator, so its
+    memory is one d x d scatter and one sub-block whatever the partition's size;
+    a caller bounds the number of d x d partials by the number of partitions
+    (:func:`statistics_partition_rows`). Then the same merge tree.
+    """
+    check_precision(precision)
+    n, d = (int(v) for v in arr.shape)
+    array = shared(arr)
+    token = dask.base.tokenize(str(arr.store_path), arr.metadata.to_dict(), partition_rows,
+                               precision, name, start)
+    task = dask.delayed(_store_rows_statistics, pure=True)
+    parts = [task(array, lo, min(n, lo + partition_rows), precision, name,
+                  dask_key_name=(f"slem-statistics-{token}", i))
+             for i, lo in enumerate(range(start, n, partition_rows))]
+    if not parts:
+        raise ValueError(f"{name}: no rows to fit from row {start} of {n}")
+    return _merge_tree(parts, d, split_every)
+
+
+#: Above this size of a d x d float64 partial (d >= 2048), a fit makes one
+#: partition per thread of the cluster instead of many: the partials, not the
+#: rows, are then what fills the workers' memory (512 MiB each at d = 8192).
+WIDE_PARTIAL_BYTES = 32 * 2**20
+
+
+def statistics_partition_rows(n: int, d: int, unit: int, default: int, threads: int) -> int:
+    """Rows per partition of :func:`store_statistics`: ``default`` (whole storage units),
+    except for wide rows, where there is one partition per thread (``threads``),
+    so that at most one d x d partial per thread waits for its merge."""
+    if 8 * d * d < WIDE_PARTIAL_BYTES or n <= 0:
+        return default
+    per_thread = -(-n // max(1, threads))
+    return int(max(default, -(-per_thread // unit) * unit))
+
+
+def _merge_tree(parts: list, d: int, split_every: int):
+    fan_in = merge_fan_in(d, split_every)
     while True:  # at least one merge level: it also unpacks a single block
         parts = [dask.delayed(_merge_parts, pure=True)(parts[i:i + fan_in])
                  for i in range(0, len(parts), fan_in)]

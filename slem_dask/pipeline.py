@@ -26,7 +26,7 @@ from ._version import __version__
 from .integrity import canonical
 from .models import KernelSLEM, LinearSLEM, RawFeatures, load_model
 from .core.statistics import ScatterStats, merge_statistics
-from .parallel import scatter_statistics
+from .parallel import statistics_partition_rows, store_statistics
 from .validation import check_n_features
 
 __all__ = ["fit_job", "encode_job", "JobReport"]
@@ -62,6 +62,13 @@ def _compute(client, obj, progress: bool):
     except BaseException:
         _settle(client, future)
         raise
+
+
+def _threads(client) -> int:
+    """Threads that run tasks: the cluster's, or those of dask's local scheduler."""
+    if client is None:
+        return int(dask.config.get("num_workers", None) or os.cpu_count() or 1)
+    return max(1, sum(client.nthreads().values()))
 
 
 def _settle(client, future, timeout: float = 60.0) -> None:
@@ -146,10 +153,15 @@ def fit_job(client, negatives: str, model_path: str, lam: float = 1e-3, theta: f
             return report
         seen = integrity.rows_fingerprint(arr, negatives, "negatives", n)
         integrity.check_workers_see(client, {"negatives": negatives})
-        x = storage.dask_rows(arr, partition_rows, name="negatives")[start:]
+        rows = storage.row_partition(arr, partition_rows)
+        if partition_rows is None:
+            rows = statistics_partition_rows(n - start, arr.shape[1], integrity.unit_rows(arr),
+                                             rows, _threads(client))
+        report.facts["partitions"] = f"{-(-(n - start) // rows)} x {rows} rows"
         t1 = time.perf_counter()
         with _fit_errors(negatives, model_path):
-            stats = (_compute(client, scatter_statistics(x, precision=precision), progress)
+            stats = (_compute(client, store_statistics(arr, rows, precision, "negatives", start),
+                              progress)
                      if start < n else None)
             if previous is not None:
                 stats = previous if stats is None else merge_statistics(previous, stats)

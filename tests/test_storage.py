@@ -8,7 +8,7 @@ import pytest
 import zarr
 
 from slem_dask import LinearSLEM, load_model
-from slem_dask import storage
+from slem_dask import integrity, storage
 
 
 @pytest.fixture
@@ -237,3 +237,41 @@ def test_open_output_accepts_plain_arrays(tmp_path):
     """Arrays not written by slem-dask (raw descriptors) are read as they are."""
     write_array(tmp_path / "raw.zarr", np.ones((3, 2)))
     assert storage.open_output(str(tmp_path / "raw.zarr")).shape == (3, 2)
+
+
+def test_large_model_arrays_are_written_and_checked_in_chunks(tmp_path, fitted, monkeypatch):
+    # a d x d array at d = 8192 is 512 MiB: written and read back in row chunks of at
+    # most GROUP_CHUNK_BYTES, so that saving copies one chunk at a time, never the array
+    monkeypatch.setattr(storage, "GROUP_CHUNK_BYTES", 100)  # 6 float64 columns: 2 rows
+    path = tmp_path / "model.zarr"
+    fitted.save(str(path))
+    group = zarr.open_group(store=str(path), mode="r")
+    assert group["precision"].chunks == (2, 6) and group["mean"].chunks == (6,)
+    loaded = load_model(str(path))
+    np.testing.assert_array_equal(loaded.precision_, fitted.precision_)
+    np.testing.assert_array_equal(loaded.covariance_, fitted.covariance_)
+    # a damaged chunk in the middle is named when the model is read
+    chunk = path / "precision" / "c" / "1" / "0"
+    data = bytearray(chunk.read_bytes())
+    data[3] ^= 0xFF
+    chunk.write_bytes(bytes(data))
+    with pytest.raises(integrity.CorruptChunkError, match="precision"):
+        load_model(str(path))
+
+
+def test_save_refuses_a_model_that_reads_back_wrong(tmp_path, fitted, monkeypatch):
+    # a chunk that the storage changes between write and read-back: nothing is put in place
+    monkeypatch.setattr(storage, "GROUP_CHUNK_BYTES", 100)
+    real = zarr.Array.__setitem__
+
+    def lossy(self, key, value):
+        value = np.array(value, copy=True)
+        if self.name.endswith("covariance") and key == slice(2, 4):
+            value.reshape(-1)[0] += 1.0
+        return real(self, key, value)
+
+    monkeypatch.setattr(zarr.Array, "__setitem__", lossy)
+    path = tmp_path / "model.zarr"
+    with pytest.raises(integrity.IntegrityError, match="'covariance' read back .* differs"):
+        fitted.save(str(path))
+    assert not path.exists() and [p.name for p in tmp_path.iterdir()] == []

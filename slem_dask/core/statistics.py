@@ -24,10 +24,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-from scipy.linalg import blas
 
 __all__ = [
     "ScatterStats",
+    "ScatterAccumulator",
     "block_statistics",
     "merge_statistics",
     "merge_many",
@@ -100,27 +100,14 @@ class ScatterStats:
                    packed[2 + d:].reshape(d, d).copy(), int(packed[1]))
 
 
-def _centred_scatter(centred: np.ndarray) -> np.ndarray:
-    """C^T C for a C-contiguous float64 block, with one BLAS-3 call.
-
-    dsyrk computes only one triangle: half the flops of a general product.
-    A C-ordered (m, d) block is the F-ordered (d, m) matrix C^T, so
-    syrk(C^T, trans=0) = C^T C needs no copy.
-    """
-    if centred.shape[0] == 0:
-        d = centred.shape[1]
-        return np.zeros((d, d))
-    upper = blas.dsyrk(1.0, centred.T, trans=0, lower=0)
-    return np.triu(upper) + np.triu(upper, 1).T
-
-
-def _finite_rows(values: np.ndarray) -> np.ndarray | None:
+def _finite_rows(values: np.ndarray, mean: np.ndarray) -> np.ndarray | None:
     """Mask of the rows without NaN or inf, or None when all rows are finite.
 
-    A row sum is NaN or inf when the row holds one (or overflows); only then
-    are the rows checked element by element.
+    A column mean is NaN or inf when the column holds one (or overflows); only
+    then are the rows checked element by element, so finite data pay nothing
+    beyond the mean the statistics need anyway.
     """
-    if np.isfinite(values.sum(axis=1)).all():
+    if np.isfinite(mean).all():
         return None
     finite = np.isfinite(values).all(axis=1)
     return None if finite.all() else finite
@@ -138,8 +125,8 @@ def _product_rows(d: int) -> int:
     return int(min(FLOAT32_PRODUCT_ROWS, max(256, 2**24 // max(1, d))))
 
 
-def _add_float32_scatter(scatter: np.ndarray, centred: np.ndarray) -> None:
-    """scatter += centred^T centred (float32 products, float64 sum).
+def _add_scatter(scatter: np.ndarray, centred: np.ndarray) -> None:
+    """scatter += centred^T centred (products in centred's dtype, float64 sum).
 
     Narrow rows: numpy computes ``a.T @ a`` with one syrk and mirrors it
     (exactly symmetric). Wide rows: only the upper block triangle is updated,
@@ -166,28 +153,83 @@ def mirror_upper(m: np.ndarray, rows: int = 256) -> None:
         block[lower] = block.T[lower]
 
 
-def _float32_statistics(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(mean, centred scatter) in float64 of a float32 block, with float32 products.
+class ScatterAccumulator:
+    """Statistics of a stream of row blocks, merged as they come into one float64
+    scatter (owned by the accumulator), with no d x d matrix per block.
 
-    The block is shifted by ``shift``, its float64 mean rounded to float32:
-    ``x - shift`` rounds only relative to the centred value (exactly when x and
-    shift are within a factor 2, Sterbenz), so data far from the origin lose no
-    digits. With r = mean - shift (tiny), the scatter about the mean is
-    sum (x - shift)(x - shift)^T - count r r^T (the same Chan identity as
-    :func:`merge_statistics`, with the shift as a one-point set of weight 0).
+    Each block is shifted by ``shift``, its float64 mean rounded to the compute
+    dtype: ``x - shift`` rounds only relative to the centred value (exactly when
+    x and shift are within a factor 2, Sterbenz), so data far from the origin
+    lose no digits. Its product ``(x - shift)^T (x - shift)`` (float32 for
+    float32 input with ``precision="auto"``, at most :data:`FLOAT32_PRODUCT_ROWS`
+    rows per product) is added straight into the float64 scatter, followed by
+    two rank-one terms: ``-m r r^T`` with r = mean - shift (the scatter about the
+    block's own mean) and Chan et al.'s ``n_a m / (n_a + m) delta delta^T``
+    (the merge with what came before). This is the same arithmetic as forming
+    the block's statistics and calling :func:`merge_into`, without the block's
+    own d x d matrix (512 MiB at d = 8192).
     """
-    count, d = values.shape
-    mean = values.mean(axis=0, dtype=np.float64)
-    shift = mean.astype(np.float32)
-    scatter = np.zeros((d, d))
-    rows = _product_rows(d)
-    for start in range(0, count, rows):
-        _add_float32_scatter(scatter, values[start:start + rows] - shift)
-    if d > 2 * _PANEL_COLUMNS:
-        mirror_upper(scatter)
-    residual = mean - shift.astype(np.float64)
-    _add_outer(scatter, residual, -float(count))
-    return mean, scatter
+
+    def __init__(self, n_features: int, precision: str = "auto"):
+        self.precision = check_precision(precision)
+        self.count = 0
+        self.nonfinite = 0
+        self.mean = np.zeros(int(n_features))
+        self._scatter = None
+        self._scratch = None
+
+    def add(self, block: np.ndarray) -> None:
+        block = np.asarray(block)
+        d = self.mean.shape[0]
+        if block.ndim != 2 or block.shape[1] != d:
+            raise ValueError(f"expected a 2-D block of rows with {d} columns, got shape "
+                             f"{block.shape}")
+        if block.shape[0] == 0:
+            return
+        dtype = compute_dtype(block.dtype, self.precision)
+        values = block if block.dtype == dtype else block.astype(dtype)
+        mean = values.mean(axis=0, dtype=np.float64)
+        finite = _finite_rows(values, mean)
+        if finite is not None:
+            self.nonfinite += int(values.shape[0] - np.count_nonzero(finite))
+            values = np.ascontiguousarray(values[finite])
+            if values.shape[0] == 0:
+                return
+            mean = values.mean(axis=0, dtype=np.float64)
+        if self._scatter is None:
+            self._scatter = np.zeros((d, d))
+        m = values.shape[0]
+        shift = mean.astype(dtype)
+        rows = _product_rows(d)
+        if self._scratch is None or self._scratch.dtype != dtype:
+            self._scratch = np.empty((rows, d), dtype=dtype)
+        for start in range(0, m, rows):
+            part = values[start:start + rows]
+            centred = np.subtract(part, shift, out=self._scratch[:part.shape[0]])
+            _add_scatter(self._scatter, centred)
+        residual = mean - shift.astype(np.float64)
+        if residual.any():
+            _add_outer(self._scatter, residual, -float(m))
+        if self.count:
+            total = self.count + m
+            delta = mean - self.mean
+            _add_outer(self._scatter, delta, self.count * m / total)
+            self.mean = self.mean + delta * (m / total)
+        else:
+            self.mean = mean
+        self.count += m
+
+    def result(self) -> ScatterStats:
+        """The statistics so far; the accumulator gives up its scatter (no copy)."""
+        d = self.mean.shape[0]
+        scatter, self._scatter, self._scratch = self._scatter, None, None
+        if scatter is None:
+            return ScatterStats(0, np.zeros(d), np.zeros((d, d)), self.nonfinite)
+        if d > 2 * _PANEL_COLUMNS:
+            mirror_upper(scatter)
+        stats = ScatterStats(self.count, self.mean, scatter, self.nonfinite)
+        self.count, self.mean = 0, np.zeros(d)
+        return stats
 
 
 def block_statistics(block: np.ndarray, precision: str = "auto") -> ScatterStats:
@@ -199,24 +241,9 @@ def block_statistics(block: np.ndarray, precision: str = "auto") -> ScatterStats
     block = np.asarray(block)
     if block.ndim != 2:
         raise ValueError(f"expected a 2-D block of rows, got shape {block.shape}")
-    if compute_dtype(block.dtype, precision) == np.float32:
-        values = block
-    else:
-        values = np.array(block, dtype=np.float64, order="C", copy=True)
-    finite = _finite_rows(values) if values.shape[0] else None
-    nonfinite = 0 if finite is None else int(values.shape[0] - np.count_nonzero(finite))
-    if nonfinite:
-        values = np.ascontiguousarray(values[finite])
-    count = values.shape[0]
-    d = values.shape[1]
-    if count == 0:
-        return ScatterStats(0, np.zeros(d), np.zeros((d, d)), nonfinite)
-    if values.dtype == np.float32:
-        mean, scatter = _float32_statistics(values)
-        return ScatterStats(count, mean, scatter, nonfinite)
-    mean = values.mean(axis=0)
-    values -= mean
-    return ScatterStats(count, mean, _centred_scatter(values), nonfinite)
+    acc = ScatterAccumulator(block.shape[1], precision)
+    acc.add(block)
+    return acc.result()
 
 
 #: Rows of the scatter updated per step of :func:`_add_outer` (bounds its temporary).
@@ -281,8 +308,14 @@ def merge_many(parts) -> ScatterStats:
     return parts[0]
 
 
-def covariance(stats: ScatterStats) -> np.ndarray:
-    """Population covariance Sigma = scatter / n (kernel_slem_note.tex, eq. Sigmadef)."""
+def covariance(stats: ScatterStats, in_place: bool = False) -> np.ndarray:
+    """Population covariance Sigma = scatter / n (kernel_slem_note.tex, eq. Sigmadef).
+
+    ``in_place``: divide ``stats.scatter`` itself (for a caller that owns it and
+    needs it no more: no second d x d matrix, 512 MiB at d = 8192).
+    """
     if stats.count == 0:
         raise ValueError("covariance of zero rows is undefined")
+    if in_place:
+        return np.divide(stats.scatter, stats.count, out=stats.scatter)
     return stats.scatter / stats.count

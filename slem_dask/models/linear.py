@@ -87,7 +87,10 @@ class LinearSLEM(SLEMEstimator):
         return self._fit_statistics(stats, X.dtype)
 
     def _fit_statistics(self, stats: ScatterStats, dtype) -> "LinearSLEM":
-        """Finish a fit from merged statistics (also used by jobs that stream them)."""
+        """Finish a fit from merged statistics (also used by jobs that stream them).
+
+        Takes ``stats`` over: its scatter becomes ``covariance_``, in place.
+        """
         self._check_params()
         if stats.nonfinite:
             raise ValueError(
@@ -97,7 +100,7 @@ class LinearSLEM(SLEMEstimator):
         if stats.count < 2:
             raise ValueError(f"X has {stats.count} row(s); at least 2 negatives are needed")
         self.mean_ = stats.mean
-        self.covariance_ = covariance(stats)
+        self.covariance_ = covariance(stats, in_place=True)
         self.precision_ = precision_matrix(self.covariance_, float(self.lam))
         self.n_samples_ = int(stats.count)
         self.n_features_in_ = int(stats.n_features)

@@ -1,0 +1,273 @@
+"""The fit's fast path: slem-dask's own chunk reader and the streamed statistics.
+
+* ``storage.read_rows`` decodes chunks of the common codec chains itself
+  (``_RowChunkCodecs``); it must give zarr's values for every chain it accepts,
+  hand every other layout to zarr, and name a damaged chunk instead of returning
+  wrong rows.
+* ``core.statistics.ScatterAccumulator`` folds blocks into one scatter; it must
+  equal a brute-force float64 computation (1e-10 in float64) and keep the
+  precision contract in float32, at narrow and wide d.
+* ``parallel.store_statistics`` must equal numpy for several partitionings,
+  start rows and schedulers (threads; distributed with 1 and 2 workers).
+"""
+
+import os
+
+import dask
+import numpy as np
+import pytest
+import zarr
+from zarr.codecs import BloscCodec, Crc32cCodec, GzipCodec, ZstdCodec
+
+from slem_dask import integrity, storage
+from slem_dask.core.statistics import ScatterAccumulator, block_statistics, covariance
+from slem_dask.parallel import statistics_partition_rows, store_statistics
+
+N, D, CHUNK = 1037, 24, 100
+
+
+def brute_force(x):
+    """float64 two-pass mean and population covariance (the reference of every test)."""
+    x = np.asarray(x, dtype=np.float64)
+    mean = x.sum(axis=0) / len(x)
+    c = x - mean
+    return mean, c.T @ c / len(x)
+
+
+def max_rel(got, want):
+    return float(np.abs(got - want).max() / np.abs(want).max())
+
+
+@pytest.fixture(scope="module")
+def rows():
+    rng = np.random.default_rng(11)
+    return (rng.standard_normal((N, D)) * rng.uniform(0.5, 2, D) + 5.0).astype(np.float32)
+
+
+def write(path, x, chunks=CHUNK, **kwargs):
+    arr = zarr.create_array(str(path), shape=x.shape, chunks=(chunks, x.shape[1]),
+                            dtype=x.dtype, **kwargs)
+    arr[...] = x
+    return zarr.open_array(str(path), mode="r")
+
+
+# -- the reader ------------------------------------------------------------------
+CHAINS = {
+    "zarr default": {},
+    "no compressor": {"compressors": None},
+    "zstd": {"compressors": [ZstdCodec(level=1)]},
+    "crc32c": {"compressors": [Crc32cCodec()]},
+    "zstd then crc32c": {"compressors": [ZstdCodec(), Crc32cCodec()]},
+    "crc32c then zstd": {"compressors": [Crc32cCodec(), ZstdCodec()]},
+}
+ZARR_ONLY = {
+    "blosc": {"compressors": [BloscCodec()]},
+    "gzip": {"compressors": [GzipCodec()]},
+    "sharded": {"shards": (200, D)},
+    "column chunks": {"chunks_cols": 8},
+}
+RANGES = [(0, N), (0, CHUNK), (50, 250), (1000, N), (100, 1000), (37, 38), (999, 1001)]
+
+
+@pytest.mark.parametrize("name", list(CHAINS) + list(ZARR_ONLY))
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_reader_gives_zarrs_values(tmp_path, rows, name, dtype):
+    chain = dict({**CHAINS, **ZARR_ONLY}[name])
+    x = rows.astype(dtype)
+    if "chunks_cols" in chain:
+        arr = zarr.create_array(str(tmp_path / "a"), shape=x.shape,
+                                chunks=(CHUNK, chain.pop("chunks_cols")), dtype=x.dtype)
+        arr[...] = x
+        arr = zarr.open_array(str(tmp_path / "a"), mode="r")
+    else:
+        arr = write(tmp_path / "a", x, **chain)
+    assert (storage._RowChunkCodecs.of(arr) is not None) == (name in CHAINS)
+    for lo, hi in RANGES:
+        got = storage.read_rows(arr, lo, hi)
+        assert got.dtype == dtype and got.flags.c_contiguous
+        np.testing.assert_array_equal(got, x[lo:hi])
+    out = np.full((200, D), np.nan, dtype=dtype)
+    assert storage.read_rows(arr, 50, 250, out=out) is out
+    np.testing.assert_array_equal(out, x[50:250])
+
+
+def test_reader_refuses_a_wrong_out_buffer(tmp_path, rows):
+    arr = write(tmp_path / "a", rows)
+    with pytest.raises(ValueError, match=r"out: expected a C-ordered float32 array of shape"):
+        storage.read_rows(arr, 0, 10, out=np.empty((9, D), np.float32))
+
+
+def chunk_file(arr_path, i):
+    return os.path.join(str(arr_path), "c", str(i), "0")
+
+
+@pytest.mark.parametrize("chain", ["zarr default", "crc32c", "zstd then crc32c", "no compressor"])
+def test_reader_names_damaged_chunks(tmp_path, rows, chain):
+    path = tmp_path / "a"
+    arr = write(path, rows, **CHAINS[chain])
+    victim = chunk_file(path, 3)
+    data = bytearray(open(victim, "rb").read())
+    # a flipped byte: caught by crc32c where there is one, else by zstd or not at all
+    flipped = bytearray(data)
+    flipped[len(flipped) // 2] ^= 0xFF
+    open(victim, "wb").write(bytes(flipped))
+    if chain in ("crc32c", "zstd then crc32c"):
+        with pytest.raises(integrity.CorruptChunkError, match=r"chunk 'c/3/0' \(rows 300-399\)"):
+            storage.read_rows(arr, 250, 450)
+    # truncated: refused whatever the chain (a zstd frame or the raw size says so)
+    open(victim, "wb").write(bytes(data[:len(data) // 2]))
+    with pytest.raises(integrity.CorruptChunkError, match=r"c/3/0.*cannot be read"):
+        storage.read_rows(arr, 250, 450)
+    # missing: refused, never read as fill values
+    os.remove(victim)
+    with pytest.raises(integrity.MissingChunkError, match=r"c/3/0"):
+        storage.read_rows(arr, 250, 450)
+    np.testing.assert_array_equal(storage.read_rows(arr, 0, 300), rows[:300])
+
+
+def test_reader_refuses_a_zstd_frame_of_another_size(tmp_path, rows):
+    # a valid zstd frame that declares fewer bytes than the chunk holds: decoding it into
+    # the result would leave rows unwritten (numcodecs does not check), so it is refused
+    import numcodecs
+
+    path = tmp_path / "a"
+    arr = write(path, rows, compressors=[ZstdCodec()])
+    short = numcodecs.Zstd().encode(rows[300:399].tobytes())
+    open(chunk_file(path, 3), "wb").write(short)
+    with pytest.raises(integrity.CorruptChunkError, match=r"c/3/0.*size"):
+        storage.read_rows(arr, 0, N)
+
+
+def test_zstd_content_size_reads_every_header_form():
+    import numcodecs
+
+    for size in (0, 1, 255, 256, 300, 65791, 65792, 70000, 2**20 + 3):
+        frame = numcodecs.Zstd().encode(np.zeros(size, np.uint8).tobytes())
+        assert storage._zstd_content_size(np.frombuffer(frame, np.uint8)) == size
+    assert storage._zstd_content_size(np.frombuffer(b"not zstd", np.uint8)) is None
+
+
+# -- the accumulator -------------------------------------------------------------
+@pytest.mark.parametrize("steps", [[N], [1, 9, 1027], [CHUNK] * 10 + [37], [500, 0, 537]])
+def test_accumulator_equals_brute_force_in_float64(rows, steps):
+    x = rows.astype(np.float64) * 3 + 1e3
+    acc = ScatterAccumulator(D)
+    start = 0
+    for step in steps:
+        acc.add(x[start:start + step])
+        start += step
+    stats = acc.result()
+    mean, cov = brute_force(x)
+    assert stats.count == N and stats.nonfinite == 0
+    assert max_rel(stats.mean, mean) <= 1e-13
+    assert max_rel(covariance(stats), cov) <= 1e-10
+
+
+@pytest.mark.parametrize("offset_sds", [0.0, 1e4])
+@pytest.mark.parametrize("d", [24, 2200])  # 2200 > 2 panels: the wide (upper triangle) path
+def test_accumulator_float32_within_the_contract(offset_sds, d):
+    rng = np.random.default_rng(5)
+    n = 3000 if d < 100 else 600
+    x = (rng.standard_normal((n, d)) + offset_sds).astype(np.float32)
+    acc = ScatterAccumulator(d)
+    for a in range(0, n, 256):
+        acc.add(x[a:a + 256])
+    stats = acc.result()
+    mean, cov = brute_force(x)
+    assert max_rel(covariance(stats), cov) <= 1e-5
+    assert np.abs(stats.mean - mean).max() <= 1e-6 * np.abs(x - mean).max()
+    np.testing.assert_array_equal(stats.scatter, stats.scatter.T)
+
+
+def test_accumulator_counts_and_skips_nonfinite_rows(rows):
+    x = rows.astype(np.float64)
+    bad = x.copy()
+    bad[[3, 500]] = np.nan
+    bad[700, 2] = np.inf
+    acc = ScatterAccumulator(D)
+    acc.add(bad[:600])
+    acc.add(bad[600:])
+    stats = acc.result()
+    keep = np.ones(N, bool)
+    keep[[3, 500, 700]] = False
+    assert stats.nonfinite == 3 and stats.count == N - 3
+    assert max_rel(covariance(stats), brute_force(x[keep])[1]) <= 1e-10
+    only_bad = ScatterAccumulator(D)
+    only_bad.add(np.full((2, D), np.nan))
+    assert only_bad.result().nonfinite == 2
+
+
+def test_accumulator_refuses_a_wrong_block():
+    with pytest.raises(ValueError, match=r"2-D block of rows with 4 columns, got shape \(3, 5\)"):
+        ScatterAccumulator(4).add(np.zeros((3, 5)))
+
+
+def test_block_statistics_is_one_accumulated_block(rows):
+    one = block_statistics(rows, "float64")
+    mean, cov = brute_force(rows)
+    assert max_rel(covariance(one), cov) <= 1e-12
+
+
+# -- the streamed statistics -----------------------------------------------------
+@pytest.fixture(scope="module")
+def store(tmp_path_factory, rows):
+    return write(tmp_path_factory.mktemp("neg") / "neg.zarr", rows.astype(np.float64) * 2 - 7)
+
+
+@pytest.mark.parametrize("partition_rows", [CHUNK, 3 * CHUNK, N])
+@pytest.mark.parametrize("start", [0, 1, 450])
+def test_store_statistics_equal_numpy(store, partition_rows, start):
+    x = store[...][start:]
+    stats = dask.compute(store_statistics(store, partition_rows, "auto", start=start),
+                         scheduler="threads")[0]
+    mean, cov = brute_force(x)
+    assert stats.count == len(x)
+    assert max_rel(stats.mean, mean) <= 1e-13
+    assert max_rel(covariance(stats), cov) <= 1e-10
+
+
+def test_store_statistics_float32_store_keeps_the_contract(tmp_path, rows):
+    arr = write(tmp_path / "f32", rows + np.float32(1e3))
+    stats = dask.compute(store_statistics(arr, 2 * CHUNK), scheduler="threads")[0]
+    stats64 = dask.compute(store_statistics(arr, 2 * CHUNK, "float64"), scheduler="threads")[0]
+    _, cov = brute_force(rows + np.float32(1e3))
+    assert max_rel(covariance(stats), cov) <= 1e-5
+    assert max_rel(covariance(stats64), cov) <= 1e-10
+
+
+def test_store_statistics_name_a_missing_chunk(tmp_path, rows):
+    arr = write(tmp_path / "m", rows)
+    os.remove(chunk_file(tmp_path / "m", 4))
+    with pytest.raises(integrity.MissingChunkError, match=r"negatives .*c/4/0"):
+        dask.compute(store_statistics(arr, 3 * CHUNK), scheduler="threads")
+
+
+def test_store_statistics_stay_lazy_and_name_their_tasks(store):
+    stats = store_statistics(store, 2 * CHUNK)
+    keys = [k for k in dict(stats.__dask_graph__()) if isinstance(k, tuple)]
+    assert len([k for k in keys if k[0].startswith("slem-statistics-")]) == -(-N // (2 * CHUNK))
+    with pytest.raises(ValueError, match=r"no rows to fit from row 1037 of 1037"):
+        store_statistics(store, CHUNK, start=N)
+
+
+@pytest.mark.cluster
+@pytest.mark.parametrize("workers", [1, 2])
+def test_store_statistics_on_worker_processes_equal_numpy(store, workers):
+    from distributed import Client, LocalCluster
+
+    with LocalCluster(n_workers=workers, threads_per_worker=1, processes=True,
+                      dashboard_address=":0") as cluster, Client(cluster) as client:
+        stats = client.compute(store_statistics(store, 2 * CHUNK)).result()
+    mean, cov = brute_force(store[...])
+    assert max_rel(covariance(stats), cov) <= 1e-10 and max_rel(stats.mean, mean) <= 1e-13
+
+
+def test_wide_rows_get_one_partition_per_thread():
+    # narrow rows: the caller's (default) partitions, whatever the threads
+    assert statistics_partition_rows(400_000, 512, 20_000, 20_000, threads=2) == 20_000
+    # d = 8192: a d x d float64 partial is 512 MiB; one partition per thread
+    assert statistics_partition_rows(100_000, 8192, 1024, 8192, threads=2) == 50_176
+    assert statistics_partition_rows(100_000, 8192, 1024, 8192, threads=3) == 33_792
+    # never below the default (at least d rows), and whole storage units
+    assert statistics_partition_rows(20_000, 8192, 1024, 8192, threads=16) == 8192
+    assert statistics_partition_rows(10**6, 4096, 1000, 4000, threads=100) == 10_000
