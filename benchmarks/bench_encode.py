@@ -20,6 +20,11 @@ cost). The model is fitted once with ``fit_job`` (not timed).
   ``out[...] = Z`` to a zarr array with the same shape, dtype, chunking and
   (default) codecs as the slem-dask output. Timed: read + compute + write.
 
+``--kernel-rank R``: the model is a KernelSLEM (rbf, ``--gamma``, rank R, rpcholesky)
+fitted on the store, and the numpy contender is the kernel model by hand on all
+rows at once: the kernel against the pivots, a triangular solve, one product
+(float64, as the library), float32 output; no naive Dask contender.
+
 ``--schedulers threads,cluster`` as in bench_fit. Contenders alternate; every
 run is printed with the load average, then best/median/worst and the ratios
 numpy_time / slem_time and naive_time / slem_time (>= 1.0: slem-dask is no
@@ -65,6 +70,34 @@ def numpy_reference(path: str, out_path: str, mean: np.ndarray, precision: np.nd
             "total": t_read.seconds + t_comp.seconds + t_write.seconds}
 
 
+def kernel_numpy_reference(path: str, out_path: str, model, chunk_rows: int) -> dict:
+    """The kernel model by hand, on all rows at once: the kernel against the pivots,
+    a triangular solve, one product (core.cholesky.lowrank_parts), float32 output."""
+    import zarr
+
+    from slem_dask.core.cholesky import lowrank_parts
+    from slem_dask.core.kernels import kernel_diagonal, kernel_matrix
+
+    arr = zarr.open_array(store=path, mode="r")
+    kernel, gamma, degree, lam = model.kernel, model.gamma, model.degree, model.lam
+    with C.Timer() as t_read:
+        x = arr[...]
+    with C.Timer() as t_comp:
+        k_piv = kernel_matrix(x, model.pivot_rows_, kernel, gamma, degree)
+        k_self = kernel_diagonal(x, kernel, gamma, degree)
+        z = lowrank_parts(k_piv, k_self, model.pivot_factor_, model.factor_mean_,
+                          model.g_factor_, lam)[0].astype(np.float32)
+    del x, k_piv
+    with C.Timer() as t_write:
+        if os.path.exists(out_path):
+            shutil.rmtree(out_path)
+        out = zarr.create_array(store=out_path, shape=z.shape, dtype="float32",
+                                chunks=(chunk_rows, z.shape[1]))
+        out[...] = z
+    return {"read": t_read.seconds, "compute": t_comp.seconds, "write": t_write.seconds,
+            "total": t_read.seconds + t_comp.seconds + t_write.seconds}
+
+
 def naive_dask(path: str, out_path: str, mean, precision, rows: int) -> dict:
     import dask.array as da
     import zarr
@@ -90,7 +123,15 @@ def main(argv=None) -> int:
     parser.add_argument("--no-naive", action="store_true", help="skip the naive Dask contender")
     parser.add_argument("--check-rows", type=C.int_size, default=20000,
                         help="rows compared with a float64 encoding (default 2e4)")
+    parser.add_argument("--kernel-rank", type=int, default=None,
+                        help="encode with a KernelSLEM of this rank (rbf, --gamma, rpcholesky) "
+                             "fitted on the store; the numpy reference is then the kernel "
+                             "against the pivots, a triangular solve and one product; no naive "
+                             "Dask contender")
+    parser.add_argument("--gamma", type=float, default=0.5, help="rbf gamma (default 0.5)")
     args = parser.parse_args(argv)
+    if args.kernel_rank:
+        args.no_naive = True
     C.resolve_sizes(args)
     schedulers = [s for s in args.schedulers.split(",") if s]
     if not set(schedulers) <= {"threads", "cluster"}:
@@ -106,24 +147,32 @@ def main(argv=None) -> int:
     from slem_dask.models import load_model
     from slem_dask.pipeline import encode_job, fit_job
 
-    C.header(f"bench_encode: n={args.n:,} d={args.d} float32", args)
+    C.header(f"bench_encode: n={args.n:,} d={args.d} float32"
+             f"{f', kernel rank {args.kernel_rank}' if args.kernel_rank else ''}", args)
     print("uptime: " + subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip())
     path = C.ensure_store(args.workdir, args.n, args.d, args.seed, args.chunk_rows)
     print(f"data: {C.describe_store(path)}")
-    tag = f"n{args.n}-d{args.d}"
+    tag = f"n{args.n}-d{args.d}" + (f"-k{args.kernel_rank}" if args.kernel_rank else "")
     model_path = os.path.join(args.workdir, f"bench-encode-model-{tag}.zarr")
     out_slem = os.path.join(args.workdir, f"bench-encode-slem-{tag}.zarr")
     out_np = os.path.join(args.workdir, f"bench-encode-numpy-{tag}.zarr")
     out_naive = os.path.join(args.workdir, f"bench-encode-naive-{tag}.zarr")
 
+    kernel = ({"kernel": "rbf", "gamma": args.gamma, "rank": args.kernel_rank,
+               "pivoting": "rpcholesky", "tol": 0.0, "seed": 0} if args.kernel_rank else {})
     with C.Timer() as t:
-        fit_job(None, path, model_path, lam=args.lam, overwrite=True)
+        fit_job(None, path, model_path, lam=args.lam, overwrite=True, **kernel)
     model = load_model(model_path)
     arr = storage.open_input(path, "positives")
     x = storage.dask_rows(arr, args.partition_rows)
     rows = x.chunks[0][0]
-    print(f"model: fitted with fit_job in {t.seconds:.2f} s (not counted); encoding in "
-          f"{model._encoding_matrix(arr.dtype, args.precision).dtype} (precision={args.precision!r})")
+    if args.kernel_rank:
+        print(f"model: KernelSLEM rbf gamma={args.gamma} rank {model.rank_} (trace error "
+              f"{model.trace_error_:.3f}), fitted with fit_job in {t.seconds:.2f} s (not counted)")
+    else:
+        print(f"model: fitted with fit_job in {t.seconds:.2f} s (not counted); encoding in "
+              f"{model._encoding_matrix(arr.dtype, args.precision).dtype} "
+              f"(precision={args.precision!r})")
     print(f"partitions: {x.numblocks[0]} of {rows:,} rows")
     slem = {s: [] for s in schedulers}
     naive = {s: [] for s in schedulers}
@@ -135,8 +184,13 @@ def main(argv=None) -> int:
             print(f"warm-up on {sched} (not counted): {t.seconds:.3f} s")
         print("slem contender: pipeline.encode_job (float32 output)")
         print("naive Dask contender: ((A - mean) @ precision) / row norms in float32, da.to_zarr")
-        print(f"numpy contender: X = arr[...]; Z = (X - mean) @ precision in {args.numpy_dtype}; "
-              f"Z /= row norms; zarr out[...] = Z (chunks ({rows}, {args.d}), default codecs)")
+        if args.kernel_rank:
+            print(f"numpy contender: X = arr[...]; kernel against the {model.rank_} pivots, "
+                  f"triangular solve, one product (float64); zarr out[...] = Z")
+        else:
+            print(f"numpy contender: X = arr[...]; Z = (X - mean) @ precision in "
+                  f"{args.numpy_dtype}; Z /= row norms; zarr out[...] = Z (chunks ({rows}, "
+                  f"{args.d}), default codecs)")
         print()
         for r in range(args.repeat):
             for sched in schedulers:
@@ -154,8 +208,11 @@ def main(argv=None) -> int:
                         naive[sched].append(nv)
                         print(f"run {r + 1}: naive Dask [{sched}] {nv['total']:.3f} s | "
                               f"{C.load_line()}")
-            nt = numpy_reference(path, out_np, model.mean_, model.precision_, rows,
-                                 np.dtype(args.numpy_dtype))
+            if args.kernel_rank:
+                nt = kernel_numpy_reference(path, out_np, model, rows)
+            else:
+                nt = numpy_reference(path, out_np, model.mean_, model.precision_, rows,
+                                     np.dtype(args.numpy_dtype))
             numpy_runs.append(nt)
             print(f"run {r + 1}: numpy     {nt['total']:.3f} s (read {nt['read']:.3f}, compute "
                   f"{nt['compute']:.3f}, write {nt['write']:.3f}) | {C.load_line()}")
@@ -193,8 +250,9 @@ def main(argv=None) -> int:
     for i in range(0, args.n, 65536):
         diff = max(diff, float(np.abs(zs[i:i + 65536] - zn[i:i + 65536]).max()))
     m = min(args.check_rows, args.n)
-    ref = encode_rows(zarr.open_array(store=path, mode="r")[:m].astype(np.float64),
-                      model.mean_, model.precision_)
+    rows64 = zarr.open_array(store=path, mode="r")[:m].astype(np.float64)
+    ref = (model.transform(rows64) if args.kernel_rank else
+           encode_rows(rows64, model.mean_, model.precision_))
     print()
     print(f"check: max abs diff slem vs numpy outputs (all {args.n:,} rows): {diff:.3e}; vs a float64 "
           f"encoding of the first {m:,} rows: slem {np.abs(zs[:m] - ref).max():.3e}, "

@@ -179,10 +179,13 @@ def child_main(args) -> int:
 
         cov = gram.astype(np.float64) / len(x) - np.outer(mean, mean)
         cov[np.diag_indices_from(cov)] += args.lam
-        inverse = cho_solve(cho_factor(cov), np.eye(len(cov)))
+        from slem_dask.core.linear import _safe_lapack_threads
+
+        with _safe_lapack_threads(len(cov)):  # OpenBLAS's threaded dpotrf crashes at 16384
+            cho_solve(cho_factor(cov), np.eye(len(cov)))
         t2 = time.perf_counter()
         out["timings"] = {"statistics": t1 - t0, "factorization": t2 - t1, "total": t2 - t0}
-        del x, gram, mean, cov, inverse
+        del x, gram, mean, cov
     print("CHILD " + json.dumps(out))
     return 0
 

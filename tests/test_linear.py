@@ -228,3 +228,32 @@ def test_not_fitted_raises():
 def test_repr_and_params():
     assert repr(LinearSLEM(lam=0.5, theta=2)) == "LinearSLEM(lam=0.5, theta=2, precision='auto')"
     assert math.isclose(LinearSLEM().lam, 1e-3)
+
+
+def test_large_factorizations_run_openblas_on_one_thread(monkeypatch):
+    # OpenBLAS's threaded dpotrf crashed (SIGSEGV) at d = 16384 on 2 threads: above
+    # OPENBLAS_THREADED_POTRF_MAX the factorization runs on one BLAS thread
+    from threadpoolctl import threadpool_info
+
+    from slem_dask.core import linear
+
+    seen = []
+    real = linear._cholesky_inverse
+
+    def spy(a, lam):
+        seen.append({i["internal_api"]: i["num_threads"] for i in threadpool_info()})
+        return real(a, lam)
+
+    monkeypatch.setattr(linear, "_cholesky_inverse", spy)
+    monkeypatch.setattr(linear, "OPENBLAS_THREADED_POTRF_MAX", 4)
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((50, 8))
+    cov = np.cov(x.T, bias=True)
+    want = np.linalg.inv(cov + 0.1 * np.eye(8))
+    np.testing.assert_allclose(linear.precision_matrix(cov, 0.1), want, rtol=1e-10)
+    np.testing.assert_allclose(linear.precision_matrix(cov[:4, :4], 0.1),
+                               np.linalg.inv(cov[:4, :4] + 0.1 * np.eye(4)), rtol=1e-10)
+    if "openblas" in seen[0]:
+        assert seen[0]["openblas"] == 1  # d = 8 > 4: one thread
+        assert seen[1]["openblas"] == {i["internal_api"]: i["num_threads"]
+                                       for i in threadpool_info()}["openblas"]
