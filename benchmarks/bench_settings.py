@@ -83,6 +83,16 @@ def main(argv=None) -> int:
         print(f"{layout:<7} {pr:>9} {nparts:>5}  "
               f"{min(fit):6.3f} {float(np.median(fit)):6.3f} {max(fit):6.3f}        "
               f"{min(enc):6.3f} {float(np.median(enc)):6.3f} {max(enc):6.3f}")
+    # scaling: one worker process against two, same partitions, best of the rounds
+    by = {(layout, pr): v for (layout, pr, _), v in results.items()}
+    for pr in parts:
+        one, two = by.get(("1x1", pr)), by.get(("2x1", pr))
+        if one and two:
+            for job in ("fit", "encode"):
+                print(f"RATIO {job} time 1 worker / 2 workers, partition_rows={pr}: "
+                      f"{min(one[job]) / min(two[job]):.2f} (best), "
+                      f"{float(np.median(one[job])) / float(np.median(two[job])):.2f} "
+                      f"(medians)  [goal >= 1.7]")
     C.emit_json("RESULT bench_settings", {f"{k[0]}/{k[1]}": v for k, v in results.items()})
     return 0
 

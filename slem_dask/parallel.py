@@ -102,14 +102,20 @@ def _store_rows_statistics(arr, lo: int, hi: int, precision: str, name: str):
     return acc.result()
 
 
+#: Rows of a sub-block, at least: its two rank-one updates (two passes over the
+#: d x d accumulator) stay under 2% of its product (rows x d^2 flops) at every d.
+SUB_BLOCK_ROWS = 4096
+
+
 def _sub_block_rows(arr, rows: int) -> int:
     """Rows read at a time by :func:`_store_rows_statistics`: whole storage units,
-    at least d rows (the two rank-one updates per sub-block, 2 d^2 each, stay
-    small next to its product, rows x d^2)."""
+    at least min(d, SUB_BLOCK_ROWS) rows (a 4096-row sub-block at d = 16384 is
+    256 MiB of float32)."""
     from .integrity import unit_rows
 
     unit = unit_rows(arr)
-    return int(min(rows, -(-max(unit, arr.shape[1]) // unit) * unit))
+    want = max(unit, min(int(arr.shape[1]), SUB_BLOCK_ROWS))
+    return int(min(rows, -(-want // unit) * unit))
 
 
 def _merge_parts(parts):
@@ -199,11 +205,12 @@ WIDE_PARTIAL_BYTES = 32 * 2**20
 def statistics_partition_rows(n: int, d: int, unit: int, default: int, threads: int) -> int:
     """Rows per partition of :func:`store_statistics`: ``default`` (whole storage units),
     except for wide rows, where there is one partition per thread (``threads``),
-    so that at most one d x d partial per thread waits for its merge."""
+    so that at most one d x d partial per thread waits for its merge (a task holds
+    one partial and one sub-block however many rows it reads)."""
     if 8 * d * d < WIDE_PARTIAL_BYTES or n <= 0:
         return default
     per_thread = -(-n // max(1, threads))
-    return int(max(default, -(-per_thread // unit) * unit))
+    return int(-(-per_thread // unit) * unit)
 
 
 def _merge_tree(parts: list, d: int, split_every: int):

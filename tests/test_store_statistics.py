@@ -268,6 +268,8 @@ def test_wide_rows_get_one_partition_per_thread():
     # d = 8192: a d x d float64 partial is 512 MiB; one partition per thread
     assert statistics_partition_rows(100_000, 8192, 1024, 8192, threads=2) == 50_176
     assert statistics_partition_rows(100_000, 8192, 1024, 8192, threads=3) == 33_792
-    # never below the default (at least d rows), and whole storage units
-    assert statistics_partition_rows(20_000, 8192, 1024, 8192, threads=16) == 8192
+    # also below d rows (a task streams its rows; the partials number the threads), in
+    # whole storage units: 20,000 rows at d = 16384 on 2 threads are 2 x 10,240 rows
+    assert statistics_partition_rows(20_000, 16384, 512, 16384, threads=2) == 10_240
+    assert statistics_partition_rows(20_000, 8192, 1024, 8192, threads=16) == 2048
     assert statistics_partition_rows(10**6, 4096, 1000, 4000, threads=100) == 10_000
