@@ -46,19 +46,16 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _common as C  # noqa: E402
 
 
-def numpy_reference(path: str, out_path: str, mean: np.ndarray, precision: np.ndarray,
-                    chunk_rows: int, dtype) -> dict:
+def _read_compute_write(path: str, out_path: str, chunk_rows: int, compute) -> dict:
+    """Timed: read all rows with zarr, ``z = compute(x)`` (float32), write z to a zarr
+    array with the output's chunking and zarr's default codecs."""
     import zarr
 
     arr = zarr.open_array(store=path, mode="r")
-    m = mean.astype(dtype)
-    p = precision.astype(dtype)
     with C.Timer() as t_read:
         x = arr[...]
     with C.Timer() as t_comp:
-        z = (x.astype(dtype, copy=False) - m) @ p
-        z /= np.linalg.norm(z, axis=1, keepdims=True)
-        z = z.astype(np.float32, copy=False)
+        z = compute(x)
     del x
     with C.Timer() as t_write:
         if os.path.exists(out_path):
@@ -70,32 +67,34 @@ def numpy_reference(path: str, out_path: str, mean: np.ndarray, precision: np.nd
             "total": t_read.seconds + t_comp.seconds + t_write.seconds}
 
 
+def numpy_reference(path: str, out_path: str, mean: np.ndarray, precision: np.ndarray,
+                    chunk_rows: int, dtype) -> dict:
+    m = mean.astype(dtype)
+    p = precision.astype(dtype)
+
+    def compute(x):
+        z = (x.astype(dtype, copy=False) - m) @ p
+        z /= np.linalg.norm(z, axis=1, keepdims=True)
+        return z.astype(np.float32, copy=False)
+
+    return _read_compute_write(path, out_path, chunk_rows, compute)
+
+
 def kernel_numpy_reference(path: str, out_path: str, model, chunk_rows: int) -> dict:
     """The kernel model by hand, on all rows at once: the kernel against the pivots,
     a triangular solve, one product (core.cholesky.lowrank_parts), float32 output."""
-    import zarr
-
     from slem_dask.core.cholesky import lowrank_parts
     from slem_dask.core.kernels import kernel_diagonal, kernel_matrix
 
-    arr = zarr.open_array(store=path, mode="r")
     kernel, gamma, degree, lam = model.kernel, model.gamma, model.degree, model.lam
-    with C.Timer() as t_read:
-        x = arr[...]
-    with C.Timer() as t_comp:
+
+    def compute(x):
         k_piv = kernel_matrix(x, model.pivot_rows_, kernel, gamma, degree)
         k_self = kernel_diagonal(x, kernel, gamma, degree)
-        z = lowrank_parts(k_piv, k_self, model.pivot_factor_, model.factor_mean_,
-                          model.g_factor_, lam)[0].astype(np.float32)
-    del x, k_piv
-    with C.Timer() as t_write:
-        if os.path.exists(out_path):
-            shutil.rmtree(out_path)
-        out = zarr.create_array(store=out_path, shape=z.shape, dtype="float32",
-                                chunks=(chunk_rows, z.shape[1]))
-        out[...] = z
-    return {"read": t_read.seconds, "compute": t_comp.seconds, "write": t_write.seconds,
-            "total": t_read.seconds + t_comp.seconds + t_write.seconds}
+        return lowrank_parts(k_piv, k_self, model.pivot_factor_, model.factor_mean_,
+                             model.g_factor_, lam)[0].astype(np.float32)
+
+    return _read_compute_write(path, out_path, chunk_rows, compute)
 
 
 def naive_dask(path: str, out_path: str, mean, precision, rows: int) -> dict:
