@@ -548,5 +548,25 @@ def main(argv=None) -> int:
         return 130
 
 
+def console_main() -> None:
+    """The ``slem-dask`` executable: :func:`main`, then exit without Python's teardown.
+
+    When ``main`` returns, every job has finished, closed what it wrote and
+    released its leases, and the cluster is closed; tearing down the interpreter
+    after that (the modules of dask, distributed, zarr, scipy, pandas: 0.5-0.8 s
+    on this project's machine) would be a quarter of a small job's wall time.
+    Exit handlers still run and the output streams are flushed.
+    """
+    import atexit
+
+    code = main()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    atexit._run_exitfuncs()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
 if __name__ == "__main__":  # pragma: no cover
     sys.exit(main())

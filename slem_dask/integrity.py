@@ -465,12 +465,14 @@ def _full_key(arr, coords) -> str:
     return f"{arr.path}/{key}" if arr.path else key
 
 
-def _store_get(arr, key: str, suffix: int | None = None):
-    from zarr.abc.store import SuffixByteRequest
+def _store_get(arr, key: str, suffix: int | None = None, head: int | None = None):
+    """The bytes of ``key`` (or its last ``suffix`` / first ``head`` bytes), None if absent."""
+    from zarr.abc.store import RangeByteRequest, SuffixByteRequest
     from zarr.core.buffer import default_buffer_prototype
     from zarr.core.sync import sync
 
-    byte_range = SuffixByteRequest(suffix) if suffix else None
+    byte_range = (SuffixByteRequest(suffix) if suffix else
+                  RangeByteRequest(0, head) if head else None)
     buf = sync(arr.store_path.store.get(key, prototype=default_buffer_prototype(),
                                         byte_range=byte_range))
     return None if buf is None else buf.to_bytes()
@@ -630,9 +632,24 @@ def store_signature(location: str) -> dict:
     doc = _store_get(node, f"{node.path}/zarr.json" if node.path else "zarr.json")
     sig = {"metadata": hashlib.sha256(doc or b"").hexdigest()}
     if isinstance(node, zarr.Array) and node.shape[0]:
-        first = _store_get(node, _full_key(node, (0,) * node.ndim))
-        sig["first_chunk"] = None if first is None else hashlib.sha256(first).hexdigest()
+        # the first chunk's size and its first and last 64 KiB: enough to tell a missing
+        # mount or another file, without reading a whole chunk (37 MB at 20,000 x 512)
+        # in the client and every worker before each job
+        key = _full_key(node, (0,) * node.ndim)
+        head = _store_get(node, key, head=_SIGNATURE_BYTES)
+        tail = _store_get(node, key, suffix=_SIGNATURE_BYTES)
+        sig["first_chunk"] = None if head is None or tail is None else (
+            f"{_store_size(node, key)}:{hashlib.sha256(head + tail).hexdigest()}")
     return sig
+
+
+_SIGNATURE_BYTES = 2**16
+
+
+def _store_size(arr, key: str) -> int:
+    from zarr.core.sync import sync
+
+    return int(sync(arr.store_path.store.getsize(key)))
 
 
 class StorageViewError(IntegrityError):

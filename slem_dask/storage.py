@@ -83,9 +83,12 @@ def open_input(path: str, name: str) -> zarr.Array:
             f"an array inside it, e.g. {path.rstrip('/')}/{members[0] if members else 'negatives'}"
         )
     if node.ndim != 2:
+        fix = ("; if it is one descriptor, store it as one row: x.reshape(1, -1) "
+               "(zarr.create_array(..., shape=(1, len(x)), ...))" if node.ndim == 1 else
+               "; store it as 2-D rows, e.g. x.reshape(len(x), -1)")
         raise ValueError(
             f"{name}: the zarr array at {path!r} has shape {node.shape} ({node.ndim}-D); "
-            f"expected a 2-D array (n_rows, n_features)"
+            f"expected a 2-D array (n_rows, n_features){fix}"
         )
     if 0 in node.shape:
         raise ValueError(

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import zarr
 
-from slem_dask import search
+from slem_dask import LinearSLEM, search
 from slem_dask.cli import main
 from slem_dask.datasets import make_corpus, write_corpus
 from slem_dask.evaluation import (METHODS, evaluate_methods, export_faiss, format_table,
@@ -151,6 +151,29 @@ def test_cli_errors_come_before_any_cluster(tmp_path, corpus_path, capsys, monke
     g.create_array("query_labels", shape=labels.shape, dtype=labels.dtype)[...] = labels
     assert main(["evaluate", "--corpus", bad]) == 1
     assert "relevant set is empty" in capsys.readouterr().err
+    # a 1-D query store: the fix for one descriptor is named
+    one = str(tmp_path / "one-query")
+    row = group["queries"][0]
+    zarr.create_array(one, shape=row.shape, dtype=row.dtype)[...] = row
+    assert main(["search", "--queries", one, "--database", db, "--k", "3",
+                 "--out", str(tmp_path / "o.zarr")]) == 1
+    assert "x.reshape(1, -1)" in capsys.readouterr().err
+    # --plot into a folder that does not exist, --p-at above --k
+    assert main(["evaluate", "--corpus", corpus_path, "--plot",
+                 str(tmp_path / "no-such-dir" / "pr.png")]) == 1
+    assert "no-such-dir" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exit_info:
+        main(["evaluate", "--corpus", corpus_path, "--k", "3", "--p-at", "5"])
+    assert exit_info.value.code == 2 and "--p-at" in capsys.readouterr().err
+    # fit and encode: missing negatives, a model of another dimension
+    assert main(["fit", "--negatives", str(tmp_path / "missing"), "--model",
+                 str(tmp_path / "m.zarr")]) == 1
+    assert "no zarr array" in capsys.readouterr().err
+    model = str(tmp_path / "model4.zarr")
+    LinearSLEM().fit(np.random.default_rng(0).standard_normal((20, 4))).save(model)
+    assert main(["encode", "--model", model, "--positives", db, "--out",
+                 str(tmp_path / "codes.zarr")]) == 1
+    assert "features" in capsys.readouterr().err
 
 
 def test_cli_search_and_evaluate_end_to_end(tmp_path, corpus_path, capsys):
