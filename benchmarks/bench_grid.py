@@ -105,7 +105,6 @@ def main(argv=None) -> int:
         lam_map = {float(k.split("=")[1]): v for k, v in slem.items()}
         at = {lam: lam_map[min(lam_map, key=lambda x: abs(np.log(x / lam)))]
               for lam in ABS_LAMS + rel_lams}
-        best_abs = max(ABS_LAMS, key=lambda lam: at[lam])
         best_all = max(lam_map, key=lam_map.get)
         others = {m: max(r["mAP"] for r in rows if r["method"] == m)
                   for m in grids if m != "slem"}

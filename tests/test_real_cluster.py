@@ -5,7 +5,6 @@ worker that does not see the storage, a full disk."""
 
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
