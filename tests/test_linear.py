@@ -5,6 +5,7 @@ J(w, nu) = theta/2 (w.x0 + nu - 1)^2 + 1/(2n) sum_i (w.x_i + nu + 1)^2 + lam/2 |
 """
 
 import math
+import os
 
 import numpy as np
 import pytest
@@ -230,30 +231,52 @@ def test_repr_and_params():
     assert math.isclose(LinearSLEM().lam, 1e-3)
 
 
-def test_large_factorizations_run_openblas_on_one_thread(monkeypatch):
+_THREAD_CHECK = """
+import json
+import numpy as np
+from threadpoolctl import threadpool_info
+from slem_dask.core import linear
+
+def blas_threads():
+    return sorted(i["num_threads"] for i in threadpool_info() if i["internal_api"] == "openblas")
+
+seen = []
+real = linear._cholesky_inverse
+
+def spy(a, lam):
+    seen.append(blas_threads())
+    return real(a, lam)
+
+linear._cholesky_inverse = spy
+linear.OPENBLAS_THREADED_POTRF_MAX = 4
+rng = np.random.default_rng(0)
+cov = np.cov(rng.standard_normal((50, 8)).T, bias=True)
+np.testing.assert_allclose(linear.precision_matrix(cov, 0.1),
+                           np.linalg.inv(cov + 0.1 * np.eye(8)), rtol=1e-10)
+np.testing.assert_allclose(linear.precision_matrix(cov[:4, :4], 0.1),
+                           np.linalg.inv(cov[:4, :4] + 0.1 * np.eye(4)), rtol=1e-10)
+print(json.dumps({"before": blas_threads(), "seen": seen}))
+"""
+
+
+def test_large_factorizations_run_openblas_on_one_thread():
     # OpenBLAS's threaded dpotrf crashed (SIGSEGV) at d = 16384 on 2 threads: above
-    # OPENBLAS_THREADED_POTRF_MAX the factorization runs on one BLAS thread
-    from threadpoolctl import threadpool_info
+    # OPENBLAS_THREADED_POTRF_MAX the factorization runs on one BLAS thread. The BLAS
+    # thread count is process-wide, so this runs in a fresh process: threads left over
+    # from earlier tests' in-process clusters could change it under the test.
+    import json
+    import subprocess
+    import sys
 
-    from slem_dask.core import linear
-
-    seen = []
-    real = linear._cholesky_inverse
-
-    def spy(a, lam):
-        seen.append({i["internal_api"]: i["num_threads"] for i in threadpool_info()})
-        return real(a, lam)
-
-    monkeypatch.setattr(linear, "_cholesky_inverse", spy)
-    monkeypatch.setattr(linear, "OPENBLAS_THREADED_POTRF_MAX", 4)
-    rng = np.random.default_rng(0)
-    x = rng.standard_normal((50, 8))
-    cov = np.cov(x.T, bias=True)
-    want = np.linalg.inv(cov + 0.1 * np.eye(8))
-    np.testing.assert_allclose(linear.precision_matrix(cov, 0.1), want, rtol=1e-10)
-    np.testing.assert_allclose(linear.precision_matrix(cov[:4, :4], 0.1),
-                               np.linalg.inv(cov[:4, :4] + 0.1 * np.eye(4)), rtol=1e-10)
-    if "openblas" in seen[0]:
-        assert seen[0]["openblas"] == 1  # d = 8 > 4: one thread
-        assert seen[1]["openblas"] == {i["internal_api"]: i["num_threads"]
-                                       for i in threadpool_info()}["openblas"]
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS")}
+    env["OPENBLAS_NUM_THREADS"] = "2"
+    done = subprocess.run([sys.executable, "-c", _THREAD_CHECK], capture_output=True,
+                          text=True, env=env, timeout=120)
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    if not result["before"]:
+        pytest.skip("numpy and scipy do not use OpenBLAS here")
+    assert result["before"] == [2] * len(result["before"])
+    assert result["seen"][0] == [1] * len(result["before"])  # d = 8 > 4: one thread
+    assert result["seen"][1] == result["before"]  # d = 4: as the caller set it
