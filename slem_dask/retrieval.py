@@ -7,7 +7,7 @@ from functools import partial
 import dask
 import numpy as np
 
-from .core.ranking import as_id_array, average_precision, merge_topk, topk_search
+from .core.ranking import as_id_array, average_precision, merge_topk, rank_rows, topk_search
 from .validation import check_rows, is_dask_array
 
 __all__ = ["search", "mean_average_precision", "precision_recall_at_k",
@@ -16,6 +16,14 @@ __all__ = ["search", "mean_average_precision", "precision_recall_at_k",
 _SPLIT_EVERY = 8
 #: Query rows per task when numpy queries meet a dask database.
 _QUERY_ROWS = 16384
+#: Float64 scores one task of a whole-ranking search holds (a block of queries
+#: against every database row); the task's ranking temporaries are a few times this.
+_WHOLE_RANKING_BYTES = 32 * 2**20
+#: Whole-ranking searches split the queries into at least this many tasks.
+_WHOLE_RANKING_TASKS = 8
+#: Largest database (as float64) that every whole-ranking task holds in one block;
+#: larger databases take the per-block top-k and merges whatever k is.
+_WHOLE_RANKING_DATABASE_BYTES = 512 * 2**20
 
 
 def _check_finite(x, name: str, row_offset: int = 0) -> None:
@@ -30,28 +38,60 @@ def _check_finite(x, name: str, row_offset: int = 0) -> None:
 
 
 def _topk_packed(queries, database, q_offset, db_offset, k):
-    """[scores | indices] (float64, width 2k) of one query block against one database
-    block; padded with -inf scores when the block has fewer than k rows. The
-    offsets are the blocks' global row ids (their first entries are used)."""
+    """Top-min(k, block rows) of one query block against one database block, as
+    (score, index) pairs interleaved in float64 columns (width 2 min(k, rows)): no
+    padding, so a block shorter than k ships only its own rows, and blocks
+    concatenated along the columns stay a list of pairs. The offsets are the
+    blocks' global row ids (their first entries are used)."""
     q0, d0 = int(q_offset[0]), int(db_offset[0])
     _check_finite(queries, "queries", q0)
     _check_finite(database, "database", d0)
     scores, indices = topk_search(queries, database, k, offset=d0)
-    out = np.full((len(queries), 2 * k), -np.inf)
-    out[:, k:] = -1
-    out[:, :scores.shape[1]] = scores
-    out[:, k:k + scores.shape[1]] = indices
+    return _interleave(scores, indices)
+
+
+def _interleave(scores, indices):
+    out = np.empty((len(scores), 2 * scores.shape[1]))
+    out[:, 0::2] = scores
+    out[:, 1::2] = indices  # row ids < 2**53: exact in float64
     return out
 
 
 def _merge_packed(x, axis, keepdims, k):
-    """Merge concatenated [scores | indices] blocks of the same queries (reduction step)."""
-    n = x.shape[1] // (2 * k)
-    parts = x.reshape(len(x), n, 2, k)
-    scores = parts[:, :, 0, :].reshape(len(x), n * k)
-    indices = parts[:, :, 1, :].reshape(len(x), n * k).astype(np.int64)
-    top, idx = merge_topk([(scores, indices)], k)
-    return np.hstack([top, idx.astype(np.float64)])
+    """Merge concatenated (score, index) pair lists of the same queries (reduction step)."""
+    top, idx = merge_topk([(x[:, 0::2], x[:, 1::2].astype(np.int64))], k)
+    return _interleave(top, idx)
+
+
+def _rank_whole(queries, database, q_offset, k):
+    """The first k of the whole ranking of one query block against all database rows
+    (float64, as one block), as interleaved (score, index) pairs."""
+    _check_finite(queries, "queries", int(q_offset[0]))
+    _check_finite(database, "database")
+    from .parallel import single_threaded_blas
+
+    with single_threaded_blas():
+        scores = np.asarray(queries, dtype=np.float64) @ database.T
+    top, indices = rank_rows(scores, k)
+    return _interleave(top, indices)
+
+
+def _whole_ranking(queries, database, k):
+    # When k is at least half the database, sorting each query's whole row of scores
+    # once is cheaper than a top-k per database block and merges of lists that long
+    # (1000 queries x 20,000 rows: 1.0 s instead of 4.8 s on 2 cores).
+    import dask.array as da
+
+    n_q, n_db = queries.shape[0], database.shape[0]
+    rows = max(1, min(_WHOLE_RANKING_BYTES // (8 * n_db), -(-n_q // _WHOLE_RANKING_TASKS)))
+    queries = queries.rechunk({0: rows, 1: -1})
+    database = database.astype(np.float64).rechunk({1: -1})
+    token = dask.base.tokenize(queries, database, k)
+    ranked = da.blockwise(
+        _rank_whole, "ij", queries, "ia", database, "ba", _row_ids(queries), "i",
+        k=k, new_axes={"j": 2 * k}, concatenate=True, dtype=np.float64,
+        meta=np.empty((0, 0), dtype=np.float64), name="search-whole-" + token)
+    return ranked[:, 0::2], ranked[:, 1::2].astype(np.int64)
 
 
 def _identity(x, axis, keepdims):
@@ -105,11 +145,14 @@ def search(queries, database, k: int = 100):
     if not is_dask_array(queries):
         queries = da.from_array(np.asarray(queries), chunks=(_QUERY_ROWS, -1))
     database = da.asarray(database)
+    if 2 * k >= database.shape[0] and \
+            8 * database.shape[0] * database.shape[1] <= _WHOLE_RANKING_DATABASE_BYTES:
+        return _whole_ranking(queries, database, k)
     token = dask.base.tokenize(queries, database, k)
     packed = da.blockwise(
         _topk_packed, "ij", queries, "ia", database, "ja",
         _row_ids(queries), "i", _row_ids(database), "j",
-        k=k, adjust_chunks={"j": 2 * k}, concatenate=True, dtype=np.float64,
+        k=k, adjust_chunks={"j": lambda rows: 2 * min(k, rows)}, concatenate=True, dtype=np.float64,
         meta=np.empty((0, 0), dtype=np.float64), name="search-topk-" + token)
     merged = da.reduction(packed, chunk=_identity,
                           combine=partial(_merge_packed, k=k),
@@ -117,7 +160,7 @@ def search(queries, database, k: int = 100):
                           concatenate=True, split_every=_SPLIT_EVERY, dtype=np.float64,
                           output_size=2 * k, meta=np.empty((0, 0), dtype=np.float64),
                           name="search-merge-" + token)
-    return merged[:, :k], merged[:, k:].astype(np.int64)
+    return merged[:, 0::2], merged[:, 1::2].astype(np.int64)
 
 
 def _check_per_query(collections, name: str, n_queries: int) -> list[np.ndarray]:

@@ -341,3 +341,42 @@ def test_topk_search_blocks_equal_one_block():
     for got in (one, tiny):
         np.testing.assert_array_equal(got[1], ref[1])
         np.testing.assert_array_equal(got[0], ref[0])
+
+
+def test_merge_topk_drops_and_restores_padding(tied):
+    """Blocks shorter than k arrive padded (score -inf, index -1); the merge ranks only
+    the real entries, ties to the lower index, and pads the result back to k."""
+    from slem_dask.core.ranking import block_topk, merge_topk
+
+    queries, database = tied
+    k = 30
+    parts = []
+    for lo in range(0, len(database), 7):  # 7-row blocks: each padded to k
+        s, i = block_topk(queries @ database[lo:lo + 7].T, lo, k)
+        pad = k - s.shape[1]
+        parts.append((np.hstack([s, np.full((len(s), pad), -np.inf)]),
+                      np.hstack([i, np.full((len(i), pad), -1)])))
+    ref_scores, ref_indices = brute_force_topk(queries, database, k)
+    scores, indices = merge_topk(parts, k)
+    np.testing.assert_array_equal(indices, ref_indices)
+    np.testing.assert_allclose(scores, ref_scores, rtol=1e-12)
+    short_scores, short_indices = merge_topk(parts[:2], k)  # 14 real rows, k = 30
+    assert short_scores.shape == short_indices.shape == (len(queries), k)
+    np.testing.assert_array_equal(short_indices[:, 14:], -1)
+    assert np.isneginf(short_scores[:, 14:]).all()
+    np.testing.assert_array_equal(short_indices[:, :14],
+                                  brute_force_topk(queries, database[:14], 14)[1])
+
+
+def test_merge_topk_orders_ties_across_lists_by_index():
+    # each list is ranked and their concatenation has non-increasing scores, but the tie
+    # between them is out of index order: the merge must still sort it
+    from slem_dask.core.ranking import merge_topk
+
+    parts = [(np.array([[5.0, 4.0]]), np.array([[10, 11]])),
+             (np.array([[4.0, 1.0]]), np.array([[3, 4]]))]
+    scores, indices = merge_topk(parts, 3)
+    np.testing.assert_array_equal(indices, [[10, 3, 11]])
+    np.testing.assert_array_equal(scores, [[5.0, 4.0, 4.0]])
+    scores, indices = merge_topk(parts[:1], 1)  # one ranked list: its head
+    np.testing.assert_array_equal(indices, [[10]])

@@ -1,0 +1,120 @@
+#!/usr/bin/env python
+"""Exact top-k search: slem_dask.search against numpy by hand, on the same rows, same run.
+
+The database is a store of n x d float32 rows (the benchmarks' negatives
+generator, ``--chunk-rows`` per zarr chunk); the queries are ``--queries`` other
+rows of the same distribution, in memory. For each k (default 100 and the whole
+ranking, as mAP needs):
+
+* numpy by hand: read the store, ``scores = q @ db.T`` (float32), then the top k
+  in ranking order (``np.argsort(-scores, kind="stable")`` for the whole ranking,
+  ``np.argpartition`` and a sort of the k best otherwise);
+* ``slem_dask.search(q, db_numpy, k)`` on the rows read into memory (read included);
+* ``slem_dask.search(q, da.from_zarr(store), k)`` computed by dask's threaded
+  scheduler (no Client) and, with ``--cluster``, on slem-dask's LocalCluster.
+
+slem-dask scores in float64 and breaks ties by lower index; the numpy reference
+scores in float32 (what a user writes). Printed: best/median of ``--repeat`` runs
+and ``RATIO`` numpy time / slem-dask time (above 1: slem-dask faster).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import _common as C  # noqa: E402
+
+
+def by_hand(path: str, queries, k: int):
+    import numpy as np
+    import zarr
+
+    db = zarr.open_array(path, mode="r")[...]
+    scores = queries @ db.T
+    if k >= db.shape[0]:
+        return np.argsort(-scores, axis=1, kind="stable")[:, :k]
+    part = np.argpartition(-scores, k - 1, axis=1)[:, :k]
+    order = np.argsort(-np.take_along_axis(scores, part, axis=1), axis=1, kind="stable")
+    return np.take_along_axis(part, order, axis=1)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    C.add_common_args(parser)
+    C.add_run_args(parser, repeat=5)
+    parser.add_argument("--queries", type=C.int_size, default=1000,
+                        help="number of queries (default 1000)")
+    parser.add_argument("--k", default="100,all",
+                        help="comma-separated k values; 'all' = the whole database")
+    parser.add_argument("--cluster", action="store_true",
+                        help="also time slem-dask's LocalCluster (--workers x --threads)")
+    args = parser.parse_args(argv)
+    if args.n is None and not args.quick:
+        args.n = 20_000
+    C.resolve_sizes(args)
+
+    import dask
+    import dask.array as da
+    import numpy as np
+    import zarr
+
+    from slem_dask import search
+
+    C.header(f"bench_search: database {args.n:,} x {args.d} float32, {args.queries:,} "
+             f"queries", args)
+    path = C.ensure_store(args.workdir, args.n, args.d, args.seed, args.chunk_rows)
+    print(f"data: {C.describe_store(path)}")
+    rng = np.random.default_rng(args.seed + 1)
+    queries = rng.standard_normal((args.queries, args.d)).astype(np.float32)
+    queries /= np.linalg.norm(queries, axis=1, keepdims=True)
+    ks = [args.n if v == "all" else C.int_size(v) for v in args.k.split(",")]
+    schedulers = ["threads"] + (["cluster"] if args.cluster else [])
+    results = {}
+    with C.scheduler_contexts(args, schedulers) as (_, contexts):
+        contenders = {
+            "numpy by hand": lambda k: by_hand(path, queries, k),
+            "search(numpy)": lambda k: search(
+                queries, zarr.open_array(path, mode="r")[...], k)[1],
+        }
+        for name in schedulers:
+            def lazy(k, name=name):
+                with contexts[name]():
+                    return dask.compute(search(queries, da.from_zarr(path), k)[1])[0]
+            contenders[f"search(dask, {name})"] = lazy
+        for k in ks:
+            want = None
+            for name, run in contenders.items():
+                run(k)  # warm-up (imports, cluster's first graph)
+                times = []
+                for _ in range(args.repeat):
+                    t0 = time.perf_counter()
+                    got = run(k)
+                    times.append(time.perf_counter() - t0)
+                # float32 and float64 scores may order near-ties differently: compare sets
+                agree = 1.0 if want is None else float(np.mean(
+                    [len(np.intersect1d(a, b)) / k for a, b in zip(want, got)]))
+                want = got if want is None else want
+                results[(k, name)] = times
+                print(f"k={k:>6} {name:<26} {C.spread(times)}  overlap with numpy "
+                      f"{agree:.4f} | {C.load_line()}")
+                sys.stdout.flush()
+    print()
+    for k in ks:
+        ref = results[(k, "numpy by hand")]
+        for name in contenders:
+            if name == "numpy by hand":
+                continue
+            t = results[(k, name)]
+            print(f"RATIO k={k} numpy by hand / {name}: {min(ref) / min(t):.2f} (best), "
+                  f"{statistics.median(ref) / statistics.median(t):.2f} (medians)")
+    C.emit_json("RESULT bench_search", {f"{k}/{name}": v for (k, name), v in results.items()})
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
