@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["block_topk", "merge_topk", "rank_rows", "topk_search", "average_precision", "as_id_array"]
+__all__ = ["block_topk", "merge_topk", "rank_rows", "topk_search", "average_precision",
+           "as_id_array"]
 
 #: Bytes of float64 scores one step of :func:`topk_search` holds (block_topk needs a
 #: few temporaries of the same size on top).
