@@ -217,10 +217,15 @@ def check_may_replace(path, what: str, flag: str = "--overwrite",
             f"path, or delete it yourself if it is really unwanted")
     if found is not None:
         return
+    if _read_json(path, "zarr.json") is None and _has_document(path, "zarr.json"):
+        whose = ("slem-dask cannot tell who wrote it: its metadata document zarr.json "
+                 "cannot be read (damaged, or not zarr v3)")
+    else:
+        whose = f"was not written by slem-dask (it has no '{ATTR}' marker)"
     raise FileExistsError(
-        f"{what} {str(path)!r} exists and was not written by slem-dask (it has no "
-        f"'{ATTR}' marker); slem-dask never deletes what it did not write, even with "
-        f"{flag}: choose another path, or remove it yourself if it is really unwanted")
+        f"{what} {str(path)!r} exists and {whose}; slem-dask never deletes what it did not "
+        f"write, even with {flag}: choose another path, or remove it yourself if it is "
+        f"really unwanted")
 
 
 def remove(path) -> None:
@@ -458,6 +463,60 @@ class MissingChunkError(DamagedStoreError):
 
 class CorruptChunkError(DamagedStoreError):
     """A chunk fails its checksum or cannot be decoded."""
+
+
+class DamagedMetadataError(DamagedStoreError):
+    """A node's metadata document (zarr.json) is there but zarr cannot read it."""
+
+
+def _has_document(path: StorePath, name: str) -> bool:
+    try:
+        if path.is_local:
+            return os.path.isfile(os.path.join(path.location, name))
+        fs, root = _fs(path)
+        return fs.isfile(f"{root}/{name}")
+    except OSError:
+        return False
+
+
+def _children(path: StorePath) -> list[str]:
+    try:
+        if path.is_local:
+            return sorted(os.listdir(path.location))
+        fs, root = _fs(path)
+        return sorted(p.rstrip("/").rsplit("/", 1)[-1] for p in fs.ls(root, detail=False))
+    except OSError:
+        return []
+
+
+def unreadable_document(path: StorePath) -> str | None:
+    """The first metadata document under ``path`` (its own zarr.json, then its
+    members') that zarr cannot open, e.g. "precision/zarr.json"; None if all open."""
+    import zarr
+
+    for name in ["", *_children(path)]:
+        node = path.child(name) if name else path
+        if not _has_document(node, "zarr.json"):
+            continue
+        try:
+            zarr.open(store=node.location, mode="r")
+        except Exception:  # noqa: BLE001 - any failure to parse is the answer
+            return f"{name}/zarr.json" if name else "zarr.json"
+    return None
+
+
+def damaged_metadata(what: str, path, exc: BaseException) -> DamagedMetadataError | None:
+    """The error for a store whose metadata document is there but cannot be read
+    (truncated, edited, not zarr v3), naming the document; None when ``path`` has
+    no unreadable document (then the failure is something else: no store, say)."""
+    path = canonical(path)
+    document = unreadable_document(path)
+    if document is None:
+        return None
+    return DamagedMetadataError(
+        f"{what}: the metadata document {document!r} of {str(path)!r} cannot be read "
+        f"({type(exc).__name__}: {exc}); the store is damaged or was not written as "
+        f"zarr v3: restore it from a copy, or write it again")
 
 
 def _full_key(arr, coords) -> str:

@@ -71,7 +71,7 @@ def open_input(path: str, name: str) -> zarr.Array:
             f"array, e.g. corpus.zarr/negatives (`slem-dask demo` writes such a store)"
         ) from None
     except Exception as exc:  # zarr raises several types for non-zarr folders
-        raise ValueError(
+        raise integrity.damaged_metadata(name, path, exc) or ValueError(
             f"{name}: {path!r} is not a readable zarr store ({type(exc).__name__}: {exc}); "
             f"give the path of a zarr v3 array"
         ) from None
@@ -518,7 +518,13 @@ def write_model_store(path, model_name: str, params: dict, arrays: dict[str, np.
 def read_group_arrays(group, path, what: str) -> dict[str, np.ndarray]:
     """Every array of a group written by :func:`write_group`, corrupt chunks named."""
     arrays = {}
-    for key, arr in group.arrays():
+    try:
+        members = list(group.arrays())
+    except Exception as exc:  # noqa: BLE001 - a member's zarr.json that cannot be parsed
+        raise integrity.damaged_metadata(what, path, exc) or integrity.DamagedStoreError(
+            f"{what}: the arrays of {str(path)!r} cannot be listed ({_reason(exc)}); the "
+            f"store is damaged: write it again") from None
+    for key, arr in members:
         try:
             arrays[key] = np.asarray(arr[...])
         except Exception as exc:  # noqa: BLE001
@@ -536,6 +542,10 @@ def read_search_store(path) -> tuple[dict, dict[str, np.ndarray]]:
         group = zarr.open_group(store=path, mode="r")
     except FileNotFoundError:
         raise FileNotFoundError(f"search result: no zarr group at {path!r}") from None
+    except Exception as exc:  # noqa: BLE001
+        raise integrity.damaged_metadata("search result", path, exc) or ValueError(
+            f"search result: {path!r} is not a zarr group ({type(exc).__name__}: {exc})"
+        ) from None
     meta = group.attrs.get(ATTR)
     if not isinstance(meta, dict) or meta.get("kind") != "search":
         raise ValueError(f"search result: {path!r} was not written by `slem-dask search`")
@@ -560,7 +570,7 @@ def read_model_store(path: str) -> tuple[dict, dict[str, np.ndarray]]:
             f"`slem-dask fit --model PATH` or model.save(PATH)"
         ) from None
     except Exception as exc:
-        raise ValueError(
+        raise integrity.damaged_metadata("model", path, exc) or ValueError(
             f"model: {path!r} is not a zarr group ({type(exc).__name__}: {exc}); give "
             f"the path written by `slem-dask fit --model PATH` or model.save(PATH)"
         ) from None
@@ -706,6 +716,10 @@ def verify(path) -> tuple[str, list[str]]:
         return "nothing", [f"no store at {str(path)!r}"]
     kind = integrity.slem_dask_kind(path)
     if kind is None:
+        damaged = integrity.unreadable_document(path)
+        if damaged == "zarr.json":  # whose marker cannot be read
+            return "unknown", [f"its metadata document 'zarr.json' cannot be read: the store "
+                               f"is damaged, or is not a zarr v3 store"]
         return "unknown", [f"{str(path)!r} was not written by slem-dask (no '{ATTR}' marker)"]
     if kind == "model":
         try:
@@ -719,7 +733,10 @@ def verify(path) -> tuple[str, list[str]]:
         except ValueError as exc:
             return "search result", [str(exc)]
         return "search result", []
-    arr = zarr.open_array(store=path.location, mode="r")
+    try:
+        arr = zarr.open_array(store=path.location, mode="r")
+    except Exception as exc:  # noqa: BLE001 - its marker was read, zarr cannot read the rest
+        return "output", [str(integrity.damaged_metadata("output", path, exc) or exc)]
     meta = output_meta(arr) or {}
     problems = [] if meta.get("complete") else ["unfinished (complete: false): re-run the "
                                                 "encode to finish it"]

@@ -375,6 +375,50 @@ def test_corrupt_model_chunk_gives_one_clear_line(corpus, client, capsys):
     assert code == 1
 
 
+def _damage_document(path, how):
+    doc = Path(path, "zarr.json")
+    text = doc.read_text()
+    # truncated JSON, or valid JSON that zarr cannot read
+    assert '"zarr_format": 3' in text
+    doc.write_text(text[:len(text) // 2] if how == "truncated"
+                   else text.replace('"zarr_format": 3', '"zarr_format": 4'))
+
+
+@pytest.mark.parametrize("how", ["truncated", "unknown-format"])
+def test_damaged_metadata_documents_are_named_by_every_reader(corpus, client, capsys, how):
+    """A zarr.json that zarr cannot read, in a model's member array, in the model
+    group itself, or in an output: verify, encode and search name the document and
+    say the store is damaged (not a raw zarr error or a crash); --overwrite keeps it."""
+    out = corpus["dir"] / "out.zarr"
+    _encode(corpus, out)
+    _damage_document(Path(corpus["model"], "precision"), how)
+    code, text, _ = _verify(capsys, corpus["model"])
+    assert code == 1 and "'precision/zarr.json'" in text and "damaged" in text, text
+    code, _, err = _cli(capsys, client, "encode", "--model", corpus["model"], "--positives",
+                        corpus["positives"], "--out", corpus["dir"] / "o.zarr")
+    assert code == 1 and len(err.strip().splitlines()) == 1, err
+    assert "'precision/zarr.json'" in err and "damaged" in err
+    with pytest.raises(integrity.DamagedMetadataError, match="precision/zarr.json"):
+        load_model(corpus["model"])
+
+    _damage_document(out, how)
+    code, text, _ = _verify(capsys, out)
+    assert code == 1 and "zarr.json" in text and "damaged" in text, text
+    code, _, err = _cli(capsys, client, "search", "--queries", out, "--database", out,
+                        "--k", "3", "--out", corpus["dir"] / "s.zarr")
+    assert code == 1 and "queries" in err and "'zarr.json'" in err and "damaged" in err, err
+
+    _damage_document(corpus["model"], how)
+    code, text, _ = _verify(capsys, corpus["model"])
+    assert code == 1 and "zarr.json" in text, text
+    with pytest.raises(integrity.DamagedMetadataError, match="'zarr.json'"):
+        load_model(corpus["model"])
+    if how == "truncated":  # whose marker cannot be read: never deleted
+        with pytest.raises(FileExistsError, match="cannot tell who wrote it"):
+            integrity.check_may_replace(corpus["model"], "--model", kind="model")
+        assert Path(corpus["model"], "precision").is_dir()
+
+
 def test_verify_passes_on_good_stores_and_fails_on_foreign_ones(corpus, client, capsys):
     out = corpus["dir"] / "out.zarr"
     _encode(corpus, out)
