@@ -49,11 +49,15 @@ def int_size(text: str) -> int:
     return int(value)
 
 
-def add_common_args(parser: argparse.ArgumentParser, sizes: bool = True) -> None:
+def add_common_args(parser: argparse.ArgumentParser, sizes: bool = True,
+                    default_n: int = DEFAULT_N) -> None:
+    """``default_n``: the script's own default row count, applied by :func:`resolve_sizes`
+    unless --n or --quick is given (so that --help states it)."""
     if sizes:
         parser.add_argument("--n", type=int_size, default=None,
-                            help=f"rows of the data store (default {DEFAULT_N:.0e}; "
-                                 f"--quick: {QUICK_N:.0e})")
+                            help=f"rows of the data store (default {default_n:,}; "
+                                 f"--quick: {min(QUICK_N, default_n):,})")
+        parser.set_defaults(default_n=default_n)
     parser.add_argument("--d", type=int_size, default=None,
                         help=f"features (default {DEFAULT_D}; --quick: {QUICK_D})")
     parser.add_argument("--workdir", default=DEFAULT_WORKDIR,
@@ -82,7 +86,8 @@ def add_run_args(parser: argparse.ArgumentParser, repeat: int = 3) -> None:
 
 def resolve_sizes(args) -> None:
     if getattr(args, "n", "absent") is None:
-        args.n = QUICK_N if args.quick else DEFAULT_N
+        default_n = getattr(args, "default_n", DEFAULT_N)
+        args.n = min(QUICK_N, default_n) if args.quick else default_n
     if args.d is None:
         args.d = QUICK_D if args.quick else DEFAULT_D
 

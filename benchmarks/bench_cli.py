@@ -52,11 +52,9 @@ def timed(cmd: list[str]) -> tuple[float, str]:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    C.add_common_args(parser)
+    C.add_common_args(parser, default_n=40_000)
     C.add_run_args(parser, repeat=5)
     args = parser.parse_args(argv)
-    if args.n is None:
-        args.n = 40_000
     C.resolve_sizes(args)
     C.header(f"bench_cli: slem-dask fit end to end, n={args.n:,} d={args.d} float32", args)
     path = C.ensure_store(args.workdir, args.n, args.d, args.seed, args.chunk_rows)

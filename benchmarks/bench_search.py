@@ -45,7 +45,7 @@ def by_hand(path: str, queries, k: int):
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    C.add_common_args(parser)
+    C.add_common_args(parser, default_n=20_000)
     C.add_run_args(parser, repeat=5)
     parser.add_argument("--queries", type=C.int_size, default=1000,
                         help="number of queries (default 1000)")
@@ -54,8 +54,6 @@ def main(argv=None) -> int:
     parser.add_argument("--cluster", action="store_true",
                         help="also time slem-dask's LocalCluster (--workers x --threads)")
     args = parser.parse_args(argv)
-    if args.n is None and not args.quick:
-        args.n = 20_000
     C.resolve_sizes(args)
 
     import dask

@@ -22,15 +22,13 @@ import _common as C  # noqa: E402
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    C.add_common_args(parser)
+    C.add_common_args(parser, default_n=200_000)
     C.add_run_args(parser)
     parser.add_argument("--partitions", default="8192,32768,131072",
                         help="comma-separated partition_rows values")
     parser.add_argument("--layouts", default="2x1,1x2",
                         help="comma-separated PROCESSESxTHREADS LocalCluster layouts")
     args = parser.parse_args(argv)
-    if args.n is None and not args.quick:
-        args.n = 200_000
     C.resolve_sizes(args)
     parts = [C.int_size(p) for p in args.partitions.split(",")]
     layouts = [tuple(int(v) for v in s.split("x")) for s in args.layouts.split(",")]

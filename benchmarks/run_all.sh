@@ -20,4 +20,4 @@ done
 echo
 echo "uptime after: $(uptime)"
 echo "summary (RESULT lines):"
-grep -h '^RATIO\|^PEAK' "$logs"/bench_fit.log "$logs"/bench_encode.log "$logs"/bench_memory.log
+grep -h '^\(\[[^]]*\] \)\?\(RATIO\|PEAK\)' "$logs"/bench_fit.log "$logs"/bench_encode.log "$logs"/bench_memory.log

@@ -112,7 +112,9 @@ def _add_kernel_args(p: argparse.ArgumentParser) -> None:
                         "randomly pivoted, many pivots per pass (default: greedy)")
     g.add_argument("--tol", type=_fraction,
                    help="stop when the residual trace is below TOL x the trace (default: 1e-3)")
-    g.add_argument("--seed", type=int, metavar="N", help="random seed of rpcholesky")
+    g.add_argument("--seed", type=int, metavar="N",
+                   help="random seed of rpcholesky (default 0, as in job specs: reruns give "
+                        "the same model)")
 
 
 def _add_partition_arg(p: argparse.ArgumentParser) -> None:
@@ -345,17 +347,19 @@ def _check_inputs(args, spec) -> None:
 
 
 def _local_processes(args, spec, workers, threads) -> tuple[bool, str]:
-    """Whether a LocalCluster (if one is started) has worker processes, and why not."""
+    """Whether a LocalCluster (if one is started) has worker processes, and why."""
     from .cluster import SMALL_INPUT_BYTES
 
     choice = args.local_cluster
     if choice != "auto":
-        return choice == "processes", "--local-cluster threads"
+        return choice == "processes", f"--local-cluster {choice}"
     if workers or threads:
-        return True, ""
+        return True, "--workers/--threads-per-worker given"
     size = _input_bytes(args, spec)
-    if size is None or size >= SMALL_INPUT_BYTES:
-        return True, ""
+    if size is None:
+        return True, "input size not known before the run"
+    if size >= SMALL_INPUT_BYTES:
+        return True, f"input {size / 2**20:.0f} MiB >= {SMALL_INPUT_BYTES // 2**20} MiB"
     return False, (f"input {size / 2**20:.0f} MiB < {SMALL_INPUT_BYTES // 2**20} MiB; "
                    f"--local-cluster processes for worker processes")
 
@@ -434,8 +438,12 @@ def _run(args) -> int:
     with connect(scheduler, workers, threads, security=security, quiet=not progress,
                  processes=processes) as client, _performance_report(args.performance_report):
         info = client.scheduler_info()
-        where = ("" if args.scheduler_address or processes else
-                 f" in this process ({sum(client.nthreads().values())} threads; {why})")
+        if args.scheduler_address:
+            where = ""
+        elif processes:
+            where = f" (local worker processes: {why})"
+        else:
+            where = f" in this process ({sum(client.nthreads().values())} threads; {why})"
         print(f"dask: {info.get('address', '')} with {len(info['workers'])} worker(s){where}, "
               f"start-up {time.perf_counter() - started:.2f} s (the jobs' own times follow)",
               flush=True)
@@ -495,7 +503,7 @@ def _evaluate_grids(args) -> dict[str, dict]:
 
 #: Kernel options of `fit` and their defaults, applied only with --kernel.
 KERNEL_DEFAULTS = {"gamma": 0.1, "degree": 2, "rank": None, "pivoting": "greedy",
-                   "tol": 1e-3, "seed": None}
+                   "tol": 1e-3, "seed": 0}
 
 
 def _check_option_combinations(parser: argparse.ArgumentParser, args) -> None:

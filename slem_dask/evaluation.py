@@ -12,6 +12,8 @@
 
 from __future__ import annotations
 
+import os
+
 import time
 
 import dask
@@ -424,9 +426,16 @@ def _open_corpus(path: str):
             f"corpus: no zarr group at {path!r}; write one with "
             f"slem_dask.datasets.write_corpus or `slem-dask demo` (its workdir/corpus.zarr)"
         ) from None
+    except zarr.errors.ContainsArrayError:
+        parent = os.path.dirname(str(path).rstrip("/")) or "."
+        raise ValueError(
+            f"corpus: {path!r} is a zarr array, not a corpus group; give the group that "
+            f"holds negatives, database, queries and their labels, e.g. {parent!r}"
+        ) from None
     except Exception as exc:
-        raise ValueError(f"corpus: {path!r} is not a zarr group ({type(exc).__name__}: {exc})") \
-            from None
+        raise ValueError(f"corpus: {path!r} is not a zarr group ({type(exc).__name__}: {exc}); "
+                         f"give a corpus group as written by `slem-dask demo` "
+                         f"(its workdir/corpus.zarr)") from None
     needed = ("negatives", "database", "queries", "database_labels", "query_labels")
     missing = [n for n in needed if n not in group]
     if missing:

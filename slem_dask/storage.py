@@ -60,6 +60,12 @@ def _exists(path) -> bool:
     return integrity.exists(canonical(path))
 
 
+def _demo_member(name: str) -> str:
+    """The array of the demo corpus that an input called ``name`` would be."""
+    return {"positives": "database", "queries": "queries", "database": "database"}.get(
+        name, "negatives")
+
+
 def open_input(path: str, name: str) -> zarr.Array:
     """Open an existing 2-D zarr array for reading, with a clear error otherwise."""
     path = str(canonical(path))
@@ -68,7 +74,8 @@ def open_input(path: str, name: str) -> zarr.Array:
     except FileNotFoundError:
         raise FileNotFoundError(
             f"{name}: no zarr array at {path!r}; give the path of an existing zarr "
-            f"array, e.g. corpus.zarr/negatives (`slem-dask demo` writes such a store)"
+            f"array, e.g. slem-demo/corpus.zarr/{_demo_member(name)} (written by "
+            f"`slem-dask demo`)"
         ) from None
     except Exception as exc:  # zarr raises several types for non-zarr folders
         raise integrity.damaged_metadata(name, path, exc) or ValueError(
@@ -78,9 +85,12 @@ def open_input(path: str, name: str) -> zarr.Array:
     if isinstance(node, zarr.Group):
         members = sorted(k for k, v in node.members() if isinstance(v, zarr.Array))
         hint = f" (arrays in it: {', '.join(members)})" if members else ""
+        example = _demo_member(name)
+        if members and example not in members:
+            example = members[0]
         raise ValueError(
             f"{name}: {path!r} is a zarr group, not an array{hint}; give the path of "
-            f"an array inside it, e.g. {path.rstrip('/')}/{members[0] if members else 'negatives'}"
+            f"an array inside it, e.g. {path.rstrip('/')}/{example}"
         )
     if node.ndim != 2:
         fix = ("; if it is one descriptor, store it as one row: x.reshape(1, -1) "
@@ -568,6 +578,11 @@ def read_model_store(path: str) -> tuple[dict, dict[str, np.ndarray]]:
         raise FileNotFoundError(
             f"model: no zarr store at {path!r}; give the path written by "
             f"`slem-dask fit --model PATH` or model.save(PATH)"
+        ) from None
+    except zarr.errors.ContainsArrayError:
+        raise ValueError(
+            f"model: {path!r} is a zarr array, not a model (a model is a zarr group); give "
+            f"the path written by `slem-dask fit --model PATH` or model.save(PATH)"
         ) from None
     except Exception as exc:
         raise integrity.damaged_metadata("model", path, exc) or ValueError(

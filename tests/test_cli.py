@@ -188,6 +188,13 @@ def test_small_inputs_run_on_an_in_process_cluster(corpus, tmp_path, capsys, mon
                          "--local-cluster", "threads", "--no-progress")
     assert code == 0, err
     assert started == [False, False] and "--local-cluster threads" in out
+    code, out, err = run(capsys, "encode", "--model", model_path, "--positives",
+                         corpus["positives"], "--out", str(tmp_path / "codes.zarr"),
+                         "--local-cluster", "processes", "--workers", "1", "--overwrite",
+                         "--no-progress")
+    assert code == 0, err
+    first = out.splitlines()[0]
+    assert started[-1] is True and "(local worker processes: --local-cluster processes)" in first
 
 
 @pytest.mark.slow

@@ -144,3 +144,43 @@ def test_kernel_fit_progress(capsys, tmp_path):
                          "--workers", "1", "--no-progress")
     assert code == 0, err
     assert "kernel fit: pass" not in out
+
+
+def test_rpcholesky_fits_without_seed_are_reproducible(capsys, tmp_path):
+    """--seed defaults to 0 (as in job specs): two runs give the same model."""
+    rng = np.random.default_rng(1)
+    X = rng.standard_normal((400, 6)).astype(np.float32)
+    neg = zarr.create_array(store=str(tmp_path / "neg.zarr"), shape=X.shape, dtype=X.dtype,
+                            chunks=(64, 6))
+    neg[...] = X
+    prints = []
+    for name in ("a.zarr", "b.zarr"):
+        code, out, err = run(capsys, "fit", "--negatives", tmp_path / "neg.zarr", "--model",
+                             tmp_path / name, "--kernel", "rbf", "--rank", "24",
+                             "--pivoting", "rpcholesky", "--local-cluster", "threads",
+                             "--no-progress")
+        assert code == 0, err
+        prints.append(zarr.open_group(str(tmp_path / name), mode="r").attrs["slem_dask"])
+    assert prints[0]["seed"] == 0
+    assert prints[0]["fingerprint"] == prints[1]["fingerprint"]
+
+
+def test_an_array_where_a_group_is_expected_and_back_names_the_fix(capsys, corpus, tmp_path):
+    """A corpus array given as the corpus or the model, the corpus group given as the
+    negatives, a missing path: one line each that says what to give instead."""
+    code, _, err = run(capsys, "evaluate", "--corpus", f"{corpus}/negatives", "--k", "3",
+                       "--local-cluster", "threads", "--no-progress")
+    assert code == 1 and "is a zarr array, not a corpus group" in err, err
+    assert repr(corpus) in err and "ContainsArrayError" not in err
+    code, _, err = run(capsys, "encode", "--model", f"{corpus}/negatives", "--positives",
+                       f"{corpus}/database", "--out", tmp_path / "o.zarr",
+                       "--local-cluster", "threads", "--no-progress")
+    assert code == 1 and "is a zarr array, not a model" in err, err
+    assert "ContainsArrayError" not in err
+    code, _, err = run(capsys, "fit", "--negatives", corpus, "--model", tmp_path / "m.zarr",
+                       "--local-cluster", "threads", "--no-progress")
+    assert code == 1 and f"e.g. {corpus}/negatives" in err, err
+    code, _, err = run(capsys, "search", "--queries", tmp_path / "nope.zarr", "--database",
+                       f"{corpus}/database", "--k", "3", "--out", tmp_path / "s.zarr",
+                       "--local-cluster", "threads", "--no-progress")
+    assert code == 1 and "e.g. slem-demo/corpus.zarr/queries" in err, err
