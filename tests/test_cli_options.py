@@ -127,12 +127,15 @@ def test_grid_search_library_matches_evaluate_methods():
         parameter_grid({"a": []})
 
 
-def test_kernel_fit_progress(capsys, tmp_path):
-    rng = np.random.default_rng(0)
-    X = rng.standard_normal((300, 6)).astype(np.float32)
+def _negatives_store(tmp_path, n: int, seed: int) -> None:
+    X = np.random.default_rng(seed).standard_normal((n, 6)).astype(np.float32)
     neg = zarr.create_array(store=str(tmp_path / "neg.zarr"), shape=X.shape, dtype=X.dtype,
                             chunks=(64, 6))
     neg[...] = X
+
+
+def test_kernel_fit_progress(capsys, tmp_path):
+    _negatives_store(tmp_path, 300, seed=0)
     code, out, err = run(capsys, "fit", "--negatives", tmp_path / "neg.zarr", "--model",
                          tmp_path / "k.zarr", "--kernel", "rbf", "--rank", "20",
                          "--pivoting", "rpcholesky", "--seed", "0", "--workers", "1",
@@ -148,11 +151,7 @@ def test_kernel_fit_progress(capsys, tmp_path):
 
 def test_rpcholesky_fits_without_seed_are_reproducible(capsys, tmp_path):
     """--seed defaults to 0 (as in job specs): two runs give the same model."""
-    rng = np.random.default_rng(1)
-    X = rng.standard_normal((400, 6)).astype(np.float32)
-    neg = zarr.create_array(store=str(tmp_path / "neg.zarr"), shape=X.shape, dtype=X.dtype,
-                            chunks=(64, 6))
-    neg[...] = X
+    _negatives_store(tmp_path, 400, seed=1)
     prints = []
     for name in ("a.zarr", "b.zarr"):
         code, out, err = run(capsys, "fit", "--negatives", tmp_path / "neg.zarr", "--model",
