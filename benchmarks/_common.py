@@ -86,8 +86,7 @@ def add_run_args(parser: argparse.ArgumentParser, repeat: int = 3) -> None:
 
 def resolve_sizes(args) -> None:
     if getattr(args, "n", "absent") is None:
-        default_n = getattr(args, "default_n", DEFAULT_N)
-        args.n = min(QUICK_N, default_n) if args.quick else default_n
+        args.n = min(QUICK_N, args.default_n) if args.quick else args.default_n
     if args.d is None:
         args.d = QUICK_D if args.quick else DEFAULT_D
 

@@ -193,6 +193,13 @@ def slem_dask_kind(path: StorePath) -> str | None:
     return meta.get("kind") if isinstance(meta, dict) and meta.get("kind") in KINDS else None
 
 
+def unreadable_marker(path: StorePath) -> bool:
+    """Whether ``path`` has a zarr.json that is not a JSON document: whether
+    slem-dask wrote the store cannot be told (see :func:`slem_dask_kind`)."""
+    return (not isinstance(_read_json(path, "zarr.json"), dict)
+            and exists(path.child("zarr.json")))
+
+
 def _is_empty_dir(path: StorePath) -> bool:
     if path.is_local:
         return os.path.isdir(path.location) and not os.listdir(path.location)
@@ -217,7 +224,7 @@ def check_may_replace(path, what: str, flag: str = "--overwrite",
             f"path, or delete it yourself if it is really unwanted")
     if found is not None:
         return
-    if _read_json(path, "zarr.json") is None and _has_document(path, "zarr.json"):
+    if unreadable_marker(path):
         whose = ("slem-dask cannot tell who wrote it: its metadata document zarr.json "
                  "cannot be read (damaged, or not zarr v3)")
     else:
@@ -469,16 +476,6 @@ class DamagedMetadataError(DamagedStoreError):
     """A node's metadata document (zarr.json) is there but zarr cannot read it."""
 
 
-def _has_document(path: StorePath, name: str) -> bool:
-    try:
-        if path.is_local:
-            return os.path.isfile(os.path.join(path.location, name))
-        fs, root = _fs(path)
-        return fs.isfile(f"{root}/{name}")
-    except OSError:
-        return False
-
-
 def _children(path: StorePath) -> list[str]:
     try:
         if path.is_local:
@@ -496,7 +493,7 @@ def unreadable_document(path: StorePath) -> str | None:
 
     for name in ["", *_children(path)]:
         node = path.child(name) if name else path
-        if not _has_document(node, "zarr.json"):
+        if not exists(node.child("zarr.json")):
             continue
         try:
             zarr.open(store=node.location, mode="r")

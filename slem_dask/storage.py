@@ -731,8 +731,7 @@ def verify(path) -> tuple[str, list[str]]:
         return "nothing", [f"no store at {str(path)!r}"]
     kind = integrity.slem_dask_kind(path)
     if kind is None:
-        damaged = integrity.unreadable_document(path)
-        if damaged == "zarr.json":  # whose marker cannot be read
+        if integrity.unreadable_marker(path):
             return "unknown", [f"its metadata document 'zarr.json' cannot be read: the store "
                                f"is damaged, or is not a zarr v3 store"]
         return "unknown", [f"{str(path)!r} was not written by slem-dask (no '{ATTR}' marker)"]

@@ -69,30 +69,16 @@ def block_topk(scores: np.ndarray, offset: int, k: int) -> tuple[np.ndarray, np.
 def merge_topk(parts, k: int) -> tuple[np.ndarray, np.ndarray]:
     """Merge several (scores, indices) top-k lists of the same queries into one.
 
-    Columns that are padding in every row (score -inf, index -1: a database
-    block shorter than k) are dropped before the sort and added back at the
-    end, and lists already in ranking order (one list, or lists of database
-    blocks in order that do not interleave) are not sorted again, so a merge
-    costs what its real entries cost.
+    Lists already in ranking order (one list, or lists of database blocks in
+    order that do not interleave) are not sorted again.
     """
     parts = list(parts)
     scores = np.concatenate([p[0] for p in parts], axis=1)
     indices = np.concatenate([p[1] for p in parts], axis=1)
-    width = min(k, scores.shape[1])
-    padding = (indices < 0).all(axis=0) & np.isneginf(scores).all(axis=0)
-    if padding.any():
-        scores, indices = scores[:, ~padding], indices[:, ~padding]
     if _in_ranking_order(scores, indices):
-        top, ids = scores[:, :k], indices[:, :k]
-    else:
-        order = _ranking_order(scores, indices)[:, :k]
-        top = np.take_along_axis(scores, order, axis=1)
-        ids = np.take_along_axis(indices, order, axis=1)
-    missing = width - top.shape[1]
-    if missing > 0:
-        top = np.hstack([top, np.full((len(top), missing), -np.inf)])
-        ids = np.hstack([ids, np.full((len(ids), missing), -1, dtype=ids.dtype)])
-    return top, ids
+        return scores[:, :k], indices[:, :k]
+    order = _ranking_order(scores, indices)[:, :k]
+    return np.take_along_axis(scores, order, axis=1), np.take_along_axis(indices, order, axis=1)
 
 
 def _in_ranking_order(scores: np.ndarray, indices: np.ndarray) -> bool:
