@@ -124,3 +124,16 @@ def oxford_compute_ap(pos, amb, ranked_list):
         old_precision = precision
         j += 1
     return ap
+
+
+# -- what a job's tasks compute ----------------------------------------------------
+def partitionwise(transform, rows, partition_rows):
+    """``transform`` of ``rows``, one call per partition, on one BLAS thread: the calls
+    an encode job's tasks make. The last bit of a float32 product depends on its
+    shape (OpenBLAS edge kernels), so one call on all rows can differ from a job's
+    output in a few entries."""
+    from threadpoolctl import threadpool_limits
+
+    with threadpool_limits(limits=1, user_api="blas"):
+        return np.concatenate([transform(rows[i:i + partition_rows])
+                               for i in range(0, len(rows), partition_rows)])

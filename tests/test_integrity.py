@@ -17,6 +17,7 @@ from distributed import Client, LocalCluster
 from slem_dask import LinearSLEM, KernelSLEM, integrity, load_model, pipeline, storage
 from slem_dask.cli import main
 from slem_dask.integrity import canonical
+from reference import partitionwise
 
 D = 8
 
@@ -64,9 +65,13 @@ def _encode(corpus, out, **kw):
                                partition_rows=40, **kw)
 
 
-def _expected(corpus, pos=None):
-    return load_model(corpus["model"]).transform(corpus["pos"] if pos is None else pos,
-                                                 dtype="float32")
+def _expected(corpus, pos=None, like=None):
+    """What encode_job writes: one product per partition (40 rows, or the partitions
+    of the output ``like``)."""
+    model = load_model(corpus["model"])
+    rows = 40 if like is None else zarr.open_array(str(like), mode="r").chunks[0]
+    return partitionwise(lambda p: model.transform(p, dtype="float32"),
+                         corpus["pos"] if pos is None else pos, rows)
 
 
 def _chunk(path, i):
@@ -507,7 +512,8 @@ def test_file_urls_work_for_every_input_and_output(corpus, client, capsys):
                         "--positives", f"file://{corpus['positives']}",
                         "--out", f"file://{d}/url.zarr")
     assert code == 0, err
-    np.testing.assert_array_equal(storage.read_all(d / "url.zarr"), _expected(corpus))
+    np.testing.assert_array_equal(storage.read_all(d / "url.zarr"),
+                                  _expected(corpus, like=d / "url.zarr"))
     code, _, err = _cli(capsys, client, "search", "--queries", f"file://{d}/url.zarr",
                         "--database", f"{d}/url.zarr", "--k", "2",
                         "--out", f"file://{d}/search.zarr")
@@ -527,7 +533,8 @@ def test_memory_urls_are_refused_by_the_command_line_and_separate_workers(corpus
     # in one process (the threaded scheduler) it is a fine scratch store
     report = pipeline.encode_job(None, corpus["model"], corpus["positives"], "memory://y.zarr")
     assert report.facts["action"] == "create"
-    np.testing.assert_array_equal(storage.read_all("memory://y.zarr"), _expected(corpus))
+    np.testing.assert_array_equal(storage.read_all("memory://y.zarr"),
+                                  _expected(corpus, like="memory://y.zarr"))
 
 
 def test_search_refuses_encodings_of_different_models_unless_forced(corpus, client, capsys):
