@@ -144,6 +144,7 @@ def main(argv=None) -> int:
     from slem_dask import storage
     from slem_dask.core.linear import encode_rows
     from slem_dask.models import load_model
+    from slem_dask.parallel import scatter_large_arrays
     from slem_dask.pipeline import encode_job, fit_job
 
     C.header(f"bench_encode: n={args.n:,} d={args.d} float32"
@@ -178,7 +179,9 @@ def main(argv=None) -> int:
     numpy_runs = []
     with C.scheduler_contexts(args, schedulers) as (clients, contexts):
         for sched in schedulers:
-            with contexts[sched](), C.Timer() as t:  # imports in the workers, one partition
+            # imports in the workers, one partition; the model goes to the workers as
+            # encode_job sends it (scattered, not inside the graph)
+            with contexts[sched](), scatter_large_arrays(clients[sched]), C.Timer() as t:
                 dask.compute(model.transform(x[:rows], dtype=np.float32))
             print(f"warm-up on {sched} (not counted): {t.seconds:.3f} s")
         print("slem contender: pipeline.encode_job (float32 output)")

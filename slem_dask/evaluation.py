@@ -20,6 +20,7 @@ import numpy as np
 
 from . import storage
 from ._version import __version__
+from .parallel import scatter_large_arrays
 from .pipeline import JobReport, _compute
 from .retrieval import mean_average_precision, precision_recall_at_k, search
 from .validation import check_rows, is_dask_array
@@ -513,13 +514,14 @@ def evaluate_job(client, corpus: str, methods="raw,pca,esvm,slem", n_negatives: 
     database = storage.dask_rows(db, partition_rows)
     queries = storage.dask_rows(q, partition_rows)
     grids = {m: {**(params or {}).get(m, {}), **(grids or {}).get(m, {})} for m in methods}
-    if all(len(parameter_grid(g)) == 1 for g in grids.values()):
-        rows, curves = evaluate_methods(negatives, database, queries, relevant, methods, k=k,
-                                        p_at=p_at, params={m: parameter_grid(g)[0]
-                                                           for m, g in grids.items()})
-    else:
-        rows, _, curves = grid_search(negatives, database, queries, relevant, grids, k=k,
-                                      p_at=p_at, curves=True)
+    with scatter_large_arrays(client):  # E-SVM's negatives: once to the workers
+        if all(len(parameter_grid(g)) == 1 for g in grids.values()):
+            rows, curves = evaluate_methods(negatives, database, queries, relevant, methods,
+                                            k=k, p_at=p_at, params={m: parameter_grid(g)[0]
+                                                                    for m, g in grids.items()})
+        else:
+            rows, _, curves = grid_search(negatives, database, queries, relevant, grids, k=k,
+                                          p_at=p_at, curves=True)
     report = JobReport("evaluate")
     report.facts.update({"corpus": str(corpus), "negatives": negatives.shape[0],
                          "database": db.shape[0], "queries": q.shape[0],

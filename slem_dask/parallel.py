@@ -8,6 +8,7 @@ when to compute, and on which client.
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import threading
 
 import dask
@@ -21,7 +22,7 @@ from .core.statistics import (ScatterAccumulator, ScatterStats, block_statistics
 from .validation import check_finite_rows
 
 __all__ = ["scatter_statistics", "store_statistics", "statistics_partition_rows", "encode_blocks", "map_rows", "shared",
-           "single_threaded_blas", "merge_fan_in"]
+           "scatter_large_arrays", "single_threaded_blas", "merge_fan_in"]
 
 #: How many partial results one task of a tree reduction merges (at most).
 SPLIT_EVERY = 8
@@ -222,12 +223,49 @@ def _merge_tree(parts: list, d: int, split_every: int):
             return parts[0]
 
 
+#: Arrays of at least this size go to the workers by ``client.scatter`` inside
+#: :func:`scatter_large_arrays` (distributed warns about graphs above 10 MB).
+SCATTER_BYTES = 2**20
+
+_scatter_client = contextvars.ContextVar("slem_dask_scatter_client", default=None)
+
+
+@contextlib.contextmanager
+def scatter_large_arrays(client):
+    """Within this block, :func:`shared` sends arrays of SCATTER_BYTES or more to
+    ``client``'s workers once (``client.scatter``) instead of embedding them in
+    the task graph.
+
+    An embedded array travels in the graph through the scheduler, which holds it
+    (a d = 8192 linear model: 256 MiB; E-SVM's negatives: all of them), and
+    distributed warns about it. A scattered one is a future, held until the
+    block ends: a graph built here must be computed on ``client`` inside it. Jobs, which build and compute
+    at once, use this; library calls outside it stay self-contained graphs that
+    any scheduler can compute. ``client=None`` (no cluster) changes nothing.
+    """
+    # the futures are held here: a graph keeps only their keys, and a future
+    # nobody holds is released by the client before its tasks run
+    token = _scatter_client.set((client, []) if client is not None else None)
+    try:
+        yield
+    finally:
+        _scatter_client.reset(token)
+
+
 def shared(value):
-    """Wrap a small in-memory array so it enters the graph once.
+    """Wrap an in-memory array so it enters the graph once.
 
     Tasks that take it refer to one key: the scheduler ships it to each worker
-    once, instead of pickling a copy into every task.
+    once, instead of pickling a copy into every task. Inside
+    :func:`scatter_large_arrays`, a large array is scattered to the workers
+    instead, and the key is its future.
     """
+    scatter = _scatter_client.get()
+    if scatter is not None and isinstance(value, np.ndarray) and value.nbytes >= SCATTER_BYTES:
+        client, held = scatter
+        future = client.scatter(value, hash=True)
+        held.append(future)
+        return future
     return dask.delayed(value, pure=True, traverse=False)
 
 

@@ -26,7 +26,7 @@ from ._version import __version__
 from .integrity import canonical
 from .models import KernelSLEM, LinearSLEM, RawFeatures, load_model
 from .core.statistics import ScatterStats, merge_statistics
-from .parallel import statistics_partition_rows, store_statistics
+from .parallel import scatter_large_arrays, statistics_partition_rows, store_statistics
 from .validation import check_n_features
 
 __all__ = ["fit_job", "encode_job", "JobReport"]
@@ -402,8 +402,10 @@ def encode_job(client, model_path: str, positives: str, out: str, dtype: str | N
         try:
             integrity.check_workers_see(client, {"positives": positives, "output": out})
             if todo:
-                written = _compute(client, _write_partitions(model, arr, target, todo, rows,
-                                                             out_dtype, precision), progress)
+                with scatter_large_arrays(client):  # the model: once to the workers
+                    written = _compute(client, _write_partitions(model, arr, target, todo,
+                                                                 rows, out_dtype, precision),
+                                       progress)
                 for index, crc in np.asarray(written).reshape(-1, 2).tolist():
                     crcs[int(index)] = int(crc)
             t2 = time.perf_counter()

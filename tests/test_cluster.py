@@ -113,6 +113,47 @@ def test_encode_job_failure_on_processes_leaves_no_output(client, data, tmp_path
 
 
 @pytest.mark.cluster
+def test_jobs_send_large_model_arrays_to_the_workers_not_in_the_graph(client, tmp_path):
+    # A 2 MiB encoding matrix (d = 724, float32) and E-SVM's negatives would ride in the
+    # task graph through the scheduler; under a 1 MB warning threshold distributed says so.
+    import warnings
+
+    import dask
+
+    from slem_dask.datasets import make_corpus, write_corpus
+    from slem_dask.evaluation import evaluate_job
+    from slem_dask.pipeline import encode_job
+
+    rng = np.random.default_rng(4)
+    d = 724
+    X = rng.standard_normal((1500, d)).astype(np.float32)
+    P = rng.standard_normal((60, d)).astype(np.float32)
+    model_path = str(tmp_path / "model.zarr")
+    want = LinearSLEM(lam=0.1).fit(X)
+    want.save(model_path)
+    assert want.precision_.astype(np.float32).nbytes >= 2**20  # parallel.SCATTER_BYTES
+    positives = write_array(tmp_path / "positives.zarr", P, 20)
+    corpus = str(tmp_path / "corpus.zarr")
+    write_corpus(make_corpus(n_negatives=3000, n_instances=10, group_size=2, d=64, seed=1),
+                 corpus, chunk_rows=500)
+    with dask.config.set({"distributed.admin.large-graph-warning-threshold": "1MB"}), \
+            warnings.catch_warnings():
+        warnings.filterwarnings("error", message="Sending large graph")
+        encode_job(client, model_path, positives, str(tmp_path / "codes.zarr"),
+                   partition_rows=20)
+        rows, _, _ = evaluate_job(client, corpus, methods="esvm")
+    np.testing.assert_allclose(storage.open_output(str(tmp_path / "codes.zarr"))[...],
+                               want.transform(P), rtol=0, atol=2e-6)
+    assert 0 < rows[0]["mAP"] <= 1
+    import time
+
+    deadline = time.monotonic() + 10  # releases reach the scheduler asynchronously
+    while client.who_has() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not client.who_has()  # the scattered arrays are released after each job
+
+
+@pytest.mark.cluster
 def test_fit_job_rejects_nonfinite_negatives_and_writes_nothing(client, data, tmp_path):
     from slem_dask.pipeline import fit_job
 
