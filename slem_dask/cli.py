@@ -481,15 +481,23 @@ def _run(args) -> int:
                 client, workdir=args.workdir, n_negatives=args.negatives,
                 n_instances=args.instances, d=args.dim, lam=args.lam, seed=args.seed,
                 progress=progress)
+        # done: a Ctrl-C while the cluster closes must not say that nothing was written
+        args.finished = (reports, rows if args.command in ("demo", "evaluate") else None)
+    _print_results(args, *args.finished)
+    return 0
+
+
+def _print_results(args, reports, rows) -> None:
     for report in reports:
         print("\n".join(report.lines()))
     if args.command == "demo":
         print()
         _print_table(rows)
     if args.command == "evaluate":
+        from .evaluation import format_table
+
         print()
-        print(evaluation.format_table(rows))
-    return 0
+        print(format_table(rows))
 
 
 def _evaluate_grids(args) -> dict[str, dict]:
@@ -547,6 +555,12 @@ def main(argv=None) -> int:
         print(f"slem-dask {args.command}: error: {exc}", file=sys.stderr)
         return EXIT_ERROR
     except KeyboardInterrupt:
+        if getattr(args, "finished", None) is not None:
+            _print_results(args, *args.finished)
+            print(f"slem-dask {args.command}: interrupted while the dask cluster was closing, "
+                  f"after the job had finished: what it wrote above is complete",
+                  file=sys.stderr)
+            return 130
         kept = {"encode": "an unfinished output, if one was started, is kept and refused by "
                           "readers: run the same command again to resume it",
                 "run": "unfinished outputs are kept and refused by readers: run the same "

@@ -111,8 +111,43 @@ def connect(scheduler: str | None = None, n_workers: int | None = None,
             yield client
         return
     kwargs = default_local_cluster_kwargs(n_workers, threads_per_worker)
-    with dask.config.set(WORKER_MALLOC), \
-            LocalCluster(**kwargs, silence_logs=logging.CRITICAL) as cluster, \
-            Client(cluster) as client:
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(dask.config.set(WORKER_MALLOC))
+        with _sigint_for_this_process_only():
+            cluster = stack.enter_context(
+                LocalCluster(**kwargs, silence_logs=logging.CRITICAL))
+        client = stack.enter_context(Client(cluster))
         client.register_plugin(SingleThreadedBLAS())
         yield client
+
+
+@contextlib.contextmanager
+def _sigint_for_this_process_only():
+    """Start worker processes that Ctrl-C does not reach; Ctrl-C meanwhile waits.
+
+    Ctrl-C sends SIGINT to the whole foreground process group: worker processes
+    still importing printed a KeyboardInterrupt traceback each, and the
+    half-started cluster more, after slem-dask's one line. SIGINT is blocked
+    while the cluster starts, and a blocked signal stays blocked in the threads
+    and processes started meanwhile (the cluster's event loop, the workers), so
+    only this process gets it; the nannies stop the workers when it closes the
+    cluster. A Ctrl-C pressed during start-up is raised when this block ends,
+    inside the caller's cleanup.
+    """
+    import signal
+    import threading
+
+    if not hasattr(signal, "pthread_sigmask") or \
+            threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    from multiprocessing import resource_tracker
+
+    # Started later, in the cluster's event loop, the tracker would unblock SIGINT
+    # there once it has spawned (its own start-up blocks and then unblocks it).
+    resource_tracker.ensure_running()
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)

@@ -159,6 +159,53 @@ def test_cli_starts_its_own_local_cluster(corpus, tmp_path, capsys):
     np.testing.assert_allclose(got.mean_, want.mean_, rtol=1e-12)
 
 
+def test_ctrl_c_while_the_cluster_closes_reports_the_finished_job(corpus, tmp_path, capsys,
+                                                                   monkeypatch):
+    # The job has written its model; a Ctrl-C then, while the cluster shuts down, must
+    # not say that nothing was written.
+    import contextlib
+
+    from slem_dask import cluster
+
+    real_connect = cluster.connect
+
+    @contextlib.contextmanager
+    def interrupted_on_close(*args, **kwargs):
+        with real_connect(*args, **kwargs) as client:
+            yield client
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cluster, "connect", interrupted_on_close)
+    model_path = str(tmp_path / "model.zarr")
+    code, out, err = run(capsys, "fit", "--negatives", corpus["negatives"], "--model",
+                         model_path, "--lam", "0.01", "--no-progress")
+    assert code == 130
+    assert "after the job had finished" in err and "nothing was marked complete" not in err
+    assert "fingerprint" in out  # the fit's report is printed
+    assert main(["verify", model_path]) == 0
+
+
+@pytest.mark.cluster
+def test_local_worker_processes_do_not_get_ctrl_c(corpus):
+    # Ctrl-C reaches the whole process group: workers still importing printed a
+    # traceback each. They start with SIGINT blocked; this process gets it back.
+    import signal
+
+    from slem_dask.cluster import connect
+
+    def blocked():
+        import signal
+
+        return signal.SIGINT in signal.pthread_sigmask(signal.SIG_BLOCK, set())
+
+    with connect(n_workers=2, threads_per_worker=1) as client:
+        assert all(client.run(blocked).values())
+        assert not blocked()
+        client.restart()  # a worker the nanny starts again is covered too
+        assert all(client.run(blocked).values())
+    assert signal.SIGINT not in signal.pthread_sigmask(signal.SIG_BLOCK, set())
+
+
 def test_small_inputs_run_on_an_in_process_cluster(corpus, tmp_path, capsys, monkeypatch):
     # worker processes take longer to start than a small job takes to run
     from distributed import LocalCluster
