@@ -329,8 +329,9 @@ def incomplete_cholesky(x, cfg: CholeskyConfig, block_rows: int = 4096,
     residual trace is <= ``cfg.tol`` times the trace, or when no remaining
     row has a residual above BREAKDOWN x max K(i, i) (rpcholesky: or after
     MAX_EMPTY_ROUNDS rounds in a row in which every candidate was rejected).
-    ``on_round(round_no, n_pivots, residual_trace / trace)``, if given, is called
-    after every pass over the data (progress reports).
+    ``on_round(pass_no, n_pivots, residual_trace / trace)``, if given, is called
+    after every pass over the data (progress reports), the first one (the
+    diagonal) included: the last ``pass_no`` is the result's ``rounds``.
     """
     if is_dask_array(x):
         rounds = _DaskRounds(x, name)
@@ -340,6 +341,12 @@ def incomplete_cholesky(x, cfg: CholeskyConfig, block_rows: int = 4096,
     d = x.shape[1]
     summary = rounds.start(cfg, _candidates(cfg, 0))
     trace, max_diag = summary.trace, summary.max_diag
+
+    def report(pass_no, n_pivots, summary):
+        if on_round is not None:  # a zero trace is refused below, after the last pass
+            on_round(pass_no, n_pivots, float(summary.residual) / trace if trace else 0.0)
+
+    report(1, 0, summary)
     floor = BREAKDOWN * max_diag
     pivots: list[np.ndarray] = []
     pivot_rows = np.empty((0, d))
@@ -353,6 +360,7 @@ def incomplete_cholesky(x, cfg: CholeskyConfig, block_rows: int = 4096,
         if chosen is None:
             # Nothing left to add: one more pass for the statistics of F.
             summary = rounds.step(None, cfg, 1, round_no, final=True)
+            report(round_no + 1, t, summary)
             break
         idx, acc = chosen
         s = len(idx)
@@ -368,8 +376,7 @@ def incomplete_cholesky(x, cfg: CholeskyConfig, block_rows: int = 4096,
             t += s
         final = t >= cfg.rank
         summary = rounds.step(acc if s else None, cfg, _candidates(cfg, t), round_no, final)
-        if on_round is not None:
-            on_round(round_no, t, float(summary.residual) / float(trace))
+        report(round_no + 1, t, summary)
         if final:
             break
     if t == 0:

@@ -37,6 +37,22 @@ def test_greedy_dask_fit_equals_numpy(data, chunks):
     np.testing.assert_allclose(model.similarity(P, P), ref.similarity(P, P), atol=1e-12)
 
 
+@pytest.mark.parametrize("params", [dict(rank=15, tol=0), dict(rank=80, tol=0.05),
+                                    dict(rank=5, pivoting="rpcholesky", random_state=1)])
+def test_progress_reports_every_pass(data, params):
+    # the command line prints these: its last line must agree with the fit's summary
+    X, _ = data
+    for x in (X, da.from_array(X, chunks=(32, 6))):
+        seen = []
+        with dask.config.set(scheduler="threads"):
+            model = KernelSLEM(kernel="rbf", gamma=0.3, **params).fit(
+                x, progress=lambda *a: seen.append(a))
+        assert [p for p, _, _ in seen] == list(range(1, model.n_passes_ + 1))
+        assert seen[0][1:] == (0, 1.0)
+        assert seen[-1][1] == model.rank_
+        assert seen[-1][2] == pytest.approx(model.trace_error_, rel=1e-12)
+
+
 @pytest.mark.parametrize("chunks", CHUNKINGS)
 def test_rpcholesky_dask_equals_numpy_with_same_blocks(data, chunks):
     X, _ = data
