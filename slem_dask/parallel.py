@@ -233,8 +233,8 @@ _scatter_client = contextvars.ContextVar("slem_dask_scatter_client", default=Non
 @contextlib.contextmanager
 def scatter_large_arrays(client):
     """Within this block, :func:`shared` sends arrays of SCATTER_BYTES or more to
-    ``client``'s workers once (``client.scatter``) instead of embedding them in
-    the task graph.
+    every worker of ``client`` once (``client.scatter(broadcast=True)``) instead
+    of embedding them in the task graph.
 
     An embedded array travels in the graph through the scheduler, which holds it
     (a d = 8192 linear model: 256 MiB; E-SVM's negatives: all of them), and
@@ -264,7 +264,9 @@ def shared(value):
     scatter = _scatter_client.get()
     if scatter is not None and isinstance(value, np.ndarray) and value.nbytes >= SCATTER_BYTES:
         client, held = scatter
-        future = client.scatter(value, hash=True)
+        # on every worker (copied worker to worker): a worker lost mid-job does not
+        # take the only copy with it (scattered data, unlike a task, cannot be rerun)
+        future = client.scatter(value, hash=True, broadcast=True)
         held.append(future)
         return future
     return dask.delayed(value, pure=True, traverse=False)

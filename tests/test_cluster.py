@@ -154,6 +154,32 @@ def test_jobs_send_large_model_arrays_to_the_workers_not_in_the_graph(client, tm
 
 
 @pytest.mark.cluster
+def test_a_scattered_model_survives_the_loss_of_a_worker(client):
+    # Scattered data, unlike a task, cannot be computed again: every worker holds a copy,
+    # so a worker killed before any task ran does not take the only one with it.
+    import signal
+
+    from slem_dask.parallel import encode_blocks, scatter_large_arrays, shared
+
+    rng = np.random.default_rng(2)
+    d = 600
+    matrix = rng.standard_normal((d, d))
+    mean = rng.standard_normal(d)
+    P = rng.standard_normal((40, d))
+    with scatter_large_arrays(client):
+        shipped = shared(matrix)
+        holders = client.who_has(shipped)[shipped.key]
+        assert len(holders) == len(client.nthreads()) == 2
+        pids = client.run(os.getpid)
+        os.kill(pids[holders[0]], signal.SIGKILL)
+        z = encode_blocks(da.from_array(P, chunks=(10, d)), mean, shipped, np.float64)
+        got = client.compute(z).result(timeout=60)
+    client.wait_for_workers(2, timeout=60)  # the nanny restarts it for the other tests
+    want = encode_blocks(da.from_array(P, chunks=(10, d)), mean, matrix, np.float64)
+    np.testing.assert_allclose(got, want.compute(scheduler="sync"), rtol=1e-12, atol=1e-15)
+
+
+@pytest.mark.cluster
 def test_fit_job_rejects_nonfinite_negatives_and_writes_nothing(client, data, tmp_path):
     from slem_dask.pipeline import fit_job
 
