@@ -353,8 +353,10 @@ def _local_processes(args, spec, workers, threads) -> tuple[bool, str]:
     choice = args.local_cluster
     if choice != "auto":
         return choice == "processes", f"--local-cluster {choice}"
-    if workers or threads:
+    if args.workers or args.threads_per_worker:
         return True, "--workers/--threads-per-worker given"
+    if workers or threads:
+        return True, "workers/threads_per_worker set in the spec's [cluster]"
     size = _input_bytes(args, spec)
     if size is None:
         return True, "input size not known before the run"
@@ -534,8 +536,31 @@ def _check_option_combinations(parser: argparse.ArgumentParser, args) -> None:
                      f"{args.k} or less, or a larger --k")
 
 
+def _glue_negative_values(argv: list[str]) -> list[str]:
+    """``--lam -1e-3`` as ``--lam=-1e-3``: argparse takes '-1e-3' for an option (only
+    '-1' and '-.5' look like numbers to it) and would say "expected one argument";
+    glued, the value reaches the option's own check, which says what is allowed."""
+    out = []
+    for token in argv:
+        if (out and out[-1].startswith("--") and "=" not in out[-1]
+                and token.startswith("-") and _is_number_list(token)):
+            out[-1] = f"{out[-1]}={token}"
+        else:
+            out.append(token)
+    return out
+
+
+def _is_number_list(text: str) -> bool:
+    try:
+        [float(v) for v in text.split(",")]
+    except ValueError:
+        return False
+    return True
+
+
 def main(argv=None) -> int:
     parser = build_parser()
+    argv = _glue_negative_values(list(sys.argv[1:] if argv is None else argv))
     args = parser.parse_args(argv)
     _check_option_combinations(parser, args)
     # Interrupting a run leaves asyncio tasks of the closing client behind; their

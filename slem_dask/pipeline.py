@@ -615,7 +615,7 @@ def _plan_output(out, existing, arr, positives, encoding, out_dtype, overwrite,
     if existing.shape[1] != width or existing.dtype != out_dtype:
         problems.append(f"it holds {existing.shape[1]} columns of {existing.dtype}, this run "
                         f"writes {width} of {out_dtype}")
-    if arr.shape[0] < existing.shape[0]:
+    if arr.shape[0] < existing.shape[0] and meta.get("source") == positives.url:
         problems.append(f"the positives shrank from {existing.shape[0]} to {arr.shape[0]} rows")
     if meta.get("precision") != precision:
         problems.append(f"it was encoded with precision {meta.get('precision')!r}, this run "

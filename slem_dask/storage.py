@@ -66,6 +66,12 @@ def _demo_member(name: str) -> str:
         name, "negatives")
 
 
+def _demo_example(name: str) -> str:
+    """That array's path from the working directory: the demo's folder, or above it."""
+    folder = "" if os.path.isdir("corpus.zarr") else "slem-demo/"
+    return f"{folder}corpus.zarr/{_demo_member(name)}"
+
+
 def open_input(path: str, name: str) -> zarr.Array:
     """Open an existing 2-D zarr array for reading, with a clear error otherwise."""
     path = str(canonical(path))
@@ -74,7 +80,7 @@ def open_input(path: str, name: str) -> zarr.Array:
     except FileNotFoundError:
         raise FileNotFoundError(
             f"{name}: no zarr array at {path!r}; give the path of an existing zarr "
-            f"array, e.g. slem-demo/corpus.zarr/{_demo_member(name)} (written by "
+            f"array, e.g. {_demo_example(name)} (written by "
             f"`slem-dask demo`)"
         ) from None
     except Exception as exc:  # zarr raises several types for non-zarr folders

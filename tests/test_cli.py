@@ -422,3 +422,14 @@ def test_missing_required_arguments(capsys):
     assert code == 2 and "--model" in err
     code, _, err = run(capsys)
     assert code == 2
+
+
+def test_the_first_line_names_where_the_worker_processes_came_from():
+    from slem_dask.cli import _local_processes, build_parser
+
+    parser = build_parser()
+    from_spec = parser.parse_args(["run", "spec.toml"])
+    assert _local_processes(from_spec, None, 2, 1) == (
+        True, "workers/threads_per_worker set in the spec's [cluster]")
+    given = parser.parse_args(["run", "spec.toml", "--workers", "2"])
+    assert _local_processes(given, None, 2, None) == (True, "--workers/--threads-per-worker given")

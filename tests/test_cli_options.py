@@ -164,7 +164,8 @@ def test_rpcholesky_fits_without_seed_are_reproducible(capsys, tmp_path):
     assert prints[0]["fingerprint"] == prints[1]["fingerprint"]
 
 
-def test_an_array_where_a_group_is_expected_and_back_names_the_fix(capsys, corpus, tmp_path):
+def test_an_array_where_a_group_is_expected_and_back_names_the_fix(capsys, corpus, tmp_path,
+                                                                   monkeypatch):
     """A corpus array given as the corpus or the model, the corpus group given as the
     negatives, a missing path: one line each that says what to give instead."""
     code, _, err = run(capsys, "evaluate", "--corpus", f"{corpus}/negatives", "--k", "3",
@@ -183,3 +184,22 @@ def test_an_array_where_a_group_is_expected_and_back_names_the_fix(capsys, corpu
                        f"{corpus}/database", "--k", "3", "--out", tmp_path / "s.zarr",
                        "--local-cluster", "threads", "--no-progress")
     assert code == 1 and "e.g. slem-demo/corpus.zarr/queries" in err, err
+    (tmp_path / "demo" / "corpus.zarr").mkdir(parents=True)
+    monkeypatch.chdir(tmp_path / "demo")  # in the demo's folder the example is relative to it
+    code, _, err = run(capsys, "fit", "--negatives", "corpus.zarr/negative", "--model",
+                       tmp_path / "m.zarr", "--local-cluster", "threads", "--no-progress")
+    assert code == 1 and "e.g. corpus.zarr/negatives (written" in err, err
+
+
+@pytest.mark.parametrize("option,value", [("--lam", "-1e-3"), ("--theta", "-2"),
+                                          ("--lam", "1e-3,-1e-2")])
+def test_negative_numbers_reach_the_options_own_check(capsys, tmp_path, option, value):
+    """argparse reads '-1e-3' as an option ("expected one argument"); the value's own
+    check says what is allowed."""
+    command = "evaluate" if "," in value else "fit"
+    args = (["--corpus", tmp_path / "c.zarr"] if command == "evaluate" else
+            ["--negatives", tmp_path / "n.zarr", "--model", tmp_path / "m.zarr"])
+    code, _, err = run(capsys, command, *args, option, value)
+    assert code == 2 and f"argument {option}: expected a finite number > 0" in err, err
+    assert "expected one argument" not in err
+

@@ -665,3 +665,14 @@ def test_kernel_encode_warns_on_positives_of_another_scale(corpus):
         report = pipeline.encode_job(None, model, str(corpus["dir"] / "big.zarr"),
                                      str(corpus["dir"] / "kb.zarr"))
     assert "median norm" in report.facts["warning"]
+
+
+def test_an_output_of_other_positives_is_refused_for_that_reason_only(corpus):
+    """Another, shorter source: the output encodes other rows; it did not shrink."""
+    out = corpus["dir"] / "out.zarr"
+    _encode(corpus, out)
+    _array(corpus["dir"] / "short.zarr", corpus["pos"][:50])
+    with pytest.raises(FileExistsError) as info:
+        pipeline.encode_job(None, corpus["model"], str(corpus["dir"] / "short.zarr"), str(out))
+    assert "cannot be resumed: it encodes" in str(info.value)
+    assert "shrank" not in str(info.value)
