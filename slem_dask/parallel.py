@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import dataclasses
 import threading
 
 import dask
@@ -232,9 +233,9 @@ _scatter_client = contextvars.ContextVar("slem_dask_scatter_client", default=Non
 
 @contextlib.contextmanager
 def scatter_large_arrays(client):
-    """Within this block, :func:`shared` sends arrays of SCATTER_BYTES or more to
-    every worker of ``client`` once (``client.scatter(broadcast=True)``) instead
-    of embedding them in the task graph.
+    """Within this block, :func:`shared` sends arrays (or dataclasses of arrays) of
+    SCATTER_BYTES or more to every worker of ``client`` once
+    (``client.scatter(broadcast=True)``) instead of embedding them in the task graph.
 
     An embedded array travels in the graph through the scheduler, which holds it
     (a d = 8192 linear model: 256 MiB; E-SVM's negatives: all of them), and
@@ -253,6 +254,15 @@ def scatter_large_arrays(client):
         _scatter_client.reset(token)
 
 
+def _array_bytes(value) -> int:
+    """Bytes of an array, or of the arrays of a dataclass (a kernel model's encoder)."""
+    if isinstance(value, np.ndarray):
+        return value.nbytes
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return sum(_array_bytes(getattr(value, f.name)) for f in dataclasses.fields(value))
+    return 0
+
+
 def shared(value):
     """Wrap an in-memory array so it enters the graph once.
 
@@ -262,7 +272,7 @@ def shared(value):
     instead, and the key is its future.
     """
     scatter = _scatter_client.get()
-    if scatter is not None and isinstance(value, np.ndarray) and value.nbytes >= SCATTER_BYTES:
+    if scatter is not None and _array_bytes(value) >= SCATTER_BYTES:
         client, held = scatter
         # on every worker (copied worker to worker): a worker lost mid-job does not
         # take the only copy with it (scattered data, unlike a task, cannot be rerun)

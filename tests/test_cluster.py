@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import zarr
 
-from slem_dask import LinearSLEM, load_model, storage
+from slem_dask import KernelSLEM, LinearSLEM, load_model, storage
 from slem_dask.cluster import default_local_cluster_kwargs
 
 D = 10
@@ -132,6 +132,9 @@ def test_jobs_send_large_model_arrays_to_the_workers_not_in_the_graph(client, tm
     want = LinearSLEM(lam=0.1).fit(X)
     want.save(model_path)
     assert want.precision_.astype(np.float32).nbytes >= 2**20  # parallel.SCATTER_BYTES
+    kernel_path = str(tmp_path / "kernel.zarr")
+    kernel = KernelSLEM(kernel="rbf", gamma=1 / d, rank=200).fit(X)  # 1.2 MB of pivot rows
+    kernel.save(kernel_path)
     positives = write_array(tmp_path / "positives.zarr", P, 20)
     corpus = str(tmp_path / "corpus.zarr")
     write_corpus(make_corpus(n_negatives=3000, n_instances=10, group_size=2, d=64, seed=1),
@@ -141,9 +144,13 @@ def test_jobs_send_large_model_arrays_to_the_workers_not_in_the_graph(client, tm
         warnings.filterwarnings("error", message="Sending large graph")
         encode_job(client, model_path, positives, str(tmp_path / "codes.zarr"),
                    partition_rows=20)
+        encode_job(client, kernel_path, positives, str(tmp_path / "kcodes.zarr"),
+                   partition_rows=20)
         rows, _, _ = evaluate_job(client, corpus, methods="esvm")
     np.testing.assert_allclose(storage.open_output(str(tmp_path / "codes.zarr"))[...],
                                want.transform(P), rtol=0, atol=2e-6)
+    np.testing.assert_allclose(storage.open_output(str(tmp_path / "kcodes.zarr"))[...],
+                               kernel.transform(P), rtol=0, atol=1e-6)
     assert 0 < rows[0]["mAP"] <= 1
     import time
 
