@@ -250,7 +250,24 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("verify", help="check a model, output or search result written by "
                        "slem-dask end to end (checksums, completeness); exit 1 on any problem")
     p.add_argument("paths", nargs="+", metavar="PATH", help="stores to check")
+    parser.commands = sub.choices  # command -> its parser, for errors in its own words
     return parser
+
+
+def _parse(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespace:
+    """parse_args, but an unknown option is reported by its command's parser (its usage,
+    not the top-level one) with the closest option it has: argparse itself leaves
+    unknown options to the top-level parser."""
+    import difflib
+
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:
+        command = parser.commands[args.command]
+        options = [o for action in command._actions for o in action.option_strings]
+        close = difflib.get_close_matches(unknown[0].split("=")[0], options, n=1)
+        command.error(f"unrecognized arguments: {' '.join(unknown)}"
+                      + (f"; did you mean {close[0]}?" if close else ""))
+    return args
 
 
 def _print_table(rows: list[dict]) -> None:
@@ -561,7 +578,7 @@ def _is_number_list(text: str) -> bool:
 def main(argv=None) -> int:
     parser = build_parser()
     argv = _glue_negative_values(list(sys.argv[1:] if argv is None else argv))
-    args = parser.parse_args(argv)
+    args = _parse(parser, argv)
     _check_option_combinations(parser, args)
     # Interrupting a run leaves asyncio tasks of the closing client behind; their
     # "Task exception was never retrieved" tracebacks say nothing to a user.

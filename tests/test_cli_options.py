@@ -203,3 +203,11 @@ def test_negative_numbers_reach_the_options_own_check(capsys, tmp_path, option, 
     assert code == 2 and f"argument {option}: expected a finite number > 0" in err, err
     assert "expected one argument" not in err
 
+
+
+def test_a_mistyped_option_is_reported_by_its_command_with_the_closest_one(capsys, tmp_path):
+    code, _, err = run(capsys, "fit", "--negatives", tmp_path / "n.zarr", "--model",
+                       tmp_path / "m.zarr", "--lambda", "1e-3")
+    assert code == 2
+    assert "usage: slem-dask fit" in err, err
+    assert "slem-dask fit: error: unrecognized arguments: --lambda 1e-3; did you mean --lam?" in err
