@@ -204,7 +204,6 @@ def test_negative_numbers_reach_the_options_own_check(capsys, tmp_path, option, 
     assert "expected one argument" not in err
 
 
-
 def test_a_mistyped_option_is_reported_by_its_command_with_the_closest_one(capsys, tmp_path):
     code, _, err = run(capsys, "fit", "--negatives", tmp_path / "n.zarr", "--model",
                        tmp_path / "m.zarr", "--lambda", "1e-3")

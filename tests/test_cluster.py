@@ -116,6 +116,7 @@ def test_encode_job_failure_on_processes_leaves_no_output(client, data, tmp_path
 def test_jobs_send_large_model_arrays_to_the_workers_not_in_the_graph(client, tmp_path):
     # A 2 MiB encoding matrix (d = 724, float32) and E-SVM's negatives would ride in the
     # task graph through the scheduler; under a 1 MB warning threshold distributed says so.
+    import time
     import warnings
 
     import dask
@@ -152,8 +153,6 @@ def test_jobs_send_large_model_arrays_to_the_workers_not_in_the_graph(client, tm
     np.testing.assert_allclose(storage.open_output(str(tmp_path / "kcodes.zarr"))[...],
                                kernel.transform(P), rtol=0, atol=1e-6)
     assert 0 < rows[0]["mAP"] <= 1
-    import time
-
     deadline = time.monotonic() + 10  # releases reach the scheduler asynchronously
     while client.who_has() and time.monotonic() < deadline:
         time.sleep(0.1)
