@@ -179,9 +179,9 @@ def child_main(args) -> int:
 
         cov = gram.astype(np.float64) / len(x) - np.outer(mean, mean)
         cov[np.diag_indices_from(cov)] += args.lam
-        from slem_dask.core.linear import _safe_lapack_threads
+        from slem_dask.core.blas_threads import factorization_threads
 
-        with _safe_lapack_threads(len(cov)):  # OpenBLAS's threaded dpotrf crashes at 16384
+        with factorization_threads(len(cov)):  # OpenBLAS's threaded dpotrf crashes at 16384
             cho_solve(cho_factor(cov), np.eye(len(cov)))
         t2 = time.perf_counter()
         out["timings"] = {"statistics": t1 - t0, "factorization": t2 - t1, "total": t2 - t0}

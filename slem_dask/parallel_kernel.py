@@ -51,6 +51,7 @@ import numpy as np
 
 from .core.cholesky import accept_candidates, new_columns, update_residual_diagonal
 from .core.kernels import check_histogram, kernel_diagonal, kernel_matrix
+from .core.blas_threads import factorization_threads
 from .core.statistics import ScatterStats, block_statistics, merge_many
 from .validation import check_finite_rows, is_dask_array
 
@@ -314,8 +315,11 @@ def _choose(summary: _Summary, cfg: CholeskyConfig, t: int, floor: float, round_
         indices, sampled = prop["index"], prop["diag"]
         uniforms = np.random.default_rng([cfg.seed, round_no, 2]).random(len(indices))
     # Residual block of the candidates; erratum 1: K(i, i) - sum_m B(i, m)^2.
-    h = kernel_matrix(rows, rows, cfg.kernel, cfg.gamma, cfg.degree) - f_rows @ f_rows.T
-    acc, chol = accept_candidates(h, sampled, uniforms, floor, cfg.rank - t)
+    # Small products (at most RP_CANDIDATES rows), on one BLAS thread: the caller's
+    # idle BLAS threads would otherwise spin on the cores the next pass runs on.
+    with factorization_threads(len(rows)):
+        h = kernel_matrix(rows, rows, cfg.kernel, cfg.gamma, cfg.degree) - f_rows @ f_rows.T
+        acc, chol = accept_candidates(h, sampled, uniforms, floor, cfg.rank - t)
     return indices[acc], _Accepted(rows[acc], f_rows[acc], chol)
 
 

@@ -235,33 +235,34 @@ _THREAD_CHECK = """
 import json
 import numpy as np
 from threadpoolctl import threadpool_info
-from slem_dask.core import linear
+from slem_dask.core import blas_threads, linear
 
-def blas_threads():
+def openblas_threads():
     return sorted(i["num_threads"] for i in threadpool_info() if i["internal_api"] == "openblas")
 
 seen = []
 real = linear._cholesky_inverse
 
 def spy(a, lam):
-    seen.append(blas_threads())
+    seen.append(openblas_threads())
     return real(a, lam)
 
 linear._cholesky_inverse = spy
-linear.OPENBLAS_THREADED_POTRF_MAX = 4
+blas_threads.THREADED_POTRF_MIN = 3
+blas_threads.OPENBLAS_THREADED_POTRF_MAX = 4
 rng = np.random.default_rng(0)
 cov = np.cov(rng.standard_normal((50, 8)).T, bias=True)
-np.testing.assert_allclose(linear.precision_matrix(cov, 0.1),
-                           np.linalg.inv(cov + 0.1 * np.eye(8)), rtol=1e-10)
-np.testing.assert_allclose(linear.precision_matrix(cov[:4, :4], 0.1),
-                           np.linalg.inv(cov[:4, :4] + 0.1 * np.eye(4)), rtol=1e-10)
-print(json.dumps({"before": blas_threads(), "seen": seen}))
+for d in (8, 4, 2):
+    np.testing.assert_allclose(linear.precision_matrix(cov[:d, :d], 0.1),
+                               np.linalg.inv(cov[:d, :d] + 0.1 * np.eye(d)), rtol=1e-10)
+print(json.dumps({"before": openblas_threads(), "seen": seen, "after": openblas_threads()}))
 """
 
 
-def test_large_factorizations_run_openblas_on_one_thread():
+def test_factorizations_run_openblas_on_one_thread_when_small_or_large():
     # OpenBLAS's threaded dpotrf crashed (SIGSEGV) at d = 16384 on 2 threads: above
-    # OPENBLAS_THREADED_POTRF_MAX the factorization runs on one BLAS thread. The BLAS
+    # OPENBLAS_THREADED_POTRF_MAX the factorization runs on one BLAS thread; below
+    # THREADED_POTRF_MIN too (its idle threads would spin after the call). The BLAS
     # thread count is process-wide, so this runs in a fresh process: threads left over
     # from earlier tests' in-process clusters could change it under the test.
     import json
@@ -277,6 +278,7 @@ def test_large_factorizations_run_openblas_on_one_thread():
     result = json.loads(done.stdout.strip().splitlines()[-1])
     if not result["before"]:
         pytest.skip("numpy and scipy do not use OpenBLAS here")
+    one = [1] * len(result["before"])
     assert result["before"] == [2] * len(result["before"])
-    assert result["seen"][0] == [1] * len(result["before"])  # d = 8 > 4: one thread
-    assert result["seen"][1] == result["before"]  # d = 4: as the caller set it
+    assert result["seen"] == [one, result["before"], one]  # d = 8 > 4; 3 <= 4 <= 4; 2 < 3
+    assert result["after"] == result["before"]  # the caller's setting is restored

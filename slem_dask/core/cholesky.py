@@ -22,6 +22,8 @@ import numpy as np
 from scipy import linalg
 from scipy.linalg import blas
 
+from .blas_threads import factorization_threads
+
 __all__ = [
     "new_columns",
     "update_residual_diagonal",
@@ -110,7 +112,8 @@ def g_cholesky(scatter: np.ndarray, count: int, lam: float) -> np.ndarray:
     g = scatter / count
     g = (g + g.T) * 0.5
     g[np.diag_indices_from(g)] += lam
-    return linalg.cholesky(g, lower=True, check_finite=False)
+    with factorization_threads(len(g)):
+        return linalg.cholesky(g, lower=True, check_finite=False)
 
 
 def _project(k_piv: np.ndarray, k_self: np.ndarray, pivot_factor: np.ndarray):

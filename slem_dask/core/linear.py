@@ -10,6 +10,7 @@ from __future__ import annotations
 import numpy as np
 from scipy import linalg
 
+from .blas_threads import factorization_threads
 from .statistics import mirror_upper
 
 __all__ = [
@@ -40,32 +41,8 @@ def precision_matrix(cov: np.ndarray, lam: float) -> np.ndarray:
     relies on A^-1 = A^-T).
     """
     a = regularized_covariance(cov, lam)
-    with _safe_lapack_threads(a.shape[0]):
+    with factorization_threads(a.shape[0]):
         return _cholesky_inverse(a, lam)
-
-
-#: Above this order OpenBLAS's multi-threaded dpotrf crashed (SIGSEGV) on this
-#: project's machine (OpenBLAS 0.3.31, 2 threads: d = 16384 crashed, d = 12288 and
-#: 14336 did not); OpenBLAS issues 2562 and 1413 report the same for large orders.
-#: Above it, OpenBLAS runs the factorization on one thread (d = 16384: 91 s).
-OPENBLAS_THREADED_POTRF_MAX = 12288
-
-
-def _safe_lapack_threads(d: int):
-    import contextlib
-
-    if d <= OPENBLAS_THREADED_POTRF_MAX:
-        return contextlib.nullcontext()
-    from threadpoolctl import threadpool_limits
-
-    return threadpool_limits(limits=1, user_api="blas") if _uses_openblas() else \
-        contextlib.nullcontext()
-
-
-def _uses_openblas() -> bool:
-    from threadpoolctl import threadpool_info
-
-    return any(info.get("internal_api") == "openblas" for info in threadpool_info())
 
 
 def _cholesky_inverse(a: np.ndarray, lam: float) -> np.ndarray:

@@ -1,0 +1,44 @@
+"""How many BLAS threads the caller's own dense factorizations get.
+
+Workers run one BLAS thread per task (:func:`slem_dask.parallel.single_threaded_blas`,
+``cluster``'s worker settings); this is for the d x d (linear) and r x r (kernel)
+factorizations the caller runs itself, between or after passes over the data.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+__all__ = ["factorization_threads", "THREADED_POTRF_MIN", "OPENBLAS_THREADED_POTRF_MAX"]
+
+#: Below this order the factorization runs on one BLAS thread. More threads save at
+#: most about 1 ms there (d = 512: 3.8 ms on 2 threads, 4.7 ms on 1, on this
+#: project's machine), and then OpenBLAS's idle threads spin, waiting for more work,
+#: for about 100 ms of a core each after the call: a core that the workers of the
+#: job (or of the next one) need.
+THREADED_POTRF_MIN = 1024
+
+#: Above this order OpenBLAS's multi-threaded dpotrf crashed (SIGSEGV) on this
+#: project's machine (OpenBLAS 0.3.31, 2 threads: d = 16384 crashed, d = 12288 and
+#: 14336 did not); OpenBLAS issues 2562 and 1413 report the same for large orders.
+#: Above it, OpenBLAS runs the factorization on one thread (d = 16384: 91 s).
+OPENBLAS_THREADED_POTRF_MAX = 12288
+
+
+def factorization_threads(d: int):
+    """The BLAS threads for a dense factorization of order ``d``: one below
+    THREADED_POTRF_MIN, as the caller set them up to OPENBLAS_THREADED_POTRF_MAX,
+    one above it when the BLAS is OpenBLAS."""
+    if THREADED_POTRF_MIN <= d <= OPENBLAS_THREADED_POTRF_MAX:
+        return contextlib.nullcontext()
+    if d > OPENBLAS_THREADED_POTRF_MAX and not _uses_openblas():
+        return contextlib.nullcontext()
+    from threadpoolctl import threadpool_limits
+
+    return threadpool_limits(limits=1, user_api="blas")
+
+
+def _uses_openblas() -> bool:
+    from threadpoolctl import threadpool_info
+
+    return any(info.get("internal_api") == "openblas" for info in threadpool_info())
