@@ -16,6 +16,12 @@ run, alternating so that a change in machine load hits all of them:
   slem-dask's settings (allocator thresholds, one BLAS thread): "naive Dask
   [cluster, slem-dask's workers]", which shows how much of the difference those
   settings make.
+* floor (``--floor``): the least work any float32 fit of the store must do, on
+  the same scheduler: per partition, slem-dask's reader (``storage.read_rows``,
+  the fastest here) and one float32 ``X.T @ X``, nothing else (no mean, no
+  merge, no partial sent anywhere, no model). ``RATIO naive_time / floor_time``
+  is then the most any implementation could gain over naive Dask on this
+  machine and BLAS.
 * numpy pipeline: ``X = arr[...]`` then ``X.T @ X`` in float32 (numpy's BLAS on
   every core) and ``X.mean(axis=0, dtype=float64)``.
 
@@ -155,6 +161,8 @@ def main(argv=None) -> int:
     parser.add_argument("--precision", choices=("auto", "float64"), default="auto",
                         help="slem-dask's precision parameter (default auto)")
     parser.add_argument("--no-naive", action="store_true", help="skip the naive Dask contender")
+    parser.add_argument("--floor", action="store_true",
+                        help="also time the floor: read + float32 X^T X per partition, nothing else")
     parser.add_argument("--profile", action="store_true",
                         help="time the steps of one partition first")
     parser.add_argument("--no-check", action="store_true",
@@ -193,12 +201,15 @@ def main(argv=None) -> int:
     naive_labels = {s: [lb for lb in naive_on if lb == s or lb.startswith(s + ",")]
                     for s in schedulers}
     naive = {lb: [] for s in schedulers for lb in naive_labels[s]}
+    floor = {s: [] for s in schedulers}
     with C.scheduler_contexts(args, schedulers, plain_cluster=not args.no_naive) \
             as (clients, contexts):
         for sched in schedulers:  # imports and first reads, not counted
             with C.Timer() as t:
                 with contexts[sched]():
                     dask.compute(scatter_statistics(x[:rows]))
+                    if args.floor:
+                        C.fit_floor(x)
                 if not args.no_naive:
                     for label in naive_labels[sched]:
                         with contexts[naive_on[label]]():
@@ -225,6 +236,11 @@ def main(argv=None) -> int:
                         naive[label].append(nv)
                         print(f"run {r + 1}: naive Dask [{label}] {nv['total']:.3f} s | "
                               f"{C.load_line()}")
+                if args.floor:
+                    with contexts[sched]():
+                        fl = C.fit_floor(x)
+                    floor[sched].append(fl)
+                    print(f"run {r + 1}: floor [{sched}] {fl['total']:.3f} s | {C.load_line()}")
             x_last = gram = None
             nt, mean32, gram, x_last = numpy_reference(path)
             numpy_runs.append(nt)
@@ -261,6 +277,17 @@ def main(argv=None) -> int:
             key = label.replace(", slem-dask's workers", "_slem_workers")
             result.update({f"{key}_naive_runs": nts, f"{key}_ratio_naive_best": nr,
                            f"{key}_ratio_naive_median": nr_med})
+        if args.floor:
+            fts = [t["total"] for t in floor[sched]]
+            print(f"[{sched}] floor (read + X^T X) : {C.spread(fts)}  runs {C.runs_line(fts)}")
+            print(f"[{sched}] RATIO slem_time / floor_time = {min(totals) / min(fts):.3f} (best); "
+                  f"{med(totals) / med(fts):.3f} (medians)  [1.0: no work beyond the floor]")
+            result.update({f"{sched}_floor_runs": fts})
+            if not args.no_naive:
+                nts = [t["total"] for t in naive[sched]]
+                print(f"[{sched}] RATIO naive_time / floor_time = {min(nts) / min(fts):.3f} "
+                      f"(best); {med(nts) / med(fts):.3f} (medians)  [the most any fit could "
+                      f"gain over naive Dask here]")
     print("uptime: " + subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip())
     if not args.no_check:
         with C.Timer() as t:

@@ -6,7 +6,10 @@ One LocalCluster per layout (default: 2 processes x 1 thread, and 1 process x
 up (idle) while ``--repeat`` rounds run; each round times fit_job and
 encode_job once for every layout and partition size (default 8192, 32768,
 131072 rows), so that a change of machine load spreads over all settings. Printed: every run, and
-best / median / worst per setting.
+best / median / worst per setting. ``--floor`` also times, per layout and partition
+size, the least work any fit must do (each partition's read and one float32
+``X.T @ X``, nothing else: ``_common.fit_floor``), whose 1-worker / 2-worker ratio
+is the most a fit can scale on this machine.
 """
 
 from __future__ import annotations
@@ -28,6 +31,8 @@ def main(argv=None) -> int:
                         help="comma-separated partition_rows values")
     parser.add_argument("--layouts", default="2x1,1x2",
                         help="comma-separated PROCESSESxTHREADS LocalCluster layouts")
+    parser.add_argument("--floor", action="store_true",
+                        help="also time the floor: read + float32 X^T X per partition, nothing else")
     args = parser.parse_args(argv)
     C.resolve_sizes(args)
     parts = [C.int_size(p) for p in args.partitions.split(",")]
@@ -56,21 +61,35 @@ def main(argv=None) -> int:
             # warm-up: imports in every worker, not counted
             fit_job(client, path, model, lam=args.lam, partition_rows=parts[0], overwrite=True)
             encode_job(client, model, path, out, partition_rows=parts[0], overwrite=True)
+            if args.floor:
+                C.fit_floor(storage.dask_rows(arr, storage.row_partition(arr, parts[0])), client)
         print()
         for r in range(args.repeat):
             for (procs, threads), client in clients.items():
                 for pr in parts:
                     nparts = -(-args.n // storage.row_partition(arr, pr))
+                    # an encode writes n x d floats: flush each job's dirty pages before
+                    # the next is timed, so that no job pays for another's writeback
+                    # (which costs the 2-worker layout most: it has no idle core)
+                    os.sync()
                     f = fit_job(client, path, model, lam=args.lam, partition_rows=pr,
                                 overwrite=True).timings["total"]
+                    os.sync()
                     e = encode_job(client, model, path, out, partition_rows=pr,
                                    overwrite=True).timings["total"]
+                    os.sync()
                     key = (f"{procs}x{threads}", pr, nparts)
-                    results.setdefault(key, {"fit": [], "encode": []})
+                    results.setdefault(key, {"fit": [], "encode": [], "floor": []})
                     results[key]["fit"].append(f)
                     results[key]["encode"].append(e)
+                    floor = ""
+                    if args.floor:
+                        x = storage.dask_rows(arr, storage.row_partition(arr, pr))
+                        fl = C.fit_floor(x, client)["total"]
+                        results[key]["floor"].append(fl)
+                        floor = f", floor {fl:.3f} s"
                     print(f"round {r + 1} {procs}x{threads} partition_rows={pr:>6} "
-                          f"({nparts:>3} partitions): fit {f:.3f} s, encode {e:.3f} s | "
+                          f"({nparts:>3} partitions): fit {f:.3f} s, encode {e:.3f} s{floor} | "
                           f"{C.load_line()}")
                     sys.stdout.flush()
     print()
@@ -86,11 +105,11 @@ def main(argv=None) -> int:
     for pr in parts:
         one, two = by.get(("1x1", pr)), by.get(("2x1", pr))
         if one and two:
-            for job in ("fit", "encode"):
+            for job in ("fit", "encode") + (("floor",) if args.floor else ()):
                 print(f"RATIO {job} time 1 worker / 2 workers, partition_rows={pr}: "
                       f"{min(one[job]) / min(two[job]):.2f} (best), "
                       f"{float(np.median(one[job])) / float(np.median(two[job])):.2f} "
-                      f"(medians)  [goal >= 1.7]")
+                      f"(medians)  [{'the most a fit can scale here' if job == 'floor' else 'goal >= 1.7'}]")
     C.emit_json("RESULT bench_settings", {f"{k[0]}/{k[1]}": v for k, v in results.items()})
     return 0
 
