@@ -62,9 +62,11 @@ def add_common_args(parser: argparse.ArgumentParser, sizes: bool = True,
                         help=f"features (default {DEFAULT_D}; --quick: {QUICK_D})")
     parser.add_argument("--workdir", default=DEFAULT_WORKDIR,
                         help="folder of the data stores and outputs (default benchmarks/_data)")
+    quick = (f"n = {min(QUICK_N, default_n):,}, d = {QUICK_D}" if sizes
+             else f"d = {QUICK_D}, and the script's small sizes")
     parser.add_argument("--quick", action="store_true",
-                        help=f"small smoke-test size (n={QUICK_N:.0e}, d={QUICK_D}) "
-                             f"unless --n/--d are given")
+                        help=f"small smoke-test size ({quick}) unless "
+                             f"{'--n/--d are' if sizes else '--d is'} given")
     parser.add_argument("--chunk-rows", type=int_size, default=DEFAULT_CHUNK_ROWS,
                         help=f"rows per zarr chunk of the data store (default {DEFAULT_CHUNK_ROWS})")
     parser.add_argument("--seed", type=int, default=0, help="seed of the data stream (default 0)")
@@ -175,6 +177,17 @@ def runs_line(values) -> str:
     return "[" + ", ".join(f"{v:.3f}" for v in values) + "]"
 
 
+def _blas_owner(path: str) -> str:
+    """The Python package that ships a BLAS library file (numpy.libs/... -> numpy)."""
+    parts = os.path.normpath(path).split(os.sep)
+    for part in reversed(parts[:-1]):
+        if part.endswith(".libs"):
+            return part[:-len(".libs")]
+        if part in ("numpy", "scipy"):
+            return part
+    return os.path.basename(path) or "?"
+
+
 def load_line() -> str:
     la = os.getloadavg()
     return f"load average {la[0]:.2f} {la[1]:.2f} {la[2]:.2f} on {os.cpu_count()} cores"
@@ -190,8 +203,8 @@ def machine_lines() -> list[str]:
     # the kernel set OpenBLAS picked (or was told to pick: OPENBLAS_CORETYPE) sets the
     # speed of every product: on this repository's AVX-512 machine, Haswell's kernels
     # run a float32 X^T X at about 0.6x the speed of SkylakeX's
-    blas = [f"{i.get('internal_api')} {i.get('version')} x{i.get('num_threads')} threads, "
-            f"{i.get('architecture', '?')} kernels"
+    blas = [f"{_blas_owner(i.get('filepath', ''))}: {i.get('internal_api')} {i.get('version')} "
+            f"x{i.get('num_threads')} threads, {i.get('architecture', '?')} kernels"
             for i in threadpool_info() if i.get("user_api") == "blas"]
     pins = " ".join(f"{k}={v}" for k, v in sorted(os.environ.items())
                     if k.startswith(("OPENBLAS_", "OMP_", "MKL_")))
@@ -203,8 +216,12 @@ def machine_lines() -> list[str]:
         f"{load_line()}",
         f"versions: python {platform.python_version()}, numpy {np.__version__}, "
         f"dask {dask.__version__}, distributed {distributed.__version__}, zarr {zarr.__version__}",
-        f"numpy BLAS in this process: {'; '.join(blas) or 'unknown'}"
+        f"BLAS libraries in this process: {'; '.join(blas) or 'unknown'}"
         f"{f' (environment: {pins})' if pins else ''}",
+    ] + ([
+        "note: OPENBLAS_CORETYPE forces OpenBLAS's kernel set whatever the CPU (on an AVX-512 "
+        "CPU, Haswell's kernels run a float32 X^T X at about 0.6x the speed of SkylakeX's: "
+        "README, Benchmarks)"] if os.environ.get("OPENBLAS_CORETYPE") else []) + [
         f"time: {time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime())}",
     ]
 
@@ -266,8 +283,20 @@ def emit_json(tag: str, payload: dict) -> None:
     sys.stdout.flush()
 
 
+def settle(seconds: float = 0.3) -> None:
+    """Before a timed contender: flush the dirty pages earlier contenders wrote (an
+    encode writes n x d floats; their writeback would be paid by whoever runs next)
+    and wait for idle OpenBLAS threads to stop spinning (they spin for about 100 ms
+    of a core after a multi-threaded call, such as the numpy contender's product)."""
+    os.sync()
+    time.sleep(seconds)
+
+
 def _gram_trace(block: np.ndarray) -> np.ndarray:
-    gram = block.T @ block
+    from slem_dask.parallel import single_threaded_blas
+
+    with single_threaded_blas():  # one BLAS thread per dask thread, as slem-dask's tasks
+        gram = block.T @ block
     return np.array([[np.trace(gram)]])
 
 

@@ -197,6 +197,9 @@ def main(argv=None) -> int:
         for r in range(args.repeat):
             for sched in schedulers:
                 with contexts[sched]():
+                    # every contender writes n x d floats: none pays for another's
+                    # writeback (or spinning BLAS threads)
+                    C.settle()
                     report = encode_job(clients[sched], model_path, path, out_slem,
                                         partition_rows=args.partition_rows, overwrite=True,
                                         precision=args.precision)
@@ -206,10 +209,12 @@ def main(argv=None) -> int:
                     print(f"run {r + 1}: slem-dask [{sched}] {tm['total']:.3f} s ({extra}) | "
                           f"{C.load_line()}")
                     if not args.no_naive:
+                        C.settle()
                         nv = naive_dask(path, out_naive, model.mean_, model.precision_, rows)
                         naive[sched].append(nv)
                         print(f"run {r + 1}: naive Dask [{sched}] {nv['total']:.3f} s | "
                               f"{C.load_line()}")
+            C.settle()
             if args.kernel_rank:
                 nt = kernel_numpy_reference(path, out_np, model, rows)
             else:

@@ -162,7 +162,10 @@ def main(argv=None) -> int:
                         help="slem-dask's precision parameter (default auto)")
     parser.add_argument("--no-naive", action="store_true", help="skip the naive Dask contender")
     parser.add_argument("--floor", action="store_true",
-                        help="also time the floor: read + float32 X^T X per partition, nothing else")
+                        help="also time the floor, a lower bound on any fit's time: per "
+                             "partition, the read and one float32 X^T X, nothing else; prints "
+                             "floor/slem and naive/floor (the most any fit could gain over "
+                             "naive Dask here)")
     parser.add_argument("--profile", action="store_true",
                         help="time the steps of one partition first")
     parser.add_argument("--no-check", action="store_true",
@@ -219,10 +222,14 @@ def main(argv=None) -> int:
         print("naive Dask contender: dask.compute(A.mean(0, dtype=float64), A.T @ A), "
               "A = da.from_zarr(store, chunks=(partition rows, d))")
         print("numpy contender: X = zarr_array[...]; X.T @ X (float32); X.mean(axis=0, dtype=float64)")
+        if args.floor:
+            print("floor: per partition, storage.read_rows + one float32 X.T @ X and nothing "
+                  "else: a lower bound on any float32 fit's time on this scheduler")
         print()
         x_last = gram = mean32 = None
         for r in range(args.repeat):
             for sched in schedulers:
+                C.settle()  # no contender pays for another's spinning BLAS threads
                 with contexts[sched]():
                     timings, facts = slem_run(clients[sched], args, path, model_path)
                     slem[sched].append(timings)
@@ -231,17 +238,20 @@ def main(argv=None) -> int:
                           f"{f' ({extra})' if extra else ''} | {C.load_line()}")
                 if not args.no_naive:
                     for label in naive_labels[sched]:
+                        C.settle()
                         with contexts[naive_on[label]]():
                             nv = naive_dask(path, rows)
                         naive[label].append(nv)
                         print(f"run {r + 1}: naive Dask [{label}] {nv['total']:.3f} s | "
                               f"{C.load_line()}")
                 if args.floor:
+                    C.settle()
                     with contexts[sched]():
                         fl = C.fit_floor(x)
                     floor[sched].append(fl)
                     print(f"run {r + 1}: floor [{sched}] {fl['total']:.3f} s | {C.load_line()}")
             x_last = gram = None
+            C.settle()
             nt, mean32, gram, x_last = numpy_reference(path)
             numpy_runs.append(nt)
             print(f"run {r + 1}: numpy     {nt['total']:.3f} s (read {nt['read']:.3f}, "
@@ -280,8 +290,9 @@ def main(argv=None) -> int:
         if args.floor:
             fts = [t["total"] for t in floor[sched]]
             print(f"[{sched}] floor (read + X^T X) : {C.spread(fts)}  runs {C.runs_line(fts)}")
-            print(f"[{sched}] RATIO slem_time / floor_time = {min(totals) / min(fts):.3f} (best); "
-                  f"{med(totals) / med(fts):.3f} (medians)  [1.0: no work beyond the floor]")
+            print(f"[{sched}] RATIO floor_time / slem_time = {min(fts) / min(totals):.3f} (best); "
+                  f"{med(fts) / med(totals):.3f} (medians)  [1.0: slem-dask does no work "
+                  f"beyond the floor]")
             result.update({f"{sched}_floor_runs": fts})
             if not args.no_naive:
                 nts = [t["total"] for t in naive[sched]]

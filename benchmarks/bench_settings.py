@@ -28,11 +28,14 @@ def main(argv=None) -> int:
     C.add_common_args(parser, default_n=200_000)
     C.add_run_args(parser)
     parser.add_argument("--partitions", default="8192,32768,131072",
-                        help="comma-separated partition_rows values")
+                        help="comma-separated partition_rows values (default 8192,32768,131072)")
     parser.add_argument("--layouts", default="2x1,1x2",
-                        help="comma-separated PROCESSESxTHREADS LocalCluster layouts")
+                        help="comma-separated PROCESSESxTHREADS LocalCluster layouts "
+                             "(default 2x1,1x2)")
     parser.add_argument("--floor", action="store_true",
-                        help="also time the floor: read + float32 X^T X per partition, nothing else")
+                        help="also time the floor, a lower bound on any fit's time: per "
+                             "partition, the read and one float32 X^T X, nothing else; its "
+                             "1-worker / 2-worker ratio is the most a fit can scale here")
     args = parser.parse_args(argv)
     C.resolve_sizes(args)
     parts = [C.int_size(p) for p in args.partitions.split(",")]
@@ -68,16 +71,15 @@ def main(argv=None) -> int:
             for (procs, threads), client in clients.items():
                 for pr in parts:
                     nparts = -(-args.n // storage.row_partition(arr, pr))
-                    # an encode writes n x d floats: flush each job's dirty pages before
-                    # the next is timed, so that no job pays for another's writeback
-                    # (which costs the 2-worker layout most: it has no idle core)
-                    os.sync()
+                    # no job pays for another's writeback or spinning BLAS threads
+                    # (which cost the 2-worker layout most: it has no idle core)
+                    C.settle()
                     f = fit_job(client, path, model, lam=args.lam, partition_rows=pr,
                                 overwrite=True).timings["total"]
-                    os.sync()
+                    C.settle()
                     e = encode_job(client, model, path, out, partition_rows=pr,
                                    overwrite=True).timings["total"]
-                    os.sync()
+                    C.settle()
                     key = (f"{procs}x{threads}", pr, nparts)
                     results.setdefault(key, {"fit": [], "encode": [], "floor": []})
                     results[key]["fit"].append(f)
@@ -93,19 +95,23 @@ def main(argv=None) -> int:
                           f"{C.load_line()}")
                     sys.stdout.flush()
     print()
-    print(f"{'layout':<7} {'rows/part':>9} {'parts':>5}  {'fit best/median/worst [s]':<28}"
-          f"{'encode best/median/worst [s]':<28}")
+    jobs = ("fit", "encode") + (("floor",) if args.floor else ())
+    print(f"{'layout':<7} {'rows/part':>9} {'parts':>5}  "
+          + "".join(f"{job + ' best/median/worst [s]':<31}" for job in jobs))
     for (layout, pr, nparts), v in results.items():
-        fit, enc = v["fit"], v["encode"]
-        print(f"{layout:<7} {pr:>9} {nparts:>5}  "
-              f"{min(fit):6.3f} {float(np.median(fit)):6.3f} {max(fit):6.3f}        "
-              f"{min(enc):6.3f} {float(np.median(enc)):6.3f} {max(enc):6.3f}")
+        print(f"{layout:<7} {pr:>9} {nparts:>5}  " + "".join(
+            f"{min(v[job]):6.3f} {float(np.median(v[job])):6.3f} {max(v[job]):6.3f}           "
+            for job in jobs))
     # scaling: one worker process against two, same partitions, best of the rounds
     by = {(layout, pr): v for (layout, pr, _), v in results.items()}
+    counts = {pr: nparts for (_, pr, nparts) in results}
     for pr in parts:
         one, two = by.get(("1x1", pr)), by.get(("2x1", pr))
         if one and two:
-            for job in ("fit", "encode") + (("floor",) if args.floor else ()):
+            if counts[pr] < 2:
+                print(f"partition_rows={pr}: one partition, nothing for a second worker to do")
+                continue
+            for job in jobs:
                 print(f"RATIO {job} time 1 worker / 2 workers, partition_rows={pr}: "
                       f"{min(one[job]) / min(two[job]):.2f} (best), "
                       f"{float(np.median(one[job])) / float(np.median(two[job])):.2f} "

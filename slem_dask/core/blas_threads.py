@@ -20,7 +20,8 @@ THREADED_POTRF_MIN = 1024
 
 #: Above this order OpenBLAS's multi-threaded dpotrf crashed (SIGSEGV) on this
 #: project's machine (OpenBLAS 0.3.31, 2 threads: d = 16384 crashed, d = 12288 and
-#: 14336 did not); OpenBLAS issues 2562 and 1413 report the same for large orders.
+#: 14336 did not; with its Haswell kernels and with its SkylakeX ones, though not in
+#: every run); OpenBLAS issues 2562 and 1413 report the same for large orders.
 #: Above it, OpenBLAS runs the factorization on one thread (d = 16384: 91 s).
 OPENBLAS_THREADED_POTRF_MAX = 12288
 
