@@ -27,7 +27,7 @@ from .integrity import canonical
 from .models import KernelSLEM, LinearSLEM, RawFeatures, load_model
 from .core.statistics import ScatterStats, merge_statistics
 from .parallel import scatter_large_arrays, statistics_partition_rows, store_statistics
-from .validation import check_n_features
+from .validation import NonFiniteRowsError, check_n_features
 
 __all__ = ["fit_job", "encode_job", "JobReport"]
 
@@ -45,6 +45,11 @@ class JobReport:
         out += [f"  {k:<18} {v}" for k, v in self.facts.items()]
         out += [f"  {k + ' [s]':<18} {v:.2f}" for k, v in self.timings.items()]
         return out
+
+
+def _detail(exc: ValueError) -> str:
+    """An input's error without the library's parameter name (the job names the store)."""
+    return exc.detail if isinstance(exc, NonFiniteRowsError) else str(exc)
 
 
 def _compute(client, obj, progress: bool):
@@ -184,7 +189,7 @@ def _fit_errors(negatives, model_path):
     except integrity.DamagedStoreError:
         raise
     except ValueError as exc:  # e.g. NaN rows, negative histogram values: say which input
-        raise ValueError(f"negatives {str(negatives)!r}: {exc}") from None
+        raise ValueError(f"negatives {str(negatives)!r}: {_detail(exc)}") from None
     except _LOST as exc:
         raise _lost_cluster(exc, f"no model was written ({str(model_path)!r} is as "
                                  f"before): run the same command again") from None
@@ -437,7 +442,7 @@ def encode_job(client, model_path: str, positives: str, out: str, dtype: str | N
             # more); a resumed one keeps its finished partitions for the next run.
             if created:
                 storage._remove(out)
-            raise ValueError(f"positives {str(positives)!r}: {exc}") from None
+            raise ValueError(f"positives {str(positives)!r}: {_detail(exc)}") from None
         except _LOST as exc:
             raise _lost_cluster(exc, f"the partitions already written to {str(out)!r} are "
                                      f"kept (complete: false): run the same command again "

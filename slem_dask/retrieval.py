@@ -8,7 +8,7 @@ import dask
 import numpy as np
 
 from .core.ranking import as_id_array, average_precision, merge_topk, rank_rows, topk_search
-from .validation import check_rows, is_dask_array
+from .validation import NonFiniteRowsError, check_rows, is_dask_array, nonfinite_rows
 
 __all__ = ["search", "mean_average_precision", "precision_recall_at_k",
            "leave_one_out_map", "make_map_scorer", "map_scorer"]
@@ -27,14 +27,11 @@ _WHOLE_RANKING_DATABASE_BYTES = 512 * 2**20
 
 
 def _check_finite(x, name: str, row_offset: int = 0) -> None:
-    finite = np.isfinite(x).all(axis=1)
-    if not finite.all():
-        bad = np.flatnonzero(~finite) + row_offset
-        shown = ", ".join(str(i) for i in bad[:5]) + (", ..." if bad.size > 5 else "")
-        raise ValueError(
-            f"{name} has {bad.size} row(s) with NaN or inf (rows {shown}); scores against "
-            f"them are undefined: drop or repair those rows before searching"
-        )
+    if not np.isfinite(x).all():
+        count, shown = nonfinite_rows(x, row_offset)
+        raise NonFiniteRowsError(
+            name, f"{count} row(s) with NaN or inf (rows {shown}); scores against them "
+                  f"are undefined: drop or repair those rows before searching")
 
 
 def _topk_packed(queries, database, q_offset, db_offset, k):

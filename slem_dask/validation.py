@@ -136,14 +136,30 @@ def count_nonfinite_rows(x: np.ndarray) -> int:
     return int(x.shape[0] - np.count_nonzero(np.isfinite(x).all(axis=1)))
 
 
+class NonFiniteRowsError(ValueError):
+    """Rows with NaN or inf. ``str(exc)`` names the parameter ("P has 1 row(s) with
+    NaN or inf ..."); ``exc.detail`` is the same without it, for callers that name the
+    input themselves (the jobs: "positives 'pos.zarr': 1 row(s) with NaN or inf ...").
+    Built from its args only, so it pickles (it travels back from workers)."""
+
+    def __init__(self, name: str, detail: str):
+        super().__init__(name, detail)
+        self.name, self.detail = name, detail
+
+    def __str__(self) -> str:
+        return f"{self.name} has {self.detail}"
+
+
+def nonfinite_rows(x: np.ndarray, row_offset: int = 0) -> tuple[int, str]:
+    """(how many rows of ``x`` hold NaN or inf, the first five of them as text)."""
+    bad = np.flatnonzero(~np.isfinite(x).all(axis=1)) + row_offset
+    return bad.size, ", ".join(str(i) for i in bad[:5]) + (", ..." if bad.size > 5 else "")
+
+
 def check_finite_rows(x: np.ndarray, name: str, row_offset: int = 0) -> None:
     """Raise if any row of a numpy block holds NaN or inf, saying how many and where."""
-    finite = np.isfinite(x).all(axis=1)
-    if finite.all():
+    if np.isfinite(x).all():
         return
-    bad = np.flatnonzero(~finite) + row_offset
-    shown = ", ".join(str(i) for i in bad[:5]) + (", ..." if bad.size > 5 else "")
-    raise ValueError(
-        f"{name} has {bad.size} row(s) with NaN or inf (rows {shown}); drop or "
-        f"repair those rows before running SLEM"
-    )
+    count, shown = nonfinite_rows(x, row_offset)
+    raise NonFiniteRowsError(name, f"{count} row(s) with NaN or inf (rows {shown}); drop "
+                                   f"or repair those rows before running SLEM")

@@ -326,6 +326,7 @@ def test_fit_bad_negatives(scheduler, bad_inputs, tmp_path, capsys, kind):
     assert err.startswith("slem-dask fit: error: negatives"), err
     if kind in ("nan", "inf"):  # the message names the input path, not the estimator's "X"
         assert str(bad_inputs[kind]) in err, err
+        assert "X has" not in err, err
     assert re.search(messages[kind], err), err
     assert os.listdir(tmp_path) == []
 
@@ -353,9 +354,24 @@ def test_encode_nonfinite_rows_found_mid_run_leave_no_output(scheduler, bad_inpu
     code, _, err = run(capsys, *encode_args(scheduler, model_path, bad_inputs[kind], out_path,
                                             "--partition-rows", "8"))
     assert code != 0
-    assert "row(s) with NaN or inf" in err, err
+    # named by the store, not by the estimator's parameter ("P has ..."); the first
+    # partition found with such rows is reported, so the count may be part of ``rows``
+    prefix = f"slem-dask encode: error: positives {str(bad_inputs[kind])!r}: "
+    assert err.startswith(prefix), err
+    assert re.match(r"[1-9]\d* row\(s\) with NaN or inf", err[len(prefix):]), err
     assert not out_path.exists()
     assert sorted(os.listdir(tmp_path)) == ["model.zarr"]
+
+
+def test_nonfinite_rows_error_keeps_its_detail_across_processes():
+    # raised on a worker, it reaches the job through pickle
+    import pickle
+
+    from slem_dask.validation import NonFiniteRowsError
+
+    exc = pickle.loads(pickle.dumps(NonFiniteRowsError("P", "1 row(s) with NaN or inf")))
+    assert isinstance(exc, ValueError)
+    assert (str(exc), exc.detail) == ("P has 1 row(s) with NaN or inf", "1 row(s) with NaN or inf")
 
 
 @pytest.mark.parametrize("flag,value", [

@@ -11,7 +11,8 @@ from ..core.linear import encode_rows, exemplar_solution, float32_encoding_ok, p
 from ..core.statistics import (ScatterStats, block_statistics, check_precision, compute_dtype,
                                covariance, merge_statistics)
 from ..parallel import encode_blocks, scatter_statistics, shared
-from ..validation import check_finite_rows, check_positive_float, check_rows, is_dask_array
+from ..validation import (NonFiniteRowsError, check_finite_rows, check_positive_float, check_rows,
+                          is_dask_array)
 from .base import SLEMEstimator
 
 __all__ = ["LinearSLEM"]
@@ -93,10 +94,9 @@ class LinearSLEM(SLEMEstimator):
         """
         self._check_params()
         if stats.nonfinite:
-            raise ValueError(
-                f"X has {stats.nonfinite} row(s) with NaN or inf out of "
-                f"{stats.count + stats.nonfinite}; drop or repair those rows before fitting"
-            )
+            raise NonFiniteRowsError(
+                "X", f"{stats.nonfinite} row(s) with NaN or inf out of "
+                     f"{stats.count + stats.nonfinite}; drop or repair those rows before fitting")
         if stats.count < 2:
             raise ValueError(f"X has {stats.count} row(s); at least 2 negatives are needed")
         self.mean_ = stats.mean

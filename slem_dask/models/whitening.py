@@ -10,7 +10,8 @@ import numpy as np
 from ..core.statistics import block_statistics, covariance, merge_many
 from ..core.whitening import pca_whitening, whiten_rows
 from ..parallel import map_rows, scatter_statistics, shared
-from ..validation import check_finite_rows, check_positive_float, check_rows, is_dask_array
+from ..validation import (NonFiniteRowsError, check_finite_rows, check_positive_float, check_rows,
+                          is_dask_array)
 from .base import SLEMEstimator
 
 __all__ = ["PCAWhitening"]
@@ -70,10 +71,9 @@ class PCAWhitening(SLEMEstimator):
             rows = max(1, _NUMPY_BLOCK_BYTES // (8 * X.shape[1]))
             stats = merge_many(block_statistics(X[i:i + rows]) for i in range(0, len(X), rows))
         if stats.nonfinite:
-            raise ValueError(
-                f"X has {stats.nonfinite} row(s) with NaN or inf; drop or repair those "
-                f"rows before fitting"
-            )
+            raise NonFiniteRowsError(
+                "X", f"{stats.nonfinite} row(s) with NaN or inf; drop or repair those rows "
+                     f"before fitting")
         components, variances, projection = pca_whitening(
             covariance(stats), self.n_components, float(self.eps))
         self.mean_ = stats.mean
