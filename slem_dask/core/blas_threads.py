@@ -32,14 +32,22 @@ def factorization_threads(d: int):
     one above it when the BLAS is OpenBLAS."""
     if THREADED_POTRF_MIN <= d <= OPENBLAS_THREADED_POTRF_MAX:
         return contextlib.nullcontext()
-    if d > OPENBLAS_THREADED_POTRF_MAX and not _uses_openblas():
+    controller = _controller()
+    if d > OPENBLAS_THREADED_POTRF_MAX and not any(
+            info.get("internal_api") == "openblas" for info in controller.info()):
         return contextlib.nullcontext()
-    from threadpoolctl import threadpool_limits
-
-    return threadpool_limits(limits=1, user_api="blas")
+    return controller.limit(limits=1, user_api="blas")
 
 
-def _uses_openblas() -> bool:
-    from threadpoolctl import threadpool_info
+_controllers = []
 
-    return any(info.get("internal_api") == "openblas" for info in threadpool_info())
+
+def _controller():
+    # Scanning the loaded libraries costs ~1.5 ms, once per round of a greedy kernel
+    # fit (r + 1 rounds) if not kept; numpy's and scipy's BLAS are loaded by now
+    # (this package imports scipy.linalg).
+    if not _controllers:
+        from threadpoolctl import ThreadpoolController
+
+        _controllers.append(ThreadpoolController())
+    return _controllers[0]
