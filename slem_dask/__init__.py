@@ -5,11 +5,39 @@ dask paths stay lazy until the caller computes. Jobs and the ``slem-dask``
 command line start or connect to a cluster (see :mod:`slem_dask.cluster`).
 """
 
+import importlib
+
 from ._version import __version__
-from .models import (ESVM, KernelSLEM, LinearSLEM, NotFittedError, PCAWhitening,
-                     RawFeatures, load_model)
-from .retrieval import (leave_one_out_map, make_map_scorer, map_scorer,
-                        mean_average_precision, precision_recall_at_k, search)
+
+# The names below are imported on first use (PEP 562), not with the package: dask,
+# zarr and scipy take most of a second to import, which `slem-dask --help` need not
+# pay, and an interrupt during those imports then falls inside the command line's
+# own handling (a one-line message, not a traceback).
+_LAZY = {
+    **dict.fromkeys(("ESVM", "KernelSLEM", "LinearSLEM", "NotFittedError", "PCAWhitening",
+                     "RawFeatures", "load_model"), ".models"),
+    **dict.fromkeys(("leave_one_out_map", "make_map_scorer", "map_scorer",
+                     "mean_average_precision", "precision_recall_at_k", "search"),
+                    ".retrieval"),
+}
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        value = getattr(importlib.import_module(_LAZY[name], __name__), name)
+        globals()[name] = value
+        return value
+    try:  # a submodule (slem_dask.storage, ...), as an eager import would have bound it
+        return importlib.import_module(f".{name}", __name__)
+    except ModuleNotFoundError as exc:
+        if exc.name != f"{__name__}.{name}":
+            raise
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_LAZY))
+
 
 __all__ = [
     "__version__",

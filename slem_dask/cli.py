@@ -583,13 +583,15 @@ def main(argv=None) -> int:
     # Interrupting a run leaves asyncio tasks of the closing client behind; their
     # "Task exception was never retrieved" tracebacks say nothing to a user.
     logging.getLogger("asyncio").setLevel(logging.CRITICAL)
-    # A lost scheduler is reported once, as one line saying what is kept (pipeline.JobFailed);
-    # the client's own reconnection log lines would only repeat it.
-    import distributed  # noqa: F401 - its import sets its loggers' levels: override after
+    try:  # the first imports of dask, distributed and zarr: an interrupt may come here
+        # A lost scheduler is reported once, as one line saying what is kept
+        # (pipeline.JobFailed); the client's own reconnection log lines would only repeat it.
+        import distributed  # noqa: F401 - its import sets its loggers' levels: override after
 
-    logging.getLogger("distributed.client").setLevel(logging.CRITICAL)
-    from .integrity import IntegrityError
-
+        logging.getLogger("distributed.client").setLevel(logging.CRITICAL)
+        from .integrity import IntegrityError
+    except KeyboardInterrupt:
+        return _interrupted(args)
     try:
         return _run(args)
     except (ValueError, TypeError, FileNotFoundError, FileExistsError, OSError,
@@ -597,19 +599,24 @@ def main(argv=None) -> int:
         print(f"slem-dask {args.command}: error: {exc}", file=sys.stderr)
         return EXIT_ERROR
     except KeyboardInterrupt:
-        if getattr(args, "finished", None) is not None:
-            _print_results(args, *args.finished)
-            print(f"slem-dask {args.command}: interrupted while the dask cluster was closing, "
-                  f"after the job had finished: what it wrote above is complete",
-                  file=sys.stderr)
-            return 130
-        kept = {"encode": "an unfinished output, if one was started, is kept and refused by "
-                          "readers: run the same command again to resume it",
-                "run": "unfinished outputs are kept and refused by readers: run the same "
-                       "spec again to resume"}
-        print(f"slem-dask {args.command}: interrupted; nothing was marked complete ("
-              f"{kept.get(args.command, 'no model or output was written')})", file=sys.stderr)
+        return _interrupted(args)
+
+
+def _interrupted(args) -> int:
+    """What an interrupt (Ctrl-C) leaves behind, said in one line; exit status 130."""
+    if getattr(args, "finished", None) is not None:
+        _print_results(args, *args.finished)
+        print(f"slem-dask {args.command}: interrupted while the dask cluster was closing, "
+              f"after the job had finished: what it wrote above is complete",
+              file=sys.stderr)
         return 130
+    kept = {"encode": "an unfinished output, if one was started, is kept and refused by "
+                      "readers: run the same command again to resume it",
+            "run": "unfinished outputs are kept and refused by readers: run the same "
+                   "spec again to resume"}
+    print(f"slem-dask {args.command}: interrupted; nothing was marked complete ("
+          f"{kept.get(args.command, 'no model or output was written')})", file=sys.stderr)
+    return 130
 
 
 def console_main() -> None:

@@ -185,6 +185,54 @@ def test_ctrl_c_while_the_cluster_closes_reports_the_finished_job(corpus, tmp_pa
     assert main(["verify", model_path]) == 0
 
 
+_INTERRUPT_IN_IMPORTS = """
+import sys
+
+class Interrupt:  # Ctrl-C while distributed is first imported, a second into the run
+    def find_spec(self, name, path=None, target=None):
+        if name == "distributed":
+            raise KeyboardInterrupt
+        return None
+
+sys.meta_path.insert(0, Interrupt())
+from slem_dask.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_ctrl_c_during_the_first_imports_is_one_line(tmp_path):
+    import subprocess
+    import sys
+
+    model_path = str(tmp_path / "model.zarr")
+    done = subprocess.run([sys.executable, "-c", _INTERRUPT_IN_IMPORTS, "fit", "--negatives",
+                           str(tmp_path / "x.zarr"), "--model", model_path],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 130, done.stderr
+    assert done.stderr == ("slem-dask fit: interrupted; nothing was marked complete (no model "
+                           "or output was written)\n")
+    assert not os.path.exists(model_path)
+
+
+def test_the_package_imports_dask_and_zarr_only_when_used():
+    # `slem-dask --help` and `import slem_dask` stay fast; every public name still works
+    import subprocess
+    import sys
+
+    check = ("import sys, slem_dask\n"
+             "heavy = sorted(m for m in ('dask.array', 'zarr', 'scipy.linalg', 'distributed') "
+             "if m in sys.modules)\n"
+             "from slem_dask import LinearSLEM, search\n"
+             "assert all(getattr(slem_dask, n) is not None for n in slem_dask.__all__)\n"
+             "assert set(slem_dask.__all__) <= set(dir(slem_dask))\n"
+             "assert slem_dask.storage.__name__ == 'slem_dask.storage'\n"
+             "print(heavy)\n")
+    done = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"
+
+
 @pytest.mark.cluster
 def test_local_worker_processes_do_not_get_ctrl_c(corpus):
     # Ctrl-C reaches the whole process group: workers still importing printed a
