@@ -576,9 +576,13 @@ def _is_number_list(text: str) -> bool:
 
 
 def main(argv=None) -> int:
-    parser = build_parser()
-    argv = _glue_negative_values(list(sys.argv[1:] if argv is None else argv))
-    args = _parse(parser, argv)
+    try:  # building the parser imports numpy (the kernels' names): a Ctrl-C may come here
+        parser = build_parser()
+        argv = _glue_negative_values(list(sys.argv[1:] if argv is None else argv))
+        args = _parse(parser, argv)
+    except KeyboardInterrupt:
+        print("slem-dask: interrupted before any job started", file=sys.stderr)
+        return 130
     _check_option_combinations(parser, args)
     # Interrupting a run leaves asyncio tasks of the closing client behind; their
     # "Task exception was never retrieved" tracebacks say nothing to a user.
@@ -610,12 +614,27 @@ def _interrupted(args) -> int:
               f"after the job had finished: what it wrote above is complete",
               file=sys.stderr)
         return 130
-    kept = {"encode": "an unfinished output, if one was started, is kept and refused by "
-                      "readers: run the same command again to resume it",
-            "run": "unfinished outputs are kept and refused by readers: run the same "
-                   "spec again to resume"}
-    print(f"slem-dask {args.command}: interrupted; nothing was marked complete ("
-          f"{kept.get(args.command, 'no model or output was written')})", file=sys.stderr)
+    if args.command == "encode":  # the interrupt may come after the job marked it complete
+        from .storage import marked_complete
+
+        if marked_complete(args.out):
+            print(f"slem-dask encode: interrupted after the output was finished: "
+                  f"{args.out!r} is complete (`slem-dask verify {args.out}` checks it again)",
+                  file=sys.stderr)
+            return 130
+    # demo and run write several stores one after the other: the ones they had
+    # finished are complete (and verified), only the one under way is not
+    said = {"encode": "nothing was marked complete (an unfinished output, if one was started, "
+                      "is kept and refused by readers: run the same command again to resume it)",
+            "run": "the steps reported above are complete; the one under way was not marked "
+                   "complete (an unfinished output is kept and refused by readers): run the "
+                   "same spec again to resume",
+            "demo": "the stores it had finished are complete (`slem-dask verify PATH` says "
+                    "which); the one under way was not marked complete: run `slem-dask demo` "
+                    "again to finish"}
+    default = "nothing was marked complete (no model or output was written)"
+    print(f"slem-dask {args.command}: interrupted; {said.get(args.command, default)}",
+          file=sys.stderr)
     return 130
 
 

@@ -111,20 +111,32 @@ def make_corpus(n_negatives: int = 20000, n_instances: int = 500, group_size: in
     return Corpus(negatives, database, queries, database_labels, query_labels)
 
 
-def write_corpus(corpus: Corpus, path: str, chunk_rows: int = 4096) -> None:
-    """Write a corpus as a zarr group: negatives, database, queries and labels."""
+def write_corpus(corpus: Corpus, path: str, chunk_rows: int = 4096,
+                 attrs: dict | None = None) -> None:
+    """Write a corpus as a zarr group: negatives, database, queries and labels.
+
+    Under a lease, to a staging folder renamed into place when complete
+    (:func:`slem_dask.storage.staged`): an interrupted write never leaves a part of
+    a corpus at ``path`` (which a later ``[generate]`` step would take for the whole).
+    ``attrs`` are added to the group's attributes.
+    """
     import zarr
 
-    group = zarr.open_group(store=str(path), mode="w")
-    for name in ("negatives", "database", "queries"):
-        data = getattr(corpus, name)
-        arr = group.create_array(name, shape=data.shape, dtype=data.dtype,
-                                 chunks=(min(chunk_rows, max(1, len(data))), data.shape[1]))
-        arr[...] = data
-    for name in ("database_labels", "query_labels"):
-        data = getattr(corpus, name)
-        arr = group.create_array(name, shape=data.shape, dtype=data.dtype,
-                                 chunks=(max(1, len(data)),))
-        arr[...] = data
-    group.attrs["slem_dask_corpus"] = {"kind": "synthetic-instance-corpus",
-                                       "n_instances": int(len(corpus.queries))}
+    from . import integrity, storage
+
+    where = integrity.canonical(path)
+    with integrity.Lease(where, "write corpus") as lease, storage.staged(where, lease) as target:
+        group = zarr.open_group(store=target, mode="w")
+        for name in ("negatives", "database", "queries"):
+            data = getattr(corpus, name)
+            arr = group.create_array(name, shape=data.shape, dtype=data.dtype,
+                                     chunks=(min(chunk_rows, max(1, len(data))), data.shape[1]))
+            arr[...] = data
+        for name in ("database_labels", "query_labels"):
+            data = getattr(corpus, name)
+            arr = group.create_array(name, shape=data.shape, dtype=data.dtype,
+                                     chunks=(max(1, len(data)),))
+            arr[...] = data
+        group.attrs.update(attrs or {})
+        group.attrs["slem_dask_corpus"] = {"kind": "synthetic-instance-corpus",
+                                           "n_instances": int(len(corpus.queries))}

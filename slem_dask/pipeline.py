@@ -665,8 +665,7 @@ def demo_job(client, workdir: str = "slem-demo", n_negatives: int = 50_000,
     if existing.get("slem_dask_demo") != params:
         corpus = make_corpus(n_negatives=n_negatives, n_instances=n_instances,
                              group_size=group_size, d=d, seed=seed)
-        write_corpus(corpus, corpus_path, chunk_rows=1024)
-        zarr.open_group(store=corpus_path, mode="r+").attrs["slem_dask_demo"] = params
+        write_corpus(corpus, corpus_path, chunk_rows=1024, attrs={"slem_dask_demo": params})
     generate = JobReport("generate corpus")
     generate.facts.update({"corpus": corpus_path, **params})
     generate.timings["total"] = time.perf_counter() - t0

@@ -16,6 +16,7 @@ what may be deleted) live in :mod:`slem_dask.integrity`.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -413,6 +414,42 @@ def metadata_checksum(meta: dict) -> str:
     return hashlib.sha256(json.dumps(fields, sort_keys=True, default=str).encode()).hexdigest()
 
 
+@contextlib.contextmanager
+def staged(path: integrity.StorePath, lease: integrity.Lease):
+    """Where to write a new store for ``path``, put in place when the block ends.
+
+    Local paths: a hidden sibling folder, renamed over ``path`` only if the block
+    ends without error and ``lease`` is still held, so that the path holds the old
+    store or the whole new one, never a part (removed if the block fails; earlier
+    ones, left by a killed writer, are removed first: under the lease they cannot be
+    another live writer's). Remote stores: ``path`` itself, written in place (their
+    writers mark completion last).
+    """
+    if not path.is_local:
+        yield path.location
+        lease.check()
+        return
+    parent = os.path.dirname(path.location)
+    os.makedirs(parent, exist_ok=True)
+    for name in os.listdir(parent):
+        if name.startswith(f".{path.name}.partial-"):
+            shutil.rmtree(os.path.join(parent, name), ignore_errors=True)
+    target = os.path.join(parent, f".{path.name}.partial-{uuid.uuid4().hex[:12]}")
+    try:
+        yield target
+        lease.check()  # no other job took the store over meanwhile
+        if os.path.exists(path.location):
+            trash = target + ".old"
+            os.replace(path.location, trash)
+            os.replace(target, path.location)
+            shutil.rmtree(trash, ignore_errors=True)
+        else:
+            os.replace(target, path.location)
+    except BaseException:
+        shutil.rmtree(target, ignore_errors=True)
+        raise
+
+
 def write_group(path, meta: dict, arrays: dict[str, np.ndarray], what: str,
                 overwrite: bool = False, lease: integrity.Lease | None = None) -> None:
     """Write a zarr group of small arrays (a model, a search result) atomically.
@@ -429,16 +466,7 @@ def write_group(path, meta: dict, arrays: dict[str, np.ndarray], what: str,
         # under the lease: what is at the path stays as checked until it is replaced
         _check_overwrite(path, overwrite, what, "overwrite=True (CLI: --overwrite)",
                          meta.get("kind"))
-        target = path.location
-        if path.is_local:
-            parent = os.path.dirname(path.location)
-            os.makedirs(parent, exist_ok=True)
-            # under the lease, any earlier temporary copy is a dead writer's: remove it
-            for name in os.listdir(parent):
-                if name.startswith(f".{path.name}.partial-"):
-                    shutil.rmtree(os.path.join(parent, name), ignore_errors=True)
-            target = os.path.join(parent, f".{path.name}.partial-{uuid.uuid4().hex[:12]}")
-        try:
+        with staged(path, lease) as target:
             group = zarr.open_group(store=target, mode="w")
             for key, value in arrays.items():
                 value = np.asarray(value)
@@ -452,19 +480,6 @@ def write_group(path, meta: dict, arrays: dict[str, np.ndarray], what: str,
                     arr[start:start + rows] = value[start:start + rows]
             group.attrs[ATTR] = {**meta, "metadata_checksum": metadata_checksum(meta)}
             _check_written(target, arrays, what)
-            lease.check()  # no other job took the store over meanwhile
-            if path.is_local:
-                if os.path.exists(path.location):
-                    trash = target + ".old"
-                    os.replace(path.location, trash)
-                    os.replace(target, path.location)
-                    shutil.rmtree(trash, ignore_errors=True)
-                else:
-                    os.replace(target, path.location)
-        except BaseException:
-            if path.is_local:
-                shutil.rmtree(target, ignore_errors=True)
-            raise
     finally:
         if own:
             lease.release()
@@ -708,6 +723,16 @@ def remove_stray_partials(path) -> int:
 def mark_complete(arr: zarr.Array, extra: dict | None = None) -> None:
     update_meta(arr, **(extra or {}), complete=True,
                 completed=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
+
+
+def marked_complete(path) -> bool:
+    """Whether the slem-dask output at ``path`` is marked complete (its job verified it
+    before marking it); False for anything else, unreadable included."""
+    try:
+        meta = zarr.open_array(store=str(canonical(path)), mode="r").attrs.get(ATTR)
+    except Exception:  # noqa: BLE001 - absent, a group, damaged: not a complete output
+        return False
+    return isinstance(meta, dict) and meta.get("kind") == "encoding" and bool(meta.get("complete"))
 
 
 def open_output(path, name: str = "encodings") -> zarr.Array:

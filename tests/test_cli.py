@@ -185,10 +185,31 @@ def test_ctrl_c_while_the_cluster_closes_reports_the_finished_job(corpus, tmp_pa
     assert main(["verify", model_path]) == 0
 
 
+def test_ctrl_c_after_an_encode_marked_its_output_complete_says_so(scheduler, corpus, tmp_path,
+                                                                   capsys, monkeypatch):
+    # The interrupt lands after the output is marked complete, before the job returns.
+    from slem_dask import pipeline
+
+    real_encode = pipeline.encode_job
+
+    def interrupted_at_return(*args, **kwargs):
+        real_encode(*args, **kwargs)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(pipeline, "encode_job", interrupted_at_return)
+    out_path = str(tmp_path / "codes.zarr")
+    code, _, err = run(capsys, *encode_args(scheduler, corpus["model"], corpus["positives"],
+                                            out_path))
+    assert code == 130
+    assert err == (f"slem-dask encode: interrupted after the output was finished: "
+                   f"{out_path!r} is complete (`slem-dask verify {out_path}` checks it again)\n")
+    assert main(["verify", out_path]) == 0
+
+
 _INTERRUPT_IN_IMPORTS = """
 import sys
 
-class Interrupt:  # Ctrl-C while distributed is first imported, a second into the run
+class Interrupt:  # Ctrl-C while that module is first imported
     def find_spec(self, name, path=None, target=None):
         if name == "distributed":
             raise KeyboardInterrupt
@@ -200,17 +221,22 @@ sys.exit(main(sys.argv[1:]))
 """
 
 
-def test_ctrl_c_during_the_first_imports_is_one_line(tmp_path):
+@pytest.mark.parametrize("module, said", [
+    ("numpy", "slem-dask: interrupted before any job started\n"),  # building the parser
+    ("distributed", "slem-dask fit: interrupted; nothing was marked complete (no model or "
+                    "output was written)\n"),
+])
+def test_ctrl_c_during_the_first_imports_is_one_line(tmp_path, module, said):
     import subprocess
     import sys
 
     model_path = str(tmp_path / "model.zarr")
-    done = subprocess.run([sys.executable, "-c", _INTERRUPT_IN_IMPORTS, "fit", "--negatives",
+    done = subprocess.run([sys.executable, "-c", _INTERRUPT_IN_IMPORTS.replace(
+                               '"distributed"', repr(module)), "fit", "--negatives",
                            str(tmp_path / "x.zarr"), "--model", model_path],
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 130, done.stderr
-    assert done.stderr == ("slem-dask fit: interrupted; nothing was marked complete (no model "
-                           "or output was written)\n")
+    assert done.stderr == said
     assert not os.path.exists(model_path)
 
 

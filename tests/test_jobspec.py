@@ -228,3 +228,50 @@ def test_theta_changes_no_encoding_so_outputs_are_kept(tmp_path, capsys):
     meta = storage.output_meta(zarr.open_array(f"{d}/enc"))
     assert meta["params"]["theta"] == 5.0
     assert meta["model_fingerprint"] == load_model(f"{tmp_path}/m").fingerprint_
+
+
+def test_an_interrupted_generate_leaves_no_corpus_and_the_next_run_writes_it(
+        tmp_path, capsys, monkeypatch):
+    # The [generate] step writes the corpus only if its path does not exist: a corpus
+    # interrupted half-way must not be at the path, or every later run would fail on
+    # its missing arrays.
+    corpus = tmp_path / "corpus.zarr"
+    spec = tmp_path / "gen.toml"
+    spec.write_text(f"""
+[generate]
+path = "{corpus}"
+n_negatives = 400
+n_instances = 20
+dim = 8
+
+[model]
+path = "{tmp_path}/model.zarr"
+
+[fit]
+negatives = "{corpus}/negatives"
+
+[[encode]]
+positives = "{corpus}/queries"
+out = "{corpus}/slem_queries"
+""")
+    real_create = zarr.Group.create_array
+    calls = []
+
+    def interrupted(self, name, *args, **kwargs):
+        calls.append(name)
+        if name == "queries":  # negatives and database are written by now
+            raise KeyboardInterrupt
+        return real_create(self, name, *args, **kwargs)
+
+    monkeypatch.setattr(zarr.Group, "create_array", interrupted)
+    assert main(["run", str(spec), *CLUSTER]) == 130
+    assert calls[-1] == "queries"
+    assert "slem-dask run: interrupted; the steps reported above are complete; the one under " \
+           "way was not marked complete" in capsys.readouterr().err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["gen.toml"]  # no corpus, no parts
+    monkeypatch.setattr(zarr.Group, "create_array", real_create)
+    capsys.readouterr()
+    assert main(["run", str(spec), *CLUSTER]) == 0, capsys.readouterr().err
+    assert sorted(zarr.open_group(str(corpus), mode="r").array_keys()) == [
+        "database", "database_labels", "negatives", "queries", "query_labels", "slem_queries"]
+    assert main(["verify", f"{corpus}/slem_queries"]) == 0
