@@ -5,7 +5,7 @@ dask paths stay lazy until the caller computes. Jobs and the ``slem-dask``
 command line start or connect to a cluster (see :mod:`slem_dask.cluster`).
 """
 
-import importlib
+import importlib as _importlib
 
 from ._version import __version__
 
@@ -24,19 +24,20 @@ _LAZY = {
 
 def __getattr__(name: str):
     if name in _LAZY:
-        value = getattr(importlib.import_module(_LAZY[name], __name__), name)
+        value = getattr(_importlib.import_module(_LAZY[name], __name__), name)
         globals()[name] = value
         return value
     try:  # a submodule (slem_dask.storage, ...), as an eager import would have bound it
-        return importlib.import_module(f".{name}", __name__)
+        return _importlib.import_module(f".{name}", __name__)
     except ModuleNotFoundError as exc:
         if exc.name != f"{__name__}.{name}":
             raise
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-def __dir__():
-    return sorted(set(globals()) | set(_LAZY))
+def __dir__():  # the public names, loaded or not, and the module's dunders
+    return sorted(n for n in set(globals()) | set(_LAZY)
+                  if not n.startswith("_") or n.startswith("__") and n.endswith("__"))
 
 
 __all__ = [
