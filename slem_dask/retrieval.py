@@ -8,7 +8,7 @@ import dask
 import numpy as np
 
 from .core.ranking import as_id_array, average_precision, merge_topk, rank_rows, topk_search
-from .validation import NonFiniteRowsError, check_rows, is_dask_array, nonfinite_rows
+from .validation import check_finite_rows, check_rows, is_dask_array
 
 __all__ = ["search", "mean_average_precision", "precision_recall_at_k",
            "leave_one_out_map", "make_map_scorer", "map_scorer"]
@@ -27,11 +27,8 @@ _WHOLE_RANKING_DATABASE_BYTES = 512 * 2**20
 
 
 def _check_finite(x, name: str, row_offset: int = 0) -> None:
-    if not np.isfinite(x).all():
-        count, shown = nonfinite_rows(x, row_offset)
-        raise NonFiniteRowsError(
-            name, f"{count} row(s) with NaN or inf (rows {shown}); scores against them "
-                  f"are undefined: drop or repair those rows before searching")
+    check_finite_rows(x, name, row_offset, remedy="scores against them are undefined: drop "
+                                                  "or repair those rows before searching")
 
 
 def _topk_packed(queries, database, q_offset, db_offset, k):

@@ -729,10 +729,10 @@ def marked_complete(path) -> bool:
     """Whether the slem-dask output at ``path`` is marked complete (its job verified it
     before marking it); False for anything else, unreadable included."""
     try:
-        meta = zarr.open_array(store=str(canonical(path)), mode="r").attrs.get(ATTR)
+        meta = output_meta(zarr.open_array(store=str(canonical(path)), mode="r"))
     except Exception:  # noqa: BLE001 - absent, a group, damaged: not a complete output
         return False
-    return isinstance(meta, dict) and meta.get("kind") == "encoding" and bool(meta.get("complete"))
+    return bool(meta and meta.get("complete"))
 
 
 def open_output(path, name: str = "encodings") -> zarr.Array:

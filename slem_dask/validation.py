@@ -156,10 +156,11 @@ def nonfinite_rows(x: np.ndarray, row_offset: int = 0) -> tuple[int, str]:
     return bad.size, ", ".join(str(i) for i in bad[:5]) + (", ..." if bad.size > 5 else "")
 
 
-def check_finite_rows(x: np.ndarray, name: str, row_offset: int = 0) -> None:
-    """Raise if any row of a numpy block holds NaN or inf, saying how many and where."""
+def check_finite_rows(x: np.ndarray, name: str, row_offset: int = 0,
+                      remedy: str = "drop or repair those rows before running SLEM") -> None:
+    """Raise if any row of a numpy block holds NaN or inf, saying how many, where, and
+    ``remedy``."""
     if np.isfinite(x).all():
         return
     count, shown = nonfinite_rows(x, row_offset)
-    raise NonFiniteRowsError(name, f"{count} row(s) with NaN or inf (rows {shown}); drop "
-                                   f"or repair those rows before running SLEM")
+    raise NonFiniteRowsError(name, f"{count} row(s) with NaN or inf (rows {shown}); {remedy}")

@@ -8,6 +8,7 @@ factorizations the caller runs itself, between or after passes over the data.
 from __future__ import annotations
 
 import contextlib
+import functools
 
 __all__ = ["factorization_threads", "THREADED_POTRF_MIN", "OPENBLAS_THREADED_POTRF_MAX"]
 
@@ -39,15 +40,11 @@ def factorization_threads(d: int):
     return controller.limit(limits=1, user_api="blas")
 
 
-_controllers = []
-
-
+@functools.cache
 def _controller():
     # Scanning the loaded libraries costs ~1.5 ms, once per round of a greedy kernel
     # fit (r + 1 rounds) if not kept; numpy's and scipy's BLAS are loaded by now
     # (this package imports scipy.linalg).
-    if not _controllers:
-        from threadpoolctl import ThreadpoolController
+    from threadpoolctl import ThreadpoolController
 
-        _controllers.append(ThreadpoolController())
-    return _controllers[0]
+    return ThreadpoolController()
