@@ -80,15 +80,14 @@ def main(argv=None) -> int:
         print(f"listing fingerprint of the input alone: {t.seconds * 1e3:.1f} ms")
         unguarded(client, model, path, out_u, rows)  # warm-up, not counted
         for r in range(args.repeat):
-            # each contender writes 2 GB: flush the previous one's dirty pages first, so
-            # that no contender pays for another's writeback (not timed)
-            os.sync()
+            # each contender writes 2 GB: none pays for another's writeback (not timed)
+            C.settle()
             report = encode_job(client, model_path, path, out_g, partition_rows=rows,
                                 overwrite=True)
             guarded.append(report.timings["total"])
-            os.sync()
+            C.settle()
             plain.append(unguarded(client, model, path, out_u, rows))
-            os.sync()
+            C.settle()
             crc_only.append(unguarded(client, model, path, out_u, rows, crc=True))
             print(f"run {r + 1}: guarded {guarded[-1]:.3f} s | unguarded {plain[-1]:.3f} s "
                   f"| unguarded + crc32c {crc_only[-1]:.3f} s | {C.load_line()}")

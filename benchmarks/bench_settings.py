@@ -54,6 +54,8 @@ def main(argv=None) -> int:
     model = os.path.join(args.workdir, f"bench-settings-model-n{args.n}-d{args.d}.zarr")
     out = os.path.join(args.workdir, f"bench-settings-out-n{args.n}-d{args.d}.zarr")
     results = {}
+    # the rows of each partition size, for the floor
+    floor_rows = {pr: storage.dask_rows(arr, storage.row_partition(arr, pr)) for pr in parts}
     with contextlib.ExitStack() as stack:
         clients = {}
         for procs, threads in layouts:  # all clusters up at once, idle ones cost no CPU
@@ -65,7 +67,7 @@ def main(argv=None) -> int:
             fit_job(client, path, model, lam=args.lam, partition_rows=parts[0], overwrite=True)
             encode_job(client, model, path, out, partition_rows=parts[0], overwrite=True)
             if args.floor:
-                C.fit_floor(storage.dask_rows(arr, storage.row_partition(arr, parts[0])), client)
+                C.fit_floor(floor_rows[parts[0]], client)
         print()
         for r in range(args.repeat):
             for (procs, threads), client in clients.items():
@@ -86,8 +88,7 @@ def main(argv=None) -> int:
                     results[key]["encode"].append(e)
                     floor = ""
                     if args.floor:
-                        x = storage.dask_rows(arr, storage.row_partition(arr, pr))
-                        fl = C.fit_floor(x, client)["total"]
+                        fl = C.fit_floor(floor_rows[pr], client)["total"]
                         results[key]["floor"].append(fl)
                         floor = f", floor {fl:.3f} s"
                     print(f"round {r + 1} {procs}x{threads} partition_rows={pr:>6} "
