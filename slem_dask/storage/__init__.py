@@ -30,9 +30,9 @@ import dask
 import numpy as np
 import zarr
 
-from . import integrity
-from ._version import __version__
-from .integrity import canonical
+from .. import integrity
+from .._version import __version__
+from ..integrity import canonical
 
 __all__ = [
     "ATTR",
