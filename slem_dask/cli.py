@@ -491,6 +491,9 @@ def _run(args) -> int:
                 partition_rows=args.partition_rows)
             reports = [report]
         elif args.command == "encode":
+            from .storage import head_seq
+
+            args.head_before = head_seq(args.out)
             reports = [pipeline.encode_job(client, args.model, args.positives, args.out,
                                            dtype=args.dtype, partition_rows=args.partition_rows,
                                            overwrite=args.overwrite, progress=progress,
@@ -617,7 +620,7 @@ def _interrupted(args) -> int:
     if args.command == "encode":  # the interrupt may come after the job marked it complete
         from .storage import marked_complete
 
-        if marked_complete(args.out):
+        if marked_complete(args.out, after=getattr(args, "head_before", None)):
             print(f"slem-dask encode: interrupted after the output was finished: "
                   f"{args.out!r} is complete (`slem-dask verify {args.out}` checks it again)",
                   file=sys.stderr)

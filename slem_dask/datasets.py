@@ -115,28 +115,45 @@ def write_corpus(corpus: Corpus, path: str, chunk_rows: int = 4096,
                  attrs: dict | None = None) -> None:
     """Write a corpus as a zarr group: negatives, database, queries and labels.
 
-    Under a lease, to a staging folder renamed into place when complete
-    (:func:`slem_dask.storage.staged`): an interrupted write never leaves a part of
-    a corpus at ``path`` (which a later ``[generate]`` step would take for the whole).
-    ``attrs`` are added to the group's attributes.
+    Under a lease, as a new version of a versioned store
+    (:mod:`slem_dask.storage.versions`): readers see the previous corpus or the whole
+    new one, and an interrupted write is never taken for a corpus (a later
+    ``[generate]`` step would take it for the whole). ``attrs`` are added to the
+    group's attributes.
     """
-    import zarr
-
-    from . import integrity, storage
+    from . import integrity
+    from .storage import versions
 
     where = integrity.canonical(path)
-    with integrity.Lease(where, "write corpus") as lease, storage.staged(where, lease) as target:
-        group = zarr.open_group(store=target, mode="w")
-        for name in ("negatives", "database", "queries"):
-            data = getattr(corpus, name)
-            arr = group.create_array(name, shape=data.shape, dtype=data.dtype,
-                                     chunks=(min(chunk_rows, max(1, len(data))), data.shape[1]))
-            arr[...] = data
-        for name in ("database_labels", "query_labels"):
-            data = getattr(corpus, name)
-            arr = group.create_array(name, shape=data.shape, dtype=data.dtype,
-                                     chunks=(max(1, len(data)),))
-            arr[...] = data
-        group.attrs.update(attrs or {})
-        group.attrs["slem_dask_corpus"] = {"kind": "synthetic-instance-corpus",
-                                           "n_instances": int(len(corpus.queries))}
+    with integrity.Lease(where, "write corpus") as lease:
+        store = versions.VersionedStore(where)
+        draft = store.begin()
+        try:
+            _write_group(corpus, draft.location, chunk_rows, attrs)
+            lease.check()
+            store.commit(draft, "corpus", "write corpus",
+                         {"n_instances": int(len(corpus.queries))})
+        except BaseException:
+            store.abandon(draft)  # quick to write again: nothing worth resuming
+            raise
+        store.collect_garbage()
+
+
+def _write_group(corpus: Corpus, location: str, chunk_rows: int, attrs: dict | None) -> None:
+    import zarr
+
+    group = zarr.open_group(store=location, mode="w", zarr_format=3)
+    for name in ("negatives", "database", "queries"):
+        data = getattr(corpus, name)
+        arr = group.create_array(name, shape=data.shape, dtype=data.dtype,
+                                 chunks=(min(chunk_rows, max(1, len(data))), data.shape[1]))
+        arr[...] = data
+    for name in ("database_labels", "query_labels"):
+        data = getattr(corpus, name)
+        arr = group.create_array(name, shape=data.shape, dtype=data.dtype,
+                                 chunks=(max(1, len(data)),))
+        arr[...] = data
+    group.attrs.update(attrs or {})
+    group.attrs["slem_dask_corpus"] = {"kind": "synthetic-instance-corpus",
+                                       "n_instances": int(len(corpus.queries))}
+

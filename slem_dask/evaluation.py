@@ -387,14 +387,25 @@ def search_job(client, queries: str, database: str, out: str, k: int = 100,
                                   f"replace it")
         integrity.check_may_replace(out, "search result", kind="search")
     with integrity.Lease(out, "slem-dask search") as lease:
+        # the versions read, pinned: a versioned input is read from the version resolved
+        # here, and a plain one is fingerprinted before and after
+        seen = {"queries": storage.input_version(queries),
+                "database": storage.input_version(database)}
+        q_arr, db_arr = check_search_inputs(str(queries), str(database), k, force=force)
         integrity.check_workers_see(client, {"database": database})
         db = storage.dask_rows(db_arr, partition_rows, name="database")
         q = storage.dask_rows(q_arr, partition_rows, name="queries")
         t1 = time.perf_counter()
         scores, indices = _compute(client, search(q, db, k), progress=False)
         t2 = time.perf_counter()
+        read = {"queries": storage.input_version(queries),
+                "database": storage.input_version(database)}
+        if read != seen:
+            raise ValueError(
+                f"the queries or the database changed while they were searched "
+                f"({seen} -> {read}); nothing was written: run the search again")
         meta = {"kind": "search", "complete": True, "k": int(k), "queries": queries.url,
-                "database": database.url, "n_queries": int(q.shape[0]),
+                "database": database.url, "inputs": read, "n_queries": int(q.shape[0]),
                 "n_database": int(db_arr.shape[0]), "package_version": __version__,
                 "completed": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
         storage.write_group(out, meta, {"scores": scores.astype(np.float64),
@@ -420,7 +431,9 @@ def _open_corpus(path: str):
     import zarr
 
     try:
-        group = zarr.open_group(store=str(path), mode="r")
+        group = storage.open_node(path)
+        if isinstance(group, zarr.Array):
+            raise zarr.errors.ContainsArrayError(str(path))
     except FileNotFoundError:
         raise FileNotFoundError(
             f"corpus: no zarr group at {path!r}; write one with "

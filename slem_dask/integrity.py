@@ -43,12 +43,8 @@ __all__ = [
 
 #: Attribute that marks what slem-dask wrote (kind: model, encoding, search).
 ATTR = "slem_dask"
-KINDS = ("model", "encoding", "search")
+KINDS = ("model", "encoding", "search", "corpus")
 
-#: A lease whose owner stopped refreshing it this many seconds ago is stale
-#: (for owners on other hosts; a dead pid on this host is stale at once).
-LEASE_TTL = float(os.environ.get("SLEM_DASK_LEASE_TTL", "120"))
-LEASE_HEARTBEAT = max(0.5, min(30.0, LEASE_TTL / 4))
 
 
 # -- paths --------------------------------------------------------------------------
@@ -185,7 +181,18 @@ def _read_json(path: StorePath, name: str) -> dict | None:
 
 
 def slem_dask_kind(path: StorePath) -> str | None:
-    """'model', 'encoding' or 'search' if slem-dask wrote the zarr node at ``path``."""
+    """'model', 'encoding', 'search' or 'corpus' if slem-dask wrote the store at
+    ``path`` (its head version's kind for a versioned store), 'draft' for a versioned
+    store with no committed version yet (left by a killed first write)."""
+    from .storage.versions import VersionedStore, VersionError
+
+    store = VersionedStore(path)
+    if store.has_history():
+        try:
+            head = store.head()
+        except VersionError:
+            return "draft"  # its history is damaged: still slem-dask's to replace
+        return head.kind if head else "draft"
     doc = _read_json(path, "zarr.json")
     if not isinstance(doc, dict):
         return None
@@ -215,9 +222,11 @@ def check_may_replace(path, what: str, flag: str = "--overwrite",
     if not exists(path) or _is_empty_dir(path):
         return
     found = slem_dask_kind(path)
+    if found == "draft":
+        return
     if found is not None and kind is not None and found != kind:
         names = {"model": "a model", "encoding": "an encoded output",
-                 "search": "a search result"}
+                 "search": "a search result", "corpus": "a corpus"}
         raise FileExistsError(
             f"{what} {str(path)!r} holds {names[found]} of slem-dask, not "
             f"{names[kind]}; {flag} replaces only a store of the same kind: choose another "
@@ -253,210 +262,10 @@ def remove(path) -> None:
         fs.rm(root, recursive=True)
 
 
-# -- leases -------------------------------------------------------------------------
-class IntegrityError(RuntimeError):
-    """A job stopped to keep a guarantee (its message says what is kept and what to do)."""
-
-
-class LeaseHeldError(FileExistsError):
-    """Another live slem-dask job writes this store."""
-
-
-class LeaseLostError(IntegrityError):
-    """This job's lease was taken over (it was thought dead): it must not mark complete."""
-
-
-def _process_start(pid: int) -> str | None:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[19]
-    except (OSError, IndexError):
-        return None
-
-
-def _pid_alive(pid: int, start: str | None) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    now = _process_start(pid)
-    return start is None or now is None or now == start  # a reused pid is another process
-
-
-class Lease:
-    """Exclusive right to write one store, for the lifetime of a job.
-
-    ``with Lease(path, "encode"):`` takes it (or raises :class:`LeaseHeldError`
-    naming the owner), refreshes it every few seconds from a daemon thread, and
-    removes it on exit. :meth:`check` before marking complete proves that no
-    other job took it over meanwhile.
-    """
-
-    def __init__(self, target, job: str):
-        self.target = canonical(target)
-        self.job = job
-        self.file = self.target.parent.child(f".{self.target.name}.slem-dask-lease")
-        self.token = uuid.uuid4().hex
-        self.took_over: dict | None = None
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-
-    # the lease file itself
-    def _record(self) -> dict:
-        return {"token": self.token, "job": self.job, "host": socket.gethostname(),
-                "pid": os.getpid(), "pid_start": _process_start(os.getpid()),
-                "store": self.target.url, "started": getattr(self, "_started", time.time()),
-                "heartbeat": time.time()}
-
-    def _create(self) -> bool:
-        data = json.dumps(self._record()).encode()
-        if self.file.is_local:
-            # written whole to a private file, then hard-linked into place: link() fails
-            # if the lease exists, and a lease never exists half-written
-            os.makedirs(os.path.dirname(self.file.location), exist_ok=True)
-            tmp = f"{self.file.location}.{self.token}.new"
-            with open(tmp, "wb") as f:
-                f.write(data)
-            try:
-                os.link(tmp, self.file.location)
-                return True
-            except FileExistsError:
-                return False
-            finally:
-                os.remove(tmp)
-        fs, root = _fs(self.file)  # pragma: no cover - needs a remote store
-        try:  # exclusive create where the filesystem supports it, else best effort
-            with fs.open(root, "xb") as f:
-                f.write(data)
-            return True
-        except (FileExistsError, ValueError, NotImplementedError):
-            if fs.exists(root):
-                return False
-            fs.pipe(root, data)
-            return True
-
-    def read(self) -> dict | None:
-        try:
-            if self.file.is_local:
-                with open(self.file.location, "rb") as f:
-                    return json.loads(f.read())
-            fs, root = _fs(self.file)  # pragma: no cover
-            return json.loads(fs.cat(root))
-        except (FileNotFoundError, json.JSONDecodeError, UnicodeDecodeError):
-            return None
-
-    def _replace(self) -> None:
-        data = json.dumps(self._record()).encode()
-        if self.file.is_local:
-            tmp = f"{self.file.location}.{self.token}.tmp"
-            with open(tmp, "wb") as f:
-                f.write(data)
-            os.replace(tmp, self.file.location)
-        else:  # pragma: no cover
-            fs, root = _fs(self.file)
-            fs.pipe(root, data)
-
-    def is_stale(self, record: dict | None) -> bool:
-        if not record:  # unreadable (damaged): stale once nobody has touched it for a while
-            try:
-                age = time.time() - os.path.getmtime(self.file.location)
-            except OSError:
-                return True
-            return age > LEASE_TTL
-        if record.get("host") == socket.gethostname() and isinstance(record.get("pid"), int):
-            return not _pid_alive(record["pid"], record.get("pid_start"))
-        return time.time() - float(record.get("heartbeat", 0)) > LEASE_TTL
-
-    def describe(self, record: dict | None) -> str:
-        if not record:
-            return (f"an unreadable lease file {self.file.location!r} (taken over once "
-                    f"untouched for {LEASE_TTL:.0f} s; delete it if no job runs)")
-        since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(record.get("started", 0)))
-        return (f"{record.get('job', 'a job')} (pid {record.get('pid')} on host "
-                f"{record.get('host')}, since {since}; lease {self.file.location!r})")
-
-    def acquire(self) -> "Lease":
-        self._started = time.time()
-        for _ in range(5):
-            if self._create():
-                break
-            record = self.read()
-            if not self.is_stale(record):
-                raise self._held(record)
-            # stale: move it aside atomically (one taker wins the rename), then retry
-            aside = f"{self.file.location}.stale-{self.token}"
-            try:
-                if self.file.is_local:
-                    os.rename(self.file.location, aside)
-                    os.remove(aside)
-                else:  # pragma: no cover
-                    fs, root = _fs(self.file)
-                    fs.rm(root)
-                self.took_over = record or {}
-            except FileNotFoundError:
-                pass
-        else:  # pragma: no cover - five lost races in a row
-            raise LeaseHeldError(f"could not take the lease of {str(self.target)!r}; retry")
-        self._stop.clear()
-        self._thread = threading.Thread(target=self._beat, daemon=True,
-                                        name=f"slem-dask-lease-{self.target.name}")
-        self._thread.start()
-        return self
-
-    def _beat(self) -> None:
-        while not self._stop.wait(LEASE_HEARTBEAT):
-            record = self.read()
-            if not record or record.get("token") != self.token:
-                return  # taken over: check() will refuse completion
-            try:
-                self._replace()
-            except OSError:
-                pass
-
-    def check(self) -> None:
-        record = self.read()
-        if not record or record.get("token") != self.token:
-            owner = f" by {self.describe(record)}" if record else ""
-            raise LeaseLostError(
-                f"the lease of {str(self.target)!r} was taken over{owner} while this job "
-                f"ran (it was thought dead); nothing was marked complete: run the job again")
-
-    def release(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=5)
-        record = self.read()
-        if record and record.get("token") == self.token:
-            try:
-                if self.file.is_local:
-                    os.remove(self.file.location)
-                else:  # pragma: no cover
-                    fs, root = _fs(self.file)
-                    fs.rm(root)
-            except FileNotFoundError:
-                pass
-
-    def check_free(self) -> None:
-        """Raise :class:`LeaseHeldError` if a live job holds the lease (taking nothing):
-        the checks made before a cluster starts."""
-        record = self.read()
-        if (record is not None or exists(self.file)) and not self.is_stale(record):
-            raise self._held(record)
-
-    def _held(self, record: dict | None) -> LeaseHeldError:
-        return LeaseHeldError(
-            f"{str(self.target)!r} is being written by another slem-dask job: "
-            f"{self.describe(record)}; wait until it ends (one writer per store), or write "
-            f"to another path. A lease of a dead job is taken over automatically (after "
-            f"{LEASE_TTL:.0f} s for a job on another host)")
-
-    def __enter__(self) -> "Lease":
-        return self.acquire()
-
-    def __exit__(self, *exc) -> None:
-        self.release()
+# -- leases (see slem_dask.storage.leases) ------------------------------------------
+from .storage.errors import IntegrityError  # noqa: E402
+from .storage.leases import (  # noqa: E402,F401
+    LEASE_TTL, Lease, LeaseHeldError, LeaseLostError)
 
 
 # -- chunks, checksums, fingerprints --------------------------------------------------
@@ -506,8 +315,14 @@ def damaged_metadata(what: str, path, exc: BaseException) -> DamagedMetadataErro
     """The error for a store whose metadata document is there but cannot be read
     (truncated, edited, not zarr v3), naming the document; None when ``path`` has
     no unreadable document (then the failure is something else: no store, say)."""
+    from .storage.versions import resolve
+
     path = canonical(path)
-    document = unreadable_document(path)
+    try:
+        where = canonical(resolve(path)[0])  # a versioned store: the version read
+    except Exception:  # noqa: BLE001 - its history is damaged too: look at the path itself
+        where = path
+    document = unreadable_document(where)
     if document is None:
         return None
     return DamagedMetadataError(
@@ -583,6 +398,9 @@ def chunk_keys_for_rows(arr, lo: int, hi: int) -> list[tuple[str, int, int]]:
 
 def _listing(arr, path: StorePath) -> dict[str, tuple]:
     """{store key: (size, mtime in ns)} for every chunk of ``arr``."""
+    from .storage.versions import resolve
+
+    path = canonical(resolve(path)[0])  # a versioned store: the version that was opened
     prefix = f"{arr.path}/" if arr.path else ""
     root = path.location
     # ``path`` names the array itself: strip the array's own prefix from the keys
@@ -733,7 +551,15 @@ def check_workers_see(client, stores: dict[str, object]) -> None:
                 f"{str(local[0])!r} is a memory:// store: it lives in this process only, "
                 f"and worker {apart[0]} is another process; use a path or URL every worker "
                 f"can reach (a shared file system, s3://...), or an in-process cluster")
-    locations = [p.location for p in paths]
+    from .storage.versions import resolve
+
+    def read_at(p):  # what is read: a versioned store's head; a draft as it is
+        try:
+            return resolve(p)[0]
+        except ValueError:
+            return p.location
+
+    locations = [read_at(p) for p in paths]
     here = _worker_signatures(locations)
     seen = client.run(_worker_signatures, locations)
     for worker, sigs in seen.items():

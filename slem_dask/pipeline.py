@@ -22,6 +22,7 @@ from concurrent.futures import CancelledError
 from distributed.comm.core import CommClosedError
 
 from . import integrity, storage
+from .storage import versions
 from ._version import __version__
 from .integrity import canonical
 from .models import KernelSLEM, LinearSLEM, RawFeatures, load_model
@@ -352,28 +353,27 @@ def encode_job(client, model_path: str, positives: str, out: str, dtype: str | N
         encoding = model.encoding_fingerprint_  # what decides whether an output can be kept
         n_rows = int(arr.shape[0])
         existing = storage.open_existing_output(out)
-        target, action = _plan_output(out, existing, arr, positives, encoding, out_dtype,
-                                      overwrite, on_model_change, width, precision)
-        created = target is None
-        if created:
-            if partition_rows is None and existing is not None:
-                partition_rows = int(existing.chunks[0])  # a rebuild keeps the chunking
-            rows = storage.row_partition(arr, partition_rows)
-        else:
-            rows = int(target.chunks[0])
+        head, action = _plan_output(out, existing, arr, positives, encoding, out_dtype,
+                                    overwrite, on_model_change, width, precision)
+        if head is None and partition_rows is None and existing is not None:
+            partition_rows = int(existing.chunks[0])  # a rebuild keeps the chunking
+        rows = int(head.chunks[0]) if head is not None else \
+            storage.row_partition(arr, partition_rows)
         n_parts = -(-n_rows // rows)
         inputs = integrity.partition_fingerprints(arr, positives, "positives", rows)
-        if created:
-            target = storage.create_output(out, (n_rows, width), rows, out_dtype, {
-                "model": type(model).__name__, "model_fingerprint": fingerprint,
-                "encoding_fingerprint": encoding, "model_path": model_path.url,
-                "params": storage.json_params(model.get_params()),
-                "source": positives.url, "n_rows": n_rows, "input_partitions": inputs,
-                "precision": precision,
-                "partition_crc32c": [None] * n_parts}, overwrite=True)
-            todo, crcs = list(range(n_parts)), [None] * n_parts
-        else:
-            todo, crcs = _reconcile(target, inputs, n_parts)
+        storage.replace_legacy(out, "output")  # only reached with --overwrite
+        store = versions.VersionedStore(out)
+        draft = store.begin()  # this job's own version folder, invisible until committed
+        target = storage.create_output(draft.location, (n_rows, width), rows, out_dtype, {
+            "model": type(model).__name__, "model_fingerprint": fingerprint,
+            "encoding_fingerprint": encoding, "model_path": model_path.url,
+            "params": storage.json_params(model.get_params()),
+            "source": positives.url, "source_version": storage.input_version(positives),
+            "n_rows": n_rows, "input_partitions": inputs, "precision": precision,
+            "partition_crc32c": [None] * n_parts})
+        todo, crcs = reuse_partitions(store, draft, target, head, inputs, n_parts)
+        if head is None and any(v != draft.version for v in store.drafts(draft.seq)):
+            action = "resume"  # of an interrupted run (its finished partitions are reused)
         t1 = time.perf_counter()
         report = JobReport("encode")
         scale = _scale_mismatch(model, arr)
@@ -386,26 +386,20 @@ def encode_job(client, model_path: str, positives: str, out: str, dtype: str | N
             "model": str(model_path), "fingerprint": fingerprint[:16], "out": str(out),
             "out dtype": out_dtype.name,
         })
-        meta = storage.output_meta(target) or {}
-        if not created and not todo and meta.get("complete") and meta.get("n_rows") == n_rows:
-            report.facts["action"] = "up to date"  # no partition written
-            if meta.get("model_fingerprint") != fingerprint:
-                # a model that encodes identically (theta changed): record which one it is
-                storage.update_meta(target, model_fingerprint=fingerprint,
-                                    model_path=model_path.url,
-                                    params=storage.json_params(model.get_params()))
-                report.facts["action"] = "up to date (model metadata updated)"
+        meta = storage.output_meta(head) if head is not None else {}
+        if head is not None and not todo and meta.get("n_rows") == n_rows \
+                and meta.get("model_fingerprint") == fingerprint:
+            store.abandon(draft)  # nothing to write: the head stays as it is
+            report.facts["action"] = "up to date"
             report.timings["total"] = time.perf_counter() - t0
             return report
-        if not created:
-            if not todo:
-                report.facts["action"] = "verified"
-            if target.shape[0] != n_rows:
-                target.resize((n_rows, width))
-            storage.update_meta(target, complete=False, n_rows=n_rows, input_partitions=inputs,
-                                partition_crc32c=crcs)
+        if head is not None and not todo:
+            # a model that encodes identically (theta changed): a new version records it
+            report.facts["action"] = "up to date (model metadata updated)" \
+                if meta.get("n_rows") == n_rows else "verified"
         try:
-            integrity.check_workers_see(client, {"positives": positives, "output": out})
+            integrity.check_workers_see(client, {"positives": positives,
+                                                 "output": draft.location})
             if todo:
                 with scatter_large_arrays(client):  # the model: once to the workers
                     written = _compute(client, _write_partitions(model, arr, target, todo,
@@ -414,11 +408,12 @@ def encode_job(client, model_path: str, positives: str, out: str, dtype: str | N
                 for index, crc in np.asarray(written).reshape(-1, 2).tolist():
                     crcs[int(index)] = int(crc)
             t2 = time.perf_counter()
+            lease.check()  # first: a job that lost its lease must not blame the storage
             _verify_partitions(target, out, crcs)
             if integrity.partition_fingerprints(arr, positives, "positives", rows) != inputs:
                 raise JobFailed(
                     f"the positives {str(positives)!r} changed while they were encoded; "
-                    f"{str(out)!r} is kept unfinished: run the same command again")
+                    f"nothing was committed: run the same command again (it resumes)")
             report.timings.update({"open": t1 - t0, "encode+write": t2 - t1,
                                    "total": time.perf_counter() - t0})
             runs = (meta.get("runs") or [])[-19:] + [{
@@ -426,33 +421,36 @@ def encode_job(client, model_path: str, positives: str, out: str, dtype: str | N
                 "action": report.facts["action"], "rows": n_rows,
                 "partitions_encoded": len(todo), "model_fingerprint": fingerprint,
                 "package_version": __version__, "timings": report.timings}]
-            storage.remove_stray_partials(out)  # left by writers killed mid-chunk
-            lease.check()  # still the one writer: no other job took the output over
+            storage.remove_stray_partials(draft.location)  # left by writers killed mid-chunk
             storage.mark_complete(target, {"n_rows": n_rows, "model_fingerprint": fingerprint,
                                            "model_path": model_path.url,
                                            "params": storage.json_params(model.get_params()),
                                            "partition_crc32c": crcs, "timings": report.timings,
                                            "runs": runs})
+            commit = store.commit(draft, "encoding", "slem-dask encode",
+                                  {"rows": n_rows, "model_fingerprint": fingerprint[:16]})
+            report.facts["version"] = commit.seq
+            store.collect_garbage()
         except KeyboardInterrupt:
-            raise  # finished partitions stay (complete: false): a re-run resumes
+            raise  # the draft stays: a re-run reuses its finished partitions
+        except versions.CommitConflictError:
+            store.abandon(draft)
+            raise
         except integrity.DamagedStoreError:
             raise
         except ValueError as exc:  # e.g. NaN rows found by a worker: say where
-            # A new output that failed on its data is removed (once no task writes any
-            # more); a resumed one keeps its finished partitions for the next run.
-            if created:
-                storage._remove(out)
+            store.abandon(draft)  # once no task writes any more
             raise ValueError(f"positives {str(positives)!r}: {_detail(exc)}") from None
         except _LOST as exc:
-            raise _lost_cluster(exc, f"the partitions already written to {str(out)!r} are "
-                                     f"kept (complete: false): run the same command again "
-                                     f"to resume") from None
+            raise _lost_cluster(exc, f"the partitions already written for {str(out)!r} are "
+                                     f"kept (not visible to readers): run the same command "
+                                     f"again to resume") from None
         except OSError as exc:
             if integrity.is_out_of_space(exc):
                 raise JobFailed(
                     f"no space left on the storage of {str(out)!r} ({exc}); the partitions "
-                    f"already written are kept (complete: false): free space, then run the "
-                    f"same command again to resume") from None
+                    f"already written are kept (not visible to readers): free space, then "
+                    f"run the same command again to resume") from None
             raise
     return report
 
@@ -535,31 +533,55 @@ def _write_block(block, target, block_info=None):
     return storage.write_partition(block, target, block_info[0]["chunk-location"][0])
 
 
-def _reconcile(target, inputs: list[str], n_parts: int) -> tuple[list[int], list]:
-    """Which partitions of an existing output must be (re-)encoded, and the crc32c of
-    each partition that can be kept. Chunks of partitions to encode again are deleted
-    first, so that a chunk present later is always one written from ``inputs``."""
-    meta = storage.output_meta(target) or {}
-    old_inputs = meta.get("input_partitions") or []
-    old_crcs = meta.get("partition_crc32c") or []
-    todo, crcs = [], []
-    for i in range(n_parts):
-        same_input = i < len(old_inputs) and old_inputs[i] == inputs[i]
-        recorded = old_crcs[i] if i < len(old_crcs) else None
-        if same_input and recorded is not None:
-            if integrity.stored_crc32c(target, i) == recorded:
-                crcs.append(recorded)
+def reuse_partitions(store, draft, target, head, inputs: list[str], n_parts: int):
+    """Which partitions this job must encode, and the crc32c of each partition it can
+    keep, linked (never rewritten) into its draft from the head version (chunks it
+    recorded, from the same input rows) or from drafts of killed or stalled jobs that
+    meant to commit the same version (chunks whose bytes match their own crc32c,
+    written from the same input rows and for the same encoding)."""
+    crcs: list = [None] * n_parts
+    mine = storage.output_meta(target)
+    sources = []
+    if head is not None:
+        sources.append((head, True))
+    for version in store.drafts(draft.seq):
+        if version == draft.version:
+            continue
+        try:
+            old = storage.open_node(store.location(version))
+        except Exception:  # noqa: BLE001 - killed before its metadata was whole
+            continue
+        meta = storage.output_meta(old) if hasattr(old, "chunks") else None
+        if meta and all(meta.get(k) == mine.get(k) for k in
+                        ("encoding_fingerprint", "precision", "source")) \
+                and old.dtype == target.dtype and old.chunks == target.chunks:
+            sources.append((old, False))
+    for old, committed in sources:
+        meta = storage.output_meta(old) or {}
+        old_inputs = meta.get("input_partitions") or []
+        old_crcs = meta.get("partition_crc32c") or [] if committed else []
+        names = []
+        for i in range(min(n_parts, len(old_inputs))):
+            if crcs[i] is not None or old_inputs[i] != inputs[i] \
+                    or old.chunks != target.chunks or old.dtype != target.dtype:
                 continue
-        elif same_input:  # written by an interrupted run from these same input rows
-            crc = integrity.self_consistent_crc32c(target, i)
+            recorded = old_crcs[i] if i < len(old_crcs) else None
+            crc = recorded if recorded is not None and \
+                integrity.stored_crc32c(old, i) == recorded else \
+                integrity.self_consistent_crc32c(old, i)
             if crc is not None:
-                crcs.append(crc)
-                continue
-        if integrity.stored_crc32c(target, i) is not None:
-            integrity.delete_chunk(target, i)
-        crcs.append(None)
-        todo.append(i)
-    return todo, crcs
+                crcs[i] = crc
+                names.append(integrity._full_key(old, (i, 0)))
+        if names:
+            store.backend.copy_tree(_relative(store, old), _relative(store, target), names)
+    return [i for i, crc in enumerate(crcs) if crc is None], crcs
+
+
+def _relative(store, arr) -> str:
+    """The folder of ``arr`` (a version of ``store``) relative to the store's root."""
+    location = storage._where(arr)
+    root = store.path.location.rstrip("/")
+    return location[len(root):].strip("/")
 
 
 def _verify_partitions(target, out, crcs: list) -> None:
@@ -599,6 +621,10 @@ def _plan_output(out, existing, arr, positives, encoding, out_dtype, overwrite,
         integrity.check_may_replace(out, "output", kind="encoding")
     if existing is None:
         return None, "create"
+    if storage.is_legacy(out) and not overwrite:
+        raise FileExistsError(
+            f"output {str(out)!r} was written in place by an earlier slem-dask (no "
+            f"versions); pass --overwrite to encode it again as a versioned store")
     meta = storage.output_meta(existing)
     if meta is None:
         raise FileExistsError(
@@ -659,8 +685,8 @@ def demo_job(client, workdir: str = "slem-demo", n_negatives: int = 50_000,
     try:
         import zarr
 
-        existing = dict(zarr.open_group(store=corpus_path, mode="r").attrs)
-    except (FileNotFoundError, ValueError, KeyError):
+        existing = dict(storage.open_node(corpus_path).attrs)
+    except Exception:  # noqa: BLE001 - no usable corpus there: write one
         existing = {}
     if existing.get("slem_dask_demo") != params:
         corpus = make_corpus(n_negatives=n_negatives, n_instances=n_instances,
@@ -691,7 +717,7 @@ def demo_job(client, workdir: str = "slem-demo", n_negatives: int = 50_000,
                                   f"{corpus_path}/kslem_{name}", partition_rows=1024,
                                   overwrite=True, progress=progress))
 
-    group = zarr.open_group(store=corpus_path, mode="r")
+    group = storage.open_node(corpus_path)
     db_labels = np.asarray(group["database_labels"][...])
     q_labels = np.asarray(group["query_labels"][...])
     relevant = [np.flatnonzero(db_labels == label) for label in q_labels]

@@ -92,7 +92,7 @@ def test_fit_round_trip(scheduler, corpus, tmp_path, capsys):
         a, b = getattr(got, name), getattr(want, name)
         assert np.linalg.norm(a - b) <= 1e-12 * np.linalg.norm(b), name
     assert (got.n_samples_, got.n_features_in_, got.input_dtype_) == (N, D, "float32")
-    meta = zarr.open_group(store=model_path, mode="r").attrs[storage.ATTR]
+    meta = storage.open_node(model_path, mode="r").attrs[storage.ATTR]
     assert meta["source"] == canonical(corpus["negatives"]).url
     assert sorted(os.listdir(tmp_path)) == ["model.zarr"]
 
@@ -483,13 +483,13 @@ def test_encode_refuses_existing_output(scheduler, corpus, tmp_path, capsys):
     code, _, err = run(capsys, *encode_args(scheduler, corpus["model"], corpus["positives"],
                                             out_path))
     assert code != 0 and "already exists" in err and "--overwrite" in err
-    np.testing.assert_array_equal(zarr.open_array(store=out_path, mode="r")[...], 0.0)
+    np.testing.assert_array_equal(storage.open_node(out_path, mode="r")[...], 0.0)
 
 
 def test_encode_bad_models(scheduler, corpus, bad_inputs, tmp_path, capsys):
     tampered = str(tmp_path / "tampered.zarr")
     LinearSLEM().fit(corpus["X"]).save(tampered)
-    group = zarr.open_group(store=tampered, mode="r+")
+    group = storage.open_node(tampered, mode="r+")
     group["mean"][0] = group["mean"][0] + 1.0
     cases = {
         bad_inputs["missing"]: "no zarr store at",

@@ -4,6 +4,10 @@ import numpy as np
 import pytest
 import zarr
 
+from helpers import recommit
+
+from slem_dask import storage
+
 from slem_dask import LinearSLEM, search
 from slem_dask.cli import main
 from slem_dask.datasets import make_corpus, write_corpus
@@ -102,13 +106,16 @@ def test_search_job_writes_a_completed_group(tmp_path, rng):
     exp_scores, exp_indices = search(q, db, 6)
     np.testing.assert_array_equal(indices, exp_indices)
     np.testing.assert_allclose(scores, exp_scores)
-    meta = zarr.open_group(out, mode="r").attrs["slem_dask"]
+    meta = storage.open_node(out, mode="r").attrs["slem_dask"]
     assert meta["complete"] is True and meta["kind"] == "search" and meta["k"] == 6
     assert "search" in report.timings
     with pytest.raises(FileExistsError, match="--overwrite"):
         search_job(None, qp, dbp, out, k=6)
     # an unfinished group is refused
-    zarr.open_group(out, mode="r+").attrs["slem_dask"] = {**meta, "complete": False}
+    storage.open_node(out, mode="r+").attrs["slem_dask"] = {**meta, "complete": False}
+    with pytest.raises(ValueError, match="commit record"):
+        open_search_result(out)
+    recommit(out)  # as if its writer had committed it unfinished
     with pytest.raises(ValueError, match="unfinished"):
         open_search_result(out)
     with pytest.raises(ValueError, match="k=51 is larger than the database"):
@@ -141,7 +148,7 @@ def test_cli_errors_come_before_any_cluster(tmp_path, corpus_path, capsys, monke
     assert "more than the corpus holds (600)" in capsys.readouterr().err
     assert main(["evaluate", "--corpus", str(tmp_path / "nothing.zarr")]) == 1
     assert "no zarr group" in capsys.readouterr().err
-    group = zarr.open_group(corpus_path, mode="r")
+    group = storage.open_node(corpus_path, mode="r")
     bad = str(tmp_path / "bad.zarr")
     g = zarr.open_group(bad, mode="w")
     for name in ("negatives", "database", "queries", "database_labels"):
@@ -182,7 +189,7 @@ def test_cli_search_and_evaluate_end_to_end(tmp_path, corpus_path, capsys):
     assert main(["search", "--queries", f"{corpus_path}/queries", "--database",
                  f"{corpus_path}/database", "--k", "5", "--out", out, *args]) == 0
     scores, indices = open_search_result(out)
-    group = zarr.open_group(corpus_path, mode="r")
+    group = storage.open_node(corpus_path, mode="r")
     exp = search(group["queries"][...], group["database"][...], 5)
     np.testing.assert_array_equal(indices, exp[1])
     capsys.readouterr()

@@ -18,6 +18,8 @@ from slem_dask import LinearSLEM, KernelSLEM, integrity, load_model, pipeline, s
 from slem_dask.cli import main
 from slem_dask.integrity import canonical
 from reference import partitionwise
+from helpers import head, recommit
+from slem_dask.storage import versions
 
 D = 8
 
@@ -69,13 +71,14 @@ def _expected(corpus, pos=None, like=None):
     """What encode_job writes: one product per partition (40 rows, or the partitions
     of the output ``like``)."""
     model = load_model(corpus["model"])
-    rows = 40 if like is None else zarr.open_array(str(like), mode="r").chunks[0]
+    rows = 40 if like is None else storage.open_node(str(like), mode="r").chunks[0]
     return partitionwise(lambda p: model.transform(p, dtype="float32"),
                          corpus["pos"] if pos is None else pos, rows)
 
 
 def _chunk(path, i):
-    return Path(path, "c", str(i), "0")
+    root = head(path) if versions.VersionedStore(str(path)).is_versioned() else Path(path)
+    return root / "c" / str(i) / "0"
 
 
 # -- 1. completion is verified, missing input chunks are refused -------------------------
@@ -116,7 +119,7 @@ def test_output_not_marked_complete_when_a_written_chunk_is_not_there(corpus, mo
     out = corpus["dir"] / "out.zarr"
     with pytest.raises(pipeline.JobFailed, match=r"1 partition\(s\) \(3\) are missing"):
         _encode(corpus, out)
-    assert storage.output_meta(zarr.open_array(str(out)))["complete"] is False
+    assert not versions.VersionedStore(str(out)).is_versioned()  # nothing visible
     monkeypatch.undo()
     report = _encode(corpus, out)  # the re-run writes what was lost, then completes
     assert report.facts["partitions"] == "1 encoded of 5"
@@ -153,7 +156,7 @@ def test_racing_encodes_to_one_output_leave_one_right_output(corpus):
         for t in threads:
             t.join()
         assert "ok" in results, results
-        meta = storage.output_meta(zarr.open_array(str(out)))
+        meta = storage.output_meta(storage.open_node(str(out)))
         assert meta["complete"] is True
         np.testing.assert_array_equal(storage.read_all(out), sources[meta["source"]])
         assert not Path(str(out.parent / f".{out.name}.slem-dask-lease")).exists()
@@ -192,7 +195,7 @@ def test_a_job_whose_lease_was_taken_over_does_not_mark_complete(corpus, monkeyp
     monkeypatch.setattr(storage, "mark_complete", steal_then_mark)
     with pytest.raises(integrity.LeaseLostError, match="taken over"):
         _encode(corpus, out)
-    assert storage.output_meta(zarr.open_array(str(out)))["complete"] is False
+    assert not versions.VersionedStore(str(out)).is_versioned()  # nothing visible
     monkeypatch.setattr(storage, "mark_complete", real)
 
 
@@ -217,7 +220,7 @@ def test_overwrite_never_deletes_what_slem_dask_did_not_write(corpus, client, ca
             assert "pass --overwrite" not in err  # never suggests deleting it
             assert "not written by slem-dask" in err or "not a zarr array" in err
     assert (docs / "thesis.txt").read_text() == "years of work"
-    np.testing.assert_array_equal(zarr.open_array(str(foreign))[...], 1)
+    np.testing.assert_array_equal(storage.open_node(str(foreign))[...], 1)
 
 
 def test_spec_steps_are_checked_against_each_other_before_anything_runs(corpus, client,
@@ -238,7 +241,7 @@ def test_spec_steps_are_checked_against_each_other_before_anything_runs(corpus, 
             assert code == 1 and "destroy the input" in err, (name, err)
             assert "dask:" not in out_text  # refused before the cluster was used
     assert not (d / "m.zarr").exists()
-    np.testing.assert_array_equal(zarr.open_array(corpus["negatives"])[...], corpus["neg"])
+    np.testing.assert_array_equal(zarr.open_array(corpus["negatives"], mode="r+")[...], corpus["neg"])
 
 
 def test_overlap_refusal_suggests_a_path_outside_every_input(corpus):
@@ -256,7 +259,7 @@ def test_fit_overwrite_update_refits_from_scratch(corpus):
     changed = corpus["neg"] * 2 + 1
     model = str(corpus["dir"] / "m.zarr")
     pipeline.fit_job(None, corpus["negatives"], model, lam=0.1)
-    zarr.open_array(corpus["negatives"])[...] = changed
+    zarr.open_array(corpus["negatives"], mode="r+")[...] = changed
     report = pipeline.fit_job(None, corpus["negatives"], model, lam=0.1, overwrite=True,
                               update=True)
     assert report.facts["action"] == "fit"
@@ -271,7 +274,7 @@ def test_positives_rewritten_in_place_are_encoded_again(corpus):
     _encode(corpus, out)
     pos = corpus["pos"].copy()
     pos[90:100] += 3  # rows of partition 2
-    zarr.open_array(corpus["positives"])[80:120] = pos[80:120]
+    zarr.open_array(corpus["positives"], mode="r+")[80:120] = pos[80:120]
     report = _encode(corpus, out)
     assert report.facts["action"] == "update"
     assert report.facts["partitions"] == "1 encoded of 5"
@@ -292,7 +295,7 @@ def test_positives_replaced_by_a_longer_array_are_not_an_append(corpus):
 def test_fit_update_refuses_when_merged_rows_changed(corpus, change):
     """Item 7: --update must not merge statistics of rows it already merged."""
     model = str(corpus["dir"] / "m.zarr")
-    arr = zarr.open_array(corpus["negatives"])
+    arr = zarr.open_array(corpus["negatives"], mode="r+")
     arr.resize((300, D))  # fit on the first 300 rows ...
     arr[...] = corpus["neg"][:300]
     pipeline.fit_job(None, corpus["negatives"], model, lam=0.1)
@@ -309,7 +312,7 @@ def test_fit_update_refuses_when_merged_rows_changed(corpus, change):
     # appending only (no old row touched) merges, equal to a fit from scratch
     _array(corpus["negatives"], corpus["neg"][:300])
     pipeline.fit_job(None, corpus["negatives"], model, lam=0.1, overwrite=True)
-    arr = zarr.open_array(corpus["negatives"])
+    arr = zarr.open_array(corpus["negatives"], mode="r+")
     arr.resize((400, D))
     arr[300:] = corpus["neg"][300:]
     assert pipeline.fit_job(None, corpus["negatives"], model, lam=0.1,
@@ -320,12 +323,12 @@ def test_fit_update_refuses_when_merged_rows_changed(corpus, change):
 
 # -- 8. model metadata ------------------------------------------------------------------
 def test_model_n_samples_edited_by_hand_is_refused(corpus, client, capsys):
-    group = zarr.open_group(corpus["model"], mode="r+")
+    group = storage.open_node(corpus["model"], mode="r+")
     meta = dict(group.attrs[storage.ATTR])
     group.attrs[storage.ATTR] = {**meta, "n_samples": 10}
     code, _, err = _cli(capsys, client, "fit", "--negatives", corpus["negatives"], "--model",
                         corpus["model"], "--update")
-    assert code == 1 and "does not match its checksum" in err and "n_samples" in err
+    assert code == 1 and "does not match its commit record" in err
 
 
 # -- 9. corruption ----------------------------------------------------------------------
@@ -368,7 +371,7 @@ def test_truncated_input_chunk_is_named(corpus):
 
 
 def test_corrupt_model_chunk_gives_one_clear_line(corpus, client, capsys):
-    chunk = Path(corpus["model"], "precision", "c", "0", "0")
+    chunk = head(corpus["model"]) / "precision" / "c" / "0" / "0"
     data = bytearray(chunk.read_bytes())
     data[40] ^= 1
     chunk.write_bytes(bytes(data))
@@ -396,7 +399,7 @@ def test_damaged_metadata_documents_are_named_by_every_reader(corpus, client, ca
     say the store is damaged (not a raw zarr error or a crash); --overwrite keeps it."""
     out = corpus["dir"] / "out.zarr"
     _encode(corpus, out)
-    _damage_document(Path(corpus["model"], "precision"), how)
+    _damage_document(head(corpus["model"]) / "precision", how)
     code, text, _ = _verify(capsys, corpus["model"])
     assert code == 1 and "'precision/zarr.json'" in text and "damaged" in text, text
     code, _, err = _cli(capsys, client, "encode", "--model", corpus["model"], "--positives",
@@ -406,22 +409,22 @@ def test_damaged_metadata_documents_are_named_by_every_reader(corpus, client, ca
     with pytest.raises(integrity.DamagedMetadataError, match="precision/zarr.json"):
         load_model(corpus["model"])
 
-    _damage_document(out, how)
+    _damage_document(head(out), how)
     code, text, _ = _verify(capsys, out)
     assert code == 1 and "zarr.json" in text and "damaged" in text, text
     code, _, err = _cli(capsys, client, "search", "--queries", out, "--database", out,
                         "--k", "3", "--out", corpus["dir"] / "s.zarr")
     assert code == 1 and "queries" in err and "'zarr.json'" in err and "damaged" in err, err
 
-    _damage_document(corpus["model"], how)
+    _damage_document(head(corpus["model"]), how)
     code, text, _ = _verify(capsys, corpus["model"])
     assert code == 1 and "zarr.json" in text, text
-    with pytest.raises(integrity.DamagedMetadataError, match="'zarr.json'"):
+    with pytest.raises(versions.DamagedCommitError, match="'zarr.json'.*commit record"):
         load_model(corpus["model"])
-    if how == "truncated":  # whose marker cannot be read: never deleted
-        with pytest.raises(FileExistsError, match="cannot tell who wrote it"):
-            integrity.check_may_replace(corpus["model"], "--model", kind="model")
-        assert Path(corpus["model"], "precision").is_dir()
+    # its commit records say slem-dask wrote it: a new version may replace it
+    integrity.check_may_replace(corpus["model"], "--model", kind="model")
+    LinearSLEM(lam=0.3).fit(corpus["neg"]).save(corpus["model"], overwrite=True)
+    assert load_model(corpus["model"]).lam == 0.3
 
 
 def test_verify_passes_on_good_stores_and_fails_on_foreign_ones(corpus, client, capsys):
@@ -497,8 +500,8 @@ def test_disk_full_keeps_finished_partitions_and_resumes(corpus, monkeypatch):
         pipeline.encode_job(None, corpus["model"], corpus["positives"], str(out),
                             partition_rows=40)
     monkeypatch.undo()
-    assert storage.output_meta(zarr.open_array(str(out)))["complete"] is False
-    kept = len(list(Path(out, "c").rglob("*")))
+    assert not versions.VersionedStore(str(out)).is_versioned()  # nothing visible
+    kept = len([p for p in Path(out, "versions").rglob("c/*/*") if p.is_file()])
     assert kept >= 2
     report = _encode(corpus, out)
     assert report.facts["action"] == "resume"
@@ -575,14 +578,15 @@ def test_rerun_keeps_the_outputs_dtype_and_refuses_other_partition_rows(corpus, 
     assert _cli(capsys, client, *base, "--dtype", "float64", "--partition-rows", "40")[0] == 0
     code, out, err = _cli(capsys, client, *base)
     assert code == 0 and "up to date" in out, err
-    assert zarr.open_array(str(d / "o.zarr")).dtype == np.float64
+    assert storage.open_node(str(d / "o.zarr")).dtype == np.float64
     code, _, err = _cli(capsys, client, *base, "--partition-rows", "80")
     assert code == 1 and "partitions of 40 rows" in err
 
 
-def test_a_dead_writers_temporary_model_copy_is_removed_by_the_next_write(corpus):
-    stale = corpus["dir"] / ".model.zarr.partial-deadbeef0000"
-    stale.mkdir()
+def test_a_dead_writers_draft_is_removed_by_the_next_commit(corpus):
+    store = versions.VersionedStore(corpus["model"])
+    stale = Path(store.location(store.begin().version))  # a draft for the next version
+    stale.mkdir(parents=True)
     (stale / "zarr.json").write_text("{}")
     LinearSLEM(lam=0.2).fit(corpus["neg"]).save(corpus["model"], overwrite=True)
     assert not stale.exists()
@@ -635,7 +639,7 @@ def test_overwrite_replaces_only_a_store_of_the_same_kind(corpus, client, capsys
                         out, "--overwrite")
     assert code == 1 and "holds an encoded output of slem-dask, not a model" in err
     assert load_model(other_model).n_features_in_ == D
-    assert storage.output_meta(zarr.open_array(str(out)))["complete"] is True
+    assert storage.output_meta(storage.open_node(str(out)))["complete"] is True
 
 
 def test_overlap_suggestions_are_next_to_the_input(corpus):

@@ -122,7 +122,7 @@ def _same_bytes(a, b):
 
 def test_cli_against_real_scheduler_equals_library(cluster, corpus):
     model = load_model(f"{corpus}/model")
-    positives = zarr.open_array(f"{corpus}/positives")[...]
+    positives = storage.open_node(f"{corpus}/positives")[...]
     arr = storage.open_output(f"{corpus}/clean")
     np.testing.assert_array_equal(arr[...], partitionwise(
         lambda p: model.transform(p, dtype="float32"), positives, arr.chunks[0]))
@@ -142,7 +142,7 @@ def test_worker_killed_mid_encode_job_completes_identically(cluster, corpus):
     stdout, stderr = proc.communicate(timeout=300)
     assert proc.returncode == 0, stderr
     assert written_when_killed < N_ROWS // PART
-    assert storage.output_meta(zarr.open_array(out))["complete"] is True
+    assert storage.output_meta(storage.open_node(out))["complete"] is True
     assert _same_bytes(out, f"{corpus}/clean")
     assert not list(Path(out).rglob("*.partial"))
 
@@ -198,7 +198,7 @@ def test_relative_paths_with_workers_in_another_directory(cluster, corpus):
          cwd=tmp)
     model = load_model(f"{corpus}/model")
     np.testing.assert_array_equal(storage.read_all(f"{corpus}/relative"),
-                                  model.transform(zarr.open_array(f"{corpus}/others")[...],
+                                  model.transform(storage.open_node(f"{corpus}/others")[...],
                                                   dtype="float32"))
     np.testing.assert_allclose(load_model(f"{corpus}/model_rel").covariance_,
                                model.covariance_, rtol=1e-12)
@@ -208,9 +208,9 @@ def test_relative_paths_with_workers_in_another_directory(cluster, corpus):
 def test_racing_cli_encodes_on_a_shared_scheduler(cluster, corpus):
     """Issue 8, item 2: concurrent `slem-dask encode` of different positives to one --out."""
     model = load_model(f"{corpus}/model")
-    want = {"positives": model.transform(zarr.open_array(f"{corpus}/positives")[...],
+    want = {"positives": model.transform(storage.open_node(f"{corpus}/positives")[...],
                                          dtype="float32"),
-            "others": model.transform(zarr.open_array(f"{corpus}/others")[...],
+            "others": model.transform(storage.open_node(f"{corpus}/others")[...],
                                       dtype="float32")}
     for trial in range(3):
         out = f"{corpus}/race{trial}"
@@ -225,7 +225,7 @@ def test_racing_cli_encodes_on_a_shared_scheduler(cluster, corpus):
         for _, err, code in results:
             assert code == 0 or "being written by another slem-dask job" in err \
                 or "cannot be resumed" in err, err
-        meta = storage.output_meta(zarr.open_array(out))
+        meta = storage.output_meta(storage.open_node(out))
         assert meta["complete"] is True
         np.testing.assert_array_equal(storage.read_all(out),
                                       want[meta["source"].rsplit("/", 1)[1]])
@@ -244,12 +244,12 @@ def test_racing_cli_encodes_with_separate_local_clusters(cluster, corpus):
     for _, err, code in results:
         assert code == 0 or "being written by another slem-dask job" in err \
             or "cannot be resumed" in err, err
-    meta = storage.output_meta(zarr.open_array(out))
+    meta = storage.output_meta(storage.open_node(out))
     model = load_model(f"{corpus}/model")
-    source = zarr.open_array(meta["source"][len("file://"):])[...]
+    source = storage.open_node(meta["source"][len("file://"):])[...]
     assert meta["complete"] is True
     np.testing.assert_array_equal(storage.read_all(out), partitionwise(
-        lambda p: model.transform(p, dtype="float32"), source, zarr.open_array(out).chunks[0]))
+        lambda p: model.transform(p, dtype="float32"), source, storage.open_node(out).chunks[0]))
 
 
 def _can_unshare_mounts() -> bool:
@@ -272,7 +272,7 @@ def test_worker_without_the_mount_is_refused_before_anything_is_written(tmp_path
         arr = zarr.create_array(str(data / name), shape=(n, DIM), dtype="float32",
                                 chunks=(PART, DIM))
         arr[...] = rng.standard_normal((n, DIM)).astype("float32")
-    LinearSLEM().fit(zarr.open_array(str(data / "negatives"))[...]).save(str(data / "model"))
+    LinearSLEM().fit(storage.open_node(str(data / "negatives"))[...]).save(str(data / "model"))
     hide = ["unshare", "--mount", "--propagation", "private", "sh", "-c",
             f'mount -t tmpfs none "{data}" && exec "$0" "$@"']
     cluster = _start_cluster(tmp_path, n_workers=1, extra_worker_prefix=hide)
@@ -348,13 +348,13 @@ def test_disk_full_on_a_real_filesystem(cluster, corpus, tmp_path):
         full = _cli(cluster, *args, check=False)
         assert full.returncode == 1 and "no space left" in full.stderr, full.stderr
         assert len(full.stderr.strip().splitlines()) == 1
-        assert storage.output_meta(zarr.open_array(str(mnt / "out")))["complete"] is False
+        assert storage.output_meta(storage.open_node(str(mnt / "out")))["complete"] is False
         subprocess.run(["mount", "-o", "remount,size=64m", str(mnt)], check=True)
         again = _cli(cluster, *args)
         assert "resume" in again.stdout
         model = load_model(f"{corpus}/model")
         np.testing.assert_array_equal(
             storage.read_all(mnt / "out"),
-            model.transform(zarr.open_array(f"{corpus}/others")[...], dtype="float32"))
+            model.transform(storage.open_node(f"{corpus}/others")[...], dtype="float32"))
     finally:
         subprocess.run(["umount", "-l", str(mnt)], capture_output=True)

@@ -5,6 +5,8 @@ parameters silently; plus the performance report and connection errors."""
 import numpy as np
 import pytest
 import zarr
+
+from slem_dask.storage import versions
 from distributed import Client, LocalCluster
 
 from slem_dask import KernelSLEM, LinearSLEM, load_model, pipeline, storage
@@ -38,21 +40,21 @@ def _cli(capsys, client, *args):
 @pytest.mark.parametrize("out", ["corpus.zarr", "corpus.zarr/database",
                                  "corpus.zarr/database/inner"])
 def test_encode_overwrite_never_destroys_the_input(corpus, client, capsys, out):
-    before = zarr.open_array(str(corpus / "corpus.zarr/database"))[...]
+    before = storage.open_node(str(corpus / "corpus.zarr/database"))[...]
     code, _, err = _cli(capsys, client, "encode", "--model", corpus / "model.zarr",
                         "--positives", corpus / "corpus.zarr/database", "--out", corpus / out,
                         "--overwrite")
     assert code == 1 and "would destroy the input" in err and "positives" in err
-    np.testing.assert_array_equal(zarr.open_array(str(corpus / "corpus.zarr/database"))[...],
+    np.testing.assert_array_equal(storage.open_node(str(corpus / "corpus.zarr/database"))[...],
                                   before)
-    assert "negatives" in zarr.open_group(str(corpus / "corpus.zarr"), mode="r")
+    assert "negatives" in storage.open_node(str(corpus / "corpus.zarr"), mode="r")
 
 
 def test_fit_overwrite_never_destroys_the_negatives(corpus, client, capsys):
     code, _, err = _cli(capsys, client, "fit", "--negatives", corpus / "corpus.zarr/negatives",
                         "--model", corpus / "corpus.zarr/negatives", "--overwrite")
     assert code == 1 and "--model" in err and "is the negatives" in err
-    assert zarr.open_array(str(corpus / "corpus.zarr/negatives")).shape == (400, 10)
+    assert storage.open_node(str(corpus / "corpus.zarr/negatives")).shape == (400, 10)
 
 
 def test_unfinished_output_is_refused_as_input(corpus, client, capsys, monkeypatch):
@@ -63,8 +65,9 @@ def test_unfinished_output_is_refused_as_input(corpus, client, capsys, monkeypat
     with pytest.raises(KeyboardInterrupt):
         pipeline.encode_job(client, str(corpus / "model.zarr"),
                             str(corpus / "corpus.zarr/database"), str(corpus / "half.zarr"))
-    # interrupted: the output is kept (resumable) but marked unfinished ...
-    assert storage.output_meta(zarr.open_array(str(corpus / "half.zarr")))["complete"] is False
+    # interrupted: what was written is kept (resumable) but nothing is committed ...
+    assert not versions.VersionedStore(str(corpus / "half.zarr")).is_versioned()
+    assert versions.VersionedStore(str(corpus / "half.zarr")).has_history()
     monkeypatch.undo()
     # ... and no command reads it
     code, _, err = _cli(capsys, client, "encode", "--model", corpus / "model.zarr",
@@ -78,7 +81,7 @@ def test_unfinished_output_is_refused_as_input(corpus, client, capsys, monkeypat
     model = load_model(str(corpus / "model.zarr"))
     np.testing.assert_array_equal(
         storage.open_output(str(corpus / "half.zarr"))[...],
-        model.transform(zarr.open_array(str(corpus / "corpus.zarr/database"))[...],
+        model.transform(storage.open_node(str(corpus / "corpus.zarr/database"))[...],
                         dtype="float32"))
 
 
@@ -91,7 +94,7 @@ def test_kernel_update_refuses_new_parameters_and_refits_on_new_rows(corpus, cli
         == "up to date"
     with pytest.raises(FileExistsError, match="other parameters.*--overwrite"):
         pipeline.fit_job(client, neg, kpath, update=True, **{**args, "gamma": 1.0})
-    arr = zarr.open_array(neg, mode="r+")
+    arr = storage.open_node(neg, mode="r+")
     arr.resize((440, 10))
     arr[400:] = np.random.default_rng(0).random((40, 10)).astype("float32")
     report = pipeline.fit_job(client, neg, kpath, update=True, **args)

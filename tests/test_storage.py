@@ -10,6 +10,8 @@ import zarr
 from slem_dask import LinearSLEM, load_model
 from slem_dask import integrity, storage
 
+from helpers import head, recommit
+
 
 @pytest.fixture
 def fitted():
@@ -82,7 +84,7 @@ def test_save_and_load_round_trip(tmp_path, fitted):
         assert getattr(loaded, name).dtype == np.float64
     assert (loaded.n_samples_, loaded.n_features_in_, loaded.input_dtype_) == (50, 6, "float32")
     assert loaded.fingerprint_ == fp
-    meta = zarr.open_group(store=path, mode="r").attrs[storage.ATTR]
+    meta = storage.open_node(path, mode="r").attrs[storage.ATTR]
     assert meta["kind"] == "model" and meta["model"] == "LinearSLEM"
     assert meta["source"] == "test" and meta["fingerprint"] == fp
     P = np.random.default_rng(1).standard_normal((5, 6))
@@ -166,7 +168,7 @@ def test_load_model_errors(tmp_path, fitted):
 def test_load_model_detects_tampered_arrays(tmp_path, fitted):
     path = str(tmp_path / "model.zarr")
     fitted.save(path)
-    group = zarr.open_group(store=path, mode="r+")
+    group = storage.open_node(path, mode="r+")
     precision = group["precision"][...]
     precision[0, 0] *= 1.0 + 1e-12
     group["precision"][...] = precision
@@ -177,15 +179,19 @@ def test_load_model_detects_tampered_arrays(tmp_path, fitted):
 def test_load_model_detects_tampered_params(tmp_path, fitted):
     path = str(tmp_path / "model.zarr")
     fitted.save(path)
-    group = zarr.open_group(store=path, mode="r+")
+    group = storage.open_node(path, mode="r+")
     meta = dict(group.attrs[storage.ATTR])
     meta["params"] = {**meta["params"], "lam": 0.5}
     group.attrs[storage.ATTR] = meta
+    with pytest.raises(ValueError, match="does not match its commit record"):
+        load_model(path)
+    recommit(path)  # behind the commit record: the metadata's own checksum
     with pytest.raises(ValueError, match="does not match its checksum"):
         load_model(path)
     # a forger who also recomputes the metadata checksum is caught by the fingerprint
     meta["metadata_checksum"] = storage.metadata_checksum(meta)
     group.attrs[storage.ATTR] = meta
+    recommit(path)
     with pytest.raises(ValueError, match="fingerprint"):
         load_model(path)
 
@@ -198,9 +204,10 @@ def test_load_model_detects_tampered_params(tmp_path, fitted):
 def test_load_model_refuses_unknown_metadata(tmp_path, fitted, change, message):
     path = str(tmp_path / "model.zarr")
     fitted.save(path)
-    group = zarr.open_group(store=path, mode="r+")
+    group = storage.open_node(path, mode="r+")
     meta = {**group.attrs[storage.ATTR], **change}  # as a newer version would write it
     group.attrs[storage.ATTR] = {**meta, "metadata_checksum": storage.metadata_checksum(meta)}
+    recommit(path)
     with pytest.raises(ValueError, match=message):
         load_model(path)
 
@@ -208,7 +215,7 @@ def test_load_model_refuses_unknown_metadata(tmp_path, fitted, change, message):
 def test_model_metadata_is_json(tmp_path, fitted):
     path = str(tmp_path / "model.zarr")
     fitted.save(path)
-    with open(os.path.join(path, "zarr.json")) as f:
+    with open(head(path) / "zarr.json") as f:
         attrs = json.load(f)["attributes"][storage.ATTR]
     assert attrs["params"] == {"lam": 0.03, "theta": 4.0, "precision": "auto"}
     assert attrs["n_samples"] == 50 and attrs["n_features"] == 6
@@ -226,10 +233,9 @@ def test_output_lifecycle(tmp_path):
     out = storage.open_output(path)
     meta = out.attrs[storage.ATTR]
     assert meta["complete"] is True and meta["model_fingerprint"] == "abc" and meta["rows"] == 10
-    with pytest.raises(FileExistsError, match="already exists; pass --overwrite"):
-        storage.create_output(path, (10, 3), 4, np.float32, {})
-    storage.create_output(path, (2, 3), 1, np.float64, {}, overwrite=True)
-    with pytest.raises(ValueError, match="unfinished"):
+    # the recorded fingerprints and checksums are covered by the metadata checksum
+    arr.attrs[storage.ATTR] = {**meta, "model_fingerprint": "forged"}
+    with pytest.raises(ValueError, match="does not match its checksum"):
         storage.open_output(path)
 
 
@@ -245,13 +251,13 @@ def test_large_model_arrays_are_written_and_checked_in_chunks(tmp_path, fitted, 
     monkeypatch.setattr(storage, "GROUP_CHUNK_BYTES", 100)  # 6 float64 columns: 2 rows
     path = tmp_path / "model.zarr"
     fitted.save(str(path))
-    group = zarr.open_group(store=str(path), mode="r")
+    group = storage.open_node(str(path), mode="r")
     assert group["precision"].chunks == (2, 6) and group["mean"].chunks == (6,)
     loaded = load_model(str(path))
     np.testing.assert_array_equal(loaded.precision_, fitted.precision_)
     np.testing.assert_array_equal(loaded.covariance_, fitted.covariance_)
     # a damaged chunk in the middle is named when the model is read
-    chunk = path / "precision" / "c" / "1" / "0"
+    chunk = head(path) / "precision" / "c" / "1" / "0"
     data = bytearray(chunk.read_bytes())
     data[3] ^= 0xFF
     chunk.write_bytes(bytes(data))

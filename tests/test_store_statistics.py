@@ -48,7 +48,7 @@ def write(path, x, chunks=CHUNK, **kwargs):
     arr = zarr.create_array(str(path), shape=x.shape, chunks=(chunks, x.shape[1]),
                             dtype=x.dtype, **kwargs)
     arr[...] = x
-    return zarr.open_array(str(path), mode="r")
+    return storage.open_node(str(path), mode="r")
 
 
 # -- the reader ------------------------------------------------------------------
@@ -78,7 +78,7 @@ def test_reader_gives_zarrs_values(tmp_path, rows, name, dtype):
         arr = zarr.create_array(str(tmp_path / "a"), shape=x.shape,
                                 chunks=(CHUNK, chain.pop("chunks_cols")), dtype=x.dtype)
         arr[...] = x
-        arr = zarr.open_array(str(tmp_path / "a"), mode="r")
+        arr = storage.open_node(str(tmp_path / "a"), mode="r")
     else:
         arr = write(tmp_path / "a", x, **chain)
     assert (storage._RowChunkCodecs.of(arr) is not None) == (name in CHAINS)

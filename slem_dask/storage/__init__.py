@@ -31,6 +31,7 @@ import numpy as np
 import zarr
 
 from .. import integrity
+from . import versions
 from .._version import __version__
 from ..integrity import canonical
 
@@ -58,7 +59,14 @@ DEFAULT_PARTITION_BYTES = 64 * 2**20
 
 
 def _exists(path) -> bool:
-    return integrity.exists(canonical(path))
+    """Whether ``path`` holds something to read or to refuse replacing: a committed
+    version, or any store that is not slem-dask's drafts alone (a killed first write
+    leaves only drafts: the next run reuses or deletes them)."""
+    path = canonical(path)
+    if not integrity.exists(path):
+        return False
+    store = versions.VersionedStore(path)
+    return store.is_versioned() or not store.has_history()
 
 
 def _demo_member(name: str) -> str:
@@ -73,12 +81,48 @@ def _demo_example(name: str) -> str:
     return f"{folder}corpus.zarr/{_demo_member(name)}"
 
 
+def open_node(path, mode: str = "r"):
+    """The zarr v3 node that readers of ``path`` see: the head version of a versioned
+    store (its metadata checked against its commit record), a member of one, or a plain
+    zarr node. Raises FileNotFoundError when there is nothing to read."""
+    location, store, commit = versions.resolve(path)
+    if store is not None:
+        store.check(commit)
+    return zarr.open(store=location, mode=mode, zarr_format=3)
+
+
+def input_version(path) -> dict:
+    """What a job read at ``path``, for the record: its URL and, for a versioned store,
+    the committed version (sequence number and folder) that was read."""
+    path = canonical(path)
+    location, store, commit = versions.resolve(path)
+    out = {"url": path.url}
+    if commit is not None:
+        out.update(version=commit.seq, version_id=commit.version)
+    else:  # a plain zarr array: what its listing says
+        try:
+            arr = zarr.open_array(store=location, mode="r", zarr_format=3)
+            out["fingerprint"] = integrity.rows_fingerprint(arr, path, "input",
+                                                            int(arr.shape[0]))
+        except Exception:  # noqa: BLE001 - not an array: its readers say why
+            pass
+    return out
+
+
 def open_input(path: str, name: str) -> zarr.Array:
     """Open an existing 2-D zarr array for reading, with a clear error otherwise."""
     path = str(canonical(path))
     try:
-        node = zarr.open(store=path, mode="r")
+        node = open_node(path)
+    except versions.VersionError as exc:
+        raise type(exc)(f"{name}: {exc}") from None
     except FileNotFoundError:
+        if versions.VersionedStore(path).has_history():
+            raise ValueError(
+                f"{name}: {path!r} is an unfinished slem-dask output (the run that wrote "
+                f"it stopped part-way, and nothing was committed); run the same `slem-dask "
+                f"encode` again to finish it (it resumes), or with --overwrite to start "
+                f"over") from None
         raise FileNotFoundError(
             f"{name}: no zarr array at {path!r}; give the path of an existing zarr "
             f"array, e.g. {_demo_example(name)} (written by "
@@ -117,6 +161,13 @@ def open_input(path: str, name: str) -> zarr.Array:
             f"{name}: the zarr array at {path!r} has dtype {node.dtype}; expected real numbers"
         )
     meta = node.attrs.get(ATTR)
+    if isinstance(meta, dict) and meta.get("kind") == "encoding" and meta.get("complete") \
+            and "metadata_checksum" in meta \
+            and meta["metadata_checksum"] != metadata_checksum(meta):
+        raise ValueError(
+            f"{name}: the metadata of the slem-dask output {path!r} does not match its "
+            f"checksum (a fingerprint or recorded checksum was edited); run its "
+            f"`slem-dask encode` again with --overwrite")
     if isinstance(meta, dict) and meta.get("kind") == "encoding" and not meta.get("complete"):
         raise ValueError(
             f"{name}: {path!r} is an unfinished slem-dask output (the run that wrote it "
@@ -414,50 +465,24 @@ def metadata_checksum(meta: dict) -> str:
     return hashlib.sha256(json.dumps(fields, sort_keys=True, default=str).encode()).hexdigest()
 
 
-@contextlib.contextmanager
-def staged(path: integrity.StorePath, lease: integrity.Lease):
-    """Where to write a new store for ``path``, put in place when the block ends.
-
-    Local paths: a hidden sibling folder, renamed over ``path`` only if the block
-    ends without error and ``lease`` is still held, so that the path holds the old
-    store or the whole new one, never a part (removed if the block fails; earlier
-    ones, left by a killed writer, are removed first: under the lease they cannot be
-    another live writer's). Remote stores: ``path`` itself, written in place (their
-    writers mark completion last).
-    """
-    if not path.is_local:
-        yield path.location
-        lease.check()
-        return
-    parent = os.path.dirname(path.location)
-    os.makedirs(parent, exist_ok=True)
-    for name in os.listdir(parent):
-        if name.startswith(f".{path.name}.partial-"):
-            shutil.rmtree(os.path.join(parent, name), ignore_errors=True)
-    target = os.path.join(parent, f".{path.name}.partial-{uuid.uuid4().hex[:12]}")
-    try:
-        yield target
-        lease.check()  # no other job took the store over meanwhile
-        if os.path.exists(path.location):
-            trash = target + ".old"
-            os.replace(path.location, trash)
-            os.replace(target, path.location)
-            shutil.rmtree(trash, ignore_errors=True)
-        else:
-            os.replace(target, path.location)
-    except BaseException:
-        shutil.rmtree(target, ignore_errors=True)
-        raise
+def replace_legacy(path, what: str) -> None:
+    """Remove a store that slem-dask 0.2 wrote in place at ``path`` (no versions), so
+    that a versioned store can take its place (only with --overwrite or --update)."""
+    path = canonical(path)
+    if _exists(path) and not versions.VersionedStore(path).has_history() \
+            and integrity.slem_dask_kind(path) is not None:
+        _remove(path)
 
 
 def write_group(path, meta: dict, arrays: dict[str, np.ndarray], what: str,
-                overwrite: bool = False, lease: integrity.Lease | None = None) -> None:
-    """Write a zarr group of small arrays (a model, a search result) atomically.
+                overwrite: bool = False, lease: integrity.Lease | None = None,
+                job: str | None = None) -> versions.Commit:
+    """Write a zarr group of small arrays (a model, a search result, a corpus) as a new
+    version of the versioned store at ``path`` (:mod:`.versions`), and commit it.
 
-    Local paths are written to a hidden sibling folder and renamed into place,
-    so the path holds either the old store, or the whole new one. Remote stores
-    are written in place with the ``slem_dask`` attribute last. Every chunk
-    carries a crc32c. Written under ``lease`` (taken here if not given).
+    Readers see the previous version until the commit, then the whole new one. Every
+    chunk carries a crc32c, and the group is read back before it is committed. Written
+    under ``lease`` (taken here if not given).
     """
     path = canonical(path)
     own = lease is None
@@ -466,8 +491,11 @@ def write_group(path, meta: dict, arrays: dict[str, np.ndarray], what: str,
         # under the lease: what is at the path stays as checked until it is replaced
         _check_overwrite(path, overwrite, what, "overwrite=True (CLI: --overwrite)",
                          meta.get("kind"))
-        with staged(path, lease) as target:
-            group = zarr.open_group(store=target, mode="w")
+        replace_legacy(path, what)
+        store = versions.VersionedStore(path)
+        draft = store.begin()
+        try:
+            group = zarr.open_group(store=draft.location, mode="w", zarr_format=3)
             for key, value in arrays.items():
                 value = np.asarray(value)
                 rows = _group_chunk_rows(value)
@@ -479,7 +507,15 @@ def write_group(path, meta: dict, arrays: dict[str, np.ndarray], what: str,
                 for start in range(0, len(value) if value.ndim else 0, rows):
                     arr[start:start + rows] = value[start:start + rows]
             group.attrs[ATTR] = {**meta, "metadata_checksum": metadata_checksum(meta)}
-            _check_written(target, arrays, what)
+            _check_written(draft.location, arrays, what)
+            lease.check()  # no other job took the store over meanwhile
+            commit = store.commit(draft, meta.get("kind", "group"), job or f"write {what}",
+                                  {k: meta[k] for k in ("model", "k") if k in meta})
+        except BaseException:
+            store.abandon(draft)  # small: nothing worth resuming
+            raise
+        store.collect_garbage()
+        return commit
     finally:
         if own:
             lease.release()
@@ -565,12 +601,21 @@ def read_group_arrays(group, path, what: str) -> dict[str, np.ndarray]:
     return arrays
 
 
+def _open_group(path) -> zarr.Group:
+    node = open_node(path)
+    if isinstance(node, zarr.Array):
+        raise zarr.errors.ContainsArrayError(str(path))
+    return node
+
+
 def read_search_store(path) -> tuple[dict, dict[str, np.ndarray]]:
     """Read a search result written by ``slem-dask search``: (metadata, arrays), refusing
     one that is unfinished, edited or damaged."""
     path = str(canonical(path))
     try:
-        group = zarr.open_group(store=path, mode="r")
+        group = _open_group(path)
+    except versions.VersionError as exc:
+        raise type(exc)(f"search result: {exc}") from None
     except FileNotFoundError:
         raise FileNotFoundError(f"search result: no zarr group at {path!r}") from None
     except Exception as exc:  # noqa: BLE001
@@ -594,7 +639,9 @@ def read_model_store(path: str) -> tuple[dict, dict[str, np.ndarray]]:
     """Read a model group written by :func:`write_model_store`: (metadata, arrays)."""
     path = str(canonical(path))
     try:
-        group = zarr.open_group(store=path, mode="r")
+        group = _open_group(path)
+    except versions.VersionError as exc:
+        raise type(exc)(f"model: {exc}") from None
     except FileNotFoundError:
         raise FileNotFoundError(
             f"model: no zarr store at {path!r}; give the path written by "
@@ -636,19 +683,16 @@ def read_model_store(path: str) -> tuple[dict, dict[str, np.ndarray]]:
     return meta, arrays
 
 
-def create_output(path, shape: tuple[int, int], partition_rows: int, dtype,
-                  meta: dict, overwrite: bool = False) -> zarr.Array:
-    """Create the output array up front, one zarr chunk per dask partition.
+def create_output(location: str, shape: tuple[int, int], partition_rows: int, dtype,
+                  meta: dict) -> zarr.Array:
+    """Create the output array up front in a draft ``location`` (a version folder of
+    :mod:`.versions`), one zarr chunk per dask partition.
 
     Chunks equal to the partitions mean every task writes whole chunks of its
     own (no read-modify-write on a chunk that another task also writes: the
     data-loss trap of dask#12583 and zarr-python#3682). It is marked
     ``complete: false`` until :func:`mark_complete`. The caller holds the lease.
     """
-    path = canonical(path)
-    _check_overwrite(path, overwrite, "output", "--overwrite", "encoding")
-    if _exists(path):
-        _remove(path)
     # write_empty_chunks: a partition whose encodings are all 0 must still leave
     # a chunk behind, since a resumed run takes a present chunk as done.
     # No compressor: encodings are dense floats that zstd shrinks by ~7% while
@@ -656,7 +700,7 @@ def create_output(path, shape: tuple[int, int], partition_rows: int, dtype,
     # trailer only (CHECKSUM).
     # The marker goes into the array's own metadata document, written in one piece
     # with it: there is no moment when the array exists without "complete: false".
-    return zarr.create_array(store=path.location, shape=shape, dtype=np.dtype(dtype).newbyteorder("<"),
+    return zarr.create_array(store=location, shape=shape, dtype=np.dtype(dtype).newbyteorder("<"),
                              chunks=(max(1, partition_rows), shape[1]), overwrite=True,
                              compressors=CHECKSUM, config={"write_empty_chunks": True},
                              attributes={ATTR: json_params({
@@ -678,15 +722,23 @@ def update_meta(arr: zarr.Array, **fields) -> dict:
 
 
 def open_existing_output(path) -> zarr.Array | None:
-    """The output array at ``path`` opened for writing, or None if nothing is there."""
+    """The output array that readers of ``path`` see (read only), or None if there is
+    none (nothing, a group, or only drafts)."""
     path = canonical(path)
     if not _exists(path):
         return None
     try:
-        node = zarr.open(store=path.location, mode="r+")
-    except Exception:
+        node = open_node(path)
+    except Exception:  # noqa: BLE001 - damaged or foreign: the caller's checks say which
         return None
     return node if isinstance(node, zarr.Array) else None
+
+
+def is_legacy(path) -> bool:
+    """Whether ``path`` holds a store that slem-dask 0.2 wrote in place, without versions."""
+    path = canonical(path)
+    return (_exists(path) and not versions.VersionedStore(path).has_history()
+            and integrity.slem_dask_kind(path) is not None)
 
 
 def write_partition(block: np.ndarray, arr: zarr.Array, index: int,
@@ -721,15 +773,32 @@ def remove_stray_partials(path) -> int:
 
 
 def mark_complete(arr: zarr.Array, extra: dict | None = None) -> None:
-    update_meta(arr, **(extra or {}), complete=True,
-                completed=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
+    """Mark an output complete, with a checksum of its metadata: an output whose
+    fingerprints or recorded chunk checksums were edited is refused by every reader."""
+    meta = dict(arr.attrs[ATTR])
+    meta.update(json_params({**(extra or {}), "complete": True,
+                             "completed": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}))
+    meta.pop("metadata_checksum", None)
+    arr.attrs[ATTR] = {**meta, "metadata_checksum": metadata_checksum(meta)}
 
 
-def marked_complete(path) -> bool:
-    """Whether the slem-dask output at ``path`` is marked complete (its job verified it
-    before marking it); False for anything else, unreadable included."""
+def head_seq(path) -> int:
+    """The sequence number of the committed head of ``path`` (0: none)."""
     try:
-        meta = output_meta(zarr.open_array(store=str(canonical(path)), mode="r"))
+        head = versions.VersionedStore(path).head()
+    except Exception:  # noqa: BLE001 - damaged or unreachable: nothing committed to tell
+        return 0
+    return head.seq if head else 0
+
+
+def marked_complete(path, after: int | None = None) -> bool:
+    """Whether the slem-dask output at ``path`` is complete (its job verified it before
+    committing it), in a version committed after sequence number ``after`` if given;
+    False for anything else, unreadable included."""
+    try:
+        if after is not None and head_seq(path) <= after:
+            return False
+        meta = output_meta(open_node(path))
     except Exception:  # noqa: BLE001 - absent, a group, damaged: not a complete output
         return False
     return bool(meta and meta.get("complete"))
@@ -779,9 +848,12 @@ def verify(path) -> tuple[str, list[str]]:
             return "search result", [str(exc)]
         return "search result", []
     try:
-        arr = zarr.open_array(store=path.location, mode="r")
+        arr = open_node(path)
+    except versions.VersionError as exc:
+        return "output", [str(exc)]
     except Exception as exc:  # noqa: BLE001 - its marker was read, zarr cannot read the rest
-        return "output", [str(integrity.damaged_metadata("output", path, exc) or exc)]
+        location = versions.resolve(path)[0]
+        return "output", [str(integrity.damaged_metadata("output", location, exc) or exc)]
     meta = output_meta(arr) or {}
     problems = [] if meta.get("complete") else ["unfinished (complete: false): re-run the "
                                                 "encode to finish it"]

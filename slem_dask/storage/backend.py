@@ -68,6 +68,10 @@ class Backend(abc.ABC):
         can: a hard link on a local file system, a server-side copy on S3. Later writes
         to ``src`` never change ``dst``."""
 
+    def prune_empty(self) -> None:
+        """Remove folders left empty under the root, and the root if it is empty (object
+        stores have no folders: nothing to do)."""
+
     def describe_error(self, exc: BaseException) -> str | None:
         """One line for a failure of this storage (credentials, bucket, endpoint), or
         None when ``exc`` is not one."""

@@ -79,6 +79,13 @@ class LocalBackend(Backend):
         elif os.path.lexists(path):
             os.remove(path)
 
+    def prune_empty(self) -> None:
+        for folder, _, _ in sorted(os.walk(self.root), key=lambda t: -len(t[0])):
+            try:
+                os.rmdir(folder)  # fails, harmlessly, on a folder that holds something
+            except OSError:
+                pass
+
     def copy_tree(self, src: str, dst: str, names: list[str] | None = None) -> None:
         src_root, dst_root = self._path(src), self._path(dst)
         if names is None:
