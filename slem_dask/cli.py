@@ -250,6 +250,15 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("verify", help="check a model, output or search result written by "
                        "slem-dask end to end (checksums, completeness); exit 1 on any problem")
     p.add_argument("paths", nargs="+", metavar="PATH", help="stores to check")
+
+    p = sub.add_parser("versions", help="list the committed versions of a store written by "
+                       "slem-dask (newest last), with the folder each can be read from")
+    p.add_argument("path", metavar="PATH")
+    p = sub.add_parser("rollback", help="make an earlier version of a store the current one "
+                       "(a new commit; the history is kept)")
+    p.add_argument("path", metavar="PATH")
+    p.add_argument("--to", type=int, required=True, metavar="N",
+                   help="the version to restore (see `slem-dask versions PATH`)")
     parser.commands = sub.choices  # command -> its parser, for errors in its own words
     return parser
 
@@ -407,6 +416,31 @@ def _input_bytes(args, spec) -> int | None:
         return None
 
 
+def _versions(args) -> int:
+    from .storage import versions
+
+    store = versions.VersionedStore(args.path)
+    if not store.has_history():
+        raise ValueError(f"{str(store.path)!r} has no versions: it was not written by this "
+                         f"slem-dask (or not at all); `slem-dask verify {args.path}` says what "
+                         f"it is")
+    if args.command == "rollback":
+        commit = store.rollback(args.to)
+        print(f"{store.path}: version {commit.seq} is now current ({commit.source})")
+        return 0
+    commits = store.commits()
+    head = commits[-1].seq if commits else None
+    for c in commits:
+        state = "current" if c.seq == head else (
+            "readable" if store.exists(c.version) else "pruned")
+        where = store.location(c.version) if state != "pruned" else "-"
+        print(f"{c.seq:>5}  {c.kind:<9} {state:<8} {c.created}  {c.job} on {c.host}"
+              f"{'  (' + c.source + ')' if c.source else ''}  {where}")
+    if not commits:
+        print(f"{store.path}: no committed version (an unfinished first write)")
+    return 0
+
+
 def _verify(paths) -> int:
     from . import storage
 
@@ -429,6 +463,8 @@ def _run(args) -> int:
 
     if args.command == "verify":
         return _verify(args.paths)
+    if args.command in ("versions", "rollback"):
+        return _versions(args)
     progress = sys.stdout.isatty() if args.progress is None else args.progress
     spec = None
     scheduler, workers, threads = args.scheduler, args.workers, args.threads_per_worker

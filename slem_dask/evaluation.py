@@ -387,25 +387,25 @@ def search_job(client, queries: str, database: str, out: str, k: int = 100,
                                   f"replace it")
         integrity.check_may_replace(out, "search result", kind="search")
     with integrity.Lease(out, "slem-dask search") as lease:
-        # the versions read, pinned: a versioned input is read from the version resolved
-        # here, and a plain one is fingerprinted before and after
-        seen = {"queries": storage.input_version(queries),
-                "database": storage.input_version(database)}
+        # what is read: a versioned input stays the version opened here, whatever commits
+        # meanwhile; a plain one is fingerprinted before and after
         q_arr, db_arr = check_search_inputs(str(queries), str(database), k, force=force)
+        seen = {"queries": storage.read_version(q_arr, queries),
+                "database": storage.read_version(db_arr, database)}
         integrity.check_workers_see(client, {"database": database})
         db = storage.dask_rows(db_arr, partition_rows, name="database")
         q = storage.dask_rows(q_arr, partition_rows, name="queries")
         t1 = time.perf_counter()
         scores, indices = _compute(client, search(q, db, k), progress=False)
         t2 = time.perf_counter()
-        read = {"queries": storage.input_version(queries),
-                "database": storage.input_version(database)}
+        read = {"queries": storage.read_version(q_arr, queries),
+                "database": storage.read_version(db_arr, database)}
         if read != seen:
             raise ValueError(
                 f"the queries or the database changed while they were searched "
                 f"({seen} -> {read}); nothing was written: run the search again")
         meta = {"kind": "search", "complete": True, "k": int(k), "queries": queries.url,
-                "database": database.url, "inputs": read, "n_queries": int(q.shape[0]),
+                "database": database.url, "inputs": seen, "n_queries": int(q.shape[0]),
                 "n_database": int(db_arr.shape[0]), "package_version": __version__,
                 "completed": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
         storage.write_group(out, meta, {"scores": scores.astype(np.float64),

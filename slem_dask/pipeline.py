@@ -204,7 +204,8 @@ def _save_fitted(model, arr, negatives, model_path, seen: str, lease) -> str:
             f"the negatives {str(negatives)!r} changed while this fit read them; nothing "
             f"was written: run the fit again once the negatives are no longer being written")
     return model.save(model_path, overwrite=True, lease=lease,
-                      metadata={"source": negatives.url, "negatives_fingerprint": seen})
+                      metadata={"source": negatives.url, "negatives_fingerprint": seen,
+                                "source_version": storage.read_version(arr, negatives)})
 
 
 def _print_round(round_no: int, n_pivots: int, trace_error: float) -> None:
@@ -352,7 +353,7 @@ def encode_job(client, model_path: str, positives: str, out: str, dtype: str | N
         fingerprint = model.fingerprint_
         encoding = model.encoding_fingerprint_  # what decides whether an output can be kept
         n_rows = int(arr.shape[0])
-        existing = storage.open_existing_output(out)
+        existing = storage.open_existing_output(out, strict=not overwrite)
         head, action = _plan_output(out, existing, arr, positives, encoding, out_dtype,
                                     overwrite, on_model_change, width, precision)
         if head is None and partition_rows is None and existing is not None:
@@ -368,7 +369,7 @@ def encode_job(client, model_path: str, positives: str, out: str, dtype: str | N
             "model": type(model).__name__, "model_fingerprint": fingerprint,
             "encoding_fingerprint": encoding, "model_path": model_path.url,
             "params": storage.json_params(model.get_params()),
-            "source": positives.url, "source_version": storage.input_version(positives),
+            "source": positives.url, "source_version": storage.read_version(arr, positives),
             "n_rows": n_rows, "input_partitions": inputs, "precision": precision,
             "partition_crc32c": [None] * n_parts})
         todo, crcs = reuse_partitions(store, draft, target, head, inputs, n_parts)
@@ -489,7 +490,7 @@ def check_encode_inputs(model, model_path, positives, out, dtype=None, overwrite
     arr = storage.open_input(positives, "positives")
     check_n_features(arr, model.n_features_in_, f"positives ({str(positives)!r})",
                      fitted_on=f"the model {str(model_path)!r}")
-    existing = storage.open_existing_output(out)
+    existing = storage.open_existing_output(out, strict=not overwrite)
     kept = existing if existing is not None and not overwrite \
         and storage.output_meta(existing) is not None else None
     if dtype is None and kept is not None:

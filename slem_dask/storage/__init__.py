@@ -91,6 +91,23 @@ def open_node(path, mode: str = "r"):
     return zarr.open(store=location, mode=mode, zarr_format=3)
 
 
+def read_version(arr: zarr.Array, path) -> dict:
+    """What a job reads through ``arr``, opened from ``path``, for the record: the URL
+    and, for a versioned store, the committed version that ``arr`` was opened in (its
+    sequence number and folder), else a fingerprint of the plain array's listing."""
+    path = canonical(path)
+    parts = _where(arr).rstrip("/").split("/")
+    if versions.VERSIONS in parts[:-1]:
+        i = len(parts) - 1 - parts[::-1].index(versions.VERSIONS)
+        if i + 1 < len(parts):
+            owner = versions.VersionedStore("/".join(parts[:i]) or "/")
+            commit = owner.commit_at(versions.draft_seq(parts[i + 1]) or 0)
+            if commit is not None:
+                return {"url": path.url, "version": commit.seq, "version_id": commit.version}
+    return {"url": path.url,
+            "fingerprint": integrity.rows_fingerprint(arr, path, "input", int(arr.shape[0]))}
+
+
 def input_version(path) -> dict:
     """What a job read at ``path``, for the record: its URL and, for a versioned store,
     the committed version (sequence number and folder) that was read."""
@@ -307,10 +324,18 @@ class _RowChunkCodecs:
 
     def read(self, arr, lo: int, hi: int, name: str, out: np.ndarray) -> np.ndarray:
         rows = arr.chunks[0]
+        recorded = recorded_crc32c(arr)
         for key, a, b in integrity.chunk_keys_for_rows(arr, lo, hi):
             data = _chunk_bytes(arr, key)
             if data is None:
                 raise integrity.missing_chunk_error(name, _where(arr), key, a, b)
+            crc = recorded[a // rows] if recorded and a // rows < len(recorded) else None
+            if crc is not None and (len(data) < 4 or int(data[-4:].view("<u4")[0]) != crc):
+                raise integrity.CorruptChunkError(
+                    f"{name} {_where(arr)!r}: chunk {key!r} (rows {a}-{b - 1}) is not the "
+                    f"chunk its job wrote (its crc32c differs from the one recorded when the "
+                    f"output was committed); the store was modified: run its `slem-dask "
+                    f"encode` again (it rewrites what differs)")
             start, stop = max(a, lo), min(b, hi)
             whole = start == a and stop - start == rows  # the chunk fills its rows of ``out``
             target = out[start - lo:stop - lo] if whole else np.empty((rows, arr.shape[1]),
@@ -346,6 +371,16 @@ class _RowChunkCodecs:
         if len(view) != target.nbytes:
             raise ValueError(f"size {len(view)} bytes, expected {target.nbytes}")
         target.reshape(-1).view(np.uint8)[:] = view
+
+
+def recorded_crc32c(arr) -> list | None:
+    """The crc32c of every chunk recorded when a slem-dask output was completed, in row
+    order (None for anything else): readers compare each chunk's trailer with it."""
+    meta = arr.attrs.get(ATTR)
+    if not isinstance(meta, dict) or meta.get("kind") != "encoding" or not meta.get("complete"):
+        return None
+    crcs = meta.get("partition_crc32c")
+    return crcs if isinstance(crcs, list) else None
 
 
 def _chunk_bytes(arr, key: str) -> np.ndarray | None:
@@ -721,14 +756,19 @@ def update_meta(arr: zarr.Array, **fields) -> dict:
     return meta
 
 
-def open_existing_output(path) -> zarr.Array | None:
+def open_existing_output(path, strict: bool = True) -> zarr.Array | None:
     """The output array that readers of ``path`` see (read only), or None if there is
-    none (nothing, a group, or only drafts)."""
+    none (nothing, a group, or only drafts). ``strict``: a head version that does not
+    match its commit record is an error (else None: it is about to be replaced)."""
     path = canonical(path)
     if not _exists(path):
         return None
     try:
         node = open_node(path)
+    except versions.VersionError as exc:
+        if strict:
+            raise type(exc)(f"output: {exc}") from None
+        return None
     except Exception:  # noqa: BLE001 - damaged or foreign: the caller's checks say which
         return None
     return node if isinstance(node, zarr.Array) else None

@@ -113,7 +113,7 @@ class Draft:
     location: str  # what zarr opens
 
 
-def _draft_seq(version: str) -> int | None:
+def draft_seq(version: str) -> int | None:
     head, _, token = version.partition("-")
     return int(head) if head.isdigit() and token else None
 
@@ -134,7 +134,7 @@ class VersionedStore:
 
     def has_history(self) -> bool:
         """Whether slem-dask ever wrote here as a versioned store (committed or not)."""
-        return self.is_versioned() or any(_draft_seq(v) is not None
+        return self.is_versioned() or any(draft_seq(v) is not None
                                           for v in self.backend.list(VERSIONS))
 
     def commits(self) -> list[Commit]:
@@ -196,7 +196,7 @@ class VersionedStore:
     def drafts(self, seq: int) -> list[str]:
         """Other drafts that may still be committed as ``seq`` (left by killed or
         stalled jobs): their chunks may be reused, after checks, never adopted."""
-        return [v for v in self.backend.list(VERSIONS) if _draft_seq(v) == seq]
+        return [v for v in self.backend.list(VERSIONS) if draft_seq(v) == seq]
 
     def commit(self, draft: Draft, kind: str, job: str, summary: dict | None = None,
                source: str = "") -> Commit:
@@ -253,7 +253,7 @@ class VersionedStore:
         committed = {c.version for c in commits.values()}
         removed = []
         for version in self.backend.list(VERSIONS):
-            seq = _draft_seq(version)
+            seq = draft_seq(version)
             if seq is None or version in kept:
                 continue
             dead_draft = version not in committed and seq in commits
@@ -280,9 +280,9 @@ def resolve(path) -> tuple[str, "VersionedStore | None", Commit | None]:
         head = store.head()
         return store.location(head.version), store, head
     parent = VersionedStore(path.parent)
-    if path.parent.name == VERSIONS and _draft_seq(path.name) is not None:
+    if path.parent.name == VERSIONS and draft_seq(path.name) is not None:
         owner = VersionedStore(path.parent.parent)
-        commit = owner.commit_at(_draft_seq(path.name))
+        commit = owner.commit_at(draft_seq(path.name))
         if owner.is_versioned():
             if commit is None or commit.version != path.name:
                 raise VersionError(

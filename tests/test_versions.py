@@ -1,0 +1,262 @@
+"""Versioned stores (slem_dask.storage.versions) and leases judged without clocks:
+fencing, snapshot reads, atomic publish, history, checksummed output metadata."""
+
+import json
+import os
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+import zarr
+
+from slem_dask import LinearSLEM, integrity, load_model, pipeline, storage
+from slem_dask.cli import main
+from slem_dask.evaluation import open_search_result, search_job
+from slem_dask.retrieval import search
+from slem_dask.storage import leases, versions
+
+from helpers import head
+from reference import partitionwise
+
+D = 8
+
+
+def _array(path, data, chunks=40):
+    arr = zarr.create_array(store=str(path), shape=data.shape, dtype=data.dtype,
+                            chunks=(chunks, data.shape[1]), overwrite=True)
+    arr[...] = data
+    return str(path)
+
+
+@pytest.fixture
+def corpus(tmp_path):
+    rng = np.random.default_rng(3)
+    neg = rng.standard_normal((300, D)).astype("float32")
+    pos = rng.standard_normal((200, D)).astype("float32")
+    other = rng.standard_normal((200, D)).astype("float32")
+    LinearSLEM(lam=0.1).fit(neg).save(str(tmp_path / "model.zarr"))
+    return {"dir": tmp_path, "model": str(tmp_path / "model.zarr"), "pos": pos,
+            "other": other, "neg": neg,
+            "positives": _array(tmp_path / "pos.zarr", pos),
+            "others": _array(tmp_path / "other.zarr", other)}
+
+
+def _encode(corpus, out, positives=None, **kw):
+    return pipeline.encode_job(None, corpus["model"], positives or corpus["positives"],
+                               str(out), partition_rows=40, **kw)
+
+
+def _expected(corpus, rows):
+    model = load_model(corpus["model"])
+    return partitionwise(lambda p: model.transform(p, dtype="float32"), rows, 40)
+
+
+# -- the commit protocol ----------------------------------------------------------------
+def test_of_two_jobs_from_one_head_one_commits_and_the_other_is_told_who(tmp_path):
+    store = versions.VersionedStore(str(tmp_path / "s.zarr"))
+    first, second = store.begin(), store.begin()
+    assert first.seq == second.seq == 1 and first.version != second.version
+    for draft, value in ((first, 1.0), (second, 2.0)):
+        zarr.open_group(store=draft.location, mode="w").attrs["value"] = value
+    store.commit(second, "model", "job two")
+    with pytest.raises(versions.CommitConflictError,
+                       match=r"version 1 was committed by job two on host .* run it again"):
+        store.commit(first, "model", "job one")
+    assert storage.open_node(store.path).attrs["value"] == 2.0
+    # the loser's draft is dead (its sequence is taken): the next commit deletes it
+    third = store.begin()
+    zarr.open_group(store=third.location, mode="w").attrs["value"] = 3.0
+    store.commit(third, "model", "job three")
+    store.collect_garbage()
+    assert not Path(first.location).exists() and Path(third.location).exists()
+
+
+def test_racing_commits_from_many_threads_have_one_winner(tmp_path):
+    store = versions.VersionedStore(str(tmp_path / "s.zarr"))
+    drafts = [store.begin() for _ in range(8)]
+    for d in drafts:
+        zarr.open_group(store=d.location, mode="w")
+    results = []
+
+    def commit(d):
+        try:
+            store.commit(d, "model", d.version)
+            results.append("won")
+        except versions.CommitConflictError:
+            results.append("lost")
+
+    threads = [threading.Thread(target=commit, args=(d,)) for d in drafts]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(results) == ["lost"] * 7 + ["won"]
+    assert len(store.commits()) == 1
+
+
+def test_history_keeps_the_last_versions_and_rollback_restores_one(tmp_path, monkeypatch):
+    path = str(tmp_path / "m.zarr")
+    X = np.random.default_rng(0).standard_normal((60, 4))
+    for lam in (0.1, 0.2, 0.3, 0.4, 0.5):
+        LinearSLEM(lam=lam).fit(X).save(path, overwrite=True)
+    store = versions.VersionedStore(path)
+    assert [c.seq for c in store.commits()] == [1, 2, 3, 4, 5]
+    kept = [c.seq for c in store.commits() if store.exists(c.version)]
+    assert kept == [3, 4, 5]  # KEEP_VERSIONS = 3: older ones pruned, their records kept
+    assert main(["rollback", path, "--to", "3"]) == 0
+    assert load_model(path).lam == 0.3
+    assert main(["versions", path]) == 0
+    # an older version is read by its folder; a draft's folder is refused
+    old = store.commit_at(4)
+    assert load_model(store.location(old.version)).lam == 0.4
+    draft = store.begin()
+    zarr.open_group(store=draft.location, mode="w")
+    with pytest.raises(ValueError, match="never committed"):
+        load_model(draft.location)
+
+
+# -- fencing ---------------------------------------------------------------------------
+def test_a_job_that_lost_its_output_can_never_change_what_readers_see(corpus, monkeypatch):
+    """Job A encodes the positives; while its workers run, its lease is taken over and
+    job B encodes other positives to the same output and commits. A's late writes go to
+    its own draft, and its commit fails naming B: readers see B's output only."""
+    out = corpus["dir"] / "out.zarr"
+    real_compute = pipeline._compute
+    seen = {}
+
+    def stalled(client, obj, progress):
+        if "b" not in seen:  # job A, stalled past its lease: job B runs meanwhile
+            seen["b"] = "running"
+            lease_file = Path(str(out.parent / f".{out.name}.slem-dask-lease"))
+            lease_file.unlink()  # as if taken over by a job that thought A dead
+            seen["b"] = _encode(corpus, out, corpus["others"])
+        return real_compute(client, obj, progress)  # A's workers write late
+
+    monkeypatch.setattr(pipeline, "_compute", stalled)
+    monkeypatch.setattr(leases.Lease, "check", lambda self: None)  # A does not notice
+    with pytest.raises(versions.CommitConflictError, match="slem-dask encode on host"):
+        _encode(corpus, out)
+    assert seen["b"].facts["version"] == 1
+    np.testing.assert_array_equal(storage.read_all(out), _expected(corpus, corpus["other"]))
+    assert main(["verify", str(out)]) == 0
+    assert [v for v in os.listdir(out / "versions")] == [head(out).name]  # A's draft gone
+
+
+def test_a_stalled_job_whose_lease_was_taken_over_says_so_first(corpus, monkeypatch):
+    out = corpus["dir"] / "out.zarr"
+    real_compute = pipeline._compute
+
+    def stolen(client, obj, progress):
+        result = real_compute(client, obj, progress)
+        lease_file = Path(str(out.parent / f".{out.name}.slem-dask-lease"))
+        lease_file.write_text(json.dumps({"token": "another", "job": "slem-dask encode",
+                                          "host": "elsewhere", "pid": 7}))
+        return result
+
+    monkeypatch.setattr(pipeline, "_compute", stolen)
+    with pytest.raises(integrity.LeaseLostError, match="taken over by slem-dask encode"):
+        _encode(corpus, out)
+    assert not versions.VersionedStore(str(out)).is_versioned()
+
+
+# -- snapshot reads ----------------------------------------------------------------------
+def test_a_search_during_a_reencode_reads_one_version_and_records_it(corpus, monkeypatch):
+    import slem_dask.evaluation as evaluation
+
+    db = corpus["dir"] / "db.zarr"
+    _encode(corpus, db)
+    before = storage.read_all(db)
+    real_compute = evaluation._compute
+
+    def reencoded_meanwhile(client, obj, progress):
+        _encode(corpus, db, corpus["others"], overwrite=True)  # a new version commits
+        return real_compute(client, obj, progress)
+
+    monkeypatch.setattr(evaluation, "_compute", reencoded_meanwhile)
+    out = str(corpus["dir"] / "hits.zarr")
+    search_job(None, str(db), str(db), out, k=5, partition_rows=40)
+    scores, indices = open_search_result(out)
+    exp_scores, exp_indices = search(before, before, 5)
+    np.testing.assert_array_equal(indices, exp_indices)  # the old version, whole
+    meta = storage.open_node(out).attrs[storage.ATTR]
+    assert meta["inputs"]["database"]["version"] == 1
+    assert versions.VersionedStore(str(db)).head().seq == 2
+
+
+# -- output metadata and chunks are checked against what was committed -------------------
+def test_edited_output_metadata_is_refused_everywhere(corpus, capsys):
+    out = corpus["dir"] / "out.zarr"
+    _encode(corpus, out)
+    doc = head(out) / "zarr.json"
+    meta = json.loads(doc.read_text())
+    meta["attributes"]["slem_dask"]["encoding_fingerprint"] = "0" * 64
+    meta["attributes"]["slem_dask"]["partition_crc32c"][0] = 12345
+    doc.write_text(json.dumps(meta))
+    assert main(["verify", str(out)]) == 1
+    assert "does not match its commit record" in capsys.readouterr().out
+    with pytest.raises(ValueError, match="commit record"):
+        storage.read_all(out)
+    with pytest.raises(ValueError, match="commit record"):
+        _encode(corpus, out)
+
+
+def test_a_swapped_chunk_is_not_the_chunk_that_was_written(corpus):
+    out = corpus["dir"] / "out.zarr"
+    _encode(corpus, out)
+    chunks = head(out) / "c"
+    (chunks / "1" / "0").write_bytes((chunks / "2" / "0").read_bytes())  # valid on its own
+    with pytest.raises(integrity.CorruptChunkError, match=r"c/1/0.*not the chunk its job wrote"):
+        storage.read_all(out)
+
+
+# -- leases: liveness without comparing clocks ---------------------------------------------
+def _foreign_lease(target, **fields):
+    lease = leases.Lease(target, "a job elsewhere")
+    record = {**lease._record(), "pid_ns": "pid:[1]", "host": "other-host",
+              "started": "2031-01-01 00:00:00 UTC", **fields}
+    lease._backend.create(lease._key, json.dumps(record).encode())
+    return lease
+
+
+def test_a_silent_lease_from_another_namespace_is_taken_over_after_the_ttl(tmp_path,
+                                                                         monkeypatch):
+    monkeypatch.setattr(leases, "LEASE_TTL", 1.2)
+    target = tmp_path / "out.zarr"
+    _foreign_lease(target, pid=os.getpid())  # a live pid here means nothing there
+    waited = []
+    with leases.Lease(target, "me", on_wait=waited.append) as mine:
+        assert mine.took_over["host"] == "other-host" and mine.held()
+    assert waited and "held by a job elsewhere" in waited[0] and "waiting up to 1 s" in waited[0]
+
+
+def test_a_beating_lease_from_another_namespace_is_refused(tmp_path, monkeypatch):
+    monkeypatch.setattr(leases, "LEASE_TTL", 1.0)
+    target = tmp_path / "out.zarr"
+    theirs = _foreign_lease(target)
+    stop = threading.Event()
+
+    def beat():
+        n = 0
+        while not stop.wait(0.1):
+            n += 1
+            record = {**json.loads(theirs._raw()), "beat": n}
+            theirs._backend.put(theirs._key, json.dumps(record).encode())
+
+    t = threading.Thread(target=beat)
+    t.start()
+    try:
+        with pytest.raises(leases.LeaseHeldError, match="a job elsewhere .* on host other-host"):
+            leases.Lease(target, "me").acquire()
+    finally:
+        stop.set()
+        t.join()
+
+
+def test_a_dead_pid_in_this_namespace_is_stale_at_once(tmp_path):
+    target = tmp_path / "out.zarr"
+    lease = leases.Lease(target, "dead job")
+    record = {**lease._record(), "pid": 2**22 + 1}
+    lease._backend.create(lease._key, json.dumps(record).encode())
+    with leases.Lease(target, "me") as mine:  # no wait
+        assert mine.took_over["job"] == "dead job"
