@@ -1,0 +1,51 @@
+"""A slem-dask job slowed down on purpose, for the fault tests (tests/test_faults.py):
+``python _slow_job.py encode MODEL POSITIVES OUT`` or ``... fit NEGATIVES MODEL``.
+
+Each output partition (encode) or the model's read-back (fit save) sleeps
+``SLOW_JOB_DELAY`` seconds, so that a test can stop or kill the job at a known
+moment; the job prints ``started`` once its draft is being written.
+"""
+
+import os
+import sys
+import time
+
+from slem_dask import pipeline, storage
+
+DELAY = float(os.environ.get("SLOW_JOB_DELAY", "0.5"))
+
+
+def main() -> int:
+    kind, *paths = sys.argv[1:]
+    if kind == "encode":
+        real = storage.write_partition
+
+        def slow(block, arr, index, block_info=None):
+            print("started", flush=True)
+            time.sleep(DELAY)
+            return real(block, arr, index)
+
+        storage.write_partition = slow
+        model, positives, out = paths
+        report = pipeline.encode_job(None, model, positives, out, partition_rows=40)
+    else:
+        real_check = storage._check_written
+
+        def slow_check(location, arrays, what):
+            print("started", flush=True)
+            time.sleep(DELAY)
+            return real_check(location, arrays, what)
+
+        storage._check_written = slow_check
+        negatives, model = paths
+        report = pipeline.fit_job(None, negatives, model, lam=0.1, overwrite=True)
+    print("\n".join(report.lines()), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    try:
+        sys.exit(main())
+    except Exception as exc:  # noqa: BLE001 - the test reads the one line
+        print(f"error: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
+        sys.exit(1)
