@@ -260,3 +260,13 @@ def test_a_dead_pid_in_this_namespace_is_stale_at_once(tmp_path):
     lease._backend.create(lease._key, json.dumps(record).encode())
     with leases.Lease(target, "me") as mine:  # no wait
         assert mine.took_over["job"] == "dead job"
+
+
+def test_a_version_pruned_while_read_says_so(corpus):
+    out = corpus["dir"] / "out.zarr"
+    _encode(corpus, out)
+    arr = storage.open_output(out)  # a reader holds version 1 ...
+    for _ in range(versions.KEEP_VERSIONS):  # ... while 3 newer versions commit
+        _encode(corpus, out, corpus["others"] if _ % 2 == 0 else None, overwrite=True)
+    with pytest.raises(versions.VersionError, match="was pruned while it read it"):
+        storage.read_rows(arr, 0, 40, "encodings")

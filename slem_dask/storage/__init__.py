@@ -260,7 +260,7 @@ def read_rows(arr: zarr.Array, lo: int, hi: int, name: str = "input",
     store = arr.store_path.store
     for key, a, b in integrity.chunk_keys_for_rows(arr, lo, hi):
         if not sync(store.exists(key)):
-            raise integrity.missing_chunk_error(name, _where(arr), key, a, b)
+            raise _missing(arr, name, key, a, b)
     try:
         out[...] = arr[lo:hi]
         return out
@@ -271,6 +271,23 @@ def read_rows(arr: zarr.Array, lo: int, hi: int, name: str = "input",
             except Exception as inner:  # noqa: BLE001
                 raise _corrupt_chunk(arr, name, key, a, b, inner) from None
         raise exc
+
+
+def _missing(arr, name, key, a, b) -> Exception:
+    """The error for a chunk absent from ``arr``: a pruned version (many newer ones were
+    committed while this job read it) says so; anything else is a missing chunk."""
+    where = _where(arr)
+    parts = where.rstrip("/").split("/")
+    if versions.VERSIONS in parts[:-1]:
+        i = len(parts) - 1 - parts[::-1].index(versions.VERSIONS)
+        owner = versions.VersionedStore("/".join(parts[:i]) or "/")
+        if i + 1 < len(parts) and not owner.exists(parts[i + 1]):
+            return versions.VersionError(
+                f"{name} {str(owner.path)!r}: the version this job read "
+                f"({parts[i + 1]}) was pruned while it read it ({versions.KEEP_VERSIONS} "
+                f"newer versions were committed meanwhile); run the job again to read the "
+                f"current version")
+    return integrity.missing_chunk_error(name, where, key, a, b)
 
 
 def _corrupt_chunk(arr, name, key, a, b, exc) -> integrity.CorruptChunkError:
@@ -328,7 +345,7 @@ class _RowChunkCodecs:
         for key, a, b in integrity.chunk_keys_for_rows(arr, lo, hi):
             data = _chunk_bytes(arr, key)
             if data is None:
-                raise integrity.missing_chunk_error(name, _where(arr), key, a, b)
+                raise _missing(arr, name, key, a, b)
             crc = recorded[a // rows] if recorded and a // rows < len(recorded) else None
             if crc is not None and (len(data) < 4 or int(data[-4:].view("<u4")[0]) != crc):
                 raise integrity.CorruptChunkError(
