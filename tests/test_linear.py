@@ -192,14 +192,14 @@ def test_nonfinite_positives_raise_with_row_count():
     model = LinearSLEM().fit(rng.standard_normal((20, 3)))
     P = rng.standard_normal((9, 3))
     P[[1, 4, 8], 2] = [np.nan, np.inf, np.nan]
-    with pytest.raises(ValueError, match=r"P has 3 row\(s\) with NaN or inf \(rows 1, 4, 8\)"):
+    with pytest.raises(ValueError, match=r"X has 3 row\(s\) with NaN or inf \(rows 1, 4, 8\)"):
         model.transform(P)
     with pytest.raises(ValueError, match=r"x0 has 1 row\(s\) with NaN or inf"):
         model.exemplar(P[1])
 
 
 @pytest.mark.parametrize("P,message", [
-    (np.ones((4, 5)), "P has 5 features.* fitted on 3"),
+    (np.ones((4, 5)), "X has 5 features, but LinearSLEM is expecting 3 features.* fitted on 3"),
     (np.ones(3), "2-D"),
     (np.ones((2, 3, 1)), "2-D"),
     (np.ones((0, 3)), "0 rows"),

@@ -117,23 +117,23 @@ class ESVM(SLEMEstimator):
         return self
 
     # -- encode -------------------------------------------------------
-    def transform(self, P, dtype=None):
-        """L2-normalized E-SVM weight vector w of each row of ``P``.
+    def transform(self, X, dtype=None):
+        """L2-normalized E-SVM weight vector w of each row of ``X``.
 
         numpy in, numpy out; dask in, lazy dask out (one task per row block,
         the negatives entering the graph once through :func:`parallel.shared`).
         ``dtype``: of the result (default: the input's, float32 stays float32; computed in float64).
         """
         self._check_params()
-        P = self._check_positives(P)
-        dtype = self._output_dtype(P, dtype)
+        X = self._check_positives(X)
+        dtype = self._output_dtype(X, dtype)
         params = self._solver_params()
-        if is_dask_array(P):
-            return map_rows(_encode_exemplars, P,
+        if is_dask_array(X):
+            return map_rows(_encode_exemplars, X,
                             (shared(self.negatives_), shared(self.mean_), params),
-                            self.n_features_in_, dtype, "P", "esvm-encode")
-        check_finite_rows(P, "P")
-        return _encode_exemplars(np.asarray(P), self.negatives_, self.mean_,
+                            self.n_features_in_, dtype, "X", "esvm-encode")
+        check_finite_rows(X, "X")
+        return _encode_exemplars(np.asarray(X), self.negatives_, self.mean_,
                                  params).astype(dtype, copy=False)
 
     def exemplars(self, P) -> tuple[np.ndarray, np.ndarray]:
@@ -141,8 +141,7 @@ class ESVM(SLEMEstimator):
         solver; b is then the exact minimizer of J for that W (one pass over the
         negatives, :func:`slem_dask.core.esvm.optimal_bias`)."""
         self._check_params()
-        P = self._check_positives(P)
-        P = np.asarray(P)
+        P = np.asarray(self._check_positives(P, "P"))
         check_finite_rows(P, "P")
         params = self._solver_params()
         W = np.empty(P.shape)

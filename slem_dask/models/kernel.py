@@ -178,7 +178,7 @@ class KernelSLEM(SLEMEstimator):
                         self.pivot_factor_, self.factor_mean_, self.g_factor_, self.pivots_,
                         getattr(self, "negatives_", None), getattr(self, "factor_", None))
 
-    def transform(self, P, dtype=None, normalize: str = "h"):
+    def transform(self, X, dtype=None, normalize: str = "h"):
         """Explicit SLEM vectors z (n_p, r_), one row per positive.
 
         z = beta / N with beta = G^-1 (v - mu) and N = sqrt(|beta|^2 + u^2 / lam^2)
@@ -213,24 +213,24 @@ class KernelSLEM(SLEMEstimator):
         (no exact relation to s; slightly better rankings than "h" in the
         experiment above, 0.72 and 0.98).
 
-        numpy in, numpy out; dask in, lazy dask out with the row chunks of ``P``.
+        numpy in, numpy out; dask in, lazy dask out with the row chunks of ``X``.
         ``dtype``: of the result (default: the input's, float32 stays float32; computed in float64).
         """
         if normalize not in ("h", "unit"):
             raise ValueError(f"normalize must be 'h' (rows beta / |h|) or 'unit' (rows "
                              f"beta / |beta|), got {normalize!r}")
-        P = self._check_positives(P)
-        dtype = self._output_dtype(P, dtype)
+        X = self._check_positives(X)
+        dtype = self._output_dtype(X, dtype)
         enc = self._encoder()
         unit = normalize == "unit"
-        if is_dask_array(P):
+        if is_dask_array(X):
             r = self.rank_
-            return P.map_blocks(_encode_block, shared(enc), "P", dtype, unit, dtype=dtype,
-                                chunks=(P.chunks[0], (r,)),
+            return X.map_blocks(_encode_block, shared(enc), "X", dtype, unit, dtype=dtype,
+                                chunks=(X.chunks[0], (r,)),
                                 meta=np.empty((0, r), dtype=dtype),
                                 name="kslem-encode-" + dask.base.tokenize(
-                                    P, self.fingerprint_, dtype, unit))
-        return _encode_block(P, enc, "P", dtype, unit)
+                                    X, self.fingerprint_, dtype, unit))
+        return _encode_block(X, enc, "X", dtype, unit)
 
     def similarity(self, P, Q):
         """Exact matching scores s(x0, x0') with the residual cross term, (len(P), len(Q)).
