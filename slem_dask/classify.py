@@ -1,12 +1,12 @@
 """Several positives per class: SLEM class-centroid classifiers and a multi-class SVM.
 
-* :class:`CentroidSLEMClassifier`: for each class, the SLEM of eq. omega:solution
-  with x0 the centre of mass of the class's examples (slem_linear.tex, "LDA and
-  SLEM"): w_c proportional to A^-1 (centroid_c - mu), nu_c its bias; with theta = 1
-  it is LDA's b' = -(x0 + mu)^T w / 2 (eq. lda) up to the norm of w.
+* :class:`CentroidSLEMClassifier`: for each class, the SLEM closed form
+  (docs/math.md#closed-form) with x0 the centre of mass of the class's examples
+  (docs/math.md#lda): w_c proportional to A^-1 (centroid_c - mu), nu_c its bias; with
+  theta = 1 it is LDA's b' = -(x0 + mu)^T w / 2 up to the norm of w.
   Predicts argmax_c w_c.x + nu_c.
 * :class:`MulticlassSVM`: Crammer-Singer multi-class linear SVM trained by
-  stochastic sub-gradient (:mod:`slem_dask.core.multiclass`), used on raw
+  stochastic sub-gradient (docs/math.md#multiclass-svm), used on raw
   features or on SLEM vectors.
 * :func:`compare_classifiers`: accuracy of these against raw features.
 

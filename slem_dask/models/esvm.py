@@ -1,4 +1,4 @@
-"""Exemplar SVM encoder (hinge loss, Pegasos), the baseline of slem_linear.tex sec. esvm."""
+"""Exemplar SVM encoder (hinge loss, Pegasos), the baseline of docs/math.md#esvm."""
 
 from __future__ import annotations
 
@@ -37,7 +37,7 @@ class ESVM(SLEMEstimator):
     """Hinge-loss exemplar SVM of each positive against the negatives.
 
     Minimizes J(w, b) = theta hinge(1, w.x0 + b) + (1/n) sum_i hinge(-1, w.x_i + b)
-    + lam/2 |w|^2 (slem_linear.tex, eq. first) by mini-batch Pegasos, for many
+    + lam/2 |w|^2 (docs/math.md#esvm) by mini-batch Pegasos, for many
     positives at once (see :mod:`slem_dask.core.esvm` for the solver).
 
     Parameters
@@ -163,7 +163,7 @@ class ESVM(SLEMEstimator):
         return W[0], float(b[0])
 
     def objective(self, P, W, b) -> np.ndarray:
-        """J(w_j, b_j) of eq. first for row j of ``P`` (one value per row)."""
+        """J(w_j, b_j) (docs/math.md#esvm) for row j of ``P`` (one value per row)."""
         self._check_fitted()
         return hinge_objective(W, b, P, self.negatives_, float(self.lam), float(self.theta))
 

@@ -1,4 +1,4 @@
-"""The linear square-loss exemplar machine (slem_linear.tex)."""
+"""The linear square-loss exemplar machine (docs/math.md#linear-objective)."""
 
 from __future__ import annotations
 
@@ -27,10 +27,10 @@ class LinearSLEM(SLEMEstimator):
     Parameters
     ----------
     lam : float > 0
-        Ridge parameter lambda of J(w, nu) (slem_linear.tex, eq. first).
+        Ridge parameter lambda of J(w, nu) (docs/math.md#linear-objective).
     theta : float > 0
         Weight of the positive exemplar. It scales w* but not its direction
-        (eq. Wood:omega), so it changes :meth:`exemplar` only, never
+        (docs/math.md#theta), so it changes :meth:`exemplar` only, never
         :meth:`transform` or :meth:`similarity`.
     precision : "auto" or "float64"
         Arithmetic inside a block. "auto" (default): float32 input is computed
