@@ -7,7 +7,7 @@ d dimensions; rbf kernel. For each rank r, printed:
 
 * trace_error = tr(K - F F^T) / tr(K) of
   - greedy pivoting (``KernelSLEM(pivoting="greedy")``, the max residual
-    diagonal rule of kernel_slem_efficient.tex),
+    diagonal rule, docs/math.md#icd),
   - randomly pivoted Cholesky (``pivoting="rpcholesky"``, accelerated block
     form), mean and max over ``--seeds`` seeds,
   - uniform Nystrom: r pivots drawn uniformly without replacement,

@@ -4,22 +4,63 @@ Every estimator and classifier of slem-dask inherits :class:`EstimatorProtocol`:
 ``get_params(deep=True)``, ``set_params(**params)``, ``__sklearn_tags__`` (scikit-learn
 >= 1.6) and ``_more_tags`` (older versions), which is what ``sklearn.base.clone``,
 ``Pipeline``, ``GridSearchCV`` and ``cross_val_score`` call. scikit-learn is imported
-only inside ``__sklearn_tags__``, which only scikit-learn itself calls.
+only inside ``__sklearn_tags__``, which only scikit-learn itself calls, and when
+:class:`NotFittedError` or :class:`DataConversionWarning` is first used.
 """
 
 from __future__ import annotations
 
 import inspect
+import threading
 
-__all__ = ["EstimatorProtocol", "NotFittedError"]
+__all__ = ["EstimatorProtocol", "NotFittedError", "DataConversionWarning"]
+
+_NOT_FITTED_DOC = """Raised when a model is used before ``fit`` (or ``load_model``).
+
+Where scikit-learn is importable it subclasses ``sklearn.exceptions.NotFittedError``
+(so ``check_estimator`` and code written for scikit-learn estimators catch it);
+otherwise it is, like that class, a ValueError and an AttributeError. Either way
+also a RuntimeError, as in earlier versions of slem-dask.
+"""
+
+_CONVERSION_DOC = """Warned when an input is converted to the form expected (a column-vector y
+raveled): ``sklearn.exceptions.DataConversionWarning`` where scikit-learn is
+importable, else a UserWarning of the same name.
+"""
 
 
-class NotFittedError(RuntimeError, ValueError, AttributeError):
-    """Raised when a model is used before ``fit`` (or ``load_model``).
+def _sklearn_twin(name: str, fallback: tuple[type, ...], extra: tuple[type, ...], doc: str):
+    """A class named ``name`` deriving from scikit-learn's class of that name if it
+    imports, else from ``fallback``; ``extra`` bases in both cases."""
+    try:
+        import sklearn.exceptions
+    except ImportError:
+        bases = fallback
+    else:
+        bases = (getattr(sklearn.exceptions, name),)
+    return type(name, bases + extra, {"__doc__": doc, "__module__": __name__})
 
-    Also a ValueError and an AttributeError, like scikit-learn's NotFittedError,
-    so that code written for scikit-learn estimators catches it.
-    """
+
+_TWINS = {
+    "NotFittedError": lambda: _sklearn_twin("NotFittedError", (ValueError, AttributeError),
+                                            (RuntimeError,), _NOT_FITTED_DOC),
+    "DataConversionWarning": lambda: _sklearn_twin("DataConversionWarning", (UserWarning,),
+                                                   (), _CONVERSION_DOC),
+}
+_TWINS_LOCK = threading.Lock()
+
+
+def __getattr__(name: str):
+    # Built on first use (PEP 562): importing scikit-learn takes most of a second, which
+    # importing slem-dask (and every Dask worker that unpickles a model) need not pay.
+    # Under a lock so that every thread sees the one class (an except clause compares
+    # classes, not names).
+    if name not in _TWINS:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    with _TWINS_LOCK:
+        if name not in globals():
+            globals()[name] = _TWINS[name]()
+    return globals()[name]
 
 
 class EstimatorProtocol:

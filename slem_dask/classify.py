@@ -1,12 +1,12 @@
 """Several positives per class: SLEM class-centroid classifiers and a multi-class SVM.
 
-* :class:`CentroidSLEMClassifier`: for each class, the SLEM of eq. omega:solution
-  with x0 the centre of mass of the class's examples (slem_linear.tex, "LDA and
-  SLEM"): w_c proportional to A^-1 (centroid_c - mu), nu_c its bias; with theta = 1
-  it is LDA's b' = -(x0 + mu)^T w / 2 (eq. lda) up to the norm of w.
+* :class:`CentroidSLEMClassifier`: for each class, the SLEM closed form
+  (docs/math.md#closed-form) with x0 the centre of mass of the class's examples
+  (docs/math.md#lda): w_c proportional to A^-1 (centroid_c - mu), nu_c its bias; with
+  theta = 1 it is LDA's b' = -(x0 + mu)^T w / 2 up to the norm of w.
   Predicts argmax_c w_c.x + nu_c.
 * :class:`MulticlassSVM`: Crammer-Singer multi-class linear SVM trained by
-  stochastic sub-gradient (:mod:`slem_dask.core.multiclass`), used on raw
+  stochastic sub-gradient (docs/math.md#multiclass-svm), used on raw
   features or on SLEM vectors.
 * :func:`compare_classifiers`: accuracy of these against raw features.
 
@@ -18,10 +18,12 @@ from __future__ import annotations
 
 import numbers
 import time
+import warnings
 
 import numpy as np
 
-from ._estimator import EstimatorProtocol, NotFittedError
+from . import _estimator
+from ._estimator import EstimatorProtocol
 from .core.linear import exemplar_solution
 from .core.multiclass import crammer_singer_sgd, multiclass_hinge_objective
 from .core.whitening import normalize_rows
@@ -31,22 +33,36 @@ from .validation import check_finite_rows, check_n_features, check_positive_floa
 __all__ = ["CentroidSLEMClassifier", "MulticlassSVM", "compare_classifiers"]
 
 
+def _check_target(y, n_rows: int, name: str = "X", stacklevel: int = 3) -> np.ndarray:
+    """y as a 1-D array of n_rows labels; a column vector (n, 1) is raveled with a
+    DataConversionWarning, as scikit-learn's estimators do."""
+    y = np.asarray(y)
+    if y.ndim == 2 and y.shape[1] == 1:
+        # no quotes in the message: scikit-learn's check matches the warning's repr
+        warnings.warn(_estimator.DataConversionWarning(
+            f"A column-vector y was passed when a 1d array was expected: y has shape "
+            f"{y.shape}, read as one label per row of {name}; pass y.ravel() to silence "
+            f"this warning"), stacklevel=stacklevel)
+        y = y.ravel()
+    if y.ndim != 1 or len(y) != n_rows:
+        raise ValueError(
+            f"y must be 1-D with one label per row of {name} ({n_rows} rows), got shape "
+            f"{y.shape}"
+        )
+    return y
+
+
 def _check_labelled(X, y, name="X"):
     X = np.asarray(check_rows(X, name))
     check_finite_rows(X, name)
     if y is None:
         raise ValueError("this classifier requires y to be passed, but the target y is None; "
                          "give one class label per row of X")
-    y = np.asarray(y)
+    y = _check_target(y, len(X), name, stacklevel=4)  # warn at the caller of fit
     if y.dtype.kind == "f" and not np.all(np.mod(y[np.isfinite(y)], 1) == 0) \
             or y.dtype.kind == "f" and not np.all(np.isfinite(y)):
         raise ValueError("Unknown label type: y holds continuous values (floats that are not "
                          "whole numbers, or NaN); a classifier needs class labels")
-    if y.ndim != 1 or len(y) != len(X):
-        raise ValueError(
-            f"y must be 1-D with one label per row of {name} ({len(X)} rows), got shape "
-            f"{y.shape}"
-        )
     classes, codes = np.unique(y, return_inverse=True)
     if len(classes) < 2:
         raise ValueError(f"y has {len(classes)} class(es); at least 2 are needed to classify")
@@ -64,7 +80,8 @@ class _Classifier(EstimatorProtocol):
 
     def _check_fitted(self):
         if not hasattr(self, "coef_"):
-            raise NotFittedError(f"this {type(self).__name__} is not fitted yet; call fit(X, y)")
+            raise _estimator.NotFittedError(
+                f"this {type(self).__name__} is not fitted yet; call fit(X, y)")
 
     def _scores(self, X) -> np.ndarray:
         self._check_fitted()
@@ -88,7 +105,8 @@ class _Classifier(EstimatorProtocol):
 
     def score(self, X, y) -> float:
         """Accuracy on (X, y)."""
-        return float(np.mean(self.predict(X) == np.asarray(y)))
+        predicted = self.predict(X)
+        return float(np.mean(predicted == _check_target(y, len(predicted))))
 
 
 class CentroidSLEMClassifier(_Classifier):

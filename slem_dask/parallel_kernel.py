@@ -18,7 +18,7 @@ one pass over the blocks and one small round trip to the caller:
    (``SPLIT_EVERY`` wide) into one small summary, which the caller computes;
 4. the caller picks the pivots of the round (greedy: the best proposal;
    rpcholesky: the accept/reject pass of :func:`core.cholesky.accept_candidates`
-   on the candidates' residual block) and extends L = F(I, :).
+   on the candidates' residual block, docs/math.md#rpcholesky) and extends L = F(I, :).
 
 Per round: one task per block plus the merge tree; one ``dask.persist``
 (the new block states and the summary, together) and the compute of the
@@ -26,7 +26,7 @@ summary, which is already in memory. Greedy takes one pivot per round (r + 1
 rounds: the pivot rule needs the global maximum after every pivot);
 rpcholesky takes many (about r / acceptance-per-round rounds). The final
 round appends the last pivots and returns, instead of proposals, the Chan
-statistics (:mod:`core.statistics`) of the rows of F: mean row and centred
+statistics (:mod:`core.statistics`, docs/math.md#chan-merge) of the rows of F: mean row and centred
 scatter, merged in float64 by the same tree. F itself never leaves the
 workers unless ``gather=True`` (the exact mode, modest n).
 
@@ -314,7 +314,7 @@ def _choose(summary: _Summary, cfg: CholeskyConfig, t: int, floor: float, round_
         rows, f_rows = prop["rows"], prop["f_rows"]
         indices, sampled = prop["index"], prop["diag"]
         uniforms = np.random.default_rng([cfg.seed, round_no, 2]).random(len(indices))
-    # Residual block of the candidates; erratum 1: K(i, i) - sum_m B(i, m)^2.
+    # Residual block of the candidates: K(i, i) - sum_m F(i, m)^2 (docs/math.md#icd).
     # Small products (at most RP_CANDIDATES rows), on one BLAS thread: the caller's
     # idle BLAS threads would otherwise spin on the cores the next pass runs on.
     with factorization_threads(len(rows)):

@@ -1,7 +1,7 @@
 """Brute-force reference implementations the tests compare the library against.
 
 Nothing here imports slem_dask: each function is a direct, slow transcription
-of a definition (the objective J of slem_linear.tex, eq. first; the textbook
+of a definition (the objective J of docs/math.md#linear-objective; the textbook
 covariance; a full sort; the loop form of average precision; Oxford's
 compute_ap), so an error in the library's closed forms or fast paths cannot
 hide in the reference too.

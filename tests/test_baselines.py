@@ -134,7 +134,7 @@ def test_esvm_bad_input(small):
     with pytest.raises(RuntimeError, match="not fitted"):
         ESVM().transform(pos)
     model = ESVM(n_iter=5).fit(neg)
-    with pytest.raises(ValueError, match="P has 15 features"):
+    with pytest.raises(ValueError, match="X has 15 features"):
         model.transform(pos[:, :15])
     bad = pos.copy()
     bad[1, 0] = np.nan
@@ -196,7 +196,7 @@ def test_raw_features(small, tmp_path):
     lazy = model.transform(da.from_array(x, chunks=(4, 16)))
     np.testing.assert_allclose(lazy.compute(), model.transform(x))
     assert model.transform(np.zeros((1, 16)))[0].tolist() == [0.0] * 16
-    with pytest.raises(ValueError, match="P has 3 features"):
+    with pytest.raises(ValueError, match="X has 3 features"):
         model.transform(pos[:, :3])
     model.save(str(tmp_path / "raw.zarr"))
     assert isinstance(load_model(str(tmp_path / "raw.zarr")), RawFeatures)

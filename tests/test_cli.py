@@ -428,7 +428,7 @@ def test_encode_nonfinite_rows_found_mid_run_leave_no_output(scheduler, bad_inpu
     code, _, err = run(capsys, *encode_args(scheduler, model_path, bad_inputs[kind], out_path,
                                             "--partition-rows", "8"))
     assert code != 0
-    # named by the store, not by the estimator's parameter ("P has ..."); the first
+    # named by the store, not by the estimator's parameter ("X has ..."); the first
     # partition found with such rows is reported, so the count may be part of ``rows``
     prefix = f"slem-dask encode: error: positives {str(bad_inputs[kind])!r}: "
     assert err.startswith(prefix), err

@@ -173,7 +173,7 @@ def test_column_chunked_input_says_how_to_rechunk(data, numpy_model):
     X, P = data
     with pytest.raises(ValueError, match=r"chunked along columns.*X\.rechunk\(\{1: -1\}\)"):
         LinearSLEM().fit(da.from_array(X, chunks=(40, 3)))
-    with pytest.raises(ValueError, match=r"chunked along columns.*P\.rechunk\(\{1: -1\}\)"):
+    with pytest.raises(ValueError, match=r"chunked along columns.*X\.rechunk\(\{1: -1\}\)"):
         numpy_model.transform(da.from_array(P, chunks=(40, 3)))
     # ... and the advice works
     fixed = LinearSLEM(lam=0.05, theta=2.0).fit(da.from_array(X, chunks=(40, 3)).rechunk({1: -1}))
@@ -188,7 +188,7 @@ def test_unknown_chunks_say_compute_chunk_sizes(data, numpy_model):
     with pytest.raises(ValueError, match=r"unknown row chunk sizes.*X\.compute_chunk_sizes\(\)"):
         LinearSLEM().fit(unknown)
     Pd = da.from_array(P, chunks=(30, D))
-    with pytest.raises(ValueError, match=r"P\.compute_chunk_sizes\(\)"):
+    with pytest.raises(ValueError, match=r"X\.compute_chunk_sizes\(\)"):
         numpy_model.transform(Pd[Pd[:, 0] > -np.inf])
     fixed = LinearSLEM(lam=0.05, theta=2.0).fit(unknown.compute_chunk_sizes())
     np.testing.assert_allclose(fixed.precision_, numpy_model.precision_, rtol=1e-12)
@@ -219,5 +219,5 @@ def test_nonfinite_dask_positives_raise_on_compute(data, numpy_model):
     P = data[1].copy()
     P[[21, 22], 0] = np.nan
     Z = numpy_model.transform(da.from_array(P, chunks=(20, D)))  # lazy: no error yet
-    with pytest.raises(ValueError, match=r"P has 2 row\(s\) with NaN or inf \(rows 21, 22\)"):
+    with pytest.raises(ValueError, match=r"X has 2 row\(s\) with NaN or inf \(rows 21, 22\)"):
         Z.compute(scheduler="sync")

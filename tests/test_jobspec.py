@@ -209,7 +209,7 @@ out = "{tmp_path}/data.zarr/kencoded"
 
 
 def test_theta_changes_no_encoding_so_outputs_are_kept(tmp_path, capsys):
-    """theta scales w* only (slem_linear.tex, eq. Wood:omega): a model refitted with another
+    """theta scales w* only (docs/math.md#theta): a model refitted with another
     theta encodes identically, and its outputs stay valid."""
     rng = np.random.default_rng(6)
     _write(tmp_path, rng.standard_normal((300, 12)).astype("float32"),

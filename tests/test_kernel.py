@@ -1,10 +1,10 @@
 """Kernel SLEM against brute-force dense references kept in this file.
 
 References: kernels written element by element; the textbook greedy pivoted
-Cholesky on the dense kernel matrix (kernel_slem_efficient.tex eq. icd:algo
-with erratum 1); and the kernel exemplar problem of kernel_slem_note.tex,
-eq. square, solved densely through the representer theorem on a set of
-support points, intercept included.
+Cholesky on the dense kernel matrix (docs/math.md#icd, erratum 1 applied); and
+the kernel exemplar problem (docs/math.md#kernel-primal, square loss), solved
+densely through the representer theorem on a set of support points, intercept
+included.
 """
 
 from __future__ import annotations
@@ -55,7 +55,7 @@ def dense_pivoted_cholesky(K, rank):
     for t in range(rank):
         i = int(np.argmax(d))
         pivots.append(i)
-        piv = np.sqrt(K[i, i] - F[i, :t] @ F[i, :t])  # erratum 1
+        piv = np.sqrt(K[i, i] - F[i, :t] @ F[i, :t])  # docs/math.md#icd (erratum 1)
         F[:, t] = (K[:, i] - F[:, :t] @ F[i, :t]) / piv
         F[i, t] = piv
         d = d - F[:, t] ** 2

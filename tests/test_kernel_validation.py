@@ -73,7 +73,7 @@ def test_nan_rows_are_rejected(X):
     with pytest.raises(ValueError, match=r"rows 5"):
         KernelSLEM(rank=3).fit(da.from_array(bad, chunks=(4, 4)))
     model = KernelSLEM(rank=3).fit(X)
-    with pytest.raises(ValueError, match="P has 1 row"):
+    with pytest.raises(ValueError, match="X has 1 row"):
         model.transform(bad[:6])
 
 

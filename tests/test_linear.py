@@ -1,7 +1,7 @@
 """Linear SLEM on numpy: the closed form against a brute-force minimization of J.
 
 J(w, nu) = theta/2 (w.x0 + nu - 1)^2 + 1/(2n) sum_i (w.x_i + nu + 1)^2 + lam/2 |w|^2
-(slem_linear.tex, eq. first, square loss).
+(docs/math.md#linear-objective, square loss).
 """
 
 import math
@@ -134,7 +134,7 @@ def test_similarity_is_cosine_of_encodings():
 
 
 def test_lda_direction_at_small_lambda():
-    """slem_linear.tex, "LDA and SLEM": as lam -> 0 the SLEM is LDA's Sigma^-1 (x0 - mu)."""
+    """docs/math.md#lda: as lam -> 0 the SLEM is LDA's Sigma^-1 (x0 - mu)."""
     X, x0 = make_problem(400, 5, 0.0, seed=4)
     z = LinearSLEM(lam=1e-12).fit(X).transform(x0[None])[0]
     lda = np.linalg.solve(np.cov(X, rowvar=False, bias=True), x0 - X.mean(axis=0))
@@ -192,14 +192,14 @@ def test_nonfinite_positives_raise_with_row_count():
     model = LinearSLEM().fit(rng.standard_normal((20, 3)))
     P = rng.standard_normal((9, 3))
     P[[1, 4, 8], 2] = [np.nan, np.inf, np.nan]
-    with pytest.raises(ValueError, match=r"P has 3 row\(s\) with NaN or inf \(rows 1, 4, 8\)"):
+    with pytest.raises(ValueError, match=r"X has 3 row\(s\) with NaN or inf \(rows 1, 4, 8\)"):
         model.transform(P)
     with pytest.raises(ValueError, match=r"x0 has 1 row\(s\) with NaN or inf"):
         model.exemplar(P[1])
 
 
 @pytest.mark.parametrize("P,message", [
-    (np.ones((4, 5)), "P has 5 features.* fitted on 3"),
+    (np.ones((4, 5)), "X has 5 features, but LinearSLEM is expecting 3 features.* fitted on 3"),
     (np.ones(3), "2-D"),
     (np.ones((2, 3, 1)), "2-D"),
     (np.ones((0, 3)), "0 rows"),

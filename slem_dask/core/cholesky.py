@@ -1,14 +1,13 @@
 """Pivoted incomplete Cholesky pieces and the kernel SLEM closed forms (pure numpy).
 
-Notation (kernel_slem_efficient.tex, section "Low-rank decomposition", and
-kernel_slem_note.tex, section "Efficient implementation"):
+Notation (docs/math.md#icd and docs/math.md#augmented-factor):
 
 * ``F`` (called B in the papers) is the n x r incomplete Cholesky factor of the
   negatives' kernel matrix K, columns in pivot order, K ~ F F^T;
 * ``I`` are the pivots and ``L = F(I, :)`` is lower triangular with
   L L^T = K(I, I); hence F = K(:, I) L^-T: a new point only needs the pivot
   rows and L;
-* for a positive x0: v = L^-1 k(X_I, x0), u^2 = k(x0, x0) - |v|^2 (Lemma 2),
+* for a positive x0: v = L^-1 k(X_I, x0), u^2 = k(x0, x0) - |v|^2,
   mu = mean row of F, G = F^T F / n - mu mu^T + lam I.
 
 The dask layer (:mod:`slem_dask.parallel_kernel`) maps the block functions
@@ -41,9 +40,9 @@ def new_columns(k_cols: np.ndarray, f_rows: np.ndarray, f_piv: np.ndarray,
 
     E = K(rows, T) - F(rows, :t) F(T, :t)^T is the residual (Schur complement)
     block, R the lower Cholesky factor of E(T, T); the new columns are
-    E R^-T. For one pivot this is kernel_slem_efficient.tex, eq. icd:algo:
+    E R^-T. For one pivot this is the recursion of docs/math.md#icd:
     B(J, t) = (K(J, i_t) - sum_m B(J, m) B(i_t, m)) / B(i_t, t), with
-    B(i_t, t) = sqrt(K(i_t, i_t) - sum_m B(i_t, m)^2) (erratum 1).
+    B(i_t, t) = sqrt(K(i_t, i_t) - sum_m B(i_t, m)^2) (erratum 1 applied).
     """
     resid = np.array(k_cols, dtype=np.float64, order="F", copy=True)
     if f_rows.shape[1]:
@@ -72,7 +71,7 @@ def accept_candidates(h: np.ndarray, sampled_diag: np.ndarray, uniforms: np.ndar
     Candidate j is accepted with probability h_jj / sampled_diag_j, where h_jj
     is its residual after eliminating the candidates accepted before it
     (Epperly, Tropp and Webber 2024, "Embrace rejection", block RPCholesky
-    with rejection sampling). Duplicates and candidates in the span of
+    with rejection sampling; docs/math.md#rpcholesky). Duplicates and candidates in the span of
     earlier ones have h_jj ~ 0 and are rejected. Greedy pivoting is the case
     of one candidate and ``uniforms = 0``.
 
@@ -107,7 +106,7 @@ def g_cholesky(scatter: np.ndarray, count: int, lam: float) -> np.ndarray:
 
     ``scatter`` is the centred scatter of the rows of F (Chan statistics), so
     F^T F / n - mu mu^T = scatter / n is never formed by cancellation
-    (kernel_slem_efficient.tex, definition of G under eq. wood2).
+    (docs/math.md#icd, docs/math.md#scatter).
     """
     g = scatter / count
     g = (g + g.T) * 0.5
@@ -117,7 +116,8 @@ def g_cholesky(scatter: np.ndarray, count: int, lam: float) -> np.ndarray:
 
 
 def _project(k_piv: np.ndarray, k_self: np.ndarray, pivot_factor: np.ndarray):
-    """v = L^-1 k(X_I, x0) and u^2 = k(x0, x0) - |v|^2 >= 0 for each row (Lemma 2)."""
+    """v = L^-1 k(X_I, x0) and u^2 = k(x0, x0) - |v|^2 >= 0 for each row
+    (docs/math.md#augmented-factor)."""
     v = linalg.solve_triangular(pivot_factor, k_piv.T, lower=True, check_finite=False).T
     u2 = k_self - np.einsum("ij,ij->i", v, v)
     np.maximum(u2, 0.0, out=u2)
@@ -128,9 +128,10 @@ def lowrank_parts(k_piv: np.ndarray, k_self: np.ndarray, pivot_factor: np.ndarra
                   mean: np.ndarray, g_factor: np.ndarray, lam: float):
     """(z, v, c) of the positives in the low-rank (MATLAB) model.
 
-    beta = G^-1 (v - mu), N = sqrt(|beta|^2 + u^2 / lam^2) (papers README,
-    "Facts checked numerically"); z = beta / N and c = 1 / (lam N), so that
-    s(x0, x0') = z.z' + c c' (k(x0, x0') - v.v'). A positive with N = 0
+    beta = G^-1 (v - mu), N = sqrt(|beta|^2 + u^2 / lam^2) (docs/math.md#lowrank-model);
+    z = beta / N and c = 1 / (lam N), so that
+    s(x0, x0') = z.z' + c c' (k(x0, x0') - v.v') (docs/math.md#kernel-similarity).
+    A positive with N = 0
     (v = mu and u = 0) has no direction and gets z = 0, c = 0.
     """
     v, u2 = _project(k_piv, k_self, pivot_factor)
@@ -146,18 +147,19 @@ def lowrank_parts(k_piv: np.ndarray, k_self: np.ndarray, pivot_factor: np.ndarra
 def exact_parts(k_neg: np.ndarray, k_piv: np.ndarray, k_self: np.ndarray,
                 pivot_factor: np.ndarray, factor: np.ndarray, pivots: np.ndarray,
                 mean: np.ndarray, g_factor: np.ndarray, lam: float, in_span: float = 1e-10):
-    """(z, v, c) of the positives with Lemma 2 of kernel_slem_efficient.tex (no w dropped).
+    """(z, v, c) of the positives with the augmented factor's w kept
+    (docs/math.md#augmented-factor, docs/math.md#block-inverse).
 
     For each positive, w(J) = (k0(J) - F_J v) / u, w(I) = 0 is the coordinate of
     every negative along the positive's residual direction e0 = (phi(x0) -
     projection) / u; the negatives' rows [w_i, F_i] and the positive's row
     [u, v] are exact coordinates in span{phi(X_I), phi(x0)}. Then
-    A = [[a00, a0^T], [a0, G]] (erratum 2), a00 = |w|^2/n - wbar^2 + lam,
-    a0 = F^T w / n - wbar mu, delta = [u - wbar; v - mu], and
-    beta = A^-1 delta by the block inverse with G^-1 (eq. wood2):
+    A = [[a00, a0^T], [a0, G]] (erratum 2 applied, docs/math.md#errata),
+    a00 = |w|^2/n - wbar^2 + lam, a0 = F^T w / n - wbar mu, delta = [u - wbar; v - mu], and
+    beta = A^-1 delta by the block inverse with G^-1:
     gamma = 1 / (a00 - a0^T G^-1 a0), beta0 = gamma (delta0 - a0^T G^-1 (v - mu)),
     beta_hat = G^-1 (v - mu) - beta0 G^-1 a0. theta only scales beta
-    (eq. beta:fromwood). Since (e0 | e0') = (k(x0, x0') - v.v') / (u u'),
+    (docs/math.md#theta). Since (e0 | e0') = (k(x0, x0') - v.v') / (u u'),
     z = beta_hat / |beta| and c = beta0 / (u |beta|) give
     s = z.z' + c c' (k(x0, x0') - v.v') as in :func:`lowrank_parts`.
     A positive with u^2 <= in_span * k(x0, x0) lies in the span of the pivots:

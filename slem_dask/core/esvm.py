@@ -1,18 +1,17 @@
-"""Hinge-loss exemplar SVM (E-SVM), the baseline SLEM replaces (slem_linear.tex, sec. esvm).
+"""Hinge-loss exemplar SVM (E-SVM), the baseline SLEM replaces (docs/math.md#esvm).
 
-For one positive x0 and negatives x_1 .. x_n the E-SVM minimizes eq. first with
-the hinge loss l(y, s) = max(0, 1 - y s):
+For one positive x0 and negatives x_1 .. x_n the E-SVM minimizes the exemplar
+objective (docs/math.md#linear-objective) with the hinge loss l(y, s) = max(0, 1 - y s):
 
     J(w, b) = theta * max(0, 1 - (w.x0 + b))
               + (1/n) sum_i max(0, 1 + w.x_i + b) + lam/2 |w|^2.
 
 It has no closed form; :func:`pegasos_exemplars` trains it by Pegasos-style
-stochastic sub-gradient steps (lecture_linear_classifiers_svm.md, "Pegasos
-Algorithm"), for a whole batch of positives at once: the rows of W (B, d) are
-independent problems that share the sampled negatives, so each step is one
-matrix product (B, d) x (d, m).
+stochastic sub-gradient steps (docs/math.md#esvm), for a whole batch of positives
+at once: the rows of W (B, d) are independent problems that share the sampled
+negatives, so each step is one matrix product (B, d) x (d, m).
 
-Details that differ from the lecture's textbook Pegasos, each exact or a pure
+Details that differ from textbook Pegasos, each exact or a pure
 step-size choice (none changes the minimizer):
 
 * the data are centred on the negatives' mean mu before training. Because b is
@@ -56,7 +55,7 @@ def _negative_scores(W: np.ndarray, negatives: np.ndarray, rows: int = _PASS_ROW
 
 
 def hinge_objective(W, b, positives, negatives, lam: float, theta: float) -> np.ndarray:
-    """J(w_j, b_j) of eq. first (hinge loss) for each row j of ``W`` with ``positives[j]``.
+    """J(w_j, b_j) (docs/math.md#esvm) for each row j of ``W`` with ``positives[j]``.
 
     W: (B, d); b: (B,); positives: (B, d); negatives: (n, d). Returns (B,).
     """

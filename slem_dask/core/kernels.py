@@ -1,7 +1,6 @@
-"""Kernel functions of the kernel SLEM (kernel_slem_note.tex, section "Kernelized version").
+"""Kernel functions of the kernel SLEM (docs/math.md#kernels).
 
-The kernels are those of the authors' MATLAB code (papers README, "Facts
-checked numerically"):
+The kernels are those of the authors' MATLAB code:
 
 =============  ==============================================================
 linear         k(x, y) = x.y

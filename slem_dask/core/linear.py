@@ -1,8 +1,8 @@
-"""Closed-form linear SLEM (slem_linear.tex).
+"""Closed-form linear SLEM (docs/math.md#closed-form).
 
-Notation follows the paper: negatives have mean ``mu`` and population
-covariance ``Sigma``; ``A = Sigma + lam I`` (section "Woodbury identity and
-matching scores"); ``delta = x0 - mu``.
+Notation (docs/math.md#notation): negatives have mean ``mu`` and population
+covariance ``Sigma``; ``A = Sigma + lam I`` (docs/math.md#woodbury);
+``delta = x0 - mu``.
 """
 
 from __future__ import annotations
@@ -24,14 +24,14 @@ __all__ = [
 
 
 def regularized_covariance(cov: np.ndarray, lam: float) -> np.ndarray:
-    """A = X X^T / n - mu mu^T + lam Id  (slem_linear.tex, definition of A)."""
+    """A = Sigma + lam Id (docs/math.md#woodbury)."""
     a = np.array(cov, dtype=np.float64, copy=True)
     a[np.diag_indices_from(a)] += lam
     return a
 
 
 def precision_matrix(cov: np.ndarray, lam: float) -> np.ndarray:
-    """A^-1, the one inverse shared by all positives (slem_linear.tex, eq. invU).
+    """A^-1, the one inverse shared by all positives (docs/math.md#woodbury).
 
     Computed from the Cholesky factor of A, which is positive definite for any
     lam > 0 because Sigma is positive semi-definite: LAPACK potrf then potri,
@@ -63,9 +63,10 @@ def _cholesky_inverse(a: np.ndarray, lam: float) -> np.ndarray:
 
 def encode_rows(rows: np.ndarray, mean: np.ndarray, precision: np.ndarray,
                 dtype=np.float64) -> np.ndarray:
-    """L2-normalized SLEM vectors of ``rows``: the direction of A^-1 (x0 - mu).
+    """L2-normalized SLEM vectors of ``rows``: the direction of A^-1 (x0 - mu)
+    (docs/math.md#encoder).
 
-    By slem_linear.tex, eq. Wood:omega, w* = 2 theta / (theta delta^T A^-1 delta
+    By docs/math.md#theta, w* = 2 theta / (theta delta^T A^-1 delta
     + theta + 1) A^-1 delta: theta and the scalar factor change only the norm,
     so the normalized vector is A^-1 delta / |A^-1 delta| for every theta.
     Centred before the product, so data far from the origin loses no digits.
@@ -120,9 +121,9 @@ def exemplar_solution(x0: np.ndarray, mean: np.ndarray, precision: np.ndarray,
     """Exact minimizer (w*, nu*) of J(w, nu) for one positive x0.
 
     w*  = 2 theta / (theta delta^T A^-1 delta + theta + 1) A^-1 delta
-          (slem_linear.tex, eq. Wood:omega, erratum 3 applied)
+          (docs/math.md#woodbury)
     nu* = (theta - 1)/(theta + 1) - (theta x0 + mu)^T w* / (theta + 1)
-          (slem_linear.tex, eq. omega:solution)
+          (docs/math.md#closed-form)
     ``theta x0 + mu`` is rewritten ``theta delta + (theta + 1) mu`` so that the
     large common offset of x0 and mu is never subtracted twice.
     """

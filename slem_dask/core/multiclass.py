@@ -1,16 +1,14 @@
 """Multi-class linear SVM (Crammer & Singer) trained by stochastic sub-gradient steps.
 
-lecture_multiclass_structured_latent_svm.md, "Multi-Class ... SVM" and the
-structured SVM with phi(x, y) = x placed in the block of class y and the 0/1
-label loss Delta(y, y_i) = [y != y_i]:
+docs/math.md#multiclass-svm: the structured SVM with phi(x, y) = x placed in the
+block of class y and the 0/1 label loss Delta(y, y_i) = [y != y_i]:
 
     R(W) = lam/2 |W|_F^2 + (1/N) sum_i max_y { Delta(y, y_i) + w_y.x_i - w_{y_i}.x_i }
 
-(the lecture's (1/2)|w|^2 + C sum ... with lam = 1/(C N)). Its sub-gradient at
+(the textbook (1/2)|w|^2 + C sum ... with lam = 1/(C N)). Its sub-gradient at
 sample i is x_i in row y^_i and -x_i in row y_i, with the loss-augmented
-prediction y^_i = argmax_y { Delta(y, y_i) + w_y.x_i }, and 0 if y^_i = y_i
-(lecture: "Simple: stochastic gradient descent"). Steps are Pegasos' with
-Bottou's offset, eta_t = 1 / (lam (t + t0)), over mini-batches, with suffix
+prediction y^_i = argmax_y { Delta(y, y_i) + w_y.x_i }, and 0 if y^_i = y_i.
+Steps are Pegasos' with Bottou's offset, eta_t = 1 / (lam (t + t0)), over mini-batches, with suffix
 averaging of the iterates, as in :mod:`slem_dask.core.esvm`.
 """
 

@@ -148,7 +148,7 @@ def average_precision(ranking, relevant, junk=(), mode: str = "non-interpolated"
     """Average precision of one ranked list of database indices.
 
     Junk items are removed from the ranking before precision is counted (the
-    Holidays / Oxford protocol). Relevant items that the ranking does not
+    Holidays / Oxford protocol, docs/math.md#map). Relevant items that the ranking does not
     contain (beyond k) count as never retrieved.
 
     mode="non-interpolated": mean over relevant items of the precision at the

@@ -1,10 +1,10 @@
 """Sufficient statistics of the negatives: count, mean and centred scatter.
 
 The scatter of a block is computed around the block's own mean and blocks are
-merged with the pairwise update of Chan, Golub and LeVeque (1979), so that the
-covariance never goes through the cancellation-prone ``X^T X / n - mu mu^T``
-(the form written in slem_linear.tex, eq. U, and kernel_slem_note.tex,
-eq. Sigmadef, which is algebraically equal).
+merged with the pairwise update of Chan, Golub and LeVeque (1979,
+docs/math.md#chan-merge), so that the covariance never goes through the
+cancellation-prone ``X^T X / n - mu mu^T`` (the form the source documents write,
+algebraically equal; docs/math.md#scatter).
 
 Precision contract. Statistics are merged across blocks in float64, always.
 Inside a block, float64 input (and any non-float32 input) is computed in
@@ -309,7 +309,7 @@ def merge_many(parts) -> ScatterStats:
 
 
 def covariance(stats: ScatterStats, in_place: bool = False) -> np.ndarray:
-    """Population covariance Sigma = scatter / n (kernel_slem_note.tex, eq. Sigmadef).
+    """Population covariance Sigma = scatter / n (docs/math.md#scatter).
 
     ``in_place``: divide ``stats.scatter`` itself (for a caller that owns it and
     needs it no more: no second d x d matrix, 512 MiB at d = 8192).

@@ -4,8 +4,8 @@ PCA whitening (Jegou & Chum, ECCV 2012) learned on the negatives: with
 Sigma = V diag(s) V^T, keep the top ``k`` eigenvectors and map
 x -> diag(s_k + eps)^(-1/2) V_k^T (x - mu), then L2-normalize. With k = d and
 eps = lam its cosine is (x - mu)^T A^-1 (x' - mu) / norms, A = Sigma + lam I;
-linear SLEM's is (x - mu)^T A^-2 (x' - mu) / norms (slem_linear.tex, eq.
-Wood:omega): the two differ by one power of A^-1.
+linear SLEM's is (x - mu)^T A^-2 (x' - mu) / norms: the two differ by one power
+of A^-1 (docs/math.md#whitening).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The estimators: one module per model, sharing :mod:`.base`."""
 
-from .base import MODEL_CLASSES, NotFittedError, SLEMEstimator, load_model
+from .base import MODEL_CLASSES, SLEMEstimator, load_model
 from .kernel import KernelSLEM
 from .esvm import ESVM
 from .linear import LinearSLEM
@@ -9,3 +9,11 @@ from .whitening import PCAWhitening
 
 __all__ = ["LinearSLEM", "KernelSLEM", "ESVM", "PCAWhitening", "RawFeatures",
            "SLEMEstimator", "NotFittedError", "load_model", "MODEL_CLASSES"]
+
+
+def __getattr__(name: str):  # NotFittedError is built on first use (see slem_dask._estimator)
+    if name == "NotFittedError":
+        from .. import _estimator
+
+        return _estimator.NotFittedError
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

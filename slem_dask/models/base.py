@@ -4,11 +4,18 @@ from __future__ import annotations
 
 import numpy as np
 
-from .. import storage
-from .._estimator import EstimatorProtocol, NotFittedError
-from ..validation import check_n_features, check_rows, is_dask_array
+from .. import _estimator, storage
+from .._estimator import EstimatorProtocol
+from ..validation import check_finite_rows, check_n_features, check_rows, is_dask_array
 
 __all__ = ["SLEMEstimator", "load_model", "MODEL_CLASSES", "NotFittedError"]
+
+
+def __getattr__(name: str):  # NotFittedError is built on first use (see slem_dask._estimator)
+    if name == "NotFittedError":
+        return _estimator.NotFittedError
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 #: Model name (as written in a store) -> class; filled by each model module.
 MODEL_CLASSES: dict[str, type] = {}
@@ -46,7 +53,7 @@ class SLEMEstimator(EstimatorProtocol):
     # -- fitted state -------------------------------------------------
     def _check_fitted(self) -> None:
         if not hasattr(self, "n_features_in_"):
-            raise NotFittedError(
+            raise _estimator.NotFittedError(
                 f"this {type(self).__name__} is not fitted yet; call fit(X) with the "
                 f"negatives, or load a fitted model with slem_dask.load_model(path)"
             )
@@ -60,11 +67,14 @@ class SLEMEstimator(EstimatorProtocol):
         return np.dtype(np.float32 if np.dtype(p.dtype).itemsize <= 4
                         and np.issubdtype(p.dtype, np.floating) else np.float64)
 
-    def _check_positives(self, p, name: str = "P"):
+    def _check_positives(self, X, name: str = "X"):
+        """Rows to encode: fitted model, 2-D, as many features as the negatives. The
+        message for a wrong count is scikit-learn's ("X has 1 features, but LinearSLEM
+        is expecting 4 features as input"), with how to fix it."""
         self._check_fitted()
-        p = check_rows(p, name)
-        check_n_features(p, self.n_features_in_, name, fitted_on=type(self).__name__)
-        return p
+        X = check_rows(X, name)
+        check_n_features(X, self.n_features_in_, name, fitted_on=type(self).__name__)
+        return X
 
     # -- persistence --------------------------------------------------
     def _state(self) -> tuple[dict, dict[str, np.ndarray]]:
@@ -109,6 +119,11 @@ class SLEMEstimator(EstimatorProtocol):
 
         Shape (len(p), len(q)), float64; numpy unless either input is a dask array.
         """
+        # checked here so that messages name P and Q, not transform's X
+        for rows, name in ((p, "P"), (q, "Q")):
+            rows = self._check_positives(rows, name)
+            if not is_dask_array(rows):
+                check_finite_rows(np.asarray(rows), name)
         zp = self.transform(p, dtype=np.float64)
         zq = self.transform(q, dtype=np.float64)
         if is_dask_array(zp) or is_dask_array(zq):

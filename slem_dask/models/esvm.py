@@ -1,4 +1,4 @@
-"""Exemplar SVM encoder (hinge loss, Pegasos), the baseline of slem_linear.tex sec. esvm."""
+"""Exemplar SVM encoder (hinge loss, Pegasos), the baseline of docs/math.md#esvm."""
 
 from __future__ import annotations
 
@@ -37,7 +37,7 @@ class ESVM(SLEMEstimator):
     """Hinge-loss exemplar SVM of each positive against the negatives.
 
     Minimizes J(w, b) = theta hinge(1, w.x0 + b) + (1/n) sum_i hinge(-1, w.x_i + b)
-    + lam/2 |w|^2 (slem_linear.tex, eq. first) by mini-batch Pegasos, for many
+    + lam/2 |w|^2 (docs/math.md#esvm) by mini-batch Pegasos, for many
     positives at once (see :mod:`slem_dask.core.esvm` for the solver).
 
     Parameters
@@ -117,23 +117,23 @@ class ESVM(SLEMEstimator):
         return self
 
     # -- encode -------------------------------------------------------
-    def transform(self, P, dtype=None):
-        """L2-normalized E-SVM weight vector w of each row of ``P``.
+    def transform(self, X, dtype=None):
+        """L2-normalized E-SVM weight vector w of each row of ``X``.
 
         numpy in, numpy out; dask in, lazy dask out (one task per row block,
         the negatives entering the graph once through :func:`parallel.shared`).
         ``dtype``: of the result (default: the input's, float32 stays float32; computed in float64).
         """
         self._check_params()
-        P = self._check_positives(P)
-        dtype = self._output_dtype(P, dtype)
+        X = self._check_positives(X)
+        dtype = self._output_dtype(X, dtype)
         params = self._solver_params()
-        if is_dask_array(P):
-            return map_rows(_encode_exemplars, P,
+        if is_dask_array(X):
+            return map_rows(_encode_exemplars, X,
                             (shared(self.negatives_), shared(self.mean_), params),
-                            self.n_features_in_, dtype, "P", "esvm-encode")
-        check_finite_rows(P, "P")
-        return _encode_exemplars(np.asarray(P), self.negatives_, self.mean_,
+                            self.n_features_in_, dtype, "X", "esvm-encode")
+        check_finite_rows(X, "X")
+        return _encode_exemplars(np.asarray(X), self.negatives_, self.mean_,
                                  params).astype(dtype, copy=False)
 
     def exemplars(self, P) -> tuple[np.ndarray, np.ndarray]:
@@ -141,8 +141,7 @@ class ESVM(SLEMEstimator):
         solver; b is then the exact minimizer of J for that W (one pass over the
         negatives, :func:`slem_dask.core.esvm.optimal_bias`)."""
         self._check_params()
-        P = self._check_positives(P)
-        P = np.asarray(P)
+        P = np.asarray(self._check_positives(P, "P"))
         check_finite_rows(P, "P")
         params = self._solver_params()
         W = np.empty(P.shape)
@@ -164,7 +163,7 @@ class ESVM(SLEMEstimator):
         return W[0], float(b[0])
 
     def objective(self, P, W, b) -> np.ndarray:
-        """J(w_j, b_j) of eq. first for row j of ``P`` (one value per row)."""
+        """J(w_j, b_j) (docs/math.md#esvm) for row j of ``P`` (one value per row)."""
         self._check_fitted()
         return hinge_objective(W, b, P, self.negatives_, float(self.lam), float(self.theta))
 

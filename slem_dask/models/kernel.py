@@ -1,4 +1,4 @@
-"""The kernel square-loss exemplar machine (kernel_slem_note.tex, kernel_slem_efficient.tex)."""
+"""The kernel square-loss exemplar machine (docs/math.md#kernel-primal and what follows it)."""
 
 from __future__ import annotations
 
@@ -55,12 +55,12 @@ class KernelSLEM(SLEMEstimator):
         up to n pivots, i.e. O(n^3) time: give a rank for large n).
     pivoting : "greedy" or "rpcholesky"
         greedy: the largest residual diagonal at every step (the rule of
-        kernel_slem_efficient.tex); one pass over the negatives per pivot.
+        docs/math.md#icd); one pass over the negatives per pivot.
         rpcholesky: accelerated randomly pivoted Cholesky (Chen, Epperly, Tropp
-        and Webber 2025; Epperly, Tropp and Webber 2024): blocks of candidates
-        drawn in proportion to the residual diagonal, accepted or rejected with
-        a small Cholesky of their residual block, so one pass takes many
-        pivots. It is robust to outliers, which greedy pivoting picks first.
+        and Webber 2025; Epperly, Tropp and Webber 2024; docs/math.md#rpcholesky):
+        blocks of candidates drawn in proportion to the residual diagonal,
+        accepted or rejected with a small Cholesky of their residual block, so
+        one pass takes many pivots. It is robust to outliers, which greedy pivoting picks first.
     tol : float in [0, 1)
         Stop when the residual trace tr(K - F F^T) <= tol tr(K).
     random_state : int or None
@@ -68,8 +68,9 @@ class KernelSLEM(SLEMEstimator):
         pivots depend on the seed and on the row chunking of the negatives.
     exact : bool
         False (default): the low-rank model of the authors' code, per-positive
-        cost O(r d + r^2), independent of n. True: Lemma 2 of
-        kernel_slem_efficient.tex, which keeps the negatives' coordinates w
+        cost O(r d + r^2), independent of n (docs/math.md#lowrank-model). True: the
+        augmented factor with its column w (docs/math.md#augmented-factor,
+        docs/math.md#block-inverse), which keeps the negatives' coordinates w
         along each positive's own residual direction instead of dropping them.
         It keeps the negatives and the n x r factor in the model and costs
         O(n (d + r)) per positive: worth it only for modest n (say n r below
@@ -178,11 +179,11 @@ class KernelSLEM(SLEMEstimator):
                         self.pivot_factor_, self.factor_mean_, self.g_factor_, self.pivots_,
                         getattr(self, "negatives_", None), getattr(self, "factor_", None))
 
-    def transform(self, P, dtype=None, normalize: str = "h"):
+    def transform(self, X, dtype=None, normalize: str = "h"):
         """Explicit SLEM vectors z (n_p, r_), one row per positive.
 
         z = beta / N with beta = G^-1 (v - mu) and N = sqrt(|beta|^2 + u^2 / lam^2)
-        the norm of the exemplar function h (papers README). The rows are
+        the norm of the exemplar function h (docs/math.md#lowrank-model). The rows are
         normalized by |h|, *not* to unit length: |z|^2 = 1 - u^2 / (lam N)^2 <= 1,
         with equality only when the positive lies in the span of the pivots
         (u = 0). Their inner products are the matching scores with the
@@ -196,8 +197,8 @@ class KernelSLEM(SLEMEstimator):
         row a unit vector but replace k(x0, x0') - v.v' by u u', its
         Cauchy-Schwarz upper bound, giving large spurious scores to pairs of
         unrelated positives with large residuals; :meth:`similarity` gives
-        the exact s. With ``exact=True`` the same holds with the Lemma 2 beta
-        (z = beta_hat / |beta|).
+        the exact s. With ``exact=True`` the same holds with the block-inverse beta
+        (z = beta_hat / |beta|; docs/math.md#kernel-similarity).
 
         Consequence: the explicit vectors rank well only when the residuals
         are small (small ``trace_error_``). On the synthetic demo corpus
@@ -213,31 +214,31 @@ class KernelSLEM(SLEMEstimator):
         (no exact relation to s; slightly better rankings than "h" in the
         experiment above, 0.72 and 0.98).
 
-        numpy in, numpy out; dask in, lazy dask out with the row chunks of ``P``.
+        numpy in, numpy out; dask in, lazy dask out with the row chunks of ``X``.
         ``dtype``: of the result (default: the input's, float32 stays float32; computed in float64).
         """
         if normalize not in ("h", "unit"):
             raise ValueError(f"normalize must be 'h' (rows beta / |h|) or 'unit' (rows "
                              f"beta / |beta|), got {normalize!r}")
-        P = self._check_positives(P)
-        dtype = self._output_dtype(P, dtype)
+        X = self._check_positives(X)
+        dtype = self._output_dtype(X, dtype)
         enc = self._encoder()
         unit = normalize == "unit"
-        if is_dask_array(P):
+        if is_dask_array(X):
             r = self.rank_
-            return P.map_blocks(_encode_block, shared(enc), "P", dtype, unit, dtype=dtype,
-                                chunks=(P.chunks[0], (r,)),
+            return X.map_blocks(_encode_block, shared(enc), "X", dtype, unit, dtype=dtype,
+                                chunks=(X.chunks[0], (r,)),
                                 meta=np.empty((0, r), dtype=dtype),
                                 name="kslem-encode-" + dask.base.tokenize(
-                                    P, self.fingerprint_, dtype, unit))
-        return _encode_block(P, enc, "P", dtype, unit)
+                                    X, self.fingerprint_, dtype, unit))
+        return _encode_block(X, enc, "X", dtype, unit)
 
     def similarity(self, P, Q):
         """Exact matching scores s(x0, x0') with the residual cross term, (len(P), len(Q)).
 
-        s = [beta.beta' + (k(x0, x0') - v.v') / lam^2] / (N N') (kernel_slem_note.tex,
-        last equation of section "Efficient implementation", in the form of the
-        papers README); with ``exact=True`` the Lemma 2 solution. numpy unless
+        s = [beta.beta' + (k(x0, x0') - v.v') / lam^2] / (N N') (docs/math.md#kernel-similarity,
+        as in the authors' MATLAB code); with ``exact=True`` the block-inverse solution
+        (docs/math.md#block-inverse). numpy unless
         either input is a dask array (then lazy, chunked like P x Q).
         """
         P = self._check_positives(P, "P")

@@ -1,4 +1,4 @@
-"""The linear square-loss exemplar machine (slem_linear.tex)."""
+"""The linear square-loss exemplar machine (docs/math.md#linear-objective)."""
 
 from __future__ import annotations
 
@@ -27,10 +27,10 @@ class LinearSLEM(SLEMEstimator):
     Parameters
     ----------
     lam : float > 0
-        Ridge parameter lambda of J(w, nu) (slem_linear.tex, eq. first).
+        Ridge parameter lambda of J(w, nu) (docs/math.md#linear-objective).
     theta : float > 0
         Weight of the positive exemplar. It scales w* but not its direction
-        (eq. Wood:omega), so it changes :meth:`exemplar` only, never
+        (docs/math.md#theta), so it changes :meth:`exemplar` only, never
         :meth:`transform` or :meth:`similarity`.
     precision : "auto" or "float64"
         Arithmetic inside a block. "auto" (default): float32 input is computed
@@ -108,23 +108,23 @@ class LinearSLEM(SLEMEstimator):
         return self
 
     # -- encode -------------------------------------------------------
-    def transform(self, P, dtype=None, precision: str | None = None):
-        """L2-normalized SLEM vector of every row of ``P`` (n_p, d).
+    def transform(self, X, dtype=None, precision: str | None = None):
+        """L2-normalized SLEM vector of every row of ``X`` (n_p, d), the positives.
 
-        numpy in, numpy out; dask in, lazy dask out with the row chunks of ``P``.
+        numpy in, numpy out; dask in, lazy dask out with the row chunks of ``X``.
         ``dtype`` is the dtype of the result (default: the input's; float32 in gives
         float32 out, other dtypes float64). ``precision`` (default: the model's):
-        float32 ``P`` is encoded in float32 under "auto" while A is well enough
+        float32 ``X`` is encoded in float32 under "auto" while A is well enough
         conditioned (see the class docstring), else in float64.
         """
-        P = self._check_positives(P)
-        dtype = self._output_dtype(P, dtype)
-        matrix = self._encoding_matrix(P.dtype, self.precision if precision is None
+        X = self._check_positives(X)
+        dtype = self._output_dtype(X, dtype)
+        matrix = self._encoding_matrix(X.dtype, self.precision if precision is None
                                        else check_precision(precision))
-        if is_dask_array(P):
-            return encode_blocks(P, shared(self.mean_), shared(matrix), dtype, "P")
-        check_finite_rows(P, "P")
-        return encode_rows(P, self.mean_, matrix, dtype=dtype)
+        if is_dask_array(X):
+            return encode_blocks(X, shared(self.mean_), shared(matrix), dtype, "X")
+        check_finite_rows(X, "X")
+        return encode_rows(X, self.mean_, matrix, dtype=dtype)
 
     def _encoding_matrix(self, dtype, precision: str) -> np.ndarray:
         """A^-1 in the dtype the encoding is computed in (the stored one stays float64)."""

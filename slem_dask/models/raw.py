@@ -30,17 +30,17 @@ class RawFeatures(SLEMEstimator):
         self.input_dtype_ = np.dtype(X.dtype).name
         return self
 
-    def transform(self, P, dtype=None):
-        """Each row of ``P`` divided by its L2 norm (numpy in/out, or lazy dask).
+    def transform(self, X, dtype=None):
+        """Each row of ``X`` divided by its L2 norm (numpy in/out, or lazy dask).
 
         ``dtype``: of the result (default: the input's, float32 stays float32; computed in float64).
         """
-        P = self._check_positives(P)
-        dtype = self._output_dtype(P, dtype)
-        if is_dask_array(P):
-            return map_rows(normalize_rows, P, (), P.shape[1], dtype, "P", "raw-normalize")
-        check_finite_rows(P, "P")
-        return normalize_rows(P, dtype)
+        X = self._check_positives(X)
+        dtype = self._output_dtype(X, dtype)
+        if is_dask_array(X):
+            return map_rows(normalize_rows, X, (), X.shape[1], dtype, "X", "raw-normalize")
+        check_finite_rows(X, "X")
+        return normalize_rows(X, dtype)
 
     def _state(self):
         info = {"n_samples": self.n_samples_, "n_features": self.n_features_in_,

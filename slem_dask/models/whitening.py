@@ -86,18 +86,18 @@ class PCAWhitening(SLEMEstimator):
         self.input_dtype_ = np.dtype(X.dtype).name
         return self
 
-    def transform(self, P, dtype=None):
+    def transform(self, X, dtype=None):
         """Whitened, L2-normalized rows (n_p, n_components_); numpy or lazy dask.
 
         ``dtype``: of the result (default: the input's, float32 stays float32; computed in float64).
         """
-        P = self._check_positives(P)
-        dtype = self._output_dtype(P, dtype)
-        if is_dask_array(P):
-            return map_rows(whiten_rows, P, (shared(self.mean_), shared(self.projection_)),
-                            self.n_components_, dtype, "P", "pca-whiten")
-        check_finite_rows(P, "P")
-        return whiten_rows(P, self.mean_, self.projection_, dtype)
+        X = self._check_positives(X)
+        dtype = self._output_dtype(X, dtype)
+        if is_dask_array(X):
+            return map_rows(whiten_rows, X, (shared(self.mean_), shared(self.projection_)),
+                            self.n_components_, dtype, "X", "pca-whiten")
+        check_finite_rows(X, "X")
+        return whiten_rows(X, self.mean_, self.projection_, dtype)
 
     def _state(self):
         info = {"n_samples": self.n_samples_, "n_features": self.n_features_in_,
