@@ -132,7 +132,7 @@ def test_a_clock_a_day_ahead_does_not_take_a_live_lease(corpus):
     pidns, skew = _other_pid_namespace(), _clock_a_day_ahead()
     out = corpus["dir"] / "out.zarr"
     a = _start(["encode", corpus["model"], corpus["positives"], str(out)], prefix=pidns,
-               SLOW_JOB_DELAY="1.5")
+               SLOW_JOB_DELAY="4")
     b = _cli("encode", "--model", corpus["model"], "--positives", corpus["others"],
              "--out", out, "--partition-rows", "40", prefix=skew)
     a.wait(120)
