@@ -197,7 +197,7 @@ def check_inputs(spec: JobSpec) -> None:
     from . import storage
     from .models import load_model
 
-    gen = spec.generate.path if spec.generate and not os.path.exists(spec.generate.path) else None
+    gen = spec.generate.path if spec.generate and not _corpus_exists(spec.generate.path) else None
 
     def check(key: str, fn, *args):
         if gen and (storage._key(args[0]) + "/").startswith(storage._key(gen) + "/"):
@@ -227,6 +227,14 @@ def check_inputs(spec: JobSpec) -> None:
                 f"features but the model is fitted on {width['model']}; encode descriptors of "
                 f"the negatives' dimension")
     check_paths(spec)
+
+
+def _corpus_exists(path) -> bool:
+    """Whether a corpus is there to read (a killed ``[generate]`` leaves only a draft,
+    which is no corpus: the step runs again)."""
+    from . import storage
+
+    return storage._exists(path)
 
 
 def check_paths(spec: JobSpec) -> None:
@@ -279,7 +287,7 @@ def run_spec(client, spec: JobSpec, overwrite: bool = False, progress: bool = Fa
         if on_report is not None:
             on_report(report)
 
-    if spec.generate is not None and not os.path.exists(spec.generate.path):
+    if spec.generate is not None and not _corpus_exists(spec.generate.path):
         from .datasets import make_corpus, write_corpus
 
         g = spec.generate

@@ -879,13 +879,27 @@ def check_distinct(target, flag: str, inputs: dict[str, object]) -> None:
 def verify(path) -> tuple[str, list[str]]:
     """Check a store written by slem-dask end to end: (what it is, problems found).
 
-    A model: its metadata checksum, every chunk's crc32c, its fingerprint. An
-    output: complete, every partition present with the recorded crc32c, and
-    every chunk decodable. A search result: complete, every chunk decodable.
+    A versioned store: its current version, against its commit record. A model: its
+    metadata checksum, every chunk's crc32c, its fingerprint. An output: complete,
+    every partition present with the recorded crc32c, and every chunk decodable. A
+    search result or a corpus: complete, every chunk decodable.
     """
     path = canonical(path)
+    store = versions.VersionedStore(path)
     if not _exists(path):
+        if store.has_history():
+            return "unfinished", ["no version was committed (the job that wrote it stopped "
+                                  "part-way): run the same command again"]
         return "nothing", [f"no store at {str(path)!r}"]
+    what, problems = _verify_current(path)
+    try:
+        head = store.head()
+    except versions.VersionError as exc:
+        return what, problems + [str(exc)]
+    return (f"{what}, version {head.seq}" if head else what), problems
+
+
+def _verify_current(path) -> tuple[str, list[str]]:
     kind = integrity.slem_dask_kind(path)
     if kind is None:
         if integrity.unreadable_marker(path):
@@ -904,6 +918,13 @@ def verify(path) -> tuple[str, list[str]]:
         except ValueError as exc:
             return "search result", [str(exc)]
         return "search result", []
+    if kind == "corpus":
+        try:
+            group = _open_group(path)
+            read_group_arrays(group, path, "corpus")
+        except ValueError as exc:
+            return "corpus", [str(exc)]
+        return "corpus", []
     try:
         arr = open_node(path)
     except versions.VersionError as exc:
