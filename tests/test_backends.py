@@ -8,6 +8,7 @@ import pickle
 import subprocess
 import sys
 import threading
+import time
 import uuid
 
 import pytest
@@ -181,8 +182,17 @@ def _trials(request, kind):
     return 3 if kind.startswith("s3") and not request.config.getoption("--slow") else 20
 
 
-def test_racing_creates_from_threads_make_one_winner(backend, request):
+def test_racing_creates_from_threads_make_one_winner(backend, request, monkeypatch):
     kind = request.node.callspec.params["backend"]
+    if kind == "memory":  # widen the gap between check and write, which the lock closes
+        exists = backend.fs.exists
+
+        def slow_exists(path, **kwargs):
+            found = exists(path, **kwargs)
+            time.sleep(0.002)
+            return found
+
+        monkeypatch.setattr(backend.fs, "exists", slow_exists)
     for trial in range(_trials(request, kind)):
         key = f"race/{trial}"
         _check_one_winner(backend, key, _race_threads(backend, key, 6))
