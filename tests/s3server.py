@@ -77,6 +77,16 @@ class S3Server:
                 pass
 
 
+def _die_with_parent():
+    # a killed pytest must not leave a server behind: the kernel kills it too
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -182,8 +192,8 @@ def _start_seaweedfs_once(weed: str, timeout: float) -> S3Server:
              else f"-{name}.port={port}" for name, port in ports.items()]
     log = os.path.join(workdir, "weed.log")
     with open(log, "wb") as out:
-        process = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT,
-                                   cwd=workdir, start_new_session=True)
+        process = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, cwd=workdir,
+                                   start_new_session=True, preexec_fn=_die_with_parent)
     # weed puts a unix socket for each gRPC port in /tmp whatever TMPDIR says
     sockets = [f"/tmp/seaweedfs-{name.split('.')[0]}-grpc-{port}.sock"
                for name, port in ports.items() if name.endswith(".grpc")]
@@ -216,7 +226,8 @@ def start_moto(timeout: float = 30) -> S3Server:
         with open(log, "wb") as out:
             process = subprocess.Popen(
                 [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-                stdout=out, stderr=subprocess.STDOUT, cwd=workdir, start_new_session=True)
+                stdout=out, stderr=subprocess.STDOUT, cwd=workdir, start_new_session=True,
+                preexec_fn=_die_with_parent)
         # moto takes any key and checks no signature: there is no wrong secret to test
         server = S3Server("moto", f"http://127.0.0.1:{port}", process, workdir, log=log)
         try:
