@@ -19,3 +19,44 @@ def pytest_collection_modifyitems(config, items):
 @pytest.fixture
 def rng():
     return np.random.default_rng(12345)
+
+
+# -- real S3 servers (tests/s3server.py), one per session, started on first use ---------
+
+def _s3_server(kind):
+    import s3server
+
+    try:
+        server = s3server.STARTERS[kind]()
+    except s3server.Unavailable as exc:
+        pytest.skip(str(exc))
+    print(f"\n{kind} S3 server up in {server.started_in:.2f} s at {server.endpoint}")
+    return server
+
+
+@pytest.fixture(scope="session")
+def seaweedfs_server():
+    server = _s3_server("seaweedfs")
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def moto_server():
+    server = _s3_server("moto")
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def s3_server(request, monkeypatch):
+    """The S3 server named by the test's parameter (``seaweedfs`` unless
+    parametrized indirectly), with its variables set for this test only."""
+    kind = getattr(request, "param", "seaweedfs")
+    server = request.getfixturevalue(f"{kind}_server")
+    for name in ("AWS_PROFILE", "AWS_DEFAULT_PROFILE", "AWS_SESSION_TOKEN",
+                 "AWS_ENDPOINT_URL_S3", "AWS_REGION"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in server.env().items():
+        monkeypatch.setenv(name, value)
+    return server

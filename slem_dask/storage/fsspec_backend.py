@@ -1,32 +1,51 @@
-"""Any other fsspec file system (``memory://``, ``gcs://``, …) as a
-:class:`~slem_dask.storage.backend.Backend`.
+"""Any other fsspec file system as a :class:`~slem_dask.storage.backend.Backend`.
 
-Its :meth:`create` is atomic only as far as the file system makes an exclusive
-create atomic: within one process for ``memory://`` (a lock here serializes the
-check and the write); other remote file systems get the check-then-write, which
-two hosts can race. For S3 use :mod:`.s3` (conditional writes).
+Only :meth:`FsspecBackend.create` needs more than fsspec offers: fsspec's own
+exclusive create (``pipe_file(mode="create")``, ``open(mode="xb")``) is, for most
+file systems, a check followed by a write, which two writers can both pass. So
+``create`` is atomic only where this module knows how: ``memory://`` lives in
+one process, where a lock around the check and the write is enough. On other
+protocols it raises NotImplementedError rather than pretend; S3 and local paths
+have their own backends (:mod:`.s3`, :mod:`.local`).
 """
 
 from __future__ import annotations
 
+import functools
 import threading
 
 from .backend import Backend
 
 __all__ = ["FsspecBackend"]
 
+_PRIVATE_SUFFIXES = (".partial", ".tmp")
+# protocols whose whole file system is inside this process
+_IN_PROCESS = {"memory"}
 _LOCK = threading.Lock()
 
 
 class FsspecBackend(Backend):
-    def __init__(self, url: str):
-        import fsspec
+    """Files under an fsspec URL (``memory://name``, …); ``storage_options`` go to
+    the file system."""
 
-        self.root = url if url.endswith("://") else url.rstrip("/")
-        self.fs, self._root = fsspec.core.url_to_fs(self.root)
+    def __init__(self, url: str, **storage_options):
+        from fsspec.core import url_to_fs
+
+        self.root = url.rstrip("/")
+        self.storage_options = dict(storage_options)
+        self.fs, path = url_to_fs(url, **storage_options)
+        self._base = path.rstrip("/")
+        protocol = self.fs.protocol
+        self.protocol = protocol if isinstance(protocol, str) else protocol[0]
+
+    def __reduce__(self):
+        return functools.partial(FsspecBackend, self.root, **self.storage_options), ()
+
+    def __repr__(self):
+        return f"FsspecBackend({self.root!r})"
 
     def _path(self, key: str) -> str:
-        return f"{self._root.rstrip('/')}/{key}" if key else self._root
+        return "/".join([self._base, *[p for p in key.split("/") if p]])
 
     def read(self, key: str) -> bytes | None:
         try:
@@ -35,25 +54,38 @@ class FsspecBackend(Backend):
             return None
 
     def create(self, key: str, data: bytes) -> bool:
-        with _LOCK:
-            if self.fs.exists(self._path(key)):
+        if self.protocol not in _IN_PROCESS:
+            raise NotImplementedError(
+                f"{self.root}: fsspec's {self.protocol}:// file system offers no atomic "
+                "create-if-absent that slem-dask knows of, so it cannot commit there "
+                "safely; use a local path or s3://")
+        path = self._path(key)
+        with _LOCK:  # the file system is in this process: the lock serialises writers
+            if self.fs.exists(path):
                 return False
-            self.fs.pipe_file(self._path(key), data)
+            self.fs.pipe_file(path, bytes(data))
             return True
 
     def put(self, key: str, data: bytes) -> None:
-        self.fs.pipe_file(self._path(key), data)
+        self.fs.pipe_file(self._path(key), bytes(data))
 
     def list(self, prefix: str) -> list[str]:
+        path = self._path(prefix)
+        self.fs.invalidate_cache(path)  # another writer may have changed it
         try:
-            self.fs.invalidate_cache(self._path(prefix))
-            entries = self.fs.ls(self._path(prefix), detail=False)
+            entries = self.fs.ls(path, detail=False)
         except (FileNotFoundError, NotADirectoryError):
             return []
-        return sorted({e.rstrip("/").rsplit("/", 1)[-1] for e in entries})
+        names = {e.rstrip("/").rsplit("/", 1)[-1] for e in entries
+                 if e.rstrip("/") != path.rstrip("/")}
+        return sorted(names)
 
     def exists(self, key: str) -> bool:
-        return self.fs.exists(self._path(key))
+        path = self._path(key)
+        self.fs.invalidate_cache(path)
+        if self.fs.isfile(path):
+            return True
+        return bool(self.list(key))
 
     def delete(self, key: str) -> None:
         try:
@@ -62,15 +94,20 @@ class FsspecBackend(Backend):
             pass
 
     def remove_tree(self, prefix: str) -> None:
-        try:
-            self.fs.rm(self._path(prefix), recursive=True)
-        except FileNotFoundError:
-            pass
+        path = self._path(prefix)
+        self.fs.invalidate_cache(path)
+        if self.fs.isdir(path):
+            self.fs.rm(path, recursive=True)
+        elif self.fs.isfile(path):
+            self.fs.rm_file(path)
 
     def copy_tree(self, src: str, dst: str, names: list[str] | None = None) -> None:
+        """``cp_file`` of each file: a copy of the bytes on memory://, a server-side
+        copy where the file system has one."""
+        src_path, dst_path = self._path(src), self._path(dst)
         if names is None:
-            base = self._path(src).rstrip("/") + "/"
-            names = [p[len(base):] for p in self.fs.find(self._path(src))
-                     if p.startswith(base)]
+            self.fs.invalidate_cache(src_path)
+            names = [p[len(src_path):].lstrip("/") for p in self.fs.find(src_path)
+                     if not p.endswith(_PRIVATE_SUFFIXES)]
         for name in names:
-            self.fs.copy(self._path(f"{src}/{name}"), self._path(f"{dst}/{name}"))
+            self.fs.cp_file(f"{src_path}/{name.strip('/')}", f"{dst_path}/{name.strip('/')}")
