@@ -637,12 +637,24 @@ def main(argv=None) -> int:
         return _interrupted(args)
     try:
         return _run(args)
-    except (ValueError, TypeError, FileNotFoundError, FileExistsError, OSError,
-            IntegrityError) as exc:
-        print(f"slem-dask {args.command}: error: {exc}", file=sys.stderr)
-        return EXIT_ERROR
     except KeyboardInterrupt:
         return _interrupted(args)
+    except Exception as exc:  # noqa: BLE001 - an object store's failures are not OSErrors
+        from .storage.backend import describe_storage_error
+
+        line = describe_storage_error(exc, _paths_of(args))
+        if line is None and not isinstance(exc, (ValueError, TypeError, FileNotFoundError,
+                                                 FileExistsError, OSError, IntegrityError)):
+            raise
+        print(f"slem-dask {args.command}: error: {line or exc}", file=sys.stderr)
+        return EXIT_ERROR
+
+
+def _paths_of(args) -> list[str]:
+    """The store paths a command names (for an object store's one-line errors)."""
+    names = ("negatives", "model", "positives", "out", "queries", "database", "corpus", "path")
+    paths = [getattr(args, n) for n in names if isinstance(getattr(args, n, None), str)]
+    return paths + [p for p in getattr(args, "paths", None) or [] if isinstance(p, str)]
 
 
 def _interrupted(args) -> int:

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import abc
 
-__all__ = ["Backend", "backend_for", "StorageConfigError"]
+__all__ = ["Backend", "backend_for", "StorageConfigError", "describe_storage_error"]
 
 
 class StorageConfigError(OSError):
@@ -92,3 +92,19 @@ def backend_for(url: str) -> Backend:
     from .fsspec_backend import FsspecBackend
 
     return FsspecBackend(url)
+
+
+def describe_storage_error(exc: BaseException, paths) -> str | None:
+    """One line for an object store's failure (credentials, bucket, endpoint) met while
+    a command worked on ``paths``, naming the path and the fix; None for any other error."""
+    for path in paths:
+        if "://" not in str(path) or str(path).startswith(("file://", "memory://")):
+            continue
+        try:
+            backend = backend_for(str(path))
+        except Exception:  # noqa: BLE001 - no such backend installed: nothing to say
+            continue
+        line = backend.describe_error(exc)
+        if line:
+            return line
+    return None
