@@ -29,14 +29,14 @@ def main() -> int:
         model, positives, out = paths
         report = pipeline.encode_job(None, model, positives, out, partition_rows=40)
     else:
-        real_check = storage._check_written
+        real_check = storage.groups._check_written
 
         def slow_check(location, arrays, what):
             print("started", flush=True)
             time.sleep(DELAY)
             return real_check(location, arrays, what)
 
-        storage._check_written = slow_check
+        storage.groups._check_written = slow_check
         negatives, model = paths
         report = pipeline.fit_job(None, negatives, model, lam=0.1, overwrite=True)
     print("\n".join(report.lines()), flush=True)

@@ -248,7 +248,7 @@ def test_open_output_accepts_plain_arrays(tmp_path):
 def test_large_model_arrays_are_written_and_checked_in_chunks(tmp_path, fitted, monkeypatch):
     # a d x d array at d = 8192 is 512 MiB: written and read back in row chunks of at
     # most GROUP_CHUNK_BYTES, so that saving copies one chunk at a time, never the array
-    monkeypatch.setattr(storage, "GROUP_CHUNK_BYTES", 100)  # 6 float64 columns: 2 rows
+    monkeypatch.setattr(storage.groups, "GROUP_CHUNK_BYTES", 100)  # 6 float64 columns: 2 rows
     path = tmp_path / "model.zarr"
     fitted.save(str(path))
     group = storage.open_node(str(path), mode="r")
@@ -267,7 +267,7 @@ def test_large_model_arrays_are_written_and_checked_in_chunks(tmp_path, fitted, 
 
 def test_save_refuses_a_model_that_reads_back_wrong(tmp_path, fitted, monkeypatch):
     # a chunk that the storage changes between write and read-back: nothing is put in place
-    monkeypatch.setattr(storage, "GROUP_CHUNK_BYTES", 100)
+    monkeypatch.setattr(storage.groups, "GROUP_CHUNK_BYTES", 100)
     real = zarr.Array.__setitem__
 
     def lossy(self, key, value):

@@ -1,10 +1,48 @@
-"""The errors by which storage keeps a guarantee (each message says what is kept and
-what to do)."""
+"""The errors by which storage keeps a guarantee; each message says what is kept and
+what to do."""
 
 from __future__ import annotations
 
-__all__ = ["IntegrityError"]
+import errno
+
 
 
 class IntegrityError(RuntimeError):
     """A job stopped to keep a guarantee (its message says what is kept and what to do)."""
+
+
+
+
+
+class DamagedStoreError(ValueError):
+    """A store's chunk is missing, corrupt or truncated (the message names it)."""
+
+
+class MissingChunkError(DamagedStoreError):
+    """An input chunk is absent: zarr would read it as fill values."""
+
+
+class CorruptChunkError(DamagedStoreError):
+    """A chunk fails its checksum or cannot be decoded."""
+
+
+class DamagedMetadataError(DamagedStoreError):
+    """A node's metadata document (zarr.json) is there but zarr cannot read it."""
+
+
+def is_out_of_space(exc: BaseException) -> bool:
+    return isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT)
+
+
+def missing_chunk_error(name: str, path, key: str, lo: int, hi: int) -> MissingChunkError:
+    return MissingChunkError(
+        f"{name} {str(path)!r}: chunk {key!r} (rows {lo}-{hi - 1}) is missing from the "
+        f"store; zarr would read it as fill values (zeros), so slem-dask refuses it. If the "
+        f"store is on storage that this machine or a worker does not mount, mount it "
+        f"there; if the chunk was lost, restore or rewrite those rows; if those rows are all "
+        f"zeros on purpose, zarr skipped the chunk (its default write_empty_chunks=False): "
+        f"rewrite the array with zarr.create_array(..., config={{'write_empty_chunks': True}})")
+
+
+class StorageViewError(IntegrityError):
+    """A worker reads a store differently from the client (or not at all)."""

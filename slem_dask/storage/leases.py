@@ -94,7 +94,7 @@ class Lease:
     """
 
     def __init__(self, target, job: str, on_wait=None):
-        from ..integrity import canonical
+        from .paths import canonical
 
         self.target = canonical(target)
         self.job = job

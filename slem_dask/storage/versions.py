@@ -122,7 +122,7 @@ class VersionedStore:
     """The versioned store at a canonical path (see the module docstring)."""
 
     def __init__(self, path):
-        from ..integrity import canonical
+        from .paths import canonical
 
         self.path = canonical(path)
         self.backend: Backend = backend_for(self.path.url)
@@ -272,7 +272,7 @@ def resolve(path) -> tuple[str, "VersionedStore | None", Commit | None]:
     ``P/versions/<id>`` that version, if it was committed; anything else is a
     plain zarr node, opened as it is (store and commit None).
     """
-    from ..integrity import canonical
+    from .paths import canonical
 
     path = canonical(path)
     store = VersionedStore(path)

@@ -1,0 +1,102 @@
+"""Checksums: the crc32c trailer of every chunk slem-dask writes (zarr v3's ``crc32c``
+codec), SHA-256 fingerprints of models and of metadata."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any
+
+import numpy as np
+
+import zarr
+
+from .ownership import ATTR
+
+
+def _full_key(arr, coords) -> str:
+    key = arr.metadata.encode_chunk_key(coords)
+    return f"{arr.path}/{key}" if arr.path else key
+
+
+def _store_get(arr, key: str, suffix: int | None = None, head: int | None = None):
+    """The bytes of ``key`` (or its last ``suffix`` / first ``head`` bytes), None if absent."""
+    from zarr.abc.store import RangeByteRequest, SuffixByteRequest
+    from zarr.core.buffer import default_buffer_prototype
+    from zarr.core.sync import sync
+
+    byte_range = (SuffixByteRequest(suffix) if suffix else
+                  RangeByteRequest(0, head) if head else None)
+    buf = sync(arr.store_path.store.get(key, prototype=default_buffer_prototype(),
+                                        byte_range=byte_range))
+    return None if buf is None else buf.to_bytes()
+
+
+def stored_crc32c(arr, row_chunk: int) -> int | None:
+    """The crc32c trailer of output chunk ``(row_chunk, 0)``, or None if it is absent."""
+    tail = _store_get(arr, _full_key(arr, (row_chunk, 0)), suffix=4)
+    return None if tail is None or len(tail) != 4 else int(np.frombuffer(tail, "<u4")[0])
+
+
+def self_consistent_crc32c(arr, row_chunk: int) -> int | None:
+    """Read a whole output chunk; its crc32c if the payload matches the trailer and
+    has the expected size, else None (absent, truncated or corrupt)."""
+    import google_crc32c
+
+    data = _store_get(arr, _full_key(arr, (row_chunk, 0)))
+    expected = int(np.prod(arr.chunks)) * arr.dtype.itemsize + 4
+    if data is None or len(data) != expected:
+        return None
+    crc = int(np.frombuffer(data[-4:], "<u4")[0])
+    return crc if google_crc32c.value(data[:-4]) == crc else None
+
+
+def delete_chunk(arr, row_chunk: int) -> None:
+    from zarr.core.sync import sync
+
+    sync(arr.store_path.store.delete(_full_key(arr, (row_chunk, 0))))
+
+
+#: Every chunk slem-dask writes ends in a crc32c of its bytes (zarr v3 codec).
+CHECKSUM = [zarr.codecs.Crc32cCodec()]
+
+
+def json_params(params: dict[str, Any]) -> dict[str, Any]:
+    """Parameters as plain JSON values (numpy scalars such as np.float32(0.1) become floats)."""
+    def native(value):
+        if isinstance(value, np.generic):
+            return value.item()
+        raise TypeError(f"model parameter value {value!r} of type {type(value).__name__} "
+                        f"cannot be stored; use a plain number or string")
+
+    return json.loads(json.dumps(params, default=native))
+
+
+def fingerprint(arrays: dict[str, np.ndarray], params: dict[str, Any]) -> str:
+    """SHA-256 of a model's arrays (name, dtype, shape, bytes) and parameters."""
+    h = hashlib.sha256()
+    h.update(json.dumps(json_params(params), sort_keys=True).encode())
+    for key in sorted(arrays):
+        a = np.ascontiguousarray(arrays[key])
+        h.update(key.encode())
+        h.update(str(a.dtype).encode())
+        h.update(str(a.shape).encode())
+        h.update(a.reshape(-1).view(np.uint8))  # the same bytes as a.tobytes(), without a copy
+    return h.hexdigest()
+
+
+def metadata_checksum(meta: dict) -> str:
+    """SHA-256 of every metadata field but the checksum itself: a model whose
+    n_samples, source or parameters were edited by hand is refused."""
+    fields = {k: v for k, v in meta.items() if k != "metadata_checksum"}
+    return hashlib.sha256(json.dumps(fields, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def recorded_crc32c(arr) -> list | None:
+    """The crc32c of every chunk recorded when a slem-dask output was completed, in row
+    order (None for anything else): readers compare each chunk's trailer with it."""
+    meta = arr.attrs.get(ATTR)
+    if not isinstance(meta, dict) or meta.get("kind") != "encoding" or not meta.get("complete"):
+        return None
+    crcs = meta.get("partition_crc32c")
+    return crcs if isinstance(crcs, list) else None

@@ -1,0 +1,147 @@
+"""Encoded outputs: one zarr chunk per dask partition, written into a job's draft and
+marked complete, with a checksum of its metadata, before the draft is committed."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import numpy as np
+
+import zarr
+
+from .._version import __version__
+from .checksums import stored_crc32c
+from . import versions
+from .checksums import CHECKSUM, json_params, metadata_checksum
+from .chunks import _where
+from .errors import IntegrityError
+from .inputs import _exists, open_node
+from .ownership import ATTR, slem_dask_kind
+from .paths import canonical
+
+
+def create_output(location: str, shape: tuple[int, int], partition_rows: int, dtype,
+                  meta: dict) -> zarr.Array:
+    """Create the output array up front in a draft ``location`` (a version folder of
+    :mod:`.versions`), one zarr chunk per dask partition.
+
+    Chunks equal to the partitions mean every task writes whole chunks of its
+    own (no read-modify-write on a chunk that another task also writes: the
+    data-loss trap of dask#12583 and zarr-python#3682). It is marked
+    ``complete: false`` until :func:`mark_complete`. The caller holds the lease.
+    """
+    # write_empty_chunks: a partition whose encodings are all 0 must still leave
+    # a chunk behind, since a resumed run takes a present chunk as done.
+    # No compressor: encodings are dense floats that zstd shrinks by ~7% while
+    # tripling the time to write a chunk (benchmarks/, bench_encode.py); a crc32c
+    # trailer only (CHECKSUM).
+    # The marker goes into the array's own metadata document, written in one piece
+    # with it: there is no moment when the array exists without "complete: false".
+    return zarr.create_array(store=location, shape=shape, dtype=np.dtype(dtype).newbyteorder("<"),
+                             chunks=(max(1, partition_rows), shape[1]), overwrite=True,
+                             compressors=CHECKSUM, config={"write_empty_chunks": True},
+                             attributes={ATTR: json_params({
+                                 "kind": "encoding", "complete": False,
+                                 "package_version": __version__, **meta})})
+
+
+def output_meta(arr: zarr.Array) -> dict | None:
+    """The ``slem_dask`` attribute of an output written by slem-dask, else None."""
+    meta = arr.attrs.get(ATTR)
+    return dict(meta) if isinstance(meta, dict) and meta.get("kind") == "encoding" else None
+
+
+def update_meta(arr: zarr.Array, **fields) -> dict:
+    meta = dict(arr.attrs[ATTR])
+    meta.update(json_params(fields))
+    arr.attrs[ATTR] = meta
+    return meta
+
+
+def open_existing_output(path, strict: bool = True) -> zarr.Array | None:
+    """The output array that readers of ``path`` see (read only), or None if there is
+    none (nothing, a group, or only drafts). ``strict``: a head version that does not
+    match its commit record is an error (else None: it is about to be replaced)."""
+    path = canonical(path)
+    if not _exists(path):
+        return None
+    try:
+        node = open_node(path)
+    except versions.VersionError as exc:
+        if strict:
+            raise type(exc)(f"output: {exc}") from None
+        return None
+    except Exception:  # noqa: BLE001 - damaged or foreign: the caller's checks say which
+        return None
+    return node if isinstance(node, zarr.Array) else None
+
+
+def is_legacy(path) -> bool:
+    """Whether ``path`` holds a store that slem-dask 0.2 wrote in place, without versions."""
+    path = canonical(path)
+    return (_exists(path) and not versions.VersionedStore(path).has_history()
+            and slem_dask_kind(path) is not None)
+
+
+def write_partition(block: np.ndarray, arr: zarr.Array, index: int,
+                    block_info=None) -> np.ndarray:
+    """Write one partition's rows (its own chunk) and return [[index, crc32c]]: the
+    checksum zarr's codec computed from these rows, as this worker reads it back. The
+    client compares it with the chunk it reads: the two see the same chunk."""
+    rows = int(arr.chunks[0])
+    lo = index * rows
+    arr[lo:lo + block.shape[0]] = np.ascontiguousarray(block, dtype=arr.dtype)
+    crc = stored_crc32c(arr, index)
+    if crc is None:
+        raise IntegrityError(
+            f"output {_where(arr)!r}: partition {index} was written but cannot be read back "
+            f"on this worker; check the storage")
+    return np.array([[index, crc]], dtype=np.int64)
+
+
+def remove_stray_partials(path) -> int:
+    """Delete the temporary ``*.partial`` files that a killed writer leaves in a local
+    zarr store (zarr writes a chunk to such a file, then renames it). Returns how many."""
+    path = canonical(path)
+    if not path.is_local:
+        return 0
+    removed = 0
+    for root, _, files in os.walk(path.location):
+        for name in files:
+            if name.endswith(".partial"):
+                os.remove(os.path.join(root, name))
+                removed += 1
+    return removed
+
+
+def mark_complete(arr: zarr.Array, extra: dict | None = None) -> None:
+    """Mark an output complete, with a checksum of its metadata: an output whose
+    fingerprints or recorded chunk checksums were edited is refused by every reader."""
+    meta = dict(arr.attrs[ATTR])
+    meta.update(json_params({**(extra or {}), "complete": True,
+                             "completed": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}))
+    meta.pop("metadata_checksum", None)
+    arr.attrs[ATTR] = {**meta, "metadata_checksum": metadata_checksum(meta)}
+
+
+def head_seq(path) -> int:
+    """The sequence number of the committed head of ``path`` (0: none)."""
+    try:
+        head = versions.VersionedStore(path).head()
+    except Exception:  # noqa: BLE001 - damaged or unreachable: nothing committed to tell
+        return 0
+    return head.seq if head else 0
+
+
+def marked_complete(path, after: int | None = None) -> bool:
+    """Whether the slem-dask output at ``path`` is complete (its job verified it before
+    committing it), in a version committed after sequence number ``after`` if given;
+    False for anything else, unreadable included."""
+    try:
+        if after is not None and head_seq(path) <= after:
+            return False
+        meta = output_meta(open_node(path))
+    except Exception:  # noqa: BLE001 - absent, a group, damaged: not a complete output
+        return False
+    return bool(meta and meta.get("complete"))
