@@ -1,7 +1,8 @@
 """A slem-dask job slowed down on purpose, for the fault tests (tests/test_faults.py):
-``python _slow_job.py encode MODEL POSITIVES OUT`` or ``... fit NEGATIVES MODEL``.
+``python _slow_job.py encode MODEL POSITIVES OUT``, ``... fit NEGATIVES MODEL`` or
+``... search QUERIES DATABASE OUT``.
 
-Each output partition (encode) or the model's read-back (fit save) sleeps
+Each output partition (encode) or the read-back of a model or search result sleeps
 ``SLOW_JOB_DELAY`` seconds, so that a test can stop or kill the job at a known
 moment; the job prints ``started`` once its draft is being written.
 """
@@ -27,8 +28,9 @@ def main() -> int:
 
         storage.write_partition = slow
         model, positives, out = paths
-        report = pipeline.encode_job(None, model, positives, out, partition_rows=40)
-    else:
+        report = pipeline.encode_job(None, model, positives, out, partition_rows=40,
+                                     overwrite=bool(os.environ.get("SLOW_JOB_OVERWRITE")))
+    else:  # fit or search: their model or result is read back before the commit
         real_check = storage.groups._check_written
 
         def slow_check(location, arrays, what):
@@ -37,8 +39,14 @@ def main() -> int:
             return real_check(location, arrays, what)
 
         storage.groups._check_written = slow_check
-        negatives, model = paths
-        report = pipeline.fit_job(None, negatives, model, lam=0.1, overwrite=True)
+        if kind == "search":
+            from slem_dask.evaluation import search_job
+
+            queries, database, out = paths
+            report = search_job(None, queries, database, out, k=3, overwrite=True)
+        else:
+            negatives, model = paths
+            report = pipeline.fit_job(None, negatives, model, lam=0.1, overwrite=True)
     print("\n".join(report.lines()), flush=True)
     return 0
 

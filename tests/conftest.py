@@ -59,4 +59,14 @@ def s3_server(request, monkeypatch):
         monkeypatch.delenv(name, raising=False)
     for name, value in server.env().items():
         monkeypatch.setenv(name, value)
-    return server
+    _forget_s3_clients()  # fsspec caches clients by arguments, not by the environment
+    yield server
+    _forget_s3_clients()
+
+
+def _forget_s3_clients():
+    try:
+        import s3fs
+    except ImportError:
+        return
+    s3fs.S3FileSystem.clear_instance_cache()

@@ -20,6 +20,7 @@ from slem_dask.evaluation import open_search_result, search_job
 from slem_dask.retrieval import search
 from slem_dask.storage import leases, versions
 
+from conftest import _forget_s3_clients
 from reference import partitionwise
 
 HERE = Path(__file__).parent
@@ -47,6 +48,7 @@ def _expected(model_path, rows):
     return partitionwise(lambda p: model.transform(p, dtype="float32"), rows, 40)
 
 
+@pytest.mark.parametrize("s3_server", ["seaweedfs", "moto"], indirect=True)
 def test_fit_encode_search_verify_on_s3_match_local_disk(s3, tmp_path):
     root = s3["root"]
     pipeline.fit_job(None, f"{root}/neg.zarr", f"{root}/model.zarr", lam=0.1)
@@ -72,6 +74,7 @@ def test_fit_encode_search_verify_on_s3_match_local_disk(s3, tmp_path):
     assert again.facts["action"] == "up to date"
 
 
+@pytest.mark.parametrize("s3_server", ["seaweedfs", "moto"], indirect=True)
 def test_racing_commits_on_s3_have_one_winner(s3):
     store = versions.VersionedStore(f"{s3['root']}/race.zarr")
     drafts = [store.begin() for _ in range(4)]
@@ -96,6 +99,7 @@ def test_racing_commits_on_s3_have_one_winner(s3):
     assert storage.open_node(store.path).attrs["who"] == winners[0]
 
 
+@pytest.mark.parametrize("s3_server", ["seaweedfs", "moto"], indirect=True)
 def test_a_job_that_lost_its_s3_output_never_changes_it(s3, monkeypatch):
     root = s3["root"]
     LinearSLEM(lam=0.1).fit(s3["neg"]).save(f"{root}/model.zarr")
@@ -124,7 +128,7 @@ def test_a_job_that_lost_its_s3_output_never_changes_it(s3, monkeypatch):
 
 def _slow(args, s3, delay):
     env = {**os.environ, **s3["server"].env(), "PYTHONPATH": str(HERE),
-           "SLOW_JOB_DELAY": str(delay)}
+           "SLOW_JOB_DELAY": str(delay), "SLOW_JOB_OVERWRITE": "1"}
     proc = subprocess.Popen([sys.executable, str(HERE / "_slow_job.py"), *args], env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             start_new_session=True)
@@ -135,26 +139,47 @@ def _slow(args, s3, delay):
 
 
 @pytest.mark.slow
-def test_a_fit_killed_during_its_save_on_s3_needs_no_manual_step(s3):
-    """The issue's item 3 and 4: on S3 a killed fit left an unmarked group that the same
-    command refused, and a lease that every later run failed on."""
+@pytest.mark.parametrize("job", ["fit", "encode", "search"])
+def test_a_job_killed_on_s3_needs_no_manual_step(s3, job):
+    """The issue's items 3 and 4: on S3 a killed fit left an unmarked group that the same
+    command refused, and a lease that every later run failed on. Killed here during the
+    save of a fit or search and mid-encode: readers keep the previous version, and the
+    same command then succeeds (an encode reusing what the killed run wrote)."""
     root = s3["root"]
-    model = f"{root}/model.zarr"
+    model, out = f"{root}/model.zarr", f"{root}/out.zarr"
     LinearSLEM(lam=0.5).fit(s3["neg"]).save(model)
-    killed = _slow(["fit", f"{root}/neg.zarr", model], s3, 30)
-    assert load_model(model).lam == 0.5  # readers: the old model meanwhile
+    pipeline.encode_job(None, model, f"{root}/other.zarr", out, partition_rows=40)
+    target, args, cli = {
+        "fit": (model, ["fit", f"{root}/neg.zarr", model],
+                ["fit", "--negatives", f"{root}/neg.zarr", "--model", model, "--lam", "0.1",
+                 "--overwrite"]),
+        "encode": (out, ["encode", model, f"{root}/pos.zarr", out],
+                   ["encode", "--model", model, "--positives", f"{root}/pos.zarr", "--out",
+                    out, "--overwrite", "--partition-rows", "40"]),
+        "search": (f"{root}/hits.zarr", ["search", out, out, f"{root}/hits.zarr"],
+                   ["search", "--queries", out, "--database", out, "--k", "3", "--out",
+                    f"{root}/hits.zarr"]),
+    }[job]
+    before = storage.head_seq(target)
+    killed = _slow(args, s3, 0.6 if job == "encode" else 30)
+    if job == "encode":
+        import time
+
+        time.sleep(1.0)  # some partitions written to the draft
     os.killpg(killed.pid, signal.SIGKILL)
     killed.wait(30)
-    assert load_model(model).lam == 0.5
-    assert main(["fit", "--negatives", f"{root}/neg.zarr", "--model", model, "--lam", "0.1",
-                 "--overwrite", "--local-cluster", "threads", "--no-progress"]) == 0
-    assert load_model(model).lam == 0.1
-    assert storage.verify(model)[1] == []
+    assert storage.head_seq(target) == before  # readers: the previous version, or none
+    assert main([*cli, "--local-cluster", "threads", "--no-progress"]) == 0
+    assert storage.head_seq(target) == before + 1
+    assert storage.verify(target)[1] == []
+    if job == "encode":
+        np.testing.assert_array_equal(storage.read_all(out), _expected(model, s3["pos"]))
 
 
 def test_object_store_misconfiguration_is_one_line(s3, capsys, monkeypatch):
     root = s3["root"]
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "wrong")
+    _forget_s3_clients()
     code = main(["fit", "--negatives", f"{root}/neg.zarr", "--model", f"{root}/m.zarr",
                  "--local-cluster", "threads", "--no-progress"])
     err = capsys.readouterr().err
@@ -163,6 +188,7 @@ def test_object_store_misconfiguration_is_one_line(s3, capsys, monkeypatch):
     monkeypatch.undo()
     for name, value in s3["server"].env().items():
         monkeypatch.setenv(name, value)
+    _forget_s3_clients()
     missing = f"s3://no-such-bucket-{uuid.uuid4().hex[:6]}/neg.zarr"
     code = main(["fit", "--negatives", missing, "--model", f"{root}/m.zarr",
                  "--local-cluster", "threads", "--no-progress"])
