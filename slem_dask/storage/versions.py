@@ -244,25 +244,31 @@ class VersionedStore:
 
     def collect_garbage(self, keep: int = KEEP_VERSIONS) -> list[str]:
         """Delete dead drafts and versions older than the last ``keep`` commits (unless
-        a kept commit names them). Decided by sequence numbers alone."""
-        commits = {c.seq: c for c in self.commits()}
-        if not commits:
+        a kept commit names them). Decided by sequence numbers alone; reads only the
+        commit records of the last ``keep`` versions and of the folders present, so its
+        cost does not grow with the length of the history."""
+        seqs = [int(n[:-5]) for n in self._commit_names()]
+        if not seqs:
             return []
-        last = max(commits)
-        kept = {c.version for s, c in commits.items() if s > last - keep}
-        committed = {c.version for c in commits.values()}
+        last = max(seqs)
+        records: dict[int, Commit | None] = {}
+
+        def record(seq: int) -> Commit | None:
+            if seq not in records:
+                records[seq] = self.commit_at(seq)
+            return records[seq]
+
+        kept = {record(seq).version for seq in seqs if seq > last - keep and record(seq)}
         removed = []
         for version in self.backend.list(VERSIONS):
             seq = draft_seq(version)
-            if seq is None or version in kept:
-                continue
-            dead_draft = version not in committed and seq in commits
-            pruned = version in committed
-            if dead_draft or pruned:
-                self.backend.remove_tree(f"{VERSIONS}/{version}")
-                removed.append(version)
+            if seq is None or version in kept or seq > last:
+                continue  # not ours, kept, or a draft that may still commit
+            # committed at its own sequence number and too old, or a draft whose number
+            # another draft took: either way nobody may read or commit it any more
+            self.backend.remove_tree(f"{VERSIONS}/{version}")
+            removed.append(version)
         return removed
-
 
 def resolve(path) -> tuple[str, "VersionedStore | None", Commit | None]:
     """What to open for ``path``: (zarr location, its versioned store, its commit).
@@ -276,14 +282,13 @@ def resolve(path) -> tuple[str, "VersionedStore | None", Commit | None]:
 
     path = canonical(path)
     store = VersionedStore(path)
-    if store.is_versioned():
-        head = store.head()
+    head = store.head()  # one listing and one read, for a versioned store
+    if head is not None:
         return store.location(head.version), store, head
-    parent = VersionedStore(path.parent)
     if path.parent.name == VERSIONS and draft_seq(path.name) is not None:
         owner = VersionedStore(path.parent.parent)
-        commit = owner.commit_at(draft_seq(path.name))
         if owner.is_versioned():
+            commit = owner.commit_at(draft_seq(path.name))
             if commit is None or commit.version != path.name:
                 raise VersionError(
                     f"{str(path)!r} is a version folder that was never committed (a draft "
@@ -291,8 +296,10 @@ def resolve(path) -> tuple[str, "VersionedStore | None", Commit | None]:
                     f"store {str(owner.path)!r} itself, or a version listed by "
                     f"`slem-dask versions {owner.path}`")
             return path.location, owner, commit
-    if path.parent.url != path.url and parent.is_versioned():
+    if path.parent.url != path.url:
+        parent = VersionedStore(path.parent)
         head = parent.head()
-        return parent.path.child(VERSIONS).child(head.version).child(path.name).location, \
-            parent, head
+        if head is not None:
+            return parent.path.child(VERSIONS).child(head.version).child(path.name).location, \
+                parent, head
     return path.location, None, None
