@@ -29,6 +29,8 @@ class Backend(abc.ABC):
 
     #: the root as a user writes it (a path, or a URL)
     root: str
+    #: whether :meth:`create` is atomic here (commits need it)
+    atomic_create: bool = True
 
     @abc.abstractmethod
     def read(self, key: str) -> bytes | None:

@@ -5,7 +5,7 @@ exclusive create (``pipe_file(mode="create")``, ``open(mode="xb")``) is, for mos
 file systems, a check followed by a write, which two writers can both pass. So
 ``create`` is atomic only where this module knows how: ``memory://`` lives in
 one process, where a lock around the check and the write is enough. On other
-protocols it raises NotImplementedError rather than pretend; S3 and local paths
+protocols it refuses (StorageConfigError) rather than pretend; S3 and local paths
 have their own backends (:mod:`.s3`, :mod:`.local`).
 """
 
@@ -14,7 +14,7 @@ from __future__ import annotations
 import functools
 import threading
 
-from .backend import Backend
+from .backend import Backend, StorageConfigError
 
 __all__ = ["FsspecBackend"]
 
@@ -53,9 +53,13 @@ class FsspecBackend(Backend):
         except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
             return None
 
+    @property
+    def atomic_create(self) -> bool:
+        return self.protocol in _IN_PROCESS
+
     def create(self, key: str, data: bytes) -> bool:
         if self.protocol not in _IN_PROCESS:
-            raise NotImplementedError(
+            raise StorageConfigError(
                 f"{self.root}: fsspec's {self.protocol}:// file system offers no atomic "
                 "create-if-absent that slem-dask knows of, so it cannot commit there "
                 "safely; use a local path or s3://")

@@ -187,7 +187,15 @@ class VersionedStore:
 
     # writing ---------------------------------------------------------------------------
     def begin(self) -> Draft:
-        """A new draft, to be committed as the version after the current head."""
+        """A new draft, to be committed as the version after the current head. Refused
+        up front where the storage cannot commit atomically."""
+        if not self.backend.atomic_create:
+            from .backend import StorageConfigError
+
+            raise StorageConfigError(
+                f"{str(self.path)!r}: this storage offers no atomic create-if-absent, so "
+                f"slem-dask cannot commit versions there safely; write to a local path or "
+                f"to s3://")
         head = self.head()
         seq = (head.seq if head else 0) + 1
         version = f"{seq:08d}-{uuid.uuid4().hex[:12]}"
