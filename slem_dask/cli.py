@@ -442,6 +442,9 @@ def _run(args) -> int:
     args.scheduler_address = scheduler or os.environ.get("DASK_SCHEDULER_ADDRESS")
     security = _security(args)  # before any cluster starts, like every input check
     _check_inputs(args, spec)  # input errors come before any cluster starts
+    from .preflight import check_writable, output_paths
+
+    check_writable(output_paths(args, spec))  # so do read-only output folders
     if args.command in ("search", "evaluate"):
         from . import evaluation
 
