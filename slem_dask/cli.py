@@ -424,7 +424,6 @@ def _verify(paths) -> int:
 
 
 def _run(args) -> int:
-    from . import pipeline
     from .cluster import connect
 
     if args.command == "verify":
@@ -469,44 +468,60 @@ def _run(args) -> int:
         print(f"dask: {info.get('address', '')} with {len(info['workers'])} worker(s){where}, "
               f"start-up {time.perf_counter() - started:.2f} s (the jobs' own times follow)",
               flush=True)
-        if args.command == "run":
-            from .jobspec import run_spec
+        from . import workers as worker_faults
 
-            run_spec(client, spec, overwrite=args.overwrite, progress=progress,
-                     on_report=lambda r: print("\n".join(r.lines()), flush=True))
-            reports = []  # printed as each step finished
-        elif args.command == "fit":
-            reports = [pipeline.fit_job(client, args.negatives, args.model, lam=args.lam,
-                                        theta=args.theta, partition_rows=args.partition_rows,
-                                        overwrite=args.overwrite, update=args.update,
-                                        progress=progress, kernel=args.kernel,
-                                        gamma=args.gamma, degree=args.degree, rank=args.rank,
-                                        pivoting=args.pivoting, tol=args.tol, seed=args.seed,
-                                        precision=args.precision)]
-        elif args.command == "search":
-            reports = [evaluation.search_job(client, args.queries, args.database, args.out,
-                                             k=args.k, partition_rows=args.partition_rows,
-                                             overwrite=args.overwrite, force=args.force)]
-        elif args.command == "evaluate":
-            rows, _, report = evaluation.evaluate_job(
-                client, args.corpus, args.methods, n_negatives=args.negatives, k=args.k,
-                p_at=args.p_at, plot=args.plot, grids=_evaluate_grids(args),
-                partition_rows=args.partition_rows)
-            reports = [report]
-        elif args.command == "encode":
-            reports = [pipeline.encode_job(client, args.model, args.positives, args.out,
-                                           dtype=args.dtype, partition_rows=args.partition_rows,
-                                           overwrite=args.overwrite, progress=progress,
-                                           precision=args.precision)]
-        else:
-            rows, reports = pipeline.demo_job(
-                client, workdir=args.workdir, n_negatives=args.negatives,
-                n_instances=args.instances, d=args.dim, lam=args.lam, seed=args.seed,
-                progress=progress)
+        with worker_faults.explain_failures(client, _not_complete(args, short=True)):
+            reports, rows = _jobs(args, client, spec, progress)
         # done: a Ctrl-C while the cluster closes must not say that nothing was written
         args.finished = (reports, rows if args.command in ("demo", "evaluate") else None)
     _print_results(args, *args.finished)
     return 0
+
+
+def _jobs(args, client, spec, progress: bool):
+    """Run the command's job(s) on ``client``: (reports, rows of a results table)."""
+    from . import pipeline
+
+    rows = None
+    if args.command == "run":
+        from .jobspec import run_spec
+
+        run_spec(client, spec, overwrite=args.overwrite, progress=progress,
+                 on_report=lambda r: print("\n".join(r.lines()), flush=True))
+        reports = []  # printed as each step finished
+    elif args.command == "fit":
+        reports = [pipeline.fit_job(client, args.negatives, args.model, lam=args.lam,
+                                    theta=args.theta, partition_rows=args.partition_rows,
+                                    overwrite=args.overwrite, update=args.update,
+                                    progress=progress, kernel=args.kernel,
+                                    gamma=args.gamma, degree=args.degree, rank=args.rank,
+                                    pivoting=args.pivoting, tol=args.tol, seed=args.seed,
+                                    precision=args.precision)]
+    elif args.command == "search":
+        from . import evaluation
+
+        reports = [evaluation.search_job(client, args.queries, args.database, args.out,
+                                         k=args.k, partition_rows=args.partition_rows,
+                                         overwrite=args.overwrite, force=args.force)]
+    elif args.command == "evaluate":
+        from . import evaluation
+
+        rows, _, report = evaluation.evaluate_job(
+            client, args.corpus, args.methods, n_negatives=args.negatives, k=args.k,
+            p_at=args.p_at, plot=args.plot, grids=_evaluate_grids(args),
+            partition_rows=args.partition_rows)
+        reports = [report]
+    elif args.command == "encode":
+        reports = [pipeline.encode_job(client, args.model, args.positives, args.out,
+                                       dtype=args.dtype, partition_rows=args.partition_rows,
+                                       overwrite=args.overwrite, progress=progress,
+                                       precision=args.precision)]
+    else:
+        rows, reports = pipeline.demo_job(
+            client, workdir=args.workdir, n_negatives=args.negatives,
+            n_instances=args.instances, d=args.dim, lam=args.lam, seed=args.seed,
+            progress=progress)
+    return reports, rows
 
 
 def _print_results(args, reports, rows) -> None:
@@ -625,6 +640,16 @@ def _interrupted(args) -> int:
                   f"{args.out!r} is complete (`slem-dask verify {args.out}` checks it again)",
                   file=sys.stderr)
             return 130
+    print(f"slem-dask {args.command}: interrupted; {_not_complete(args)}", file=sys.stderr)
+    return 130
+
+
+def _not_complete(args, short: bool = False) -> str:
+    """What a command stopped before its end leaves, in its own words (``short``: without
+    the advice to run it again)."""
+    if short:
+        return ("the steps reported above are complete, the one under way was not marked "
+                "complete" if args.command in ("run", "demo") else "nothing was marked complete")
     # demo and run write several stores one after the other: the ones they had
     # finished are complete (and verified), only the one under way is not
     said = {"encode": "nothing was marked complete (an unfinished output, if one was started, "
@@ -636,9 +661,7 @@ def _interrupted(args) -> int:
                     "which); the one under way was not marked complete: run `slem-dask demo` "
                     "again to finish"}
     default = "nothing was marked complete (no model or output was written)"
-    print(f"slem-dask {args.command}: interrupted; {said.get(args.command, default)}",
-          file=sys.stderr)
-    return 130
+    return said.get(args.command, default)
 
 
 def console_main() -> None:

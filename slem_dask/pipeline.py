@@ -21,12 +21,13 @@ from concurrent.futures import CancelledError
 
 from distributed.comm.core import CommClosedError
 
-from . import integrity, storage
+from . import integrity, storage, workers
 from ._version import __version__
 from .integrity import canonical
 from .models import KernelSLEM, LinearSLEM, RawFeatures, load_model
 from .core.statistics import ScatterStats, merge_statistics
-from .parallel import scatter_large_arrays, statistics_partition_rows, store_statistics
+from .parallel import (_sub_block_rows, merge_fan_in, scatter_large_arrays,
+                       statistics_partition_rows, store_statistics)
 from .validation import NonFiniteRowsError, check_n_features
 
 __all__ = ["fit_job", "encode_job", "JobReport"]
@@ -163,6 +164,11 @@ def fit_job(client, negatives: str, model_path: str, lam: float = 1e-3, theta: f
             rows = statistics_partition_rows(n - start, arr.shape[1], integrity.unit_rows(arr),
                                              rows, _threads(client))
         report.facts["partitions"] = f"{-(-(n - start) // rows)} x {rows} rows"
+        d = int(arr.shape[1])
+        workers.check_memory(client, workers.Plan(
+            "fit", "negatives", rows, d, str(arr.dtype), workers.fit_task_bytes(
+                d, _sub_block_rows(arr, rows), arr.dtype, precision, merge_fan_in(d)),
+            0.0, 0, integrity.unit_rows(arr)), -(-(n - start) // rows))
         t1 = time.perf_counter()
         with _fit_errors(negatives, model_path):
             stats = (_compute(client, store_statistics(arr, rows, precision, "negatives", start),
@@ -362,8 +368,13 @@ def encode_job(client, model_path: str, positives: str, out: str, dtype: str | N
         else:
             rows = int(target.chunks[0])
         n_parts = -(-n_rows // rows)
+        per_row, fixed = workers.encode_task_bytes(model, rows, arr.shape[1], arr.dtype)
+        plan = workers.Plan("encode", "positives", rows, int(arr.shape[1]), str(arr.dtype),
+                            int(fixed + per_row * rows), per_row, fixed,
+                            integrity.unit_rows(arr), resumed=not created)
         inputs = integrity.partition_fingerprints(arr, positives, "positives", rows)
         if created:
+            workers.check_memory(client, plan, n_parts)  # before the output is created
             target = storage.create_output(out, (n_rows, width), rows, out_dtype, {
                 "model": type(model).__name__, "model_fingerprint": fingerprint,
                 "encoding_fingerprint": encoding, "model_path": model_path.url,
@@ -374,6 +385,7 @@ def encode_job(client, model_path: str, positives: str, out: str, dtype: str | N
             todo, crcs = list(range(n_parts)), [None] * n_parts
         else:
             todo, crcs = _reconcile(target, inputs, n_parts)
+            workers.check_memory(client, plan, len(todo))
         t1 = time.perf_counter()
         report = JobReport("encode")
         scale = _scale_mismatch(model, arr)
