@@ -74,6 +74,10 @@ def _add_cluster_args(p: argparse.ArgumentParser) -> None:
                         "worker in this process with a thread per core (starts in a fraction "
                         "of the time); auto (default): threads for inputs under 256 MiB, "
                         "unless --workers or --threads-per-worker is given")
+    g.add_argument("--task-timeout", type=_positive_float, metavar="SECONDS",
+                   help="give up (exit 1) when no task of the job finishes for SECONDS, "
+                        "naming the workers it waits for (default: wait; a line is printed "
+                        "after every 60 s without progress, $SLEM_DASK_STALL_WARNING)")
     g.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
                    help="show progress bars (default: when the output is a terminal)")
     g.add_argument("--performance-report", metavar="HTML",
@@ -438,6 +442,9 @@ def _run(args) -> int:
         scheduler = scheduler or spec.cluster.scheduler
         workers = workers or spec.cluster.workers
         threads = threads or spec.cluster.threads_per_worker
+        if args.task_timeout is None and spec.cluster.task_timeout is not None:
+            args.task_timeout = spec.cluster.task_timeout
+            args.task_timeout_source = "[cluster] task_timeout"
     args.scheduler_address = scheduler or os.environ.get("DASK_SCHEDULER_ADDRESS")
     security = _security(args)  # before any cluster starts, like every input check
     _check_inputs(args, spec)  # input errors come before any cluster starts
@@ -468,9 +475,11 @@ def _run(args) -> int:
         print(f"dask: {info.get('address', '')} with {len(info['workers'])} worker(s){where}, "
               f"start-up {time.perf_counter() - started:.2f} s (the jobs' own times follow)",
               flush=True)
-        from . import workers as worker_faults
+        from . import watchdog, workers as worker_faults
 
-        with worker_faults.explain_failures(client, _not_complete(args, short=True)):
+        with watchdog.watch(client, args.task_timeout, what_is_kept=_not_complete(args),
+                            source=getattr(args, "task_timeout_source", "--task-timeout")), \
+                worker_faults.explain_failures(client, _not_complete(args, short=True)):
             reports, rows = _jobs(args, client, spec, progress)
         # done: a Ctrl-C while the cluster closes must not say that nothing was written
         args.finished = (reports, rows if args.command in ("demo", "evaluate") else None)

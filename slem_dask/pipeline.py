@@ -85,13 +85,33 @@ def _settle(client, future, timeout: float = 60.0) -> None:
         client.cancel(future)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            busy = client.run(lambda dask_worker: len(dask_worker.state.executing)
-                              + len(dask_worker.state.long_running))
-            if not any(busy.values()):
-                return
+            busy = _run_within(client, lambda dask_worker: len(dask_worker.state.executing)
+                               + len(dask_worker.state.long_running),
+                               min(5.0, deadline - time.monotonic()))
+            if not busy or not any(busy.values()):
+                return  # idle, or a worker does not answer (stopped: it writes nothing)
             time.sleep(0.05)
     except Exception:  # cleanup is best effort: the original error is what matters
         pass
+
+
+def _run_within(client, function, seconds: float):
+    """``client.run(function)``, or None if a worker has not answered within ``seconds``:
+    a stopped worker would hold the call as long as it is stopped."""
+    import threading
+
+    answer = {}
+
+    def ask():
+        try:
+            answer["busy"] = client.run(function)
+        except Exception:  # noqa: BLE001 - e.g. the client closed while the worker slept
+            pass
+
+    thread = threading.Thread(target=ask, daemon=True)
+    thread.start()
+    thread.join(seconds)
+    return answer.get("busy")
 
 
 class JobFailed(integrity.IntegrityError):

@@ -1,6 +1,6 @@
-"""Checks made before any cluster starts (issue 18): read-only output folders. No cluster
-is started: the commands are given an unreachable scheduler, so a check made after
-connecting would fail on that."""
+"""Checks made before any cluster starts (issue 18): read-only output folders, the
+--task-timeout option and its job-spec key. No cluster is started: the commands are
+given an unreachable scheduler, so a check made after connecting would fail on that."""
 
 import os
 import subprocess
@@ -12,6 +12,8 @@ import pytest
 import zarr
 
 from slem_dask import LinearSLEM
+from slem_dask.cli import main
+from slem_dask.jobspec import SpecError, parse_spec
 
 UNREACHABLE = "tcp://127.0.0.1:1"
 BIN = Path(sys.executable).parent
@@ -96,3 +98,21 @@ def test_writable_folders_pass_and_keep_no_probe_file(tmp_path):
     check_writable({"--out": tmp_path / "store.zarr", "--model": tmp_path / "a" / "b.zarr",
                     "--plot": None, "--other": "s3://bucket/x.zarr"})  # URLs are skipped
     assert sorted(p.name for p in tmp_path.rglob("*")) == ["store.zarr"]
+
+
+def test_task_timeout_option_must_be_positive(capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["encode", "--model", "m", "--positives", "p", "--out", "o",
+              "--task-timeout", "0"])
+    assert exc.value.code == 2
+    assert "--task-timeout: expected a finite number > 0" in capsys.readouterr().err
+
+
+def test_task_timeout_in_the_cluster_table_of_a_spec():
+    base = {"model": {"path": "m.zarr"}, "fit": {"negatives": "n.zarr"}}
+    spec = parse_spec({**base, "cluster": {"task_timeout": 90}})
+    assert spec.cluster.task_timeout == 90.0
+    assert parse_spec(base).cluster.task_timeout is None
+    for bad in (0, -1, "10", True):
+        with pytest.raises(SpecError, match=r"cluster\.task_timeout = .*expected a number > 0"):
+            parse_spec({**base, "cluster": {"task_timeout": bad}})

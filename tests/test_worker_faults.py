@@ -1,5 +1,8 @@
-"""Workers too small for a partition (issue 18), against a real `dask scheduler` and
-`dask worker` processes: the command line says so in one line."""
+"""Workers too small for a partition, and workers that stop answering (issue 18), against a
+real `dask scheduler` and `dask worker` processes: the command line says so in one line.
+
+Intervals are shortened through $SLEM_DASK_STALL_WARNING and $SLEM_DASK_WATCH_INTERVAL.
+"""
 
 import json
 import os
@@ -147,3 +150,101 @@ def test_workers_killed_for_memory_are_named_in_one_line(small_worker):
     assert re.search(r"pass --overwrite --partition-rows \d+000 or less", line), line
     assert "KilledWorker" not in line and "Traceback" not in result.stderr
     assert not storage.marked_complete(str(out))
+
+
+# -- a worker that stops answering (item 2) ---------------------------------------------
+@pytest.fixture
+def two_workers(tmp_path):
+    cluster = _start_cluster(tmp_path, ["--no-nanny"], 2)  # SIGSTOP reaches the worker
+    yield {**cluster, "tmp": tmp_path}
+    _stop_cluster(cluster)
+
+
+def _worker_pid(cluster, name):
+    from distributed import Client
+
+    with Client(cluster["address"]) as client:
+        return client.run(os.getpid)[cluster["names"][name]]
+
+
+def _check_stall_messages(stderr, command, worker, timeout, setting="--task-timeout 5"):
+    lines = stderr.strip().splitlines()
+    warnings = [x for x in lines if x.startswith("slem-dask: no task finished for")]
+    errors = [x for x in lines if x.startswith(f"slem-dask {command}: error:")]
+    assert warnings and len(errors) == 1 and len(warnings) + 1 == len(lines), stderr
+    assert worker in warnings[0], warnings[0]
+    assert "--task-timeout SECONDS gives up" not in warnings[0]  # one was given
+    error = errors[0]
+    assert f"no task of this job finished for {timeout} s ({setting})" in error
+    assert worker in error and "not heard from for" in error, error
+    assert "nothing was marked complete" in error
+
+
+def test_a_stopped_worker_is_named_and_encode_gives_up_after_task_timeout(two_workers):
+    c = two_workers
+    positives = _array(c["tmp"] / "positives.zarr", 120_000, 32, 1_000)
+    model = str(c["tmp"] / "model.zarr")
+    LinearSLEM().fit(np.random.default_rng(1).standard_normal((500, 32))).save(model)
+    out = c["tmp"] / "out.zarr"
+    pid = _worker_pid(c, "w0")
+    env = {**os.environ, "SLEM_DASK_STALL_WARNING": "2", "SLEM_DASK_WATCH_INTERVAL": "0.2"}
+    proc = subprocess.Popen(
+        [str(BIN / "slem-dask"), "encode", "--model", model, "--positives", positives,
+         "--out", str(out), "--partition-rows", "1000", "--task-timeout", "5",
+         "--scheduler", c["address"], "--no-progress"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        deadline = time.time() + 60
+        while time.time() < deadline and proc.poll() is None and \
+                len(list((out / "c").rglob("*")) if (out / "c").exists() else []) < 10:
+            time.sleep(0.01)
+        assert proc.poll() is None, "the encode ended before a worker could be stopped"
+        os.kill(pid, signal.SIGSTOP)
+        stopped = time.monotonic()
+        _, stderr = proc.communicate(timeout=60)
+        waited = time.monotonic() - stopped
+    finally:
+        os.kill(pid, signal.SIGCONT)
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 1, stderr
+    _check_stall_messages(stderr, "encode", c["names"]["w0"], 5)
+    assert 5 <= waited < 20  # gave up after the timeout, not when the worker came back
+    assert not storage.marked_complete(str(out))
+
+
+def test_a_stopped_worker_mid_fit_gives_up_after_the_spec_task_timeout(two_workers):
+    from distributed import Client
+
+    c = two_workers
+    negatives = _array(c["tmp"] / "negatives.zarr", 200_000, 32, 500)
+    spec = c["tmp"] / "job.toml"
+    spec.write_text(f'[cluster]\nscheduler = "{c["address"]}"\ntask_timeout = 5\n'
+                    f'[model]\npath = "{c["tmp"] / "model.zarr"}"\n'
+                    f'[fit]\nnegatives = "{negatives}"\npartition_rows = 500\n')
+    pid = _worker_pid(c, "w0")
+    env = {**os.environ, "SLEM_DASK_STALL_WARNING": "2", "SLEM_DASK_WATCH_INTERVAL": "0.2"}
+    proc = subprocess.Popen([str(BIN / "slem-dask"), "run", str(spec), "--no-progress"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        with Client(c["address"]) as client:  # stop w0 once the fit's tasks run on it
+            deadline = time.time() + 60
+            while time.time() < deadline and proc.poll() is None and not any(
+                    "slem-statistics" in str(k)
+                    for k in client.processing([c["names"]["w0"]]).get(c["names"]["w0"], ())):
+                time.sleep(0.005)
+        assert proc.poll() is None, "the fit ended before a worker could be stopped"
+        os.kill(pid, signal.SIGSTOP)
+        _, stderr = proc.communicate(timeout=60)
+    finally:
+        os.kill(pid, signal.SIGCONT)
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 1, stderr
+    # `run` says which steps are complete: none was
+    assert "the one under way was not marked complete" in stderr
+    _check_stall_messages(stderr.replace("the steps reported above are complete; the one "
+                                         "under way was not marked complete",
+                                         "nothing was marked complete"),
+                          "run", c["names"]["w0"], 5, setting="[cluster] task_timeout = 5")
+    assert not (c["tmp"] / "model.zarr").exists()
