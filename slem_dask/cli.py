@@ -74,6 +74,10 @@ def _add_cluster_args(p: argparse.ArgumentParser) -> None:
                         "worker in this process with a thread per core (starts in a fraction "
                         "of the time); auto (default): threads for inputs under 256 MiB, "
                         "unless --workers or --threads-per-worker is given")
+    g.add_argument("--task-timeout", type=_positive_float, metavar="SECONDS",
+                   help="give up (exit 1) when no task of the job finishes for SECONDS, "
+                        "naming the workers it waits for (default: wait; a line is printed "
+                        "after every 60 s without progress, $SLEM_DASK_STALL_WARNING)")
     g.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
                    help="show progress bars (default: when the output is a terminal)")
     g.add_argument("--performance-report", metavar="HTML",
@@ -458,7 +462,6 @@ def _verify(paths) -> int:
 
 
 def _run(args) -> int:
-    from . import pipeline
     from .cluster import connect
 
     if args.command == "verify":
@@ -475,9 +478,15 @@ def _run(args) -> int:
         scheduler = scheduler or spec.cluster.scheduler
         workers = workers or spec.cluster.workers
         threads = threads or spec.cluster.threads_per_worker
+        if args.task_timeout is None and spec.cluster.task_timeout is not None:
+            args.task_timeout = spec.cluster.task_timeout
+            args.task_timeout_source = "[cluster] task_timeout"
     args.scheduler_address = scheduler or os.environ.get("DASK_SCHEDULER_ADDRESS")
     security = _security(args)  # before any cluster starts, like every input check
     _check_inputs(args, spec)  # input errors come before any cluster starts
+    from .preflight import check_writable, output_paths
+
+    check_writable(output_paths(args, spec))  # so do read-only output folders
     if args.command in ("search", "evaluate"):
         from . import evaluation
 
@@ -502,47 +511,65 @@ def _run(args) -> int:
         print(f"dask: {info.get('address', '')} with {len(info['workers'])} worker(s){where}, "
               f"start-up {time.perf_counter() - started:.2f} s (the jobs' own times follow)",
               flush=True)
-        if args.command == "run":
-            from .jobspec import run_spec
+        from . import watchdog, workers as worker_faults
 
-            run_spec(client, spec, overwrite=args.overwrite, progress=progress,
-                     on_report=lambda r: print("\n".join(r.lines()), flush=True))
-            reports = []  # printed as each step finished
-        elif args.command == "fit":
-            reports = [pipeline.fit_job(client, args.negatives, args.model, lam=args.lam,
-                                        theta=args.theta, partition_rows=args.partition_rows,
-                                        overwrite=args.overwrite, update=args.update,
-                                        progress=progress, kernel=args.kernel,
-                                        gamma=args.gamma, degree=args.degree, rank=args.rank,
-                                        pivoting=args.pivoting, tol=args.tol, seed=args.seed,
-                                        precision=args.precision)]
-        elif args.command == "search":
-            reports = [evaluation.search_job(client, args.queries, args.database, args.out,
-                                             k=args.k, partition_rows=args.partition_rows,
-                                             overwrite=args.overwrite, force=args.force)]
-        elif args.command == "evaluate":
-            rows, _, report = evaluation.evaluate_job(
-                client, args.corpus, args.methods, n_negatives=args.negatives, k=args.k,
-                p_at=args.p_at, plot=args.plot, grids=_evaluate_grids(args),
-                partition_rows=args.partition_rows)
-            reports = [report]
-        elif args.command == "encode":
-            from .storage import head_seq
-
-            args.head_before = head_seq(args.out)
-            reports = [pipeline.encode_job(client, args.model, args.positives, args.out,
-                                           dtype=args.dtype, partition_rows=args.partition_rows,
-                                           overwrite=args.overwrite, progress=progress,
-                                           precision=args.precision)]
-        else:
-            rows, reports = pipeline.demo_job(
-                client, workdir=args.workdir, n_negatives=args.negatives,
-                n_instances=args.instances, d=args.dim, lam=args.lam, seed=args.seed,
-                progress=progress)
+        with watchdog.watch(client, args.task_timeout, what_is_kept=_not_complete(args),
+                            source=getattr(args, "task_timeout_source", "--task-timeout")), \
+                worker_faults.explain_failures(client, _not_complete(args, short=True)):
+            reports, rows = _jobs(args, client, spec, progress)
         # done: a Ctrl-C while the cluster closes must not say that nothing was written
         args.finished = (reports, rows if args.command in ("demo", "evaluate") else None)
     _print_results(args, *args.finished)
     return 0
+
+
+def _jobs(args, client, spec, progress: bool):
+    """Run the command's job(s) on ``client``: (reports, rows of a results table)."""
+    from . import pipeline
+
+    rows = None
+    if args.command == "run":
+        from .jobspec import run_spec
+
+        run_spec(client, spec, overwrite=args.overwrite, progress=progress,
+                 on_report=lambda r: print("\n".join(r.lines()), flush=True))
+        reports = []  # printed as each step finished
+    elif args.command == "fit":
+        reports = [pipeline.fit_job(client, args.negatives, args.model, lam=args.lam,
+                                    theta=args.theta, partition_rows=args.partition_rows,
+                                    overwrite=args.overwrite, update=args.update,
+                                    progress=progress, kernel=args.kernel,
+                                    gamma=args.gamma, degree=args.degree, rank=args.rank,
+                                    pivoting=args.pivoting, tol=args.tol, seed=args.seed,
+                                    precision=args.precision)]
+    elif args.command == "search":
+        from . import evaluation
+
+        reports = [evaluation.search_job(client, args.queries, args.database, args.out,
+                                         k=args.k, partition_rows=args.partition_rows,
+                                         overwrite=args.overwrite, force=args.force)]
+    elif args.command == "evaluate":
+        from . import evaluation
+
+        rows, _, report = evaluation.evaluate_job(
+            client, args.corpus, args.methods, n_negatives=args.negatives, k=args.k,
+            p_at=args.p_at, plot=args.plot, grids=_evaluate_grids(args),
+            partition_rows=args.partition_rows)
+        reports = [report]
+    elif args.command == "encode":
+        from .storage import head_seq
+
+        args.head_before = head_seq(args.out)  # what an interrupt says is committed
+        reports = [pipeline.encode_job(client, args.model, args.positives, args.out,
+                                       dtype=args.dtype, partition_rows=args.partition_rows,
+                                       overwrite=args.overwrite, progress=progress,
+                                       precision=args.precision)]
+    else:
+        rows, reports = pipeline.demo_job(
+            client, workdir=args.workdir, n_negatives=args.negatives,
+            n_instances=args.instances, d=args.dim, lam=args.lam, seed=args.seed,
+            progress=progress)
+    return reports, rows
 
 
 def _print_results(args, reports, rows) -> None:
@@ -673,6 +700,16 @@ def _interrupted(args) -> int:
                   f"{args.out!r} is complete (`slem-dask verify {args.out}` checks it again)",
                   file=sys.stderr)
             return 130
+    print(f"slem-dask {args.command}: interrupted; {_not_complete(args)}", file=sys.stderr)
+    return 130
+
+
+def _not_complete(args, short: bool = False) -> str:
+    """What a command stopped before its end leaves, in its own words (``short``: without
+    the advice to run it again)."""
+    if short:
+        return ("the steps reported above are complete, the one under way was not marked "
+                "complete" if args.command in ("run", "demo") else "nothing was marked complete")
     # demo and run write several stores one after the other: the ones they had
     # finished are complete (and verified), only the one under way is not
     said = {"encode": "nothing was marked complete (an unfinished output, if one was started, "
@@ -684,9 +721,7 @@ def _interrupted(args) -> int:
                     "which); the one under way was not marked complete: run `slem-dask demo` "
                     "again to finish"}
     default = "nothing was marked complete (no model or output was written)"
-    print(f"slem-dask {args.command}: interrupted; {said.get(args.command, default)}",
-          file=sys.stderr)
-    return 130
+    return said.get(args.command, default)
 
 
 def console_main() -> None:

@@ -28,6 +28,9 @@ class SingleThreadedBLAS(WorkerPlugin):
     """
 
     name = "slem-dask-single-threaded-blas"
+    # The same limit every time: a job on a scheduler that has it registers nothing,
+    # so a stopped worker cannot hold its start (a registration waits for every worker).
+    idempotent = True
 
     def setup(self, worker):
         from threadpoolctl import threadpool_limits

@@ -30,6 +30,7 @@ class ClusterSpec:
     scheduler: str | None = None
     workers: int | None = None
     threads_per_worker: int | None = None
+    task_timeout: float | None = None  # seconds without a finished task: give up
 
 
 @dataclass(frozen=True)

@@ -273,10 +273,15 @@ def shared(value):
     """
     scatter = _scatter_client.get()
     if scatter is not None and _array_bytes(value) >= SCATTER_BYTES:
+        from .replicas import PREFIX, protect
+
         client, held = scatter
+        if not held:  # the scheduler's memory manager must spare the copies (replicas.py)
+            protect(client)
         # on every worker (copied worker to worker): a worker lost mid-job does not
         # take the only copy with it (scattered data, unlike a task, cannot be rerun)
-        future = client.scatter(value, hash=True, broadcast=True)
+        key = PREFIX + dask.base.tokenize(value)
+        future = client.scatter({key: value}, broadcast=True)[key]
         held.append(future)
         return future
     return dask.delayed(value, pure=True, traverse=False)

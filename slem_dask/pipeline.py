@@ -21,13 +21,14 @@ from concurrent.futures import CancelledError
 
 from distributed.comm.core import CommClosedError
 
-from . import integrity, storage
+from . import integrity, storage, workers
 from .storage import versions
 from ._version import __version__
 from .integrity import canonical
 from .models import KernelSLEM, LinearSLEM, RawFeatures, load_model
 from .core.statistics import ScatterStats, merge_statistics
-from .parallel import scatter_large_arrays, statistics_partition_rows, store_statistics
+from .parallel import (_sub_block_rows, merge_fan_in, scatter_large_arrays,
+                       statistics_partition_rows, store_statistics)
 from .validation import NonFiniteRowsError, check_n_features
 
 __all__ = ["fit_job", "encode_job", "JobReport"]
@@ -85,13 +86,33 @@ def _settle(client, future, timeout: float = 60.0) -> None:
         client.cancel(future)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            busy = client.run(lambda dask_worker: len(dask_worker.state.executing)
-                              + len(dask_worker.state.long_running))
-            if not any(busy.values()):
-                return
+            busy = _run_within(client, lambda dask_worker: len(dask_worker.state.executing)
+                               + len(dask_worker.state.long_running),
+                               min(5.0, deadline - time.monotonic()))
+            if not busy or not any(busy.values()):
+                return  # idle, or a worker does not answer (stopped: it writes nothing)
             time.sleep(0.05)
     except Exception:  # cleanup is best effort: the original error is what matters
         pass
+
+
+def _run_within(client, function, seconds: float):
+    """``client.run(function)``, or None if a worker has not answered within ``seconds``:
+    a stopped worker would hold the call as long as it is stopped."""
+    import threading
+
+    answer = {}
+
+    def ask():
+        try:
+            answer["busy"] = client.run(function)
+        except Exception:  # noqa: BLE001 - e.g. the client closed while the worker slept
+            pass
+
+    thread = threading.Thread(target=ask, daemon=True)
+    thread.start()
+    thread.join(seconds)
+    return answer.get("busy")
 
 
 class JobFailed(integrity.IntegrityError):
@@ -164,6 +185,11 @@ def fit_job(client, negatives: str, model_path: str, lam: float = 1e-3, theta: f
             rows = statistics_partition_rows(n - start, arr.shape[1], integrity.unit_rows(arr),
                                              rows, _threads(client))
         report.facts["partitions"] = f"{-(-(n - start) // rows)} x {rows} rows"
+        d = int(arr.shape[1])
+        workers.check_memory(client, workers.Plan(
+            "fit", "negatives", rows, d, str(arr.dtype), workers.fit_task_bytes(
+                d, _sub_block_rows(arr, rows), arr.dtype, precision, merge_fan_in(d)),
+            0.0, 0, integrity.unit_rows(arr)), -(-(n - start) // rows))
         t1 = time.perf_counter()
         with _fit_errors(negatives, model_path):
             stats = (_compute(client, store_statistics(arr, rows, precision, "negatives", start),
@@ -361,7 +387,12 @@ def encode_job(client, model_path: str, positives: str, out: str, dtype: str | N
         rows = int(head.chunks[0]) if head is not None else \
             storage.row_partition(arr, partition_rows)
         n_parts = -(-n_rows // rows)
+        per_row, fixed = workers.encode_task_bytes(model, rows, arr.shape[1], arr.dtype)
+        plan = workers.Plan("encode", "positives", rows, int(arr.shape[1]), str(arr.dtype),
+                            int(fixed + per_row * rows), per_row, fixed,
+                            integrity.unit_rows(arr), resumed=head is not None)
         inputs = integrity.partition_fingerprints(arr, positives, "positives", rows)
+        workers.check_memory(client, plan, n_parts)  # before anything is written
         storage.replace_legacy(out, "output")  # only reached with --overwrite
         store = versions.VersionedStore(out)
         draft = store.begin()  # this job's own version folder, invisible until committed

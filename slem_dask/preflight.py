@@ -1,0 +1,85 @@
+"""Checks of what a command will write, made before any cluster starts.
+
+A read-only output folder used to fail after the cluster had started (the
+lease, then the store, are created there), with the operating system's
+message and no remedy. :func:`check_writable` creates and removes a probe file
+where each output goes: in its folder (the nearest existing ancestor when
+folders are still to be made, as zarr makes them), and in the store itself
+when it exists (a resumed output). Local paths only: the permissions of an
+object store (s3://...) show only when it is written.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import uuid
+
+__all__ = ["check_writable", "output_paths"]
+
+
+def _probe(folder: str) -> OSError | None:
+    name = os.path.join(folder, f".slem-dask-probe-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+    try:
+        fd = os.open(name, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
+    except OSError as exc:
+        return exc
+    os.close(fd)
+    os.unlink(name)
+    return None
+
+
+def check_writable(paths: dict[str, object]) -> None:
+    """Raise PermissionError (one line: the option, the folder, the fix) unless a file
+    can be created where each local output of ``paths`` ({option: path}) goes."""
+    from .integrity import canonical
+
+    for key, path in paths.items():
+        if not path:
+            continue
+        where = canonical(path)
+        if not where.is_local:
+            continue
+        target = where.location
+        folder = os.path.dirname(target.rstrip("/")) or "/"
+        while not os.path.isdir(folder) and os.path.dirname(folder) != folder:
+            if os.path.exists(folder):  # a file where a folder must go
+                raise NotADirectoryError(
+                    f"{key} {str(path)!r}: {folder!r} is a file, not a folder; give an "
+                    f"output path whose parent is a folder")
+            folder = os.path.dirname(folder)
+        folders = [folder] + ([target] if os.path.isdir(target) else [])
+        for place in folders:
+            exc = _probe(place)
+            if exc is None:
+                continue
+            if exc.errno in (errno.EROFS, errno.EACCES, errno.EPERM):
+                why = ("is on a read-only file system" if exc.errno == errno.EROFS
+                       else f"is not writable by this user (uid {os.getuid()})")
+                raise PermissionError(
+                    f"{key} {str(path)!r}: the folder {place!r} {why}, so nothing can be "
+                    f"written there; choose an output path in a writable folder, or make "
+                    f"{place!r} writable (remount it read-write, chmod/chown)")
+            raise OSError(exc.errno, f"{key} {str(path)!r}: cannot create a file in "
+                                     f"{place!r} ({exc.strerror}); check that folder")
+
+
+def output_paths(args, spec=None) -> dict[str, object]:
+    """{option or spec key: path} of what a command writes (stores, plots, reports)."""
+    paths = {}
+    for option in ("model", "out", "workdir", "plot", "performance_report"):
+        if args.command == "encode" and option == "model":
+            continue  # read, not written
+        value = getattr(args, option, None)
+        if value:
+            paths["--" + option.replace("_", "-")] = value
+    if args.command != "fit":
+        paths.pop("--model", None)
+    if spec is not None:
+        if spec.fit is not None:
+            paths["model.path"] = spec.model.path
+        for i, step in enumerate(spec.encode):
+            paths[f"encode[{i}].out"] = step.out
+        if spec.generate is not None and not os.path.exists(spec.generate.path):
+            paths["generate.path"] = spec.generate.path
+    return paths

@@ -1,0 +1,72 @@
+"""Scattered model arrays stay on every worker while a job runs.
+
+A job scatters its large model arrays to every worker (``broadcast=True``) so
+that a worker lost mid-job does not take the only copy with it: scattered
+data, unlike a task's result, cannot be computed again. Distributed's Active
+Memory Manager undoes that: its ReduceReplicas policy (on by default, every
+2 s) drops every replica of a key but those that waiting tasks need, and
+distributed documents ``broadcast=True`` as incompatible with it. A worker
+killed after such a cycle held the one copy: the job failed with "lost
+scattered data" (tests/test_cluster.py, under load).
+
+:func:`protect` replaces the scheduler's ReduceReplicas policy by one that
+makes the same suggestions except for keys named ``slem-dask-shared-...``
+(what :func:`slem_dask.parallel.shared` scatters): other data keep
+distributed's behaviour. The policy is defined on the scheduler by the
+function sent there, so the scheduler needs no slem-dask installed.
+"""
+
+from __future__ import annotations
+
+__all__ = ["PREFIX", "protect"]
+
+#: Keys of the arrays slem-dask scatters; the policy spares exactly these.
+PREFIX = "slem-dask-shared-"
+
+
+def _installer():
+    prefix = PREFIX
+
+    def install(dask_scheduler) -> str:
+        amm = dask_scheduler.extensions.get("amm")
+        if amm is None:
+            return "no active memory manager"
+        from distributed.active_memory_manager import ReduceReplicas
+
+        if any(type(p).__name__ == "SpareSlemDaskReplicas" for p in amm.policies):
+            return "installed before"
+
+        class SpareSlemDaskReplicas(ReduceReplicas):
+            """ReduceReplicas, except for slem-dask's scattered arrays."""
+
+            def run(self):
+                suggestions = super().run()
+                answer = None
+                while True:
+                    try:
+                        suggestion = suggestions.send(answer)
+                    except StopIteration:
+                        return
+                    key = suggestion.ts.key
+                    if isinstance(key, str) and key.startswith(prefix):
+                        answer = None  # never enacted: the key keeps its replicas
+                        continue
+                    answer = yield suggestion
+
+        replaced = [p for p in amm.policies if type(p) is ReduceReplicas]
+        for policy in replaced:
+            amm.policies.discard(policy)
+            amm.add_policy(SpareSlemDaskReplicas())
+        return f"replaced {len(replaced)} ReduceReplicas policy"
+
+    return install
+
+
+def protect(client) -> None:
+    """Make the scheduler of ``client`` keep every replica of slem-dask's scattered
+    arrays (idempotent; best effort: a scheduler that refuses leaves distributed's
+    behaviour, and a worker lost mid-job may then take a model's last copy)."""
+    try:
+        client.run_on_scheduler(_installer())
+    except Exception:  # noqa: BLE001 - e.g. a scheduler that forbids run_on_scheduler
+        pass

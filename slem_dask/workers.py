@@ -1,0 +1,323 @@
+"""Workers too small for a job's tasks: refused before computing, or explained after.
+
+A worker's nanny restarts it when its process passes 95% of its memory limit
+(``distributed.worker.memory.terminate``). A task that needs more than that
+kills every worker it is tried on, and distributed gives up after four with a
+``KilledWorker`` traceback that never says "memory" (or, when the dead worker
+held a scattered model, "lost dependencies"). So:
+
+- :func:`check_memory`, before a job computes: each worker with a nanny and a
+  memory limit must hold its current process memory (measured after importing
+  what the tasks import) plus one task per thread under 95% of its limit; if
+  not, one line names the worker, its limit, the partition and a
+  ``--partition-rows`` whose tasks stay under the pause threshold (80%: the
+  worker then never stops taking tasks, and stays well below a restart).
+- :func:`explain_failures`, around the jobs: a ``KilledWorker``, or a job that
+  lost its cluster while nannies reported memory restarts
+  (``client.get_events("worker-restart-memory")``), becomes one line naming the
+  workers, their limit, the partition and the same fix.
+
+Bytes one task needs, measured with ``benchmarks/bench_task_memory.py``: the
+growth of a fresh worker's peak resident set, once it has imported the tasks'
+modules (what :func:`check_memory` counts as in use), while it runs a job of one
+partition of rows x d (d = 128, 512, 2048; 2,000 to 100,000 rows):
+
+- linear encode (read, finite check, centred rows, product, zarr's encoded
+  chunk): 16 MiB plus 21 bytes per value for float32 input (5.0-5.6 x the
+  partition above 20,000 rows), 25 for float64 (3.0-3.1 x), whatever the
+  precision and output dtype;
+- kernel encode (rbf): 16 MiB plus, per row, 11 d + 30 r bytes for float32
+  input, 9 d + 33 r for float64 (r pivots, 128-1024); other kernels are assumed
+  alike;
+- linear fit: a task reads one sub-block (``parallel._sub_block_rows``: whole
+  chunks, at least min(d, 4096) rows) at a time: 4 MiB plus 10 bytes per value
+  of it for float32 with precision auto, 21 otherwise, plus its d x d float64
+  scatter; a merge task holds ``merge_fan_in`` d x d partials (from the code,
+  not measured).
+
+Checked against real workers (one ``dask worker --memory-limit``, 135 MiB in use):
+at 200 MB, encode partitions of 3,000 rows x 512 float32 ran and 4,000 were
+killed (the check refuses 3,000); at 400 MB, 45,000 rows x 256 ran (pausing
+once) and 50,000 were killed (the check refuses above 41,000 and suggests
+30,000, which ran without pausing).
+
+Partition rows do not change what a fit task holds: for a fit the fix is memory
+or smaller chunks. Kernel fits, search and evaluate are not estimated; their
+deaths are explained after the fact.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import dataclasses
+
+import numpy as np
+
+from .integrity import IntegrityError
+
+__all__ = ["WorkerMemoryError", "check_memory", "encode_task_bytes", "fit_task_bytes",
+           "explain_failures"]
+
+#: The fraction of its limit at which a nanny restarts a worker, when dask's
+#: configuration does not say (distributed's default).
+TERMINATE = 0.95
+PAUSE = 0.8
+MiB = 2**20
+
+
+class WorkerMemoryError(IntegrityError):
+    """A job's tasks need more memory than its workers have; nothing was computed."""
+
+
+@dataclasses.dataclass
+class Plan:
+    """One job's partitions, as :func:`check_memory` saw them (for later messages)."""
+
+    what: str          # "encode" or "fit"
+    name: str          # the input, e.g. "positives"
+    rows: int          # rows per partition
+    d: int
+    dtype: str
+    task_bytes: int    # what one task needs, estimated
+    per_row: float     # bytes per row of a partition (0: rows do not matter)
+    fixed: int         # bytes that do not depend on the partition's rows
+    unit: int          # partitions are whole multiples of this many rows
+    resumed: bool = False  # an unfinished output keeps its partitions: --overwrite
+    limits: dict = dataclasses.field(default_factory=dict)  # worker -> memory limit
+    in_use: int = 0    # the most a worker held before the job (0: not measured)
+
+    def partition(self) -> str:
+        size = self.rows * self.d * np.dtype(self.dtype).itemsize
+        return (f"partitions of {self.rows} rows x {self.d} {self.dtype} ({size / MiB:.1f} MiB; "
+                f"about {self.task_bytes / MiB:.0f} MiB per {self.what} task)")
+
+    def rows_that_fit(self, budget: float) -> int:
+        """The most rows per partition (whole units) whose task fits in ``budget``."""
+        if self.per_row <= 0:
+            return 0
+        rows = int((budget - self.fixed) // self.per_row)
+        return max(0, rows // self.unit * self.unit)
+
+
+_plan = contextvars.ContextVar("slem_dask_partition_plan", default=None)
+
+
+def encode_task_bytes(model, rows: int, d: int, dtype) -> tuple[float, int]:
+    """(bytes per row, fixed bytes) of one encode task (see the module's measurements)."""
+    itemsize = np.dtype(dtype).itemsize
+    rank = getattr(model, "rank_", None)
+    if rank is not None:  # a KernelSLEM: the kernel rows against r pivots dominate
+        per_row = (11 * d + 30 * rank) if itemsize <= 4 else (9 * d + 33 * rank)
+    else:
+        per_row = (21 if itemsize <= 4 else 25) * d
+    return float(per_row), 16 * MiB
+
+
+def fit_task_bytes(d: int, sub_rows: int, dtype, precision: str, fan_in: int) -> int:
+    """Bytes of one linear fit task (a statistics task or a merge, the larger)."""
+    per_value = 10 if np.dtype(dtype).itemsize <= 4 and precision == "auto" else 21
+    statistics = 4 * MiB + sub_rows * d * per_value + 8 * d * d
+    merge = fan_in * 8 * d * d
+    return int(max(statistics, merge))
+
+
+def _terminate_fraction() -> float | None:
+    import dask
+
+    value = dask.config.get("distributed.worker.memory.terminate", TERMINATE)
+    return float(value) if value else None
+
+
+def _pause_fraction() -> float:
+    """Above this fraction of its limit a worker takes no new task: a suggested partition
+    keeps a worker below it, so that it runs without pausing and far from a restart."""
+    import dask
+
+    value = dask.config.get("distributed.worker.memory.pause", PAUSE)
+    return float(value) if value else PAUSE
+
+
+def _worker_memory(dask_worker=None) -> int:
+    # What the tasks import (slem_dask.pipeline: zarr, numcodecs, the models) is
+    # counted: a fresh worker grows from ~62 to ~135 MiB with it.
+    import psutil
+
+    import slem_dask.pipeline  # noqa: F401
+
+    return int(psutil.Process().memory_info().rss)
+
+
+def _limited_workers(client) -> dict:
+    """Workers that a nanny restarts above a memory limit: {address: info}."""
+    return {a: w for a, w in client.scheduler_info().get("workers", {}).items()
+            if w.get("memory_limit") and w.get("nanny")}
+
+
+def check_memory(client, plan: Plan, n_tasks: int) -> None:
+    """Refuse a job whose tasks cannot fit in its workers (see the module); record
+    ``plan`` for :func:`explain_failures`."""
+    _plan.set(plan)
+    fraction = _terminate_fraction()
+    if client is None or fraction is None or n_tasks <= 0:
+        return
+    limited = _limited_workers(client)
+    plan.limits = {a: w["memory_limit"] for a, w in limited.items()}
+    if not limited:
+        return
+    used = client.run(_worker_memory, workers=list(limited))
+    plan.in_use = max(used.values(), default=0)
+    short = []  # (rows that fit, address, info, tasks at once, in use) of the short ones
+    for address, w in limited.items():
+        if address not in used:
+            continue
+        tasks = min(int(w.get("nthreads", 1) or 1), n_tasks)
+        if tasks * plan.task_bytes > fraction * w["memory_limit"] - used[address]:
+            fits = plan.rows_that_fit((_pause_fraction() * w["memory_limit"] - used[address])
+                                      / tasks)
+            short.append((fits, address, w, tasks, used[address]))
+    if not short:
+        return
+    fits, address, w, tasks, in_use = min(short, key=lambda s: s[0])
+    others = f" (and {len(short) - 1} other worker(s))" if len(short) > 1 else ""
+    threads = f"{tasks} tasks at once (one per thread), each" if tasks > 1 else "one task"
+    raise WorkerMemoryError(
+        f"worker {address}{others} has a memory limit of {w['memory_limit'] / MiB:.1f} MiB "
+        f"(its nanny restarts it at {fraction:.0%}; {in_use / MiB:.0f} MiB in use), too "
+        f"little for {threads} of {plan.partition()}; nothing was computed: "
+        f"{_fix(plan, fits, in_use, tasks)}")
+
+
+def _fix(plan: Plan, rows: int, in_use: float, tasks: int) -> str:
+    """The remedy: a --partition-rows that fits (``rows``), else the memory a worker needs."""
+    if rows and rows < plan.rows:
+        return _smaller_partitions(plan, rows)
+    smallest = plan.fixed + plan.unit * plan.per_row if plan.per_row else plan.task_bytes
+    want = (in_use + tasks * smallest) / _pause_fraction()
+    why = (f"even {plan.unit} rows (one chunk of the {plan.name}) need about "
+           f"{smallest / MiB:.0f} MiB per task" if plan.per_row else
+           f"a {plan.what} task holds whole chunks of the {plan.name}, whatever "
+           f"--partition-rows says")
+    return (f"{why}: give each worker at least {want / MiB:.0f} MiB (dask worker "
+            f"--memory-limit) or fewer threads, or store the {plan.name} in smaller chunks")
+
+
+def _smaller_partitions(plan: Plan, rows: int, started: bool = False,
+                        or_less: str = "") -> str:
+    """The remedy "--partition-rows ROWS"; an unfinished output keeps its partition
+    size unless rebuilt (--overwrite)."""
+    need = plan.fixed + rows * plan.per_row
+    flag, notes = f"--partition-rows {rows}{or_less}", []
+    if plan.what == "encode" and (plan.resumed or started):
+        flag = f"--overwrite {flag}"
+        notes.append(f"without --overwrite the unfinished output keeps its partitions of "
+                     f"{plan.rows} rows")
+    notes += ["partition_rows in a job spec", f"about {need / MiB:.0f} MiB per task"]
+    return (f"pass {flag} ({'; '.join(notes)}), or give the workers more memory (dask worker "
+            f"--memory-limit)")
+
+
+# -- after the fact ----------------------------------------------------------------
+def _memory_events(client, after: float = float("-inf")) -> list:
+    """The nannies' memory restarts logged after scheduler time ``after``: [(time, msg)]."""
+    try:
+        return [(t, msg) for t, msg in client.get_events("worker-restart-memory") if t > after]
+    except Exception:  # noqa: BLE001 - an old or lost scheduler: nothing to add
+        return []
+
+
+def _killed_worker(exc: BaseException):
+    from distributed.scheduler import KilledWorker
+
+    while exc is not None:
+        if isinstance(exc, KilledWorker):
+            return exc
+        exc = exc.__cause__ or exc.__context__
+    return None
+
+
+def _lost_dependencies(exc: BaseException) -> bool:
+    from concurrent.futures import CancelledError
+
+    while exc is not None:
+        if isinstance(exc, CancelledError):
+            return True
+        exc = exc.__cause__ or exc.__context__
+    return False
+
+
+def _limits(limits: dict, dead: list) -> str:
+    """The memory limits of the workers that died (as seen before the job), else of all."""
+    values = {limits[a] for a in dead if limits.get(a)} or {v for v in limits.values() if v}
+    if not values:
+        return "memory limit unknown"
+    return "memory limit " + ", ".join(f"{v / MiB:.1f}" for v in sorted(values)) + " MiB"
+
+
+def explain(exc: BaseException, events: list, limits: dict, what_is_kept: str) -> str | None:
+    """One line for a job that failed because workers died (``events``: the nannies'
+    memory restarts during the job; ``limits``: worker -> memory limit before it), or
+    None if it did not fail so."""
+    killed = _killed_worker(exc)
+    if killed is None and not (events and _lost_dependencies(exc)):
+        return None
+    plan = _plan.get()
+    dead = sorted({msg.get("worker", "?") for _, msg in events})
+    if killed is not None and not dead:
+        last = getattr(getattr(killed, "last_worker", None), "address", None)
+        dead = [last] if last else []
+    who = ", ".join(dead) or "the workers"
+    if events:
+        what = (f"worker(s) {who} ({_limits(limits, dead)}) were restarted by their nannies "
+                f"{len(events)} time(s) for exceeding their memory limit")
+    else:
+        tries = getattr(killed, "allowed_failures", 3) + 1
+        what = (f"{tries} workers died running the same task (last: {who}; "
+                f"{_limits(limits, dead)}), most likely out of memory (see the workers' logs)")
+    if plan is None:
+        return (f"{what}; {what_is_kept}: give the workers more memory (dask worker "
+                f"--memory-limit), or pass a smaller --partition-rows")
+    # The estimate was too low (or not checked): at most half of what died, or
+    # what fits in a limit by the estimate, whole chunks.
+    limit = min((v for v in limits.values() if v), default=0)
+    budget = plan.task_bytes / 2
+    if limit:
+        budget = min(budget, _pause_fraction() * limit - plan.in_use)
+    rows = plan.rows_that_fit(budget)
+    if rows and rows < plan.rows:
+        fix = _smaller_partitions(plan, rows, started=True, or_less=" or less")
+    else:
+        fix = (f"give the workers more memory (dask worker --memory-limit) or fewer "
+               f"threads, or store the {plan.name} in smaller chunks")
+    return f"{what} while computing {plan.partition()}; {what_is_kept}: {fix}"
+
+
+def _worker_limits(client) -> dict:
+    try:
+        return {a: w.get("memory_limit") for a, w in
+                client.scheduler_info().get("workers", {}).items()}
+    except Exception:  # noqa: BLE001
+        return {}
+
+
+@contextlib.contextmanager
+def explain_failures(client, what_is_kept: str = "nothing was marked complete"):
+    """Turn worker deaths during the block into one :class:`WorkerMemoryError` line."""
+    if client is None:
+        yield
+        return
+    before = max((t for t, _ in _memory_events(client)), default=float("-inf"))
+    limits = _worker_limits(client)
+    token = _plan.set(None)
+    try:
+        yield
+    except Exception as exc:
+        if _killed_worker(exc) is None and not _lost_dependencies(exc):
+            raise
+        limits.update({a: v for a, v in _worker_limits(client).items() if a not in limits})
+        text = explain(exc, _memory_events(client, before), limits, what_is_kept)
+        if text is None:
+            raise
+        raise WorkerMemoryError(text) from None
+    finally:
+        _plan.reset(token)

@@ -1,0 +1,118 @@
+"""Checks made before any cluster starts (issue 18): read-only output folders, the
+--task-timeout option and its job-spec key. No cluster is started: the commands are
+given an unreachable scheduler, so a check made after connecting would fail on that."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import zarr
+
+from slem_dask import LinearSLEM
+from slem_dask.cli import main
+from slem_dask.jobspec import SpecError, parse_spec
+
+UNREACHABLE = "tcp://127.0.0.1:1"
+BIN = Path(sys.executable).parent
+
+
+@pytest.fixture(autouse=True)
+def no_scheduler_env(monkeypatch):
+    monkeypatch.delenv("DASK_SCHEDULER_ADDRESS", raising=False)
+
+
+@pytest.fixture
+def inputs(tmp_path):
+    rng = np.random.default_rng(3)
+    arr = zarr.create_array(str(tmp_path / "positives.zarr"), shape=(50, 8), dtype="float32",
+                            chunks=(10, 8))
+    arr[...] = rng.standard_normal((50, 8)).astype("float32")
+    LinearSLEM().fit(rng.standard_normal((40, 8))).save(str(tmp_path / "model.zarr"))
+    return tmp_path
+
+
+def _can_unshare_mounts() -> bool:
+    try:
+        return subprocess.run(["unshare", "--mount", "--propagation", "private", "true"],
+                              capture_output=True, timeout=10).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+
+
+def _run_with_read_only(folder: Path, args: list) -> subprocess.CompletedProcess:
+    """`slem-dask ARGS` with ``folder`` read-only: a read-only bind mount in a private
+    mount namespace (root ignores permission bits), else permission bits."""
+    cmd = [str(BIN / "slem-dask"), *map(str, args)]
+    if os.geteuid() == 0:
+        if not _can_unshare_mounts():
+            pytest.skip("root needs `unshare --mount` to make a folder read-only")
+        cmd = ["unshare", "--mount", "--propagation", "private", "sh", "-c",
+               f'mount --bind "{folder}" "{folder}" && mount -o remount,ro,bind "{folder}" '
+               f'&& exec "$0" "$@"', *cmd]
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    folder.chmod(0o555)
+    try:
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    finally:
+        folder.chmod(0o755)
+
+
+@pytest.mark.parametrize("command", ["encode", "fit", "run"])
+def test_a_read_only_output_folder_is_refused_before_any_cluster_starts(inputs, command):
+    ro = inputs / "ro"
+    ro.mkdir()
+    if command == "encode":
+        args = ["encode", "--model", inputs / "model.zarr", "--positives",
+                inputs / "positives.zarr", "--out", ro / "codes.zarr", "--scheduler",
+                UNREACHABLE]
+        key = "--out"
+    elif command == "fit":  # folders still to be made: the nearest existing one is checked
+        args = ["fit", "--negatives", inputs / "positives.zarr", "--model",
+                ro / "new" / "model.zarr", "--scheduler", UNREACHABLE]
+        key = "--model"
+    else:
+        spec = inputs / "job.toml"
+        spec.write_text(f'[cluster]\nscheduler = "{UNREACHABLE}"\n'
+                        f'[model]\npath = "{inputs / "model.zarr"}"\n'
+                        f'[[encode]]\npositives = "{inputs / "positives.zarr"}"\n'
+                        f'out = "{ro / "codes.zarr"}"\n')
+        args, key = ["run", spec], "encode[0].out"
+    result = _run_with_read_only(ro, args)
+    assert result.returncode == 1, result.stderr
+    assert result.stdout == ""  # no "dask: ..." line: no cluster was started or joined
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith(f"slem-dask {command}: error: {key} ")
+    assert f"the folder '{ro}' is " in lines[0]
+    assert "choose an output path in a writable folder" in lines[0]
+    assert sorted(p.name for p in ro.iterdir()) == []  # the probe file was removed
+
+
+def test_writable_folders_pass_and_keep_no_probe_file(tmp_path):
+    from slem_dask.preflight import check_writable
+
+    (tmp_path / "store.zarr").mkdir()  # an existing output is probed inside as well
+    check_writable({"--out": tmp_path / "store.zarr", "--model": tmp_path / "a" / "b.zarr",
+                    "--plot": None, "--other": "s3://bucket/x.zarr"})  # URLs are skipped
+    assert sorted(p.name for p in tmp_path.rglob("*")) == ["store.zarr"]
+
+
+def test_task_timeout_option_must_be_positive(capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["encode", "--model", "m", "--positives", "p", "--out", "o",
+              "--task-timeout", "0"])
+    assert exc.value.code == 2
+    assert "--task-timeout: expected a finite number > 0" in capsys.readouterr().err
+
+
+def test_task_timeout_in_the_cluster_table_of_a_spec():
+    base = {"model": {"path": "m.zarr"}, "fit": {"negatives": "n.zarr"}}
+    spec = parse_spec({**base, "cluster": {"task_timeout": 90}})
+    assert spec.cluster.task_timeout == 90.0
+    assert parse_spec(base).cluster.task_timeout is None
+    for bad in (0, -1, "10", True):
+        with pytest.raises(SpecError, match=r"cluster\.task_timeout = .*expected a number > 0"):
+            parse_spec({**base, "cluster": {"task_timeout": bad}})

@@ -1,0 +1,250 @@
+"""Workers too small for a partition, and workers that stop answering (issue 18), against a
+real `dask scheduler` and `dask worker` processes: the command line says so in one line.
+
+Intervals are shortened through $SLEM_DASK_STALL_WARNING and $SLEM_DASK_WATCH_INTERVAL.
+"""
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import zarr
+
+from slem_dask import LinearSLEM, storage
+
+pytestmark = pytest.mark.cluster
+
+BIN = Path(sys.executable).parent
+
+
+def _start_cluster(tmp, worker_args, n_workers):
+    """A scheduler and ``n_workers`` single-threaded workers on 127.0.0.1, each in its
+    own process group; returns {address, procs, names: {name: address}}."""
+    sched_file = tmp / "scheduler.json"
+    procs = [subprocess.Popen(
+        [str(BIN / "dask"), "scheduler", "--host", "127.0.0.1", "--port", "0",
+         "--no-dashboard", "--scheduler-file", str(sched_file)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)]
+    deadline = time.time() + 60
+    while not sched_file.exists() and time.time() < deadline:
+        time.sleep(0.1)
+    address = json.loads(sched_file.read_text())["address"]
+    for i in range(n_workers):
+        procs.append(subprocess.Popen(
+            [str(BIN / "dask"), "worker", address, "--nthreads", "1", "--no-dashboard",
+             "--host", "127.0.0.1", "--name", f"w{i}", *worker_args],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True))
+    from distributed import Client
+
+    with Client(address) as client:
+        client.wait_for_workers(n_workers, timeout=60)
+        names = {w["name"]: a for a, w in client.scheduler_info()["workers"].items()}
+    return {"address": address, "procs": procs, "names": names}
+
+
+def _stop_cluster(cluster):
+    scheduler, *workers = cluster["procs"]
+    for group in (workers, [scheduler]):  # workers first: none then waits to reconnect
+        for p in group:  # a stopped process acts on SIGTERM only once continued
+            for sig in (signal.SIGCONT, signal.SIGTERM):
+                try:
+                    os.killpg(p.pid, sig)
+                except ProcessLookupError:
+                    pass
+        for p in group:
+            try:
+                p.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait()
+
+
+def _cli(cluster, *args, env=None, timeout=120):
+    cmd = [str(BIN / "slem-dask"), *map(str, args), "--scheduler", cluster["address"],
+           "--no-progress"]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
+                          env={**os.environ, **(env or {})})
+
+
+def _array(path, rows, d, chunk_rows, seed=0):
+    arr = zarr.create_array(str(path), shape=(rows, d), dtype="float32",
+                            chunks=(chunk_rows, d))
+    arr[...] = np.random.default_rng(seed).standard_normal((rows, d)).astype("float32")
+    return str(path)
+
+
+def _memory_restarts(cluster) -> int:
+    from distributed import Client
+
+    with Client(cluster["address"]) as client:
+        return len(client.get_events("worker-restart-memory"))
+
+
+# -- a worker whose memory limit is below what a partition needs (item 1) -------------
+@pytest.fixture(scope="module")
+def small_worker(tmp_path_factory):
+    """One worker (with its nanny) limited to 400 MB, and 60,000 x 256 float32 positives
+    in chunks of 1,000 rows: one partition of all of them needs ~320 MiB of a task."""
+    tmp = tmp_path_factory.mktemp("small")
+    cluster = _start_cluster(tmp, ["--memory-limit", "400MB"], 1)
+    positives = _array(tmp / "positives.zarr", 60_000, 256, 1_000)
+    model = str(tmp / "model.zarr")
+    LinearSLEM().fit(np.random.default_rng(1).standard_normal((2_000, 256))).save(model)
+    yield {**cluster, "tmp": tmp, "positives": positives, "model": model}
+    _stop_cluster(cluster)
+
+
+def test_a_partition_too_large_for_the_workers_is_refused_before_computing(small_worker):
+    c = small_worker
+    out = c["tmp"] / "refused.zarr"
+    before = _memory_restarts(c)
+    started = time.monotonic()
+    result = _cli(c, "encode", "--model", c["model"], "--positives", c["positives"], "--out",
+                  out, "--partition-rows", 60_000)
+    assert result.returncode == 1, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    line = lines[0]
+    worker = c["names"]["w0"]
+    assert f"worker {worker} has a memory limit of 381.5 MiB" in line
+    assert "partitions of 60000 rows x 256 float32 (58.6 MiB" in line
+    assert "nothing was computed" in line
+    suggested = int(re.search(r"--partition-rows (\d+)", line).group(1))
+    assert 0 < suggested < 60_000 and suggested % 1_000 == 0
+    assert time.monotonic() - started < 20  # no worker was tried (and killed) first
+    assert not out.exists() and _memory_restarts(c) == before
+    # the suggested size fits: the same encode with it completes, no worker restarted
+    result = _cli(c, "encode", "--model", c["model"], "--positives", c["positives"], "--out",
+                  out, "--partition-rows", suggested)
+    assert result.returncode == 0, result.stderr
+    assert storage.marked_complete(str(out)) and _memory_restarts(c) == before
+
+
+def test_workers_killed_for_memory_are_named_in_one_line(small_worker):
+    # Without the nannies' restart threshold in the client's configuration the job cannot
+    # check beforehand (as with an estimate that is wrong): the worker is restarted on
+    # the task and distributed gives up with KilledWorker after 4 tries.
+    c = small_worker
+    out = c["tmp"] / "killed.zarr"
+    before = _memory_restarts(c)
+    result = _cli(c, "encode", "--model", c["model"], "--positives", c["positives"], "--out",
+                  out, "--partition-rows", 60_000,
+                  env={"DASK_DISTRIBUTED__WORKER__MEMORY__TERMINATE": "False"})
+    assert result.returncode == 1
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    line = lines[0]
+    assert _memory_restarts(c) > before
+    assert re.search(r"worker\(s\) tcp://127\.0\.0\.1:\d+.* \(memory limit 381\.5 MiB\) were "
+                     r"restarted by their nannies \d+ time\(s\) for exceeding their memory "
+                     r"limit", line), line
+    assert "partitions of 60000 rows x 256 float32 (58.6 MiB" in line
+    assert "nothing was marked complete" in line
+    assert re.search(r"pass --overwrite --partition-rows \d+000 or less", line), line
+    assert "KilledWorker" not in line and "Traceback" not in result.stderr
+    assert not storage.marked_complete(str(out))
+
+
+# -- a worker that stops answering (item 2) ---------------------------------------------
+@pytest.fixture
+def two_workers(tmp_path):
+    cluster = _start_cluster(tmp_path, ["--no-nanny"], 2)  # SIGSTOP reaches the worker
+    yield {**cluster, "tmp": tmp_path}
+    _stop_cluster(cluster)
+
+
+def _worker_pid(cluster, name):
+    from distributed import Client
+
+    with Client(cluster["address"]) as client:
+        return client.run(os.getpid)[cluster["names"][name]]
+
+
+def _check_stall_messages(stderr, command, worker, timeout, setting="--task-timeout 5"):
+    lines = stderr.strip().splitlines()
+    warnings = [x for x in lines if x.startswith("slem-dask: no task finished for")]
+    errors = [x for x in lines if x.startswith(f"slem-dask {command}: error:")]
+    assert warnings and len(errors) == 1 and len(warnings) + 1 == len(lines), stderr
+    assert worker in warnings[0], warnings[0]
+    assert "--task-timeout SECONDS gives up" not in warnings[0]  # one was given
+    error = errors[0]
+    assert f"no task of this job finished for {timeout} s ({setting})" in error
+    assert worker in error and "not heard from for" in error, error
+    assert "nothing was marked complete" in error
+
+
+def test_a_stopped_worker_is_named_and_encode_gives_up_after_task_timeout(two_workers):
+    c = two_workers
+    positives = _array(c["tmp"] / "positives.zarr", 120_000, 32, 1_000)
+    model = str(c["tmp"] / "model.zarr")
+    LinearSLEM().fit(np.random.default_rng(1).standard_normal((500, 32))).save(model)
+    out = c["tmp"] / "out.zarr"
+    pid = _worker_pid(c, "w0")
+    env = {**os.environ, "SLEM_DASK_STALL_WARNING": "2", "SLEM_DASK_WATCH_INTERVAL": "0.2"}
+    proc = subprocess.Popen(
+        [str(BIN / "slem-dask"), "encode", "--model", model, "--positives", positives,
+         "--out", str(out), "--partition-rows", "1000", "--task-timeout", "5",
+         "--scheduler", c["address"], "--no-progress"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        deadline = time.time() + 60
+        while time.time() < deadline and proc.poll() is None and \
+                len(list((out / "c").rglob("*")) if (out / "c").exists() else []) < 10:
+            time.sleep(0.01)
+        assert proc.poll() is None, "the encode ended before a worker could be stopped"
+        os.kill(pid, signal.SIGSTOP)
+        stopped = time.monotonic()
+        _, stderr = proc.communicate(timeout=60)
+        waited = time.monotonic() - stopped
+    finally:
+        os.kill(pid, signal.SIGCONT)
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 1, stderr
+    _check_stall_messages(stderr, "encode", c["names"]["w0"], 5)
+    assert 5 <= waited < 20  # gave up after the timeout, not when the worker came back
+    assert not storage.marked_complete(str(out))
+
+
+def test_a_stopped_worker_mid_fit_gives_up_after_the_spec_task_timeout(two_workers):
+    from distributed import Client
+
+    c = two_workers
+    negatives = _array(c["tmp"] / "negatives.zarr", 200_000, 32, 500)
+    spec = c["tmp"] / "job.toml"
+    spec.write_text(f'[cluster]\nscheduler = "{c["address"]}"\ntask_timeout = 5\n'
+                    f'[model]\npath = "{c["tmp"] / "model.zarr"}"\n'
+                    f'[fit]\nnegatives = "{negatives}"\npartition_rows = 500\n')
+    pid = _worker_pid(c, "w0")
+    env = {**os.environ, "SLEM_DASK_STALL_WARNING": "2", "SLEM_DASK_WATCH_INTERVAL": "0.2"}
+    proc = subprocess.Popen([str(BIN / "slem-dask"), "run", str(spec), "--no-progress"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        with Client(c["address"]) as client:  # stop w0 once the fit's tasks run on it
+            deadline = time.time() + 60
+            while time.time() < deadline and proc.poll() is None and not any(
+                    "slem-statistics" in str(k)
+                    for k in client.processing([c["names"]["w0"]]).get(c["names"]["w0"], ())):
+                time.sleep(0.005)
+        assert proc.poll() is None, "the fit ended before a worker could be stopped"
+        os.kill(pid, signal.SIGSTOP)
+        _, stderr = proc.communicate(timeout=60)
+    finally:
+        os.kill(pid, signal.SIGCONT)
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 1, stderr
+    # `run` says which steps are complete: none was
+    assert "the one under way was not marked complete" in stderr
+    _check_stall_messages(stderr.replace("the steps reported above are complete; the one "
+                                         "under way was not marked complete",
+                                         "nothing was marked complete"),
+                          "run", c["names"]["w0"], 5, setting="[cluster] task_timeout = 5")
+    assert not (c["tmp"] / "model.zarr").exists()
