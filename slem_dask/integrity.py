@@ -387,13 +387,17 @@ def unit_rows(arr) -> int:
 
 def chunk_keys_for_rows(arr, lo: int, hi: int) -> list[tuple[str, int, int]]:
     """(store key, first row, last row + 1) of every storage unit holding rows [lo, hi)."""
+    return list(_iter_chunk_keys(arr, lo, hi))
+
+
+def _iter_chunk_keys(arr, lo: int, hi: int):
+    """:func:`chunk_keys_for_rows`, one at a time: a declared size of 1e15 rows must
+    not be enumerated before the first key is checked."""
     rows, cols = _unit_shape(arr)[:2]
     n_cols = -(-int(arr.shape[1]) // cols)
-    out = []
     for i in range(lo // rows, -(-hi // rows)):
         for j in range(n_cols):
-            out.append((_full_key(arr, (i, j)), i * rows, min((i + 1) * rows, arr.shape[0])))
-    return out
+            yield _full_key(arr, (i, j)), i * rows, min((i + 1) * rows, arr.shape[0])
 
 
 def _listing(arr, path: StorePath) -> dict[str, tuple]:
@@ -451,11 +455,22 @@ def _layout(arr) -> tuple:
 
 def _listed(listing: dict, arr, path: StorePath, name: str, lo: int, hi: int) -> list:
     """(key, listing entry) of every storage unit holding rows [lo, hi); a unit absent
-    from the listing is an error."""
+    from the listing is an error.
+
+    Keys are checked as they are generated: each present key is a distinct entry of
+    the listing, so a declared size beyond what the store holds meets its first
+    missing key within len(listing) + 1 keys, however many rows it declares."""
     out = []
-    for key, a, b in chunk_keys_for_rows(arr, lo, hi):
+    for key, a, b in _iter_chunk_keys(arr, lo, hi):
         if key not in listing:
-            raise missing_chunk_error(name, path, key, a, b)
+            exc = missing_chunk_error(name, path, key, a, b)
+            rows, cols = _unit_shape(arr)[:2]
+            units = -(-int(arr.shape[0]) // rows) * -(-int(arr.shape[1]) // cols)
+            if units > len(listing):  # say so when zarr.json declares more than is there
+                exc = MissingChunkError(
+                    f"{exc} (its zarr.json declares shape {arr.shape}: {units} chunk(s) "
+                    f"of {rows} x {cols}, and the store holds {len(listing)} object(s))")
+            raise exc
         out.append((key, listing[key]))
     return out
 
