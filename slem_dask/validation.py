@@ -16,6 +16,7 @@ __all__ = [
     "check_rows",
     "check_n_features",
     "check_finite_rows",
+    "check_array_metadata",
     "is_dask_array",
     "unwrap_xarray",
 ]
@@ -164,3 +165,45 @@ def check_finite_rows(x: np.ndarray, name: str, row_offset: int = 0,
         return
     count, shown = nonfinite_rows(x, row_offset)
     raise NonFiniteRowsError(name, f"{count} row(s) with NaN or inf (rows {shown}); {remedy}")
+
+
+#: Largest declared size of an input array: numpy and dask index with int64, and no
+#: store holds 2**63 bytes, so a larger shape in zarr.json is damage, not data.
+MAX_ARRAY_BYTES = 2**63 - 1
+
+#: Largest declared chunk: zarr decodes a chunk whole, in memory, on one worker.
+MAX_CHUNK_BYTES = 2**40
+
+
+def _bytes_text(n: int) -> str:
+    # JSON integers have no bound: 10**400 is not a float
+    return f"{n:.3g}" if n < 1e300 else f"about 10**{len(str(n)) - 1}"
+
+
+def check_array_metadata(arr, name: str, path) -> None:
+    """Refuse a 2-D zarr array whose zarr.json declares a chunk grid or size that no
+    real array has (a chunk dimension of 0, more than 2**63 bytes, a chunk over 1 TiB).
+
+    Metadata only, O(1) whatever the declared size: runs when an input is opened,
+    before any chunk is listed or read (a zero chunk dimension used to end fit and
+    encode with ZeroDivisionError, a shape of 1e30 rows to hang them).
+    """
+    fix = (f"its zarr.json is damaged or was edited: restore it from a copy, or rewrite the "
+           f"array (zarr.create_array(..., chunks=(rows, {arr.shape[1]})))")
+    where = f"{name}: the zarr array at {str(path)!r}"
+    for what, shape in (("chunk", arr.chunks), ("shard", getattr(arr, "shards", None))):
+        if shape is not None and (len(shape) != 2 or min(shape) < 1):
+            raise ValueError(f"{where} declares {what} shape {tuple(shape)} for shape "
+                             f"{arr.shape}; a {what} dimension below 1 holds no data, so "
+                             f"{fix}")
+    itemsize = np.dtype(arr.dtype).itemsize
+    size = int(arr.shape[0]) * int(arr.shape[1]) * itemsize
+    if size > MAX_ARRAY_BYTES:
+        raise ValueError(f"{where} declares shape {arr.shape} of {arr.dtype}, {_bytes_text(size)} "
+                         f"bytes; at most 2**63 - 1 bytes can be indexed (and no store "
+                         f"holds that many), so {fix}")
+    chunk = int(arr.chunks[0]) * int(arr.chunks[1]) * itemsize
+    if chunk > MAX_CHUNK_BYTES:
+        raise ValueError(f"{where} declares chunks of shape {arr.chunks}, {_bytes_text(chunk)} bytes "
+                         f"each; zarr decodes a chunk whole in memory and slem-dask reads "
+                         f"chunks of at most 2**40 bytes (1 TiB), so {fix}")

@@ -34,6 +34,7 @@ from .. import integrity
 from . import versions
 from .._version import __version__
 from ..integrity import canonical
+from ..validation import check_array_metadata
 
 __all__ = [
     "ATTR",
@@ -177,6 +178,7 @@ def open_input(path: str, name: str) -> zarr.Array:
         raise TypeError(
             f"{name}: the zarr array at {path!r} has dtype {node.dtype}; expected real numbers"
         )
+    check_array_metadata(node, name, path)  # before any chunk is listed or read
     meta = node.attrs.get(ATTR)
     if isinstance(meta, dict) and meta.get("kind") == "encoding" and meta.get("complete") \
             and "metadata_checksum" in meta \
