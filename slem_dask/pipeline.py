@@ -28,7 +28,7 @@ from .integrity import canonical
 from .models import KernelSLEM, LinearSLEM, RawFeatures, load_model
 from .core.statistics import ScatterStats, merge_statistics
 from .parallel import scatter_large_arrays, statistics_partition_rows, store_statistics
-from .validation import NonFiniteRowsError, check_n_features
+from .validation import NonFiniteRowsError, check_n_features, output_dtype
 
 __all__ = ["fit_job", "encode_job", "JobReport"]
 
@@ -495,8 +495,7 @@ def check_encode_inputs(model, model_path, positives, out, dtype=None, overwrite
         and storage.output_meta(existing) is not None else None
     if dtype is None and kept is not None:
         dtype = existing.dtype  # a re-run continues the output as it was written
-    out_dtype = np.dtype(dtype or (arr.dtype if np.issubdtype(arr.dtype, np.floating)
-                                   else "float64"))
+    out_dtype = np.dtype(dtype) if dtype is not None else output_dtype(arr.dtype)
     if not np.issubdtype(out_dtype, np.floating):
         raise ValueError(f"dtype must be a float dtype (float32 or float64), got {dtype!r}")
     if partition_rows is not None and kept is not None \

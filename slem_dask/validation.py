@@ -17,6 +17,7 @@ __all__ = [
     "check_n_features",
     "check_finite_rows",
     "check_array_metadata",
+    "output_dtype",
     "is_dask_array",
     "unwrap_xarray",
 ]
@@ -42,6 +43,16 @@ def check_positive_float(value, name: str, hint: str = "") -> float:
     if not math.isfinite(value) or value <= 0:
         raise ValueError(f"{name} must be a finite number > 0, got {value!r}{hint}")
     return value
+
+
+def output_dtype(dtype) -> np.dtype:
+    """The dtype of encodings of rows of ``dtype`` when the caller names none: float32
+    for floats of at most 4 bytes (float16 included: the float32 a block is computed
+    from, never rounded back to 11 bits), float64 for anything else (float64,
+    integers). The library's transforms and the encode job both use it."""
+    dtype = np.dtype(dtype)
+    narrow = np.issubdtype(dtype, np.floating) and dtype.itemsize <= 4
+    return np.dtype(np.float32 if narrow else np.float64)
 
 
 def _reshape_hint(x, name: str) -> str:

@@ -165,3 +165,31 @@ def test_fit_and_encode_of_a_declared_size_beyond_the_store_exit_1(stores, tmp_p
         assert code == 1 and len(err.strip().splitlines()) == 1, err
         assert "chunk 'c/6/0' (rows 3000-3499) is missing" in err, err
     assert sorted(os.listdir(tmp_path)) == before
+
+
+# -- item 5: narrow float input gives float32 output, in the library and the job --------
+def test_float16_positives_give_float32_encodings_everywhere(stores, tmp_path, scheduler,
+                                                            capsys):
+    import dask.array as da
+
+    from slem_dask import LinearSLEM, RawFeatures, load_model
+
+    pos16 = stores["pos"].astype(np.float16)
+    positives = write_array(tmp_path / "pos16.zarr", pos16, 50)
+    model_path = str(tmp_path / "model.zarr")
+    LinearSLEM(lam=0.1).fit(stores["neg"]).save(model_path)
+    code, out, err = encode(capsys, scheduler, model_path, positives, tmp_path / "o.zarr")
+    assert code == 0, err
+    assert "out dtype          float32" in out
+    written = storage.open_output(str(tmp_path / "o.zarr"))
+    assert written.dtype == np.float32  # was float16: encodings rounded to 11 bits
+    model = load_model(model_path)
+    want = model.transform(pos16)
+    assert want.dtype == np.float32
+    assert model.transform(da.from_array(pos16, chunks=(30, D))).dtype == np.float32
+    assert RawFeatures().fit(pos16).transform(pos16).dtype == np.float32
+    np.testing.assert_allclose(written[...], want, rtol=0, atol=2e-7)
+    # an explicit --dtype still decides
+    code, _, err = encode(capsys, scheduler, model_path, positives, tmp_path / "o64.zarr",
+                          "--dtype", "float64")
+    assert code == 0 and storage.open_output(str(tmp_path / "o64.zarr")).dtype == np.float64
