@@ -148,8 +148,8 @@ def count_nonfinite_rows(x: np.ndarray) -> int:
     return int(x.shape[0] - np.count_nonzero(np.isfinite(x).all(axis=1)))
 
 
-class NonFiniteRowsError(ValueError):
-    """Rows with NaN or inf. ``str(exc)`` names the parameter ("P has 1 row(s) with
+class RowsError(ValueError):
+    """Bad rows of an input. ``str(exc)`` names the parameter ("P has 1 row(s) with
     NaN or inf ..."); ``exc.detail`` is the same without it, for callers that name the
     input themselves (the jobs: "positives 'pos.zarr': 1 row(s) with NaN or inf ...").
     Built from its args only, so it pickles (it travels back from workers)."""
@@ -160,6 +160,81 @@ class NonFiniteRowsError(ValueError):
 
     def __str__(self) -> str:
         return f"{self.name} has {self.detail}"
+
+
+class NonFiniteRowsError(RowsError):
+    """Rows with NaN or inf."""
+
+
+class LargeValuesError(RowsError):
+    """Values beyond :data:`MAX_ABS_VALUE`, whose squares float64 cannot hold."""
+
+
+class DegenerateEncodingsError(RowsError):
+    """Rows whose encoding is all zeros or holds NaN or inf (see :func:`check_encoded_rows`)."""
+
+
+#: Largest magnitude of a value in float64 negatives: the covariance sums squares
+#: (up to n (2 x 1e100)^2 = 4e200 n), and A^-1, the cond(A) bound and the encodings
+#: need headroom above that in float64 (largest finite 1.8e308). float32, float16
+#: and integer data never come near it.
+MAX_ABS_VALUE = 1e100
+
+
+def large_values_detail(peak: float) -> str:
+    """What :class:`LargeValuesError` says after the parameter's name."""
+    shown = f"{peak:.3g}" if np.isfinite(peak) else "beyond 1.8e308 in their sums"
+    power = int(np.floor(np.log10(peak))) if np.isfinite(peak) and peak > 0 else 300
+    return (f"values up to {shown} in magnitude, beyond the {MAX_ABS_VALUE:.0e} that slem-dask "
+            f"computes with (the covariance sums their squares in float64); divide the "
+            f"descriptors by a common factor, e.g. 1e{power}, or L2-normalize them (and "
+            f"divide lam by that factor squared to keep the same model)")
+
+
+def check_encoded_rows(z: np.ndarray, row_offset: int = 0, zero_reason: str = "") -> None:
+    """Raise :class:`DegenerateEncodingsError` if any encoding row is all zeros or holds
+    NaN or inf: such a row has no direction to rank by, so an output holding one must
+    never be marked complete. ``zero_reason``: why this model gives a row 0."""
+    squares = np.einsum("ij,ij->i", z, z, dtype=np.float64)
+    if np.all(squares > 0) and np.isfinite(squares).all():
+        return
+    nonfinite = np.flatnonzero(~np.isfinite(squares))
+    # a square sum of 0 can be entries too small to square: only all-zero rows count
+    zero = np.array([i for i in np.flatnonzero(squares == 0) if not z[i].any()], dtype=int)
+    parts = []
+    for rows, what, why in (
+            (zero, "all zeros", zero_reason or "such a row has no direction"),
+            (nonfinite, "NaN or inf", "their values overflow float64 in the encoding: divide "
+                                      "the descriptors by a common factor or L2-normalize them")):
+        if rows.size:
+            shown = ", ".join(str(i + row_offset) for i in rows[:5]) + \
+                (", ..." if rows.size > 5 else "")
+            parts.append(f"{rows.size} row(s) whose encoding is {what} (rows {shown}): {why}")
+    if parts:
+        raise DegenerateEncodingsError("X", "; ".join(parts))
+
+
+def all_finite(a: np.ndarray, rows: int = 256) -> bool:
+    """np.isfinite(a).all(), ``rows`` rows at a time: no boolean copy of a d x d model
+    array (64 MiB at d = 8192)."""
+    a = np.asarray(a)
+    if a.ndim < 2:
+        return bool(np.isfinite(a).all())
+    return all(np.isfinite(a[i:i + rows]).all() for i in range(0, len(a), rows))
+
+
+def check_finite_model(arrays: dict, what: str) -> None:
+    """Refuse a model whose arrays hold NaN or inf (``what`` names the model): it would
+    encode every positive to NaN or 0."""
+    for key, value in arrays.items():
+        value = np.asarray(value)
+        if value.dtype.kind in "fc" and not all_finite(value):
+            count = int(value.size - np.count_nonzero(np.isfinite(value)))
+            raise ValueError(
+                f"{what} has NaN or inf in its array {key!r} ({count} of {value.size} "
+                f"entries); such a model encodes positives to NaN or zeros: fit it again "
+                f"(this slem-dask refuses to fit one from values beyond {MAX_ABS_VALUE:.0e} "
+                f"or with a lam too small to invert Sigma + lam I)")
 
 
 def nonfinite_rows(x: np.ndarray, row_offset: int = 0) -> tuple[int, str]:

@@ -193,3 +193,166 @@ def test_float16_positives_give_float32_encodings_everywhere(stores, tmp_path, s
     code, _, err = encode(capsys, scheduler, model_path, positives, tmp_path / "o64.zarr",
                           "--dtype", "float64")
     assert code == 0 and storage.open_output(str(tmp_path / "o64.zarr")).dtype == np.float64
+
+
+# -- item 1: finite inputs of large (or small) magnitude ---------------------------------
+def reference_fit(X, lam=1e-3):
+    """float64 arithmetic on the same values: what any precision must agree with."""
+    from slem_dask import LinearSLEM
+
+    return LinearSLEM(lam=lam, precision="float64").fit(np.asarray(X, dtype=np.float64))
+
+
+@pytest.mark.parametrize("scale", [1e30, 1e-22])
+def test_float32_statistics_of_any_magnitude_match_float64(stores, scale):
+    """float32 products of values ~1e30 overflowed (covariance inf, A^-1 all 0); of
+    values ~1e-22 they fell into denormals (covariance off by 4e-3 of its largest entry)."""
+    import dask.array as da
+
+    from slem_dask import LinearSLEM
+
+    X = (stores["neg"] * np.float32(scale)).astype(np.float32)
+    want = reference_fit(X)
+    for data in (X, da.from_array(X, chunks=(700, D))):
+        got = LinearSLEM().fit(data)
+        assert np.isfinite(got.covariance_).all() and np.isfinite(got.precision_).all()
+        top = np.abs(want.covariance_).max()
+        assert np.abs(got.covariance_ - want.covariance_).max() <= 1e-5 * top
+
+
+def test_cli_fit_and_encode_of_float32_values_of_1e30(stores, tmp_path, scheduler, capsys):
+    from slem_dask import load_model
+
+    negatives = write_array(tmp_path / "neg.zarr", stores["neg"] * np.float32(1e30))
+    positives = write_array(tmp_path / "pos.zarr", stores["pos"] * np.float32(1e30), 50)
+    model_path, out_path = str(tmp_path / "model.zarr"), str(tmp_path / "codes.zarr")
+    code, _, err = fit(capsys, scheduler, negatives, model_path)
+    assert code == 0, err
+    model = load_model(model_path)
+    want = reference_fit(stores["neg"] * np.float32(1e30))
+    assert np.abs(model.covariance_ - want.covariance_).max() <= \
+        1e-12 * np.abs(want.covariance_).max()  # was inf
+    code, _, err = encode(capsys, scheduler, model_path, positives, out_path)
+    assert code == 0, err
+    z = storage.open_output(out_path)[...]
+    ref = want.transform((stores["pos"] * np.float32(1e30)).astype(np.float64))
+    np.testing.assert_allclose(np.linalg.norm(z, axis=1), 1.0, atol=1e-6)  # were all 0
+    assert np.abs(z - ref).max() <= 1e-5
+
+
+def test_cli_fit_of_float64_values_of_1e200_is_one_line(stores, tmp_path, scheduler, capsys):
+    negatives = write_array(tmp_path / "neg.zarr", stores["neg"].astype(np.float64) * 1e200)
+    before = sorted(os.listdir(tmp_path))
+    code, _, err = fit(capsys, scheduler, negatives, tmp_path / "model.zarr")
+    assert code == 1 and len(err.strip().splitlines()) == 1, err
+    assert err.startswith(f"slem-dask fit: error: negatives {negatives!r}: values up to "), err
+    assert "e+200 in magnitude, beyond the 1e+100" in err and "divide the descriptors by " \
+        "a common factor, e.g. 1e200, or L2-normalize them" in err, err
+    assert sorted(os.listdir(tmp_path)) == before  # no model
+
+
+def test_library_fit_of_values_beyond_1e100_is_refused(stores):
+    import dask.array as da
+
+    from slem_dask import LinearSLEM
+    from slem_dask.validation import LargeValuesError
+
+    X = stores["neg"].astype(np.float64) * 1e200
+    for data in (X, da.from_array(X, chunks=(700, D))):
+        with pytest.raises(LargeValuesError, match=r"^X has values up to \d\.\d+e\+200 in "):
+            LinearSLEM().fit(data)
+    LinearSLEM().fit(stores["neg"].astype(np.float64) * 1e99)  # inside the limit: fits
+
+
+def test_float32_encoding_of_a_model_of_1e30_values_is_not_flushed_to_zero(stores):
+    """With lam scaled like the data (1e60), A is well conditioned, so float32 positives
+    are encoded in float32: A^-1 (entries ~1e-60) used to be cast to float32 zeros."""
+    from slem_dask import LinearSLEM
+
+    X = (stores["neg"] * np.float32(1e30)).astype(np.float32)
+    P = (stores["pos"] * np.float32(1e30)).astype(np.float32)
+    model = LinearSLEM(lam=1e60).fit(X)
+    assert model._encoding_matrix(np.float32, "auto").dtype == np.float32
+    ref = reference_fit(X, lam=1e60).transform(P.astype(np.float64))
+    z = model.transform(P)
+    assert z.dtype == np.float32 and np.abs(z - ref).max() <= 1e-5
+
+
+def test_encodings_whose_norm_underflows_are_still_unit_rows(stores):
+    """Negatives of scale 2^300 (~2e90, inside the limit) around 0 and positives of
+    scale 2^20: A^-1 (x0 - mu) ~ 1e-175, whose square underflowed, so the rows came out 0.
+    The right answer is the model of the same data divided by 2^300 (exact)."""
+    import dask.array as da
+
+    from slem_dask import LinearSLEM
+
+    K = np.random.default_rng(3).integers(-5, 6, (1500, D)).astype(np.float64)
+    Y = np.vstack([K, -K])  # integers: every sum exact, the mean exactly 0
+    X = np.ldexp(Y, 300)
+    model = LinearSLEM(lam=1e-3).fit(X)
+    assert not model.mean_.any()
+    P = np.ldexp(stores["pos"].astype(np.float64), 20)
+    small = LinearSLEM(lam=1e-3 * 2.0**-600).fit(Y)
+    ref = small.transform(np.ldexp(P, -300))
+    for z in (model.transform(P), model.transform(da.from_array(P, chunks=(30, D))).compute()):
+        np.testing.assert_allclose(np.linalg.norm(z, axis=1), 1.0, atol=1e-12)
+        assert np.abs(z - ref).max() <= 1e-9
+
+
+def test_a_model_with_nonfinite_arrays_is_never_fitted_saved_or_loaded(stores, tmp_path,
+                                                                      scheduler, capsys):
+    from slem_dask import LinearSLEM, load_model
+
+    with pytest.raises(ValueError, match=r"lam=1e-320 is too small .* increase lam"):
+        LinearSLEM(lam=1e-320).fit(np.full((10, 3), 0.5))  # A = 1e-320 I: A^-1 is inf
+    model = LinearSLEM().fit(stores["neg"])
+    model.precision_ = model.precision_.copy()
+    model.precision_[0, 0] = np.inf
+    with pytest.raises(ValueError, match=r"has NaN or inf in its array 'precision' "
+                                         r"\(1 of 256 entries\)"):
+        model.save(str(tmp_path / "saved.zarr"))
+    assert not os.path.exists(tmp_path / "saved.zarr")
+    # a store written with such arrays (an older slem-dask did): refused by every reader
+    path = str(tmp_path / "bad.zarr")
+    info, arrays = model._state()
+    storage.write_model_store(path, "LinearSLEM", model.get_params(), arrays, info)
+    with pytest.raises(ValueError, match=r"bad.zarr' holds a LinearSLEM that has NaN or inf "
+                                         r"in its array 'precision'"):
+        load_model(path)
+    code, _, err = encode(capsys, scheduler, path, stores["positives"], tmp_path / "o.zarr")
+    assert code == 1 and "has NaN or inf in its array 'precision'" in err, err
+    assert not os.path.exists(tmp_path / "o.zarr")
+
+
+def test_an_all_zero_encoding_row_is_never_marked_complete(stores, tmp_path, scheduler,
+                                                           capsys):
+    from slem_dask import LinearSLEM
+
+    model = LinearSLEM(lam=0.1).fit(stores["neg"])
+    model_path = str(tmp_path / "model.zarr")
+    model.save(model_path)
+    P = stores["pos"].astype(np.float64)
+    P[[7, 61]] = model.mean_  # no direction: w* = A^-1 (x0 - mu) = 0
+    z = model.transform(P)  # the library returns them (documented)
+    assert not z[7].any() and not z[61].any()
+    positives = write_array(tmp_path / "pos.zarr", P, 50)
+    before = sorted(os.listdir(tmp_path))
+    code, _, err = encode(capsys, scheduler, model_path, positives, tmp_path / "codes.zarr")
+    assert code == 1 and len(err.strip().splitlines()) == 1, err
+    assert f"positives {positives!r}: 2 row(s) whose encoding is all zeros (rows 7, 61): " \
+        in err, err
+    assert "equal to the mean of the negatives the model was fitted on" in err
+    assert sorted(os.listdir(tmp_path)) == before  # nothing written, nothing committed
+
+
+def test_check_encoded_rows_names_zero_and_nonfinite_rows():
+    from slem_dask.validation import DegenerateEncodingsError, check_encoded_rows
+
+    z = np.array([[0.6, 0.8], [0.0, 0.0], [np.nan, 0.0], [1e-200, 0.0], [np.inf, 1.0]])
+    with pytest.raises(DegenerateEncodingsError) as info:
+        check_encoded_rows(z, row_offset=100, zero_reason="why")
+    assert info.value.detail == (
+        "1 row(s) whose encoding is all zeros (rows 101): why; 2 row(s) whose encoding is "
+        "NaN or inf (rows 102, 104): their values overflow float64 in the encoding: divide "
+        "the descriptors by a common factor or L2-normalize them")
+    check_encoded_rows(z[[0, 3]])  # a tiny but nonzero row has a direction
