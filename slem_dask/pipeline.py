@@ -28,7 +28,8 @@ from .integrity import canonical
 from .models import KernelSLEM, LinearSLEM, RawFeatures, load_model
 from .core.statistics import ScatterStats, merge_statistics
 from .parallel import scatter_large_arrays, statistics_partition_rows, store_statistics
-from .validation import RowsError, check_encoded_rows, check_n_features, output_dtype
+from .validation import (DegenerateNegativesWarning, RowsError, check_encoded_rows,
+                         check_n_features, output_dtype)
 
 __all__ = ["fit_job", "encode_job", "JobReport"]
 
@@ -172,7 +173,14 @@ def fit_job(client, negatives: str, model_path: str, lam: float = 1e-3, theta: f
             if previous is not None:
                 stats = previous if stats is None else merge_statistics(previous, stats)
             t2 = time.perf_counter()
-            model._fit_statistics(stats, arr.dtype)
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always", DegenerateNegativesWarning)
+                model._fit_statistics(stats, arr.dtype)
+        for warning in caught:  # said once, naming the store, and kept in the report
+            if issubclass(warning.category, DegenerateNegativesWarning):
+                warning.message = f"negatives {str(negatives)!r}: {warning.message}"
+                report.facts["warning"] = warning.message
+            warnings.warn(warning.message, warning.category, stacklevel=2)
         fp = _save_fitted(model, arr, negatives, model_path, seen, lease)
     t3 = time.perf_counter()
     report.facts.update({"model": str(model_path), "fingerprint": fp[:16]})

@@ -174,6 +174,10 @@ class DegenerateEncodingsError(RowsError):
     """Rows whose encoding is all zeros or holds NaN or inf (see :func:`check_encoded_rows`)."""
 
 
+class DegenerateNegativesWarning(UserWarning):
+    """Negatives that are all identical: the model only subtracts their mean."""
+
+
 #: Largest magnitude of a value in float64 negatives: the covariance sums squares
 #: (up to n (2 x 1e100)^2 = 4e200 n), and A^-1, the cond(A) bound and the encodings
 #: need headroom above that in float64 (largest finite 1.8e308). float32, float16

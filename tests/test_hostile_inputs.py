@@ -356,3 +356,40 @@ def test_check_encoded_rows_names_zero_and_nonfinite_rows():
         "NaN or inf (rows 102, 104): their values overflow float64 in the encoding: divide "
         "the descriptors by a common factor or L2-normalize them")
     check_encoded_rows(z[[0, 3]])  # a tiny but nonzero row has a direction
+
+
+# -- item 2: zero-variance negatives ----------------------------------------------------
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_identical_negatives_warn_and_give_exact_statistics(dtype):
+    """Summing 3000 copies of 0.3 in float64 rounds: the mean was off by an ulp, the
+    covariance 2e-28 instead of 0, and a positive equal to the negatives got a direction
+    made of rounding errors (entries +-0.25) instead of none."""
+    import dask.array as da
+
+    from slem_dask import LinearSLEM
+    from slem_dask.validation import DegenerateNegativesWarning
+
+    X = np.full((3000, D), 0.3, dtype=dtype)
+    c = X[0, 0].astype(np.float64)
+    P = np.random.default_rng(2).standard_normal((5, D))
+    for data in (X, da.from_array(X, chunks=(700, D))):
+        with pytest.warns(DegenerateNegativesWarning, match=r"all 3000 rows are identical"):
+            model = LinearSLEM(lam=0.01).fit(data)
+        assert (model.mean_ == c).all() and not model.covariance_.any()
+        assert not model.transform(X[:3]).any()  # no direction: 0 (the job refuses them)
+        want = (P - c) / np.linalg.norm(P - c, axis=1)[:, None]  # A = lam I
+        np.testing.assert_allclose(model.transform(P), want, rtol=0, atol=1e-12)
+
+
+def test_cli_identical_negatives_warn_and_their_encoding_is_refused(tmp_path, scheduler,
+                                                                    capsys):
+    negatives = write_array(tmp_path / "neg.zarr", np.full((3000, D), 0.3, dtype=np.float32))
+    model_path = str(tmp_path / "model.zarr")
+    with pytest.warns(UserWarning, match="all 3000 rows are identical"):
+        code, out, err = fit(capsys, scheduler, negatives, model_path)
+    assert code == 0, err
+    assert f"warning            negatives {negatives!r}: all 3000 rows are identical" in out
+    code, _, err = encode(capsys, scheduler, model_path, negatives, tmp_path / "codes.zarr")
+    assert code == 1 and "3000 row(s) whose encoding is all zeros (rows 0, 1, 2, 3, 4, ...)" \
+        in err, err
+    assert not os.path.exists(tmp_path / "codes.zarr")

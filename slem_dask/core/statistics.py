@@ -243,6 +243,7 @@ class ScatterAccumulator:
                     _add_scatter(self._scatter, centred, squares)
         if dtype == np.float64:  # float32 (and narrower, and integer) input cannot reach it
             _check_magnitude(values, shift, squares)
+        _exact_constant_columns(values, mean, squares)
         residual = mean - shift.astype(np.float64)
         if residual.any():
             _add_outer(self._scatter, residual, -float(m))
@@ -277,6 +278,21 @@ def _check_magnitude(values: np.ndarray, shift: np.ndarray, squares: np.ndarray)
     peak = float(max(abs(values.max()), abs(values.min())))
     if not peak <= MAX_ABS_VALUE:
         raise LargeValuesError("X", large_values_detail(peak))
+
+
+def _exact_constant_columns(values: np.ndarray, mean: np.ndarray, squares: np.ndarray) -> None:
+    """Make the mean of a column that is constant in this block that constant, exactly.
+
+    Summing n copies of c in float64 can round (mean(0.3, 0.3, ...) != 0.3), and then a
+    positive equal to identical negatives got a direction made of rounding errors
+    instead of none. Candidates cost nothing (their squares about the mean are at
+    rounding level); only they are compared with their first value.
+    """
+    candidates = np.flatnonzero(squares <= len(values) * (2.0**-40 * np.abs(mean))**2)
+    if candidates.size:
+        first = values[0, candidates]
+        same = (values[:, candidates] == first).all(axis=0)
+        mean[candidates[same]] = first[same]
 
 
 def block_statistics(block: np.ndarray, precision: str = "auto") -> ScatterStats:

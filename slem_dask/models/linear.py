@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import warnings
 
 import dask
 import numpy as np
@@ -12,8 +13,8 @@ from ..core.linear import (encode_rows, exemplar_solution, float32_encoding_ok, 
 from ..core.statistics import (ScatterStats, block_statistics, check_precision, compute_dtype,
                                covariance, merge_statistics)
 from ..parallel import encode_blocks, scatter_statistics, shared
-from ..validation import (NonFiniteRowsError, all_finite, check_finite_rows,
-                          check_positive_float, check_rows, is_dask_array)
+from ..validation import (DegenerateNegativesWarning, NonFiniteRowsError, all_finite,
+                          check_finite_rows, check_positive_float, check_rows, is_dask_array)
 from .base import SLEMEstimator
 
 __all__ = ["LinearSLEM"]
@@ -108,6 +109,13 @@ class LinearSLEM(SLEMEstimator):
                 f"entry {np.abs(cov).max():.3g}): A = Sigma + lam I has no finite inverse "
                 f"in float64; increase lam (typical values are 1e-4 to 1e-1 for L2-normalized "
                 f"descriptors)")
+        if np.all(cov.diagonal() <= (2.0**-40 * np.abs(mean))**2):
+            warnings.warn(DegenerateNegativesWarning(
+                f"all {stats.count} rows are identical (every feature has zero "
+                f"variance), so A = lam I and the model only subtracts their mean: a positive "
+                f"is encoded as the direction of x0 - mean, and one equal to the negatives "
+                f"has no encoding (all zeros); fit on negatives that vary (descriptors of "
+                f"other images)"), stacklevel=3)
         self.mean_, self.covariance_, self.precision_ = mean, cov, precision
         self.n_samples_ = int(stats.count)
         self.n_features_in_ = int(stats.n_features)
