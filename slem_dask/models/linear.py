@@ -111,8 +111,9 @@ class LinearSLEM(SLEMEstimator):
                 f"descriptors)")
         if np.all(cov.diagonal() <= (2.0**-40 * np.abs(mean))**2):
             warnings.warn(DegenerateNegativesWarning(
-                f"all {stats.count} rows are identical (every feature has zero "
-                f"variance), so A = lam I and the model only subtracts their mean: a positive "
+                f"all {stats.count} rows are identical (every feature has zero variance in "
+                f"float64: the rows are equal, or differ by less than ~1e-154, whose squares "
+                f"underflow), so A = lam I and the model only subtracts their mean: a positive "
                 f"is encoded as the direction of x0 - mean, and one equal to the negatives "
                 f"has no encoding (all zeros); fit on negatives that vary (descriptors of "
                 f"other images)"), stacklevel=3)
@@ -127,8 +128,9 @@ class LinearSLEM(SLEMEstimator):
         """L2-normalized SLEM vector of every row of ``X`` (n_p, d), the positives.
 
         numpy in, numpy out; dask in, lazy dask out with the row chunks of ``X``.
-        ``dtype`` is the dtype of the result (default: the input's; float32 in gives
-        float32 out, other dtypes float64). ``precision`` (default: the model's):
+        ``dtype`` is the dtype of the result (default: the input's; float32 and float16
+        in give float32 out, other dtypes float64). A row equal to ``mean_`` has no
+        direction and is returned as zeros (``slem-dask encode`` refuses such rows). ``precision`` (default: the model's):
         float32 ``X`` is encoded in float32 under "auto" while A is well enough
         conditioned (see the class docstring), else in float64.
         """
