@@ -9,8 +9,9 @@ from .storage.checksums import (  # noqa: F401
 from .storage.errors import (  # noqa: F401
     CorruptChunkError, DamagedMetadataError, DamagedStoreError, IntegrityError,
     MissingChunkError, StorageViewError, is_out_of_space, missing_chunk_error)
+from .storage.chunks import chunk_keys_for_rows, iter_chunk_keys, unit_rows  # noqa: F401
 from .storage.fingerprints import (  # noqa: F401
-    _listing, chunk_keys_for_rows, partition_fingerprints, rows_fingerprint, unit_rows)
+    _listing, partition_fingerprints, rows_fingerprint)
 from .storage.leases import LEASE_TTL, Lease, LeaseHeldError, LeaseLostError  # noqa: F401
 from .storage.ownership import (  # noqa: F401
     ATTR, KINDS, check_may_replace, damaged_metadata, remove, slem_dask_kind,

@@ -29,7 +29,8 @@ from .models import KernelSLEM, LinearSLEM, RawFeatures, load_model
 from .core.statistics import ScatterStats, merge_statistics
 from .parallel import (_sub_block_rows, merge_fan_in, scatter_large_arrays,
                        statistics_partition_rows, store_statistics)
-from .validation import NonFiniteRowsError, check_n_features
+from .validation import (DegenerateNegativesWarning, RowsError,
+                         check_encoded_rows, check_n_features, output_dtype)
 
 __all__ = ["fit_job", "encode_job", "JobReport"]
 
@@ -51,7 +52,7 @@ class JobReport:
 
 def _detail(exc: ValueError) -> str:
     """An input's error without the library's parameter name (the job names the store)."""
-    return exc.detail if isinstance(exc, NonFiniteRowsError) else str(exc)
+    return exc.detail if isinstance(exc, RowsError) else str(exc)
 
 
 def _compute(client, obj, progress: bool):
@@ -198,7 +199,14 @@ def fit_job(client, negatives: str, model_path: str, lam: float = 1e-3, theta: f
             if previous is not None:
                 stats = previous if stats is None else merge_statistics(previous, stats)
             t2 = time.perf_counter()
-            model._fit_statistics(stats, arr.dtype)
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always", DegenerateNegativesWarning)
+                model._fit_statistics(stats, arr.dtype)
+        for warning in caught:  # said once, naming the store, and kept in the report
+            if issubclass(warning.category, DegenerateNegativesWarning):
+                warning.message = f"negatives {str(negatives)!r}: {warning.message}"
+                report.facts["warning"] = warning.message
+            warnings.warn(warning.message, warning.category, stacklevel=2)
         fp = _save_fitted(model, arr, negatives, model_path, seen, lease)
     t3 = time.perf_counter()
     report.facts.update({"model": str(model_path), "fingerprint": fp[:16]})
@@ -526,8 +534,7 @@ def check_encode_inputs(model, model_path, positives, out, dtype=None, overwrite
         and storage.output_meta(existing) is not None else None
     if dtype is None and kept is not None:
         dtype = existing.dtype  # a re-run continues the output as it was written
-    out_dtype = np.dtype(dtype or (arr.dtype if np.issubdtype(arr.dtype, np.floating)
-                                   else "float64"))
+    out_dtype = np.dtype(dtype) if dtype is not None else output_dtype(arr.dtype)
     if not np.issubdtype(out_dtype, np.floating):
         raise ValueError(f"dtype must be a float dtype (float32 or float64), got {dtype!r}")
     if partition_rows is not None and kept is not None \
@@ -555,14 +562,30 @@ def _write_partitions(model, arr, target, todo: list[int], rows: int, out_dtype,
                         dtype=out_dtype, **extra)
     # map_blocks over every partition, then select: read, encode and write fuse into
     # one task per partition (a write layer over z.blocks[todo] would not fuse)
-    written = da.map_blocks(_write_block, z, target, dtype=np.int64,
+    written = da.map_blocks(_write_block, z, target, _zero_reason(model), dtype=np.int64,
                             chunks=((1,) * z.numblocks[0], (2,)),
                             meta=np.empty((0, 2), dtype=np.int64))
     return written if len(todo) == z.numblocks[0] else written.blocks[todo]
 
 
-def _write_block(block, target, block_info=None):
+def _write_block(block, target, zero_reason: str, block_info=None):
+    # checked in the task that computed the rows, before they are written: an output
+    # with an all-zero or NaN encoding row is never marked complete
+    check_encoded_rows(block, block_info[0]["array-location"][0][0], zero_reason)
     return storage.write_partition(block, target, block_info[0]["chunk-location"][0])
+
+
+def _zero_reason(model) -> str:
+    """Why ``model`` encodes a row to all zeros, and what to do about it."""
+    if isinstance(model, LinearSLEM):
+        return ("a row equal to the mean of the negatives the model was fitted on has no "
+                "direction (w* = A^-1 (x0 - mu) = 0; with identical negatives, every row "
+                "equal to them): drop those rows, or fit on negatives that vary")
+    if isinstance(model, KernelSLEM):
+        return ("their kernel values against every pivot of the model are 0 (they are far "
+                "from all the negatives): normalize positives and negatives the same way "
+                "(e.g. L2), or fit with a smaller gamma")
+    return "such a row has no direction (an all-zero descriptor?): drop those rows"
 
 
 def reuse_partitions(store, draft, target, head, inputs: list[str], n_parts: int):

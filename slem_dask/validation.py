@@ -16,6 +16,8 @@ __all__ = [
     "check_rows",
     "check_n_features",
     "check_finite_rows",
+    "check_array_metadata",
+    "output_dtype",
     "is_dask_array",
     "unwrap_xarray",
 ]
@@ -41,6 +43,16 @@ def check_positive_float(value, name: str, hint: str = "") -> float:
     if not math.isfinite(value) or value <= 0:
         raise ValueError(f"{name} must be a finite number > 0, got {value!r}{hint}")
     return value
+
+
+def output_dtype(dtype) -> np.dtype:
+    """The dtype of encodings of rows of ``dtype`` when the caller names none: float32
+    for floats of at most 4 bytes (float16 included: the float32 a block is computed
+    from, never rounded back to 11 bits), float64 for anything else (float64,
+    integers). The library's transforms and the encode job both use it."""
+    dtype = np.dtype(dtype)
+    narrow = np.issubdtype(dtype, np.floating) and dtype.itemsize <= 4
+    return np.dtype(np.float32 if narrow else np.float64)
 
 
 def _reshape_hint(x, name: str) -> str:
@@ -136,8 +148,8 @@ def count_nonfinite_rows(x: np.ndarray) -> int:
     return int(x.shape[0] - np.count_nonzero(np.isfinite(x).all(axis=1)))
 
 
-class NonFiniteRowsError(ValueError):
-    """Rows with NaN or inf. ``str(exc)`` names the parameter ("P has 1 row(s) with
+class RowsError(ValueError):
+    """Bad rows of an input. ``str(exc)`` names the parameter ("P has 1 row(s) with
     NaN or inf ..."); ``exc.detail`` is the same without it, for callers that name the
     input themselves (the jobs: "positives 'pos.zarr': 1 row(s) with NaN or inf ...").
     Built from its args only, so it pickles (it travels back from workers)."""
@@ -148,6 +160,85 @@ class NonFiniteRowsError(ValueError):
 
     def __str__(self) -> str:
         return f"{self.name} has {self.detail}"
+
+
+class NonFiniteRowsError(RowsError):
+    """Rows with NaN or inf."""
+
+
+class LargeValuesError(RowsError):
+    """Values beyond :data:`MAX_ABS_VALUE`, whose squares float64 cannot hold."""
+
+
+class DegenerateEncodingsError(RowsError):
+    """Rows whose encoding is all zeros or holds NaN or inf (see :func:`check_encoded_rows`)."""
+
+
+class DegenerateNegativesWarning(UserWarning):
+    """Negatives that are all identical: the model only subtracts their mean."""
+
+
+#: Largest magnitude of a value in float64 negatives: the covariance sums squares
+#: (up to n (2 x 1e100)^2 = 4e200 n), and A^-1, the cond(A) bound and the encodings
+#: need headroom above that in float64 (largest finite 1.8e308). float32, float16
+#: and integer data never come near it.
+MAX_ABS_VALUE = 1e100
+
+
+def large_values_detail(peak: float) -> str:
+    """What :class:`LargeValuesError` says after the parameter's name."""
+    shown = f"{peak:.3g}" if np.isfinite(peak) else "beyond 1.8e308 in their sums"
+    power = int(np.floor(np.log10(peak))) if np.isfinite(peak) and peak > 0 else 300
+    return (f"values up to {shown} in magnitude, beyond the {MAX_ABS_VALUE:.0e} that slem-dask "
+            f"computes with (the covariance sums their squares in float64); divide the "
+            f"descriptors by a common factor, e.g. 1e{power}, or L2-normalize them (and "
+            f"divide lam by that factor squared to keep the same model)")
+
+
+def check_encoded_rows(z: np.ndarray, row_offset: int = 0, zero_reason: str = "") -> None:
+    """Raise :class:`DegenerateEncodingsError` if any encoding row is all zeros or holds
+    NaN or inf: such a row has no direction to rank by, so an output holding one must
+    never be marked complete. ``zero_reason``: why this model gives a row 0."""
+    squares = np.einsum("ij,ij->i", z, z, dtype=np.float64)
+    if np.all(squares > 0) and np.isfinite(squares).all():
+        return
+    nonfinite = np.flatnonzero(~np.isfinite(squares))
+    # a square sum of 0 can be entries too small to square: only all-zero rows count
+    zero = np.array([i for i in np.flatnonzero(squares == 0) if not z[i].any()], dtype=int)
+    parts = []
+    for rows, what, why in (
+            (zero, "all zeros", zero_reason or "such a row has no direction"),
+            (nonfinite, "NaN or inf", "their values overflow float64 in the encoding: divide "
+                                      "the descriptors by a common factor or L2-normalize them")):
+        if rows.size:
+            shown = ", ".join(str(i + row_offset) for i in rows[:5]) + \
+                (", ..." if rows.size > 5 else "")
+            parts.append(f"{rows.size} row(s) whose encoding is {what} (rows {shown}): {why}")
+    if parts:
+        raise DegenerateEncodingsError("X", "; ".join(parts))
+
+
+def all_finite(a: np.ndarray, rows: int = 256) -> bool:
+    """np.isfinite(a).all(), ``rows`` rows at a time: no boolean copy of a d x d model
+    array (64 MiB at d = 8192)."""
+    a = np.asarray(a)
+    if a.ndim < 2:
+        return bool(np.isfinite(a).all())
+    return all(np.isfinite(a[i:i + rows]).all() for i in range(0, len(a), rows))
+
+
+def check_finite_model(arrays: dict, what: str) -> None:
+    """Refuse a model whose arrays hold NaN or inf (``what`` names the model): it would
+    encode every positive to NaN or 0."""
+    for key, value in arrays.items():
+        value = np.asarray(value)
+        if value.dtype.kind in "fc" and not all_finite(value):
+            count = int(value.size - np.count_nonzero(np.isfinite(value)))
+            raise ValueError(
+                f"{what} has NaN or inf in its array {key!r} ({count} of {value.size} "
+                f"entries); such a model encodes positives to NaN or zeros: fit it again "
+                f"(this slem-dask refuses to fit one from values beyond {MAX_ABS_VALUE:.0e} "
+                f"or with a lam too small to invert Sigma + lam I)")
 
 
 def nonfinite_rows(x: np.ndarray, row_offset: int = 0) -> tuple[int, str]:
@@ -164,3 +255,45 @@ def check_finite_rows(x: np.ndarray, name: str, row_offset: int = 0,
         return
     count, shown = nonfinite_rows(x, row_offset)
     raise NonFiniteRowsError(name, f"{count} row(s) with NaN or inf (rows {shown}); {remedy}")
+
+
+#: Largest declared size of an input array: numpy and dask index with int64, and no
+#: store holds 2**63 bytes, so a larger shape in zarr.json is damage, not data.
+MAX_ARRAY_BYTES = 2**63 - 1
+
+#: Largest declared chunk: zarr decodes a chunk whole, in memory, on one worker.
+MAX_CHUNK_BYTES = 2**40
+
+
+def _bytes_text(n: int) -> str:
+    # JSON integers have no bound: 10**400 is not a float
+    return f"{n:.3g}" if n < 1e300 else f"about 10**{len(str(n)) - 1}"
+
+
+def check_array_metadata(arr, name: str, path) -> None:
+    """Refuse a 2-D zarr array whose zarr.json declares a chunk grid or size that no
+    real array has (a chunk dimension of 0, more than 2**63 bytes, a chunk over 1 TiB).
+
+    Metadata only, O(1) whatever the declared size: runs when an input is opened,
+    before any chunk is listed or read (a zero chunk dimension used to end fit and
+    encode with ZeroDivisionError, a shape of 1e30 rows to hang them).
+    """
+    fix = (f"its zarr.json is damaged or was edited: restore it from a copy, or rewrite the "
+           f"array (zarr.create_array(..., chunks=(rows, {arr.shape[1]})))")
+    where = f"{name}: the zarr array at {str(path)!r}"
+    for what, shape in (("chunk", arr.chunks), ("shard", getattr(arr, "shards", None))):
+        if shape is not None and (len(shape) != 2 or min(shape) < 1):
+            raise ValueError(f"{where} declares {what} shape {tuple(shape)} for shape "
+                             f"{arr.shape}; a {what} dimension below 1 holds no data, so "
+                             f"{fix}")
+    itemsize = np.dtype(arr.dtype).itemsize
+    size = int(arr.shape[0]) * int(arr.shape[1]) * itemsize
+    if size > MAX_ARRAY_BYTES:
+        raise ValueError(f"{where} declares shape {arr.shape} of {arr.dtype}, {_bytes_text(size)} "
+                         f"bytes; at most 2**63 - 1 bytes can be indexed (and no store "
+                         f"holds that many), so {fix}")
+    chunk = int(arr.chunks[0]) * int(arr.chunks[1]) * itemsize
+    if chunk > MAX_CHUNK_BYTES:
+        raise ValueError(f"{where} declares chunks of shape {arr.chunks}, {_bytes_text(chunk)} bytes "
+                         f"each; zarr decodes a chunk whole in memory and slem-dask reads "
+                         f"chunks of at most 2**40 bytes (1 TiB), so {fix}")

@@ -19,6 +19,7 @@ __all__ = [
     "encode_rows",
     "condition_bound",
     "float32_encoding_ok",
+    "float32_matrix",
     "exemplar_solution",
 ]
 
@@ -88,11 +89,60 @@ def encode_rows(rows: np.ndarray, mean: np.ndarray, precision: np.ndarray,
         centred -= mean
         precision = np.asarray(precision, dtype=np.float64)
     # A^-1 is symmetric, so the rows of (A^-1 delta)^T are delta^T A^-1.
-    vectors = centred @ precision
-    norms = np.sqrt(np.einsum("ij,ij->i", vectors, vectors, dtype=np.float64))
+    with np.errstate(over="ignore", invalid="ignore", under="ignore"):  # checked below
+        vectors = centred @ precision
+        squares = np.einsum("ij,ij->i", vectors, vectors, dtype=np.float64)
+    low, high = _SAFE_SQUARES[vectors.dtype == np.float32]
+    extreme = np.flatnonzero(~((squares >= low) & (squares <= high)))
+    if extreme.size:  # rows whose product or norm left the range: again, scaled
+        vectors[extreme] = _scaled_directions(np.asarray(rows)[extreme], mean, precision)
+        squares[extreme] = np.einsum("ij,ij->i", vectors[extreme], vectors[extreme],
+                                     dtype=np.float64)
+    norms = np.sqrt(squares)
     scale = np.divide(1.0, norms, out=np.zeros_like(norms), where=norms > 0)
     vectors *= scale[:, None].astype(vectors.dtype)
     return vectors.astype(dtype, copy=False)
+
+
+#: Sums of squares of an encoding row (float64, float32) inside which it is kept as
+#: computed: its entries neither underflowed (float32 products below ~2^-90 lose
+#: digits) nor overflowed. Outside (0, NaN and inf included), the row is encoded again
+#: by :func:`_scaled_directions`; for data near unit scale that never happens.
+_SAFE_SQUARES = {False: (2.0**-900, 2.0**900), True: (2.0**-180, 2.0**250)}
+
+
+def _scale_rows(x: np.ndarray) -> np.ndarray:
+    """``x`` with each row multiplied by the power of two that brings its largest
+    magnitude into [0.5, 1) (exact: a direction is unchanged; all-zero rows stay 0)."""
+    peak = np.abs(x).max(axis=1)
+    exponent = np.frexp(np.where(np.isfinite(peak), peak, 0.0))[1]
+    return np.ldexp(x, -exponent[:, None])
+
+
+def _scaled_directions(rows: np.ndarray, mean: np.ndarray, precision: np.ndarray) -> np.ndarray:
+    """A^-1 (x0 - mu) up to a positive factor per row, for rows whose plain product
+    over- or underflows (values of 1e200, or x0 within 1e-150 of mu at the scale of A):
+    x0 and mu are scaled by a power of two (the larger magnitude of the row and of mu)
+    before they are subtracted, delta is brought to a largest entry near 1, and so is
+    the product, in float64. A row equal to mu stays 0."""
+    x = np.asarray(rows, dtype=np.float64)
+    mu = np.asarray(mean, dtype=np.float64)
+    peak = np.maximum(np.abs(x).max(axis=1), np.abs(mu).max())
+    exponent = np.frexp(peak)[1][:, None]
+    delta = _scale_rows(np.ldexp(x, -exponent) - np.ldexp(mu[None, :], -exponent))
+    with np.errstate(over="ignore", invalid="ignore", under="ignore"):
+        return _scale_rows(delta @ np.asarray(precision, dtype=np.float64))
+
+
+def float32_matrix(precision: np.ndarray) -> np.ndarray:
+    """A^-1 cast to float32 for float32 encoding, first scaled by a power of two to a
+    largest entry in [0.5, 1): encodings are directions, so the factor changes nothing,
+    but A^-1 of negatives of magnitude 1e30 (entries ~1e-60) would flush to float32
+    zeros. Exact (no rounding beyond the cast's); one float32 copy, no float64 one."""
+    peak = float(max(precision.max(), -precision.min()))
+    factor = 2.0 ** -np.frexp(peak)[1] if np.isfinite(peak) and peak > 0 else 1.0
+    out = np.empty(precision.shape, dtype=np.float32)
+    return np.multiply(precision, factor, out=out, casting="same_kind")
 
 
 #: Largest bound on cond(A) for which float32 encoding is used with precision="auto".

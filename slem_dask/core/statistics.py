@@ -25,6 +25,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..validation import MAX_ABS_VALUE, LargeValuesError, large_values_detail
+
 __all__ = [
     "ScatterStats",
     "ScatterAccumulator",
@@ -125,20 +127,46 @@ def _product_rows(d: int) -> int:
     return int(min(FLOAT32_PRODUCT_ROWS, max(256, 2**24 // max(1, d))))
 
 
-def _add_scatter(scatter: np.ndarray, centred: np.ndarray) -> None:
-    """scatter += centred^T centred (products in centred's dtype, float64 sum).
+#: A float32 product is used only while the largest column sum of squares of its
+#: rows lies in [2^-80, 2^120] (or is 0): every partial sum of the product is at
+#: most that sum, so nothing overflows float32 (3.4e38 = 2^128), and products
+#: flushed to zero below 2^-126 (at most 4096 of them) stay below 1e-10 of it.
+_FLOAT32_SQUARES = (2.0**-80, 2.0**120)
+
+
+def _float32_safe(squares: np.ndarray) -> bool:
+    top = float(squares.max())
+    return top == 0.0 or _FLOAT32_SQUARES[0] <= top <= _FLOAT32_SQUARES[1]  # NaN: False
+
+
+def _add_scatter(scatter: np.ndarray, centred: np.ndarray, squares: np.ndarray,
+                 check_float32: bool = False) -> bool:
+    """scatter += centred^T centred (products in centred's dtype, float64 sum) and
+    squares += its diagonal; True. With ``check_float32``: False, adding nothing,
+    when float32 products would overflow or underflow (see :data:`_FLOAT32_SQUARES`).
 
     Narrow rows: numpy computes ``a.T @ a`` with one syrk and mirrors it
-    (exactly symmetric). Wide rows: only the upper block triangle is updated,
-    panel by panel (half the flops, like syrk); the caller mirrors it once.
+    (exactly symmetric); its diagonal costs nothing more. Wide rows: only the upper
+    block triangle is updated, panel by panel (half the flops, like syrk), after one
+    pass for the diagonal (under 1% of the product at d > 2048); the caller mirrors it.
     """
     d = centred.shape[1]
     if d <= 2 * _PANEL_COLUMNS:
-        scatter += centred.T @ centred
-        return
+        product = centred.T @ centred
+        diagonal = product.diagonal()
+        if check_float32 and not _float32_safe(diagonal):
+            return False
+        scatter += product
+        squares += diagonal
+        return True
+    diagonal = np.einsum("ij,ij->j", centred, centred)
+    if check_float32 and not _float32_safe(diagonal):
+        return False
     for j0 in range(0, d, _PANEL_COLUMNS):
         j1 = min(d, j0 + _PANEL_COLUMNS)
         scatter[:j1, j0:j1] += centred[:, :j1].T @ centred[:, j0:j1]
+    squares += diagonal
+    return True
 
 
 def mirror_upper(m: np.ndarray, rows: int = 256) -> None:
@@ -203,10 +231,19 @@ class ScatterAccumulator:
         rows = _product_rows(d)
         if self._scratch is None or self._scratch.dtype != dtype:
             self._scratch = np.empty((rows, d), dtype=dtype)
-        for start in range(0, m, rows):
-            part = values[start:start + rows]
-            centred = np.subtract(part, shift, out=self._scratch[:part.shape[0]])
-            _add_scatter(self._scatter, centred)
+        squares = np.zeros(d)  # sum of (x - shift)^2 per column, from the products
+        with np.errstate(over="ignore", invalid="ignore"):  # overflow is checked below
+            for start in range(0, m, rows):
+                part = values[start:start + rows]
+                centred = np.subtract(part, shift, out=self._scratch[:part.shape[0]])
+                if not _add_scatter(self._scatter, centred, squares, dtype == np.float32):
+                    # float32 would overflow or underflow (values beyond ~1e16 or below
+                    # ~1e-13 around their mean): these rows in float64, exact as ever
+                    centred = part.astype(np.float64) - shift.astype(np.float64)
+                    _add_scatter(self._scatter, centred, squares)
+        if dtype == np.float64:  # float32 (and narrower, and integer) input cannot reach it
+            _check_magnitude(values, shift, squares)
+        _exact_constant_columns(values, mean, squares)
         residual = mean - shift.astype(np.float64)
         if residual.any():
             _add_outer(self._scatter, residual, -float(m))
@@ -230,6 +267,32 @@ class ScatterAccumulator:
         stats = ScatterStats(self.count, self.mean, scatter, self.nonfinite)
         self.count, self.mean = 0, np.zeros(d)
         return stats
+
+
+def _check_magnitude(values: np.ndarray, shift: np.ndarray, squares: np.ndarray) -> None:
+    """Refuse float64 values beyond MAX_ABS_VALUE. |x - shift| <= sqrt(squares) for every
+    value of a column, so the block is scanned only when that bound exceeds the limit."""
+    bound = float((np.abs(shift.astype(np.float64)) + np.sqrt(squares)).max(initial=0.0))
+    if bound <= MAX_ABS_VALUE:  # False for NaN: the sums overflowed
+        return
+    peak = float(max(abs(values.max()), abs(values.min())))
+    if not peak <= MAX_ABS_VALUE:
+        raise LargeValuesError("X", large_values_detail(peak))
+
+
+def _exact_constant_columns(values: np.ndarray, mean: np.ndarray, squares: np.ndarray) -> None:
+    """Make the mean of a column that is constant in this block that constant, exactly.
+
+    Summing n copies of c in float64 can round (mean(0.3, 0.3, ...) != 0.3), and then a
+    positive equal to identical negatives got a direction made of rounding errors
+    instead of none. Candidates cost nothing (their squares about the mean are at
+    rounding level); only they are compared with their first value.
+    """
+    candidates = np.flatnonzero(squares <= len(values) * (2.0**-40 * np.abs(mean))**2)
+    if candidates.size:
+        first = values[0, candidates]
+        same = (values[:, candidates] == first).all(axis=0)
+        mean[candidates[same]] = first[same]
 
 
 def block_statistics(block: np.ndarray, precision: str = "auto") -> ScatterStats:

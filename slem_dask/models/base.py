@@ -6,7 +6,8 @@ import numpy as np
 
 from .. import _estimator, storage
 from .._estimator import EstimatorProtocol
-from ..validation import check_finite_rows, check_n_features, check_rows, is_dask_array
+from ..validation import (check_finite_model, check_finite_rows, check_n_features, check_rows,
+                          is_dask_array, output_dtype)
 
 __all__ = ["SLEMEstimator", "load_model", "MODEL_CLASSES", "NotFittedError"]
 
@@ -62,10 +63,7 @@ class SLEMEstimator(EstimatorProtocol):
     def _output_dtype(p, dtype) -> np.dtype:
         """``dtype``, or by default the input's: float32 (and float16) in gives float32
         out, anything else float64. Computation is float64 either way."""
-        if dtype is not None:
-            return np.dtype(dtype)
-        return np.dtype(np.float32 if np.dtype(p.dtype).itemsize <= 4
-                        and np.issubdtype(p.dtype, np.floating) else np.float64)
+        return np.dtype(dtype) if dtype is not None else output_dtype(p.dtype)
 
     def _check_positives(self, X, name: str = "X"):
         """Rows to encode: fitted model, 2-D, as many features as the negatives. The
@@ -110,6 +108,7 @@ class SLEMEstimator(EstimatorProtocol):
         """
         self._check_fitted()
         info, arrays = self._state()
+        check_finite_model(arrays, f"model: this {type(self).__name__}")  # never saved
         return storage.write_model_store(path, type(self).__name__, self.get_params(),
                                          arrays, {**info, **(metadata or {})},
                                          overwrite=overwrite, lease=lease)
@@ -142,6 +141,7 @@ def load_model(path: str):
             f"model: {path!r} holds a {meta['model']!r} model, which this version of "
             f"slem-dask does not know (it knows {sorted(MODEL_CLASSES)}); upgrade slem-dask"
         )
+    check_finite_model(arrays, f"model: {str(path)!r} holds a {meta['model']} that")
     model = cls(**meta["params"])
     model._set_state(meta, arrays)
     return model

@@ -3,16 +3,18 @@
 from __future__ import annotations
 
 import functools
+import warnings
 
 import dask
 import numpy as np
 
-from ..core.linear import encode_rows, exemplar_solution, float32_encoding_ok, precision_matrix
+from ..core.linear import (encode_rows, exemplar_solution, float32_encoding_ok, float32_matrix,
+                           precision_matrix)
 from ..core.statistics import (ScatterStats, block_statistics, check_precision, compute_dtype,
                                covariance, merge_statistics)
 from ..parallel import encode_blocks, scatter_statistics, shared
-from ..validation import (NonFiniteRowsError, check_finite_rows, check_positive_float, check_rows,
-                          is_dask_array)
+from ..validation import (DegenerateNegativesWarning, NonFiniteRowsError, all_finite,
+                          check_finite_rows, check_positive_float, check_rows, is_dask_array)
 from .base import SLEMEstimator
 
 __all__ = ["LinearSLEM"]
@@ -99,9 +101,23 @@ class LinearSLEM(SLEMEstimator):
                      f"{stats.count + stats.nonfinite}; drop or repair those rows before fitting")
         if stats.count < 2:
             raise ValueError(f"X has {stats.count} row(s); at least 2 negatives are needed")
-        self.mean_ = stats.mean
-        self.covariance_ = covariance(stats, in_place=True)
-        self.precision_ = precision_matrix(self.covariance_, float(self.lam))
+        mean, cov = stats.mean, covariance(stats, in_place=True)
+        precision = precision_matrix(cov, float(self.lam))
+        if not all_finite(precision):  # mean and cov are finite: lam is the cause
+            raise ValueError(
+                f"lam={self.lam!r} is too small for these negatives (largest covariance "
+                f"entry {np.abs(cov).max():.3g}): A = Sigma + lam I has no finite inverse "
+                f"in float64; increase lam (typical values are 1e-4 to 1e-1 for L2-normalized "
+                f"descriptors)")
+        if np.all(cov.diagonal() <= (2.0**-40 * np.abs(mean))**2):
+            warnings.warn(DegenerateNegativesWarning(
+                f"all {stats.count} rows are identical (every feature has zero variance in "
+                f"float64: the rows are equal, or differ by less than ~1e-154, whose squares "
+                f"underflow), so A = lam I and the model only subtracts their mean: a positive "
+                f"is encoded as the direction of x0 - mean, and one equal to the negatives "
+                f"has no encoding (all zeros); fit on negatives that vary (descriptors of "
+                f"other images)"), stacklevel=3)
+        self.mean_, self.covariance_, self.precision_ = mean, cov, precision
         self.n_samples_ = int(stats.count)
         self.n_features_in_ = int(stats.n_features)
         self.input_dtype_ = np.dtype(dtype).name
@@ -112,8 +128,9 @@ class LinearSLEM(SLEMEstimator):
         """L2-normalized SLEM vector of every row of ``X`` (n_p, d), the positives.
 
         numpy in, numpy out; dask in, lazy dask out with the row chunks of ``X``.
-        ``dtype`` is the dtype of the result (default: the input's; float32 in gives
-        float32 out, other dtypes float64). ``precision`` (default: the model's):
+        ``dtype`` is the dtype of the result (default: the input's; float32 and float16
+        in give float32 out, other dtypes float64). A row equal to ``mean_`` has no
+        direction and is returned as zeros (``slem-dask encode`` refuses such rows). ``precision`` (default: the model's):
         float32 ``X`` is encoded in float32 under "auto" while A is well enough
         conditioned (see the class docstring), else in float64.
         """
@@ -130,7 +147,7 @@ class LinearSLEM(SLEMEstimator):
         """A^-1 in the dtype the encoding is computed in (the stored one stays float64)."""
         if compute_dtype(dtype, precision) == np.float32 and \
                 float32_encoding_ok(self.covariance_, float(self.lam)):
-            return self.precision_.astype(np.float32)
+            return float32_matrix(self.precision_)
         return self.precision_
 
     def exemplar(self, x0):

@@ -32,12 +32,13 @@ from .checksums import (  # noqa: F401
     self_consistent_crc32c, stored_crc32c)
 from .chunks import (  # noqa: F401
     DEFAULT_PARTITION_BYTES, _RowChunkCodecs, _reason, _where, _zstd_content_size,
+    chunk_keys_for_rows, iter_chunk_keys,
     dask_rows, read_rows, row_partition)
 from .errors import (  # noqa: F401
     CorruptChunkError, DamagedMetadataError, DamagedStoreError, IntegrityError,
     MissingChunkError, StorageViewError, is_out_of_space, missing_chunk_error)
 from .fingerprints import (  # noqa: F401
-    chunk_keys_for_rows, input_version, partition_fingerprints, read_version,
+    input_version, partition_fingerprints, read_version,
     rows_fingerprint, unit_rows)
 from .groups import (  # noqa: F401
     GROUP_CHUNK_BYTES, MODEL_FORMAT_VERSION, _check_written, _remove, read_group_arrays,

@@ -296,10 +296,14 @@ def unit_rows(arr) -> int:
 
 def chunk_keys_for_rows(arr, lo: int, hi: int) -> list[tuple[str, int, int]]:
     """(store key, first row, last row + 1) of every storage unit holding rows [lo, hi)."""
+    return list(iter_chunk_keys(arr, lo, hi))
+
+
+def iter_chunk_keys(arr, lo: int, hi: int):
+    """:func:`chunk_keys_for_rows`, one at a time: a declared size of 1e15 rows must
+    not be enumerated before the first key is checked."""
     rows, cols = _unit_shape(arr)[:2]
     n_cols = -(-int(arr.shape[1]) // cols)
-    out = []
     for i in range(lo // rows, -(-hi // rows)):
         for j in range(n_cols):
-            out.append((_full_key(arr, (i, j)), i * rows, min((i + 1) * rows, arr.shape[0])))
-    return out
+            yield _full_key(arr, (i, j)), i * rows, min((i + 1) * rows, arr.shape[0])

@@ -13,8 +13,8 @@ import numpy as np
 import zarr
 
 from . import versions
-from .chunks import _where, chunk_keys_for_rows, unit_rows
-from .errors import missing_chunk_error
+from .chunks import _unit_shape, _where, iter_chunk_keys, unit_rows
+from .errors import MissingChunkError, missing_chunk_error
 from .paths import StorePath, _fs, canonical
 
 
@@ -69,11 +69,22 @@ def _layout(arr) -> tuple:
 
 def _listed(listing: dict, arr, path: StorePath, name: str, lo: int, hi: int) -> list:
     """(key, listing entry) of every storage unit holding rows [lo, hi); a unit absent
-    from the listing is an error."""
+    from the listing is an error.
+
+    Keys are checked as they are generated: each present key is a distinct entry of
+    the listing, so a declared size beyond what the store holds meets its first
+    missing key within len(listing) + 1 keys, however many rows it declares."""
     out = []
-    for key, a, b in chunk_keys_for_rows(arr, lo, hi):
+    for key, a, b in iter_chunk_keys(arr, lo, hi):
         if key not in listing:
-            raise missing_chunk_error(name, path, key, a, b)
+            exc = missing_chunk_error(name, path, key, a, b)
+            rows, cols = _unit_shape(arr)[:2]
+            units = -(-int(arr.shape[0]) // rows) * -(-int(arr.shape[1]) // cols)
+            if units > len(listing):  # say so when zarr.json declares more than is there
+                exc = MissingChunkError(
+                    f"{exc} (its zarr.json declares shape {arr.shape}: {units} chunk(s) "
+                    f"of {rows} x {cols}, and the store holds {len(listing)} object(s))")
+            raise exc
         out.append((key, listing[key]))
     return out
 

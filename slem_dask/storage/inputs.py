@@ -10,6 +10,7 @@ import numpy as np
 import zarr
 
 from . import versions
+from ..validation import check_array_metadata
 from .checksums import metadata_checksum
 from .chunks import read_rows
 from .ownership import ATTR, damaged_metadata
@@ -100,6 +101,7 @@ def open_input(path: str, name: str) -> zarr.Array:
         raise TypeError(
             f"{name}: the zarr array at {path!r} has dtype {node.dtype}; expected real numbers"
         )
+    check_array_metadata(node, name, path)  # before any chunk is listed or read
     meta = node.attrs.get(ATTR)
     if isinstance(meta, dict) and meta.get("kind") == "encoding" and meta.get("complete") \
             and "metadata_checksum" in meta \
