@@ -371,7 +371,8 @@ def _check_inputs(args, spec) -> None:
         from .models import load_model
         from .pipeline import check_encode_inputs
 
-        check_encode_inputs(load_model(args.model), args.model, args.positives, args.out,
+        args.loaded_model = load_model(args.model)  # read once: the job encodes with it
+        check_encode_inputs(args.loaded_model, args.model, args.positives, args.out,
                             args.dtype, args.overwrite, partition_rows=args.partition_rows,
                             precision=args.precision)
 
@@ -563,7 +564,8 @@ def _jobs(args, client, spec, progress: bool):
         reports = [pipeline.encode_job(client, args.model, args.positives, args.out,
                                        dtype=args.dtype, partition_rows=args.partition_rows,
                                        overwrite=args.overwrite, progress=progress,
-                                       precision=args.precision)]
+                                       precision=args.precision,
+                                       model=getattr(args, "loaded_model", None))]
     else:
         rows, reports = pipeline.demo_job(
             client, workdir=args.workdir, n_negatives=args.negatives,

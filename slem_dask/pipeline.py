@@ -357,8 +357,11 @@ def _previous_statistics(model_path, negatives, arr) -> ScatterStats:
 def encode_job(client, model_path: str, positives: str, out: str, dtype: str | None = None,
                partition_rows: int | None = None, overwrite: bool = False,
                progress: bool = False, on_model_change: str = "fail",
-               precision: str | None = None) -> JobReport:
+               precision: str | None = None, model=None) -> JobReport:
     """Encode the zarr array ``positives`` with the model at ``model_path`` into ``out``.
+
+    ``model``: that model, if the caller has already loaded it (it is then not read
+    again: one committed version of it, read once).
 
     Re-running the same command resumes: an output left unfinished by a killed
     run gets only its missing partitions; partitions whose input rows changed
@@ -376,7 +379,7 @@ def encode_job(client, model_path: str, positives: str, out: str, dtype: str | N
         raise ValueError(f"on_model_change must be 'fail' or 'reencode', got {on_model_change!r}")
     t0 = time.perf_counter()
     model_path, positives, out = canonical(model_path), canonical(positives), canonical(out)
-    model = load_model(model_path)
+    model = model if model is not None else load_model(model_path)
     storage.check_distinct(out, "--out", {"positives": positives, "model": model_path})
     with integrity.Lease(out, "slem-dask encode") as lease:
         arr, out_dtype, width = check_encode_inputs(model, model_path, positives, out, dtype,
