@@ -199,7 +199,11 @@ def check_encoded_rows(z: np.ndarray, row_offset: int = 0, zero_reason: str = ""
     """Raise :class:`DegenerateEncodingsError` if any encoding row is all zeros or holds
     NaN or inf: such a row has no direction to rank by, so an output holding one must
     never be marked complete. ``zero_reason``: why this model gives a row 0."""
-    squares = np.einsum("ij,ij->i", z, z, dtype=np.float64)
+    # float64 squares, a block of rows at a time: a cast of the whole partition would
+    # double an encode task's memory (slem_dask/workers.py counts on it not to)
+    squares = np.concatenate([np.einsum("ij,ij->i", z[i:i + 1024], z[i:i + 1024],
+                                        dtype=np.float64)
+                              for i in range(0, len(z), 1024)] or [np.empty(0)])
     if np.all(squares > 0) and np.isfinite(squares).all():
         return
     nonfinite = np.flatnonzero(~np.isfinite(squares))
