@@ -403,7 +403,8 @@ def encode_job(client, model_path: str, positives: str, out: str, dtype: str | N
                             int(fixed + per_row * rows), per_row, fixed,
                             integrity.unit_rows(arr), resumed=head is not None)
         inputs = integrity.partition_fingerprints(arr, positives, "positives", rows)
-        workers.check_memory(client, plan, n_parts)  # before anything is written
+        if head is None:  # a new output: before anything is written
+            workers.check_memory(client, plan, n_parts)
         storage.replace_legacy(out, "output")  # only reached with --overwrite
         store = versions.VersionedStore(out)
         draft = store.begin()  # this job's own version folder, invisible until committed
@@ -440,6 +441,12 @@ def encode_job(client, model_path: str, positives: str, out: str, dtype: str | N
             # a model that encodes identically (theta changed): a new version records it
             report.facts["action"] = "up to date (model metadata updated)" \
                 if meta.get("n_rows") == n_rows else "verified"
+        if head is not None and todo:  # only what this update computes must fit
+            try:
+                workers.check_memory(client, plan, len(todo))
+            except workers.WorkerMemoryError:
+                store.abandon(draft)
+                raise
         try:
             integrity.check_workers_see(client, {"positives": positives,
                                                  "output": draft.location})

@@ -83,7 +83,7 @@ class Plan:
     per_row: float     # bytes per row of a partition (0: rows do not matter)
     fixed: int         # bytes that do not depend on the partition's rows
     unit: int          # partitions are whole multiples of this many rows
-    resumed: bool = False  # an unfinished output keeps its partitions: --overwrite
+    resumed: bool = False  # a committed output keeps its partitions: --overwrite
     limits: dict = dataclasses.field(default_factory=dict)  # worker -> memory limit
     in_use: int = 0    # the most a worker held before the job (0: not measured)
 
@@ -202,15 +202,15 @@ def _fix(plan: Plan, rows: int, in_use: float, tasks: int) -> str:
             f"--memory-limit) or fewer threads, or store the {plan.name} in smaller chunks")
 
 
-def _smaller_partitions(plan: Plan, rows: int, started: bool = False,
-                        or_less: str = "") -> str:
-    """The remedy "--partition-rows ROWS"; an unfinished output keeps its partition
-    size unless rebuilt (--overwrite)."""
+def _smaller_partitions(plan: Plan, rows: int, or_less: str = "") -> str:
+    """The remedy "--partition-rows ROWS"; a committed output keeps its partition size
+    unless rebuilt (--overwrite). A failed job's draft does not: a run with other
+    partitions starts its own."""
     need = plan.fixed + rows * plan.per_row
     flag, notes = f"--partition-rows {rows}{or_less}", []
-    if plan.what == "encode" and (plan.resumed or started):
+    if plan.what == "encode" and plan.resumed:
         flag = f"--overwrite {flag}"
-        notes.append(f"without --overwrite the unfinished output keeps its partitions of "
+        notes.append(f"without --overwrite the existing output keeps its partitions of "
                      f"{plan.rows} rows")
     notes += ["partition_rows in a job spec", f"about {need / MiB:.0f} MiB per task"]
     return (f"pass {flag} ({'; '.join(notes)}), or give the workers more memory (dask worker "
@@ -285,7 +285,7 @@ def explain(exc: BaseException, events: list, limits: dict, what_is_kept: str) -
         budget = min(budget, _pause_fraction() * limit - plan.in_use)
     rows = plan.rows_that_fit(budget)
     if rows and rows < plan.rows:
-        fix = _smaller_partitions(plan, rows, started=True, or_less=" or less")
+        fix = _smaller_partitions(plan, rows, or_less=" or less")
     else:
         fix = (f"give the workers more memory (dask worker --memory-limit) or fewer "
                f"threads, or store the {plan.name} in smaller chunks")

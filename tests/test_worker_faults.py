@@ -147,9 +147,28 @@ def test_workers_killed_for_memory_are_named_in_one_line(small_worker):
                      r"limit", line), line
     assert "partitions of 60000 rows x 256 float32 (58.6 MiB" in line
     assert "nothing was marked complete" in line
-    assert re.search(r"pass --overwrite --partition-rows \d+000 or less", line), line
+    suggested = re.search(r"pass --partition-rows (\d+000) or less \(", line)
+    assert suggested and "--overwrite" not in line, line  # a failed job's draft binds nothing
     assert "KilledWorker" not in line and "Traceback" not in result.stderr
     assert not storage.marked_complete(str(out))
+    result = _cli(c, "encode", "--model", c["model"], "--positives", c["positives"], "--out",
+                  out, "--partition-rows", suggested.group(1))
+    assert result.returncode == 0, result.stderr  # the remedy as written works
+    assert storage.marked_complete(str(out))
+
+
+def test_an_up_to_date_output_is_not_refused_for_partitions_it_need_not_compute(small_worker):
+    # Encoded elsewhere in partitions of 60,000 rows, too large for this worker: a re-run
+    # computes nothing, so the worker's memory is no reason to refuse it.
+    from slem_dask.pipeline import encode_job
+
+    c = small_worker
+    out = c["tmp"] / "done.zarr"
+    encode_job(None, c["model"], c["positives"], str(out), partition_rows=60_000)
+    result = _cli(c, "encode", "--model", c["model"], "--positives", c["positives"], "--out",
+                  out)
+    assert result.returncode == 0, result.stderr
+    assert "up to date" in result.stdout
 
 
 # -- a worker that stops answering (item 2) ---------------------------------------------
