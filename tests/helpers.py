@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
+import zarr
+
 from slem_dask.storage import versions
 
 
@@ -23,3 +26,25 @@ def recommit(path) -> None:
     fields = {k: getattr(commit, k) for k in commit.__dataclass_fields__}
     fields["checksum"] = versions._checksum(data)
     store.backend.put(f"commits/{commit.seq:08d}.json", versions.Commit(**fields).to_json())
+
+
+def zarr_rows(path, data, chunks: int = 40) -> str:
+    """``data`` as a plain zarr array of ``chunks``-row chunks at ``path``; its path."""
+    arr = zarr.create_array(store=str(path), shape=data.shape, dtype=data.dtype,
+                            chunks=(chunks, data.shape[1]), overwrite=True)
+    arr[...] = data
+    return str(path)
+
+
+def small_corpus(tmp_path, seed: int, d: int = 8) -> dict:
+    """Negatives (300 rows), two sets of positives (200 rows each) as plain zarr arrays,
+    and a linear model fitted on the negatives, in ``tmp_path``."""
+    from slem_dask import LinearSLEM
+
+    rng = np.random.default_rng(seed)
+    neg, pos, other = (rng.standard_normal((n, d)).astype("float32") for n in (300, 200, 200))
+    LinearSLEM(lam=0.1).fit(neg).save(str(tmp_path / "model.zarr"))
+    return {"dir": tmp_path, "model": str(tmp_path / "model.zarr"), "neg": neg, "pos": pos,
+            "other": other, "negatives": zarr_rows(tmp_path / "neg.zarr", neg),
+            "positives": zarr_rows(tmp_path / "pos.zarr", pos),
+            "others": zarr_rows(tmp_path / "other.zarr", other)}

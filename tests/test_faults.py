@@ -14,12 +14,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import zarr
 
-from slem_dask import LinearSLEM, load_model, storage
+from slem_dask import load_model, storage
 from slem_dask.cli import main
 from slem_dask.storage import versions
 
+from helpers import small_corpus
 from reference import partitionwise
 
 pytestmark = pytest.mark.slow
@@ -28,24 +28,9 @@ HERE = Path(__file__).parent
 D = 8
 
 
-def _array(path, data):
-    arr = zarr.create_array(store=str(path), shape=data.shape, dtype=data.dtype,
-                            chunks=(40, data.shape[1]))
-    arr[...] = data
-    return str(path)
-
-
 @pytest.fixture
 def corpus(tmp_path):
-    rng = np.random.default_rng(11)
-    neg = rng.standard_normal((300, D)).astype("float32")
-    pos = rng.standard_normal((200, D)).astype("float32")
-    other = rng.standard_normal((200, D)).astype("float32")
-    LinearSLEM(lam=0.1).fit(neg).save(str(tmp_path / "model.zarr"))
-    return {"dir": tmp_path, "model": str(tmp_path / "model.zarr"), "neg": neg, "pos": pos,
-            "other": other, "negatives": _array(tmp_path / "neg.zarr", neg),
-            "positives": _array(tmp_path / "pos.zarr", pos),
-            "others": _array(tmp_path / "other.zarr", other)}
+    return small_corpus(tmp_path, seed=11)
 
 
 def _env(**extra):

@@ -16,30 +16,15 @@ from slem_dask.evaluation import open_search_result, search_job
 from slem_dask.retrieval import search
 from slem_dask.storage import leases, versions
 
-from helpers import head
+from helpers import head, small_corpus
 from reference import partitionwise
 
 D = 8
 
 
-def _array(path, data, chunks=40):
-    arr = zarr.create_array(store=str(path), shape=data.shape, dtype=data.dtype,
-                            chunks=(chunks, data.shape[1]), overwrite=True)
-    arr[...] = data
-    return str(path)
-
-
 @pytest.fixture
 def corpus(tmp_path):
-    rng = np.random.default_rng(3)
-    neg = rng.standard_normal((300, D)).astype("float32")
-    pos = rng.standard_normal((200, D)).astype("float32")
-    other = rng.standard_normal((200, D)).astype("float32")
-    LinearSLEM(lam=0.1).fit(neg).save(str(tmp_path / "model.zarr"))
-    return {"dir": tmp_path, "model": str(tmp_path / "model.zarr"), "pos": pos,
-            "other": other, "neg": neg,
-            "positives": _array(tmp_path / "pos.zarr", pos),
-            "others": _array(tmp_path / "other.zarr", other)}
+    return small_corpus(tmp_path, seed=3)
 
 
 def _encode(corpus, out, positives=None, **kw):
