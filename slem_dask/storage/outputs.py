@@ -73,6 +73,8 @@ def open_existing_output(path, strict: bool = True) -> zarr.Array | None:
             raise type(exc)(f"output: {exc}") from None
         return None
     except Exception:  # noqa: BLE001 - damaged or foreign: the caller's checks say which
+        if versions.VersionedStore(path).is_versioned():
+            raise  # a committed version that cannot be opened: say why, not "not an array"
         return None
     return node if isinstance(node, zarr.Array) else None
 
