@@ -714,8 +714,9 @@ def _not_complete(args, short: bool = False) -> str:
                 "complete" if args.command in ("run", "demo") else "nothing was marked complete")
     # demo and run write several stores one after the other: the ones they had
     # finished are complete (and verified), only the one under way is not
-    said = {"encode": "nothing was marked complete (an unfinished output, if one was started, "
-                      "is kept and refused by readers: run the same command again to resume it)",
+    said = {"encode": "nothing was committed: readers still see the previous version, if "
+                      "any; the partitions already written are kept in this job's draft: run "
+                      "the same command again to resume",
             "run": "the steps reported above are complete; the one under way was not marked "
                    "complete (an unfinished output is kept and refused by readers): run the "
                    "same spec again to resume",

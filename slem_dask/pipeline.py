@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 import dask
 import numpy as np
+import zarr
 
 from concurrent.futures import CancelledError
 
@@ -416,8 +417,8 @@ def encode_job(client, model_path: str, positives: str, out: str, dtype: str | N
             "n_rows": n_rows, "input_partitions": inputs, "precision": precision,
             "partition_crc32c": [None] * n_parts})
         todo, crcs = reuse_partitions(store, draft, target, head, inputs, n_parts)
-        if head is None and any(v != draft.version for v in store.drafts(draft.seq)):
-            action = "resume"  # of an interrupted run (its finished partitions are reused)
+        if head is None and len(todo) < n_parts:
+            action = "resume"  # partitions of an interrupted run's draft were reused
         t1 = time.perf_counter()
         report = JobReport("encode")
         scale = _scale_mismatch(model, arr)
@@ -612,8 +613,8 @@ def reuse_partitions(store, draft, target, head, inputs: list[str], n_parts: int
     for version in store.drafts(draft.seq):
         if version == draft.version:
             continue
-        try:
-            old = storage.open_node(store.location(version))
+        try:  # a draft is never committed: opened as it is, never through the commits
+            old = zarr.open(store=store.location(version), mode="r", zarr_format=3)
         except Exception:  # noqa: BLE001 - killed before its metadata was whole
             continue
         meta = storage.output_meta(old) if hasattr(old, "chunks") else None

@@ -130,7 +130,25 @@ def _key(path) -> str:
 
 
 def check_distinct(target, flag: str, inputs: dict[str, object]) -> None:
-    """Refuse to write ``target`` where it would replace or nest in an input."""
+    """Refuse to write ``target`` where it would replace or nest in an input, where it
+    would shadow a member of a versioned store (``corpus.zarr/queries``), or inside a
+    store's version folders or commit records."""
+    target = canonical(target)
+    parts = target.url.rstrip("/").split("/")
+    for i, part in enumerate(parts[:-1]):
+        if part in (versions.VERSIONS, versions.COMMITS) and i > 0 and \
+                versions.VersionedStore("/".join(parts[:i])).has_history():
+            raise ValueError(
+                f"{flag} {str(target)!r} is inside the {part} of the slem-dask store "
+                f"{'/'.join(parts[:i]).replace('file://', '')!r}, which nobody writes but "
+                f"slem-dask's commits: choose a path outside it")
+    location, owner, commit = versions.resolve(target)
+    if owner is not None and owner.path.url != target.url \
+            and exists(canonical(location)):
+        raise ValueError(
+            f"{flag} {str(target)!r} is the member {target.name!r} of version {commit.seq} "
+            f"of the slem-dask store {str(owner.path)!r}: writing there would hide it from "
+            f"every reader; choose another name")
     check_outside_inputs(target, flag, inputs)
 
 
