@@ -50,6 +50,15 @@ WORKER_MALLOC = {
     "distributed.nanny.pre-spawn-environ.MALLOC_TRIM_THRESHOLD_": 2**30,
     "distributed.nanny.pre-spawn-environ.MALLOC_MMAP_THRESHOLD_": 2**28,
 }
+_MALLOC_VARIABLES = [key.rsplit(".", 1)[1] for key in WORKER_MALLOC]
+
+
+def _restore_environment(saved: dict) -> None:
+    for key, value in saved.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
 
 
 def default_local_cluster_kwargs(n_workers: int | None = None,
@@ -116,6 +125,11 @@ def connect(scheduler: str | None = None, n_workers: int | None = None,
     kwargs = default_local_cluster_kwargs(n_workers, threads_per_worker)
     with contextlib.ExitStack() as stack:
         stack.enter_context(dask.config.set(WORKER_MALLOC))
+        # the nannies put these variables in this process's environment to hand them to
+        # the workers they spawn, and leave them there: every later subprocess of the
+        # caller (a `dask worker` of its own) would keep freed memory in its heap
+        saved = {k: os.environ.get(k) for k in _MALLOC_VARIABLES}
+        stack.callback(_restore_environment, saved)
         with _sigint_for_this_process_only():
             cluster = stack.enter_context(
                 LocalCluster(**kwargs, silence_logs=logging.CRITICAL))

@@ -40,7 +40,8 @@ def _start_cluster(tmp, worker_args, n_workers):
         procs.append(subprocess.Popen(
             [str(BIN / "dask"), "worker", address, "--nthreads", "1", "--no-dashboard",
              "--host", "127.0.0.1", "--name", f"w{i}", *worker_args],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True))
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+            env={k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")}))
     from distributed import Client
 
     with Client(address) as client:
