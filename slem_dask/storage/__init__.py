@@ -38,7 +38,7 @@ from .errors import (  # noqa: F401
     CorruptChunkError, DamagedMetadataError, DamagedStoreError, IntegrityError,
     MissingChunkError, StorageViewError, is_out_of_space, missing_chunk_error)
 from .fingerprints import (  # noqa: F401
-    input_version, partition_fingerprints, read_version,
+    partition_fingerprints, read_version,
     rows_fingerprint, unit_rows)
 from .groups import (  # noqa: F401
     GROUP_CHUNK_BYTES, MODEL_FORMAT_VERSION, _check_written, _remove, read_group_arrays,

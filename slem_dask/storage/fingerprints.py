@@ -138,21 +138,3 @@ def read_version(arr: zarr.Array, path) -> dict:
                 return {"url": path.url, "version": commit.seq, "version_id": commit.version}
     return {"url": path.url,
             "fingerprint": rows_fingerprint(arr, path, "input", int(arr.shape[0]))}
-
-
-def input_version(path) -> dict:
-    """What a job read at ``path``, for the record: its URL and, for a versioned store,
-    the committed version (sequence number and folder) that was read."""
-    path = canonical(path)
-    location, store, commit = versions.resolve(path)
-    out = {"url": path.url}
-    if commit is not None:
-        out.update(version=commit.seq, version_id=commit.version)
-    else:  # a plain zarr array: what its listing says
-        try:
-            arr = zarr.open_array(store=location, mode="r", zarr_format=3)
-            out["fingerprint"] = rows_fingerprint(arr, path, "input",
-                                                            int(arr.shape[0]))
-        except Exception:  # noqa: BLE001 - not an array: its readers say why
-            pass
-    return out
