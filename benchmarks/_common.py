@@ -283,6 +283,22 @@ def emit_json(tag: str, payload: dict) -> None:
     sys.stdout.flush()
 
 
+def cluster_cpu_seconds(client) -> float:
+    """CPU seconds (user + system) used so far by this process and every worker of
+    ``client``: a cost that the load of other processes on the machine barely changes,
+    unlike wall time (compare contenders by differences of it)."""
+    import psutil
+
+    def own() -> float:
+        import psutil as p
+
+        t = p.Process().cpu_times()
+        return t.user + t.system
+
+    workers = client.run(own) if client is not None else {}
+    return own() + sum(workers.values())
+
+
 def settle(seconds: float = 0.3) -> None:
     """Before a timed contender: flush the dirty pages earlier contenders wrote (an
     encode writes n x d floats; their writeback would be paid by whoever runs next)

@@ -68,6 +68,7 @@ def main(argv=None) -> int:
     out_g = os.path.join(args.workdir, f"bench-integrity-guarded-{tag}.zarr")
     out_u = os.path.join(args.workdir, f"bench-integrity-unguarded-{tag}.zarr")
     guarded, plain, crc_only = [], [], []
+    cpu = {"guarded": [], "unguarded": [], "unguarded + crc32c": []}
     with connect(n_workers=args.workers, threads_per_worker=args.threads, quiet=True) as client:
         fit_job(client, path, model_path, lam=args.lam, overwrite=True)
         model = load_model(model_path)
@@ -82,13 +83,19 @@ def main(argv=None) -> int:
         for r in range(args.repeat):
             # each contender writes 2 GB: none pays for another's writeback (not timed)
             C.settle()
+            c0 = C.cluster_cpu_seconds(client)
             report = encode_job(client, model_path, path, out_g, partition_rows=rows,
                                 overwrite=True)
             guarded.append(report.timings["total"])
+            cpu["guarded"].append(C.cluster_cpu_seconds(client) - c0)
             C.settle()
+            c0 = C.cluster_cpu_seconds(client)
             plain.append(unguarded(client, model, path, out_u, rows))
+            cpu["unguarded"].append(C.cluster_cpu_seconds(client) - c0)
             C.settle()
+            c0 = C.cluster_cpu_seconds(client)
             crc_only.append(unguarded(client, model, path, out_u, rows, crc=True))
+            cpu["unguarded + crc32c"].append(C.cluster_cpu_seconds(client) - c0)
             print(f"run {r + 1}: guarded {guarded[-1]:.3f} s | unguarded {plain[-1]:.3f} s "
                   f"| unguarded + crc32c {crc_only[-1]:.3f} s | {C.load_line()}")
             sys.stdout.flush()
@@ -107,6 +114,12 @@ def main(argv=None) -> int:
     print(f"RATIO unguarded_time / guarded_time = {ratio:.3f} (best of {args.repeat}); "
           f"{ratio_med:.3f} (medians); overhead {100 * (1 / ratio - 1):+.1f}% (best), "
           f"{100 * (1 / ratio_med - 1):+.1f}% (medians)  [goal: overhead <= 5%]")
+    for name, values in cpu.items():
+        print(f"CPU seconds, client + workers, {name}: median {med(values):.2f} s "
+              f"(runs {C.runs_line(values)})")
+    cpu_overhead = 100 * (med(cpu["guarded"]) / med(cpu["unguarded"]) - 1)
+    print(f"CPU overhead of the guarantees: {cpu_overhead:+.1f}% (medians; barely moved by "
+          f"other processes' load, unlike wall time)")
     out_a = storage.read_rows(storage.open_output(out_g), 0, min(args.n, 50_000))
     import zarr
 
@@ -114,7 +127,7 @@ def main(argv=None) -> int:
     print(f"check: first {len(out_a):,} rows identical: {bool(np.array_equal(out_a, out_b))}")
     C.emit_json("RESULT bench_integrity", {
         "n": args.n, "d": args.d, "guarded": guarded, "unguarded": plain,
-        "unguarded_crc32c": crc_only,
+        "unguarded_crc32c": crc_only, "cpu_seconds": cpu, "cpu_overhead_pct": cpu_overhead,
         "ratio_best": ratio, "ratio_median": ratio_med})
     return 0
 

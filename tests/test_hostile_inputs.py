@@ -360,6 +360,20 @@ def test_check_encoded_rows_names_zero_and_nonfinite_rows():
     check_encoded_rows(z[[0, 3]])  # a tiny but nonzero row has a direction
 
 
+def test_check_encoded_rows_float32_squares_that_leave_float32_are_not_errors():
+    """The float32 fast path sums squares in float32: rows whose squares over- or
+    underflow there (finite, nonzero) must pass, and bad rows among them still be named."""
+    from slem_dask.validation import DegenerateEncodingsError, check_encoded_rows
+
+    z = np.array([[3e30, 4e30], [1e-30, 0.0], [0.6, 0.8], [0.0, 0.0], [np.nan, 1e30]],
+                 dtype=np.float32)
+    check_encoded_rows(z[:3])
+    with pytest.raises(DegenerateEncodingsError) as info:
+        check_encoded_rows(z)
+    assert "all zeros (rows 3)" in info.value.detail
+    assert "NaN or inf (rows 4)" in info.value.detail
+
+
 # -- item 2: zero-variance negatives ----------------------------------------------------
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_identical_negatives_warn_and_give_exact_statistics(dtype):

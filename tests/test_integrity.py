@@ -494,7 +494,16 @@ def test_disk_full_keeps_finished_partitions_and_resumes(corpus, monkeypatch):
                 raise OSError(errno.ENOSPC, "No space left on device")
         return await real(self, key, value)
 
+    real_writev = os.writev
+
+    def full_writev(fd, parts):  # whole local chunks are written by slem-dask's writev
+        writes["n"] += 1
+        if writes["n"] > 2:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_writev(fd, parts)
+
     monkeypatch.setattr(LocalStore, "set", full)
+    monkeypatch.setattr(os, "writev", full_writev)
     out = corpus["dir"] / "out.zarr"
     with pytest.raises(pipeline.JobFailed, match="no space left.*kept"):
         pipeline.encode_job(None, corpus["model"], corpus["positives"], str(out),

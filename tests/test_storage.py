@@ -239,6 +239,29 @@ def test_output_lifecycle(tmp_path):
         storage.open_output(path)
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_write_partition_writes_the_chunk_zarr_writes(tmp_path, dtype):
+    """Whole local chunks are written by slem-dask's own gathered write (rows, then
+    their crc32c): the file must be byte for byte zarr's, read back by zarr, and leave
+    no temporary file; the short last chunk goes through zarr (it pads it)."""
+    from slem_dask.storage.outputs import _write_local_chunk
+
+    rng = np.random.default_rng(1)
+    data = rng.standard_normal((10, 3)).astype(dtype)
+    ours = storage.create_output(str(tmp_path / "ours.zarr"), (10, 3), 4, dtype, {})
+    theirs = storage.create_output(str(tmp_path / "theirs.zarr"), (10, 3), 4, dtype, {})
+    for i in range(3):
+        got = storage.write_partition(data[4 * i:4 * i + 4], ours, i)
+        assert got.tolist() == [[i, integrity.stored_crc32c(ours, i)]]
+    theirs[...] = data
+    for key in ("c/0/0", "c/1/0", "c/2/0"):
+        assert (tmp_path / "ours.zarr" / key).read_bytes() == \
+            (tmp_path / "theirs.zarr" / key).read_bytes(), key
+    np.testing.assert_array_equal(zarr.open_array(str(tmp_path / "ours.zarr"))[...], data)
+    assert _write_local_chunk(ours, 0, data[:4]) and not _write_local_chunk(ours, 2, data[8:])
+    assert not [f for _, _, files in os.walk(tmp_path) for f in files if ".partial" in f]
+
+
 def test_open_output_accepts_plain_arrays(tmp_path):
     """Arrays not written by slem-dask (raw descriptors) are read as they are."""
     write_array(tmp_path / "raw.zarr", np.ones((3, 2)))

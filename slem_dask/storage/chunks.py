@@ -124,6 +124,21 @@ def _corrupt_chunk(arr, name, key, a, b, exc) -> CorruptChunkError:
         f"encode, which writes only missing partitions)")
 
 
+_POOL = None
+
+
+def _decode_pool():
+    """Threads that decode the chunks of one read, shared by the process (a pool per
+    read would start threads in every task)."""
+    global _POOL
+    if _POOL is None:
+        from concurrent.futures import ThreadPoolExecutor
+
+        _POOL = ThreadPoolExecutor(max_workers=max(2, min(4, os.cpu_count() or 2)),
+                                   thread_name_prefix="slem-decode")
+    return _POOL
+
+
 @dataclass(frozen=True)
 class _RowChunkCodecs:
     """The decode steps of an array whose chunks are whole rows, encoded by zarr v3's
@@ -166,30 +181,42 @@ class _RowChunkCodecs:
         return cls(tuple(steps))
 
     def read(self, arr, lo: int, hi: int, name: str, out: np.ndarray) -> np.ndarray:
-        rows = arr.chunks[0]
         recorded = recorded_crc32c(arr)
-        for key, a, b in chunk_keys_for_rows(arr, lo, hi):
-            data = _chunk_bytes(arr, key)
-            if data is None:
-                raise _missing(arr, name, key, a, b)
-            crc = recorded[a // rows] if recorded and a // rows < len(recorded) else None
-            if crc is not None and (len(data) < 4 or int(data[-4:].view("<u4")[0]) != crc):
-                raise CorruptChunkError(
-                    f"{name} {_where(arr)!r}: chunk {key!r} (rows {a}-{b - 1}) is not the "
-                    f"chunk its job wrote (its crc32c differs from the one recorded when the "
-                    f"output was committed); the store was modified: run its `slem-dask "
-                    f"encode` again (it rewrites what differs)")
-            start, stop = max(a, lo), min(b, hi)
-            whole = start == a and stop - start == rows  # the chunk fills its rows of ``out``
-            target = out[start - lo:stop - lo] if whole else np.empty((rows, arr.shape[1]),
-                                                                       dtype=arr.dtype)
-            try:
-                self._decode(data, target)
-            except ValueError as exc:
-                raise _corrupt_chunk(arr, name, key, a, b, exc) from None
-            if not whole:
-                out[start - lo:stop - lo] = target[start - a:stop - a]
+        keys = chunk_keys_for_rows(arr, lo, hi)
+        if len(keys) < 2:
+            for key, a, b in keys:
+                self._read_chunk(arr, key, a, b, lo, hi, name, out, recorded)
+            return out
+        # The chunks of a partition are decoded concurrently, as zarr's own reader does
+        # (zstd and crc32c release the GIL): the read of a task then overlaps the other
+        # tasks' writes instead of waiting for its chunks one by one. map() raises the
+        # first failing chunk in row order, so errors name the same chunk as before.
+        list(_decode_pool().map(
+            lambda k: self._read_chunk(arr, *k, lo, hi, name, out, recorded), keys))
         return out
+
+    def _read_chunk(self, arr, key, a, b, lo, hi, name, out, recorded) -> None:
+        rows = arr.chunks[0]
+        data = _chunk_bytes(arr, key)
+        if data is None:
+            raise _missing(arr, name, key, a, b)
+        crc = recorded[a // rows] if recorded and a // rows < len(recorded) else None
+        if crc is not None and (len(data) < 4 or int(data[-4:].view("<u4")[0]) != crc):
+            raise CorruptChunkError(
+                f"{name} {_where(arr)!r}: chunk {key!r} (rows {a}-{b - 1}) is not the "
+                f"chunk its job wrote (its crc32c differs from the one recorded when the "
+                f"output was committed); the store was modified: run its `slem-dask "
+                f"encode` again (it rewrites what differs)")
+        start, stop = max(a, lo), min(b, hi)
+        whole = start == a and stop - start == rows  # the chunk fills its rows of ``out``
+        target = out[start - lo:stop - lo] if whole else np.empty((rows, arr.shape[1]),
+                                                                   dtype=arr.dtype)
+        try:
+            self._decode(data, target)
+        except ValueError as exc:
+            raise _corrupt_chunk(arr, name, key, a, b, exc) from None
+        if not whole:
+            out[start - lo:stop - lo] = target[start - a:stop - a]
 
     def _decode(self, data: bytes, target: np.ndarray) -> None:
         import google_crc32c
