@@ -191,3 +191,76 @@ def _tree_merge(parts: list, merge=_merge_stats):
     while len(parts) > 1:
         parts = [merge(parts[i:i + SPLIT_EVERY]) for i in range(0, len(parts), SPLIT_EVERY)]
     return parts[0]
+
+
+# -- choosing between the in-memory and the streaming path ----------------------------
+STRATEGIES = ("auto", "in-memory", "streaming")
+#: Fraction of the memory (workers' limits, else this machine's available memory) the
+#: in-memory path may fill: distributed's default spill threshold ("target").
+MEMORY_TARGET = 0.6
+#: Pivots assumed by the estimate when ``rank`` is None (the fit may take more).
+UNBOUNDED_RANK_ESTIMATE = 1024
+
+
+def check_strategy(strategy) -> str:
+    if strategy not in STRATEGIES:
+        raise ValueError(
+            f"strategy must be one of {', '.join(map(repr, STRATEGIES))}, got {strategy!r}: "
+            f"'in-memory' keeps the negatives' rows and factor rows on the workers (fast "
+            f"while they fit), 'streaming' reads the negatives again at every pass (memory "
+            f"independent of n), 'auto' picks by the workers' memory")
+    return strategy
+
+
+def _gib(b: float) -> str:
+    return f"{b / 2**30:.2f} GiB" if abs(b) >= 2**30 else f"{b / 2**20:.1f} MiB"
+
+
+def memory_budget(x) -> tuple[float, str]:
+    """(bytes, what they are) the in-memory path may fill: MEMORY_TARGET of the memory
+    limits of the dask workers, less what they hold, when ``x`` is a dask array that
+    runs on a distributed client whose workers all have limits; else MEMORY_TARGET of
+    this machine's available memory."""
+    if is_dask_array(x):
+        import dask.base
+
+        client = getattr(dask.base.get_scheduler(collections=[x]), "__self__", None)
+        workers = None
+        if client is not None and hasattr(client, "scheduler_info"):
+            workers = client.scheduler_info().get("workers", {})
+        if workers and all(w.get("memory_limit") for w in workers.values()):
+            limit = sum(w["memory_limit"] for w in workers.values())
+            used = sum(w.get("metrics", {}).get("memory", 0) or 0 for w in workers.values())
+            return (MEMORY_TARGET * limit - used,
+                    f"{MEMORY_TARGET:.0%} of the {len(workers)} workers' memory limits "
+                    f"({_gib(limit)}) less {_gib(used)} in use")
+    import psutil
+
+    avail = psutil.virtual_memory().available
+    return MEMORY_TARGET * avail, (f"{MEMORY_TARGET:.0%} of this machine's available memory "
+                                   f"({_gib(avail)})")
+
+
+def choose_strategy(strategy: str, x, rank: int | None, exact: bool) -> tuple[str, str]:
+    """("in-memory" | "streaming", why): ``strategy`` itself unless "auto"; "auto" streams
+    when :func:`workers.kernel_fit_bytes` exceeds :func:`memory_budget`."""
+    from .workers import kernel_fit_bytes
+
+    check_strategy(strategy)
+    if strategy == "streaming" and exact:
+        raise ValueError("strategy='streaming' cannot keep the negatives and the n x r factor "
+                         "that exact=True stores in the model: use strategy='in-memory' (or "
+                         "'auto') with exact=True, or exact=False to stream")
+    if strategy != "auto":
+        return strategy, "forced (strategy / --kernel-memory)"
+    if exact:
+        return "in-memory", "exact=True keeps the negatives and the factor in the model"
+    n, d = int(x.shape[0]), int(x.shape[1])
+    r = rank if rank is not None else min(n, UNBOUNDED_RANK_ESTIMATE)
+    need = kernel_fit_bytes(n, d, x.dtype, r)
+    budget, where = memory_budget(x)
+    estimate = f"the in-memory path needs about {_gib(need)} ({n} rows x {need / n / 1e3:.1f} KB"
+    estimate += f" at d = {d}, r = {r}{'' if rank is not None else ' assumed'})"
+    if need <= budget:
+        return "in-memory", f"auto: {estimate}, within {where}"
+    return "streaming", f"auto: {estimate}, more than {where}"
