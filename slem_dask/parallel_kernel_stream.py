@@ -213,7 +213,10 @@ def check_strategy(strategy) -> str:
 
 
 def _gib(b: float) -> str:
-    return f"{b / 2**30:.2f} GiB" if abs(b) >= 2**30 else f"{b / 2**20:.1f} MiB"
+    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if abs(b) >= size:
+            return f"{b / size:.{2 if unit == 'GiB' else 1}f} {unit}"
+    return f"{b:.0f} B"
 
 
 def memory_budget(x) -> tuple[float, str]:
