@@ -72,15 +72,25 @@ def _rows(x, offset: int, cfg, name: str, check: bool) -> np.ndarray:
     return np.ascontiguousarray(x, dtype=dtype)
 
 
+#: Rows whose kernel block is computed at once inside a block (bounds the kernel
+#: functions' float64 temporaries to a few SUB_ROWS x t arrays, 8 MiB each at t = 256).
+SUB_ROWS = 4096
+
+
 def factor_rows(x: np.ndarray, pivots: _Pivots, cfg) -> np.ndarray:
     """F(x, :) = K(x, X_I) L^-T for the rows of ``x`` (docs/math.md#icd): (b, t) float64."""
     t = pivots.lower.shape[0]
-    if t == 0 or x.shape[0] == 0:
-        return np.zeros((x.shape[0], t))
-    k = np.asfortranarray(kernel_matrix(x, pivots.rows, cfg.kernel, cfg.gamma, cfg.degree),
-                          dtype=np.float64)
-    # One BLAS-3 call, F L^T = K (side right, lower, transposed), as core.cholesky.new_columns.
-    return blas.dtrsm(1.0, pivots.lower, k, side=1, lower=1, trans_a=1, overwrite_b=1)
+    out = np.zeros((x.shape[0], t))
+    if t == 0:
+        return out
+    for i in range(0, x.shape[0], SUB_ROWS):
+        k = np.ascontiguousarray(kernel_matrix(x[i:i + SUB_ROWS], pivots.rows, cfg.kernel,
+                                               cfg.gamma, cfg.degree), dtype=np.float64)
+        # One BLAS-3 call: L F^T = K^T (side left, lower), in place on K^T, the
+        # Fortran-ordered view of the C-ordered kernel block (no copy of it).
+        ft = blas.dtrsm(1.0, pivots.lower, k.T, side=0, lower=1, trans_a=0, overwrite_b=1)
+        out[i:i + SUB_ROWS] = ft.T
+    return out
 
 
 def _residual_diagonal(kdiag: np.ndarray, f: np.ndarray, groups) -> np.ndarray:

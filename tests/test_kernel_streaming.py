@@ -218,3 +218,12 @@ def test_update_refuses_models_without_the_scatter(rng):
         model.update(X)
     with pytest.raises(ValueError, match="X has 2 features but the model is fitted on 3"):
         KernelSLEM(rank=4, tol=0).fit(X).update(X[:, :2])
+
+
+@pytest.mark.parametrize("pivoting", ["greedy", "rpcholesky"])
+def test_sub_blocks_of_a_block_give_the_same_fit(pivoting, monkeypatch, rng):
+    X = rng.standard_normal((90, 6))
+    cfg = _cfg("rbf", pivoting, rank=15)
+    ref = incomplete_cholesky(X, cfg, block_rows=32)
+    monkeypatch.setattr(stream, "SUB_ROWS", 7)  # kernel blocks of 7 rows inside each block
+    _same(incomplete_cholesky(X, cfg, block_rows=32, streaming=True), ref)
