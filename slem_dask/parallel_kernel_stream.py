@@ -44,12 +44,13 @@ from scipy.linalg import blas
 
 from .core.cholesky import update_residual_diagonal
 from .core.kernels import check_histogram, kernel_diagonal, kernel_matrix
-from .core.statistics import ScatterStats, block_statistics, merge_many
+from .core.statistics import block_statistics, merge_many
 from .parallel_kernel import (SPLIT_EVERY, _Block, _grow_lower, _merge_summaries, _summarize,
                               _tree)
 from .validation import check_finite_rows, is_dask_array
 
-__all__ = ["factor_rows", "factor_statistics", "StreamingRounds"]
+__all__ = ["factor_rows", "factor_statistics", "StreamingRounds", "choose_strategy",
+           "check_strategy", "memory_budget", "STRATEGIES"]
 
 
 @dataclass(frozen=True)
