@@ -109,7 +109,8 @@ def run_child(args, kind: str, path: str, kind_memory: str = "auto") -> dict:
     if args.scheduler == "threads":
         cmd += ["--scheduler", "threads"]
     if args.kernel_rank:
-        cmd += ["--kernel-rank", str(args.kernel_rank), "--kernel-memory", kind_memory]
+        cmd += ["--kernel-rank", str(args.kernel_rank), "--kernel-memory", kind_memory,
+                "--kernel-pivoting", args.kernel_pivoting]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
     sampler = Sampler(proc.pid, args.interval)
     sampler.start()
@@ -158,7 +159,7 @@ def child_main(args) -> int:
             out["baseline"], _ = tree_rss(me)
             model = os.path.join(args.workdir, f"bench-memory-model-{os.getpid()}.zarr")
             kernel = ({"kernel": "rbf", "gamma": 0.5, "rank": args.kernel_rank,
-                       "pivoting": "rpcholesky", "tol": 0.0, "seed": 0,
+                       "pivoting": args.kernel_pivoting, "tol": 0.0, "seed": 0,
                        "kernel_memory": args.kernel_memory}
                       if args.kernel_rank else {})
             report = fit_job(client, args.store, model, lam=args.lam,
@@ -225,7 +226,8 @@ def kernel_paths(args, n: int, path: str) -> dict:
             above = res["peak"] - res["baseline"]
             parts = ", ".join(f"{label} {'+'.join(mib(v) for v in vals)}"
                               for label, vals in res["peak_parts"].items())
-            print(f"n={n:,} kernel r={args.kernel_rank} {memory} (ran {f['kernel memory']}): "
+            print(f"n={n:,} kernel {args.kernel_pivoting} r={args.kernel_rank} {memory} (ran "
+                  f"{f['kernel memory']}): "
                   f"factor {factor:.1f} s = {factor / n * 1e6:.2f} us/row, {f['passes']} "
                   f"passes, trace error {f['trace error']}; peak above idle cluster "
                   f"{mib(above)} ({above / n:.0f} B/row; baseline {mib(res['baseline'])}); "
@@ -261,8 +263,11 @@ def main(argv=None) -> int:
     parser.add_argument("--interval", type=float, default=0.05, help="sampling period in seconds")
     parser.add_argument("--skip-numpy", action="store_true", help="do not run the numpy reference")
     parser.add_argument("--kernel-rank", type=int, default=None,
-                        help="fit a KernelSLEM (rbf, gamma 0.5, rpcholesky) of this rank instead "
+                        help="fit a KernelSLEM (rbf, gamma 0.5, --kernel-pivoting) of this rank instead "
                              "(LocalCluster only)")
+    parser.add_argument("--kernel-pivoting", choices=("rpcholesky", "greedy"),
+                        default="rpcholesky", help="pivoting of the kernel fit (default "
+                                                   "rpcholesky)")
     parser.add_argument("--kernel-memory", default="auto",
                         help="with --kernel-rank: comma-separated paths of the kernel fit to "
                              "run, each in its own child, among auto, in-memory, streaming "
@@ -330,6 +335,7 @@ def main(argv=None) -> int:
     print()
     if args.kernel_rank:
         C.emit_json("RESULT bench_memory kernel", {"d": args.d, "rank": args.kernel_rank,
+                                                   "pivoting": args.kernel_pivoting,
                                                    **{str(n): results[n] for n in sizes}})
         return 0
     lo, hi = sizes[0], sizes[-1]
