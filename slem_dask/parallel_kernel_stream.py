@@ -255,9 +255,11 @@ def memory_budget(x) -> tuple[float, str]:
                                    f"({_gib(avail)})")
 
 
-def choose_strategy(strategy: str, x, rank: int | None, exact: bool) -> tuple[str, str]:
+def choose_strategy(strategy: str, x, rank: int | None, exact: bool,
+                    pivoting: str | None = None) -> tuple[str, str]:
     """("in-memory" | "streaming", why): ``strategy`` itself unless "auto"; "auto" streams
-    when :func:`workers.kernel_fit_bytes` exceeds :func:`memory_budget`."""
+    when :func:`workers.kernel_fit_bytes` exceeds :func:`memory_budget`. A streaming
+    greedy fit is told that it recomputes F at each of its r + 1 passes."""
     from .workers import kernel_fit_bytes
 
     check_strategy(strategy)
@@ -265,8 +267,11 @@ def choose_strategy(strategy: str, x, rank: int | None, exact: bool) -> tuple[st
         raise ValueError("strategy='streaming' cannot keep the negatives and the n x r factor "
                          "that exact=True stores in the model: use strategy='in-memory' (or "
                          "'auto') with exact=True, or exact=False to stream")
+    slow = ("; greedy pivoting makes one pass per pivot, each recomputing the factor rows "
+            "of every row (rpcholesky: a few passes)" if pivoting == "greedy" else "")
     if strategy != "auto":
-        return strategy, "forced (strategy / --kernel-memory)"
+        return strategy, "forced (strategy / --kernel-memory)" + (
+            slow if strategy == "streaming" else "")
     if exact:
         return "in-memory", "exact=True keeps the negatives and the factor in the model"
     n, d = int(x.shape[0]), int(x.shape[1])
@@ -277,4 +282,4 @@ def choose_strategy(strategy: str, x, rank: int | None, exact: bool) -> tuple[st
     estimate += f" at d = {d}, r = {r}{'' if rank is not None else ' assumed'})"
     if need <= budget:
         return "in-memory", f"auto: {estimate}, within {where}"
-    return "streaming", f"auto: {estimate}, more than {where}"
+    return "streaming", f"auto: {estimate}, more than {where}{slow}"

@@ -311,7 +311,7 @@ def _fit_kernel_job(client, negatives, model_path, model, partition_rows,
             # the workers of this client, their memory limits
             with (client.as_current() if client is not None else contextlib.nullcontext()):
                 strategy, why = choose_strategy(model.strategy, x, model.rank,
-                                                bool(model.exact))
+                                                bool(model.exact), model.pivoting)
         else:
             strategy, why = "streaming", (f"--update keeps the {old.rank_} pivots and reads "
                                           f"only the {n - start} appended rows, once")

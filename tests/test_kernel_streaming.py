@@ -167,7 +167,8 @@ def test_auto_streams_when_the_estimate_exceeds_the_budget(monkeypatch, rng):
     monkeypatch.setattr(stream, "memory_budget", lambda x: (17_919.0, "a tiny budget"))
     tight = KernelSLEM(**params).fit(X)
     assert tight.strategy_ == "streaming"
-    assert "more than a tiny budget" in tight.strategy_reason_
+    assert "more than a tiny budget; greedy pivoting makes one pass per pivot" \
+        in tight.strategy_reason_
     np.testing.assert_array_equal(tight.pivots_, roomy.pivots_)
     np.testing.assert_allclose(tight.g_factor_, roomy.g_factor_, rtol=1e-8, atol=1e-12)
     monkeypatch.setattr(stream, "memory_budget", lambda x: (17_920.0, "just enough"))
@@ -227,3 +228,25 @@ def test_sub_blocks_of_a_block_give_the_same_fit(pivoting, monkeypatch, rng):
     ref = incomplete_cholesky(X, cfg, block_rows=32)
     monkeypatch.setattr(stream, "SUB_ROWS", 7)  # kernel blocks of 7 rows inside each block
     _same(incomplete_cholesky(X, cfg, block_rows=32, streaming=True), ref)
+
+
+@pytest.mark.cluster
+@pytest.mark.parametrize("pivoting", ["greedy", "rpcholesky"])
+def test_streaming_on_a_two_process_cluster_equals_local(pivoting, rng):
+    from distributed import Client, LocalCluster
+
+    X = rng.standard_normal((90, 6)).astype(np.float32)
+    Xd = da.from_array(X, chunks=(23, 6))
+    params = dict(kernel="rbf", gamma=0.3, rank=15, tol=0, pivoting=pivoting, random_state=4)
+    with dask.config.set(scheduler="sync"):
+        ref = KernelSLEM(strategy="in-memory", **params).fit(Xd)
+    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
+                      dashboard_address=":0") as cluster, Client(cluster):
+        model = KernelSLEM(strategy="streaming", **params).fit(Xd)
+        model.update(Xd[:30])
+        ref.update(X[:30])
+    np.testing.assert_array_equal(model.pivots_, ref.pivots_)
+    for name in ("pivot_factor_", "factor_mean_", "factor_scatter_", "g_factor_"):
+        np.testing.assert_allclose(getattr(model, name), getattr(ref, name), rtol=1e-8,
+                                   atol=1e-12, err_msg=name)
+    assert model.n_samples_ == ref.n_samples_ == 120

@@ -174,7 +174,8 @@ class KernelSLEM(SLEMEstimator):
                              pivoting=self.pivoting, rank=min(rank or n, n),
                              tol=float(self.tol), seed=seed, gather=bool(self.exact))
         block_rows = max(1, _NUMPY_BLOCK_BYTES // (8 * max(d, 1)))
-        strategy, reason = choose_strategy(self.strategy, X, rank, bool(self.exact))
+        strategy, reason = choose_strategy(self.strategy, X, rank, bool(self.exact),
+                                           self.pivoting)
         res = incomplete_cholesky(X, cfg, block_rows=block_rows, name="X", on_round=progress,
                                   streaming=strategy == "streaming")
         r = len(res.pivots)
