@@ -245,9 +245,10 @@ def memory_budget(x) -> tuple[float, str]:
         if workers and all(w.get("memory_limit") for w in workers.values()):
             limit = sum(w["memory_limit"] for w in workers.values())
             used = sum(w.get("metrics", {}).get("memory", 0) or 0 for w in workers.values())
+            whose = ("the worker's memory limit" if len(workers) == 1 else
+                     f"the {len(workers)} workers' memory limits")
             return (MEMORY_TARGET * limit - used,
-                    f"{MEMORY_TARGET:.0%} of the {len(workers)} workers' memory limits "
-                    f"({_gib(limit)}) less {_gib(used)} in use")
+                    f"{MEMORY_TARGET:.0%} of {whose} ({_gib(limit)}) less {_gib(used)} in use")
     import psutil
 
     avail = psutil.virtual_memory().available

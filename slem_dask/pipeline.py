@@ -317,7 +317,7 @@ def _fit_kernel_job(client, negatives, model_path, model, partition_rows,
                                           f"only the {n - start} appended rows, once")
         report.facts.update({"kernel memory": strategy, "because": why})
         if progress:  # the choice, before the passes start
-            print("\n".join(report.lines()[1:]), flush=True)
+            print("\n".join(report.lines()), flush=True)
         t1 = time.perf_counter()
         with _fit_errors(negatives, model_path):
             on_round = _print_round if progress else None
