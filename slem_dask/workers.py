@@ -46,7 +46,7 @@ or smaller chunks. Search and evaluate are not estimated; their deaths are
 explained after the fact. A kernel fit's in-memory path holds its rows and
 factor rows on the workers for the whole fit: :func:`kernel_fit_bytes`
 estimates them (README's measurements with ``bench_memory.py``: 6.5-6.6 KB per
-row at d = 512, r = 256, float32, up to n = 2,000,000; 4.5 KB per extra row),
+row at d = 512, r = 256, float32, up to n = 2,000,000; 5.8 KB at d = 256),
 and ``KernelSLEM(strategy="auto")`` streams instead when they exceed the
 workers' memory (:func:`slem_dask.parallel_kernel_stream.choose_strategy`).
 """
@@ -127,18 +127,19 @@ def fit_task_bytes(d: int, sub_rows: int, dtype, precision: str, fan_in: int) ->
     return int(max(statistics, merge))
 
 
-#: Measured bytes per row of an in-memory kernel fit over its structural bytes (row in
-#: the held dtype + float64 factor row + residual diagonal): 6.6 KB / 4.1 KB at
-#: d = 512, r = 256 (round temporaries, persisted copies and allocator slack).
-KERNEL_FIT_SLACK = 1.6
+#: Bytes per row of an in-memory kernel fit beyond its row, its factor row twice (the
+#: factor buffer grows by doubling: old and new buffers coexist while a round persists)
+#: and its residual diagonal: fitted to bench_memory.py's peaks above the idle cluster
+#: at r = 256 (6.6 KB per row at d = 512, README; 5.8 KB at d = 256, n = 2e6).
+KERNEL_FIT_ROW_OVERHEAD = 600
 
 
 def kernel_fit_bytes(n: int, d: int, dtype, rank: int) -> int:
     """Bytes the in-memory kernel fit holds on its workers, all of them together:
-    KERNEL_FIT_SLACK x n x (d x itemsize + 8 r + 8) (float32 rows stay float32,
+    n x (d x itemsize + 16 r + 8 + KERNEL_FIT_ROW_OVERHEAD) (float32 rows stay float32,
     any other dtype is held as float64)."""
     itemsize = 4 if np.dtype(dtype) == np.float32 else 8
-    return int(KERNEL_FIT_SLACK * n * (d * itemsize + 8 * rank + 8))
+    return int(n * (d * itemsize + 16 * rank + 8 + KERNEL_FIT_ROW_OVERHEAD))
 
 
 def _terminate_fraction() -> float | None:

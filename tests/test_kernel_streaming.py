@@ -162,16 +162,16 @@ def test_auto_streams_when_the_estimate_exceeds_the_budget(monkeypatch, rng):
     params = dict(kernel="rbf", gamma=0.3, rank=10, tol=0)
     roomy = KernelSLEM(**params).fit(X)
     assert roomy.strategy_ == "in-memory"
-    # 100 rows x 1.6 x (6 x 4 + 8 x 10 + 8) bytes = 17,920 bytes
-    assert "about 17.5 KiB (100 rows x 0.2 KB" in roomy.strategy_reason_
-    monkeypatch.setattr(stream, "memory_budget", lambda x: (17_919.0, "a tiny budget"))
+    # 100 rows x (6 x 4 + 16 x 10 + 8 + 600) bytes = 79,200 bytes
+    assert "about 77.3 KiB (100 rows x 0.8 KB" in roomy.strategy_reason_
+    monkeypatch.setattr(stream, "memory_budget", lambda x: (79_199.0, "a tiny budget"))
     tight = KernelSLEM(**params).fit(X)
     assert tight.strategy_ == "streaming"
     assert "more than a tiny budget; greedy pivoting makes one pass per pivot" \
         in tight.strategy_reason_
     np.testing.assert_array_equal(tight.pivots_, roomy.pivots_)
     np.testing.assert_allclose(tight.g_factor_, roomy.g_factor_, rtol=1e-8, atol=1e-12)
-    monkeypatch.setattr(stream, "memory_budget", lambda x: (17_920.0, "just enough"))
+    monkeypatch.setattr(stream, "memory_budget", lambda x: (79_200.0, "just enough"))
     assert KernelSLEM(**params).fit(X).strategy_ == "in-memory"
 
 
