@@ -172,3 +172,14 @@ def test_spec_keys():
         parse_spec({"model": {"path": "m", "kernel_memory": "streaming"}})
     with pytest.raises(SpecError, match=r'fit.repivot applies to type = "kernel" only'):
         parse_spec({"model": {"path": "m"}, "fit": {"negatives": "n", "repivot": True}})
+
+
+def test_update_refuses_truncated_negatives(tmp_path, negatives):
+    X, neg = negatives
+    path = str(tmp_path / "m.zarr")
+    fit_job(None, neg, path, partition_rows=100, **ARGS)
+    open_node(neg, mode="r+").resize((250, 8))
+    with pytest.raises(ValueError, match=r"fitted on 300 rows .* not a prefix .*\(shape "
+                                         r"\(250, 8\)\).* --repivot"):
+        fit_job(None, neg, path, update=True, **ARGS)
+    assert fit_job(None, neg, path, repivot=True, **ARGS).facts["rows read"] == 250
