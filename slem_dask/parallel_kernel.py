@@ -36,6 +36,12 @@ round task (after a lost worker, or on a copy moved to another worker) gives
 the same result, so the in-place write is safe under the distributed
 scheduler.
 
+A third backend, :class:`parallel_kernel_stream.StreamingRounds`
+(``incomplete_cholesky(..., streaming=True)``), keeps no block state: every
+pass reads the rows again and recomputes their rows of F from the pivots so
+far (F = K(x, I) L^-T), then proposes and summarizes with the functions here,
+so the driver and the pivots are the same and worker memory does not grow with n.
+
 The same round functions run without dask on a list of numpy blocks
 (:func:`incomplete_cholesky` with ``x`` a numpy array), so the numpy and dask
 paths compute the same thing; greedy pivots do not depend on the chunking,
