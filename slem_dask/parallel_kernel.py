@@ -341,7 +341,7 @@ def _choose(summary: _Summary, cfg: CholeskyConfig, t: int, floor: float, round_
 
 def incomplete_cholesky(x, cfg: CholeskyConfig, block_rows: int = 4096,
                         name: str = "X", on_round=None,
-                        streaming: bool = False) -> CholeskyResult:
+                        streaming: bool = False, checkpoint=None) -> CholeskyResult:
     """Pivoted incomplete Cholesky factor of K(x, x), never forming the n x n matrix.
 
     ``x``: numpy array (split into blocks of ``block_rows`` rows and run
@@ -357,6 +357,9 @@ def incomplete_cholesky(x, cfg: CholeskyConfig, block_rows: int = 4096,
     rows again and recomputes their rows of F from the pivots
     (:mod:`slem_dask.parallel_kernel_stream`): same pivots and statistics, worker
     memory independent of n, O(n t d + n t^2) per pass with t pivots.
+    ``checkpoint`` (streaming only): a :class:`kernel_checkpoint.FinalPassCheckpoint`;
+    the final pass writes each partition's statistics there and reuses those that a
+    killed run with the same pivots wrote.
     """
     if streaming:
         if cfg.gather:
@@ -365,7 +368,7 @@ def incomplete_cholesky(x, cfg: CholeskyConfig, block_rows: int = 4096,
                 "exact=True keeps all n rows in the model): use the in-memory path")
         from .parallel_kernel_stream import StreamingRounds
 
-        rounds = StreamingRounds(x, name, block_rows)
+        rounds = StreamingRounds(x, name, block_rows, checkpoint)
     elif is_dask_array(x):
         rounds = _DaskRounds(x, name)
     else:

@@ -105,8 +105,10 @@ def _residual_diagonal(kdiag: np.ndarray, f: np.ndarray, groups) -> np.ndarray:
 
 
 def _stream_block(x, offset: int, pivots: _Pivots, cfg, count: int, key: tuple, final: bool,
-                  first: bool, name: str):
-    """One block's summary in one pass: its rows read afresh, nothing kept after."""
+                  first: bool, name: str, checkpoint: str | None = None):
+    """One block's summary in one pass: its rows read afresh, nothing kept after.
+    ``checkpoint``: a folder where the final pass writes the block's statistics
+    (:mod:`slem_dask.kernel_checkpoint`)."""
     x = _rows(x, offset, cfg, name, check=first)
     kdiag = kernel_diagonal(x, cfg.kernel, cfg.gamma, cfg.degree)
     f = factor_rows(x, pivots, cfg)
@@ -114,7 +116,15 @@ def _stream_block(x, offset: int, pivots: _Pivots, cfg, count: int, key: tuple, 
     if first:
         return _summarize(block, cfg, count, key, final, trace=float(kdiag.sum()),
                           max_diag=float(kdiag.max(initial=0.0)))
-    return _summarize(block, cfg, count, key, final)
+    summary = _summarize(block, cfg, count, key, final)
+    if final and checkpoint is not None:
+        from .kernel_checkpoint import write_partition
+
+        try:
+            write_partition(checkpoint, key[-1], summary)
+        except Exception:  # noqa: BLE001 - a checkpoint is best effort: the fit goes on,
+            pass  # and a resumed run computes this partition again
+    return summary
 
 
 class StreamingRounds:
@@ -125,25 +135,36 @@ class StreamingRounds:
     the chunks are read again at every pass, never persisted).
     """
 
-    def __init__(self, x, name: str, block_rows: int = 4096):
-        self.x, self.name = x, name
+    def __init__(self, x, name: str, block_rows: int = 4096, checkpoint=None):
+        self.x, self.name, self.checkpoint = x, name, checkpoint
         if is_dask_array(x):
             offsets = np.concatenate([[0], np.cumsum(x.chunks[0])[:-1]]).astype(int)
             self.blocks = [(b, int(o)) for b, o in zip(x.to_delayed().ravel(), offsets)]
         else:
             self.blocks = [(x[i:i + block_rows], i) for i in range(0, x.shape[0], block_rows)]
+        self.sizes = [int(s) for s in x.chunks[0]] if is_dask_array(x) else \
+            [int(b.shape[0]) for b, _ in self.blocks]
         self.pivots = _Pivots(np.empty((0, x.shape[1])), np.zeros((0, 0)), ())
 
     def _pass(self, cfg, count: int, round_no: int, final: bool, first: bool = False):
+        folder, done = None, {}
+        if final and self.checkpoint is not None:  # the final pass resumes (see above)
+            tag = self.checkpoint.tag(self.pivots.rows, self.pivots.lower)
+            folder = self.checkpoint.folder(tag)
+            done = self.checkpoint.finished(tag, self.sizes)
         if not is_dask_array(self.x):
-            parts = [_stream_block(b, off, self.pivots, cfg, count, (round_no, 0, j), final,
-                                   first, self.name) for j, (b, off) in enumerate(self.blocks)]
+            parts = [done[j] if j in done else
+                     _stream_block(b, off, self.pivots, cfg, count, (round_no, 0, j), final,
+                                   first, self.name, folder)
+                     for j, (b, off) in enumerate(self.blocks)]
             return _tree(parts, _merge_summaries, cfg, count, round_no)
         import dask
 
         shared = dask.delayed(self.pivots, traverse=False)
         task = dask.delayed(_stream_block, pure=False)
-        parts = [task(b, off, shared, cfg, count, (round_no, 0, j), final, first, self.name)
+        parts = [done[j] if j in done else
+                 task(b, off, shared, cfg, count, (round_no, 0, j), final, first, self.name,
+                      folder)
                  for j, (b, off) in enumerate(self.blocks)]
         return _tree(parts, _merge_summaries, cfg, count, round_no,
                      delayed=dask.delayed).compute()

@@ -318,6 +318,8 @@ def _fit_kernel_job(client, negatives, model_path, model, partition_rows,
         report.facts.update({"kernel memory": strategy, "because": why})
         if progress:  # the choice, before the passes start
             print("\n".join(report.lines()), flush=True)
+        checkpoint = (_final_pass_checkpoint(model_path, model, seen, x)
+                      if old is None and strategy == "streaming" else None)
         t1 = time.perf_counter()
         with _fit_errors(negatives, model_path):
             on_round = _print_round if progress else None
@@ -326,7 +328,7 @@ def _fit_kernel_job(client, negatives, model_path, model, partition_rows,
                     given = model.strategy
                     model.strategy = strategy  # the choice made above, not made again
                     try:
-                        model.fit(x, progress=on_round)
+                        model.fit(x, progress=on_round, checkpoint=checkpoint)
                     finally:
                         model.strategy = given
                 else:
@@ -335,6 +337,10 @@ def _fit_kernel_job(client, negatives, model_path, model, partition_rows,
                 sys.stdout.write("\n")
         t2 = time.perf_counter()
         model.strategy_, model.strategy_reason_ = strategy, why
+        if checkpoint is not None and checkpoint.reused:
+            report.facts["final pass"] = (f"resumed: {checkpoint.reused} of "
+                                          f"{x.numblocks[0]} partitions reused from an "
+                                          f"interrupted run's draft")
         fp = _save_fitted(model, arr, negatives, model_path, seen, lease)
     t3 = time.perf_counter()
     report.facts.update({
@@ -347,6 +353,21 @@ def _fit_kernel_job(client, negatives, model_path, model, partition_rows,
     report.timings.update({"open": t1 - t0, "factor" if old is None else "update": t2 - t1,
                            "save": t3 - t2, "total": t3 - t0})
     return report
+
+
+def _final_pass_checkpoint(model_path, model, seen: str, x):
+    """This job's draft of the model store as the place where the final pass of a
+    streaming fit leaves its per-partition statistics, with the drafts that killed runs
+    left for the same version (:mod:`slem_dask.kernel_checkpoint`). The model's commit
+    deletes them all (the store's garbage collection)."""
+    from .kernel_checkpoint import FinalPassCheckpoint
+
+    store = versions.VersionedStore(model_path)
+    draft = store.begin()
+    others = [store.location(v) for v in store.drafts(draft.seq) if v != draft.version]
+    params = {k: v for k, v in model.get_params().items() if k not in model._execution_params}
+    key = FinalPassCheckpoint.key_of(seen, storage.json_params(params), x.chunks[0])
+    return FinalPassCheckpoint(draft.location, others, key)
 
 
 def _previous_kernel_model(model_path, meta, negatives, arr):

@@ -183,3 +183,75 @@ def test_update_refuses_truncated_negatives(tmp_path, negatives):
                                          r"\(250, 8\)\).* --repivot"):
         fit_job(None, neg, path, update=True, **ARGS)
     assert fit_job(None, neg, path, repivot=True, **ARGS).facts["rows read"] == 250
+
+
+# -- a streaming fit killed in its final pass resumes -----------------------------------
+def _kill_final_pass_at(monkeypatch, call: int):
+    """Make the ``call``-th final-pass task fail (the ones before it finish)."""
+    from slem_dask import parallel_kernel_stream as stream
+
+    original, finals = stream._stream_block, []
+
+    def task(*args, **kwargs):
+        if args[6]:  # final
+            finals.append(args[5][-1])
+            if len(finals) == call:
+                raise RuntimeError("worker killed")
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(stream, "_stream_block", task)
+    return original, finals
+
+
+def test_a_streaming_fit_killed_in_its_final_pass_resumes(tmp_path, negatives, monkeypatch):
+    from slem_dask import parallel_kernel_stream as stream
+
+    X, neg = negatives  # 300 rows: 3 partitions of 100
+    args = {**ARGS, "kernel_memory": "streaming"}
+    clean = fit_job(None, neg, str(tmp_path / "clean.zarr"), partition_rows=100, **args)
+    path = tmp_path / "m.zarr"
+    original, _ = _kill_final_pass_at(monkeypatch, 3)
+    with dask.config.set(scheduler="sync"), pytest.raises(RuntimeError, match="killed"):
+        fit_job(None, neg, str(path), partition_rows=100, **args)
+    assert not (path / "commits").exists()  # nothing committed: readers see no model
+    finals = []
+
+    def counting(*a, **k):
+        finals.extend([a[5][-1]] if a[6] else [])
+        return original(*a, **k)
+
+    monkeypatch.setattr(stream, "_stream_block", counting)
+    report = fit_job(None, neg, str(path), partition_rows=100, **args)
+    assert report.facts["final pass"].startswith("resumed: 2 of 3 partitions reused")
+    assert len(finals) == 1  # only the partition the killed run had not finished
+    assert report.facts["fingerprint"] == clean.facts["fingerprint"]
+    assert len(list((path / "versions").iterdir())) == 1  # the drafts went with the commit
+    # a fit that ran to the end leaves nothing to resume
+    again = fit_job(None, neg, str(path), repivot=True, partition_rows=100, **args)
+    assert "final pass" not in again.facts
+
+
+def test_resume_reuses_only_intact_partitions_of_the_same_fit(tmp_path, negatives,
+                                                             monkeypatch):
+    from slem_dask import parallel_kernel_stream as stream
+
+    X, neg = negatives
+    args = {**ARGS, "kernel_memory": "streaming"}
+    clean = fit_job(None, neg, str(tmp_path / "clean.zarr"), partition_rows=100, **args)
+    for name in ("damaged.zarr", "other.zarr"):
+        original, _ = _kill_final_pass_at(monkeypatch, 3)
+        with dask.config.set(scheduler="sync"), pytest.raises(RuntimeError, match="killed"):
+            fit_job(None, neg, str(tmp_path / name), partition_rows=100, **args)
+        monkeypatch.setattr(stream, "_stream_block", original)
+    chunks = sorted((tmp_path / "damaged.zarr").glob("versions/*/kernel-fit/*/p*/c/0"))
+    assert len(chunks) == 2
+    data = bytearray(chunks[0].read_bytes())
+    data[10] ^= 0xFF  # one partition damaged: its checksum fails, it is computed again
+    chunks[0].write_bytes(bytes(data))
+    report = fit_job(None, neg, str(tmp_path / "damaged.zarr"), partition_rows=100, **args)
+    assert report.facts["final pass"].startswith("resumed: 1 of 3 partitions reused")
+    assert report.facts["fingerprint"] == clean.facts["fingerprint"]
+    # other parameters (another seed: other pivots) reuse nothing of the killed run
+    other = fit_job(None, neg, str(tmp_path / "other.zarr"), partition_rows=100,
+                    **{**args, "seed": 4})
+    assert "final pass" not in other.facts

@@ -155,11 +155,13 @@ class KernelSLEM(SLEMEstimator):
         return kernel, gamma, degree, lam, rank
 
     # -- fit ----------------------------------------------------------
-    def fit(self, X, y=None, progress=None):
+    def fit(self, X, y=None, progress=None, checkpoint=None):
         """Factor the negatives' kernel matrix and learn G; ``X`` (n, d) numpy or dask.
 
         ``progress``: None, or a callable ``progress(round_no, n_pivots, trace_error)``
-        called after each pass over the negatives.
+        called after each pass over the negatives. ``checkpoint``: None, or (streaming
+        only) a :class:`slem_dask.kernel_checkpoint.FinalPassCheckpoint` that makes the
+        final pass resumable (``slem-dask fit`` passes one).
 
         A dask array is processed block by block on the current scheduler, in
         ``n_passes_`` rounds (see :mod:`slem_dask.parallel_kernel`); the n x n
@@ -176,8 +178,10 @@ class KernelSLEM(SLEMEstimator):
         block_rows = max(1, _NUMPY_BLOCK_BYTES // (8 * max(d, 1)))
         strategy, reason = choose_strategy(self.strategy, X, rank, bool(self.exact),
                                            self.pivoting)
+        streaming = strategy == "streaming"
         res = incomplete_cholesky(X, cfg, block_rows=block_rows, name="X", on_round=progress,
-                                  streaming=strategy == "streaming")
+                                  streaming=streaming,
+                                  checkpoint=checkpoint if streaming else None)
         r = len(res.pivots)
         self.pivots_ = res.pivots
         self.pivot_rows_ = res.pivot_rows
