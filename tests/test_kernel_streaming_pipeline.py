@@ -255,3 +255,22 @@ def test_resume_reuses_only_intact_partitions_of_the_same_fit(tmp_path, negative
     other = fit_job(None, neg, str(tmp_path / "other.zarr"), partition_rows=100,
                     **{**args, "seed": 4})
     assert "final pass" not in other.facts
+
+
+def test_resume_on_a_distributed_cluster(tmp_path, negatives, monkeypatch):
+    from distributed import Client, LocalCluster
+
+    from slem_dask import parallel_kernel_stream as stream
+
+    X, neg = negatives
+    args = {**ARGS, "kernel_memory": "streaming"}
+    clean = fit_job(None, neg, str(tmp_path / "clean.zarr"), partition_rows=100, **args)
+    with LocalCluster(n_workers=1, threads_per_worker=1, processes=False,
+                      dashboard_address=":0") as cluster, Client(cluster) as client:
+        original, _ = _kill_final_pass_at(monkeypatch, 3)
+        with pytest.raises(RuntimeError, match="killed"):
+            fit_job(client, neg, str(tmp_path / "m.zarr"), partition_rows=100, **args)
+        monkeypatch.setattr(stream, "_stream_block", original)
+        report = fit_job(client, neg, str(tmp_path / "m.zarr"), partition_rows=100, **args)
+    assert report.facts["final pass"].startswith("resumed: 2 of 3 partitions reused")
+    assert report.facts["fingerprint"] == clean.facts["fingerprint"]
