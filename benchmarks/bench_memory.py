@@ -11,6 +11,16 @@ over the tree, and prints the peak, the tree's RSS once the cluster is up and
 idle (baseline), the share of each process at the peak, and the ratio
 peak(largest n) / peak(smallest n) (goal: flat in n, ratio ~1).
 
+Kernel fits (``--kernel-rank R``): ``--kernel-memory in-memory,streaming`` runs
+both paths of the kernel fit on the same store in the same run (a fresh child
+each) and prints, per path, the fit's time per row and its peak above the idle
+cluster, then the ratios streaming / in-memory; the in-memory path is skipped
+(and the skip printed) when ``workers.kernel_fit_bytes`` exceeds 80% of the
+available memory. Example (the issue-19 goal):
+
+    python benchmarks/bench_memory.py --d 256 --kernel-rank 256 --skip-numpy \
+        --sizes 2e6 --kernel-memory in-memory,streaming
+
 Notes: RSS counts pages shared between processes (shared libraries) once per
 process, so the sum over-states the physical memory a little; pages of the
 OS file cache are not counted. The numpy reference (``X = arr[...]``;
@@ -87,7 +97,7 @@ class Sampler(threading.Thread):
             self.stop.wait(self.interval)
 
 
-def run_child(args, kind: str, path: str) -> dict:
+def run_child(args, kind: str, path: str, kind_memory: str = "auto") -> dict:
     cmd = [sys.executable, os.path.abspath(__file__), "--child", kind, "--store", path,
            "--workdir", args.workdir, "--lam", str(args.lam)]
     if args.partition_rows:
@@ -99,7 +109,8 @@ def run_child(args, kind: str, path: str) -> dict:
     if args.scheduler == "threads":
         cmd += ["--scheduler", "threads"]
     if args.kernel_rank:
-        cmd += ["--kernel-rank", str(args.kernel_rank)]
+        cmd += ["--kernel-rank", str(args.kernel_rank), "--kernel-memory", kind_memory,
+                "--kernel-pivoting", args.kernel_pivoting]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
     sampler = Sampler(proc.pid, args.interval)
     sampler.start()
@@ -148,11 +159,13 @@ def child_main(args) -> int:
             out["baseline"], _ = tree_rss(me)
             model = os.path.join(args.workdir, f"bench-memory-model-{os.getpid()}.zarr")
             kernel = ({"kernel": "rbf", "gamma": 0.5, "rank": args.kernel_rank,
-                       "pivoting": "rpcholesky", "tol": 0.0, "seed": 0}
+                       "pivoting": args.kernel_pivoting, "tol": 0.0, "seed": 0,
+                       "kernel_memory": args.kernel_memory}
                       if args.kernel_rank else {})
             report = fit_job(client, args.store, model, lam=args.lam,
                              partition_rows=args.partition_rows, overwrite=True, **kernel)
             out["timings"] = report.timings
+            out["facts"] = {k: str(v) for k, v in report.facts.items()}
             if "partitions" in report.facts:
                 out["partitions"] = report.facts["partitions"]
             else:  # kernel fits: the row blocks of storage.dask_rows
@@ -190,6 +203,53 @@ def child_main(args) -> int:
     return 0
 
 
+def kernel_paths(args, n: int, path: str) -> dict:
+    """Each path of the kernel fit in --kernel-memory on the store ``path`` (n rows): time
+    per row of the factorization and peak tree RSS above the idle cluster."""
+    import psutil
+
+    from slem_dask.workers import kernel_fit_bytes
+
+    out = {}
+    for memory in args.kernel_memory.split(","):
+        need = kernel_fit_bytes(n, args.d, "float32", args.kernel_rank)
+        avail = psutil.virtual_memory().available
+        if memory == "in-memory" and need > 0.8 * avail:
+            print(f"n={n:,}: kernel in-memory SKIPPED: it needs ~{mib(need)} "
+                  f"(workers.kernel_fit_bytes), only {mib(avail)} available")
+            continue
+        best = None
+        for _ in range(args.repeat):
+            res = run_child(args, "slem", path, memory)
+            f = res["facts"]
+            factor = res["timings"]["factor"]
+            above = res["peak"] - res["baseline"]
+            parts = ", ".join(f"{label} {'+'.join(mib(v) for v in vals)}"
+                              for label, vals in res["peak_parts"].items())
+            print(f"n={n:,} kernel {args.kernel_pivoting} r={args.kernel_rank} {memory} (ran "
+                  f"{f['kernel memory']}): "
+                  f"factor {factor:.1f} s = {factor / n * 1e6:.2f} us/row, {f['passes']} "
+                  f"passes, trace error {f['trace error']}; peak above idle cluster "
+                  f"{mib(above)} ({above / n:.0f} B/row; baseline {mib(res['baseline'])}); "
+                  f"partitions {res['partitions']} | {C.load_line()}")
+            print(f"    because: {f['because']}")
+            print(f"    at peak: {parts}")
+            sys.stdout.flush()
+            if best is None or factor < best["factor_s"]:
+                best = {"factor_s": factor, "us_per_row": factor / n * 1e6, "above": above,
+                        "passes": int(f["passes"]), "trace_error": float(f["trace error"])}
+        out[memory] = best
+    if "in-memory" in out and "streaming" in out:
+        a, b = out["in-memory"], out["streaming"]
+        print(f"RATIO n={n:,}: streaming / in-memory time per row = "
+              f"{b['us_per_row'] / a['us_per_row']:.2f} [goal <= 1.5]; peak above baseline "
+              f"{mib(b['above'])} vs {mib(a['above'])}")
+    if "streaming" in out:
+        print(f"GOAL n={n:,}: streaming peak above baseline {mib(out['streaming']['above'])} "
+              f"[goal <= 4096 MiB at n = 1e7]")
+    return out
+
+
 def mib(b) -> str:
     return f"{b / 2**20:,.0f} MiB"
 
@@ -203,8 +263,15 @@ def main(argv=None) -> int:
     parser.add_argument("--interval", type=float, default=0.05, help="sampling period in seconds")
     parser.add_argument("--skip-numpy", action="store_true", help="do not run the numpy reference")
     parser.add_argument("--kernel-rank", type=int, default=None,
-                        help="fit a KernelSLEM (rbf, gamma 0.5, rpcholesky) of this rank instead "
+                        help="fit a KernelSLEM (rbf, gamma 0.5, --kernel-pivoting) of this rank instead "
                              "(LocalCluster only)")
+    parser.add_argument("--kernel-pivoting", choices=("rpcholesky", "greedy"),
+                        default="rpcholesky", help="pivoting of the kernel fit (default "
+                                                   "rpcholesky)")
+    parser.add_argument("--kernel-memory", default="auto",
+                        help="with --kernel-rank: comma-separated paths of the kernel fit to "
+                             "run, each in its own child, among auto, in-memory, streaming "
+                             "(default auto)")
     parser.add_argument("--scheduler", choices=("cluster", "threads"), default="cluster",
                         help="slem-dask on a LocalCluster (default) or dask's threaded "
                              "scheduler without a Client")
@@ -227,6 +294,9 @@ def main(argv=None) -> int:
     for n in sizes:
         path = C.ensure_store(args.workdir, n, args.d, args.seed, args.chunk_rows)
         print(f"data: {C.describe_store(path)}")
+        if args.kernel_rank and not args.child:
+            results[n] = kernel_paths(args, n, path)
+            continue
         runs = []
         for r in range(args.repeat):
             res = run_child(args, "slem", path)
@@ -263,6 +333,11 @@ def main(argv=None) -> int:
         sys.stdout.flush()
 
     print()
+    if args.kernel_rank:
+        C.emit_json("RESULT bench_memory kernel", {"d": args.d, "rank": args.kernel_rank,
+                                                   "pivoting": args.kernel_pivoting,
+                                                   **{str(n): results[n] for n in sizes}})
+        return 0
     lo, hi = sizes[0], sizes[-1]
     for n in sizes:
         e = results[n]

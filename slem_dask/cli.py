@@ -119,6 +119,15 @@ def _add_kernel_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--seed", type=int, metavar="N",
                    help="random seed of rpcholesky (default 0, as in job specs: reruns give "
                         "the same model)")
+    g.add_argument("--kernel-memory", choices=("auto", "in-memory", "streaming"),
+                   help="in-memory: the workers hold the negatives' rows and factor rows for "
+                        "the whole fit (fast while they fit); streaming: every pass reads the "
+                        "negatives again, memory independent of their number; auto: in-memory "
+                        "if its estimate fits in 60%% of the workers' memory limits (default: "
+                        "auto; the report says which and why)")
+    g.add_argument("--repivot", action="store_true", default=None,
+                   help="with --update (implied): refit the kernel model's pivots on all rows "
+                        "instead of merging the appended rows into the stored statistics")
 
 
 def _add_partition_arg(p: argparse.ArgumentParser) -> None:
@@ -542,7 +551,8 @@ def _jobs(args, client, spec, progress: bool):
                                     progress=progress, kernel=args.kernel,
                                     gamma=args.gamma, degree=args.degree, rank=args.rank,
                                     pivoting=args.pivoting, tol=args.tol, seed=args.seed,
-                                    precision=args.precision)]
+                                    precision=args.precision,
+                                    kernel_memory=args.kernel_memory, repivot=args.repivot)]
     elif args.command == "search":
         from . import evaluation
 
@@ -598,14 +608,15 @@ def _evaluate_grids(args) -> dict[str, dict]:
 
 #: Kernel options of `fit` and their defaults, applied only with --kernel.
 KERNEL_DEFAULTS = {"gamma": 0.1, "degree": 2, "rank": None, "pivoting": "greedy",
-                   "tol": 1e-3, "seed": 0}
+                   "tol": 1e-3, "seed": 0, "kernel_memory": "auto", "repivot": False}
 
 
 def _check_option_combinations(parser: argparse.ArgumentParser, args) -> None:
     """Options that parse on their own but make no sense together: usage errors (exit 2)."""
     sub = parser._subparsers._group_actions[0].choices[args.command]  # the command's usage
     if args.command == "fit":
-        given = [f"--{name}" for name in KERNEL_DEFAULTS if getattr(args, name) is not None]
+        given = [f"--{name.replace('_', '-')}" for name in KERNEL_DEFAULTS
+                 if getattr(args, name) is not None]
         if args.kernel is None and given:
             verb = "applies" if len(given) == 1 else "apply"
             sub.error(f"{', '.join(given)} {verb} only to kernel SLEM models, but no "
@@ -614,6 +625,7 @@ def _check_option_combinations(parser: argparse.ArgumentParser, args) -> None:
         for name, default in KERNEL_DEFAULTS.items():
             if getattr(args, name) is None:
                 setattr(args, name, default)
+        args.update = args.update or args.repivot  # --repivot: an update that refits
     if args.command == "evaluate" and args.p_at is not None and args.k is not None \
             and args.p_at > args.k:
         sub.error(f"--p-at {args.p_at} is larger than the ranking length --k {args.k}: "

@@ -59,6 +59,7 @@ class ModelSpec:
     pivoting: str = "greedy"
     tol: float = 1e-3
     seed: int = 0
+    kernel_memory: str = "auto"  # KernelSLEM's strategy: "auto" | "in-memory" | "streaming"
 
 
 @dataclass(frozen=True)
@@ -66,6 +67,7 @@ class FitSpec:
     negatives: str
     partition_rows: int | None = None
     update: bool = True
+    repivot: bool = False  # type = "kernel" only: an update refits the pivots on all rows
 
 
 @dataclass(frozen=True)
@@ -92,6 +94,7 @@ _CHOICES = {
     ("model", "type"): ("linear", "kernel"),
     ("model", "kernel"): ("linear", "rbf", "quad", "poly", "intersection", "chi2"),
     ("model", "pivoting"): ("greedy", "rpcholesky"),
+    ("model", "kernel_memory"): ("auto", "in-memory", "streaming"),
     ("encode", "dtype"): ("float32", "float64"),
     ("encode", "on_model_change"): ("reencode", "fail"),
     ("model", "precision"): ("auto", "float64"),
@@ -154,10 +157,15 @@ def parse_spec(data: dict, source: str = "<spec>") -> JobSpec:
     if not isinstance(encode, list):
         raise SpecError(f"{source}: [[encode]] must be an array of tables")
     kernel_keys = sorted(set(data["model"]) & {"kernel", "gamma", "degree", "rank", "pivoting",
-                                               "tol", "seed"}) if isinstance(data["model"], dict) else []
+                                               "tol", "seed", "kernel_memory"}) \
+        if isinstance(data["model"], dict) else []
     if kernel_keys and data["model"].get("type", "linear") != "kernel":
         raise SpecError(f"{source}: model.{kernel_keys[0]} applies to type = \"kernel\" only; "
                         f"set model.type = \"kernel\" or remove it")
+    if isinstance(data["model"], dict) and isinstance(data.get("fit"), dict) \
+            and data["fit"].get("repivot") and data["model"].get("type", "linear") != "kernel":
+        raise SpecError(f"{source}: fit.repivot applies to type = \"kernel\" only (a linear "
+                        f"update merges the appended rows exactly); remove it")
     try:
         spec = JobSpec(
             model=_build(ModelSpec, data["model"], "model"),
@@ -301,7 +309,8 @@ def run_spec(client, spec: JobSpec, overwrite: bool = False, progress: bool = Fa
         m = spec.model
         kernel_args = {"precision": m.precision} if m.type == "linear" else {
             "kernel": m.kernel, "gamma": m.gamma, "degree": m.degree, "rank": m.rank,
-            "pivoting": m.pivoting, "tol": m.tol, "seed": m.seed}
+            "pivoting": m.pivoting, "tol": m.tol, "seed": m.seed,
+            "kernel_memory": m.kernel_memory, "repivot": spec.fit.repivot}
         done(pipeline.fit_job(
             client, spec.fit.negatives, m.path, lam=m.lam, theta=m.theta,
             partition_rows=spec.fit.partition_rows, overwrite=overwrite or not spec.fit.update,

@@ -36,6 +36,12 @@ round task (after a lost worker, or on a copy moved to another worker) gives
 the same result, so the in-place write is safe under the distributed
 scheduler.
 
+A third backend, :class:`parallel_kernel_stream.StreamingRounds`
+(``incomplete_cholesky(..., streaming=True)``), keeps no block state: every
+pass reads the rows again and recomputes their rows of F from the pivots so
+far (F = K(x, I) L^-T), then proposes and summarizes with the functions here,
+so the driver and the pivots are the same and worker memory does not grow with n.
+
 The same round functions run without dask on a list of numpy blocks
 (:func:`incomplete_cholesky` with ``x`` a numpy array), so the numpy and dask
 paths compute the same thing; greedy pivots do not depend on the chunking,
@@ -297,6 +303,16 @@ class _DaskRounds:
 
 
 # -- the driver ---------------------------------------------------------------------
+def _grow_lower(lower: np.ndarray, acc: _Accepted) -> np.ndarray:
+    """L = F(I, :) with the round's pivots T appended: [[L, 0], [F(T, :t), R]]."""
+    t, s = lower.shape[0], acc.rows.shape[0]
+    grown = np.zeros((t + s, t + s))
+    grown[:t, :t] = lower
+    grown[t:, :t] = acc.f_rows
+    grown[t:, t:] = acc.chol
+    return grown
+
+
 def _candidates(cfg: CholeskyConfig, t: int) -> int:
     return 1 if cfg.pivoting == "greedy" else max(1, min(RP_CANDIDATES, cfg.rank - t))
 
@@ -324,7 +340,8 @@ def _choose(summary: _Summary, cfg: CholeskyConfig, t: int, floor: float, round_
 
 
 def incomplete_cholesky(x, cfg: CholeskyConfig, block_rows: int = 4096,
-                        name: str = "X", on_round=None) -> CholeskyResult:
+                        name: str = "X", on_round=None,
+                        streaming: bool = False, checkpoint=None) -> CholeskyResult:
     """Pivoted incomplete Cholesky factor of K(x, x), never forming the n x n matrix.
 
     ``x``: numpy array (split into blocks of ``block_rows`` rows and run
@@ -336,8 +353,23 @@ def incomplete_cholesky(x, cfg: CholeskyConfig, block_rows: int = 4096,
     ``on_round(pass_no, n_pivots, residual_trace / trace)``, if given, is called
     after every pass over the data (progress reports), the first one (the
     diagonal) included: the last ``pass_no`` is the result's ``rounds``.
+    ``streaming``: keep nothing per row between passes; every pass reads the
+    rows again and recomputes their rows of F from the pivots
+    (:mod:`slem_dask.parallel_kernel_stream`): same pivots and statistics, worker
+    memory independent of n, O(n t d + n t^2) per pass with t pivots.
+    ``checkpoint`` (streaming only): a :class:`kernel_checkpoint.FinalPassCheckpoint`;
+    the final pass writes each partition's statistics there and reuses those that a
+    killed run with the same pivots wrote.
     """
-    if is_dask_array(x):
+    if streaming:
+        if cfg.gather:
+            raise ValueError(
+                "streaming=True cannot gather F and the rows (gather=True, KernelSLEM's "
+                "exact=True keeps all n rows in the model): use the in-memory path")
+        from .parallel_kernel_stream import StreamingRounds
+
+        rounds = StreamingRounds(x, name, block_rows, checkpoint)
+    elif is_dask_array(x):
         rounds = _DaskRounds(x, name)
     else:
         blocks = [(x[i:i + block_rows], i) for i in range(0, x.shape[0], block_rows)]
@@ -372,11 +404,7 @@ def incomplete_cholesky(x, cfg: CholeskyConfig, block_rows: int = 4096,
         if s:
             pivots.append(idx)
             pivot_rows = np.vstack([pivot_rows, acc.rows])
-            grown = np.zeros((t + s, t + s))
-            grown[:t, :t] = lower
-            grown[t:, :t] = acc.f_rows
-            grown[t:, t:] = acc.chol
-            lower = grown
+            lower = _grow_lower(lower, acc)
             t += s
         final = t >= cfg.rank
         summary = rounds.step(acc if s else None, cfg, _candidates(cfg, t), round_no, final)

@@ -42,8 +42,13 @@ once) and 50,000 were killed (the check refuses above 41,000 and suggests
 30,000, which ran without pausing).
 
 Partition rows do not change what a fit task holds: for a fit the fix is memory
-or smaller chunks. Kernel fits, search and evaluate are not estimated; their
-deaths are explained after the fact.
+or smaller chunks. Search and evaluate are not estimated; their deaths are
+explained after the fact. A kernel fit's in-memory path holds its rows and
+factor rows on the workers for the whole fit: :func:`kernel_fit_bytes`
+estimates them (README's measurements with ``bench_memory.py``: 6.5-6.6 KB per
+row at d = 512, r = 256, float32, up to n = 2,000,000; 5.8 KB at d = 256),
+and ``KernelSLEM(strategy="auto")`` streams instead when they exceed the
+workers' memory (:func:`slem_dask.parallel_kernel_stream.choose_strategy`).
 """
 
 from __future__ import annotations
@@ -57,7 +62,7 @@ import numpy as np
 from .integrity import IntegrityError
 
 __all__ = ["WorkerMemoryError", "check_memory", "encode_task_bytes", "fit_task_bytes",
-           "explain_failures"]
+           "kernel_fit_bytes", "explain_failures"]
 
 #: The fraction of its limit at which a nanny restarts a worker, when dask's
 #: configuration does not say (distributed's default).
@@ -120,6 +125,21 @@ def fit_task_bytes(d: int, sub_rows: int, dtype, precision: str, fan_in: int) ->
     statistics = 4 * MiB + sub_rows * d * per_value + 8 * d * d
     merge = fan_in * 8 * d * d
     return int(max(statistics, merge))
+
+
+#: Bytes per row of an in-memory kernel fit beyond its row, its factor row twice (the
+#: factor buffer grows by doubling: old and new buffers coexist while a round persists)
+#: and its residual diagonal: fitted to bench_memory.py's peaks above the idle cluster
+#: at r = 256 (6.6 KB per row at d = 512, README; 5.8 KB at d = 256, n = 2e6).
+KERNEL_FIT_ROW_OVERHEAD = 600
+
+
+def kernel_fit_bytes(n: int, d: int, dtype, rank: int) -> int:
+    """Bytes the in-memory kernel fit holds on its workers, all of them together:
+    n x (d x itemsize + 16 r + 8 + KERNEL_FIT_ROW_OVERHEAD) (float32 rows stay float32,
+    any other dtype is held as float64)."""
+    itemsize = 4 if np.dtype(dtype) == np.float32 else 8
+    return int(n * (d * itemsize + 16 * rank + 8 + KERNEL_FIT_ROW_OVERHEAD))
 
 
 def _terminate_fraction() -> float | None:

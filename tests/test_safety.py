@@ -86,7 +86,7 @@ def test_unfinished_output_is_refused_as_input(corpus, client, capsys, monkeypat
                         dtype="float32"))
 
 
-def test_kernel_update_refuses_new_parameters_and_refits_on_new_rows(corpus, client):
+def test_kernel_update_refuses_new_parameters_and_merges_new_rows(corpus, client):
     neg = str(corpus / "corpus.zarr/negatives")
     kpath = str(corpus / "kmodel.zarr")
     args = dict(kernel="rbf", gamma=0.5, rank=8, pivoting="rpcholesky", tol=0.0, seed=0)
@@ -98,9 +98,15 @@ def test_kernel_update_refuses_new_parameters_and_refits_on_new_rows(corpus, cli
     arr = storage.open_node(neg, mode="r+")
     arr.resize((440, 10))
     arr[400:] = np.random.default_rng(0).random((40, 10)).astype("float32")
+    before = load_model(kpath)
     report = pipeline.fit_job(client, neg, kpath, update=True, **args)
-    assert report.facts["action"].startswith("refit (negatives now 440 rows")
-    assert isinstance(load_model(kpath), KernelSLEM) and load_model(kpath).n_samples_ == 440
+    assert report.facts["action"].startswith("update (kept the 8 pivots; merged the 40 rows")
+    assert report.facts["rows read"] == 40 and report.facts["kernel memory"] == "streaming"
+    after = load_model(kpath)
+    assert isinstance(after, KernelSLEM) and after.n_samples_ == 440
+    np.testing.assert_array_equal(after.pivots_, before.pivots_)
+    report = pipeline.fit_job(client, neg, kpath, repivot=True, **args)
+    assert report.facts["action"] == "refit (--repivot)" and report.facts["rows read"] == 440
 
 
 def test_performance_report_is_written(corpus, client, capsys, tmp_path):

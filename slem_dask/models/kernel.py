@@ -12,7 +12,9 @@ import numpy as np
 from ..core.cholesky import exact_parts, g_cholesky, lowrank_parts, similarity_from_parts
 from ..core.kernels import check_histogram, check_kernel_params, kernel_diagonal, kernel_matrix
 from ..parallel import shared
+from ..core.statistics import ScatterStats, merge_statistics
 from ..parallel_kernel import CholeskyConfig, incomplete_cholesky
+from ..parallel_kernel_stream import check_strategy, choose_strategy, factor_statistics
 from ..validation import check_finite_rows, check_positive_float, check_rows, is_dask_array
 from .base import SLEMEstimator
 
@@ -77,6 +79,19 @@ class KernelSLEM(SLEMEstimator):
         10^8) when the rank is well below the numerical rank of K, so that
         the positives have large residuals u. At full rank, or when
         ``trace_error_`` is tiny, both modes agree.
+    strategy : "auto", "in-memory" or "streaming"
+        How ``fit`` holds the negatives. "in-memory": each block's rows of X and
+        of F stay on the workers for the whole fit (about 4.5-6.6 KB per row at
+        d = 512, r = 256). "streaming": nothing per row is kept between passes;
+        every pass reads X again (from its zarr store for a dask array on one)
+        and recomputes F = K(X, X_I) L^-T (:mod:`slem_dask.parallel_kernel_stream`):
+        memory independent of n, more compute per pass. Both give the same
+        pivots and model (to rounding). "auto" (default): in-memory while
+        :func:`slem_dask.workers.kernel_fit_bytes` fits in 60% of the workers'
+        memory limits (else of this machine's available memory), streaming
+        otherwise; ``strategy_`` and ``strategy_reason_`` say what was chosen
+        and why. It does not change the model (not part of its encoding
+        fingerprint).
 
     Attributes (after ``fit``)
     --------------------------
@@ -85,7 +100,9 @@ class KernelSLEM(SLEMEstimator):
     pivot_factor_ : (r, r) float64, lower triangular L = F(I, :), L L^T = K(X_I, X_I).
     factor_mean_ : (r,) float64, mean row mu of F = K(X, X_I) L^-T.
     g_factor_ : (r, r) float64, lower Cholesky factor of G = F^T F / n - mu mu^T + lam I.
+    factor_scatter_ : (r, r) float64, centred scatter of the rows of F (for ``update``).
     rank_ : r.  trace_ : tr K.  trace_error_ : tr(K - F F^T) / tr K.
+    strategy_, strategy_reason_ : the path ``fit`` took ("in-memory" or "streaming"), why.
     n_passes_ : passes over the negatives during fit (one dask round each).
     seed_ : the seed used (rpcholesky).
     n_samples_, n_features_in_, input_dtype_ : as LinearSLEM.
@@ -93,11 +110,13 @@ class KernelSLEM(SLEMEstimator):
     """
 
     _param_names = ("kernel", "gamma", "degree", "lam", "rank", "pivoting", "tol",
-                    "random_state", "exact")
+                    "random_state", "exact", "strategy")
+    _execution_params = ("strategy",)
 
     def __init__(self, kernel: str = "rbf", gamma: float = 0.1, degree: int = 2,
                  lam: float = 1e-3, rank: int | None = None, pivoting: str = "greedy",
-                 tol: float = 1e-3, random_state: int | None = None, exact: bool = False):
+                 tol: float = 1e-3, random_state: int | None = None, exact: bool = False,
+                 strategy: str = "auto"):
         self.kernel = kernel
         self.gamma = gamma
         self.degree = degree
@@ -107,6 +126,7 @@ class KernelSLEM(SLEMEstimator):
         self.tol = tol
         self.random_state = random_state
         self.exact = exact
+        self.strategy = strategy
 
     def _check_params(self):
         kernel, gamma, degree = check_kernel_params(self.kernel, self.gamma, self.degree)
@@ -129,14 +149,19 @@ class KernelSLEM(SLEMEstimator):
                             f"{seed!r}")
         if not isinstance(self.exact, (bool, np.bool_)):
             raise TypeError(f"exact must be True or False, got {self.exact!r}")
+        check_strategy(self.strategy)
+        if self.strategy == "streaming" and self.exact:
+            choose_strategy(self.strategy, None, None, True)  # raises, naming the fix
         return kernel, gamma, degree, lam, rank
 
     # -- fit ----------------------------------------------------------
-    def fit(self, X, y=None, progress=None):
+    def fit(self, X, y=None, progress=None, checkpoint=None):
         """Factor the negatives' kernel matrix and learn G; ``X`` (n, d) numpy or dask.
 
         ``progress``: None, or a callable ``progress(round_no, n_pivots, trace_error)``
-        called after each pass over the negatives.
+        called after each pass over the negatives. ``checkpoint``: None, or (streaming
+        only) a :class:`slem_dask.kernel_checkpoint.FinalPassCheckpoint` that makes the
+        final pass resumable (``slem-dask fit`` passes one).
 
         A dask array is processed block by block on the current scheduler, in
         ``n_passes_`` rounds (see :mod:`slem_dask.parallel_kernel`); the n x n
@@ -151,17 +176,25 @@ class KernelSLEM(SLEMEstimator):
                              pivoting=self.pivoting, rank=min(rank or n, n),
                              tol=float(self.tol), seed=seed, gather=bool(self.exact))
         block_rows = max(1, _NUMPY_BLOCK_BYTES // (8 * max(d, 1)))
-        res = incomplete_cholesky(X, cfg, block_rows=block_rows, name="X", on_round=progress)
+        strategy, reason = choose_strategy(self.strategy, X, rank, bool(self.exact),
+                                           self.pivoting)
+        streaming = strategy == "streaming"
+        res = incomplete_cholesky(X, cfg, block_rows=block_rows, name="X", on_round=progress,
+                                  streaming=streaming,
+                                  checkpoint=checkpoint if streaming else None)
         r = len(res.pivots)
         self.pivots_ = res.pivots
         self.pivot_rows_ = res.pivot_rows
         self.pivot_factor_ = res.pivot_factor
         self.factor_mean_ = res.stats.mean
+        self.factor_scatter_ = res.stats.scatter
         self.g_factor_ = g_cholesky(res.stats.scatter, res.stats.count, lam)
         self.rank_ = r
         self.trace_ = res.trace
+        self.residual_trace_ = res.residual_trace
         self.trace_error_ = res.residual_trace / res.trace
         self.n_passes_ = res.rounds
+        self.strategy_, self.strategy_reason_ = strategy, reason
         self.seed_ = seed
         self.n_samples_ = int(n)
         self.n_features_in_ = int(d)
@@ -169,6 +202,49 @@ class KernelSLEM(SLEMEstimator):
         if self.exact:
             self.negatives_ = res.rows
             self.factor_ = res.factor
+        return self
+
+    def update(self, X):
+        """Add the negatives ``X`` (n_new, d) to a fitted model without re-pivoting.
+
+        One streaming pass over ``X`` only: the rows of F = K(X, X_I) L^-T of the new
+        negatives (docs/math.md#icd), their Chan statistics merged in float64 into the
+        stored mean and scatter of F's rows (docs/math.md#chan-merge), G refactored,
+        ``n_samples_``, ``trace_`` and ``trace_error_`` (now over all rows) updated.
+        The pivots, L and ``n_passes_`` stay. ``X`` numpy or dask (computed on the
+        current scheduler). The old negatives are not read: the caller vouches that
+        they are unchanged (``slem-dask fit --update`` checks their fingerprint).
+        A model loaded from a store written before ``factor_scatter`` was kept cannot
+        be updated: refit it.
+        """
+        self._check_fitted()
+        if self.exact:
+            raise ValueError("update: an exact=True model keeps all negatives and the n x r "
+                             "factor; refit it on all rows (fit) instead")
+        if getattr(self, "factor_scatter_", None) is None:
+            raise ValueError("update: this model was saved by a slem-dask that did not keep "
+                             "the scatter of F's rows (factor_scatter); refit it on all rows "
+                             "(slem-dask fit --update --repivot, or fit())")
+        kernel, gamma, degree, lam, _ = self._check_params()
+        X = check_rows(X, "X", min_rows=1)
+        if X.shape[1] != self.n_features_in_:
+            raise ValueError(f"update: X has {X.shape[1]} features but the model is fitted on "
+                             f"{self.n_features_in_}; give rows of the same negatives")
+        cfg = CholeskyConfig(kernel=kernel, gamma=gamma, degree=degree, pivoting=self.pivoting,
+                             rank=self.rank_, tol=float(self.tol), seed=self.seed_)
+        block_rows = max(1, _NUMPY_BLOCK_BYTES // (8 * max(X.shape[1], 1)))
+        out = factor_statistics(X, self.pivot_rows_, self.pivot_factor_, cfg, "X", block_rows)
+        if is_dask_array(X):
+            out = out.compute()
+        new, trace, residual = out
+        total = merge_statistics(ScatterStats(self.n_samples_, self.factor_mean_,
+                                              self.factor_scatter_), new)
+        self.factor_mean_, self.factor_scatter_ = total.mean, total.scatter
+        self.g_factor_ = g_cholesky(total.scatter, total.count, lam)
+        self.trace_ = float(self.trace_ + trace)
+        self.residual_trace_ = float(self.residual_trace_ + residual)
+        self.trace_error_ = self.residual_trace_ / self.trace_
+        self.n_samples_ = int(total.count)
         return self
 
     # -- encode -------------------------------------------------------
@@ -269,8 +345,11 @@ class KernelSLEM(SLEMEstimator):
         info = {"n_samples": self.n_samples_, "n_features": self.n_features_in_,
                 "input_dtype": self.input_dtype_, "rank": self.rank_,
                 "trace": self.trace_, "trace_error": self.trace_error_,
-                "n_passes": self.n_passes_, "seed": self.seed_}
+                "residual_trace": self.residual_trace_, "n_passes": self.n_passes_,
+                "seed": self.seed_, "strategy": getattr(self, "strategy_", None)}
         arrays = {name: getattr(self, name + "_") for name in self._ARRAYS}
+        if getattr(self, "factor_scatter_", None) is not None:
+            arrays["factor_scatter"] = self.factor_scatter_
         if self.exact:
             arrays["negatives"] = self.negatives_
             arrays["factor"] = self.factor_
@@ -286,6 +365,13 @@ class KernelSLEM(SLEMEstimator):
         self.rank_ = int(info["rank"])
         self.trace_ = float(info["trace"])
         self.trace_error_ = float(info["trace_error"])
+        # Stores written before these were kept: no factor_scatter (update refuses),
+        # the residual trace from the trace error.
+        self.factor_scatter_ = arrays.get("factor_scatter")
+        self.residual_trace_ = float(info.get("residual_trace",
+                                              self.trace_error_ * self.trace_))
+        self.strategy_ = info.get("strategy")
+        self.strategy_reason_ = None
         self.n_passes_ = int(info["n_passes"])
         self.seed_ = int(info["seed"])
         self.n_samples_ = int(info["n_samples"])
