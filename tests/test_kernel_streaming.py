@@ -185,6 +185,16 @@ def test_strategy_is_not_part_of_the_encoding(tmp_path, rng):
     assert loaded.strategy == "streaming" and loaded.strategy_ == "streaming"
 
 
+def test_the_stored_scatter_of_f_is_not_part_of_the_encoding(rng):
+    """factor_scatter is kept for update() only: a model with it encodes as one
+    without it (stores written before it was kept), so outputs stay up to date."""
+    model = KernelSLEM(rank=6, tol=0).fit(rng.standard_normal((50, 4)))
+    with_scatter = (model.fingerprint_, model.encoding_fingerprint_)
+    model.factor_scatter_ = None
+    assert model.encoding_fingerprint_ == with_scatter[1]
+    assert model.fingerprint_ != with_scatter[0]
+
+
 # -- adding negatives without re-pivoting ---------------------------------------------
 @pytest.mark.parametrize("pivoting", ["greedy", "rpcholesky"])
 def test_update_merges_the_new_rows_statistics(pivoting, tmp_path, rng):

@@ -38,6 +38,9 @@ class SLEMEstimator(EstimatorProtocol):
     #: Parameters that choose the arithmetic, not the model (LinearSLEM's precision):
     #: outputs encoded under either setting agree to the documented bound.
     _execution_params: tuple[str, ...] = ()
+    #: Stored arrays that ``transform`` never reads (kept for updates): not part of the
+    #: encoding fingerprint, so keeping them does not invalidate existing encodings.
+    _bookkeeping_arrays: tuple[str, ...] = ()
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
@@ -94,6 +97,7 @@ class SLEMEstimator(EstimatorProtocol):
         identically (a LinearSLEM refitted with another theta keeps it)."""
         self._check_fitted()
         _, arrays = self._state()
+        arrays = {k: v for k, v in arrays.items() if k not in self._bookkeeping_arrays}
         params = {k: v for k, v in self.get_params().items()
                   if k not in self._exemplar_only_params + self._execution_params}
         return storage.fingerprint(arrays, params)

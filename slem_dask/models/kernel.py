@@ -112,6 +112,7 @@ class KernelSLEM(SLEMEstimator):
     _param_names = ("kernel", "gamma", "degree", "lam", "rank", "pivoting", "tol",
                     "random_state", "exact", "strategy")
     _execution_params = ("strategy",)
+    _bookkeeping_arrays = ("factor_scatter",)  # read by update(), never by transform()
 
     def __init__(self, kernel: str = "rbf", gamma: float = 0.1, degree: int = 2,
                  lam: float = 1e-3, rank: int | None = None, pivoting: str = "greedy",
