@@ -104,7 +104,7 @@ def test_a_job_that_lost_its_s3_output_never_changes_it(s3, monkeypatch):
     root = s3["root"]
     LinearSLEM(lam=0.1).fit(s3["neg"]).save(f"{root}/model.zarr")
     out = f"{root}/out.zarr"
-    real_compute = pipeline._compute
+    real_compute = pipeline.common._compute
     other = {}
 
     def stalled(client, obj, progress):
@@ -116,7 +116,7 @@ def test_a_job_that_lost_its_s3_output_never_changes_it(s3, monkeypatch):
                                                   f"{root}/other.zarr", out, partition_rows=40)
         return real_compute(client, obj, progress)
 
-    monkeypatch.setattr(pipeline, "_compute", stalled)
+    monkeypatch.setattr(pipeline.common, "_compute", stalled)
     monkeypatch.setattr(leases.Lease, "check", lambda self: None)
     with pytest.raises(versions.CommitConflictError, match="version 1 was committed"):
         pipeline.encode_job(None, f"{root}/model.zarr", f"{root}/pos.zarr", out,

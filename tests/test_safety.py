@@ -61,7 +61,7 @@ def test_unfinished_output_is_refused_as_input(corpus, client, capsys, monkeypat
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(pipeline, "_compute", interrupted)
+    monkeypatch.setattr(pipeline.common, "_compute", interrupted)
     with pytest.raises(KeyboardInterrupt):
         pipeline.encode_job(client, str(corpus / "model.zarr"),
                             str(corpus / "corpus.zarr/database"), str(corpus / "half.zarr"))

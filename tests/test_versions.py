@@ -107,7 +107,7 @@ def test_a_job_that_lost_its_output_can_never_change_what_readers_see(corpus, mo
     job B encodes other positives to the same output and commits. A's late writes go to
     its own draft, and its commit fails naming B: readers see B's output only."""
     out = corpus["dir"] / "out.zarr"
-    real_compute = pipeline._compute
+    real_compute = pipeline.common._compute
     seen = {}
 
     def stalled(client, obj, progress):
@@ -118,7 +118,7 @@ def test_a_job_that_lost_its_output_can_never_change_what_readers_see(corpus, mo
             seen["b"] = _encode(corpus, out, corpus["others"])
         return real_compute(client, obj, progress)  # A's workers write late
 
-    monkeypatch.setattr(pipeline, "_compute", stalled)
+    monkeypatch.setattr(pipeline.common, "_compute", stalled)
     monkeypatch.setattr(leases.Lease, "check", lambda self: None)  # A does not notice
     with pytest.raises(versions.CommitConflictError, match="slem-dask encode on host"):
         _encode(corpus, out)
@@ -130,7 +130,7 @@ def test_a_job_that_lost_its_output_can_never_change_what_readers_see(corpus, mo
 
 def test_a_stalled_job_whose_lease_was_taken_over_says_so_first(corpus, monkeypatch):
     out = corpus["dir"] / "out.zarr"
-    real_compute = pipeline._compute
+    real_compute = pipeline.common._compute
 
     def stolen(client, obj, progress):
         result = real_compute(client, obj, progress)
@@ -139,7 +139,7 @@ def test_a_stalled_job_whose_lease_was_taken_over_says_so_first(corpus, monkeypa
                                           "host": "elsewhere", "pid": 7}))
         return result
 
-    monkeypatch.setattr(pipeline, "_compute", stolen)
+    monkeypatch.setattr(pipeline.common, "_compute", stolen)
     with pytest.raises(integrity.LeaseLostError, match="taken over by slem-dask encode"):
         _encode(corpus, out)
     assert not versions.VersionedStore(str(out)).is_versioned()

@@ -1,0 +1,115 @@
+"""What every batch job shares: the job report, computing on the cluster with progress and
+stall warnings, and the errors a job raises when it fails or loses its cluster."""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from dataclasses import dataclass, field
+
+from concurrent.futures import CancelledError
+
+import dask
+from distributed.comm.core import CommClosedError
+
+from .. import integrity
+from ..validation import RowsError
+
+
+@dataclass
+class JobReport:
+    """What a job did, for printing and for the attributes of what it wrote."""
+
+    name: str
+    facts: dict = field(default_factory=dict)
+    timings: dict = field(default_factory=dict)
+
+    def lines(self) -> list[str]:
+        out = [f"{self.name}:"]
+        out += [f"  {k:<18} {v}" for k, v in self.facts.items()]
+        out += [f"  {k + ' [s]':<18} {v:.2f}" for k, v in self.timings.items()]
+        return out
+
+
+def _detail(exc: ValueError) -> str:
+    """An input's error without the library's parameter name (the job names the store)."""
+    return exc.detail if isinstance(exc, RowsError) else str(exc)
+
+
+def _compute(client, obj, progress: bool):
+    """Compute one collection or Delayed on ``client``, with a progress bar if asked."""
+    if client is None:
+        return dask.compute(obj)[0]
+    future = client.compute(obj)  # a list of futures for a list of collections
+    if progress:
+        from distributed import progress as show_progress
+
+        show_progress(future)
+        sys.stdout.write("\n")
+    try:
+        return client.gather(future)
+    except BaseException:
+        _settle(client, future)
+        raise
+
+
+def _threads(client) -> int:
+    """Threads that run tasks: the cluster's, or those of dask's local scheduler."""
+    if client is None:
+        return int(dask.config.get("num_workers", None) or os.cpu_count() or 1)
+    return max(1, sum(client.nthreads().values()))
+
+
+def _settle(client, future, timeout: float = 60.0) -> None:
+    """After a failed compute, cancel the rest and wait (up to ``timeout``) until no task
+    runs on the workers: tasks already running when one failed keep going, and the
+    caller must not remove an output while they still write chunks into it."""
+    try:
+        client.cancel(future)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            busy = _run_within(client, lambda dask_worker: len(dask_worker.state.executing)
+                               + len(dask_worker.state.long_running),
+                               min(5.0, deadline - time.monotonic()))
+            if not busy or not any(busy.values()):
+                return  # idle, or a worker does not answer (stopped: it writes nothing)
+            time.sleep(0.05)
+    except Exception:  # cleanup is best effort: the original error is what matters
+        pass
+
+
+def _run_within(client, function, seconds: float):
+    """``client.run(function)``, or None if a worker has not answered within ``seconds``:
+    a stopped worker would hold the call as long as it is stopped."""
+    import threading
+
+    answer = {}
+
+    def ask():
+        try:
+            answer["busy"] = client.run(function)
+        except Exception:  # noqa: BLE001 - e.g. the client closed while the worker slept
+            pass
+
+    thread = threading.Thread(target=ask, daemon=True)
+    thread.start()
+    thread.join(seconds)
+    return answer.get("busy")
+
+
+class JobFailed(integrity.IntegrityError):
+    """A job stopped for a reason outside its inputs (lost scheduler, workers that do
+    not see the same storage, a store taken over); the message says what is kept."""
+
+
+#: Errors that mean the connection to the cluster is gone, not that the data is bad.
+_LOST = (CancelledError, CommClosedError, ConnectionError, TimeoutError)
+
+
+def _lost_cluster(exc: BaseException, what_is_kept: str) -> JobFailed:
+    text = str(exc)
+    why = ("the connection to the scheduler was lost" if "connection" in text.lower()
+           or isinstance(exc, (CommClosedError, ConnectionError))
+           else f"{type(exc).__name__}: {text.splitlines()[0][:200] if text else 'cancelled'}")
+    return JobFailed(f"lost the dask cluster while computing ({why}); {what_is_kept}")

@@ -1,0 +1,179 @@
+"""The fit job: a model from zarr negatives (linear statistics streamed blockwise; kernel
+fits in :mod:`.kernel_fit`), saved as a new committed version of the model store."""
+
+from __future__ import annotations
+
+import contextlib
+import time
+import warnings
+
+from .. import integrity, storage, workers
+from ..integrity import canonical
+from ..models import KernelSLEM, LinearSLEM, load_model
+from ..core.statistics import ScatterStats, merge_statistics
+from ..parallel import (_sub_block_rows, merge_fan_in, statistics_partition_rows,
+                        store_statistics)
+from ..validation import DegenerateNegativesWarning
+
+from . import common
+from .common import JobFailed, JobReport, _LOST, _detail, _lost_cluster, _threads
+
+
+def fit_job(client, negatives: str, model_path: str, lam: float = 1e-3, theta: float = 1.0,
+            partition_rows: int | None = None, overwrite: bool = False,
+            progress: bool = False, update: bool = False, kernel: str | None = None,
+            gamma: float = 0.1, degree: int = 2, rank: int | None = None,
+            pivoting: str = "greedy", tol: float = 1e-3, seed: int | None = None,
+            precision: str = "auto", kernel_memory: str = "auto",
+            repivot: bool = False) -> JobReport:
+    """Fit a LinearSLEM on the zarr array ``negatives`` and save it to ``model_path``.
+
+    With ``kernel`` set, fit a KernelSLEM instead (``gamma``, ``degree``,
+    ``rank``, ``pivoting``, ``tol``, ``seed``; ``kernel_memory`` is its
+    ``strategy``: see :class:`KernelSLEM`). ``update`` of a kernel model keeps
+    its pivots and merges the statistics of the appended rows' factor rows;
+    ``repivot`` (implies ``update``) refits it from scratch on all rows.
+
+    ``update``: if ``model_path`` holds a model fitted on the first rows of this
+    same ``negatives`` array, and those rows are unchanged (their fingerprint),
+    merge the statistics of the rows appended since into the stored ones
+    (Chan et al.), without reading the old rows again. With ``overwrite`` as
+    well, the model is refitted from scratch.
+
+    ``precision`` (linear only): "auto" computes float32 negatives in float32
+    inside each block, "float64" in float64 (see :class:`LinearSLEM`).
+    """
+    negatives, model_path = canonical(negatives), canonical(model_path)
+    if kernel is not None:
+        from .kernel_fit import _fit_kernel_job  # it imports this module's helpers
+        return _fit_kernel_job(client, negatives, model_path, KernelSLEM(
+            kernel=kernel, gamma=gamma, degree=degree, lam=lam, rank=rank, pivoting=pivoting,
+            tol=tol, random_state=seed, strategy=kernel_memory), partition_rows, overwrite,
+            update or repivot, progress, repivot)
+    if repivot or kernel_memory != "auto":
+        raise ValueError(f"{'repivot' if repivot else f'kernel_memory={kernel_memory!r}'} "
+                         f"applies to kernel models only (give kernel=...), not to a linear "
+                         f"SLEM, whose fit always streams its negatives")
+    t0 = time.perf_counter()
+    model = LinearSLEM(lam=lam, theta=theta, precision=precision)
+    model._check_params()
+    arr, exists = _open_negatives(negatives, model_path, overwrite, update)
+    with integrity.Lease(model_path, "slem-dask fit") as lease:
+        update = update and exists and not overwrite  # --overwrite --update: refit
+        previous = _previous_statistics(model_path, negatives, arr) if update else None
+        start = previous.count if previous is not None else 0
+        n = int(arr.shape[0])
+        report = JobReport("fit")
+        report.facts.update({
+            "negatives": str(negatives), "rows": n, "features": arr.shape[1],
+            "dtype": str(arr.dtype), "lam": lam, "theta": theta, "precision": precision,
+            "action": "update" if previous is not None else "fit", "rows read": n - start,
+        })
+        if previous is not None and start == n and \
+                load_model(model_path).get_params() == model.get_params():
+            report.facts["action"] = "up to date"
+            report.facts["model"] = str(model_path)
+            report.timings["total"] = time.perf_counter() - t0
+            return report
+        seen = integrity.rows_fingerprint(arr, negatives, "negatives", n)
+        integrity.check_workers_see(client, {"negatives": negatives})
+        rows = storage.row_partition(arr, partition_rows)
+        if partition_rows is None:
+            rows = statistics_partition_rows(n - start, arr.shape[1], integrity.unit_rows(arr),
+                                             rows, _threads(client))
+        report.facts["partitions"] = f"{-(-(n - start) // rows)} x {rows} rows"
+        d = int(arr.shape[1])
+        workers.check_memory(client, workers.Plan(
+            "fit", "negatives", rows, d, str(arr.dtype), workers.fit_task_bytes(
+                d, _sub_block_rows(arr, rows), arr.dtype, precision, merge_fan_in(d)),
+            0.0, 0, integrity.unit_rows(arr)), -(-(n - start) // rows))
+        t1 = time.perf_counter()
+        with _fit_errors(negatives, model_path):
+            stats = (common._compute(client, store_statistics(arr, rows, precision, "negatives", start),
+                              progress)
+                     if start < n else None)
+            if previous is not None:
+                stats = previous if stats is None else merge_statistics(previous, stats)
+            t2 = time.perf_counter()
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always", DegenerateNegativesWarning)
+                model._fit_statistics(stats, arr.dtype)
+        for warning in caught:  # said once, naming the store, and kept in the report
+            if issubclass(warning.category, DegenerateNegativesWarning):
+                warning.message = f"negatives {str(negatives)!r}: {warning.message}"
+                report.facts["warning"] = warning.message
+            warnings.warn(warning.message, warning.category, stacklevel=2)
+        fp = _save_fitted(model, arr, negatives, model_path, seen, lease)
+    t3 = time.perf_counter()
+    report.facts.update({"model": str(model_path), "fingerprint": fp[:16]})
+    report.timings.update({"open": t1 - t0, "statistics": t2 - t1, "factor+save": t3 - t2,
+                           "total": t3 - t0})
+    return report
+
+
+@contextlib.contextmanager
+def _fit_errors(negatives, model_path):
+    """A fit's compute errors, said once: bad rows name the negatives, a lost cluster
+    says that the model is as before; damaged chunks already name themselves."""
+    try:
+        yield
+    except integrity.DamagedStoreError:
+        raise
+    except ValueError as exc:  # e.g. NaN rows, negative histogram values: say which input
+        raise ValueError(f"negatives {str(negatives)!r}: {_detail(exc)}") from None
+    except _LOST as exc:
+        raise _lost_cluster(exc, f"no model was written ({str(model_path)!r} is as "
+                                 f"before): run the same command again") from None
+
+
+def _save_fitted(model, arr, negatives, model_path, seen: str, lease) -> str:
+    """Save a fitted model under the job's lease, unless its negatives changed while
+    they were read (``seen``: their fingerprint before); return its fingerprint."""
+    if integrity.rows_fingerprint(arr, negatives, "negatives", int(arr.shape[0])) != seen:
+        raise JobFailed(
+            f"the negatives {str(negatives)!r} changed while this fit read them; nothing "
+            f"was written: run the fit again once the negatives are no longer being written")
+    return model.save(model_path, overwrite=True, lease=lease,
+                      metadata={"source": negatives.url, "negatives_fingerprint": seen,
+                                "source_version": storage.read_version(arr, negatives)})
+
+
+def _open_negatives(negatives, model_path, overwrite: bool, update: bool):
+    """Checks shared by every fit, before any data is read: (zarr array, model exists)."""
+    negatives, model_path = canonical(negatives), canonical(model_path)
+    storage.check_distinct(model_path, "--model", {"negatives": negatives})
+    exists = storage._exists(model_path)
+    if exists:
+        integrity.check_may_replace(model_path, "model store", kind="model")
+    if exists and not (overwrite or update):
+        raise FileExistsError(
+            f"model store {str(model_path)!r} already exists; pass --overwrite to replace "
+            f"it, or --update to add the negatives appended since it was fitted")
+    arr = storage.open_input(negatives, "negatives")
+    if arr.shape[0] < 2:
+        raise ValueError(
+            f"negatives: {str(negatives)!r} has shape {arr.shape}; at least 2 rows are needed")
+    return arr, exists
+
+
+def _previous_statistics(model_path, negatives, arr) -> ScatterStats:
+    """The statistics stored in a model, checked to be those of the first rows of ``arr``,
+    unchanged since they were merged."""
+    meta, _ = storage.read_model_store(model_path)
+    old = load_model(model_path)
+    if not isinstance(old, LinearSLEM):
+        raise ValueError(f"--update needs a LinearSLEM model; {str(model_path)!r} holds "
+                         f"{meta['model']}: pass --overwrite to refit")
+    if meta.get("source") != negatives.url or old.n_features_in_ != arr.shape[1] \
+            or old.n_samples_ > arr.shape[0]:
+        raise ValueError(
+            f"--update: the model {str(model_path)!r} was fitted on {old.n_samples_} rows of "
+            f"{meta.get('source')!r} with {old.n_features_in_} features, which is not a prefix "
+            f"of {negatives.url!r} (shape {arr.shape}); fit from scratch with --overwrite")
+    now = integrity.rows_fingerprint(arr, negatives, "negatives", old.n_samples_)
+    if meta.get("negatives_fingerprint") != now:
+        raise ValueError(
+            f"--update: the first {old.n_samples_} rows of {str(negatives)!r}, already merged "
+            f"into {str(model_path)!r}, changed since (rewritten, truncated or replaced); "
+            f"merging would count old and new values: refit with --overwrite")
+    return ScatterStats(old.n_samples_, old.mean_, old.covariance_ * old.n_samples_)

@@ -1,0 +1,162 @@
+"""The kernel fit job: pivoted incomplete Cholesky on the cluster, in memory or streaming,
+``--update`` of a kernel model by the statistics of the appended rows, and the resumable
+final pass."""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+import time
+
+from .. import integrity, storage
+from ..storage import versions
+from ..models import load_model
+from ..parallel_kernel_stream import choose_strategy
+
+from .common import JobReport
+from .fit import _fit_errors, _open_negatives, _save_fitted
+
+
+def _print_round(round_no: int, n_pivots: int, trace_error: float) -> None:
+    sys.stdout.write(f"\rkernel fit: pass {round_no}, {n_pivots} pivots, residual trace "
+                     f"{trace_error:.3g} of the trace")
+    sys.stdout.flush()
+
+
+def _fit_kernel_job(client, negatives, model_path, model, partition_rows,
+                    overwrite: bool, update: bool = False, progress: bool = False,
+                    repivot: bool = False) -> JobReport:
+    """Fit a KernelSLEM on zarr negatives: ``model.fit`` runs its rounds on ``client``.
+
+    With ``update``, a model of the same parameters fitted on the first rows of
+    these negatives, unchanged since (their fingerprint), keeps its pivots: the
+    rows appended since are read once (:meth:`KernelSLEM.update`), their factor
+    rows' statistics merged into the stored ones; a model fitted on all current
+    rows is kept ("up to date"). ``repivot``: refit on all rows instead.
+    """
+    t0 = time.perf_counter()
+    model._check_params()
+    arr, exists = _open_negatives(negatives, model_path, overwrite, update)
+    n = int(arr.shape[0])
+    with integrity.Lease(model_path, "slem-dask fit") as lease:
+        action, old = "fit", None
+        seen = integrity.rows_fingerprint(arr, negatives, "negatives", n)
+        if exists and update and not overwrite:
+            meta, _ = storage.read_model_store(model_path)
+            given = storage.json_params(model.get_params())
+            stored = meta["params"]
+            differ = {k: v for k, v in given.items()
+                      if k not in model._execution_params and stored.get(k) != v}
+            if meta["model"] != "KernelSLEM" or differ:
+                diff = ", ".join(f"{k}: stored {stored.get(k)!r}, given {v!r}"
+                                 for k, v in differ.items()) or f"a {meta['model']}"
+                raise FileExistsError(
+                    f"model store {str(model_path)!r} holds a {meta['model']} with other "
+                    f"parameters ({diff}); --update keeps parameters: give the stored "
+                    f"values, or pass --overwrite to refit with the new ones")
+            if not repivot and meta.get("source") == negatives.url \
+                    and meta.get("n_samples") == n and meta.get("negatives_fingerprint") == seen:
+                report = JobReport("fit")
+                report.facts.update({"negatives": str(negatives), "rows": n,
+                                     "action": "up to date", "model": str(model_path)})
+                report.timings["total"] = time.perf_counter() - t0
+                return report
+            if repivot:
+                action = "refit (--repivot)"
+            else:
+                old, action = _previous_kernel_model(model_path, meta, negatives, arr)
+        integrity.check_workers_see(client, {"negatives": negatives})
+        x = storage.dask_rows(arr, partition_rows, name="negatives")
+        start = old.n_samples_ if old is not None else 0
+        report = JobReport("fit")
+        report.facts.update({"negatives": str(negatives), "rows": n, "features": arr.shape[1],
+                             "dtype": str(arr.dtype), "action": action})
+        if old is None:
+            # the workers of this client, their memory limits
+            with (client.as_current() if client is not None else contextlib.nullcontext()):
+                strategy, why = choose_strategy(model.strategy, x, model.rank,
+                                                bool(model.exact), model.pivoting)
+        else:
+            strategy, why = "streaming", (f"--update keeps the {old.rank_} pivots and reads "
+                                          f"only the {n - start} appended rows, once")
+        report.facts.update({"kernel memory": strategy, "because": why})
+        if progress:  # the choice, before the passes start
+            print("\n".join(report.lines()), flush=True)
+        checkpoint = (_final_pass_checkpoint(model_path, model, seen, x)
+                      if old is None and strategy == "streaming" else None)
+        t1 = time.perf_counter()
+        with _fit_errors(negatives, model_path):
+            on_round = _print_round if progress else None
+            with (client.as_current() if client is not None else contextlib.nullcontext()):
+                if old is None:
+                    given = model.strategy
+                    model.strategy = strategy  # the choice made above, not made again
+                    try:
+                        model.fit(x, progress=on_round, checkpoint=checkpoint)
+                    finally:
+                        model.strategy = given
+                else:
+                    model = old.update(x[start:])
+            if progress and old is None:
+                sys.stdout.write("\n")
+        t2 = time.perf_counter()
+        model.strategy_, model.strategy_reason_ = strategy, why
+        if checkpoint is not None and checkpoint.reused:
+            report.facts["final pass"] = (f"resumed: {checkpoint.reused} of "
+                                          f"{x.numblocks[0]} partitions reused from an "
+                                          f"interrupted run's draft")
+        fp = _save_fitted(model, arr, negatives, model_path, seen, lease)
+    t3 = time.perf_counter()
+    report.facts.update({
+        "partitions": x[start:].numblocks[0], "rows read": n - start,
+        **{k: v for k, v in model.get_params().items() if k not in ("exact", "strategy")},
+        "pivots": model.rank_, "trace error": f"{model.trace_error_:.4g}",
+        "passes": model.n_passes_ if old is None else 1, "model": str(model_path),
+        "fingerprint": fp[:16],
+    })
+    report.timings.update({"open": t1 - t0, "factor" if old is None else "update": t2 - t1,
+                           "save": t3 - t2, "total": t3 - t0})
+    return report
+
+
+def _final_pass_checkpoint(model_path, model, seen: str, x):
+    """This job's draft of the model store as the place where the final pass of a
+    streaming fit leaves its per-partition statistics, with the drafts that killed runs
+    left for the same version (:mod:`slem_dask.kernel_checkpoint`). The model's commit
+    deletes them all (the store's garbage collection)."""
+    from ..kernel_checkpoint import FinalPassCheckpoint
+
+    store = versions.VersionedStore(model_path)
+    draft = store.begin()
+    others = [store.location(v) for v in store.drafts(draft.seq) if v != draft.version]
+    params = {k: v for k, v in model.get_params().items() if k not in model._execution_params}
+    key = FinalPassCheckpoint.key_of(seen, storage.json_params(params), x.chunks[0])
+    return FinalPassCheckpoint(draft.location, others, key)
+
+
+def _previous_kernel_model(model_path, meta, negatives, arr):
+    """(the stored KernelSLEM, action) when its negatives are the first rows of ``arr``,
+    unchanged since; (None, why a refit) for a model stored without the scatter of F's
+    rows; a ValueError naming the fix when the rows are not a prefix or changed."""
+    old_n = int(meta.get("n_samples", -1))
+    if meta.get("source") != negatives.url or meta.get("n_features") != arr.shape[1] \
+            or old_n > arr.shape[0]:
+        raise ValueError(
+            f"--update: the model {str(model_path)!r} was fitted on {old_n} rows of "
+            f"{meta.get('source')!r} with {meta.get('n_features')} features, which is not a "
+            f"prefix of {negatives.url!r} (shape {arr.shape}); refit on all rows with "
+            f"--repivot (same parameters) or --overwrite")
+    if meta.get("negatives_fingerprint") != integrity.rows_fingerprint(
+            arr, negatives, "negatives", old_n):
+        raise ValueError(
+            f"--update: the first {old_n} rows of {str(negatives)!r}, already in "
+            f"{str(model_path)!r}, changed since (rewritten, truncated or replaced); merging "
+            f"would count old and new values: refit on all rows with --repivot")
+    old = load_model(model_path)
+    if old.factor_scatter_ is None or old.exact:
+        why = ("an exact=True model keeps all negatives" if old.exact else
+               "the model was written by a slem-dask that did not keep the scatter of F's "
+               "rows")
+        return None, f"refit (negatives now {arr.shape[0]} rows, the model had {old_n}; {why})"
+    return old, (f"update (kept the {old.rank_} pivots; merged the {arr.shape[0] - old_n} "
+                 f"rows appended since; --repivot refits)")
