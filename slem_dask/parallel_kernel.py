@@ -57,7 +57,7 @@ import numpy as np
 
 from .core.cholesky import accept_candidates, new_columns, update_residual_diagonal
 from .core.kernels import check_histogram, kernel_diagonal, kernel_matrix
-from .core.blas_threads import factorization_threads
+from .core.blas_threads import factorization_threads, one_blas_thread
 from .core.statistics import ScatterStats, block_statistics, merge_many
 from .validation import check_finite_rows, is_dask_array
 
@@ -252,19 +252,38 @@ def _tree(parts: list, merge, cfg, count, round_no: int, delayed=None):
 
 
 # -- the two backends ------------------------------------------------------------
+def in_threads(fn, calls: list[tuple]) -> list:
+    """``[fn(*args) for args in calls]``, on a thread per core, each with one BLAS thread.
+
+    The block tasks of a numpy input are the dask tasks of a dask input, run here
+    without dask: their kernel products (BLAS) and elementwise kernels (numpy) release
+    the GIL, so a thread per core keeps every core busy, where one block at a time
+    left the elementwise work on one core (issue 20). Results come back in order, and
+    the first failing call raises its own error, as a loop would."""
+    import os
+    from concurrent.futures import ThreadPoolExecutor
+
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else \
+        (os.cpu_count() or 1)
+    if cores < 2 or len(calls) < 2:
+        return [fn(*args) for args in calls]
+    with one_blas_thread(), ThreadPoolExecutor(min(cores, len(calls))) as pool:
+        return list(pool.map(lambda args: fn(*args), calls))
+
+
 class _NumpyRounds:
     def __init__(self, blocks: list[tuple[np.ndarray, int]], name: str):
         self.blocks, self.name = blocks, name
 
     def start(self, cfg, count):
-        outs = [_init_block(x, off, cfg, count, (0, 0, j), self.name)
-                for j, (x, off) in enumerate(self.blocks)]
+        outs = in_threads(_init_block, [(x, off, cfg, count, (0, 0, j), self.name)
+                                        for j, (x, off) in enumerate(self.blocks)])
         self.states = [o[0] for o in outs]
         return _tree([o[1] for o in outs], _merge_summaries, cfg, count, 0)
 
     def step(self, acc, cfg, count, round_no, final):
-        outs = [_step_block(s, acc, cfg, count, (round_no, 0, j), final)
-                for j, s in enumerate(self.states)]
+        outs = in_threads(_step_block, [(s, acc, cfg, count, (round_no, 0, j), final)
+                                        for j, s in enumerate(self.states)])
         self.states = [o[0] for o in outs]
         return _tree([o[1] for o in outs], _merge_summaries, cfg, count, round_no)
 

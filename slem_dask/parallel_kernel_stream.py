@@ -46,7 +46,7 @@ from .core.cholesky import update_residual_diagonal
 from .core.kernels import check_histogram, kernel_diagonal, kernel_matrix
 from .core.statistics import block_statistics, merge_many
 from .parallel_kernel import (SPLIT_EVERY, _Block, _grow_lower, _merge_summaries, _summarize,
-                              _tree)
+                              _tree, in_threads)
 from .validation import check_finite_rows, is_dask_array
 
 __all__ = ["factor_rows", "factor_statistics", "StreamingRounds", "choose_strategy",
@@ -153,10 +153,11 @@ class StreamingRounds:
             folder = self.checkpoint.folder(tag)
             done = self.checkpoint.finished(tag, self.sizes)
         if not is_dask_array(self.x):
-            parts = [done[j] if j in done else
-                     _stream_block(b, off, self.pivots, cfg, count, (round_no, 0, j), final,
-                                   first, self.name, folder)
-                     for j, (b, off) in enumerate(self.blocks)]
+            todo = [j for j in range(len(self.blocks)) if j not in done]
+            computed = dict(zip(todo, in_threads(_stream_block, [
+                (*self.blocks[j], self.pivots, cfg, count, (round_no, 0, j), final, first,
+                 self.name, folder) for j in todo])))
+            parts = [done[j] if j in done else computed[j] for j in range(len(self.blocks))]
             return _tree(parts, _merge_summaries, cfg, count, round_no)
         import dask
 
@@ -206,8 +207,8 @@ def factor_statistics(x, pivot_rows: np.ndarray, pivot_factor: np.ndarray, cfg,
     pivots = _Pivots(np.asarray(pivot_rows, dtype=np.float64),
                      np.asarray(pivot_factor, dtype=np.float64), (len(pivot_factor),))
     if not is_dask_array(x):
-        parts = [_stats_block(x[i:i + block_rows], i, pivots, cfg, name)
-                 for i in range(0, x.shape[0], block_rows)]
+        parts = in_threads(_stats_block, [(x[i:i + block_rows], i, pivots, cfg, name)
+                                          for i in range(0, x.shape[0], block_rows)])
         return _tree_merge(parts)
     import dask
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 import functools
 
-__all__ = ["factorization_threads", "THREADED_POTRF_MIN", "OPENBLAS_THREADED_POTRF_MAX"]
+__all__ = ["factorization_threads", "one_blas_thread", "THREADED_POTRF_MIN", "OPENBLAS_THREADED_POTRF_MAX"]
 
 #: Below this order the factorization runs on one BLAS thread. More threads save at
 #: most about 1 ms there (d = 512: 3.8 ms on 2 threads, 4.7 ms on 1, on this
@@ -38,6 +38,12 @@ def factorization_threads(d: int):
             info.get("internal_api") == "openblas" for info in controller.info()):
         return contextlib.nullcontext()
     return controller.limit(limits=1, user_api="blas")
+
+
+def one_blas_thread():
+    """One BLAS thread per call while several threads of this process each run their
+    own BLAS calls (a thread per core already keeps the cores busy)."""
+    return _controller().limit(limits=1, user_api="blas")
 
 
 @functools.cache
