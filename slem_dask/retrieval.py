@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 
 import dask
@@ -26,9 +28,49 @@ _WHOLE_RANKING_TASKS = 8
 _WHOLE_RANKING_DATABASE_BYTES = 512 * 2**20
 
 
+#: Database rows below which a numpy search runs in one thread (splitting and
+#: merging would cost more than the second core saves).
+_PARALLEL_MIN_ROWS = 65536
+
+
 def _check_finite(x, name: str, row_offset: int = 0) -> None:
     check_finite_rows(x, name, row_offset, remedy="scores against them are undefined: drop "
                                                   "or repair those rows before searching")
+
+
+def _finite_check(q_offset: int, db_offset: int):
+    """The kernel's ``on_nonfinite``: names the input and its rows (global numbers)."""
+    def check(name, x):
+        _check_finite(x, name, q_offset if name == "queries" else db_offset)
+    return check
+
+
+def _cores() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else \
+        (os.cpu_count() or 1)
+
+
+def _numpy_search(queries, database, k: int):
+    """topk_search on contiguous parts of the database, one thread per core (one BLAS
+    thread each: the selection after each float32 product is single-threaded numpy,
+    so parts in parallel use both cores where BLAS threads alone leave one idle),
+    merged exactly."""
+    from .parallel import single_threaded_blas
+
+    m = len(database)
+    parts = min(_cores(), m // _PARALLEL_MIN_ROWS)
+    if parts < 2 or 2 * k >= m // parts:
+        return topk_search(queries, database, k, on_nonfinite=_finite_check(0, 0))
+    bounds = np.linspace(0, m, parts + 1).astype(np.int64)
+
+    def run(lo, hi):
+        with single_threaded_blas():
+            return topk_search(queries, database[lo:hi], k, offset=int(lo),
+                               on_nonfinite=_finite_check(0, int(lo)))
+
+    with ThreadPoolExecutor(parts) as pool:
+        results = list(pool.map(run, bounds[:-1], bounds[1:]))
+    return merge_topk(results, k)
 
 
 def _topk_packed(queries, database, q_offset, db_offset, k):
@@ -37,10 +79,12 @@ def _topk_packed(queries, database, q_offset, db_offset, k):
     padding, so a block shorter than k ships only its own rows, and blocks
     concatenated along the columns stay a list of pairs. The offsets are the
     blocks' global row ids (their first entries are used)."""
+    from .parallel import single_threaded_blas
+
     q0, d0 = int(q_offset[0]), int(db_offset[0])
-    _check_finite(queries, "queries", q0)
-    _check_finite(database, "database", d0)
-    scores, indices = topk_search(queries, database, k, offset=d0)
+    with single_threaded_blas():
+        scores, indices = topk_search(queries, database, k, offset=d0,
+                                      on_nonfinite=_finite_check(q0, d0))
     return _interleave(scores, indices)
 
 
@@ -134,9 +178,7 @@ def search(queries, database, k: int = 100):
             f"k <= {database.shape[0]}"
         )
     if not is_dask_array(database) and not is_dask_array(queries):
-        _check_finite(queries, "queries")
-        _check_finite(database, "database")
-        return topk_search(queries, database, k)
+        return _numpy_search(queries, database, k)
     import dask.array as da
 
     if not is_dask_array(queries):
