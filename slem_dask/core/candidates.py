@@ -218,13 +218,14 @@ def candidate_topk(queries, database, k: int, offset: int = 0,
         stats.setdefault(key, 0)
     if q == 0 or k == 0:
         return np.empty((q, k)), np.empty((q, k), dtype=np.int64)
-    q32 = queries.astype(np.float32, copy=False)
     rows_per_block = database_rows or max(1, block_bytes // (4 * min(q, 1024)))
     rows_per_block = min(m, max(rows_per_block, 1))
-    q_norms = row_norm_bounds(q32)
-    x_norm = max((float(row_norm_bounds(database[j:j + rows_per_block]
-                                        .astype(np.float32, copy=False)).max())
-                  for j in range(0, m, rows_per_block)), default=0.0)
+    with np.errstate(over="ignore"):  # beyond float32: an infinite norm, the exact path
+        q32 = queries.astype(np.float32, copy=False)
+        q_norms = row_norm_bounds(q32)
+        x_norm = max((float(row_norm_bounds(database[j:j + rows_per_block]
+                                            .astype(np.float32, copy=False)).max())
+                      for j in range(0, m, rows_per_block)), default=0.0)
     finite = True
     for name, norms, array in (("queries", q_norms.max(), queries),
                                ("database", x_norm, database)):
