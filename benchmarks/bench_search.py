@@ -1,11 +1,13 @@
 #!/usr/bin/env python
-"""Exact top-k search: slem_dask.search against numpy by hand, on the same rows, same run.
+"""Exact top-k search: slem_dask.search against FAISS and numpy by hand, same rows, same run.
 
 The database is a store of n x d float32 rows (the benchmarks' negatives
 generator, ``--chunk-rows`` per zarr chunk); the queries are ``--queries`` other
 rows of the same distribution, in memory. For each k (default 100 and the whole
 ranking, as mAP needs):
 
+* FAISS ``IndexFlatIP`` (faiss-cpu, if installed; else skipped with a note): read the
+  store, add the rows, search (float32 scores, FAISS's own heaps);
 * numpy by hand: read the store, ``scores = q @ db.T`` (float32), then the top k
   in ranking order (``np.argsort(-scores, kind="stable")`` for the whole ranking,
   ``np.argpartition`` and a sort of the k best otherwise);
@@ -13,9 +15,11 @@ ranking, as mAP needs):
 * ``slem_dask.search(q, da.from_zarr(store), k)`` computed by dask's threaded
   scheduler (no Client) and, with ``--cluster``, on slem-dask's LocalCluster.
 
-slem-dask scores in float64 and breaks ties by lower index; the numpy reference
-scores in float32 (what a user writes). Printed: best/median of ``--repeat`` runs
-and ``RATIO`` numpy time / slem-dask time (above 1: slem-dask faster).
+slem-dask ranks by float64 scores with ties to the lower index (float32 candidates,
+float64 re-score); FAISS and the numpy reference rank by float32 scores, so near-ties
+may differ: the overlap of each contender's top-k sets with the first contender's is
+printed. Printed: best/median of ``--repeat`` runs and ``RATIO`` anchor time /
+slem-dask time for each anchor (FAISS, numpy by hand; above 1: slem-dask faster).
 """
 
 from __future__ import annotations
@@ -41,6 +45,16 @@ def by_hand(path: str, queries, k: int):
     part = np.argpartition(-scores, k - 1, axis=1)[:, :k]
     order = np.argsort(-np.take_along_axis(scores, part, axis=1), axis=1, kind="stable")
     return np.take_along_axis(part, order, axis=1)
+
+
+def faiss_flat_ip(path: str, queries, k: int):
+    import faiss
+    import zarr
+
+    db = zarr.open_array(path, mode="r")[...]
+    index = faiss.IndexFlatIP(db.shape[1])
+    index.add(db)
+    return index.search(queries, k)[1]
 
 
 def main(argv=None) -> int:
@@ -74,11 +88,19 @@ def main(argv=None) -> int:
     schedulers = ["threads"] + (["cluster"] if args.cluster else [])
     results = {}
     with C.scheduler_contexts(args, schedulers) as (_, contexts):
-        contenders = {
+        contenders = {}
+        try:
+            import faiss  # noqa: F401
+
+            contenders["faiss IndexFlatIP"] = lambda k: faiss_flat_ip(path, queries, k)
+        except ImportError:
+            print("faiss: not installed (pip install faiss-cpu, or the extra 'faiss'); "
+                  "its contender is skipped")
+        contenders.update({
             "numpy by hand": lambda k: by_hand(path, queries, k),
             "search(numpy)": lambda k: search(
                 queries, zarr.open_array(path, mode="r")[...], k)[1],
-        }
+        })
         for name in schedulers:
             def lazy(k, name=name):
                 with contexts[name]():
@@ -96,20 +118,22 @@ def main(argv=None) -> int:
                 # float32 and float64 scores may order near-ties differently: compare sets
                 agree = 1.0 if want is None else float(np.mean(
                     [len(np.intersect1d(a, b)) / k for a, b in zip(want, got)]))
-                want = got if want is None else want
+                want, first = (got, name) if want is None else (want, first)
                 results[(k, name)] = times
-                print(f"k={k:>6} {name:<26} {C.spread(times)}  overlap with numpy "
+                print(f"k={k:>6} {name:<26} {C.spread(times)}  overlap with {first} "
                       f"{agree:.4f} | {C.load_line()}")
                 sys.stdout.flush()
     print()
+    anchors = [name for name in ("faiss IndexFlatIP", "numpy by hand") if name in contenders]
     for k in ks:
-        ref = results[(k, "numpy by hand")]
-        for name in contenders:
-            if name == "numpy by hand":
-                continue
-            t = results[(k, name)]
-            print(f"RATIO k={k} numpy by hand / {name}: {min(ref) / min(t):.2f} (best), "
-                  f"{statistics.median(ref) / statistics.median(t):.2f} (medians)")
+        for anchor in anchors:
+            ref = results[(k, anchor)]
+            for name in contenders:
+                if name in anchors:
+                    continue
+                t = results[(k, name)]
+                print(f"RATIO k={k} {anchor} / {name}: {min(ref) / min(t):.2f} (best), "
+                      f"{statistics.median(ref) / statistics.median(t):.2f} (medians)")
     C.emit_json("RESULT bench_search", {f"{k}/{name}": v for (k, name), v in results.items()})
     return 0
 

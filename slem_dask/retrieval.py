@@ -28,6 +28,10 @@ _WHOLE_RANKING_TASKS = 8
 _WHOLE_RANKING_DATABASE_BYTES = 512 * 2**20
 
 
+#: Float32 bytes of database rows per task of a dask search: each task returns its
+#: block's exact top k (candidates re-scored in float64), so a few large blocks re-score
+#: and merge less than many zarr chunks would (1M x 128: 8 tasks, not 123).
+_DATABASE_BLOCK_BYTES = 64 * 2**20
 #: Database rows below which a numpy search runs in one thread (splitting and
 #: merging would cost more than the second core saves).
 _PARALLEL_MIN_ROWS = 65536
@@ -132,6 +136,15 @@ def _whole_ranking(queries, database, k):
     return ranked[:, 0::2], ranked[:, 1::2].astype(np.int64)
 
 
+def _larger_row_blocks(database):
+    """Row chunks merged up to about _DATABASE_BLOCK_BYTES of float32 (whole chunks)."""
+    first = max(database.chunks[0])
+    target = _DATABASE_BLOCK_BYTES // (4 * max(1, database.shape[1]))
+    if first >= target:
+        return database
+    return database.rechunk({0: (target // first) * first})
+
+
 def _identity(x, axis, keepdims):
     return x
 
@@ -187,6 +200,7 @@ def search(queries, database, k: int = 100):
     if 2 * k >= database.shape[0] and \
             8 * database.shape[0] * database.shape[1] <= _WHOLE_RANKING_DATABASE_BYTES:
         return _whole_ranking(queries, database, k)
+    database = _larger_row_blocks(database)
     token = dask.base.tokenize(queries, database, k)
     packed = da.blockwise(
         _topk_packed, "ij", queries, "ia", database, "ja",

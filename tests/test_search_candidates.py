@@ -15,6 +15,15 @@ from slem_dask.core.ranking import topk_search
 STEP = 2.0**-20  # grid of the "hard" rows: |x| < 8 on it has at most 23 bits
 
 
+@pytest.fixture(autouse=True)
+def keep_database_chunks(monkeypatch):
+    """Dask searches here keep the test's row chunks (search merges chunks up to 64 MiB,
+    which would make every small database here one block and leave merges untested)."""
+    from slem_dask import retrieval
+
+    monkeypatch.setattr(retrieval, "_DATABASE_BLOCK_BYTES", 0)
+
+
 def grid_rows(rng, n, d):
     """float32 rows on a 2**-20 grid in (-8, 8): every product is a multiple of 2**-40
     below 64, so any float64 sum of d <= 16 of them is exact whatever its order (the
@@ -221,3 +230,17 @@ def test_rounding_bound_holds_under_cancellation():
     bound = score_error_factor(d) * np.outer(row_norm_bounds(q), row_norm_bounds(x))
     assert np.all(np.abs(s32 - s64) <= bound)
     assert np.max(np.abs(s32 - s64) / bound) > 1e-3  # the bound is not vacuous here
+
+
+def test_small_chunks_are_merged_into_larger_tasks(hard, monkeypatch):
+    from slem_dask import retrieval
+
+    monkeypatch.setattr(retrieval, "_DATABASE_BLOCK_BYTES", 4 * 16 * 300)  # 300 rows
+    queries, database = hard
+    db = da.from_array(database, chunks=(64, 16))
+    scores, indices = search(queries, db, 9)
+    topk_layers = [name for name in scores.dask.layers if name.startswith("search-topk")]
+    assert len(topk_layers) == 1
+    assert len([key for key in scores.dask.to_dict()
+                if isinstance(key, tuple) and key[0] == topk_layers[0]]) == 4  # 256 rows
+    assert_exact(dask.compute(scores, indices, scheduler="sync"), queries, database, 9)
