@@ -18,7 +18,8 @@ ranking, as mAP needs):
 slem-dask ranks by float64 scores with ties to the lower index (float32 candidates,
 float64 re-score); FAISS and the numpy reference rank by float32 scores, so near-ties
 may differ: the overlap of each contender's top-k sets with the first contender's is
-printed. Printed: best/median of ``--repeat`` runs and ``RATIO`` anchor time /
+printed. Contenders run in rounds (each once per round) so that load changes on a
+shared machine fall on all of them. Printed: best/median of ``--repeat`` runs and ``RATIO`` anchor time /
 slem-dask time for each anchor (FAISS, numpy by hand; above 1: slem-dask faster).
 """
 
@@ -107,22 +108,26 @@ def main(argv=None) -> int:
                     return dask.compute(search(queries, da.from_zarr(path), k)[1])[0]
             contenders[f"search(dask, {name})"] = lazy
         for k in ks:
-            want = None
-            for name, run in contenders.items():
-                run(k)  # warm-up (imports, cluster's first graph)
-                times = []
-                for _ in range(args.repeat):
+            got = {name: run(k) for name, run in contenders.items()}  # warm-up (imports,
+            # the cluster's first graph); then rounds, each contender once per round, so
+            # that a change of load on a shared machine falls on all of them alike
+            for name in contenders:
+                results[(k, name)] = []
+            for round_ in range(args.repeat):
+                for name, run in contenders.items():
                     t0 = time.perf_counter()
-                    got = run(k)
-                    times.append(time.perf_counter() - t0)
+                    got[name] = run(k)
+                    results[(k, name)].append(time.perf_counter() - t0)
+                    print(f"k={k:>6} round {round_ + 1} {name:<26} "
+                          f"{results[(k, name)][-1]:.3f} s | {C.load_line()}")
+                    sys.stdout.flush()
+            first = next(iter(contenders))
+            for name in contenders:
                 # float32 and float64 scores may order near-ties differently: compare sets
-                agree = 1.0 if want is None else float(np.mean(
-                    [len(np.intersect1d(a, b)) / k for a, b in zip(want, got)]))
-                want, first = (got, name) if want is None else (want, first)
-                results[(k, name)] = times
-                print(f"k={k:>6} {name:<26} {C.spread(times)}  overlap with {first} "
-                      f"{agree:.4f} | {C.load_line()}")
-                sys.stdout.flush()
+                agree = float(np.mean([len(np.intersect1d(a, b)) / k
+                                       for a, b in zip(got[first], got[name])]))
+                print(f"k={k:>6} {name:<26} {C.spread(results[(k, name)])}  overlap with "
+                      f"{first} {agree:.4f}")
     print()
     anchors = [name for name in ("faiss IndexFlatIP", "numpy by hand") if name in contenders]
     for k in ks:

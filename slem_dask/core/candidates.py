@@ -138,7 +138,9 @@ class _Candidates:
         self.count += np.bincount(rows, minlength=q)
         self.best = _merge_values(self.best, rows, values)
         self.theta = np.maximum(self.theta, _thresholds(self.best.min(axis=1), self.margin))
-        if (self.count > self.cap).any():
+        # compact at twice the cap, so each compaction follows at least cap new
+        # entries of some row (near-ties hovering at the cap do not re-compact per block)
+        if (self.count > 2 * self.cap).any():
             self._compact()
 
     def _compact(self) -> None:
@@ -239,7 +241,9 @@ def candidate_topk(queries, database, k: int, offset: int = 0,
         # whole rankings sort every row anyway; huge values would overflow float32
         stats["exact_rows"] += q
         return exact_topk_search(queries, database, k, offset, block_bytes=block_bytes)
-    margin = factor * q_norms * x_norm + _underflow_term(d)
+    # float64 values that underflow float32 in the cast lose < 2**-149 each, absolutely
+    margin = factor * q_norms * x_norm + _underflow_term(d) + \
+        2.0**-140 * np.sqrt(d) * (q_norms + x_norm + 1)
     cap = 4 * k + 1024
     group = max(1, min(q, block_bytes // (4 * rows_per_block)))
     scores = np.empty((q, k))
