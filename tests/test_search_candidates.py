@@ -244,3 +244,28 @@ def test_small_chunks_are_merged_into_larger_tasks(hard, monkeypatch):
     assert len([key for key in scores.dask.to_dict()
                 if isinstance(key, tuple) and key[0] == topk_layers[0]]) == 4  # 256 rows
     assert_exact(dask.compute(scores, indices, scheduler="sync"), queries, database, 9)
+
+
+@pytest.mark.parametrize("d", [5, 128, 512])
+def test_duplicates_score_equal_in_any_block(d):
+    """Copies of a full-mantissa row in different dask blocks get the same float64
+    score (one dot product per pair, the same for every pair), so they rank by index
+    whatever the chunking; float64 scores agree with brute force to rounding."""
+    rng = np.random.default_rng(28 + d)
+    base = rng.standard_normal((400, d)).astype(np.float32)
+    copies = rng.integers(0, 400, 200)
+    database = np.vstack([base, base[copies]])
+    queries = np.vstack([base[copies[:6]], rng.standard_normal((4, d)).astype(np.float32)])
+    want_scores, want = brute_force_topk(queries, database, 8)
+    for chunks in (37, 150, 600):
+        scores, indices = dask.compute(
+            search(queries, da.from_array(database, chunks=(chunks, d)), 8), scheduler="sync")[0]
+        for row_s, row_i in zip(scores, indices):
+            for a in range(7):  # equal scores: increasing indices, and copies score equal
+                assert row_s[a] > row_s[a + 1] or row_i[a] < row_i[a + 1]
+                if np.array_equal(database[row_i[a]], database[row_i[a + 1]]):
+                    assert row_s[a] == row_s[a + 1]
+        np.testing.assert_allclose(scores, want_scores, rtol=1e-13)
+        # brute force's own float64 product may break a copy's tie by its last bit:
+        # compare the rows, not their indices
+        np.testing.assert_array_equal(database[indices], database[want])

@@ -11,9 +11,8 @@ route differs:
    score it stands for, so every row whose float32 score is >= t - 2E is kept
    as a candidate: k rows have float64 scores >= t - E, and any row below
    t - 2E in float32 is below t - E in float64, so it is not in the top k;
-3. the candidates only, scored again in float64 (the float64 product of the
-   float64-cast rows, as the exact path does) and ranked with ties to the
-   lower index.
+3. the candidates only, scored again in float64 (the dot product of the
+   float64-cast rows, one per pair) and ranked with ties to the lower index.
 
 Rows whose candidates are too many (near-ties by the thousand) take the exact
 path, and so do inputs the bound cannot cover (float32 overflow).
@@ -31,9 +30,8 @@ _U32 = 2.0**-24  # unit roundoff of float32
 _U64 = 2.0**-53
 #: Bytes of float32 scores one step holds (its comparison mask is a quarter of that).
 SCORE_BLOCK_BYTES = 16 * 2**20
-#: Query rows whose candidates are scored again in one float64 product (the union
-#: of their candidates is the product's other side).
-RESCORE_ROWS = 32
+#: float64 elements per side of one step of the re-score (pairs x features).
+RESCORE_ELEMENTS = 2**21
 #: Largest float32 magnitude any partial sum may reach for the bound to hold (no
 #: overflow): float32's largest finite value is just under 2**128.
 _NO_OVERFLOW = 2.0**126
@@ -170,6 +168,20 @@ class _Candidates:
         return rows[order], cols[order]
 
 
+def pair_scores(queries, database, rows, cols) -> np.ndarray:
+    """float64 inner products of the pairs (queries[rows], database[cols]), one dot
+    product per pair (the same summation for every pair, so equal rows score equal
+    whatever block or chunk they came from)."""
+    out = np.empty(rows.size)
+    step = max(1, RESCORE_ELEMENTS // max(1, queries.shape[1]))
+    for lo in range(0, rows.size, step):
+        # float32 rows are gathered as they are and cast inside einsum (half the bytes
+        # moved; each product of two float32 values is exact in float64)
+        np.einsum("ij,ij->i", queries[rows[lo:lo + step]], database[cols[lo:lo + step]],
+                  dtype=np.float64, out=out[lo:lo + step])
+    return out
+
+
 def _rescore_and_rank(queries, database, rows, cols, n_rows: int, k: int, offset: int):
     """Top k of each query among its candidates (rows sorted), by float64 scores."""
     counts = np.bincount(rows, minlength=n_rows)
@@ -180,19 +192,7 @@ def _rescore_and_rank(queries, database, rows, cols, n_rows: int, k: int, offset
     keys = np.full((n_rows, width), key_pad, dtype=np.int64)
     keys[rows, position] = cols
     scores = np.full((n_rows, width), -np.inf)
-    for lo in range(0, n_rows, RESCORE_ROWS):
-        sub = keys[lo:lo + RESCORE_ROWS]
-        real = sub != key_pad
-        union, inverse = np.unique(sub[real], return_inverse=True)
-        q64 = np.asarray(queries[lo:lo + RESCORE_ROWS], dtype=np.float64)
-        x64 = np.asarray(database[union], dtype=np.float64)
-        # two rows at least on each side: numpy and OpenBLAS send a one-row product
-        # to gemv, whose summation order differs from gemm's
-        product = (np.vstack([q64, q64]) if len(q64) == 1 else q64) @ \
-            (np.vstack([x64, x64]) if len(x64) == 1 else x64).T
-        local_rows = np.nonzero(real)[0]
-        block = scores[lo:lo + RESCORE_ROWS]
-        block[real] = product[local_rows, inverse]
+    scores[rows, position] = pair_scores(queries, database, rows, cols)
     order = _ranking_order(scores, keys)[:, :k]
     return (np.take_along_axis(scores, order, axis=1),
             np.take_along_axis(keys, order, axis=1) + offset)
