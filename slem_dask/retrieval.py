@@ -166,10 +166,11 @@ def search(queries, database, k: int = 100):
     (row chunks of the queries), so ``scores, indices = search(...)`` unpacks
     without computing and ``dask.compute(scores, indices)`` runs one graph.
 
-    Memory is bounded over both sides: scores are formed a block of queries
-    times a block of database rows at a time (about 16 MiB of float64 each),
-    merged into running top-k lists, and dask database blocks are combined by
-    a tree of top-k merges. For a dask search with k at least half the
+    Memory is bounded over both sides: float32 scores are formed a block of
+    queries times a block of database rows at a time (about 16 MiB each), the
+    rows within a proven rounding margin of each query's k-th score are scored
+    again in float64 (:mod:`slem_dask.core.candidates`), and dask database
+    blocks (merged up to about 64 MiB) are combined by a tree of top-k merges. For a dask search with k at least half the
     database (a whole ranking) and a database of at most 512 MiB as float64,
     each task instead holds the whole database and ranks a block of queries
     against it with one sort per row. Rows with NaN or inf on either side are
