@@ -139,6 +139,11 @@ def test_numpy_search_in_parts_equals_brute_force(monkeypatch):
     queries = np.vstack([grid_rows(rng, 10, 16), database[[0, 200, 310]]])
     for k in (1, 25):
         assert_exact(search(queries, database, k), queries, database, k)
+    bad = database.copy()
+    bad[300, 3] = np.nan  # in the third part: named by its global row number
+    with pytest.raises(ValueError,
+                       match=r"database has 1 row\(s\) with NaN or inf \(rows 300\)"):
+        search(queries, bad, 5)
 
 
 def test_search_on_a_local_cluster(hard):
