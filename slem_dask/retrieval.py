@@ -170,8 +170,9 @@ def search(queries, database, k: int = 100):
     queries times a block of database rows at a time (about 16 MiB each), the
     rows within a proven rounding margin of each query's k-th score are scored
     again in float64 (:mod:`slem_dask.core.candidates`), and dask database
-    blocks (merged up to about 64 MiB) are combined by a tree of top-k merges. For a dask search with k at least half the
-    database (a whole ranking) and a database of at most 512 MiB as float64,
+    blocks (merged up to about 64 MiB) are combined by a tree of top-k merges.
+    For a dask search with k at least half the database (a whole ranking) and a
+    database of at most 512 MiB as float64,
     each task instead holds the whole database and ranks a block of queries
     against it with one sort per row. Rows with NaN or inf on either side are
     an error that names the side and the rows.
