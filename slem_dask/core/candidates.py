@@ -66,13 +66,15 @@ def row_norm_bounds(x32: np.ndarray) -> np.ndarray:
     """Upper bounds (float64) on the 2-norms of the rows of a float32 array.
 
     The float32 sum of squares is low by at most gamma_d of itself, plus what
-    underflowing squares lose; NaN or inf in a row, or a square that overflows,
-    gives a non-finite bound, so the same pass is the finite check.
+    underflow loses (< 2**-126 in each of its 2d operations, subnormals flushed or
+    not); NaN or inf in a row, or a square that overflows, gives a non-finite
+    bound, so the same pass is the finite check.
     """
     d = x32.shape[1]
     squares = np.einsum("ij,ij->i", x32, x32).astype(np.float64)
     with np.errstate(over="ignore", invalid="ignore"):
-        return np.sqrt((squares + d * 2.0**-126) / (1 - _gamma(d, _U32))) * (1 + 2.0**-50)
+        return np.sqrt((squares + _underflow_term(d)) / (1 - _gamma(d, _U32))) \
+            * (1 + 2.0**-50)
 
 
 def _round_down_f32(values: np.ndarray) -> np.ndarray:
