@@ -65,14 +65,15 @@ def assert_exact(got, queries, database, k):
 def test_hard_data_needs_the_margin(hard, monkeypatch):
     """The data has teeth: candidates cut at the float32 k-th score itself, without
     the rounding margin, miss true top-k rows of some queries."""
-    queries, database = hard
+    _, database = hard
+    queries = database  # every row's near-ties: many chances for float32 to reorder
     monkeypatch.setattr(candidates, "score_error_factor", lambda d: 0.0)
     monkeypatch.setattr(candidates, "_underflow_term", lambda d: 0.0)
     wrong = 0
     for k in (1, 10, 25):
         got = topk_search(queries, database, k)[1]
         wrong += np.count_nonzero((got != brute_force_topk(queries, database, k)[1]).any(1))
-    assert wrong > 0
+    assert wrong > 5
 
 
 @pytest.mark.parametrize("k", [1, 2, 10, 25, 100, 479, 480, 960, 965])
