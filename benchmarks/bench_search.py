@@ -1,11 +1,13 @@
 #!/usr/bin/env python
-"""Exact top-k search: slem_dask.search against numpy by hand, on the same rows, same run.
+"""Exact top-k search: slem_dask.search against FAISS and numpy by hand, same rows, same run.
 
 The database is a store of n x d float32 rows (the benchmarks' negatives
 generator, ``--chunk-rows`` per zarr chunk); the queries are ``--queries`` other
 rows of the same distribution, in memory. For each k (default 100 and the whole
 ranking, as mAP needs):
 
+* FAISS ``IndexFlatIP`` (faiss-cpu, if installed; else skipped with a note): read the
+  store, add the rows, search (float32 scores, FAISS's own heaps);
 * numpy by hand: read the store, ``scores = q @ db.T`` (float32), then the top k
   in ranking order (``np.argsort(-scores, kind="stable")`` for the whole ranking,
   ``np.argpartition`` and a sort of the k best otherwise);
@@ -13,9 +15,13 @@ ranking, as mAP needs):
 * ``slem_dask.search(q, da.from_zarr(store), k)`` computed by dask's threaded
   scheduler (no Client) and, with ``--cluster``, on slem-dask's LocalCluster.
 
-slem-dask scores in float64 and breaks ties by lower index; the numpy reference
-scores in float32 (what a user writes). Printed: best/median of ``--repeat`` runs
-and ``RATIO`` numpy time / slem-dask time (above 1: slem-dask faster).
+slem-dask ranks by float64 scores with ties to the lower index (float32 candidates,
+float64 re-score); FAISS and the numpy reference rank by float32 scores, so near-ties
+may differ: the overlap of each contender's top-k sets with the first contender's is
+printed. Contenders run in rounds (each once per round) so that load changes on a
+shared machine fall on all of them. Printed: best/median of ``--repeat`` runs and
+``RATIO`` anchor time / slem-dask time for each anchor (FAISS, numpy by hand; above 1:
+slem-dask faster), also as the median of same-round ratios.
 """
 
 from __future__ import annotations
@@ -41,6 +47,16 @@ def by_hand(path: str, queries, k: int):
     part = np.argpartition(-scores, k - 1, axis=1)[:, :k]
     order = np.argsort(-np.take_along_axis(scores, part, axis=1), axis=1, kind="stable")
     return np.take_along_axis(part, order, axis=1)
+
+
+def faiss_flat_ip(path: str, queries, k: int):
+    import faiss
+    import zarr
+
+    db = zarr.open_array(path, mode="r")[...]
+    index = faiss.IndexFlatIP(db.shape[1])
+    index.add(db)
+    return index.search(queries, k)[1]
 
 
 def main(argv=None) -> int:
@@ -74,42 +90,59 @@ def main(argv=None) -> int:
     schedulers = ["threads"] + (["cluster"] if args.cluster else [])
     results = {}
     with C.scheduler_contexts(args, schedulers) as (_, contexts):
-        contenders = {
+        contenders = {}
+        try:
+            import faiss  # noqa: F401
+
+            contenders["faiss IndexFlatIP"] = lambda k: faiss_flat_ip(path, queries, k)
+        except ImportError:
+            print("faiss: not installed (pip install faiss-cpu, or the extra 'faiss'); "
+                  "its contender is skipped")
+        contenders.update({
             "numpy by hand": lambda k: by_hand(path, queries, k),
             "search(numpy)": lambda k: search(
                 queries, zarr.open_array(path, mode="r")[...], k)[1],
-        }
+        })
         for name in schedulers:
             def lazy(k, name=name):
                 with contexts[name]():
                     return dask.compute(search(queries, da.from_zarr(path), k)[1])[0]
             contenders[f"search(dask, {name})"] = lazy
         for k in ks:
-            want = None
-            for name, run in contenders.items():
-                run(k)  # warm-up (imports, cluster's first graph)
-                times = []
-                for _ in range(args.repeat):
+            got = {name: run(k) for name, run in contenders.items()}  # warm-up (imports,
+            # the cluster's first graph); then rounds, each contender once per round, so
+            # that a change of load on a shared machine falls on all of them alike
+            for name in contenders:
+                results[(k, name)] = []
+            for round_ in range(args.repeat):
+                for name, run in contenders.items():
                     t0 = time.perf_counter()
-                    got = run(k)
-                    times.append(time.perf_counter() - t0)
+                    got[name] = run(k)
+                    results[(k, name)].append(time.perf_counter() - t0)
+                    print(f"k={k:>6} round {round_ + 1} {name:<26} "
+                          f"{results[(k, name)][-1]:.3f} s | {C.load_line()}")
+                    sys.stdout.flush()
+            first = next(iter(contenders))
+            for name in contenders:
                 # float32 and float64 scores may order near-ties differently: compare sets
-                agree = 1.0 if want is None else float(np.mean(
-                    [len(np.intersect1d(a, b)) / k for a, b in zip(want, got)]))
-                want = got if want is None else want
-                results[(k, name)] = times
-                print(f"k={k:>6} {name:<26} {C.spread(times)}  overlap with numpy "
-                      f"{agree:.4f} | {C.load_line()}")
-                sys.stdout.flush()
+                agree = float(np.mean([len(np.intersect1d(a, b)) / k
+                                       for a, b in zip(got[first], got[name])]))
+                print(f"k={k:>6} {name:<26} {C.spread(results[(k, name)])}  overlap with "
+                      f"{first} {agree:.4f}")
     print()
+    anchors = [name for name in ("faiss IndexFlatIP", "numpy by hand") if name in contenders]
     for k in ks:
-        ref = results[(k, "numpy by hand")]
-        for name in contenders:
-            if name == "numpy by hand":
-                continue
-            t = results[(k, name)]
-            print(f"RATIO k={k} numpy by hand / {name}: {min(ref) / min(t):.2f} (best), "
-                  f"{statistics.median(ref) / statistics.median(t):.2f} (medians)")
+        for anchor in anchors:
+            ref = results[(k, anchor)]
+            for name in contenders:
+                if name in anchors:
+                    continue
+                t = results[(k, name)]
+                # same-round ratios: both timed within seconds, under the same load
+                paired = statistics.median(a / b for a, b in zip(ref, t))
+                print(f"RATIO k={k} {anchor} / {name}: {min(ref) / min(t):.2f} (best), "
+                      f"{statistics.median(ref) / statistics.median(t):.2f} (medians), "
+                      f"{paired:.2f} (median of same-round ratios)")
     C.emit_json("RESULT bench_search", {f"{k}/{name}": v for (k, name), v in results.items()})
     return 0
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 
 import dask
@@ -26,9 +28,53 @@ _WHOLE_RANKING_TASKS = 8
 _WHOLE_RANKING_DATABASE_BYTES = 512 * 2**20
 
 
+#: Float32 bytes of database rows per task of a dask search: each task returns its
+#: block's exact top k (candidates re-scored in float64), so a few large blocks re-score
+#: and merge less than many zarr chunks would (1M x 128: 8 tasks, not 123).
+_DATABASE_BLOCK_BYTES = 64 * 2**20
+#: Database rows below which a numpy search runs in one thread (splitting and
+#: merging would cost more than the second core saves).
+_PARALLEL_MIN_ROWS = 65536
+
+
 def _check_finite(x, name: str, row_offset: int = 0) -> None:
     check_finite_rows(x, name, row_offset, remedy="scores against them are undefined: drop "
                                                   "or repair those rows before searching")
+
+
+def _finite_check(q_offset: int, db_offset: int):
+    """The kernel's ``on_nonfinite``: names the input and its rows (global numbers)."""
+    def check(name, x):
+        _check_finite(x, name, q_offset if name == "queries" else db_offset)
+    return check
+
+
+def _cores() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else \
+        (os.cpu_count() or 1)
+
+
+def _numpy_search(queries, database, k: int):
+    """topk_search on contiguous parts of the database, one thread per core (one BLAS
+    thread each: the selection after each float32 product is single-threaded numpy,
+    so parts in parallel use both cores where BLAS threads alone leave one idle),
+    merged exactly."""
+    from .parallel import single_threaded_blas
+
+    m = len(database)
+    parts = min(_cores(), m // _PARALLEL_MIN_ROWS)
+    if parts < 2 or 2 * k >= m // parts:
+        return topk_search(queries, database, k, on_nonfinite=_finite_check(0, 0))
+    bounds = np.linspace(0, m, parts + 1).astype(np.int64)
+
+    def run(lo, hi):
+        with single_threaded_blas():
+            return topk_search(queries, database[lo:hi], k, offset=int(lo),
+                               on_nonfinite=_finite_check(0, int(lo)))
+
+    with ThreadPoolExecutor(parts) as pool:
+        results = list(pool.map(run, bounds[:-1], bounds[1:]))
+    return merge_topk(results, k)
 
 
 def _topk_packed(queries, database, q_offset, db_offset, k):
@@ -37,10 +83,12 @@ def _topk_packed(queries, database, q_offset, db_offset, k):
     padding, so a block shorter than k ships only its own rows, and blocks
     concatenated along the columns stay a list of pairs. The offsets are the
     blocks' global row ids (their first entries are used)."""
+    from .parallel import single_threaded_blas
+
     q0, d0 = int(q_offset[0]), int(db_offset[0])
-    _check_finite(queries, "queries", q0)
-    _check_finite(database, "database", d0)
-    scores, indices = topk_search(queries, database, k, offset=d0)
+    with single_threaded_blas():
+        scores, indices = topk_search(queries, database, k, offset=d0,
+                                      on_nonfinite=_finite_check(q0, d0))
     return _interleave(scores, indices)
 
 
@@ -88,6 +136,15 @@ def _whole_ranking(queries, database, k):
     return ranked[:, 0::2], ranked[:, 1::2].astype(np.int64)
 
 
+def _larger_row_blocks(database):
+    """Row chunks merged up to about _DATABASE_BLOCK_BYTES of float32 (whole chunks)."""
+    first = max(database.chunks[0])
+    target = _DATABASE_BLOCK_BYTES // (4 * max(1, database.shape[1]))
+    if first >= target:
+        return database
+    return database.rechunk({0: (target // first) * first})
+
+
 def _identity(x, axis, keepdims):
     return x
 
@@ -109,11 +166,13 @@ def search(queries, database, k: int = 100):
     (row chunks of the queries), so ``scores, indices = search(...)`` unpacks
     without computing and ``dask.compute(scores, indices)`` runs one graph.
 
-    Memory is bounded over both sides: scores are formed a block of queries
-    times a block of database rows at a time (about 16 MiB of float64 each),
-    merged into running top-k lists, and dask database blocks are combined by
-    a tree of top-k merges. For a dask search with k at least half the
-    database (a whole ranking) and a database of at most 512 MiB as float64,
+    Memory is bounded over both sides: float32 scores are formed a block of
+    queries times a block of database rows at a time (about 16 MiB each), the
+    rows within a proven rounding margin of each query's k-th score are scored
+    again in float64 (:mod:`slem_dask.core.candidates`), and dask database
+    blocks (merged up to about 64 MiB) are combined by a tree of top-k merges.
+    For a dask search with k at least half the database (a whole ranking) and a
+    database of at most 512 MiB as float64,
     each task instead holds the whole database and ranks a block of queries
     against it with one sort per row. Rows with NaN or inf on either side are
     an error that names the side and the rows.
@@ -134,9 +193,7 @@ def search(queries, database, k: int = 100):
             f"k <= {database.shape[0]}"
         )
     if not is_dask_array(database) and not is_dask_array(queries):
-        _check_finite(queries, "queries")
-        _check_finite(database, "database")
-        return topk_search(queries, database, k)
+        return _numpy_search(queries, database, k)
     import dask.array as da
 
     if not is_dask_array(queries):
@@ -145,6 +202,7 @@ def search(queries, database, k: int = 100):
     if 2 * k >= database.shape[0] and \
             8 * database.shape[0] * database.shape[1] <= _WHOLE_RANKING_DATABASE_BYTES:
         return _whole_ranking(queries, database, k)
+    database = _larger_row_blocks(database)
     token = dask.base.tokenize(queries, database, k)
     packed = da.blockwise(
         _topk_packed, "ij", queries, "ia", database, "ja",

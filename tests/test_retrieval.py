@@ -10,6 +10,15 @@ from slem_dask import mean_average_precision, precision_recall_at_k, search
 from slem_dask.core.ranking import average_precision
 
 
+@pytest.fixture(autouse=True)
+def keep_database_chunks(monkeypatch):
+    """Dask searches here keep the test's row chunks (search merges chunks up to 64 MiB,
+    which would make every small database here one block and leave merges untested)."""
+    from slem_dask import retrieval
+
+    monkeypatch.setattr(retrieval, "_DATABASE_BLOCK_BYTES", 0)
+
+
 def integer_rows(rng, n, d):
     """Small integers as floats: every dot product is exact, so ties are exact too."""
     return rng.integers(-2, 3, size=(n, d)).astype(np.float64)

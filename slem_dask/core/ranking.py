@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["block_topk", "merge_topk", "rank_rows", "topk_search", "average_precision",
-           "as_id_array"]
+__all__ = ["block_topk", "merge_topk", "rank_rows", "topk_search", "exact_topk_search",
+           "average_precision", "as_id_array"]
 
-#: Bytes of float64 scores one step of :func:`topk_search` holds (block_topk needs a
+#: Bytes of float64 scores one step of :func:`exact_topk_search` holds (block_topk needs a
 #: few temporaries of the same size on top).
 SCORE_BLOCK_BYTES = 16 * 2**20
 
@@ -90,10 +90,27 @@ def _in_ranking_order(scores: np.ndarray, indices: np.ndarray) -> bool:
                 .all())
 
 
-def topk_search(queries: np.ndarray, database: np.ndarray, k: int, offset: int = 0,
-                block_bytes: int = SCORE_BLOCK_BYTES,
-                database_rows: int = 16384) -> tuple[np.ndarray, np.ndarray]:
-    """Top-k database rows of every query by inner product, in float64.
+def topk_search(queries, database, k: int, offset: int = 0, block_bytes: int | None = None,
+                database_rows: int | None = None, on_nonfinite=None,
+                stats: dict | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Top-k database rows of every query by inner product: float64 scores, ties to the
+    lower index, (scores, indices + offset) each (len(queries), min(k, len(database))).
+
+    Float32 candidates and a float64 re-score of those that can matter
+    (:mod:`slem_dask.core.candidates`), the same result as
+    :func:`exact_topk_search` at a fraction of its cost.
+    """
+    from .candidates import SCORE_BLOCK_BYTES as CANDIDATE_BLOCK_BYTES, candidate_topk
+
+    return candidate_topk(queries, database, k, offset,
+                          block_bytes=block_bytes or CANDIDATE_BLOCK_BYTES,
+                          database_rows=database_rows, on_nonfinite=on_nonfinite, stats=stats)
+
+
+def exact_topk_search(queries: np.ndarray, database: np.ndarray, k: int, offset: int = 0,
+                      block_bytes: int = SCORE_BLOCK_BYTES,
+                      database_rows: int = 16384) -> tuple[np.ndarray, np.ndarray]:
+    """Top-k database rows of every query by inner product, in float64, scoring every row.
 
     Scores are formed ``block_bytes`` at a time (blocks of queries x blocks of
     database rows, each merged into a running top-k), so memory is the result
