@@ -124,21 +124,6 @@ def _corrupt_chunk(arr, name, key, a, b, exc) -> CorruptChunkError:
         f"encode, which writes only missing partitions)")
 
 
-_POOL = None
-
-
-def _decode_pool():
-    """Threads that decode the chunks of one read, shared by the process (a pool per
-    read would start threads in every task)."""
-    global _POOL
-    if _POOL is None:
-        from concurrent.futures import ThreadPoolExecutor
-
-        _POOL = ThreadPoolExecutor(max_workers=max(2, min(4, os.cpu_count() or 2)),
-                                   thread_name_prefix="slem-decode")
-    return _POOL
-
-
 @dataclass(frozen=True)
 class _RowChunkCodecs:
     """The decode steps of an array whose chunks are whole rows, encoded by zarr v3's
@@ -182,17 +167,8 @@ class _RowChunkCodecs:
 
     def read(self, arr, lo: int, hi: int, name: str, out: np.ndarray) -> np.ndarray:
         recorded = recorded_crc32c(arr)
-        keys = chunk_keys_for_rows(arr, lo, hi)
-        if len(keys) < 2:
-            for key, a, b in keys:
-                self._read_chunk(arr, key, a, b, lo, hi, name, out, recorded)
-            return out
-        # The chunks of a partition are decoded concurrently, as zarr's own reader does
-        # (zstd and crc32c release the GIL): the read of a task then overlaps the other
-        # tasks' writes instead of waiting for its chunks one by one. map() raises the
-        # first failing chunk in row order, so errors name the same chunk as before.
-        list(_decode_pool().map(
-            lambda k: self._read_chunk(arr, *k, lo, hi, name, out, recorded), keys))
+        for key, a, b in chunk_keys_for_rows(arr, lo, hi):
+            self._read_chunk(arr, key, a, b, lo, hi, name, out, recorded)
         return out
 
     def _read_chunk(self, arr, key, a, b, lo, hi, name, out, recorded) -> None:
