@@ -375,6 +375,10 @@ def _paths_of(args) -> list[str]:
 
 def _interrupted(args) -> int:
     """What an interrupt (Ctrl-C) leaves behind, said in one line; exit status 130."""
+    progress = getattr(args, "progress", None)
+    if progress or (progress is None and sys.stdout.isatty()):
+        sys.stdout.write("\n")  # end a progress line written with "\r" (kernel passes)
+        sys.stdout.flush()
     if getattr(args, "finished", None) is not None:
         _print_results(args, *args.finished)
         print(f"slem-dask {args.command}: interrupted while the dask cluster was closing, "

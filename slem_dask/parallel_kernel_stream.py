@@ -196,18 +196,20 @@ def _merge_stats(parts: list) -> tuple:
 
 
 def factor_statistics(x, pivot_rows: np.ndarray, pivot_factor: np.ndarray, cfg,
-                      name: str = "X", block_rows: int = 4096):
+                      name: str = "X", block_rows: int = 4096, row_offset: int = 0):
     """(Chan statistics of F's rows, trace, residual trace) of the rows of ``x`` for the
     given pivots, in one streaming pass (F = K(x, X_I) L^-T, docs/math.md#icd).
 
     ``x`` numpy (blocks of ``block_rows``) or dask (one task per row chunk; returns a
     dask Delayed, computed by the caller). The residual diagonal is clipped at 0 once
-    (all columns subtracted together).
+    (all columns subtracted together). ``row_offset``: the index of ``x``'s first row in
+    its store (errors name rows by it: the rows appended to a model's negatives).
     """
     pivots = _Pivots(np.asarray(pivot_rows, dtype=np.float64),
                      np.asarray(pivot_factor, dtype=np.float64), (len(pivot_factor),))
     if not is_dask_array(x):
-        parts = in_threads(_stats_block, [(x[i:i + block_rows], i, pivots, cfg, name)
+        parts = in_threads(_stats_block, [(x[i:i + block_rows], row_offset + i, pivots, cfg,
+                                           name)
                                           for i in range(0, x.shape[0], block_rows)])
         return _tree_merge(parts)
     import dask
@@ -215,7 +217,7 @@ def factor_statistics(x, pivot_rows: np.ndarray, pivot_factor: np.ndarray, cfg,
     offsets = np.concatenate([[0], np.cumsum(x.chunks[0])[:-1]]).astype(int)
     shared = dask.delayed(pivots, traverse=False)
     task = dask.delayed(_stats_block, pure=True)
-    parts = [task(b, int(o), shared, cfg, name)
+    parts = [task(b, row_offset + int(o), shared, cfg, name)
              for b, o in zip(x.to_delayed().ravel(), offsets)]
     return _tree_merge(parts, dask.delayed(_merge_stats, pure=True))
 

@@ -130,6 +130,31 @@ def test_update_of_a_model_without_the_scatter_refits(tmp_path, negatives):
     assert load_model(path).factor_scatter_ is not None and report.facts["rows read"] == 360
 
 
+def test_update_errors_name_the_rows_and_the_right_remedy(tmp_path, negatives):
+    """A bad appended row is named by its row in the store, not in the appended part; an
+    --update that forgot --kernel is told the kernel options, not --overwrite (which
+    would replace the kernel model by a linear one); --repivot of a linear store says so."""
+    X, neg = negatives
+    model = str(tmp_path / "k.zarr")
+    fit_job(None, neg, model, partition_rows=100, **ARGS)
+    bad = X[300:].copy()
+    bad[7, 2] = np.nan
+    _append(neg, bad)
+    with pytest.raises(ValueError, match=r"rows 307\b"):
+        fit_job(None, neg, model, partition_rows=100, update=True, **ARGS)
+    with pytest.raises(ValueError, match="--kernel rbf --gamma 0.2 .*--update.*--overwrite "
+                                         "would replace it with a linear model"):
+        fit_job(None, neg, model, partition_rows=100, update=True, lam=1e-2)
+    linear = str(tmp_path / "lin.zarr")
+    X2 = X[:300]
+    clean = str(tmp_path / "clean.zarr")
+    zarr.create_array(store=clean, shape=X2.shape, dtype="float32", chunks=(50, 8))[...] = X2
+    fit_job(None, clean, linear, lam=1e-2)
+    with pytest.raises(FileExistsError, match="holds a LinearSLEM, not a kernel model; "
+                                              "--repivot keeps"):
+        fit_job(None, clean, linear, partition_rows=100, repivot=True, **ARGS)
+
+
 def test_linear_fit_refuses_kernel_only_options(tmp_path, negatives):
     _, neg = negatives
     with pytest.raises(ValueError, match="repivot applies to kernel models only"):

@@ -205,7 +205,7 @@ class KernelSLEM(SLEMEstimator):
             self.factor_ = res.factor
         return self
 
-    def update(self, X):
+    def update(self, X, row_offset: int = 0):
         """Add the negatives ``X`` (n_new, d) to a fitted model without re-pivoting.
 
         One streaming pass over ``X`` only: the rows of F = K(X, X_I) L^-T of the new
@@ -216,7 +216,8 @@ class KernelSLEM(SLEMEstimator):
         current scheduler). The old negatives are not read: the caller vouches that
         they are unchanged (``slem-dask fit --update`` checks their fingerprint).
         A model loaded from a store written before ``factor_scatter`` was kept cannot
-        be updated: refit it.
+        be updated: refit it. ``row_offset``: the index of ``X``'s first row among all the
+        negatives (messages about bad rows name rows by it).
         """
         self._check_fitted()
         if self.exact:
@@ -234,7 +235,8 @@ class KernelSLEM(SLEMEstimator):
         cfg = CholeskyConfig(kernel=kernel, gamma=gamma, degree=degree, pivoting=self.pivoting,
                              rank=self.rank_, tol=float(self.tol), seed=self.seed_)
         block_rows = max(1, _NUMPY_BLOCK_BYTES // (8 * max(X.shape[1], 1)))
-        out = factor_statistics(X, self.pivot_rows_, self.pivot_factor_, cfg, "X", block_rows)
+        out = factor_statistics(X, self.pivot_rows_, self.pivot_factor_, cfg, "X", block_rows,
+                                int(row_offset))
         if is_dask_array(X):
             out = out.compute()
         new, trace, residual = out

@@ -162,8 +162,19 @@ def _previous_statistics(model_path, negatives, arr) -> ScatterStats:
     meta, _ = storage.read_model_store(model_path)
     old = load_model(model_path)
     if not isinstance(old, LinearSLEM):
-        raise ValueError(f"--update needs a LinearSLEM model; {str(model_path)!r} holds "
-                         f"{meta['model']}: pass --overwrite to refit")
+        kernel_options = ""
+        if meta["model"] == "KernelSLEM":
+            p = meta.get("params") or {}
+            kernel_options = " ".join(
+                f"--{flag} {p[key]}" for flag, key in (
+                    ("kernel", "kernel"), ("gamma", "gamma"), ("degree", "degree"),
+                    ("lam", "lam"), ("rank", "rank"), ("pivoting", "pivoting"),
+                    ("tol", "tol"), ("seed", "random_state")) if p.get(key) is not None)
+        remedy = (f"give its kernel options to update it ({kernel_options} --update); "
+                  f"--overwrite would replace it with a linear model" if kernel_options else
+                  "pass --overwrite to replace it with a linear model")
+        raise ValueError(f"--update without --kernel updates a LinearSLEM model; "
+                         f"{str(model_path)!r} holds a {meta['model']}: {remedy}")
     if meta.get("source") != negatives.url or old.n_features_in_ != arr.shape[1] \
             or old.n_samples_ > arr.shape[0]:
         raise ValueError(

@@ -47,12 +47,19 @@ def _fit_kernel_job(client, negatives, model_path, model, partition_rows,
             stored = meta["params"]
             differ = {k: v for k, v in given.items()
                       if k not in model._execution_params and stored.get(k) != v}
-            if meta["model"] != "KernelSLEM" or differ:
+            flag = "--repivot" if repivot else "--update"
+            if meta["model"] != "KernelSLEM":
+                raise FileExistsError(
+                    f"model store {str(model_path)!r} holds a {meta['model']}, not a kernel "
+                    f"model; {flag} keeps the stored model's kind and parameters: pass "
+                    f"--overwrite to replace it with this kernel model, or drop --kernel to "
+                    f"update the {meta['model']}")
+            if differ:
                 diff = ", ".join(f"{k}: stored {stored.get(k)!r}, given {v!r}"
-                                 for k, v in differ.items()) or f"a {meta['model']}"
+                                 for k, v in differ.items())
                 raise FileExistsError(
                     f"model store {str(model_path)!r} holds a {meta['model']} with other "
-                    f"parameters ({diff}); --update keeps parameters: give the stored "
+                    f"parameters ({diff}); {flag} keeps parameters: give the stored "
                     f"values, or pass --overwrite to refit with the new ones")
             if not repivot and meta.get("source") == negatives.url \
                     and meta.get("n_samples") == n and meta.get("negatives_fingerprint") == seen:
@@ -96,7 +103,7 @@ def _fit_kernel_job(client, negatives, model_path, model, partition_rows,
                     finally:
                         model.strategy = given
                 else:
-                    model = old.update(x[start:])
+                    model = old.update(x[start:], row_offset=start)
             if progress and old is None:
                 sys.stdout.write("\n")
         t2 = time.perf_counter()
