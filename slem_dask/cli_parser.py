@@ -181,7 +181,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "also with --update); anything else at MODEL is never deleted")
     p.add_argument("--update", action="store_true",
                    help="if MODEL was fitted on the first rows of NEGATIVES, merge the rows "
-                        "appended since (reads only the new rows)")
+                        "appended since (reads only the new rows); a kernel model keeps its "
+                        "pivots (give its kernel options; --repivot refits)")
     _add_kernel_args(p)
     _add_partition_arg(p)
     _add_cluster_args(p)

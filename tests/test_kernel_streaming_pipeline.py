@@ -130,6 +130,17 @@ def test_update_of_a_model_without_the_scatter_refits(tmp_path, negatives):
     assert load_model(path).factor_scatter_ is not None and report.facts["rows read"] == 360
 
 
+def test_an_update_says_it_ignores_a_forced_kernel_memory(tmp_path, negatives):
+    X, neg = negatives
+    model = str(tmp_path / "k.zarr")
+    fit_job(None, neg, model, partition_rows=100, **ARGS)
+    _append(neg, X[300:])
+    report = fit_job(None, neg, model, partition_rows=100, update=True,
+                     kernel_memory="in-memory", **ARGS)
+    assert report.facts["kernel memory"] == "streaming"
+    assert "'in-memory' applies to a fit from scratch: --repivot" in report.facts["because"]
+
+
 def test_update_errors_name_the_rows_and_the_right_remedy(tmp_path, negatives):
     """A bad appended row is named by its row in the store, not in the appended part; an
     --update that forgot --kernel is told the kernel options, not --overwrite (which

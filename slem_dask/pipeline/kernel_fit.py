@@ -86,6 +86,9 @@ def _fit_kernel_job(client, negatives, model_path, model, partition_rows,
         else:
             strategy, why = "streaming", (f"--update keeps the {old.rank_} pivots and reads "
                                           f"only the {n - start} appended rows, once")
+            if model.strategy != "auto":  # asked for, but an update has one way to run
+                why += (f" (kernel memory {model.strategy!r} applies to a fit from scratch: "
+                        f"--repivot)")
         report.facts.update({"kernel memory": strategy, "because": why})
         if progress:  # the choice, before the passes start
             print("\n".join(report.lines()), flush=True)
