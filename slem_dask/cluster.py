@@ -14,6 +14,8 @@ import dask
 from distributed import Client, LocalCluster
 from distributed.diagnostics.plugin import WorkerPlugin
 
+from .core.blas_threads import usable_cores
+
 __all__ = ["connect", "SingleThreadedBLAS", "default_local_cluster_kwargs", "in_process_kwargs",
            "SMALL_INPUT_BYTES"]
 
@@ -68,9 +70,9 @@ def default_local_cluster_kwargs(n_workers: int | None = None,
     Processes rather than threads: zarr decoding and the float64 conversions
     hold the GIL in places, and separate processes keep the cores busy.
     """
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    cores = usable_cores()
     threads = threads_per_worker or 1
-    workers = n_workers or max(1, (cores or 1) // threads)
+    workers = n_workers or max(1, cores // threads)
     return {"n_workers": workers, "threads_per_worker": threads, "processes": True,
             "dashboard_address": ":0"}  # a free port: never clash with another cluster
 
@@ -83,8 +85,8 @@ SMALL_INPUT_BYTES = 256 * 2**20
 
 def in_process_kwargs() -> dict:
     """A LocalCluster in this process: one worker with a thread per core."""
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    return {"n_workers": 1, "threads_per_worker": cores or 1, "processes": False,
+    cores = usable_cores()
+    return {"n_workers": 1, "threads_per_worker": cores, "processes": False,
             "dashboard_address": ":0"}
 
 

@@ -57,7 +57,7 @@ import numpy as np
 
 from .core.cholesky import accept_candidates, new_columns, update_residual_diagonal
 from .core.kernels import check_histogram, kernel_diagonal, kernel_matrix
-from .core.blas_threads import factorization_threads, one_blas_thread
+from .core.blas_threads import factorization_threads, one_blas_thread, usable_cores
 from .core.statistics import ScatterStats, block_statistics, merge_many
 from .validation import check_finite_rows, is_dask_array
 
@@ -252,6 +252,16 @@ def _tree(parts: list, merge, cfg, count, round_no: int, delayed=None):
 
 
 # -- the two backends ------------------------------------------------------------
+def row_blocks(x, block_rows: int, row_offset: int = 0) -> list[tuple]:
+    """(block, index of its first row) for the rows of ``x``: numpy slices of
+    ``block_rows`` rows, or a dask array's row chunks as Delayed (one task each).
+    ``row_offset``: the index of ``x``'s first row in its store (errors name rows by it)."""
+    if is_dask_array(x):
+        offsets = np.concatenate([[0], np.cumsum(x.chunks[0])[:-1]]).astype(int)
+        return [(b, row_offset + int(o)) for b, o in zip(x.to_delayed().ravel(), offsets)]
+    return [(x[i:i + block_rows], row_offset + i) for i in range(0, x.shape[0], block_rows)]
+
+
 def in_threads(fn, calls: list[tuple]) -> list:
     """``[fn(*args) for args in calls]``, on a thread per core, each with one BLAS thread.
 
@@ -260,11 +270,9 @@ def in_threads(fn, calls: list[tuple]) -> list:
     the GIL, so a thread per core keeps every core busy, where one block at a time
     left the elementwise work on one core (issue 20). Results come back in order, and
     the first failing call raises its own error, as a loop would."""
-    import os
     from concurrent.futures import ThreadPoolExecutor
 
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else \
-        (os.cpu_count() or 1)
+    cores = usable_cores()
     if cores < 2 or len(calls) < 2:
         return [fn(*args) for args in calls]
     with one_blas_thread(), ThreadPoolExecutor(min(cores, len(calls))) as pool:
@@ -305,10 +313,9 @@ class _DaskRounds:
     def start(self, cfg, count):
         import dask
 
-        offsets = np.concatenate([[0], np.cumsum(self.x.chunks[0])[:-1]]).astype(int)
         init = dask.delayed(_init_block, pure=False, nout=2)
-        outs = [init(b, int(off), cfg, count, (0, 0, j), self.name)
-                for j, (b, off) in enumerate(zip(self.x.to_delayed().ravel(), offsets))]
+        outs = [init(b, off, cfg, count, (0, 0, j), self.name)
+                for j, (b, off) in enumerate(row_blocks(self.x, 0))]
         return self._run(outs, cfg, count, 0)
 
     def step(self, acc, cfg, count, round_no, final):
@@ -391,8 +398,7 @@ def incomplete_cholesky(x, cfg: CholeskyConfig, block_rows: int = 4096,
     elif is_dask_array(x):
         rounds = _DaskRounds(x, name)
     else:
-        blocks = [(x[i:i + block_rows], i) for i in range(0, x.shape[0], block_rows)]
-        rounds = _NumpyRounds(blocks, name)
+        rounds = _NumpyRounds(row_blocks(x, block_rows), name)
     d = x.shape[1]
     summary = rounds.start(cfg, _candidates(cfg, 0))
     trace, max_diag = summary.trace, summary.max_diag

@@ -46,7 +46,7 @@ from .core.cholesky import update_residual_diagonal
 from .core.kernels import check_histogram, kernel_diagonal, kernel_matrix
 from .core.statistics import block_statistics, merge_many
 from .parallel_kernel import (SPLIT_EVERY, _Block, _grow_lower, _merge_summaries, _summarize,
-                              _tree, in_threads)
+                              _tree, in_threads, row_blocks)
 from .validation import check_finite_rows, is_dask_array
 
 __all__ = ["factor_rows", "factor_statistics", "StreamingRounds", "choose_strategy",
@@ -137,11 +137,7 @@ class StreamingRounds:
 
     def __init__(self, x, name: str, block_rows: int = 4096, checkpoint=None):
         self.x, self.name, self.checkpoint = x, name, checkpoint
-        if is_dask_array(x):
-            offsets = np.concatenate([[0], np.cumsum(x.chunks[0])[:-1]]).astype(int)
-            self.blocks = [(b, int(o)) for b, o in zip(x.to_delayed().ravel(), offsets)]
-        else:
-            self.blocks = [(x[i:i + block_rows], i) for i in range(0, x.shape[0], block_rows)]
+        self.blocks = row_blocks(x, block_rows)
         self.sizes = [int(s) for s in x.chunks[0]] if is_dask_array(x) else \
             [int(b.shape[0]) for b, _ in self.blocks]
         self.pivots = _Pivots(np.empty((0, x.shape[1])), np.zeros((0, 0)), ())
@@ -207,18 +203,15 @@ def factor_statistics(x, pivot_rows: np.ndarray, pivot_factor: np.ndarray, cfg,
     """
     pivots = _Pivots(np.asarray(pivot_rows, dtype=np.float64),
                      np.asarray(pivot_factor, dtype=np.float64), (len(pivot_factor),))
+    blocks = row_blocks(x, block_rows, row_offset)
     if not is_dask_array(x):
-        parts = in_threads(_stats_block, [(x[i:i + block_rows], row_offset + i, pivots, cfg,
-                                           name)
-                                          for i in range(0, x.shape[0], block_rows)])
-        return _tree_merge(parts)
+        return _tree_merge(in_threads(_stats_block, [(b, off, pivots, cfg, name)
+                                                     for b, off in blocks]))
     import dask
 
-    offsets = np.concatenate([[0], np.cumsum(x.chunks[0])[:-1]]).astype(int)
     shared = dask.delayed(pivots, traverse=False)
     task = dask.delayed(_stats_block, pure=True)
-    parts = [task(b, row_offset + int(o), shared, cfg, name)
-             for b, o in zip(x.to_delayed().ravel(), offsets)]
+    parts = [task(b, off, shared, cfg, name) for b, off in blocks]
     return _tree_merge(parts, dask.delayed(_merge_stats, pure=True))
 
 

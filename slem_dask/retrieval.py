@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import os
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 
 import dask
 import numpy as np
 
+from .core.blas_threads import usable_cores
 from .core.ranking import as_id_array, average_precision, merge_topk, rank_rows, topk_search
 from .validation import check_finite_rows, check_rows, is_dask_array
 
@@ -49,11 +49,6 @@ def _finite_check(q_offset: int, db_offset: int):
     return check
 
 
-def _cores() -> int:
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else \
-        (os.cpu_count() or 1)
-
-
 def _numpy_search(queries, database, k: int):
     """topk_search on contiguous parts of the database, one thread per core (one BLAS
     thread each: the selection after each float32 product is single-threaded numpy,
@@ -62,7 +57,7 @@ def _numpy_search(queries, database, k: int):
     from .parallel import single_threaded_blas
 
     m = len(database)
-    parts = min(_cores(), m // _PARALLEL_MIN_ROWS)
+    parts = min(usable_cores(), m // _PARALLEL_MIN_ROWS)
     if parts < 2 or 2 * k >= m // parts:
         return topk_search(queries, database, k, on_nonfinite=_finite_check(0, 0))
     bounds = np.linspace(0, m, parts + 1).astype(np.int64)

@@ -134,7 +134,7 @@ def test_numpy_search_in_parts_equals_brute_force(monkeypatch):
     from slem_dask import retrieval
 
     monkeypatch.setattr(retrieval, "_PARALLEL_MIN_ROWS", 100)
-    monkeypatch.setattr(retrieval, "_cores", lambda: 3)
+    monkeypatch.setattr(retrieval, "usable_cores", lambda: 3)
     rng = np.random.default_rng(22)
     database = hard_database(rng, n_base=12)
     queries = np.vstack([grid_rows(rng, 10, 16), database[[0, 200, 310]]])

@@ -10,7 +10,8 @@ from __future__ import annotations
 import contextlib
 import functools
 
-__all__ = ["factorization_threads", "one_blas_thread", "THREADED_POTRF_MIN", "OPENBLAS_THREADED_POTRF_MAX"]
+__all__ = ["factorization_threads", "one_blas_thread", "usable_cores", "THREADED_POTRF_MIN",
+           "OPENBLAS_THREADED_POTRF_MAX"]
 
 #: Below this order the factorization runs on one BLAS thread. More threads save at
 #: most about 1 ms there (d = 512: 3.8 ms on 2 threads, 4.7 ms on 1, on this
@@ -38,6 +39,15 @@ def factorization_threads(d: int):
             info.get("internal_api") == "openblas" for info in controller.info()):
         return contextlib.nullcontext()
     return controller.limit(limits=1, user_api="blas")
+
+
+def usable_cores() -> int:
+    """The cores this process may run on (its CPU affinity, as a container or
+    ``taskset`` sets it), else the machine's."""
+    import os
+
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else \
+        (os.cpu_count() or 1)
 
 
 def one_blas_thread():
