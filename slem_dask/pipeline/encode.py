@@ -119,9 +119,9 @@ def encode_job(client, model_path: str, positives: str, out: str, dtype: str | N
                                                  "output": draft.location})
             if todo:
                 with scatter_large_arrays(client):  # the model: once to the workers
-                    written = common._compute(client, _write_partitions(model, arr, target, todo,
-                                                                 rows, out_dtype, precision),
-                                       progress)
+                    written = common._compute(
+                        client, _write_partitions(model, arr, target, todo, rows, out_dtype,
+                                                  precision), progress)
                 for index, crc in np.asarray(written).reshape(-1, 2).tolist():
                     crcs[int(index)] = int(crc)
             t2 = time.perf_counter()

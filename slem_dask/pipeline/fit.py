@@ -89,8 +89,8 @@ def fit_job(client, negatives: str, model_path: str, lam: float = 1e-3, theta: f
             0.0, 0, integrity.unit_rows(arr)), -(-(n - start) // rows))
         t1 = time.perf_counter()
         with _fit_errors(negatives, model_path):
-            stats = (common._compute(client, store_statistics(arr, rows, precision, "negatives", start),
-                              progress)
+            stats = (common._compute(client, store_statistics(arr, rows, precision,
+                                                              "negatives", start), progress)
                      if start < n else None)
             if previous is not None:
                 stats = previous if stats is None else merge_statistics(previous, stats)
