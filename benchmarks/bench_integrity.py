@@ -14,7 +14,7 @@ Same LocalCluster, same model, same float32 store (the bench_fit store), alterna
 * unguarded + crc32c: the same, with zarr's crc32c codec on the output: what the
   checksums alone cost, the rest being the other guarantees.
 
-Prints every run, best/median, the ratio unguarded/guarded and the overhead in percent.
+The contenders' order rotates from round to round. Prints every run, best/median, the ratio unguarded/guarded and the overhead in percent.
 """
 
 from __future__ import annotations
@@ -48,6 +48,15 @@ def unguarded(client, model, path: str, out: str, rows: int, crc: bool = False) 
     return time.perf_counter() - t0
 
 
+def guarded_run(client, model_path: str, path: str, out: str, rows: int) -> float:
+    """``encode_job`` timed from outside: its commit and garbage collection included."""
+    from slem_dask.pipeline import encode_job
+
+    t0 = time.perf_counter()
+    encode_job(client, model_path, path, out, partition_rows=rows, overwrite=True)
+    return time.perf_counter() - t0
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     C.add_common_args(parser)
@@ -58,7 +67,7 @@ def main(argv=None) -> int:
     from slem_dask import integrity, storage
     from slem_dask.cluster import connect
     from slem_dask.models import load_model
-    from slem_dask.pipeline import encode_job, fit_job
+    from slem_dask.pipeline import fit_job
 
     C.header(f"bench_integrity: n={args.n:,} d={args.d} float32", args)
     path = C.ensure_store(args.workdir, args.n, args.d, args.seed, args.chunk_rows)
@@ -67,7 +76,6 @@ def main(argv=None) -> int:
     model_path = os.path.join(args.workdir, f"bench-integrity-model-{tag}.zarr")
     out_g = os.path.join(args.workdir, f"bench-integrity-guarded-{tag}.zarr")
     out_u = os.path.join(args.workdir, f"bench-integrity-unguarded-{tag}.zarr")
-    guarded, plain, crc_only = [], [], []
     cpu = {"guarded": [], "unguarded": [], "unguarded + crc32c": []}
     with connect(n_workers=args.workers, threads_per_worker=args.threads, quiet=True) as client:
         fit_job(client, path, model_path, lam=args.lam, overwrite=True)
@@ -80,25 +88,24 @@ def main(argv=None) -> int:
             integrity.partition_fingerprints(arr, path, "positives", rows)
         print(f"listing fingerprint of the input alone: {t.seconds * 1e3:.1f} ms")
         unguarded(client, model, path, out_u, rows)  # warm-up, not counted
+        contenders = {
+            "guarded": lambda: guarded_run(client, model_path, path, out_g, rows),
+            "unguarded": lambda: unguarded(client, model, path, out_u, rows),
+            "unguarded + crc32c": lambda: unguarded(client, model, path, out_u, rows, crc=True),
+        }
+        wall = {name: [] for name in contenders}
+        names = list(contenders)
         for r in range(args.repeat):
-            # each contender writes 2 GB: none pays for another's writeback (not timed)
-            C.settle()
-            c0 = C.cluster_cpu_seconds(client)
-            report = encode_job(client, model_path, path, out_g, partition_rows=rows,
-                                overwrite=True)
-            guarded.append(report.timings["total"])
-            cpu["guarded"].append(C.cluster_cpu_seconds(client) - c0)
-            C.settle()
-            c0 = C.cluster_cpu_seconds(client)
-            plain.append(unguarded(client, model, path, out_u, rows))
-            cpu["unguarded"].append(C.cluster_cpu_seconds(client) - c0)
-            C.settle()
-            c0 = C.cluster_cpu_seconds(client)
-            crc_only.append(unguarded(client, model, path, out_u, rows, crc=True))
-            cpu["unguarded + crc32c"].append(C.cluster_cpu_seconds(client) - c0)
-            print(f"run {r + 1}: guarded {guarded[-1]:.3f} s | unguarded {plain[-1]:.3f} s "
-                  f"| unguarded + crc32c {crc_only[-1]:.3f} s | {C.load_line()}")
+            # the order rotates each round: none always runs first (or after a 2 GB delete)
+            for name in names[r % 3:] + names[:r % 3]:
+                C.settle()  # each contender writes 2 GB: none pays another's writeback
+                c0 = C.cluster_cpu_seconds(client)
+                wall[name].append(contenders[name]())
+                cpu[name].append(C.cluster_cpu_seconds(client) - c0)
+            print(f"run {r + 1}: " + " | ".join(f"{name} {wall[name][-1]:.3f} s" for name in names)
+                  + f" | {C.load_line()}")
             sys.stdout.flush()
+        guarded, plain, crc_only = wall["guarded"], wall["unguarded"], wall["unguarded + crc32c"]
         with C.Timer() as t:
             what, problems = storage.verify(out_g)
         print(f"`slem-dask verify` of the guarded output (reads it all): {t.seconds:.2f} s, "
@@ -114,6 +121,9 @@ def main(argv=None) -> int:
     print(f"RATIO unguarded_time / guarded_time = {ratio:.3f} (best of {args.repeat}); "
           f"{ratio_med:.3f} (medians); overhead {100 * (1 / ratio - 1):+.1f}% (best), "
           f"{100 * (1 / ratio_med - 1):+.1f}% (medians)  [goal: overhead <= 5%]")
+    paired = [g / u for g, u in zip(guarded, plain)]
+    print(f"guarded / unguarded of the same round: median {med(paired):.3f} "
+          f"(runs {C.runs_line(paired)})")
     for name, values in cpu.items():
         print(f"CPU seconds, client + workers, {name}: median {med(values):.2f} s "
               f"(runs {C.runs_line(values)})")

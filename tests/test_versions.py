@@ -247,12 +247,39 @@ def test_a_dead_pid_in_this_namespace_is_stale_at_once(tmp_path):
         assert mine.took_over["job"] == "dead job"
 
 
+def test_a_new_draft_prunes_the_oldest_kept_version_before_it_is_written(tmp_path):
+    """Storage never holds more than KEEP_VERSIONS versions, a draft included: the
+    oldest goes when the next job begins, so its space is free for the new one."""
+    path = str(tmp_path / "m.zarr")
+    X = np.random.default_rng(0).standard_normal((60, 4))
+    for lam in (0.1, 0.2, 0.3):
+        LinearSLEM(lam=lam).fit(X).save(path, overwrite=True)
+    store = versions.VersionedStore(path)
+
+    def kept():
+        return [c.seq for c in store.commits() if store.exists(c.version)]
+
+    assert kept() == [1, 2, 3]
+    draft = store.begin()
+    assert kept() == [2, 3] and draft.seq == 4
+    zarr.open_group(store=draft.location, mode="w")
+    store.commit(draft, "model", "job four")
+    store.collect_garbage()
+    assert kept() == [2, 3, 4]
+    # a job that fails after its begin leaves the last KEEP_VERSIONS - 1, head included
+    store.abandon(store.begin())
+    assert kept() == [3, 4]
+    assert load_model(store.location(store.commit_at(3).version)).lam == 0.3
+
+
 def test_a_version_pruned_while_read_says_so(corpus):
     out = corpus["dir"] / "out.zarr"
     _encode(corpus, out)
     arr = storage.open_output(out)  # a reader holds version 1 ...
-    for _ in range(versions.KEEP_VERSIONS):  # ... while 3 newer versions commit
+    for _ in range(versions.KEEP_VERSIONS - 1):  # ... while 2 newer versions commit
         _encode(corpus, out, corpus["others"] if _ % 2 == 0 else None, overwrite=True)
+    assert storage.read_rows(arr, 0, 40, "encodings").shape == (40, arr.shape[1])  # still there
+    _encode(corpus, out, overwrite=True)  # ... and a third job begins its draft
     with pytest.raises(versions.VersionError, match="was pruned while it read it"):
         storage.read_rows(arr, 0, 40, "encodings")
 

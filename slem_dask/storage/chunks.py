@@ -110,9 +110,10 @@ def _missing(arr, name, key, a, b) -> Exception:
         if i + 1 < len(parts) and not owner.exists(parts[i + 1]):
             return versions.VersionError(
                 f"{name} {str(owner.path)!r}: the version this job read "
-                f"({parts[i + 1]}) was pruned while it read it ({versions.KEEP_VERSIONS} "
-                f"newer versions were committed meanwhile); run the job again to read the "
-                f"current version")
+                f"({parts[i + 1]}) was pruned while it read it (storage keeps the last "
+                f"{versions.KEEP_VERSIONS} versions, a new job's draft included, and newer "
+                f"ones were committed meanwhile); run the job again to read the current "
+                f"version")
     return missing_chunk_error(name, where, key, a, b)
 
 
