@@ -103,6 +103,39 @@ def test_float32_encoding_within_bound(offset_sds):
     np.testing.assert_array_equal(model.transform(p.astype(np.float64)), ref)
 
 
+@pytest.mark.parametrize("offset_sds", [0.0, 1e4])
+def test_float32_encoding_within_bound_with_float32_partial_norms(offset_sds):
+    """d divisible by 64: the norms come from float32 sums of 64 squares."""
+    x = descriptors(4_000, 128, offset_sds, seed=6)
+    p = descriptors(2_000, 128, offset_sds, seed=7)
+    model = LinearSLEM(lam=0.05).fit(x)
+    assert model._encoding_matrix(np.float32, "auto").dtype == np.float32
+    ref = encode_rows(p.astype(np.float64), model.mean_, model.precision_)
+    err = np.abs(model.transform(p) - ref).max()
+    assert 0 < err <= BOUND
+    np.testing.assert_allclose(np.linalg.norm(model.transform(p).astype(np.float64), axis=1),
+                               1.0, atol=2e-6)
+
+
+def test_float32_partial_squares_bound_and_their_float64_fallback():
+    from slem_dask.core.linear import _row_squares
+
+    rng = np.random.default_rng(8)
+    v = rng.standard_normal((500, 256)).astype(np.float32)
+    v[1] *= np.float32(1e25)   # its squares overflow float32
+    v[2] *= np.float32(1e-30)  # its squares underflow float32
+    v[3, 7] = np.nan
+    v[4] = 0.0
+    exact = np.einsum("ij,ij->i", v, v, dtype=np.float64)
+    got = _row_squares(v)
+    fine = np.isfinite(exact) & (exact > 0)
+    assert np.abs(got[fine] / exact[fine] - 1).max() <= 64 * 2.0**-24  # the documented bound
+    np.testing.assert_array_equal(got[1:3], exact[1:3])  # summed again in float64
+    assert np.isnan(got[3]) and got[4] == 0.0
+    np.testing.assert_array_equal(_row_squares(v[:, :100].copy()),  # width not 64k: float64
+                                  np.einsum("ij,ij->i", v[:, :100], v[:, :100], dtype=np.float64))
+
+
 def test_ill_conditioned_model_encodes_in_float64():
     x = descriptors(2_000, 20, 0.0, seed=6)
     model = LinearSLEM(lam=1e-6).fit(x)  # cond(A) up to ~1e7: float32 would lose the bound
