@@ -231,6 +231,33 @@ SCATTER_BYTES = 2**20
 _scatter_client = contextvars.ContextVar("slem_dask_scatter_client", default=None)
 
 
+def _nonfinite_rows_block(block, block_info=None):
+    """[[count, first five rows (-1 padded)]] of a block's rows holding NaN or inf."""
+    offset = block_info[0]["array-location"][0][0] if block_info else 0
+    bad = np.flatnonzero(~np.isfinite(block).all(axis=1))
+    first = (bad[:5] + offset).tolist()
+    return np.array([[bad.size] + first + [-1] * (5 - len(first))], dtype=np.int64)
+
+
+def locate_nonfinite_rows(x, client=None, row_offset: int = 0) -> tuple[int, str]:
+    """(how many rows of ``x`` hold NaN or inf, the first five as text), for an error
+    message once a fit has counted them: a second pass over ``x`` (numpy or dask), on
+    ``client``'s cluster if given. Row numbers start at ``row_offset``."""
+    from .validation import nonfinite_rows
+
+    if not isinstance(x, da.Array):
+        return nonfinite_rows(np.asarray(x), row_offset)
+    if x.numblocks[1] > 1:
+        x = x.rechunk({1: -1})
+    found = x.map_blocks(_nonfinite_rows_block, dtype=np.int64,
+                         chunks=((1,) * x.numblocks[0], (6,)),
+                         meta=np.empty((0, 6), dtype=np.int64))
+    table = client.compute(found).result() if client is not None else found.compute()
+    bad = [int(i) + row_offset for row in table for i in row[1:1 + min(5, row[0])]]
+    count = int(table[:, 0].sum())
+    return count, ", ".join(map(str, bad[:5])) + (", ..." if count > 5 else "")
+
+
 @contextlib.contextmanager
 def scatter_large_arrays(client):
     """Within this block, :func:`shared` sends arrays (or dataclasses of arrays) of

@@ -60,8 +60,10 @@ def check_writable(paths: dict[str, object]) -> None:
                     f"{key} {str(path)!r}: the folder {place!r} {why}, so nothing can be "
                     f"written there; choose an output path in a writable folder, or make "
                     f"{place!r} writable (remount it read-write, chmod/chown)")
-            raise OSError(exc.errno, f"{key} {str(path)!r}: cannot create a file in "
-                                     f"{place!r} ({exc.strerror}); check that folder")
+            error = OSError(f"{key} {str(path)!r}: cannot create a file in {place!r} "
+                            f"({exc.strerror}); check that folder")
+            error.errno = exc.errno  # kept for callers; not in the message ("[Errno 2] ...")
+            raise error
 
 
 def output_paths(args, spec=None) -> dict[str, object]:

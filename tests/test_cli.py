@@ -393,7 +393,8 @@ INPUT_ERRORS = {
 def test_fit_bad_negatives(scheduler, bad_inputs, tmp_path, capsys, kind):
     messages = {**INPUT_ERRORS, "one row": "at least 2 rows", "empty": "has no rows",
                 "no features": r"has no features \(columns\)",
-                "nan": r"2 row\(s\) with NaN or inf", "inf": r"3 row\(s\) with NaN or inf"}
+                "nan": r"2 row\(s\) with NaN or inf \(rows 3, 30\) out of 40",
+                "inf": r"3 row\(s\) with NaN or inf \(rows 5, 6, 7\) out of 40"}
     model_path = tmp_path / "model.zarr"
     code, _, err = run(capsys, *fit_args(scheduler, bad_inputs[kind], model_path))
     assert code != 0

@@ -211,7 +211,8 @@ def test_nonfinite_dask_negatives_raise_with_row_count(data):
     X = data[0].copy()
     X[[0, 50, 51, 119], 3] = np.nan
     X[60, 0] = np.inf
-    with pytest.raises(ValueError, match=r"5 row\(s\) with NaN or inf out of 120"):
+    with pytest.raises(ValueError, match=r"5 row\(s\) with NaN or inf \(rows 0, 50, 51, 60, 119\) "
+                                         r"out of 120"):
         LinearSLEM().fit(da.from_array(X, chunks=(25, D)))
 
 

@@ -321,6 +321,19 @@ def test_fit_update_refuses_when_merged_rows_changed(corpus, change):
                                LinearSLEM(lam=0.1).fit(corpus["neg"]).covariance_, rtol=1e-5)
 
 
+def test_fit_update_names_bad_appended_rows_by_their_row_in_the_store(corpus):
+    model = str(corpus["dir"] / "m.zarr")
+    _array(corpus["negatives"], corpus["neg"][:300])
+    pipeline.fit_job(None, corpus["negatives"], model, lam=0.1)
+    arr = zarr.open_array(corpus["negatives"], mode="r+")
+    arr.resize((400, D))
+    rows = corpus["neg"][300:].copy()
+    rows[[17, 60]] = np.nan
+    arr[300:] = rows
+    with pytest.raises(ValueError, match=r"2 row\(s\) with NaN or inf \(rows 317, 360\)"):
+        pipeline.fit_job(None, corpus["negatives"], model, lam=0.1, update=True)
+
+
 # -- 8. model metadata ------------------------------------------------------------------
 def test_model_n_samples_edited_by_hand_is_refused(corpus, client, capsys):
     group = storage.open_node(corpus["model"], mode="r+")

@@ -7,6 +7,7 @@ J(w, nu) = theta/2 (w.x0 + nu - 1)^2 + 1/(2n) sum_i (w.x_i + nu + 1)^2 + lam/2 |
 import math
 import os
 
+import dask.array as da
 import numpy as np
 import pytest
 
@@ -183,8 +184,12 @@ def test_nonfinite_negatives_raise_with_row_count(bad):
     X = np.random.default_rng(0).standard_normal((20, 3))
     X[[2, 7], 1] = bad
     X[7, 0] = bad
-    with pytest.raises(ValueError, match=r"2 row\(s\) with NaN or inf out of 20"):
+    with pytest.raises(ValueError, match=r"2 row\(s\) with NaN or inf \(rows 2, 7\) out of 20"):
         LinearSLEM().fit(X)
+    X = np.vstack([X] * 4)  # 8 bad rows over blocks of 30: counted, the first five named
+    with pytest.raises(ValueError, match=r"8 row\(s\) with NaN or inf \(rows 2, 7, 22, 27, "
+                                         r"42, \.\.\.\) out of 80"):
+        LinearSLEM().fit(da.from_array(X, chunks=(30, 3)))
 
 
 def test_nonfinite_positives_raise_with_row_count():

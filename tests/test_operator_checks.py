@@ -100,6 +100,26 @@ def test_writable_folders_pass_and_keep_no_probe_file(tmp_path):
     assert sorted(p.name for p in tmp_path.rglob("*")) == ["store.zarr"]
 
 
+def test_a_folder_where_no_file_can_be_made_is_one_line_without_errno(inputs, capsys):
+    # /proc refuses new files with ENOENT: not a permission problem, still one clear line
+    code = main(["encode", "--model", str(inputs / "model.zarr"), "--positives",
+                 str(inputs / "positives.zarr"), "--out", "/proc/codes.zarr",
+                 "--scheduler", UNREACHABLE])
+    err = capsys.readouterr().err.strip()
+    assert code == 1 and err == ("slem-dask encode: error: --out '/proc/codes.zarr': cannot "
+                                 "create a file in '/proc' (No such file or directory); "
+                                 "check that folder"), err
+
+
+def test_verify_of_a_folder_that_is_no_zarr_store_says_so(tmp_path, capsys):
+    (tmp_path / "notes").mkdir()
+    (tmp_path / "notes" / "a.txt").write_text("hi")
+    assert main(["verify", str(tmp_path / "notes")]) == 1
+    out = capsys.readouterr().out
+    assert "is not a zarr store (no 'zarr.json' in it)" in out, out
+    assert "not written by slem-dask" not in out
+
+
 def test_task_timeout_option_must_be_positive(capsys):
     with pytest.raises(SystemExit) as exc:
         main(["encode", "--model", "m", "--positives", "p", "--out", "o",

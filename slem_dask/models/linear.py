@@ -12,7 +12,7 @@ from ..core.linear import (encode_rows, exemplar_solution, float32_encoding_ok, 
                            precision_matrix)
 from ..core.statistics import (ScatterStats, block_statistics, check_precision, compute_dtype,
                                covariance, merge_statistics)
-from ..parallel import encode_blocks, scatter_statistics, shared
+from ..parallel import encode_blocks, locate_nonfinite_rows, scatter_statistics, shared
 from ..validation import (DegenerateNegativesWarning, NonFiniteRowsError, all_finite,
                           check_finite_rows, check_positive_float, check_rows, is_dask_array)
 from .base import SLEMEstimator
@@ -87,17 +87,20 @@ class LinearSLEM(SLEMEstimator):
             stats = functools.reduce(merge_statistics, (
                 block_statistics(X[i:i + rows], self.precision)
                 for i in range(0, len(X), rows)))
-        return self._fit_statistics(stats, X.dtype)
+        return self._fit_statistics(stats, X.dtype, lambda: locate_nonfinite_rows(X)[1])
 
-    def _fit_statistics(self, stats: ScatterStats, dtype) -> "LinearSLEM":
+    def _fit_statistics(self, stats: ScatterStats, dtype, bad_rows=None) -> "LinearSLEM":
         """Finish a fit from merged statistics (also used by jobs that stream them).
 
         Takes ``stats`` over: its scatter becomes ``covariance_``, in place.
+        ``bad_rows``: called when rows with NaN or inf were counted, it names them
+        (a second pass over the data, on that error path only).
         """
         self._check_params()
         if stats.nonfinite:
+            where = f" (rows {bad_rows()})" if bad_rows is not None else ""
             raise NonFiniteRowsError(
-                "X", f"{stats.nonfinite} row(s) with NaN or inf out of "
+                "X", f"{stats.nonfinite} row(s) with NaN or inf{where} out of "
                      f"{stats.count + stats.nonfinite}; drop or repair those rows before fitting")
         if stats.count < 2:
             raise ValueError(f"X has {stats.count} row(s); at least 2 negatives are needed")

@@ -9,7 +9,7 @@ import numpy as np
 
 from ..core.statistics import block_statistics, covariance, merge_many
 from ..core.whitening import pca_whitening, whiten_rows
-from ..parallel import map_rows, scatter_statistics, shared
+from ..parallel import locate_nonfinite_rows, map_rows, scatter_statistics, shared
 from ..validation import (NonFiniteRowsError, check_finite_rows, check_positive_float, check_rows,
                           is_dask_array)
 from .base import SLEMEstimator
@@ -72,8 +72,8 @@ class PCAWhitening(SLEMEstimator):
             stats = merge_many(block_statistics(X[i:i + rows]) for i in range(0, len(X), rows))
         if stats.nonfinite:
             raise NonFiniteRowsError(
-                "X", f"{stats.nonfinite} row(s) with NaN or inf; drop or repair those rows "
-                     f"before fitting")
+                "X", f"{stats.nonfinite} row(s) with NaN or inf (rows "
+                     f"{locate_nonfinite_rows(X)[1]}); drop or repair those rows before fitting")
         components, variances, projection = pca_whitening(
             covariance(stats), self.n_components, float(self.eps))
         self.mean_ = stats.mean

@@ -11,8 +11,8 @@ from .. import integrity, storage, workers
 from ..integrity import canonical
 from ..models import KernelSLEM, LinearSLEM, load_model
 from ..core.statistics import ScatterStats, merge_statistics
-from ..parallel import (_sub_block_rows, merge_fan_in, statistics_partition_rows,
-                        store_statistics)
+from ..parallel import (_sub_block_rows, locate_nonfinite_rows, merge_fan_in,
+                        statistics_partition_rows, store_statistics)
 from ..validation import DegenerateNegativesWarning
 
 from . import common
@@ -97,7 +97,8 @@ def fit_job(client, negatives: str, model_path: str, lam: float = 1e-3, theta: f
             t2 = time.perf_counter()
             with warnings.catch_warnings(record=True) as caught:
                 warnings.simplefilter("always", DegenerateNegativesWarning)
-                model._fit_statistics(stats, arr.dtype)
+                model._fit_statistics(stats, arr.dtype, lambda: locate_nonfinite_rows(
+                    storage.dask_rows(arr, rows, name="negatives")[start:], client, start)[1])
         for warning in caught:  # said once, naming the store, and kept in the report
             if issubclass(warning.category, DegenerateNegativesWarning):
                 warning.message = f"negatives {str(negatives)!r}: {warning.message}"
