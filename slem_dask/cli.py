@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
+import warnings
 
 from .cli_parser import (_check_option_combinations, _glue_negative_values, _parse,
                          build_parser)
@@ -351,6 +352,7 @@ def main(argv=None) -> int:
         from .integrity import IntegrityError
     except KeyboardInterrupt:
         return _interrupted(args)
+    formatted, warnings.formatwarning = warnings.formatwarning, _warning_line(args.command)
     try:
         return _run(args)
     except KeyboardInterrupt:
@@ -364,6 +366,17 @@ def main(argv=None) -> int:
             raise
         print(f"slem-dask {args.command}: error: {line or exc}", file=sys.stderr)
         return EXIT_ERROR
+    finally:
+        warnings.formatwarning = formatted
+
+
+def _warning_line(command: str):
+    """Warnings shown as one line like the errors ("slem-dask fit: warning: ..."), not
+    Python's "file:line: Category: ..." and a line of slem-dask's source (the text only:
+    warnings recorded by a caller, such as pytest, stay recorded)."""
+    def text(message, category, filename, lineno, line=None):
+        return f"slem-dask {command}: warning: {message}\n"
+    return text
 
 
 def _paths_of(args) -> list[str]:

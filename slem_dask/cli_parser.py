@@ -193,7 +193,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="zarr array (m, d) of descriptors to encode")
     p.add_argument("--out", required=True, metavar="PATH", help="zarr array to write (m, d)")
     p.add_argument("--dtype", choices=("float32", "float64"),
-                   help="dtype of the output (default: the positives' float dtype)")
+                   help="dtype of the output (default: float32 for float32 or float16 "
+                        "positives, float64 for float64 or integer ones; a re-run continues "
+                        "an output in the dtype it was started with)")
     p.add_argument("--precision", choices=("auto", "float64"),
                    help="arithmetic of a linear SLEM encoding: auto = the input's (float32 "
                         "stays float32, within 1e-5 of float64), float64 = float64 "

@@ -37,6 +37,7 @@ was fitted (``fit --update`` of a kernel model).
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 
 import numpy as np
@@ -273,6 +274,10 @@ def memory_budget(x) -> tuple[float, str]:
                                    f"({_gib(avail)})")
 
 
+class KernelMemoryWarning(UserWarning):
+    """An in-memory kernel fit was asked for whose estimate exceeds the workers' memory."""
+
+
 def choose_strategy(strategy: str, x, rank: int | None, exact: bool,
                     pivoting: str | None = None) -> tuple[str, str]:
     """("in-memory" | "streaming", why): ``strategy`` itself unless "auto"; "auto" streams
@@ -287,17 +292,23 @@ def choose_strategy(strategy: str, x, rank: int | None, exact: bool,
                          "'auto') with exact=True, or exact=False to stream")
     slow = ("; greedy pivoting makes one pass per pivot, each recomputing the factor rows "
             "of every row (rpcholesky: a few passes)" if pivoting == "greedy" else "")
-    if strategy != "auto":
-        return strategy, "forced (strategy / --kernel-memory)" + (
-            slow if strategy == "streaming" else "")
-    if exact:
-        return "in-memory", "exact=True keeps the negatives and the factor in the model"
+    if strategy == "streaming":
+        return strategy, "forced (strategy / --kernel-memory)" + slow
     n, d = int(x.shape[0]), int(x.shape[1])
     r = rank if rank is not None else min(n, UNBOUNDED_RANK_ESTIMATE)
     need = kernel_fit_bytes(n, d, x.dtype, r)
     budget, where = memory_budget(x)
     estimate = f"the in-memory path needs about {_gib(need)} ({n} rows x {need / n / 1e3:.1f} KB"
     estimate += f" at d = {d}, r = {r}{'' if rank is not None else ' assumed'})"
+    if strategy == "in-memory" or exact:
+        why = ("forced (strategy / --kernel-memory)" if strategy == "in-memory" else
+               "exact=True keeps the negatives and the factor in the model")
+        if need > budget:  # run as asked, but say what is likely to happen
+            warnings.warn(KernelMemoryWarning(
+                f"{estimate}, more than {where}: the workers may run out of memory; "
+                f"{'use exact=False and ' if exact else ''}--kernel-memory auto (or "
+                f"streaming) streams the negatives instead"), stacklevel=3)
+        return "in-memory", why
     if need <= budget:
         return "in-memory", f"auto: {estimate}, within {where}"
     return "streaming", f"auto: {estimate}, more than {where}{slow}"

@@ -397,6 +397,22 @@ def test_identical_negatives_warn_and_give_exact_statistics(dtype):
         np.testing.assert_allclose(model.transform(P), want, rtol=0, atol=1e-12)
 
 
+def test_cli_warnings_are_one_line_like_its_errors(tmp_path):
+    import subprocess
+    import sys
+
+    negatives = write_array(tmp_path / "neg.zarr", np.full((300, D), 0.3, dtype=np.float32))
+    exe = os.path.join(os.path.dirname(sys.executable), "slem-dask")
+    done = subprocess.run([exe, "fit", "--negatives", negatives, "--model",
+                           str(tmp_path / "m.zarr"), "--no-progress"],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stderr.splitlines() == [
+        f"slem-dask fit: warning: negatives {negatives!r}: all 300 rows are identical "
+        + done.stderr.split("all 300 rows are identical ", 1)[1].rstrip("\n")], done.stderr
+    assert "DegenerateNegativesWarning" not in done.stderr
+
+
 def test_cli_identical_negatives_warn_and_their_encoding_is_refused(tmp_path, scheduler,
                                                                     capsys):
     negatives = write_array(tmp_path / "neg.zarr", np.full((3000, D), 0.3, dtype=np.float32))

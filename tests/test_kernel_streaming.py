@@ -3,6 +3,8 @@ and against brute-force dense references (full K, numpy)."""
 
 from __future__ import annotations
 
+import warnings
+
 import dask
 import dask.array as da
 import numpy as np
@@ -173,6 +175,23 @@ def test_auto_streams_when_the_estimate_exceeds_the_budget(monkeypatch, rng):
     np.testing.assert_allclose(tight.g_factor_, roomy.g_factor_, rtol=1e-8, atol=1e-12)
     monkeypatch.setattr(stream, "memory_budget", lambda x: (79_200.0, "just enough"))
     assert KernelSLEM(**params).fit(X).strategy_ == "in-memory"
+
+
+def test_a_forced_in_memory_fit_over_the_budget_runs_and_warns(monkeypatch, rng):
+    X = rng.standard_normal((100, 6)).astype(np.float32)
+    params = dict(kernel="rbf", gamma=0.3, rank=10, tol=0)
+    monkeypatch.setattr(stream, "memory_budget", lambda x: (79_199.0, "a tiny budget"))
+    with pytest.warns(stream.KernelMemoryWarning,
+                      match=r"needs about 77.3 KiB .* more than a tiny budget: the workers "
+                            r"may run out of memory; --kernel-memory auto"):
+        forced = KernelSLEM(strategy="in-memory", **params).fit(X)
+    assert forced.strategy_ == "in-memory" and forced.strategy_reason_.startswith("forced")
+    with pytest.warns(stream.KernelMemoryWarning, match="use exact=False and"):
+        KernelSLEM(exact=True, **params).fit(X)
+    monkeypatch.setattr(stream, "memory_budget", lambda x: (79_200.0, "just enough"))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        KernelSLEM(strategy="in-memory", **params).fit(X)
 
 
 def test_strategy_is_not_part_of_the_encoding(tmp_path, rng):
