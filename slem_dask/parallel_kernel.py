@@ -177,23 +177,45 @@ def _init_block(x, offset: int, cfg: CholeskyConfig, count: int, key: tuple, nam
     return block, summary
 
 
+#: Rows of a block whose new columns are computed at once (kernel, product with the old
+#: columns, triangular solve, residual diagonal): their float64 temporaries (a few
+#: STEP_ROWS x s arrays, 2 MiB each at s = 128) stay in the CPU caches and in the
+#: allocator's heap, where whole-block ones (64 MiB at 65,536 rows) went to memory and
+#: came back from the kernel as fresh pages at every pass. Every row's values are
+#: computed by the same operations in the same order as on the whole block.
+STEP_ROWS = 2048
+
+
+def _capacity(rows: int, needed: int, have: int, rank: int) -> int:
+    """Columns of a block's factor buffer when it must grow to ``needed``: the rank
+    at once while rank x rows float64 is modest (no copy of the buffer later, and no
+    old and new buffer side by side), else by doubling, never past the rank."""
+    if rank and rank * rows * 8 <= 2**31:
+        return max(needed, rank)
+    cap = max(needed, 2 * have, 16)
+    return min(cap, max(rank, needed)) if rank else cap
+
+
 def _step_block(block: _Block, acc: _Accepted | None, cfg: CholeskyConfig, count: int,
                 key: tuple, final: bool):
     if acc is not None and acc.rows.shape[0]:
         s = acc.rows.shape[0]
         t = block.t
-        k_cols = kernel_matrix(block.x, acc.rows, cfg.kernel, cfg.gamma, cfg.degree)
-        cols = new_columns(k_cols, block.buf[:, :t], acc.f_rows, acc.chol)
         buf = block.buf
-        if buf.shape[1] < t + s:  # grow by doubling; the old state keeps the old buffer
-            cap = max(t + s, 2 * buf.shape[1], 16)
-            if cfg.rank:
-                cap = min(cap, max(cfg.rank, t + s))
-            grown = np.empty((buf.shape[0], cap))
+        if buf.shape[1] < t + s:  # grow; the old state keeps the old buffer
+            grown = np.empty((buf.shape[0], _capacity(buf.shape[0], t + s, buf.shape[1],
+                                                      cfg.rank)))
             grown[:, :t] = buf[:, :t]
             buf = grown
-        buf[:, t:t + s] = cols  # only the columns of this round: see the module docstring
-        block = replace(block, diag=update_residual_diagonal(block.diag, cols), buf=buf, t=t + s)
+        diag = np.empty_like(block.diag)
+        for i in range(0, block.x.shape[0], STEP_ROWS):
+            rows = slice(i, i + STEP_ROWS)
+            k_cols = kernel_matrix(block.x[rows], acc.rows, cfg.kernel, cfg.gamma, cfg.degree)
+            cols = new_columns(k_cols, buf[rows, :t], acc.f_rows, acc.chol)
+            # only the columns of this round: see the module docstring
+            buf[rows, t:t + s] = cols
+            diag[rows] = update_residual_diagonal(block.diag[rows], cols)
+        block = replace(block, diag=diag, buf=buf, t=t + s)
     return block, _summarize(block, cfg, count, key, final)
 
 
