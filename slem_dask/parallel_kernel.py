@@ -167,9 +167,11 @@ def _init_block(x, offset: int, cfg: CholeskyConfig, count: int, key: tuple, nam
     check_finite_rows(x, name, row_offset=offset)
     check_histogram(x, cfg.kernel, name, row_offset=offset)
     # Rows stay in the input precision for all the rounds (float32: half the memory);
-    # the kernel functions compute in float64 (exact for float32 values).
-    x = np.array(x, dtype=np.float32 if x.dtype == np.float32 else np.float64, order="C",
-                 copy=True)
+    # the kernel functions compute in float64 (exact for float32 values). Rows already
+    # in that form are kept as they are, not copied: no round writes them (a numpy
+    # input's blocks are views of the caller's array, which held twice in memory
+    # during the fit before).
+    x = np.ascontiguousarray(x, dtype=np.float32 if x.dtype == np.float32 else np.float64)
     kdiag = kernel_diagonal(x, cfg.kernel, cfg.gamma, cfg.degree)
     block = _Block(x, offset, kdiag, np.empty((x.shape[0], 0)), 0)
     summary = _summarize(block, cfg, count, key, False, trace=float(kdiag.sum()),
