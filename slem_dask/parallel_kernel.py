@@ -1,8 +1,9 @@
 """Distributed pivoted incomplete Cholesky of the negatives' kernel matrix.
 
 The n x n kernel matrix is never formed. The negatives stay split in row
-blocks; each block keeps, in worker memory, a state: its rows (float64), its
-rows of the factor F (n_b x t, in a buffer that grows by doubling) and its
+blocks; each block keeps, in worker memory, a state: its rows (float32 stays float32, else
+float64), its rows of the factor F (n_b x t, in a buffer of r columns allocated at once, or
+grown by doubling when r x n_b float64 exceeds 2 GiB) and its
 residual diagonal diag(K - F F^T). The fit runs in *rounds*; each round is
 one pass over the blocks and one small round trip to the caller:
 
