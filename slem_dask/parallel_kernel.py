@@ -1,8 +1,9 @@
 """Distributed pivoted incomplete Cholesky of the negatives' kernel matrix.
 
 The n x n kernel matrix is never formed. The negatives stay split in row
-blocks; each block keeps, in worker memory, a state: its rows (float64), its
-rows of the factor F (n_b x t, in a buffer that grows by doubling) and its
+blocks; each block keeps, in worker memory, a state: its rows (float32 stays float32, else
+float64), its rows of the factor F (n_b x t, in a buffer of r columns allocated at once, or
+grown by doubling when r x n_b float64 exceeds 2 GiB) and its
 residual diagonal diag(K - F F^T). The fit runs in *rounds*; each round is
 one pass over the blocks and one small round trip to the caller:
 
@@ -167,9 +168,11 @@ def _init_block(x, offset: int, cfg: CholeskyConfig, count: int, key: tuple, nam
     check_finite_rows(x, name, row_offset=offset)
     check_histogram(x, cfg.kernel, name, row_offset=offset)
     # Rows stay in the input precision for all the rounds (float32: half the memory);
-    # the kernel functions compute in float64 (exact for float32 values).
-    x = np.array(x, dtype=np.float32 if x.dtype == np.float32 else np.float64, order="C",
-                 copy=True)
+    # the kernel functions compute in float64 (exact for float32 values). Rows already
+    # in that form are kept as they are, not copied: no round writes them (a numpy
+    # input's blocks are views of the caller's array, which held twice in memory
+    # during the fit before).
+    x = np.ascontiguousarray(x, dtype=np.float32 if x.dtype == np.float32 else np.float64)
     kdiag = kernel_diagonal(x, cfg.kernel, cfg.gamma, cfg.degree)
     block = _Block(x, offset, kdiag, np.empty((x.shape[0], 0)), 0)
     summary = _summarize(block, cfg, count, key, False, trace=float(kdiag.sum()),
@@ -177,23 +180,45 @@ def _init_block(x, offset: int, cfg: CholeskyConfig, count: int, key: tuple, nam
     return block, summary
 
 
+#: Rows of a block whose new columns are computed at once (kernel, product with the old
+#: columns, triangular solve, residual diagonal): their float64 temporaries (a few
+#: STEP_ROWS x s arrays, 2 MiB each at s = 128) stay in the CPU caches and in the
+#: allocator's heap, where whole-block ones (64 MiB at 65,536 rows) went to memory and
+#: came back from the kernel as fresh pages at every pass. Every row's values are
+#: computed by the same operations in the same order as on the whole block.
+STEP_ROWS = 2048
+
+
+def _capacity(rows: int, needed: int, have: int, rank: int) -> int:
+    """Columns of a block's factor buffer when it must grow to ``needed``: the rank
+    at once while rank x rows float64 is modest (no copy of the buffer later, and no
+    old and new buffer side by side), else by doubling, never past the rank."""
+    if rank and rank * rows * 8 <= 2**31:
+        return max(needed, rank)
+    cap = max(needed, 2 * have, 16)
+    return min(cap, max(rank, needed)) if rank else cap
+
+
 def _step_block(block: _Block, acc: _Accepted | None, cfg: CholeskyConfig, count: int,
                 key: tuple, final: bool):
     if acc is not None and acc.rows.shape[0]:
         s = acc.rows.shape[0]
         t = block.t
-        k_cols = kernel_matrix(block.x, acc.rows, cfg.kernel, cfg.gamma, cfg.degree)
-        cols = new_columns(k_cols, block.buf[:, :t], acc.f_rows, acc.chol)
         buf = block.buf
-        if buf.shape[1] < t + s:  # grow by doubling; the old state keeps the old buffer
-            cap = max(t + s, 2 * buf.shape[1], 16)
-            if cfg.rank:
-                cap = min(cap, max(cfg.rank, t + s))
-            grown = np.empty((buf.shape[0], cap))
+        if buf.shape[1] < t + s:  # grow; the old state keeps the old buffer
+            grown = np.empty((buf.shape[0], _capacity(buf.shape[0], t + s, buf.shape[1],
+                                                      cfg.rank)))
             grown[:, :t] = buf[:, :t]
             buf = grown
-        buf[:, t:t + s] = cols  # only the columns of this round: see the module docstring
-        block = replace(block, diag=update_residual_diagonal(block.diag, cols), buf=buf, t=t + s)
+        diag = np.empty_like(block.diag)
+        for i in range(0, block.x.shape[0], STEP_ROWS):
+            rows = slice(i, i + STEP_ROWS)
+            k_cols = kernel_matrix(block.x[rows], acc.rows, cfg.kernel, cfg.gamma, cfg.degree)
+            cols = new_columns(k_cols, buf[rows, :t], acc.f_rows, acc.chol)
+            # only the columns of this round: see the module docstring
+            buf[rows, t:t + s] = cols
+            diag[rows] = update_residual_diagonal(block.diag[rows], cols)
+        block = replace(block, diag=diag, buf=buf, t=t + s)
     return block, _summarize(block, cfg, count, key, final)
 
 
@@ -296,6 +321,24 @@ class _NumpyRounds:
         return _tree([o[1] for o in outs], _merge_summaries, cfg, count, round_no)
 
 
+def _init_task(*args):
+    """:func:`_init_block` as a dask task: one BLAS thread while it runs in a thread
+    pool (dask's threaded scheduler, the command line's in-process cluster), where
+    OpenBLAS's own threads in every concurrent task oversubscribed the cores."""
+    from .parallel import single_threaded_blas
+
+    with single_threaded_blas():
+        return _init_block(*args)
+
+
+def _step_task(*args):
+    """:func:`_step_block` as a dask task (see :func:`_init_task`)."""
+    from .parallel import single_threaded_blas
+
+    with single_threaded_blas():
+        return _step_block(*args)
+
+
 class _DaskRounds:
     def __init__(self, x, name: str):
         self.x, self.name = x, name
@@ -313,7 +356,7 @@ class _DaskRounds:
     def start(self, cfg, count):
         import dask
 
-        init = dask.delayed(_init_block, pure=False, nout=2)
+        init = dask.delayed(_init_task, pure=False, nout=2)
         outs = [init(b, off, cfg, count, (0, 0, j), self.name)
                 for j, (b, off) in enumerate(row_blocks(self.x, 0))]
         return self._run(outs, cfg, count, 0)
@@ -322,7 +365,7 @@ class _DaskRounds:
         import dask
 
         shared_acc = dask.delayed(acc, traverse=False)
-        step = dask.delayed(_step_block, pure=False, nout=2)
+        step = dask.delayed(_step_task, pure=False, nout=2)
         outs = [step(s, shared_acc, cfg, count, (round_no, 0, j), final)
                 for j, s in enumerate(self.states)]
         return self._run(outs, cfg, count, round_no)

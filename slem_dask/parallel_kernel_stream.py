@@ -159,7 +159,7 @@ class StreamingRounds:
         import dask
 
         shared = dask.delayed(self.pivots, traverse=False)
-        task = dask.delayed(_stream_block, pure=False)
+        task = dask.delayed(_stream_task, pure=False)
         parts = [done[j] if j in done else
                  task(b, off, shared, cfg, count, (round_no, 0, j), final, first, self.name,
                       folder)
@@ -187,6 +187,23 @@ def _stats_block(x, offset: int, pivots: _Pivots, cfg, name: str) -> tuple:
     return (block_statistics(f), float(kdiag.sum()), float(residual.sum()))
 
 
+def _stream_task(*args):
+    """:func:`_stream_block` as a dask task: one BLAS thread in a thread pool
+    (``parallel_kernel._init_task``)."""
+    from .parallel import single_threaded_blas
+
+    with single_threaded_blas():
+        return _stream_block(*args)
+
+
+def _stats_task(*args):
+    """:func:`_stats_block` as a dask task (see :func:`_stream_task`)."""
+    from .parallel import single_threaded_blas
+
+    with single_threaded_blas():
+        return _stats_block(*args)
+
+
 def _merge_stats(parts: list) -> tuple:
     return (merge_many([p[0] for p in parts]), sum(p[1] for p in parts),
             sum(p[2] for p in parts))
@@ -211,7 +228,7 @@ def factor_statistics(x, pivot_rows: np.ndarray, pivot_factor: np.ndarray, cfg,
     import dask
 
     shared = dask.delayed(pivots, traverse=False)
-    task = dask.delayed(_stats_block, pure=True)
+    task = dask.delayed(_stats_task, pure=True)
     parts = [task(b, off, shared, cfg, name) for b, off in blocks]
     return _tree_merge(parts, dask.delayed(_merge_stats, pure=True))
 
