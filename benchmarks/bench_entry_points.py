@@ -85,7 +85,7 @@ def run_cli(cmd: list[str]) -> dict:
         raise SystemExit(f"{' '.join(cmd)} failed:\n{done.stdout}\n{done.stderr}")
     startup = re.search(r"start-up ([0-9.]+) s", done.stdout)
     job = re.search(r"total \[s\]\s+([0-9.]+)", done.stdout)
-    where = re.search(r"with \d+ worker\(s\)[^,]*", done.stdout)
+    where = re.search(r"with \d+ worker\(s\).*?(?=, start-up)", done.stdout)
     return {"wall": wall, "startup": float(startup.group(1)) if startup else float("nan"),
             "job": float(job.group(1)) if job else float("nan"),
             "where": where.group(0) if where else "?"}
