@@ -113,7 +113,7 @@ def _check_inputs(args, spec) -> None:
 
 def _local_processes(args, spec, workers, threads) -> tuple[bool, str]:
     """Whether a LocalCluster (if one is started) has worker processes, and why."""
-    from .cluster import SMALL_INPUT_BYTES
+    from .cluster import local_cluster_kind
 
     choice = args.local_cluster
     if choice != "auto":
@@ -122,13 +122,23 @@ def _local_processes(args, spec, workers, threads) -> tuple[bool, str]:
         return True, "--workers/--threads-per-worker given"
     if workers or threads:
         return True, "workers/threads_per_worker set in the spec's [cluster]"
-    size = _input_bytes(args, spec)
-    if size is None:
-        return True, "input size not known before the run"
-    if size >= SMALL_INPUT_BYTES:
-        return True, f"input {size / 2**20:.0f} MiB >= {SMALL_INPUT_BYTES // 2**20} MiB"
-    return False, (f"input {size / 2**20:.0f} MiB < {SMALL_INPUT_BYTES // 2**20} MiB; "
-                   f"--local-cluster processes for worker processes")
+    return local_cluster_kind(_job_kind(args, spec), _input_bytes(args, spec))
+
+
+def _job_kind(args, spec) -> str:
+    """What the command computes, as :func:`slem_dask.cluster.local_cluster_kind` names it."""
+    from .models import LinearSLEM
+
+    if args.command == "fit":
+        return "kernel fit" if args.kernel else "linear fit"
+    if args.command == "encode":
+        linear = isinstance(getattr(args, "loaded_model", None), LinearSLEM)
+        return "linear encode" if linear else "kernel encode"
+    if args.command == "run" and spec is not None and not getattr(spec, "generate", None) \
+            and spec.model.type == "linear":
+        return "linear fit" if spec.fit and not spec.encode else \
+            "linear encode" if spec.encode and not spec.fit else "linear fit and encode"
+    return args.command
 
 
 def _input_bytes(args, spec) -> int | None:

@@ -17,7 +17,7 @@ from distributed.diagnostics.plugin import WorkerPlugin
 from .core.blas_threads import usable_cores
 
 __all__ = ["connect", "SingleThreadedBLAS", "default_local_cluster_kwargs", "in_process_kwargs",
-           "SMALL_INPUT_BYTES"]
+           "SMALL_INPUT_BYTES", "GIL_FREE_JOBS", "local_cluster_kind"]
 
 
 class SingleThreadedBLAS(WorkerPlugin):
@@ -82,12 +82,43 @@ def default_local_cluster_kwargs(n_workers: int | None = None,
 #: processes (1.3 s and more on 2 cores) would take longer than the job itself.
 SMALL_INPUT_BYTES = 256 * 2**20
 
+#: Jobs whose tasks release the GIL for nearly all their time run on an in-process
+#: LocalCluster whatever their size: a linear fit (read, zstd decode, a float32
+#: product per sub-block), a linear encode (read, decode, product, crc32c, write),
+#: and a job spec (``slem-dask run``) of a linear model that does either or both.
+#: Worker processes would add their start-up (1.3-1.9 s on 2 cores) and a first
+#: task on workers that still import slem-dask, zarr and numcodecs (1.6-2.9 s at
+#: 400,000 x 512), and gain nothing back (benchmarks/bench_entry_points.py).
+GIL_FREE_JOBS = ("linear fit", "linear encode", "linear fit and encode")
+
+
+def local_cluster_kind(job: str, input_bytes: int | None) -> tuple[bool, str]:
+    """``--local-cluster auto``: (worker processes?, why) for ``job`` (a name such as
+    "linear fit", "kernel fit", "search") reading ``input_bytes`` (None: not known
+    before it runs)."""
+    limit = f"{SMALL_INPUT_BYTES // 2**20} MiB"
+    if job in GIL_FREE_JOBS:
+        return False, (f"a {job}: its tasks release the GIL (zstd, BLAS); "
+                       f"--local-cluster processes for worker processes")
+    if input_bytes is None:
+        return True, "input size not known before the run"
+    if input_bytes >= SMALL_INPUT_BYTES:
+        return True, f"input {input_bytes / 2**20:.0f} MiB >= {limit}"
+    return False, (f"input {input_bytes / 2**20:.0f} MiB < {limit}; "
+                   f"--local-cluster processes for worker processes")
+
 
 def in_process_kwargs() -> dict:
-    """A LocalCluster in this process: one worker with a thread per core."""
+    """A LocalCluster in this process: one worker with a thread per core.
+
+    No dashboard: the command line never prints its address (a free port), and
+    starting it (importing bokeh, a web server) took 0.5 s of a small job's 2 s.
+    The worker's memory limit is dask's default, this machine's memory, and
+    :func:`slem_dask.workers.check_memory` checks the job's tasks against it.
+    """
     cores = usable_cores()
     return {"n_workers": 1, "threads_per_worker": cores, "processes": False,
-            "dashboard_address": ":0"}
+            "dashboard_address": None}
 
 
 @contextlib.contextmanager

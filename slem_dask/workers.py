@@ -7,7 +7,9 @@ kills every worker it is tried on, and distributed gives up after four with a
 held a scattered model, "lost dependencies"). So:
 
 - :func:`check_memory`, before a job computes: each worker with a nanny and a
-  memory limit must hold its current process memory (measured after importing
+  memory limit (and a worker in this process, an in-process LocalCluster, against
+  the least of its limit and what this process holds plus the machine's available
+  memory: past it the whole process is killed) must hold its current process memory (measured after importing
   what the tasks import) plus one task per thread under 95% of its limit; if
   not, one line names the worker, its limit, the partition and a
   ``--partition-rows`` whose tasks stay under the pause threshold (80%: the
@@ -174,6 +176,25 @@ def _limited_workers(client) -> dict:
             if w.get("memory_limit") and w.get("nanny")}
 
 
+def _in_process_workers(client) -> dict:
+    """Workers in this process (an in-process LocalCluster: no nanny to restart them;
+    past its memory the whole process is killed): {address: info}, each with its
+    memory limit lowered to what this process may still take: the memory in use
+    plus this machine's available memory, when that is less."""
+    import os
+
+    import psutil
+
+    found = {a: dict(w) for a, w in client.scheduler_info().get("workers", {}).items()
+             if a.startswith("inproc://") and str(os.getpid()) in a.split("/")
+             and not w.get("nanny")}
+    if found:
+        room = psutil.Process().memory_info().rss + psutil.virtual_memory().available
+        for w in found.values():
+            w["memory_limit"] = min(w.get("memory_limit") or room, room)
+    return found
+
+
 def check_memory(client, plan: Plan, n_tasks: int) -> None:
     """Refuse a job whose tasks cannot fit in its workers (see the module); record
     ``plan`` for :func:`explain_failures`."""
@@ -183,6 +204,8 @@ def check_memory(client, plan: Plan, n_tasks: int) -> None:
         return
     limited = _limited_workers(client)
     plan.limits = {a: w["memory_limit"] for a, w in limited.items()}
+    in_process = _in_process_workers(client)
+    limited.update(in_process)
     if not limited:
         return
     used = client.run(_worker_memory, workers=list(limited))
@@ -201,9 +224,15 @@ def check_memory(client, plan: Plan, n_tasks: int) -> None:
     fits, address, w, tasks, in_use = min(short, key=lambda s: s[0])
     others = f" (and {len(short) - 1} other worker(s))" if len(short) > 1 else ""
     threads = f"{tasks} tasks at once (one per thread), each" if tasks > 1 else "one task"
+    has = (f"worker {address}{others} has a memory limit of {w['memory_limit'] / MiB:.1f} "
+           f"MiB (its nanny restarts it at {fraction:.0%}; {in_use / MiB:.0f} MiB in use)"
+           if address not in in_process else
+           f"worker {address} runs in this process, which may use {w['memory_limit'] / MiB:.1f}"
+           f" MiB (dask's memory limit, or what it holds plus this machine's available "
+           f"memory, whichever is less; the job is refused above {fraction:.0%} of it; "
+           f"{in_use / MiB:.0f} MiB in use)")
     raise WorkerMemoryError(
-        f"worker {address}{others} has a memory limit of {w['memory_limit'] / MiB:.1f} MiB "
-        f"(its nanny restarts it at {fraction:.0%}; {in_use / MiB:.0f} MiB in use), too "
+        f"{has}, too "
         f"little for {threads} of {plan.partition()}; nothing was computed: "
         f"{_fix(plan, fits, in_use, tasks)}")
 

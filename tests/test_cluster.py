@@ -223,3 +223,51 @@ def test_default_local_cluster_kwargs():
     assert (kw["n_workers"], kw["threads_per_worker"], kw["processes"]) == (cores, 1, True)
     assert default_local_cluster_kwargs(3, 2)["n_workers"] == 3
     assert default_local_cluster_kwargs(None, 2)["n_workers"] == max(1, cores // 2)
+
+
+def test_auto_runs_linear_jobs_in_this_process_whatever_their_size():
+    from slem_dask.cluster import SMALL_INPUT_BYTES, local_cluster_kind
+
+    big = 100 * SMALL_INPUT_BYTES
+    for job in ("linear fit", "linear encode", "linear fit and encode"):
+        processes, why = local_cluster_kind(job, big)
+        assert not processes and "release the GIL" in why
+    # other jobs: threads below the threshold only (their tasks hold the GIL more)
+    for job in ("kernel fit", "kernel encode", "search", "evaluate"):
+        assert local_cluster_kind(job, big)[0]
+        assert local_cluster_kind(job, SMALL_INPUT_BYTES)[0]
+        assert not local_cluster_kind(job, SMALL_INPUT_BYTES - 1)[0]
+        assert local_cluster_kind(job, None) == (True, "input size not known before the run")
+
+
+def test_the_in_process_cluster_starts_no_dashboard():
+    from slem_dask.cluster import in_process_kwargs
+
+    kw = in_process_kwargs()
+    assert kw["processes"] is False and kw["dashboard_address"] is None
+    assert kw["n_workers"] == 1 and kw["threads_per_worker"] == len(os.sched_getaffinity(0))
+
+
+def test_an_in_process_worker_is_checked_against_the_memory_this_machine_has(monkeypatch):
+    # No nanny restarts an in-process worker: past its memory the whole process is
+    # killed. Its tasks are checked against what this process may still take.
+    import psutil
+
+    from slem_dask import workers
+    from slem_dask.cluster import connect
+
+    per_row, fixed = workers.encode_task_bytes(None, 100_000, 512, "float32")
+    plan = workers.Plan("encode", "positives", 100_000, 512, "float32",
+                        int(fixed + per_row * 100_000), per_row, fixed, 1000)
+    with connect(processes=False) as client:
+        workers.check_memory(client, plan, 10)  # this machine has room for it
+        real = psutil.virtual_memory()
+
+        class Tight:
+            available = 300 * 2**20
+            total = real.total
+
+        monkeypatch.setattr(psutil, "virtual_memory", lambda: Tight)
+        with pytest.raises(workers.WorkerMemoryError, match="runs in this process") as caught:
+            workers.check_memory(client, plan, 10)
+    assert "--partition-rows" in str(caught.value)
