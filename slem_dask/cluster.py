@@ -85,11 +85,14 @@ SMALL_INPUT_BYTES = 256 * 2**20
 #: Jobs whose tasks release the GIL for nearly all their time run on an in-process
 #: LocalCluster whatever their size: a linear fit (read, zstd decode, a float32
 #: product per sub-block), a linear encode (read, decode, product, crc32c, write),
-#: and a job spec (``slem-dask run``) of a linear model that does either or both.
-#: Worker processes would add their start-up (1.3-1.9 s on 2 cores) and a first
-#: task on workers that still import slem-dask, zarr and numcodecs (1.6-2.9 s at
-#: 400,000 x 512), and gain nothing back (benchmarks/bench_entry_points.py).
-GIL_FREE_JOBS = ("linear fit", "linear encode", "linear fit and encode")
+#: a job spec (``slem-dask run``) of a linear model that does either or both, and a
+#: kernel fit (kernel blocks, products and triangular solves in BLAS and numpy, one
+#: BLAS thread per task: 6.8-7.6 s in-process against 9.3-10.4 s with worker
+#: processes at 400,000 x 512, rank 256). Worker processes would add their start-up
+#: (1.3-1.9 s on 2 cores) and a first task on workers that still import slem-dask,
+#: zarr and numcodecs (1.6-2.9 s at 400,000 x 512), and gain nothing back
+#: (benchmarks/bench_entry_points.py, benchmarks/bench_rpcholesky.py).
+GIL_FREE_JOBS = ("linear fit", "linear encode", "linear fit and encode", "kernel fit")
 
 
 def local_cluster_kind(job: str, input_bytes: int | None) -> tuple[bool, str]:
