@@ -136,7 +136,6 @@ def write_corpus(corpus: Corpus, path: str, chunk_rows: int = 4096,
         except BaseException:
             store.abandon(draft)  # quick to write again: nothing worth resuming
             raise
-        store.collect_garbage()
 
 
 def _write_group(corpus: Corpus, location: str, chunk_rows: int, attrs: dict | None) -> None:

@@ -147,7 +147,6 @@ def encode_job(client, model_path: str, positives: str, out: str, dtype: str | N
             commit = store.commit(draft, "encoding", "slem-dask encode",
                                   {"rows": n_rows, "model_fingerprint": fingerprint[:16]})
             report.facts["version"] = commit.seq
-            store.collect_garbage()
         except KeyboardInterrupt:
             raise  # the draft stays: a re-run reuses its finished partitions
         except versions.CommitConflictError:

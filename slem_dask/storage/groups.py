@@ -85,7 +85,6 @@ def write_group(path, meta: dict, arrays: dict[str, np.ndarray], what: str,
         except BaseException:
             store.abandon(draft)  # small: nothing worth resuming
             raise
-        store.collect_garbage()
         return commit
     finally:
         if own:

@@ -218,24 +218,33 @@ class VersionedStore:
         """Make ``draft`` the head, atomically, or raise :class:`CommitConflictError`
         if another job committed its sequence number first."""
         data = self.backend.read(f"{VERSIONS}/{draft.version}/zarr.json")
+        if data is None and self.commit_at(draft.seq) is not None:
+            self._raise_conflict(draft.seq)  # the winner's commit deleted this dead draft
         if data is None:
             raise DamagedCommitError(f"{str(self.path)!r}: the draft {draft.version} has no "
                                      f"zarr.json; nothing was committed")
-        return self._create(draft.seq, draft.version, kind, job, _checksum(data),
-                            summary or {}, source)
+        commit = self._create(draft.seq, draft.version, kind, job, _checksum(data),
+                              summary or {}, source)
+        for version in self.drafts(draft.seq):  # dead: their number is taken (one listing)
+            if version != draft.version:
+                self.backend.remove_tree(f"{VERSIONS}/{version}")
+        return commit
 
     def _create(self, seq, version, kind, job, checksum, summary, source) -> Commit:
         record = Commit(seq, version, kind, job, socket.gethostname(), checksum,
                         time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), summary, source)
         if not self.backend.create(f"{COMMITS}/{seq:08d}.json", record.to_json()):
-            winner = self.commit_at(seq)
-            by = f"{winner.job} on host {winner.host}, at {winner.created} by its clock" \
-                if winner else "another job"
-            raise CommitConflictError(
-                f"{str(self.path)!r}: version {seq} was committed by {by} while this job "
-                f"ran; this job's writes were never visible and are discarded: run it "
-                f"again to build on that version")
+            self._raise_conflict(seq)
         return record
+
+    def _raise_conflict(self, seq: int):
+        winner = self.commit_at(seq)
+        by = f"{winner.job} on host {winner.host}, at {winner.created} by its clock" \
+            if winner else "another job"
+        raise CommitConflictError(
+            f"{str(self.path)!r}: version {seq} was committed by {by} while this job "
+            f"ran; this job's writes were never visible and are discarded: run it "
+            f"again to build on that version")
 
     def abandon(self, draft: Draft) -> None:
         """Delete a draft that will not be committed (and the store's folder, if that
