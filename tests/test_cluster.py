@@ -196,7 +196,7 @@ def test_fit_job_rejects_nonfinite_negatives_and_writes_nothing(client, data, tm
     X = data[0].copy()
     X[[0, 499], 3] = np.inf
     negatives = write_array(tmp_path / "negatives.zarr", X, 50)
-    with pytest.raises(ValueError, match=r"2 row\(s\) with NaN or inf out of 500"):
+    with pytest.raises(ValueError, match=r"2 row\(s\) with NaN or inf \(rows 0, 499\) out of 500"):
         fit_job(client, negatives, str(tmp_path / "model.zarr"))
     assert os.listdir(tmp_path) == ["negatives.zarr"]
 
