@@ -42,8 +42,8 @@ def _verify_current(path) -> tuple[str, list[str]]:
     kind = slem_dask_kind(path)
     if kind is None:
         if unreadable_marker(path):
-            return "unknown", [f"its metadata document 'zarr.json' cannot be read: the store "
-                               f"is damaged, or is not a zarr v3 store"]
+            return "unknown", ["its metadata document 'zarr.json' cannot be read: the store "
+                               "is damaged, or is not a zarr v3 store"]
         if not _exists(path.child("zarr.json")):
             return "unknown", [f"{str(path)!r} is not a zarr store (no 'zarr.json' in it): "
                                f"give the path of a model, output, search result or corpus "
