@@ -73,7 +73,8 @@ def _add_cluster_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--local-cluster", choices=("auto", "processes", "threads"), default="auto",
                    help="without --scheduler: a LocalCluster of worker processes, or one "
                         "worker in this process with a thread per core (starts in a fraction "
-                        "of the time); auto (default): threads for inputs under 256 MiB, "
+                        "of the time); auto (default): threads for a linear fit or encode "
+                        "and a kernel fit of any size, and for other inputs under 256 MiB, "
                         "unless --workers or --threads-per-worker is given")
     g.add_argument("--task-timeout", type=_positive_float, metavar="SECONDS",
                    help="give up (exit 1) when no task of the job finishes for SECONDS, "

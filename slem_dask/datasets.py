@@ -127,6 +127,7 @@ def write_corpus(corpus: Corpus, path: str, chunk_rows: int = 4096,
     where = integrity.canonical(path)
     with integrity.Lease(where, "write corpus") as lease:
         store = versions.VersionedStore(where)
+        store.make_room()  # always commits: the oldest version goes first
         draft = store.begin()
         try:
             _write_group(corpus, draft.location, chunk_rows, attrs)

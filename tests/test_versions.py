@@ -261,15 +261,33 @@ def test_a_new_draft_prunes_the_oldest_kept_version_before_it_is_written(tmp_pat
 
     assert kept() == [1, 2, 3]
     draft = store.begin()
+    assert kept() == [1, 2, 3]  # a draft alone prunes nothing: a job that writes makes room
+    store.make_room()
     assert kept() == [2, 3] and draft.seq == 4
     zarr.open_group(store=draft.location, mode="w")
     store.commit(draft, "model", "job four")
     store.collect_garbage()
     assert kept() == [2, 3, 4]
-    # a job that fails after its begin leaves the last KEEP_VERSIONS - 1, head included
+    # a job that fails after making room leaves the last KEEP_VERSIONS - 1, head included
+    store.make_room()
     store.abandon(store.begin())
     assert kept() == [3, 4]
     assert load_model(store.location(store.commit_at(3).version)).lam == 0.3
+
+
+def test_a_job_with_nothing_to_write_prunes_no_version(corpus):
+    out = corpus["dir"] / "out.zarr"
+    for i in range(versions.KEEP_VERSIONS):
+        _encode(corpus, out, corpus["others"] if i % 2 else None, overwrite=True)
+    store = versions.VersionedStore(str(out))
+
+    def kept():
+        return [c.seq for c in store.commits() if store.exists(c.version)]
+
+    assert kept() == [1, 2, 3]
+    for _ in range(2):  # scheduled re-runs that find the output up to date
+        assert _encode(corpus, out).facts["action"] == "up to date"
+    assert kept() == [1, 2, 3]
 
 
 def test_a_version_pruned_while_read_says_so(corpus):

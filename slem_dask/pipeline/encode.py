@@ -114,6 +114,7 @@ def encode_job(client, model_path: str, positives: str, out: str, dtype: str | N
             except workers.WorkerMemoryError:
                 store.abandon(draft)
                 raise
+        store.make_room()  # this job writes and commits: the oldest kept version goes first
         try:
             integrity.check_workers_see(client, {"positives": positives,
                                                  "output": draft.location})

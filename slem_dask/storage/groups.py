@@ -64,6 +64,7 @@ def write_group(path, meta: dict, arrays: dict[str, np.ndarray], what: str,
                          meta.get("kind"))
         replace_legacy(path, what)
         store = versions.VersionedStore(path)
+        store.make_room()  # always commits: the oldest version goes first
         draft = store.begin()
         try:
             group = zarr.open_group(store=draft.location, mode="w", zarr_format=3)

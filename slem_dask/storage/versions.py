@@ -26,10 +26,10 @@ exactly one commits; the other fails naming the winner. Hence:
   as ``s``; once ``commits/<s>`` names another draft it is dead and deleted.
 
 The last ``keep`` committed versions stay readable (``SLEM_DASK_KEEP_VERSIONS``,
-default 3) until the next job begins its draft, which first prunes all but the last
-``keep - 1``: storage never holds more than ``keep`` versions, a draft included, and a
-reader has until two newer versions are committed and a third job begins; pruned
-versions' records stay, for the history.
+default 3) until the next job that writes begins its draft, which first prunes all but
+the last ``keep - 1`` (:meth:`VersionedStore.make_room`): storage never holds more than
+``keep`` versions, a draft included, and a reader has until two newer versions are
+committed and a third job begins writing; pruned versions' records stay, for the history.
 """
 
 from __future__ import annotations
@@ -198,15 +198,19 @@ class VersionedStore:
                 f"{str(self.path)!r}: this storage offers no atomic create-if-absent, so "
                 f"slem-dask cannot commit versions there safely; write to a local path or "
                 f"to s3://")
-        # the oldest kept version goes before the new one is written, not after its
-        # commit: storage then never holds more than `keep` versions (this draft
-        # included), and a local write reuses the memory and disk that version held
-        # (README, "What versioned stores cost")
-        self.collect_garbage(keep=KEEP_VERSIONS - 1)
         head = self.head()
         seq = (head.seq if head else 0) + 1
         version = f"{seq:08d}-{uuid.uuid4().hex[:12]}"
         return Draft(seq, version, self.location(version))
+
+    def make_room(self) -> list[str]:
+        """Before a job that will commit writes its draft: prune all but the last
+        ``keep - 1`` versions. The oldest kept version goes before the new one is
+        written, not after its commit: storage then never holds more than ``keep``
+        versions (the draft included), and a local write reuses the memory and disk
+        that version held (README, "What the integrity guarantees cost"). A job that
+        finds nothing to write never calls it, so re-runs do not thin the history."""
+        return self.collect_garbage(keep=KEEP_VERSIONS - 1)
 
     def drafts(self, seq: int) -> list[str]:
         """Other drafts that may still be committed as ``seq`` (left by killed or
