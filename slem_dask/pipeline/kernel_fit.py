@@ -133,7 +133,7 @@ def _final_pass_checkpoint(model_path, model, seen: str, x):
     """This job's draft of the model store as the place where the final pass of a
     streaming fit leaves its per-partition statistics, with the drafts that killed runs
     left for the same version (:mod:`slem_dask.kernel_checkpoint`). The model's commit
-    deletes them all (the store's garbage collection)."""
+    deletes them all (a commit deletes the other drafts of its version number)."""
     from ..kernel_checkpoint import FinalPassCheckpoint
 
     store = versions.VersionedStore(model_path)
