@@ -48,3 +48,12 @@ def small_corpus(tmp_path, seed: int, d: int = 8) -> dict:
             "other": other, "negatives": zarr_rows(tmp_path / "neg.zarr", neg),
             "positives": zarr_rows(tmp_path / "pos.zarr", pos),
             "others": zarr_rows(tmp_path / "other.zarr", other)}
+
+
+def assert_same_kernel_fit(got, ref) -> None:
+    """Two fitted KernelSLEMs from the same pivoting (streaming against in-memory, say):
+    the same pivots, every factor statistic equal to rounding."""
+    np.testing.assert_array_equal(got.pivots_, ref.pivots_)
+    for name in ("pivot_factor_", "factor_mean_", "factor_scatter_", "g_factor_"):
+        np.testing.assert_allclose(getattr(got, name), getattr(ref, name), rtol=1e-8,
+                                   atol=1e-12, err_msg=name)
