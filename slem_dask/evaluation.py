@@ -23,7 +23,7 @@ from ._version import __version__
 from .parallel import scatter_large_arrays
 from .pipeline import JobReport, _compute
 from .retrieval import mean_average_precision, precision_recall_at_k, search
-from .validation import check_rows, is_dask_array
+from .validation import check_rows, is_dask_array, rows_text
 
 __all__ = [
     "METHODS",
@@ -108,7 +108,7 @@ def relevant_from_labels(database_labels, query_labels) -> list[np.ndarray]:
     ends = np.searchsorted(sorted_labels, query_labels, "right")
     empty = np.flatnonzero(ends == starts)
     if empty.size:
-        shown = ", ".join(str(i) for i in empty[:5]) + (", ..." if empty.size > 5 else "")
+        shown = rows_text(empty, empty.size)
         raise ValueError(
             f"query_labels: {empty.size} of {len(query_labels)} queries (indices {shown}) "
             f"have a label that no database row has, so their relevant set is empty and "

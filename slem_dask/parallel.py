@@ -241,21 +241,20 @@ def _nonfinite_rows_block(block, block_info=None):
 
 def locate_nonfinite_rows(x, client=None, row_offset: int = 0) -> tuple[int, str]:
     """(how many rows of ``x`` hold NaN or inf, the first five as text), for an error
-    message once a fit has counted them: a second pass over ``x`` (numpy or dask), on
-    ``client``'s cluster if given. Row numbers start at ``row_offset``."""
-    from .validation import nonfinite_rows
+    message once a fit has counted them: a second pass over ``x`` (numpy, or dask with
+    whole rows per block, as fits require), on ``client``'s cluster if given. Row
+    numbers start at ``row_offset``."""
+    from .validation import nonfinite_rows, rows_text
 
     if not isinstance(x, da.Array):
         return nonfinite_rows(np.asarray(x), row_offset)
-    if x.numblocks[1] > 1:
-        x = x.rechunk({1: -1})
     found = x.map_blocks(_nonfinite_rows_block, dtype=np.int64,
                          chunks=((1,) * x.numblocks[0], (6,)),
                          meta=np.empty((0, 6), dtype=np.int64))
     table = client.compute(found).result() if client is not None else found.compute()
     bad = [int(i) + row_offset for row in table for i in row[1:1 + min(5, row[0])]]
     count = int(table[:, 0].sum())
-    return count, ", ".join(map(str, bad[:5])) + (", ..." if count > 5 else "")
+    return count, rows_text(bad, count)
 
 
 @contextlib.contextmanager

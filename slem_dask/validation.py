@@ -224,8 +224,7 @@ def check_encoded_rows(z: np.ndarray, row_offset: int = 0, zero_reason: str = ""
             (nonfinite, "NaN or inf", "their values overflow float64 in the encoding: divide "
                                       "the descriptors by a common factor or L2-normalize them")):
         if rows.size:
-            shown = ", ".join(str(i + row_offset) for i in rows[:5]) + \
-                (", ..." if rows.size > 5 else "")
+            shown = rows_text(rows + row_offset, rows.size)
             parts.append(f"{rows.size} row(s) whose encoding is {what} (rows {shown}): {why}")
     if parts:
         raise DegenerateEncodingsError("X", "; ".join(parts))
@@ -254,10 +253,15 @@ def check_finite_model(arrays: dict, what: str) -> None:
                 f"or with a lam too small to invert Sigma + lam I)")
 
 
+def rows_text(rows, count: int) -> str:
+    """The first five of ``rows`` as text, with ", ..." when ``count`` says there are more."""
+    return ", ".join(str(int(i)) for i in rows[:5]) + (", ..." if count > 5 else "")
+
+
 def nonfinite_rows(x: np.ndarray, row_offset: int = 0) -> tuple[int, str]:
     """(how many rows of ``x`` hold NaN or inf, the first five of them as text)."""
     bad = np.flatnonzero(~np.isfinite(x).all(axis=1)) + row_offset
-    return bad.size, ", ".join(str(i) for i in bad[:5]) + (", ..." if bad.size > 5 else "")
+    return bad.size, rows_text(bad, bad.size)
 
 
 def check_finite_rows(x: np.ndarray, name: str, row_offset: int = 0,

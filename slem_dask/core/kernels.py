@@ -30,7 +30,7 @@ import numbers
 
 import numpy as np
 
-from ..validation import check_positive_float
+from ..validation import check_positive_float, rows_text
 
 __all__ = [
     "KERNELS",
@@ -90,7 +90,7 @@ def check_histogram(x: np.ndarray, kernel: str, name: str, row_offset: int = 0) 
     negative = (np.asarray(x) < 0).any(axis=1)
     if negative.any():
         bad = np.flatnonzero(negative) + row_offset
-        shown = ", ".join(str(i) for i in bad[:5]) + (", ..." if bad.size > 5 else "")
+        shown = rows_text(bad, bad.size)
         raise ValueError(
             f"{name} has {bad.size} row(s) with negative values (rows {shown}), but "
             f"kernel={kernel!r} is defined for non-negative histograms only; use "

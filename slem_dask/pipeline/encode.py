@@ -15,7 +15,7 @@ from .._version import __version__
 from ..integrity import canonical
 from ..models import KernelSLEM, LinearSLEM, load_model
 from ..parallel import scatter_large_arrays
-from ..validation import check_encoded_rows, check_n_features, output_dtype
+from ..validation import check_encoded_rows, check_n_features, output_dtype, rows_text
 
 from . import common
 from .common import JobFailed, JobReport, _LOST, _detail, _lost_cluster
@@ -322,7 +322,7 @@ def _verify_partitions(target, out, crcs: list) -> None:
     bad = [i for i, crc in enumerate(crcs)
            if crc is None or integrity.stored_crc32c(target, i) != crc]
     if bad:
-        shown = ", ".join(map(str, bad[:5])) + (", ..." if len(bad) > 5 else "")
+        shown = rows_text(bad, len(bad))
         raise JobFailed(
             f"output {str(out)!r}: {len(bad)} partition(s) ({shown}) are missing or differ "
             f"from what the workers wrote, as this client reads the store: the workers do "
