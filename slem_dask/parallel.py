@@ -76,6 +76,14 @@ def single_threaded_blas():
 
 # -- statistics of the negatives -------------------------------------------------
 @sizeof.register(ScatterStats)
+def blas_task(func, *args):
+    """``func(*args)`` as a dask task: on one BLAS thread while it runs in a thread pool
+    (dask's threaded scheduler, the command line's in-process cluster), where OpenBLAS's
+    own threads in every concurrent task would oversubscribe the cores."""
+    with single_threaded_blas():
+        return func(*args)
+
+
 def _sizeof_statistics(stats) -> int:
     # What the scheduler counts for memory and transfer decisions (512 MiB at d = 8192).
     return int(stats.mean.nbytes + stats.scatter.nbytes + 64)

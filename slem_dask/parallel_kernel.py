@@ -321,24 +321,6 @@ class _NumpyRounds:
         return _tree([o[1] for o in outs], _merge_summaries, cfg, count, round_no)
 
 
-def _init_task(*args):
-    """:func:`_init_block` as a dask task: one BLAS thread while it runs in a thread
-    pool (dask's threaded scheduler, the command line's in-process cluster), where
-    OpenBLAS's own threads in every concurrent task oversubscribed the cores."""
-    from .parallel import single_threaded_blas
-
-    with single_threaded_blas():
-        return _init_block(*args)
-
-
-def _step_task(*args):
-    """:func:`_step_block` as a dask task (see :func:`_init_task`)."""
-    from .parallel import single_threaded_blas
-
-    with single_threaded_blas():
-        return _step_block(*args)
-
-
 class _DaskRounds:
     def __init__(self, x, name: str):
         self.x, self.name = x, name
@@ -356,17 +338,21 @@ class _DaskRounds:
     def start(self, cfg, count):
         import dask
 
-        init = dask.delayed(_init_task, pure=False, nout=2)
-        outs = [init(b, off, cfg, count, (0, 0, j), self.name)
+        from .parallel import blas_task
+
+        init = dask.delayed(blas_task, pure=False, nout=2)
+        outs = [init(_init_block, b, off, cfg, count, (0, 0, j), self.name)
                 for j, (b, off) in enumerate(row_blocks(self.x, 0))]
         return self._run(outs, cfg, count, 0)
 
     def step(self, acc, cfg, count, round_no, final):
         import dask
 
+        from .parallel import blas_task
+
         shared_acc = dask.delayed(acc, traverse=False)
-        step = dask.delayed(_step_task, pure=False, nout=2)
-        outs = [step(s, shared_acc, cfg, count, (round_no, 0, j), final)
+        step = dask.delayed(blas_task, pure=False, nout=2)
+        outs = [step(_step_block, s, shared_acc, cfg, count, (round_no, 0, j), final)
                 for j, s in enumerate(self.states)]
         return self._run(outs, cfg, count, round_no)
 

@@ -158,11 +158,13 @@ class StreamingRounds:
             return _tree(parts, _merge_summaries, cfg, count, round_no)
         import dask
 
+        from .parallel import blas_task
+
         shared = dask.delayed(self.pivots, traverse=False)
-        task = dask.delayed(_stream_task, pure=False)
+        task = dask.delayed(blas_task, pure=False)
         parts = [done[j] if j in done else
-                 task(b, off, shared, cfg, count, (round_no, 0, j), final, first, self.name,
-                      folder)
+                 task(_stream_block, b, off, shared, cfg, count, (round_no, 0, j), final,
+                      first, self.name, folder)
                  for j, (b, off) in enumerate(self.blocks)]
         return _tree(parts, _merge_summaries, cfg, count, round_no,
                      delayed=dask.delayed).compute()
@@ -185,23 +187,6 @@ def _stats_block(x, offset: int, pivots: _Pivots, cfg, name: str) -> tuple:
     f = factor_rows(x, pivots, cfg)
     residual = _residual_diagonal(kdiag, f, (f.shape[1],))
     return (block_statistics(f), float(kdiag.sum()), float(residual.sum()))
-
-
-def _stream_task(*args):
-    """:func:`_stream_block` as a dask task: one BLAS thread in a thread pool
-    (``parallel_kernel._init_task``)."""
-    from .parallel import single_threaded_blas
-
-    with single_threaded_blas():
-        return _stream_block(*args)
-
-
-def _stats_task(*args):
-    """:func:`_stats_block` as a dask task (see :func:`_stream_task`)."""
-    from .parallel import single_threaded_blas
-
-    with single_threaded_blas():
-        return _stats_block(*args)
 
 
 def _merge_stats(parts: list) -> tuple:
@@ -227,9 +212,11 @@ def factor_statistics(x, pivot_rows: np.ndarray, pivot_factor: np.ndarray, cfg,
                                                      for b, off in blocks]))
     import dask
 
+    from .parallel import blas_task
+
     shared = dask.delayed(pivots, traverse=False)
-    task = dask.delayed(_stats_task, pure=True)
-    parts = [task(b, off, shared, cfg, name) for b, off in blocks]
+    task = dask.delayed(blas_task, pure=True)
+    parts = [task(_stats_block, b, off, shared, cfg, name) for b, off in blocks]
     return _tree_merge(parts, dask.delayed(_merge_stats, pure=True))
 
 
