@@ -350,8 +350,6 @@ def encode_floor(x, matrix: np.ndarray, folder: str, client=None) -> dict:
     output (as any re-encode that replaces one), then per partition its read (fused),
     one float32 product with ``matrix``, an L2 normalization and one plain file write
     of the result (no centring, no checks, no checksums, no metadata, no commit)."""
-    import shutil
-
     import dask
 
     with Timer() as t:

@@ -14,7 +14,8 @@ Same LocalCluster, same model, same float32 store (the bench_fit store), alterna
 * unguarded + crc32c: the same, with zarr's crc32c codec on the output: what the
   checksums alone cost, the rest being the other guarantees.
 
-The contenders' order rotates from round to round. Prints every run, best/median, the ratio unguarded/guarded and the overhead in percent.
+The contenders' order rotates from round to round. Prints every run, best/median,
+the ratio unguarded/guarded and the overhead in percent.
 """
 
 from __future__ import annotations

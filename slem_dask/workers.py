@@ -9,9 +9,10 @@ held a scattered model, "lost dependencies"). So:
 - :func:`check_memory`, before a job computes: each worker with a nanny and a
   memory limit (and a worker in this process, an in-process LocalCluster, against
   the least of its limit and what this process holds plus the machine's available
-  memory: past it the whole process is killed) must hold its current process memory (measured after importing
-  what the tasks import) plus one task per thread under 95% of its limit; if
-  not, one line names the worker, its limit, the partition and a
+  memory: past it the whole process is killed) must hold its current process
+  memory (measured after importing what the tasks import) plus one task per
+  thread under 95% of its limit; if not, one line names the worker, its limit,
+  the partition and a
   ``--partition-rows`` whose tasks stay under the pause threshold (80%: the
   worker then never stops taking tasks, and stays well below a restart).
 - :func:`explain_failures`, around the jobs: a ``KilledWorker``, or a job that
