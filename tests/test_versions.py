@@ -275,6 +275,42 @@ def test_a_new_draft_prunes_the_oldest_kept_version_before_it_is_written(tmp_pat
     assert load_model(store.location(store.commit_at(3).version)).lam == 0.3
 
 
+def test_making_room_prunes_while_the_body_writes_and_reports_a_failed_pruning(tmp_path):
+    """The job's thread writes while another deletes the oldest version; a pruning that
+    failed is raised once the body is done, unless the body failed first."""
+    path = str(tmp_path / "m.zarr")
+    X = np.random.default_rng(0).standard_normal((60, 4))
+    for lam in (0.1, 0.2, 0.3):
+        LinearSLEM(lam=lam).fit(X).save(path, overwrite=True)
+    store = versions.VersionedStore(path)
+
+    def kept():
+        return [c.seq for c in store.commits() if store.exists(c.version)]
+
+    draft = store.begin()
+    with store.making_room():
+        zarr.open_group(store=draft.location, mode="w")
+    assert kept() == [2, 3]
+    assert store.exists(draft.version)  # the draft is never pruned
+    store.commit(draft, "model", "job four")
+
+    class Denied(store.backend.__class__):
+        def remove_tree(self, prefix):
+            raise PermissionError(f"delete {prefix}: access denied")
+
+    store.backend.__class__ = Denied
+    try:
+        with pytest.raises(PermissionError, match="access denied"):
+            with store.making_room():
+                pass
+        with pytest.raises(KeyError):  # the body's error wins
+            with store.making_room():
+                raise KeyError("the write failed")
+    finally:
+        store.backend.__class__ = Denied.__bases__[0]
+    assert kept() == [2, 3, 4]
+
+
 def test_a_job_with_nothing_to_write_prunes_no_version(corpus):
     out = corpus["dir"] / "out.zarr"
     for i in range(versions.KEEP_VERSIONS):

@@ -114,17 +114,18 @@ def encode_job(client, model_path: str, positives: str, out: str, dtype: str | N
             except workers.WorkerMemoryError:
                 store.abandon(draft)
                 raise
-        store.make_room()  # this job writes and commits: the oldest kept version goes first
         try:
             integrity.check_workers_see(client, {"positives": positives,
                                                  "output": draft.location})
-            if todo:
-                with scatter_large_arrays(client):  # the model: once to the workers
-                    written = common._compute(
-                        client, _write_partitions(model, arr, target, todo, rows, out_dtype,
-                                                  precision), progress)
-                for index, crc in np.asarray(written).reshape(-1, 2).tolist():
-                    crcs[int(index)] = int(crc)
+            # this job writes and commits: the oldest kept version goes while it writes
+            with store.making_room():
+                if todo:
+                    with scatter_large_arrays(client):  # the model: once to the workers
+                        written = common._compute(
+                            client, _write_partitions(model, arr, target, todo, rows,
+                                                      out_dtype, precision), progress)
+                    for index, crc in np.asarray(written).reshape(-1, 2).tolist():
+                        crcs[int(index)] = int(crc)
             t2 = time.perf_counter()
             lease.check()  # first: a job that lost its lease must not blame the storage
             _verify_partitions(target, out, crcs)

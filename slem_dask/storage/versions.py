@@ -26,18 +26,21 @@ exactly one commits; the other fails naming the winner. Hence:
   as ``s``; once ``commits/<s>`` names another draft it is dead and deleted.
 
 The last ``keep`` committed versions stay readable (``SLEM_DASK_KEEP_VERSIONS``,
-default 3) until the next job that writes begins its draft, which first prunes all but
-the last ``keep - 1`` (:meth:`VersionedStore.make_room`): storage never holds more than
-``keep`` versions, a draft included, and a reader has until two newer versions are
+default 3) until the next job that writes begins its draft: it prunes all but the last
+``keep - 1`` (:meth:`VersionedStore.make_room`, or :meth:`VersionedStore.making_room`
+while it writes), so storage holds ``keep`` versions, a draft included, plus what a job
+writes while the oldest is being deleted, and a reader has until two newer versions are
 committed and a third job begins writing; pruned versions' records stay, for the history.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
 import socket
+import threading
 import time
 import uuid
 from dataclasses import dataclass
@@ -206,11 +209,36 @@ class VersionedStore:
     def make_room(self) -> list[str]:
         """Before a job that will commit writes its draft: prune all but the last
         ``keep - 1`` versions. The oldest kept version goes before the new one is
-        written, not after its commit: storage then never holds more than ``keep``
-        versions (the draft included), and a local write reuses the memory and disk
-        that version held (README, "What the integrity guarantees cost"). A job that
-        finds nothing to write never calls it, so re-runs do not thin the history."""
+        written, not after its commit: storage then holds ``keep`` versions at most,
+        the draft included, and a local write reuses the memory and disk that version
+        held (README, "What the integrity guarantees cost"). A job that finds nothing
+        to write never calls it, so re-runs do not thin the history."""
         return self.collect_garbage(keep=KEEP_VERSIONS - 1)
+
+    @contextlib.contextmanager
+    def making_room(self):
+        """:meth:`make_room` in a thread while the body writes the draft: deleting a
+        large version (0.5 s of unlinks for 2 GB on local disk, batches of DELETEs on
+        S3) then costs the job no wall time, and a local write takes the pages it frees
+        as they are freed. Only versions older than the kept ones are touched, never the
+        draft. The body's error wins; after a body that succeeded, a pruning that failed
+        is raised (before the caller commits)."""
+        failure: list[BaseException] = []
+
+        def prune() -> None:
+            try:
+                self.make_room()
+            except BaseException as exc:  # noqa: BLE001 - handed to the job's thread
+                failure.append(exc)
+
+        thread = threading.Thread(target=prune, name="slem-dask-make-room", daemon=True)
+        thread.start()
+        try:
+            yield
+        finally:
+            thread.join()
+        if failure:
+            raise failure[0]
 
     def drafts(self, seq: int) -> list[str]:
         """Other drafts that may still be committed as ``seq`` (left by killed or
