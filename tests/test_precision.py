@@ -136,6 +136,38 @@ def test_float32_partial_squares_bound_and_their_float64_fallback():
                                   np.einsum("ij,ij->i", v[:, :100], v[:, :100], dtype=np.float64))
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_encoding_piece_by_piece_is_the_whole_block_encoding(monkeypatch, dtype):
+    """encode_rows works on pieces of rows (in cache); rows whose product leaves the
+    safe range, a row equal to the mean and a last short piece land in several pieces:
+    the same encoding as in one piece (to the BLAS's rounding, whose order may depend
+    on the number of rows), and as a float64 brute force."""
+    import slem_dask.core.linear as linear
+
+    rng = np.random.default_rng(9)
+    x = rng.standard_normal((1_000, 16)).astype(dtype) + 5
+    mean = x.mean(axis=0, dtype=np.float64).astype(dtype).astype(np.float64)
+    x[[3, 517]] *= dtype(1e30) if dtype == np.float32 else 1e200  # products overflow
+    x[700] = mean  # no direction: 0
+    cov = np.cov(x[800:].T.astype(np.float64)) + 0.1 * np.eye(16)
+    precision = np.linalg.inv(cov)
+    matrix = linear.float32_matrix(precision) if dtype == np.float32 else precision
+    whole = encode_rows(x, mean, matrix, dtype=dtype)
+    monkeypatch.setattr(linear, "_PIECE_BYTES", 1)
+    monkeypatch.setattr(linear, "_PIECE_MIN_ROWS", 97)  # 11 pieces, the last of 30 rows
+    pieces = encode_rows(x, mean, matrix, dtype=dtype)
+    tol = 1e-6 if dtype == np.float32 else 1e-14
+    np.testing.assert_allclose(pieces, whole, rtol=0, atol=tol)
+    delta = x.astype(np.float64) - mean
+    scale = np.abs(delta).max(axis=1, keepdims=True)
+    direction = (delta / np.where(scale > 0, scale, 1)) @ precision
+    norms = np.linalg.norm(direction, axis=1, keepdims=True)
+    brute = np.divide(direction, norms, out=np.zeros_like(direction), where=norms > 0)
+    np.testing.assert_allclose(pieces, brute, rtol=0, atol=1e-5 if dtype == np.float32
+                               else 1e-12)
+    assert not pieces[700].any() and np.abs(pieces[[3, 517]]).max() > 0.1
+
+
 def test_ill_conditioned_model_encodes_in_float64():
     x = descriptors(2_000, 20, 0.0, seed=6)
     model = LinearSLEM(lam=1e-6).fit(x)  # cond(A) up to ~1e7: float32 would lose the bound

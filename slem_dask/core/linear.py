@@ -80,28 +80,45 @@ def encode_rows(rows: np.ndarray, mean: np.ndarray, precision: np.ndarray,
     and norms from float32 sums of 64 squares added in float64 (:func:`_row_squares`;
     :func:`float32_encoding_ok` says when the whole stays within 1e-5 of float64).
     """
-    if precision.dtype == np.float32 and np.asarray(rows).dtype == np.float32:
+    rows = np.asarray(rows)
+    single = precision.dtype == np.float32 and rows.dtype == np.float32
+    if single:
         high = mean.astype(np.float32)
-        centred = rows - high
-        centred -= (mean - high).astype(np.float32)
+        low = (mean - high).astype(np.float32)
     else:
-        centred = np.array(rows, dtype=np.float64, order="C", copy=True)
-        centred -= mean
+        high, low = np.asarray(mean, dtype=np.float64), None
         precision = np.asarray(precision, dtype=np.float64)
-    # A^-1 is symmetric, so the rows of (A^-1 delta)^T are delta^T A^-1.
-    with np.errstate(over="ignore", invalid="ignore", under="ignore"):  # checked below
-        vectors = centred @ precision
-        squares = _row_squares(vectors)
-    low, high = _SAFE_SQUARES[vectors.dtype == np.float32]
-    extreme = np.flatnonzero(~((squares >= low) & (squares <= high)))
-    if extreme.size:  # rows whose product or norm left the range: again, scaled
-        vectors[extreme] = _scaled_directions(np.asarray(rows)[extreme], mean, precision)
-        squares[extreme] = np.einsum("ij,ij->i", vectors[extreme], vectors[extreme],
-                                     dtype=np.float64)
-    norms = np.sqrt(squares)
-    scale = np.divide(1.0, norms, out=np.zeros_like(norms), where=norms > 0)
-    vectors *= scale[:, None].astype(vectors.dtype)
+    vectors = np.empty((rows.shape[0], precision.shape[1]), dtype=precision.dtype)
+    step = max(_PIECE_MIN_ROWS, _PIECE_BYTES // max(1, rows.shape[1] * precision.itemsize))
+    centred = np.empty((min(step, rows.shape[0]), rows.shape[1]), dtype=precision.dtype)
+    safe_low, safe_high = _SAFE_SQUARES[single]
+    # piece by piece, so that each piece's centring, norms and scaling run in cache
+    for lo in range(0, rows.shape[0], step):
+        hi = min(rows.shape[0], lo + step)
+        delta, out = centred[:hi - lo], vectors[lo:hi]
+        np.subtract(rows[lo:hi], high, out=delta)
+        if low is not None:
+            delta -= low
+        # A^-1 is symmetric, so the rows of (A^-1 delta)^T are delta^T A^-1.
+        with np.errstate(over="ignore", invalid="ignore", under="ignore"):  # checked below
+            np.matmul(delta, precision, out=out)
+            squares = _row_squares(out)
+        extreme = np.flatnonzero(~((squares >= safe_low) & (squares <= safe_high)))
+        if extreme.size:  # rows whose product or norm left the range: again, scaled
+            out[extreme] = _scaled_directions(rows[lo:hi][extreme], mean, precision)
+            squares[extreme] = np.einsum("ij,ij->i", out[extreme], out[extreme],
+                                         dtype=np.float64)
+        norms = np.sqrt(squares)
+        scale = np.divide(1.0, norms, out=np.zeros_like(norms), where=norms > 0)
+        out *= scale[:, None].astype(out.dtype)
     return vectors.astype(dtype, copy=False)
+
+
+#: Rows per piece in :func:`encode_rows`: about 1 MiB of centred rows (512 rows at
+#: d = 512), so the passes over a piece stay in cache, but never fewer than 512, so that
+#: the BLAS's packing of A^-1 (d x d) is amortized over enough rows (d = 8192: 16 MiB).
+_PIECE_BYTES = 2**20
+_PIECE_MIN_ROWS = 512
 
 
 #: Columns per float32 partial sum of squares in :func:`_row_squares`.
