@@ -74,8 +74,6 @@ def single_threaded_blas():
                 _blas_limit = None
 
 
-# -- statistics of the negatives -------------------------------------------------
-@sizeof.register(ScatterStats)
 def blas_task(func, *args):
     """``func(*args)`` as a dask task: on one BLAS thread while it runs in a thread pool
     (dask's threaded scheduler, the command line's in-process cluster), where OpenBLAS's
@@ -84,6 +82,8 @@ def blas_task(func, *args):
         return func(*args)
 
 
+# -- statistics of the negatives -------------------------------------------------
+@sizeof.register(ScatterStats)
 def _sizeof_statistics(stats) -> int:
     # What the scheduler counts for memory and transfer decisions (512 MiB at d = 8192).
     return int(stats.mean.nbytes + stats.scatter.nbytes + 64)

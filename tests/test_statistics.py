@@ -154,3 +154,16 @@ def test_bad_blocks_raise():
 
 def test_scatter_stats_n_features():
     assert ScatterStats(0, np.zeros(7), np.zeros((7, 7))).n_features == 7
+
+
+def test_the_workers_size_statistics_without_a_warning(caplog):
+    """Workers weigh every task result with dask's sizeof: partial statistics must be
+    counted as their arrays, not fall back (with a logged warning per result)."""
+    from distributed.sizeof import safe_sizeof
+
+    import slem_dask.parallel  # noqa: F401 - registers the sizeof of ScatterStats
+
+    stats = ScatterStats(3, np.zeros(4), np.zeros((4, 4)))
+    with caplog.at_level("WARNING", logger="distributed.sizeof"):
+        assert safe_sizeof(stats) == 4 * 8 + 16 * 8 + 64
+    assert not caplog.records
