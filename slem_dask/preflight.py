@@ -13,9 +13,34 @@ from __future__ import annotations
 
 import errno
 import os
+import re
 import uuid
 
 __all__ = ["check_writable", "output_paths"]
+
+#: File systems that are the kernel's view of processes, devices and settings, not storage:
+#: they refuse new files (with ENOENT on /proc, EACCES on /sys, even for root).
+KERNEL_FILE_SYSTEMS = {"proc", "sysfs", "cgroup", "cgroup2", "debugfs", "tracefs",
+                       "securityfs", "configfs", "bpf", "pstore", "efivarfs", "fusectl",
+                       "devpts", "mqueue", "binfmt_misc", "nsfs"}
+
+
+def _file_system(folder: str, table: str = "/proc/self/mounts") -> str | None:
+    """The type of the file system ``folder`` is on (its longest mount point in the
+    mounts ``table``), or None where that cannot be read (not Linux)."""
+    try:
+        with open(table) as f:
+            mounts = [fields[1:3] for fields in map(str.split, f) if len(fields) > 2]
+    except OSError:
+        return None
+    path = os.path.realpath(folder)
+    best, kind = "", None
+    for point, fs in mounts:
+        point = re.sub(r"\\([0-7]{3})", lambda m: chr(int(m[1], 8)), point)  # "\040": " "
+        inside = path == point or path.startswith(point.rstrip("/") + "/")
+        if inside and len(point) >= len(best):
+            best, kind = point, fs
+    return kind
 
 
 def _probe(folder: str) -> OSError | None:
@@ -53,6 +78,12 @@ def check_writable(paths: dict[str, object]) -> None:
             exc = _probe(place)
             if exc is None:
                 continue
+            kind = _file_system(place)
+            if kind in KERNEL_FILE_SYSTEMS:  # its errno (ENOENT on /proc) would mislead
+                raise OSError(
+                    f"{key} {str(path)!r}: the folder {place!r} is on a {kind} file system, "
+                    f"the kernel's view of the system, not storage: it cannot hold a zarr "
+                    f"store; choose an output path in a regular folder")
             if exc.errno in (errno.EROFS, errno.EACCES, errno.EPERM):
                 why = ("is on a read-only file system" if exc.errno == errno.EROFS
                        else f"is not writable by this user (uid {os.getuid()})")

@@ -100,15 +100,33 @@ def test_writable_folders_pass_and_keep_no_probe_file(tmp_path):
     assert sorted(p.name for p in tmp_path.rglob("*")) == ["store.zarr"]
 
 
-def test_a_folder_where_no_file_can_be_made_is_one_line_without_errno(inputs, capsys):
-    # /proc refuses new files with ENOENT: not a permission problem, still one clear line
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="no procfs at /proc")
+@pytest.mark.parametrize("out, folder", [("/proc/codes.zarr", "/proc"),
+                                         ("/proc/1/x", "/proc/1"),
+                                         ("/proc/self/a/foo.zarr", f"/proc/{os.getpid()}")])
+def test_an_output_under_proc_is_said_to_be_no_storage_without_errno(inputs, capsys, out,
+                                                                     folder):
+    # /proc refuses new files with ENOENT: "No such file or directory" of a folder that
+    # exists would mislead; the file system's type says why, in one line
     code = main(["encode", "--model", str(inputs / "model.zarr"), "--positives",
-                 str(inputs / "positives.zarr"), "--out", "/proc/codes.zarr",
-                 "--scheduler", UNREACHABLE])
+                 str(inputs / "positives.zarr"), "--out", out, "--scheduler", UNREACHABLE])
     err = capsys.readouterr().err.strip()
-    assert code == 1 and err == ("slem-dask encode: error: --out '/proc/codes.zarr': cannot "
-                                 "create a file in '/proc' (No such file or directory); "
-                                 "check that folder"), err
+    assert code == 1 and err == (
+        f"slem-dask encode: error: --out {out!r}: the folder {folder!r} is on a proc file "
+        f"system, the kernel's view of the system, not storage: it cannot hold a zarr store; "
+        f"choose an output path in a regular folder"), err
+
+
+def test_the_file_system_of_a_folder_is_that_of_its_longest_mount_point(tmp_path):
+    from slem_dask.preflight import _file_system
+
+    table = tmp_path / "mounts"
+    table.write_text("/dev/vda / ext4 rw 0 0\nproc /proc proc rw 0 0\nsysfs /sys sysfs rw 0 0\n"
+                     "none /mnt/my\\040disk tmpfs rw 0 0\n")  # a space as the table writes it
+    found = [_file_system(p, str(table)) for p in ("/proc/1", "/sys/x", "/system", "/",
+                                                    "/mnt/my disk/a")]
+    assert found == ["proc", "sysfs", "ext4", "ext4", "tmpfs"]
+    assert _file_system("/proc", str(tmp_path / "none")) is None  # no table: not known
 
 
 def test_verify_of_a_folder_that_is_no_zarr_store_says_so(tmp_path, capsys):
