@@ -235,24 +235,34 @@ def check_memory(client, plan: Plan, n_tasks: int) -> None:
     raise WorkerMemoryError(
         f"{has}, too "
         f"little for {threads} of {plan.partition()}; nothing was computed: "
-        f"{_fix(plan, fits, in_use, tasks)}")
+        f"{_fix(plan, fits, in_use, tasks, address in in_process)}")
 
 
-def _fix(plan: Plan, rows: int, in_use: float, tasks: int) -> str:
+#: Where more memory comes from: `dask worker --memory-limit` sets a worker process's; a
+#: worker in this process has what the machine has free (no option of slem-dask sets it).
+_MORE_MEMORY = {False: "give the workers more memory (dask worker --memory-limit)",
+                True: "free memory on this machine (the worker runs in this process), or run "
+                      "on a cluster with more memory (--scheduler)"}
+
+
+def _fix(plan: Plan, rows: int, in_use: float, tasks: int, in_process: bool = False) -> str:
     """The remedy: a --partition-rows that fits (``rows``), else the memory a worker needs."""
     if rows and rows < plan.rows:
-        return _smaller_partitions(plan, rows)
+        return _smaller_partitions(plan, rows, in_process=in_process)
     smallest = plan.fixed + plan.unit * plan.per_row if plan.per_row else plan.task_bytes
     want = (in_use + tasks * smallest) / _pause_fraction()
     why = (f"even {plan.unit} rows (one chunk of the {plan.name}) need about "
            f"{smallest / MiB:.0f} MiB per task" if plan.per_row else
            f"a {plan.what} task holds whole chunks of the {plan.name}, whatever "
            f"--partition-rows says")
-    return (f"{why}: give each worker at least {want / MiB:.0f} MiB (dask worker "
-            f"--memory-limit) or fewer threads, or store the {plan.name} in smaller chunks")
+    more = (f"this process needs about {want / MiB:.0f} MiB: {_MORE_MEMORY[True]}"
+            if in_process else f"give each worker at least {want / MiB:.0f} MiB (dask "
+                               f"worker --memory-limit) or fewer threads")
+    return f"{why}: {more}, or store the {plan.name} in smaller chunks"
 
 
-def _smaller_partitions(plan: Plan, rows: int, or_less: str = "") -> str:
+def _smaller_partitions(plan: Plan, rows: int, or_less: str = "",
+                        in_process: bool = False) -> str:
     """The remedy "--partition-rows ROWS"; a committed output keeps its partition size
     unless rebuilt (--overwrite). A failed job's draft does not: a run with other
     partitions starts its own."""
@@ -263,8 +273,7 @@ def _smaller_partitions(plan: Plan, rows: int, or_less: str = "") -> str:
         notes.append(f"without --overwrite the existing output keeps its partitions of "
                      f"{plan.rows} rows")
     notes += ["partition_rows in a job spec", f"about {need / MiB:.0f} MiB per task"]
-    return (f"pass {flag} ({'; '.join(notes)}), or give the workers more memory (dask worker "
-            f"--memory-limit)")
+    return f"pass {flag} ({'; '.join(notes)}), or {_MORE_MEMORY[in_process]}"
 
 
 # -- after the fact ----------------------------------------------------------------
@@ -325,8 +334,7 @@ def explain(exc: BaseException, events: list, limits: dict, what_is_kept: str) -
         what = (f"{tries} workers died running the same task (last: {who}; "
                 f"{_limits(limits, dead)}), most likely out of memory (see the workers' logs)")
     if plan is None:
-        return (f"{what}; {what_is_kept}: give the workers more memory (dask worker "
-                f"--memory-limit), or pass a smaller --partition-rows")
+        return f"{what}; {what_is_kept}: {_MORE_MEMORY[False]}, or pass a smaller --partition-rows"
     # The estimate was too low (or not checked): at most half of what died, or
     # what fits in a limit by the estimate, whole chunks.
     limit = min((v for v in limits.values() if v), default=0)
@@ -337,8 +345,7 @@ def explain(exc: BaseException, events: list, limits: dict, what_is_kept: str) -
     if rows and rows < plan.rows:
         fix = _smaller_partitions(plan, rows, or_less=" or less")
     else:
-        fix = (f"give the workers more memory (dask worker --memory-limit) or fewer "
-               f"threads, or store the {plan.name} in smaller chunks")
+        fix = f"{_MORE_MEMORY[False]} or fewer threads, or store the {plan.name} in smaller chunks"
     return f"{what} while computing {plan.partition()}; {what_is_kept}: {fix}"
 
 

@@ -5,6 +5,7 @@ test here. The tests at the bottom (cluster sizing) start nothing and always run
 """
 
 import os
+import re
 
 import dask.array as da
 import numpy as np
@@ -248,26 +249,50 @@ def test_the_in_process_cluster_starts_no_dashboard():
     assert kw["n_workers"] == 1 and kw["threads_per_worker"] == len(os.sched_getaffinity(0))
 
 
-def test_an_in_process_worker_is_checked_against_the_memory_this_machine_has(monkeypatch):
-    # No nanny restarts an in-process worker: past its memory the whole process is
-    # killed. Its tasks are checked against what this process may still take.
+def _in_process_refusal(monkeypatch, available: int, rows: int = 100_000):
+    """What check_memory says of an in-process worker when this machine has ``available``
+    bytes free, for encode tasks of ``rows`` x 512 float32 (None: nothing said)."""
     import psutil
 
     from slem_dask import workers
     from slem_dask.cluster import connect
 
-    per_row, fixed = workers.encode_task_bytes(None, 100_000, 512, "float32")
-    plan = workers.Plan("encode", "positives", 100_000, 512, "float32",
-                        int(fixed + per_row * 100_000), per_row, fixed, 1000)
+    per_row, fixed = workers.encode_task_bytes(None, rows, 512, "float32")
+    plan = workers.Plan("encode", "positives", rows, 512, "float32",
+                        int(fixed + per_row * rows), per_row, fixed, 1000)
+    real = psutil.virtual_memory()
+
+    class Tight:
+        total = real.total
+
+    Tight.available = available if available is not None else real.available
+    monkeypatch.setattr(psutil, "virtual_memory", lambda: Tight)
     with connect(processes=False) as client:
-        workers.check_memory(client, plan, 10)  # this machine has room for it
-        real = psutil.virtual_memory()
-
-        class Tight:
-            available = 300 * 2**20
-            total = real.total
-
-        monkeypatch.setattr(psutil, "virtual_memory", lambda: Tight)
-        with pytest.raises(workers.WorkerMemoryError, match="runs in this process") as caught:
+        try:
             workers.check_memory(client, plan, 10)
-    assert "--partition-rows" in str(caught.value)
+        except workers.WorkerMemoryError as exc:
+            return str(exc)
+    return None
+
+
+def test_an_in_process_worker_is_checked_against_the_memory_this_machine_has(monkeypatch):
+    # No nanny restarts an in-process worker: past its memory the whole process is
+    # killed. Its tasks are checked against what this process may still take.
+    assert _in_process_refusal(monkeypatch, None) is None  # this machine has room for it
+    said = _in_process_refusal(monkeypatch, 300 * 2**20)
+    assert "runs in this process" in said and "--partition-rows" in said
+
+
+@pytest.mark.parametrize("available, fix", [
+    (300 * 2**20, r"pass --partition-rows \d+ \(.*\), or free memory on this machine \(the "
+                  r"worker runs in this process\), or run on a cluster with more memory "
+                  r"\(--scheduler\)$"),
+    (2**20, r"even 1000 rows \(one chunk of the positives\) need about \d+ MiB per task: this "
+            r"process needs about \d+ MiB: free memory on this machine \(the worker runs in "
+            r"this process\), or run on a cluster with more memory \(--scheduler\), or store "
+            r"the positives in smaller chunks$")], ids=["smaller partitions", "no partition"])
+def test_an_in_process_worker_is_told_a_remedy_that_applies_in_process(monkeypatch,
+                                                                        available, fix):
+    said = _in_process_refusal(monkeypatch, available)
+    assert "--memory-limit" not in said and "fewer threads" not in said, said
+    assert re.search(fix, said), said
