@@ -165,54 +165,16 @@ def _input_bytes(args, spec) -> int | None:
         return None
 
 
-def _versions(args) -> int:
-    from .storage import versions
-
-    store = versions.VersionedStore(args.path)
-    if not store.has_history():
-        raise ValueError(f"{str(store.path)!r} has no versions: it was not written by this "
-                         f"slem-dask (or not at all); `slem-dask verify {args.path}` says what "
-                         f"it is")
-    if args.command == "rollback":
-        commit = store.rollback(args.to)
-        print(f"{store.path}: version {commit.seq} is now current ({commit.source})")
-        return 0
-    commits = store.commits()
-    head = commits[-1].seq if commits else None
-    for c in commits:
-        state = "current" if c.seq == head else (
-            "readable" if store.exists(c.version) else "pruned")
-        where = store.location(c.version) if state != "pruned" else "-"
-        print(f"{c.seq:>5}  {c.kind:<9} {state:<8} {c.created}  {c.job} on {c.host}"
-              f"{'  (' + c.source + ')' if c.source else ''}  {where}")
-    if not commits:
-        print(f"{store.path}: no committed version (an unfinished first write)")
-    return 0
-
-
-def _verify(paths) -> int:
-    from . import storage
-
-    code = 0
-    for path in paths:
-        what, problems = storage.verify(path)
-        if problems:
-            code = EXIT_ERROR
-            print(f"{path}: {what}: {len(problems)} problem(s)")
-            for problem in problems:
-                print(f"  - {problem}")
-        else:
-            print(f"{path}: {what}: ok")
-    return code
-
-
 def _run(args) -> int:
     from .cluster import connect
 
-    if args.command == "verify":
-        return _verify(args.paths)
-    if args.command in ("versions", "rollback"):
-        return _versions(args)
+    if args.command in ("verify", "versions", "rollback"):
+        from . import cli_stores
+
+        if args.command == "verify":
+            return 0 if cli_stores.verify(args.paths) else EXIT_ERROR
+        cli_stores.versions(args)
+        return 0
     progress = sys.stdout.isatty() if args.progress is None else args.progress
     spec = None
     scheduler, workers, threads = args.scheduler, args.workers, args.threads_per_worker

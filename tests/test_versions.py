@@ -101,6 +101,25 @@ def test_history_keeps_the_last_versions_and_rollback_restores_one(tmp_path, mon
         load_model(draft.location)
 
 
+def test_rollback_to_the_version_already_current_commits_nothing(tmp_path, capsys):
+    path = str(tmp_path / "m.zarr")
+    X = np.random.default_rng(0).standard_normal((60, 4))
+    for lam in (0.1, 0.2):
+        LinearSLEM(lam=lam).fit(X).save(path, overwrite=True)
+    store = versions.VersionedStore(path)
+    assert store.rollback(2) == store.head() and len(store.commits()) == 2  # the head
+    assert main(["rollback", path, "--to", "2"]) == 0
+    assert capsys.readouterr().out == (f"{store.path}: version 2 is already current; nothing "
+                                       f"to roll back, no version committed\n")
+    assert main(["rollback", path, "--to", "1"]) == 0  # a change: a new commit
+    assert capsys.readouterr().out == f"{store.path}: version 3 is now current (rollback to 1)\n"
+    assert main(["rollback", path, "--to", "1"]) == 0  # version 3 holds version 1 already
+    assert capsys.readouterr().out == (f"{store.path}: version 1 is already current (as "
+                                       f"version 3, rollback to 1); nothing to roll back, no "
+                                       f"version committed\n")
+    assert [c.seq for c in store.commits()] == [1, 2, 3] and load_model(path).lam == 0.1
+
+
 # -- fencing ---------------------------------------------------------------------------
 def test_a_job_that_lost_its_output_can_never_change_what_readers_see(corpus, monkeypatch):
     """Job A encodes the positives; while its workers run, its lease is taken over and

@@ -286,13 +286,17 @@ class VersionedStore:
             self.backend.prune_empty()
 
     def rollback(self, seq: int, job: str = "slem-dask rollback") -> Commit:
-        """Commit the content of version ``seq`` again as the new head."""
+        """Commit the content of version ``seq`` again as the new head, and return that
+        commit; if the head already holds it (it is version ``seq``, or a rollback to it),
+        commit nothing and return the head: readers already see that content."""
         old = self.commit_at(seq)
         if old is None:
             raise ValueError(f"{str(self.path)!r} has no version {seq}; list them with "
                              f"`slem-dask versions {self.path}`")
-        self.check(old)  # still there, unchanged
         head = self.head()
+        if head.version == old.version:  # a new commit would change nothing but the history
+            return head
+        self.check(old)  # still there, unchanged
         record = self._create(head.seq + 1, old.version, old.kind, job, old.checksum,
                               old.summary, f"rollback to {seq}")
         self.collect_garbage()

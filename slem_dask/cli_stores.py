@@ -1,0 +1,55 @@
+"""The commands that read or restore stores without a cluster: ``verify``, ``versions``
+and ``rollback`` (:mod:`slem_dask.cli` runs them)."""
+
+from __future__ import annotations
+
+__all__ = ["verify", "versions"]
+
+
+def verify(paths) -> bool:
+    """Check each store end to end, one line each (and one per problem): all fine?"""
+    from . import storage
+
+    fine = True
+    for path in paths:
+        what, problems = storage.verify(path)
+        if problems:
+            fine = False
+            print(f"{path}: {what}: {len(problems)} problem(s)")
+            for problem in problems:
+                print(f"  - {problem}")
+        else:
+            print(f"{path}: {what}: ok")
+    return fine
+
+
+def versions(args) -> None:
+    """`versions PATH`: the history, one line per commit; `rollback PATH --to N`: version N
+    made current by a new commit, or nothing committed if the current one holds it."""
+    from .storage import versions as versioned
+
+    store = versioned.VersionedStore(args.path)
+    if not store.has_history():
+        raise ValueError(f"{str(store.path)!r} has no versions: it was not written by this "
+                         f"slem-dask (or not at all); `slem-dask verify {args.path}` says what "
+                         f"it is")
+    if args.command == "rollback":
+        before = store.head()
+        commit = store.rollback(args.to)
+        if commit.seq == before.seq:  # the current version already holds version N
+            held = f" (as version {commit.seq}, {commit.source})" if commit.seq != args.to else ""
+            print(f"{store.path}: version {args.to} is already current{held}; nothing to "
+                  f"roll back, no version committed")
+        else:
+            print(f"{store.path}: version {commit.seq} is now current ({commit.source})")
+        return
+    commits = store.commits()
+    head = commits[-1].seq if commits else None
+    for c in commits:
+        state = "current" if c.seq == head else (
+            "readable" if store.exists(c.version) else "pruned")
+        where = store.location(c.version) if state != "pruned" else "-"
+        print(f"{c.seq:>5}  {c.kind:<9} {state:<8} {c.created}  {c.job} on {c.host}"
+              f"{'  (' + c.source + ')' if c.source else ''}  {where}")
+    if not commits:
+        print(f"{store.path}: no committed version (an unfinished first write)")
