@@ -264,6 +264,16 @@ def nonfinite_rows(x: np.ndarray, row_offset: int = 0) -> tuple[int, str]:
     return bad.size, rows_text(bad, bad.size)
 
 
+def nonfinite_rows_error(name: str, count: int, shown: str | None, total: int | None = None,
+                         remedy: str = "drop or repair those rows before fitting"
+                         ) -> NonFiniteRowsError:
+    """The one wording of rows with NaN or inf, in every fit and encode: how many, the
+    first five (``shown``, if known), out of how many rows (``total``, if counted), the fix."""
+    rows = f" (rows {shown})" if shown is not None else ""
+    out_of = f" out of {total}" if total is not None else ""
+    return NonFiniteRowsError(name, f"{count} row(s) with NaN or inf{rows}{out_of}; {remedy}")
+
+
 def check_finite_rows(x: np.ndarray, name: str, row_offset: int = 0,
                       remedy: str = "drop or repair those rows before running SLEM") -> None:
     """Raise if any row of a numpy block holds NaN or inf, saying how many, where, and
@@ -271,7 +281,7 @@ def check_finite_rows(x: np.ndarray, name: str, row_offset: int = 0,
     if np.isfinite(x).all():
         return
     count, shown = nonfinite_rows(x, row_offset)
-    raise NonFiniteRowsError(name, f"{count} row(s) with NaN or inf (rows {shown}); {remedy}")
+    raise nonfinite_rows_error(name, count, shown, remedy=remedy)
 
 
 #: Largest declared size of an input array: numpy and dask index with int64, and no

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import pytest
 
@@ -94,3 +96,45 @@ def test_shapes(X):
 def test_zero_kernel_matrix_is_an_error():
     with pytest.raises(ValueError, match="kernel matrix of the negatives is zero"):
         KernelSLEM(kernel="linear").fit(np.zeros((5, 3)))
+
+
+def test_nan_rows_are_counted_over_all_blocks_in_the_linear_slems_words(rng):
+    # each block task sees its own rows only: the count and the row numbers are over all
+    import dask.array as da
+
+    from slem_dask import LinearSLEM
+
+    bad = rng.standard_normal((40, 4))
+    bad[[3, 17, 38], 1] = np.nan
+    words = r"X has 3 row\(s\) with NaN or inf \(rows 3, 17, 38\) out of 40; drop or repair"
+    for data in (bad, da.from_array(bad, chunks=(10, 4))):
+        for strategy in ("in-memory", "streaming"):
+            with pytest.raises(ValueError, match=words):
+                KernelSLEM(rank=3, strategy=strategy).fit(data)
+        with pytest.raises(ValueError, match=words):
+            LinearSLEM().fit(data)
+    model = KernelSLEM(rank=3).fit(np.nan_to_num(bad))
+    with pytest.raises(ValueError, match=r"X has 3 row\(s\) with NaN or inf \(rows 103, 117, "
+                                         r"138\) out of 40"):
+        model.update(da.from_array(bad, chunks=(10, 4)), row_offset=100)
+
+
+def test_a_factor_that_misses_the_kernel_warns_once_naming_rank_gamma_and_the_fix(rng):
+    from slem_dask.models.kernel import TRACE_ERROR_WARNING, TraceErrorWarning
+
+    X = rng.standard_normal((300, 8))  # gamma 100: K is nearly I, 8 pivots leave 97%
+    with pytest.warns(TraceErrorWarning) as caught:
+        model = KernelSLEM(gamma=100, rank=8).fit(X)
+    assert [w.category for w in caught] == [TraceErrorWarning]
+    assert model.trace_error_ > TRACE_ERROR_WARNING == 0.9
+    assert str(caught[0].message) == (
+        f"trace error {model.trace_error_:.3g} (residual trace / trace) is above 0.9: the "
+        f"incomplete Cholesky factor of the rbf kernel (gamma 100) with 8 pivots (rank 8) "
+        f"captures almost none of it, and the encodings keep little of the kernel; use a "
+        f"larger rank (--rank), a smaller gamma (--gamma) or L2-normalized descriptors")
+    with pytest.warns(TraceErrorWarning, match=r"of the linear kernel with 2 pivots \(rank "
+                                               r"2\) .* use a larger rank \(--rank\)$"):
+        KernelSLEM(kernel="linear", rank=2).fit(rng.standard_normal((300, 64)))  # 2 of 64
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", TraceErrorWarning)
+        assert KernelSLEM(gamma=0.1, rank=8).fit(X).trace_error_ < 0.9  # 0.72: no warning

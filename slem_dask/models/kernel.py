@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import numbers
+import warnings
 from dataclasses import dataclass
 
 import dask
@@ -11,14 +12,15 @@ import numpy as np
 
 from ..core.cholesky import exact_parts, g_cholesky, lowrank_parts, similarity_from_parts
 from ..core.kernels import check_histogram, check_kernel_params, kernel_diagonal, kernel_matrix
-from ..parallel import shared
+from ..parallel import locate_nonfinite_rows, shared
 from ..core.statistics import ScatterStats, merge_statistics
 from ..parallel_kernel import CholeskyConfig, incomplete_cholesky
 from ..parallel_kernel_stream import check_strategy, choose_strategy, factor_statistics
-from ..validation import check_finite_rows, check_positive_float, check_rows, is_dask_array
+from ..validation import (NonFiniteRowsError, check_finite_rows, check_positive_float,
+                          check_rows, is_dask_array, nonfinite_rows_error)
 from .base import SLEMEstimator
 
-__all__ = ["KernelSLEM", "PIVOTING"]
+__all__ = ["KernelSLEM", "PIVOTING", "TRACE_ERROR_WARNING", "TraceErrorWarning"]
 
 PIVOTING = ("greedy", "rpcholesky")
 #: Rows per block when fitting on an in-memory numpy array (at most).
@@ -29,6 +31,14 @@ _NUMPY_BLOCK_BYTES = 64 * 2**20
 #: A constant, not the core count: the blocks, hence the rpcholesky pivots, do not
 #: depend on the machine.
 _NUMPY_BLOCK_MULTIPLE = 4
+#: A fit (or update) whose factor leaves more than this fraction of the kernel's trace
+#: (``trace_error_``) warns: its encodings keep almost nothing of the kernel.
+TRACE_ERROR_WARNING = 0.9
+
+
+class TraceErrorWarning(UserWarning):
+    """The incomplete Cholesky factor captures almost none of the kernel (see
+    :data:`TRACE_ERROR_WARNING`): gamma too large for the descriptors, or rank too small."""
 
 
 def _numpy_block_rows(n: int, d: int) -> int:
@@ -197,9 +207,12 @@ class KernelSLEM(SLEMEstimator):
         strategy, reason = choose_strategy(self.strategy, X, rank, bool(self.exact),
                                            self.pivoting)
         streaming = strategy == "streaming"
-        res = incomplete_cholesky(X, cfg, block_rows=block_rows, name="X", on_round=progress,
-                                  streaming=streaming,
-                                  checkpoint=checkpoint if streaming else None)
+        try:
+            res = incomplete_cholesky(X, cfg, block_rows=block_rows, name="X",
+                                      on_round=progress, streaming=streaming,
+                                      checkpoint=checkpoint if streaming else None)
+        except NonFiniteRowsError:
+            raise _nonfinite_rows(X) from None
         r = len(res.pivots)
         self.pivots_ = res.pivots
         self.pivot_rows_ = res.pivot_rows
@@ -220,6 +233,7 @@ class KernelSLEM(SLEMEstimator):
         if self.exact:
             self.negatives_ = res.rows
             self.factor_ = res.factor
+        self._warn_if_weak()
         return self
 
     def update(self, X, row_offset: int = 0):
@@ -252,10 +266,12 @@ class KernelSLEM(SLEMEstimator):
         cfg = CholeskyConfig(kernel=kernel, gamma=gamma, degree=degree, pivoting=self.pivoting,
                              rank=self.rank_, tol=float(self.tol), seed=self.seed_)
         block_rows = max(1, _NUMPY_BLOCK_BYTES // (8 * max(X.shape[1], 1)))
-        out = factor_statistics(X, self.pivot_rows_, self.pivot_factor_, cfg, "X", block_rows,
-                                int(row_offset))
-        if is_dask_array(X):
-            out = out.compute()
+        try:
+            out = factor_statistics(X, self.pivot_rows_, self.pivot_factor_, cfg, "X",
+                                    block_rows, int(row_offset))
+            out = out.compute() if is_dask_array(X) else out
+        except NonFiniteRowsError:
+            raise _nonfinite_rows(X, int(row_offset)) from None
         new, trace, residual = out
         total = merge_statistics(ScatterStats(self.n_samples_, self.factor_mean_,
                                               self.factor_scatter_), new)
@@ -265,7 +281,23 @@ class KernelSLEM(SLEMEstimator):
         self.residual_trace_ = float(self.residual_trace_ + residual)
         self.trace_error_ = self.residual_trace_ / self.trace_
         self.n_samples_ = int(total.count)
+        self._warn_if_weak()
         return self
+
+    def _warn_if_weak(self) -> None:
+        """One :class:`TraceErrorWarning` if ``trace_error_`` > :data:`TRACE_ERROR_WARNING`."""
+        if not self.trace_error_ > TRACE_ERROR_WARNING:
+            return
+        gamma = self.kernel in ("rbf", "quad", "poly")  # the kernels that use it
+        fix = ("a larger rank (--rank)" if self.rank is not None else
+               f"a smaller tol (--tol, now {self.tol})")
+        fix += ", a smaller gamma (--gamma) or L2-normalized descriptors" if gamma else ""
+        warnings.warn(TraceErrorWarning(
+            f"trace error {self.trace_error_:.3g} (residual trace / trace) is above "
+            f"{TRACE_ERROR_WARNING}: the incomplete Cholesky factor of the {self.kernel} kernel"
+            f"{f' (gamma {self.gamma:g})' if gamma else ''} with {self.rank_} pivots (rank "
+            f"{self.rank if self.rank is not None else 'unlimited'}) captures almost none of "
+            f"it, and the encodings keep little of the kernel; use {fix}"), stacklevel=3)
 
     # -- encode -------------------------------------------------------
     def _encoder(self) -> "_Encoder":
@@ -426,6 +458,14 @@ class _Encoder:
                                self.pivots, self.mean, self.g_factor, self.lam)
         return lowrank_parts(k_piv, k_self, self.pivot_factor, self.mean, self.g_factor,
                              self.lam)
+
+
+def _nonfinite_rows(X, row_offset: int = 0) -> NonFiniteRowsError:
+    """NaN or inf rows met by a block task (which saw its block only), counted over all
+    of ``X`` as LinearSLEM counts them: a second pass, on this error path only."""
+    x = X.rechunk({1: -1}) if is_dask_array(X) else X
+    count, shown = locate_nonfinite_rows(x, row_offset=row_offset)
+    return nonfinite_rows_error("X", count, shown, int(X.shape[0]))
 
 
 def _checked(block, enc: _Encoder, name: str, block_info=None):

@@ -13,8 +13,8 @@ from ..core.linear import (encode_rows, exemplar_solution, float32_encoding_ok, 
 from ..core.statistics import (ScatterStats, block_statistics, check_precision, compute_dtype,
                                covariance, merge_statistics)
 from ..parallel import encode_blocks, locate_nonfinite_rows, scatter_statistics, shared
-from ..validation import (DegenerateNegativesWarning, NonFiniteRowsError, all_finite,
-                          check_finite_rows, check_positive_float, check_rows, is_dask_array)
+from ..validation import (DegenerateNegativesWarning, all_finite, check_finite_rows,
+                          check_positive_float, check_rows, is_dask_array, nonfinite_rows_error)
 from .base import SLEMEstimator
 
 __all__ = ["LinearSLEM"]
@@ -98,10 +98,8 @@ class LinearSLEM(SLEMEstimator):
         """
         self._check_params()
         if stats.nonfinite:
-            where = f" (rows {bad_rows()})" if bad_rows is not None else ""
-            raise NonFiniteRowsError(
-                "X", f"{stats.nonfinite} row(s) with NaN or inf{where} out of "
-                     f"{stats.count + stats.nonfinite}; drop or repair those rows before fitting")
+            shown = bad_rows() if bad_rows is not None else None
+            raise nonfinite_rows_error("X", stats.nonfinite, shown, stats.count + stats.nonfinite)
         if stats.count < 2:
             raise ValueError(f"X has {stats.count} row(s); at least 2 negatives are needed")
         mean, cov = stats.mean, covariance(stats, in_place=True)

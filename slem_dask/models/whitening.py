@@ -10,8 +10,8 @@ import numpy as np
 from ..core.statistics import block_statistics, covariance, merge_many
 from ..core.whitening import pca_whitening, whiten_rows
 from ..parallel import locate_nonfinite_rows, map_rows, scatter_statistics, shared
-from ..validation import (NonFiniteRowsError, check_finite_rows, check_positive_float, check_rows,
-                          is_dask_array)
+from ..validation import (check_finite_rows, check_positive_float, check_rows, is_dask_array,
+                          nonfinite_rows_error)
 from .base import SLEMEstimator
 
 __all__ = ["PCAWhitening"]
@@ -71,9 +71,8 @@ class PCAWhitening(SLEMEstimator):
             rows = max(1, _NUMPY_BLOCK_BYTES // (8 * X.shape[1]))
             stats = merge_many(block_statistics(X[i:i + rows]) for i in range(0, len(X), rows))
         if stats.nonfinite:
-            raise NonFiniteRowsError(
-                "X", f"{stats.nonfinite} row(s) with NaN or inf (rows "
-                     f"{locate_nonfinite_rows(X)[1]}); drop or repair those rows before fitting")
+            raise nonfinite_rows_error("X", stats.nonfinite, locate_nonfinite_rows(X)[1],
+                                       stats.count + stats.nonfinite)
         components, variances, projection = pca_whitening(
             covariance(stats), self.n_components, float(self.eps))
         self.mean_ = stats.mean

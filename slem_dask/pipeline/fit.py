@@ -19,6 +19,12 @@ from . import common
 from .common import JobFailed, JobReport, _LOST, _detail, _lost_cluster, _threads
 
 
+#: KernelSLEM parameters as `slem-dask fit` names them (--seed sets random_state): reports
+#: and remedies speak the command line's names, the library keeps its own.
+KERNEL_OPTIONS = {"kernel": "kernel", "gamma": "gamma", "degree": "degree", "lam": "lam",
+                  "rank": "rank", "pivoting": "pivoting", "tol": "tol", "random_state": "seed"}
+
+
 def fit_job(client, negatives: str, model_path: str, lam: float = 1e-3, theta: float = 1.0,
             partition_rows: int | None = None, overwrite: bool = False,
             progress: bool = False, update: bool = False, kernel: str | None = None,
@@ -95,15 +101,9 @@ def fit_job(client, negatives: str, model_path: str, lam: float = 1e-3, theta: f
             if previous is not None:
                 stats = previous if stats is None else merge_statistics(previous, stats)
             t2 = time.perf_counter()
-            with warnings.catch_warnings(record=True) as caught:
-                warnings.simplefilter("always", DegenerateNegativesWarning)
+            with _warnings_naming(negatives, report, DegenerateNegativesWarning):
                 model._fit_statistics(stats, arr.dtype, lambda: locate_nonfinite_rows(
                     storage.dask_rows(arr, rows, name="negatives")[start:], client, start)[1])
-        for warning in caught:  # said once, naming the store, and kept in the report
-            if issubclass(warning.category, DegenerateNegativesWarning):
-                warning.message = f"negatives {str(negatives)!r}: {warning.message}"
-                report.facts["warning"] = warning.message
-            warnings.warn(warning.message, warning.category, stacklevel=2)
         fp = _save_fitted(model, arr, negatives, model_path, seen, lease)
     t3 = time.perf_counter()
     report.facts.update({"model": str(model_path), "fingerprint": fp[:16]})
@@ -125,6 +125,20 @@ def _fit_errors(negatives, model_path):
     except _LOST as exc:
         raise _lost_cluster(exc, f"no model was written ({str(model_path)!r} is as "
                                  f"before): run the same command again") from None
+
+
+@contextlib.contextmanager
+def _warnings_naming(negatives, report, category):
+    """Warnings of ``category`` raised in the block, said once naming the negatives' store
+    and kept in the report; other warnings pass as they were."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", category)
+        yield
+    for warning in caught:
+        if issubclass(warning.category, category):
+            warning.message = f"negatives {str(negatives)!r}: {warning.message}"
+            report.facts["warning"] = warning.message
+        warnings.warn(warning.message, warning.category, stacklevel=3)
 
 
 def _save_fitted(model, arr, negatives, model_path, seen: str, lease) -> str:
@@ -166,11 +180,8 @@ def _previous_statistics(model_path, negatives, arr) -> ScatterStats:
         kernel_options = ""
         if meta["model"] == "KernelSLEM":
             p = meta.get("params") or {}
-            kernel_options = " ".join(
-                f"--{flag} {p[key]}" for flag, key in (
-                    ("kernel", "kernel"), ("gamma", "gamma"), ("degree", "degree"),
-                    ("lam", "lam"), ("rank", "rank"), ("pivoting", "pivoting"),
-                    ("tol", "tol"), ("seed", "random_state")) if p.get(key) is not None)
+            kernel_options = " ".join(f"--{flag} {p[key]}" for key, flag in
+                                      KERNEL_OPTIONS.items() if p.get(key) is not None)
         remedy = (f"give its kernel options to update it ({kernel_options} --update); "
                   f"--overwrite would replace it with a linear model" if kernel_options else
                   "pass --overwrite to replace it with a linear model")

@@ -11,10 +11,12 @@ import time
 from .. import integrity, storage
 from ..storage import versions
 from ..models import load_model
+from ..models.kernel import TraceErrorWarning
 from ..parallel_kernel_stream import choose_strategy
 
 from .common import JobReport
-from .fit import _fit_errors, _open_negatives, _save_fitted
+from .fit import (KERNEL_OPTIONS, _fit_errors, _open_negatives, _save_fitted,
+                  _warnings_naming)
 
 
 def _print_round(round_no: int, n_pivots: int, trace_error: float) -> None:
@@ -95,7 +97,8 @@ def _fit_kernel_job(client, negatives, model_path, model, partition_rows,
         checkpoint = (_final_pass_checkpoint(model_path, model, seen, x)
                       if old is None and strategy == "streaming" else None)
         t1 = time.perf_counter()
-        with _fit_errors(negatives, model_path):
+        with _fit_errors(negatives, model_path), \
+                _warnings_naming(negatives, report, TraceErrorWarning):
             on_round = _print_round if progress else None
             with (client.as_current() if client is not None else contextlib.nullcontext()):
                 if old is None:
@@ -117,9 +120,10 @@ def _fit_kernel_job(client, negatives, model_path, model, partition_rows,
                                           f"interrupted run's draft")
         fp = _save_fitted(model, arr, negatives, model_path, seen, lease)
     t3 = time.perf_counter()
+    params = model.get_params()
     report.facts.update({
         "partitions": x[start:].numblocks[0], "rows read": n - start,
-        **{k: v for k, v in model.get_params().items() if k not in ("exact", "strategy")},
+        **{flag: params[key] for key, flag in KERNEL_OPTIONS.items()},
         "pivots": model.rank_, "trace error": f"{model.trace_error_:.4g}",
         "passes": model.n_passes_ if old is None else 1, "model": str(model_path),
         "fingerprint": fp[:16],

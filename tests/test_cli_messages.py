@@ -1,0 +1,91 @@
+"""What the command line tells its operator: the kernel fit's report and its warning about
+a weak factor, NaN rows in linear and kernel fits alike. In-process against one in-process
+scheduler."""
+
+import re
+
+import numpy as np
+import pytest
+from distributed import LocalCluster
+
+from slem_dask.cli import main
+from slem_dask.models.kernel import TraceErrorWarning
+
+from helpers import small_corpus, zarr_rows
+
+
+@pytest.fixture(scope="module")
+def scheduler():
+    with LocalCluster(n_workers=1, threads_per_worker=2, processes=False,
+                      dashboard_address=":0") as cluster:
+        yield cluster.scheduler_address
+
+
+@pytest.fixture(autouse=True)
+def no_scheduler_env(monkeypatch):
+    monkeypatch.delenv("DASK_SCHEDULER_ADDRESS", raising=False)
+
+
+@pytest.fixture
+def corpus(tmp_path):
+    return small_corpus(tmp_path, seed=5)
+
+
+def cli(capsys, scheduler, *args):
+    """(exit code, stdout, stderr) of the command line, in-process, on ``scheduler``."""
+    code = main([*map(str, args), "--scheduler", scheduler, "--no-progress"])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def fact(out: str, name: str) -> str:
+    """The value of one line of a job report ("  action             create")."""
+    found = re.findall(rf"^  {re.escape(name)} +(.*)$", out, re.M)
+    assert len(found) == 1, out
+    return found[0]
+
+
+# -- reports and warnings ------------------------------------------------------------------
+def _kernel_fit(capsys, scheduler, corpus, *extra):
+    return cli(capsys, scheduler, "fit", "--negatives", corpus["negatives"], "--model",
+               corpus["dir"] / "kmodel.zarr", "--kernel", "rbf", *extra)
+
+
+def test_the_kernel_fit_report_names_the_seed_by_its_option(capsys, scheduler, corpus):
+    code, out, err = _kernel_fit(capsys, scheduler, corpus, "--rank", "6", "--pivoting",
+                                 "rpcholesky", "--seed", "7")
+    assert code == 0, err
+    assert fact(out, "seed") == "7" and "random_state" not in out
+    assert fact(out, "rank") == "6" and fact(out, "pivoting") == "rpcholesky"
+
+
+def test_a_kernel_fit_whose_factor_misses_the_kernel_warns_once(capsys, scheduler, corpus):
+    # gamma 100 on unit-variance rows: the kernel matrix is nearly the identity, and
+    # 8 pivots of 300 leave 97% of its trace
+    with pytest.warns(TraceErrorWarning) as caught:
+        code, out, err = _kernel_fit(capsys, scheduler, corpus, "--rank", "8", "--gamma", "100")
+    assert code == 0, err
+    assert len([w for w in caught if w.category is TraceErrorWarning]) == 1
+    said = fact(out, "warning")
+    assert said == str(caught[0].message) and "\n" not in said
+    value = fact(out, "trace error")
+    assert said.startswith(f"negatives {corpus['negatives']!r}: trace error "
+                           f"{float(value):.3g} (residual trace / trace) is above 0.9"), said
+    assert "rbf kernel (gamma 100) with 8 pivots (rank 8)" in said
+    assert said.endswith("use a larger rank (--rank), a smaller gamma (--gamma) or "
+                         "L2-normalized descriptors")
+
+
+@pytest.mark.parametrize("kind", [[], ["--kernel", "rbf", "--rank", "4"],
+                                  ["--kernel", "rbf", "--rank", "4", "--kernel-memory",
+                                   "streaming"]], ids=["linear", "kernel", "kernel streaming"])
+def test_nan_rows_are_told_in_one_wording_by_linear_and_kernel_fits(capsys, scheduler,
+                                                                    corpus, kind):
+    neg = corpus["neg"].copy()
+    neg[5, 2], neg[77, 0], neg[200, 1] = np.nan, np.inf, np.nan  # in three partitions
+    path = zarr_rows(corpus["dir"] / "bad.zarr", neg)
+    code, out, err = cli(capsys, scheduler, "fit", "--negatives", path, "--model",
+                         corpus["dir"] / "bad-model.zarr", "--partition-rows", "40", *kind)
+    assert code == 1 and err == (
+        f"slem-dask fit: error: negatives {path!r}: 3 row(s) with NaN or inf (rows 5, 77, "
+        f"200) out of 300; drop or repair those rows before fitting\n"), err
