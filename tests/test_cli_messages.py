@@ -1,6 +1,6 @@
 """What the command line tells its operator: the kernel fit's report and its warning about
-a weak factor, NaN rows in linear and kernel fits alike. In-process against one in-process
-scheduler."""
+a weak factor, encode's action, NaN rows in linear and kernel fits alike. In-process
+against one in-process scheduler."""
 
 import re
 
@@ -74,6 +74,17 @@ def test_a_kernel_fit_whose_factor_misses_the_kernel_warns_once(capsys, schedule
     assert "rbf kernel (gamma 100) with 8 pivots (rank 8)" in said
     assert said.endswith("use a larger rank (--rank), a smaller gamma (--gamma) or "
                          "L2-normalized descriptors")
+
+
+def test_encode_overwrite_says_it_replaces_the_output(capsys, scheduler, corpus):
+    out = corpus["dir"] / "codes.zarr"
+    args = ("encode", "--model", corpus["model"], "--positives", corpus["positives"],
+            "--out", out)
+    code, first, err = cli(capsys, scheduler, *args)
+    assert code == 0 and fact(first, "action") == "create", err
+    code, again, err = cli(capsys, scheduler, *args, "--overwrite")
+    assert code == 0 and fact(again, "action") == "replace", err
+    assert fact(again, "version") == "2"
 
 
 @pytest.mark.parametrize("kind", [[], ["--kernel", "rbf", "--rank", "4"],

@@ -346,14 +346,15 @@ def _plan_output(out, existing, arr, positives, encoding, out_dtype, overwrite,
                  on_model_change, width, precision=None):
     """Decide what to do with what is at ``out``: (existing output to update, or None
     to create a new one; action). Refuses to replace anything slem-dask did not write."""
-    if existing is None and storage._exists(out):
+    if existing is None:
+        if not storage._exists(out):
+            return None, "create"
         if not overwrite:
             raise FileExistsError(
                 f"output {str(out)!r} already exists and is not a zarr array; choose "
                 f"another path")
         integrity.check_may_replace(out, "output", kind="encoding")
-    if existing is None:
-        return None, "create"
+        return None, "replace"
     if storage.is_legacy(out) and not overwrite:
         raise FileExistsError(
             f"output {str(out)!r} was written in place by an earlier slem-dask (no "
@@ -365,7 +366,7 @@ def _plan_output(out, existing, arr, positives, encoding, out_dtype, overwrite,
             f"slem-dask never replaces what it did not write, even with --overwrite: "
             f"choose another path")
     if overwrite:
-        return None, "create"
+        return None, "replace"  # a new version; the old one stays in the history
     if meta.get("encoding_fingerprint") != encoding:
         if on_model_change == "reencode":
             return None, "re-encode (model changed)"
