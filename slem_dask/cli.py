@@ -15,6 +15,10 @@ from .cli_parser import (_check_option_combinations, _glue_negative_values, _par
                          build_parser)
 
 EXIT_ERROR = 1
+#: Exit status when stdout's reader went away (`slem-dask ... | head -1`): 128 + SIGPIPE,
+#: what a shell reports for a program that SIGPIPE ended, not 0: not all the output was
+#: read, and a pipe closed while a job ran stops that job (`set -o pipefail` scripts see it).
+EXIT_BROKEN_PIPE = 141
 
 
 def _print_table(rows: list[dict]) -> None:
@@ -330,6 +334,8 @@ def main(argv=None) -> int:
     except KeyboardInterrupt:
         return _interrupted(args)
     except Exception as exc:  # noqa: BLE001 - an object store's failures are not OSErrors
+        if isinstance(exc, BrokenPipeError) and _stdout_is_gone():
+            return _reader_gone(args)
         from .storage.backend import describe_storage_error
 
         line = describe_storage_error(exc, _paths_of(args))
@@ -356,6 +362,50 @@ def _paths_of(args) -> list[str]:
     names = ("negatives", "model", "positives", "out", "queries", "database", "corpus", "path")
     paths = [getattr(args, n) for n in names if isinstance(getattr(args, n, None), str)]
     return paths + [p for p in getattr(args, "paths", None) or [] if isinstance(p, str)]
+
+
+def _stdout_is_gone() -> bool:
+    """Whether stdout's reader went away: a BrokenPipeError may also come from a socket of
+    the cluster or of a store, an error to report. The write end of a pipe (or socket)
+    without a reader polls as POLLERR (or POLLHUP), always reported, whatever is asked."""
+    import select
+
+    try:
+        poller = select.poll()
+        poller.register(sys.stdout.fileno(), 0)
+        return bool(poller.poll(0))
+    except (AttributeError, ValueError, OSError):  # no poll (Windows), or not a file
+        return False
+
+
+def _reader_gone(args) -> int:
+    """The reader of stdout went away: exit quietly, as Python's documentation says to
+    (docs.python.org/3/library/signal.html, "Note on SIGPIPE"), saying only on stderr
+    what a job cut short by it left."""
+    _silence_stdout()
+    if args.command not in ("verify", "versions", "rollback") \
+            and getattr(args, "finished", None) is None:
+        print(f"slem-dask {args.command}: stopped: the reader of its output closed it "
+              f"before the job finished; {_not_complete(args)}", file=sys.stderr)
+    return EXIT_BROKEN_PIPE
+
+
+def _silence_stdout() -> None:
+    """stdout to /dev/null, so that the flush at exit cannot fail again."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+
+
+def _flush_stdout(code: int) -> int:
+    """Flush stdout; the exit status to use if its reader went away meanwhile (a pipe's
+    output is buffered: that shows here), a failed job's own status first."""
+    try:
+        sys.stdout.flush()
+    except BrokenPipeError:
+        _silence_stdout()
+        return code or EXIT_BROKEN_PIPE
+    return code
 
 
 def _interrupted(args) -> int:
@@ -414,11 +464,10 @@ def console_main() -> None:
     """
     import atexit
 
-    code = main()
-    sys.stdout.flush()
+    code = _flush_stdout(main())
     sys.stderr.flush()
     atexit._run_exitfuncs()
-    sys.stdout.flush()
+    code = _flush_stdout(code)
     sys.stderr.flush()
     os._exit(code)
 

@@ -1,14 +1,18 @@
-"""What the command line tells its operator: the kernel fit's report and its warning about
-a weak factor, encode's action, NaN rows in linear and kernel fits alike. In-process
-against one in-process scheduler."""
+"""What the command line tells its operator: a reader that closes the output early, the
+kernel fit's report and its warning about a weak factor, encode's action, NaN rows in
+linear and kernel fits alike. In-process against one in-process scheduler, except the
+closed-pipe tests, which need the executable's own standard output."""
 
+import os
 import re
+import subprocess
+import sys
 
 import numpy as np
 import pytest
 from distributed import LocalCluster
 
-from slem_dask.cli import main
+from slem_dask.cli import EXIT_BROKEN_PIPE, main
 from slem_dask.models.kernel import TraceErrorWarning
 
 from helpers import small_corpus, zarr_rows
@@ -43,6 +47,52 @@ def fact(out: str, name: str) -> str:
     found = re.findall(rf"^  {re.escape(name)} +(.*)$", out, re.M)
     assert len(found) == 1, out
     return found[0]
+
+
+# -- a reader that stops early (`slem-dask ... | head -1`) --------------------------------
+def _slem_dask(args, stdout):
+    env = {k: v for k, v in os.environ.items() if k != "DASK_SCHEDULER_ADDRESS"}
+    return subprocess.Popen([sys.executable, "-m", "slem_dask", *map(str, args),
+                             "--no-progress"], stdout=stdout, stderr=subprocess.PIPE, env=env)
+
+
+def _encode_args(corpus, out):
+    return ["encode", "--model", corpus["model"], "--positives", corpus["positives"],
+            "--out", out]
+
+
+def test_a_reader_that_stops_after_the_first_line_ends_a_finished_job_quietly(corpus, capsys):
+    out = corpus["dir"] / "codes.zarr"
+    proc = _slem_dask(_encode_args(corpus, out), subprocess.PIPE)
+    first = proc.stdout.readline()  # `| head -1`: one line, then the pipe is closed
+    proc.stdout.close()
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=120) == EXIT_BROKEN_PIPE == 141, err
+    assert first.startswith(b"dask: ") and err == ""  # no "[Errno 32] Broken pipe"
+    assert main(["verify", str(out)]) == 0  # the job finished: its output is complete
+    assert capsys.readouterr().out.endswith(": ok\n")
+
+
+def test_a_pipe_closed_before_the_job_ran_stops_it_and_says_what_is_kept(corpus):
+    read, write = os.pipe()
+    os.close(read)  # `| true`: nobody reads
+    try:
+        proc = _slem_dask(_encode_args(corpus, corpus["dir"] / "codes.zarr"), write)
+        stopped = proc.communicate(timeout=120)[1].decode()
+        # a failing job's error still reaches stderr, with its own exit status
+        failed = _slem_dask(["fit", "--negatives", corpus["dir"] / "nothing.zarr", "--model",
+                             corpus["dir"] / "m.zarr"], write)
+        error = failed.communicate(timeout=120)[1].decode()
+    finally:
+        os.close(write)
+    assert proc.returncode == 141 and stopped.splitlines() == [
+        "slem-dask encode: stopped: the reader of its output closed it before the job "
+        "finished; nothing was committed: readers still see the previous version, if any; "
+        "the partitions already written are kept in this job's draft: run the same command "
+        "again to resume"], stopped
+    assert not (corpus["dir"] / "codes.zarr" / "commits").exists()
+    assert failed.returncode == 1 and error.startswith(
+        "slem-dask fit: error: negatives: no zarr array at "), error
 
 
 # -- reports and warnings ------------------------------------------------------------------
