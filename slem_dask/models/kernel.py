@@ -293,7 +293,7 @@ class KernelSLEM(SLEMEstimator):
                f"a smaller tol (--tol, now {self.tol})")
         fix += ", a smaller gamma (--gamma) or L2-normalized descriptors" if gamma else ""
         warnings.warn(TraceErrorWarning(
-            f"trace error {self.trace_error_:.3g} (residual trace / trace) is above "
+            f"trace error {self.trace_error_:.4f} (residual trace / trace) is above "
             f"{TRACE_ERROR_WARNING}: the incomplete Cholesky factor of the {self.kernel} kernel"
             f"{f' (gamma {self.gamma:g})' if gamma else ''} with {self.rank_} pivots (rank "
             f"{self.rank if self.rank is not None else 'unlimited'}) captures almost none of "
