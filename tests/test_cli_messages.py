@@ -120,7 +120,7 @@ def test_a_kernel_fit_whose_factor_misses_the_kernel_warns_once(capsys, schedule
     assert said == str(caught[0].message) and "\n" not in said
     value = fact(out, "trace error")
     assert said.startswith(f"negatives {corpus['negatives']!r}: trace error "
-                           f"{float(value):.3g} (residual trace / trace) is above 0.9"), said
+                           f"{float(value):.4f} (residual trace / trace) is above 0.9"), said
     assert "rbf kernel (gamma 100) with 8 pivots (rank 8)" in said
     assert said.endswith("use a larger rank (--rank), a smaller gamma (--gamma) or "
                          "L2-normalized descriptors")

@@ -128,7 +128,7 @@ def test_a_factor_that_misses_the_kernel_warns_once_naming_rank_gamma_and_the_fi
     assert [w.category for w in caught] == [TraceErrorWarning]
     assert model.trace_error_ > TRACE_ERROR_WARNING == 0.9
     assert str(caught[0].message) == (
-        f"trace error {model.trace_error_:.3g} (residual trace / trace) is above 0.9: the "
+        f"trace error {model.trace_error_:.4f} (residual trace / trace) is above 0.9: the "
         f"incomplete Cholesky factor of the rbf kernel (gamma 100) with 8 pivots (rank 8) "
         f"captures almost none of it, and the encodings keep little of the kernel; use a "
         f"larger rank (--rank), a smaller gamma (--gamma) or L2-normalized descriptors")
