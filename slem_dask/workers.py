@@ -201,7 +201,7 @@ def check_memory(client, plan: Plan, n_tasks: int) -> None:
     ``plan`` for :func:`explain_failures`."""
     _plan.set(plan)
     fraction = _terminate_fraction()
-    if client is None or fraction is None or n_tasks <= 0:
+    if client is None or n_tasks <= 0:
         return
     limited = _limited_workers(client)
     plan.limits = {a: w["memory_limit"] for a, w in limited.items()}
@@ -210,7 +210,11 @@ def check_memory(client, plan: Plan, n_tasks: int) -> None:
     if not limited:
         return
     used = client.run(_worker_memory, workers=list(limited))
+    # measured even when there is no threshold to check against: the rows suggested
+    # after workers die for memory must pass the check that the next run makes
     plan.in_use = max(used.values(), default=0)
+    if fraction is None:
+        return
     short = []  # (rows that fit, address, info, tasks at once, in use) of the short ones
     for address, w in limited.items():
         if address not in used:

@@ -132,11 +132,14 @@ def test_workers_killed_for_memory_are_named_in_one_line(small_worker):
     # Without the nannies' restart threshold in the client's configuration the job cannot
     # check beforehand (as with an estimate that is wrong): the worker is restarted on
     # the task and distributed gives up with KilledWorker after 4 tries.
+    # A partition's task holds its rows and their encodings (each float32 product is
+    # computed piece by piece): 240,000 x 256 rows need about 470 MiB, over the limit.
     c = small_worker
     out = c["tmp"] / "killed.zarr"
+    positives = _array(c["tmp"] / "positives-240k.zarr", 240_000, 256, 1_000)
     before = _memory_restarts(c)
-    result = _cli(c, "encode", "--model", c["model"], "--positives", c["positives"], "--out",
-                  out, "--partition-rows", 60_000,
+    result = _cli(c, "encode", "--model", c["model"], "--positives", positives, "--out",
+                  out, "--partition-rows", 240_000,
                   env={"DASK_DISTRIBUTED__WORKER__MEMORY__TERMINATE": "False"})
     assert result.returncode == 1
     lines = result.stderr.strip().splitlines()
@@ -146,13 +149,13 @@ def test_workers_killed_for_memory_are_named_in_one_line(small_worker):
     assert re.search(r"worker\(s\) tcp://127\.0\.0\.1:\d+.* \(memory limit 381\.5 MiB\) were "
                      r"restarted by their nannies \d+ time\(s\) for exceeding their memory "
                      r"limit", line), line
-    assert "partitions of 60000 rows x 256 float32 (58.6 MiB" in line
+    assert "partitions of 240000 rows x 256 float32 (234.4 MiB" in line
     assert "nothing was marked complete" in line
     suggested = re.search(r"pass --partition-rows (\d+000) or less \(", line)
     assert suggested and "--overwrite" not in line, line  # a failed job's draft binds nothing
     assert "KilledWorker" not in line and "Traceback" not in result.stderr
     assert not storage.marked_complete(str(out))
-    result = _cli(c, "encode", "--model", c["model"], "--positives", c["positives"], "--out",
+    result = _cli(c, "encode", "--model", c["model"], "--positives", positives, "--out",
                   out, "--partition-rows", suggested.group(1))
     assert result.returncode == 0, result.stderr  # the remedy as written works
     assert storage.marked_complete(str(out))
