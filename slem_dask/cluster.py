@@ -120,8 +120,11 @@ def in_process_kwargs() -> dict:
     :func:`slem_dask.workers.check_memory` checks the job's tasks against it.
     """
     cores = usable_cores()
+    # dashboard_address=None alone still binds the scheduler's HTTP server (health and
+    # metrics routes) to port 8787, with a three-line warning when another Dask holds it
     return {"n_workers": 1, "threads_per_worker": cores, "processes": False,
-            "dashboard_address": None}
+            "dashboard_address": None,
+            "scheduler_kwargs": {"dashboard": False, "dashboard_address": ":0"}}
 
 
 @contextlib.contextmanager

@@ -296,3 +296,30 @@ def test_an_in_process_worker_is_told_a_remedy_that_applies_in_process(monkeypat
     said = _in_process_refusal(monkeypatch, available)
     assert "--memory-limit" not in said and "fewer threads" not in said, said
     assert re.search(fix, said), said
+
+
+def test_the_in_process_cluster_binds_no_fixed_port(caplog):
+    """Another Dask on port 8787 must not make every in-process command warn (distributed
+    binds the scheduler's HTTP server to 8787 unless told otherwise)."""
+    import socket
+    import warnings
+
+    from distributed import LocalCluster
+
+    from slem_dask.cluster import in_process_kwargs
+
+    holder = socket.socket()
+    try:
+        holder.bind(("", 8787))
+        holder.listen()
+    except OSError:
+        pass  # something else already holds it: the same situation
+    try:
+        with warnings.catch_warnings(record=True) as caught, caplog.at_level("WARNING"):
+            warnings.simplefilter("always")
+            with LocalCluster(**in_process_kwargs()):
+                pass
+        said = [str(w.message) for w in caught] + [r.getMessage() for r in caplog.records]
+        assert not [m for m in said if "already in use" in m], said
+    finally:
+        holder.close()

@@ -186,3 +186,20 @@ def test_kernel_update_names_the_differing_parameters(corpus, client):
     pipeline.fit_job(client, neg, kpath, kernel="rbf", rank=5, tol=0.0, seed=0)
     with pytest.raises(FileExistsError, match=r"tol: stored 0.0, given 0.001"):
         pipeline.fit_job(client, neg, kpath, kernel="rbf", rank=5, seed=0, update=True)
+
+
+def test_linear_update_keeps_the_stored_parameters_or_refuses(corpus, client):
+    """A linear --update with other lam or theta than the stored model's is refused, as a
+    kernel one is: the merged statistics were saved under the new (default) parameters."""
+    neg = str(corpus / "corpus.zarr/negatives")
+    path = str(corpus / "lin.zarr")
+    pipeline.fit_job(client, neg, path, lam=3e-3, theta=2.0)
+    with pytest.raises(FileExistsError, match=r"lam: stored 0.003, given 0.001.*theta: "
+                                              r"stored 2.0, given 1.0.*--update keeps"):
+        pipeline.fit_job(client, neg, path, update=True)
+    assert load_model(path).get_params()["lam"] == 3e-3
+    report = pipeline.fit_job(client, neg, path, lam=3e-3, theta=2.0, update=True,
+                              precision="float64")  # an execution parameter may change
+    assert report.facts["action"] in ("update", "up to date")
+    assert load_model(path).lam == 3e-3 and load_model(path).theta == 2.0
+

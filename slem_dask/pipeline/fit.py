@@ -66,7 +66,8 @@ def fit_job(client, negatives: str, model_path: str, lam: float = 1e-3, theta: f
     arr, exists = _open_negatives(negatives, model_path, overwrite, update)
     with integrity.Lease(model_path, "slem-dask fit") as lease:
         update = update and exists and not overwrite  # --overwrite --update: refit
-        previous = _previous_statistics(model_path, negatives, arr) if update else None
+        previous = _previous_statistics(model_path, negatives, arr, model) if update \
+            else None
         start = previous.count if previous is not None else 0
         n = int(arr.shape[0])
         report = JobReport("fit")
@@ -171,9 +172,25 @@ def _open_negatives(negatives, model_path, overwrite: bool, update: bool):
     return arr, exists
 
 
-def _previous_statistics(model_path, negatives, arr) -> ScatterStats:
+def check_same_params(model, meta: dict, model_path, flag: str) -> None:
+    """Refuse to update a stored model with other parameters than its own (lam, theta,
+    gamma ...; not the execution ones): the merged statistics would be saved under the
+    new ones, and every output encoded with the stored model would no longer match it."""
+    given = storage.json_params(model.get_params())
+    stored = meta.get("params") or {}
+    differ = {k: v for k, v in given.items()
+              if k not in model._execution_params and stored.get(k) != v}
+    if differ:
+        diff = ", ".join(f"{k}: stored {stored.get(k)!r}, given {v!r}" for k, v in differ.items())
+        raise FileExistsError(
+            f"model store {str(model_path)!r} holds a {meta['model']} with other parameters "
+            f"({diff}); {flag} keeps parameters: give the stored values, or pass --overwrite "
+            f"to refit with the new ones")
+
+
+def _previous_statistics(model_path, negatives, arr, model) -> ScatterStats:
     """The statistics stored in a model, checked to be those of the first rows of ``arr``,
-    unchanged since they were merged."""
+    unchanged since they were merged, and fitted with ``model``'s parameters."""
     meta, _ = storage.read_model_store(model_path)
     old = load_model(model_path)
     if not isinstance(old, LinearSLEM):
@@ -187,6 +204,7 @@ def _previous_statistics(model_path, negatives, arr) -> ScatterStats:
                   "pass --overwrite to replace it with a linear model")
         raise ValueError(f"--update without --kernel updates a LinearSLEM model; "
                          f"{str(model_path)!r} holds a {meta['model']}: {remedy}")
+    check_same_params(model, meta, model_path, "--update")
     if meta.get("source") != negatives.url or old.n_features_in_ != arr.shape[1] \
             or old.n_samples_ > arr.shape[0]:
         raise ValueError(

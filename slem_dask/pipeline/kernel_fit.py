@@ -15,7 +15,7 @@ from ..models.kernel import TraceErrorWarning
 from ..parallel_kernel_stream import choose_strategy
 
 from .common import JobReport
-from .fit import (KERNEL_OPTIONS, _fit_errors, _open_negatives, _save_fitted,
+from .fit import (KERNEL_OPTIONS, _fit_errors, _open_negatives, _save_fitted, check_same_params,
                   _warnings_naming)
 
 
@@ -45,10 +45,6 @@ def _fit_kernel_job(client, negatives, model_path, model, partition_rows,
         seen = integrity.rows_fingerprint(arr, negatives, "negatives", n)
         if exists and update and not overwrite:
             meta, _ = storage.read_model_store(model_path)
-            given = storage.json_params(model.get_params())
-            stored = meta["params"]
-            differ = {k: v for k, v in given.items()
-                      if k not in model._execution_params and stored.get(k) != v}
             flag = "--repivot" if repivot else "--update"
             if meta["model"] != "KernelSLEM":
                 raise FileExistsError(
@@ -56,13 +52,7 @@ def _fit_kernel_job(client, negatives, model_path, model, partition_rows,
                     f"model; {flag} keeps the stored model's kind and parameters: pass "
                     f"--overwrite to replace it with this kernel model, or drop --kernel to "
                     f"update the {meta['model']}")
-            if differ:
-                diff = ", ".join(f"{k}: stored {stored.get(k)!r}, given {v!r}"
-                                 for k, v in differ.items())
-                raise FileExistsError(
-                    f"model store {str(model_path)!r} holds a {meta['model']} with other "
-                    f"parameters ({diff}); {flag} keeps parameters: give the stored "
-                    f"values, or pass --overwrite to refit with the new ones")
+            check_same_params(model, meta, model_path, flag)
             if not repivot and meta.get("source") == negatives.url \
                     and meta.get("n_samples") == n and meta.get("negatives_fingerprint") == seen:
                 report = JobReport("fit")
