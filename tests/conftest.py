@@ -70,3 +70,21 @@ def _forget_s3_clients():
     except ImportError:
         return
     s3fs.S3FileSystem.clear_instance_cache()
+
+
+@pytest.fixture(scope="module")
+def scheduler():
+    """An in-process cluster's address, for command-line tests (``--scheduler``)."""
+    from distributed import LocalCluster
+
+    with LocalCluster(n_workers=1, threads_per_worker=2, processes=False,
+                      dashboard_address=":0") as cluster:
+        yield cluster.scheduler_address
+
+
+@pytest.fixture
+def no_scheduler_env(monkeypatch):
+    """A DASK_SCHEDULER_ADDRESS in the caller's shell must not send the command line's
+    jobs to another cluster (modules opt in with ``pytestmark``)."""
+    monkeypatch.delenv("DASK_SCHEDULER_ADDRESS", raising=False)
+

@@ -10,24 +10,13 @@ import sys
 
 import numpy as np
 import pytest
-from distributed import LocalCluster
 
 from slem_dask.cli import EXIT_BROKEN_PIPE, main
 from slem_dask.models.kernel import TraceErrorWarning
 
 from helpers import small_corpus, zarr_rows
 
-
-@pytest.fixture(scope="module")
-def scheduler():
-    with LocalCluster(n_workers=1, threads_per_worker=2, processes=False,
-                      dashboard_address=":0") as cluster:
-        yield cluster.scheduler_address
-
-
-@pytest.fixture(autouse=True)
-def no_scheduler_env(monkeypatch):
-    monkeypatch.delenv("DASK_SCHEDULER_ADDRESS", raising=False)
+pytestmark = pytest.mark.usefixtures("no_scheduler_env")  # conftest.py
 
 
 @pytest.fixture

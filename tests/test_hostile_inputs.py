@@ -13,24 +13,13 @@ import time
 import numpy as np
 import pytest
 import zarr
-from distributed import LocalCluster
 
 from slem_dask import integrity, storage
 from slem_dask.cli import main
 
+pytestmark = pytest.mark.usefixtures("no_scheduler_env")  # conftest.py
+
 D = 16
-
-
-@pytest.fixture(scope="module")
-def scheduler():
-    with LocalCluster(n_workers=1, threads_per_worker=2, processes=False,
-                      dashboard_address=":0") as cluster:
-        yield cluster.scheduler_address
-
-
-@pytest.fixture(autouse=True)
-def no_scheduler_env(monkeypatch):
-    monkeypatch.delenv("DASK_SCHEDULER_ADDRESS", raising=False)
 
 
 def write_array(path, data, chunk_rows=500):

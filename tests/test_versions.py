@@ -266,18 +266,21 @@ def test_a_dead_pid_in_this_namespace_is_stale_at_once(tmp_path):
         assert mine.took_over["job"] == "dead job"
 
 
-def test_a_new_draft_prunes_the_oldest_kept_version_before_it_is_written(tmp_path):
-    """Storage never holds more than KEEP_VERSIONS versions, a draft included: the
-    oldest goes when the next job begins, so its space is free for the new one."""
+def _three_model_versions(tmp_path):
+    """A model store with versions 1-3 (lam 0.1, 0.2, 0.3), and a function listing the
+    sequence numbers of its versions still readable."""
     path = str(tmp_path / "m.zarr")
     X = np.random.default_rng(0).standard_normal((60, 4))
     for lam in (0.1, 0.2, 0.3):
         LinearSLEM(lam=lam).fit(X).save(path, overwrite=True)
     store = versions.VersionedStore(path)
+    return store, lambda: [c.seq for c in store.commits() if store.exists(c.version)]
 
-    def kept():
-        return [c.seq for c in store.commits() if store.exists(c.version)]
 
+def test_a_new_draft_prunes_the_oldest_kept_version_before_it_is_written(tmp_path):
+    """Storage never holds more than KEEP_VERSIONS versions, a draft included: the
+    oldest goes when the next job begins, so its space is free for the new one."""
+    store, kept = _three_model_versions(tmp_path)
     assert kept() == [1, 2, 3]
     draft = store.begin()
     assert kept() == [1, 2, 3]  # a draft alone prunes nothing: a job that writes makes room
@@ -297,15 +300,7 @@ def test_a_new_draft_prunes_the_oldest_kept_version_before_it_is_written(tmp_pat
 def test_making_room_prunes_while_the_body_writes_and_reports_a_failed_pruning(tmp_path):
     """The job's thread writes while another deletes the oldest version; a pruning that
     failed is raised once the body is done, unless the body failed first."""
-    path = str(tmp_path / "m.zarr")
-    X = np.random.default_rng(0).standard_normal((60, 4))
-    for lam in (0.1, 0.2, 0.3):
-        LinearSLEM(lam=lam).fit(X).save(path, overwrite=True)
-    store = versions.VersionedStore(path)
-
-    def kept():
-        return [c.seq for c in store.commits() if store.exists(c.version)]
-
+    store, kept = _three_model_versions(tmp_path)
     draft = store.begin()
     with store.making_room():
         zarr.open_group(store=draft.location, mode="w")
