@@ -201,7 +201,6 @@ def check_inputs(spec: JobSpec) -> None:
 
     Paths inside ``[generate] path`` are skipped while that corpus does not exist yet.
     """
-
     from . import storage
     from .models import load_model
 
@@ -282,7 +281,6 @@ def run_spec(client, spec: JobSpec, overwrite: bool = False, progress: bool = Fa
     it then, so that a failing later step never hides what earlier ones wrote).
     ``[fit] update = false`` refits the model (from scratch) on every run.
     """
-
     from . import pipeline
 
     check_paths(spec)

@@ -462,9 +462,9 @@ class _Encoder:
 
 def _nonfinite_rows(X, row_offset: int = 0) -> NonFiniteRowsError:
     """NaN or inf rows met by a block task (which saw its block only), counted over all
-    of ``X`` as LinearSLEM counts them: a second pass, on this error path only."""
-    x = X.rechunk({1: -1}) if is_dask_array(X) else X
-    count, shown = locate_nonfinite_rows(x, row_offset=row_offset)
+    of ``X`` (whole rows per block: checked by check_rows) as LinearSLEM counts them: a
+    second pass, on this error path only."""
+    count, shown = locate_nonfinite_rows(X, row_offset=row_offset)
     return nonfinite_rows_error("X", count, shown, int(X.shape[0]))
 
 
