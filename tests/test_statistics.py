@@ -7,6 +7,7 @@ from reference import naive_covariance
 from slem_dask.core.statistics import (
     ScatterStats,
     block_statistics,
+    column_mean,
     covariance,
     merge_many,
     merge_statistics,
@@ -167,3 +168,22 @@ def test_the_workers_size_statistics_without_a_warning(caplog):
     with caplog.at_level("WARNING", logger="distributed.sizeof"):
         assert safe_sizeof(stats) == 4 * 8 + 16 * 8 + 64
     assert not caplog.records
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("piece_elements", [7, 64, 2**18])
+def test_column_mean_is_the_float64_mean_piece_by_piece(monkeypatch, dtype, piece_elements):
+    """Pieces of 1, 9 and all rows, a short last piece: the float64 mean of the values
+    as given, and NaN and inf propagate into their columns as in numpy's mean."""
+    import slem_dask.core.statistics as statistics
+
+    monkeypatch.setattr(statistics, "_MEAN_PIECE_ELEMENTS", piece_elements)
+    rng = np.random.default_rng(3)
+    x = (rng.standard_normal((101, 7)) * 1e3 + 1e6).astype(dtype)
+    want = x.astype(np.float64).sum(axis=0) / len(x)
+    np.testing.assert_allclose(column_mean(x), want, rtol=1e-15, atol=0)
+    x[50, 1], x[99, 2], x[0, 3], x[1, 3] = np.nan, np.inf, np.inf, -np.inf
+    with np.errstate(invalid="ignore"):  # inf - inf, as in numpy's mean
+        got = column_mean(x)
+    assert np.isnan(got[1]) and got[2] == np.inf and np.isnan(got[3])
+    assert np.isfinite(np.delete(got, [1, 2, 3])).all()

@@ -31,6 +31,7 @@ __all__ = [
     "ScatterStats",
     "ScatterAccumulator",
     "block_statistics",
+    "column_mean",
     "merge_statistics",
     "merge_many",
     "merge_into",
@@ -113,6 +114,30 @@ def _finite_rows(values: np.ndarray, mean: np.ndarray) -> np.ndarray | None:
         return None
     finite = np.isfinite(values).all(axis=1)
     return None if finite.all() else finite
+
+
+#: Elements of one float64 piece of :func:`column_mean` (2 MiB: stays in cache).
+_MEAN_PIECE_ELEMENTS = 2**18
+
+
+def column_mean(values: np.ndarray) -> np.ndarray:
+    """The float64 mean of each column of the 2-D float ``values``.
+
+    The same sum as ``values.mean(axis=0, dtype=np.float64)`` (every float32 value
+    widened exactly, float64 additions; NaN and inf propagate alike), at about half
+    its cost: numpy widens and adds row by row, here the rows are widened a cache-sized
+    piece at a time and each piece is summed by one BLAS product with a ones vector.
+    """
+    m, d = values.shape
+    if values.dtype == np.float64:
+        return (np.ones(m) @ values) / m
+    rows = min(m, max(1, _MEAN_PIECE_ELEMENTS // max(1, d)))
+    wide, ones, total = np.empty((rows, d)), np.ones(rows), np.zeros(d)
+    for start in range(0, m, rows):
+        piece = wide[:min(rows, m - start)]
+        np.copyto(piece, values[start:start + rows])
+        total += ones[:piece.shape[0]] @ piece
+    return total / m
 
 
 #: Above this width the float32 product is done in column panels of this many
@@ -216,14 +241,14 @@ class ScatterAccumulator:
             return
         dtype = compute_dtype(block.dtype, self.precision)
         values = block if block.dtype == dtype else block.astype(dtype)
-        mean = values.mean(axis=0, dtype=np.float64)
+        mean = column_mean(values)
         finite = _finite_rows(values, mean)
         if finite is not None:
             self.nonfinite += int(values.shape[0] - np.count_nonzero(finite))
             values = np.ascontiguousarray(values[finite])
             if values.shape[0] == 0:
                 return
-            mean = values.mean(axis=0, dtype=np.float64)
+            mean = column_mean(values)
         if self._scatter is None:
             self._scatter = np.zeros((d, d))
         m = values.shape[0]
