@@ -48,7 +48,9 @@ def single_threaded_blas():
     inside every task and oversubscribe the cores (naive Dask: 1.99 s -> 1.53 s
     with one BLAS thread, issue 9). The BLAS thread count is process-wide, so
     concurrent tasks share one limit, counted: the first task in sets it and
-    the last one out restores the caller's setting. In the main thread (the
+    the last one out restores the caller's setting, through
+    :class:`core.blas_threads.TaskThreadsController` (OpenBLAS ignores threadpoolctl's
+    setting from threads other than the first that made one). In the main thread (the
     synchronous scheduler, numpy input) BLAS keeps all its threads. Worker
     processes are limited once for all by ``cluster.SingleThreadedBLAS``.
     """
@@ -59,9 +61,9 @@ def single_threaded_blas():
     with _blas_lock:
         if _blas_users == 0:
             if _blas_controller is None:
-                from threadpoolctl import ThreadpoolController
+                from .core.blas_threads import TaskThreadsController
 
-                _blas_controller = ThreadpoolController()  # scans the loaded libraries once
+                _blas_controller = TaskThreadsController()  # scans the loaded libraries once
             _blas_limit = _blas_controller.limit(limits=1, user_api="blas")
         _blas_users += 1
     try:

@@ -7,6 +7,8 @@ float32 values, also for data offset by 1e4 standard deviations.
 ``precision="float64"`` computes in float64 throughout (exact to ~1e-12).
 """
 
+import json
+import os
 import threading
 
 import dask
@@ -343,3 +345,37 @@ def test_merge_task_reuses_its_first_partial():
     a, b = block_statistics(blocks[0]), block_statistics(blocks[2])
     ref = merge_statistics(a, b)
     np.testing.assert_allclose(merge_into(a, b).scatter, ref.scatter, rtol=1e-14)
+
+
+_OWNER_SCRIPT = r"""
+import json
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from threadpoolctl import ThreadpoolController, threadpool_info
+import slem_dask.parallel as parallel
+ThreadpoolController().limit(limits=2, user_api="blas")  # the main thread sets first
+barrier = threading.Barrier(2)
+def task():
+    with parallel.single_threaded_blas():
+        barrier.wait(10)
+        seen = [i["num_threads"] for i in threadpool_info() if i["user_api"] == "blas"]
+        barrier.wait(10)
+        return seen
+with ThreadPoolExecutor(2) as pool:
+    print(json.dumps([f.result() for f in [pool.submit(task) for _ in range(2)]]))
+"""
+
+
+def test_pool_threads_get_one_blas_thread_when_the_main_thread_set_the_count_first():
+    """OpenBLAS 0.3.31 ignores openblas_set_num_threads from threads other than the
+    first that called it: with the main thread first, a task thread's limit through
+    threadpoolctl left both concurrent tasks on 2 BLAS threads (a fresh process, so
+    that which thread set first is known)."""
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", _OWNER_SCRIPT], capture_output=True,
+                         text=True, timeout=120, env={**os.environ, "OPENBLAS_NUM_THREADS": "2"})
+    assert out.returncode == 0, out.stderr
+    seen = json.loads(out.stdout.strip().splitlines()[-1])
+    assert seen and all(count == 1 for task in seen for count in task), seen

@@ -10,8 +10,8 @@ from __future__ import annotations
 import contextlib
 import functools
 
-__all__ = ["factorization_threads", "one_blas_thread", "usable_cores", "THREADED_POTRF_MIN",
-           "OPENBLAS_THREADED_POTRF_MAX"]
+__all__ = ["factorization_threads", "one_blas_thread", "usable_cores", "TaskThreadsController",
+           "THREADED_POTRF_MIN", "OPENBLAS_THREADED_POTRF_MAX"]
 
 #: Below this order the factorization runs on one BLAS thread. More threads save at
 #: most about 1 ms there (d = 512: 3.8 ms on 2 threads, 4.7 ms on 1, on this
@@ -64,3 +64,55 @@ def _controller():
     from threadpoolctl import ThreadpoolController
 
     return ThreadpoolController()
+
+
+class TaskThreadsController:
+    """Sets every loaded BLAS's thread count from any thread: ``limit(limits=n,
+    user_api="blas")`` returns an object whose ``restore_original_limits()`` undoes it
+    (threadpoolctl's interface, for :func:`slem_dask.parallel.single_threaded_blas`).
+
+    OpenBLAS 0.3.31 (numpy's and scipy's wheels) ignores ``openblas_set_num_threads``,
+    which threadpoolctl calls, from every thread but the first one that called it:
+    when that was the caller's main thread, a limit set from a task thread left every
+    task's products on all cores (1.6x the time of a 200,000 x 128 kernel fit at the
+    median, its tasks' BLAS threads spinning against each other). Its
+    ``openblas_set_num_threads_local`` takes effect from any thread, so OpenBLAS is set
+    through it where the library has it, every other BLAS through threadpoolctl.
+    """
+
+    def __init__(self):
+        import ctypes
+
+        from threadpoolctl import ThreadpoolController
+
+        self._others, self._local = [], []
+        for lib in ThreadpoolController().select(user_api="blas").lib_controllers:
+            setter = None
+            if lib.internal_api == "openblas":
+                try:
+                    setter = ctypes.CDLL(lib.filepath).openblas_set_num_threads_local
+                except (OSError, AttributeError):  # an OpenBLAS before 0.3.27
+                    setter = None
+            if setter is None:
+                self._others.append(lib)
+            else:
+                setter.argtypes, setter.restype = [ctypes.c_int], ctypes.c_int
+                self._local.append(setter)
+
+    def limit(self, limits: int, user_api: str = "blas"):
+        previous = [setter(int(limits)) for setter in self._local]
+        others = [(lib, lib.num_threads) for lib in self._others]
+        for lib, _ in others:
+            lib.set_num_threads(int(limits))
+        return _Restore(self._local, previous, others)
+
+
+class _Restore:
+    def __init__(self, local, previous, others):
+        self._local, self._previous, self._others = local, previous, others
+
+    def restore_original_limits(self) -> None:
+        for setter, count in zip(self._local, self._previous):
+            setter(count)
+        for lib, count in self._others:
+            lib.set_num_threads(count)
