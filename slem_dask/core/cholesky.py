@@ -44,14 +44,16 @@ def new_columns(k_cols: np.ndarray, f_rows: np.ndarray, f_piv: np.ndarray,
     B(J, t) = (K(J, i_t) - sum_m B(J, m) B(i_t, m)) / B(i_t, t), with
     B(i_t, t) = sqrt(K(i_t, i_t) - sum_m B(i_t, m)^2) (erratum 1 applied).
     """
-    resid = np.array(k_cols, dtype=np.float64, order="F", copy=True)
+    resid = np.array(k_cols, dtype=np.float64, copy=True)
     if f_rows.shape[1]:
         resid -= f_rows @ f_piv.T
     if resid.shape[0] == 0:
         return resid
-    # One BLAS-3 call, X R^T = E (side right): a solve with n_b right-hand sides
-    # (solve_triangular(R, E^T)) costs far more per call for small R.
-    return blas.dtrsm(1.0, chol_piv, resid, side=1, lower=1, trans_a=1, overwrite_b=1)
+    # One BLAS-3 call (solve_triangular, one right-hand side at a time, costs far more
+    # for small R): X R^T = E solved as R X^T = E^T, where E^T is the row-major E seen
+    # column-major, so that E is neither transposed nor copied, and X comes back
+    # row-major, as the rows of F are stored.
+    return blas.dtrsm(1.0, chol_piv, resid.T, side=0, lower=1, trans_a=0, overwrite_b=1).T
 
 
 def update_residual_diagonal(diag: np.ndarray, cols: np.ndarray) -> np.ndarray:
