@@ -307,6 +307,25 @@ def _evaluate_grids(args) -> dict[str, dict]:
             "esvm": {"lam": args.esvm_lam, "n_iter": args.esvm_iters}}
 
 
+def _import_dask_array_without_xarray() -> None:
+    """Import dask.array without its optional import of xarray.
+
+    dask.array imports xarray (and with it pandas) when installed, only so that
+    ``da.from_array`` recognizes a DataArray; no command passes one, and the two cost
+    0.3 s of every run (imports 1.2 -> 0.9 s on this project's machine). Only the
+    executable does this, in its own process: ``main()`` called from Python leaves
+    dask.array as it is, so that a caller's xarray inputs keep working.
+    """
+    if "dask.array" in sys.modules or "xarray" in sys.modules:
+        return
+    sys.modules["xarray"] = None  # import_optional_dependency: ImportError, so "absent"
+    try:
+        import dask.array  # noqa: F401
+    finally:
+        if sys.modules.get("xarray", 0) is None:
+            del sys.modules["xarray"]
+
+
 def main(argv=None) -> int:
     try:  # building the parser imports numpy (the kernels' names): a Ctrl-C may come here
         parser = build_parser()
@@ -464,6 +483,11 @@ def console_main() -> None:
     """
     import atexit
 
+    try:
+        _import_dask_array_without_xarray()
+    except KeyboardInterrupt:
+        print("slem-dask: interrupted before any job started", file=sys.stderr)
+        os._exit(130)
     code = _flush_stdout(main())
     sys.stderr.flush()
     atexit._run_exitfuncs()

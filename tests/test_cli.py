@@ -248,6 +248,27 @@ def test_the_package_imports_dask_and_zarr_only_when_used():
     assert done.stdout.strip() == "[]"
 
 
+def test_the_executable_skips_xarray_and_pandas_which_main_keeps(tmp_path):
+    # dask.array imports xarray (and pandas) when installed: 0.3 s of every command.
+    # The executable's process skips them; main() called from Python does not.
+    import subprocess
+    import sys
+
+    pytest.importorskip("xarray")
+    run = ("import atexit, sys\n"
+           "atexit.register(lambda: print(sorted(m for m in ('xarray', 'pandas') "
+           "if m in sys.modules), flush=True))\n"
+           "from slem_dask import cli\n"
+           "sys.argv = ['slem-dask', 'fit', '--negatives', sys.argv[1], '--model', sys.argv[2]]\n"
+           "cli.{}()\n")
+    for entry, loaded in (("console_main", "[]"), ("main", "['pandas', 'xarray']")):
+        done = subprocess.run([sys.executable, "-c", run.format(entry),
+                               str(tmp_path / "absent.zarr"), str(tmp_path / "m.zarr")],
+                              capture_output=True, text=True, timeout=120)
+        assert "absent.zarr" in done.stderr  # the command ran, and failed on its input
+        assert done.stdout.strip() == loaded, (entry, done.stderr)
+
+
 @pytest.mark.cluster
 def test_local_worker_processes_do_not_get_ctrl_c(corpus):
     # Ctrl-C reaches the whole process group: workers still importing printed a
