@@ -302,6 +302,23 @@ def test_dask_tasks_run_with_one_blas_thread(monkeypatch):
     assert z.dtype == np.float32  # dtype in = dtype out
 
 
+def test_a_float32_encode_task_is_never_widened_to_float64(monkeypatch):
+    # encode_rows returned float64 by default: a float32 partition was copied to
+    # float64 and back (64 MiB and two passes per 16,384 x 512 partition)
+    import slem_dask.parallel as parallel
+
+    x = descriptors(400, 8)
+    model = LinearSLEM(lam=0.1).fit(x)
+    assert model._encoding_matrix(x.dtype, "auto").dtype == np.float32  # float32 applies
+    returned = []
+    monkeypatch.setattr(parallel, "encode_rows",
+                        lambda *a, **k: (returned.append(encode_rows(*a, **k)), returned[-1])[1])
+    z = model.transform(da.from_array(x, chunks=(100, 8))).compute(scheduler="sync")
+    assert [r.dtype for r in returned] == [np.float32] * 4
+    np.testing.assert_array_equal(z, model.transform(x))
+    assert encode_rows(x, model.mean_, model.precision_).dtype == np.float64  # float64 A^-1
+
+
 def test_precision_in_job_specs():
     from slem_dask.jobspec import SpecError, parse_spec
 

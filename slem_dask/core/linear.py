@@ -63,7 +63,7 @@ def _cholesky_inverse(a: np.ndarray, lam: float) -> np.ndarray:
 
 
 def encode_rows(rows: np.ndarray, mean: np.ndarray, precision: np.ndarray,
-                dtype=np.float64) -> np.ndarray:
+                dtype=None) -> np.ndarray:
     """L2-normalized SLEM vectors of ``rows``: the direction of A^-1 (x0 - mu)
     (docs/math.md#encoder).
 
@@ -73,6 +73,7 @@ def encode_rows(rows: np.ndarray, mean: np.ndarray, precision: np.ndarray,
     Centred before the product, so data far from the origin loses no digits.
     A row equal to mu has no direction and maps to 0.
 
+    ``dtype``: of the result; default: the dtype it is computed in (no copy).
     Computed in float64, or in float32 when both ``rows`` and ``precision``
     (A^-1, cast by the caller) are float32: then delta = (x0 - hi) - lo with
     mu = hi + lo split into two float32 terms (x0 - hi rounds only relative to
@@ -111,7 +112,7 @@ def encode_rows(rows: np.ndarray, mean: np.ndarray, precision: np.ndarray,
         norms = np.sqrt(squares)
         scale = np.divide(1.0, norms, out=np.zeros_like(norms), where=norms > 0)
         out *= scale[:, None].astype(out.dtype)
-    return vectors.astype(dtype, copy=False)
+    return vectors if dtype is None else vectors.astype(dtype, copy=False)
 
 
 #: Rows per piece in :func:`encode_rows`: about 1 MiB of centred rows (512 rows at
