@@ -307,6 +307,10 @@ def _evaluate_grids(args) -> dict[str, dict]:
             "esvm": {"lam": args.esvm_lam, "n_iter": args.esvm_iters}}
 
 
+#: Set by :func:`console_main`: this process is the ``slem-dask`` executable.
+_EXECUTABLE = False
+
+
 def _import_dask_array_without_xarray() -> None:
     """Import dask.array without its optional import of xarray.
 
@@ -339,6 +343,8 @@ def main(argv=None) -> int:
     # "Task exception was never retrieved" tracebacks say nothing to a user.
     logging.getLogger("asyncio").setLevel(logging.CRITICAL)
     try:  # the first imports of dask, distributed and zarr: an interrupt may come here
+        if _EXECUTABLE:  # after the parsing: --help and argument errors import no dask
+            _import_dask_array_without_xarray()
         # A lost scheduler is reported once, as one line saying what is kept
         # (pipeline.JobFailed); the client's own reconnection log lines would only repeat it.
         import distributed  # noqa: F401 - its import sets its loggers' levels: override after
@@ -483,11 +489,8 @@ def console_main() -> None:
     """
     import atexit
 
-    try:
-        _import_dask_array_without_xarray()
-    except KeyboardInterrupt:
-        print("slem-dask: interrupted before any job started", file=sys.stderr)
-        os._exit(130)
+    global _EXECUTABLE
+    _EXECUTABLE = True
     code = _flush_stdout(main())
     sys.stderr.flush()
     atexit._run_exitfuncs()

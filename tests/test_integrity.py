@@ -321,6 +321,24 @@ def test_fit_update_refuses_when_merged_rows_changed(corpus, change):
                                LinearSLEM(lam=0.1).fit(corpus["neg"]).covariance_, rtol=1e-5)
 
 
+def test_fit_update_of_a_moved_store_or_other_width_says_which(corpus, tmp_path):
+    # a copied store held the same rows: "not a prefix" blamed them, not the path
+    import shutil
+
+    model = str(corpus["dir"] / "m.zarr")
+    pipeline.fit_job(None, corpus["negatives"], model, lam=0.1)
+    moved = str(tmp_path / "moved.zarr")
+    shutil.copytree(corpus["negatives"], moved)
+    with pytest.raises(ValueError, match=r"fitted on \d+ rows of '.*neg.zarr', not of "
+                                         r"'.*moved.zarr': an update appends .*moved or copied "
+                                         r"elsewhere counts as another one\); fit from scratch "
+                                         r"with --overwrite"):
+        pipeline.fit_job(None, moved, model, lam=0.1, update=True)
+    _array(corpus["negatives"], corpus["neg"][:, :D - 1])
+    with pytest.raises(ValueError, match=rf"with {D} features; that store now has {D - 1} "):
+        pipeline.fit_job(None, corpus["negatives"], model, lam=0.1, update=True)
+
+
 def test_fit_update_names_bad_appended_rows_by_their_row_in_the_store(corpus):
     model = str(corpus["dir"] / "m.zarr")
     _array(corpus["negatives"], corpus["neg"][:300])

@@ -213,8 +213,8 @@ def test_update_refuses_truncated_negatives(tmp_path, negatives):
     path = str(tmp_path / "m.zarr")
     fit_job(None, neg, path, partition_rows=100, **ARGS)
     open_node(neg, mode="r+").resize((250, 8))
-    with pytest.raises(ValueError, match=r"fitted on 300 rows .* not a prefix .*\(shape "
-                                         r"\(250, 8\)\).* --repivot"):
+    with pytest.raises(ValueError, match=r"fitted on 300 rows .* now holds only 250 rows "
+                                         r"\(shape \(250, 8\)\): rows were removed; .* --repivot"):
         fit_job(None, neg, path, update=True, **ARGS)
     assert fit_job(None, neg, path, repivot=True, **ARGS).facts["rows read"] == 250
 

@@ -113,3 +113,20 @@ def _lost_cluster(exc: BaseException, what_is_kept: str) -> JobFailed:
            or isinstance(exc, (CommClosedError, ConnectionError))
            else f"{type(exc).__name__}: {text.splitlines()[0][:200] if text else 'cancelled'}")
     return JobFailed(f"lost the dask cluster while computing ({why}); {what_is_kept}")
+
+
+def update_refusal(model_path, source, n_features, n_rows, negatives, arr) -> str | None:
+    """Why ``--update`` cannot append the rows of ``arr`` (the store ``negatives``) to a
+    model fitted on the first ``n_rows`` rows of ``source`` with ``n_features``
+    features, without the remedy; None when it can."""
+    fitted = f"--update: the model {str(model_path)!r} was fitted on {n_rows} rows of {source!r}"
+    if source != negatives.url:
+        return (f"{fitted}, not of {negatives.url!r}: an update appends the rows added to the "
+                f"same store since (a store moved or copied elsewhere counts as another one)")
+    if n_features != arr.shape[1]:
+        return (f"{fitted} with {n_features} features; that store now has {arr.shape[1]} "
+                f"(shape {arr.shape})")
+    if n_rows > arr.shape[0]:
+        return (f"{fitted}; that store now holds only {arr.shape[0]} rows (shape {arr.shape}): "
+                f"rows were removed")
+    return None

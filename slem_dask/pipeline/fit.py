@@ -205,12 +205,10 @@ def _previous_statistics(model_path, negatives, arr, model) -> ScatterStats:
         raise ValueError(f"--update without --kernel updates a LinearSLEM model; "
                          f"{str(model_path)!r} holds a {meta['model']}: {remedy}")
     check_same_params(model, meta, model_path, "--update")
-    if meta.get("source") != negatives.url or old.n_features_in_ != arr.shape[1] \
-            or old.n_samples_ > arr.shape[0]:
-        raise ValueError(
-            f"--update: the model {str(model_path)!r} was fitted on {old.n_samples_} rows of "
-            f"{meta.get('source')!r} with {old.n_features_in_} features, which is not a prefix "
-            f"of {negatives.url!r} (shape {arr.shape}); fit from scratch with --overwrite")
+    refused = common.update_refusal(model_path, meta.get("source"), old.n_features_in_,
+                                    old.n_samples_, negatives, arr)
+    if refused:
+        raise ValueError(f"{refused}; fit from scratch with --overwrite")
     now = integrity.rows_fingerprint(arr, negatives, "negatives", old.n_samples_)
     if meta.get("negatives_fingerprint") != now:
         raise ValueError(

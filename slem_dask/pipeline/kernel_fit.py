@@ -14,7 +14,7 @@ from ..models import load_model
 from ..models.kernel import TraceErrorWarning
 from ..parallel_kernel_stream import choose_strategy
 
-from .common import JobReport
+from .common import JobReport, update_refusal
 from .fit import (KERNEL_OPTIONS, _fit_errors, _open_negatives, _save_fitted, check_same_params,
                   _warnings_naming)
 
@@ -143,13 +143,11 @@ def _previous_kernel_model(model_path, meta, negatives, arr):
     unchanged since; (None, why a refit) for a model stored without the scatter of F's
     rows; a ValueError naming the fix when the rows are not a prefix or changed."""
     old_n = int(meta.get("n_samples", -1))
-    if meta.get("source") != negatives.url or meta.get("n_features") != arr.shape[1] \
-            or old_n > arr.shape[0]:
-        raise ValueError(
-            f"--update: the model {str(model_path)!r} was fitted on {old_n} rows of "
-            f"{meta.get('source')!r} with {meta.get('n_features')} features, which is not a "
-            f"prefix of {negatives.url!r} (shape {arr.shape}); refit on all rows with "
-            f"--repivot (same parameters) or --overwrite")
+    refused = update_refusal(model_path, meta.get("source"), meta.get("n_features"), old_n,
+                             negatives, arr)
+    if refused:
+        raise ValueError(f"{refused}; refit on all rows with --repivot (same parameters) or "
+                         f"--overwrite")
     if meta.get("negatives_fingerprint") != integrity.rows_fingerprint(
             arr, negatives, "negatives", old_n):
         raise ValueError(
