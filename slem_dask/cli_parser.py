@@ -67,9 +67,11 @@ def _add_cluster_args(p: argparse.ArgumentParser) -> None:
                    help="address of a running dask scheduler, e.g. tcp://host:8786 "
                         "(default: $DASK_SCHEDULER_ADDRESS, else a LocalCluster on this machine)")
     g.add_argument("--workers", type=_positive_int, metavar="N",
-                   help="LocalCluster worker processes (default: one per core)")
+                   help="LocalCluster workers (default: worker processes, one per core; "
+                        "with --local-cluster threads, one in this process)")
     g.add_argument("--threads-per-worker", type=_positive_int, metavar="N",
-                   help="LocalCluster threads per worker (default: 1)")
+                   help="LocalCluster threads per worker (default: 1; with --local-cluster "
+                        "threads, the cores shared among the workers)")
     g.add_argument("--local-cluster", choices=("auto", "processes", "threads"), default="auto",
                    help="without --scheduler: a LocalCluster of worker processes, or one "
                         "worker in this process with a thread per core (starts in a fraction "

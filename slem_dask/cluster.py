@@ -111,18 +111,20 @@ def local_cluster_kind(job: str, input_bytes: int | None) -> tuple[bool, str]:
                    f"--local-cluster processes for worker processes")
 
 
-def in_process_kwargs() -> dict:
-    """A LocalCluster in this process: one worker with a thread per core.
+def in_process_kwargs(n_workers: int | None = None, threads_per_worker: int | None = None) -> dict:
+    """A LocalCluster in this process: one worker with a thread per core, or
+    ``n_workers`` workers of ``threads_per_worker`` threads (default: the cores shared).
 
     No dashboard: the command line never prints its address (a free port), and
     starting it (importing bokeh, a web server) took 0.5 s of a small job's 2 s.
     The worker's memory limit is dask's default, this machine's memory, and
     :func:`slem_dask.workers.check_memory` checks the job's tasks against it.
     """
-    cores = usable_cores()
+    workers = n_workers or 1
+    threads = threads_per_worker or max(1, usable_cores() // workers)
     # dashboard_address=None alone still binds the scheduler's HTTP server (health and
     # metrics routes) to port 8787, with a three-line warning when another Dask holds it
-    return {"n_workers": 1, "threads_per_worker": cores, "processes": False,
+    return {"n_workers": workers, "threads_per_worker": threads, "processes": False,
             "dashboard_address": None,
             "scheduler_kwargs": {"dashboard": False, "dashboard_address": ":0"}}
 
@@ -157,7 +159,8 @@ def connect(scheduler: str | None = None, n_workers: int | None = None,
             client.close()
         return
     if not processes:
-        with LocalCluster(**in_process_kwargs(), silence_logs=logging.CRITICAL) as cluster, \
+        with LocalCluster(**in_process_kwargs(n_workers, threads_per_worker),
+                          silence_logs=logging.CRITICAL) as cluster, \
                 Client(cluster) as client:
             yield client
         return

@@ -249,6 +249,16 @@ def test_the_in_process_cluster_starts_no_dashboard():
     assert kw["n_workers"] == 1 and kw["threads_per_worker"] == len(os.sched_getaffinity(0))
 
 
+def test_local_cluster_threads_takes_workers_and_threads_per_worker():
+    # --local-cluster threads --workers 2 ran one worker of a thread per core
+    from slem_dask.cluster import connect
+
+    with connect(n_workers=2, threads_per_worker=3, processes=False) as client:
+        assert sorted(client.nthreads().values()) == [3, 3]
+    with connect(threads_per_worker=1, processes=False) as client:
+        assert list(client.nthreads().values()) == [1]
+
+
 def _in_process_refusal(monkeypatch, available: int, rows: int = 100_000):
     """What check_memory says of an in-process worker when this machine has ``available``
     bytes free, for encode tasks of ``rows`` x 512 float32 (None: nothing said)."""

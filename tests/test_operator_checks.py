@@ -138,6 +138,13 @@ def test_verify_of_a_folder_that_is_no_zarr_store_says_so(tmp_path, capsys):
     assert "not written by slem-dask" not in out
 
 
+def test_verify_of_a_path_with_nothing_says_missing_and_what_to_check(tmp_path, capsys):
+    assert main(["verify", str(tmp_path / "typo.zarr")]) == 1
+    out = capsys.readouterr().out
+    assert out.startswith(f"{tmp_path / 'typo.zarr'}: missing: 1 problem(s)\n"), out
+    assert "check the path" in out
+
+
 def test_task_timeout_option_must_be_positive(capsys):
     with pytest.raises(SystemExit) as exc:
         main(["encode", "--model", "m", "--positives", "p", "--out", "o",

@@ -29,7 +29,8 @@ def verify(path) -> tuple[str, list[str]]:
         if store.has_history():
             return "unfinished", ["no version was committed (the job that wrote it stopped "
                                   "part-way): run the same command again"]
-        return "nothing", [f"no store at {str(path)!r}"]
+        return "missing", [f"no store at {str(path)!r}: check the path (a job that has not "
+                           f"run yet writes nothing there)"]
     what, problems = _verify_current(path)
     try:
         head = store.head()
