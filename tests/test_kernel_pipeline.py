@@ -25,6 +25,26 @@ def stores(tmp_path, rng):
     return X, P, _write(tmp_path / "neg.zarr", X, 64), _write(tmp_path / "pos.zarr", P, 16)
 
 
+@pytest.mark.filterwarnings("ignore::slem_dask.models.kernel.TraceErrorWarning")  # rank 3
+def test_a_kernel_fit_without_progress_bars_prints_where_it_stands(tmp_path, stores, capsys,
+                                                                   monkeypatch):
+    # a fit without --rank ran thousands of silent passes in a log or a batch job
+    from slem_dask.pipeline import kernel_fit
+
+    monkeypatch.setattr(kernel_fit, "ROUND_LINE_SECONDS", 0.0)
+    X, P, neg, pos = stores
+    fit_job(None, neg, str(tmp_path / "m.zarr"), kernel="rbf", gamma=0.2, tol=0.3,
+            progress=False)
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) >= 2 and lines[0].startswith("kernel fit: pass 1, 0 pivots")
+    assert all(line.endswith("(no --rank: until it is below --tol 0.3; --rank R bounds the "
+                             "passes)") for line in lines), lines
+    fit_job(None, neg, str(tmp_path / "m.zarr"), kernel="rbf", gamma=0.2, rank=3, tol=0.0,
+            overwrite=True, progress=False)
+    assert capsys.readouterr().out.splitlines()[-1].endswith(
+        "(until 3 pivots or it is below --tol 0)")
+
+
 @pytest.mark.parametrize("pivoting", ["greedy", "rpcholesky"])
 def test_fit_and_encode_jobs(tmp_path, stores, pivoting):
     X, P, neg, pos = stores

@@ -25,6 +25,27 @@ def _print_round(round_no: int, n_pivots: int, trace_error: float) -> None:
     sys.stdout.flush()
 
 
+#: Without progress bars (a log, a batch job), a kernel fit prints where it stands at most
+#: this often: one without --rank can take thousands of passes, and said nothing for minutes.
+ROUND_LINE_SECONDS = 60.0
+
+
+def _round_lines(model):
+    """``on_round`` for a fit without progress bars: one full line every
+    ROUND_LINE_SECONDS, with the stopping rule and how to bound it."""
+    last = [time.monotonic()]
+    until = f"until {model.rank} pivots or" if model.rank else "no --rank: until"
+
+    def on_round(round_no: int, n_pivots: int, trace_error: float) -> None:
+        if time.monotonic() - last[0] >= ROUND_LINE_SECONDS:
+            last[0] = time.monotonic()
+            print(f"kernel fit: pass {round_no}, {n_pivots} pivots, residual trace "
+                  f"{trace_error:.3g} of the trace ({until} it is below --tol "
+                  f"{model.tol:g}{'' if model.rank else '; --rank R bounds the passes'})",
+                  flush=True)
+    return on_round
+
+
 def _fit_kernel_job(client, negatives, model_path, model, partition_rows,
                     overwrite: bool, update: bool = False, progress: bool = False,
                     repivot: bool = False) -> JobReport:
@@ -89,7 +110,7 @@ def _fit_kernel_job(client, negatives, model_path, model, partition_rows,
         t1 = time.perf_counter()
         with _fit_errors(negatives, model_path), \
                 _warnings_naming(negatives, report, TraceErrorWarning):
-            on_round = _print_round if progress else None
+            on_round = _print_round if progress else _round_lines(model)
             with (client.as_current() if client is not None else contextlib.nullcontext()):
                 if old is None:
                     given = model.strategy
