@@ -61,9 +61,9 @@ def single_threaded_blas():
     with _blas_lock:
         if _blas_users == 0:
             if _blas_controller is None:
-                from .core.blas_threads import TaskThreadsController
+                from .core.blas_threads import task_threads_controller
 
-                _blas_controller = TaskThreadsController()  # scans the loaded libraries once
+                _blas_controller = task_threads_controller()
             _blas_limit = _blas_controller.limit(limits=1, user_api="blas")
         _blas_users += 1
     try:

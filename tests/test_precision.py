@@ -383,6 +383,37 @@ with ThreadPoolExecutor(2) as pool:
 """
 
 
+_OWNER_SCRIPT_LIMITS = r"""
+import json
+import threading
+import scipy.linalg  # numpy's and scipy's BLAS loaded, as in any job
+from threadpoolctl import ThreadpoolController, threadpool_info
+from slem_dask.core import blas_threads
+ThreadpoolController().limit(limits=2, user_api="blas")  # the main thread sets first
+seen = []
+def body():
+    for limit in (blas_threads.one_blas_thread, lambda: blas_threads.factorization_threads(16)):
+        with limit():
+            seen.append([i["num_threads"] for i in threadpool_info() if i["user_api"] == "blas"])
+thread = threading.Thread(target=body)
+thread.start()
+thread.join()
+print(json.dumps(seen))
+"""
+
+
+def test_one_blas_thread_and_small_factorizations_hold_in_other_threads_too():
+    # they went through threadpoolctl, which OpenBLAS ignores in those threads
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", _OWNER_SCRIPT_LIMITS], capture_output=True,
+                         text=True, timeout=120, env={**os.environ, "OPENBLAS_NUM_THREADS": "2"})
+    assert out.returncode == 0, out.stderr
+    seen = json.loads(out.stdout.strip().splitlines()[-1])
+    assert len(seen) == 2 and all(count == 1 for limit in seen for count in limit), seen
+
+
 def test_pool_threads_get_one_blas_thread_when_the_main_thread_set_the_count_first():
     """OpenBLAS 0.3.31 ignores openblas_set_num_threads from threads other than the
     first that called it: with the main thread first, a task thread's limit through

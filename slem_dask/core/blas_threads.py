@@ -11,6 +11,7 @@ import contextlib
 import functools
 
 __all__ = ["factorization_threads", "one_blas_thread", "usable_cores", "TaskThreadsController",
+           "task_threads_controller",
            "THREADED_POTRF_MIN", "OPENBLAS_THREADED_POTRF_MAX"]
 
 #: Below this order the factorization runs on one BLAS thread. More threads save at
@@ -34,11 +35,10 @@ def factorization_threads(d: int):
     one above it when the BLAS is OpenBLAS."""
     if THREADED_POTRF_MIN <= d <= OPENBLAS_THREADED_POTRF_MAX:
         return contextlib.nullcontext()
-    controller = _controller()
     if d > OPENBLAS_THREADED_POTRF_MAX and not any(
-            info.get("internal_api") == "openblas" for info in controller.info()):
+            info.get("internal_api") == "openblas" for info in _controller().info()):
         return contextlib.nullcontext()
-    return controller.limit(limits=1, user_api="blas")
+    return task_threads_controller().limit(limits=1, user_api="blas")
 
 
 def usable_cores() -> int:
@@ -53,7 +53,13 @@ def usable_cores() -> int:
 def one_blas_thread():
     """One BLAS thread per call while several threads of this process each run their
     own BLAS calls (a thread per core already keeps the cores busy)."""
-    return _controller().limit(limits=1, user_api="blas")
+    return task_threads_controller().limit(limits=1, user_api="blas")
+
+
+@functools.cache
+def task_threads_controller() -> "TaskThreadsController":
+    """The one :class:`TaskThreadsController` of this process (scanned once)."""
+    return TaskThreadsController()
 
 
 @functools.cache
@@ -69,7 +75,9 @@ def _controller():
 class TaskThreadsController:
     """Sets every loaded BLAS's thread count from any thread: ``limit(limits=n,
     user_api="blas")`` returns an object whose ``restore_original_limits()`` undoes it
-    (threadpoolctl's interface, for :func:`slem_dask.parallel.single_threaded_blas`).
+    (threadpoolctl's interface; also a context manager). Every limit of this package
+    goes through it: :func:`one_blas_thread`, :func:`factorization_threads` and
+    :func:`slem_dask.parallel.single_threaded_blas`.
 
     OpenBLAS 0.3.31 (numpy's and scipy's wheels) ignores ``openblas_set_num_threads``,
     which threadpoolctl calls, from every thread but the first one that called it:
@@ -83,10 +91,8 @@ class TaskThreadsController:
     def __init__(self):
         import ctypes
 
-        from threadpoolctl import ThreadpoolController
-
         self._others, self._local = [], []
-        for lib in ThreadpoolController().select(user_api="blas").lib_controllers:
+        for lib in _controller().select(user_api="blas").lib_controllers:
             setter = None
             if lib.internal_api == "openblas":
                 try:
@@ -108,8 +114,16 @@ class TaskThreadsController:
 
 
 class _Restore:
+    """A limit in force: undone by ``restore_original_limits()`` or on leaving a ``with``."""
+
     def __init__(self, local, previous, others):
         self._local, self._previous, self._others = local, previous, others
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.restore_original_limits()
 
     def restore_original_limits(self) -> None:
         for setter, count in zip(self._local, self._previous):
