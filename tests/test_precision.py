@@ -402,28 +402,27 @@ print(json.dumps(seen))
 """
 
 
-def test_one_blas_thread_and_small_factorizations_hold_in_other_threads_too():
-    # they went through threadpoolctl, which OpenBLAS ignores in those threads
+def _blas_counts_in_a_fresh_process(script: str) -> list:
+    """The BLAS thread counts ``script`` prints (a fresh process, OpenBLAS on 2 threads,
+    so that which thread set the count first is known)."""
     import subprocess
     import sys
 
-    out = subprocess.run([sys.executable, "-c", _OWNER_SCRIPT_LIMITS], capture_output=True,
-                         text=True, timeout=120, env={**os.environ, "OPENBLAS_NUM_THREADS": "2"})
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                         timeout=120, env={**os.environ, "OPENBLAS_NUM_THREADS": "2"})
     assert out.returncode == 0, out.stderr
-    seen = json.loads(out.stdout.strip().splitlines()[-1])
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_one_blas_thread_and_small_factorizations_hold_in_other_threads_too():
+    # they went through threadpoolctl, which OpenBLAS ignores in those threads
+    seen = _blas_counts_in_a_fresh_process(_OWNER_SCRIPT_LIMITS)
     assert len(seen) == 2 and all(count == 1 for limit in seen for count in limit), seen
 
 
 def test_pool_threads_get_one_blas_thread_when_the_main_thread_set_the_count_first():
     """OpenBLAS 0.3.31 ignores openblas_set_num_threads from threads other than the
     first that called it: with the main thread first, a task thread's limit through
-    threadpoolctl left both concurrent tasks on 2 BLAS threads (a fresh process, so
-    that which thread set first is known)."""
-    import subprocess
-    import sys
-
-    out = subprocess.run([sys.executable, "-c", _OWNER_SCRIPT], capture_output=True,
-                         text=True, timeout=120, env={**os.environ, "OPENBLAS_NUM_THREADS": "2"})
-    assert out.returncode == 0, out.stderr
-    seen = json.loads(out.stdout.strip().splitlines()[-1])
+    threadpoolctl left both concurrent tasks on 2 BLAS threads."""
+    seen = _blas_counts_in_a_fresh_process(_OWNER_SCRIPT)
     assert seen and all(count == 1 for task in seen for count in task), seen
