@@ -11,7 +11,7 @@ import numpy as np
 import zarr
 import dask
 
-from .checksums import _full_key, recorded_crc32c
+from .checksums import _full_key, crc32c, recorded_crc32c
 from . import versions
 from .errors import CorruptChunkError, missing_chunk_error
 
@@ -196,14 +196,13 @@ class _RowChunkCodecs:
             out[start - lo:stop - lo] = target[start - a:stop - a]
 
     def _decode(self, data: bytes, target: np.ndarray) -> None:
-        import google_crc32c
         import numcodecs
 
         view = data
         for i, step in enumerate(self.steps):
             last = i == len(self.steps) - 1
             if step == "crc32c":
-                if len(view) < 4 or google_crc32c.value(view[:-4]) != int(
+                if len(view) < 4 or crc32c(view[:-4]) != int(
                         view[-4:].view("<u4")[0]):
                     raise ValueError("checksum: stored and computed crc32c do not match")
                 view = view[:-4]
