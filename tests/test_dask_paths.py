@@ -83,7 +83,7 @@ def test_statistics_tree_is_bounded():
     X = da.from_array(np.zeros((100, 1)), chunks=(1, 1))
     stats = scatter_statistics(X, split_every=4)
     graph = dict(stats.__dask_graph__())
-    merges = [k for k in graph if str(k).startswith("_merge_parts")]
+    merges = [k for k in graph if isinstance(k, tuple) and str(k[0]).startswith("slem-merge")]
     # 100 leaves, merged 4 at a time: 25 + 7 + 2 + 1 merge tasks.
     assert len(merges) == 35
 

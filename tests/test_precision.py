@@ -214,7 +214,7 @@ def test_merge_fan_in_shrinks_with_d(monkeypatch):
     x = np.random.default_rng(8).standard_normal((600, 30)).astype(np.float32)
     stats = scatter_statistics(da.from_array(x, chunks=(30, 30)))
     graph = stats.__dask_graph__()
-    merges = [k for k in dict(graph) if str(k).startswith("_merge_parts")]
+    merges = [k for k in dict(graph) if isinstance(k, tuple) and str(k[0]).startswith("slem-merge")]
     assert len(merges) == 7 + 3 + 1  # 20 leaves, 3 at a time: 7, then 3, then 1
     (got,) = dask.compute(stats)
     _, cov64 = float64_statistics(x)
