@@ -151,7 +151,7 @@ def _save_fitted(model, arr, negatives, model_path, seen: str, lease) -> str:
             f"was written: run the fit again once the negatives are no longer being written")
     return model.save(model_path, overwrite=True, lease=lease,
                       metadata={"source": negatives.url, "negatives_fingerprint": seen,
-                                "source_version": storage.read_version(arr, negatives)})
+                                "source_version": storage.read_version(arr, negatives, seen)})
 
 
 def _open_negatives(negatives, model_path, overwrite: bool, update: bool):

@@ -123,10 +123,11 @@ def rows_fingerprint(arr, path, name: str, n_rows: int) -> str:
     return _digest(parts)
 
 
-def read_version(arr: zarr.Array, path) -> dict:
+def read_version(arr: zarr.Array, path, fingerprint: str | None = None) -> dict:
     """What a job reads through ``arr``, opened from ``path``, for the record: the URL
     and, for a versioned store, the committed version that ``arr`` was opened in (its
-    sequence number and folder), else a fingerprint of the plain array's listing."""
+    sequence number and folder), else a fingerprint of the plain array's listing
+    (``fingerprint``: its :func:`rows_fingerprint` of all rows, if the caller has it)."""
     path = canonical(path)
     parts = _where(arr).rstrip("/").split("/")
     if versions.VERSIONS in parts[:-1]:
@@ -136,5 +137,5 @@ def read_version(arr: zarr.Array, path) -> dict:
             commit = owner.commit_at(versions.draft_seq(parts[i + 1]) or 0)
             if commit is not None:
                 return {"url": path.url, "version": commit.seq, "version_id": commit.version}
-    return {"url": path.url,
-            "fingerprint": rows_fingerprint(arr, path, "input", int(arr.shape[0]))}
+    return {"url": path.url, "fingerprint": fingerprint
+            or rows_fingerprint(arr, path, "input", int(arr.shape[0]))}
