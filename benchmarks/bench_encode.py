@@ -31,7 +31,8 @@ rows at once: the kernel against the pivots, a triangular solve, one product
   write of the rows (no centring, checks, checksums, metadata or commit).
   ``RATIO floor_time / slem_time``: 1.0 would mean slem-dask does nothing beyond it.
 
-``--schedulers threads,cluster`` as in bench_fit. Contenders alternate; every
+``--schedulers threads,cluster`` as in bench_fit: one phase per scheduler, its
+cluster alive only then; the numpy contender runs in the first. Contenders alternate; every
 run is printed with the load average, then best/median/worst and the ratios
 numpy_time / slem_time and naive_time / slem_time (>= 1.0: slem-dask is no
 slower). Sanity check (not timed): max abs difference between the slem and
@@ -190,25 +191,26 @@ def main(argv=None) -> int:
     naive = {s: [] for s in schedulers}
     floor = {s: [] for s in schedulers}
     numpy_runs = []
-    with C.scheduler_contexts(args, schedulers) as (clients, contexts):
-        for sched in schedulers:
+    print("slem contender: pipeline.encode_job (float32 output)")
+    print("naive Dask contender: ((A - mean) @ precision) / row norms in float32, da.to_zarr")
+    if args.kernel_rank:
+        print(f"numpy contender: X = arr[...]; kernel against the {model.rank_} pivots, "
+              f"triangular solve, one product (float64); zarr out[...] = Z")
+    else:
+        print(f"numpy contender: X = arr[...]; Z = (X - mean) @ precision in "
+              f"{args.numpy_dtype}; Z /= row norms; zarr out[...] = Z (chunks ({rows}, "
+              f"{args.d}), default codecs)")
+    print("one phase per scheduler: its cluster lives only during its own phase (an idle "
+          "LocalCluster costs about a tenth of a core and runs its scheduler in this process)")
+    for sched in schedulers:
+        print()
+        with C.scheduler_contexts(args, [sched]) as (clients, contexts):
             # imports in the workers, one partition; the model goes to the workers as
             # encode_job sends it (scattered, not inside the graph)
             with contexts[sched](), scatter_large_arrays(clients[sched]), C.Timer() as t:
                 dask.compute(model.transform(x[:rows], dtype=np.float32))
             print(f"warm-up on {sched} (not counted): {t.seconds:.3f} s")
-        print("slem contender: pipeline.encode_job (float32 output)")
-        print("naive Dask contender: ((A - mean) @ precision) / row norms in float32, da.to_zarr")
-        if args.kernel_rank:
-            print(f"numpy contender: X = arr[...]; kernel against the {model.rank_} pivots, "
-                  f"triangular solve, one product (float64); zarr out[...] = Z")
-        else:
-            print(f"numpy contender: X = arr[...]; Z = (X - mean) @ precision in "
-                  f"{args.numpy_dtype}; Z /= row norms; zarr out[...] = Z (chunks ({rows}, "
-                  f"{args.d}), default codecs)")
-        print()
-        for r in range(args.repeat):
-            for sched in schedulers:
+            for r in range(args.repeat):
                 with contexts[sched]():
                     # every contender writes n x d floats: none pays for another's
                     # writeback (or spinning BLAS threads)
@@ -235,16 +237,19 @@ def main(argv=None) -> int:
                         floor[sched].append(fl)
                         print(f"run {r + 1}: floor [{sched}] {fl['total']:.3f} s | "
                               f"{C.load_line()}")
-            C.settle()
-            if args.kernel_rank:
-                nt = kernel_numpy_reference(path, out_np, model, rows)
-            else:
-                nt = numpy_reference(path, out_np, model.mean_, model.precision_, rows,
-                                     np.dtype(args.numpy_dtype))
-            numpy_runs.append(nt)
-            print(f"run {r + 1}: numpy     {nt['total']:.3f} s (read {nt['read']:.3f}, compute "
-                  f"{nt['compute']:.3f}, write {nt['write']:.3f}) | {C.load_line()}")
-            sys.stdout.flush()
+                if sched != schedulers[0]:  # numpy runs in the first phase's rounds
+                    continue
+                C.settle()
+                if args.kernel_rank:
+                    nt = kernel_numpy_reference(path, out_np, model, rows)
+                else:
+                    nt = numpy_reference(path, out_np, model.mean_, model.precision_, rows,
+                                         np.dtype(args.numpy_dtype))
+                numpy_runs.append(nt)
+                print(f"run {r + 1}: numpy     {nt['total']:.3f} s (read {nt['read']:.3f}, "
+                      f"compute {nt['compute']:.3f}, write {nt['write']:.3f}) | "
+                      f"{C.load_line()}")
+                sys.stdout.flush()
 
     med = C.statistics.median
     best_np = min(t["total"] for t in numpy_runs)

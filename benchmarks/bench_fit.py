@@ -2,7 +2,10 @@
 """Fit time: slem-dask vs the numpy pipeline and naive Dask, without a Client and on a LocalCluster.
 
 All contenders read the same zarr store of n x d float32 negatives, in the same
-run, alternating so that a change in machine load hits all of them:
+run. Each scheduler has its own phase, in which its contenders alternate (a change
+in machine load hits them all) and outside of which its cluster does not exist (an
+idle LocalCluster uses about a tenth of a core, and runs its scheduler in this very
+process, beside a threaded contender); the numpy contender runs in the first phase:
 
 * slem-dask: ``pipeline.fit_job(client, store, model, lam)`` (open, statistics,
   Cholesky + save of the model); ``client=None`` for the threaded scheduler (what
@@ -205,10 +208,21 @@ def main(argv=None) -> int:
                     for s in schedulers}
     naive = {lb: [] for s in schedulers for lb in naive_labels[s]}
     floor = {s: [] for s in schedulers}
-    with C.scheduler_contexts(args, schedulers, plain_cluster=not args.no_naive) \
-            as (clients, contexts):
-        for sched in schedulers:  # imports and first reads, not counted
-            with C.Timer() as t:
+    print(f"slem contender: {'pipeline.fit_job' if args.api == 'job' else 'LinearSLEM().fit(dask_rows)'}")
+    print("naive Dask contender: dask.compute(A.mean(0, dtype=float64), A.T @ A), "
+          "A = da.from_zarr(store, chunks=(partition rows, d))")
+    print("numpy contender: X = zarr_array[...]; X.T @ X (float32); X.mean(axis=0, dtype=float64)")
+    if args.floor:
+        print("floor: per partition, storage.read_rows + one float32 X.T @ X and nothing "
+              "else: a lower bound on any float32 fit's time on this scheduler")
+    print("one phase per scheduler: its cluster lives only during its own phase (an idle "
+          "LocalCluster costs about a tenth of a core and runs its scheduler in this process)")
+    x_last = gram = mean32 = None
+    for sched in schedulers:
+        print()
+        with C.scheduler_contexts(args, [sched], plain_cluster=not args.no_naive) \
+                as (clients, contexts):
+            with C.Timer() as t:  # imports and first reads, not counted
                 with contexts[sched]():
                     dask.compute(scatter_statistics(x[:rows]))
                     if args.floor:
@@ -218,24 +232,14 @@ def main(argv=None) -> int:
                         with contexts[naive_on[label]]():
                             naive_dask(path, rows)
             print(f"warm-up on {sched} (not counted): {t.seconds:.3f} s")
-        print(f"slem contender: {'pipeline.fit_job' if args.api == 'job' else 'LinearSLEM().fit(dask_rows)'}")
-        print("naive Dask contender: dask.compute(A.mean(0, dtype=float64), A.T @ A), "
-              "A = da.from_zarr(store, chunks=(partition rows, d))")
-        print("numpy contender: X = zarr_array[...]; X.T @ X (float32); X.mean(axis=0, dtype=float64)")
-        if args.floor:
-            print("floor: per partition, storage.read_rows + one float32 X.T @ X and nothing "
-                  "else: a lower bound on any float32 fit's time on this scheduler")
-        print()
-        x_last = gram = mean32 = None
-        for r in range(args.repeat):
-            for sched in schedulers:
+            for r in range(args.repeat):
                 C.settle()  # no contender pays for another's spinning BLAS threads
                 with contexts[sched]():
                     timings, facts = slem_run(clients[sched], args, path, model_path)
-                    slem[sched].append(timings)
-                    extra = ", ".join(f"{k} {v:.3f}" for k, v in timings.items() if k != "total")
-                    print(f"run {r + 1}: slem-dask [{sched}] {timings['total']:.3f} s"
-                          f"{f' ({extra})' if extra else ''} | {C.load_line()}")
+                slem[sched].append(timings)
+                extra = ", ".join(f"{k} {v:.3f}" for k, v in timings.items() if k != "total")
+                print(f"run {r + 1}: slem-dask [{sched}] {timings['total']:.3f} s"
+                      f"{f' ({extra})' if extra else ''} | {C.load_line()}")
                 if not args.no_naive:
                     for label in naive_labels[sched]:
                         C.settle()
@@ -250,13 +254,14 @@ def main(argv=None) -> int:
                         fl = C.fit_floor(x)
                     floor[sched].append(fl)
                     print(f"run {r + 1}: floor [{sched}] {fl['total']:.3f} s | {C.load_line()}")
-            x_last = gram = None
-            C.settle()
-            nt, mean32, gram, x_last = numpy_reference(path)
-            numpy_runs.append(nt)
-            print(f"run {r + 1}: numpy     {nt['total']:.3f} s (read {nt['read']:.3f}, "
-                  f"compute {nt['compute']:.3f}) | {C.load_line()}")
-            sys.stdout.flush()
+                if sched == schedulers[0]:  # numpy runs in the first phase's rounds
+                    x_last = gram = None
+                    C.settle()
+                    nt, mean32, gram, x_last = numpy_reference(path)
+                    numpy_runs.append(nt)
+                    print(f"run {r + 1}: numpy     {nt['total']:.3f} s (read {nt['read']:.3f}, "
+                          f"compute {nt['compute']:.3f}) | {C.load_line()}")
+                sys.stdout.flush()
 
     med = C.statistics.median
     best_np = min(t["total"] for t in numpy_runs)
