@@ -60,7 +60,7 @@ from .core.cholesky import accept_candidates, new_columns, update_residual_diago
 from .core.kernels import check_histogram, kernel_diagonal, kernel_matrix
 from .core.blas_threads import factorization_threads, one_blas_thread, usable_cores
 from .core.statistics import ScatterStats, block_statistics, merge_many
-from .validation import check_finite_rows, is_dask_array
+from .validation import RowsError, check_finite_rows, is_dask_array
 
 __all__ = ["CholeskyConfig", "CholeskyResult", "incomplete_cholesky", "SPLIT_EVERY"]
 
@@ -372,6 +372,17 @@ def _candidates(cfg: CholeskyConfig, t: int) -> int:
     return 1 if cfg.pivoting == "greedy" else max(1, min(RP_CANDIDATES, cfg.rank - t))
 
 
+def _zero_kernel_detail(cfg: CholeskyConfig, floor: float) -> str:
+    """What a kernel matrix without a single usable pivot says after "X has"."""
+    what = f"a zero kernel matrix (every k(x, x) <= {floor:g}), nothing to factor: "
+    if cfg.kernel == "poly":  # (c + sqrt(g) x.y)^p - c^p, c = 1 / (2 sqrt(g)): cancels
+        return what + (f"the poly kernel with gamma {cfg.gamma:g} is zero in float64 "
+                       f"(its constant 1 / (2 sqrt(gamma)) swamps every x.y); use a larger "
+                       f"gamma (--gamma), e.g. 1 for L2-normalized descriptors")
+    return what + ("every negative is the zero vector; check that the negatives store "
+                   "holds the descriptors")
+
+
 def _choose(summary: _Summary, cfg: CholeskyConfig, t: int, floor: float, round_no: int):
     """The pivots of the next round from the merged proposal (on the caller)."""
     prop = summary.proposal
@@ -466,10 +477,7 @@ def incomplete_cholesky(x, cfg: CholeskyConfig, block_rows: int = 4096,
         if final:
             break
     if t == 0:
-        raise ValueError(
-            f"{name}: the kernel matrix of the negatives is zero (every k(x, x) <= "
-            f"{floor:g}); nothing to factor: check the data and the kernel parameters"
-        )
+        raise RowsError(name, _zero_kernel_detail(cfg, floor))
     result = CholeskyResult(
         pivots=np.concatenate(pivots).astype(np.int64), pivot_rows=pivot_rows,
         pivot_factor=lower, stats=summary.stats, trace=float(trace),

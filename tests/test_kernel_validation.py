@@ -94,8 +94,20 @@ def test_shapes(X):
 
 
 def test_zero_kernel_matrix_is_an_error():
-    with pytest.raises(ValueError, match="kernel matrix of the negatives is zero"):
+    with pytest.raises(ValueError, match="zero kernel matrix.*every negative is the zero"):
         KernelSLEM(kernel="linear").fit(np.zeros((5, 3)))
+
+
+def test_kernel_values_out_of_range_name_gamma_not_the_descriptors():
+    x = np.random.default_rng(0).standard_normal((40, 4))
+    x /= np.linalg.norm(x, axis=1, keepdims=True)  # nothing wrong with the rows
+    with pytest.raises(ValueError, match=r"poly kernel with gamma 1e-300 is zero.*larger gamma"):
+        KernelSLEM(kernel="poly", gamma=1e-300, rank=4).fit(x)
+    for kernel in ("quad", "poly"):
+        with pytest.raises(ValueError, match=rf"{kernel} kernel \(gamma 1e\+200.*smaller gamma") \
+                as caught:
+            KernelSLEM(kernel=kernel, gamma=1e200, rank=4).fit(x)
+        assert "divide the descriptors" not in str(caught.value)
 
 
 def test_nan_rows_are_counted_over_all_blocks_in_the_linear_slems_words(rng):

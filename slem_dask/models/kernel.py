@@ -16,8 +16,9 @@ from ..parallel import locate_nonfinite_rows, shared
 from ..core.statistics import ScatterStats, merge_statistics
 from ..parallel_kernel import CholeskyConfig, incomplete_cholesky
 from ..parallel_kernel_stream import check_strategy, choose_strategy, factor_statistics
-from ..validation import (NonFiniteRowsError, check_finite_rows, check_positive_float,
-                          check_rows, is_dask_array, nonfinite_rows_error)
+from ..validation import (MAX_ABS_VALUE, LargeValuesError, NonFiniteRowsError,
+                          check_finite_rows, check_positive_float, check_rows, is_dask_array,
+                          nonfinite_rows_error)
 from .base import SLEMEstimator
 
 __all__ = ["KernelSLEM", "PIVOTING", "TRACE_ERROR_WARNING", "TraceErrorWarning"]
@@ -213,6 +214,8 @@ class KernelSLEM(SLEMEstimator):
                                       checkpoint=checkpoint if streaming else None)
         except NonFiniteRowsError:
             raise _nonfinite_rows(X) from None
+        except LargeValuesError as exc:
+            raise _large_kernel_values(exc, kernel, gamma, degree) from None
         r = len(res.pivots)
         self.pivots_ = res.pivots
         self.pivot_rows_ = res.pivot_rows
@@ -272,6 +275,8 @@ class KernelSLEM(SLEMEstimator):
             out = out.compute() if is_dask_array(X) else out
         except NonFiniteRowsError:
             raise _nonfinite_rows(X, int(row_offset)) from None
+        except LargeValuesError as exc:
+            raise _large_kernel_values(exc, kernel, gamma, degree) from None
         new, trace, residual = out
         total = merge_statistics(ScatterStats(self.n_samples_, self.factor_mean_,
                                               self.factor_scatter_), new)
@@ -458,6 +463,25 @@ class _Encoder:
                                self.pivots, self.mean, self.g_factor, self.lam)
         return lowrank_parts(k_piv, k_self, self.pivot_factor, self.mean, self.g_factor,
                              self.lam)
+
+
+#: k(x, x) of the kernels whose values grow with gamma, as the messages write it.
+_SELF_SIMILARITY = {"quad": "|x|^2 + gamma |x|^4",
+                    "poly": "(c + sqrt(gamma) |x|^2)^degree - c^degree"}
+
+
+def _large_kernel_values(exc: LargeValuesError, kernel: str, gamma: float,
+                         degree: int) -> LargeValuesError:
+    """A factor of the quad or poly kernel beyond MAX_ABS_VALUE names gamma, not the
+    descriptors: with L2-normalized rows only gamma makes it so large."""
+    if kernel not in _SELF_SIMILARITY:
+        return exc
+    params = f"gamma {gamma:g}" + (f", degree {degree}" if kernel == "poly" else "")
+    return LargeValuesError(exc.name, (
+        f"values of the {kernel} kernel ({params}) beyond what slem-dask computes with: the "
+        f"entries of its factor exceed {MAX_ABS_VALUE:.0e} (k(x, x) = "
+        f"{_SELF_SIMILARITY[kernel]} reaches their square); use a smaller gamma (--gamma), "
+        f"and L2-normalize the descriptors if their norms are large"))
 
 
 def _nonfinite_rows(X, row_offset: int = 0) -> NonFiniteRowsError:
