@@ -414,3 +414,19 @@ def test_cli_identical_negatives_warn_and_their_encoding_is_refused(tmp_path, sc
     assert code == 1 and "3000 row(s) whose encoding is all zeros (rows 0, 1, 2, 3, 4, ...)" \
         in err, err
     assert not os.path.exists(tmp_path / "codes.zarr")
+
+
+def test_cli_kernel_encodings_lost_in_the_residual_name_rank_and_gamma(tmp_path, scheduler,
+                                                                       capsys):
+    rows = np.random.default_rng(5).standard_normal((1000, D)).astype(np.float32)
+    rows /= np.linalg.norm(rows, axis=1, keepdims=True)
+    negatives = write_array(tmp_path / "neg.zarr", rows)
+    model_path = str(tmp_path / "model.zarr")
+    with pytest.warns(UserWarning, match="trace error"):  # gamma 1e60 dwarfs lam
+        code, _, err = fit(capsys, scheduler, negatives, model_path, "--kernel", "quad",
+                           "--gamma", "1e60", "--rank", "8")
+    assert code == 0, err
+    code, _, err = encode(capsys, scheduler, model_path, negatives, tmp_path / "codes.zarr")
+    assert code == 1 and "whose encoding is all zeros" in err, err
+    assert "outside the span of the model's 8 pivots" in err and "gamma (now 1e+60)" in err
+    assert "far from all the negatives" not in err
