@@ -139,11 +139,17 @@ def test_a_factor_that_misses_the_kernel_warns_once_naming_rank_gamma_and_the_fi
         model = KernelSLEM(gamma=100, rank=8).fit(X)
     assert [w.category for w in caught] == [TraceErrorWarning]
     assert model.trace_error_ > TRACE_ERROR_WARNING == 0.9
+    captured = model.trace_ - model.residual_trace_
     assert str(caught[0].message) == (
         f"trace error {model.trace_error_:.4f} (residual trace / trace) is above 0.9: the "
         f"incomplete Cholesky factor of the rbf kernel (gamma 100) with 8 pivots (rank 8) "
         f"captures almost none of it, and the encodings keep little of the kernel; use a "
-        f"larger rank (--rank), a smaller gamma (--gamma) or L2-normalized descriptors")
+        f"smaller gamma (--gamma): at this gamma the kernel matrix is nearly diagonal (the 8 "
+        f"pivots hold {captured:.4g} of a trace of 300, about their own k(x, x)), and a "
+        f"larger rank would only add the pivots themselves")
+    # quad at a large gamma is (x.y)^2 mostly: rank d(d+1)/2, so more pivots do help
+    with pytest.warns(TraceErrorWarning, match=r"use a larger rank \(--rank\), a smaller"):
+        KernelSLEM(kernel="quad", gamma=1e6, rank=4).fit(rng.standard_normal((300, 64)))
     with pytest.warns(TraceErrorWarning, match=r"of the linear kernel with 2 pivots \(rank "
                                                r"2\) .* use a larger rank \(--rank\)$"):
         KernelSLEM(kernel="linear", rank=2).fit(rng.standard_normal((300, 64)))  # 2 of 64

@@ -297,6 +297,14 @@ class KernelSLEM(SLEMEstimator):
         fix = ("a larger rank (--rank)" if self.rank is not None else
                f"a smaller tol (--tol, now {self.tol})")
         fix += ", a smaller gamma (--gamma) or L2-normalized descriptors" if gamma else ""
+        captured = self.trace_ - self.residual_trace_
+        if gamma and captured <= 1.05 * self.rank_ * self.trace_ / self.n_samples_:
+            # each pivot took little more than its own k(x, x): K is nearly diagonal, and
+            # more pivots would only add themselves
+            fix = (f"a smaller gamma (--gamma): at this gamma the kernel matrix is nearly "
+                   f"diagonal (the {self.rank_} pivots hold {captured:.4g} of a trace of "
+                   f"{self.trace_:.4g}, about their own k(x, x)), and a larger rank would only add the pivots "
+                   f"themselves")
         warnings.warn(TraceErrorWarning(
             f"trace error {self.trace_error_:.4f} (residual trace / trace) is above "
             f"{TRACE_ERROR_WARNING}: the incomplete Cholesky factor of the {self.kernel} kernel"
