@@ -339,6 +339,20 @@ def test_fit_update_of_a_moved_store_or_other_width_says_which(corpus, tmp_path)
         pipeline.fit_job(None, corpus["negatives"], model, lam=0.1, update=True)
 
 
+def test_cli_update_refusals_come_before_any_cluster_starts(corpus, capsys):
+    from slem_dask.cli import main
+
+    model = str(corpus["dir"] / "m.zarr")
+    pipeline.fit_job(None, corpus["negatives"], model, lam=0.1)
+    _array(corpus["negatives"], corpus["neg"][:, :D - 1])
+    code = main(["fit", "--negatives", corpus["negatives"], "--model", model, "--lam", "0.1",
+                 "--update", "--local-cluster", "threads", "--no-progress"])
+    out, err = capsys.readouterr()
+    assert code != 0 and f"that store now has {D - 1}" in err, err
+    assert "fit from scratch with --overwrite" in err
+    assert "dask:" not in out, out  # the line a started cluster prints first
+
+
 def test_fit_update_names_bad_appended_rows_by_their_row_in_the_store(corpus):
     model = str(corpus["dir"] / "m.zarr")
     _array(corpus["negatives"], corpus["neg"][:300])

@@ -169,6 +169,14 @@ def _open_negatives(negatives, model_path, overwrite: bool, update: bool):
     if arr.shape[0] < 2:
         raise ValueError(
             f"negatives: {str(negatives)!r} has shape {arr.shape}; at least 2 rows are needed")
+    if exists and update and not overwrite:  # from metadata: before any cluster starts
+        meta = storage.read_model_meta(model_path)
+        refused = common.update_refusal(model_path, meta.get("source"), meta.get("n_features"),
+                                        int(meta.get("n_samples", -1)), negatives, arr)
+        if refused:
+            raise ValueError(f"{refused}; " + (
+                "refit on all rows with --repivot (same parameters) or --overwrite"
+                if meta.get("model") == "KernelSLEM" else "fit from scratch with --overwrite"))
     return arr, exists
 
 

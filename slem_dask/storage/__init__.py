@@ -42,7 +42,8 @@ from .fingerprints import (  # noqa: F401
     rows_fingerprint, unit_rows)
 from .groups import (  # noqa: F401
     GROUP_CHUNK_BYTES, MODEL_FORMAT_VERSION, _check_written, _remove, read_group_arrays,
-    read_model_store, read_search_store, replace_legacy, write_group, write_model_store)
+    read_model_meta, read_model_store, read_search_store, replace_legacy, write_group,
+    write_model_store)
 from .inputs import (  # noqa: F401
     _exists, _key, check_distinct, open_input, open_node, open_output, read_all)
 from .leases import LEASE_TTL, Lease, LeaseHeldError, LeaseLostError  # noqa: F401
@@ -58,6 +59,7 @@ from .workers import check_workers_see, store_signature  # noqa: F401
 
 __all__ = [
     "ATTR", "open_input", "open_node", "dask_rows", "read_rows", "read_all", "row_partition",
-    "fingerprint", "write_model_store", "read_model_store", "create_output", "mark_complete",
+    "fingerprint", "write_model_store", "read_model_store", "read_model_meta", "create_output",
+    "mark_complete",
     "open_output", "verify", "versions", "Lease", "canonical",
 ]

@@ -209,6 +209,23 @@ def read_search_store(path) -> tuple[dict, dict[str, np.ndarray]]:
 def read_model_store(path: str) -> tuple[dict, dict[str, np.ndarray]]:
     """Read a model group written by :func:`write_model_store`: (metadata, arrays)."""
     path = str(canonical(path))
+    meta, group = _read_model_meta(path)
+    arrays = read_group_arrays(group, path, "model")
+    if fingerprint(arrays, meta["params"]) != meta.get("fingerprint"):
+        raise ValueError(
+            f"model: the arrays in {path!r} do not match its recorded fingerprint; the "
+            f"store was modified or damaged, refit the model"
+        )
+    return meta, arrays
+
+
+def read_model_meta(path: str) -> dict:
+    """The checked metadata of a model group, without reading its arrays (512 MiB for a
+    linear model at d = 8192): for checks that must not wait for them."""
+    return _read_model_meta(str(canonical(path)))[0]
+
+
+def _read_model_meta(path: str) -> tuple[dict, zarr.Group]:
     try:
         group = _open_group(path)
     except versions.VersionError as exc:
@@ -245,10 +262,4 @@ def read_model_store(path: str) -> tuple[dict, dict[str, np.ndarray]]:
             f"model: the metadata of {path!r} does not match its checksum (a field such as "
             f"n_samples, source or params was edited); the store was modified or damaged, "
             f"refit the model")
-    arrays = read_group_arrays(group, path, "model")
-    if fingerprint(arrays, meta["params"]) != meta.get("fingerprint"):
-        raise ValueError(
-            f"model: the arrays in {path!r} do not match its recorded fingerprint; the "
-            f"store was modified or damaged, refit the model"
-        )
-    return meta, arrays
+    return meta, group
