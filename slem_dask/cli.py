@@ -198,14 +198,14 @@ def _run(args) -> int:
     from .preflight import check_writable, output_paths
 
     check_writable(output_paths(args, spec))  # so do read-only output folders
-    if args.command in ("search", "evaluate"):
-        from . import evaluation
+    if args.command == "search":
+        from .pipeline.search import check_search_inputs
 
-        if args.command == "search":
-            evaluation.check_search_inputs(args.queries, args.database, args.k, args.force)
-        else:
-            evaluation.check_evaluate_inputs(args.corpus, args.methods, args.negatives, args.k,
-                                             args.plot)
+        check_search_inputs(args.queries, args.database, args.k, args.force)
+    elif args.command == "evaluate":
+        from .evaluation import check_evaluate_inputs
+
+        check_evaluate_inputs(args.corpus, args.methods, args.negatives, args.k, args.plot)
     import time
 
     started = time.perf_counter()
@@ -255,11 +255,9 @@ def _jobs(args, client, spec, progress: bool):
                                     precision=args.precision,
                                     kernel_memory=args.kernel_memory, repivot=args.repivot)]
     elif args.command == "search":
-        from . import evaluation
-
-        reports = [evaluation.search_job(client, args.queries, args.database, args.out,
-                                         k=args.k, partition_rows=args.partition_rows,
-                                         overwrite=args.overwrite, force=args.force)]
+        reports = [pipeline.search_job(client, args.queries, args.database, args.out,
+                                       k=args.k, partition_rows=args.partition_rows,
+                                       overwrite=args.overwrite, force=args.force)]
     elif args.command == "evaluate":
         from . import evaluation
 

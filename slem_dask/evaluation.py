@@ -1,4 +1,4 @@
-"""Retrieval evaluation of SLEM against its baselines, and the search job.
+"""Retrieval evaluation of SLEM against its baselines.
 
 * :data:`METHODS` names the encoders a results table compares (raw features,
   PCA whitening, E-SVM, linear SLEM, kernel SLEM);
@@ -6,8 +6,9 @@
   queries, searches exactly and measures mAP, P@k, encode time per positive
   and total time; :func:`pr_curve` gives each method's precision-recall curve;
 * :func:`format_table` and :func:`plot_pr_curves` present them;
-* :func:`search_job` and :func:`evaluate_job` are the ``slem-dask search`` and
-  ``slem-dask evaluate`` commands (zarr in, zarr / table / PNG out).
+* :func:`evaluate_job` is the ``slem-dask evaluate`` command (zarr in, table / PNG
+  out); ``slem-dask search`` is :func:`slem_dask.pipeline.search.search_job`,
+  importable from here as before.
 """
 
 from __future__ import annotations
@@ -19,9 +20,9 @@ import dask
 import numpy as np
 
 from . import storage
-from ._version import __version__
 from .parallel import scatter_large_arrays
-from .pipeline import JobReport, _compute
+from .pipeline import JobReport
+from .pipeline.search import check_search_inputs, open_search_result, search_job  # noqa: F401
 from .retrieval import mean_average_precision, precision_recall_at_k, search
 from .validation import check_rows, is_dask_array, rows_text
 
@@ -332,100 +333,6 @@ def plot_pr_curves(curves: dict, path: str, title: str = "precision-recall",
 
 
 # -- jobs -----------------------------------------------------------------
-
-def check_search_inputs(queries: str, database: str, k: int, force: bool = False):
-    """Open both zarr arrays and check shapes and k, before any cluster starts.
-
-    Queries and database encoded by slem-dask with different models are refused
-    (their scores mean nothing) unless ``force``."""
-    q = storage.open_input(queries, "queries")
-    db = storage.open_input(database, "database")
-    mq, mdb = storage.output_meta(q), storage.output_meta(db)
-    if not force and mq and mdb and \
-            mq.get("encoding_fingerprint") != mdb.get("encoding_fingerprint"):
-        raise ValueError(
-            f"queries ({queries!r}) and database ({database!r}) were encoded with different "
-            f"models (encoding fingerprints {str(mq.get('encoding_fingerprint'))[:16]} and "
-            f"{str(mdb.get('encoding_fingerprint'))[:16]}; models {mq.get('model_path')!r} "
-            f"and {mdb.get('model_path')!r}): their scores are not comparable. Encode both "
-            f"with one model, or pass --force to search anyway")
-    if q.shape[1] != db.shape[1]:
-        raise ValueError(
-            f"queries ({queries!r}) have {q.shape[1]} features but database rows "
-            f"({database!r}) have {db.shape[1]}; encode both with the same model"
-        )
-    if q.shape[0] < 1 or db.shape[0] < 1:
-        raise ValueError(f"queries {q.shape} and database {db.shape} must both have rows")
-    if k > db.shape[0]:
-        raise ValueError(
-            f"k={k} is larger than the database {database!r} ({db.shape[0]} rows); use "
-            f"--k {db.shape[0]} or less"
-        )
-    return q, db
-
-
-def search_job(client, queries: str, database: str, out: str, k: int = 100,
-               partition_rows: int | None = None, overwrite: bool = False,
-               force: bool = False) -> JobReport:
-    """Exact top-k of every query row against the database rows; write a zarr group.
-
-    ``out`` gets arrays ``scores`` (float64) and ``indices`` (int64), each
-    (n_queries, k), best first, ties to the lower database index, and the
-    group attribute ``slem_dask`` = {kind: "search", complete: true}. The group
-    is written beside ``out`` and renamed into place (local stores), under a
-    lease, with a crc32c on every chunk.
-    """
-    from . import integrity
-
-    t0 = time.perf_counter()
-    queries, database, out = map(integrity.canonical, (queries, database, out))
-    storage.check_distinct(out, "--out", {"queries": queries, "database": database})
-    q_arr, db_arr = check_search_inputs(str(queries), str(database), k, force=force)
-    if storage._exists(out):
-        if not overwrite:
-            raise FileExistsError(f"output {str(out)!r} already exists; pass --overwrite to "
-                                  f"replace it")
-        integrity.check_may_replace(out, "search result", kind="search")
-    with integrity.Lease(out, "slem-dask search") as lease:
-        # what is read: a versioned input stays the version opened here, whatever commits
-        # meanwhile; a plain one is fingerprinted before and after
-        q_arr, db_arr = check_search_inputs(str(queries), str(database), k, force=force)
-        seen = {"queries": storage.read_version(q_arr, queries),
-                "database": storage.read_version(db_arr, database)}
-        integrity.check_workers_see(client, {"database": database})
-        db = storage.dask_rows(db_arr, partition_rows, name="database")
-        q = storage.dask_rows(q_arr, partition_rows, name="queries")
-        t1 = time.perf_counter()
-        scores, indices = _compute(client, search(q, db, k), progress=False)
-        t2 = time.perf_counter()
-        read = {"queries": storage.read_version(q_arr, queries),
-                "database": storage.read_version(db_arr, database)}
-        if read != seen:
-            raise ValueError(
-                f"the queries or the database changed while they were searched "
-                f"({seen} -> {read}); nothing was written: run the search again")
-        meta = {"kind": "search", "complete": True, "k": int(k), "queries": queries.url,
-                "database": database.url, "inputs": seen, "n_queries": int(q.shape[0]),
-                "n_database": int(db_arr.shape[0]), "package_version": __version__,
-                "completed": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
-        storage.write_group(out, meta, {"scores": scores.astype(np.float64),
-                                        "indices": indices.astype(np.int64)},
-                            "search result", overwrite=True, lease=lease)
-        t3 = time.perf_counter()
-    timings = {"open": t1 - t0, "search": t2 - t1, "write": t3 - t2, "total": t3 - t0}
-    report = JobReport("search")
-    report.facts.update({"queries": str(queries), "database": str(database),
-                         "rows": f"{q.shape[0]} x {db_arr.shape[0]}", "k": k,
-                         "partitions": db.numblocks[0], "out": str(out)})
-    report.timings.update(timings)
-    return report
-
-
-def open_search_result(path: str) -> tuple[np.ndarray, np.ndarray]:
-    """(scores, indices) written by :func:`search_job`, refusing an unfinished one."""
-    _, arrays = storage.read_search_store(path)
-    return arrays["scores"], arrays["indices"]
-
 
 def _open_corpus(path: str):
     import zarr

@@ -166,7 +166,7 @@ def test_a_stalled_job_whose_lease_was_taken_over_says_so_first(corpus, monkeypa
 
 # -- snapshot reads ----------------------------------------------------------------------
 def test_a_search_during_a_reencode_reads_one_version_and_records_it(corpus, monkeypatch):
-    import slem_dask.evaluation as evaluation
+    import slem_dask.pipeline.search as evaluation
 
     db = corpus["dir"] / "db.zarr"
     _encode(corpus, db)

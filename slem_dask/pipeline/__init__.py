@@ -5,13 +5,14 @@ validates everything it can from metadata before it reads or writes data, and
 never leaves a model or output that looks complete after a failure.
 
 One job a module: :mod:`.fit` (linear), :mod:`.kernel_fit`, :mod:`.encode`,
-:mod:`.demo`; :mod:`.common` holds the report, the compute loop and the errors.
+:mod:`.search`, :mod:`.demo`; :mod:`.common` holds the report, the compute loop and the errors.
 """
 
 from .common import JobFailed, JobReport, _compute  # noqa: F401 - evaluation.py uses it
 from .demo import demo_job
 from .encode import check_encode_inputs, encode_job
 from .fit import _open_negatives, fit_job  # noqa: F401 - the CLI checks before a cluster
+from .search import search_job
 
-__all__ = ["fit_job", "encode_job", "demo_job", "check_encode_inputs", "JobReport",
-           "JobFailed"]
+__all__ = ["fit_job", "encode_job", "search_job", "demo_job", "check_encode_inputs",
+           "JobReport", "JobFailed"]
