@@ -179,7 +179,8 @@ def scatter_statistics(x: da.Array, split_every: int = SPLIT_EVERY, precision: s
     partials = x.map_blocks(_block_statistics_task, precision, dtype=object,
                             chunks=((1,) * x.numblocks[0], (1,)),
                             meta=np.empty((0, 0), dtype=object))
-    return _merge_tree(list(partials.to_delayed().ravel()), x.shape[1], split_every)
+    parts = list(partials.to_delayed().ravel())
+    return _merge_tree([p.key for p in parts], {}, parts, x.shape[1], split_every)
 
 
 def store_statistics(arr, partition_rows: int, precision: str = "auto", name: str = "negatives",
@@ -207,7 +208,7 @@ def store_statistics(arr, partition_rows: int, precision: str = "auto", name: st
     graph = {(layer, i): (_store_rows_statistics, array.key, lo, min(n, lo + partition_rows),
                           precision, name)
              for i, lo in enumerate(range(start, n, partition_rows))}
-    return _merge_tree(_Keys(layer, graph, [array]), d, split_every)
+    return _merge_tree(list(graph), graph, [array], d, split_every)
 
 
 #: Above this size of a d x d float64 partial (d >= 2048), a fit makes one
@@ -227,41 +228,23 @@ def statistics_partition_rows(n: int, d: int, unit: int, default: int, threads: 
     return int(-(-per_thread // unit) * unit)
 
 
-@dataclasses.dataclass(frozen=True)
-class _Keys:
-    """Tasks of one graph layer (their keys in order) and the collections they read."""
-
-    layer: str
-    graph: dict
-    dependencies: list
-
-
-def _merge_tree(parts, d: int, split_every: int):
-    """One Delayed: ``parts`` (Delayed objects, or :class:`_Keys`) merged by a tree of
-    :func:`_merge_parts` tasks, at least one level (it also unpacks a single block)."""
+def _merge_tree(keys: list, graph: dict, dependencies: list, d: int, split_every: int):
+    """One Delayed: the partial statistics under ``keys`` (tasks of ``graph``, or of the
+    collections ``dependencies``) merged by a tree of :func:`_merge_parts` tasks, at least
+    one level (it also unpacks a single partial)."""
     from dask.delayed import Delayed
     from dask.highlevelgraph import HighLevelGraph
 
-    if not isinstance(parts, _Keys):
-        parts = _Keys(f"slem-partials-{dask.base.tokenize(*parts)}", {}, list(parts))
-        keys = [part.key for part in parts.dependencies]
-    else:
-        keys = list(parts.graph)
     fan_in = merge_fan_in(d, split_every)
     merge = f"slem-merge-{dask.base.tokenize(keys, fan_in)}"
-    graph, level = dict(parts.graph), 0
-    while True:
-        keys = [_add_task(graph, (merge, level, i // fan_in), _merge_parts, keys[i:i + fan_in])
-                for i in range(0, len(keys), fan_in)]
-        level += 1
-        if len(keys) == 1:
-            collection = HighLevelGraph.from_collections(merge, graph, parts.dependencies)
-            return Delayed(keys[0], collection, layer=merge)
-
-
-def _add_task(graph: dict, key, func, keys: list):
-    graph[key] = (func, list(keys))
-    return key
+    graph, level = dict(graph), 0
+    while len(keys) > 1 or level == 0:
+        merged = [(merge, level, j) for j in range(-(-len(keys) // fan_in))]
+        for j, key in enumerate(merged):
+            graph[key] = (_merge_parts, list(keys[j * fan_in:(j + 1) * fan_in]))
+        keys, level = merged, level + 1
+    return Delayed(keys[0], HighLevelGraph.from_collections(merge, graph, dependencies),
+                   layer=merge)
 
 
 #: Arrays of at least this size go to the workers by ``client.scatter`` inside
