@@ -96,7 +96,8 @@ def _check_inputs(args, spec) -> None:
     elif args.command == "fit":
         from .pipeline import _open_negatives
 
-        _open_negatives(args.negatives, args.model, args.overwrite, args.update)
+        _open_negatives(args.negatives, args.model, args.overwrite, args.update,
+                        getattr(args, "repivot", False))
     elif args.command == "search":
         storage.check_distinct(args.out, "--out", {"queries": args.queries,
                                                   "database": args.database})

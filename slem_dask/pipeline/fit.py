@@ -154,8 +154,10 @@ def _save_fitted(model, arr, negatives, model_path, seen: str, lease) -> str:
                                 "source_version": storage.read_version(arr, negatives, seen)})
 
 
-def _open_negatives(negatives, model_path, overwrite: bool, update: bool):
-    """Checks shared by every fit, before any data is read: (zarr array, model exists)."""
+def _open_negatives(negatives, model_path, overwrite: bool, update: bool,
+                    repivot: bool = False):
+    """Checks shared by every fit, before any data is read: (zarr array, model exists).
+    ``repivot`` (kernel): an update that reads all rows again, whatever the stored ones."""
     negatives, model_path = canonical(negatives), canonical(model_path)
     storage.check_distinct(model_path, "--model", {"negatives": negatives})
     exists = storage._exists(model_path)
@@ -169,7 +171,7 @@ def _open_negatives(negatives, model_path, overwrite: bool, update: bool):
     if arr.shape[0] < 2:
         raise ValueError(
             f"negatives: {str(negatives)!r} has shape {arr.shape}; at least 2 rows are needed")
-    if exists and update and not overwrite:  # from metadata: before any cluster starts
+    if exists and update and not (overwrite or repivot):  # from metadata: before a cluster
         meta = storage.read_model_meta(model_path)
         refused = common.update_refusal(model_path, meta.get("source"), meta.get("n_features"),
                                         int(meta.get("n_samples", -1)), negatives, arr)

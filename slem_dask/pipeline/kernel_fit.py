@@ -59,7 +59,7 @@ def _fit_kernel_job(client, negatives, model_path, model, partition_rows,
     """
     t0 = time.perf_counter()
     model._check_params()
-    arr, exists = _open_negatives(negatives, model_path, overwrite, update)
+    arr, exists = _open_negatives(negatives, model_path, overwrite, update, repivot)
     n = int(arr.shape[0])
     with integrity.Lease(model_path, "slem-dask fit") as lease:
         action, old = "fit", None
