@@ -95,6 +95,23 @@ def test_evaluate_methods_table_plot_and_errors(tmp_path):
 
 # -- search job ---------------------------------------------------------------
 
+def test_search_refuses_outputs_of_two_models_naming_them_as_paths(tmp_path, rng):
+    from slem_dask.pipeline import encode_job, fit_job
+
+    neg = _write(str(tmp_path / "neg.zarr"), rng.standard_normal((200, 6)).astype(np.float32))
+    outs = []
+    for lam in (0.1, 1.0):
+        model = str(tmp_path / f"m{lam}.zarr")
+        fit_job(None, neg, model, lam=lam)
+        outs.append(str(tmp_path / f"out{lam}.zarr"))
+        encode_job(None, model, neg, outs[-1])
+    with pytest.raises(ValueError, match="encoded with different models") as caught:
+        search_job(None, outs[0], outs[1], str(tmp_path / "hits.zarr"), k=3)
+    said = str(caught.value)
+    assert f"models {str(tmp_path / 'm0.1.zarr')!r} and {str(tmp_path / 'm1.0.zarr')!r}" in said
+    assert "--force" in said
+
+
 def test_search_job_writes_a_completed_group(tmp_path, rng):
     q = rng.standard_normal((7, 5))
     db = np.round(rng.standard_normal((50, 5)), 1)  # rounding makes ties

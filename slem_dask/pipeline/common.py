@@ -119,9 +119,10 @@ def update_refusal(model_path, source, n_features, n_rows, negatives, arr) -> st
     """Why ``--update`` cannot append the rows of ``arr`` (the store ``negatives``) to a
     model fitted on the first ``n_rows`` rows of ``source`` with ``n_features``
     features, without the remedy; None when it can."""
-    fitted = f"--update: the model {str(model_path)!r} was fitted on {n_rows} rows of {source!r}"
+    shown = str(integrity.canonical(source)) if source else source  # as paths are shown
+    fitted = f"--update: the model {str(model_path)!r} was fitted on {n_rows} rows of {shown!r}"
     if source != negatives.url:
-        return (f"{fitted}, not of {negatives.url!r}: an update appends the rows added to the "
+        return (f"{fitted}, not of {str(negatives)!r}: an update appends the rows added to the "
                 f"same store since (a store moved or copied elsewhere counts as another one)")
     if n_features != arr.shape[1]:
         return (f"{fitted} with {n_features} features; that store now has {arr.shape[1]} "

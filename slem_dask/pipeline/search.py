@@ -25,12 +25,16 @@ def check_search_inputs(queries: str, database: str, k: int, force: bool = False
     mq, mdb = storage.output_meta(q), storage.output_meta(db)
     if not force and mq and mdb and \
             mq.get("encoding_fingerprint") != mdb.get("encoding_fingerprint"):
+        from .. import integrity
+
+        models = [str(integrity.canonical(m["model_path"])) if m.get("model_path") else None
+                  for m in (mq, mdb)]  # recorded as URLs; shown as paths are
         raise ValueError(
             f"queries ({queries!r}) and database ({database!r}) were encoded with different "
             f"models (encoding fingerprints {str(mq.get('encoding_fingerprint'))[:16]} and "
-            f"{str(mdb.get('encoding_fingerprint'))[:16]}; models {mq.get('model_path')!r} "
-            f"and {mdb.get('model_path')!r}): their scores are not comparable. Encode both "
-            f"with one model, or pass --force to search anyway")
+            f"{str(mdb.get('encoding_fingerprint'))[:16]}; models {models[0]!r} and "
+            f"{models[1]!r}): their scores are not comparable. Encode both with one model, "
+            f"or pass --force to search anyway")
     if q.shape[1] != db.shape[1]:
         raise ValueError(
             f"queries ({queries!r}) have {q.shape[1]} features but database rows "
