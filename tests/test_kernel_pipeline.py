@@ -121,3 +121,18 @@ def test_demo_has_a_kernel_row(tmp_path):
     assert by_method["rbf kernel SLEM"] > by_method["raw features"] + 0.05, by_method
     fits = [r for r in reports if r.name == "fit"]
     assert fits[-1].facts["kernel"] == "rbf" and fits[-1].facts["pivots"] == 256
+
+
+def test_a_forced_in_memory_fit_over_budget_warns_once(tmp_path, stores, monkeypatch):
+    # the job chooses the path (and warns), then the estimator ran the choice again
+    import warnings
+
+    from slem_dask import parallel_kernel_stream as stream
+
+    monkeypatch.setattr(stream, "memory_budget", lambda x: (1000.0, "a 1 KB test budget"))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        fit_job(None, stores[2], str(tmp_path / "m.zarr"), kernel="rbf", gamma=0.5,
+                rank=4, kernel_memory="in-memory")
+    said = [w for w in caught if issubclass(w.category, stream.KernelMemoryWarning)]
+    assert len(said) == 1 and "a 1 KB test budget" in str(said[0].message)

@@ -7,12 +7,13 @@ from __future__ import annotations
 import contextlib
 import sys
 import time
+import warnings
 
 from .. import integrity, storage
 from ..storage import versions
 from ..models import load_model
 from ..models.kernel import TraceErrorWarning
-from ..parallel_kernel_stream import choose_strategy
+from ..parallel_kernel_stream import KernelMemoryWarning, choose_strategy
 
 from .common import JobReport, update_refusal
 from .fit import (KERNEL_OPTIONS, _fit_errors, _open_negatives, _save_fitted, check_same_params,
@@ -116,7 +117,9 @@ def _fit_kernel_job(client, negatives, model_path, model, partition_rows,
                     given = model.strategy
                     model.strategy = strategy  # the choice made above, not made again
                     try:
-                        model.fit(x, progress=on_round, checkpoint=checkpoint)
+                        with warnings.catch_warnings():  # the choice above said it once
+                            warnings.simplefilter("ignore", KernelMemoryWarning)
+                            model.fit(x, progress=on_round, checkpoint=checkpoint)
                     finally:
                         model.strategy = given
                 else:
