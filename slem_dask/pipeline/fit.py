@@ -201,7 +201,7 @@ def check_same_params(model, meta: dict, model_path, flag: str) -> None:
 def _previous_statistics(model_path, negatives, arr, model) -> ScatterStats:
     """The statistics stored in a model, checked to be those of the first rows of ``arr``,
     unchanged since they were merged, and fitted with ``model``'s parameters."""
-    meta, _ = storage.read_model_store(model_path)
+    meta = storage.read_model_meta(model_path)  # the arrays: load_model below
     old = load_model(model_path)
     if not isinstance(old, LinearSLEM):
         kernel_options = ""
