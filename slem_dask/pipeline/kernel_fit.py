@@ -34,12 +34,13 @@ ROUND_LINE_SECONDS = 60.0
 def _round_lines(model):
     """``on_round`` for a fit without progress bars: one full line every
     ROUND_LINE_SECONDS, with the stopping rule and how to bound it."""
-    last = [time.monotonic()]
+    last = time.monotonic()
     until = f"until {model.rank} pivots or" if model.rank else "no --rank: until"
 
     def on_round(round_no: int, n_pivots: int, trace_error: float) -> None:
-        if time.monotonic() - last[0] >= ROUND_LINE_SECONDS:
-            last[0] = time.monotonic()
+        nonlocal last
+        if time.monotonic() - last >= ROUND_LINE_SECONDS:
+            last = time.monotonic()
             print(f"kernel fit: pass {round_no}, {n_pivots} pivots, residual trace "
                   f"{trace_error:.3g} of the trace ({until} it is below --tol "
                   f"{model.tol:g}{'' if model.rank else '; --rank R bounds the passes'})",
