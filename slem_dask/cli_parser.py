@@ -109,7 +109,8 @@ def _add_kernel_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("kernel SLEM (with --kernel; without it, a linear SLEM)")
     g.add_argument("--kernel", choices=KERNELS,
                    help="fit a KernelSLEM with this kernel (intersection, chi2: non-negative "
-                        "histograms only)")
+                        "histograms only; linear: the linear kernel's low-rank factor, where "
+                        "no --kernel fits the linear SLEM on the exact d x d covariance)")
     g.add_argument("--gamma", type=_positive_float,
                    help="gamma of the rbf, quad and poly kernels (default: 0.1)")
     g.add_argument("--degree", type=_positive_int,
@@ -174,7 +175,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--lam", type=_positive_float, default=1e-3,
                    help="ridge lambda > 0 (default: 1e-3)")
     p.add_argument("--theta", type=_positive_float, default=1.0,
-                   help="weight of the positive; changes only exemplar() norms (default: 1)")
+                   help="weight of the positive in the loss; it scales each weight vector "
+                        "without turning it, so the L2-normalized encodings do not depend on "
+                        "it (default: 1)")
     p.add_argument("--precision", choices=("auto", "float64"), default="auto",
                    help="arithmetic inside blocks (linear SLEM): auto = the input's (float32 "
                         "stays float32, within 1e-5 of float64), float64 = float64 throughout "
