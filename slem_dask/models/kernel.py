@@ -303,8 +303,8 @@ class KernelSLEM(SLEMEstimator):
             # more pivots would only add themselves
             fix = (f"a smaller gamma (--gamma): at this gamma the kernel matrix is nearly "
                    f"diagonal (the {self.rank_} pivots hold {captured:.4g} of a trace of "
-                   f"{self.trace_:.4g}, about their own k(x, x)), and a larger rank would only add the pivots "
-                   f"themselves")
+                   f"{self.trace_:.4g}, about their own k(x, x)), and a larger rank would "
+                   f"only add the pivots themselves")
         warnings.warn(TraceErrorWarning(
             f"trace error {self.trace_error_:.4f} (residual trace / trace) is above "
             f"{TRACE_ERROR_WARNING}: the incomplete Cholesky factor of the {self.kernel} kernel"
