@@ -381,7 +381,8 @@ def _plan_output(out, existing, arr, positives, encoding, out_dtype, overwrite,
             f"--overwrite to re-encode it with the current model")
     problems = []
     if meta.get("source") != positives.url:
-        problems.append(f"it encodes {meta.get('source')!r}, not {positives.url!r}")
+        source = str(integrity.canonical(meta["source"])) if meta.get("source") else None
+        problems.append(f"it encodes {source!r}, not {str(positives)!r}")  # paths, not URLs
     if existing.shape[1] != width or existing.dtype != out_dtype:
         problems.append(f"it holds {existing.shape[1]} columns of {existing.dtype}, this run "
                         f"writes {width} of {out_dtype}")
