@@ -430,3 +430,4 @@ def test_cli_kernel_encodings_lost_in_the_residual_name_rank_and_gamma(tmp_path,
     assert code == 1 and "whose encoding is all zeros" in err, err
     assert "outside the span of the model's 8 pivots" in err and "gamma (now 1e+60)" in err
     assert "far from all the negatives" not in err
+    assert "normalize" not in err  # the rows are L2-normalized already

@@ -150,6 +150,11 @@ def test_a_factor_that_misses_the_kernel_warns_once_naming_rank_gamma_and_the_fi
     # quad at a large gamma is (x.y)^2 mostly: rank d(d+1)/2, so more pivots do help
     with pytest.warns(TraceErrorWarning, match=r"use a larger rank \(--rank\), a smaller"):
         KernelSLEM(kernel="quad", gamma=1e6, rank=4).fit(rng.standard_normal((300, 64)))
+    unit = rng.standard_normal((300, 64))
+    unit /= np.linalg.norm(unit, axis=1, keepdims=True)  # nothing left to normalize
+    with pytest.warns(TraceErrorWarning, match=r"use a larger rank \(--rank\), or a smaller "
+                                               r"gamma \(--gamma\)$"):
+        KernelSLEM(kernel="quad", gamma=1e6, rank=4).fit(unit)
     with pytest.warns(TraceErrorWarning, match=r"of the linear kernel with 2 pivots \(rank "
                                                r"2\) .* use a larger rank \(--rank\)$"):
         KernelSLEM(kernel="linear", rank=2).fit(rng.standard_normal((300, 64)))  # 2 of 64

@@ -289,6 +289,12 @@ class KernelSLEM(SLEMEstimator):
         self._warn_if_weak()
         return self
 
+    def _normalized_pivots(self) -> bool:
+        """Whether the pivots are unit rows (the descriptors are L2-normalized already:
+        advice to normalize them would send the user the wrong way)."""
+        norms = np.linalg.norm(np.asarray(self.pivot_rows_, dtype=np.float64), axis=1)
+        return bool(norms.size) and bool(np.all(np.abs(norms - 1.0) <= 1e-3))
+
     def _warn_if_weak(self) -> None:
         """One :class:`TraceErrorWarning` if ``trace_error_`` > :data:`TRACE_ERROR_WARNING`."""
         if not self.trace_error_ > TRACE_ERROR_WARNING:
@@ -296,7 +302,9 @@ class KernelSLEM(SLEMEstimator):
         gamma = self.kernel in ("rbf", "quad", "poly")  # the kernels that use it
         fix = ("a larger rank (--rank)" if self.rank is not None else
                f"a smaller tol (--tol, now {self.tol})")
-        fix += ", a smaller gamma (--gamma) or L2-normalized descriptors" if gamma else ""
+        if gamma:
+            fix += (", or a smaller gamma (--gamma)" if self._normalized_pivots() else
+                    ", a smaller gamma (--gamma) or L2-normalized descriptors")
         captured = self.trace_ - self.residual_trace_
         if gamma and captured <= 1.05 * self.rank_ * self.trace_ / self.n_samples_:
             # each pivot took little more than its own k(x, x): K is nearly diagonal, and

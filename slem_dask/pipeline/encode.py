@@ -262,12 +262,14 @@ def _zero_reason(model) -> str:
     if isinstance(model, KernelSLEM):  # z = beta / sqrt(|beta|^2 + u^2 / lam^2) -> 0
         gamma = f" or a smaller gamma (now {model.gamma:g})" if model.kernel in (
             "rbf", "quad", "poly") else ""
+        normalize = "" if model._normalized_pivots() else (
+            ", and normalize positives and negatives the same way (e.g. L2)")
         return (f"they lie almost wholly outside the span of the model's {model.rank_} "
                 f"pivots: their residual (k(x, x) - |v|^2, over lam^2) outweighs the part "
                 f"the {model.kernel} factor holds (the fit's trace error was "
                 f"{model.trace_error_:.4f}), so their encoding points along the residual, "
-                f"which the output does not store: fit with a larger rank (--rank){gamma}, "
-                f"and normalize positives and negatives the same way (e.g. L2)")
+                f"which the output does not store: fit with a larger rank (--rank){gamma}"
+                f"{normalize}")
     return "such a row has no direction (an all-zero descriptor?): drop those rows"
 
 
