@@ -115,19 +115,25 @@ def _lost_cluster(exc: BaseException, what_is_kept: str) -> JobFailed:
     return JobFailed(f"lost the dask cluster while computing ({why}); {what_is_kept}")
 
 
-def update_refusal(model_path, source, n_features, n_rows, negatives, arr) -> str | None:
-    """Why ``--update`` cannot append the rows of ``arr`` (the store ``negatives``) to a
-    model fitted on the first ``n_rows`` rows of ``source`` with ``n_features``
-    features, without the remedy; None when it can."""
+def update_refusal(model_path, meta: dict, negatives, arr) -> str | None:
+    """Why ``--update`` cannot append the rows of ``arr`` (the store ``negatives``) to the
+    model at ``model_path`` (``meta``: its metadata: fitted on the first ``n_samples``
+    rows of ``source``, ``n_features`` wide), with the remedy for its kind; None when
+    it can."""
+    source, n_features = meta.get("source"), meta.get("n_features")
+    n_rows = int(meta.get("n_samples", -1))
     shown = str(integrity.canonical(source)) if source else source  # as paths are shown
     fitted = f"--update: the model {str(model_path)!r} was fitted on {n_rows} rows of {shown!r}"
     if source != negatives.url:
-        return (f"{fitted}, not of {str(negatives)!r}: an update appends the rows added to the "
-                f"same store since (a store moved or copied elsewhere counts as another one)")
-    if n_features != arr.shape[1]:
-        return (f"{fitted} with {n_features} features; that store now has {arr.shape[1]} "
-                f"(shape {arr.shape})")
-    if n_rows > arr.shape[0]:
-        return (f"{fitted}; that store now holds only {arr.shape[0]} rows (shape {arr.shape}): "
-                f"rows were removed")
-    return None
+        why = (f"{fitted}, not of {str(negatives)!r}: an update appends the rows added to the "
+               f"same store since (a store moved or copied elsewhere counts as another one)")
+    elif n_features != arr.shape[1]:
+        why = (f"{fitted} with {n_features} features; that store now has {arr.shape[1]} "
+               f"(shape {arr.shape})")
+    elif n_rows > arr.shape[0]:
+        why = (f"{fitted}; that store now holds only {arr.shape[0]} rows (shape {arr.shape}): "
+               f"rows were removed")
+    else:
+        return None
+    return why + ("; refit on all rows with --repivot (same parameters) or --overwrite"
+                  if meta.get("model") == "KernelSLEM" else "; fit from scratch with --overwrite")

@@ -172,13 +172,10 @@ def _open_negatives(negatives, model_path, overwrite: bool, update: bool,
         raise ValueError(
             f"negatives: {str(negatives)!r} has shape {arr.shape}; at least 2 rows are needed")
     if exists and update and not (overwrite or repivot):  # from metadata: before a cluster
-        meta = storage.read_model_meta(model_path)
-        refused = common.update_refusal(model_path, meta.get("source"), meta.get("n_features"),
-                                        int(meta.get("n_samples", -1)), negatives, arr)
+        refused = common.update_refusal(model_path, storage.read_model_meta(model_path),
+                                        negatives, arr)
         if refused:
-            raise ValueError(f"{refused}; " + (
-                "refit on all rows with --repivot (same parameters) or --overwrite"
-                if meta.get("model") == "KernelSLEM" else "fit from scratch with --overwrite"))
+            raise ValueError(refused)
     return arr, exists
 
 
@@ -215,10 +212,9 @@ def _previous_statistics(model_path, negatives, arr, model) -> ScatterStats:
         raise ValueError(f"--update without --kernel updates a LinearSLEM model; "
                          f"{str(model_path)!r} holds a {meta['model']}: {remedy}")
     check_same_params(model, meta, model_path, "--update")
-    refused = common.update_refusal(model_path, meta.get("source"), old.n_features_in_,
-                                    old.n_samples_, negatives, arr)
+    refused = common.update_refusal(model_path, meta, negatives, arr)
     if refused:
-        raise ValueError(f"{refused}; fit from scratch with --overwrite")
+        raise ValueError(refused)
     now = integrity.rows_fingerprint(arr, negatives, "negatives", old.n_samples_)
     if meta.get("negatives_fingerprint") != now:
         raise ValueError(

@@ -168,11 +168,9 @@ def _previous_kernel_model(model_path, meta, negatives, arr):
     unchanged since; (None, why a refit) for a model stored without the scatter of F's
     rows; a ValueError naming the fix when the rows are not a prefix or changed."""
     old_n = int(meta.get("n_samples", -1))
-    refused = update_refusal(model_path, meta.get("source"), meta.get("n_features"), old_n,
-                             negatives, arr)
+    refused = update_refusal(model_path, meta, negatives, arr)
     if refused:
-        raise ValueError(f"{refused}; refit on all rows with --repivot (same parameters) or "
-                         f"--overwrite")
+        raise ValueError(refused)
     if meta.get("negatives_fingerprint") != integrity.rows_fingerprint(
             arr, negatives, "negatives", old_n):
         raise ValueError(
