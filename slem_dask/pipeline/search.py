@@ -7,7 +7,7 @@ import time
 
 import numpy as np
 
-from .. import storage
+from .. import integrity, storage
 from .._version import __version__
 from ..retrieval import search
 from .common import JobReport, _compute
@@ -25,8 +25,6 @@ def check_search_inputs(queries: str, database: str, k: int, force: bool = False
     mq, mdb = storage.output_meta(q), storage.output_meta(db)
     if not force and mq and mdb and \
             mq.get("encoding_fingerprint") != mdb.get("encoding_fingerprint"):
-        from .. import integrity
-
         models = [str(integrity.canonical(m["model_path"])) if m.get("model_path") else None
                   for m in (mq, mdb)]  # recorded as URLs; shown as paths are
         raise ValueError(
@@ -61,8 +59,6 @@ def search_job(client, queries: str, database: str, out: str, k: int = 100,
     is written beside ``out`` and renamed into place (local stores), under a
     lease, with a crc32c on every chunk.
     """
-    from .. import integrity
-
     t0 = time.perf_counter()
     queries, database, out = map(integrity.canonical, (queries, database, out))
     storage.check_distinct(out, "--out", {"queries": queries, "database": database})
