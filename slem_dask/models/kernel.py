@@ -11,7 +11,8 @@ import dask
 import numpy as np
 
 from ..core.cholesky import exact_parts, g_cholesky, lowrank_parts, similarity_from_parts
-from ..core.kernels import check_histogram, check_kernel_params, kernel_diagonal, kernel_matrix
+from ..core.kernels import (_USES_GAMMA, check_histogram, check_kernel_params,
+                            kernel_diagonal, kernel_matrix)
 from ..parallel import locate_nonfinite_rows, shared
 from ..core.statistics import ScatterStats, merge_statistics
 from ..parallel_kernel import CholeskyConfig, incomplete_cholesky
@@ -299,7 +300,7 @@ class KernelSLEM(SLEMEstimator):
         """One :class:`TraceErrorWarning` if ``trace_error_`` > :data:`TRACE_ERROR_WARNING`."""
         if not self.trace_error_ > TRACE_ERROR_WARNING:
             return
-        gamma = self.kernel in ("rbf", "quad", "poly")  # the kernels that use it
+        gamma = self.kernel in _USES_GAMMA
         fix = ("a larger rank (--rank)" if self.rank is not None else
                f"a smaller tol (--tol, now {self.tol})")
         if gamma:

@@ -12,6 +12,7 @@ import zarr
 from .. import integrity, storage, workers
 from ..storage import versions
 from .._version import __version__
+from ..core.kernels import _USES_GAMMA
 from ..integrity import canonical
 from ..models import KernelSLEM, LinearSLEM, load_model
 from ..parallel import scatter_large_arrays
@@ -260,8 +261,8 @@ def _zero_reason(model) -> str:
                 "direction (w* = A^-1 (x0 - mu) = 0; with identical negatives, every row "
                 "equal to them): drop those rows, or fit on negatives that vary")
     if isinstance(model, KernelSLEM):  # z = beta / sqrt(|beta|^2 + u^2 / lam^2) -> 0
-        gamma = f" or a smaller gamma (now {model.gamma:g})" if model.kernel in (
-            "rbf", "quad", "poly") else ""
+        gamma = f" or a smaller gamma (now {model.gamma:g})" if model.kernel in _USES_GAMMA \
+            else ""
         normalize = "" if model._normalized_pivots() else (
             ", and normalize positives and negatives the same way (e.g. L2)")
         return (f"they lie almost wholly outside the span of the model's {model.rank_} "
@@ -383,7 +384,7 @@ def _plan_output(out, existing, arr, positives, encoding, out_dtype, overwrite,
             f"--overwrite to re-encode it with the current model")
     problems = []
     if meta.get("source") != positives.url:
-        source = str(integrity.canonical(meta["source"])) if meta.get("source") else None
+        source = str(canonical(meta["source"])) if meta.get("source") else None
         problems.append(f"it encodes {source!r}, not {str(positives)!r}")  # paths, not URLs
     if existing.shape[1] != width or existing.dtype != out_dtype:
         problems.append(f"it holds {existing.shape[1]} columns of {existing.dtype}, this run "
