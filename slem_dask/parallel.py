@@ -19,7 +19,7 @@ from dask.sizeof import sizeof
 
 from .core.linear import encode_rows
 from .core.statistics import (ScatterAccumulator, ScatterStats, block_statistics, check_precision,
-                              merge_into)
+                              merge_into, product_rows)
 from .validation import check_finite_rows
 
 __all__ = ["scatter_statistics", "store_statistics", "statistics_partition_rows", "encode_blocks", "map_rows", "shared",
@@ -104,13 +104,20 @@ def _store_rows_statistics(arr, lo: int, hi: int, precision: str, name: str):
     # one d x d float64 scatter and one sub-block of rows, never the partition.
     from .storage import read_rows
 
-    step = _sub_block_rows(arr, hi - lo)
+    # The buffer is this task's own, so each product's rows are shifted in place (no
+    # scratch copy); rows whose float32 product would leave float32's range are read
+    # again and done in float64.
+    step, rows = _sub_block_rows(arr, hi - lo), product_rows(arr.shape[1])
     buffer = np.empty((min(step, hi - lo), arr.shape[1]), dtype=arr.dtype)
     acc = ScatterAccumulator(arr.shape[1], precision)
     with single_threaded_blas():
         for a in range(lo, hi, step):
             b = min(hi, a + step)
-            acc.add(read_rows(arr, a, b, name, out=buffer[:b - a]))
+            block = read_rows(arr, a, b, name, out=buffer[:b - a])
+            for start in range(0, b - a, rows):
+                stop = min(b - a, start + rows)
+                if not acc.add(block[start:stop], overwrite=True):
+                    acc.add(read_rows(arr, a + start, a + stop, name))
     return acc.result()
 
 

@@ -163,7 +163,9 @@ def test_accumulator_equals_brute_force_in_float64(rows, steps):
     assert max_rel(covariance(stats), cov) <= 1e-10
 
 
-@pytest.mark.parametrize("offset_sds", [0.0, 1e4])
+# 1e6: the block's mean rounded to float32 (its shift) is 0.06 sd off, and the
+# rank-one term -m r r^T that corrects for it is 4e-3 of the scatter
+@pytest.mark.parametrize("offset_sds", [0.0, 1e4, 1e6])
 @pytest.mark.parametrize("d", [24, 2200])  # 2200 > 2 panels: the wide (upper triangle) path
 def test_accumulator_float32_within_the_contract(offset_sds, d):
     rng = np.random.default_rng(5)
@@ -195,6 +197,48 @@ def test_accumulator_counts_and_skips_nonfinite_rows(rows):
     only_bad = ScatterAccumulator(D)
     only_bad.add(np.full((2, D), np.nan))
     assert only_bad.result().nonfinite == 2
+
+
+def test_overwrite_shifts_in_place_with_the_same_result(rows):
+    """A read buffer given with overwrite=True is shifted in place instead of into the
+    scratch copy: the same arithmetic, so the same bits; longer blocks and float64
+    input take the copying path and leave the block as it was."""
+    x = rows + np.float32(300)
+    x[:, 3] = np.float32(0.3)  # constant: its mean must be 0.3 exactly, also in place
+    plain, in_place = ScatterAccumulator(D), ScatterAccumulator(D)
+    for a in range(0, N, 256):
+        assert plain.add(x[a:a + 256])
+        buffer = x[a:a + 256].copy()
+        assert in_place.add(buffer, overwrite=True)
+        assert not np.array_equal(buffer, x[a:a + 256])  # shifted in place
+    want, got = plain.result(), in_place.result()
+    np.testing.assert_array_equal(got.scatter, want.scatter)
+    np.testing.assert_array_equal(got.mean, want.mean)
+    assert got.mean[3] == np.float64(np.float32(0.3))
+    long_block = np.repeat(x, 9, axis=0)  # more rows than one float32 product
+    for block in (long_block, x.astype(np.float64)):
+        kept = block.copy()
+        assert ScatterAccumulator(D).add(block, overwrite=True)
+        np.testing.assert_array_equal(block, kept)
+
+
+def test_overwrite_hands_back_rows_beyond_float32(rows):
+    """Rows whose float32 product would overflow cannot be done in float64 once shifted
+    in place: add() folds nothing in and says so, and the caller's second pass of the
+    rows as read (without overwrite) is done in float64, as the copying path does."""
+    huge = rows * np.float32(1e30)
+    acc = ScatterAccumulator(D)
+    assert acc.add(rows[:300])
+    buffer = huge[300:600].copy()
+    assert not acc.add(buffer, overwrite=True)
+    assert acc.count == 300 and acc.nonfinite == 0
+    assert acc.add(huge[300:600])
+    want = ScatterAccumulator(D)
+    want.add(rows[:300])
+    want.add(huge[300:600])
+    got, want = acc.result(), want.result()
+    np.testing.assert_array_equal(got.scatter, want.scatter)
+    assert np.isfinite(got.scatter).all()
 
 
 def test_accumulator_refuses_a_wrong_block():
@@ -233,6 +277,19 @@ def test_store_statistics_float32_store_keeps_the_contract(tmp_path, rows):
     _, cov = brute_force(rows + np.float32(1e3))
     assert max_rel(covariance(stats), cov) <= 1e-5
     assert max_rel(covariance(stats64), cov) <= 1e-10
+
+
+def test_store_statistics_read_rows_beyond_float32_again(tmp_path, rows):
+    """A chunk whose float32 product would overflow is shifted in place, handed back
+    and read again for float64 products: no row lost, the float64 answer."""
+    x = rows.copy()
+    x[200:300] *= np.float32(1e30)
+    arr = write(tmp_path / "huge", x)
+    stats = dask.compute(store_statistics(arr, 3 * CHUNK), scheduler="threads")[0]
+    mean, cov = brute_force(x)
+    assert stats.count == N and np.isfinite(stats.scatter).all()
+    assert max_rel(covariance(stats), cov) <= 1e-12
+    assert max_rel(stats.mean, mean) <= 1e-13
 
 
 def test_store_statistics_name_a_missing_chunk(tmp_path, rows):
