@@ -20,6 +20,7 @@ from dask.sizeof import sizeof
 from .core.linear import encode_rows
 from .core.statistics import (ScatterAccumulator, ScatterStats, block_statistics, check_precision,
                               merge_into, product_rows)
+from .storage.chunks import STORE_ROWS
 from .validation import check_finite_rows
 
 __all__ = ["scatter_statistics", "store_statistics", "statistics_partition_rows", "encode_blocks", "map_rows", "shared",
@@ -178,9 +179,18 @@ def scatter_statistics(x: da.Array, split_every: int = SPLIT_EVERY, precision: s
     workers (measured on 62 blocks of 16384 x 512 read from zarr: 8.9 s
     unfused, 1 s of it transfers). ``precision``: see
     :func:`slem_dask.core.statistics.block_statistics`.
+
+    An array from :func:`slem_dask.storage.dask_rows` itself (not one derived from it)
+    is summarized by :func:`store_statistics` on its store: each task then reads into a
+    buffer of its own, which it may shift in place (1M x 512 float32 on 2 threads:
+    2.9 -> 2.7 s).
     """
     check_precision(precision)
     rows = _rows_per_block(x)
+    source = getattr(x, STORE_ROWS, None)
+    if source is not None:  # x is exactly a store's rows: stream the store itself
+        return store_statistics(source[0], rows, precision, name=source[1],
+                                split_every=split_every)
     if rows != max(x.chunks[0]):
         x = x.rechunk({0: rows})
     partials = x.map_blocks(_block_statistics_task, precision, dtype=object,

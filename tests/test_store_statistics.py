@@ -307,6 +307,25 @@ def test_store_statistics_stay_lazy_and_name_their_tasks(store):
         store_statistics(store, CHUNK, start=N)
 
 
+def test_statistics_of_dask_rows_stream_the_store_and_derived_arrays_do_not(store):
+    """An array from storage.dask_rows is summarized by store_statistics (its tasks read
+    into their own buffers); a slice, rechunk or persist of it is another array, whose
+    statistics must be its own rows' (a slice fitted as the whole store would be wrong)."""
+    from slem_dask.parallel import scatter_statistics
+
+    x = storage.dask_rows(store, 2 * CHUNK)
+    stats = scatter_statistics(x)
+    names = {k[0] for k in dict(stats.__dask_graph__()) if isinstance(k, tuple)}
+    assert any(n.startswith("slem-statistics-") for n in names)
+    assert not any(n.startswith("slem-read-") for n in names)
+    for data, rows in ((x, store[...]), (x[:450], store[:450]), (x.rechunk({0: 300}), store[...]),
+                       (x[100:].persist(scheduler="threads"), store[100:])):
+        got = dask.compute(scatter_statistics(data), scheduler="threads")[0]
+        mean, cov = brute_force(rows)
+        assert got.count == len(rows)
+        assert max_rel(got.mean, mean) <= 1e-13 and max_rel(covariance(got), cov) <= 1e-10
+
+
 @pytest.mark.cluster
 @pytest.mark.parametrize("workers", [1, 2])
 def test_store_statistics_on_worker_processes_equal_numpy(store, workers):

@@ -19,6 +19,11 @@ from .errors import CorruptChunkError, missing_chunk_error
 #: Bytes of input per dask partition when the caller does not choose.
 DEFAULT_PARTITION_BYTES = 64 * 2**20
 
+#: Attribute of an array made by :func:`dask_rows` (not of one derived from it: slicing,
+#: rechunking or persisting makes another object): (zarr array, name). Statistics read
+#: the store through it (:func:`slem_dask.parallel.scatter_statistics`).
+STORE_ROWS = "_slem_store_rows"
+
 
 def row_partition(arr: zarr.Array, partition_rows: int | None = None,
                   target_bytes: int = DEFAULT_PARTITION_BYTES) -> int:
@@ -52,10 +57,13 @@ def dask_rows(arr: zarr.Array, partition_rows: int | None = None, name: str = "i
     rows = int(partition_rows) if exact else row_partition(arr, partition_rows)
     n, d = arr.shape
     chunks = (tuple(min(rows, n - lo) for lo in range(0, n, rows)), (d,))
-    return da.map_blocks(_read_rows, arr, name, chunks=chunks, dtype=arr.dtype,
-                         meta=np.empty((0, d), dtype=arr.dtype),
-                         name="slem-read-" + dask.base.tokenize(
-                             str(arr.store_path), arr.metadata.to_dict(), rows, name))
+    x = da.map_blocks(_read_rows, arr, name, chunks=chunks, dtype=arr.dtype,
+                      meta=np.empty((0, d), dtype=arr.dtype),
+                      name="slem-read-" + dask.base.tokenize(
+                          str(arr.store_path), arr.metadata.to_dict(), rows, name))
+    if not exact:  # whole storage units: statistics may read the store themselves
+        setattr(x, STORE_ROWS, (arr, name))
+    return x
 
 
 def _read_rows(arr: zarr.Array, name: str, block_info=None) -> np.ndarray:
