@@ -182,8 +182,8 @@ def scatter_statistics(x: da.Array, split_every: int = SPLIT_EVERY, precision: s
 
     An array from :func:`slem_dask.storage.dask_rows` itself (not one derived from it)
     is summarized by :func:`store_statistics` on its store: each task then reads into a
-    buffer of its own, which it may shift in place (1M x 512 float32 on 2 threads:
-    2.9 -> 2.7 s).
+    buffer of its own, which it may shift in place (``LinearSLEM.fit`` of 1M x 512
+    float32 rows on 2 threads: 2.96-3.06 -> 2.77-2.80 s).
     """
     check_precision(precision)
     rows = _rows_per_block(x)
