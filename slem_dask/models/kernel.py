@@ -5,22 +5,20 @@ from __future__ import annotations
 import math
 import numbers
 import warnings
-from dataclasses import dataclass
 
 import dask
 import numpy as np
 
-from ..core.cholesky import exact_parts, g_cholesky, lowrank_parts, similarity_from_parts
-from ..core.kernels import (_USES_GAMMA, check_histogram, check_kernel_params,
-                            kernel_diagonal, kernel_matrix)
+from ..core.cholesky import g_cholesky
+from ..core.kernels import _USES_GAMMA, check_kernel_params
 from ..parallel import locate_nonfinite_rows, shared
 from ..core.statistics import ScatterStats, merge_statistics
 from ..parallel_kernel import CholeskyConfig, incomplete_cholesky
 from ..parallel_kernel_stream import check_strategy, choose_strategy, factor_statistics
 from ..validation import (MAX_ABS_VALUE, LargeValuesError, NonFiniteRowsError,
-                          check_finite_rows, check_positive_float, check_rows, is_dask_array,
-                          nonfinite_rows_error)
+                          check_positive_float, check_rows, is_dask_array, nonfinite_rows_error)
 from .base import SLEMEstimator
+from .kernel_blocks import _encode_block, _Encoder, _packed_block, _similarity_block
 
 __all__ = ["KernelSLEM", "PIVOTING", "TRACE_ERROR_WARNING", "TraceErrorWarning"]
 
@@ -453,35 +451,6 @@ class KernelSLEM(SLEMEstimator):
         self.input_dtype_ = info["input_dtype"]
 
 
-@dataclass(frozen=True, eq=False)
-class _Encoder:
-    """What encoding needs from a fitted model: shipped once per worker (``shared``)."""
-
-    kernel: str
-    gamma: float
-    degree: int
-    lam: float
-    exact: bool
-    pivot_rows: np.ndarray
-    pivot_factor: np.ndarray
-    mean: np.ndarray
-    g_factor: np.ndarray
-    pivots: np.ndarray
-    negatives: np.ndarray | None
-    factor: np.ndarray | None
-
-    def parts(self, block):
-        """(z, v, c) of the rows of a numpy block (core.cholesky.lowrank_parts / exact_parts)."""
-        k_piv = kernel_matrix(block, self.pivot_rows, self.kernel, self.gamma, self.degree)
-        k_self = kernel_diagonal(block, self.kernel, self.gamma, self.degree)
-        if self.exact:
-            k_neg = kernel_matrix(block, self.negatives, self.kernel, self.gamma, self.degree)
-            return exact_parts(k_neg, k_piv, k_self, self.pivot_factor, self.factor,
-                               self.pivots, self.mean, self.g_factor, self.lam)
-        return lowrank_parts(k_piv, k_self, self.pivot_factor, self.mean, self.g_factor,
-                             self.lam)
-
-
 #: k(x, x) of the kernels whose values grow with gamma, as the messages write it.
 _SELF_SIMILARITY = {"quad": "|x|^2 + gamma |x|^4",
                     "poly": "(c + sqrt(gamma) |x|^2)^degree - c^degree"}
@@ -507,35 +476,3 @@ def _nonfinite_rows(X, row_offset: int = 0) -> NonFiniteRowsError:
     second pass, on this error path only."""
     count, shown = locate_nonfinite_rows(X, row_offset=row_offset)
     return nonfinite_rows_error("X", count, shown, int(X.shape[0]))
-
-
-def _checked(block, enc: _Encoder, name: str, block_info=None):
-    offset = block_info[0]["array-location"][0][0] if block_info else 0
-    block = np.asarray(block)
-    check_finite_rows(block, name, row_offset=offset)
-    check_histogram(block, enc.kernel, name, row_offset=offset)
-    return block
-
-
-def _encode_block(block, enc: _Encoder, name: str, dtype, unit: bool = False,
-                  block_info=None):
-    block = _checked(block, enc, name, block_info)
-    z = enc.parts(block)[0]
-    if unit:
-        norms = np.sqrt(np.einsum("ij,ij->i", z, z))
-        np.divide(z, norms[:, None], out=z, where=norms[:, None] > 0)
-    return z.astype(dtype, copy=False)
-
-
-def _packed_block(block, enc: _Encoder, name: str, block_info=None):
-    """[z | v | c] of a block: what the similarity needs besides the kernel."""
-    block = _checked(block, enc, name, block_info)
-    z, v, c = enc.parts(block)
-    return np.hstack([z, v, c[:, None]])
-
-
-def _similarity_block(pp, p, pq, q, enc: _Encoder):
-    r = enc.pivot_factor.shape[0]
-    k_pq = kernel_matrix(p, q, enc.kernel, enc.gamma, enc.degree)
-    return similarity_from_parts(pp[:, :r], pp[:, r:2 * r], pp[:, 2 * r],
-                                 pq[:, :r], pq[:, r:2 * r], pq[:, 2 * r], k_pq)
