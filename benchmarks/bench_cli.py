@@ -51,7 +51,7 @@ def timed(cmd: list[str]) -> tuple[float, str]:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     C.add_common_args(parser, default_n=40_000)
     C.add_run_args(parser, repeat=5)
     args = parser.parse_args(argv)

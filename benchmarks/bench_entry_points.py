@@ -110,12 +110,13 @@ def ratio(lib: list[float], cli: list[float]) -> str:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     C.add_common_args(parser, sizes=False)
     C.add_run_args(parser, repeat=3)
-    parser.add_argument("--sizes", default="4e4,4e5",
-                        help="row counts of the stores (default 4e4,4e5)")
-    parser.add_argument("--commands", default="fit,encode", help="fit, encode or both")
+    parser.add_argument("--sizes", default=None,
+                        help="row counts of the stores (default 4e4,4e5; --quick: 1e4,4e4)")
+    parser.add_argument("--commands", default="fit,encode",
+                        help="fit, encode or both (default fit,encode)")
     parser.add_argument("--local-cluster", default="auto",
                         choices=["auto", "processes", "threads"],
                         help="the CLI's --local-cluster (default auto)")
@@ -123,6 +124,8 @@ def main(argv=None) -> int:
                         help="library fit: pipeline.fit_job(None, ...) or LinearSLEM.fit")
     args = parser.parse_args(argv)
     C.resolve_sizes(args)
+    if args.sizes is None:
+        args.sizes = "1e4,4e4" if args.quick else "4e4,4e5"
     sizes = [C.int_size(s) for s in args.sizes.split(",")]
     commands = args.commands.split(",")
     C.header(f"bench_entry_points: CLI vs library, sizes {sizes} x d={args.d} float32", args)

@@ -75,7 +75,7 @@ def scale(negatives) -> float:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     p.add_argument("--sets", default=",".join(SETS), help="comma-separated data sets")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--no-esvm", action="store_true", help="skip the E-SVM grid (slowest)")

@@ -59,7 +59,7 @@ def guarded_run(client, model_path: str, path: str, out: str, rows: int) -> floa
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     C.add_common_args(parser)
     C.add_run_args(parser)
     args = parser.parse_args(argv)

@@ -62,7 +62,7 @@ def uniform_nystrom_error(x, rank, gamma, seed, block=4096) -> float:
 
 
 def main(argv=None) -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     p.add_argument("--n", type=int, default=20_000)
     p.add_argument("--d", type=int, default=5)
     p.add_argument("--gamma", type=float, default=0.2)

@@ -22,7 +22,7 @@ from _common import (add_common_args, add_run_args, emit_json, ensure_store, hea
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     add_common_args(p, sizes=False)
     add_run_args(p, repeat=1)
     p.add_argument("--sizes", default=None, help="comma-separated n (default 1e5,2.5e5,5e5,1e6)")

@@ -92,7 +92,7 @@ def encode_norm_check(block, mean, precision, out_dtype):
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     parser.add_argument("--rows", type=C.int_size, default=16384,
                         help="rows of the partition (default 16384: the library's default "
                              "partition at d=512)")

@@ -255,7 +255,7 @@ def mib(b) -> str:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     C.add_common_args(parser, sizes=False)
     C.add_run_args(parser, repeat=1)
     parser.add_argument("--sizes", default=None,

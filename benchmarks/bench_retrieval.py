@@ -62,7 +62,7 @@ def _sizes(text: str) -> list[int]:
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     p.add_argument("--quick", action="store_true", help="small sizes, under 30 s")
     p.add_argument("--sizes", type=_sizes, default=None,
                    help="numbers of negatives, comma-separated (default 1e3,1e4,1e5; "

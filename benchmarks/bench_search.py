@@ -60,13 +60,14 @@ def faiss_flat_ip(path: str, queries, k: int):
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     C.add_common_args(parser, default_n=20_000)
     C.add_run_args(parser, repeat=5)
     parser.add_argument("--queries", type=C.int_size, default=1000,
                         help="number of queries (default 1000)")
     parser.add_argument("--k", default="100,all",
-                        help="comma-separated k values; 'all' = the whole database")
+                        help="comma-separated k values; 'all' = the whole database "
+                             "(default 100,all)")
     parser.add_argument("--cluster", action="store_true",
                         help="also time slem-dask's LocalCluster (--workers x --threads)")
     args = parser.parse_args(argv)

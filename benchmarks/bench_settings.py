@@ -24,7 +24,7 @@ import _common as C  # noqa: E402
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     C.add_common_args(parser, default_n=200_000)
     C.add_run_args(parser)
     parser.add_argument("--partitions", default="8192,32768,131072",

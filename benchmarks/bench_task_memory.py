@@ -63,7 +63,7 @@ def _array(path, rows, d, dtype, chunk, seed=0):
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     parser.add_argument("--d", type=int, default=512)
     parser.add_argument("--rows", default="20000,50000,100000")
     parser.add_argument("--chunk", type=int, default=10000)

@@ -83,7 +83,7 @@ def plain_encode(model, source: str, out: str, rows: int) -> None:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     C.add_common_args(parser, default_n=200_000)
     C.add_run_args(parser)
     args = parser.parse_args(argv)

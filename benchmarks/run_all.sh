@@ -19,5 +19,7 @@ for script in bench_fit bench_encode bench_memory; do
 done
 echo
 echo "uptime after: $(uptime)"
-echo "summary (RESULT lines):"
-grep -h '^\(\[[^]]*\] \)\?\(RATIO\|PEAK\)' "$logs"/bench_fit.log "$logs"/bench_encode.log "$logs"/bench_memory.log
+echo "summary (each script's RATIO and PEAK lines; its full RESULT line is in its log):"
+for script in bench_fit bench_encode bench_memory; do
+    grep '^\(\[[^]]*\] \)\?\(RATIO\|PEAK\)' "$logs/$script.log" | sed "s/^/$script: /" || true
+done

@@ -38,7 +38,6 @@ def demo_job(client, workdir: str = "slem-demo", n_negatives: int = 50_000,
               "group_size": group_size, "d": d, "seed": seed}
     t0 = time.perf_counter()
     try:
-
         existing = dict(storage.open_node(corpus_path).attrs)
     except Exception:  # noqa: BLE001 - no usable corpus there: write one
         existing = {}
@@ -47,7 +46,7 @@ def demo_job(client, workdir: str = "slem-demo", n_negatives: int = 50_000,
                              group_size=group_size, d=d, seed=seed)
         write_corpus(corpus, corpus_path, chunk_rows=1024, attrs={"slem_dask_demo": params})
     generate = JobReport("generate corpus")
-    generate.facts.update({"corpus": corpus_path, **params})
+    generate.facts.update({"corpus": os.path.abspath(corpus_path), **params})
     generate.timings["total"] = time.perf_counter() - t0
 
     model_path = os.path.join(workdir, "model.zarr")
