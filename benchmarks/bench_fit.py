@@ -32,9 +32,9 @@ process, beside a threaded contender); the numpy contender runs in the first pha
 contenders on dask's threaded scheduler (no Client), "cluster" on a
 LocalCluster from ``slem_dask.cluster.connect()`` (one single-threaded worker
 process per core; started and warmed up, by one untimed run of each contender,
-before the timed runs; start-up not counted). Printed: every run with the load average, best/median/worst, and
-``RATIO numpy/slem`` and ``RATIO naive/slem`` per scheduler (>= 1.0: slem-dask
-is no slower). ``--profile`` first times, in this process with one BLAS thread,
+before the timed runs; start-up not counted). Printed: every run with the load
+average, best/median/worst, and ``RATIO numpy/slem`` and ``RATIO naive/slem`` per
+scheduler (>= 1.0: slem-dask is no slower). ``--profile`` first times, in this process with one BLAS thread,
 the steps of one partition (zarr read + decode, the float32 statistics, the
 float64 statistics, one merge) and multiplies them by the number of partitions.
 
