@@ -128,6 +128,10 @@ def main(argv=None) -> int:
                         help="comma-separated: threads (no Client), cluster (LocalCluster); "
                              "default both")
     parser.add_argument("--no-naive", action="store_true", help="skip the naive Dask contender")
+    parser.add_argument("--no-numpy", action="store_true",
+                        help="skip the numpy contender (its read and write of n x d floats "
+                             "each round add I/O noise to the others' times; the check then "
+                             "compares slem-dask with a float64 encoding only)")
     parser.add_argument("--check-rows", type=C.int_size, default=20000,
                         help="rows compared with a float64 encoding (default 2e4)")
     parser.add_argument("--kernel-rank", type=int, default=None,
@@ -192,7 +196,9 @@ def main(argv=None) -> int:
     numpy_runs = []
     print("slem contender: pipeline.encode_job (float32 output)")
     print("naive Dask contender: ((A - mean) @ precision) / row norms in float32, da.to_zarr")
-    if args.kernel_rank:
+    if args.no_numpy:
+        print("numpy contender: skipped (--no-numpy)")
+    elif args.kernel_rank:
         print(f"numpy contender: X = arr[...]; kernel against the {model.rank_} pivots, "
               f"triangular solve, one product (float64); zarr out[...] = Z")
     else:
@@ -243,7 +249,7 @@ def main(argv=None) -> int:
                         floor[sched].append(fl)
                         print(f"run {r + 1}: floor [{sched}] {fl['total']:.3f} s | "
                               f"{C.load_line()}")
-                if sched != schedulers[0]:  # numpy runs in the first phase's rounds
+                if sched != schedulers[0] or args.no_numpy:  # numpy: the first phase's rounds
                     continue
                 C.settle()
                 if args.kernel_rank:
@@ -258,22 +264,26 @@ def main(argv=None) -> int:
                 sys.stdout.flush()
 
     med = C.statistics.median
-    best_np = min(t["total"] for t in numpy_runs)
-    med_np = med([t["total"] for t in numpy_runs])
     print()
-    print(f"numpy total           : {C.spread(t['total'] for t in numpy_runs)}  runs {C.runs_line(t['total'] for t in numpy_runs)}")
-    for part in ("read", "compute", "write"):
-        print(f"  of which {part:<12}: {C.spread(t[part] for t in numpy_runs)}")
-    result = {"n": args.n, "d": args.d, "precision": args.precision, "numpy_best": best_np,
-              "numpy_runs": [t["total"] for t in numpy_runs]}
+    result = {"n": args.n, "d": args.d, "precision": args.precision}
+    if numpy_runs:
+        best_np = min(t["total"] for t in numpy_runs)
+        med_np = med([t["total"] for t in numpy_runs])
+        print(f"numpy total           : {C.spread(t['total'] for t in numpy_runs)}  runs "
+              f"{C.runs_line(t['total'] for t in numpy_runs)}")
+        for part in ("read", "compute", "write"):
+            print(f"  of which {part:<12}: {C.spread(t[part] for t in numpy_runs)}")
+        result.update({"numpy_best": best_np, "numpy_runs": [t["total"] for t in numpy_runs]})
     for sched in schedulers:
         totals = [t["total"] for t in slem[sched]]
         print(f"[{sched}] slem-dask encode total: {C.spread(totals)}  runs {C.runs_line(totals)}")
-        ratio, ratio_med = best_np / min(totals), med_np / med(totals)
-        print(f"[{sched}] RATIO numpy_time / slem_time = {ratio:.3f} (best of {args.repeat}); "
-              f"{ratio_med:.3f} (medians)  [>= 1.0: slem-dask no slower]")
-        result.update({f"{sched}_slem_runs": totals, f"{sched}_ratio_numpy_best": ratio,
-                       f"{sched}_ratio_numpy_median": ratio_med})
+        result[f"{sched}_slem_runs"] = totals
+        if numpy_runs:
+            ratio, ratio_med = best_np / min(totals), med_np / med(totals)
+            print(f"[{sched}] RATIO numpy_time / slem_time = {ratio:.3f} (best of "
+                  f"{args.repeat}); {ratio_med:.3f} (medians)  [>= 1.0: slem-dask no slower]")
+            result.update({f"{sched}_ratio_numpy_best": ratio,
+                           f"{sched}_ratio_numpy_median": ratio_med})
         if naive[sched]:
             nts = [t["total"] for t in naive[sched]]
             print(f"[{sched}] naive Dask total      : {C.spread(nts)}  runs {C.runs_line(nts)}")
@@ -295,19 +305,23 @@ def main(argv=None) -> int:
     print("uptime: " + subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip())
 
     zs = storage.open_output(out_slem)
-    zn = zarr.open_array(store=out_np, mode="r")
-    diff = 0.0
-    for i in range(0, args.n, 65536):
-        diff = max(diff, float(np.abs(zs[i:i + 65536] - zn[i:i + 65536]).max()))
     m = min(args.check_rows, args.n)
     rows64 = zarr.open_array(store=path, mode="r")[:m].astype(np.float64)
     ref = (model.transform(rows64) if args.kernel_rank else
            encode_rows(rows64, model.mean_, model.precision_))
     print()
-    print(f"check: max abs diff slem vs numpy outputs (all {args.n:,} rows): {diff:.3e}; vs a float64 "
-          f"encoding of the first {m:,} rows: slem {np.abs(zs[:m] - ref).max():.3e}, "
-          f"numpy {np.abs(zn[:m] - ref).max():.3e}")
-    result["output_maxdiff"] = diff
+    if numpy_runs:
+        zn = zarr.open_array(store=out_np, mode="r")
+        diff = 0.0
+        for i in range(0, args.n, 65536):
+            diff = max(diff, float(np.abs(zs[i:i + 65536] - zn[i:i + 65536]).max()))
+        print(f"check: max abs diff slem vs numpy outputs (all {args.n:,} rows): {diff:.3e}; vs "
+              f"a float64 encoding of the first {m:,} rows: slem "
+              f"{np.abs(zs[:m] - ref).max():.3e}, numpy {np.abs(zn[:m] - ref).max():.3e}")
+        result["output_maxdiff"] = diff
+    else:
+        print(f"check: max abs diff slem vs a float64 encoding of the first {m:,} rows: "
+              f"{np.abs(zs[:m] - ref).max():.3e}")
     C.emit_json("RESULT bench_encode", result)
     return 0
 
