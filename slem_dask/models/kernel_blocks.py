@@ -45,7 +45,6 @@ class _Encoder:
                              self.lam)
 
 
-
 def _checked(block, enc: _Encoder, name: str, block_info=None):
     offset = block_info[0]["array-location"][0][0] if block_info else 0
     block = np.asarray(block)
