@@ -188,9 +188,10 @@ def scatter_statistics(x: da.Array, split_every: int = SPLIT_EVERY, precision: s
     check_precision(precision)
     rows = _rows_per_block(x)
     source = getattr(x, STORE_ROWS, None)
-    if source is not None:  # x is exactly a store's rows: stream the store itself
+    if source is not None and source[2] == x.name and source[0].shape[0] >= source[3]:
+        # still the store's first rows, as dask_rows read them
         return store_statistics(source[0], rows, precision, name=source[1],
-                                split_every=split_every)
+                                split_every=split_every, stop=source[3])
     if rows != max(x.chunks[0]):
         x = x.rechunk({0: rows})
     partials = x.map_blocks(_block_statistics_task, precision, dtype=object,
@@ -201,8 +202,9 @@ def scatter_statistics(x: da.Array, split_every: int = SPLIT_EVERY, precision: s
 
 
 def store_statistics(arr, partition_rows: int, precision: str = "auto", name: str = "negatives",
-                     start: int = 0, split_every: int = SPLIT_EVERY):
-    """Delayed :class:`ScatterStats` of rows ``start:`` of the zarr array ``arr``.
+                     start: int = 0, split_every: int = SPLIT_EVERY, stop: int | None = None):
+    """Delayed :class:`ScatterStats` of rows ``start:stop`` of the zarr array ``arr``
+    (``stop``: default its row count when the graph is built).
 
     The form of :func:`scatter_statistics` for data in a zarr store: one task per
     partition of ``partition_rows`` rows (whole storage units, see
@@ -214,11 +216,15 @@ def store_statistics(arr, partition_rows: int, precision: str = "auto", name: st
     """
     check_precision(precision)
     n, d = (int(v) for v in arr.shape)
+    if stop is not None:
+        if stop > n:
+            raise ValueError(f"{name}: rows up to {stop} asked of {n}")
+        n = int(stop)
     if start >= n:
         raise ValueError(f"{name}: no rows to fit from row {start} of {n}")
     array = dask.delayed(arr, pure=True, traverse=False)  # one key: a handle, no data
     token = dask.base.tokenize(str(arr.store_path), arr.metadata.to_dict(), partition_rows,
-                               precision, name, start)
+                               precision, name, start, n)
     # The graph is written out, not built by a delayed call per partition: those
     # tokenized their arguments one by one (16 ms at 61 partitions, on the critical path).
     layer = f"slem-statistics-{token}"

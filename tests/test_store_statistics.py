@@ -326,6 +326,29 @@ def test_statistics_of_dask_rows_stream_the_store_and_derived_arrays_do_not(stor
         assert max_rel(got.mean, mean) <= 1e-13 and max_rel(covariance(got), cov) <= 1e-10
 
 
+def test_statistics_of_dask_rows_are_its_rows_after_setitem_or_an_append(tmp_path, rows):
+    """The store path serves a dask_rows array only while it is still the rows dask_rows
+    read: ``x[...] = v`` changes the array in place (same object, another graph), and rows
+    appended to the store afterwards are not the array's (found by a reviewer: both were
+    fitted from the store as it stood)."""
+    from slem_dask.parallel import scatter_statistics
+
+    arr = zarr.create_array(str(tmp_path / "grow"), shape=rows.shape, chunks=(CHUNK, D),
+                            dtype=rows.dtype)
+    arr[...] = rows
+    x = storage.dask_rows(arr, 2 * CHUNK)
+    x[x > 1] = 0
+    got = dask.compute(scatter_statistics(x), scheduler="threads")[0]
+    want = np.where(rows > 1, np.float32(0), rows)
+    assert max_rel(got.mean, brute_force(want)[0]) <= 1e-6
+    y = storage.dask_rows(arr, 2 * CHUNK)
+    arr.append(np.full((300, D), 50, np.float32))
+    got = dask.compute(scatter_statistics(y), scheduler="threads")[0]
+    mean, cov = brute_force(rows)
+    assert got.count == N and max_rel(got.mean, mean) <= 1e-6
+    assert max_rel(covariance(got), cov) <= 1e-5
+
+
 @pytest.mark.cluster
 @pytest.mark.parametrize("workers", [1, 2])
 def test_store_statistics_on_worker_processes_equal_numpy(store, workers):

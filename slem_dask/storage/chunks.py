@@ -19,9 +19,10 @@ from .errors import CorruptChunkError, missing_chunk_error
 #: Bytes of input per dask partition when the caller does not choose.
 DEFAULT_PARTITION_BYTES = 64 * 2**20
 
-#: Attribute of an array made by :func:`dask_rows` (not of one derived from it: slicing,
-#: rechunking or persisting makes another object): (zarr array, name). Statistics read
-#: the store through it (:func:`slem_dask.parallel.scatter_statistics`).
+#: Attribute of an array made by :func:`dask_rows`: (zarr array, name, the dask array's
+#: name, its rows). Statistics read the store through it while the array is still what
+#: dask_rows made (:func:`slem_dask.parallel.scatter_statistics`): slicing, rechunking or
+#: persisting makes another object, and ``x[...] = v`` gives x another name.
 STORE_ROWS = "_slem_store_rows"
 
 
@@ -62,7 +63,7 @@ def dask_rows(arr: zarr.Array, partition_rows: int | None = None, name: str = "i
                       name="slem-read-" + dask.base.tokenize(
                           str(arr.store_path), arr.metadata.to_dict(), rows, name))
     if not exact:  # whole storage units: statistics may read the store themselves
-        setattr(x, STORE_ROWS, (arr, name))
+        setattr(x, STORE_ROWS, (arr, name, x.name, int(n)))
     return x
 
 
