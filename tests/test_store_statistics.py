@@ -181,6 +181,22 @@ def test_accumulator_float32_within_the_contract(offset_sds, d):
     np.testing.assert_array_equal(stats.scatter, stats.scatter.T)
 
 
+@pytest.mark.parametrize("scale", [1e-30, 1e-40])  # 1e-40: float32 subnormals
+def test_float32_values_whose_squares_all_underflow(tmp_path, scale):
+    """Every square of values ~1e-30 is 0 in float32: a float32 product of zeros passed
+    for a constant block, and the covariance came out 1000x too small (found by a
+    reviewer). Such rows are done in float64."""
+    x = (np.random.default_rng(3).standard_normal((3000, 3)) * scale).astype(np.float32)
+    mean, cov = brute_force(x)
+    acc = ScatterAccumulator(3)
+    for a in range(0, len(x), 1000):
+        acc.add(x[a:a + 1000])
+    assert max_rel(covariance(acc.result()), cov) <= 1e-5
+    stats = dask.compute(store_statistics(write(tmp_path / "tiny", x, 1000), 1000),
+                         scheduler="threads")[0]
+    assert max_rel(covariance(stats), cov) <= 1e-5 and max_rel(stats.mean, mean) <= 1e-12
+
+
 def test_accumulator_counts_and_skips_nonfinite_rows(rows):
     x = rows.astype(np.float64)
     bad = x.copy()

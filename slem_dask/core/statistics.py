@@ -156,15 +156,19 @@ def product_rows(d: int) -> int:
 
 
 #: A float32 product is used only while the largest column sum of squares of its
-#: rows lies in [2^-80, 2^120] (or is 0): every partial sum of the product is at
-#: most that sum, so nothing overflows float32 (3.4e38 = 2^128), and products
-#: flushed to zero below 2^-126 (at most 4096 of them) stay below 1e-10 of it.
+#: rows lies in [2^-80, 2^120], or is 0 with every centred value 0 (a sum of 0 from
+#: values whose squares all underflowed is not: values ~1e-30 gave a covariance 1000x
+#: too small): every partial sum of the product is at most that sum, so nothing
+#: overflows float32 (3.4e38 = 2^128), and products flushed to zero below 2^-126 (at
+#: most 4096 of them) stay below 1e-10 of it.
 _FLOAT32_SQUARES = (2.0**-80, 2.0**120)
 
 
-def _float32_safe(squares: np.ndarray) -> bool:
+def _float32_safe(squares: np.ndarray, centred: np.ndarray) -> bool:
     top = float(squares.max())
-    return top == 0.0 or _FLOAT32_SQUARES[0] <= top <= _FLOAT32_SQUARES[1]  # NaN: False
+    if top == 0.0:  # a constant block, or values whose every square underflowed (~1e-23)
+        return not centred.any()
+    return _FLOAT32_SQUARES[0] <= top <= _FLOAT32_SQUARES[1]  # NaN: False
 
 
 def _add_scatter(scatter: np.ndarray, centred: np.ndarray, squares: np.ndarray,
@@ -182,13 +186,13 @@ def _add_scatter(scatter: np.ndarray, centred: np.ndarray, squares: np.ndarray,
     if d <= 2 * _PANEL_COLUMNS:
         product = centred.T @ centred
         diagonal = product.diagonal()
-        if check_float32 and not _float32_safe(diagonal):
+        if check_float32 and not _float32_safe(diagonal, centred):
             return False
         scatter += product
         squares += diagonal
         return True
     diagonal = np.einsum("ij,ij->j", centred, centred)
-    if check_float32 and not _float32_safe(diagonal):
+    if check_float32 and not _float32_safe(diagonal, centred):
         return False
     for j0 in range(0, d, _PANEL_COLUMNS):
         j1 = min(d, j0 + _PANEL_COLUMNS)
