@@ -197,6 +197,28 @@ def test_float32_values_whose_squares_all_underflow(tmp_path, scale):
     assert max_rel(covariance(stats), cov) <= 1e-5 and max_rel(stats.mean, mean) <= 1e-12
 
 
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_a_column_constant_at_1e30_adds_nothing_to_the_covariance(tmp_path, dtype):
+    """A float64 column constant at 1e30 was shifted by its rounded mean: it centred to
+    values of 1e14, and its products with the other columns filled the covariance (a
+    fit then failed as not positive definite; found by a reviewer)."""
+    from slem_dask import LinearSLEM
+
+    x = np.random.default_rng(4).normal(8000, 80, (9193, 3)).astype(dtype)
+    x[:, 1] = dtype(1e30)
+    cov = brute_force(x[:, [0, 2]])[1]  # (the two-pass brute force rounds 1e30 too)
+    for stats in (block_statistics(x), dask.compute(store_statistics(
+            write(tmp_path / "c", x, 2641), 1075 if dtype == np.float64 else 2641),
+            scheduler="threads")[0]):
+        got = covariance(stats)
+        assert stats.mean[1] == np.float64(dtype(1e30))
+        assert not got[1].any() and not got[:, 1].any()
+        assert max_rel(got[np.ix_([0, 2], [0, 2])], cov) <= (
+            1e-10 if dtype == np.float64 else 1e-5)
+    model = LinearSLEM(precision="float64").fit(x)
+    assert np.isfinite(model.precision_).all()
+
+
 def test_accumulator_counts_and_skips_nonfinite_rows(rows):
     x = rows.astype(np.float64)
     bad = x.copy()

@@ -270,6 +270,7 @@ class ScatterAccumulator:
         if self._scatter is None:
             self._scatter = np.zeros((d, d))
         m = values.shape[0]
+        _exact_constant_columns(values, mean)
         shift = mean.astype(dtype)
         rows = product_rows(d)
         squares = np.zeros(d)  # sum of (x - shift)^2 per column, from the products
@@ -280,13 +281,10 @@ class ScatterAccumulator:
                 centred = np.subtract(values, shift, out=values)
                 if not _add_scatter(self._scatter, centred, squares, True):
                     return False
-                offset = shift  # values now hold x - shift (see _exact_constant_columns)
             else:
                 self._add_shifted(values, shift, squares, rows)
-                offset = None
         if dtype == np.float64:  # float32 (and narrower, and integer) input cannot reach it
             _check_magnitude(values, shift, squares)
-        _exact_constant_columns(values, offset, mean, squares)
         residual = mean - shift.astype(np.float64)
         if _significant(residual, m, squares):
             _add_outer(self._scatter, residual, -float(m))
@@ -353,28 +351,28 @@ def _check_magnitude(values: np.ndarray, shift: np.ndarray, squares: np.ndarray)
         raise LargeValuesError("X", large_values_detail(peak))
 
 
-def _exact_constant_columns(values: np.ndarray, offset: np.ndarray | None, mean: np.ndarray,
-                            squares: np.ndarray) -> None:
-    """Make the mean of a column that is constant in this block that constant, exactly.
+#: A column whose mean is this close to its first value (relative) is compared with it:
+#: the float64 sum of m copies of c is within m 2^-53 |c| of m c (2^-20: m up to 2^33).
+_CONSTANT_CANDIDATE = 2.0**-20
 
-    Summing n copies of c in float64 can round (mean(0.3, 0.3, ...) != 0.3), and then a
+
+def _exact_constant_columns(values: np.ndarray, mean: np.ndarray) -> None:
+    """Make the mean of a column that is constant in this block that constant, exactly,
+    before the block is shifted by its mean.
+
+    Summing n copies of c in float64 can round (mean(0.3, 0.3, ...) != 0.3). Then a
     positive equal to identical negatives got a direction made of rounding errors
-    instead of none. Candidates cost nothing (their squares about the mean are at
-    rounding level); only they are compared with their first value.
-
-    ``offset``: None, or the shift that ``values`` hold their rows less of (shifted in
-    place). A candidate's values lie within a factor 1 +- 2^-33 of the shift, so each
-    x - shift was exact (Sterbenz): equal differences are equal values, and the first
-    difference plus the shift is the first value, exactly.
+    instead of none; and, a shift being that rounded mean, a float64 column constant at
+    1e30 centred to values of 1e14 whose products with the other columns filled the
+    covariance (found by a reviewer; the fit then failed as not positive definite).
+    With the constant as the shift, the column centres to exact zeros. Candidates cost
+    nothing (a mean next to its first value); only they are compared with it.
     """
-    candidates = np.flatnonzero(squares <= len(values) * (2.0**-40 * np.abs(mean))**2)
+    first = values[0].astype(np.float64)
+    candidates = np.flatnonzero(np.abs(mean - first) <= _CONSTANT_CANDIDATE * np.abs(first))
     if candidates.size:
-        first = values[0, candidates]
-        same = (values[:, candidates] == first).all(axis=0)
-        first = first[same].astype(np.float64)
-        if offset is not None:
-            first += offset[candidates[same]].astype(np.float64)
-        mean[candidates[same]] = first
+        same = (values[:, candidates] == values[0, candidates]).all(axis=0)
+        mean[candidates[same]] = first[candidates[same]]
 
 
 def block_statistics(block: np.ndarray, precision: str = "auto") -> ScatterStats:
