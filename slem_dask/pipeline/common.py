@@ -14,6 +14,7 @@ import dask
 from distributed.comm.core import CommClosedError
 
 from .. import integrity
+from ..storage.paths import shown_path
 from ..validation import RowsError
 
 
@@ -122,8 +123,8 @@ def update_refusal(model_path, meta: dict, negatives, arr) -> str | None:
     it can."""
     source, n_features = meta.get("source"), meta.get("n_features")
     n_rows = int(meta.get("n_samples", -1))
-    shown = str(integrity.canonical(source)) if source else source  # as paths are shown
-    fitted = f"--update: the model {str(model_path)!r} was fitted on {n_rows} rows of {shown!r}"
+    fitted = (f"--update: the model {str(model_path)!r} was fitted on {n_rows} rows of "
+              f"{shown_path(source)!r}")
     if source != negatives.url:
         why = (f"{fitted}, not of {str(negatives)!r}: an update appends the rows added to the "
                f"same store since (a store moved or copied elsewhere counts as another one)")

@@ -11,6 +11,7 @@ import zarr
 
 from .. import integrity, storage, workers
 from ..storage import versions
+from ..storage.paths import shown_path
 from .._version import __version__
 from ..core.kernels import _USES_GAMMA
 from ..integrity import canonical
@@ -384,8 +385,8 @@ def _plan_output(out, existing, arr, positives, encoding, out_dtype, overwrite,
             f"--overwrite to re-encode it with the current model")
     problems = []
     if meta.get("source") != positives.url:
-        source = str(canonical(meta["source"])) if meta.get("source") else None
-        problems.append(f"it encodes {source!r}, not {str(positives)!r}")  # paths, not URLs
+        problems.append(f"it encodes {shown_path(meta.get('source'))!r}, not "
+                        f"{str(positives)!r}")
     if existing.shape[1] != width or existing.dtype != out_dtype:
         problems.append(f"it holds {existing.shape[1]} columns of {existing.dtype}, this run "
                         f"writes {width} of {out_dtype}")

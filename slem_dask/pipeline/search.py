@@ -10,6 +10,7 @@ import numpy as np
 from .. import integrity, storage
 from .._version import __version__
 from ..retrieval import search
+from ..storage.paths import shown_path
 from .common import JobReport, _compute
 
 __all__ = ["check_search_inputs", "search_job", "open_search_result"]
@@ -25,8 +26,7 @@ def check_search_inputs(queries: str, database: str, k: int, force: bool = False
     mq, mdb = storage.output_meta(q), storage.output_meta(db)
     if not force and mq and mdb and \
             mq.get("encoding_fingerprint") != mdb.get("encoding_fingerprint"):
-        models = [str(integrity.canonical(m["model_path"])) if m.get("model_path") else None
-                  for m in (mq, mdb)]  # recorded as URLs; shown as paths are
+        models = [shown_path(m.get("model_path")) for m in (mq, mdb)]
         raise ValueError(
             f"queries ({queries!r}) and database ({database!r}) were encoded with different "
             f"models (encoding fingerprints {str(mq.get('encoding_fingerprint'))[:16]} and "

@@ -72,6 +72,11 @@ def canonical(path) -> StorePath:
     return StorePath(f"{protocol.lower()}://{rest}")
 
 
+
+def shown_path(url) -> str | None:
+    """A store URL recorded in metadata (or None) as messages show store paths: a plain
+    path for a local store."""
+    return str(canonical(url)) if url else None
 def _relation(target: StorePath, source: StorePath) -> str | None:
     t, s = target.key.rstrip("/"), source.key.rstrip("/")
     if t == s:
