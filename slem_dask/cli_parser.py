@@ -199,8 +199,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="zarr array (m, d) of descriptors to encode")
     p.add_argument("--out", required=True, metavar="PATH", help="zarr array to write (m, d)")
     p.add_argument("--dtype", choices=("float32", "float64"),
-                   help="dtype of the output (default: float32 for float32 or float16 "
-                        "positives, float64 for float64 or integer ones; a re-run continues "
+                   help="dtype of the output (default: float64 for float64 positives, "
+                        "float32 for any other (float32, float16, integers); a re-run continues "
                         "an output in the dtype it was started with)")
     p.add_argument("--precision", choices=("auto", "float64"),
                    help="arithmetic of a linear SLEM encoding: auto = the input's (float32 "

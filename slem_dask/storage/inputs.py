@@ -1,5 +1,6 @@
 """Opening what a job reads: the committed version of a versioned store, a member of
-one, or a plain zarr v3 array, with one clear error for anything else."""
+one, a plain zarr array (v3 or v2), or descriptors in a file of another format
+(:mod:`.formats`), with one clear error for anything else."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import numpy as np
 
 import zarr
 
-from . import versions
+from . import formats, versions
 from ..validation import check_array_metadata
 from .checksums import metadata_checksum
 from .chunks import read_rows
@@ -50,11 +51,18 @@ def open_node(path, mode: str = "r"):
     return zarr.open(store=location, mode=mode, zarr_format=3)
 
 
-def open_input(path: str, name: str) -> zarr.Array:
-    """Open an existing 2-D zarr array for reading, with a clear error otherwise."""
-    path = str(canonical(path))
+def _open_zarr_v2(path: str):
+    """The zarr v2 node at ``path`` (a plain store: slem-dask writes v3 only), or None."""
     try:
-        node = open_node(path)
+        return zarr.open(store=path, mode="r", zarr_format=2)
+    except Exception:  # noqa: BLE001 - not a v2 store either: the caller says what is
+        return None
+
+
+def _open_zarr_input(path: str, name: str):
+    """The zarr node (v3, else v2) an input path names, with a clear error otherwise."""
+    try:
+        return open_node(path)
     except versions.VersionError as exc:
         raise type(exc)(f"{name}: {exc}") from None
     except FileNotFoundError:
@@ -64,16 +72,33 @@ def open_input(path: str, name: str) -> zarr.Array:
                 f"it stopped part-way, and nothing was committed); run the same `slem-dask "
                 f"encode` again to finish it (it resumes), or with --overwrite to start "
                 f"over") from None
+        node = _open_zarr_v2(path)
+        if node is not None:
+            return node
         raise FileNotFoundError(
-            f"{name}: no zarr array at {path!r}; give the path of an existing zarr "
-            f"array, e.g. {_demo_example(name)} (written by "
+            f"{name}: no zarr array at {path!r} (nor a descriptor file); give "
+            f"{formats.SUPPORTED}, e.g. {_demo_example(name)} (written by "
             f"`slem-dask demo`)"
         ) from None
     except Exception as exc:  # zarr raises several types for non-zarr folders
         raise damaged_metadata(name, path, exc) or ValueError(
             f"{name}: {path!r} is not a readable zarr store ({type(exc).__name__}: {exc}); "
-            f"give the path of a zarr v3 array"
+            f"give the path of a zarr array (v2 or v3)"
         ) from None
+
+
+def open_input(path: str, name: str):
+    """Open existing 2-D descriptors for reading: a zarr array (v2 or v3), or a file
+    input of :mod:`.formats` (``.npy``, shards, HDF5, TEXMEX), with a clear error
+    otherwise. Returns a ``zarr.Array`` or a :class:`.formats.FileArray`."""
+    where = canonical(path)
+    path = str(where)
+    node = formats.open_file_input(where, name)
+    if node is None:
+        node = _open_zarr_input(path, name)
+        kind = "zarr array"
+    else:
+        kind = f"{node.format} input"
     if isinstance(node, zarr.Group):
         members = sorted(k for k, v in node.members() if isinstance(v, zarr.Array))
         hint = f" (arrays in it: {', '.join(members)})" if members else ""
@@ -94,13 +119,15 @@ def open_input(path: str, name: str) -> zarr.Array:
         )
     if 0 in node.shape:
         raise ValueError(
-            f"{name}: the zarr array at {path!r} has shape {node.shape}: it has no "
+            f"{name}: the {kind} at {path!r} has shape {node.shape}: it has no "
             f"{'features (columns)' if node.shape[1] == 0 else 'rows'}"
         )
     if not (np.issubdtype(node.dtype, np.floating) or np.issubdtype(node.dtype, np.integer)):
         raise TypeError(
-            f"{name}: the zarr array at {path!r} has dtype {node.dtype}; expected real numbers"
+            f"{name}: the {kind} at {path!r} has dtype {node.dtype}; expected real numbers"
         )
+    if isinstance(node, formats.FileArray):
+        return node  # its shape and dtype are the files' own; it has no metadata
     check_array_metadata(node, name, path)  # before any chunk is listed or read
     meta = node.attrs.get(ATTR)
     if isinstance(meta, dict) and meta.get("kind") == "encoding" and meta.get("complete") \
