@@ -152,6 +152,47 @@ def read_all(path, name: str = "encodings") -> np.ndarray:
     return read_rows(arr, 0, arr.shape[0], name)
 
 
+def read_labels(path, name: str, n_rows: int) -> np.ndarray:
+    """The labels of ``n_rows`` rows, one per row: a 1-D (or one-column) zarr array,
+    .npy file or HDF5 dataset (``FILE.h5:/labels``) of integers or strings."""
+    where = canonical(path)
+    location, dataset = formats.split_hdf5(where.location) if where.is_local \
+        else (where.location, None)
+    fmt = formats.file_format(where.location) if where.is_local else None
+    if fmt == "npy":
+        try:
+            labels = np.load(location, allow_pickle=False)
+        except ValueError as exc:
+            raise ValueError(f"{name}: {str(where)!r} cannot be read as a .npy array "
+                             f"({exc}); save the labels with np.save(path, labels)") from None
+    elif fmt == "hdf5":
+        h5py = formats._h5py(location, name)
+        with h5py.File(location, "r") as f:
+            if dataset is None or not isinstance(f.get(dataset), h5py.Dataset):
+                raise ValueError(f"{name}: give the labels' dataset as {location}:/dataset "
+                                 f"(datasets: {', '.join(formats._datasets(f)[:6])})")
+            labels = f[dataset][...]
+    elif fmt not in (None, "unknown"):
+        raise ValueError(f"{name}: {str(where)!r} is a {fmt} input; labels are a 1-D .npy "
+                         f"file, zarr array or HDF5 dataset (one label per row)")
+    else:
+        node = _open_zarr_input(str(where), name)
+        if isinstance(node, zarr.Group):
+            raise ValueError(f"{name}: {str(where)!r} is a zarr group; give the 1-D array "
+                             f"of labels inside it")
+        labels = read_rows(node, 0, node.shape[0], name) if node.ndim == 2 else node[...]
+    if labels.ndim == 2 and labels.shape[1] == 1:
+        labels = labels[:, 0]
+    if labels.ndim != 1 or labels.dtype.kind not in "iubUS":
+        raise ValueError(f"{name}: {str(where)!r} holds {labels.dtype} of shape "
+                         f"{labels.shape}; expected one integer or string label per row, "
+                         f"shape ({n_rows},)")
+    if len(labels) != n_rows:
+        raise ValueError(f"{name}: {str(where)!r} holds {len(labels)} labels for {n_rows} "
+                         f"rows; give one label per row, in row order")
+    return labels
+
+
 def _key(path) -> str:
     return canonical(path).key
 
