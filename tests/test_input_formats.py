@@ -15,7 +15,7 @@ import zarr
 from slem_dask import LinearSLEM, load_model, search, storage
 from slem_dask.cli import main
 from slem_dask.datasets import make_corpus, write_corpus
-from slem_dask.storage import fingerprints, formats
+from slem_dask.storage import fingerprints
 
 pytestmark = pytest.mark.usefixtures("no_scheduler_env")  # conftest.py
 
@@ -314,3 +314,31 @@ def test_unreadable_inputs_say_what_to_do(tmp_path, data, monkeypatch):
     with pytest.raises(ValueError, match=r"negatives: .*two\.h5' is an HDF5 file and h5py "
                                          r"is not installed: pip install h5py"):
         storage.open_input(str(tmp_path / "two.h5:/a"), "negatives")
+
+
+def test_job_spec_updates_from_appended_npy_shards(scheduler, tmp_path, capsys, data):
+    """`run`: a fit on a folder of shards, updated when a shard is appended (only its rows
+    are read), and an encode of a .npy, then both up to date."""
+    folder = write_shards(tmp_path / "neg", data[:51], bounds=(0, 7, 20, 51),
+                          names=(2, 10, 11))
+    np.save(tmp_path / "pos.npy", data[:25])
+    spec = tmp_path / "job.toml"
+    spec.write_text(f'[model]\npath = "{tmp_path}/model.zarr"\nlam = 0.01\n\n'
+                    f'[fit]\nnegatives = "{folder}"\nupdate = true\n\n'
+                    f'[[encode]]\npositives = "{tmp_path}/pos.npy"\n'
+                    f'out = "{tmp_path}/codes.zarr"\npartition_rows = 10\n')
+    args = ("run", spec, "--scheduler", scheduler, "--no-progress")
+    code, out, err = run(capsys, *args)
+    assert code == 0, err
+    np.save(os.path.join(folder, "emb_100.npy"), data[51:])
+    code, out, err = run(capsys, *args)
+    assert code == 0, err
+    fit = out.split("\nfit:\n")[1]
+    assert re.search(r"action\s+update", fit) and re.search(rf"rows read\s+{N - 51}\b", fit)
+    assert re.search(r"re-encode \(model changed\)", out.split("\nencode:\n")[1]), out
+    code, out, err = run(capsys, *args)  # nothing changed: nothing read or written
+    assert code == 0 and re.search(r"action\s+up to date", out.split("\nfit:\n")[1]), out
+    assert re.search(r"partitions\s+0 encoded of 3", out.split("\nencode:\n")[1]), out
+    want = LinearSLEM(lam=0.01).fit(data)
+    np.testing.assert_allclose(load_model(str(tmp_path / "model.zarr")).covariance_,
+                               want.covariance_, rtol=1e-5, atol=1e-6)
