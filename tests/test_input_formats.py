@@ -342,3 +342,18 @@ def test_job_spec_updates_from_appended_npy_shards(scheduler, tmp_path, capsys, 
     want = LinearSLEM(lam=0.01).fit(data)
     np.testing.assert_allclose(load_model(str(tmp_path / "model.zarr")).covariance_,
                                want.covariance_, rtol=1e-5, atol=1e-6)
+
+
+def test_no_output_replaces_or_nests_in_a_file_input(tmp_path, data):
+    h5py = pytest.importorskip("h5py")
+    with h5py.File(tmp_path / "x.h5", "w") as f:
+        f["emb"] = data
+    write_shards(tmp_path / "shards", data)
+    for source, target in ((f"{tmp_path}/x.h5:/emb", f"{tmp_path}/x.h5"),
+                           (f"{tmp_path}/shards/*.npy", f"{tmp_path}/shards/codes.zarr"),
+                           (f"{tmp_path}/shards", f"{tmp_path}/shards/codes.zarr")):
+        with pytest.raises(ValueError, match=r"--out .* the positives .*writing it would "
+                                             r"destroy the input"):
+            storage.check_distinct(target, "--out", {"positives": source})
+    storage.check_distinct(f"{tmp_path}/codes.zarr", "--out",
+                           {"positives": f"{tmp_path}/x.h5:/emb"})

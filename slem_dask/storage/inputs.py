@@ -217,7 +217,20 @@ def check_distinct(target, flag: str, inputs: dict[str, object]) -> None:
             f"{flag} {str(target)!r} is the member {target.name!r} of version {commit.seq} "
             f"of the slem-dask store {str(owner.path)!r}: writing there would hide it from "
             f"every reader; choose another name")
-    check_outside_inputs(target, flag, inputs)
+    check_outside_inputs(target, flag, {name: _input_root(p) for name, p in inputs.items()})
+
+
+def _input_root(path):
+    """What an input occupies on disk: the file of ``FILE.h5:/dataset``, the folder of a
+    glob of shards (nothing may be written where it would replace or nest in them)."""
+    if path is None or not canonical(path).is_local:
+        return path
+    location = formats.split_hdf5(canonical(path).location)[0]
+    parts = location.split("/")
+    for i, part in enumerate(parts):
+        if any(c in part for c in formats.GLOB_CHARS):
+            return "/".join(parts[:i]) or "/"
+    return location
 
 
 def open_output(path, name: str = "encodings") -> zarr.Array:
