@@ -170,7 +170,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("fit", help="fit a linear (or, with --kernel, kernel) SLEM model on "
                        "negatives stored in zarr")
     p.add_argument("--negatives", required=True, metavar="PATH",
-                   help="zarr array (n, d) of negatives, e.g. corpus.zarr/negatives")
+                   help="descriptors (n, d) of negatives: a zarr array (e.g. corpus.zarr/negatives), "
+                        ".npy, a folder or quoted glob of .npy shards, FILE.h5:/dataset, "
+                        ".fvecs/.bvecs/.ivecs (docs/your-data.md)")
     p.add_argument("--model", required=True, metavar="PATH", help="zarr group to write the model to")
     p.add_argument("--lam", type=_positive_float, default=1e-3,
                    help="ridge lambda > 0 (default: 1e-3)")
@@ -196,7 +198,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("encode", help="encode positives stored in zarr with a fitted model")
     p.add_argument("--model", required=True, metavar="PATH", help="model written by `fit`")
     p.add_argument("--positives", required=True, metavar="PATH",
-                   help="zarr array (m, d) of descriptors to encode")
+                   help="descriptors (m, d) to encode, in any input format of fit --negatives")
     p.add_argument("--out", required=True, metavar="PATH", help="zarr array to write (m, d)")
     p.add_argument("--dtype", choices=("float32", "float64"),
                    help="dtype of the output (default: float64 for float64 positives, "
@@ -224,9 +226,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("search", help="exact top-k of encoded queries against an encoded "
                        "database; writes (scores, indices) to zarr")
     p.add_argument("--queries", required=True, metavar="PATH",
-                   help="zarr array (q, d) of query encodings")
+                   help="(q, d) query encodings (zarr, .npy, ...: any input format)")
     p.add_argument("--database", required=True, metavar="PATH",
-                   help="zarr array (m, d) of database encodings")
+                   help="(m, d) database encodings (zarr, .npy, ...: any input format)")
     p.add_argument("--k", type=_positive_int, default=100, metavar="K",
                    help="results per query, at most the database size (default: 100)")
     p.add_argument("--out", required=True, metavar="PATH",

@@ -452,7 +452,7 @@ def evaluate_job(client, corpus: str, methods="raw,pca,esvm,slem", n_negatives: 
     t0 = time.perf_counter()
     methods, neg, db, q, relevant = check_evaluate_inputs(corpus, methods, n_negatives, k,
                                                           plot, arrays)
-    corpus = corpus if arrays is None else arrays["database"]
+    source = {"corpus": str(corpus)} if arrays is None else {"from": "own descriptors"}
     negatives = storage.dask_rows(neg, partition_rows)
     if n_negatives is not None:
         negatives = negatives[:n_negatives]
@@ -468,11 +468,12 @@ def evaluate_job(client, corpus: str, methods="raw,pca,esvm,slem", n_negatives: 
             rows, _, curves = grid_search(negatives, database, queries, relevant, grids, k=k,
                                           p_at=p_at, curves=True)
     report = JobReport("evaluate")
-    report.facts.update({"corpus": str(corpus), "negatives": negatives.shape[0],
+    report.facts.update({**source, "negatives": negatives.shape[0],
                          "database": db.shape[0], "queries": q.shape[0],
                          "features": db.shape[1], "methods": ",".join(methods)})
     if plot:
-        plot_pr_curves(curves, plot, title=f"{corpus}: {negatives.shape[0]} negatives",
+        where = corpus or arrays["database"]
+        plot_pr_curves(curves, plot, title=f"{where}: {negatives.shape[0]} negatives",
                        maps={r["method"]: r["mAP"] for r in rows if r.get("best", "*")})
         report.facts["plot"] = str(plot)
     report.timings["total"] = time.perf_counter() - t0

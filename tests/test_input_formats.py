@@ -151,6 +151,9 @@ def test_fingerprints_see_a_rewritten_file(tmp_path, data):
     assert grown.shape == (N + 5, D)
     assert fingerprints.rows_fingerprint(grown, folder, "negatives", N) == \
         fingerprints.rows_fingerprint(now, folder, "negatives", N)
+    # encode: only the partition the new rows extend changes (rows 80-89 -> 80-94)
+    longer = fingerprints.partition_fingerprints(grown, folder, "negatives", 20)
+    assert longer[:4] == changed[:4] and longer[4] != changed[4]
 
 
 def test_a_file_changed_while_read_is_refused(tmp_path, data):
@@ -294,6 +297,7 @@ def test_unreadable_inputs_say_what_to_do(tmp_path, data, monkeypatch):
         "mixed": r"the shard .*emb_3\.npy' has 3 columns of float32, the first shard "
                  r".*emb_2\.npy' 6 of float32",
         "nothing/*.npy": r"no file matches .*nothing/\*\.npy'",
+        "nothing.npy": r"no file at .*nothing\.npy'; check the path",
         "two.h5": r"holds 2 2-D datasets \(datasets: /a, /b\); name one as .*two\.h5:/path",
         "two.h5:/c": r"has no dataset '/c' \(datasets: /a, /b\)",
         "bad.fvecs": r"is not a \.fvecs file: its first row declares dimension 6, and its "

@@ -75,6 +75,9 @@ def _open_zarr_input(path: str, name: str):
         node = _open_zarr_v2(path)
         if node is not None:
             return node
+        if formats.remote_format(path):  # x.npy, x.h5, x.fvecs: a file was meant
+            raise FileNotFoundError(f"{name}: no file at {path!r}; check the path (it "
+                                    f"may be relative to another folder)") from None
         raise FileNotFoundError(
             f"{name}: no zarr array at {path!r} (nor a descriptor file); give "
             f"{formats.SUPPORTED}, e.g. {_demo_example(name)} (written by "
