@@ -98,6 +98,11 @@ def test_each_format_reads_as_numpy(inputs, kind):
     for lo, hi in ((0, 1), (5, 25), (50, 51), (19, N)):  # across shard boundaries
         np.testing.assert_array_equal(storage.read_rows(arr, lo, hi), want[lo:hi])
     np.testing.assert_array_equal(arr[3:9], want[3:9])
+    # what a job records it read: one fingerprint per partition, and of the whole
+    parts = fingerprints.partition_fingerprints(arr, path, "negatives", 16)
+    assert len(parts) == -(-N // 16) and len(set(parts)) == len(parts)
+    assert storage.read_version(arr, path)["fingerprint"] == \
+        fingerprints.rows_fingerprint(arr, path, "negatives", N)
     # what a distributed worker gets: the array pickled, then read there
     again = pickle.loads(pickle.dumps(arr))
     np.testing.assert_array_equal(storage.read_rows(again, 10, 30), want[10:30])
@@ -361,3 +366,24 @@ def test_no_output_replaces_or_nests_in_a_file_input(tmp_path, data):
             storage.check_distinct(target, "--out", {"positives": source})
     storage.check_distinct(f"{tmp_path}/codes.zarr", "--out",
                            {"positives": f"{tmp_path}/x.h5:/emb"})
+
+
+def test_file_arrays_index_as_numpy(inputs):
+    path, want = inputs["shards"]
+    arr = storage.open_input(path, "x")
+    for key in (3, -1, slice(None), slice(5, 40, 3), slice(60, 10, -7), slice(8, 8),
+                Ellipsis, (slice(2, 30), 1), (4, slice(1, 3)), (slice(None), [0, 2])):
+        np.testing.assert_array_equal(arr[key], want[key], err_msg=repr(key))
+    with pytest.raises(IndexError):
+        arr[N]
+
+
+def test_cli_encodes_a_zarr_v2_array(scheduler, tmp_path, capsys, inputs, data):
+    model = str(tmp_path / "model.zarr")
+    LinearSLEM(lam=0.01).fit(data).save(model)
+    code, _, err = run(capsys, "encode", "--model", model, "--positives",
+                       inputs["zarr v2"][0], "--out", tmp_path / "codes.zarr",
+                       "--scheduler", scheduler, "--no-progress")
+    assert code == 0, err
+    np.testing.assert_allclose(storage.read_all(str(tmp_path / "codes.zarr")),
+                               load_model(model).transform(data), rtol=1e-5, atol=1e-6)

@@ -106,11 +106,25 @@ class FileArray:
         return out
 
     def __getitem__(self, key):
-        rows, rest = (key[0], key[1:]) if isinstance(key, tuple) else (key, ())
+        """numpy indexing by rows (an int, a slice or ``...``), then any columns: only
+        the rows between the first and the last asked are read."""
+        key = key if isinstance(key, tuple) else (key,)
+        rows, rest = (slice(None), ()) if key[0] is Ellipsis and len(key) == 1 \
+            else (key[0], key[1:])
+        if isinstance(rows, (int, np.integer)):
+            i = int(rows) + (self.shape[0] if rows < 0 else 0)
+            if not 0 <= i < self.shape[0]:
+                raise IndexError(f"row {int(rows)} of {self.shape[0]}")
+            return self.read(i, i + 1)[(0, *rest)]
         if not isinstance(rows, slice):
-            rows = slice(rows, rows + 1) if rows != -1 else slice(rows, None)
-        lo, hi, step = rows.indices(self.shape[0])
-        block = self.read(lo, max(lo, hi)) if step == 1 else self.read(0, self.shape[0])[rows]
+            raise TypeError(f"{self!r}: index rows by an int or a slice, got {rows!r}")
+        wanted = range(*rows.indices(self.shape[0]))
+        if not wanted:
+            block = self.read(0, 0)
+        else:
+            lo, hi = min(wanted), max(wanted) + 1
+            block = self.read(lo, hi)
+            block = block if rows.step in (None, 1) else block[np.asarray(wanted) - lo]
         return block[(slice(None), *rest)] if rest else block
 
     def fingerprint(self, lo: int, hi: int) -> str:
