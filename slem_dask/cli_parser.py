@@ -170,9 +170,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("fit", help="fit a linear (or, with --kernel, kernel) SLEM model on "
                        "negatives stored in zarr")
     p.add_argument("--negatives", required=True, metavar="PATH",
-                   help="descriptors (n, d) of negatives: a zarr array (e.g. corpus.zarr/negatives), "
-                        ".npy, a folder or quoted glob of .npy shards, FILE.h5:/dataset, "
-                        ".fvecs/.bvecs/.ivecs (docs/your-data.md)")
+                   help="descriptors (n, d) of negatives: a zarr array (e.g. "
+                        "corpus.zarr/negatives), .npy, a folder or quoted glob of .npy "
+                        "shards, FILE.h5:/dataset, .fvecs/.bvecs/.ivecs (docs/your-data.md)")
     p.add_argument("--model", required=True, metavar="PATH", help="zarr group to write the model to")
     p.add_argument("--lam", type=_positive_float, default=1e-3,
                    help="ridge lambda > 0 (default: 1e-3)")
@@ -202,8 +202,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", required=True, metavar="PATH", help="zarr array to write (m, d)")
     p.add_argument("--dtype", choices=("float32", "float64"),
                    help="dtype of the output (default: float64 for float64 positives, "
-                        "float32 for any other (float32, float16, integers); a re-run continues "
-                        "an output in the dtype it was started with)")
+                        "float32 for any other (float32, float16, integers); a re-run "
+                        "continues an output in the dtype it was started with)")
     p.add_argument("--precision", choices=("auto", "float64"),
                    help="arithmetic of a linear SLEM encoding: auto = the input's (float32 "
                         "stays float32, within 1e-5 of float64), float64 = float64 "
