@@ -145,11 +145,18 @@ def test_fingerprints_see_a_rewritten_file(tmp_path, data):
     stat = os.stat(shard)
     np.save(shard, data[20:51] + 1)
     os.utime(shard, ns=(stat.st_atime_ns, stat.st_mtime_ns + 10**9))
+    # the array opened before sees it too: a job compares what it read before and after
+    assert fingerprints.partition_fingerprints(arr, folder, "negatives", 20)[1] != parts[1]
     now = storage.open_input(folder, "negatives")
     changed = fingerprints.partition_fingerprints(now, folder, "negatives", 20)
     assert [a != b for a, b in zip(parts, changed)] == [False, True, True, False, False]
     assert fingerprints.rows_fingerprint(now, folder, "negatives", N) != whole
     assert fingerprints.rows_fingerprint(now, folder, "negatives", 7) == first
+    os.rename(shard, shard + ".gone")
+    with pytest.raises(FileNotFoundError, match=r"negatives: .*emb_11\.npy' \(rows 20-50 "
+                                                r"of .*\) was removed"):
+        fingerprints.partition_fingerprints(now, folder, "negatives", 20)
+    os.rename(shard + ".gone", shard)
     # a shard appended: the rows before it keep their fingerprint (fit --update)
     np.save(os.path.join(folder, "emb_200.npy"), data[:5])
     grown = storage.open_input(folder, "negatives")

@@ -101,7 +101,7 @@ def partition_fingerprints(arr, path, name: str, rows: int) -> list[str]:
     """
     if isinstance(arr, FileArray):  # its files' names, sizes and mtimes
         n = int(arr.shape[0])
-        return [arr.fingerprint(lo, min(n, lo + rows)) for lo in range(0, n, rows)]
+        return [arr.fingerprint(lo, min(n, lo + rows), name) for lo in range(0, n, rows)]
     path = canonical(path)
     listing = _listing(arr, path)
     layout = _layout(arr)
@@ -118,7 +118,7 @@ def rows_fingerprint(arr, path, name: str, n_rows: int) -> str:
     fill completely, plus a digest of the content of the rows in a partly filled
     last unit (appending rewrites that unit, so its listing would change)."""
     if isinstance(arr, FileArray):  # the files holding those rows
-        return arr.fingerprint(0, n_rows)
+        return arr.fingerprint(0, n_rows, name)
     path = canonical(path)
     rows = unit_rows(arr)
     full = (n_rows // rows) * rows

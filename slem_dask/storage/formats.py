@@ -127,15 +127,23 @@ class FileArray:
             block = block if rows.step in (None, 1) else block[np.asarray(wanted) - lo]
         return block[(slice(None), *rest)] if rest else block
 
-    def fingerprint(self, lo: int, hi: int) -> str:
-        """A digest of the files holding rows [lo, hi) (name, size, mtime) and of the
-        rows' place in them: it changes when any of those files is rewritten."""
+    def fingerprint(self, lo: int, hi: int, name: str = "input") -> str:
+        """A digest of the files holding rows [lo, hi) (name, and size and mtime as they
+        are now: a job compares it before and after reading) and of the rows' place in
+        them: it changes when any of those files is rewritten."""
         h = hashlib.sha256(repr((self.format, self.dataset, str(self.dtype),
                                  self.shape[1], lo, hi)).encode())
         for part in self.parts:
             if part.start < hi and lo < part.start + part.rows:
+                try:
+                    st = os.stat(part.file)
+                except FileNotFoundError:
+                    raise FileNotFoundError(
+                        f"{name}: {part.file!r} (rows {part.start}-"
+                        f"{part.start + part.rows - 1} of {self.location!r}) was removed; "
+                        f"restore it, or run the job again on the files there are") from None
                 h.update(repr((os.path.basename(part.file), part.start, part.rows,
-                               part.size, part.mtime_ns)).encode())
+                               st.st_size, st.st_mtime_ns)).encode())
         return h.hexdigest()[:32]
 
     def signature(self) -> dict:
