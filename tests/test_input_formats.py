@@ -272,6 +272,15 @@ def test_cli_evaluate_on_own_labelled_descriptors(scheduler, tmp_path, capsys):
                          tmp_path / "query_labels.npy", *common)
     assert code == 0, err
     assert _maps(got) == _maps(want) and len(_maps(got)) == 2
+    # labels also come from a zarr array (a corpus' member) or an HDF5 dataset
+    h5py = pytest.importorskip("h5py")
+    with h5py.File(tmp_path / "labels.h5", "w") as f:
+        f["query"] = corpus.query_labels.astype("S8")
+    for path in (f"{tmp_path}/corpus.zarr/query_labels", f"{tmp_path}/query_labels.npy"):
+        np.testing.assert_array_equal(storage.read_labels(path, "query labels", 12),
+                                      corpus.query_labels)
+    np.testing.assert_array_equal(storage.read_labels(f"{tmp_path}/labels.h5:/query", "q",
+                                                      12), corpus.query_labels.astype("S8"))
     # neither, both, or a label file of the wrong length: one line each
     code, _, err = run(capsys, "evaluate", *own, *common)
     assert code == 2 and "missing: --query-labels" in err
