@@ -158,7 +158,8 @@ def _input_bytes(args, spec) -> int | None:
     elif args.command == "search":
         paths = [args.queries, args.database]
     elif args.command == "evaluate":
-        paths = [f"{str(args.corpus).rstrip('/')}/{name}"
+        own = _evaluate_arrays(args)
+        paths = [own[name] if own else f"{str(args.corpus).rstrip('/')}/{name}"
                  for name in ("negatives", "database", "queries")]
     elif args.command == "run" and spec is not None and not getattr(spec, "generate", None):
         paths = ([spec.fit.negatives] if spec.fit else []) + [e.positives for e in spec.encode]
@@ -206,7 +207,8 @@ def _run(args) -> int:
     elif args.command == "evaluate":
         from .evaluation import check_evaluate_inputs
 
-        check_evaluate_inputs(args.corpus, args.methods, args.negatives, args.k, args.plot)
+        check_evaluate_inputs(args.corpus, args.methods, args.negatives, args.k, args.plot,
+                              _evaluate_arrays(args))
     import time
 
     started = time.perf_counter()
@@ -265,7 +267,7 @@ def _jobs(args, client, spec, progress: bool):
         rows, _, report = evaluation.evaluate_job(
             client, args.corpus, args.methods, n_negatives=args.negatives, k=args.k,
             p_at=args.p_at, plot=args.plot, grids=_evaluate_grids(args),
-            partition_rows=args.partition_rows)
+            partition_rows=args.partition_rows, arrays=_evaluate_arrays(args))
         reports = [report]
     elif args.command == "encode":
         from .storage import head_seq
@@ -295,6 +297,15 @@ def _print_results(args, reports, rows) -> None:
 
         print()
         print(format_table(rows))
+
+
+def _evaluate_arrays(args) -> dict | None:
+    """`evaluate`'s own labelled descriptors (name -> path), or None with --corpus."""
+    if args.corpus is not None:
+        return None
+    return {"negatives": args.negatives_from, "database": args.database,
+            "queries": args.queries, "database_labels": args.database_labels,
+            "query_labels": args.query_labels}
 
 
 def _evaluate_grids(args) -> dict[str, dict]:

@@ -170,7 +170,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("fit", help="fit a linear (or, with --kernel, kernel) SLEM model on "
                        "negatives stored in zarr")
     p.add_argument("--negatives", required=True, metavar="PATH",
-                   help="zarr array (n, d) of negatives, e.g. corpus.zarr/negatives")
+                   help="descriptors (n, d) of negatives: a zarr array (e.g. "
+                        "corpus.zarr/negatives), .npy, a folder or quoted glob of .npy "
+                        "shards, FILE.h5:/dataset, .fvecs/.bvecs/.ivecs (docs/your-data.md)")
     p.add_argument("--model", required=True, metavar="PATH", help="zarr group to write the model to")
     p.add_argument("--lam", type=_positive_float, default=1e-3,
                    help="ridge lambda > 0 (default: 1e-3)")
@@ -196,12 +198,12 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("encode", help="encode positives stored in zarr with a fitted model")
     p.add_argument("--model", required=True, metavar="PATH", help="model written by `fit`")
     p.add_argument("--positives", required=True, metavar="PATH",
-                   help="zarr array (m, d) of descriptors to encode")
+                   help="descriptors (m, d) to encode, in any input format of fit --negatives")
     p.add_argument("--out", required=True, metavar="PATH", help="zarr array to write (m, d)")
     p.add_argument("--dtype", choices=("float32", "float64"),
-                   help="dtype of the output (default: float32 for float32 or float16 "
-                        "positives, float64 for float64 or integer ones; a re-run continues "
-                        "an output in the dtype it was started with)")
+                   help="dtype of the output (default: float64 for float64 positives, "
+                        "float32 for any other (float32, float16, integers); a re-run "
+                        "continues an output in the dtype it was started with)")
     p.add_argument("--precision", choices=("auto", "float64"),
                    help="arithmetic of a linear SLEM encoding: auto = the input's (float32 "
                         "stays float32, within 1e-5 of float64), float64 = float64 "
@@ -224,9 +226,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("search", help="exact top-k of encoded queries against an encoded "
                        "database; writes (scores, indices) to zarr")
     p.add_argument("--queries", required=True, metavar="PATH",
-                   help="zarr array (q, d) of query encodings")
+                   help="(q, d) query encodings (zarr, .npy, ...: any input format)")
     p.add_argument("--database", required=True, metavar="PATH",
-                   help="zarr array (m, d) of database encodings")
+                   help="(m, d) database encodings (zarr, .npy, ...: any input format)")
     p.add_argument("--k", type=_positive_int, default=100, metavar="K",
                    help="results per query, at most the database size (default: 100)")
     p.add_argument("--out", required=True, metavar="PATH",
@@ -240,9 +242,18 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("evaluate", help="compare raw, PCA-whitening, E-SVM and SLEM on a "
                        "corpus: results table and precision-recall plot")
-    p.add_argument("--corpus", required=True, metavar="PATH",
+    p.add_argument("--corpus", metavar="PATH",
                    help="zarr group with negatives, database, queries, database_labels, "
                         "query_labels (datasets.write_corpus; `demo` writes WORKDIR/corpus.zarr)")
+    own = p.add_argument_group(
+        "one's own labelled descriptors, instead of --corpus (descriptors: zarr, .npy, "
+        ".npy shards, HDF5, .fvecs/.bvecs/.ivecs; labels: 1-D .npy, zarr or HDF5)")
+    own.add_argument("--negatives-from", metavar="PATH", help="descriptors to fit on")
+    own.add_argument("--database", metavar="PATH", help="descriptors searched")
+    own.add_argument("--queries", metavar="PATH", help="query descriptors")
+    own.add_argument("--database-labels", metavar="PATH", help="one label per database row")
+    own.add_argument("--query-labels", metavar="PATH",
+                     help="one label per query row (relevant: database rows of its label)")
     p.add_argument("--methods", default="raw,pca,esvm,slem", metavar="LIST",
                    help="comma-separated methods among raw, pca, esvm, slem, kernel "
                         "(kernel: rbf, gamma 0.5, rank 256, rpcholesky) "
@@ -308,6 +319,10 @@ def _parse(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespa
 
 
 
+#: `evaluate`'s options for one's own labelled descriptors (instead of --corpus)
+EVALUATE_OWN = ("negatives-from", "database", "queries", "database-labels", "query-labels")
+
+
 def _check_option_combinations(parser: argparse.ArgumentParser, args) -> None:
     """Options that parse on their own but make no sense together: usage errors (exit 2)."""
     sub = parser._subparsers._group_actions[0].choices[args.command]  # the command's usage
@@ -323,6 +338,15 @@ def _check_option_combinations(parser: argparse.ArgumentParser, args) -> None:
             if getattr(args, name) is None:
                 setattr(args, name, default)
         args.update = args.update or args.repivot  # --repivot: an update that refits
+    if args.command == "evaluate":
+        own = {name: getattr(args, name.replace("-", "_")) for name in EVALUATE_OWN}
+        if args.corpus is None and not all(own.values()):
+            missing = [f"--{n}" for n, v in own.items() if not v]
+            sub.error(f"give --corpus, or one's own labelled descriptors with "
+                      f"{', '.join(f'--{n}' for n in own)} (missing: {', '.join(missing)})")
+        if args.corpus is not None and any(own.values()):
+            sub.error(f"--corpus and {', '.join(f'--{n}' for n, v in own.items() if v)} "
+                      f"both name what to evaluate on; give one or the other")
     if args.command == "evaluate" and args.p_at is not None and args.k is not None \
             and args.p_at > args.k:
         sub.error(f"--p-at {args.p_at} is larger than the ranking length --k {args.k}: "

@@ -384,18 +384,40 @@ def check_plot_path(plot: str | None) -> None:
                                 f"{os.path.join(str(plot), 'pr.png')}")
 
 
-def check_evaluate_inputs(corpus: str, methods, n_negatives: int | None, k: int | None,
-                          plot: str | None = None):
-    """Validate everything the evaluate job can check from metadata, before any compute."""
+#: What ``evaluate`` reads: a corpus group's members, or one's own paths (``arrays``).
+EVALUATE_INPUTS = ("negatives", "database", "queries", "database_labels", "query_labels")
+
+
+def _open_evaluate_arrays(corpus, arrays: dict | None):
+    """(negatives, database, queries, relevant): from the corpus group, or from
+    ``arrays`` (name -> path of descriptors in any input format, and of labels)."""
+    if arrays is None:
+        group = _open_corpus(corpus)
+        arrays = {n: f"{str(corpus).rstrip('/')}/{n}" for n in EVALUATE_INPUTS[:3]}
+        labels = (group["database_labels"][...], group["query_labels"][...])
+    elif [n for n in EVALUATE_INPUTS if not arrays.get(n)]:
+        raise ValueError(f"evaluate: give {', '.join(EVALUATE_INPUTS)} (missing: "
+                         f"{', '.join(n for n in EVALUATE_INPUTS if not arrays.get(n))})")
+    neg, db, q = (storage.open_input(arrays[n], n) for n in EVALUATE_INPUTS[:3])
+    if corpus is None:
+        labels = (storage.read_labels(arrays["database_labels"], "database labels",
+                                      db.shape[0]),
+                  storage.read_labels(arrays["query_labels"], "query labels", q.shape[0]))
+    return neg, db, q, relevant_from_labels(*labels)
+
+
+def check_evaluate_inputs(corpus, methods, n_negatives: int | None, k: int | None,
+                          plot: str | None = None, arrays: dict | None = None):
+    """Validate everything the evaluate job can check from metadata, before any compute.
+    ``arrays``: one's own labelled descriptors instead of a corpus (``corpus`` None):
+    paths by the names of :data:`EVALUATE_INPUTS`."""
     check_plot_path(plot)
     methods = parse_methods(methods)
-    group = _open_corpus(corpus)
-    neg = storage.open_input(f"{str(corpus).rstrip('/')}/negatives", "negatives")
-    db = storage.open_input(f"{str(corpus).rstrip('/')}/database", "database")
-    q = storage.open_input(f"{str(corpus).rstrip('/')}/queries", "queries")
+    neg, db, q, relevant = _open_evaluate_arrays(corpus, arrays)
+    where = "corpus" if arrays is None else "evaluate"
     for name, arr in (("database", db), ("queries", q)):
         if arr.shape[1] != neg.shape[1]:
-            raise ValueError(f"corpus: {name} has {arr.shape[1]} features but negatives "
+            raise ValueError(f"{where}: {name} has {arr.shape[1]} features but negatives "
                              f"have {neg.shape[1]}")
     if n_negatives is not None and n_negatives > neg.shape[0]:
         raise ValueError(
@@ -407,15 +429,17 @@ def check_evaluate_inputs(corpus: str, methods, n_negatives: int | None, k: int 
     if k is not None and k > db.shape[0]:
         raise ValueError(f"k={k} is larger than the database ({db.shape[0]} rows); use "
                          f"--k {db.shape[0]} or less")
-    relevant = relevant_from_labels(group["database_labels"][...], group["query_labels"][...])
     return methods, neg, db, q, relevant
 
 
 def evaluate_job(client, corpus: str, methods="raw,pca,esvm,slem", n_negatives: int | None = None,
                  k: int | None = None, p_at: int | None = None, plot: str | None = None,
                  params: dict[str, dict] | None = None,
-                 partition_rows: int | None = None, grids: dict[str, dict] | None = None):
-    """Results table (and optionally a PR plot) of ``methods`` on a corpus zarr group.
+                 partition_rows: int | None = None, grids: dict[str, dict] | None = None,
+                 arrays: dict | None = None):
+    """Results table (and optionally a PR plot) of ``methods`` on a corpus zarr group,
+    or on one's own labelled descriptors (``arrays``, ``corpus`` None: see
+    :func:`check_evaluate_inputs`).
 
     Each method is fitted on the first ``n_negatives`` negatives (default all)
     and encodes the database and the queries; relevance comes from the labels.
@@ -427,7 +451,8 @@ def evaluate_job(client, corpus: str, methods="raw,pca,esvm,slem", n_negatives: 
     """
     t0 = time.perf_counter()
     methods, neg, db, q, relevant = check_evaluate_inputs(corpus, methods, n_negatives, k,
-                                                          plot)
+                                                          plot, arrays)
+    source = {"corpus": str(corpus)} if arrays is None else {"from": "own descriptors"}
     negatives = storage.dask_rows(neg, partition_rows)
     if n_negatives is not None:
         negatives = negatives[:n_negatives]
@@ -443,11 +468,12 @@ def evaluate_job(client, corpus: str, methods="raw,pca,esvm,slem", n_negatives: 
             rows, _, curves = grid_search(negatives, database, queries, relevant, grids, k=k,
                                           p_at=p_at, curves=True)
     report = JobReport("evaluate")
-    report.facts.update({"corpus": str(corpus), "negatives": negatives.shape[0],
+    report.facts.update({**source, "negatives": negatives.shape[0],
                          "database": db.shape[0], "queries": q.shape[0],
                          "features": db.shape[1], "methods": ",".join(methods)})
     if plot:
-        plot_pr_curves(curves, plot, title=f"{corpus}: {negatives.shape[0]} negatives",
+        where = corpus or arrays["database"]
+        plot_pr_curves(curves, plot, title=f"{where}: {negatives.shape[0]} negatives",
                        maps={r["method"]: r["mAP"] for r in rows if r.get("best", "*")})
         report.facts["plot"] = str(plot)
     report.timings["total"] = time.perf_counter() - t0

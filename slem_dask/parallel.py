@@ -20,7 +20,7 @@ from dask.sizeof import sizeof
 from .core.linear import encode_rows
 from .core.statistics import (ScatterAccumulator, ScatterStats, block_statistics, check_precision,
                               merge_into, product_rows)
-from .storage.chunks import STORE_ROWS
+from .storage.chunks import STORE_ROWS, array_token
 from .validation import check_finite_rows
 
 __all__ = ["scatter_statistics", "store_statistics", "statistics_partition_rows", "encode_blocks", "map_rows", "shared",
@@ -223,8 +223,7 @@ def store_statistics(arr, partition_rows: int, precision: str = "auto", name: st
     if start >= n:
         raise ValueError(f"{name}: no rows to fit from row {start} of {n}")
     array = dask.delayed(arr, pure=True, traverse=False)  # one key: a handle, no data
-    token = dask.base.tokenize(str(arr.store_path), arr.metadata.to_dict(), partition_rows,
-                               precision, name, start, n)
+    token = dask.base.tokenize(array_token(arr), partition_rows, precision, name, start, n)
     # The graph is written out, not built by a delayed call per partition: those
     # tokenized their arguments one by one (16 ms at 61 partitions, on the critical path).
     layer = f"slem-statistics-{token}"

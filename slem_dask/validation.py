@@ -46,13 +46,15 @@ def check_positive_float(value, name: str, hint: str = "") -> float:
 
 
 def output_dtype(dtype) -> np.dtype:
-    """The dtype of encodings of rows of ``dtype`` when the caller names none: float32
-    for floats of at most 4 bytes (float16 included: the float32 a block is computed
-    from, never rounded back to 11 bits), float64 for anything else (float64,
-    integers). The library's transforms and the encode job both use it."""
+    """The dtype of encodings of rows of ``dtype`` when the caller names none: float64
+    for float64 (and longer) rows, float32 for anything else: floats of at most 4
+    bytes (float16 included: the float32 a block is computed from, never rounded back
+    to 11 bits) and integers (uint8 SIFT rows would otherwise encode to 8x their size;
+    their statistics are still merged in float64). The library's transforms and the
+    encode job both use it; an explicit dtype always wins."""
     dtype = np.dtype(dtype)
-    narrow = np.issubdtype(dtype, np.floating) and dtype.itemsize <= 4
-    return np.dtype(np.float32 if narrow else np.float64)
+    wide = np.issubdtype(dtype, np.floating) and dtype.itemsize > 4
+    return np.dtype(np.float64 if wide else np.float32)
 
 
 def _reshape_hint(x, name: str) -> str:

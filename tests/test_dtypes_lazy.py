@@ -45,8 +45,14 @@ def test_transform_keeps_float_dtype(est, data):
         assert got.dtype == dtype
         np.testing.assert_allclose(got, z, rtol=1e-6 if dtype == np.float32 else 1e-12,
                                    atol=1e-6 if dtype == np.float32 else 1e-12)
-    # integers have no float precision to keep: float64; an explicit dtype wins
-    assert est.transform(np.rint(P * 10).astype(np.int32)).dtype == np.float64
+    # integers (uint8 SIFT, int32) encode to float32, not 8x their size; an explicit
+    # dtype wins
+    for kind in (np.uint8, np.int32):
+        ints = np.rint(np.abs(P) * 10).astype(kind)
+        assert est.transform(ints).dtype == np.float32
+        assert est.transform(ints, dtype=np.float64).dtype == np.float64
+        np.testing.assert_allclose(est.transform(ints),
+                                   est.transform(ints, dtype=np.float64), rtol=1e-5, atol=1e-6)
     assert est.transform(P.astype(np.float32), dtype=np.float64).dtype == np.float64
 
 

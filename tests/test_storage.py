@@ -49,7 +49,7 @@ def test_open_input_errors(tmp_path):
     cases = {
         "missing.zarr": (FileNotFoundError, "no zarr array at"),
         "plain": (FileNotFoundError, "no zarr array at"),
-        "file.txt": (FileNotFoundError, "no zarr array at"),
+        "file.txt": (ValueError, "no zarr array at .*a format slem-dask does not read"),
         "g.zarr": (ValueError, r"is a zarr group, not an array \(arrays in it: negatives\).*"
                                r"g.zarr/negatives"),
         "one.zarr": (ValueError, r"shape \(3,\) \(1-D\); expected a 2-D array"),

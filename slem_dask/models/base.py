@@ -64,8 +64,8 @@ class SLEMEstimator(EstimatorProtocol):
 
     @staticmethod
     def _output_dtype(p, dtype) -> np.dtype:
-        """``dtype``, or by default the input's: float32 (and float16) in gives float32
-        out, anything else float64. Computation is float64 either way."""
+        """``dtype``, or by default from the input's: float64 in gives float64 out,
+        anything else (float32, float16, integers) float32 (:func:`output_dtype`)."""
         return np.dtype(dtype) if dtype is not None else output_dtype(p.dtype)
 
     def _check_positives(self, X, name: str = "X"):

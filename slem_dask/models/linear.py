@@ -129,8 +129,8 @@ class LinearSLEM(SLEMEstimator):
         """L2-normalized SLEM vector of every row of ``X`` (n_p, d), the positives.
 
         numpy in, numpy out; dask in, lazy dask out with the row chunks of ``X``.
-        ``dtype`` is the dtype of the result (default: the input's; float32 and float16
-        in give float32 out, other dtypes float64). A row equal to ``mean_`` has no
+        ``dtype`` is the dtype of the result (default: float64 for float64 in, float32
+        for anything else, integers included). A row equal to ``mean_`` has no
         direction and is returned as zeros (``slem-dask encode`` refuses such rows). ``precision`` (default: the model's):
         float32 ``X`` is encoded in float32 under "auto" while A is well enough
         conditioned (see the class docstring), else in float64.

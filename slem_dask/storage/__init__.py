@@ -45,7 +45,8 @@ from .groups import (  # noqa: F401
     read_model_meta, read_model_store, read_search_store, replace_legacy, write_group,
     write_model_store)
 from .inputs import (  # noqa: F401
-    _exists, _key, check_distinct, open_input, open_node, open_output, read_all)
+    _exists, _key, check_distinct, open_input, open_node, open_output, read_all,
+    read_labels)
 from .leases import LEASE_TTL, Lease, LeaseHeldError, LeaseLostError  # noqa: F401
 from .outputs import (  # noqa: F401
     create_output, head_seq, is_legacy, mark_complete, marked_complete, open_existing_output,

@@ -1,5 +1,6 @@
-"""Reading rows: dask arrays over whole-row partitions of a zarr array, and the reader
-that names every missing or damaged chunk (zarr would read a missing one as zeros)."""
+"""Reading rows: dask arrays over whole-row partitions of a zarr array (or of a file
+input, :mod:`.formats`), and the reader that names every missing or damaged chunk
+(zarr would read a missing one as zeros)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import dask
 from .checksums import _full_key, crc32c, recorded_crc32c
 from . import versions
 from .errors import CorruptChunkError, missing_chunk_error
+from .formats import FileArray
 
 
 #: Bytes of input per dask partition when the caller does not choose.
@@ -60,11 +62,18 @@ def dask_rows(arr: zarr.Array, partition_rows: int | None = None, name: str = "i
     chunks = (tuple(min(rows, n - lo) for lo in range(0, n, rows)), (d,))
     x = da.map_blocks(_read_rows, arr, name, chunks=chunks, dtype=arr.dtype,
                       meta=np.empty((0, d), dtype=arr.dtype),
-                      name="slem-read-" + dask.base.tokenize(
-                          str(arr.store_path), arr.metadata.to_dict(), rows, name))
+                      name="slem-read-" + dask.base.tokenize(array_token(arr), rows, name))
     if not exact:  # whole storage units: statistics may read the store themselves
         setattr(x, STORE_ROWS, (arr, name, x.name, int(n)))
     return x
+
+
+def array_token(arr) -> tuple:
+    """What names an input's data in dask keys: its store and metadata (a zarr array),
+    or its files with their sizes and mtimes (a :class:`.formats.FileArray`)."""
+    if isinstance(arr, FileArray):
+        return arr.__dask_tokenize__()
+    return (str(arr.store_path), arr.metadata.to_dict())
 
 
 def _read_rows(arr: zarr.Array, name: str, block_info=None) -> np.ndarray:
@@ -81,12 +90,16 @@ def read_rows(arr: zarr.Array, lo: int, hi: int, name: str = "input",
     any other layout is read through zarr. ``out``: a C-ordered array of shape
     (hi - lo, d) and the array's dtype to read into (a buffer reused across reads).
     """
+    if isinstance(arr, FileArray) and out is None:
+        return arr.read(lo, hi, name)
     if out is None:
         out = np.empty((hi - lo, arr.shape[1]), dtype=arr.dtype)
     elif out.shape != (hi - lo, arr.shape[1]) or out.dtype != arr.dtype \
             or not out.flags.c_contiguous:
         raise ValueError(f"out: expected a C-ordered {arr.dtype} array of shape "
                          f"{(hi - lo, arr.shape[1])}, got {out.dtype} {out.shape}")
+    if isinstance(arr, FileArray):
+        return arr.read(lo, hi, name, out)
     codecs = _RowChunkCodecs.of(arr)
     if codecs is not None:
         return codecs.read(arr, lo, hi, name, out)
@@ -274,6 +287,8 @@ def _zstd_content_size(frame) -> int | None:
 
 def _where(arr: zarr.Array) -> str:
     """The store of ``arr`` as a user wrote it: a path, or a URL."""
+    if isinstance(arr, FileArray):
+        return arr.location
     store = arr.store_path.store
     if hasattr(store, "root"):  # LocalStore
         root = str(store.root)

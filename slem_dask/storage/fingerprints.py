@@ -1,6 +1,7 @@
 """Fingerprints of inputs: what a job read, so that it can tell whether an input changed
 while, or since, it was read. A versioned input is named by its committed version; a
-plain zarr array by the listing of its chunks (key, size, mtime)."""
+plain zarr array by the listing of its chunks (key, size, mtime); a file input
+(:mod:`.formats`) by the name, size and mtime of each of its files."""
 
 from __future__ import annotations
 
@@ -15,14 +16,12 @@ import zarr
 from . import versions
 from .chunks import _unit_shape, _where, iter_chunk_keys, unit_rows
 from .errors import MissingChunkError, missing_chunk_error
+from .formats import FileArray
 from .paths import StorePath, _fs, canonical
 
-
-
-
-
-
-
+#: Metadata documents of a zarr array (v3, v2): not data, so not in a listing (an
+#: attribute written on an output must not make its readers' fingerprints change).
+_METADATA_KEYS = ("zarr.json", ".zarray", ".zattrs", ".zgroup", ".zmetadata")
 
 def _listing(arr, path: StorePath) -> dict[str, tuple]:
     """{store key: (size, mtime in ns)} for every chunk of ``arr``."""
@@ -38,7 +37,7 @@ def _listing(arr, path: StorePath) -> dict[str, tuple]:
             for name in files:
                 full = os.path.join(dirpath, name)
                 rel = os.path.relpath(full, root).replace(os.sep, "/")
-                if rel == "zarr.json" or name.endswith(".partial"):
+                if rel in _METADATA_KEYS or name.endswith(".partial"):
                     continue
                 st = os.stat(full)
                 out[prefix + rel] = (st.st_size, st.st_mtime_ns)
@@ -46,7 +45,7 @@ def _listing(arr, path: StorePath) -> dict[str, tuple]:
     fs, froot = _fs(path)  # pragma: no cover - needs a remote store
     for full, info in fs.find(froot, detail=True).items():
         rel = full[len(froot):].lstrip("/")
-        if rel == "zarr.json":
+        if rel in _METADATA_KEYS:
             continue
         stamp = (info.get("mtime") or info.get("LastModified") or info.get("ETag")
                  or info.get("created") or "")
@@ -62,9 +61,14 @@ def _digest(parts) -> str:
 
 
 def _layout(arr) -> tuple:
+    meta = arr.metadata
+    if getattr(meta, "zarr_format", 3) == 2:  # no codecs: its filters and compressor
+        codecs = {k: v for k, v in meta.to_dict().items() if k in ("filters", "compressor",
+                                                                    "order")}
+    else:
+        codecs = [c.to_dict() for c in meta.codecs]
     return (str(arr.dtype), tuple(arr.chunks), getattr(arr, "shards", None),
-            json.dumps([c.to_dict() for c in arr.metadata.codecs], sort_keys=True, default=str),
-            repr(arr.metadata.fill_value))
+            json.dumps(codecs, sort_keys=True, default=str), repr(meta.fill_value))
 
 
 def _listed(listing: dict, arr, path: StorePath, name: str, lo: int, hi: int) -> list:
@@ -95,6 +99,9 @@ def partition_fingerprints(arr, path, name: str, rows: int) -> list[str]:
     A partition's fingerprint changes when any chunk under it is rewritten (its
     size or mtime changes). A chunk absent from the listing is an error.
     """
+    if isinstance(arr, FileArray):  # its files' names, sizes and mtimes
+        n = int(arr.shape[0])
+        return [arr.fingerprint(lo, min(n, lo + rows), name) for lo in range(0, n, rows)]
     path = canonical(path)
     listing = _listing(arr, path)
     layout = _layout(arr)
@@ -110,6 +117,8 @@ def rows_fingerprint(arr, path, name: str, n_rows: int) -> str:
     """Fingerprint of the first ``n_rows`` rows: the listing of the storage units they
     fill completely, plus a digest of the content of the rows in a partly filled
     last unit (appending rewrites that unit, so its listing would change)."""
+    if isinstance(arr, FileArray):  # the files holding those rows
+        return arr.fingerprint(0, n_rows, name)
     path = canonical(path)
     rows = unit_rows(arr)
     full = (n_rows // rows) * rows
@@ -129,6 +138,9 @@ def read_version(arr: zarr.Array, path, fingerprint: str | None = None) -> dict:
     sequence number and folder), else a fingerprint of the plain array's listing
     (``fingerprint``: its :func:`rows_fingerprint` of all rows, if the caller has it)."""
     path = canonical(path)
+    if isinstance(arr, FileArray):
+        return {"url": path.url, "fingerprint": fingerprint
+                or arr.fingerprint(0, int(arr.shape[0]))}
     parts = _where(arr).rstrip("/").split("/")
     if versions.VERSIONS in parts[:-1]:
         i = len(parts) - 1 - parts[::-1].index(versions.VERSIONS)

@@ -1,5 +1,6 @@
 """Opening what a job reads: the committed version of a versioned store, a member of
-one, or a plain zarr v3 array, with one clear error for anything else."""
+one, a plain zarr array (v3 or v2), or descriptors in a file of another format
+(:mod:`.formats`), with one clear error for anything else."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import numpy as np
 
 import zarr
 
-from . import versions
+from . import formats, versions
 from ..validation import check_array_metadata
 from .checksums import metadata_checksum
 from .chunks import read_rows
@@ -50,11 +51,18 @@ def open_node(path, mode: str = "r"):
     return zarr.open(store=location, mode=mode, zarr_format=3)
 
 
-def open_input(path: str, name: str) -> zarr.Array:
-    """Open an existing 2-D zarr array for reading, with a clear error otherwise."""
-    path = str(canonical(path))
+def _open_zarr_v2(path: str):
+    """The zarr v2 node at ``path`` (a plain store: slem-dask writes v3 only), or None."""
     try:
-        node = open_node(path)
+        return zarr.open(store=path, mode="r", zarr_format=2)
+    except Exception:  # noqa: BLE001 - not a v2 store either: the caller says what is
+        return None
+
+
+def _open_zarr_input(path: str, name: str):
+    """The zarr node (v3, else v2) an input path names, with a clear error otherwise."""
+    try:
+        return open_node(path)
     except versions.VersionError as exc:
         raise type(exc)(f"{name}: {exc}") from None
     except FileNotFoundError:
@@ -64,16 +72,36 @@ def open_input(path: str, name: str) -> zarr.Array:
                 f"it stopped part-way, and nothing was committed); run the same `slem-dask "
                 f"encode` again to finish it (it resumes), or with --overwrite to start "
                 f"over") from None
+        node = _open_zarr_v2(path)
+        if node is not None:
+            return node
+        if formats.remote_format(path):  # x.npy, x.h5, x.fvecs: a file was meant
+            raise FileNotFoundError(f"{name}: no file at {path!r}; check the path (it "
+                                    f"may be relative to another folder)") from None
         raise FileNotFoundError(
-            f"{name}: no zarr array at {path!r}; give the path of an existing zarr "
-            f"array, e.g. {_demo_example(name)} (written by "
+            f"{name}: no zarr array at {path!r} (nor a descriptor file); give "
+            f"{formats.SUPPORTED}, e.g. {_demo_example(name)} (written by "
             f"`slem-dask demo`)"
         ) from None
     except Exception as exc:  # zarr raises several types for non-zarr folders
         raise damaged_metadata(name, path, exc) or ValueError(
             f"{name}: {path!r} is not a readable zarr store ({type(exc).__name__}: {exc}); "
-            f"give the path of a zarr v3 array"
+            f"give the path of a zarr array (v2 or v3)"
         ) from None
+
+
+def open_input(path: str, name: str):
+    """Open existing 2-D descriptors for reading: a zarr array (v2 or v3), or a file
+    input of :mod:`.formats` (``.npy``, shards, HDF5, TEXMEX), with a clear error
+    otherwise. Returns a ``zarr.Array`` or a :class:`.formats.FileArray`."""
+    where = canonical(path)
+    path = str(where)
+    node = formats.open_file_input(where, name)
+    if node is None:
+        node = _open_zarr_input(path, name)
+        kind = "zarr array"
+    else:
+        kind = f"{node.format} input"
     if isinstance(node, zarr.Group):
         members = sorted(k for k, v in node.members() if isinstance(v, zarr.Array))
         hint = f" (arrays in it: {', '.join(members)})" if members else ""
@@ -94,13 +122,15 @@ def open_input(path: str, name: str) -> zarr.Array:
         )
     if 0 in node.shape:
         raise ValueError(
-            f"{name}: the zarr array at {path!r} has shape {node.shape}: it has no "
+            f"{name}: the {kind} at {path!r} has shape {node.shape}: it has no "
             f"{'features (columns)' if node.shape[1] == 0 else 'rows'}"
         )
     if not (np.issubdtype(node.dtype, np.floating) or np.issubdtype(node.dtype, np.integer)):
         raise TypeError(
-            f"{name}: the zarr array at {path!r} has dtype {node.dtype}; expected real numbers"
+            f"{name}: the {kind} at {path!r} has dtype {node.dtype}; expected real numbers"
         )
+    if isinstance(node, formats.FileArray):
+        return node  # its shape and dtype are the files' own; it has no metadata
     check_array_metadata(node, name, path)  # before any chunk is listed or read
     meta = node.attrs.get(ATTR)
     if isinstance(meta, dict) and meta.get("kind") == "encoding" and meta.get("complete") \
@@ -123,6 +153,47 @@ def read_all(path, name: str = "encodings") -> np.ndarray:
     """A whole (small) array, with missing or corrupt chunks named."""
     arr = open_input(path, name)
     return read_rows(arr, 0, arr.shape[0], name)
+
+
+def read_labels(path, name: str, n_rows: int) -> np.ndarray:
+    """The labels of ``n_rows`` rows, one per row: a 1-D (or one-column) zarr array,
+    .npy file or HDF5 dataset (``FILE.h5:/labels``) of integers or strings."""
+    where = canonical(path)
+    location, dataset = formats.split_hdf5(where.location) if where.is_local \
+        else (where.location, None)
+    fmt = formats.file_format(where.location) if where.is_local else None
+    if fmt == "npy":
+        try:
+            labels = np.load(location, allow_pickle=False)
+        except ValueError as exc:
+            raise ValueError(f"{name}: {str(where)!r} cannot be read as a .npy array "
+                             f"({exc}); save the labels with np.save(path, labels)") from None
+    elif fmt == "hdf5":
+        h5py = formats._h5py(location, name)
+        with h5py.File(location, "r") as f:
+            if dataset is None or not isinstance(f.get(dataset), h5py.Dataset):
+                raise ValueError(f"{name}: give the labels' dataset as {location}:/dataset "
+                                 f"(datasets: {', '.join(formats._datasets(f)[:6])})")
+            labels = f[dataset][...]
+    elif fmt not in (None, "unknown"):
+        raise ValueError(f"{name}: {str(where)!r} is a {fmt} input; labels are a 1-D .npy "
+                         f"file, zarr array or HDF5 dataset (one label per row)")
+    else:
+        node = _open_zarr_input(str(where), name)
+        if isinstance(node, zarr.Group):
+            raise ValueError(f"{name}: {str(where)!r} is a zarr group; give the 1-D array "
+                             f"of labels inside it")
+        labels = read_rows(node, 0, node.shape[0], name) if node.ndim == 2 else node[...]
+    if labels.ndim == 2 and labels.shape[1] == 1:
+        labels = labels[:, 0]
+    if labels.ndim != 1 or labels.dtype.kind not in "iubUS":
+        raise ValueError(f"{name}: {str(where)!r} holds {labels.dtype} of shape "
+                         f"{labels.shape}; expected one integer or string label per row, "
+                         f"shape ({n_rows},)")
+    if len(labels) != n_rows:
+        raise ValueError(f"{name}: {str(where)!r} holds {len(labels)} labels for {n_rows} "
+                         f"rows; give one label per row, in row order")
+    return labels
 
 
 def _key(path) -> str:
@@ -149,7 +220,20 @@ def check_distinct(target, flag: str, inputs: dict[str, object]) -> None:
             f"{flag} {str(target)!r} is the member {target.name!r} of version {commit.seq} "
             f"of the slem-dask store {str(owner.path)!r}: writing there would hide it from "
             f"every reader; choose another name")
-    check_outside_inputs(target, flag, inputs)
+    check_outside_inputs(target, flag, {name: _input_root(p) for name, p in inputs.items()})
+
+
+def _input_root(path):
+    """What an input occupies on disk: the file of ``FILE.h5:/dataset``, the folder of a
+    glob of shards (nothing may be written where it would replace or nest in them)."""
+    if path is None or not canonical(path).is_local:
+        return path
+    location = formats.split_hdf5(canonical(path).location)[0]
+    parts = location.split("/")
+    for i, part in enumerate(parts):
+        if any(c in part for c in formats.GLOB_CHARS):
+            return "/".join(parts[:i]) or "/"
+    return location
 
 
 def open_output(path, name: str = "encodings") -> zarr.Array:

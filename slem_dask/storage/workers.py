@@ -18,6 +18,9 @@ def store_signature(location: str) -> dict:
     import zarr
 
     try:
+        files = _file_input(location)
+        if files is not None:
+            return {"files": files.signature()}
         node = zarr.open(store=location, mode="r")
     except Exception as exc:  # noqa: BLE001 - any failure is reported to the client
         return {"error": f"{type(exc).__name__}: {exc}"}
@@ -36,6 +39,16 @@ def store_signature(location: str) -> dict:
 
 
 _SIGNATURE_BYTES = 2**16
+
+
+def _file_input(location: str):
+    """The file input (.npy, HDF5, TEXMEX) at a local ``location``, else None."""
+    from .formats import file_format, open_file_input
+
+    path = canonical(location)
+    if not path.is_local or file_format(path.location) in (None, "unknown"):
+        return None
+    return open_file_input(path, "input")
 
 
 def _store_size(arr, key: str) -> int:
