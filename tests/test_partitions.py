@@ -42,6 +42,7 @@ S3_ENV = {
                  '"retries": {"max_attempts": 2}}}',
 }
 ADDRESS = f"tcp://{SCHED_IP}:8786"
+MODEL = f"s3://{BUCKET}/model.zarr"      # fitted once, with every link up
 
 
 def _why_not() -> str | None:
@@ -101,10 +102,14 @@ def _start_dask(hosts: hostns.Hosts) -> None:
     hostns.wait_for(lambda: os.path.exists(sched_file), 60, "the scheduler's address file")
     env = {**S3_ENV, "SLEM_NS_PROGRESS": hosts.progress, "SLEM_NS_DELAY": "0.2",
            "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")])}
+    # as deployed (deploy/hosts/dask-worker@.service: Restart=always): a worker whose
+    # scheduler connection broke closes, nanny and all, and is started again, joining
+    # once the link is back
     for name in ("w1", "w2"):
         ip = hosts.hosts[name].addresses["ctl"]
-        hosts.start(name, [str(BIN / "dask"), "worker", ADDRESS, "--host", ip, "--nthreads",
-                           "1", "--no-nanny", "--no-dashboard", "--name", name,
+        hosts.start(name, ["sh", "-c", 'while :; do "$@"; sleep 2; done', "restart-always",
+                           str(BIN / "dask"), "worker", ADDRESS, "--host", ip, "--nthreads",
+                           "1", "--no-dashboard", "--name", name,
                            "--preload", str(HERE / "_ns_preload.py")], env=env)
     wait = ("from distributed import Client\n"
             f"with Client('{ADDRESS}', timeout=60) as c: c.wait_for_workers(2, timeout=60)\n")
@@ -129,6 +134,7 @@ def hosts():
         _start_s3(h)
         _start_dask(h)
         _client_py(h, _MAKE_DATA)
+        _fit(h, MODEL)
         yield h
     finally:
         h.close()
@@ -215,10 +221,10 @@ def _fit(hosts, model):
 @pytest.mark.parametrize("host,net", [("w1", "ctl"), ("w1", "s3")],
                          ids=["worker-scheduler", "worker-s3"])
 def test_encode_with_a_worker_cut_off_mid_job(hosts, host, net):
-    model = _fit(hosts, f"s3://{BUCKET}/model-{host}-{net}.zarr")
+    model = MODEL
     out = f"s3://{BUCKET}/enc-{host}-{net}.zarr"
     args = ["encode", "--model", model, "--positives", f"s3://{BUCKET}/pos.zarr", "--out",
-            out, "--partition-rows", str(CHUNK), "--dtype", "float32", "--task-timeout", "30"]
+            out, "--partition-rows", str(CHUNK), "--dtype", "float32", "--task-timeout", "15"]
     code, err = _job_with_a_cut(hosts, args, host, net)
     _one_line_or_success(code, err)
     if code != 0:
@@ -228,10 +234,10 @@ def test_encode_with_a_worker_cut_off_mid_job(hosts, host, net):
 
 
 def test_encode_with_the_client_cut_off_from_s3_mid_job(hosts):
-    model = _fit(hosts, f"s3://{BUCKET}/model-client.zarr")
+    model = MODEL
     out = f"s3://{BUCKET}/enc-client.zarr"
     args = ["encode", "--model", model, "--positives", f"s3://{BUCKET}/pos.zarr", "--out",
-            out, "--partition-rows", str(CHUNK), "--dtype", "float32", "--task-timeout", "30"]
+            out, "--partition-rows", str(CHUNK), "--dtype", "float32", "--task-timeout", "15"]
     code, err = _job_with_a_cut(hosts, args, "client", "s3", heal_after=15)
     _one_line_or_success(code, err)
     if code != 0:
@@ -243,7 +249,7 @@ def test_encode_with_the_client_cut_off_from_s3_mid_job(hosts):
 def test_fit_with_a_worker_cut_off_from_s3_mid_job(hosts):
     model = f"s3://{BUCKET}/model-fit-cut.zarr"
     args = ["fit", "--negatives", f"s3://{BUCKET}/neg.zarr", "--model", model, "--lam",
-            "0.1", "--partition-rows", str(CHUNK), "--task-timeout", "30"]
+            "0.1", "--partition-rows", str(CHUNK), "--task-timeout", "15"]
     code, err = _job_with_a_cut(hosts, args, "w2", "s3")
     _one_line_or_success(code, err)
     if code != 0:
@@ -253,7 +259,7 @@ def test_fit_with_a_worker_cut_off_from_s3_mid_job(hosts):
 
 
 def test_search_with_a_worker_cut_off_from_the_scheduler_mid_job(hosts):
-    model = _fit(hosts, f"s3://{BUCKET}/model-search.zarr")
+    model = MODEL
     enc = f"s3://{BUCKET}/enc-search.zarr"
     code, err = _slem(hosts, ["encode", "--model", model, "--positives",
                               f"s3://{BUCKET}/pos.zarr", "--out", enc, "--partition-rows",
@@ -261,7 +267,7 @@ def test_search_with_a_worker_cut_off_from_the_scheduler_mid_job(hosts):
     assert code == 0, err
     hits = f"s3://{BUCKET}/hits.zarr"
     args = ["search", "--queries", enc, "--database", enc, "--k", "5", "--out", hits,
-            "--partition-rows", str(4 * CHUNK), "--task-timeout", "30"]
+            "--partition-rows", str(4 * CHUNK), "--task-timeout", "15"]
     code, err = _job_with_a_cut(hosts, args, "w2", "ctl")
     _one_line_or_success(code, err)
     if code != 0:
