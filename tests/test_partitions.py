@@ -182,6 +182,8 @@ def _check(hosts, kind: str, store: str, *extra: str) -> None:
 def _one_line_or_success(code: int, err: str) -> None:
     lines = [line for line in err.splitlines() if line.strip()]
     assert code == 0 or (code == 1 and len(lines) == 1), (code, err)
+    # true at this moment: the store is up and this client reaches it
+    assert "start it, or fix" not in err, err
 
 
 def _job_with_a_cut(hosts, args, host, net, heal_after=None):
