@@ -303,6 +303,25 @@ class S3Backend(Backend):
                 or os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
                 or os.environ.get("FSSPEC_S3_ENDPOINT_URL") or "AWS S3 (no endpoint set)")
 
+    def _client_reaches_store(self, timeout: float = 5.0) -> bool:
+        """Whether this process gets an answer from the store now (any HTTP answer,
+        an error status included): asked only after a request failed to connect."""
+        import asyncio
+
+        from botocore import exceptions as bx
+
+        async def head():
+            return await asyncio.wait_for(
+                self.fs._call_s3("head_bucket", Bucket=self.bucket), timeout)
+
+        try:
+            self._sync(head)
+        except (bx.BotoCoreError, asyncio.TimeoutError, ConnectionError):
+            return False         # no connection, or no answer in time
+        except (bx.ClientError, OSError):
+            return True          # an answer (403, 404..., as s3fs translates them)
+        return True
+
     def describe_error(self, exc: BaseException) -> str | None:
         from botocore import exceptions as bx
 
@@ -311,6 +330,14 @@ class S3Backend(Backend):
             if isinstance(e, (bx.NoCredentialsError, bx.PartialCredentialsError)):
                 return (f"no S3 credentials for {self.root}: set AWS_ACCESS_KEY_ID and "
                         f"AWS_SECRET_ACCESS_KEY (or AWS_PROFILE) {every_worker}")
+            if isinstance(e, (bx.EndpointConnectionError, bx.ConnectTimeoutError,
+                              bx.ReadTimeoutError)) and self._client_reaches_store():
+                # the failed request was a worker's: "start it" would be untrue
+                return (f"a dask worker could not reach the object store at "
+                        f"{self._endpoint()} for {self.root}, while this client reaches "
+                        "it: check the network between the workers and the store, and "
+                        f"that every worker has this client's AWS_ENDPOINT_URL; then run "
+                        "the same command again")
             if isinstance(e, (bx.EndpointConnectionError, bx.ConnectTimeoutError)):
                 return (f"cannot reach the object store at {self._endpoint()} for "
                         f"{self.root}: start it, or fix AWS_ENDPOINT_URL (or "

