@@ -96,8 +96,9 @@ class Backend(abc.ABC):
 
     def probe_scope(self) -> str:
         """What one probe of conditional writes (:func:`check_conditional_writes`)
-        vouches for: the root by default; a bucket on an object store, a file system
-        locally. A backend whose stores differ within one scope must narrow it."""
+        vouches for, in words ("s3://bucket at <endpoint>"): the root by default; a
+        bucket on an object store, a file system locally. A backend whose stores differ
+        within one scope must narrow it."""
         return self.root
 
     def prune_empty(self) -> None:
@@ -161,7 +162,7 @@ def check_conditional_writes(backend: Backend, where: str) -> None:
             return
         if not _probe(backend):
             raise StorageConfigError(
-                f"{where}: the storage at {scope} does not refuse a second create of an "
+                f"{where!r}: {scope} does not refuse a second create of an "
                 f"existing key (it ignores conditional writes, If-None-Match: *), so two "
                 f"jobs could both commit one version and delete each other's work; use a "
                 f"store that implements them (AWS S3, SeaweedFS, MinIO), or, if only one "

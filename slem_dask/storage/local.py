@@ -70,7 +70,7 @@ class LocalBackend(Backend):
         while not os.path.exists(folder) and os.path.dirname(folder) != folder:
             folder = os.path.dirname(folder)
         try:
-            return f"file system {os.stat(folder).st_dev} ({folder})"
+            return f"the local file system (device {os.stat(folder).st_dev})"
         except OSError:
             return self.root
 

@@ -259,7 +259,7 @@ class S3Backend(Backend):
 
     def probe_scope(self) -> str:
         """A bucket at an endpoint: conditional writes are a property of the store."""
-        return f"s3://{self.bucket} at {self._endpoint()}"
+        return f"bucket s3://{self.bucket} at {self._endpoint()}"
 
     def put(self, key: str, data: bytes) -> None:
         # one PUT: the store shows the old object or the new one, never a part
