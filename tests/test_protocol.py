@@ -366,3 +366,29 @@ def test_an_s3_store_that_ignores_if_none_match_is_refused(s3_server, monkeypatc
                              rf"{backends.ACCEPT_NO_CONDITIONAL_WRITES}=1$"):
         store.begin()
     assert store.backend.list("") == []  # the probe key is gone, nothing else written
+
+
+def test_racing_commits_on_an_accepted_unconditional_store_leave_one_whole_version(
+        tmp_path, monkeypatch):
+    """Item 8 with the risk accepted: job B commits between job A's create of the
+    record and A's read-back. A learns it lost (it used to report success); neither
+    deletes the folder that the record names."""
+    monkeypatch.setenv(backends.ACCEPT_NO_CONDITIONAL_WRITES, "1")
+    monkeypatch.setattr(versions, "backend_for",
+                        lambda url: _Unconditional(url[len("file://"):]))
+    store = versions.VersionedStore(str(tmp_path / "s.zarr"))
+    a, b = _draft_with(store, 1.0), _draft_with(store, 2.0)
+    real = _Unconditional.create
+
+    def create(self, key, data):
+        created = real(self, key, data)
+        if key == COMMIT_1 and b"job A" in data:
+            store.commit(b, "model", "job B")  # B overwrites A's record, reads it back
+        return created
+
+    monkeypatch.setattr(_Unconditional, "create", create)
+    with pytest.raises(versions.CommitConflictError, match="committed by job B"):
+        store.commit(a, "model", "job A")
+    assert store.head().job == "job B"
+    assert storage.open_node(store.path).attrs["value"] == 2.0
+    assert not Path(a.location).exists()

@@ -324,16 +324,17 @@ class VersionedStore:
     def _publish(self, seq: int, record: Commit) -> bool:
         """Create ``commits/<seq>.json`` holding ``record``: True once it holds exactly
         these bytes (its token makes them this attempt's alone), False once it holds
-        another record. Whatever the backend answered (an error, or False from one that
-        does not read back), the record is read back; if it is absent the same bytes
-        are created again, which cannot commit anything twice."""
+        another record. Whatever the backend answered (True, an error, or False from one
+        that does not read back), the record is read back: one read per commit, which
+        also catches an overwrite on a store whose lack of conditional writes was
+        accepted. If it is absent the same bytes are created again, which cannot commit
+        anything twice."""
         check_conditional_writes(self.backend, str(self.path))
         key, data = f"{COMMITS}/{seq:08d}.json", record.to_json()
         failure: OSError | None = None
         for _ in range(_PUBLISH_TRIES):
             try:
-                if self.backend.create(key, data):
-                    return True
+                self.backend.create(key, data)  # its answer alone is not trusted
             except (StorageConfigError, PermissionError, FileNotFoundError):
                 raise  # refused: nothing was written
             except OSError as exc:  # a lost reply, a timeout: it may have landed
