@@ -317,8 +317,7 @@ def test_a_store_without_conditional_writes_is_refused_in_one_line(tmp_path, mon
     assert "\n" not in line and str(store.path) in line
     assert "ignores conditional writes" in line
     assert f"{backends.ACCEPT_NO_CONDITIONAL_WRITES}=1" in line
-    assert not (tmp_path / "s.zarr" / "versions").exists()  # refused before any draft
-    assert os.listdir(tmp_path / "s.zarr") == []  # the probe key is gone
+    assert os.listdir(tmp_path) == []  # refused before any draft; the probe key is gone
     monkeypatch.setenv(backends.ACCEPT_NO_CONDITIONAL_WRITES, "1")
     draft = _draft_with(store, 1.0)
     assert store.commit(draft, "model", "accepted").seq == 1
@@ -336,36 +335,44 @@ def test_conditional_writes_are_probed_once_per_store(tmp_path, monkeypatch):
     assert len(probes) == 2 and len(set(probes)) == 1  # one key, created twice, once
 
 
-@pytest.mark.parametrize("s3_server", ["seaweedfs", "moto"], indirect=True)
-def test_an_s3_store_that_ignores_if_none_match_is_refused(s3_server, monkeypatch):
+class _IgnoresCondition:
+    """The S3 client of a store that ignores If-None-Match (a test-level fault)."""
+
+    def __init__(self, client):
+        self._client = client
+
+    def __getattr__(self, name):
+        return getattr(self._client, name)
+
+    async def put_object(self, **kwargs):
+        kwargs.pop("IfNoneMatch", None)
+        return await self._client.put_object(**kwargs)
+
+
+def _ignore_conditions(monkeypatch, path):
     from slem_dask.storage.s3 import S3Backend
 
-    path = f"s3://{s3_server.bucket}/nocond-{uuid.uuid4().hex[:8]}/s.zarr"
     fs = S3Backend(path).fs
     real = fs.get_s3
 
-    class IgnoresCondition:
-        def __init__(self, client):
-            self._client = client
-
-        def __getattr__(self, name):
-            return getattr(self._client, name)
-
-        async def put_object(self, **kwargs):
-            kwargs.pop("IfNoneMatch", None)
-            return await self._client.put_object(**kwargs)
-
     async def get_s3(*args, **kwargs):
-        return IgnoresCondition(await real(*args, **kwargs))
+        return _IgnoresCondition(await real(*args, **kwargs))
 
     monkeypatch.setattr(fs, "get_s3", get_s3)
+
+
+@pytest.mark.parametrize("s3_server", ["seaweedfs", "moto"], indirect=True)
+def test_an_s3_store_that_ignores_if_none_match_is_refused(s3_server, monkeypatch):
+    path = f"s3://{s3_server.bucket}/nocond-{uuid.uuid4().hex[:8]}/s.zarr"
+    _ignore_conditions(monkeypatch, path)
     store = versions.VersionedStore(path)
     with pytest.raises(StorageConfigError,
                        match=rf"^'{path}': bucket s3://{s3_server.bucket} at "
                              rf"{s3_server.endpoint} does not refuse .*"
                              rf"{backends.ACCEPT_NO_CONDITIONAL_WRITES}=1$"):
         store.begin()
-    assert store.backend.list("") == []  # the probe key is gone, nothing else written
+    # the probe key is gone, nothing else written
+    assert store.backend.list("") == [] and backend_for(path.rsplit("/", 1)[0]).list("") == []
 
 
 def test_racing_commits_on_an_accepted_unconditional_store_leave_one_whole_version(
@@ -392,3 +399,22 @@ def test_racing_commits_on_an_accepted_unconditional_store_leave_one_whole_versi
     assert store.head().job == "job B"
     assert storage.open_node(store.path).attrs["value"] == 2.0
     assert not Path(a.location).exists()
+
+
+def test_a_fit_to_an_s3_store_without_conditional_writes_is_one_line(s3_server, corpus,
+                                                                      monkeypatch, capsys):
+    from slem_dask.cli import main
+
+    model = f"s3://{s3_server.bucket}/nocond-{uuid.uuid4().hex[:8]}/m.zarr"
+    _ignore_conditions(monkeypatch, model)
+    args = ["fit", "--negatives", corpus["negatives"], "--model", model,
+            "--local-cluster", "threads", "--no-progress"]
+    assert main(args) == 1
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1, err
+    assert f"bucket s3://{s3_server.bucket} at {s3_server.endpoint}" in err
+    assert f"{backends.ACCEPT_NO_CONDITIONAL_WRITES}=1" in err
+    assert not versions.VersionedStore(model).has_history()  # nothing was written
+    monkeypatch.setenv(backends.ACCEPT_NO_CONDITIONAL_WRITES, "1")
+    assert main(args) == 0, capsys.readouterr().err
+    assert storage.verify(model)[1] == [] and versions.VersionedStore(model).head().seq == 1

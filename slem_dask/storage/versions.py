@@ -247,7 +247,7 @@ class VersionedStore:
                 f"{str(self.path)!r}: this storage offers no atomic create-if-absent, so "
                 f"slem-dask cannot commit versions there safely; write to a local path or "
                 f"to s3://")
-        check_conditional_writes(self.backend, str(self.path))
+        self._probe_conditional_writes()
         head = self.head()
         seq = (head.seq if head else 0) + 1
         version = f"{seq:08d}-{uuid.uuid4().hex[:12]}"
@@ -256,6 +256,13 @@ class VersionedStore:
             "slem_dask": "version folder", "version": version, "seq": seq,
             "host": socket.gethostname(), "pid": os.getpid()}).encode())
         return Draft(seq, version, self.location(version))
+
+    def _probe_conditional_writes(self) -> None:
+        """Refuse a store that ignores conditional writes (once per bucket or file
+        system). The probe key goes beside ``P``, where its lease goes: deleting it
+        leaves no empty folder at ``P`` (SeaweedFS would list one, and ``P`` would then
+        look like someone else's)."""
+        check_conditional_writes(backend_for(self.path.parent.url), str(self.path))
 
     def make_room(self) -> list[str]:
         """Before a job that will commit writes its draft: prune all but the last
@@ -329,7 +336,7 @@ class VersionedStore:
         also catches an overwrite on a store whose lack of conditional writes was
         accepted. If it is absent the same bytes are created again, which cannot commit
         anything twice."""
-        check_conditional_writes(self.backend, str(self.path))
+        self._probe_conditional_writes()
         key, data = f"{COMMITS}/{seq:08d}.json", record.to_json()
         failure: OSError | None = None
         for _ in range(_PUBLISH_TRIES):
