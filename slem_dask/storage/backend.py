@@ -12,7 +12,10 @@ resolved by reading back, never guessed: :meth:`Backend.create` is idempotent
 (True when the key holds exactly the caller's bytes, whoever's request put them
 there), so writers that race always write distinct bytes (a token of their own).
 Whether a store honours the atomic create is probed once per store
-(:func:`check_conditional_writes`) before slem-dask commits there.
+(:func:`check_conditional_writes`) before slem-dask commits there. A backend must
+also read its own writes: :meth:`Backend.read` right after a write that returned
+sees it (AWS S3, GCS and Azure Blob Storage are strongly consistent), since commits
+are confirmed by reading their record back.
 
 Keys are ``/``-separated and relative to the backend's root. One backend per
 module: :mod:`.local` (POSIX file systems), :mod:`.s3` (S3 and S3-compatible
@@ -29,8 +32,8 @@ import uuid
 __all__ = ["Backend", "backend_for", "StorageConfigError", "describe_storage_error",
            "check_conditional_writes", "ACCEPT_NO_CONDITIONAL_WRITES"]
 
-#: Set to 1 to commit on a store that ignores conditional writes (README and
-#: docs/guarantees-protocol.md: only safe while one job at a time writes each store).
+#: Set to 1 to commit on a store that ignores conditional writes
+#: (docs/guarantees-protocol.md: only safe while one job at a time writes each store).
 ACCEPT_NO_CONDITIONAL_WRITES = "SLEM_DASK_ACCEPT_NO_CONDITIONAL_WRITES"
 
 
@@ -96,7 +99,7 @@ class Backend(abc.ABC):
 
     def probe_scope(self) -> str:
         """What one probe of conditional writes (:func:`check_conditional_writes`)
-        vouches for, in words ("s3://bucket at <endpoint>"): the root by default; a
+        vouches for, in words ("bucket s3://b at <endpoint>"): the root by default; a
         bucket on an object store, a file system locally. A backend whose stores differ
         within one scope must narrow it."""
         return self.root
