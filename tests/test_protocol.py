@@ -11,15 +11,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 import zarr
+from helpers import small_corpus
+from reference import partitionwise
 
 from slem_dask import LinearSLEM, load_model, pipeline, storage
 from slem_dask.storage import backend as backends
 from slem_dask.storage import local, versions
 from slem_dask.storage.backend import StorageConfigError, backend_for
 from slem_dask.storage.local import LocalBackend
-
-from helpers import small_corpus
-from reference import partitionwise
 
 D = 8
 COMMIT_1 = "commits/00000001.json"
@@ -235,7 +234,7 @@ def test_a_record_naming_a_folder_outside_its_store_is_damaged(tmp_path, name):
     fields = {k: getattr(head, k) for k in head.__dataclass_fields__}
     fields.update(version=version, checksum=versions._checksum(b_doc))
     store.backend.put(f"commits/{head.seq:08d}.json", versions.Commit(**fields).to_json())
-    what, problems = storage.verify(a)
+    _, problems = storage.verify(a)
     assert len(problems) == 1 and "not a version of this store" in problems[0], problems
     with pytest.raises(versions.DamagedCommitError, match="not a version of this store"):
         load_model(a)

@@ -452,7 +452,7 @@ class VersionedStore:
 def _listed(names: list[str]) -> list[str]:
     """The version folders that a listing of ``versions/`` shows, by their folder or
     their marker (valid names only)."""
-    found = {n[:-len(MARKER)] if n.endswith(MARKER) else n for n in names}
+    found = {n.removesuffix(MARKER) for n in names}
     return sorted(v for v in found if draft_seq(v) is not None)
 
 
