@@ -417,3 +417,27 @@ def test_a_fit_to_an_s3_store_without_conditional_writes_is_one_line(s3_server, 
     monkeypatch.setenv(backends.ACCEPT_NO_CONDITIONAL_WRITES, "1")
     assert main(args) == 0, capsys.readouterr().err
     assert storage.verify(model)[1] == [] and versions.VersionedStore(model).head().seq == 1
+
+
+class _Unreachable(LocalBackend):
+    """Every create of a commit record fails before it reaches the storage."""
+
+    def create(self, key, data):
+        if key.startswith("commits/"):
+            raise ConnectionResetError(104, "Connection reset by peer")
+        return super().create(key, data)
+
+
+def test_a_commit_whose_outcome_stays_unknown_says_so_and_keeps_the_draft(tmp_path,
+                                                                          monkeypatch):
+    monkeypatch.setattr(versions, "backend_for", lambda url: _Unreachable(url[len("file://"):]))
+    store = versions.VersionedStore(str(tmp_path / "s.zarr"))
+    draft = _draft_with(store, 1.0)
+    with pytest.raises(versions.CommitUnknownError) as info:
+        store.commit(draft, "model", "job one")
+    line = str(info.value)
+    assert "\n" not in line and "cannot learn whether version 1 was committed" in line
+    assert "Connection reset by peer" in line and "slem-dask versions" in line
+    assert Path(draft.location).exists()  # kept: nothing is deleted on an unknown outcome
+    store.abandon(draft)  # nothing names it: a job that gives up may delete it
+    assert not Path(draft.location).exists() and store.head() is None

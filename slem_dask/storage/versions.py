@@ -349,9 +349,11 @@ class VersionedStore:
             held = self.backend.read(key)
             if held is not None:
                 return held == data
+        why = f"the storage failed: {failure}" if failure is not None else \
+            f"{key} was never there when read back"
         raise CommitUnknownError(
-            f"{str(self.path)!r}: cannot learn whether version {seq} was committed (the "
-            f"storage failed: {failure}); if it was, it is complete and stays: see "
+            f"{str(self.path)!r}: cannot learn whether version {seq} was committed "
+            f"({why}); if it was, it is complete and stays: see "
             f"`slem-dask versions {self.path}`, or run the same command again") from failure
 
     def _raise_conflict(self, seq: int):
