@@ -122,7 +122,9 @@ class Commit:
             if _checksum(json.dumps(fields, sort_keys=True).encode()) != recorded:
                 raise ValueError("its checksum does not match its content")
             fields.pop("format")
-            commit = cls(**fields)
+            # fields a later slem-dask adds are covered by the checksum, and not needed
+            # here (this one's own ``token`` made records unreadable by the one before)
+            commit = cls(**{k: v for k, v in fields.items() if k in cls.__dataclass_fields__})
         except (ValueError, KeyError, TypeError) as exc:
             raise DamagedCommitError(
                 f"the commit record {where!r} cannot be read ({exc}); the store's history "
