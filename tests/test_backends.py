@@ -266,12 +266,12 @@ def stubbed_s3(monkeypatch):
     async def get_s3(*a, **k):
         return state["client"]
 
-    async def holds(key, data):
-        return state["held"] is not None and (data is None or state["held"] == data)
+    async def held(key):
+        return state["held"]
 
     monkeypatch.setattr(b.fs, "set_session", set_session)
     monkeypatch.setattr(b.fs, "get_s3", get_s3)
-    monkeypatch.setattr(b, "_holds", holds)
+    monkeypatch.setattr(b, "_held", held)
 
     def run(outcomes, held=None):
         state["client"], state["held"] = _StubClient(outcomes), held

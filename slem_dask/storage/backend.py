@@ -7,6 +7,16 @@ local file system, a conditional ``PUT`` with ``If-None-Match: *`` on S3). All
 the others may be plain: what they touch is either immutable once committed or
 private to one job.
 
+Every outcome a backend cannot vouch for (a lost reply, a retry, a timeout) is
+resolved by reading back, never guessed: :meth:`Backend.create` is idempotent
+(True when the key holds exactly the caller's bytes, whoever's request put them
+there), so writers that race always write distinct bytes (a token of their own).
+Whether a store honours the atomic create is probed once per store
+(:func:`check_conditional_writes`) before slem-dask commits there. A backend must
+also read its own writes: :meth:`Backend.read` right after a write that returned
+sees it (AWS S3, GCS and Azure Blob Storage are strongly consistent), since commits
+are confirmed by reading their record back.
+
 Keys are ``/``-separated and relative to the backend's root. One backend per
 module: :mod:`.local` (POSIX file systems), :mod:`.s3` (S3 and S3-compatible
 object stores through s3fs).
@@ -15,8 +25,16 @@ object stores through s3fs).
 from __future__ import annotations
 
 import abc
+import os
+import threading
+import uuid
 
-__all__ = ["Backend", "backend_for", "StorageConfigError", "describe_storage_error"]
+__all__ = ["Backend", "backend_for", "StorageConfigError", "describe_storage_error",
+           "check_conditional_writes", "ACCEPT_NO_CONDITIONAL_WRITES"]
+
+#: Set to 1 to commit on a store that ignores conditional writes
+#: (docs/guarantees-protocol.md: only safe while one job at a time writes each store).
+ACCEPT_NO_CONDITIONAL_WRITES = "SLEM_DASK_ACCEPT_NO_CONDITIONAL_WRITES"
 
 
 class StorageConfigError(OSError):
@@ -40,7 +58,16 @@ class Backend(abc.ABC):
     def create(self, key: str, data: bytes) -> bool:
         """Write ``key`` only if it does not exist, atomically: True if this call created
         it, False if it existed. Of any number of racing calls exactly one returns True,
-        and a reader never sees ``key`` half-written."""
+        and a reader never sees ``key`` half-written.
+
+        Idempotent: when the storage answers "exists" (an S3 412, ``EEXIST``) the key is
+        read back, and the call is True if it holds exactly ``data`` (a resent request,
+        or an earlier call whose reply was lost, created it). Racing writers must
+        therefore write distinct bytes. An outcome the backend cannot learn (the
+        storage unreachable afterwards) raises OSError; callers then read the key back
+        themselves (:meth:`slem_dask.storage.versions.VersionedStore.commit`).
+        PermissionError, FileNotFoundError and :class:`StorageConfigError` mean
+        nothing was written."""
 
     @abc.abstractmethod
     def put(self, key: str, data: bytes) -> None:
@@ -69,6 +96,13 @@ class Backend(abc.ABC):
         relative to ``src``, if given) without rewriting their bytes where the storage
         can: a hard link on a local file system, a server-side copy on S3. Later writes
         to ``src`` never change ``dst``."""
+
+    def probe_scope(self) -> str:
+        """What one probe of conditional writes (:func:`check_conditional_writes`)
+        vouches for, in words ("bucket s3://b at <endpoint>"): the root by default; a
+        bucket on an object store, a file system locally. A backend whose stores differ
+        within one scope must narrow it."""
+        return self.root
 
     def prune_empty(self) -> None:
         """Remove folders left empty under the root, and the root if it is empty (object
@@ -110,3 +144,45 @@ def describe_storage_error(exc: BaseException, paths) -> str | None:
         if line:
             return line
     return None
+
+
+_PROBED: set[str] = set()  # scopes whose conditional writes were seen to work
+_PROBE_LOCK = threading.Lock()
+
+
+def check_conditional_writes(backend: Backend, where: str) -> None:
+    """Refuse (StorageConfigError, one line naming ``where`` and the way to accept the
+    risk) a store whose :meth:`Backend.create` does not refuse an existing key: a
+    probe key created twice, once per :meth:`Backend.probe_scope` and process. A
+    store that ignores ``If-None-Match`` would let two jobs commit the same version
+    and delete each other's drafts. ``SLEM_DASK_ACCEPT_NO_CONDITIONAL_WRITES=1``
+    skips the probe."""
+    if os.environ.get(ACCEPT_NO_CONDITIONAL_WRITES, "") == "1":
+        return
+    scope = backend.probe_scope()
+    with _PROBE_LOCK:
+        if scope in _PROBED:
+            return
+        if not _probe(backend):
+            raise StorageConfigError(
+                f"{where!r}: {scope} does not refuse a second create of an "
+                f"existing key (it ignores conditional writes, If-None-Match: *), so two "
+                f"jobs could both commit one version and delete each other's work; use a "
+                f"store that implements them (AWS S3, SeaweedFS, MinIO), or, if only one "
+                f"job at a time ever writes each store, accept the risk with "
+                f"{ACCEPT_NO_CONDITIONAL_WRITES}=1")
+        _PROBED.add(scope)
+
+
+def _probe(backend: Backend) -> bool:
+    """Create one fresh key twice, with distinct bytes: the second must be refused and
+    the key must keep the first bytes. The key is deleted afterwards."""
+    token = uuid.uuid4().hex
+    key = f".slem-dask-probe-{token}"
+    first, second = f"probe {token} 1".encode(), f"probe {token} 2".encode()
+    try:
+        created = backend.create(key, first)
+        refused = not backend.create(key, second)
+        return created and refused and backend.read(key) == first
+    finally:
+        backend.delete(key)

@@ -66,7 +66,7 @@ class FsspecBackend(Backend):
         path = self._path(key)
         with _LOCK:  # the file system is in this process: the lock serialises writers
             if self.fs.exists(path):
-                return False
+                return self.fs.cat_file(path) == bytes(data)  # idempotent (Backend.create)
             self.fs.pipe_file(path, bytes(data))
             return True
 

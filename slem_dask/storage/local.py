@@ -2,7 +2,9 @@
 
 The atomic create is ``link(2)`` of a private, fully written file: it fails if
 the name exists, on every POSIX file system and on NFS, and the name never
-points at a partly written file.
+points at a partly written file. ``link(2)`` is not idempotent over NFS: a
+retransmitted request whose first reply was lost answers ``EEXIST`` although the
+link was made, so an ``EEXIST`` is resolved by looking at what the name holds.
 """
 
 from __future__ import annotations
@@ -47,9 +49,30 @@ class LocalBackend(Backend):
             os.link(tmp, self._path(key))
             return True
         except FileExistsError:
-            return False
+            return self._holds(tmp, key, data)
         finally:
             os.remove(tmp)
+
+    def _holds(self, tmp: str, key: str, data: bytes) -> bool:
+        """After EEXIST: whether the name is this call's own file (a retransmitted link
+        that had landed) or holds exactly ``data`` (an earlier call whose reply was
+        lost)."""
+        try:
+            if os.path.samefile(tmp, self._path(key)):
+                return True
+        except OSError:
+            pass
+        return self.read(key) == data
+
+    def probe_scope(self) -> str:
+        """The file system holding the root (its nearest existing folder's device)."""
+        folder = self.root
+        while not os.path.exists(folder) and os.path.dirname(folder) != folder:
+            folder = os.path.dirname(folder)
+        try:
+            return f"the local file system (device {os.stat(folder).st_dev})"
+        except OSError:
+            return self.root
 
     def put(self, key: str, data: bytes) -> None:
         os.replace(self._private_copy(key, data), self._path(key))

@@ -64,6 +64,18 @@ def _precondition_failed(exc: BaseException) -> bool:
     return code == "PreconditionFailed" or status == 412
 
 
+def _lost_reply(exc: BaseException) -> bool:
+    """Whether ``exc`` leaves a request's outcome unknown: the connection dropped or
+    timed out once the request may have been sent (not a refusal, not credentials)."""
+    from botocore import exceptions as bx
+
+    if isinstance(exc, (bx.NoCredentialsError, bx.PartialCredentialsError,
+                        bx.EndpointConnectionError, bx.ConnectTimeoutError)):
+        return False  # nothing reached the store
+    return isinstance(exc, (bx.HTTPClientError, bx.ConnectionError, asyncio.TimeoutError,
+                            ConnectionError, TimeoutError))
+
+
 def _conflict(exc: BaseException) -> bool:
     code, status = _error_code(exc)
     return code in ("ConditionalRequestConflict", "OperationAborted") or (
@@ -173,12 +185,13 @@ class S3Backend(Backend):
             return await body.read()
 
     def create(self, key: str, data: bytes) -> bool:
-        """Conditional PUT (``If-None-Match: *``). A 412 is False; a 409 (another
-        conditional write to the key in flight) is retried, and False once the key
-        exists. If botocore had to resend the request (a lost response) and then got
-        412, the key may hold this call's own write: it is True when the key holds
-        ``data``, so racing writers should write distinct bytes (a token of their
-        own). Any other failure raises: the outcome is then unknown."""
+        """Conditional PUT (``If-None-Match: *``), idempotent. A 412 reads the key back:
+        True if it holds exactly ``data`` (this call's resent request, or an earlier
+        call whose reply was lost, created it), else False. A lost reply, a timeout or
+        a 5xx left after botocore's retries (the PUT may have landed) reads the key
+        back too: True or False as above, and the error (OSError) if it is absent. A 409 (another conditional write to the key in flight) is
+        retried, and False once the key exists. Racing writers must write distinct
+        bytes (a token of their own)."""
         return self._sync(self._create, self._key(key), bytes(data))
 
     async def _create(self, key: str, data: bytes) -> bool:
@@ -188,7 +201,7 @@ class S3Backend(Backend):
         await self.fs.set_session()
         client = await self.fs.get_s3(self.bucket)
         # the client itself, not s3fs's call_s3: s3fs resends after connection errors
-        # without saying so, and a resent create that gets 412 could be our own write
+        # without saying so; here every ambiguous outcome is resolved by reading back
         extra = dict(getattr(self.fs, "s3_additional_kwargs", None) or {})
         for attempt in range(_CONFLICT_TRIES):
             try:
@@ -197,24 +210,56 @@ class S3Backend(Backend):
                 return True
             except ClientError as exc:
                 if _precondition_failed(exc):
-                    if exc.response.get("ResponseMetadata", {}).get("RetryAttempts"):
-                        return await self._holds(key, data)
-                    return False
+                    return await self._holds(key, data)
+                if _error_code(exc)[1] >= 500:  # botocore's retries failed: it may have landed
+                    return await self._resolve(key, data, exc, translate_boto_error(exc))
                 if not _conflict(exc):
                     raise translate_boto_error(exc) from exc
                 last = exc
+            except Exception as exc:  # noqa: BLE001 - sorted by _lost_reply
+                if not _lost_reply(exc):
+                    raise
+                return await self._resolve(key, data, exc, OSError(
+                    f"cannot create s3://{self.bucket}/{key}: {type(exc).__name__}: {exc}"))
             await asyncio.sleep(_CONFLICT_BACKOFF * 2 ** attempt)
         if await self._holds(key, None):
             return False
         raise translate_boto_error(last) from last
 
+    async def _resolve(self, key: str, data: bytes, cause: BaseException,
+                       error: BaseException) -> bool:
+        """After a PUT whose outcome is unknown: whether ``key`` holds exactly ``data``
+        (True) or other bytes (False); ``error`` if it is absent (the caller may create
+        it again: the same bytes cannot be created twice)."""
+        held = await self._read_back(key, cause)
+        if held is None:
+            raise error from cause
+        return held == data
+
+    async def _read_back(self, key: str, cause: BaseException) -> bytes | None:
+        """What ``key`` holds after a PUT whose outcome is unknown; the PUT's error if
+        the store cannot be read either (the outcome stays unknown)."""
+        try:
+            return await self._held(key)
+        except Exception as exc:  # noqa: BLE001 - unknown outcome: say so, with the cause
+            raise OSError(f"cannot learn whether s3://{self.bucket}/{key} was created "
+                          f"({type(cause).__name__}: {cause}; reading it back: "
+                          f"{type(exc).__name__}: {exc})") from cause
+
+    async def _held(self, key: str) -> bytes | None:
+        try:
+            return await self._get(key)
+        except FileNotFoundError:
+            return None
+
     async def _holds(self, key: str, data: bytes | None) -> bool:
         """Whether ``key`` exists (and holds ``data``, if given)."""
-        try:
-            got = await self._get(key)
-        except FileNotFoundError:
-            return False
-        return data is None or got == data
+        got = await self._held(key)
+        return got is not None and (data is None or got == data)
+
+    def probe_scope(self) -> str:
+        """A bucket at an endpoint: conditional writes are a property of the store."""
+        return f"bucket s3://{self.bucket} at {self._endpoint()}"
 
     def put(self, key: str, data: bytes) -> None:
         # one PUT: the store shows the old object or the new one, never a part

@@ -31,11 +31,11 @@ def verify(path) -> tuple[str, list[str]]:
                                   "part-way): run the same command again"]
         return "missing", [f"no store at {str(path)!r}: check the path (a job that has not "
                            f"run yet writes nothing there)"]
-    what, problems = _verify_current(path)
     try:
         head = store.head()
-    except versions.VersionError as exc:
-        return what, problems + [str(exc)]
+    except versions.VersionError as exc:  # a damaged head record: nothing is read through it
+        return "versioned store", [str(exc)]
+    what, problems = _verify_current(path)
     return (f"{what}, version {head.seq}" if head else what), problems
 
 

@@ -5,6 +5,7 @@ path ``P`` is a *versioned store*::
 
     P/commits/00000001.json        one record per commit, created atomically, never rewritten
     P/versions/00000001-<token>/   one complete zarr v3 node per attempt (array or group)
+    P/versions/00000001-<token>.slem-dask   its marker, written before anything in it
 
 A job writes into a version folder of its own (a *draft*), invisible to readers,
 then commits it: it creates ``commits/<s>.json`` naming the draft, where ``s`` is
@@ -23,7 +24,14 @@ exactly one commits; the other fails naming the winner. Hence:
   once another draft commits in its place;
 * **no clocks**: which draft may still commit is decided by sequence numbers,
   never by comparing times. A draft for sequence ``s`` can only ever be committed
-  as ``s``; once ``commits/<s>`` names another draft it is dead and deleted.
+  as ``s``; once ``commits/<s>`` names another draft it is dead and deleted;
+* **idempotent commits**: each record carries a token of its job attempt, and an
+  ambiguous create (a lost reply, a retry's 412, a timeout) is resolved by reading
+  the record back (:meth:`VersionedStore.commit`); a draft that a record names is
+  never deleted, and a folder is deleted only when its name is a version's
+  (``<seq>-<12 hex digits>``) and slem-dask's marker is beside it (or, pruned, its
+  own commit record names it): nothing that slem-dask did not write is touched.
+  Commit records naming anything else are damaged metadata, refused by readers.
 
 The last ``keep`` committed versions stay readable (``SLEM_DASK_KEEP_VERSIONS``,
 default 3) until the next job that writes begins its draft: it prunes all but the last
@@ -39,27 +47,38 @@ import contextlib
 import hashlib
 import json
 import os
+import re
 import socket
 import threading
 import time
 import uuid
 from dataclasses import dataclass
 
-from .backend import Backend, backend_for
+from .backend import Backend, StorageConfigError, backend_for, check_conditional_writes
 from .errors import IntegrityError
 
 __all__ = ["Commit", "Draft", "VersionedStore", "CommitConflictError", "VersionError",
-           "DamagedCommitError", "resolve",
+           "DamagedCommitError", "CommitUnknownError", "resolve",
            "KEEP_VERSIONS"]
 
 COMMITS, VERSIONS = "commits", "versions"
 FORMAT = 1
+#: a version folder's name: its sequence number, then the token of the job attempt
+VERSION_NAME = re.compile(r"([0-9]{8,})-[0-9a-f]{12}")
+#: suffix of the marker beside each version folder (``versions/<name>.slem-dask``)
+MARKER = ".slem-dask"
+_PUBLISH_TRIES = 3  # creates of one commit record whose outcome stayed unknown
 KEEP_VERSIONS = max(2, int(os.environ.get("SLEM_DASK_KEEP_VERSIONS", "3")))
 
 
 class CommitConflictError(IntegrityError):
     """Another job committed the version this job meant to commit; nothing of this job
     is visible to readers."""
+
+
+class CommitUnknownError(IntegrityError):
+    """Whether a commit record landed could not be learnt (the storage failed on the
+    create and on reading it back); the draft is kept."""
 
 
 class VersionError(ValueError):
@@ -87,6 +106,7 @@ class Commit:
     created: str  # as the committing host wrote it: shown, never compared
     summary: dict
     source: str = ""  # "rollback to N" and the like
+    token: str = ""  # unique per job attempt: a record read back is known as ours
 
     def to_json(self) -> bytes:
         fields = {k: getattr(self, k) for k in self.__dataclass_fields__}
@@ -102,11 +122,22 @@ class Commit:
             if _checksum(json.dumps(fields, sort_keys=True).encode()) != recorded:
                 raise ValueError("its checksum does not match its content")
             fields.pop("format")
-            return cls(**fields)
+            # fields a later slem-dask adds are covered by the checksum, and not needed
+            # here (this one's own ``token`` made records unreadable by the one before)
+            commit = cls(**{k: v for k, v in fields.items() if k in cls.__dataclass_fields__})
         except (ValueError, KeyError, TypeError) as exc:
             raise DamagedCommitError(
                 f"the commit record {where!r} cannot be read ({exc}); the store's history "
                 f"is damaged: restore that file from a copy") from None
+        seq = draft_seq(commit.version)
+        if seq is None or not isinstance(commit.seq, int) or seq > commit.seq:
+            raise DamagedCommitError(
+                f"the commit record {where!r} names the version folder "
+                f"{commit.version!r}, which is not a version of this store (expected "
+                f"<sequence number>-<12 hex digits> directly under {VERSIONS}/, numbered "
+                f"at most {commit.seq}); the store's history is damaged: nothing is read "
+                f"through it: restore that file from a copy")
+        return commit
 
 
 @dataclass(frozen=True)
@@ -118,9 +149,12 @@ class Draft:
     location: str  # what zarr opens
 
 
-def draft_seq(version: str) -> int | None:
-    head, _, token = version.partition("-")
-    return int(head) if head.isdigit() and token else None
+def draft_seq(version) -> int | None:
+    """The sequence number a version folder was begun for, from its name
+    ``<seq>-<12 hex digits>``; None for any other name (``..``, a path, a user's
+    ``1-notes``): such a folder is never read or deleted as a version."""
+    match = VERSION_NAME.fullmatch(version) if isinstance(version, str) else None
+    return int(match.group(1)) if match else None
 
 
 class VersionedStore:
@@ -138,9 +172,9 @@ class VersionedStore:
         return bool(self.backend.list(COMMITS))
 
     def has_history(self) -> bool:
-        """Whether slem-dask ever wrote here as a versioned store (committed or not)."""
-        return self.is_versioned() or any(draft_seq(v) is not None
-                                          for v in self.backend.list(VERSIONS))
+        """Whether slem-dask ever wrote here as a versioned store (committed or not):
+        a commit record, or a version folder begun with its marker."""
+        return self.is_versioned() or bool(_marked(self.backend.list(VERSIONS)))
 
     def commits(self) -> list[Commit]:
         return [self._read_commit(name) for name in self._commit_names()]
@@ -165,14 +199,28 @@ class VersionedStore:
         return self._read_commit(names[-1]) if names else None
 
     def location(self, version: str) -> str:
+        self._folder(version)
         return self.path.child(VERSIONS).child(version).location
 
+    def _folder(self, version: str) -> str:
+        """The key of a version folder, refused for any name that is not a version's
+        (so nothing outside ``P/versions`` is ever read or deleted through it)."""
+        if draft_seq(version) is None:
+            raise DamagedCommitError(
+                f"{str(self.path)!r}: {version!r} is not the name of a version folder "
+                f"(<sequence number>-<12 hex digits> directly under {VERSIONS}/); "
+                f"slem-dask neither reads nor deletes it")
+        return f"{VERSIONS}/{version}"
+
+    def _marker(self, version: str) -> str:
+        return self._folder(version) + MARKER
+
     def exists(self, version: str) -> bool:
-        return self.backend.exists(f"{VERSIONS}/{version}/zarr.json")
+        return self.backend.exists(f"{self._folder(version)}/zarr.json")
 
     def check(self, commit: Commit) -> bytes:
         """The version's zarr.json, after checking it is the one that was committed."""
-        key = f"{VERSIONS}/{commit.version}/zarr.json"
+        key = f"{self._folder(commit.version)}/zarr.json"
         data = self.backend.read(key)
         if data is None:
             raise DamagedCommitError(
@@ -201,10 +249,22 @@ class VersionedStore:
                 f"{str(self.path)!r}: this storage offers no atomic create-if-absent, so "
                 f"slem-dask cannot commit versions there safely; write to a local path or "
                 f"to s3://")
+        self._probe_conditional_writes()
         head = self.head()
         seq = (head.seq if head else 0) + 1
         version = f"{seq:08d}-{uuid.uuid4().hex[:12]}"
+        # before anything of the draft: a folder without its marker is never a draft
+        self.backend.put(self._marker(version), json.dumps({
+            "slem_dask": "version folder", "version": version, "seq": seq,
+            "host": socket.gethostname(), "pid": os.getpid()}).encode())
         return Draft(seq, version, self.location(version))
+
+    def _probe_conditional_writes(self) -> None:
+        """Refuse a store that ignores conditional writes (once per bucket or file
+        system). The probe key goes beside ``P``, where its lease goes: deleting it
+        leaves no empty folder at ``P`` (SeaweedFS would list one, and ``P`` would then
+        look like someone else's)."""
+        check_conditional_writes(backend_for(self.path.parent.url), str(self.path))
 
     def make_room(self) -> list[str]:
         """Before a job that will commit writes its draft: prune all but the last
@@ -243,13 +303,13 @@ class VersionedStore:
     def drafts(self, seq: int) -> list[str]:
         """Other drafts that may still be committed as ``seq`` (left by killed or
         stalled jobs): their chunks may be reused, after checks, never adopted."""
-        return [v for v in self.backend.list(VERSIONS) if draft_seq(v) == seq]
+        return [v for v in _marked(self.backend.list(VERSIONS)) if draft_seq(v) == seq]
 
     def commit(self, draft: Draft, kind: str, job: str, summary: dict | None = None,
                source: str = "") -> Commit:
         """Make ``draft`` the head, atomically, or raise :class:`CommitConflictError`
         if another job committed its sequence number first."""
-        data = self.backend.read(f"{VERSIONS}/{draft.version}/zarr.json")
+        data = self.backend.read(f"{self._folder(draft.version)}/zarr.json")
         if data is None and self.commit_at(draft.seq) is not None:
             self._raise_conflict(draft.seq)  # the winner's commit deleted this dead draft
         if data is None:
@@ -259,15 +319,44 @@ class VersionedStore:
                               summary or {}, source)
         for version in self.drafts(draft.seq):  # dead: their number is taken (one listing)
             if version != draft.version:
-                self.backend.remove_tree(f"{VERSIONS}/{version}")
+                self._remove_dead_draft(version)
         return commit
 
     def _create(self, seq, version, kind, job, checksum, summary, source) -> Commit:
         record = Commit(seq, version, kind, job, socket.gethostname(), checksum,
-                        time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), summary, source)
-        if not self.backend.create(f"{COMMITS}/{seq:08d}.json", record.to_json()):
+                        time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), summary, source,
+                        token=uuid.uuid4().hex)
+        if not self._publish(seq, record):
             self._raise_conflict(seq)
         return record
+
+    def _publish(self, seq: int, record: Commit) -> bool:
+        """Create ``commits/<seq>.json`` holding ``record``: True once it holds exactly
+        these bytes (its token makes them this attempt's alone), False once it holds
+        another record. Whatever the backend answered (True, an error, or False from one
+        that does not read back), the record is read back: one read per commit, which
+        also catches an overwrite on a store whose lack of conditional writes was
+        accepted. If it is absent the same bytes are created again, which cannot commit
+        anything twice."""
+        self._probe_conditional_writes()
+        key, data = f"{COMMITS}/{seq:08d}.json", record.to_json()
+        failure: OSError | None = None
+        for _ in range(_PUBLISH_TRIES):
+            try:
+                self.backend.create(key, data)  # its answer alone is not trusted
+            except (StorageConfigError, PermissionError, FileNotFoundError):
+                raise  # refused: nothing was written
+            except OSError as exc:  # a lost reply, a timeout: it may have landed
+                failure = exc
+            held = self.backend.read(key)
+            if held is not None:
+                return held == data
+        why = f"the storage failed: {failure}" if failure is not None else \
+            f"{key} was never there when read back"
+        raise CommitUnknownError(
+            f"{str(self.path)!r}: cannot learn whether version {seq} was committed "
+            f"({why}); if it was, it is complete and stays: see "
+            f"`slem-dask versions {self.path}`, or run the same command again") from failure
 
     def _raise_conflict(self, seq: int):
         winner = self.commit_at(seq)
@@ -280,10 +369,41 @@ class VersionedStore:
 
     def abandon(self, draft: Draft) -> None:
         """Delete a draft that will not be committed (and the store's folder, if that
-        leaves nothing in it)."""
-        self.backend.remove_tree(f"{VERSIONS}/{draft.version}")
+        leaves nothing in it), unless its commit record names it after all (a commit
+        whose reply was lost): then it is a version, and stays."""
+        if self._committed(draft.version):
+            return
+        self._delete_version(draft.version)
         if not self.has_history():
             self.backend.prune_empty()
+
+    def _committed(self, version: str) -> bool:
+        """Whether the commit record of the version's own sequence number names it (the
+        first record to name a version is always that one)."""
+        record = self.commit_at(self._seq(version))
+        return record is not None and record.version == version
+
+    def _seq(self, version: str) -> int:
+        self._folder(version)
+        return draft_seq(version)
+
+    def _remove_dead_draft(self, version: str) -> bool:
+        """Delete a draft that can never commit, checked here whatever the caller
+        decided: slem-dask's marker is beside it, and its sequence number's commit
+        record exists and names another folder."""
+        if self.backend.read(self._marker(version)) is None:
+            return False  # not begun by slem-dask: never deleted
+        record = self.commit_at(self._seq(version))
+        if record is None or record.version == version:
+            return False  # it may still commit, or it did
+        self._delete_version(version)
+        return True
+
+    def _delete_version(self, version: str) -> None:
+        """The folder, then its marker: a crash between the two leaves a marker that
+        the next collection removes, never an unmarked remnant."""
+        self.backend.remove_tree(self._folder(version))
+        self.backend.delete(self._marker(version))
 
     def rollback(self, seq: int, job: str = "slem-dask rollback") -> Commit:
         """Commit the content of version ``seq`` again as the new head, and return that
@@ -320,15 +440,30 @@ class VersionedStore:
 
         kept = {record(seq).version for seq in seqs if seq > last - keep and record(seq)}
         removed = []
-        for version in self.backend.list(VERSIONS):
+        for version in _listed(self.backend.list(VERSIONS)):
             seq = draft_seq(version)
-            if seq is None or version in kept or seq > last:
-                continue  # not ours, kept, or a draft that may still commit
-            # committed at its own sequence number and too old, or a draft whose number
-            # another draft took: either way nobody may read or commit it any more
-            self.backend.remove_tree(f"{VERSIONS}/{version}")
+            if version in kept or seq > last:
+                continue  # kept, or a draft that may still commit
+            own = record(seq)
+            if own is not None and own.version == version:
+                self._delete_version(version)  # committed, and older than the kept ones
+            elif not self._remove_dead_draft(version):
+                continue  # not slem-dask's, or not provably dead
             removed.append(version)
         return removed
+
+
+def _listed(names: list[str]) -> list[str]:
+    """The version folders that a listing of ``versions/`` shows, by their folder or
+    their marker (valid names only)."""
+    found = {n.removesuffix(MARKER) for n in names}
+    return sorted(v for v in found if draft_seq(v) is not None)
+
+
+def _marked(names: list[str]) -> list[str]:
+    """The version folders that slem-dask began (their marker is listed)."""
+    return [v for v in _listed(names) if v + MARKER in names]
+
 
 def resolve(path) -> tuple[str, "VersionedStore | None", Commit | None]:
     """What to open for ``path``: (zarr location, its versioned store, its commit).
