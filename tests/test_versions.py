@@ -302,7 +302,7 @@ def test_making_room_prunes_while_the_body_writes_and_reports_a_failed_pruning(t
     failed is raised once the body is done, unless the body failed first."""
     store, kept = _three_model_versions(tmp_path)
     draft = store.begin()
-    with store.making_room():
+    with store.making_room(mine=draft.version):
         zarr.open_group(store=draft.location, mode="w")
     assert kept() == [2, 3]
     assert store.exists(draft.version)  # the draft is never pruned

@@ -45,6 +45,7 @@ import time
 import uuid
 from dataclasses import dataclass
 
+from . import gc
 from .backend import Backend, backend_for
 from .errors import IntegrityError
 
@@ -126,6 +127,8 @@ def draft_seq(version: str) -> int | None:
 class VersionedStore:
     """The versioned store at a canonical path (see the module docstring)."""
 
+    seq_of = staticmethod(draft_seq)  # for :mod:`.gc`, which does not import this module
+
     def __init__(self, path):
         from .paths import canonical
 
@@ -140,7 +143,8 @@ class VersionedStore:
     def has_history(self) -> bool:
         """Whether slem-dask ever wrote here as a versioned store (committed or not)."""
         return self.is_versioned() or any(draft_seq(v) is not None
-                                          for v in self.backend.list(VERSIONS))
+                                          for v in self.backend.list(VERSIONS)) \
+            or any(draft_seq(v) is not None for v in self.backend.list(gc.FATES))
 
     def commits(self) -> list[Commit]:
         return [self._read_commit(name) for name in self._commit_names()]
@@ -206,17 +210,19 @@ class VersionedStore:
         version = f"{seq:08d}-{uuid.uuid4().hex[:12]}"
         return Draft(seq, version, self.location(version))
 
-    def make_room(self) -> list[str]:
+    def make_room(self, mine: str | None = None) -> list[str]:
         """Before a job that will commit writes its draft: prune all but the last
         ``keep - 1`` versions. The oldest kept version goes before the new one is
         written, not after its commit: storage then holds ``keep`` versions at most,
         the draft included, and a local write reuses the memory and disk that version
         held (README, "What the integrity guarantees cost"). A job that finds nothing
-        to write never calls it, so re-runs do not thin the history."""
-        return self.collect_garbage(keep=KEEP_VERSIONS - 1)
+        to write never calls it, so re-runs do not thin the history. The caller holds
+        the store's lease: drafts of killed or fenced jobs, but ``mine`` (the caller's
+        own draft, once it reused their chunks), are deleted too (:mod:`.gc`)."""
+        return gc.collect(self, KEEP_VERSIONS - 1, mine=mine, leased=True)
 
     @contextlib.contextmanager
-    def making_room(self):
+    def making_room(self, mine: str | None = None):
         """:meth:`make_room` in a thread while the body writes the draft: deleting a
         large version (0.5 s of unlinks for 2 GB on local disk, batches of DELETEs on
         S3) then costs the job no wall time, and a local write takes the pages it frees
@@ -227,7 +233,7 @@ class VersionedStore:
 
         def prune() -> None:
             try:
-                self.make_room()
+                self.make_room(mine)
             except BaseException as exc:  # noqa: BLE001 - handed to the job's thread
                 failure.append(exc)
 
@@ -255,11 +261,15 @@ class VersionedStore:
         if data is None:
             raise DamagedCommitError(f"{str(self.path)!r}: the draft {draft.version} has no "
                                      f"zarr.json; nothing was committed")
+        if gc.claim(self.backend, draft.version, gc.COMMIT) != gc.COMMIT:
+            if self.commit_at(draft.seq) is not None:
+                self._raise_conflict(draft.seq)  # the winner deleted this dead draft
+            raise gc.DraftFencedError(gc.fenced_message(self, draft.version))
         commit = self._create(draft.seq, draft.version, kind, job, _checksum(data),
                               summary or {}, source)
         for version in self.drafts(draft.seq):  # dead: their number is taken (one listing)
-            if version != draft.version:
-                self.backend.remove_tree(f"{VERSIONS}/{version}")
+            if version != draft.version and gc.is_slem_dask_draft(self, version):
+                gc.remove_dead(self, version)
         return commit
 
     def _create(self, seq, version, kind, job, checksum, summary, source) -> Commit:
@@ -282,6 +292,7 @@ class VersionedStore:
         """Delete a draft that will not be committed (and the store's folder, if that
         leaves nothing in it)."""
         self.backend.remove_tree(f"{VERSIONS}/{draft.version}")
+        self.backend.delete(f"{gc.FATES}/{draft.version}")  # claimed by this job, if at all
         if not self.has_history():
             self.backend.prune_empty()
 
@@ -304,31 +315,11 @@ class VersionedStore:
 
     def collect_garbage(self, keep: int = KEEP_VERSIONS) -> list[str]:
         """Delete dead drafts and versions older than the last ``keep`` commits (unless
-        a kept commit names them). Decided by sequence numbers alone; reads only the
-        commit records of the last ``keep`` versions and of the folders present, so its
-        cost does not grow with the length of the history."""
-        seqs = [int(n[:-5]) for n in self._commit_names()]
-        if not seqs:
-            return []
-        last = max(seqs)
-        records: dict[int, Commit | None] = {}
+        a kept commit names them), decided by sequence numbers alone (:func:`.gc.collect`;
+        drafts of sequences not committed yet are left: only a lease holder may judge
+        their jobs dead)."""
+        return gc.collect(self, keep)
 
-        def record(seq: int) -> Commit | None:
-            if seq not in records:
-                records[seq] = self.commit_at(seq)
-            return records[seq]
-
-        kept = {record(seq).version for seq in seqs if seq > last - keep and record(seq)}
-        removed = []
-        for version in self.backend.list(VERSIONS):
-            seq = draft_seq(version)
-            if seq is None or version in kept or seq > last:
-                continue  # not ours, kept, or a draft that may still commit
-            # committed at its own sequence number and too old, or a draft whose number
-            # another draft took: either way nobody may read or commit it any more
-            self.backend.remove_tree(f"{VERSIONS}/{version}")
-            removed.append(version)
-        return removed
 
 def resolve(path) -> tuple[str, "VersionedStore | None", Commit | None]:
     """What to open for ``path``: (zarr location, its versioned store, its commit).

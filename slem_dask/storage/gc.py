@@ -1,0 +1,155 @@
+"""Garbage of a versioned store (:mod:`.versions`): what is deleted, when, and why it is
+provably dead.
+
+Storage under a store ``P`` stays within the kept versions, the draft of each running
+job, and the draft a killed job left, until the next job that writes ``P`` begins: that
+job (it holds ``P``'s lease) deletes every version folder that can never be read or
+committed again, whatever its sequence number. Dead is decided from storage alone,
+never from clocks:
+
+* a folder of sequence ``s`` that ``commits/<s>`` does not name: its number is taken,
+  its commit can only fail; deleted (:func:`remove_dead`);
+* a folder older than the last ``keep`` commits that no kept commit names: pruned;
+* a draft of a sequence not committed yet, found by a job that holds the lease: its
+  writer is dead or fenced (one writer per store). It is *condemned*: its fate file
+  ``fates/<folder>`` is created atomically with ``dead``, then the folder deleted. A job
+  commits its draft only after creating the same file with ``commit`` (:func:`claim`);
+  of the two creates exactly one wins, so a condemned draft is never committed, and a
+  draft whose job won is never deleted. Fate files (a few bytes each) stay until their
+  sequence number is committed, then go with the next garbage collection.
+
+A folder that is not a slem-dask draft (:func:`is_slem_dask_draft`) is never touched,
+nor is a folder that any kept commit names.
+"""
+
+from __future__ import annotations
+
+from .errors import IntegrityError
+
+__all__ = ["FATES", "COMMIT", "DEAD", "is_slem_dask_draft", "claim", "condemn",
+           "remove_dead", "collect", "DraftFencedError", "draft_alive", "was_fenced",
+           "fenced_message"]
+
+VERSIONS = "versions"
+#: The folder of fate files: ``fates/<version folder>`` settles, once, whether that
+#: draft is committed or deleted (outside the draft: no zarr reader ever lists it).
+FATES = "fates"
+COMMIT, DEAD = "commit", "dead"
+
+
+class DraftFencedError(IntegrityError):
+    """This job's draft was condemned by a job that took the store over: this job was
+    fenced and must neither write nor commit."""
+
+
+def is_slem_dask_draft(store, version: str) -> bool:
+    """Whether ``versions/<version>`` is a folder that slem-dask made (a draft or a
+    committed version), and so one that garbage collection may delete. Today: its name
+    has the form ``<seq>-<token>``. The one hook for the draft marker written first
+    into every draft: a folder without it is never deleted."""
+    return store.seq_of(version) is not None
+
+
+def claim(backend, version: str, fate: str) -> str:
+    """Settle the fate of draft ``version`` (COMMIT or DEAD) by creating its fate file;
+    return the fate that holds, this call's or the one an earlier call created. A lost
+    reply or a retry is resolved by reading the file back: only the draft's own job
+    ever claims COMMIT, only a job holding the lease claims DEAD."""
+    key = f"{FATES}/{version}"
+    for _ in range(3):
+        try:
+            if backend.create(key, fate.encode()):
+                return fate
+        except FileNotFoundError:  # the draft's folder deleted beneath the create
+            return DEAD
+        held = backend.read(key)
+        if held is not None:
+            return held.decode("ascii", "replace").strip()
+    raise IntegrityError(f"the fate file {key!r} of a draft keeps appearing and vanishing: "
+                         f"another program deletes in this store; stop it")
+
+
+def fate_of(backend, version: str) -> str | None:
+    data = backend.read(f"{FATES}/{version}")
+    return None if data is None else data.decode("ascii", "replace").strip()
+
+
+def condemn(store, version: str) -> bool:
+    """Make draft ``version``, which no commit names, uncommittable, then delete its
+    content. False (nothing deleted) when its job claimed it for its commit first."""
+    if claim(store.backend, version, DEAD) != DEAD:
+        return False
+    remove_dead(store, version)
+    return True
+
+
+def remove_dead(store, version: str) -> None:
+    """Delete a draft that can never be committed: its zarr.json first, so that its
+    job's workers, if it still runs, stop writing into it (:func:`draft_alive`)."""
+    folder = f"{VERSIONS}/{version}"
+    store.backend.delete(f"{folder}/zarr.json")
+    store.backend.remove_tree(folder)
+
+
+def collect(store, keep: int, mine: str | None = None, leased: bool = False) -> list[str]:
+    """Delete what is dead under ``store`` (see the module docstring) and return the
+    folders deleted or condemned. ``leased``: the caller holds the store's lease, so the
+    drafts of sequences not committed yet, but ``mine``, are condemned. Reads only the
+    commit records of the last ``keep`` versions and of the folders present."""
+    seqs = [int(n[:-5]) for n in store._commit_names()]
+    last = max(seqs, default=0)
+    records: dict = {}
+
+    def record(seq: int):
+        if seq not in records:
+            records[seq] = store.commit_at(seq)
+        return records[seq]
+
+    kept = {record(seq).version for seq in seqs if seq > last - keep and record(seq)}
+    removed = []
+    for version in store.backend.list(VERSIONS):
+        if version == mine or version in kept or not is_slem_dask_draft(store, version):
+            continue
+        seq = store.seq_of(version)
+        if seq > last:
+            if leased and condemn(store, version):
+                removed.append(version)  # its job is dead or fenced: one writer per store
+            continue
+        if record(seq) is not None and record(seq).version == version:
+            store.backend.remove_tree(f"{VERSIONS}/{version}")  # committed, too old: pruned
+        else:
+            remove_dead(store, version)  # its number was taken by another folder
+        removed.append(version)
+    for version in store.backend.list(FATES):  # settled: their number is committed
+        seq = store.seq_of(version)
+        if seq is not None and seq <= last:
+            store.backend.delete(f"{FATES}/{version}")
+    return removed
+
+
+def fenced_message(store, version: str) -> str:
+    """What a job whose draft ``version`` was condemned or deleted says: it was fenced."""
+    return (f"{str(store.path)!r}: this job was fenced: another slem-dask job took the "
+            f"store over while this one ran (this job's lease was thought dead) and "
+            f"deleted its draft {version}; nothing this job wrote was ever visible to "
+            f"readers, and it wrote nothing more: run the same command again")
+
+
+def was_fenced(store, version: str) -> bool:
+    """Whether draft ``version`` was condemned or deleted by another job (read from
+    storage: its fate file, or a commit of its sequence number naming another folder)."""
+    if fate_of(store.backend, version) == DEAD:
+        return True
+    seq = store.seq_of(version)
+    record = store.commit_at(seq) if seq is not None else None
+    return record is not None and record.version != version
+
+
+def draft_alive(arr) -> bool:
+    """Whether the draft that the zarr array ``arr`` (at a draft's root) was opened in
+    still has its zarr.json: a condemned or dead draft has none, and its fenced job's
+    workers must not grow it again."""
+    from zarr.core.sync import sync
+
+    key = f"{arr.path}/zarr.json" if arr.path else "zarr.json"
+    return bool(sync(arr.store_path.store.exists(key)))
