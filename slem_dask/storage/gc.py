@@ -28,7 +28,7 @@ from .errors import IntegrityError
 
 __all__ = ["FATES", "COMMIT", "DEAD", "is_slem_dask_draft", "claim", "condemn",
            "remove_dead", "collect", "DraftFencedError", "draft_alive", "was_fenced",
-           "fenced_message"]
+           "fenced_message", "after_commit"]
 
 VERSIONS = "versions"
 #: The folder of fate files: ``fates/<version folder>`` settles, once, whether that
@@ -120,11 +120,24 @@ def collect(store, keep: int, mine: str | None = None, leased: bool = False) -> 
         else:
             remove_dead(store, version)  # its number was taken by another folder
         removed.append(version)
-    for version in store.backend.list(FATES):  # settled: their number is committed
+    _forget_settled_fates(store, last)  # their numbers are committed
+    return removed
+
+
+def after_commit(store, seq: int, winner: str) -> None:
+    """After ``winner`` was committed as ``seq``: the other drafts of ``seq`` are dead
+    (one listing), and the fate files of sequences up to ``seq`` settled."""
+    for version in store.drafts(seq):
+        if version != winner and is_slem_dask_draft(store, version):
+            remove_dead(store, version)
+    _forget_settled_fates(store, seq)
+
+
+def _forget_settled_fates(store, last: int) -> None:
+    for version in store.backend.list(FATES):
         seq = store.seq_of(version)
         if seq is not None and seq <= last:
             store.backend.delete(f"{FATES}/{version}")
-    return removed
 
 
 def fenced_message(store, version: str) -> str:

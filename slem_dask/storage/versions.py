@@ -258,6 +258,8 @@ class VersionedStore:
         data = self.backend.read(f"{VERSIONS}/{draft.version}/zarr.json")
         if data is None and self.commit_at(draft.seq) is not None:
             self._raise_conflict(draft.seq)  # the winner's commit deleted this dead draft
+        if data is None and gc.fate_of(self.backend, draft.version) == gc.DEAD:
+            raise gc.DraftFencedError(gc.fenced_message(self, draft.version))
         if data is None:
             raise DamagedCommitError(f"{str(self.path)!r}: the draft {draft.version} has no "
                                      f"zarr.json; nothing was committed")
@@ -267,9 +269,7 @@ class VersionedStore:
             raise gc.DraftFencedError(gc.fenced_message(self, draft.version))
         commit = self._create(draft.seq, draft.version, kind, job, _checksum(data),
                               summary or {}, source)
-        for version in self.drafts(draft.seq):  # dead: their number is taken (one listing)
-            if version != draft.version and gc.is_slem_dask_draft(self, version):
-                gc.remove_dead(self, version)
+        gc.after_commit(self, draft.seq, draft.version)  # its number's other drafts: dead
         return commit
 
     def _create(self, seq, version, kind, job, checksum, summary, source) -> Commit:

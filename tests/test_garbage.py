@@ -1,0 +1,213 @@
+"""Garbage under a versioned store stays bounded whatever runs were killed (storage.gc);
+an up-to-date re-run writes nothing on any backend; a fenced job says so and never grows
+its deleted draft again."""
+
+import os
+import shutil
+import uuid
+from pathlib import Path
+
+import numpy as np
+import pytest
+import zarr
+
+from slem_dask import pipeline, storage
+from slem_dask.storage import leases, versions
+
+from helpers import small_corpus
+
+
+@pytest.fixture
+def corpus(tmp_path):
+    return small_corpus(tmp_path, seed=5)
+
+
+def _encode(corpus, out, positives=None, **kw):
+    return pipeline.encode_job(None, corpus["model"], positives or corpus["positives"],
+                               str(out), partition_rows=40, **kw)
+
+
+def _killed_encode(corpus, out, monkeypatch, positives=None, **kw):
+    """An encode killed after its workers wrote, before its commit (its draft stays)."""
+    def killed(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    with monkeypatch.context() as m:
+        m.setattr(storage, "mark_complete", killed)
+        with pytest.raises(KeyboardInterrupt):
+            _encode(corpus, out, positives, **kw)
+
+
+def _folders(out) -> list[str]:
+    return sorted(os.listdir(Path(out) / "versions"))
+
+
+class Counting:
+    """A backend that counts every call that changes storage."""
+
+    WRITES = ("create", "put", "delete", "remove_tree", "copy_tree", "prune_empty")
+
+    def __init__(self, inner, log):
+        self._inner, self._log = inner, log
+
+    def __getattr__(self, name):
+        attr = getattr(self._inner, name)
+        if name in self.WRITES:
+            def counted(*args, **kwargs):
+                self._log.append((name, self._inner.root, args[:1]))
+                return attr(*args, **kwargs)
+            return counted
+        return attr
+
+
+@pytest.fixture
+def writes(monkeypatch):
+    """Every storage-changing call made through a Backend (commits, leases, drafts)."""
+    log = []
+    for module in (versions, leases):
+        real = module.backend_for
+        monkeypatch.setattr(module, "backend_for", lambda url, real=real: Counting(real(url), log))
+    return log
+
+
+def _tree(root) -> dict:
+    """Every file under ``root``: (size, mtime, inode)."""
+    found = {}
+    for folder, _, files in os.walk(root):
+        for name in files:
+            st = os.stat(os.path.join(folder, name))
+            found[os.path.join(folder, name)] = (st.st_size, st.st_mtime_ns, st.st_ino)
+    return found
+
+
+# -- item 2: garbage is bounded ----------------------------------------------------------
+def test_killed_runs_leave_at_most_one_draft_and_the_next_job_removes_it(corpus, monkeypatch):
+    out = corpus["dir"] / "out.zarr"
+    _encode(corpus, out)
+    committed = _folders(out)
+    # the winner of seq 1 was killed between its commit and its clean-up: a dead draft
+    dead = Path(out) / "versions" / f"00000001-{uuid.uuid4().hex[:12]}"
+    dead.mkdir()
+    (dead / "zarr.json").write_text("{}")
+    for _ in range(4):  # four killed re-encodes (with other positives: they must write)
+        _killed_encode(corpus, out, monkeypatch, corpus["others"], overwrite=True)
+        left = [v for v in _folders(out) if v not in committed]
+        assert len(left) == 1 and left[0].startswith("00000002-"), left
+    report = _encode(corpus, out, corpus["others"], overwrite=True)
+    assert report.facts["action"] == "resume" and report.facts["version"] == 2
+    assert _folders(out) == sorted(committed + [versions.VersionedStore(str(out)).head().version])
+    assert os.listdir(Path(out) / "fates") == []  # settled: their numbers are committed
+    assert storage.verify(str(out))[1] == []
+
+
+def test_a_condemned_draft_is_never_committed_and_a_claimed_one_never_deleted(tmp_path):
+    from slem_dask.storage import gc  # new in this change
+
+    store = versions.VersionedStore(str(tmp_path / "s.zarr"))
+    stalled, committing = store.begin(), store.begin()
+    for draft in (stalled, committing):
+        zarr.open_group(store=draft.location, mode="w").attrs["who"] = draft.version
+    assert gc.claim(store.backend, committing.version, gc.COMMIT) == gc.COMMIT
+    assert gc.claim(store.backend, committing.version, gc.COMMIT) == gc.COMMIT  # a retry
+    removed = gc.collect(store, versions.KEEP_VERSIONS, leased=True)  # a job with the lease
+    assert removed == [stalled.version] and not Path(stalled.location).exists()
+    with pytest.raises(gc.DraftFencedError, match="this job was fenced"):
+        store.commit(stalled, "model", "stalled job")
+    zarr.open_group(store=stalled.location, mode="w")  # its late writes: still refused
+    with pytest.raises(gc.DraftFencedError, match="this job was fenced"):
+        store.commit(stalled, "model", "stalled job")
+    store.commit(committing, "model", "committing job")
+    assert storage.open_node(store.path).attrs["who"] == committing.version
+
+
+def test_without_the_lease_only_drafts_of_committed_numbers_are_dead(tmp_path):
+    store = versions.VersionedStore(str(tmp_path / "s.zarr"))
+    first, loser = store.begin(), store.begin()
+    for draft in (first, loser):
+        zarr.open_group(store=draft.location, mode="w")
+    store.commit(first, "model", "one")
+    running = store.begin()  # seq 2: may still commit
+    zarr.open_group(store=running.location, mode="w")
+    os.makedirs(Path(store.path.location) / "versions" / "notes")  # not slem-dask's
+    Path(loser.location).mkdir(exist_ok=True)
+    store.collect_garbage()  # rollback's: holds no lease
+    assert _folders(store.path.location) == sorted([first.version, running.version, "notes"])
+    assert store.commit(running, "model", "two").seq == 2
+
+
+# -- item 3: an up-to-date re-run writes nothing --------------------------------------------
+def test_an_up_to_date_encode_writes_nothing(corpus, writes):
+    out = corpus["dir"] / "out.zarr"
+    _encode(corpus, out)
+    before, writes[:] = _tree(corpus["dir"]), []
+    report = _encode(corpus, out)
+    assert report.facts["action"] == "up to date"
+    assert writes == [] and _tree(corpus["dir"]) == before
+
+
+def test_an_up_to_date_fit_update_writes_nothing(corpus, writes):
+    model = str(corpus["dir"] / "fitted.zarr")
+    pipeline.fit_job(None, corpus["negatives"], model, lam=0.1)
+    before, writes[:] = _tree(corpus["dir"]), []
+    report = pipeline.fit_job(None, corpus["negatives"], model, lam=0.1, update=True)
+    assert report.facts["action"] == "up to date"
+    assert writes == [] and _tree(corpus["dir"]) == before
+
+
+def test_an_encode_whose_head_lost_a_chunk_is_not_up_to_date(corpus):
+    out = corpus["dir"] / "out.zarr"
+    _encode(corpus, out)
+    store = versions.VersionedStore(str(out))
+    os.remove(Path(store.location(store.head().version)) / "c" / "1" / "0")
+    report = _encode(corpus, out)
+    assert report.facts["partitions"] == "1 encoded of 5" and report.facts["version"] == 2
+    assert storage.verify(str(out))[1] == []
+
+
+# -- item 9: a fenced job --------------------------------------------------------------------
+def _fenced_midway(corpus, out, monkeypatch, take_over):
+    """Encode ``out`` with job A, whose lease was taken over (it does not notice: a
+    stalled client); ``take_over`` (the job that took the store over) runs after A's
+    workers wrote two partitions, and A's workers go on writing. Returns A's error."""
+    import dask
+
+    real_write, written = storage.write_partition, []
+
+    def write(block, arr, index, block_info=None):
+        if len(written) == 2:
+            take_over(versions.VersionedStore(str(out)))
+        written.append(index)
+        return real_write(block, arr, index, block_info)
+
+    monkeypatch.setattr(storage, "write_partition", write)
+    monkeypatch.setattr(leases.Lease, "check", lambda self: None)  # A does not notice
+    with dask.config.set(scheduler="synchronous"), pytest.raises(Exception) as err:
+        _encode(corpus, out)
+    monkeypatch.undo()
+    return err.value
+
+
+def test_a_job_whose_draft_a_winner_deleted_says_who_and_never_regrows_it(corpus,
+                                                                         monkeypatch):
+    out = corpus["dir"] / "out.zarr"
+
+    def commit_other(store):  # job B committed version 1, deleting A's dead draft
+        draft = store.begin()
+        zarr.open_group(store=draft.location, mode="w").attrs["who"] = "B"
+        store.commit(draft, "encoding", "job B")
+
+    error = _fenced_midway(corpus, out, monkeypatch, commit_other)
+    assert "version 1 was committed by job B" in str(error), error
+    assert _folders(out) == [versions.VersionedStore(str(out)).head().version]  # no regrowth
+
+
+def test_a_job_whose_draft_was_condemned_says_it_was_fenced(corpus, monkeypatch):
+    from slem_dask.storage import gc  # new in this change
+
+    out = corpus["dir"] / "out.zarr"
+    error = _fenced_midway(corpus, out, monkeypatch, lambda store: gc.collect(
+        store, versions.KEEP_VERSIONS, leased=True))  # by a job that then died
+    assert isinstance(error, gc.DraftFencedError) and "this job was fenced" in str(error)
+    assert "storage" not in str(error)
+    assert _folders(out) == []  # nothing grew back
+    assert _encode(corpus, out).facts["version"] == 1  # the same command then completes
