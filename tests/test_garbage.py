@@ -211,3 +211,64 @@ def test_a_job_whose_draft_was_condemned_says_it_was_fenced(corpus, monkeypatch)
     assert "storage" not in str(error)
     assert _folders(out) == []  # nothing grew back
     assert _encode(corpus, out).facts["version"] == 1  # the same command then completes
+
+
+# -- the same on a real S3 server (SeaweedFS, tests/conftest.py) -------------------------
+@pytest.fixture
+def s3(s3_server):
+    root = f"s3://{s3_server.bucket}/g-{uuid.uuid4().hex[:8]}"
+    rng = np.random.default_rng(8)
+    rows = {"neg": rng.standard_normal((300, 8)), "pos": rng.standard_normal((200, 8)),
+            "other": rng.standard_normal((200, 8))}
+    for name, values in rows.items():
+        arr = zarr.create_array(store=f"{root}/{name}.zarr", shape=values.shape,
+                                dtype="float32", chunks=(40, 8),
+                                config={"write_empty_chunks": True})
+        arr[...] = values.astype("float32")
+    pipeline.fit_job(None, f"{root}/neg.zarr", f"{root}/model.zarr", lam=0.1)
+    return root
+
+
+def _objects(root) -> dict:
+    """Every object under ``root``: its ETag and time of last change."""
+    import s3fs
+
+    fs = s3fs.S3FileSystem()
+    return {key: (info.get("ETag"), str(info.get("LastModified")))
+            for key, info in fs.find(root, detail=True).items()}
+
+
+def test_an_up_to_date_encode_and_fit_write_nothing_on_s3(s3, writes):
+    out = f"{s3}/out.zarr"
+    pipeline.encode_job(None, f"{s3}/model.zarr", f"{s3}/pos.zarr", out, partition_rows=40)
+    before, writes[:] = _objects(s3), []
+    again = pipeline.encode_job(None, f"{s3}/model.zarr", f"{s3}/pos.zarr", out,
+                                partition_rows=40)
+    fit = pipeline.fit_job(None, f"{s3}/neg.zarr", f"{s3}/model.zarr", lam=0.1, update=True)
+    assert again.facts["action"] == fit.facts["action"] == "up to date"
+    assert writes == [] and _objects(s3) == before
+
+
+def test_killed_runs_on_s3_leave_at_most_one_draft(s3, monkeypatch):
+    out = f"{s3}/out.zarr"
+    store = versions.VersionedStore(out)
+
+    def encode(positives, **kw):
+        return pipeline.encode_job(None, f"{s3}/model.zarr", f"{s3}/{positives}.zarr", out,
+                                   partition_rows=40, **kw)
+
+    encode("pos")
+    committed = store.backend.list("versions")
+
+    def killed(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    for _ in range(3):
+        with monkeypatch.context() as m:
+            m.setattr(storage, "mark_complete", killed)
+            with pytest.raises(KeyboardInterrupt):
+                encode("other", overwrite=True)
+        assert len(set(store.backend.list("versions")) - set(committed)) == 1
+    assert encode("other", overwrite=True).facts["action"] == "resume"
+    assert store.backend.list("versions") == sorted(committed + [store.head().version])
+    assert store.backend.list("fates") == [] and storage.verify(out)[1] == []
