@@ -218,15 +218,20 @@ def test_a_job_whose_draft_was_condemned_says_it_was_fenced(corpus, monkeypatch)
 def s3(s3_server):
     root = f"s3://{s3_server.bucket}/g-{uuid.uuid4().hex[:8]}"
     rng = np.random.default_rng(8)
-    rows = {"neg": rng.standard_normal((300, 8)), "pos": rng.standard_normal((200, 8)),
-            "other": rng.standard_normal((200, 8))}
+    rows = {"neg": rng.standard_normal((300, 8)), "pos": rng.standard_normal((120, 8)),
+            "other": rng.standard_normal((120, 8))}
     for name, values in rows.items():
         arr = zarr.create_array(store=f"{root}/{name}.zarr", shape=values.shape,
                                 dtype="float32", chunks=(40, 8),
                                 config={"write_empty_chunks": True})
         arr[...] = values.astype("float32")
-    pipeline.fit_job(None, f"{root}/neg.zarr", f"{root}/model.zarr", lam=0.1)
     return root
+
+
+@pytest.fixture
+def s3_model(s3):
+    pipeline.fit_job(None, f"{s3}/neg.zarr", f"{s3}/model.zarr", lam=0.1)
+    return s3
 
 
 def _objects(root) -> dict:
@@ -238,7 +243,8 @@ def _objects(root) -> dict:
             for key, info in fs.find(root, detail=True).items()}
 
 
-def test_an_up_to_date_encode_and_fit_write_nothing_on_s3(s3, writes):
+def test_an_up_to_date_encode_and_fit_write_nothing_on_s3(s3_model, writes):
+    s3 = s3_model
     out = f"{s3}/out.zarr"
     pipeline.encode_job(None, f"{s3}/model.zarr", f"{s3}/pos.zarr", out, partition_rows=40)
     before, writes[:] = _objects(s3), []
@@ -249,7 +255,8 @@ def test_an_up_to_date_encode_and_fit_write_nothing_on_s3(s3, writes):
     assert writes == [] and _objects(s3) == before
 
 
-def test_killed_runs_on_s3_leave_at_most_one_draft(s3, monkeypatch):
+def test_killed_runs_on_s3_leave_at_most_one_draft(s3_model, monkeypatch):
+    s3 = s3_model
     out = f"{s3}/out.zarr"
     store = versions.VersionedStore(out)
 
@@ -272,3 +279,72 @@ def test_killed_runs_on_s3_leave_at_most_one_draft(s3, monkeypatch):
     assert encode("other", overwrite=True).facts["action"] == "resume"
     assert store.backend.list("versions") == sorted(committed + [store.head().version])
     assert store.backend.list("fates") == [] and storage.verify(out)[1] == []
+
+
+# -- item 9: one line naming the store and the fix ---------------------------------------------
+def _two_model_versions(path) -> None:
+    from slem_dask import LinearSLEM
+
+    X = np.random.default_rng(0).standard_normal((40, 4))
+    for lam in (0.1, 0.2):
+        LinearSLEM(lam=lam).fit(X).save(path, overwrite=True)
+
+
+def _one_error_line(capsys, argv) -> str:
+    from slem_dask.cli import main
+
+    capsys.readouterr()
+    assert main(argv) == 1
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1, err
+    return err
+
+
+def test_rollback_of_a_read_only_store_says_so_in_one_line(tmp_path, capsys, monkeypatch):
+    import errno
+
+    from slem_dask.storage.local import LocalBackend
+
+    path = str(tmp_path / "m.zarr")
+    _two_model_versions(path)
+
+    def read_only(self, key, data):
+        raise OSError(errno.EROFS, "Read-only file system",
+                      f"{self._path(key)}.{uuid.uuid4().hex}.tmp")
+
+    monkeypatch.setattr(LocalBackend, "_private_copy", read_only)
+    err = _one_error_line(capsys, ["rollback", path, "--to", "1"])
+    assert path in err and "read-only" in err and "nothing was changed" in err, err
+    assert ".tmp" not in err and "Errno" not in err
+    assert versions.VersionedStore(path).head().seq == 2
+
+
+def _s3_error(code: str, status: int):
+    from botocore.exceptions import ClientError
+    from s3fs.errors import translate_boto_error
+
+    cause = ClientError({"Error": {"Code": code, "Message": f"the server's words ({code})"},
+                         "ResponseMetadata": {"HTTPStatusCode": status}}, "PutObject")
+    try:
+        raise translate_boto_error(cause) from cause
+    except Exception as exc:  # noqa: BLE001 - as s3fs raises it
+        return exc
+
+
+@pytest.mark.parametrize("code,status,advice", [
+    ("RequestTimeTooSkewed", 403, "set the clock right"),
+    ("SlowDown", 503, "run the same command again"),
+    ("ServiceUnavailable", 503, "run the same command again")])
+def test_a_skewed_clock_or_a_503_on_every_commit_is_one_line(s3, capsys, monkeypatch, code,
+                                                            status, advice):
+    from slem_dask.storage.s3 import S3Backend
+
+    path = f"{s3}/m.zarr"
+    _two_model_versions(path)
+
+    def refused(self, key, data):
+        raise _s3_error(code, status)
+
+    monkeypatch.setattr(S3Backend, "create", refused)
+    err = _one_error_line(capsys, ["rollback", path, "--to", "1"])
+    assert path in err and code in err and advice in err, err
