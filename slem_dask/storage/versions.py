@@ -23,7 +23,9 @@ exactly one commits; the other fails naming the winner. Hence:
   once another draft commits in its place;
 * **no clocks**: which draft may still commit is decided by sequence numbers,
   never by comparing times. A draft for sequence ``s`` can only ever be committed
-  as ``s``; once ``commits/<s>`` names another draft it is dead and deleted.
+  as ``s``; once ``commits/<s>`` names another draft it is dead and deleted. A job
+  holding the lease also deletes the drafts of uncommitted numbers that killed or
+  fenced jobs left, settling each with a fate file first (:mod:`.gc`).
 
 The last ``keep`` committed versions stay readable (``SLEM_DASK_KEEP_VERSIONS``,
 default 3) until the next job that writes begins its draft: it prunes all but the last
