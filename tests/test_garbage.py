@@ -348,3 +348,37 @@ def test_a_skewed_clock_or_a_503_on_every_commit_is_one_line(s3, capsys, monkeyp
     monkeypatch.setattr(S3Backend, "create", refused)
     err = _one_error_line(capsys, ["rollback", path, "--to", "1"])
     assert path in err and code in err and advice in err, err
+
+
+def test_killed_streaming_kernel_fits_leave_one_draft(tmp_path, monkeypatch):
+    import dask
+
+    from slem_dask import parallel_kernel_stream as stream
+    from slem_dask.pipeline import fit_job
+
+    from helpers import zarr_rows
+
+    X = np.random.default_rng(0).standard_normal((400, 8)).astype("float32")
+    neg, path = zarr_rows(tmp_path / "neg.zarr", X, chunks=100), tmp_path / "m.zarr"
+    args = {"kernel": "rbf", "gamma": 0.2, "rank": 12, "pivoting": "rpcholesky", "tol": 0.0,
+            "seed": 3, "lam": 1e-2,
+            "kernel_memory": "streaming", "partition_rows": 100}
+    original = stream._stream_block
+    for kill_at in (3, 2):  # each run finishes 2 of the 4 final partitions left to it
+        finals = []
+
+        def task(*a, **k):
+            if a[6]:  # final
+                finals.append(a[5][-1])
+                if len(finals) == kill_at:
+                    raise RuntimeError("worker killed")
+            return original(*a, **k)
+
+        monkeypatch.setattr(stream, "_stream_block", task)
+        with dask.config.set(scheduler="sync"), pytest.raises(RuntimeError, match="killed"):
+            fit_job(None, neg, str(path), **args)
+        assert len(os.listdir(path / "versions")) == 1  # the last killed run's draft
+    monkeypatch.setattr(stream, "_stream_block", original)
+    report = fit_job(None, neg, str(path), **args)
+    assert report.facts["final pass"].startswith("resumed: 3 of 4 partitions reused")
+    assert len(os.listdir(path / "versions")) == 1 and os.listdir(path / "fates") == []

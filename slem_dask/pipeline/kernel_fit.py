@@ -151,8 +151,8 @@ def _fit_kernel_job(client, negatives, model_path, model, partition_rows,
 def _final_pass_checkpoint(model_path, model, seen: str, x):
     """This job's draft of the model store as the place where the final pass of a
     streaming fit leaves its per-partition statistics, with the drafts that killed runs
-    left for the same version (:mod:`slem_dask.kernel_checkpoint`). The model's commit
-    deletes them all (a commit deletes the other drafts of its version number)."""
+    left for the same version (:mod:`slem_dask.kernel_checkpoint`), which it deletes once
+    it copied what it reuses of them (the job holds the lease: :meth:`make_room`)."""
     from ..kernel_checkpoint import FinalPassCheckpoint
 
     store = versions.VersionedStore(model_path)
@@ -160,7 +160,8 @@ def _final_pass_checkpoint(model_path, model, seen: str, x):
     others = [store.location(v) for v in store.drafts(draft.seq) if v != draft.version]
     params = {k: v for k, v in model.get_params().items() if k not in model._execution_params}
     key = FinalPassCheckpoint.key_of(seen, storage.json_params(params), x.chunks[0])
-    return FinalPassCheckpoint(draft.location, others, key)
+    return FinalPassCheckpoint(draft.location, others, key,
+                               release=lambda: store.make_room(mine=draft.version))
 
 
 def _previous_kernel_model(model_path, meta, negatives, arr):
