@@ -145,11 +145,14 @@ def test_an_up_to_date_encode_writes_nothing(corpus, writes):
     assert writes == [] and _tree(corpus["dir"]) == before
 
 
-def test_an_up_to_date_fit_update_writes_nothing(corpus, writes):
+@pytest.mark.parametrize("kernel", [{}, {"kernel": "rbf", "gamma": 0.2, "rank": 6}],
+                         ids=["linear", "kernel"])
+def test_an_up_to_date_fit_update_writes_nothing(corpus, writes, kernel):
     model = str(corpus["dir"] / "fitted.zarr")
-    pipeline.fit_job(None, corpus["negatives"], model, lam=0.1)
+    pipeline.fit_job(None, corpus["negatives"], model, lam=0.1, **kernel)
     before, writes[:] = _tree(corpus["dir"]), []
-    report = pipeline.fit_job(None, corpus["negatives"], model, lam=0.1, update=True)
+    report = pipeline.fit_job(None, corpus["negatives"], model, lam=0.1, update=True,
+                              **kernel)
     assert report.facts["action"] == "up to date"
     assert writes == [] and _tree(corpus["dir"]) == before
 
