@@ -52,7 +52,8 @@ def test_a_model_chunk_from_another_version_fails_load_and_verify(tmp_path, caps
     for lam in (0.1, 0.2):
         LinearSLEM(lam=lam).fit(X).save(path, overwrite=True)
     _swap(path, "precision/c/0/0")
-    with pytest.raises(storage.CorruptChunkError, match=r"precision/c/0/0.*not the chunk"):
+    with pytest.raises(ValueError, match=r"fingerprint \(chunk 'precision/c/0/0' is not "
+                                         r"the chunk that was written"):
         load_model(path)
     _verify_fails(path, capsys, "precision/c/0/0")
 

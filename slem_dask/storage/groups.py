@@ -161,8 +161,18 @@ def write_model_store(path, model_name: str, params: dict, arrays: dict[str, np.
     return fp
 
 
-def read_group_arrays(group, path, what: str) -> dict[str, np.ndarray]:
-    """Every array of a group written by :func:`write_group`, corrupt chunks named."""
+def _changed_member_chunk(group, key: str, arr) -> str | None:
+    """The first chunk of member ``key`` whose crc32c is not the one recorded at the
+    group's commit (None: all match, or the group records none: written before)."""
+    recorded = (group.attrs.get(ATTR) or {}).get(CHUNK_CRC32C)
+    if not isinstance(recorded, dict):
+        return None
+    return changed_chunk(arr, recorded.get(key) or [])
+
+
+def read_group_arrays(group, path, what: str, recorded: bool = True) -> dict[str, np.ndarray]:
+    """Every array of a group written by :func:`write_group`, corrupt chunks named, and
+    (``recorded``) each chunk checked against the crc32c recorded at its commit."""
     arrays = {}
     try:
         members = list(group.arrays())
@@ -170,10 +180,8 @@ def read_group_arrays(group, path, what: str) -> dict[str, np.ndarray]:
         raise damaged_metadata(what, path, exc) or DamagedStoreError(
             f"{what}: the arrays of {str(path)!r} cannot be listed ({_reason(exc)}); the "
             f"store is damaged: write it again") from None
-    recorded = (group.attrs.get(ATTR) or {}).get(CHUNK_CRC32C)
     for key, arr in members:
-        changed = changed_chunk(arr, recorded.get(key) or []) \
-            if isinstance(recorded, dict) else None  # older stores record none
+        changed = _changed_member_chunk(group, key, arr) if recorded else None
         if changed is not None:
             raise CorruptChunkError(
                 f"{what}: chunk {changed!r} of {str(path)!r} is not the chunk that was "
@@ -227,11 +235,16 @@ def read_model_store(path: str) -> tuple[dict, dict[str, np.ndarray]]:
     """Read a model group written by :func:`write_model_store`: (metadata, arrays)."""
     path = str(canonical(path))
     meta, group = _read_model_meta(path)
-    arrays = read_group_arrays(group, path, "model")
+    arrays = read_group_arrays(group, path, "model", recorded=False)  # its fingerprint says
     if fingerprint(arrays, meta["params"]) != meta.get("fingerprint"):
+        changed = [c for c in (_changed_member_chunk(group, k, a) for k, a in group.arrays())
+                   if c is not None]
+        which = (f" (chunk {changed[0]!r} is not the chunk that was written: its crc32c "
+                 f"differs from the one recorded at its commit)" if changed else "")
         raise ValueError(
-            f"model: the arrays in {path!r} do not match its recorded fingerprint; the "
-            f"store was modified or damaged, refit the model"
+            f"model: the arrays in {path!r} do not match its recorded fingerprint{which}; "
+            f"the store was modified or damaged, refit the model (or roll back: "
+            f"`slem-dask rollback {path} --to N`)"
         )
     return meta, arrays
 
