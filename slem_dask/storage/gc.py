@@ -60,8 +60,8 @@ def claim(backend, version: str, fate: str) -> str:
         try:
             if backend.create(key, fate.encode()):
                 return fate
-        except FileNotFoundError:  # the draft's folder deleted beneath the create
-            return DEAD
+        except FileNotFoundError:  # an empty fates/ pruned beneath the create: again
+            continue
         held = backend.read(key)
         if held is not None:
             return held.decode("ascii", "replace").strip()
