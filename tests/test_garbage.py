@@ -385,3 +385,50 @@ def test_killed_streaming_kernel_fits_leave_one_draft(tmp_path, monkeypatch):
     report = fit_job(None, neg, str(path), **args)
     assert report.facts["final pass"].startswith("resumed: 3 of 4 partitions reused")
     assert len(os.listdir(path / "versions")) == 1 and os.listdir(path / "fates") == []
+
+
+def _race_commit_and_condemnation(root: str, rounds: int) -> None:
+    """The fate file decides: whichever of the two wins, the head never names a folder
+    that was deleted, and a deleted draft is never committed."""
+    import threading
+
+    from slem_dask.storage import gc  # new in this change
+
+    outcomes = set()
+    for i in range(rounds):
+        store = versions.VersionedStore(f"{root}/s{i}.zarr")
+        draft = store.begin()
+        zarr.open_group(store=draft.location, mode="w").attrs["i"] = i
+        go, result = threading.Barrier(2), {}
+
+        def commit():
+            go.wait()
+            try:
+                result["commit"] = store.commit(draft, "model", "stalled job").seq
+            except gc.DraftFencedError:
+                result["commit"] = "fenced"
+
+        def condemn():
+            go.wait()
+            gc.collect(store, versions.KEEP_VERSIONS, leased=True)
+
+        threads = [threading.Thread(target=commit), threading.Thread(target=condemn)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        head = store.head()
+        if result["commit"] == 1:
+            assert head.version == draft.version and storage.open_node(store.path).attrs["i"] == i
+        else:
+            assert head is None and not store.exists(draft.version)
+        outcomes.add(result["commit"])
+    assert outcomes <= {1, "fenced"}
+
+
+def test_a_commit_racing_a_condemnation_either_commits_whole_or_not_at_all(tmp_path):
+    _race_commit_and_condemnation(str(tmp_path), 40)
+
+
+def test_a_commit_racing_a_condemnation_on_s3(s3):
+    _race_commit_and_condemnation(s3, 8)

@@ -75,10 +75,16 @@ def fate_of(backend, version: str) -> str | None:
 
 
 def condemn(store, version: str) -> bool:
-    """Make draft ``version``, which no commit names, uncommittable, then delete its
-    content. False (nothing deleted) when its job claimed it for its commit first."""
+    """Make draft ``version``, which no commit named when the caller looked, uncommittable,
+    then delete it. False (nothing deleted) when its job claimed it for its commit first,
+    or committed it meanwhile: a fate file is forgotten only once its number is
+    committed, so a DEAD claim that wins after its job's COMMIT claim was forgotten
+    finds the commit record, read here after the claim."""
     if claim(store.backend, version, DEAD) != DEAD:
         return False
+    record = store.commit_at(store.seq_of(version))
+    if record is not None and record.version == version:
+        return False  # committed while the caller looked: a version, not a draft
     remove_dead(store, version)
     return True
 
