@@ -3,7 +3,6 @@ an up-to-date re-run writes nothing on any backend; a fenced job says so and nev
 its deleted draft again."""
 
 import os
-import shutil
 import uuid
 from pathlib import Path
 
