@@ -431,3 +431,41 @@ def test_a_commit_racing_a_condemnation_either_commits_whole_or_not_at_all(tmp_p
 
 def test_a_commit_racing_a_condemnation_on_s3(s3):
     _race_commit_and_condemnation(s3, 8)
+
+
+@pytest.mark.slow
+def test_sigkilled_encodes_on_s3_leave_one_draft(s3_model):
+    """The issue's ten SIGKILLs (here three): each killed run's draft is deleted by the
+    next run once it reused its partitions; the run that finishes leaves the kept versions
+    alone, and readers saw the committed version throughout."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    here = Path(__file__).parent
+    s3 = s3_model
+    out, model = f"{s3}/out.zarr", f"{s3}/model.zarr"
+    store = versions.VersionedStore(out)
+    pipeline.encode_job(None, model, f"{s3}/pos.zarr", out, partition_rows=40)
+    committed = store.backend.list("versions")
+    code = os.environ.get("PYTHONPATH") or str(here.parent)  # the slem_dask under test
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(here), code]),
+           "SLOW_JOB_DELAY": "0.5", "SLOW_JOB_OVERWRITE": "1"}
+    for _ in range(3):
+        proc = subprocess.Popen([sys.executable, str(here / "_slow_job.py"), "encode", model,
+                                 f"{s3}/other.zarr", out], env=env, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True, start_new_session=True)
+        for line in proc.stdout:
+            if line.startswith("started"):
+                break
+        time.sleep(0.3)  # a partition written into its draft
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(30)
+        assert storage.head_seq(out) == 1
+        assert len(set(store.backend.list("versions")) - set(committed)) <= 1
+    report = pipeline.encode_job(None, model, f"{s3}/other.zarr", out, partition_rows=40,
+                                 overwrite=True)
+    assert report.facts["version"] == 2
+    assert store.backend.list("versions") == sorted(committed + [store.head().version])
+    assert storage.verify(out)[1] == []
