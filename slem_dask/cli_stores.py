@@ -3,6 +3,8 @@ and ``rollback`` (:mod:`slem_dask.cli` runs them)."""
 
 from __future__ import annotations
 
+import errno
+
 __all__ = ["verify", "versions"]
 
 
@@ -23,6 +25,21 @@ def verify(paths) -> bool:
     return fine
 
 
+def _rollback(store, seq: int):
+    """``store.rollback(seq)``, with a store that this user cannot write said in one line
+    (not the errno of the private file that a commit record is first written to)."""
+    try:
+        return store.rollback(seq)
+    except OSError as exc:
+        if exc.errno not in (errno.EACCES, errno.EPERM, errno.EROFS):
+            raise
+        why = "read-only file system" if exc.errno == errno.EROFS else "permission denied"
+        raise PermissionError(
+            f"{str(store.path)!r}: cannot write there ({why}): a rollback commits a new "
+            f"record under its commits/; nothing was changed: run it as a user who may "
+            f"write to the store, or where it is mounted read-write") from None
+
+
 def versions(args) -> None:
     """`versions PATH`: the history, one line per commit; `rollback PATH --to N`: version N
     made current by a new commit, or nothing committed if the current one holds it."""
@@ -35,7 +52,7 @@ def versions(args) -> None:
                          f"it is")
     if args.command == "rollback":
         before = store.head()
-        commit = store.rollback(args.to)
+        commit = _rollback(store, args.to)
         if commit.seq == before.seq:  # the current version already holds version N
             held = f" (as version {commit.seq}, {commit.source})" if commit.seq != args.to else ""
             print(f"{store.path}: version {args.to} is already current{held}; nothing to "

@@ -142,18 +142,32 @@ def write_corpus(corpus: Corpus, path: str, chunk_rows: int = 4096,
 def _write_group(corpus: Corpus, location: str, chunk_rows: int, attrs: dict | None) -> None:
     import zarr
 
+    from .storage import CHECKSUM, metadata_checksum
+    from .storage.checksums import chunk_trailers, corpus_array_meta
+    from .storage.groups import CHUNK_CRC32C
+    from .storage.ownership import ATTR
+
     group = zarr.open_group(store=location, mode="w", zarr_format=3)
     for name in ("negatives", "database", "queries"):
         data = getattr(corpus, name)
         arr = group.create_array(name, shape=data.shape, dtype=data.dtype,
-                                 chunks=(min(chunk_rows, max(1, len(data))), data.shape[1]))
+                                 chunks=(min(chunk_rows, max(1, len(data))), data.shape[1]),
+                                 compressors=CHECKSUM)
         arr[...] = data
     for name in ("database_labels", "query_labels"):
         data = getattr(corpus, name)
         arr = group.create_array(name, shape=data.shape, dtype=data.dtype,
-                                 chunks=(max(1, len(data)),))
+                                 chunks=(max(1, len(data)),), compressors=CHECKSUM)
         arr[...] = data
+    # every chunk's crc32c: in each array's metadata (for its readers) and in the
+    # group's checksummed metadata, which its commit record covers (for verify)
+    crcs = {}
+    for name, arr in group.arrays():
+        crcs[name] = chunk_trailers(arr)
+        arr.attrs[ATTR] = corpus_array_meta(crcs[name])
     group.attrs.update(attrs or {})
     group.attrs["slem_dask_corpus"] = {"kind": "synthetic-instance-corpus",
                                        "n_instances": int(len(corpus.queries))}
+    meta = {"kind": "corpus", CHUNK_CRC32C: crcs}
+    group.attrs[ATTR] = {**meta, "metadata_checksum": metadata_checksum(meta)}
 

@@ -10,9 +10,10 @@ its final pass leaves that draft behind; the same command again recomputes the
 pivot rounds (the pivots do not depend on the run: same seed, same chunking),
 then finds in the drafts left for the same version, under the same tag,
 the partitions already done, reads them back through their checksums and
-computes only the others. The model's save commits another draft, and the
-store's garbage collection deletes the drafts of that version, this job's
-included.
+computes only the others. What it reused it first writes into its own draft, then
+deletes the other drafts (:mod:`slem_dask.storage.gc`): one draft holds every
+partition done so far, however many runs were killed. The model's save commits
+another draft, and the store's garbage collection deletes this job's.
 
 The tag names everything a partition's statistics depend on: the negatives'
 fingerprint, the model's parameters, the partition boundaries, and the pivot
@@ -71,8 +72,9 @@ class FinalPassCheckpoint:
     jobs); ``key``: fingerprint of the negatives, parameters and partitions.
     """
 
-    def __init__(self, draft_location: str, others: list[str], key: str):
+    def __init__(self, draft_location: str, others: list[str], key: str, release=None):
         self.draft_location, self.others, self.key = draft_location, others, key
+        self.release = release  # deletes the other drafts, once what they hold is copied
         self.reused = 0
 
     @staticmethod
@@ -112,4 +114,8 @@ class FinalPassCheckpoint:
                 if summary.stats.count == n_rows and np.isfinite(values).all():
                     done[j] = summary
         self.reused = len(done)
+        for j, summary in done.items():  # into this job's draft: a later run reuses them
+            write_partition(self.folder(tag), j, summary)  # from there, once the others
+        if self.release is not None:  # are deleted (storage keeps one draft, not one a run)
+            self.release()
         return done

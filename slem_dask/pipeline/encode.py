@@ -10,7 +10,7 @@ import numpy as np
 import zarr
 
 from .. import integrity, storage, workers
-from ..storage import versions
+from ..storage import gc, versions
 from ..storage.paths import shown_path
 from .._version import __version__
 from ..core.kernels import _USES_GAMMA
@@ -50,6 +50,11 @@ def encode_job(client, model_path: str, positives: str, out: str, dtype: str | N
     model_path, positives, out = canonical(model_path), canonical(positives), canonical(out)
     model = model if model is not None else load_model(model_path)
     storage.check_distinct(out, "--out", {"positives": positives, "model": model_path})
+    current = None if overwrite else _up_to_date(
+        model, model_path, positives, out, dtype, partition_rows, on_model_change, precision)
+    if current is not None:  # decided from the committed head: no lease, nothing written
+        current.timings["total"] = time.perf_counter() - t0
+        return current
     with integrity.Lease(out, "slem-dask encode") as lease:
         arr, out_dtype, width = check_encode_inputs(model, model_path, positives, out, dtype,
                                                     overwrite, on_model_change, leased=True,
@@ -120,7 +125,7 @@ def encode_job(client, model_path: str, positives: str, out: str, dtype: str | N
             integrity.check_workers_see(client, {"positives": positives,
                                                  "output": draft.location})
             # this job writes and commits: the oldest kept version goes while it writes
-            with store.making_room():
+            with store.making_room(mine=draft.version):
                 if todo:
                     with scatter_large_arrays(client):  # the model: once to the workers
                         written = common._compute(
@@ -130,7 +135,13 @@ def encode_job(client, model_path: str, positives: str, out: str, dtype: str | N
                         crcs[int(index)] = int(crc)
             t2 = time.perf_counter()
             lease.check()  # first: a job that lost its lease must not blame the storage
-            _verify_partitions(target, out, crcs)
+            try:
+                _verify_partitions(target, out, crcs)
+            except JobFailed:
+                if gc.was_fenced(store, draft.version):  # its draft deleted by another job
+                    raise gc.DraftFencedError(gc.fenced_message(store, draft.version)) \
+                        from None
+                raise
             if integrity.partition_fingerprints(arr, positives, "positives", rows) != inputs:
                 raise JobFailed(
                     f"the positives {str(positives)!r} changed while they were encoded; "
@@ -156,6 +167,11 @@ def encode_job(client, model_path: str, positives: str, out: str, dtype: str | N
         except versions.CommitConflictError:
             store.abandon(draft)
             raise
+        except gc.DraftFencedError:  # its draft is another job's to delete: left alone
+            record = store.commit_at(draft.seq)
+            if record is not None and record.version != draft.version:
+                store._raise_conflict(draft.seq)  # the job that fenced it committed
+            raise gc.DraftFencedError(gc.fenced_message(store, draft.version)) from None
         except integrity.DamagedStoreError:
             raise
         except ValueError as exc:  # e.g. NaN rows found by a worker: say where
@@ -173,6 +189,62 @@ def encode_job(client, model_path: str, positives: str, out: str, dtype: str | N
                     f"run the same command again to resume") from None
             raise
     return report
+
+
+def _up_to_date(model, model_path, positives, out, dtype, partition_rows, on_model_change,
+                precision) -> JobReport | None:
+    """The report of a re-run with nothing to write, or None: decided by reading one
+    committed head (its metadata, the positives' listing and each chunk's crc32c
+    trailer), before any lease is taken or draft begun, so that an up-to-date re-run
+    writes nothing, on any storage. Anything else (and every refusal) is left to the
+    job, which decides again under the lease."""
+    existing = storage.open_existing_output(out, strict=False)
+    meta = storage.output_meta(existing) if existing is not None else None
+    if not meta or not meta.get("complete") \
+            or meta.get("model_fingerprint") != model.fingerprint_:
+        return None
+    arr = storage.open_input(positives, "positives")
+    rows, n_rows = int(existing.chunks[0]), int(arr.shape[0])
+    width = int(getattr(model, "rank_", arr.shape[1]))
+    out_dtype = np.dtype(dtype) if dtype is not None else existing.dtype
+    if arr.shape[1] != model.n_features_in_ or meta.get("n_rows") != n_rows \
+            or (partition_rows is not None
+                and storage.row_partition(arr, partition_rows) != rows):
+        return None
+    try:
+        head, action = _plan_output(out, existing, arr, positives,
+                                    model.encoding_fingerprint_, out_dtype, False,
+                                    on_model_change, width,
+                                    _effective_precision(model, precision))
+    except FileExistsError:
+        return None  # the job says why, under its lease
+    n_parts = -(-n_rows // rows)
+    if head is None or action != "update" or not _head_current(
+            head, integrity.partition_fingerprints(arr, positives, "positives", rows),
+            n_parts):
+        return None
+    report = JobReport("encode")
+    scale = _scale_mismatch(model, arr)
+    if scale:
+        report.facts["warning"] = scale
+        warnings.warn(scale, stacklevel=3)
+    report.facts.update({
+        "positives": str(positives), "rows": n_rows, "features": arr.shape[1],
+        "partitions": f"0 encoded of {n_parts}", "action": "up to date",
+        "model": str(model_path), "fingerprint": model.fingerprint_[:16], "out": str(out),
+        "out dtype": existing.dtype.name})
+    return report
+
+
+def _head_current(head, inputs: list[str], n_parts: int) -> bool:
+    """Whether the committed output ``head`` holds every partition of these input rows
+    (``inputs``: their fingerprints), each chunk with the crc32c recorded at its commit."""
+    meta = storage.output_meta(head) or {}
+    crcs = meta.get("partition_crc32c") or []
+    return (bool(meta.get("complete")) and int(head.shape[0]) == meta.get("n_rows")
+            and len(crcs) == n_parts and (meta.get("input_partitions") or []) == inputs
+            and all(crc is not None and integrity.stored_crc32c(head, i) == crc
+                    for i, crc in enumerate(crcs)))
 
 
 def _scale_mismatch(model, arr, sample_rows: int = 1000) -> str | None:

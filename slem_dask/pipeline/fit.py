@@ -64,18 +64,20 @@ def fit_job(client, negatives: str, model_path: str, lam: float = 1e-3, theta: f
     model = LinearSLEM(lam=lam, theta=theta, precision=precision)
     model._check_params()
     arr, exists = _open_negatives(negatives, model_path, overwrite, update)
+    if update and exists and not overwrite and _up_to_date(model_path, negatives, arr, model):
+        # decided from the committed model alone: no lease taken, nothing written
+        report = _fit_report(negatives, arr, model, "up to date", 0)
+        report.facts["model"] = str(model_path)
+        report.timings["total"] = time.perf_counter() - t0
+        return report
     with integrity.Lease(model_path, "slem-dask fit") as lease:
         update = update and exists and not overwrite  # --overwrite --update: refit
         previous = _previous_statistics(model_path, negatives, arr, model) if update \
             else None
         start = previous.count if previous is not None else 0
         n = int(arr.shape[0])
-        report = JobReport("fit")
-        report.facts.update({
-            "negatives": str(negatives), "rows": n, "features": arr.shape[1],
-            "dtype": str(arr.dtype), "lam": lam, "theta": theta, "precision": precision,
-            "action": "update" if previous is not None else "fit", "rows read": n - start,
-        })
+        report = _fit_report(negatives, arr, model,
+                             "update" if previous is not None else "fit", n - start)
         if previous is not None and start == n and \
                 load_model(model_path).get_params() == model.get_params():
             report.facts["action"] = "up to date"
@@ -111,6 +113,27 @@ def fit_job(client, negatives: str, model_path: str, lam: float = 1e-3, theta: f
     report.timings.update({"open": t1 - t0, "statistics": t2 - t1, "factor+save": t3 - t2,
                            "total": t3 - t0})
     return report
+
+
+def _fit_report(negatives, arr, model, action: str, rows_read: int) -> JobReport:
+    report = JobReport("fit")
+    report.facts.update({
+        "negatives": str(negatives), "rows": int(arr.shape[0]), "features": arr.shape[1],
+        "dtype": str(arr.dtype), "lam": model.lam, "theta": model.theta,
+        "precision": model.precision, "action": action, "rows read": rows_read,
+    })
+    return report
+
+
+def _up_to_date(model_path, negatives, arr, model) -> bool:
+    """Whether the committed model at ``model_path`` was fitted with ``model``'s
+    parameters on exactly these rows of ``arr``, unchanged since: an update then has
+    nothing to write. Read-only (a refusal raises as the job would under its lease)."""
+    if storage.read_model_meta(model_path).get("n_samples") != int(arr.shape[0]):
+        return False
+    previous = _previous_statistics(model_path, negatives, arr, model)
+    return previous.count == int(arr.shape[0]) and \
+        load_model(model_path).get_params() == model.get_params()
 
 
 @contextlib.contextmanager

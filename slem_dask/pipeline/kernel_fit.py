@@ -63,6 +63,9 @@ def _fit_kernel_job(client, negatives, model_path, model, partition_rows,
     model._check_params()
     arr, exists = _open_negatives(negatives, model_path, overwrite, update, repivot)
     n = int(arr.shape[0])
+    if exists and update and not (overwrite or repivot) \
+            and _kernel_up_to_date(model_path, negatives, arr, model):
+        return _up_to_date_report(negatives, n, model_path, t0)  # no lease, nothing written
     with integrity.Lease(model_path, "slem-dask fit") as lease:
         action, old = "fit", None
         seen = integrity.rows_fingerprint(arr, negatives, "negatives", n)
@@ -78,11 +81,7 @@ def _fit_kernel_job(client, negatives, model_path, model, partition_rows,
             check_same_params(model, meta, model_path, flag)
             if not repivot and meta.get("source") == negatives.url \
                     and meta.get("n_samples") == n and meta.get("negatives_fingerprint") == seen:
-                report = JobReport("fit")
-                report.facts.update({"negatives": str(negatives), "rows": n,
-                                     "action": "up to date", "model": str(model_path)})
-                report.timings["total"] = time.perf_counter() - t0
-                return report
+                return _up_to_date_report(negatives, n, model_path, t0)
             if repivot:
                 action = "refit (--repivot)"
             else:
@@ -148,11 +147,33 @@ def _fit_kernel_job(client, negatives, model_path, model, partition_rows,
     return report
 
 
+def _kernel_up_to_date(model_path, negatives, arr, model) -> bool:
+    """Whether the committed model is a KernelSLEM of ``model``'s parameters fitted on
+    exactly these rows, unchanged since: read-only, before any lease (a refusal raises
+    as the job would under its lease)."""
+    meta, _ = storage.read_model_store(model_path)
+    n = int(arr.shape[0])
+    if meta["model"] != "KernelSLEM" or meta.get("source") != negatives.url \
+            or meta.get("n_samples") != n:
+        return False
+    check_same_params(model, meta, model_path, "--update")
+    return meta.get("negatives_fingerprint") == integrity.rows_fingerprint(
+        arr, negatives, "negatives", n)
+
+
+def _up_to_date_report(negatives, n: int, model_path, t0: float) -> JobReport:
+    report = JobReport("fit")
+    report.facts.update({"negatives": str(negatives), "rows": n, "action": "up to date",
+                         "model": str(model_path)})
+    report.timings["total"] = time.perf_counter() - t0
+    return report
+
+
 def _final_pass_checkpoint(model_path, model, seen: str, x):
     """This job's draft of the model store as the place where the final pass of a
     streaming fit leaves its per-partition statistics, with the drafts that killed runs
-    left for the same version (:mod:`slem_dask.kernel_checkpoint`). The model's commit
-    deletes them all (a commit deletes the other drafts of its version number)."""
+    left for the same version (:mod:`slem_dask.kernel_checkpoint`), which it deletes once
+    it copied what it reuses of them (the job holds the lease: :meth:`make_room`)."""
     from ..kernel_checkpoint import FinalPassCheckpoint
 
     store = versions.VersionedStore(model_path)
@@ -160,7 +181,8 @@ def _final_pass_checkpoint(model_path, model, seen: str, x):
     others = [store.location(v) for v in store.drafts(draft.seq) if v != draft.version]
     params = {k: v for k, v in model.get_params().items() if k not in model._execution_params}
     key = FinalPassCheckpoint.key_of(seen, storage.json_params(params), x.chunks[0])
-    return FinalPassCheckpoint(draft.location, others, key)
+    return FinalPassCheckpoint(draft.location, others, key,
+                               release=lambda: store.make_room(mine=draft.version))
 
 
 def _previous_kernel_model(model_path, meta, negatives, arr):

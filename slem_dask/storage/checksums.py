@@ -142,11 +142,43 @@ def metadata_checksum(meta: dict) -> str:
     return hashlib.sha256(json.dumps(fields, sort_keys=True, default=str).encode()).hexdigest()
 
 
+def corpus_array_meta(crcs: list) -> dict:
+    """The ``slem_dask`` attribute of an array of a corpus: its chunks' crc32c."""
+    return {"kind": "corpus-array", "chunk_crc32c": crcs}
+
+
 def recorded_crc32c(arr) -> list | None:
-    """The crc32c of every chunk recorded when a slem-dask output was completed, in row
-    order (None for anything else): readers compare each chunk's trailer with it."""
+    """The crc32c of every chunk recorded when a slem-dask output was completed (or a
+    corpus written), in row order (None for anything else): readers compare each
+    chunk's trailer with it."""
     meta = arr.attrs.get(ATTR)
+    if isinstance(meta, dict) and meta.get("kind") == "corpus-array":
+        crcs = meta.get("chunk_crc32c")
+        return crcs if isinstance(crcs, list) else None
     if not isinstance(meta, dict) or meta.get("kind") != "encoding" or not meta.get("complete"):
         return None
     crcs = meta.get("partition_crc32c")
     return crcs if isinstance(crcs, list) else None
+
+
+def chunk_trailers(arr) -> list:
+    """The crc32c trailer of every chunk of ``arr`` (None where a chunk is absent or too
+    short), in C order of the chunk grid: what a group's writer records once the group
+    was read back, and what its readers and ``slem-dask verify`` compare with that."""
+    trailers = []
+    for coords in np.ndindex(*arr.cdata_shape):
+        tail = _store_get(arr, _full_key(arr, coords), suffix=4)
+        trailers.append(None if tail is None or len(tail) != 4
+                        else int(np.frombuffer(tail, "<u4")[0]))
+    return trailers
+
+
+def changed_chunk(arr, recorded: list) -> str | None:
+    """The key of the first chunk of ``arr`` whose crc32c trailer differs from
+    ``recorded`` (a chunk swapped in from another version, or lost), else None."""
+    for i, (stored, crc) in enumerate(zip(chunk_trailers(arr), recorded)):
+        if stored != crc:
+            return _full_key(arr, tuple(np.unravel_index(i, arr.cdata_shape)))
+    if len(recorded) != int(np.prod(arr.cdata_shape)):
+        return f"{arr.path or '.'} (it records {len(recorded)} chunks)"
+    return None

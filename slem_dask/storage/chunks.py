@@ -13,6 +13,7 @@ import zarr
 import dask
 
 from .checksums import _full_key, crc32c, recorded_crc32c
+from .ownership import ATTR
 from . import versions
 from .errors import CorruptChunkError, missing_chunk_error
 from .formats import FileArray
@@ -204,8 +205,7 @@ class _RowChunkCodecs:
             raise CorruptChunkError(
                 f"{name} {_where(arr)!r}: chunk {key!r} (rows {a}-{b - 1}) is not the "
                 f"chunk its job wrote (its crc32c differs from the one recorded when the "
-                f"output was committed); the store was modified: run its `slem-dask "
-                f"encode` again (it rewrites what differs)")
+                f"store was committed); the store was modified: {_rewrite(arr)}")
         start, stop = max(a, lo), min(b, hi)
         whole = start == a and stop - start == rows  # the chunk fills its rows of ``out``
         target = out[start - lo:stop - lo] if whole else np.empty((rows, arr.shape[1]),
@@ -239,6 +239,15 @@ class _RowChunkCodecs:
         if len(view) != target.nbytes:
             raise ValueError(f"size {len(view)} bytes, expected {target.nbytes}")
         target.reshape(-1).view(np.uint8)[:] = view
+
+
+def _rewrite(arr) -> str:
+    """How to repair a store whose recorded chunk checksum does not match."""
+    meta = arr.attrs.get(ATTR)
+    if isinstance(meta, dict) and meta.get("kind") == "encoding":
+        return "run its `slem-dask encode` again (it rewrites what differs)"
+    return ("write it again, or roll back to an earlier version (`slem-dask rollback "
+            "PATH --to N`)")
 
 
 def _chunk_bytes(arr, key: str) -> np.ndarray | None:

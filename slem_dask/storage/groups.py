@@ -11,7 +11,8 @@ import zarr
 
 from .._version import __version__
 from . import versions
-from .checksums import CHECKSUM, fingerprint, json_params, metadata_checksum
+from .checksums import (CHECKSUM, changed_chunk, chunk_trailers, fingerprint, json_params,
+                        metadata_checksum)
 from .chunks import _reason
 from .errors import CorruptChunkError, DamagedStoreError, IntegrityError
 from .inputs import _exists, open_node
@@ -21,6 +22,9 @@ from .paths import canonical
 
 
 MODEL_FORMAT_VERSION = 2
+#: The metadata field of a group written by :func:`write_group` (and of a corpus) that
+#: records each array's chunk checksums (:func:`.checksums.chunk_trailers`).
+CHUNK_CRC32C = "chunk_crc32c"
 
 
 def _check_overwrite(path, overwrite: bool, what: str, flag: str,
@@ -78,6 +82,10 @@ def write_group(path, meta: dict, arrays: dict[str, np.ndarray], what: str,
                     arr[...] = value
                 for start in range(0, len(value) if value.ndim else 0, rows):
                     arr[start:start + rows] = value[start:start + rows]
+            # every chunk's crc32c, in the checksummed metadata: a chunk swapped in from
+            # another version (itself self-consistent) is told from the one written here
+            meta = {**meta, CHUNK_CRC32C: {key: chunk_trailers(arr)
+                                           for key, arr in group.arrays()}}
             group.attrs[ATTR] = {**meta, "metadata_checksum": metadata_checksum(meta)}
             _check_written(draft.location, arrays, what)
             lease.check()  # no other job took the store over meanwhile
@@ -153,8 +161,18 @@ def write_model_store(path, model_name: str, params: dict, arrays: dict[str, np.
     return fp
 
 
-def read_group_arrays(group, path, what: str) -> dict[str, np.ndarray]:
-    """Every array of a group written by :func:`write_group`, corrupt chunks named."""
+def _changed_member_chunk(group, key: str, arr) -> str | None:
+    """The first chunk of member ``key`` whose crc32c is not the one recorded at the
+    group's commit (None: all match, or the group records none: written before)."""
+    recorded = (group.attrs.get(ATTR) or {}).get(CHUNK_CRC32C)
+    if not isinstance(recorded, dict):
+        return None
+    return changed_chunk(arr, recorded.get(key) or [])
+
+
+def read_group_arrays(group, path, what: str, recorded: bool = True) -> dict[str, np.ndarray]:
+    """Every array of a group written by :func:`write_group`, corrupt chunks named, and
+    (``recorded``) each chunk checked against the crc32c recorded at its commit."""
     arrays = {}
     try:
         members = list(group.arrays())
@@ -163,6 +181,13 @@ def read_group_arrays(group, path, what: str) -> dict[str, np.ndarray]:
             f"{what}: the arrays of {str(path)!r} cannot be listed ({_reason(exc)}); the "
             f"store is damaged: write it again") from None
     for key, arr in members:
+        changed = _changed_member_chunk(group, key, arr) if recorded else None
+        if changed is not None:
+            raise CorruptChunkError(
+                f"{what}: chunk {changed!r} of {str(path)!r} is not the chunk that was "
+                f"written (its crc32c differs from the one recorded at its commit: swapped "
+                f"in from another version, or damaged); the store was modified: write it "
+                f"again, or roll back (`slem-dask rollback {path} --to N`)")
         try:
             arrays[key] = np.asarray(arr[...])
         except Exception as exc:  # noqa: BLE001
@@ -210,11 +235,16 @@ def read_model_store(path: str) -> tuple[dict, dict[str, np.ndarray]]:
     """Read a model group written by :func:`write_model_store`: (metadata, arrays)."""
     path = str(canonical(path))
     meta, group = _read_model_meta(path)
-    arrays = read_group_arrays(group, path, "model")
+    arrays = read_group_arrays(group, path, "model", recorded=False)  # its fingerprint says
     if fingerprint(arrays, meta["params"]) != meta.get("fingerprint"):
+        changed = [c for c in (_changed_member_chunk(group, k, a) for k, a in group.arrays())
+                   if c is not None]
+        which = (f" (chunk {changed[0]!r} is not the chunk that was written: its crc32c "
+                 f"differs from the one recorded at its commit)" if changed else "")
         raise ValueError(
-            f"model: the arrays in {path!r} do not match its recorded fingerprint; the "
-            f"store was modified or damaged, refit the model"
+            f"model: the arrays in {path!r} do not match its recorded fingerprint{which}; "
+            f"the store was modified or damaged, refit the model (or roll back: "
+            f"`slem-dask rollback {path} --to N`)"
         )
     return meta, arrays
 

@@ -10,7 +10,7 @@ import numpy as np
 
 import zarr
 
-from . import formats, versions
+from . import formats, gc, versions
 from ..validation import check_array_metadata
 from .checksums import metadata_checksum
 from .chunks import read_rows
@@ -207,7 +207,7 @@ def check_distinct(target, flag: str, inputs: dict[str, object]) -> None:
     target = canonical(target)
     parts = target.url.rstrip("/").split("/")
     for i, part in enumerate(parts[:-1]):
-        if part in (versions.VERSIONS, versions.COMMITS) and i > 0 and \
+        if part in (versions.VERSIONS, versions.COMMITS, gc.FATES) and i > 0 and \
                 versions.VersionedStore("/".join(parts[:i])).has_history():
             raise ValueError(
                 f"{flag} {str(target)!r} is inside the {part} of the slem-dask store "

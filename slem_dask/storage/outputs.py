@@ -15,6 +15,7 @@ from .checksums import _full_key, crc32c, stored_crc32c
 from . import versions
 from .checksums import CHECKSUM, json_params, metadata_checksum
 from .chunks import _where
+from .gc import DraftFencedError, draft_alive
 from .errors import IntegrityError
 from .inputs import _exists, open_node
 from .ownership import ATTR, slem_dask_kind
@@ -91,6 +92,11 @@ def write_partition(block: np.ndarray, arr: zarr.Array, index: int,
     """Write one partition's rows (its own chunk) and return [[index, crc32c]]: the
     checksum zarr's codec computed from these rows, as this worker reads it back. The
     client compares it with the chunk it reads: the two see the same chunk."""
+    if not draft_alive(arr):  # a fenced job's late task: never grow a deleted draft again
+        raise DraftFencedError(
+            f"output {_where(arr)!r}: this job's draft was deleted by another slem-dask job "
+            f"that took the store over (this job was fenced); partition {index} was not "
+            f"written")
     rows = int(arr.chunks[0])
     lo = index * rows
     block = np.ascontiguousarray(block, dtype=arr.dtype)

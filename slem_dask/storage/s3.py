@@ -412,6 +412,19 @@ class S3Backend(Backend):
                     "IllegalLocationConstraintException"):
             return (f"bucket {self.bucket!r} is in another region ({code}): set "
                     f"AWS_DEFAULT_REGION to its region {every_worker}")
+        if code == "RequestTimeTooSkewed":
+            return (f"the object store at {self._endpoint()} refused the requests for "
+                    f"{self.root} ({code}): this machine's clock differs from the store's by "
+                    "more than S3 allows (15 minutes; requests are signed with the time); "
+                    "set the clock right (NTP: `timedatectl set-ntp true`, or chronyd) on "
+                    f"the client and every dask worker, then run the same command again")
+        if code in ("SlowDown", "ServiceUnavailable", "503") or status == 503:
+            return (f"the object store at {self._endpoint()} answered 503 ({code or status}: "
+                    f"overloaded or unavailable) to every retry for {self.root}; what "
+                    "readers see is as before (a job commits only whole versions): wait, "
+                    "then run the same command again (it resumes); if it persists, check "
+                    "the store's health, or allow more retries (AWS_MAX_ATTEMPTS, on the "
+                    "client and every dask worker)")
         if code == "NotImplemented" or status == 501:
             return (f"the object store at {self._endpoint()} does not implement a "
                     f"request slem-dask needs for {self.root} (conditional writes, "

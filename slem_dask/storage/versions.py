@@ -24,7 +24,9 @@ exactly one commits; the other fails naming the winner. Hence:
   once another draft commits in its place;
 * **no clocks**: which draft may still commit is decided by sequence numbers,
   never by comparing times. A draft for sequence ``s`` can only ever be committed
-  as ``s``; once ``commits/<s>`` names another draft it is dead and deleted;
+  as ``s``; once ``commits/<s>`` names another draft it is dead and deleted. A job
+  holding the lease also deletes the drafts of uncommitted numbers that killed or
+  fenced jobs left, settling each with a fate file first (:mod:`.gc`);
 * **idempotent commits**: each record carries a token of its job attempt, and an
   ambiguous create (a lost reply, a retry's 412, a timeout) is resolved by reading
   the record back (:meth:`VersionedStore.commit`); a draft that a record names is
@@ -44,6 +46,7 @@ committed and a third job begins writing; pruned versions' records stay, for the
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import json
 import os
@@ -54,6 +57,7 @@ import time
 import uuid
 from dataclasses import dataclass
 
+from . import gc
 from .backend import Backend, StorageConfigError, backend_for, check_conditional_writes
 from .errors import IntegrityError
 
@@ -160,6 +164,11 @@ def draft_seq(version) -> int | None:
 class VersionedStore:
     """The versioned store at a canonical path (see the module docstring)."""
 
+    # for :mod:`.gc`, which does not import this module
+    seq_of = staticmethod(draft_seq)
+    listed_versions = staticmethod(lambda names: _listed(names))
+    marked_versions = staticmethod(lambda names: _marked(names))
+
     def __init__(self, path):
         from .paths import canonical
 
@@ -173,8 +182,9 @@ class VersionedStore:
 
     def has_history(self) -> bool:
         """Whether slem-dask ever wrote here as a versioned store (committed or not):
-        a commit record, or a version folder begun with its marker."""
-        return self.is_versioned() or bool(_marked(self.backend.list(VERSIONS)))
+        a commit record, a version folder begun with its marker, or a draft's fate file."""
+        return (self.is_versioned() or bool(_marked(self.backend.list(VERSIONS)))
+                or any(draft_seq(v) is not None for v in self.backend.list(gc.FATES)))
 
     def commits(self) -> list[Commit]:
         return [self._read_commit(name) for name in self._commit_names()]
@@ -266,17 +276,19 @@ class VersionedStore:
         look like someone else's)."""
         check_conditional_writes(backend_for(self.path.parent.url), str(self.path))
 
-    def make_room(self) -> list[str]:
+    def make_room(self, mine: str | None = None) -> list[str]:
         """Before a job that will commit writes its draft: prune all but the last
         ``keep - 1`` versions. The oldest kept version goes before the new one is
         written, not after its commit: storage then holds ``keep`` versions at most,
         the draft included, and a local write reuses the memory and disk that version
         held (README, "What the integrity guarantees cost"). A job that finds nothing
-        to write never calls it, so re-runs do not thin the history."""
-        return self.collect_garbage(keep=KEEP_VERSIONS - 1)
+        to write never calls it, so re-runs do not thin the history. The caller holds
+        the store's lease: drafts of killed or fenced jobs, but ``mine`` (the caller's
+        own draft, once it reused their chunks), are deleted too (:mod:`.gc`)."""
+        return gc.collect(self, KEEP_VERSIONS - 1, mine=mine, leased=True)
 
     @contextlib.contextmanager
-    def making_room(self):
+    def making_room(self, mine: str | None = None):
         """:meth:`make_room` in a thread while the body writes the draft: deleting a
         large version (0.5 s of unlinks for 2 GB on local disk, batches of DELETEs on
         S3) then costs the job no wall time, and a local write takes the pages it frees
@@ -287,7 +299,7 @@ class VersionedStore:
 
         def prune() -> None:
             try:
-                self.make_room()
+                self.make_room(mine)
             except BaseException as exc:  # noqa: BLE001 - handed to the job's thread
                 failure.append(exc)
 
@@ -312,14 +324,18 @@ class VersionedStore:
         data = self.backend.read(f"{self._folder(draft.version)}/zarr.json")
         if data is None and self.commit_at(draft.seq) is not None:
             self._raise_conflict(draft.seq)  # the winner's commit deleted this dead draft
+        if data is None and gc.fate_of(self.backend, draft.version) == gc.DEAD:
+            raise gc.DraftFencedError(gc.fenced_message(self, draft.version))
         if data is None:
             raise DamagedCommitError(f"{str(self.path)!r}: the draft {draft.version} has no "
                                      f"zarr.json; nothing was committed")
+        if gc.claim(self.backend, draft.version, gc.COMMIT) != gc.COMMIT:
+            if self.commit_at(draft.seq) is not None:
+                self._raise_conflict(draft.seq)  # the winner deleted this dead draft
+            raise gc.DraftFencedError(gc.fenced_message(self, draft.version))
         commit = self._create(draft.seq, draft.version, kind, job, _checksum(data),
                               summary or {}, source)
-        for version in self.drafts(draft.seq):  # dead: their number is taken (one listing)
-            if version != draft.version:
-                self._remove_dead_draft(version)
+        gc.after_commit(self, draft.seq, draft.version)  # its number's other drafts: dead
         return commit
 
     def _create(self, seq, version, kind, job, checksum, summary, source) -> Commit:
@@ -347,6 +363,8 @@ class VersionedStore:
             except (StorageConfigError, PermissionError, FileNotFoundError):
                 raise  # refused: nothing was written
             except OSError as exc:  # a lost reply, a timeout: it may have landed
+                if exc.errno in _REFUSED:
+                    raise  # a read-only or full file system: nothing was written
                 failure = exc
             held = self.backend.read(key)
             if held is not None:
@@ -373,7 +391,8 @@ class VersionedStore:
         whose reply was lost): then it is a version, and stays."""
         if self._committed(draft.version):
             return
-        self._delete_version(draft.version)
+        self.delete_version(draft.version)
+        self.backend.delete(f"{gc.FATES}/{draft.version}")  # claimed by this job, if at all
         if not self.has_history():
             self.backend.prune_empty()
 
@@ -387,19 +406,7 @@ class VersionedStore:
         self._folder(version)
         return draft_seq(version)
 
-    def _remove_dead_draft(self, version: str) -> bool:
-        """Delete a draft that can never commit, checked here whatever the caller
-        decided: slem-dask's marker is beside it, and its sequence number's commit
-        record exists and names another folder."""
-        if self.backend.read(self._marker(version)) is None:
-            return False  # not begun by slem-dask: never deleted
-        record = self.commit_at(self._seq(version))
-        if record is None or record.version == version:
-            return False  # it may still commit, or it did
-        self._delete_version(version)
-        return True
-
-    def _delete_version(self, version: str) -> None:
+    def delete_version(self, version: str) -> None:
         """The folder, then its marker: a crash between the two leaves a marker that
         the next collection removes, never an unmarked remnant."""
         self.backend.remove_tree(self._folder(version))
@@ -424,33 +431,16 @@ class VersionedStore:
 
     def collect_garbage(self, keep: int = KEEP_VERSIONS) -> list[str]:
         """Delete dead drafts and versions older than the last ``keep`` commits (unless
-        a kept commit names them). Decided by sequence numbers alone; reads only the
-        commit records of the last ``keep`` versions and of the folders present, so its
-        cost does not grow with the length of the history."""
-        seqs = [int(n[:-5]) for n in self._commit_names()]
-        if not seqs:
-            return []
-        last = max(seqs)
-        records: dict[int, Commit | None] = {}
+        a kept commit names them), decided by sequence numbers alone (:func:`.gc.collect`;
+        drafts of sequences not committed yet are left: only a lease holder may judge
+        their jobs dead)."""
+        return gc.collect(self, keep)
 
-        def record(seq: int) -> Commit | None:
-            if seq not in records:
-                records[seq] = self.commit_at(seq)
-            return records[seq]
 
-        kept = {record(seq).version for seq in seqs if seq > last - keep and record(seq)}
-        removed = []
-        for version in _listed(self.backend.list(VERSIONS)):
-            seq = draft_seq(version)
-            if version in kept or seq > last:
-                continue  # kept, or a draft that may still commit
-            own = record(seq)
-            if own is not None and own.version == version:
-                self._delete_version(version)  # committed, and older than the kept ones
-            elif not self._remove_dead_draft(version):
-                continue  # not slem-dask's, or not provably dead
-            removed.append(version)
-        return removed
+
+#: errors with which a create was refused before anything was written (a read-only,
+#: forbidden or full file system): not an ambiguous outcome
+_REFUSED = frozenset({errno.EROFS, errno.EACCES, errno.EPERM, errno.ENOSPC, errno.EDQUOT})
 
 
 def _listed(names: list[str]) -> list[str]:

@@ -1,0 +1,180 @@
+"""Garbage of a versioned store (:mod:`.versions`): what is deleted, when, and why it is
+provably dead.
+
+Storage under a store ``P`` stays within the kept versions, the draft of each running
+job, and the draft a killed job left, until the next job that writes ``P`` begins: that
+job (it holds ``P``'s lease) deletes every version folder that can never be read or
+committed again, whatever its sequence number. Dead is decided from storage alone,
+never from clocks:
+
+* a folder of sequence ``s`` that ``commits/<s>`` does not name: its number is taken,
+  its commit can only fail; deleted (:func:`remove_dead`);
+* a folder older than the last ``keep`` commits that no kept commit names: pruned;
+* a draft of a sequence not committed yet, found by a job that holds the lease: its
+  writer is dead or fenced (one writer per store). It is *condemned*: its fate file
+  ``fates/<folder>`` is created atomically with ``dead``, then the folder deleted. A job
+  commits its draft only after creating the same file with ``commit`` (:func:`claim`);
+  of the two creates exactly one wins, so a condemned draft is never committed, and a
+  draft whose job won is never deleted. Fate files (a few bytes each) stay until their
+  sequence number is committed, then go with the next garbage collection.
+
+A folder that is not a slem-dask draft (:func:`is_slem_dask_draft`) is never touched,
+nor is a folder that any kept commit names.
+"""
+
+from __future__ import annotations
+
+from .errors import IntegrityError
+
+__all__ = ["FATES", "COMMIT", "DEAD", "is_slem_dask_draft", "claim", "condemn",
+           "remove_dead", "collect", "DraftFencedError", "draft_alive", "was_fenced",
+           "fenced_message", "after_commit"]
+
+VERSIONS = "versions"
+#: The folder of fate files: ``fates/<version folder>`` settles, once, whether that
+#: draft is committed or deleted (outside the draft: no zarr reader ever lists it).
+FATES = "fates"
+COMMIT, DEAD = "commit", "dead"
+
+
+class DraftFencedError(IntegrityError):
+    """This job's draft was condemned by a job that took the store over: this job was
+    fenced and must neither write nor commit."""
+
+
+def is_slem_dask_draft(store, version: str, names: list[str] | None = None) -> bool:
+    """Whether ``versions/<version>`` is a folder that slem-dask began, and so one that
+    garbage collection may delete: its name is a version's (``<seq>-<12 hex>``) and
+    slem-dask's marker is beside it (written before anything of the draft), or its fate
+    file exists (stray chunks a fenced job's worker wrote after its draft, marker
+    included, was deleted). ``names``: a listing of ``versions/`` already made."""
+    if store.seq_of(version) is None:
+        return False
+    names = store.backend.list(VERSIONS) if names is None else names
+    return version in store.marked_versions(names) or fate_of(store.backend, version) is not None
+
+
+def claim(backend, version: str, fate: str) -> str:
+    """Settle the fate of draft ``version`` (COMMIT or DEAD) by creating its fate file;
+    return the fate that holds, this call's or the one an earlier call created. A lost
+    reply or a retry is resolved by reading the file back: only the draft's own job
+    ever claims COMMIT, only a job holding the lease claims DEAD."""
+    key = f"{FATES}/{version}"
+    for _ in range(3):
+        try:
+            if backend.create(key, fate.encode()):
+                return fate
+        except FileNotFoundError:  # an empty fates/ pruned beneath the create: again
+            continue
+        held = backend.read(key)
+        if held is not None:
+            return held.decode("ascii", "replace").strip()
+    raise IntegrityError(f"the fate file {key!r} of a draft keeps appearing and vanishing: "
+                         f"another program deletes in this store; stop it")
+
+
+def fate_of(backend, version: str) -> str | None:
+    data = backend.read(f"{FATES}/{version}")
+    return None if data is None else data.decode("ascii", "replace").strip()
+
+
+def condemn(store, version: str) -> bool:
+    """Make draft ``version``, which no commit named when the caller looked, uncommittable,
+    then delete it. False (nothing deleted) when its job claimed it for its commit first,
+    or committed it meanwhile: a fate file is forgotten only once its number is
+    committed, so a DEAD claim that wins after its job's COMMIT claim was forgotten
+    finds the commit record, read here after the claim."""
+    if claim(store.backend, version, DEAD) != DEAD:
+        return False
+    record = store.commit_at(store.seq_of(version))
+    if record is not None and record.version == version:
+        return False  # committed while the caller looked: a version, not a draft
+    remove_dead(store, version)
+    return True
+
+
+def remove_dead(store, version: str) -> None:
+    """Delete a draft that can never be committed: its zarr.json first, so that its
+    job's workers, if it still runs, stop writing into it (:func:`draft_alive`)."""
+    store.backend.delete(f"{VERSIONS}/{version}/zarr.json")
+    store.delete_version(version)  # the folder, then its marker
+
+
+def collect(store, keep: int, mine: str | None = None, leased: bool = False) -> list[str]:
+    """Delete what is dead under ``store`` (see the module docstring) and return the
+    folders deleted or condemned. ``leased``: the caller holds the store's lease, so the
+    drafts of sequences not committed yet, but ``mine``, are condemned. Reads only the
+    commit records of the last ``keep`` versions and of the folders present."""
+    seqs = [int(n[:-5]) for n in store._commit_names()]
+    last = max(seqs, default=0)
+    records: dict = {}
+
+    def record(seq: int):
+        if seq not in records:
+            records[seq] = store.commit_at(seq)
+        return records[seq]
+
+    kept = {record(seq).version for seq in seqs if seq > last - keep and record(seq)}
+    removed = []
+    names = store.backend.list(VERSIONS)
+    for version in store.listed_versions(names):  # by folder or marker, valid names only
+        if version == mine or version in kept:
+            continue
+        seq = store.seq_of(version)
+        if seq > last:  # beyond the commits listed above: judged by its fate file alone
+            if leased and is_slem_dask_draft(store, version, names) and \
+                    condemn(store, version):
+                removed.append(version)  # its job is dead or fenced: one writer per store
+            continue
+        if record(seq) is not None and record(seq).version == version:
+            store.delete_version(version)  # committed, too old: pruned (its record proves
+            removed.append(version)        # slem-dask wrote it)
+        elif is_slem_dask_draft(store, version, names):  # else not slem-dask's: kept
+            remove_dead(store, version)  # its number was taken by another folder
+            removed.append(version)
+    _forget_settled_fates(store, last)  # their numbers are committed
+    return removed
+
+
+def after_commit(store, seq: int, winner: str) -> None:
+    """After ``winner`` was committed as ``seq``: the other drafts of ``seq`` are dead
+    (one listing), and the fate files of sequences up to ``seq`` settled."""
+    for version in store.drafts(seq):  # marked drafts only
+        if version != winner:
+            remove_dead(store, version)
+    _forget_settled_fates(store, seq)
+
+
+def _forget_settled_fates(store, last: int) -> None:
+    for version in store.backend.list(FATES):
+        seq = store.seq_of(version)
+        if seq is not None and seq <= last:
+            store.backend.delete(f"{FATES}/{version}")
+
+
+def fenced_message(store, version: str) -> str:
+    """What a job whose draft ``version`` was condemned or deleted says: it was fenced."""
+    return (f"{str(store.path)!r}: this job was fenced: another slem-dask job took the "
+            f"store over while this one ran (this job's lease was thought dead) and "
+            f"deleted its draft {version}; nothing this job wrote was ever visible to "
+            f"readers, and it wrote nothing more: run the same command again")
+
+
+def was_fenced(store, version: str) -> bool:
+    """Whether draft ``version`` was condemned or deleted by another job (read from
+    storage: its fate file, or a commit of its sequence number naming another folder)."""
+    if fate_of(store.backend, version) == DEAD:
+        return True
+    seq = store.seq_of(version)
+    record = store.commit_at(seq) if seq is not None else None
+    return record is not None and record.version != version
+
+
+def draft_alive(arr) -> bool:
+    """Whether the draft that the zarr array ``arr`` (at a draft's root) was opened in
+    still has its zarr.json: a condemned or dead draft has none, and its fenced job's
+    workers must not grow it again."""
+    from zarr.core.sync import sync
+
+    key = f"{arr.path}/zarr.json" if arr.path else "zarr.json"
+    return bool(sync(arr.store_path.store.exists(key)))
