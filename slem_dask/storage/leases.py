@@ -173,7 +173,10 @@ class Lease:
             if raw is None:
                 continue  # released meanwhile
             if not self.is_stale(raw):
-                raise self._held(self.read())
+                record = self.read()
+                if record is None and self._raw() is None:
+                    continue  # released while we watched: race for it again
+                raise self._held(record)
             if self._raw() != raw:
                 continue  # someone else took it over while we watched
             self.took_over = self.read() or {}
