@@ -86,11 +86,23 @@ def _delete_problem(server, key: str, actor: str) -> str | None:
         return f"{actor} deleted the commit record {key!r}"
     if key.startswith(VERSIONS):
         folder = key[len(VERSIONS):].split("/", 1)[0]
-        seq = kept(records(server)).get(folder)
+        recs = records(server)
+        seq = kept(recs).get(folder)
         if seq is not None:
+            own = ""
+            if recs[seq].job.startswith(f"{actor} "):
+                sent = [fault for k, fault in _creates(actor) if k.endswith(f"{seq:08d}.json")]
+                own = (f": its own commit (its create of the record met "
+                       f"{', '.join(f or 'no fault' for f in sent)})")
             return (f"{actor} deleted {key!r} of version {seq} ({folder}), which the keep "
-                    f"rule keeps (the last {KEEP - 1} versions)")
+                    f"rule keeps (the last {KEEP - 1} versions){own}")
     return None
+
+
+def _creates(actor: str) -> list:
+    from . import world
+
+    return [c for a in world.WORLD.actors if a.name == actor for c in a.creates]
 
 
 def node_problem(server, commit) -> str | None:
@@ -116,7 +128,7 @@ def version_folders(server) -> set:
     return {k[len(VERSIONS):].split("/", 1)[0] for k in server.under(VERSIONS[:-1])}
 
 
-def check_state(world, running_writers: int, bound: bool) -> None:
+def check_state(world, running_writers: int = 0, bound: bool = False) -> None:
     server = world.server
     if server.violation:
         raise Violation(server.violation)
@@ -130,12 +142,25 @@ def check_state(world, running_writers: int, bound: bool) -> None:
             which = "the head" if seq == max(recs) else "a kept version"
             raise Violation(f"{which}: {problem}")
     if bound:
-        drafts = {f for f in version_folders(server) if versions.draft_seq(f) is not None}
-        limit = KEEP + running_writers
-        if len(drafts) > limit:
-            raise Violation(f"{len(drafts)} version folders under the store, more than "
-                            f"{KEEP} kept versions + {running_writers} running writer(s): "
-                            f"{sorted(drafts)}")
+        named = {c.version for c in recs.values()}
+        drafts = {f for f in version_folders(server)
+                  if versions.draft_seq(f) is not None and f not in named}
+        if len(drafts) > running_writers:
+            raise Violation(f"{len(drafts)} uncommitted draft(s) under the store, more than "
+                            f"one per running writer ({running_writers}): {sorted(drafts)}")
+
+
+def check_bound(world) -> None:
+    """After a job that committed alone: the kept versions under the store, nothing
+    more (no draft of a killed or failed run, whatever its sequence number)."""
+    server = world.server
+    recs = records(server)
+    last = max(recs)
+    keep = {recs[s].version for s in recs if s > last - KEEP}
+    extra = {f for f in version_folders(server) if versions.draft_seq(f) is not None} - keep
+    if extra:
+        raise Violation(f"after a job committed alone, the store holds {len(extra)} version "
+                        f"folder(s) besides its {KEEP} kept versions: {sorted(extra)}")
 
 
 #: the kinds of line a job may end with (the CLI prints the message)

@@ -32,8 +32,9 @@ MODES = {
 }
 
 WRITERS = {"encode": jobs.writer_encode, "group": jobs.writer_group}
-USER_OBJECTS = ("data/notes.txt", "data/P.zarr.backup/zarr.json", "data/P.zarr/README.md",
-                "data/P.zarr/versions/README.md", "other/x.zarr/zarr.json")
+USER_OBJECTS = ("bucket/data/notes.txt", "bucket/data/P.zarr.backup/zarr.json",
+                "bucket/data/P.zarr/README.md", "bucket/other/x.zarr/zarr.json",
+                "bucket/data/P.zarr/versions/README.md", "bucket/data/P.zarr/commits/notes.txt")
 
 
 class SeedFailed(AssertionError):
@@ -92,23 +93,28 @@ def _plan(world: World, rollback: bool, gc: bool) -> list:
 
 
 def run_seed(seed: int, mode: str, bound: bool = False, rollback: bool = True,
-             gc: bool = True, trace: bool = False) -> None:
+             gc: bool = True, trace: bool = False, user_draft: bool = False) -> World:
     """Run one seed; raise SeedFailed (naming the seed and how to replay it) if an
     invariant breaks."""
     world = World(seed, MODES[mode])
     world.tracing = trace
     try:
         with simulated(world):
+            if user_draft:  # a user's folder named like a draft (issue 30, item 5)
+                world.server.seed_user_object(
+                    "bucket/data/P.zarr/versions/00000001-notes/notes.txt")
             _run(world, bound, rollback, gc)
     except (checks.Violation, Livelock) as exc:
         flags = "" + (" --bound" if bound else "") + ("" if rollback else " --no-rollback") \
-            + ("" if gc else " --no-gc")
+            + ("" if gc else " --no-gc") + (" --user-draft" if user_draft else "")
         failed = SeedFailed(
             f"seed {seed}, mode {mode}: {exc}\n  replay: SLEM_SIM_SEED={seed} "
-            f"SLEM_SIM_MODE={mode} pytest tests/test_protocol_simulation.py -k replay, or "
+            f"SLEM_SIM_MODE={mode} SLEM_SIM_FLAGS='{flags.strip()}' pytest "
+            f"tests/test_protocol_simulation.py -k replay, or "
             f"PYTHONPATH=.:tests python -m sim.run --mode {mode} --seed {seed}{flags}")
         failed.trace = world.trace
         raise failed from None
+    return world
 
 
 def _run(world: World, bound: bool, rollback: bool, gc: bool) -> None:
@@ -132,7 +138,8 @@ def _run(world: World, bound: bool, rollback: bool, gc: bool) -> None:
 
     world.after_step = after_step
     world.run()
-    checks.check_state(world, 0, False)
+    world._checked = None
+    checks.check_state(world, 0, bound)
     for actor in list(world.actors):
         if getattr(actor, "kind", None):
             checks.check_outcome(world, actor, actor.job)
@@ -171,7 +178,13 @@ def _rerun(world: World, plan: list, bound: bool) -> None:
                 if arg in recs and checks.node_problem(world.server, recs[arg]) is None:
                     raise checks.Violation(f"{name} run again (no faults) failed, though "
                                            f"version {arg} is whole: {actor.outcome[1]}")
-    checks.check_state(world, 0, bound)
+    final = _calm(world, "last writer", lambda: jobs.writer_group("LAST", 1, "last writer"))
+    if final.outcome[0] != "ok":
+        raise checks.Violation(f"a last writer, alone and without faults, failed: "
+                               f"{final.outcome[1]!r}")
+    checks.check_state(world, 0, False)
+    if bound:
+        checks.check_bound(world)
 
 
 def main(argv=None) -> int:
@@ -181,10 +194,11 @@ def main(argv=None) -> int:
     parser.add_argument("--bound", action="store_true")
     parser.add_argument("--no-rollback", action="store_true")
     parser.add_argument("--no-gc", action="store_true")
+    parser.add_argument("--user-draft", action="store_true")
     args = parser.parse_args(argv)
     try:
         run_seed(args.seed, args.mode, args.bound, not args.no_rollback, not args.no_gc,
-                 trace=True)
+                 trace=True, user_draft=args.user_draft)
     except SeedFailed as exc:
         print("\n".join(exc.trace))
         print(exc)

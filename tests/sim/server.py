@@ -115,6 +115,8 @@ class SimBackend(Backend):
         world = self.world
         world.before_call(f"{op} {key}")
         fault = world.draw_fault(mutates)
+        if op == "create" and world.current is not None:
+            world.current.creates.append((key, fault))  # for the checks' explanations
         if fault == "delay":
             world.advance(world.rng.uniform(30, 400))
         elif fault in ("lost_request", "unavailable"):
@@ -178,7 +180,8 @@ class SimBackend(Backend):
         self.world.rng.shuffle(keys)
         actor = self.world.actor_name()
         for k in keys:
-            self._call("delete", k, lambda k=k: self.server.remove(k, actor), True)
+            shown = k[len(self._prefix):].strip("/")
+            self._call("delete", shown, lambda k=k: self.server.remove(k, actor), True)
 
     def copy_tree(self, src: str, dst: str, names: list[str] | None = None) -> None:
         src_full, dst_full = self._full(src), self._full(dst)

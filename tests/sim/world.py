@@ -44,6 +44,7 @@ class Actor:
         self.done = False
         self.dead = False
         self.outcome = None  # ("ok", value) | ("error", exc) | ("crash", None)
+        self.creates: list = []  # (key, fault) of each conditional create it sent
         self.glet = greenlet(self._run, parent=world.main)
 
     def _run(self, _cmd=None):
