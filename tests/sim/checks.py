@@ -39,6 +39,9 @@ _PARSED: dict = {}  # record bytes -> Commit (records are immutable: parse each 
 
 def records(server) -> dict:
     """seq -> Commit, from the server's objects."""
+    cached = getattr(server, "_records", None)
+    if cached and cached[0] == server.record_changes:
+        return cached[1]
     out = {}
     if len(_PARSED) > 10000 or len(_NODES) > 10000:
         _PARSED.clear()
@@ -54,6 +57,7 @@ def records(server) -> dict:
             except versions.DamagedCommitError as exc:
                 raise Violation(f"a commit record cannot be read: {exc}") from None
         out[int(name[:-5])] = _PARSED[data]
+    server._records = (server.record_changes, out)
     return out
 
 

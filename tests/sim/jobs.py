@@ -14,6 +14,7 @@ commit alone must keep readers right.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 
@@ -38,10 +39,12 @@ def sha(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
+@functools.lru_cache(maxsize=4096)
 def chunk(content: str, i: int) -> bytes:
     return f"{content}: chunk {i}".encode() * 4
 
 
+@functools.lru_cache(maxsize=4096)
 def node(content: str, n: int, complete: bool) -> bytes:
     return json.dumps({"content": content, "n": n, "complete": complete,
                        "chunks": [sha(chunk(content, i)) for i in range(n)]},

@@ -67,6 +67,7 @@ class SimServer:
     objects: dict = field(default_factory=dict)  # full key -> bytes
     writers: dict = field(default_factory=dict)  # full key -> "slem-dask" or "user"
     mutations: int = 0
+    record_changes: int = 0  # changes under a commits/ folder (for the checks' cache)
     judge: object = None  # called as judge(server, full_key, actor) before a delete
     violation: str | None = None  # the first wrong delete
 
@@ -78,6 +79,7 @@ class SimServer:
         self.objects[key] = bytes(data)
         self.writers.setdefault(key, "slem-dask")
         self.mutations += 1
+        self.record_changes += "/commits/" in key
 
     def remove(self, key: str, actor: str) -> None:
         if key in self.objects:
@@ -85,6 +87,7 @@ class SimServer:
                 self.judge(self, key, actor)
             del self.objects[key]
             self.mutations += 1
+            self.record_changes += "/commits/" in key
 
     def under(self, folder: str) -> list[str]:
         folder = folder.rstrip("/") + "/" if folder else ""
