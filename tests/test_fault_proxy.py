@@ -89,8 +89,18 @@ FAULTS = {
 }
 
 
+_ITEM_1 = pytest.mark.xfail(
+    strict=True, raises=AssertionError,
+    reason="issue 30 item 1: S3Backend.create answers False for its own conditional PUT "
+           "whose reply was lost (botocore resends it and gets 412): a commit reads as "
+           "another job's and its version is deleted; a lease reads as held by another "
+           "job (its own pid); fixed on branch protocol")
+_EXPECTED_TO_FAIL = {"commit-lost-reply": _ITEM_1, "lease-lost-reply": _ITEM_1}
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("fault", sorted(FAULTS))
+@pytest.mark.parametrize("fault", [pytest.param(f, marks=_EXPECTED_TO_FAIL.get(f, ()))
+                                   for f in sorted(FAULTS)])
 def test_jobs_through_the_fault_proxy_keep_every_invariant(proxy, fault, capsys):
     root = f"s3://{proxy.bucket}/fp-{uuid.uuid4().hex[:8]}"
     data = _inputs(root)
@@ -105,7 +115,8 @@ def test_jobs_through_the_fault_proxy_keep_every_invariant(proxy, fault, capsys)
             assert len(err.strip().splitlines()) == 1, err
             failures.append(err.strip())
             code, err = _run(command, capsys)
-            assert code == 0, f"{command[0]} run again without the fault failed: {err}"
+            assert code == 0, (f"{command[0]} run again without the fault failed: {err} "
+                               f"(its first run: {failures[-1]}; proxy: {proxy.fired})")
     assert rule.fired > 0, f"the fault {fault} never fired"
     _check_stores(root, data)
     print(f"{fault}: fired {rule.fired} times; jobs that failed first: {failures}")

@@ -110,7 +110,7 @@ def test_lost_requests_and_503s():
 @pytest.mark.xfail(strict=True, raises=sim.SeedFailed,
                    reason="a commit request that times out and is applied later: the "
                           "job, told it failed, deletes its draft, then the record lands "
-                          "naming it (found by this simulation, seed 51; an ambiguous "
+                          "naming it (found by this simulation, seeds 0, 51; an ambiguous "
                           "outcome must never delete the draft), to fix on branch protocol")
 def test_requests_applied_late():
     _sweep("late", XFAIL_SEEDS, rollback=False)
@@ -120,7 +120,7 @@ def test_requests_applied_late():
                    reason="rollback takes no lease and commits an old folder that a "
                           "writer's make_room, which listed the commits before, deletes: "
                           "the head names a deleted version (found by this simulation, "
-                          "seed 27); not fixed")
+                          "seed 60); not fixed")
 def test_rollback_during_writes():
     _sweep("interleave", XFAIL_SEEDS, rollback=True)
 
