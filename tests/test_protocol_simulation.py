@@ -79,6 +79,34 @@ def test_the_checks_catch_a_wrong_delete(monkeypatch):
         _sweep("interleave", 50, rollback=False)
 
 
+def test_a_lease_released_while_another_job_watches_it_is_taken():
+    """A job that finds the lease held by another host's job watches it; when that job
+    releases it meanwhile, the watcher takes it, rather than failing with "being
+    written by another slem-dask job: an unreadable lease file" (found by this
+    simulation)."""
+    from sim import jobs
+    from sim.server import Faults
+    from sim.world import World, simulated
+
+    from slem_dask.storage.leases import Lease
+
+    world = World(0, Faults())
+    with simulated(world):
+        def holder():
+            with Lease(jobs.STORE, "holder"):
+                world.sleep(20)  # ends before its first heartbeat (30 s)
+
+        def waiter():
+            world.sleep(5)
+            with Lease(jobs.STORE, "waiter") as lease:
+                return lease.held()
+
+        world.spawn("holder", holder)
+        late = world.spawn("waiter", waiter)
+        world.run()
+    assert late.outcome == ("ok", True), late.outcome
+
+
 # -- what today's code gets wrong --------------------------------------------------------
 
 @pytest.mark.xfail(strict=True, raises=sim.SeedFailed,
