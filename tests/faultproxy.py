@@ -142,7 +142,7 @@ class FaultProxy:
         self._threads: list[threading.Thread] = []
         self._conns: set = set()
 
-    def __enter__(self) -> "FaultProxy":
+    def __enter__(self) -> FaultProxy:
         thread = threading.Thread(target=self._accept, name="faultproxy", daemon=True)
         thread.start()
         self._threads.append(thread)

@@ -14,14 +14,13 @@ import uuid
 import numpy as np
 import pytest
 import zarr
+from conftest import _forget_s3_clients
+from faultproxy import FaultProxy, Rule
 
 from slem_dask import storage
 from slem_dask.cli import main
 from slem_dask.evaluation import open_search_result
 from slem_dask.storage import versions
-
-from conftest import _forget_s3_clients
-from faultproxy import FaultProxy, Rule
 
 D = 8
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 
 from slem_dask.storage import versions
+from slem_dask.storage.backend import StorageConfigError
 from slem_dask.storage.errors import DamagedStoreError
 from slem_dask.storage.leases import LeaseHeldError, LeaseLostError
 
@@ -140,7 +141,7 @@ def check_state(world, running_writers: int = 0, bound: bool = False) -> None:
         return  # nothing changed since the last check
     world._checked = server.mutations
     recs = records(server)
-    for folder, seq in kept(recs).items():
+    for seq in kept(recs).values():
         problem = node_problem(server, recs[seq])
         if problem:
             which = "the head" if seq == max(recs) else "a kept version"
@@ -169,7 +170,7 @@ def check_bound(world) -> None:
 
 #: the kinds of line a job may end with (the CLI prints the message)
 EXPECTED = (SimFault, versions.CommitConflictError, versions.VersionError,
-            LeaseHeldError, LeaseLostError, DamagedStoreError)
+            LeaseHeldError, LeaseLostError, DamagedStoreError, StorageConfigError)
 
 
 def check_outcome(world, actor, job: str | None = None) -> None:

@@ -159,7 +159,7 @@ def writer_group(content: str, n: int, job: str, leased: bool = True):
 def reader():
     """A snapshot read of the store (what ``resolve`` and a checked open do): (seq,
     version, content), each chunk checked against the node it was read with."""
-    location, store, commit = versions.resolve(STORE)
+    _, store, commit = versions.resolve(STORE)
     if commit is None:
         return None
     meta = json.loads(store.check(commit))
@@ -173,6 +173,34 @@ def reader():
             raise TornRead(f"chunk {i} read from version {commit.seq} ({commit.version}) "
                            f"is not that version's: {data[:30]!r}")
     return commit.seq, commit.version, meta["content"]
+
+
+def verify():
+    """What `slem-dask verify` checks of a versioned store: the head against its
+    record, then every chunk. Its problems, each with the version it concerns; a
+    problem is checked against the server at the moment it is found (a version that a
+    newer one pruned meanwhile may be gone; one that is still kept must be whole)."""
+    store = versions.VersionedStore(STORE)
+    head = store.head()
+    if head is None:
+        return []
+    try:
+        meta = json.loads(store.check(head))
+        for i in range(meta["n"]):
+            data = store.backend.read(f"versions/{head.version}/c/{i}")
+            if data is None or sha(data) != meta["chunks"][i]:
+                raise MissingChunk(f"{STORE}: chunk {i} of version {head.seq} is "
+                                   f"{'missing' if data is None else 'corrupt'}")
+    except (versions.VersionError, MissingChunk) as exc:
+        from . import checks
+
+        server = world.WORLD.server
+        recs = checks.records(server)
+        if head.version in checks.kept(recs) and checks.node_problem(server, head) is None:
+            raise TornRead(f"verify reported {exc} while version {head.seq} is kept and "
+                           f"whole") from None
+        return [str(exc)]
+    return []
 
 
 def collect_garbage():

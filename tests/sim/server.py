@@ -17,6 +17,9 @@ at most one fault of the run's :class:`Faults`:
 * ``late``: the client times out, the request stays in flight and is applied a few
   steps later, after calls that the client made since (reordering);
 * ``delay``: the call takes minutes of simulated time (leases go stale meanwhile).
+
+``Faults.ignore_conditional`` makes the server ignore ``If-None-Match``: a create
+always writes and answers True (issue 30, item 8).
 """
 
 from __future__ import annotations
@@ -44,6 +47,8 @@ class Faults:
     late: float = 0.0
     delay: float = 0.0
     crash: float = 0.0
+    #: a server that ignores If-None-Match: every create overwrites (issue 30, item 8)
+    ignore_conditional: bool = False
 
     def pick(self, rng) -> str | None:
         x = rng.random()
@@ -146,7 +151,7 @@ class SimBackend(Backend):
         full = self._full(key)
 
         def apply():
-            if full in self.server.objects:
+            if full in self.server.objects and not self.world.faults.ignore_conditional:
                 return False
             self.server.write(full, data)
             return True

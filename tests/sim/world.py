@@ -20,7 +20,7 @@ import random
 import time as _time
 import types
 
-from greenlet import greenlet, getcurrent
+from greenlet import getcurrent, greenlet
 
 from slem_dask.storage import leases, versions
 
@@ -147,7 +147,7 @@ class World:
                 self.pending.remove(item)
                 try:
                     item[1]()
-                except Exception:  # noqa: BLE001 - a late request that fails is lost
+                except Exception:  # noqa: BLE001, S110 - a late request that fails is lost
                     pass
                 if force:
                     return
@@ -199,7 +199,7 @@ class World:
         return self.now
 
     def token(self, n: int = 32) -> str:
-        return "%0*x" % (n, self.rng.getrandbits(4 * n))
+        return f"{self.rng.getrandbits(4 * n):0{n}x}"
 
 
 class SimEvent:
