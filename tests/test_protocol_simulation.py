@@ -129,7 +129,7 @@ def test_lost_replies():
 @pytest.mark.xfail(strict=True, raises=sim.SeedFailed,
                    reason="a lost request or 503 in commit()'s dead-draft clean-up, after "
                           "the record was created: write_group deletes its committed "
-                          "draft (found by this simulation, seed 19; issue 30 item 1's "
+                          "draft (found by this simulation, seed 28; issue 30 item 1's "
                           "outcome), fixed on branch protocol")
 def test_lost_requests_and_503s():
     _sweep("errors", XFAIL_SEEDS, rollback=False)
@@ -138,7 +138,7 @@ def test_lost_requests_and_503s():
 @pytest.mark.xfail(strict=True, raises=sim.SeedFailed,
                    reason="a commit request that times out and is applied later: the "
                           "job, told it failed, deletes its draft, then the record lands "
-                          "naming it (found by this simulation, seeds 263, 166; an ambiguous "
+                          "naming it (found by this simulation, seeds 111, 166; an ambiguous "
                           "outcome must never delete the draft), to fix on branch protocol")
 def test_requests_applied_late():
     _sweep("late", XFAIL_SEEDS, rollback=False)

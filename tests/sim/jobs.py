@@ -14,6 +14,7 @@ commit alone must keep readers right.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import json
@@ -81,10 +82,11 @@ def _reuse(store, draft, head, content: str, n: int) -> list[int]:
     return sorted(todo)
 
 
-def _write_and_commit(store, draft, content, n, todo, lease, job):
+def _write_and_commit(store, draft, content, n, todo, lease, job, prune=False):
     b, folder = store.backend, f"versions/{draft.version}"
-    for i in todo:
-        b.put(f"{folder}/c/{i}", chunk(content, i))
+    with store.making_room() if prune else contextlib.nullcontext():
+        for i in todo:  # encode: the oldest version is pruned while the chunks are written
+            b.put(f"{folder}/c/{i}", chunk(content, i))
     for i in range(n):  # read back before anything is marked complete
         if b.read(f"{folder}/c/{i}") != chunk(content, i):
             raise DamagedStoreError(f"{STORE}: chunk {i} of {draft.version} cannot be read "
@@ -122,8 +124,7 @@ def writer_encode(content: str, n: int, job: str, leased: bool = True):
             store.abandon(draft)
             return "up to date"
         try:
-            store.make_room()
-            commit = _write_and_commit(store, draft, content, n, todo, lease, job)
+            commit = _write_and_commit(store, draft, content, n, todo, lease, job, prune=True)
         except versions.CommitConflictError:
             store.abandon(draft)
             raise

@@ -8,7 +8,8 @@ lease's heartbeat): a crash kills them together, between two storage calls, with
 clean-up reaching storage (as SIGKILL would).
 
 Lease code reads the clock of this world: ``time.monotonic`` and ``time.sleep`` in
-:mod:`slem_dask.storage.leases`, its threads and events, and its host identity (each
+:mod:`slem_dask.storage.leases`, its threads and events (and ``making_room``'s thread
+in :mod:`slem_dask.storage.versions`), and its host identity (each
 process a host of its own, so liveness is judged by watching the lease, as between
 hosts). Draft and lease tokens come from the seed.
 """
@@ -272,6 +273,7 @@ def simulated(world: World):
              (leases, "host_identity"): leases.host_identity,
              (leases, "_process_start"): leases._process_start,
              (leases, "uuid"): leases.uuid, (versions, "uuid"): versions.uuid,
+             (versions, "threading"): versions.threading,
              (leases, "LEASE_TTL"): leases.LEASE_TTL,
              (leases, "LEASE_HEARTBEAT"): leases.LEASE_HEARTBEAT}
     WORLD = world
@@ -287,6 +289,7 @@ def simulated(world: World):
     patches = {(versions, "backend_for"): backend_for, (leases, "backend_for"): backend_for,
                (leases, "time"): fake_time,
                (leases, "threading"): types.SimpleNamespace(Thread=SimThread, Event=SimEvent),
+               (versions, "threading"): types.SimpleNamespace(Thread=SimThread),
                (leases, "host_identity"): lambda: {
                    "host": WORLD.current.process if WORLD.current else "harness",
                    "boot": "sim", "pid_ns": "sim"},
