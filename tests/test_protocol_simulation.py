@@ -107,6 +107,32 @@ def test_a_lease_released_while_another_job_watches_it_is_taken():
     assert late.outcome == ("ok", True), late.outcome
 
 
+def test_a_job_that_committed_is_not_failed_by_its_lease_release(monkeypatch):
+    """The lease's delete at the end of a job fails (503): the job committed, so it
+    succeeds, and the next job takes the lease over (found by this simulation: the
+    job ended with the 503 though readers saw its version)."""
+    from sim import jobs
+    from sim.server import Faults, SimBackend, SimFault
+    from sim.world import World, simulated
+
+    real_delete = SimBackend.delete
+
+    def delete(self, key):
+        if key.endswith(".slem-dask-lease") and self.world.actor_name() == "first":
+            raise SimFault(f"{self.root}/{key}: 503 SlowDown")
+        return real_delete(self, key)
+
+    monkeypatch.setattr(SimBackend, "delete", delete)
+    world = World(0, Faults())
+    with simulated(world):
+        first = world.spawn("first", lambda: jobs.writer_group("A", 2, "first"))
+        world.run()
+        second = world.spawn("second", lambda: jobs.writer_group("B", 2, "second"))
+        world.run()
+    assert first.outcome == ("ok", 1), first.outcome
+    assert second.outcome == ("ok", 2), second.outcome
+
+
 # -- what today's code gets wrong --------------------------------------------------------
 
 @pytest.mark.xfail(strict=True, raises=sim.SeedFailed,

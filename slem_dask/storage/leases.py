@@ -216,8 +216,13 @@ class Lease:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=5)
-        if self.held():
-            self._backend.delete(self._key)
+        try:
+            if self.held():
+                self._backend.delete(self._key)
+        except OSError:
+            # the job's outcome stands (a version it committed is committed): the lease
+            # is left as a killed job's is, and the next job takes it over
+            pass
 
     def check_free(self) -> None:
         """Raise :class:`LeaseHeldError` if a job in this PID namespace holds the lease

@@ -173,6 +173,14 @@ EXPECTED = (SimFault, versions.CommitConflictError, versions.VersionError,
             LeaseHeldError, LeaseLostError, DamagedStoreError, StorageConfigError)
 
 
+def note_end(world, actor) -> None:
+    """As a job ends: the version it committed, if a record names it as the job."""
+    job = getattr(actor, "job", None)
+    if job:
+        actor.committed_at_end = next(
+            (s for s, c in records(world.server).items() if c.job == job), None)
+
+
 def check_outcome(world, actor, job: str | None = None) -> None:
     """A job ended in success or one true line of an expected kind."""
     state, value = actor.outcome
@@ -193,6 +201,10 @@ def check_outcome(world, actor, job: str | None = None) -> None:
     text = str(exc)
     if not text or "\n" in text:
         raise Violation(f"{actor.name} ended with a message that is not one line: {text!r}")
+    if job and getattr(actor, "committed_at_end", None):
+        raise Violation(f"{actor.name} ended with {type(exc).__name__} ({text}) though its "
+                        f"commit of version {actor.committed_at_end} was recorded: its "
+                        f"version is what readers see")
     if isinstance(exc, versions.CommitConflictError) and job:
         seq = int(text.split("version ", 1)[1].split(" ", 1)[0])
         winner = records(world.server).get(seq)

@@ -126,6 +126,7 @@ def _run(world: World, bound: bool, rollback: bool, gc: bool) -> None:
     for key in USER_OBJECTS:
         world.server.seed_user_object(key)
     world.server.judge = checks.judge_delete
+    world.on_end = checks.note_end
     _history(world, world.rng.randint(0, 5))
     plan = _plan(world, rollback, gc)
     writers = {}

@@ -59,6 +59,8 @@ class Actor:
             self.outcome = ("error", exc)
         finally:
             self.done = True
+            if self.world.on_end:
+                self.world.on_end(self.world, self)
             if self.world.tracing:
                 state, value = self.outcome or ("?", None)
                 self.world.note(f"{self.name} ends: {state} {value!r}"[:300])
@@ -84,6 +86,7 @@ class World:
         self.chaos = True  # faults and crashes on; off for the re-runs
         self.pending: list = []  # requests in flight: [steps left, apply]
         self.after_step = None
+        self.on_end = None  # called with each actor that ends, as it ends
         self.tracing = False
         self.trace: list[str] = []
 
