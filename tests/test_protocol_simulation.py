@@ -133,6 +133,46 @@ def test_a_job_that_committed_is_not_failed_by_its_lease_release(monkeypatch):
     assert second.outcome == ("ok", 2), second.outcome
 
 
+def test_one_failed_heartbeat_read_does_not_stop_the_heartbeat(monkeypatch):
+    """The lease's first heartbeat read fails (503): the heartbeat goes on, so a job
+    that waits for the lease finds its owner alive, and the owner keeps its lease
+    (found by this simulation: the heartbeat thread died, the waiter took the lease
+    over after 120 s, and the owner's commit was refused)."""
+    from sim import jobs
+    from sim.server import Faults, SimBackend, SimFault
+    from sim.world import World, simulated
+
+    from slem_dask.storage.leases import Lease, LeaseHeldError
+
+    real_read, failed = SimBackend.read, []
+
+    def read(self, key):
+        if key.endswith(".slem-dask-lease") and "/" in self.world.actor_name() \
+                and not failed:  # the heartbeat thread's first read
+            failed.append(key)
+            raise SimFault(f"{self.root}/{key}: 503 SlowDown")
+        return real_read(self, key)
+
+    monkeypatch.setattr(SimBackend, "read", read)
+    world = World(0, Faults())
+    with simulated(world):
+        def owner():
+            with Lease(jobs.STORE, "owner") as lease:
+                world.sleep(400)  # a long job
+                lease.check()
+
+        def waiter():
+            world.sleep(10)
+            Lease(jobs.STORE, "waiter").acquire()
+
+        first = world.spawn("owner", owner)
+        second = world.spawn("waiter", waiter)
+        world.run()
+    assert failed
+    assert first.outcome == ("ok", None), first.outcome
+    assert second.outcome[0] == "error" and isinstance(second.outcome[1], LeaseHeldError)
+
+
 # -- what today's code gets wrong --------------------------------------------------------
 
 @pytest.mark.xfail(strict=True, raises=sim.SeedFailed,

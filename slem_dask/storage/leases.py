@@ -191,7 +191,10 @@ class Lease:
 
     def _beat(self) -> None:
         while not self._stop.wait(LEASE_HEARTBEAT):
-            record = self.read()
+            try:
+                record = self.read()
+            except OSError:
+                continue  # one failed read (a 503) must not stop the heartbeat for good
             if not record or record.get("token") != self.token:
                 return  # taken over: check() will refuse the commit
             self._beat_no += 1
