@@ -184,6 +184,12 @@ def note_end(world, actor) -> None:
 def check_outcome(world, actor, job: str | None = None) -> None:
     """A job ended in success or one true line of an expected kind."""
     state, value = actor.outcome
+    if state == "ok" and getattr(actor, "kind", None) == "reader" and value is not None:
+        seq, version, _ = value
+        record = records(world.server).get(seq)
+        if record is None or record.version != version:
+            raise Violation(f"{actor.name} read version {seq} as {version}, which no "
+                            f"commit record names")
     if state != "error":
         return
     exc = value
