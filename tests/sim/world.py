@@ -17,6 +17,7 @@ hosts). Draft and lease tokens come from the seed.
 from __future__ import annotations
 
 import contextlib
+import os
 import random
 import time as _time
 import types
@@ -199,6 +200,12 @@ class World:
     def sleep(self, seconds: float) -> None:
         self._yield(self.now + max(0.0, seconds), "sleep")
 
+    def pid(self) -> int:
+        """The calling process's pid: one per process of the world."""
+        process = self.current.process if self.current else "harness"
+        names = list(dict.fromkeys(a.process for a in self.actors))
+        return 1000 + (names.index(process) if process in names else len(names))
+
     def monotonic(self) -> float:
         return self.now
 
@@ -277,6 +284,7 @@ def simulated(world: World):
              (leases, "_process_start"): leases._process_start,
              (leases, "uuid"): leases.uuid, (versions, "uuid"): versions.uuid,
              (versions, "threading"): versions.threading,
+             (versions, "time"): versions.time, (leases, "os"): leases.os,
              (leases, "LEASE_TTL"): leases.LEASE_TTL,
              (leases, "LEASE_HEARTBEAT"): leases.LEASE_HEARTBEAT}
     WORLD = world
@@ -286,11 +294,17 @@ def simulated(world: World):
             raise AssertionError(f"the simulation reached real storage: {url}")
         return SimBackend(world, url)
 
+    def clock(*_):  # records show the simulated time: a seed's run is the same bytes
+        return _time.gmtime(world.now)
+
     fake_time = types.SimpleNamespace(monotonic=world.monotonic, sleep=world.sleep,
                                       time=world.monotonic, strftime=_time.strftime,
-                                      localtime=_time.localtime, gmtime=_time.gmtime)
+                                      localtime=clock, gmtime=clock)
+    fake_os = types.SimpleNamespace(getpid=world.pid, kill=os.kill, readlink=os.readlink,
+                                    environ=os.environ)
     patches = {(versions, "backend_for"): backend_for, (leases, "backend_for"): backend_for,
-               (leases, "time"): fake_time,
+               (leases, "time"): fake_time, (versions, "time"): fake_time,
+               (leases, "os"): fake_os,
                (leases, "threading"): types.SimpleNamespace(Thread=SimThread, Event=SimEvent),
                (versions, "threading"): types.SimpleNamespace(Thread=SimThread),
                (leases, "host_identity"): lambda: {
