@@ -173,7 +173,10 @@ class Lease:
             if raw is None:
                 continue  # released meanwhile
             if not self.is_stale(raw):
-                raise self._held(self.read())
+                record = self.read()
+                if record is None and self._raw() is None:
+                    continue  # released while we watched: race for it again
+                raise self._held(record)
             if self._raw() != raw:
                 continue  # someone else took it over while we watched
             self.took_over = self.read() or {}
@@ -188,7 +191,10 @@ class Lease:
 
     def _beat(self) -> None:
         while not self._stop.wait(LEASE_HEARTBEAT):
-            record = self.read()
+            try:
+                record = self.read()
+            except OSError:
+                continue  # one failed read (a 503) must not stop the heartbeat for good
             if not record or record.get("token") != self.token:
                 return  # taken over: check() will refuse the commit
             self._beat_no += 1
@@ -213,8 +219,13 @@ class Lease:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=5)
-        if self.held():
-            self._backend.delete(self._key)
+        try:
+            if self.held():
+                self._backend.delete(self._key)
+        except OSError:
+            # the job's outcome stands (a version it committed is committed): the lease
+            # is left as a killed job's is, and the next job takes it over
+            pass
 
     def check_free(self) -> None:
         """Raise :class:`LeaseHeldError` if a job in this PID namespace holds the lease

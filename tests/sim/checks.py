@@ -1,0 +1,219 @@
+"""The invariants, checked on the server's state (no faults) after every step.
+
+* the head names an existing, complete version whose node matches its record, and
+  so does every version the keep rule keeps;
+* a delete never touches an object slem-dask did not write, anything outside the
+  store but its lease, a commit record, or a version that the keep rule keeps (at the
+  moment of the delete);
+* version folders under the store: at most the kept versions plus one draft per
+  writer that is running (``bound``);
+* every job ends in success or one line of an expected kind, and that line is true
+  (a commit conflict names another job's commit).
+"""
+
+from __future__ import annotations
+
+import json
+
+from slem_dask.storage import versions
+from slem_dask.storage.backend import StorageConfigError
+from slem_dask.storage.errors import DamagedStoreError
+from slem_dask.storage.leases import LeaseHeldError, LeaseLostError
+
+from . import jobs
+from .server import SimFault
+
+KEEP = versions.KEEP_VERSIONS
+PREFIX = jobs.STORE[len("sim://"):]  # the store's full key
+LEASE = PREFIX.rsplit("/", 1)[0] + "/." + PREFIX.rsplit("/", 1)[1] + ".slem-dask-lease"
+COMMITS = f"{PREFIX}/commits/"
+VERSIONS = f"{PREFIX}/versions/"
+
+
+class Violation(AssertionError):
+    """An invariant broke."""
+
+
+_NODES: dict = {}  # zarr.json bytes -> its content
+_PARSED: dict = {}  # record bytes -> Commit (records are immutable: parse each once)
+
+
+def records(server) -> dict:
+    """seq -> Commit, from the server's objects."""
+    cached = getattr(server, "_records", None)
+    if cached and cached[0] == server.record_changes:
+        return cached[1]
+    out = {}
+    if len(_PARSED) > 10000 or len(_NODES) > 10000:
+        _PARSED.clear()
+        _NODES.clear()
+    for key in server.under(COMMITS[:-1]):
+        name = key[len(COMMITS):]
+        if "/" in name or not name.endswith(".json") or not name[:-5].isdigit():
+            continue
+        data = server.objects[key]
+        if data not in _PARSED:
+            try:
+                _PARSED[data] = versions.Commit.from_json(data, key)
+            except versions.DamagedCommitError as exc:
+                raise Violation(f"a commit record cannot be read: {exc}") from None
+        out[int(name[:-5])] = _PARSED[data]
+    server._records = (server.record_changes, out)
+    return out
+
+
+def kept(recs: dict) -> dict:
+    """version folder -> seq, of the versions the keep rule keeps now (the last
+    ``KEEP - 1``: what a job that begins writing keeps)."""
+    if not recs:
+        return {}
+    last = max(recs)
+    return {recs[s].version: s for s in recs if s > last - (KEEP - 1)}
+
+
+def judge_delete(server, key: str, actor: str) -> None:
+    """Called before the server deletes ``key``: a wrong delete is recorded (and raised
+    in the actor), and the run stops after this step."""
+    problem = _delete_problem(server, key, actor)
+    if problem:
+        server.violation = server.violation or problem
+        raise Violation(problem)
+
+
+def _delete_problem(server, key: str, actor: str) -> str | None:
+    if server.writers.get(key) == "user":
+        return f"{actor} deleted {key!r}, which slem-dask did not write"
+    if key == LEASE:
+        return None
+    if not key.startswith(PREFIX + "/"):
+        return f"{actor} deleted {key!r}, outside the store {PREFIX!r}"
+    if key.startswith(COMMITS):
+        return f"{actor} deleted the commit record {key!r}"
+    if key.startswith(VERSIONS):
+        folder = key[len(VERSIONS):].split("/", 1)[0]
+        recs = records(server)
+        seq = kept(recs).get(folder)
+        if seq is not None:
+            own = ""
+            if recs[seq].job.startswith(f"{actor} "):
+                sent = [fault for k, fault in _creates(actor) if k.endswith(f"{seq:08d}.json")]
+                own = (f": its own commit (its create of the record met "
+                       f"{', '.join(f or 'no fault' for f in sent)})")
+            return (f"{actor} deleted {key!r} of version {seq} ({folder}), which the keep "
+                    f"rule keeps (the last {KEEP - 1} versions){own}")
+    return None
+
+
+def _creates(actor: str) -> list:
+    from . import world
+
+    return [c for a in world.WORLD.actors if a.name == actor for c in a.creates]
+
+
+def node_problem(server, commit) -> str | None:
+    """Why the version of ``commit`` is not whole and right on the server, or None."""
+    folder = f"{VERSIONS}{commit.version}"
+    raw = server.objects.get(f"{folder}/zarr.json")
+    if raw is None:
+        return f"version {commit.seq} ({commit.version}) has no zarr.json"
+    if versions._checksum(raw) != commit.checksum:
+        return f"version {commit.seq} ({commit.version}): zarr.json does not match its record"
+    meta = _NODES.get(raw)
+    if meta is None:
+        meta = _NODES[raw] = json.loads(raw)
+    if not meta["complete"]:
+        return f"version {commit.seq} ({commit.version}) is committed incomplete"
+    for i in range(meta["n"]):
+        if server.objects.get(f"{folder}/c/{i}") != jobs.chunk(meta["content"], i):
+            return f"version {commit.seq} ({commit.version}): chunk {i} missing or wrong"
+    return None
+
+
+def version_folders(server) -> set:
+    return {k[len(VERSIONS):].split("/", 1)[0] for k in server.under(VERSIONS[:-1])}
+
+
+def check_state(world, running_writers: int = 0, bound: bool = False) -> None:
+    server = world.server
+    if server.violation:
+        raise Violation(server.violation)
+    if getattr(world, "_checked", None) == server.mutations:
+        return  # nothing changed since the last check
+    world._checked = server.mutations
+    recs = records(server)
+    for seq in kept(recs).values():
+        problem = node_problem(server, recs[seq])
+        if problem:
+            which = "the head" if seq == max(recs) else "a kept version"
+            raise Violation(f"{which}: {problem}")
+    if bound:
+        named = {c.version for c in recs.values()}
+        drafts = {f for f in version_folders(server)
+                  if versions.draft_seq(f) is not None and f not in named}
+        if len(drafts) > running_writers:
+            raise Violation(f"{len(drafts)} uncommitted draft(s) under the store, more than "
+                            f"one per running writer ({running_writers}): {sorted(drafts)}")
+
+
+def check_bound(world) -> None:
+    """After a job that committed alone: the kept versions under the store, nothing
+    more (no draft of a killed or failed run, whatever its sequence number)."""
+    server = world.server
+    recs = records(server)
+    last = max(recs)
+    keep = {recs[s].version for s in recs if s > last - KEEP}
+    extra = {f for f in version_folders(server) if versions.draft_seq(f) is not None} - keep
+    if extra:
+        raise Violation(f"after a job committed alone, the store holds {len(extra)} version "
+                        f"folder(s) besides its {KEEP} kept versions: {sorted(extra)}")
+
+
+#: the kinds of line a job may end with (the CLI prints the message)
+EXPECTED = (SimFault, versions.CommitConflictError, versions.VersionError,
+            LeaseHeldError, LeaseLostError, DamagedStoreError, StorageConfigError)
+
+
+def note_end(world, actor) -> None:
+    """As a job ends: the version it committed, if a record names it as the job."""
+    job = getattr(actor, "job", None)
+    if job:
+        actor.committed_at_end = next(
+            (s for s, c in records(world.server).items() if c.job == job), None)
+
+
+def check_outcome(world, actor, job: str | None = None) -> None:
+    """A job ended in success or one true line of an expected kind."""
+    state, value = actor.outcome
+    if state == "ok" and getattr(actor, "kind", None) == "reader" and value is not None:
+        seq, version, _ = value
+        record = records(world.server).get(seq)
+        if record is None or record.version != version:
+            raise Violation(f"{actor.name} read version {seq} as {version}, which no "
+                            f"commit record names")
+    if state != "error":
+        return
+    exc = value
+    if isinstance(exc, (Violation, jobs.TornRead)):
+        raise Violation(f"{actor.name}: {exc}")
+    rollback_refused = type(exc) is ValueError and "rollback" in actor.name  # no version N
+    if not isinstance(exc, EXPECTED) and not rollback_refused:
+        import traceback
+
+        tb = "".join(traceback.format_exception(exc))
+        raise Violation(f"{actor.name} ended with an unexpected {type(exc).__name__}:\n{tb}")
+    if isinstance(exc, LeaseHeldError) and getattr(exc, "lease_was", 0) is None:
+        raise Violation(f"{actor.name} said the store is being written by another job, but "
+                        f"the lease was free (released while it watched): {exc}")
+    text = str(exc)
+    if not text or "\n" in text:
+        raise Violation(f"{actor.name} ended with a message that is not one line: {text!r}")
+    if job and getattr(actor, "committed_at_end", None):
+        raise Violation(f"{actor.name} ended with {type(exc).__name__} ({text}) though its "
+                        f"commit of version {actor.committed_at_end} was recorded: its "
+                        f"version is what readers see")
+    if isinstance(exc, versions.CommitConflictError) and job:
+        seq = int(text.split("version ", 1)[1].split(" ", 1)[0])
+        winner = records(world.server).get(seq)
+        if winner is not None and winner.job == job:
+            raise Violation(f"{actor.name} reported version {seq} as committed by another "
+                            f"job, but the record is its own ({job}): {text}")

@@ -1,0 +1,324 @@
+"""A seeded scheduler of actors on a simulated clock, and the patches that run the
+real protocol code on it.
+
+Each actor is a greenlet; only the one the scheduler resumes runs, until its next
+storage call (``before_call``) or sleep: every interleaving is decided by the seed,
+so a seed replays exactly. A *process* is one job with the threads it starts (a
+lease's heartbeat): a crash kills them together, between two storage calls, with no
+clean-up reaching storage (as SIGKILL would).
+
+Lease code reads the clock of this world: ``time.monotonic`` and ``time.sleep`` in
+:mod:`slem_dask.storage.leases`, its threads and events (and ``making_room``'s thread
+in :mod:`slem_dask.storage.versions`), and its host identity (each
+process a host of its own, so liveness is judged by watching the lease, as between
+hosts). Draft and lease tokens come from the seed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import random
+import time as _time
+import types
+
+from greenlet import getcurrent, greenlet
+
+from slem_dask.storage import leases, versions
+
+from .server import Faults, SimBackend, SimServer
+
+
+class Crash(BaseException):
+    """The calling process was killed (not an error any code should handle)."""
+
+
+class Livelock(AssertionError):
+    pass
+
+
+class Actor:
+    def __init__(self, world, name: str, process: str, fn, crashable: bool):
+        self.world, self.name, self.process, self.fn = world, name, process, fn
+        self.crashable = crashable
+        self.wake = world.now
+        self.wake_reason = None  # "call" or "sleep" once it waits: where a crash may hit
+        self.done = False
+        self.dead = False
+        self.outcome = None  # ("ok", value) | ("error", exc) | ("crash", None)
+        self.creates: list = []  # (key, fault) of each conditional create it sent
+        self.glet = greenlet(self._run, parent=world.main)
+
+    def _run(self, _cmd=None):
+        try:
+            if _cmd == "crash":
+                raise Crash()
+            self.outcome = ("ok", self.fn())
+        except Crash:
+            self.outcome = ("crash", None)
+        except BaseException as exc:  # noqa: BLE001 - the job's end, judged by checks
+            self.outcome = ("error", exc)
+        finally:
+            self.done = True
+            if self.world.on_end:
+                self.world.on_end(self.world, self)
+            if self.world.tracing:
+                state, value = self.outcome or ("?", None)
+                self.world.note(f"{self.name} ends: {state} {value!r}"[:300])
+            if self.world.process_ends_with(self):
+                self.world.kill_process(self.process)
+
+
+class World:
+    """One seed's run: server, actors, clock, faults."""
+
+    MAX_STEPS = 20000
+
+    def __init__(self, seed: int, faults: Faults):
+        self.seed = seed
+        self.rng = random.Random(seed)
+        self.faults = faults
+        self.server = SimServer()
+        self.now = 1000.0
+        self.step_no = 0
+        self.actors: list[Actor] = []
+        self.main = getcurrent()
+        self.current: Actor | None = None
+        self.chaos = True  # faults and crashes on; off for the re-runs
+        self.pending: list = []  # requests in flight: [steps left, apply]
+        self.after_step = None
+        self.on_end = None  # called with each actor that ends, as it ends
+        self.tracing = False
+        self.trace: list[str] = []
+
+    # actors ------------------------------------------------------------------------
+    def spawn(self, name: str, fn, process: str | None = None, crashable: bool = True):
+        actor = Actor(self, name, process or name, fn, crashable)
+        self.actors.append(actor)
+        return actor
+
+    def actor_name(self) -> str:
+        return self.current.name if self.current else "harness"
+
+    def process_ends_with(self, actor: Actor) -> bool:
+        return actor.process == actor.name  # a job's end ends its process (its threads)
+
+    def kill_process(self, process: str) -> None:
+        for a in self.actors:
+            if a.process == process and not a.done:
+                a.dead = True
+                a.wake = self.now
+
+    def run(self) -> None:
+        """Run every actor to its end, one step at a time, checking after each."""
+        while True:
+            live = [a for a in self.actors if not a.done]
+            if not live:
+                break
+            ready = [a for a in live if a.wake <= self.now]
+            if not ready:
+                self.now = min(a.wake for a in live)
+                continue
+            actor = self.rng.choice(ready)
+            crash = actor.dead or (self.chaos and actor.crashable and actor.wake_reason
+                                   and self.rng.random() < self.faults.crash)
+            if crash:
+                self.note(f"{actor.process} killed before {actor.wake_reason}")
+                self.kill_process(actor.process)
+            self._resume(actor, "crash" if crash else "go")
+            self.step_no += 1
+            if self.step_no > self.MAX_STEPS:
+                raise Livelock(f"no end after {self.MAX_STEPS} steps")
+            self._land_in_flight()
+            self.now += self.rng.uniform(0.0, 2.0)
+            if self.after_step:
+                self.after_step(self)
+        while self.pending:  # what is still in flight arrives
+            self._land_in_flight(force=True)
+            if self.after_step:
+                self.after_step(self)
+
+    def _resume(self, actor: Actor, cmd: str) -> None:
+        self.current = actor
+        try:
+            actor.glet.switch(cmd)
+        finally:
+            self.current = None
+
+    def _land_in_flight(self, force: bool = False) -> None:
+        for item in list(self.pending):
+            item[0] -= 1
+            if item[0] <= 0 or force:
+                self.pending.remove(item)
+                try:
+                    item[1]()
+                except Exception:  # noqa: BLE001, S110 - a late request that fails is lost
+                    pass
+                if force:
+                    return
+
+    # called from actors ----------------------------------------------------------------
+    def _yield(self, wake: float, reason: str) -> None:
+        actor = self.current
+        if actor is None:  # the harness itself (checks, set-up): no scheduling
+            return
+        if actor.dead:
+            raise Crash()
+        actor.wake, actor.wake_reason = wake, reason
+        cmd = self.main.switch()
+        self.current = actor
+        if cmd == "crash" or actor.dead:
+            actor.dead = True
+            raise Crash()
+
+    def note(self, what: str) -> None:
+        if self.tracing:
+            self.trace.append(f"{self.step_no:5d} t={self.now:8.1f} {what}")
+
+    def before_call(self, what: str) -> None:
+        self._yield(self.now, "call")
+        if self.tracing:
+            self.note(f"{self.current.name}: {what}")
+
+    def draw_fault(self, mutates: bool) -> str | None:
+        if not self.chaos or self.current is None:
+            return None
+        fault = self.faults.pick(self.rng)
+        if fault == "late" and not mutates:
+            fault = "lost_reply"
+        if fault and self.tracing:
+            self.note(f"  fault: {fault}")
+        return fault
+
+    def in_flight(self, apply) -> None:
+        self.pending.append([self.rng.randint(1, 12), apply])
+
+    def advance(self, seconds: float) -> None:
+        """The current call takes ``seconds``: its actor sleeps that long."""
+        self._yield(self.now + seconds, "sleep")
+
+    def sleep(self, seconds: float) -> None:
+        self._yield(self.now + max(0.0, seconds), "sleep")
+
+    def pid(self) -> int:
+        """The calling process's pid: one per process of the world."""
+        process = self.current.process if self.current else "harness"
+        names = list(dict.fromkeys(a.process for a in self.actors))
+        return 1000 + (names.index(process) if process in names else len(names))
+
+    def monotonic(self) -> float:
+        return self.now
+
+    def token(self, n: int = 32) -> str:
+        return f"{self.rng.getrandbits(4 * n):0{n}x}"
+
+
+class SimEvent:
+    """threading.Event on the world's clock."""
+
+    def __init__(self):
+        self._set = False
+
+    def set(self):
+        self._set = True
+        for a in WORLD.actors:
+            if getattr(a, "waiting_on", None) is self:
+                a.wake = min(a.wake, WORLD.now)
+
+    def clear(self):
+        self._set = False
+
+    def is_set(self):
+        return self._set
+
+    def wait(self, timeout=None):
+        actor = WORLD.current
+        if self._set or actor is None:
+            return self._set
+        actor.waiting_on = self
+        try:
+            WORLD.sleep(1e9 if timeout is None else timeout)
+        finally:
+            actor.waiting_on = None
+        return self._set
+
+
+class SimThread:
+    """threading.Thread as an actor of the calling process (it dies with it)."""
+
+    def __init__(self, target=None, daemon=None, name=None, args=(), kwargs=None):
+        self.target, self.args, self.kwargs = target, args, kwargs or {}
+        self.name = name or "thread"
+        self.actor = None
+
+    def start(self):
+        owner = WORLD.current
+        process = owner.process if owner else "harness"
+        self.actor = WORLD.spawn(f"{process}/{self.name}",
+                                 lambda: self.target(*self.args, **self.kwargs), process)
+
+    def join(self, timeout=None):
+        end = WORLD.now + (1e9 if timeout is None else timeout)
+        while self.actor and not self.actor.done and WORLD.now < end:
+            WORLD.sleep(0.5)
+
+    def is_alive(self):
+        return bool(self.actor and not self.actor.done)
+
+
+WORLD: World | None = None
+
+
+def _uuid4():
+    return types.SimpleNamespace(hex=WORLD.token())
+
+
+@contextlib.contextmanager
+def simulated(world: World):
+    """Run the protocol code on ``world``: its storage, clock, threads and tokens."""
+    global WORLD
+    saved = {(versions, "backend_for"): versions.backend_for,
+             (leases, "backend_for"): leases.backend_for,
+             (leases, "time"): leases.time, (leases, "threading"): leases.threading,
+             (leases, "host_identity"): leases.host_identity,
+             (leases, "_process_start"): leases._process_start,
+             (leases, "uuid"): leases.uuid, (versions, "uuid"): versions.uuid,
+             (versions, "threading"): versions.threading,
+             (versions, "time"): versions.time, (leases, "os"): leases.os,
+             (leases, "LEASE_TTL"): leases.LEASE_TTL,
+             (leases, "LEASE_HEARTBEAT"): leases.LEASE_HEARTBEAT}
+    WORLD = world
+
+    def backend_for(url):
+        if not url.startswith("sim://"):
+            raise AssertionError(f"the simulation reached real storage: {url}")
+        return SimBackend(world, url)
+
+    def clock(*_):  # records show the simulated time: a seed's run is the same bytes
+        return _time.gmtime(world.now)
+
+    fake_time = types.SimpleNamespace(monotonic=world.monotonic, sleep=world.sleep,
+                                      time=world.monotonic, strftime=_time.strftime,
+                                      localtime=clock, gmtime=clock)
+    fake_os = types.SimpleNamespace(getpid=world.pid, kill=os.kill, readlink=os.readlink,
+                                    environ=os.environ)
+    patches = {(versions, "backend_for"): backend_for, (leases, "backend_for"): backend_for,
+               (leases, "time"): fake_time, (versions, "time"): fake_time,
+               (leases, "os"): fake_os,
+               (leases, "threading"): types.SimpleNamespace(Thread=SimThread, Event=SimEvent),
+               (versions, "threading"): types.SimpleNamespace(Thread=SimThread),
+               (leases, "host_identity"): lambda: {
+                   "host": WORLD.current.process if WORLD.current else "harness",
+                   "boot": "sim", "pid_ns": "sim"},
+               (leases, "_process_start"): lambda pid: "sim",
+               (leases, "uuid"): types.SimpleNamespace(uuid4=_uuid4),
+               (versions, "uuid"): types.SimpleNamespace(uuid4=_uuid4),
+               (leases, "LEASE_TTL"): 120.0, (leases, "LEASE_HEARTBEAT"): 30.0}
+    for (module, name), value in patches.items():
+        setattr(module, name, value)
+    try:
+        yield world
+    finally:
+        for (module, name), value in saved.items():
+            setattr(module, name, value)
+        WORLD = None
