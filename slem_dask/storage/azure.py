@@ -1,0 +1,110 @@
+"""Azure Blob Storage (and ADLS Gen2) as a :class:`~slem_dask.storage.backend.Backend`,
+through adlfs (which zarr reads and writes the arrays' chunks through, too).
+
+The atomic create is a Put Blob with ``If-None-Match: *``: Azure refuses it with 409
+BlobAlreadyExists when the blob exists, and at most one of racing writers succeeds.
+
+Configuration is adlfs's: ``AZURE_STORAGE_CONNECTION_STRING``, or
+``AZURE_STORAGE_ACCOUNT_NAME`` with ``AZURE_STORAGE_ACCOUNT_KEY`` (or
+``AZURE_STORAGE_SAS_TOKEN``, or a service principal's ``AZURE_STORAGE_CLIENT_ID`` /
+``_SECRET`` / ``AZURE_STORAGE_TENANT_ID``); keyword arguments given to
+:class:`AzureBackend` go to ``adlfs.AzureBlobFileSystem`` and take precedence.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+
+from .cloud import EVERY_WORKER, BucketBackend, chain
+
+__all__ = ["AzureBackend"]
+
+_COPY_POLL = 0.05  # seconds between looks at a pending server-side copy
+_COPY_BATCH = 64
+
+
+class AzureBackend(BucketBackend):
+    """Blobs under ``az://container/prefix`` (``abfs://`` is the same store)."""
+
+    protocols = ("az", "abfs", "abfss")
+    env_prefixes = ("AZURE_",)
+    bucket_word = "container"
+
+    def _sync(self, coro_fn, *args):
+        from fsspec.asyn import sync
+
+        return sync(self.fs.loop, coro_fn, *args)
+
+    def _create(self, path: str, data: bytes) -> bool:
+        try:  # adlfs: overwrite=False, sent as If-None-Match: *; 409 as FileExistsError
+            self.fs.pipe_file(path, data, mode="create")
+            return True
+        except FileExistsError:
+            return False
+
+    def _bucket_exists(self) -> bool:
+        async def exists():
+            return await self.fs.service_client.get_container_client(self.bucket).exists()
+
+        return self._sync(exists)
+
+    def _copy_all(self, pairs: list[tuple[str, str]]) -> None:
+        """Copy Blob of each pair, waiting for those the service runs in the
+        background (it may, even within one account) until they have succeeded."""
+        self._sync(self._copy_pairs, pairs)
+
+    async def _copy_pairs(self, pairs):
+        for i in range(0, len(pairs), _COPY_BATCH):
+            await asyncio.gather(*[self._copy(s, d) for s, d in pairs[i:i + _COPY_BATCH]])
+
+    async def _copy(self, src: str, dst: str) -> None:
+        from azure.core.exceptions import ResourceNotFoundError
+
+        container = self.fs.service_client.get_container_client(self.bucket)
+        source = container.get_blob_client(src.split("/", 1)[1])
+        target = container.get_blob_client(dst.split("/", 1)[1])
+        try:
+            status = (await target.start_copy_from_url(source.url))["copy_status"]
+        except ResourceNotFoundError as exc:
+            raise FileNotFoundError(f"cannot copy {self.protocol}://{src}: no such blob") from exc
+        while status == "pending":
+            await asyncio.sleep(_COPY_POLL)
+            status = (await target.get_blob_properties()).copy.status
+        if status != "success":
+            raise OSError(f"the copy of {self.protocol}://{src} to {self.protocol}://{dst} "
+                          f"ended {status!r}")
+
+    # -- errors --------------------------------------------------------------
+
+    def _endpoint(self) -> str:
+        return getattr(self.fs, "account_url", None) or "Azure Blob Storage"
+
+    def describe_error(self, exc: BaseException) -> str | None:
+        from azure.core import exceptions as ax
+
+        for e in chain(exc):
+            if isinstance(e, ax.ServiceRequestError):
+                return (f"cannot reach Azure Blob Storage at {self._endpoint()} for "
+                        f"{self.root}: start it, or fix the BlobEndpoint of "
+                        f"AZURE_STORAGE_CONNECTION_STRING {EVERY_WORKER}")
+            if isinstance(e, ValueError) and "connection_string or account_name" in str(e):
+                return (f"no Azure credentials for {self.root}: set "
+                        "AZURE_STORAGE_CONNECTION_STRING, or AZURE_STORAGE_ACCOUNT_NAME and "
+                        f"AZURE_STORAGE_ACCOUNT_KEY {EVERY_WORKER}")
+            code = getattr(e, "error_code", None)
+            if isinstance(e, ax.ClientAuthenticationError) or code in (
+                    "AuthenticationFailed", "InvalidAuthenticationInfo"):
+                return (f"Azure Blob Storage at {self._endpoint()} refused the credentials "
+                        f"for {self.root} ({code or 'authentication failed'}): check the "
+                        "AccountKey of AZURE_STORAGE_CONNECTION_STRING (or "
+                        f"AZURE_STORAGE_ACCOUNT_KEY) {EVERY_WORKER}")
+            if code in ("AuthorizationFailure", "AuthorizationPermissionMismatch",
+                        "InsufficientAccountPermissions"):
+                return (f"access denied to {self.root} ({code}): the credentials need "
+                        "read, write, list and delete on container "
+                        f"{self.bucket!r} {EVERY_WORKER}")
+            if code == "ContainerNotFound":
+                break
+        return self._missing_bucket_line(
+            exc, self._endpoint(), "AZURE_STORAGE_CONNECTION_STRING")
