@@ -78,7 +78,12 @@ class AzureBackend(BucketBackend):
     # -- errors --------------------------------------------------------------
 
     def _endpoint(self) -> str:
-        return getattr(self.fs, "account_url", None) or "Azure Blob Storage"
+        url = getattr(self._fs, "account_url", None)
+        if not url:  # no file system (yet): the endpoint of the connection string
+            fields = dict(part.split("=", 1) for part in os.environ.get(
+                "AZURE_STORAGE_CONNECTION_STRING", "").split(";") if "=" in part)
+            url = fields.get("BlobEndpoint")
+        return url or "Azure Blob Storage"
 
     def describe_error(self, exc: BaseException) -> str | None:
         from azure.core import exceptions as ax
@@ -93,18 +98,20 @@ class AzureBackend(BucketBackend):
                         "AZURE_STORAGE_CONNECTION_STRING, or AZURE_STORAGE_ACCOUNT_NAME and "
                         f"AZURE_STORAGE_ACCOUNT_KEY {EVERY_WORKER}")
             code = getattr(e, "error_code", None)
+            code = getattr(code, "value", code)  # a StorageErrorCode, or a str
             if isinstance(e, ax.ClientAuthenticationError) or code in (
-                    "AuthenticationFailed", "InvalidAuthenticationInfo"):
+                    "AuthenticationFailed", "InvalidAuthenticationInfo",
+                    "AuthorizationFailure", "AuthorizationPermissionMismatch",
+                    "InsufficientAccountPermissions"):
+                # Azurite answers a wrong key with AuthorizationFailure, Azure with
+                # AuthenticationFailed: the key and the permissions are both suspects
                 return (f"Azure Blob Storage at {self._endpoint()} refused the credentials "
                         f"for {self.root} ({code or 'authentication failed'}): check the "
                         "AccountKey of AZURE_STORAGE_CONNECTION_STRING (or "
-                        f"AZURE_STORAGE_ACCOUNT_KEY) {EVERY_WORKER}")
-            if code in ("AuthorizationFailure", "AuthorizationPermissionMismatch",
-                        "InsufficientAccountPermissions"):
-                return (f"access denied to {self.root} ({code}): the credentials need "
-                        "read, write, list and delete on container "
-                        f"{self.bucket!r} {EVERY_WORKER}")
+                        "AZURE_STORAGE_ACCOUNT_KEY), and that it may read, write, list "
+                        f"and delete in container {self.bucket!r} {EVERY_WORKER}")
             if code == "ContainerNotFound":
-                break
+                return self._missing_bucket_line(exc, self._endpoint(),
+                                                 "AZURE_STORAGE_CONNECTION_STRING", True)
         return self._missing_bucket_line(
             exc, self._endpoint(), "AZURE_STORAGE_CONNECTION_STRING")

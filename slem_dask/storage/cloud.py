@@ -64,9 +64,17 @@ class BucketBackend(Backend):
         self.root = f"{protocol}://{bucket}/{prefix.strip('/')}".rstrip("/")
         self.bucket, self.prefix = bucket, prefix.strip("/")
         self.storage_options = dict(storage_options)
-        self.fs = cached_filesystem(self.protocols[0], self.storage_options,
-                                    self.env_prefixes)
+        self._fs = None
         self._bucket_seen = False
+
+    @property
+    def fs(self):
+        """The file system, made on first use: a backend whose credentials are missing
+        must still be made, to say so (:meth:`describe_error`)."""
+        if self._fs is None:
+            self._fs = cached_filesystem(self.protocols[0], self.storage_options,
+                                         self.env_prefixes)
+        return self._fs
 
     def __reduce__(self):  # to dask workers: they build their own client
         return functools.partial(type(self), self.root, **self.storage_options), ()
@@ -186,10 +194,11 @@ class BucketBackend(Backend):
 
     # -- errors --------------------------------------------------------------
 
-    def _missing_bucket_line(self, exc: BaseException, endpoint: str, fix: str) -> str | None:
-        """The line for a failure on a missing bucket: a NoSuchBucketError, or any
-        'not found' while the bucket is indeed missing (asked now)."""
-        missing = any(isinstance(e, NoSuchBucketError) for e in chain(exc))
+    def _missing_bucket_line(self, exc: BaseException, endpoint: str, fix: str,
+                             missing: bool = False) -> str | None:
+        """The line for a failure on a missing bucket: ``missing``, a NoSuchBucketError,
+        or any 'not found' while the bucket is indeed missing (asked now)."""
+        missing = missing or any(isinstance(e, NoSuchBucketError) for e in chain(exc))
         if not missing and any(isinstance(e, FileNotFoundError) for e in chain(exc)):
             try:
                 missing = not self._bucket_exists()
