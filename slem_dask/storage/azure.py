@@ -14,7 +14,10 @@ Configuration is adlfs's: ``AZURE_STORAGE_CONNECTION_STRING``, or
 from __future__ import annotations
 
 import asyncio
+import atexit
 import os
+
+import zarr  # noqa: F401 - its exit handler first (see _close_clients_at_exit)
 
 from .cloud import EVERY_WORKER, BucketBackend, chain
 
@@ -22,6 +25,27 @@ __all__ = ["AzureBackend"]
 
 _COPY_POLL = 0.05  # seconds between looks at a pending server-side copy
 _COPY_BATCH = 64
+
+
+def _close_clients_at_exit() -> None:
+    """Run adlfs's finalizers (which close each file system's Azure client through its
+    event loop) before zarr's exit handler stops zarr's loop: run after it, each printed
+    a 'Loop is not running' traceback at the end of every command on az://. Python
+    keeps the finalizers in a private registry: if it is not there, nothing is done."""
+    import weakref
+
+    from adlfs import AzureBlobFileSystem
+
+    for finalizer, info in list(getattr(weakref.finalize, "_registry", {}).items()):
+        if isinstance(info.weakref(), AzureBlobFileSystem):
+            try:
+                finalizer()
+            except Exception:  # noqa: BLE001 - closing at exit: nothing left to tell
+                pass
+
+
+# registered after zarr's own handler (zarr is imported first), so run before it
+atexit.register(_close_clients_at_exit)
 
 
 class AzureBackend(BucketBackend):

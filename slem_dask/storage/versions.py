@@ -200,7 +200,7 @@ class VersionedStore:
             raise StorageConfigError(
                 f"{str(self.path)!r}: this storage offers no atomic create-if-absent, so "
                 f"slem-dask cannot commit versions there safely; write to a local path or "
-                f"to s3://")
+                f"to s3://, gs:// or az://")
         head = self.head()
         seq = (head.seq if head else 0) + 1
         version = f"{seq:08d}-{uuid.uuid4().hex[:12]}"
