@@ -66,10 +66,13 @@ def _emulator(kind):
     return server
 
 
+# gcsfs reads it when first imported (by any test): else each of its clients asks the
+# emulator over gRPC, which it does not serve, and waits 60 s (tests/emulators.py)
+os.environ["GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT"] = "false"
+
+
 @pytest.fixture(scope="session")
 def gcs_emulator():
-    # read by gcsfs when it is imported: set before any test imports it
-    os.environ["GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT"] = "false"
     os.environ.setdefault("NO_GCE_CHECK", "true")  # no metadata server to wait for
     server = _emulator("gcs")
     yield server

@@ -133,3 +133,15 @@ def test_a_missing_bucket_is_one_line(cloud, capsys):
     err = capsys.readouterr().err
     assert code == 1 and len(err.strip().splitlines()) == 1, err
     assert "does not exist" in err and "no-such-bucket" in err and "worker" in err
+
+
+def test_a_refused_azure_key_is_one_line(azure_emulator, monkeypatch, capsys):
+    s = azure_emulator
+    monkeypatch.setenv("AZURE_STORAGE_CONNECTION_STRING",
+                       s.connection_string("d3Jvbmcta2V5LXdyb25nLWtleS13cm9uZy1rZXk="))
+    root = f"az://{s.bucket}/t-{uuid.uuid4().hex[:8]}"
+    code = main(["fit", "--negatives", f"{root}/neg.zarr", "--model", f"{root}/m.zarr",
+                 "--local-cluster", "threads", "--no-progress"])
+    err = capsys.readouterr().err
+    assert code == 1 and len(err.strip().splitlines()) == 1, err
+    assert "refused the credentials" in err and "AZURE_STORAGE_CONNECTION_STRING" in err

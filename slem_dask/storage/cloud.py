@@ -140,14 +140,13 @@ class BucketBackend(Backend):
         return sorted(names)
 
     def exists(self, key: str) -> bool:
-        path = self._path(key)
-        if key.strip("/") and self.read(key) is not None:
-            return True
-        try:
-            return bool(self.fs.find(path + "/", maxdepth=None, withdirs=False)[:1])
-        except FileNotFoundError:
-            self._check_bucket()
-            return False
+        if key.strip("/") or self.prefix:
+            try:  # fsspec's isfile would answer False for a refused request too
+                if self.fs.info(self._path(key))["type"] == "file":
+                    return True
+            except FileNotFoundError:
+                pass
+        return bool(self.list(key))  # a folder: one level listed (asks for the bucket)
 
     def delete(self, key: str) -> None:
         if not key.strip("/") and not self.prefix:
