@@ -68,8 +68,17 @@ class AzureBackend(BucketBackend):
             return False
 
     def _bucket_exists(self) -> bool:
-        async def exists():
-            return await self.fs.service_client.get_container_client(self.bucket).exists()
+        from azure.core.exceptions import ResourceNotFoundError
+
+        async def exists():  # a listing of one blob: list permission suffices (a
+            # container SAS may not read the container's properties)
+            container = self.fs.service_client.get_container_client(self.bucket)
+            try:
+                async for _ in container.list_blobs(results_per_page=1).by_page():
+                    break
+                return True
+            except ResourceNotFoundError:
+                return False
 
         return self._sync(exists)
 

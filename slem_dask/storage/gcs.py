@@ -37,8 +37,10 @@ class GCSBackend(BucketBackend):
     def _bucket_exists(self) -> bool:
         from fsspec.asyn import sync
 
-        try:
-            sync(self.fs.loop, self.fs._call, "GET", "b/{}", self.bucket, json_out=True)
+        try:  # a listing of one object: storage.objects.list suffices (buckets.get
+            # is not in roles/storage.objectAdmin)
+            sync(self.fs.loop, self.fs._call, "GET", "b/{}/o", self.bucket, maxResults=1,
+                 json_out=True)
             return True
         except FileNotFoundError:
             return False
