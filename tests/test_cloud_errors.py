@@ -153,3 +153,22 @@ def test_gs_and_az_aliases_name_one_store():
     assert canonical("gcs://b/x.zarr/") == canonical("gs://b/x.zarr")
     assert canonical("abfs://c/x.zarr") == canonical("abfss://c/./x.zarr") \
         == canonical("az://c/x.zarr")
+
+
+def test_gcs_refuses_to_commit_on_a_zonal_bucket(gcs, monkeypatch):
+    """On a zonal bucket gcsfs's create-only upload overwrites (gcsfs 2026.10): the
+    backend says it cannot create atomically, and its create refuses to write."""
+    from slem_dask.storage.backend import StorageConfigError
+
+    b = GCSBackend(f"gs://{gcs.bucket}/{uuid.uuid4().hex}")
+    assert b.atomic_create  # the emulator's bucket is a standard one
+
+    async def zonal(bucket):
+        return True
+
+    zb = GCSBackend(f"gs://{gcs.bucket}/{uuid.uuid4().hex}")
+    monkeypatch.setattr(zb.fs, "_is_zonal_bucket", zonal, raising=False)
+    assert not zb.atomic_create
+    with pytest.raises(StorageConfigError, match="zonal bucket"):
+        zb.create("k", b"x")
+    assert zb.read("k") is None

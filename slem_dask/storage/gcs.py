@@ -27,7 +27,31 @@ class GCSBackend(BucketBackend):
     protocols = ("gs", "gcs")
     env_prefixes = ("GOOGLE_", "STORAGE_EMULATOR_HOST", "GCSFS_", "CLOUDSDK_", "NO_GCE_CHECK")
 
+    _zonal: bool | None = None
+
+    @property
+    def atomic_create(self) -> bool:
+        return not self._is_zonal()
+
+    def _is_zonal(self) -> bool:
+        """Whether the bucket is a zonal one (Rapid storage), asked once. There gcsfs
+        writes over gRPC appendable objects, and its create-only upload overwrites an
+        existing object (gcsfs 2026.10, extended_gcsfs.simple_upload)."""
+        if self._zonal is None:
+            from fsspec.asyn import sync
+
+            probe = getattr(self.fs, "_is_zonal_bucket", None)  # the extended gcsfs only
+            self._zonal = bool(probe and sync(self.fs.loop, probe, self.bucket))
+        return self._zonal
+
     def _create(self, path: str, data: bytes) -> bool:
+        if self._is_zonal():
+            from .backend import StorageConfigError
+
+            raise StorageConfigError(
+                f"{self.root}: bucket {self.bucket!r} is a zonal bucket, where gcsfs's "
+                "create-only upload overwrites, so slem-dask cannot commit there safely; "
+                "use a bucket of another storage class")
         try:  # gcsfs: ifGenerationMatch=0, and a 412 raised as FileExistsError
             self.fs.pipe_file(path, data, mode="create")
             return True
