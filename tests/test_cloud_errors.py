@@ -172,3 +172,23 @@ def test_gcs_refuses_to_commit_on_a_zonal_bucket(gcs, monkeypatch):
     with pytest.raises(StorageConfigError, match="zonal bucket"):
         zb.create("k", b"x")
     assert zb.read("k") is None
+
+
+def test_an_abfs_url_with_the_account_in_its_host(azure, monkeypatch):
+    """abfss://container@account.dfs.core.windows.net/path: the container is the part
+    before '@', the account the host's first label (as adlfs reads it)."""
+    import pickle
+
+    b = AzureBackend("abfss://data@myaccount.dfs.core.windows.net/x.zarr")
+    assert (b.bucket, b.prefix) == ("data", "x.zarr")
+    assert b.storage_options == {"account_name": "myaccount"}
+    again = pickle.loads(pickle.dumps(b))
+    assert (again.root, again.bucket, again.storage_options) == (
+        b.root, "data", {"account_name": "myaccount"})
+    # on the emulator, whose account is devstoreaccount1
+    local = AzureBackend(f"az://{azure.bucket}@devstoreaccount1.blob.core.windows.net/"
+                         f"{uuid.uuid4().hex}",
+                         connection_string=azure.connection_string())
+    local.put("k", b"v")
+    assert local.read("k") == b"v" and local.create("k", b"w") is False
+    local.remove_tree("")

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import atexit
 import os
+import re
 
 import zarr  # noqa: F401 - its exit handler first (see _close_clients_at_exit)
 
@@ -54,6 +55,24 @@ class AzureBackend(BucketBackend):
     protocols = ("az", "abfs", "abfss")
     env_prefixes = ("AZURE_",)
     bucket_word = "container"
+
+    def __init__(self, url: str, **storage_options):
+        super().__init__(url, **storage_options)
+        # abfs[s]://container@account.dfs.core.windows.net/path (Spark's and Azure's own
+        # form): the account from the host, as adlfs reads it when zarr opens the URL
+        container, at, host = self.bucket.partition("@")
+        if at:
+            self.bucket = container
+            account = re.match(r"([^.]+)\.(dfs|blob)\.core\.windows\.net$", host)
+            if account and "account_name" not in storage_options:
+                self.storage_options["account_name"] = account.group(1)
+
+    def __reduce__(self):  # the options as given: the URL still names the account
+        import functools
+
+        options = {k: v for k, v in self.storage_options.items()
+                   if k != "account_name" or "@" not in self.root}
+        return functools.partial(type(self), self.root, **options), ()
 
     def _sync(self, coro_fn, *args):
         from fsspec.asyn import sync
