@@ -145,3 +145,18 @@ def test_a_refused_azure_key_is_one_line(azure_emulator, monkeypatch, capsys):
     err = capsys.readouterr().err
     assert code == 1 and len(err.strip().splitlines()) == 1, err
     assert "refused the credentials" in err and "AZURE_STORAGE_CONNECTION_STRING" in err
+
+
+@pytest.mark.cluster
+def test_fit_and_encode_with_worker_processes(cloud):
+    """Worker processes open the stores themselves, from the environment they inherit
+    (and check, before the job, that they see the stores as the client does)."""
+    root = cloud["root"]
+    model, out = f"{root}/model.zarr", f"{root}/out.zarr"
+    common = ["--local-cluster", "processes", "--workers", "2", "--no-progress"]
+    assert main(["fit", "--negatives", f"{root}/neg.zarr", "--model", model, "--lam", "0.1",
+                 *common]) == 0
+    assert main(["encode", "--model", model, "--positives", f"{root}/pos.zarr", "--out", out,
+                 "--partition-rows", "40", *common]) == 0
+    np.testing.assert_array_equal(storage.read_all(out), _expected(model, cloud["pos"]))
+    assert storage.verify(out)[1] == []
