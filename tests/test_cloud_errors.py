@@ -195,3 +195,14 @@ def test_an_abfs_url_with_the_account_in_its_host(azure, monkeypatch):
     local.put("k", b"v")
     assert local.read("k") == b"v" and local.create("k", b"w") is False
     local.remove_tree("")
+
+
+def test_a_missing_client_package_is_one_line():
+    gcs, az = GCSBackend("gs://b/p"), AzureBackend("az://c/p")
+    for backend, package, extra in ((gcs, "gcsfs", "gcs"), (az, "adlfs", "azure")):
+        try:  # as fsspec raises it for a protocol whose package is absent
+            raise ImportError(f"Install {package} to access the store")
+        except ImportError as exc:
+            message = backend.describe_error(exc)
+        assert package in message and f"slem-dask[{extra}]" in message
+        assert backend.describe_error(ImportError("no module named numpy")) is None

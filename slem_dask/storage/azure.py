@@ -35,7 +35,10 @@ def _close_clients_at_exit() -> None:
     keeps the finalizers in a private registry: if it is not there, nothing is done."""
     import weakref
 
-    from adlfs import AzureBlobFileSystem
+    try:
+        from adlfs import AzureBlobFileSystem
+    except ImportError:  # no adlfs: no finalizers of its own to run
+        return
 
     for finalizer, info in list(getattr(weakref.finalize, "_registry", {}).items()):
         if isinstance(info.weakref(), AzureBlobFileSystem):
@@ -54,6 +57,7 @@ class AzureBackend(BucketBackend):
 
     protocols = ("az", "abfs", "abfss")
     env_prefixes = ("AZURE_",)
+    client, extra = "adlfs", "azure"
     bucket_word = "container"
 
     def __init__(self, url: str, **storage_options):
@@ -137,7 +141,7 @@ class AzureBackend(BucketBackend):
             url = fields.get("BlobEndpoint")
         return url or "Azure Blob Storage"
 
-    def describe_error(self, exc: BaseException) -> str | None:
+    def _describe_error(self, exc: BaseException) -> str | None:
         from azure.core import exceptions as ax
 
         for e in chain(exc):

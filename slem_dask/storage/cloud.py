@@ -193,6 +193,21 @@ class BucketBackend(Backend):
 
     # -- errors --------------------------------------------------------------
 
+    client = extra = ""  # the fsspec package of the store, and slem-dask's extra for it
+
+    def describe_error(self, exc: BaseException) -> str | None:
+        for e in chain(exc):
+            if isinstance(e, ImportError) and self.client and self.client in str(e):
+                return (f"{self.root} needs {self.client}, which is not installed: pip "
+                        f"install 'slem-dask[{self.extra}]' (on every dask worker too)")
+        try:
+            return self._describe_error(exc)
+        except ImportError:  # the client is not installed: nothing more to say
+            return None
+
+    def _describe_error(self, exc: BaseException) -> str | None:
+        return None
+
     def _missing_bucket_line(self, exc: BaseException, endpoint: str, fix: str,
                              missing: bool = False) -> str | None:
         """The line for a failure on a missing bucket: ``missing``, a NoSuchBucketError,

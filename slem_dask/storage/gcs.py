@@ -26,6 +26,7 @@ class GCSBackend(BucketBackend):
 
     protocols = ("gs", "gcs")
     env_prefixes = ("GOOGLE_", "STORAGE_EMULATOR_HOST", "GCSFS_", "CLOUDSDK_", "NO_GCE_CHECK")
+    client, extra = "gcsfs", "gcs"
 
     _zonal: bool | None = None
 
@@ -76,7 +77,7 @@ class GCSBackend(BucketBackend):
                 or os.environ.get("STORAGE_EMULATOR_HOST")
                 or "https://storage.googleapis.com")
 
-    def describe_error(self, exc: BaseException) -> str | None:
+    def _describe_error(self, exc: BaseException) -> str | None:
         import aiohttp
         import google.auth.exceptions as gx
 
