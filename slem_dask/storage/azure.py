@@ -17,6 +17,7 @@ import asyncio
 import atexit
 import os
 import re
+import weakref
 
 import zarr  # noqa: F401 - its exit handler first (see _close_clients_at_exit)
 
@@ -33,8 +34,6 @@ def _close_clients_at_exit() -> None:
     event loop) before zarr's exit handler stops zarr's loop: run after it, each printed
     a 'Loop is not running' traceback at the end of every command on az://. Python
     keeps the finalizers in a private registry: if it is not there, nothing is done."""
-    import weakref
-
     try:
         from adlfs import AzureBlobFileSystem
     except ImportError:  # no adlfs: no finalizers of its own to run
@@ -48,7 +47,15 @@ def _close_clients_at_exit() -> None:
                 pass
 
 
-# registered after zarr's own handler (zarr is imported first), so run before it
+class _Anchor:
+    pass
+
+
+# Exit handlers run last registered first. Registered after zarr's (zarr is imported
+# first) and after weakref's (made to register here by a finalizer of its own), this one
+# runs before both: before zarr stops its loop, and before weakref runs what is left
+_ANCHOR = _Anchor()
+weakref.finalize(_ANCHOR, int)
 atexit.register(_close_clients_at_exit)
 
 

@@ -65,7 +65,6 @@ class BucketBackend(Backend):
         self.bucket, self.prefix = bucket, prefix.strip("/")
         self.storage_options = dict(storage_options)
         self._fs = None
-        self._bucket_seen = False
 
     @property
     def fs(self):
@@ -86,13 +85,15 @@ class BucketBackend(Backend):
         return "/".join([self.bucket, *[p for p in [self.prefix, *key.split("/")] if p]])
 
     def _check_bucket(self) -> None:
-        """Raise NoSuchBucketError if the bucket is missing (asked once per backend: an
-        absent key is the common case, a vanished bucket is not)."""
-        if not self._bucket_seen:
+        """Raise NoSuchBucketError if the bucket is missing. Asked once per process and
+        configuration (an absent key is the common case, a vanished bucket is not): the
+        answer is kept with the file system, which a job's many backends share."""
+        seen = self.fs.__dict__.setdefault("_slem_buckets_seen", set())
+        if self.bucket not in seen:
             if not self._bucket_exists():
                 raise NoSuchBucketError(
                     f"{self.bucket_word} {self.bucket!r} of {self.root} does not exist")
-            self._bucket_seen = True
+            seen.add(self.bucket)
 
     def _bucket_exists(self) -> bool:
         raise NotImplementedError
