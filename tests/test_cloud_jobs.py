@@ -55,7 +55,8 @@ def test_fit_encode_verify_versions_and_rollback_match_local_disk(cloud, tmp_pat
                             dtype="float32", chunks=(40, D))
     arr[...] = cloud["neg"]
     pipeline.fit_job(None, str(tmp_path / "neg.zarr"), str(tmp_path / "model.zarr"), lam=0.1)
-    assert load_model(model).fingerprint_ == load_model(str(tmp_path / "model.zarr")).fingerprint_
+    local = load_model(str(tmp_path / "model.zarr"))
+    assert load_model(model).fingerprint_ == local.fingerprint_
     pipeline.encode_job(None, model, f"{root}/pos.zarr", out, partition_rows=40)
     first = storage.read_all(out)
     np.testing.assert_array_equal(first, _expected(model, cloud["pos"]))

@@ -130,7 +130,8 @@ class AzureBackend(BucketBackend):
         try:
             status = (await target.start_copy_from_url(source.url))["copy_status"]
         except ResourceNotFoundError as exc:
-            raise FileNotFoundError(f"cannot copy {self.protocol}://{src}: no such blob") from exc
+            raise FileNotFoundError(
+                f"cannot copy {self.protocol}://{src}: no such blob") from exc
         while status == "pending":
             await asyncio.sleep(_COPY_POLL)
             status = (await target.get_blob_properties()).copy.status

@@ -83,7 +83,8 @@ class Backend(abc.ABC):
 
 def backend_for(url: str) -> Backend:
     """The backend of a canonical store URL (``file:///abs/path``, ``s3://bucket/key``,
-    ``gs://bucket/key``, ``az://container/key``, ``memory://…``; other fsspec protocols go through :mod:`.fsspec_backend`)."""
+    ``gs://bucket/key``, ``az://container/key``, ``memory://…``; other fsspec protocols
+    go through :mod:`.fsspec_backend`)."""
     if url.startswith("file://"):
         from .local import LocalBackend
 
