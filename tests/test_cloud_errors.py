@@ -206,3 +206,11 @@ def test_a_missing_client_package_is_one_line():
             message = backend.describe_error(exc)
         assert package in message and f"slem-dask[{extra}]" in message
         assert backend.describe_error(ImportError("no module named numpy")) is None
+
+
+def test_one_probe_scope_per_bucket_and_endpoint(gcs, azure):
+    a, b = GCSBackend(f"gs://{gcs.bucket}/x"), GCSBackend(f"gs://{gcs.bucket}/y/z")
+    assert a.probe_scope() == b.probe_scope() == f"bucket gs://{gcs.bucket} at {gcs.endpoint}"
+    assert GCSBackend("gs://other/x").probe_scope() != a.probe_scope()
+    assert AzureBackend(f"az://{azure.bucket}/p").probe_scope().startswith(
+        f"container az://{azure.bucket} at ")

@@ -81,6 +81,14 @@ class BucketBackend(Backend):
     def __repr__(self):
         return f"{type(self).__name__}({self.root!r})"
 
+    def probe_scope(self) -> str:
+        """What one check that create-only writes are refused vouches for: the bucket
+        at its endpoint (the same service answers for every key in it)."""
+        return f"{self.bucket_word} {self.protocol}://{self.bucket} at {self._endpoint()}"
+
+    def _endpoint(self) -> str:
+        raise NotImplementedError
+
     def _path(self, key: str) -> str:
         return "/".join([self.bucket, *[p for p in [self.prefix, *key.split("/")] if p]])
 
