@@ -1,3 +1,5 @@
+import os
+
 import numpy as np
 import pytest
 
@@ -44,6 +46,42 @@ def seaweedfs_server():
 @pytest.fixture(scope="session")
 def moto_server():
     server = _s3_server("moto")
+    yield server
+    server.stop()
+
+
+# -- Google Cloud Storage and Azure Blob emulators (tests/emulators.py) ------------------
+
+def _emulator(kind):
+    import emulators
+    import s3server
+
+    try:
+        server = emulators.STARTERS[kind]()
+    except s3server.Unavailable as exc:
+        if os.environ.get("CI"):  # .ci/run installs both: a skip there would hide a gap
+            pytest.fail(f"{exc} (CI is set: .ci/run should have installed it)")
+        pytest.skip(str(exc))
+    print(f"\n{server.name} up in {server.started_in:.2f} s at {server.endpoint}")
+    return server
+
+
+# gcsfs reads it when first imported (by any test): else each of its clients asks the
+# emulator over gRPC, which it does not serve, and waits 60 s (tests/emulators.py)
+os.environ["GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT"] = "false"
+
+
+@pytest.fixture(scope="session")
+def gcs_emulator():
+    os.environ.setdefault("NO_GCE_CHECK", "true")  # no metadata server to wait for
+    server = _emulator("gcs")
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def azure_emulator():
+    server = _emulator("azure")
     yield server
     server.stop()
 

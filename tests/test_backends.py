@@ -1,6 +1,7 @@
 """The Backend contract (slem_dask/storage/backend.py), run against every backend:
-a local folder, memory://, and S3 on two real servers on 127.0.0.1 (SeaweedFS's
-`weed` and moto's server, tests/s3server.py)."""
+a local folder, memory://, S3 on two real servers on 127.0.0.1 (SeaweedFS's
+`weed` and moto's server, tests/s3server.py), Google Cloud Storage on fake-gcs-server
+and Azure Blob on Azurite (tests/emulators.py)."""
 
 import multiprocessing
 import os
@@ -13,13 +14,16 @@ import uuid
 
 import pytest
 
+from slem_dask.storage.azure import AzureBackend
 from slem_dask.storage.backend import backend_for
 from slem_dask.storage.fsspec_backend import FsspecBackend
+from slem_dask.storage.gcs import GCSBackend
 from slem_dask.storage.local import LocalBackend
 from slem_dask.storage.s3 import S3Backend
 
 S3_KINDS = ["seaweedfs", "moto"]
-KINDS = ["local", "memory", *(f"s3-{k}" for k in S3_KINDS)]
+EMULATED = {"gcs": ("gs", GCSBackend), "azure": ("az", AzureBackend)}
+KINDS = ["local", "memory", *(f"s3-{k}" for k in S3_KINDS), *EMULATED]
 
 
 def _make(kind, request, tmp_path):
@@ -27,11 +31,15 @@ def _make(kind, request, tmp_path):
         return backend_for(f"file://{tmp_path / 'root'}")
     if kind == "memory":
         return backend_for(f"memory://slem-{uuid.uuid4().hex}")
-    server = request.getfixturevalue(f"{kind[3:]}_server")
+    if kind in EMULATED:
+        server = request.getfixturevalue(f"{kind}_emulator")
+    else:
+        server = request.getfixturevalue(f"{kind[3:]}_server")
     mp = request.getfixturevalue("monkeypatch")
     for name, value in server.env().items():
         mp.setenv(name, value)
-    return backend_for(f"s3://{server.bucket}/{uuid.uuid4().hex}")
+    protocol = EMULATED[kind][0] if kind in EMULATED else "s3"
+    return backend_for(f"{protocol}://{server.bucket}/{uuid.uuid4().hex}")
 
 
 @pytest.fixture(params=KINDS)
@@ -45,7 +53,8 @@ def backend(request, tmp_path):
 
 def test_backend_for_picks_the_backend_of_the_url(backend, request):
     kind = request.node.callspec.params["backend"]
-    expected = {"local": LocalBackend, "memory": FsspecBackend}.get(kind, S3Backend)
+    expected = {"local": LocalBackend, "memory": FsspecBackend,
+                **{k: cls for k, (_, cls) in EMULATED.items()}}.get(kind, S3Backend)
     assert type(backend) is expected
 
 
@@ -408,6 +417,7 @@ def test_describe_error_is_none_for_other_errors(s3_server):
 
 _CLIENT = """
 import sys
+from slem_dask.storage.azure import AzureBackend
 from slem_dask.storage.backend import backend_for
 b = backend_for(sys.argv[1])
 b.put("env/probe", b"seen")

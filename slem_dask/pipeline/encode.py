@@ -393,8 +393,12 @@ def reuse_partitions(store, draft, target, head, inputs: list[str], n_parts: int
 
 def _relative(store, arr) -> str:
     """The folder of ``arr`` (a version of ``store``) relative to the store's root."""
-    location = storage._where(arr)
-    root = store.path.location.rstrip("/")
+    # without the scheme: fsspec names a store by its file system's first protocol
+    # (adlfs: abfs://), which need not be the one the store's URL has (az://)
+    location = storage._where(arr).split("://", 1)[-1]
+    root = store.path.location.split("://", 1)[-1].rstrip("/")
+    if not location.startswith(root + "/"):
+        raise ValueError(f"{location!r} is not inside the store {root!r}")
     return location[len(root):].strip("/")
 
 

@@ -4,7 +4,8 @@ mean "right". One concern per module:
 =================  =========================================================================
 ``paths``          canonical store paths; nothing written over or inside an input
 ``backend``        one interface to the bytes under a path (atomic create-if-absent), with
-                   ``local`` (POSIX), ``s3`` (S3 through s3fs) and ``fsspec_backend`` (other)
+                   ``local`` (POSIX), ``s3`` (S3 through s3fs), ``gcs`` and ``azure`` (through
+                   gcsfs, adlfs; ``cloud`` what they share) and ``fsspec_backend`` (other)
 ``versions``       versioned stores: drafts, atomic commits, snapshot reads, history, rollback
 ``leases``         one writer per store, liveness judged without comparing hosts' clocks
 ``ownership``      what slem-dask wrote and may replace; nothing else is deleted

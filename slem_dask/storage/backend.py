@@ -19,7 +19,8 @@ are confirmed by reading their record back.
 
 Keys are ``/``-separated and relative to the backend's root. One backend per
 module: :mod:`.local` (POSIX file systems), :mod:`.s3` (S3 and S3-compatible
-object stores through s3fs).
+object stores through s3fs), :mod:`.gcs` (Google Cloud Storage through gcsfs),
+:mod:`.azure` (Azure Blob through adlfs).
 """
 
 from __future__ import annotations
@@ -116,7 +117,8 @@ class Backend(abc.ABC):
 
 def backend_for(url: str) -> Backend:
     """The backend of a canonical store URL (``file:///abs/path``, ``s3://bucket/key``,
-    ``memory://…``; other fsspec protocols go through :mod:`.fsspec_backend`)."""
+    ``gs://bucket/key``, ``az://container/key``, ``memory://…``; other fsspec protocols
+    go through :mod:`.fsspec_backend`)."""
     if url.startswith("file://"):
         from .local import LocalBackend
 
@@ -125,6 +127,14 @@ def backend_for(url: str) -> Backend:
         from .s3 import S3Backend
 
         return S3Backend(url)
+    if url.startswith(("gs://", "gcs://")):
+        from .gcs import GCSBackend
+
+        return GCSBackend(url)
+    if url.startswith(("az://", "abfs://", "abfss://")):
+        from .azure import AzureBackend
+
+        return AzureBackend(url)
     from .fsspec_backend import FsspecBackend
 
     return FsspecBackend(url)

@@ -27,11 +27,30 @@ def _store_get(arr, key: str, suffix: int | None = None, head: int | None = None
     from zarr.core.buffer import default_buffer_prototype
     from zarr.core.sync import sync
 
+    store = arr.store_path.store
     byte_range = (SuffixByteRequest(suffix) if suffix else
                   RangeByteRequest(0, head) if head else None)
-    buf = sync(arr.store_path.store.get(key, prototype=default_buffer_prototype(),
-                                        byte_range=byte_range))
+    if byte_range is not None and _plain_ranges_only(store):
+        try:
+            size = sync(store.getsize(key))
+        except FileNotFoundError:
+            return None
+        start = max(0, size - suffix) if suffix else 0
+        end = size if suffix else min(head, size)
+        if end <= start:
+            return b""
+        byte_range = RangeByteRequest(start, end)
+    buf = sync(store.get(key, prototype=default_buffer_prototype(), byte_range=byte_range))
     return None if buf is None else buf.to_bytes()
+
+
+def _plain_ranges_only(store) -> bool:
+    """Whether ``store`` reads only ranges inside the object: adlfs (Azure) sends a
+    suffix range as a negative offset, and a range over an empty blob, which Azure
+    refuses (seen on Azurite and adlfs 2026.8)."""
+    protocol = getattr(getattr(store, "fs", None), "protocol", ())
+    protocol = (protocol,) if isinstance(protocol, str) else tuple(protocol)
+    return bool({"abfs", "az", "abfss"} & set(protocol))
 
 
 #: Below this many bytes a checksum is computed through google_crc32c's module (it

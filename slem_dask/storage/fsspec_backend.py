@@ -5,8 +5,8 @@ exclusive create (``pipe_file(mode="create")``, ``open(mode="xb")``) is, for mos
 file systems, a check followed by a write, which two writers can both pass. So
 ``create`` is atomic only where this module knows how: ``memory://`` lives in
 one process, where a lock around the check and the write is enough. On other
-protocols it refuses (StorageConfigError) rather than pretend; S3 and local paths
-have their own backends (:mod:`.s3`, :mod:`.local`).
+protocols it refuses (StorageConfigError) rather than pretend; local paths, S3, GCS
+and Azure have their own backends (:mod:`.local`, :mod:`.s3`, :mod:`.gcs`, :mod:`.azure`).
 """
 
 from __future__ import annotations
@@ -62,7 +62,7 @@ class FsspecBackend(Backend):
             raise StorageConfigError(
                 f"{self.root}: fsspec's {self.protocol}:// file system offers no atomic "
                 "create-if-absent that slem-dask knows of, so it cannot commit there "
-                "safely; use a local path or s3://")
+                "safely; use a local path, s3://, gs:// or az://")
         path = self._path(key)
         with _LOCK:  # the file system is in this process: the lock serialises writers
             if self.fs.exists(path):

@@ -69,7 +69,12 @@ def canonical(path) -> StorePath:
         return StorePath("file://" + os.path.realpath(os.path.expanduser(text)))
     protocol, rest = text.split("://", 1)
     rest = posixpath.normpath(rest).lstrip("/") if rest.strip("/") else ""
-    return StorePath(f"{protocol.lower()}://{rest}")
+    protocol = _ALIASES.get(protocol.lower(), protocol.lower())
+    return StorePath(f"{protocol}://{rest}")
+
+
+# one name for one store: the schemes of one file system that address the same objects
+_ALIASES = {"gcs": "gs", "abfs": "az", "abfss": "az"}
 
 
 

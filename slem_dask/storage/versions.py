@@ -258,7 +258,7 @@ class VersionedStore:
             raise StorageConfigError(
                 f"{str(self.path)!r}: this storage offers no atomic create-if-absent, so "
                 f"slem-dask cannot commit versions there safely; write to a local path or "
-                f"to s3://")
+                f"to s3://, gs:// or az://")
         self._probe_conditional_writes()
         head = self.head()
         seq = (head.seq if head else 0) + 1

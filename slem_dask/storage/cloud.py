@@ -1,0 +1,243 @@
+"""What Google Cloud Storage (:mod:`.gcs`) and Azure Blob (:mod:`.azure`) share as
+backends: a bucket (container) and a prefix, reached through their fsspec file
+system (gcsfs, adlfs), the same one zarr reads and writes array chunks through.
+
+Each store's module supplies the create-only write and the one-line errors. Every
+listing goes to the store (another process may have written since), and a key or
+listing that is absent is told apart from a bucket that is: a job on a missing
+bucket must fail, not find an empty store.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import threading
+
+from .backend import Backend
+
+__all__ = ["BucketBackend", "cached_filesystem"]
+
+_PRIVATE_SUFFIXES = (".partial", ".tmp")  # a writer's temporaries (as LocalBackend skips)
+_FILESYSTEMS: dict = {}
+_FILESYSTEMS_LOCK = threading.Lock()
+EVERY_WORKER = "(the client and every dask worker need the same variables)"
+
+
+def cached_filesystem(protocol: str, options: dict, env_prefixes: tuple[str, ...]):
+    """One file system per process, protocol, options and environment: fsspec's own
+    instance cache ignores the environment, so a process that changed its endpoint or
+    keys (a test, a long-lived client) would keep talking to the old store."""
+    import fsspec
+
+    env = tuple(sorted((k, v) for k, v in os.environ.items() if k.startswith(env_prefixes)))
+    token = (protocol, os.getpid(), json.dumps(options, sort_keys=True, default=repr), env)
+    with _FILESYSTEMS_LOCK:
+        fs = _FILESYSTEMS.get(token)
+        if fs is None:
+            fs = _FILESYSTEMS[token] = fsspec.filesystem(
+                protocol, skip_instance_cache=True,
+                **{"use_listings_cache": False, **options})
+        return fs
+
+
+class NoSuchBucketError(FileNotFoundError):
+    """The bucket (container) of a store does not exist."""
+
+
+class BucketBackend(Backend):
+    """Objects under ``PROTOCOL://bucket/prefix`` through an fsspec file system.
+    Subclasses set ``protocols`` and ``env_prefixes`` and implement :meth:`_create`,
+    :meth:`_bucket_exists` and :meth:`describe_error`."""
+
+    protocols: tuple[str, ...] = ()
+    env_prefixes: tuple[str, ...] = ()
+    bucket_word = "bucket"  # what the store calls one (Azure: "container")
+
+    def __init__(self, url: str, **storage_options):
+        protocol, sep, path = url.partition("://")
+        bucket, _, prefix = path.strip("/").partition("/")
+        if not sep or protocol not in self.protocols or not bucket:
+            raise ValueError(f"not a {self.protocols[0]}://bucket/prefix URL: {url!r}")
+        self.protocol = protocol
+        self.root = f"{protocol}://{bucket}/{prefix.strip('/')}".rstrip("/")
+        self.bucket, self.prefix = bucket, prefix.strip("/")
+        self.storage_options = dict(storage_options)
+        self._fs = None
+
+    @property
+    def fs(self):
+        """The file system, made on first use: a backend whose credentials are missing
+        must still be made, to say so (:meth:`describe_error`)."""
+        if self._fs is None:
+            self._fs = cached_filesystem(self.protocols[0], self.storage_options,
+                                         self.env_prefixes)
+        return self._fs
+
+    def __reduce__(self):  # to dask workers: they build their own client
+        return functools.partial(type(self), self.root, **self.storage_options), ()
+
+    def __repr__(self):
+        return f"{type(self).__name__}({self.root!r})"
+
+    def probe_scope(self) -> str:
+        """What one check that create-only writes are refused vouches for: the bucket
+        at its endpoint (the same service answers for every key in it)."""
+        return f"{self.bucket_word} {self.protocol}://{self.bucket} at {self._endpoint()}"
+
+    def _endpoint(self) -> str:
+        raise NotImplementedError
+
+    def _path(self, key: str) -> str:
+        return "/".join([self.bucket, *[p for p in [self.prefix, *key.split("/")] if p]])
+
+    def _check_bucket(self) -> None:
+        """Raise NoSuchBucketError if the bucket is missing. Asked once per process and
+        configuration (an absent key is the common case, a vanished bucket is not): the
+        answer is kept with the file system, which a job's many backends share."""
+        seen = self.fs.__dict__.setdefault("_slem_buckets_seen", set())
+        if self.bucket not in seen:
+            if not self._bucket_exists():
+                raise NoSuchBucketError(
+                    f"{self.bucket_word} {self.bucket!r} of {self.root} does not exist")
+            seen.add(self.bucket)
+
+    def _bucket_exists(self) -> bool:
+        raise NotImplementedError
+
+    def _create(self, path: str, data: bytes) -> bool:
+        """One create-only write of ``path``: True if written, False if the store
+        refused it because the object exists."""
+        raise NotImplementedError
+
+    # -- Backend -------------------------------------------------------------
+
+    def read(self, key: str) -> bytes | None:
+        if not key.strip("/") and not self.prefix:
+            return None
+        try:
+            return self.fs.cat_file(self._path(key))
+        except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
+            self._check_bucket()
+            return None
+
+    def create(self, key: str, data: bytes) -> bool:
+        """A create-only write. When the store refuses it (the object exists) the
+        object is read back: True if it holds ``data`` (the client resent a request
+        whose first copy landed, or a racing writer wrote the same bytes), so racing
+        writers should write distinct bytes (a token of their own). Any other failure
+        raises: the outcome is then unknown."""
+        path, data = self._path(key), bytes(data)
+        if self._create(path, data):
+            return True
+        return self.read(key) == data
+
+    def put(self, key: str, data: bytes) -> None:
+        self.fs.pipe_file(self._path(key), bytes(data))
+
+    def list(self, prefix: str) -> list[str]:
+        path = self._path(prefix).rstrip("/")
+        try:
+            entries = self.fs.ls(path, detail=False)
+        except (FileNotFoundError, NotADirectoryError):
+            entries = []
+        names = {e.rstrip("/").rsplit("/", 1)[-1] for e in entries
+                 if e.rstrip("/") != path}
+        if not names:
+            self._check_bucket()
+        return sorted(names)
+
+    def exists(self, key: str) -> bool:
+        if key.strip("/") or self.prefix:
+            try:  # fsspec's isfile would answer False for a refused request too
+                if self.fs.info(self._path(key))["type"] == "file":
+                    return True
+            except FileNotFoundError:
+                pass
+        return bool(self.list(key))  # a folder: one level listed (asks for the bucket)
+
+    def delete(self, key: str) -> None:
+        if not key.strip("/") and not self.prefix:
+            return
+        try:
+            self.fs.rm_file(self._path(key))
+        except FileNotFoundError:
+            pass
+
+    def _objects_under(self, folder: str) -> list[str]:
+        try:
+            return self.fs.find(folder.rstrip("/") + "/", withdirs=False)
+        except FileNotFoundError:
+            return []
+
+    def remove_tree(self, prefix: str) -> None:
+        path = self._path(prefix)
+        found = self._objects_under(path)
+        for i in range(0, len(found), 1000):
+            try:
+                self.fs.rm(found[i:i + 1000])
+            except FileNotFoundError:  # deleted meanwhile
+                pass
+        if prefix.strip("/") or self.prefix:
+            try:
+                self.fs.rm_file(path)  # the prefix may name one object
+            except FileNotFoundError:
+                pass
+
+    def copy_tree(self, src: str, dst: str, names: list[str] | None = None) -> None:
+        """A server-side copy of each object (no bytes through this process); the copy
+        is a new object, so later writes to ``src`` leave ``dst`` as it was. An
+        existing ``dst`` object is overwritten."""
+        src_path, dst_path = self._path(src), self._path(dst)
+        if names is None:
+            names = [p[len(src_path):].lstrip("/") for p in self._objects_under(src_path)
+                     if not p.endswith(_PRIVATE_SUFFIXES)]
+        pairs = [(f"{src_path}/{n.strip('/')}", f"{dst_path}/{n.strip('/')}") for n in names]
+        self._copy_all(pairs)
+
+    def _copy_all(self, pairs: list[tuple[str, str]]) -> None:
+        if pairs:
+            self.fs.copy([s for s, _ in pairs], [d for _, d in pairs], on_error="raise")
+
+    # -- errors --------------------------------------------------------------
+
+    client = extra = ""  # the fsspec package of the store, and slem-dask's extra for it
+
+    def describe_error(self, exc: BaseException) -> str | None:
+        for e in chain(exc):
+            if isinstance(e, ImportError) and self.client and self.client in str(e):
+                return (f"{self.root} needs {self.client}, which is not installed: pip "
+                        f"install 'slem-dask[{self.extra}]' (on every dask worker too)")
+        try:
+            return self._describe_error(exc)
+        except ImportError:  # the client is not installed: nothing more to say
+            return None
+
+    def _describe_error(self, exc: BaseException) -> str | None:
+        return None
+
+    def _missing_bucket_line(self, exc: BaseException, endpoint: str, fix: str,
+                             missing: bool = False) -> str | None:
+        """The line for a failure on a missing bucket: ``missing``, a NoSuchBucketError,
+        or any 'not found' while the bucket is indeed missing (asked now)."""
+        missing = missing or any(isinstance(e, NoSuchBucketError) for e in chain(exc))
+        if not missing and any(isinstance(e, FileNotFoundError) for e in chain(exc)):
+            try:
+                missing = not self._bucket_exists()
+            except Exception:  # noqa: BLE001 - the store cannot say: no line
+                return None
+        if missing:
+            return (f"{self.bucket_word} {self.bucket!r} does not exist at {endpoint}: "
+                    f"create it, or "
+                    f"fix the URL {self.root} or {fix} {EVERY_WORKER}")
+        return None
+
+
+def chain(exc: BaseException | None):
+    """``exc`` and the exceptions it was raised from or during."""
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        yield exc
+        exc = exc.__cause__ or exc.__context__

@@ -1,0 +1,105 @@
+"""Google Cloud Storage as a :class:`~slem_dask.storage.backend.Backend`, through
+gcsfs (which zarr reads and writes the arrays' chunks through, too).
+
+The atomic create is an upload with ``ifGenerationMatch=0``: GCS refuses it with 412
+when the object exists, and at most one of racing writers succeeds.
+
+Configuration is gcsfs's and google-auth's: credentials from
+``GOOGLE_APPLICATION_CREDENTIALS`` (a service-account key file), ``gcloud auth
+application-default login`` or the metadata server of a Google Cloud machine; an
+emulator's address from ``STORAGE_EMULATOR_HOST``; keyword arguments given to
+:class:`GCSBackend` go to ``gcsfs.GCSFileSystem`` (``token``, ``project``,
+``endpoint_url``…) and take precedence.
+"""
+
+from __future__ import annotations
+
+import os
+
+from .cloud import EVERY_WORKER, BucketBackend, chain
+
+__all__ = ["GCSBackend"]
+
+
+class GCSBackend(BucketBackend):
+    """Objects under ``gs://bucket/prefix``."""
+
+    protocols = ("gs", "gcs")
+    env_prefixes = ("GOOGLE_", "STORAGE_EMULATOR_HOST", "GCSFS_", "CLOUDSDK_", "NO_GCE_CHECK")
+    client, extra = "gcsfs", "gcs"
+
+    _zonal: bool | None = None
+
+    @property
+    def atomic_create(self) -> bool:
+        return not self._is_zonal()
+
+    def _is_zonal(self) -> bool:
+        """Whether the bucket is a zonal one (Rapid storage), asked once. There gcsfs
+        writes over gRPC appendable objects, and its create-only upload overwrites an
+        existing object (gcsfs 2026.10, extended_gcsfs.simple_upload)."""
+        if self._zonal is None:
+            from fsspec.asyn import sync
+
+            probe = getattr(self.fs, "_is_zonal_bucket", None)  # the extended gcsfs only
+            self._zonal = bool(probe and sync(self.fs.loop, probe, self.bucket))
+        return self._zonal
+
+    def _create(self, path: str, data: bytes) -> bool:
+        if self._is_zonal():
+            from .backend import StorageConfigError
+
+            raise StorageConfigError(
+                f"{self.root}: bucket {self.bucket!r} is a zonal bucket, where gcsfs's "
+                "create-only upload overwrites, so slem-dask cannot commit there safely; "
+                "use a bucket of another storage class")
+        try:  # gcsfs: ifGenerationMatch=0, and a 412 raised as FileExistsError
+            self.fs.pipe_file(path, data, mode="create")
+            return True
+        except FileExistsError:
+            return False
+
+    def _bucket_exists(self) -> bool:
+        from fsspec.asyn import sync
+
+        try:  # a listing of one object: storage.objects.list suffices (buckets.get
+            # is not in roles/storage.objectAdmin)
+            sync(self.fs.loop, self.fs._call, "GET", "b/{}/o", self.bucket, maxResults=1,
+                 json_out=True)
+            return True
+        except FileNotFoundError:
+            return False
+
+    # -- errors --------------------------------------------------------------
+
+    def _endpoint(self) -> str:
+        return (self.storage_options.get("endpoint_url")
+                or os.environ.get("STORAGE_EMULATOR_HOST")
+                or "https://storage.googleapis.com")
+
+    def _describe_error(self, exc: BaseException) -> str | None:
+        import aiohttp
+        import google.auth.exceptions as gx
+
+        key_file = os.environ.get("GOOGLE_APPLICATION_CREDENTIALS")
+        for e in chain(exc):
+            if isinstance(e, (aiohttp.ClientConnectionError, ConnectionError)):
+                return (f"cannot reach Google Cloud Storage at {self._endpoint()} for "
+                        f"{self.root}: start it, or fix STORAGE_EMULATOR_HOST (unset for "
+                        f"GCS itself) {EVERY_WORKER}")
+            if isinstance(e, gx.GoogleAuthError) or getattr(e, "code", None) == 401 or (
+                    isinstance(e, OSError) and str(e).startswith("Forbidden")):
+                if key_file and not os.path.isfile(key_file):
+                    return (f"GOOGLE_APPLICATION_CREDENTIALS names no file ({key_file}), "
+                            f"so {self.root} was tried without credentials: set it to a "
+                            f"service-account key file {EVERY_WORKER}")
+                if isinstance(e, OSError):  # 403: who it is is known, what it may do not
+                    return (f"access denied to {self.root} (403 Forbidden): the identity "
+                            "of GOOGLE_APPLICATION_CREDENTIALS needs storage.objects "
+                            f"get, create, list and delete on bucket {self.bucket!r} "
+                            f"(roles/storage.objectAdmin) {EVERY_WORKER}")
+                return (f"Google Cloud Storage refused the credentials for {self.root}: "
+                        "set GOOGLE_APPLICATION_CREDENTIALS to a valid service-account key "
+                        f"file, or run `gcloud auth application-default login` {EVERY_WORKER}")
+        return self._missing_bucket_line(exc, self._endpoint(),
+                                         "STORAGE_EMULATOR_HOST")
