@@ -267,6 +267,9 @@ class VersionedStore:
                         time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), summary, source)
         if not self.backend.create(f"{COMMITS}/{seq:08d}.json", record.to_json()):
             self._raise_conflict(seq)
+        from .readers import mark_after_commit  # zarr.open(P) then names the right call
+
+        mark_after_commit(self, kind)
         return record
 
     def _raise_conflict(self, seq: int):
