@@ -7,7 +7,7 @@ here make that plain to someone who has never heard of slem-dask:
 * :class:`VersionStore`, a read-only zarr store pinned to one committed version, which
   ``zarr.open``, ``xarray.open_zarr`` and ``dask.array.from_zarr`` open directly; a reader
   whose version is pruned under it gets an error that says so, never zeros;
-* the *root marker*: ``P/zarr.json`` (and ``P/.zgroup``) written at each commit, whose
+* the *root marker*: ``P/zarr.json``, written at each commit unless it is there, whose
   ``zarr_format`` is a sentence naming the right call. zarr cannot parse it, so
   ``zarr.open(P)`` raises with that sentence instead of creating an empty group in ``P``
   (what it did, in its default mode "a", to a folder without a zarr.json).
@@ -41,24 +41,23 @@ _HOW = ("this folder is a slem-dask versioned store, not a zarr node: read its c
 
 
 # -- the root marker -----------------------------------------------------------------------
-def root_documents(kind: str) -> dict[str, bytes]:
-    """``P/.zgroup`` and ``P/zarr.json`` of a versioned store holding ``kind``. zarr reads
-    ``node_type`` before ``zarr_format``: "array" for outputs (``zarr.open_array`` and
-    ``dask.array.from_zarr`` then show the sentence), "group" for the rest."""
-    v3 = {"zarr_format": _HOW, "node_type": "array" if kind == "encoding" else "group",
-          MARKER: {"kind": kind, "read_with": "slem_dask.open_zarr(PATH)",
-                   "versions": "slem-dask versions PATH", "export": "slem-dask export PATH "
-                   "--to OUT.zarr"}}
-    v2 = {"zarr_format": _HOW, MARKER: {"kind": kind}}
-    return {".zgroup": json.dumps(v2, indent=1).encode(),
-            "zarr.json": json.dumps(v3, indent=1).encode()}
+def root_document(kind: str) -> bytes:
+    """``P/zarr.json`` of a versioned store holding ``kind``. zarr reads ``node_type``
+    before ``zarr_format``: "array" for outputs (``zarr.open_array`` and
+    ``dask.array.from_zarr`` then show the sentence), "group" for the rest. (No
+    ``.zgroup`` for zarr 2's API: zarr 3 warns about every group that has both.)"""
+    doc = {"zarr_format": _HOW, "node_type": "array" if kind == "encoding" else "group",
+           "attributes": {MARKER: {"kind": kind, "read_with": "slem_dask.open_zarr(PATH)",
+                                   "versions": "slem-dask versions PATH",
+                                   "export": "slem-dask export PATH --to OUT.zarr"}}}
+    return json.dumps(doc, indent=1).encode()
 
 
 def is_root_marker(data: bytes | dict | None) -> bool:
     """Whether ``data`` (a document, or its parsed JSON) is a root marker written by
     slem-dask (any release's wording)."""
     doc = data if isinstance(data, dict) else _json(data)
-    return isinstance(doc, dict) and MARKER in doc
+    return isinstance(doc, dict) and "slem-dask versioned store" in str(doc.get("zarr_format"))
 
 
 def _replaceable(data: bytes | None) -> bool:
@@ -67,7 +66,7 @@ def _replaceable(data: bytes | None) -> bool:
     doc = _json(data)
     if not isinstance(doc, dict):
         return False
-    if MARKER in doc:
+    if is_root_marker(doc):
         return True
     empty = {"zarr_format", "node_type", "attributes", "consolidated_metadata"}
     return (set(doc) <= empty and doc.get("zarr_format") in (2, 3)
@@ -83,21 +82,19 @@ def _json(data: bytes | None):
 
 
 def mark_store_root(store: "versions.VersionedStore", kind: str) -> None:
-    """Write the root marker of ``store`` unless it is there (one read when it is). Each
-    document is created only if absent (atomic), and a failed create is read back: equal
-    bytes are done (a retried create whose first reply was lost), a replaceable document
-    is replaced whole, anything else is left as it is. ``zarr.json`` goes last, so its
-    presence says both are written. No clock, no comparison of times."""
-    docs = root_documents(kind)
+    """Write the root marker of ``store`` unless it is there (one read when it is). It
+    is created only if absent (atomic); a failed create is read back: equal bytes are
+    done (a retried create whose first reply was lost), a replaceable document is
+    replaced whole, anything else is left as it is. No clock, no comparison of times."""
+    data = root_document(kind)
     current = store.backend.read("zarr.json")
-    if current == docs["zarr.json"] or current is not None and not _replaceable(current):
+    if current == data or current is not None and not _replaceable(current):
         return
-    for key in (".zgroup", "zarr.json"):
-        if store.backend.create(key, docs[key]):
-            continue
-        existing = store.backend.read(key)
-        if existing != docs[key] and _replaceable(existing):
-            store.backend.put(key, docs[key])
+    if current is None and store.backend.create("zarr.json", data):
+        return
+    existing = store.backend.read("zarr.json")
+    if existing != data and _replaceable(existing):
+        store.backend.put("zarr.json", data)
 
 
 def mark_after_commit(store: "versions.VersionedStore", kind: str) -> None:
@@ -383,8 +380,11 @@ def open_dataset(path, version: int | None = None, **kwargs):
     """One committed version of the slem-dask store at ``path`` as a lazy (dask-backed)
     ``xarray.Dataset``: an output is its variable ``encodings`` with dimensions
     ``("image", "feature")``. ``kwargs`` go to ``xarray.open_zarr``."""
-    import xarray
-
+    try:
+        import xarray
+    except ImportError:
+        raise ImportError("open_dataset needs xarray; install it with pip install xarray, "
+                          "or read the zarr array: slem_dask.open_zarr(path)") from None
     store = VersionStore(path, version)
     kwargs.setdefault("consolidated", False)
     return xarray.open_zarr(store, **kwargs)
