@@ -314,3 +314,28 @@ def test_the_python_examples_of_reading_outputs_md_run(corpus, codes, monkeypatc
     scores = expected[:3] @ expected.T
     np.testing.assert_allclose(np.take_along_axis(scores, ids, 1),
                                np.take_along_axis(scores, brute, 1), rtol=1e-5)
+
+
+# -- on S3 (SeaweedFS on 127.0.0.1) ----------------------------------------------------------
+def test_marker_version_store_and_export_on_s3(s3_server, tmp_path, corpus):
+    import uuid
+
+    import fsspec
+
+    root = f"s3://{s3_server.bucket}/readers-{uuid.uuid4().hex[:8]}"
+    out = f"{root}/codes.zarr"
+    _encode(corpus, out)
+    fs = fsspec.filesystem("s3")
+    before = sorted(fs.find(out))
+    with pytest.raises(Exception, match=re.escape(RIGHT_CALL)):
+        zarr.open(out)
+    fs.invalidate_cache()
+    assert sorted(fs.find(out)) == before  # nothing written
+    expected = _expected(corpus, corpus["pos"])
+    np.testing.assert_array_equal(slem_dask.open_zarr(out)[...], expected)
+    np.testing.assert_array_equal(
+        da.from_zarr(VersionStore(out), component="encodings").compute(), expected)
+    assert main(["export", out, "--to", f"{root}/plain.zarr"]) == 0
+    np.testing.assert_array_equal(zarr.open(f"{root}/plain.zarr", mode="r")[...], expected)
+    assert main(["export", out, "--to", str(tmp_path / "plain.npy")]) == 0
+    np.testing.assert_array_equal(np.load(tmp_path / "plain.npy"), expected)
