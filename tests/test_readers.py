@@ -207,6 +207,24 @@ def test_groups_open_too(corpus):
     np.testing.assert_array_equal(ds["precision"].values, model["precision"][...])
 
 
+def test_a_member_of_a_versioned_group_opens_as_its_array(corpus):
+    import xarray as xr
+
+    from slem_dask.storage import write_group
+
+    path = str(corpus["dir"] / "corpus.zarr")
+    write_group(path, {"kind": "corpus"}, {"negatives": corpus["neg"],
+                                           "database": corpus["pos"]}, "corpus")
+    arr = slem_dask.open_zarr(f"{path}/negatives")
+    assert isinstance(arr, zarr.Array)
+    np.testing.assert_array_equal(arr[...], corpus["neg"])
+    ds = xr.open_zarr(VersionStore(f"{path}/negatives"))
+    assert list(ds.data_vars) == ["negatives"]
+    np.testing.assert_array_equal(ds.negatives.values, corpus["neg"])
+    both = slem_dask.open_dataset(path)
+    np.testing.assert_array_equal(both.database.values, corpus["pos"])
+
+
 # -- pruning -----------------------------------------------------------------------------------
 def _prune_version_1(corpus, codes):
     for i in range(versions.KEEP_VERSIONS):  # the third new job prunes version 1
@@ -225,6 +243,23 @@ def test_a_reader_pinned_to_a_pruned_version_is_told_so(corpus, codes):
         lazy.compute()
     with pytest.raises(versions.VersionError, match="pruned"):
         VersionStore(codes, version=1)
+
+
+def test_a_model_being_pruned_under_a_reader_is_said_not_read_as_zeros(corpus):
+    """S3 deletes a folder's keys in name order: the chunks ("c/...") go before the
+    zarr.json. A reader of a model (a group, whose all-zero chunks zarr may skip) that
+    meets a missing chunk of a version that newer commits made prunable is told so."""
+    model = Path(corpus["model"])
+    precision = slem_dask.open_zarr(model)["precision"]  # version 1
+    document = (head(model) / "zarr.json").read_bytes()
+    folder = head(model)
+    for lam in (0.2, 0.3, 0.4):
+        slem_dask.LinearSLEM(lam=lam).fit(corpus["neg"]).save(str(model), overwrite=True)
+    assert not folder.exists()  # version 1 pruned ...
+    folder.mkdir()
+    (folder / "zarr.json").write_bytes(document)  # ... all but its zarr.json, so far
+    with pytest.raises(versions.VersionError, match="version 1 .* was pruned"):
+        precision[...]
 
 
 def test_a_plain_reader_of_a_pruned_version_reads_nan_never_zeros(corpus, codes):

@@ -168,8 +168,10 @@ class VersionStore(Store):
         self.path, self.version, self.folder = str(owner.path), commit.seq, commit.version
         self.kind, self.member, self.group = commit.kind, member, group
         self._location = owner.location(commit.version)
+        self._base = f"{member}/" if member else ""  # the node viewed, in the version
+        self._name = member.rsplit("/", 1)[-1] if member else ENCODINGS  # in the group view
         self._inner = None
-        self._bare_array = None  # whether the version's node is an array: on first use
+        self._bare_array = None  # whether the node viewed is an array: on first use
 
     # pickling (dask workers): the pinned version, not the open store
     def __getstate__(self):
@@ -185,7 +187,8 @@ class VersionStore(Store):
         return hash((self._location, self.member, self.group))
 
     def __repr__(self) -> str:
-        return f"VersionStore({self.path!r}, version={self.version})"
+        member = f", member={self.member!r}" if self.member else ""
+        return f"VersionStore({self.path!r}, version={self.version}{member})"
 
     def with_read_only(self, read_only: bool = False):
         if not read_only:
@@ -194,51 +197,55 @@ class VersionStore(Store):
         return self
 
     async def _store(self):
+        """The version folder's own zarr store (read only), opened on first use."""
         if self._inner is None:
             from zarr.storage._common import make_store_path
 
             self._inner = (await make_store_path(self._location, mode="r")).store
         return self._inner
 
-    async def _is_bare_array(self) -> bool:
+    async def _viewed_document(self) -> bytes:
+        value = await (await self._store()).get(f"{self._base}zarr.json",
+                                                prototype=default_buffer_prototype())
+        if value is None:
+            raise self._pruned()
+        return _with_dimension_names(value.to_bytes(), self._names(f"{self._name}/zarr.json"))
+
+    async def _group_view(self) -> bool:
+        """Whether this view shows an array inside a group of its own (see the class)."""
         if self._bare_array is None:
-            data = await (await self._store()).get(
-                "zarr.json", prototype=default_buffer_prototype())
-            doc = _json(data.to_bytes()) if data is not None else None
-            if doc is None:
-                raise self._pruned()
-            self._bare_array = not self.member and doc.get("node_type") == "array"
-        return self._bare_array
+            doc = _json(await self._viewed_document()) or {}
+            self._bare_array = doc.get("node_type") == "array"
+        return self.group and self._bare_array
 
     async def _key(self, key: str) -> str | None:
         """The version folder's key for ``key`` of this view (None: the view's own
-        group document)."""
-        if self.group and await self._is_bare_array():
+        group document; _ELSEWHERE: nothing)."""
+        if await self._group_view():
             if key == "zarr.json":
                 return None
             head, _, rest = key.partition("/")
-            return rest if head == ENCODINGS and rest else _ELSEWHERE
-        return f"{self.member}/{key}" if self.member else key
+            return self._base + rest if head == self._name and rest else _ELSEWHERE
+        return self._base + key
 
-    async def _group_document(self, store) -> bytes:
+    async def _group_document(self) -> bytes:
         """The view's root group, its member's metadata inline (zarr's consolidated
         metadata: xarray opens it in one read, without a warning)."""
-        value = await store.get("zarr.json", prototype=default_buffer_prototype())
-        if value is None:
-            raise self._pruned()
-        member = _json(_with_dimension_names(value.to_bytes(), self._names("zarr.json")))
         return json.dumps({
             "zarr_format": 3, "node_type": "group",
             "attributes": {MARKER: {"store": self.path, "version": self.version,
                                     "folder": self.folder, "kind": self.kind}},
-            "consolidated_metadata": {"kind": "inline", "must_understand": False,
-                                      "metadata": {ENCODINGS: member}}}).encode()
+            "consolidated_metadata": {"kind": "inline", "must_understand": False, "metadata": {
+                self._name: _json(await self._viewed_document())}}}).encode()
 
     def _names(self, key: str):
-        if self.kind == "encoding" and key in ("zarr.json", f"{ENCODINGS}/zarr.json"):
+        """Dimension names for the array whose document is ``key`` of this view, if
+        it has none: an output's ("image", "feature"), else unique ones."""
+        if self.kind == "encoding" and not self.member and \
+                key in ("zarr.json", f"{ENCODINGS}/zarr.json"):
             return lambda ndim: DIMENSIONS if ndim == 2 else \
                 [f"dim_{i}" for i in range(ndim)]
-        prefix = key[:-len("zarr.json")].strip("/").replace("/", "_") or "array"
+        prefix = key[:-len("zarr.json")].strip("/").replace("/", "_") or self._name
         return lambda ndim: [f"{prefix}_dim_{i}" for i in range(ndim)]
 
     def _pruned(self) -> versions.VersionError:
@@ -249,16 +256,22 @@ class VersionStore(Store):
             f"(slem_dask.open_zarr({self.path!r})), or pin one that is kept (`slem-dask "
             f"versions {self.path}`)")
 
+    def _prunable(self) -> bool:
+        """Whether enough versions were committed after this one for it to be pruned
+        (sequence numbers only: no clock)."""
+        head = versions.VersionedStore(self.path).head()
+        return head is not None and head.seq - self.version >= versions.KEEP_VERSIONS - 1
+
     async def get(self, key, prototype=None, byte_range=None):
         prototype = prototype or default_buffer_prototype()
         inner_key = await self._key(key)
         if inner_key is _ELSEWHERE or key.rsplit("/", 1)[-1] in _V2_DOCUMENTS:
             return None  # outside the view, or zarr v2's documents: never written
-        store = await self._store()
         if inner_key is None:
-            data = await self._group_document(store)
+            data = await self._group_document()
             return prototype.buffer.from_bytes(data if byte_range is None else
                                                _ranged(data, byte_range))
+        store = await self._store()
         if key.endswith("zarr.json") and byte_range is None:
             value = await store.get(inner_key, prototype)
             if value is None:
@@ -269,19 +282,25 @@ class VersionStore(Store):
         return value if value is not None else await self._absent(key, store)
 
     async def _absent(self, key: str, store):
-        """None (zarr's fill value) only where slem-dask may have left a chunk out: a
-        version being pruned raises, and so does a missing chunk of an output (every
-        chunk of an output is written, zeros included)."""
-        if not await store.exists("zarr.json"):  # pruning deletes it first
+        """None (zarr's fill value) only where slem-dask may have left a chunk out, in a
+        version that is still there; a version pruned (or being pruned) under this
+        reader raises, and so does a missing chunk of an output (every chunk of an
+        output is written, zeros included)."""
+        import asyncio
+
+        if not await store.exists("zarr.json"):
             raise self._pruned()
-        if self.kind == "encoding" and not key.endswith("zarr.json"):
+        if key.endswith("zarr.json"):
+            return None
+        if await asyncio.to_thread(self._prunable):  # its deletion is under way
+            raise self._pruned()
+        if self.kind == "encoding":
             from .errors import MissingChunkError
 
             raise MissingChunkError(
-                f"{self.path!r}: chunk {key!r} of version {self.version} is missing (every "
-                f"chunk of an output is written): the version is being pruned (if newer "
-                f"ones were committed: open the store again), or the store is damaged "
-                f"(`slem-dask verify {self.path}` names every missing chunk)")
+                f"{self.path!r}: chunk {key!r} of version {self.version} is missing "
+                f"(every chunk of an output is written): the store is damaged; "
+                f"`slem-dask verify {self.path}` names every missing chunk")
         return None
 
     async def get_partial_values(self, prototype, key_ranges):
@@ -321,34 +340,31 @@ class VersionStore(Store):
 
     async def list_prefix(self, prefix: str):
         store = await self._store()
-        if self.group and await self._is_bare_array():
+        if await self._group_view():
             if "zarr.json".startswith(prefix):
                 yield "zarr.json"
-            async for key in store.list_prefix(""):
-                if f"{ENCODINGS}/{key}".startswith(prefix):
-                    yield f"{ENCODINGS}/{key}"
+            async for key in store.list_prefix(self._base):
+                key = f"{self._name}/{key[len(self._base):]}"
+                if key.startswith(prefix):
+                    yield key
             return
-        base = f"{self.member}/" if self.member else ""
-        async for key in store.list_prefix(base + prefix):
-            yield key[len(base):]
+        async for key in store.list_prefix(self._base + prefix):
+            yield key[len(self._base):]
 
     async def list_dir(self, prefix: str):
         store = await self._store()
         prefix = prefix.strip("/")
-        if self.group and await self._is_bare_array():
-            if not prefix:
-                yield "zarr.json"
-                yield ENCODINGS
-                return
+        if await self._group_view():
             head, _, rest = prefix.partition("/")
-            if head == ENCODINGS:
-                async for key in store.list_dir(rest):
+            if not prefix:
+                for key in ("zarr.json", self._name):
+                    yield key
+            elif head == self._name:
+                async for key in store.list_dir(self._base + rest):
                     yield key
             return
-        inner = "/".join(p for p in (self.member, prefix) if p)
-        async for key in store.list_dir(inner):
+        async for key in store.list_dir((self._base + prefix).strip("/")):
             yield key
-
 
 
 def _ranged(data: bytes, byte_range) -> bytes:
