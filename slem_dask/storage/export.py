@@ -87,10 +87,13 @@ def _to_npy(node, source, target) -> None:
 
 # -- zarr ------------------------------------------------------------------------------------
 def _to_zarr(source, target, overwrite: bool, facts: dict) -> None:
-    _clear_target(target, overwrite, source.kind)
     from zarr.core.sync import sync
 
-    sync(_copy(source, target, facts))
+    from .leases import Lease
+
+    with Lease(target, "slem-dask export"):  # two exports to one path: one at a time
+        _clear_target(target, overwrite, source.kind)
+        sync(_copy(source, target, facts))
 
 
 def _clear_target(target, overwrite: bool, kind: str) -> None:
