@@ -199,6 +199,8 @@ def test_a_pinned_version_stays_and_the_current_one_moves(corpus, codes):
         VersionStore(codes, version=7)
     with pytest.raises(versions.VersionError, match="not a slem-dask versioned store"):
         slem_dask.open_zarr(corpus["positives"])
+    with pytest.raises(FileNotFoundError, match="no store at"):
+        slem_dask.open_zarr(corpus["dir"] / "nothing.zarr")
 
 
 def test_groups_open_too(corpus):

@@ -112,10 +112,13 @@ def _pinned(path, version: int | None):
     one): ``P``, ``P/member`` (a member of a versioned group, such as a corpus'
     ``negatives``) or a listed version folder ``P/versions/<N>-<token>``. The version's
     zarr.json is checked against its commit record."""
-    from .paths import canonical
+    from .paths import canonical, exists
 
     path = canonical(path)
     location, owner, commit = versions.resolve(path)
+    if owner is None and not exists(path):
+        raise FileNotFoundError(f"no store at {str(path)!r}: give the path of a store that "
+                                f"slem-dask wrote (`slem-dask versions PATH` lists them)")
     if owner is None:
         raise versions.VersionError(
             f"{str(path)!r} is not a slem-dask versioned store (it has no commit records); "
