@@ -19,6 +19,7 @@ _LAZY = {
     **dict.fromkeys(("leave_one_out_map", "make_map_scorer", "map_scorer",
                      "mean_average_precision", "precision_recall_at_k", "search"),
                     ".retrieval"),
+    **dict.fromkeys(("open_zarr", "open_dataset"), ".storage.readers"),
 }
 
 
@@ -55,4 +56,6 @@ __all__ = [
     "leave_one_out_map",
     "make_map_scorer",
     "map_scorer",
+    "open_zarr",
+    "open_dataset",
 ]

@@ -171,14 +171,21 @@ def _input_bytes(args, spec) -> int | None:
         return None
 
 
+#: The commands that run without a cluster (:mod:`slem_dask.cli_stores`).
+_STORE_COMMANDS = ("verify", "versions", "rollback", "export")
+
+
 def _run(args) -> int:
     from .cluster import connect
 
-    if args.command in ("verify", "versions", "rollback"):
+    if args.command in _STORE_COMMANDS:
         from . import cli_stores
 
         if args.command == "verify":
             return 0 if cli_stores.verify(args.paths) else EXIT_ERROR
+        if args.command == "export":
+            cli_stores.export(args)
+            return 0
         cli_stores.versions(args)
         return 0
     progress = sys.stdout.isatty() if args.progress is None else args.progress
@@ -394,7 +401,8 @@ def _warning_line(command: str):
 
 def _paths_of(args) -> list[str]:
     """The store paths a command names (for an object store's one-line errors)."""
-    names = ("negatives", "model", "positives", "out", "queries", "database", "corpus", "path")
+    names = ("negatives", "model", "positives", "out", "queries", "database", "corpus", "path",
+             "to")
     paths = [getattr(args, n) for n in names if isinstance(getattr(args, n, None), str)]
     return paths + [p for p in getattr(args, "paths", None) or [] if isinstance(p, str)]
 
@@ -418,7 +426,7 @@ def _reader_gone(args) -> int:
     (docs.python.org/3/library/signal.html, "Note on SIGPIPE"), saying only on stderr
     what a job cut short by it left."""
     _silence_stdout()
-    if args.command not in ("verify", "versions", "rollback") \
+    if args.command not in _STORE_COMMANDS \
             and getattr(args, "finished", None) is None:
         print(f"slem-dask {args.command}: stopped: the reader of its output closed it "
               f"before the job finished; {_not_complete(args)}", file=sys.stderr)

@@ -297,6 +297,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("path", metavar="PATH")
     p.add_argument("--to", type=int, required=True, metavar="N",
                    help="the version to restore (see `slem-dask versions PATH`)")
+    p = sub.add_parser("export", help="copy one committed version of a store written by "
+                       "slem-dask out as plain zarr, or an output as .npy, for tools that "
+                       "need a plain path")
+    p.add_argument("path", metavar="PATH")
+    p.add_argument("--to", required=True, metavar="OUT",
+                   help="OUT.zarr (a plain zarr v3 array or group) or OUT.npy (an output)")
+    p.add_argument("--version", type=_positive_int, dest="export_version", metavar="N",
+                   help="the version to export (default: the current one; see "
+                        "`slem-dask versions PATH`)")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace an earlier export at OUT.zarr")
     parser.commands = sub.choices  # command -> its parser, for errors in its own words
     return parser
 

@@ -1,11 +1,11 @@
-"""The commands that read or restore stores without a cluster: ``verify``, ``versions``
-and ``rollback`` (:mod:`slem_dask.cli` runs them)."""
+"""The commands that read or restore stores without a cluster: ``verify``, ``versions``,
+``rollback`` and ``export`` (:mod:`slem_dask.cli` runs them)."""
 
 from __future__ import annotations
 
 import errno
 
-__all__ = ["verify", "versions"]
+__all__ = ["verify", "versions", "export"]
 
 
 def verify(paths) -> bool:
@@ -70,3 +70,13 @@ def versions(args) -> None:
               f"{'  (' + c.source + ')' if c.source else ''}  {where}")
     if not commits:
         print(f"{store.path}: no committed version (an unfinished first write)")
+
+
+def export(args) -> None:
+    """`export PATH --to OUT`: one committed version copied out as plain zarr or .npy."""
+    from .storage.export import export as copy_out
+
+    facts = copy_out(args.path, args.to, args.export_version, args.overwrite)
+    what = f"{facts['kind']}" + (f" {facts['shape']} {facts['dtype']}" if "shape" in facts
+                                 else "")
+    print(f"{facts['path']}: version {facts['version']} ({what}) exported to {facts['to']}")

@@ -15,6 +15,7 @@ mean "right". One concern per module:
 ``inputs``         opening what a job reads
 ``groups``         models and search results (small arrays, written whole)
 ``outputs``        encoded outputs (one chunk per partition)
+``readers``        zarr, xarray and dask readers of one committed version; the root marker
 ``workers``        checking that every worker sees the stores as the client does
 ``verify``         ``slem-dask verify``
 ``errors``         the errors by which a guarantee is kept
@@ -56,6 +57,7 @@ from .ownership import (  # noqa: F401
     ATTR, KINDS, check_may_replace, damaged_metadata, remove, slem_dask_kind,
     unreadable_document, unreadable_marker)
 from .paths import StorePath, canonical, check_outside_inputs, exists  # noqa: F401
+from .readers import VersionStore, open_dataset, open_zarr  # noqa: F401
 from .verify import verify  # noqa: F401
 from .workers import check_workers_see, store_signature  # noqa: F401
 
@@ -64,4 +66,5 @@ __all__ = [
     "fingerprint", "write_model_store", "read_model_store", "read_model_meta", "create_output",
     "mark_complete",
     "open_output", "verify", "versions", "Lease", "canonical",
+    "VersionStore", "open_zarr", "open_dataset",
 ]

@@ -20,6 +20,7 @@ from .errors import IntegrityError
 from .inputs import _exists, open_node
 from .ownership import ATTR, slem_dask_kind
 from .paths import canonical
+from .readers import DIMENSIONS, fill_value
 
 
 def create_output(location: str, shape: tuple[int, int], partition_rows: int, dtype,
@@ -39,9 +40,12 @@ def create_output(location: str, shape: tuple[int, int], partition_rows: int, dt
     # trailer only (CHECKSUM).
     # The marker goes into the array's own metadata document, written in one piece
     # with it: there is no moment when the array exists without "complete: false".
+    # Dimension names label it for xarray; a NaN fill value makes a chunk that is not
+    # there (a version pruned under a plain zarr reader) read as NaN, never as zeros.
     return zarr.create_array(store=location, shape=shape, dtype=np.dtype(dtype).newbyteorder("<"),
                              chunks=(max(1, partition_rows), shape[1]), overwrite=True,
                              compressors=CHECKSUM, config={"write_empty_chunks": True},
+                             fill_value=fill_value(dtype), dimension_names=DIMENSIONS,
                              attributes={ATTR: json_params({
                                  "kind": "encoding", "complete": False,
                                  "package_version": __version__, **meta})})

@@ -106,10 +106,14 @@ def unreadable_document(path: StorePath) -> str | None:
     members') that zarr cannot open, e.g. "precision/zarr.json"; None if all open."""
     import zarr
 
+    from .readers import is_root_marker
+
     for name in ["", *_children(path)]:
         node = path.child(name) if name else path
         if not exists(node.child("zarr.json")):
             continue
+        if not name and is_root_marker(_read_json(node, "zarr.json")):
+            continue  # a versioned store's root marker: unreadable to zarr on purpose
         try:
             zarr.open(store=node.location, mode="r")
         except Exception:  # noqa: BLE001 - any failure to parse is the answer

@@ -344,6 +344,9 @@ class VersionedStore:
                         token=uuid.uuid4().hex)
         if not self._publish(seq, record):
             self._raise_conflict(seq)
+        from .readers import mark_after_commit  # zarr.open(P) then names the right call
+
+        mark_after_commit(self, kind)
         return record
 
     def _publish(self, seq: int, record: Commit) -> bool:

@@ -1,0 +1,415 @@
+"""Reading a versioned store with the tools of the zarr ecosystem (zarr, xarray, dask).
+
+A versioned store ``P`` (:mod:`.versions`) is not itself a zarr node: its current version
+is the folder ``P/versions/<N>-<token>/`` that its newest commit record names. Two things
+here make that plain to someone who has never heard of slem-dask:
+
+* :class:`VersionStore`, a read-only zarr store pinned to one committed version, which
+  ``zarr.open``, ``xarray.open_zarr`` and ``dask.array.from_zarr`` open directly; a reader
+  whose version is pruned under it gets an error that says so, never zeros;
+* the *root marker*: ``P/zarr.json``, written at each commit unless it is there, whose
+  ``zarr_format`` is a sentence naming the right call. zarr cannot parse it, so
+  ``zarr.open(P)`` raises with that sentence instead of creating an empty group in ``P``
+  (what it did, in its default mode "a", to a folder without a zarr.json).
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+
+from zarr.abc.store import Store
+from zarr.core.buffer import default_buffer_prototype
+
+from . import versions
+
+__all__ = ["VersionStore", "open_zarr", "open_dataset", "mark_store_root", "is_root_marker",
+           "ENCODINGS", "DIMENSIONS"]
+
+#: The member under which the group view shows an output's array (xarray needs a group).
+ENCODINGS = "encodings"
+#: Dimension names of an output's rows and columns (zarr v3 ``dimension_names``).
+DIMENSIONS = ("image", "feature")
+#: Key of the root marker's own document (what slem-dask recognizes as its marker).
+MARKER = "slem_dask_versioned_store"
+
+_HOW = ("this folder is a slem-dask versioned store, not a zarr node: read its current "
+        "version with slem_dask.open_zarr(PATH), zarr.open(slem_dask.storage.VersionStore("
+        "PATH)) or xarray.open_zarr(slem_dask.storage.VersionStore(PATH)), or copy it out "
+        "as plain zarr with `slem-dask export PATH --to OUT.zarr`")
+
+
+# -- the root marker -----------------------------------------------------------------------
+def root_document(kind: str) -> bytes:
+    """``P/zarr.json`` of a versioned store holding ``kind``. zarr reads ``node_type``
+    before ``zarr_format``: "array" for outputs (``zarr.open_array`` and
+    ``dask.array.from_zarr`` then show the sentence), "group" for the rest. (No
+    ``.zgroup`` for zarr 2's API: zarr 3 warns about every group that has both.)"""
+    doc = {"zarr_format": _HOW, "node_type": "array" if kind == "encoding" else "group",
+           "attributes": {MARKER: {"kind": kind, "read_with": "slem_dask.open_zarr(PATH)",
+                                   "versions": "slem-dask versions PATH",
+                                   "export": "slem-dask export PATH --to OUT.zarr"}}}
+    return json.dumps(doc, indent=1).encode()
+
+
+def is_root_marker(data: bytes | dict | None) -> bool:
+    """Whether ``data`` (a document, or its parsed JSON) is a root marker written by
+    slem-dask (any release's wording)."""
+    doc = data if isinstance(data, dict) else _json(data)
+    return isinstance(doc, dict) and "slem-dask versioned store" in str(doc.get("zarr_format"))
+
+
+def _replaceable(data: bytes | None) -> bool:
+    """A root document slem-dask may replace: its own marker, or the empty group that
+    ``zarr.open(P)`` wrote before there was a marker (no attributes: nothing is lost)."""
+    doc = _json(data)
+    if not isinstance(doc, dict):
+        return False
+    if is_root_marker(doc):
+        return True
+    empty = {"zarr_format", "node_type", "attributes", "consolidated_metadata"}
+    return (set(doc) <= empty and doc.get("zarr_format") in (2, 3)
+            and doc.get("node_type", "group") == "group" and not doc.get("attributes")
+            and not doc.get("consolidated_metadata"))
+
+
+def _json(data: bytes | None):
+    try:
+        return json.loads(data) if data is not None else None
+    except (ValueError, UnicodeDecodeError):
+        return None
+
+
+def mark_store_root(store: "versions.VersionedStore", kind: str) -> None:
+    """Write the root marker of ``store`` unless it is there (one read when it is). It
+    is created only if absent (atomic); a failed create is read back: equal bytes are
+    done (a retried create whose first reply was lost), a replaceable document is
+    replaced whole, anything else is left as it is. No clock, no comparison of times."""
+    data = root_document(kind)
+    current = store.backend.read("zarr.json")
+    if current == data or current is not None and not _replaceable(current):
+        return
+    if current is None and store.backend.create("zarr.json", data):
+        return
+    existing = store.backend.read("zarr.json")
+    if existing != data and _replaceable(existing):
+        store.backend.put("zarr.json", data)
+
+
+def mark_after_commit(store: "versions.VersionedStore", kind: str) -> None:
+    """:func:`mark_store_root`, called by every commit. The commit stands whatever
+    happens here: a marker not written (storage failure) is written by the next commit."""
+    try:
+        mark_store_root(store, kind)
+    except Exception:  # noqa: BLE001 - a convenience for plain readers, never a job's failure
+        pass
+
+
+# -- a zarr store pinned to one version ------------------------------------------------------
+def _pinned(path, version: int | None):
+    """(versioned store, commit, member) of ``path`` at ``version`` (None: the current
+    one): ``P``, ``P/member`` (a member of a versioned group, such as a corpus'
+    ``negatives``) or a listed version folder ``P/versions/<N>-<token>``. The version's
+    zarr.json is checked against its commit record."""
+    from .paths import canonical, exists
+
+    path = canonical(path)
+    location, owner, commit = versions.resolve(path)
+    if owner is None and not exists(path):
+        raise FileNotFoundError(f"no store at {str(path)!r}: give the path of a store that "
+                                f"slem-dask wrote (`slem-dask versions PATH` lists them)")
+    if owner is None:
+        raise versions.VersionError(
+            f"{str(path)!r} is not a slem-dask versioned store (it has no commit records); "
+            f"open it with zarr itself: zarr.open({str(path)!r}, mode='r')")
+    member = location[len(owner.location(commit.version)):].strip("/")
+    if version is not None:
+        commit = owner.commit_at(int(version))
+        if commit is None:
+            raise versions.VersionError(
+                f"{str(owner.path)!r} has no version {version}; list them with "
+                f"`slem-dask versions {owner.path}`")
+    owner.check(commit)  # still there, and the one that was committed
+    return owner, commit, member
+
+
+def _with_dimension_names(data: bytes, names) -> bytes:
+    """An array's zarr.json with ``dimension_names`` (``names(ndim)``) where it has none,
+    so that xarray labels it; anything else unchanged."""
+    doc = _json(data)
+    if not isinstance(doc, dict) or doc.get("node_type") != "array" or \
+            doc.get("dimension_names") or not isinstance(doc.get("shape"), list):
+        return data
+    doc["dimension_names"] = list(names(len(doc["shape"])))
+    return json.dumps(doc, indent=2).encode()
+
+
+_ELSEWHERE = "<not in this view>"  # what the group view's keys outside it map to
+_V2_DOCUMENTS = (".zarray", ".zattrs", ".zgroup", ".zmetadata")
+
+
+class VersionStore(Store):
+    """A read-only zarr store holding one committed version of the slem-dask store at
+    ``path`` (``version``: its number, see ``slem-dask versions P``; None: the current
+    one, resolved once, here). Give it to ``zarr.open``, ``xarray.open_zarr`` or
+    ``dask.array.from_zarr``.
+
+    ``group`` (default True): an output (an array) is shown inside a group, as its
+    member ``"encodings"`` with dimension names ``("image", "feature")``, which xarray
+    needs; ``group=False`` shows the array itself at the root (``zarr.open_array``,
+    ``dask.array.from_zarr`` without ``component``). Nothing stored is changed: arrays
+    without dimension names are given some in what this store serves.
+
+    A version pruned while it is read (storage keeps the last few) raises
+    :class:`~slem_dask.storage.versions.VersionError` saying so, never zeros.
+    """
+
+    def __init__(self, path, version: int | None = None, *, group: bool = True):
+        super().__init__(read_only=True)
+        owner, commit, member = _pinned(path, version)
+        self.path, self.version, self.folder = str(owner.path), commit.seq, commit.version
+        self.kind, self.member, self.group = commit.kind, member, group
+        self._location = owner.location(commit.version)
+        self._base = f"{member}/" if member else ""  # the node viewed, in the version
+        self._name = member.rsplit("/", 1)[-1] if member else ENCODINGS  # in the group view
+        self._inner = None
+        self._bare_array = None  # whether the node viewed is an array: on first use
+
+    # pickling (dask workers): the pinned version, not the open store
+    def __getstate__(self):
+        state = dict(self.__dict__)
+        state["_inner"] = None
+        return state
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, type(self)) and (self._location, self.member, self.group) \
+            == (other._location, other.member, other.group)
+
+    def __hash__(self):
+        return hash((self._location, self.member, self.group))
+
+    def __repr__(self) -> str:
+        member = f", member={self.member!r}" if self.member else ""
+        return f"VersionStore({self.path!r}, version={self.version}{member})"
+
+    def with_read_only(self, read_only: bool = False):
+        if not read_only:
+            raise ValueError(f"{self!r} is read only: slem-dask writes versions by its "
+                             f"own commits (`slem-dask export` makes a writable copy)")
+        return self
+
+    async def _store(self):
+        """The version folder's own zarr store (read only), opened on first use."""
+        if self._inner is None:
+            from zarr.storage._common import make_store_path
+
+            self._inner = (await make_store_path(self._location, mode="r")).store
+        return self._inner
+
+    async def _viewed_document(self) -> bytes:
+        value = await (await self._store()).get(f"{self._base}zarr.json",
+                                                prototype=default_buffer_prototype())
+        if value is None:
+            raise self._pruned()
+        return _with_dimension_names(value.to_bytes(), self._names(f"{self._name}/zarr.json"))
+
+    async def _group_view(self) -> bool:
+        """Whether this view shows an array inside a group of its own (see the class)."""
+        if self._bare_array is None:
+            doc = _json(await self._viewed_document()) or {}
+            self._bare_array = doc.get("node_type") == "array"
+        return self.group and self._bare_array
+
+    async def _key(self, key: str) -> str | None:
+        """The version folder's key for ``key`` of this view (None: the view's own
+        group document; _ELSEWHERE: nothing)."""
+        if await self._group_view():
+            if key == "zarr.json":
+                return None
+            head, _, rest = key.partition("/")
+            return self._base + rest if head == self._name and rest else _ELSEWHERE
+        return self._base + key
+
+    async def _group_document(self) -> bytes:
+        """The view's root group, its member's metadata inline (zarr's consolidated
+        metadata: xarray opens it in one read, without a warning)."""
+        return json.dumps({
+            "zarr_format": 3, "node_type": "group",
+            "attributes": {MARKER: {"store": self.path, "version": self.version,
+                                    "folder": self.folder, "kind": self.kind}},
+            "consolidated_metadata": {"kind": "inline", "must_understand": False, "metadata": {
+                self._name: _json(await self._viewed_document())}}}).encode()
+
+    def _names(self, key: str):
+        """Dimension names for the array whose document is ``key`` of this view, if
+        it has none: an output's ("image", "feature"), else unique ones."""
+        if self.kind == "encoding" and not self.member and \
+                key in ("zarr.json", f"{ENCODINGS}/zarr.json"):
+            return lambda ndim: DIMENSIONS if ndim == 2 else \
+                [f"dim_{i}" for i in range(ndim)]
+        prefix = key[:-len("zarr.json")].strip("/").replace("/", "_") or self._name
+        return lambda ndim: [f"{prefix}_dim_{i}" for i in range(ndim)]
+
+    def _pruned(self) -> versions.VersionError:
+        return versions.VersionError(
+            f"{self.path!r}: version {self.version} ({self.folder}) was pruned while "
+            f"it was read (storage keeps the last {versions.KEEP_VERSIONS} versions, a "
+            f"new job's draft included): open the store again for the current version "
+            f"(slem_dask.open_zarr({self.path!r})), or pin one that is kept (`slem-dask "
+            f"versions {self.path}`)")
+
+    def _prunable(self) -> bool:
+        """Whether enough versions were committed after this one for it to be pruned
+        (sequence numbers only: no clock)."""
+        head = versions.VersionedStore(self.path).head()
+        return head is not None and head.seq - self.version >= versions.KEEP_VERSIONS - 1
+
+    async def get(self, key, prototype=None, byte_range=None):
+        prototype = prototype or default_buffer_prototype()
+        inner_key = await self._key(key)
+        if inner_key is _ELSEWHERE or key.rsplit("/", 1)[-1] in _V2_DOCUMENTS:
+            return None  # outside the view, or zarr v2's documents: never written
+        if inner_key is None:
+            data = await self._group_document()
+            return prototype.buffer.from_bytes(data if byte_range is None else
+                                               _ranged(data, byte_range))
+        store = await self._store()
+        if key.endswith("zarr.json") and byte_range is None:
+            value = await store.get(inner_key, prototype)
+            if value is None:
+                return await self._absent(key, store)
+            return prototype.buffer.from_bytes(
+                _with_dimension_names(value.to_bytes(), self._names(key)))
+        value = await store.get(inner_key, prototype, byte_range)
+        return value if value is not None else await self._absent(key, store)
+
+    async def _absent(self, key: str, store):
+        """None (zarr's fill value) only where slem-dask may have left a chunk out, in a
+        version that is still there; a version pruned (or being pruned) under this
+        reader raises, and so does a missing chunk of an output (every chunk of an
+        output is written, zeros included)."""
+        import asyncio
+
+        if not await store.exists("zarr.json"):
+            raise self._pruned()
+        if key.endswith("zarr.json"):
+            return None
+        if await asyncio.to_thread(self._prunable):  # its deletion is under way
+            raise self._pruned()
+        if self.kind == "encoding":
+            from .errors import MissingChunkError
+
+            raise MissingChunkError(
+                f"{self.path!r}: chunk {key!r} of version {self.version} is missing "
+                f"(every chunk of an output is written): the store is damaged; "
+                f"`slem-dask verify {self.path}` names every missing chunk")
+        return None
+
+    async def get_partial_values(self, prototype, key_ranges):
+        return [await self.get(key, prototype, byte_range)
+                for key, byte_range in key_ranges]
+
+    async def exists(self, key: str) -> bool:
+        inner_key = await self._key(key)
+        if inner_key is _ELSEWHERE:
+            return False
+        return inner_key is None or await (await self._store()).exists(inner_key)
+
+    @property
+    def supports_writes(self) -> bool:
+        return False
+
+    @property
+    def supports_deletes(self) -> bool:
+        return False
+
+    @property
+    def supports_listing(self) -> bool:
+        return True
+
+    async def set(self, key, value) -> None:
+        self._check_writable()
+
+    async def delete(self, key) -> None:
+        self._check_writable()
+
+    async def set_partial_values(self, key_start_values) -> None:
+        self._check_writable()
+
+    async def list(self):
+        async for key in self.list_prefix(""):
+            yield key
+
+    async def list_prefix(self, prefix: str):
+        store = await self._store()
+        if await self._group_view():
+            if "zarr.json".startswith(prefix):
+                yield "zarr.json"
+            async for key in store.list_prefix(self._base):
+                key = f"{self._name}/{key[len(self._base):]}"
+                if key.startswith(prefix):
+                    yield key
+            return
+        async for key in store.list_prefix(self._base + prefix):
+            yield key[len(self._base):]
+
+    async def list_dir(self, prefix: str):
+        store = await self._store()
+        prefix = prefix.strip("/")
+        if await self._group_view():
+            head, _, rest = prefix.partition("/")
+            if not prefix:
+                for key in ("zarr.json", self._name):
+                    yield key
+            elif head == self._name:
+                async for key in store.list_dir(self._base + rest):
+                    yield key
+            return
+        async for key in store.list_dir((self._base + prefix).strip("/")):
+            yield key
+
+
+def _ranged(data: bytes, byte_range) -> bytes:
+    from zarr.abc.store import OffsetByteRequest, RangeByteRequest, SuffixByteRequest
+
+    if isinstance(byte_range, RangeByteRequest):
+        return data[byte_range.start:byte_range.end]
+    if isinstance(byte_range, OffsetByteRequest):
+        return data[byte_range.offset:]
+    if isinstance(byte_range, SuffixByteRequest):
+        return data[-byte_range.suffix:]
+    return data
+
+
+
+
+# -- one-line opens --------------------------------------------------------------------------
+def open_zarr(path, version: int | None = None):
+    """The zarr node (read only) of one committed version of the slem-dask store at
+    ``path`` (None: the current one): an output is a ``zarr.Array``, a model, search
+    result or corpus a ``zarr.Group``. Its arrays carry dimension names."""
+    import zarr
+
+    return zarr.open(store=VersionStore(path, version, group=False), mode="r",
+                     zarr_format=3)
+
+
+def open_dataset(path, version: int | None = None, **kwargs):
+    """One committed version of the slem-dask store at ``path`` as a lazy (dask-backed)
+    ``xarray.Dataset``: an output is its variable ``encodings`` with dimensions
+    ``("image", "feature")``. ``kwargs`` go to ``xarray.open_zarr``."""
+    try:
+        import xarray
+    except ImportError:
+        raise ImportError("open_dataset needs xarray; install it with pip install xarray, "
+                          "or read the zarr array: slem_dask.open_zarr(path)") from None
+    store = VersionStore(path, version)
+    kwargs.setdefault("consolidated", False)
+    return xarray.open_zarr(store, **kwargs)
+
+
+def fill_value(dtype):
+    """The fill value of new outputs: NaN for floats, so that a chunk that is not there
+    (a version pruned under a plain zarr reader) reads as NaN, never as finite zeros."""
+    return np.nan if np.issubdtype(np.dtype(dtype), np.floating) else 0
