@@ -225,7 +225,8 @@ def _run(args) -> int:
               flush=True)
         from . import watchdog, workers as worker_faults
 
-        with watchdog.watch(client, args.task_timeout, what_is_kept=_not_complete(args),
+        with watchdog.watch(client, args.task_timeout,
+                            what_is_kept=lambda: _not_complete(args),  # said when given up
                             source=getattr(args, "task_timeout_source", "--task-timeout")), \
                 worker_faults.explain_failures(client, _not_complete(args, short=True)):
             reports, rows = _jobs(args, client, spec, progress)
@@ -462,12 +463,13 @@ def _not_complete(args, short: bool = False) -> str:
     if short:
         return ("the steps reported above are complete, the one under way was not marked "
                 "complete" if args.command in ("run", "demo") else "nothing was marked complete")
+    if args.command == "encode":  # what the storage holds now, not what a job may leave
+        from .pipeline.encode import what_is_kept
+
+        return what_is_kept(args.out, getattr(args, "head_before", None))
     # demo and run write several stores one after the other: the ones they had
     # finished are complete (and verified), only the one under way is not
-    said = {"encode": "nothing was committed: readers still see the previous version, if "
-                      "any; the partitions already written are kept in this job's draft: run "
-                      "the same command again to resume",
-            "run": "the steps reported above are complete; the one under way was not marked "
+    said = {"run": "the steps reported above are complete; the one under way was not marked "
                    "complete (an unfinished output is kept and refused by readers): run the "
                    "same spec again to resume",
             "demo": "the stores it had finished are complete (`slem-dask verify PATH` says "

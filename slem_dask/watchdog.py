@@ -222,7 +222,8 @@ def watch(client, task_timeout: float | None = None, warn_after: float | None = 
     """Watch the tasks ``client`` waits for while the block runs (see the module).
 
     If the job was given up on (``task_timeout``, set by ``source``), whatever the
-    block raised becomes one :class:`TaskTimeout` naming the workers and ``what_is_kept``.
+    block raised becomes one :class:`TaskTimeout` naming the workers and ``what_is_kept``
+    (a text, or a function that says it as it is when the job is given up on).
     """
     if client is None:
         yield None
@@ -238,5 +239,6 @@ def watch(client, task_timeout: float | None = None, warn_after: float | None = 
     except BaseException:
         if dog.message is None:
             raise
-        raise TaskTimeout(f"{dog.message}; {what_is_kept}: {dog.remedy} (or raise "
+        kept = what_is_kept() if callable(what_is_kept) else what_is_kept
+        raise TaskTimeout(f"{dog.message}; {kept}: {dog.remedy} (or raise "
                           f"{source}), then run the same command again") from None

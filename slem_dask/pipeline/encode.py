@@ -100,7 +100,10 @@ def encode_job(client, model_path: str, positives: str, out: str, dtype: str | N
             "out dtype": out_dtype.name,
         })
         meta = storage.output_meta(head) if head is not None else {}
-        if head is not None and not todo and meta.get("n_rows") == n_rows \
+        # the head's partitions are those of these rows: else the changed ones were all
+        # found in an interrupted run's draft, and must still be committed
+        same_rows = meta.get("input_partitions") == inputs
+        if head is not None and not todo and same_rows and meta.get("n_rows") == n_rows \
                 and meta.get("model_fingerprint") == fingerprint:
             store.abandon(draft)  # nothing to write: the head stays as it is
             report.facts["action"] = "up to date"
@@ -108,8 +111,9 @@ def encode_job(client, model_path: str, positives: str, out: str, dtype: str | N
             return report
         if head is not None and not todo:
             # a model that encodes identically (theta changed): a new version records it
-            report.facts["action"] = "up to date (model metadata updated)" \
-                if meta.get("n_rows") == n_rows else "verified"
+            report.facts["action"] = "resume" if not same_rows else \
+                "up to date (model metadata updated)" if meta.get("n_rows") == n_rows \
+                else "verified"
         if head is not None and todo:  # only what this update computes must fit
             try:
                 workers.check_memory(client, plan, len(todo))
@@ -162,9 +166,7 @@ def encode_job(client, model_path: str, positives: str, out: str, dtype: str | N
             store.abandon(draft)  # once no task writes any more
             raise ValueError(f"positives {str(positives)!r}: {_detail(exc)}") from None
         except _LOST as exc:
-            raise _lost_cluster(exc, f"the partitions already written for {str(out)!r} are "
-                                     f"kept (not visible to readers): run the same command "
-                                     f"again to resume") from None
+            raise _lost_cluster(exc, what_is_kept(out, draft.seq - 1)) from None
         except OSError as exc:
             if integrity.is_out_of_space(exc):
                 raise JobFailed(
@@ -173,6 +175,43 @@ def encode_job(client, model_path: str, positives: str, out: str, dtype: str | N
                     f"run the same command again to resume") from None
             raise
     return report
+
+
+def what_is_kept(out, head_before: int | None = None) -> str:
+    """What an encode stopped before its commit left at ``out``, as the storage holds it
+    now (said by an interrupt or a lost job, whenever it comes): the version readers
+    see, and the partitions kept in drafts of the next version for a re-run to reuse.
+    ``head_before``: the head's sequence number when the job began (None: not known)."""
+    try:
+        store = versions.VersionedStore(out)
+        head = store.head()
+        seq = head.seq if head is not None else 0
+        if head_before is not None and seq > head_before:
+            return f"version {seq} of {str(out)!r} was committed (`slem-dask verify` checks it)"
+        drafts = [(store.location(v), _partitions_written(store.location(v)))
+                  for v in store.drafts(seq + 1)]
+    except Exception:  # noqa: BLE001 - unreachable storage: say what is known for sure
+        return ("nothing was committed: readers still see the previous version, if any; "
+                "run the same command again (it reuses the partitions already written)")
+    readers = f"readers still see version {seq}" if seq else \
+        f"no output exists at {str(out)!r} for readers"
+    written = [(where, done, total) for where, (done, total) in drafts if done]
+    if not written:
+        return (f"nothing was committed and no partition had been written ({readers}): "
+                f"run the same command again to encode")
+    where, done, total = max(written, key=lambda w: w[1])
+    return (f"nothing was committed ({readers}); {done} of {total} partitions are kept in "
+            f"the draft {shown_path(where)!r}: run the same command again to resume")
+
+
+def _partitions_written(location: str) -> tuple[int, int]:
+    """(partitions written, partitions) of the draft output at ``location``; (0, 0) for a
+    draft killed before its metadata was whole."""
+    try:
+        arr = zarr.open(store=location, mode="r", zarr_format=3)
+        return int(arr.nchunks_initialized), int(arr.nchunks)
+    except Exception:  # noqa: BLE001
+        return 0, 0
 
 
 def _scale_mismatch(model, arr, sample_rows: int = 1000) -> str | None:
