@@ -361,9 +361,15 @@ def main(argv=None) -> int:
     except Exception as exc:  # noqa: BLE001 - an object store's failures are not OSErrors
         if isinstance(exc, BrokenPipeError) and _stdout_is_gone():
             return _reader_gone(args)
+        from .storage import is_out_of_space
         from .storage.backend import describe_storage_error
 
         line = describe_storage_error(exc, _paths_of(args))
+        if line is None and is_out_of_space(exc) and _paths_of(args):  # not said by a job
+            from .pipeline.common import out_of_space_line
+
+            line = out_of_space_line(exc, exc.filename or _paths_of(args)[-1], None,
+                                     _not_complete(args))
         if line is None and not isinstance(exc, (ValueError, TypeError, FileNotFoundError,
                                                  FileExistsError, OSError, IntegrityError)):
             raise

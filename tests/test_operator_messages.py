@@ -96,3 +96,111 @@ def test_an_update_interrupted_after_writing_its_changed_partitions_is_committed
     assert code == 0 and re.search(r"action +resume", stdout), stdout + err
     want = load_model(corpus["model"]).transform(corpus["pos"], dtype="float32")
     np.testing.assert_array_equal(storage.open_output(str(out))[...], want)
+
+
+# -- 1. a full disk names the path, the space needed and what to free -------------------
+@pytest.fixture
+def full_disk(monkeypatch):
+    """Every chunk and metadata write of zarr (and slem-dask's own chunk writes) fails
+    as on a full disk: ENOSPC."""
+    import errno
+    import os
+
+    from zarr.storage import LocalStore
+
+    def full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    async def full_set(self, key, value):
+        full()
+
+    monkeypatch.setattr(LocalStore, "set", full_set)
+    monkeypatch.setattr(os, "writev", full)
+    return monkeypatch
+
+
+_SIZE = r"[\d.]+ (?:KiB|MiB|GiB)"
+_FULL = re.compile(rf"no space left on the storage of '(?P<path>[^']+)' \(No space left on "
+                   rf"device; this job writes about (?P<need>[\d.]+) (?P<unit>KiB|MiB|GiB) "
+                   rf"there; {_SIZE} free on the file system mounted at "
+                   rf"(?P<mount>/[^)\s;]*)\); "
+                   rf"(?P<kept>[^:]+): free (space|at least {_SIZE}) on (?P=mount) "
+                   r"\(.*`slem-dask versions PATH`.*\), or write to another path, then run "
+                   r"the same command again")
+
+
+def _said_full(err: str, path, command: str) -> re.Match:
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"slem-dask {command}: error: "), err
+    said = _FULL.search(lines[0])
+    assert said and said["path"] == str(path), err
+    return said
+
+
+@pytest.mark.parametrize("kernel", [[], ["--kernel", "rbf", "--rank", "6"]],
+                         ids=["linear", "kernel"])
+def test_a_full_disk_during_a_fit_names_the_model_and_what_to_free(
+        capsys, scheduler, corpus, full_disk, kernel):
+    from slem_dask.storage import versions
+
+    path = corpus["dir"] / "m.zarr"
+    code, _, err = cli(capsys, scheduler, "fit", "--negatives", corpus["negatives"],
+                       "--model", path, *kernel)
+    assert code == 1 and "[Errno 28]" not in err
+    said = _said_full(err, path, "fit")
+    assert said["kept"] == f"no model was written ({str(path)!r} is as before)"
+    assert float(said["need"]) > 0
+    full_disk.undo()
+    assert not versions.VersionedStore(str(path)).is_versioned()
+    assert cli(capsys, scheduler, "fit", "--negatives", corpus["negatives"], "--model",
+               path, *kernel)[0] == 0
+
+
+def test_a_full_disk_during_a_search_names_the_output_and_the_space_it_needs(
+        capsys, scheduler, corpus, monkeypatch):
+    out = corpus["dir"] / "codes.zarr"
+    assert _encode(capsys, scheduler, corpus, out)[0] == 0
+    import errno
+    import os
+
+    from zarr.storage import LocalStore
+
+    async def full_set(self, key, value):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(LocalStore, "set", full_set)
+    hits = corpus["dir"] / "hits.zarr"
+    code, _, err = cli(capsys, scheduler, "search", "--queries", out, "--database", out,
+                       "--out", hits, "--k", "5")
+    assert code == 1
+    said = _said_full(err, hits, "search")
+    assert said["kept"] == f"nothing was written ({str(hits)!r} is as before)"
+    assert said["unit"] == "KiB" and float(said["need"]) == round(200 * 5 * 16 / 1024, 1)
+    assert not os.path.exists(hits / "commits")
+
+
+def test_a_full_disk_during_an_encode_says_what_is_kept_and_the_space_still_needed(
+        capsys, scheduler, corpus, monkeypatch):
+    import errno
+    import os
+
+    real, writes = os.writev, []
+
+    def full_after_two(fd, parts):  # slem-dask writes each local chunk with one writev
+        writes.append(fd)
+        if len(writes) > 2:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(fd, parts)
+
+    monkeypatch.setattr(os, "writev", full_after_two)
+    out = corpus["dir"] / "codes.zarr"
+    code, _, err = _encode(capsys, scheduler, corpus, out, "--partition-rows", "40")
+    assert code == 1
+    said = _said_full(err, out, "encode")
+    # 5 partitions of 40 rows x 8 float32 to write, 2 of them written before the disk filled
+    assert said["unit"] == "KiB" and float(said["need"]) == round(5 * 40 * 8 * 4 / 1024, 1)
+    assert re.fullmatch(r"nothing was committed \(no output exists at '.*' for readers\); "
+                        r"2 of 5 partitions are kept in the draft '.*'", said["kept"]), err
+    monkeypatch.undo()
+    code, stdout, err = _encode(capsys, scheduler, corpus, out)
+    assert code == 0 and re.search(r"partitions +3 encoded of 5", stdout), stdout + err

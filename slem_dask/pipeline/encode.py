@@ -50,7 +50,10 @@ def encode_job(client, model_path: str, positives: str, out: str, dtype: str | N
     model_path, positives, out = canonical(model_path), canonical(positives), canonical(out)
     model = model if model is not None else load_model(model_path)
     storage.check_distinct(out, "--out", {"positives": positives, "model": model_path})
-    with integrity.Lease(out, "slem-dask encode") as lease:
+    head_before = storage.head_seq(out)  # a full disk before the draft is known says it
+    with common.full_disk_said(out, lambda: _output_bytes(model, positives),
+                               lambda: what_is_kept(out, head_before, advice=False)), \
+            integrity.Lease(out, "slem-dask encode") as lease:
         arr, out_dtype, width = check_encode_inputs(model, model_path, positives, out, dtype,
                                                     overwrite, on_model_change, leased=True,
                                                     partition_rows=partition_rows,
@@ -168,40 +171,49 @@ def encode_job(client, model_path: str, positives: str, out: str, dtype: str | N
         except _LOST as exc:
             raise _lost_cluster(exc, what_is_kept(out, draft.seq - 1)) from None
         except OSError as exc:
-            if integrity.is_out_of_space(exc):
-                raise JobFailed(
-                    f"no space left on the storage of {str(out)!r} ({exc}); the partitions "
-                    f"already written are kept (not visible to readers): free space, then "
-                    f"run the same command again to resume") from None
+            if integrity.is_out_of_space(exc):  # what is still to write, and what is kept
+                needed = len(todo) * rows * width * out_dtype.itemsize
+                raise JobFailed(common.out_of_space_line(
+                    exc, out, needed, what_is_kept(out, draft.seq - 1, advice=False))) from None
             raise
     return report
 
 
-def what_is_kept(out, head_before: int | None = None) -> str:
+def _output_bytes(model, positives) -> int:
+    """About the bytes of an encoding of ``positives`` (float32, before the dtype is
+    known)."""
+    arr = storage.open_input(positives, "positives")
+    return 4 * int(arr.shape[0]) * int(getattr(model, "rank_", arr.shape[1]))
+
+
+def what_is_kept(out, head_before: int | None = None, advice: bool = True) -> str:
     """What an encode stopped before its commit left at ``out``, as the storage holds it
     now (said by an interrupt or a lost job, whenever it comes): the version readers
     see, and the partitions kept in drafts of the next version for a re-run to reuse.
-    ``head_before``: the head's sequence number when the job began (None: not known)."""
+    ``head_before``: the head's sequence number when the job began (None: not known);
+    ``advice``: end with what to run next."""
     try:
         store = versions.VersionedStore(out)
         head = store.head()
         seq = head.seq if head is not None else 0
         if head_before is not None and seq > head_before:
-            return f"version {seq} of {str(out)!r} was committed (`slem-dask verify` checks it)"
+            return f"version {seq} of {str(out)!r} was committed"
         drafts = [(store.location(v), _partitions_written(store.location(v)))
                   for v in store.drafts(seq + 1)]
     except Exception:  # noqa: BLE001 - unreachable storage: say what is known for sure
-        return ("nothing was committed: readers still see the previous version, if any; "
-                "run the same command again (it reuses the partitions already written)")
+        return "nothing was committed: readers still see the previous version, if any" + (
+            "; run the same command again (it reuses the partitions already written)"
+            if advice else "")
     readers = f"readers still see version {seq}" if seq else \
         f"no output exists at {str(out)!r} for readers"
     written = [(where, done, total) for where, (done, total) in drafts if done]
     if not written:
-        return (f"nothing was committed and no partition had been written ({readers}): "
-                f"run the same command again to encode")
+        return (f"nothing was committed and no partition had been written ({readers})"
+                + (": run the same command again to encode" if advice else ""))
     where, done, total = max(written, key=lambda w: w[1])
     return (f"nothing was committed ({readers}); {done} of {total} partitions are kept in "
-            f"the draft {shown_path(where)!r}: run the same command again to resume")
+            f"the draft {shown_path(where)!r}"
+            + (": run the same command again to resume" if advice else ""))
 
 
 def _partitions_written(location: str) -> tuple[int, int]:

@@ -64,7 +64,9 @@ def fit_job(client, negatives: str, model_path: str, lam: float = 1e-3, theta: f
     model = LinearSLEM(lam=lam, theta=theta, precision=precision)
     model._check_params()
     arr, exists = _open_negatives(negatives, model_path, overwrite, update)
-    with integrity.Lease(model_path, "slem-dask fit") as lease:
+    with common.full_disk_said(model_path, lambda: model_bytes(model, arr.shape[1]),
+                               nothing_written(model_path)), \
+            integrity.Lease(model_path, "slem-dask fit") as lease:
         update = update and exists and not overwrite  # --overwrite --update: refit
         previous = _previous_statistics(model_path, negatives, arr, model) if update \
             else None
@@ -124,8 +126,21 @@ def _fit_errors(negatives, model_path):
     except ValueError as exc:  # e.g. NaN rows, negative histogram values: say which input
         raise ValueError(f"negatives {str(negatives)!r}: {_detail(exc)}") from None
     except _LOST as exc:
-        raise _lost_cluster(exc, f"no model was written ({str(model_path)!r} is as "
-                                 f"before): run the same command again") from None
+        raise _lost_cluster(exc, f"{nothing_written(model_path)}: run the same command "
+                                 f"again") from None
+
+
+def nothing_written(model_path) -> str:
+    return f"no model was written ({str(model_path)!r} is as before)"
+
+
+def model_bytes(model, d: int) -> int:
+    """The bytes a model's store takes (its arrays; an estimate before it is fitted:
+    a linear model holds two d x d float64 matrices)."""
+    try:
+        return int(sum(getattr(a, "nbytes", 0) for a in model._state()[1].values()))
+    except Exception:  # noqa: BLE001 - not fitted yet
+        return 2 * 8 * d * d + 8 * d
 
 
 @contextlib.contextmanager

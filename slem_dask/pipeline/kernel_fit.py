@@ -15,9 +15,9 @@ from ..models import load_model
 from ..models.kernel import TraceErrorWarning
 from ..parallel_kernel_stream import KernelMemoryWarning, choose_strategy
 
-from .common import JobReport, update_refusal
+from .common import JobReport, full_disk_said, update_refusal
 from .fit import (KERNEL_OPTIONS, _fit_errors, _open_negatives, _save_fitted, check_same_params,
-                  _warnings_naming)
+                  _warnings_naming, model_bytes, nothing_written)
 
 
 def _print_round(round_no: int, n_pivots: int, trace_error: float) -> None:
@@ -63,7 +63,9 @@ def _fit_kernel_job(client, negatives, model_path, model, partition_rows,
     model._check_params()
     arr, exists = _open_negatives(negatives, model_path, overwrite, update, repivot)
     n = int(arr.shape[0])
-    with integrity.Lease(model_path, "slem-dask fit") as lease:
+    with full_disk_said(model_path, lambda: _kernel_store_bytes(model, n, arr.shape[1]),
+                        nothing_written(model_path)), \
+            integrity.Lease(model_path, "slem-dask fit") as lease:
         action, old = "fit", None
         seen = integrity.rows_fingerprint(arr, negatives, "negatives", n)
         if exists and update and not overwrite:
@@ -146,6 +148,16 @@ def _fit_kernel_job(client, negatives, model_path, model, partition_rows,
     report.timings.update({"open": t1 - t0, "factor" if old is None else "update": t2 - t1,
                            "save": t3 - t2, "total": t3 - t0})
     return report
+
+
+def _kernel_store_bytes(model, n: int, d: int) -> int:
+    """What a kernel fit writes to its model store: the model, and before it the
+    streaming final pass's per-partition statistics (an estimate before the fit: rank
+    (else 1000) pivots of d values, an r x r scatter per partition of 10,000 rows)."""
+    if getattr(model, "rank_", None) is not None:
+        return model_bytes(model, d)
+    r = min(model.rank or 1000, n)
+    return 8 * (r * d + 2 * r * r + r * r * max(1, n // 10_000))
 
 
 def _final_pass_checkpoint(model_path, model, seen: str, x):

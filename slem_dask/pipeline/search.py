@@ -11,7 +11,7 @@ from .. import integrity, storage
 from .._version import __version__
 from ..retrieval import search
 from ..storage.paths import shown_path
-from .common import JobReport, _compute
+from .common import JobReport, _compute, full_disk_said
 
 __all__ = ["check_search_inputs", "search_job", "open_search_result"]
 
@@ -68,7 +68,10 @@ def search_job(client, queries: str, database: str, out: str, k: int = 100,
             raise FileExistsError(f"output {str(out)!r} already exists; pass --overwrite to "
                                   f"replace it")
         integrity.check_may_replace(out, "search result", kind="search")
-    with integrity.Lease(out, "slem-dask search") as lease:
+    n_queries = int(q_arr.shape[0])  # scores float64 and indices int64, k of each
+    with full_disk_said(out, 16 * n_queries * k, f"nothing was written ({str(out)!r} is as "
+                                                 f"before)"), \
+            integrity.Lease(out, "slem-dask search") as lease:
         # what is read: a versioned input stays the version opened here, whatever commits
         # meanwhile; a plain one is fingerprinted before and after
         q_arr, db_arr = check_search_inputs(str(queries), str(database), k, force=force)
