@@ -212,12 +212,15 @@ def check_inputs(spec: JobSpec) -> None:
         try:
             fn(*args)
         except (ValueError, TypeError, OSError) as exc:
-            raise type(exc)(f"{spec.source}: {key}: {exc}") from None
+            text = str(exc)  # "positives: ...": the key already names the input
+            name = key.rsplit(".", 1)[-1]
+            text = text[len(name) + 2:] if text.startswith(f"{name}: ") else text
+            raise type(exc)(f"{spec.source}: {key}: {text}") from None
 
     width = {}  # the dimension every positive must have, once known
 
-    def features(path, name, what):
-        width[what] = storage.open_input(path, name).shape[1]
+    def features(path, name, what):  # positives of 0 rows: an empty output, not an error
+        width[what] = storage.open_input(path, name, empty_ok=name == "positives").shape[1]
 
     if spec.fit is not None:
         check("fit.negatives", features, spec.fit.negatives, "negatives", "model")

@@ -204,3 +204,77 @@ def test_a_full_disk_during_an_encode_says_what_is_kept_and_the_space_still_need
     monkeypatch.undo()
     code, stdout, err = _encode(capsys, scheduler, corpus, out)
     assert code == 0 and re.search(r"partitions +3 encoded of 5", stdout), stdout + err
+
+
+# -- 5. empty positives: an empty output, and the rest of a spec runs -------------------
+def _empty(path, d=8):
+    import zarr
+
+    zarr.create_array(store=str(path), shape=(0, d), dtype="float32", chunks=(40, d))
+    return str(path)
+
+
+def test_empty_positives_encode_to_an_empty_output_with_a_warning(capsys, scheduler, corpus):
+    from slem_dask import storage
+
+    empty, out = _empty(corpus["dir"] / "empty.zarr"), corpus["dir"] / "codes.zarr"
+    with pytest.warns(UserWarning, match="have no rows") as caught:
+        code, stdout, err = cli(capsys, scheduler, "encode", "--model", corpus["model"],
+                                "--positives", empty, "--out", out)
+    assert code == 0, err
+    said = str(caught[0].message)
+    assert said == (f"positives {empty!r} have no rows (shape (0, 8)): the output is an "
+                    f"empty (0, 8) array; write rows there and run again to encode them")
+    assert re.search(r"warning +positives .* have no rows", stdout)
+    assert storage.read_all(out).shape == (0, 8)
+    assert main(["verify", str(out)]) == 0
+    # rows written there later are encoded into the same output
+    from helpers import zarr_rows
+
+    zarr_rows(empty, corpus["pos"])
+    code, stdout, err = cli(capsys, scheduler, "encode", "--model", corpus["model"],
+                            "--positives", empty, "--out", out)
+    assert code == 0 and re.search(r"action +append", stdout), stdout + err
+    assert storage.read_all(out).shape == (200, 8)
+
+
+def _spec(tmp_path, corpus, positives):
+    path = tmp_path / "job.toml"
+    path.write_text(f"""
+[model]
+path = "{tmp_path / 'm.zarr'}"
+type = "linear"
+lam = 0.01
+[fit]
+negatives = "{corpus['negatives']}"
+[[encode]]
+positives = "{positives}"
+out = "{tmp_path / 'first.zarr'}"
+[[encode]]
+positives = "{corpus['positives']}"
+out = "{tmp_path / 'second.zarr'}"
+""")
+    return path
+
+
+def test_a_spec_with_empty_positives_runs_every_step(capsys, scheduler, corpus, tmp_path):
+    from slem_dask import storage
+
+    spec = _spec(tmp_path, corpus, _empty(tmp_path / "empty.zarr"))
+    with pytest.warns(UserWarning, match="have no rows"):
+        code, out, err = cli(capsys, scheduler, "run", spec)
+    assert code == 0, err
+    assert out.count("fit:") == 1 and out.count("encode:") == 2
+    assert storage.read_all(tmp_path / "first.zarr").shape == (0, 8)
+    assert storage.read_all(tmp_path / "second.zarr").shape == (200, 8)
+
+
+def test_a_spec_names_a_bad_input_once(capsys, scheduler, corpus, tmp_path):
+    import zarr
+
+    one_d = zarr.create_array(store=str(tmp_path / "one.zarr"), shape=(10,), dtype="f4")
+    one_d[...] = 1
+    code, _, err = cli(capsys, scheduler, "run", _spec(tmp_path, corpus, tmp_path / "one.zarr"))
+    assert code == 1
+    assert f"encode[0].positives: the zarr array at '{tmp_path / 'one.zarr'}' has shape" in err
+    assert err.count("positives:") == 1, err

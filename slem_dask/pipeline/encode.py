@@ -92,7 +92,9 @@ def encode_job(client, model_path: str, positives: str, out: str, dtype: str | N
             action = "resume"  # partitions of an interrupted run's draft were reused
         t1 = time.perf_counter()
         report = JobReport("encode")
-        scale = _scale_mismatch(model, arr)
+        scale = _scale_mismatch(model, arr) if n_rows else (
+            f"positives {str(positives)!r} have no rows (shape {arr.shape}): the output is "
+            f"an empty ({0}, {width}) array; write rows there and run again to encode them")
         if scale:
             report.facts["warning"] = scale
             warnings.warn(scale, stacklevel=2)
@@ -257,7 +259,7 @@ def check_encode_inputs(model, model_path, positives, out, dtype=None, overwrite
     (``leased``: it holds the output's lease)."""
     model_path, positives, out = canonical(model_path), canonical(positives), canonical(out)
     storage.check_distinct(out, "--out", {"positives": positives, "model": model_path})
-    arr = storage.open_input(positives, "positives")
+    arr = storage.open_input(positives, "positives", empty_ok=True)  # 0 rows: an empty output
     check_n_features(arr, model.n_features_in_, f"positives ({str(positives)!r})",
                      fitted_on=f"the model {str(model_path)!r}")
     existing = storage.open_existing_output(out, strict=not overwrite)

@@ -50,8 +50,9 @@ def open_node(path, mode: str = "r"):
     return zarr.open(store=location, mode=mode, zarr_format=3)
 
 
-def open_input(path: str, name: str) -> zarr.Array:
-    """Open an existing 2-D zarr array for reading, with a clear error otherwise."""
+def open_input(path: str, name: str, empty_ok: bool = False) -> zarr.Array:
+    """Open an existing 2-D zarr array for reading, with a clear error otherwise.
+    ``empty_ok``: an array of 0 rows is valid (positives: their encoding is empty)."""
     path = str(canonical(path))
     try:
         node = open_node(path)
@@ -92,7 +93,7 @@ def open_input(path: str, name: str) -> zarr.Array:
             f"{name}: the zarr array at {path!r} has shape {node.shape} ({node.ndim}-D); "
             f"expected a 2-D array (n_rows, n_features){fix}"
         )
-    if 0 in node.shape:
+    if node.shape[1] == 0 or (node.shape[0] == 0 and not empty_ok):
         raise ValueError(
             f"{name}: the zarr array at {path!r} has shape {node.shape}: it has no "
             f"{'features (columns)' if node.shape[1] == 0 else 'rows'}"
@@ -121,7 +122,7 @@ def open_input(path: str, name: str) -> zarr.Array:
 
 def read_all(path, name: str = "encodings") -> np.ndarray:
     """A whole (small) array, with missing or corrupt chunks named."""
-    arr = open_input(path, name)
+    arr = open_input(path, name, empty_ok=True)  # an encoding of no positives is empty
     return read_rows(arr, 0, arr.shape[0], name)
 
 
@@ -153,5 +154,6 @@ def check_distinct(target, flag: str, inputs: dict[str, object]) -> None:
 
 
 def open_output(path, name: str = "encodings") -> zarr.Array:
-    """Open an output written by slem-dask (refused, like any input, if unfinished)."""
-    return open_input(path, name)
+    """Open an output written by slem-dask (refused, like any input, if unfinished;
+    an encoding of 0 positives is empty)."""
+    return open_input(path, name, empty_ok=True)
