@@ -278,3 +278,44 @@ def test_a_spec_names_a_bad_input_once(capsys, scheduler, corpus, tmp_path):
     assert code == 1
     assert f"encode[0].positives: the zarr array at '{tmp_path / 'one.zarr'}' has shape" in err
     assert err.count("positives:") == 1, err
+
+
+# -- 8. tiny chunks: a hint naming the chunk size and what to rechunk to ----------------
+def test_a_fit_on_one_row_chunks_hints_to_rechunk_and_says_to_what(capsys, scheduler, tmp_path):
+    from helpers import zarr_rows
+    from slem_dask.storage.chunks import SmallChunksWarning
+
+    rows = np.random.default_rng(1).standard_normal((1500, 8)).astype("float32")
+    tiny = zarr_rows(tmp_path / "tiny.zarr", rows, chunks=1)
+    with pytest.warns(SmallChunksWarning) as caught:
+        code, out, err = cli(capsys, scheduler, "fit", "--negatives", tiny, "--model",
+                             tmp_path / "m.zarr")
+    assert code == 0, err
+    said = str(caught[0].message)
+    assert said == (f"negatives {tiny!r} are stored in 1,500 chunks of 1 row(s) (32 bytes "
+                    f"each): reaching each chunk (a file or request, a decode) costs more "
+                    f"than reading its data; rechunk to 1,500 rows per chunk (46.9 KiB), e.g. "
+                    f"dask.array.from_zarr(OLD).rechunk((1500, 8)).to_zarr(NEW)")
+    assert re.search(r"^  hint +negatives .* 1,500 chunks of 1 row", out, re.M)
+    # chunks of 40 rows (1.2 KiB), 38 of them: no hint
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", SmallChunksWarning)
+        code, out, err = cli(capsys, scheduler, "fit", "--negatives",
+                             zarr_rows(tmp_path / "ok.zarr", rows), "--model",
+                             tmp_path / "m2.zarr")
+    assert code == 0 and "hint" not in out, err
+
+
+def test_the_rechunk_hint_suggests_chunks_of_about_4_mib_in_whole_rows():
+    import zarr
+
+    from slem_dask.storage.chunks import small_chunks_hint
+
+    arr = zarr.create_array(store={}, shape=(2_000_000, 128), dtype="uint8", chunks=(16, 128))
+    said = small_chunks_hint(arr, "positives", "/data/p.zarr")
+    assert "125,000 chunks of 16 row(s) (2.0 KiB each)" in said
+    assert "rechunk to 32,768 rows per chunk (4.0 MiB)" in said
+    big = zarr.create_array(store={}, shape=(2_000_000, 128), dtype="uint8", chunks=(512, 128))
+    assert small_chunks_hint(big, "positives", "/data/p.zarr") is None  # 64 KiB chunks

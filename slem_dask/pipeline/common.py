@@ -209,3 +209,16 @@ def full_disk_said(path, needed=None, what_is_kept: str = "nothing was written")
             size = None
         kept = what_is_kept() if callable(what_is_kept) else what_is_kept
         raise JobFailed(out_of_space_line(exc, path, size, kept)) from None
+
+
+def hint_small_chunks(report: JobReport, arr, name: str, path) -> None:
+    """Say once (a warning, kept in the report) that ``arr`` is stored in chunks so
+    small that reaching them costs more than their data, and what to rechunk to."""
+    import warnings
+
+    from ..storage.chunks import SmallChunksWarning, small_chunks_hint
+
+    hint = small_chunks_hint(arr, name, path)
+    if hint:
+        report.facts["hint"] = hint
+        warnings.warn(hint, SmallChunksWarning, stacklevel=3)

@@ -98,6 +98,8 @@ def encode_job(client, model_path: str, positives: str, out: str, dtype: str | N
         if scale:
             report.facts["warning"] = scale
             warnings.warn(scale, stacklevel=2)
+        if todo:
+            common.hint_small_chunks(report, arr, "positives", positives)
         report.facts.update({
             "positives": str(positives), "rows": n_rows, "features": arr.shape[1],
             "partitions": f"{len(todo)} encoded of {n_parts}", "action": action,

@@ -84,6 +84,7 @@ def fit_job(client, negatives: str, model_path: str, lam: float = 1e-3, theta: f
             report.facts["model"] = str(model_path)
             report.timings["total"] = time.perf_counter() - t0
             return report
+        common.hint_small_chunks(report, arr, "negatives", negatives)
         seen = integrity.rows_fingerprint(arr, negatives, "negatives", n)
         integrity.check_workers_see(client, {"negatives": negatives})
         rows = storage.row_partition(arr, partition_rows)

@@ -15,7 +15,7 @@ from ..models import load_model
 from ..models.kernel import TraceErrorWarning
 from ..parallel_kernel_stream import KernelMemoryWarning, choose_strategy
 
-from .common import JobReport, full_disk_said, update_refusal
+from .common import JobReport, full_disk_said, hint_small_chunks, update_refusal
 from .fit import (KERNEL_OPTIONS, _fit_errors, _open_negatives, _save_fitted, check_same_params,
                   _warnings_naming, model_bytes, nothing_written)
 
@@ -95,6 +95,7 @@ def _fit_kernel_job(client, negatives, model_path, model, partition_rows,
         report = JobReport("fit")
         report.facts.update({"negatives": str(negatives), "rows": n, "features": arr.shape[1],
                              "dtype": str(arr.dtype), "action": action})
+        hint_small_chunks(report, arr, "negatives", negatives)
         if old is None:
             # the workers of this client, their memory limits
             with (client.as_current() if client is not None else contextlib.nullcontext()):
