@@ -319,3 +319,54 @@ def test_the_rechunk_hint_suggests_chunks_of_about_4_mib_in_whole_rows():
     assert "rechunk to 32,768 rows per chunk (4.0 MiB)" in said
     big = zarr.create_array(store={}, shape=(2_000_000, 128), dtype="uint8", chunks=(512, 128))
     assert small_chunks_hint(big, "positives", "/data/p.zarr") is None  # 64 KiB chunks
+
+
+# -- 6. workers killed for memory: each named once, with the remedy that helps -----------
+def _killed(address="tcp://10.0.0.1:4003"):
+    from types import SimpleNamespace
+
+    from distributed.scheduler import KilledWorker
+
+    return KilledWorker("task-1", SimpleNamespace(address=address), 3)
+
+
+def test_a_worker_restarted_four_times_is_named_once():
+    from slem_dask.workers import explain
+
+    # its nanny restarts it at a new address each time; the events log each address
+    events = [(t, {"worker": f"tcp://10.0.0.1:{4000 + t}"}) for t in range(4)]
+    limits = {"tcp://10.0.0.1:4000": 2**30, "tcp://10.0.0.2:5000": 2**30}
+    names = {"tcp://10.0.0.1:4000": "w0", "tcp://10.0.0.2:5000": "w1"}
+    said = explain(_killed(), events, limits, "nothing was marked complete", names)
+    assert said.startswith("worker(s) tcp://10.0.0.1:4000 (w0) (memory limit 1024.0 MiB) "
+                           "were restarted by their nannies 4 time(s) for exceeding their "
+                           "memory limit; nothing was marked complete: "), said
+    assert "4001" not in said and "4002" not in said and "4003" not in said
+
+
+def test_a_forced_in_memory_kernel_fit_killed_for_memory_suggests_streaming(
+        capsys, scheduler, corpus, monkeypatch):
+    from slem_dask.models import KernelSLEM
+
+    def killed(self, *args, **kwargs):
+        raise _killed()
+
+    monkeypatch.setattr(KernelSLEM, "fit", killed)
+    code, _, err = cli(capsys, scheduler, "fit", "--negatives", corpus["negatives"], "--model",
+                       corpus["dir"] / "k.zarr", "--kernel", "rbf", "--rank", "6",
+                       "--kernel-memory", "in-memory")
+    assert code == 1
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    assert lines[0].startswith("slem-dask fit: error: 4 workers died running the same task "
+                               "(last: tcp://10.0.0.1:4003; "), err
+    from slem_dask.pipeline.common import size_text
+    from slem_dask.workers import kernel_fit_bytes
+
+    need = size_text(kernel_fit_bytes(300, 8, np.float32, 6))
+    assert lines[0].endswith(
+        f"nothing was marked complete: the in-memory kernel fit holds all 300 rows and their "
+        f"factor rows on the workers (about {need} in all, whatever --partition-rows says): "
+        "pass --kernel-memory streaming (or auto), which reads the negatives in partitions "
+        "at each pass, or give the workers more memory"), err
+    assert "--partition-rows N" not in err and "a smaller --partition-rows" not in err

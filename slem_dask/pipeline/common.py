@@ -145,7 +145,7 @@ def update_refusal(model_path, meta: dict, negatives, arr) -> str | None:
 MiB = 2**20
 
 
-def _size(n: float) -> str:
+def size_text(n: float) -> str:
     n = max(n, 0)
     return f"{n / 2**30:.1f} GiB" if n >= 2**30 else f"{n / MiB:.1f} MiB" if n >= MiB \
         else f"{n / 1024:.1f} KiB"
@@ -178,11 +178,11 @@ def out_of_space_line(exc: OSError, path, needed: float | None, what_is_kept: st
     room = _local_room(path)
     facts = [f"{exc.strerror or exc}" + (f" writing {exc.filename}" if exc.filename else "")]
     if needed:
-        facts.append(f"this job writes about {_size(needed)} there")
+        facts.append(f"this job writes about {size_text(needed)} there")
     if room is not None:
-        facts.append(f"{_size(room[1])} free on the file system mounted at {room[0]}")
+        facts.append(f"{size_text(room[1])} free on the file system mounted at {room[0]}")
     if needed and room is not None and room[1] < needed:
-        free = f"free at least {_size(needed - room[1])} on {room[0]}"
+        free = f"free at least {size_text(needed - room[1])} on {room[0]}"
     else:
         free = f"free space on {room[0]}" if room is not None else \
             "free space (or raise the quota) on that storage"

@@ -13,9 +13,11 @@ from .. import integrity, storage
 from ..storage import versions
 from ..models import load_model
 from ..models.kernel import TraceErrorWarning
-from ..parallel_kernel_stream import KernelMemoryWarning, choose_strategy
+from ..parallel_kernel_stream import (UNBOUNDED_RANK_ESTIMATE, KernelMemoryWarning,
+                                      choose_strategy)
+from ..workers import kernel_fit_bytes, note_memory_remedy
 
-from .common import JobReport, full_disk_said, hint_small_chunks, update_refusal
+from .common import JobReport, full_disk_said, hint_small_chunks, size_text, update_refusal
 from .fit import (KERNEL_OPTIONS, _fit_errors, _open_negatives, _save_fitted, check_same_params,
                   _warnings_naming, model_bytes, nothing_written)
 
@@ -108,6 +110,8 @@ def _fit_kernel_job(client, negatives, model_path, model, partition_rows,
                 why += (f" (kernel memory {model.strategy!r} applies to a fit from scratch: "
                         f"--repivot)")
         report.facts.update({"kernel memory": strategy, "because": why})
+        if strategy == "in-memory":  # its partitions do not bound what a worker holds
+            note_memory_remedy(_in_memory_remedy(model, arr))
         if progress:  # the choice, before the passes start
             print("\n".join(report.lines()), flush=True)
         checkpoint = (_final_pass_checkpoint(model_path, model, seen, x)
@@ -149,6 +153,16 @@ def _fit_kernel_job(client, negatives, model_path, model, partition_rows,
     report.timings.update({"open": t1 - t0, "factor" if old is None else "update": t2 - t1,
                            "save": t3 - t2, "total": t3 - t0})
     return report
+
+
+def _in_memory_remedy(model, arr) -> str:
+    """What helps an in-memory kernel fit whose workers die for memory."""
+    n, d = int(arr.shape[0]), int(arr.shape[1])
+    need = kernel_fit_bytes(n, d, arr.dtype, model.rank or min(n, UNBOUNDED_RANK_ESTIMATE))
+    return (f"the in-memory kernel fit holds all {n} rows and their factor rows on the "
+            f"workers (about {size_text(need)} in all, whatever --partition-rows says): "
+            f"pass --kernel-memory streaming (or auto), which reads the negatives in "
+            f"partitions at each pass, or give the workers more memory")
 
 
 def _kernel_store_bytes(model, n: int, d: int) -> int:
