@@ -226,8 +226,11 @@ def _run(args) -> int:
         from . import watchdog, workers as worker_faults
 
         with watchdog.watch(client, args.task_timeout,
-                            what_is_kept=lambda: _not_complete(args),  # said when given up
-                            source=getattr(args, "task_timeout_source", "--task-timeout")), \
+                            what_is_kept=lambda: _not_complete(args, advice=False),
+                            source=getattr(args, "task_timeout_source", "--task-timeout"),
+                            progress_every=None if progress else
+                            watchdog.progress_line_seconds(),
+                            stores=_paths_of(args) + _spec_paths(spec)), \
                 worker_faults.explain_failures(client, _not_complete(args, short=True)):
             reports, rows = _jobs(args, client, spec, progress)
         # done: a Ctrl-C while the cluster closes must not say that nothing was written
@@ -395,6 +398,14 @@ def _paths_of(args) -> list[str]:
     return paths + [p for p in getattr(args, "paths", None) or [] if isinstance(p, str)]
 
 
+def _spec_paths(spec) -> list[str]:
+    """The store paths a job spec names."""
+    if spec is None:
+        return []
+    paths = [spec.model.path] + ([spec.fit.negatives] if spec.fit else [])
+    return paths + [p for e in spec.encode for p in (e.positives, e.out)]
+
+
 def _stdout_is_gone() -> bool:
     """Whether stdout's reader went away: a BrokenPipeError may also come from a socket of
     the cluster or of a store, an error to report. The write end of a pipe (or socket)
@@ -463,16 +474,17 @@ def _interrupted(args) -> int:
     return 130
 
 
-def _not_complete(args, short: bool = False) -> str:
+def _not_complete(args, short: bool = False, advice: bool = True) -> str:
     """What a command stopped before its end leaves, in its own words (``short``: without
-    the advice to run it again)."""
+    the advice to run it again; ``advice=False``: an encode's without it, for a message
+    that ends with its own)."""
     if short:
         return ("the steps reported above are complete, the one under way was not marked "
                 "complete" if args.command in ("run", "demo") else "nothing was marked complete")
     if args.command == "encode":  # what the storage holds now, not what a job may leave
         from .pipeline.encode import what_is_kept
 
-        return what_is_kept(args.out, getattr(args, "head_before", None))
+        return what_is_kept(args.out, getattr(args, "head_before", None), advice=advice)
     # demo and run write several stores one after the other: the ones they had
     # finished are complete (and verified), only the one under way is not
     said = {"run": "the steps reported above are complete; the one under way was not marked "

@@ -370,3 +370,105 @@ def test_a_forced_in_memory_kernel_fit_killed_for_memory_suggests_streaming(
         "pass --kernel-memory streaming (or auto), which reads the negatives in partitions "
         "at each pass, or give the workers more memory"), err
     assert "--partition-rows N" not in err and "a smaller --partition-rows" not in err
+
+
+# -- 3, 4. a stalled job: paused workers, long tasks, an object store that does not answer --
+@pytest.fixture
+def one_worker():
+    from distributed import Client, LocalCluster
+
+    with LocalCluster(n_workers=1, threads_per_worker=1, processes=False, memory_limit="1GiB",
+                      dashboard_address=":0") as cluster, Client(cluster) as client:
+        yield client, cluster.workers[0]
+
+
+def _watched(client, compute, **options):
+    """(result, the watchdog's lines) of ``compute()`` watched with short intervals."""
+    import io
+
+    from slem_dask import watchdog
+
+    out = io.StringIO()
+    with watchdog.watch(client, out=out, **{"warn_after": 0.6, "interval": 0.1, **options}):
+        result = compute()
+    return result, out.getvalue().splitlines()
+
+
+def _sleep(seconds, x=0):
+    import time
+
+    time.sleep(seconds)
+    return x
+
+
+def test_a_worker_paused_for_memory_is_named_with_its_memory_and_the_fix(one_worker):
+    import threading
+    import time
+
+    from distributed.core import Status
+
+    client, worker = one_worker
+    # dask's memory monitor measures 81% of the worker's limit, and pauses it
+    real = worker.monitor.get_process_memory
+    worker.monitor.get_process_memory = lambda: int(0.81 * 2**30)
+    deadline = time.monotonic() + 30
+    while worker.status != Status.paused and time.monotonic() < deadline:
+        time.sleep(0.01)
+    threading.Timer(1.5, setattr, (worker.monitor, "get_process_memory", real)).start()
+    result, lines = _watched(client, lambda: client.submit(sum, [1, 2]).result(timeout=30))
+    assert result == 3
+    stall = [x for x in lines if x.startswith("slem-dask: no task finished for")]
+    assert stall, lines
+    # the memory as the scheduler last heard it (this test fakes only the monitor's figure)
+    assert re.search(rf"waiting for workers: {re.escape(worker.address)} \(0\) \(paused by "
+                     rf"dask for memory: its process holds \d+ MiB, \d+% of its 1024 MiB "
+                     rf"memory limit; it takes no task until it holds less\), 1 task\(s\) "
+                     rf"that wait for a worker that is not paused", stall[0]), stall[0]
+    assert "give the workers more memory (dask worker --memory-limit)" in stall[0]
+    assert "tasks queued on the scheduler" not in stall[0] and "check or restart" not in stall[0]
+
+
+def test_a_long_task_on_a_worker_that_answers_is_progress_not_a_worker_to_restart(one_worker):
+    client, worker = one_worker
+    result, lines = _watched(client, lambda: client.submit(_sleep, 2.0, 7).result(timeout=30))
+    assert result == 7
+    stall = [x for x in lines if x.startswith("slem-dask: no task finished for")]
+    assert stall, lines
+    assert "0 of 1 tasks done in" in stall[0] and "none finished yet" in stall[0], stall[0]
+    assert f"1 task running (1 on {worker.address} (0); it answers): long tasks, not a stuck " \
+           f"worker; --task-timeout SECONDS gives up" in stall[0], stall[0]
+    assert all("restart" not in x for x in lines), lines
+
+
+def test_without_a_terminal_a_job_says_its_progress_at_intervals(one_worker):
+    client, _ = one_worker
+
+    def compute():
+        return sum(client.gather(client.map(_sleep, [0.1] * 20, range(20))))
+
+    result, lines = _watched(client, compute, progress_every=0.5, warn_after=5)
+    assert result == sum(range(20))
+    said = [re.fullmatch(r"slem-dask: (\d+) of 20 tasks done in \d+ s \([\d.]+/min; about "
+                         r"\d+ s left at that rate\)", x) for x in lines]
+    assert lines and all(said), lines
+    done = [int(m[1]) for m in said]
+    assert done == sorted(done) and 0 < done[0] < 20
+
+
+def test_a_stall_while_the_object_store_does_not_answer_names_the_store(one_worker, monkeypatch):
+    import socket
+
+    with socket.socket() as s:  # a port that nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{port}")
+    client, _ = one_worker
+    _, lines = _watched(client, lambda: client.submit(_sleep, 1.5).result(timeout=30),
+                        stores=["s3://bucket/codes.zarr", "/tmp/local.zarr"])
+    stall = [x for x in lines if x.startswith("slem-dask: no task finished for")]
+    assert stall, lines
+    assert re.fullmatch(rf"slem-dask: no task finished for \d+ s: the object store at "
+                        rf"http://127\.0\.0\.1:{port} does not answer \(Connection refused\) "
+                        rf"for s3://bucket/codes\.zarr: start it, or fix AWS_ENDPOINT_URL .*",
+                        stall[0]), stall[0]
+    assert "check or restart" not in stall[0]

@@ -303,6 +303,24 @@ class S3Backend(Backend):
                 or os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
                 or os.environ.get("FSSPEC_S3_ENDPOINT_URL") or "AWS S3 (no endpoint set)")
 
+    def unreachable(self, timeout: float = 3.0) -> str | None:
+        """One line if the endpoint does not accept a connection within ``timeout``
+        seconds (a job's tasks then wait in retries); None if it does."""
+        import socket
+        from urllib.parse import urlsplit
+
+        endpoint = self._endpoint()
+        parts = urlsplit(endpoint if "://" in endpoint else "https://s3.amazonaws.com")
+        try:
+            port = parts.port or (443 if parts.scheme == "https" else 80)
+            socket.create_connection((parts.hostname, port), timeout=timeout).close()
+            return None
+        except OSError as exc:
+            why = exc.strerror or type(exc).__name__
+        return (f"the object store at {endpoint} does not answer ({why}) for {self.root}: "
+                f"start it, or fix AWS_ENDPOINT_URL (or FSSPEC_S3_ENDPOINT_URL); the job's "
+                f"tasks wait for it, no worker needs a restart")
+
     def describe_error(self, exc: BaseException) -> str | None:
         from botocore import exceptions as bx
 
