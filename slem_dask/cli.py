@@ -262,7 +262,8 @@ def _jobs(args, client, spec, progress: bool):
     elif args.command == "search":
         reports = [pipeline.search_job(client, args.queries, args.database, args.out,
                                        k=args.k, partition_rows=args.partition_rows,
-                                       overwrite=args.overwrite, force=args.force)]
+                                       overwrite=args.overwrite, force=args.force,
+                                       progress=progress)]
     elif args.command == "evaluate":
         from . import evaluation
 

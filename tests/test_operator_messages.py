@@ -472,3 +472,14 @@ def test_a_stall_while_the_object_store_does_not_answer_names_the_store(one_work
                         rf"for s3://bucket/codes\.zarr: start it, or fix AWS_ENDPOINT_URL .*",
                         stall[0]), stall[0]
     assert "check or restart" not in stall[0]
+
+
+def test_search_shows_its_progress_when_asked(capsys, scheduler, corpus):
+    out = corpus["dir"] / "codes.zarr"
+    assert _encode(capsys, scheduler, corpus, out)[0] == 0
+    code = main(["search", "--queries", str(out), "--database", str(out), "--out",
+                 str(corpus["dir"] / "hits.zarr"), "--k", "5", "--scheduler", scheduler,
+                 "--progress"])
+    stdout, err = capsys.readouterr()
+    assert code == 0, err
+    assert "100% Completed" in stdout, stdout
