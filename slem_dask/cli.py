@@ -304,9 +304,13 @@ def _print_results(args, reports, rows) -> None:
 
 def _evaluate_grids(args) -> dict[str, dict]:
     """`evaluate`'s parameter options as method -> {parameter: [values]}."""
+    from .validation import DEFAULT_LAM
+
     kernel = {name: getattr(args, name) for name in ("lam", "gamma", "rank")
               if getattr(args, name) is not None}
-    return {"slem": {"lam": args.lam or [1e-3]}, "kernel": kernel,
+    if "lam" in kernel:  # a lambda relative to tr(Sigma) is linear SLEM's only
+        kernel["lam"] = [v for v in kernel["lam"] if not isinstance(v, str)] or [1e-3]
+    return {"slem": {"lam": args.lam or [DEFAULT_LAM]}, "kernel": kernel,
             "pca": {"eps": args.pca_eps},
             "esvm": {"lam": args.esvm_lam, "n_iter": args.esvm_iters}}
 

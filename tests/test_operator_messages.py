@@ -483,3 +483,117 @@ def test_search_shows_its_progress_when_asked(capsys, scheduler, corpus):
     stdout, err = capsys.readouterr()
     assert code == 0, err
     assert "100% Completed" in stdout, stdout
+
+
+# -- 7. lambda relative to the negatives' scale ------------------------------------------
+def _unit_rows(n, d=16, seed=0):
+    x = np.random.default_rng(seed).standard_normal((n, d))
+    return x / np.linalg.norm(x, axis=1, keepdims=True)
+
+
+def test_the_default_lambda_follows_the_scale_of_the_data():
+    from slem_dask import LinearSLEM
+
+    neg, pos = _unit_rows(400), _unit_rows(20, seed=1)
+    unit = LinearSLEM().fit(neg)
+    assert unit.lam == "0.01x"
+    assert unit.lam_ == pytest.approx(0.01 * np.trace(unit.covariance_), rel=1e-12)
+    # the same descriptors as integers 0..255 (uint8-like): the same model, to rounding
+    raw = LinearSLEM().fit(np.round(neg * 127 + 128))
+    np.testing.assert_allclose(raw.transform(np.round(pos * 127 + 128)),
+                               LinearSLEM().fit(np.round(neg * 127 + 128) / 255)
+                               .transform(np.round(pos * 127 + 128) / 255), atol=1e-9)
+    assert raw.lam_ == pytest.approx(0.01 * np.trace(raw.covariance_), rel=1e-12)
+    # a number stays absolute, as it always was
+    assert LinearSLEM(lam=3e-3).fit(neg).lam_ == 3e-3
+    assert LinearSLEM(lam="0.03x").fit(neg).lam_ == pytest.approx(3 * unit.lam_, rel=1e-12)
+
+
+def test_an_absolute_lambda_far_from_the_datas_scale_warns():
+    import warnings
+
+    from slem_dask import LinearSLEM
+    from slem_dask.validation import LambdaScaleWarning
+
+    neg = _unit_rows(400)
+    with pytest.warns(LambdaScaleWarning, match=r"lam=0\.001 is [\d.e-]+ times the "
+                      r"negatives' mean variance \(tr\(Sigma\)/d = [\d.e+]+\): it barely "
+                      r"regularizes.*e\.g\. --lam 0\.01x"):
+        LinearSLEM(lam=1e-3).fit(neg * 255 * 40)
+    with pytest.warns(LambdaScaleWarning, match="the model barely whitens"):
+        LinearSLEM(lam=100.0).fit(neg)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", LambdaScaleWarning)
+        LinearSLEM(lam=3e-3).fit(neg)  # L2-normalized: a usual value
+        LinearSLEM().fit(neg * 1e6)  # a relative lambda never warns
+
+
+def test_a_model_saved_before_relative_lambdas_keeps_its_absolute_lambda():
+    from slem_dask import LinearSLEM
+
+    fitted = LinearSLEM(lam=0.1).fit(_unit_rows(100))
+    info, arrays = fitted._state()
+    info.pop("lam_")  # what an earlier slem-dask wrote
+    old = LinearSLEM(lam=0.1)
+    old._set_state(info, arrays)
+    assert old._lam() == 0.1 and old.fingerprint_ == fitted.fingerprint_
+
+
+def test_an_update_with_a_relative_lambda_equals_a_refit_on_all_rows(tmp_path):
+    from helpers import zarr_rows
+    from slem_dask import LinearSLEM, load_model
+
+    rows = _unit_rows(600).astype("float32")
+    neg = zarr_rows(tmp_path / "neg.zarr", rows[:400])
+    model = str(tmp_path / "m.zarr")
+    pipeline.fit_job(None, neg, model)
+    import zarr
+
+    arr = zarr.open_array(neg, mode="r+")
+    arr.resize((600, 16))
+    arr[400:] = rows[400:]
+    report = pipeline.fit_job(None, neg, model, update=True)
+    assert report.facts["action"] == "update"
+    updated, refit = load_model(model), LinearSLEM().fit(rows)
+    assert updated.lam_ == pytest.approx(refit.lam_, rel=1e-6)  # float32 blocks
+    np.testing.assert_allclose(updated.precision_, refit.precision_, rtol=0,
+                               atol=1e-5 * np.abs(refit.precision_).max())  # float32 blocks
+    first = LinearSLEM().fit(rows[:400])
+    assert abs(first.lam_ - refit.lam_) > 1e-4 * refit.lam_  # the update did recompute it
+
+
+def test_the_command_line_takes_relative_and_absolute_lambdas(capsys, scheduler, corpus):
+    code, out, err = cli(capsys, scheduler, "fit", "--negatives", corpus["negatives"],
+                         "--model", corpus["dir"] / "a.zarr")
+    assert code == 0, err
+    assert re.search(r"^  lam +0\.01x \(= [\d.e-]+: 0\.01 x tr\(Sigma\)\)$", out, re.M), out
+    code, out, err = cli(capsys, scheduler, "fit", "--negatives", corpus["negatives"],
+                         "--model", corpus["dir"] / "b.zarr", "--lam", "0.5")
+    assert code == 0 and re.search(r"^  lam +0\.5$", out, re.M), out
+    code, _, err = cli(capsys, scheduler, "fit", "--negatives", corpus["negatives"],
+                       "--model", corpus["dir"] / "k.zarr", "--kernel", "rbf", "--lam", "0.01x")
+    assert code == 1 and err.startswith("slem-dask fit: error: lam '0.01x': a lambda "
+                                        "relative to the negatives' total variance applies "
+                                        "to linear SLEM"), err
+    with pytest.raises(SystemExit) as exited:
+        main(["fit", "--negatives", corpus["negatives"], "--model",
+              str(corpus["dir"] / "c.zarr"), "--lam", "big"])
+    code, err = exited.value.code, capsys.readouterr().err
+    assert code == 2 and "argument --lam: expected a number > 0, got 'big' (a number is " \
+        "absolute; Cx is C times the negatives' total variance, e.g. 0.01x)" in err, err
+
+
+def test_a_spec_takes_a_relative_lambda_for_linear_models_only():
+    from slem_dask.jobspec import SpecError, parse_spec
+
+    spec = parse_spec({"model": {"path": "m", "lam": "0.02x"}, "fit": {"negatives": "n"}})
+    assert spec.model.lam == "0.02x"
+    assert parse_spec({"model": {"path": "m"}, "fit": {"negatives": "n"}}).model.lam is None
+    with pytest.raises(SpecError, match=r"model.lam = '0.02x': a lambda relative to the "
+                                        r"negatives' total variance applies to type = "
+                                        r"\"linear\""):
+        parse_spec({"model": {"path": "m", "type": "kernel", "lam": "0.02x"},
+                    "fit": {"negatives": "n"}})
+    with pytest.raises(SpecError, match=r"model.lam = 'tiny': expected a number > 0 "
+                                        r"\(absolute\) or a string \"<c>x\""):
+        parse_spec({"model": {"path": "m", "lam": "tiny"}, "fit": {"negatives": "n"}})
