@@ -220,7 +220,8 @@ class _Progress:
         if not done:
             return line + " (none finished yet: no estimate of the time left)"
         rate = done / elapsed
-        return line + (f" ({rate * 60:.3g}/min; about {_duration(self.left / rate)} left at "
+        per_minute = f"{rate * 60:.0f}" if rate * 60 >= 100 else f"{rate * 60:.3g}"
+        return line + (f" ({per_minute}/min; about {_duration(self.left / rate)} left at "
                        f"that rate)")
 
 
