@@ -597,3 +597,25 @@ def test_a_spec_takes_a_relative_lambda_for_linear_models_only():
     with pytest.raises(SpecError, match=r"model.lam = 'tiny': expected a number > 0 "
                                         r"\(absolute\) or a string \"<c>x\""):
         parse_spec({"model": {"path": "m", "lam": "tiny"}, "fit": {"negatives": "n"}})
+
+
+def test_an_update_without_lam_keeps_the_models_lambda(capsys, scheduler, tmp_path):
+    # a model fitted when the default was the absolute 1e-3 is updated, not refused for
+    # "other parameters", by the same command without --lam
+    from helpers import zarr_rows
+    from slem_dask import load_model
+
+    rows = _unit_rows(600).astype("float32")
+    neg = zarr_rows(tmp_path / "neg.zarr", rows[:400])
+    model = tmp_path / "m.zarr"
+    assert cli(capsys, scheduler, "fit", "--negatives", neg, "--model", model, "--lam",
+               "1e-3")[0] == 0
+    import zarr
+
+    arr = zarr.open_array(neg, mode="r+")
+    arr.resize((600, 16))
+    arr[400:] = rows[400:]
+    code, out, err = cli(capsys, scheduler, "fit", "--negatives", neg, "--model", model,
+                         "--update")
+    assert code == 0 and re.search(r"^  action +update$", out, re.M), out + err
+    assert load_model(str(model)).lam == 1e-3 and load_model(str(model)).n_samples_ == 600

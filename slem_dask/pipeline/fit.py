@@ -55,6 +55,8 @@ def fit_job(client, negatives: str, model_path: str, lam: float | str | None = N
     only); None: the model's default ("0.01x" linear, 1e-3 kernel).
     """
     negatives, model_path = canonical(negatives), canonical(model_path)
+    if lam is None and (update or repivot) and not overwrite:
+        lam = _stored_lam(model_path)  # an update keeps the model's lambda, as it was given
     lam = kernel_lam(lam) if kernel is not None else DEFAULT_LAM if lam is None else lam
     if kernel is not None:
         from .kernel_fit import _fit_kernel_job  # it imports this module's helpers
@@ -155,6 +157,15 @@ def kernel_lam(lam):
             f"linear SLEM; kernel SLEM's is in the kernel's units (rbf: k(x, x) = 1): give a "
             f"number, e.g. --lam {KERNEL_LAM:g} (its default)")
     return c
+
+
+def _stored_lam(model_path):
+    """The lam a model at ``model_path`` was fitted with (None: no readable model): a
+    model fitted when the default was the absolute 1e-3 keeps it on --update."""
+    try:
+        return (storage.read_model_meta(model_path).get("params") or {}).get("lam")
+    except Exception:  # noqa: BLE001 - no model there: the fit says so itself
+        return None
 
 
 def nothing_written(model_path) -> str:
