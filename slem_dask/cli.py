@@ -373,11 +373,13 @@ def main(argv=None) -> int:
         from .storage.backend import describe_storage_error
 
         line = describe_storage_error(exc, _paths_of(args))
-        if line is None and is_out_of_space(exc) and _paths_of(args):  # not said by a job
+        written = exc.filename if isinstance(exc, OSError) and exc.filename else next(
+            (p for p in (getattr(args, n, None) for n in ("out", "model", "workdir"))
+             if isinstance(p, str)), None)  # what the command writes
+        if line is None and is_out_of_space(exc) and written:  # not said by a job
             from .pipeline.common import out_of_space_line
 
-            line = out_of_space_line(exc, exc.filename or _paths_of(args)[-1], None,
-                                     _not_complete(args))
+            line = out_of_space_line(exc, written, None, _not_complete(args, advice=False))
         if line is None and not isinstance(exc, (ValueError, TypeError, FileNotFoundError,
                                                  FileExistsError, OSError, IntegrityError)):
             raise

@@ -619,3 +619,16 @@ def test_an_update_without_lam_keeps_the_models_lambda(capsys, scheduler, tmp_pa
                          "--update")
     assert code == 0 and re.search(r"^  action +update$", out, re.M), out + err
     assert load_model(str(model)).lam == 1e-3 and load_model(str(model)).n_samples_ == 600
+
+
+def test_a_full_disk_in_any_other_command_is_one_line_naming_what_it_writes(
+        capsys, scheduler, tmp_path, full_disk):
+    workdir = tmp_path / "demo"
+    code, _, err = cli(capsys, scheduler, "demo", "--workdir", workdir, "--negatives", "60",
+                       "--instances", "5", "--dim", "4")
+    assert code == 1
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(
+        f"slem-dask demo: error: no space left on the storage of {str(workdir)!r} (No space "
+        f"left on device; "), err
+    assert "[Errno 28]" not in err and "or write to another path" in err
