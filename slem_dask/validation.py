@@ -60,20 +60,20 @@ class LambdaScaleWarning(UserWarning):
 
 def parse_lam(value, name: str = "lam") -> tuple[float, bool]:
     """(c, relative) of a lambda: a number > 0 is absolute (in the data's squared units);
-    a text "<c>x" is c times the negatives' total variance tr(Sigma) (e.g. "0.01x")."""
-    if isinstance(value, str):
+    a text "<c>x" is c times the negatives' total variance tr(Sigma) (e.g. "0.01x"); any
+    other text is a TypeError, as it always was (a number given as text is ambiguous)."""
+    if isinstance(value, str) and value.strip().lower().endswith("x"):
         text = value.strip().lower()
-        relative = text.endswith("x")
         try:
-            number = float(text[:-1] if relative else text)
+            number = float(text[:-1])
         except ValueError:
             raise ValueError(
                 f"{name}={value!r}: expected a number > 0 (absolute, in the data's squared "
                 f"units) or a number followed by 'x' (that many times the negatives' total "
                 f"variance tr(Sigma), e.g. '{DEFAULT_LAM}', the default)") from None
-        return check_positive_float(number, name, f" (in {value!r})"), relative
-    return check_positive_float(value, name, f"; or give '{DEFAULT_LAM}' (relative to "
-                                             f"the negatives' total variance)"), False
+        return check_positive_float(number, name, f" (in {value!r})"), True
+    return check_positive_float(value, name, f"; or a text 'Cx', C times the negatives' "
+                                             f"total variance (e.g. '{DEFAULT_LAM}')"), False
 
 
 def effective_lam(value, cov: np.ndarray, name: str = "lam") -> float:
