@@ -234,8 +234,12 @@ def _run(args) -> int:
               flush=True)
         from . import watchdog, workers as worker_faults
 
-        with watchdog.watch(client, args.task_timeout, what_is_kept=_not_complete(args),
-                            source=getattr(args, "task_timeout_source", "--task-timeout")), \
+        with watchdog.watch(client, args.task_timeout,
+                            what_is_kept=lambda: _not_complete(args, advice=False),
+                            source=getattr(args, "task_timeout_source", "--task-timeout"),
+                            progress_every=None if progress else
+                            watchdog.progress_line_seconds(),
+                            stores=_paths_of(args) + _spec_paths(spec)), \
                 worker_faults.explain_failures(client, _not_complete(args, short=True)):
             reports, rows = _jobs(args, client, spec, progress)
         # done: a Ctrl-C while the cluster closes must not say that nothing was written
@@ -267,7 +271,8 @@ def _jobs(args, client, spec, progress: bool):
     elif args.command == "search":
         reports = [pipeline.search_job(client, args.queries, args.database, args.out,
                                        k=args.k, partition_rows=args.partition_rows,
-                                       overwrite=args.overwrite, force=args.force)]
+                                       overwrite=args.overwrite, force=args.force,
+                                       progress=progress)]
     elif args.command == "evaluate":
         from . import evaluation
 
@@ -317,9 +322,13 @@ def _evaluate_arrays(args) -> dict | None:
 
 def _evaluate_grids(args) -> dict[str, dict]:
     """`evaluate`'s parameter options as method -> {parameter: [values]}."""
+    from .validation import DEFAULT_LAM
+
     kernel = {name: getattr(args, name) for name in ("lam", "gamma", "rank")
               if getattr(args, name) is not None}
-    return {"slem": {"lam": args.lam or [1e-3]}, "kernel": kernel,
+    if "lam" in kernel:  # a lambda relative to tr(Sigma) is linear SLEM's only
+        kernel["lam"] = [v for v in kernel["lam"] if not isinstance(v, str)] or [1e-3]
+    return {"slem": {"lam": args.lam or [DEFAULT_LAM]}, "kernel": kernel,
             "pca": {"eps": args.pca_eps},
             "esvm": {"lam": args.esvm_lam, "n_iter": args.esvm_iters}}
 
@@ -378,9 +387,17 @@ def main(argv=None) -> int:
     except Exception as exc:  # noqa: BLE001 - an object store's failures are not OSErrors
         if isinstance(exc, BrokenPipeError) and _stdout_is_gone():
             return _reader_gone(args)
+        from .storage import is_out_of_space
         from .storage.backend import describe_storage_error
 
         line = describe_storage_error(exc, _paths_of(args))
+        written = exc.filename if isinstance(exc, OSError) and exc.filename else next(
+            (p for p in (getattr(args, n, None) for n in ("out", "model", "workdir"))
+             if isinstance(p, str)), None)  # what the command writes
+        if line is None and is_out_of_space(exc) and written:  # not said by a job
+            from .pipeline.common import out_of_space_line
+
+            line = out_of_space_line(exc, written, None, _not_complete(args, advice=False))
         if line is None and not isinstance(exc, (ValueError, TypeError, FileNotFoundError,
                                                  FileExistsError, OSError, IntegrityError)):
             raise
@@ -405,6 +422,14 @@ def _paths_of(args) -> list[str]:
              "to")
     paths = [getattr(args, n) for n in names if isinstance(getattr(args, n, None), str)]
     return paths + [p for p in getattr(args, "paths", None) or [] if isinstance(p, str)]
+
+
+def _spec_paths(spec) -> list[str]:
+    """The store paths a job spec names."""
+    if spec is None:
+        return []
+    paths = [spec.model.path] + ([spec.fit.negatives] if spec.fit else [])
+    return paths + [p for e in spec.encode for p in (e.positives, e.out)]
 
 
 def _stdout_is_gone() -> bool:
@@ -475,18 +500,20 @@ def _interrupted(args) -> int:
     return 130
 
 
-def _not_complete(args, short: bool = False) -> str:
+def _not_complete(args, short: bool = False, advice: bool = True) -> str:
     """What a command stopped before its end leaves, in its own words (``short``: without
-    the advice to run it again)."""
+    the advice to run it again; ``advice=False``: an encode's without it, for a message
+    that ends with its own)."""
     if short:
         return ("the steps reported above are complete, the one under way was not marked "
                 "complete" if args.command in ("run", "demo") else "nothing was marked complete")
+    if args.command == "encode":  # what the storage holds now, not what a job may leave
+        from .pipeline.encode import what_is_kept
+
+        return what_is_kept(args.out, getattr(args, "head_before", None), advice=advice)
     # demo and run write several stores one after the other: the ones they had
     # finished are complete (and verified), only the one under way is not
-    said = {"encode": "nothing was committed: readers still see the previous version, if "
-                      "any; the partitions already written are kept in this job's draft: run "
-                      "the same command again to resume",
-            "run": "the steps reported above are complete; the one under way was not marked "
+    said = {"run": "the steps reported above are complete; the one under way was not marked "
                    "complete (an unfinished output is kept and refused by readers): run the "
                    "same spec again to resume",
             "demo": "the stores it had finished are complete (`slem-dask verify PATH` says "

@@ -25,6 +25,25 @@ def _positive_float(text: str) -> float:
 
 
 
+def _lam(text: str):
+    """--lam: a number > 0 (absolute) or "<c>x" (c times the negatives' tr(Sigma))."""
+    relative = text.strip().lower().endswith("x")
+    try:
+        value = _positive_float(text.strip()[:-1] if relative else text)
+    except argparse.ArgumentTypeError as exc:
+        raise argparse.ArgumentTypeError(
+            f"{exc} (a number is absolute; Cx is C times the negatives' total variance, "
+            f"e.g. 0.01x)") from None
+    return f"{value:g}x" if relative else value
+
+
+#: What --lam means, for the help texts.
+_LAM_HELP = ("ridge lambda of linear SLEM: a number > 0 is absolute (the data's squared "
+             "units); Cx is C times the negatives' total variance tr(Sigma), whatever "
+             "their scale (default: 0.01x; about 3e-3 on L2-normalized descriptors). "
+             "Kernel SLEM takes a number (default: 1e-3)")
+
+
 def _positive_int(text: str) -> int:
     try:
         value = int(text)
@@ -162,7 +181,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="number of instances; the database holds 4 views of each (default: 1000)")
     p.add_argument("--dim", type=_positive_int, default=128, metavar="D",
                    help="descriptor dimension (default: 128)")
-    p.add_argument("--lam", type=_positive_float, default=1e-3, help="ridge lambda (default: 1e-3)")
+    p.add_argument("--lam", type=_lam, default=None, help=_LAM_HELP)
     p.add_argument("--seed", type=int, default=0,
                    help="seed of the generated corpus and of the kernel pivots (default: 0)")
     _add_cluster_args(p)
@@ -174,8 +193,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "corpus.zarr/negatives), .npy, a folder or quoted glob of .npy "
                         "shards, FILE.h5:/dataset, .fvecs/.bvecs/.ivecs (docs/your-data.md)")
     p.add_argument("--model", required=True, metavar="PATH", help="zarr group to write the model to")
-    p.add_argument("--lam", type=_positive_float, default=1e-3,
-                   help="ridge lambda > 0 (default: 1e-3)")
+    p.add_argument("--lam", type=_lam, default=None, help=_LAM_HELP)
     p.add_argument("--theta", type=_positive_float, default=1.0,
                    help="weight of the positive in the loss; it scales each weight vector "
                         "without turning it, so the L2-normalized encodings do not depend on "
@@ -268,8 +286,9 @@ def build_parser() -> argparse.ArgumentParser:
     g = p.add_argument_group(
         "parameters (each takes one value or a comma-separated grid, e.g. --lam 1e-3,1e-2,1e-1:"
         " every setting gets a row, and the best per method is marked *)")
-    g.add_argument("--lam", type=_grid(_positive_float), metavar="LAM[,LAM...]",
-                   help="ridge lambda of linear and kernel SLEM (default: 1e-3)")
+    g.add_argument("--lam", type=_grid(_lam), metavar="LAM[,LAM...]",
+                   help="ridge lambda of linear SLEM (absolute, or Cx: C times tr(Sigma); "
+                        "default: 0.01x) and of kernel SLEM (a number; default: 1e-3)")
     g.add_argument("--gamma", type=_grid(_positive_float), metavar="G[,G...]",
                    help="kernel SLEM rbf gamma (default: 0.5)")
     g.add_argument("--rank", type=_grid(_positive_int), metavar="R[,R...]",

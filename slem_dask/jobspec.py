@@ -48,7 +48,7 @@ class GenerateSpec:
 class ModelSpec:
     path: str
     type: str = "linear"
-    lam: float = 1e-3
+    lam: float | str | None = None  # linear: "0.01x" (times tr(Sigma)); kernel: 1e-3
     theta: float = 1.0
     precision: str = "auto"  # type = "linear" only
     # type = "kernel" only (see KernelSLEM):
@@ -120,6 +120,9 @@ def _build(cls, table, where: str):
             continue
         value = table[name]
         kind = str(f.type)
+        if name == "lam":
+            values[name] = _lam_value(value, f"{where}.{name}")
+            continue
         if "bool" in kind:
             ok = isinstance(value, bool)
             expected = "true or false"
@@ -144,6 +147,21 @@ def _build(cls, table, where: str):
     return cls(**values)
 
 
+def _lam_value(value, where: str):
+    """A spec's lam: a number > 0 (absolute) or "<c>x" (c times the negatives' tr(Sigma))."""
+    from .validation import parse_lam
+
+    try:
+        if isinstance(value, bool):
+            raise TypeError
+        c, relative = parse_lam(value, where)
+    except (TypeError, ValueError):
+        raise SpecError(f"{where} = {value!r}: expected a number > 0 (absolute) or a "
+                        f"string \"<c>x\" (c times the negatives' total variance "
+                        f"tr(Sigma), e.g. \"0.01x\", the default)") from None
+    return f"{c:g}x" if relative else c
+
+
 def parse_spec(data: dict, source: str = "<spec>") -> JobSpec:
     allowed = ("cluster", "generate", "model", "fit", "encode")
     unknown = sorted(set(data) - set(allowed))
@@ -162,6 +180,12 @@ def parse_spec(data: dict, source: str = "<spec>") -> JobSpec:
     if kernel_keys and data["model"].get("type", "linear") != "kernel":
         raise SpecError(f"{source}: model.{kernel_keys[0]} applies to type = \"kernel\" only; "
                         f"set model.type = \"kernel\" or remove it")
+    if isinstance(data["model"], dict) and data["model"].get("type") == "kernel" \
+            and isinstance(data["model"].get("lam"), str):
+        raise SpecError(f"{source}: model.lam = {data['model']['lam']!r}: a lambda relative "
+                        f"to the negatives' total variance applies to type = \"linear\"; a "
+                        f"kernel model's is in the kernel's units: give a number (default "
+                        f"1e-3)")
     if isinstance(data["model"], dict) and isinstance(data.get("fit"), dict) \
             and data["fit"].get("repivot") and data["model"].get("type", "linear") != "kernel":
         raise SpecError(f"{source}: fit.repivot applies to type = \"kernel\" only (a linear "
@@ -212,12 +236,15 @@ def check_inputs(spec: JobSpec) -> None:
         try:
             fn(*args)
         except (ValueError, TypeError, OSError) as exc:
-            raise type(exc)(f"{spec.source}: {key}: {exc}") from None
+            text = str(exc)  # "positives: ...": the key already names the input
+            name = key.rsplit(".", 1)[-1]
+            text = text[len(name) + 2:] if text.startswith(f"{name}: ") else text
+            raise type(exc)(f"{spec.source}: {key}: {text}") from None
 
     width = {}  # the dimension every positive must have, once known
 
-    def features(path, name, what):
-        width[what] = storage.open_input(path, name).shape[1]
+    def features(path, name, what):  # positives of 0 rows: an empty output, not an error
+        width[what] = storage.open_input(path, name, empty_ok=name == "positives").shape[1]
 
     if spec.fit is not None:
         check("fit.negatives", features, spec.fit.negatives, "negatives", "model")

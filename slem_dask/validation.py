@@ -7,6 +7,7 @@ to fix it.
 from __future__ import annotations
 
 import math
+import warnings
 import numbers
 
 import numpy as np
@@ -43,6 +44,60 @@ def check_positive_float(value, name: str, hint: str = "") -> float:
     if not math.isfinite(value) or value <= 0:
         raise ValueError(f"{name} must be a finite number > 0, got {value!r}{hint}")
     return value
+
+
+#: The default lambda of linear SLEM: 1% of the negatives' total variance tr(Sigma) (docs/
+#: troubleshooting.md, "Defaults": measured on the demo corpora and scikit-learn's digits).
+DEFAULT_LAM = "0.01x"
+#: An absolute lambda this far below or above the negatives' mean variance tr(Sigma)/d
+#: says nothing about the data: whitening without regularization, or none at all.
+LAM_SCALE_LIMITS = (1e-6, 1e3)
+
+
+class LambdaScaleWarning(UserWarning):
+    """An absolute lambda that the negatives' scale makes meaningless."""
+
+
+def parse_lam(value, name: str = "lam") -> tuple[float, bool]:
+    """(c, relative) of a lambda: a number > 0 is absolute (in the data's squared units);
+    a text "<c>x" is c times the negatives' total variance tr(Sigma) (e.g. "0.01x"); any
+    other text is a TypeError, as it always was (a number given as text is ambiguous)."""
+    if isinstance(value, str) and value.strip().lower().endswith("x"):
+        text = value.strip().lower()
+        try:
+            number = float(text[:-1])
+        except ValueError:
+            raise ValueError(
+                f"{name}={value!r}: expected a number > 0 (absolute, in the data's squared "
+                f"units) or a number followed by 'x' (that many times the negatives' total "
+                f"variance tr(Sigma), e.g. '{DEFAULT_LAM}', the default)") from None
+        return check_positive_float(number, name, f" (in {value!r})"), True
+    return check_positive_float(value, name, f"; or a text 'Cx', C times the negatives' "
+                                             f"total variance (e.g. '{DEFAULT_LAM}')"), False
+
+
+def effective_lam(value, cov: np.ndarray, name: str = "lam") -> float:
+    """The absolute lambda that ``value`` (see :func:`parse_lam`) means for negatives of
+    covariance ``cov``; warns (:class:`LambdaScaleWarning`) when an absolute one is far
+    outside their scale. Negatives with no variance take c itself."""
+    c, relative = parse_lam(value, name)
+    total = float(np.trace(cov))
+    if relative:
+        return c * total if total > 0 else c
+    d = cov.shape[0]
+    if total > 0:
+        ratio = c / (total / d)
+        low, high = LAM_SCALE_LIMITS
+        if not low <= ratio <= high:
+            effect = ("it barely regularizes: A = Sigma + lam I is nearly singular and "
+                      "encodings follow the noise of the smallest directions" if ratio < low
+                      else "the model barely whitens: A ~ lam I, so it only centres")
+            warnings.warn(LambdaScaleWarning(
+                f"{name}={c:g} is {ratio:.2g} times the negatives' mean variance "
+                f"(tr(Sigma)/d = {total / d:.3g}): {effect}; give a lambda relative to "
+                f"their scale, e.g. --lam {DEFAULT_LAM} ({DEFAULT_LAM[:-1]} x tr(Sigma) = "
+                f"{float(DEFAULT_LAM[:-1]) * total:.3g})"), stacklevel=4)
+    return c
 
 
 def output_dtype(dtype) -> np.dtype:

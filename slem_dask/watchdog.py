@@ -8,6 +8,13 @@ of them has finished for ``warn_after`` seconds it prints one line naming the
 workers that hold the running ones, and after ``task_timeout`` seconds without
 progress it cancels the client's pending futures (the job's compute then ends)
 and the job fails with one line (:class:`TaskTimeout`).
+
+That line says what the scheduler knows: a worker not heard from (stopped, swapping,
+cut off) or paused by dask for memory (with its memory and limit) is named with its
+remedy; an object store of the job that does not answer is named as such; tasks that
+run on workers that answer are long tasks, said as progress (done/total, rate, time
+left), not as a worker to restart. Without progress bars a line of progress comes
+every ``progress_every`` seconds while tasks finish.
 """
 
 from __future__ import annotations
@@ -20,10 +27,12 @@ import time
 
 from .integrity import IntegrityError
 
-__all__ = ["watch", "TaskTimeout", "stall_warning_seconds"]
+__all__ = ["watch", "TaskTimeout", "stall_warning_seconds", "progress_line_seconds"]
 
 #: Seconds without a finished task before the first warning ($SLEM_DASK_STALL_WARNING).
 DEFAULT_STALL_WARNING = 60.0
+#: Seconds between two lines of progress without a terminal ($SLEM_DASK_PROGRESS_LINES).
+DEFAULT_PROGRESS_LINES = 60.0
 #: Seconds between two looks at the scheduler ($SLEM_DASK_WATCH_INTERVAL).
 DEFAULT_INTERVAL = 2.0
 #: A worker not heard from for this many of its heartbeat intervals (0.5 s up to 10
@@ -50,6 +59,12 @@ def _env_seconds(name: str, default: float) -> float:
 
 def stall_warning_seconds() -> float:
     return _env_seconds("SLEM_DASK_STALL_WARNING", DEFAULT_STALL_WARNING)
+
+
+def progress_line_seconds() -> float:
+    """Seconds between progress lines of a job shown without progress bars
+    ($SLEM_DASK_PROGRESS_LINES, default a minute)."""
+    return _env_seconds("SLEM_DASK_PROGRESS_LINES", DEFAULT_PROGRESS_LINES)
 
 
 def _probe_function():
@@ -88,17 +103,20 @@ def _probe_function():
         except ImportError:  # pragma: no cover - renamed in some release
             beat = 1.0
         now = time()
-        workers = {}
-        for address in {**processing, **inputs}:
-            ws = dask_scheduler.workers.get(address)
-            if ws is not None:
-                age = now - ws.last_seen
-                workers[address] = {"name": str(ws.name), "status": ws.status.name,
-                                    "silent": age if age >= max(3.0, beats * beat) else 0.0}
+        workers, paused = {}, {}
+        for address, ws in dask_scheduler.workers.items():
+            age = now - ws.last_seen
+            info = {"name": str(ws.name), "status": ws.status.name,
+                    "silent": age if age >= max(3.0, beats * beat) else 0.0,
+                    "memory": int(ws.memory.process), "limit": int(ws.memory_limit or 0)}
+            if address in processing or address in inputs:
+                workers[address] = info
+            if info["status"] == "paused":  # dask's memory monitor: it takes no task
+                paused[address] = info
         return {"remaining": len(seen), "signature": hash(frozenset(seen)),
                 "processing": processing, "no_worker": no_worker, "workers": workers,
                 "inputs": {a: n for a, n in inputs.items() if a not in processing},
-                "n_workers": len(dask_scheduler.workers)}
+                "paused": paused, "n_workers": len(dask_scheduler.workers)}
 
     return probe
 
@@ -118,8 +136,10 @@ def describe(state: dict) -> str:
         if info.get("silent"):
             notes.append(f"not heard from for {info['silent']:.0f} s: stopped, swapping or "
                          f"cut off")
+        elif info.get("status") == "paused":
+            notes.append(_paused(info))
         elif info.get("status") not in (None, "running"):
-            notes.append(f"status {info['status']}")  # paused: its memory is full
+            notes.append(f"status {info['status']}")
         else:
             notes.append("responding: its tasks still run, or wait for their inputs")
         parts.append(f"{_label(address, info)} ({'; '.join(notes)})")
@@ -129,7 +149,13 @@ def describe(state: dict) -> str:
             parts.append(f"{_label(address, info)} (holds inputs of {count} of those tasks; "
                          f"not heard from for {info['silent']:.0f} s: stopped, swapping or "
                          f"cut off)")
-    if state["no_worker"]:
+    for address, info in sorted(state.get("paused", {}).items()):
+        if address not in state["processing"]:
+            parts.append(f"{_label(address, info)} ({_paused(info)})")
+    if state["no_worker"] and state.get("paused"):
+        parts.append(f"{state['no_worker']} task(s) that wait for a worker that is not "
+                     f"paused ({state['n_workers']} worker(s) connected)")
+    elif state["no_worker"]:
         parts.append(f"{state['no_worker']} task(s) that no connected worker can run "
                      f"({state['n_workers']} worker(s) connected)")
     if not parts:
@@ -138,7 +164,26 @@ def describe(state: dict) -> str:
         ", ".join(parts)
 
 
+def _paused(info: dict) -> str:
+    """Why dask paused a worker, in its scheduler's figures."""
+    memory, limit = info.get("memory", 0), info.get("limit", 0)
+    held = f"its process holds {memory / 2**20:.0f} MiB" + (
+        f", {memory / limit:.0%} of its {limit / 2**20:.0f} MiB memory limit" if limit else "")
+    return f"paused by dask for memory: {held}; it takes no task until it holds less"
+
+
+def _paused_remedy(state: dict) -> str:
+    one = len(state.get("paused", {})) == 1
+    return (f"give the workers more memory (dask worker --memory-limit) or fewer threads, "
+            f"pass a smaller --partition-rows, or restart {'that worker' if one else 'them'} "
+            f"to free what {'it holds' if one else 'they hold'} "
+            f"(distributed.worker.memory.pause sets the threshold)")
+
+
 def _remedy(state: dict, why: bool = True) -> str:
+    if state.get("paused") and not any(
+            state["workers"].get(a, {}).get("silent") for a in state["processing"]):
+        return _paused_remedy(state)
     one = len(state["processing"]) + sum(
         1 for a in state.get("inputs", {}) if state["workers"].get(a, {}).get("silent")) == 1
     text = "check or restart " + ("that worker" if one else "those workers")
@@ -148,10 +193,82 @@ def _remedy(state: dict, why: bool = True) -> str:
     return text
 
 
+def _duration(seconds: float) -> str:
+    if seconds < 90:
+        return f"{seconds:.0f} s"
+    if seconds < 5400:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"
+
+
+class _Progress:
+    """Tasks done of those the client waits for, since they were submitted."""
+
+    def __init__(self):
+        self.total, self.start, self.left = None, 0.0, 0
+
+    def see(self, remaining: int, now: float) -> None:
+        if not remaining:
+            self.total = None  # nothing to wait for: the next compute starts afresh
+        elif self.total is None or remaining > self.left:  # a new computation
+            self.total, self.start = remaining, now
+        self.left = remaining
+
+    def text(self, now: float) -> str:
+        done, elapsed = self.total - self.left, max(now - self.start, 1e-9)
+        line = f"{done} of {self.total} tasks done in {_duration(elapsed)}"
+        if not done:
+            return line + " (none finished yet: no estimate of the time left)"
+        rate = done / elapsed
+        per_minute = f"{rate * 60:.0f}" if rate * 60 >= 100 else f"{rate * 60:.3g}"
+        return line + (f" ({per_minute}/min; about {_duration(self.left / rate)} left at "
+                       f"that rate)")
+
+
+def _long_tasks(state: dict) -> bool:
+    """Whether the tasks waited for all run on workers that answer and are not paused:
+    slow tasks, not a worker to restart."""
+    workers = state["workers"]
+    return bool(state["processing"]) and not state.get("paused") and not \
+        state["no_worker"] and all(
+            not workers.get(a, {}).get("silent") and workers.get(a, {}).get("status")
+            == "running" for a in [*state["processing"], *state.get("inputs", {})])
+
+
+def _running(state: dict) -> str:
+    parts = [f"{n} on {_label(a, state['workers'].get(a, {}))}"
+             for a, n in sorted(state["processing"].items())]
+    count = sum(state["processing"].values())
+    return (f"{count} task{'s' if count > 1 else ''} running ({', '.join(parts)}; "
+            f"{'it answers' if len(parts) == 1 else 'they answer'})")
+
+
+def _unreachable_store(stores) -> str | None:
+    """The first of ``stores`` (paths or URLs) whose object store does not answer, said
+    as its backend says it; None when all answer (or cannot be asked)."""
+    from .storage.backend import backend_for
+    from .storage.paths import canonical
+
+    for path in stores:
+        try:
+            url = canonical(path).url
+            if url.startswith(("file://", "memory://")):
+                continue
+            said = getattr(backend_for(url), "unreachable", lambda: None)()
+        except Exception:  # noqa: BLE001 - a check must not stop the watch
+            continue
+        if said:
+            return said
+    return None
+
+
 class _Watch:
-    def __init__(self, client, task_timeout, warn_after, interval, out, source):
+    def __init__(self, client, task_timeout, warn_after, interval, out, source,
+                 progress_every=None, stores=()):
         self.client, self.task_timeout, self.warn_after = client, task_timeout, warn_after
         self.interval, self.out, self.source = interval, out, source
+        self.progress_every, self.stores = progress_every, list(stores)
+        self.progress = _Progress()
         self.message = None  # set when the job was given up on
         self.remedy = ""
         self._stop = threading.Event()
@@ -164,34 +281,55 @@ class _Watch:
     def _run(self) -> None:
         probe = _probe_function()
         last, since, warned = None, time.monotonic(), 0
+        said_at = since  # the last progress line (without a terminal)
         while not self._stop.wait(self.interval):
             try:
                 state = self.client.run_on_scheduler(probe, self.client.id)
             except Exception:  # noqa: BLE001 - a lost scheduler is the job's to report
                 continue
             now = time.monotonic()
+            self.progress.see(state["remaining"] if state else 0, now)
             key = None if not state or not state["remaining"] else \
                 (state["remaining"], state["signature"])
             if key is None or key != last:  # something finished (or nothing to wait for)
                 if warned and key is not None:
                     self._say(f"tasks progress again after {now - since:.0f} s")
                 last, since, warned = key, now, 0
+                if key is not None and self.progress_every and \
+                        now - max(said_at, self.progress.start) >= self.progress_every:
+                    said_at = now
+                    self._say(self.progress.text(now))
                 continue
             stalled = now - since
             if self.task_timeout is not None and stalled >= self.task_timeout:
-                self.message = (f"no task of this job finished for {stalled:.0f} s "
-                                f"({self.source}{' ' if self.source.startswith('--') else ' = '}"
-                                f"{self.task_timeout:g}), waiting for "
-                                f"{describe(state)}")
-                self.remedy = _remedy(state, why=False)
-                self._cancel()
+                self._give_up(state, stalled)
                 return
             if stalled >= self.warn_after * (warned + 1):
                 warned += 1
-                hint = ("" if self.task_timeout is not None else
-                        "; --task-timeout SECONDS gives up after that long without progress")
-                self._say(f"no task finished for {stalled:.0f} s, waiting for "
-                          f"{describe(state)}: {_remedy(state)}{hint}")
+                said_at = now
+                self._say(self._stall_line(state, stalled, now))
+
+    def _stall_line(self, state: dict, stalled: float, now: float) -> str:
+        """What the job waits for after ``stalled`` seconds without a finished task."""
+        hint = ("" if self.task_timeout is not None else
+                "; --task-timeout SECONDS gives up after that long without progress")
+        store = _unreachable_store(self.stores)
+        if store:  # its tasks wait on the store, not on a worker
+            return f"no task finished for {stalled:.0f} s: {store}"
+        if _long_tasks(state):
+            return (f"no task finished for {stalled:.0f} s; {self.progress.text(now)}; "
+                    f"{_running(state)}: long tasks, not a stuck worker{hint}")
+        return (f"no task finished for {stalled:.0f} s, waiting for {describe(state)}: "
+                f"{_remedy(state)}{hint}")
+
+    def _give_up(self, state: dict, stalled: float) -> None:
+        store = _unreachable_store(self.stores)
+        self.message = (f"no task of this job finished for {stalled:.0f} s "
+                        f"({self.source}{' ' if self.source.startswith('--') else ' = '}"
+                        f"{self.task_timeout:g}), waiting for "
+                        f"{'the object store: ' + store if store else describe(state)}")
+        self.remedy = "once the store answers" if store else _remedy(state, why=False)
+        self._cancel()
 
     def _cancel(self) -> None:
         """Cancel what the client waits for: its compute raises, the job ends."""
@@ -218,11 +356,16 @@ class _Watch:
 @contextlib.contextmanager
 def watch(client, task_timeout: float | None = None, warn_after: float | None = None,
           interval: float | None = None, what_is_kept: str = "nothing was marked complete",
-          out=None, source: str = "--task-timeout"):
+          out=None, source: str = "--task-timeout", progress_every: float | None = None,
+          stores=()):
     """Watch the tasks ``client`` waits for while the block runs (see the module).
 
     If the job was given up on (``task_timeout``, set by ``source``), whatever the
-    block raised becomes one :class:`TaskTimeout` naming the workers and ``what_is_kept``.
+    block raised becomes one :class:`TaskTimeout` naming the workers and ``what_is_kept``
+    (a text, or a function that says it as it is when the job is given up on).
+    ``progress_every``: seconds between lines of progress while tasks finish (done/total,
+    rate, time left), for a job shown without progress bars; None: none. ``stores``: the
+    job's store paths: one whose object store does not answer is named in a stall line.
     """
     if client is None:
         yield None
@@ -231,12 +374,14 @@ def watch(client, task_timeout: float | None = None, warn_after: float | None = 
     interval = interval if interval is not None else _env_seconds("SLEM_DASK_WATCH_INTERVAL",
                                                                    DEFAULT_INTERVAL)
     interval = min(interval, warn_after / 2, (task_timeout or warn_after) / 2)
-    dog = _Watch(client, task_timeout, warn_after, interval, out or sys.stderr, source)
+    dog = _Watch(client, task_timeout, warn_after, interval, out or sys.stderr, source,
+                 progress_every, stores)
     try:
         with dog:
             yield dog
     except BaseException:
         if dog.message is None:
             raise
-        raise TaskTimeout(f"{dog.message}; {what_is_kept}: {dog.remedy} (or raise "
+        kept = what_is_kept() if callable(what_is_kept) else what_is_kept
+        raise TaskTimeout(f"{dog.message}; {kept}: {dog.remedy} (or raise "
                           f"{source}), then run the same command again") from None

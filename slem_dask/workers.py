@@ -109,6 +109,15 @@ class Plan:
 
 
 _plan = contextvars.ContextVar("slem_dask_partition_plan", default=None)
+#: What helps a job whose workers die for memory when its partitions do not matter (a
+#: kernel fit held in memory: --kernel-memory streaming), set by the job.
+_remedy = contextvars.ContextVar("slem_dask_memory_remedy", default=None)
+
+
+def note_memory_remedy(text: str) -> None:
+    """Say what helps if this job's workers die for memory (:func:`explain_failures`
+    says it instead of a partition size); kept until explain_failures' block ends."""
+    _remedy.set(text)
 
 
 def encode_task_bytes(model, rows: int, d: int, dtype) -> tuple[float, int]:
@@ -317,19 +326,30 @@ def _limits(limits: dict, dead: list) -> str:
     return "memory limit " + ", ".join(f"{v / MiB:.1f}" for v in sorted(values)) + " MiB"
 
 
-def explain(exc: BaseException, events: list, limits: dict, what_is_kept: str) -> str | None:
+def _restarted(dead: list, names: dict | None) -> list:
+    """The workers of ``dead`` (addresses in the nannies' restart events) as they were
+    before the job (``names``: address -> name then): a restarted worker comes back
+    at a new address, and its later restarts log that one; unknown ones stay."""
+    if not names or not any(a in names for a in dead):
+        return dead
+    return [a for a in dead if a in names]
+
+
+def explain(exc: BaseException, events: list, limits: dict, what_is_kept: str,
+            names: dict | None = None) -> str | None:
     """One line for a job that failed because workers died (``events``: the nannies'
-    memory restarts during the job; ``limits``: worker -> memory limit before it), or
-    None if it did not fail so."""
+    memory restarts during the job; ``limits``: worker -> memory limit before it;
+    ``names``: worker -> name before it), or None if it did not fail so."""
     killed = _killed_worker(exc)
     if killed is None and not (events and _lost_dependencies(exc)):
         return None
     plan = _plan.get()
-    dead = sorted({msg.get("worker", "?") for _, msg in events})
+    dead = _restarted(sorted({msg.get("worker", "?") for _, msg in events}), names)
     if killed is not None and not dead:
         last = getattr(getattr(killed, "last_worker", None), "address", None)
         dead = [last] if last else []
-    who = ", ".join(dead) or "the workers"
+    who = ", ".join(a if not (names or {}).get(a) or names[a] == a else f"{a} ({names[a]})"
+                    for a in dead) or "the workers"
     if events:
         what = (f"worker(s) {who} ({_limits(limits, dead)}) were restarted by their nannies "
                 f"{len(events)} time(s) for exceeding their memory limit")
@@ -337,6 +357,8 @@ def explain(exc: BaseException, events: list, limits: dict, what_is_kept: str) -
         tries = getattr(killed, "allowed_failures", 3) + 1
         what = (f"{tries} workers died running the same task (last: {who}; "
                 f"{_limits(limits, dead)}), most likely out of memory (see the workers' logs)")
+    if _remedy.get() is not None:
+        return f"{what}; {what_is_kept}: {_remedy.get()}"
     if plan is None:
         return f"{what}; {what_is_kept}: {_MORE_MEMORY[False]}, or pass a smaller --partition-rows"
     # The estimate was too low (or not checked): at most half of what died, or
@@ -353,9 +375,9 @@ def explain(exc: BaseException, events: list, limits: dict, what_is_kept: str) -
     return f"{what} while computing {plan.partition()}; {what_is_kept}: {fix}"
 
 
-def _worker_limits(client) -> dict:
+def _worker_limits(client, field: str = "memory_limit") -> dict:
     try:
-        return {a: w.get("memory_limit") for a, w in
+        return {a: w.get(field) for a, w in
                 client.scheduler_info().get("workers", {}).items()}
     except Exception:  # noqa: BLE001
         return {}
@@ -369,16 +391,18 @@ def explain_failures(client, what_is_kept: str = "nothing was marked complete"):
         return
     before = max((t for t, _ in _memory_events(client)), default=float("-inf"))
     limits = _worker_limits(client)
-    token = _plan.set(None)
+    names = {a: str(n) for a, n in _worker_limits(client, "name").items()}
+    token, remedy = _plan.set(None), _remedy.set(None)
     try:
         yield
     except Exception as exc:
         if _killed_worker(exc) is None and not _lost_dependencies(exc):
             raise
         limits.update({a: v for a, v in _worker_limits(client).items() if a not in limits})
-        text = explain(exc, _memory_events(client, before), limits, what_is_kept)
+        text = explain(exc, _memory_events(client, before), limits, what_is_kept, names)
         if text is None:
             raise
         raise WorkerMemoryError(text) from None
     finally:
         _plan.reset(token)
+        _remedy.reset(remedy)

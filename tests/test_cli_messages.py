@@ -74,11 +74,12 @@ def test_a_pipe_closed_before_the_job_ran_stops_it_and_says_what_is_kept(corpus)
         error = failed.communicate(timeout=120)[1].decode()
     finally:
         os.close(write)
+    # stopped before its job wrote anything: it says so, and promises nothing to resume
     assert proc.returncode == 141 and stopped.splitlines() == [
-        "slem-dask encode: stopped: the reader of its output closed it before the job "
-        "finished; nothing was committed: readers still see the previous version, if any; "
-        "the partitions already written are kept in this job's draft: run the same command "
-        "again to resume"], stopped
+        f"slem-dask encode: stopped: the reader of its output closed it before the job "
+        f"finished; nothing was committed and no partition had been written (no output "
+        f"exists at {str(corpus['dir'] / 'codes.zarr')!r} for readers): run the same "
+        f"command again to encode"], stopped
     assert not (corpus["dir"] / "codes.zarr" / "commits").exists()
     assert failed.returncode == 1 and error.startswith(
         "slem-dask fit: error: negatives: no zarr array at "), error

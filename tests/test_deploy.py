@@ -82,6 +82,19 @@ def test_slurm_launcher_renders_job_script(tmp_path):
     assert "source /opt/venv/bin/activate" in script
     assert "OMP_NUM_THREADS=1" in script
     assert "--nworkers 8" in script and "--nthreads 1" in script
+    # the workers run the Python of --venv, not the one that rendered the script
+    assert "/opt/venv/bin/python -m distributed.cli.dask_worker" in script
+    assert sys.executable not in script
+
+
+def test_slurm_launcher_without_venv_keeps_this_python(tmp_path):
+    launcher = _load(DEPLOY / "slurm" / "slurm_run.py")
+    cluster = launcher.make_cluster(cores=2, memory="4GB")
+    try:
+        script = cluster.job_script()
+    finally:
+        cluster.close()
+    assert f"{sys.executable} -m distributed.cli.dask_worker" in script
 
 
 def test_slurm_launcher_print_job_script_cli(tmp_path, capsys):

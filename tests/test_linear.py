@@ -4,7 +4,6 @@ J(w, nu) = theta/2 (w.x0 + nu - 1)^2 + 1/(2n) sum_i (w.x_i + nu + 1)^2 + lam/2 |
 (docs/math.md#linear-objective, square loss).
 """
 
-import math
 import os
 
 import dask.array as da
@@ -233,7 +232,8 @@ def test_not_fitted_raises():
 
 def test_repr_and_params():
     assert repr(LinearSLEM(lam=0.5, theta=2)) == "LinearSLEM(lam=0.5, theta=2, precision='auto')"
-    assert math.isclose(LinearSLEM().lam, 1e-3)
+    # the default is relative to the negatives' scale (was the absolute 1e-3; issue 32)
+    assert LinearSLEM().lam == "0.01x"
 
 
 _THREAD_CHECK = """

@@ -196,6 +196,11 @@ def test_linear_update_keeps_the_stored_parameters_or_refuses(corpus, client):
     pipeline.fit_job(client, neg, path, lam=3e-3, theta=2.0)
     with pytest.raises(FileExistsError, match=r"lam: stored 0.003, given 0.001.*theta: "
                                               r"stored 2.0, given 1.0.*--update keeps"):
+        pipeline.fit_job(client, neg, path, lam=1e-3, update=True)
+    # without lam an update takes the stored one (the default changed to "0.01x", issue
+    # 32); another theta is still refused
+    with pytest.raises(FileExistsError, match=r"other parameters \(theta: stored 2.0, given "
+                                              r"1.0\); --update keeps"):
         pipeline.fit_job(client, neg, path, update=True)
     assert load_model(path).get_params()["lam"] == 3e-3
     report = pipeline.fit_job(client, neg, path, lam=3e-3, theta=2.0, update=True,

@@ -24,8 +24,13 @@ def make_cluster(cores: int = 16, processes: int | None = None, memory: str = "6
     from dask_jobqueue import SLURMCluster
 
     prologue = ["export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 MKL_NUM_THREADS=1"]
+    python = {}
     if venv:
         prologue.append(f"source {venv}/bin/activate")
+        # dask-jobqueue writes the workers' command with this process's sys.executable
+        # unless told otherwise: a login node's Python, which the compute nodes may not
+        # have, and never the packages of --venv
+        python = {"python": f"{venv.rstrip('/')}/bin/python"}
     return SLURMCluster(
         cores=cores,
         processes=processes or cores,  # one single-threaded worker per core
@@ -37,6 +42,7 @@ def make_cluster(cores: int = 16, processes: int | None = None, memory: str = "6
         local_directory=local_directory,
         job_name="slem-dask-worker",
         job_script_prologue=prologue,
+        **python,
     )
 
 

@@ -13,8 +13,9 @@ from ..core.linear import (encode_rows, exemplar_solution, float32_encoding_ok, 
 from ..core.statistics import (ScatterStats, block_statistics, check_precision, compute_dtype,
                                covariance, merge_statistics)
 from ..parallel import encode_blocks, locate_nonfinite_rows, scatter_statistics, shared
-from ..validation import (DegenerateNegativesWarning, all_finite, check_finite_rows,
-                          check_positive_float, check_rows, is_dask_array, nonfinite_rows_error)
+from ..validation import (DEFAULT_LAM, DegenerateNegativesWarning, all_finite,
+                          check_finite_rows, check_positive_float, check_rows, effective_lam,
+                          is_dask_array, nonfinite_rows_error, parse_lam)
 from .base import SLEMEstimator
 
 __all__ = ["LinearSLEM"]
@@ -28,8 +29,14 @@ class LinearSLEM(SLEMEstimator):
 
     Parameters
     ----------
-    lam : float > 0
-        Ridge parameter lambda of J(w, nu) (docs/math.md#linear-objective).
+    lam : float > 0, or str "<c>x"
+        Ridge parameter lambda of J(w, nu) (docs/math.md#linear-objective). A number is
+        absolute, in the data's squared units (as it always was); "<c>x" is c times the
+        negatives' total variance tr(Sigma), the same for any scale of the data. Default
+        "0.01x" (was 1e-3: on L2-normalized descriptors, tr(Sigma) ~ 0.3, it is about
+        3e-3; measured in docs/troubleshooting.md, "Defaults"). An absolute lambda below
+        1e-6 or above 1e3 times the negatives' mean variance warns
+        (:class:`~slem_dask.validation.LambdaScaleWarning`).
     theta : float > 0
         Weight of the positive exemplar. It scales w* but not its direction
         (docs/math.md#theta), so it changes :meth:`exemplar` only, never
@@ -48,7 +55,8 @@ class LinearSLEM(SLEMEstimator):
     --------------------------
     mean_ : (d,) float64, mean mu of the negatives.
     covariance_ : (d, d) float64, population covariance Sigma of the negatives.
-    precision_ : (d, d) float64, A^-1 = (Sigma + lam I)^-1.
+    precision_ : (d, d) float64, A^-1 = (Sigma + lam_ I)^-1.
+    lam_ : float, the absolute lambda used (``lam`` itself, or c x tr(Sigma)).
     n_samples_ : number of negatives.
     n_features_in_ : d.
     input_dtype_ : dtype name of the negatives.
@@ -58,14 +66,14 @@ class LinearSLEM(SLEMEstimator):
     _exemplar_only_params = ("theta",)
     _execution_params = ("precision",)
 
-    def __init__(self, lam: float = 1e-3, theta: float = 1.0, precision: str = "auto"):
+    def __init__(self, lam: float | str = DEFAULT_LAM, theta: float = 1.0,
+                 precision: str = "auto"):
         self.lam = lam
         self.theta = theta
         self.precision = precision
 
     def _check_params(self) -> None:
-        check_positive_float(self.lam, "lam", "; typical values are 1e-4 to 1e-1 for "
-                             "L2-normalized descriptors")
+        parse_lam(self.lam)
         check_positive_float(self.theta, "theta")
         check_precision(self.precision)
 
@@ -103,13 +111,14 @@ class LinearSLEM(SLEMEstimator):
         if stats.count < 2:
             raise ValueError(f"X has {stats.count} row(s); at least 2 negatives are needed")
         mean, cov = stats.mean, covariance(stats, in_place=True)
-        precision = precision_matrix(cov, float(self.lam))
+        lam = effective_lam(self.lam, cov)
+        precision = precision_matrix(cov, lam)
         if not all_finite(precision):  # mean and cov are finite: lam is the cause
             raise ValueError(
                 f"lam={self.lam!r} is too small for these negatives (largest covariance "
                 f"entry {np.abs(cov).max():.3g}): A = Sigma + lam I has no finite inverse "
-                f"in float64; increase lam (typical values are 1e-4 to 1e-1 for L2-normalized "
-                f"descriptors)")
+                f"in float64; increase lam, or give it relative to their scale (e.g. "
+                f"'{DEFAULT_LAM}', the default)")
         if np.all(cov.diagonal() <= (2.0**-40 * np.abs(mean))**2):
             warnings.warn(DegenerateNegativesWarning(
                 f"all {stats.count} rows are identical (every feature has zero variance in "
@@ -119,6 +128,7 @@ class LinearSLEM(SLEMEstimator):
                 f"has no encoding (all zeros); fit on negatives that vary (descriptors of "
                 f"other images)"), stacklevel=3)
         self.mean_, self.covariance_, self.precision_ = mean, cov, precision
+        self.lam_ = lam
         self.n_samples_ = int(stats.count)
         self.n_features_in_ = int(stats.n_features)
         self.input_dtype_ = np.dtype(dtype).name
@@ -147,7 +157,7 @@ class LinearSLEM(SLEMEstimator):
     def _encoding_matrix(self, dtype, precision: str) -> np.ndarray:
         """A^-1 in the dtype the encoding is computed in (the stored one stays float64)."""
         if compute_dtype(dtype, precision) == np.float32 and \
-                float32_encoding_ok(self.covariance_, float(self.lam)):
+                float32_encoding_ok(self.covariance_, self._lam()):
             return float32_matrix(self.precision_)
         return self.precision_
 
@@ -168,7 +178,7 @@ class LinearSLEM(SLEMEstimator):
     # -- persistence --------------------------------------------------
     def _state(self):
         info = {"n_samples": self.n_samples_, "n_features": self.n_features_in_,
-                "input_dtype": self.input_dtype_}
+                "input_dtype": self.input_dtype_, "lam_": self._lam()}
         arrays = {"mean": self.mean_, "covariance": self.covariance_,
                   "precision": self.precision_}
         return info, arrays
@@ -180,3 +190,10 @@ class LinearSLEM(SLEMEstimator):
         self.n_samples_ = int(info["n_samples"])
         self.n_features_in_ = int(info["n_features"])
         self.input_dtype_ = info["input_dtype"]
+        self.lam_ = float(info["lam_"]) if info.get("lam_") is not None else None
+
+    def _lam(self) -> float:
+        """The absolute lambda of the fit (a model saved by an earlier slem-dask records
+        only ``lam``, which was always absolute then)."""
+        lam = getattr(self, "lam_", None)
+        return lam if lam is not None else parse_lam(self.lam)[0]

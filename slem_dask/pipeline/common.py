@@ -3,6 +3,7 @@ stall warnings, and the errors a job raises when it fails or loses its cluster."
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import time
@@ -138,3 +139,86 @@ def update_refusal(model_path, meta: dict, negatives, arr) -> str | None:
         return None
     return why + ("; refit on all rows with --repivot (same parameters) or --overwrite"
                   if meta.get("model") == "KernelSLEM" else "; fit from scratch with --overwrite")
+
+
+# -- a full disk ----------------------------------------------------------------------
+MiB = 2**20
+
+
+def size_text(n: float) -> str:
+    n = max(n, 0)
+    return f"{n / 2**30:.1f} GiB" if n >= 2**30 else f"{n / MiB:.1f} MiB" if n >= MiB \
+        else f"{n / 1024:.1f} KiB"
+
+
+def _local_room(path) -> tuple[str, int] | None:
+    """(mount point, bytes free there) of the file system that holds the local ``path``
+    (or its nearest existing folder); None for an object store or if unknown."""
+    import shutil
+
+    path = integrity.canonical(path)
+    if not path.is_local:
+        return None
+    where = path.location
+    while where != os.path.dirname(where) and not os.path.exists(where):
+        where = os.path.dirname(where)
+    try:
+        free = shutil.disk_usage(where).free
+        while not os.path.ismount(where):
+            where = os.path.dirname(where)
+    except OSError:
+        return None
+    return where, int(free)
+
+
+def out_of_space_line(exc: OSError, path, needed: float | None, what_is_kept: str) -> str:
+    """One line for a write that found no space (ENOSPC, or a quota: EDQUOT): the store,
+    the space the job needs (``needed``: an estimate in bytes, None if unknown), what is
+    free there, what the failure left, and what to free."""
+    room = _local_room(path)
+    facts = [f"{exc.strerror or exc}" + (f" writing {exc.filename}" if exc.filename else "")]
+    if needed:
+        facts.append(f"this job writes about {size_text(needed)} there")
+    if room is not None:
+        facts.append(f"{size_text(room[1])} free on the file system mounted at {room[0]}")
+    if needed and room is not None and room[1] < needed:
+        free = f"free at least {size_text(needed - room[1])} on {room[0]}"
+    else:
+        free = f"free space on {room[0]}" if room is not None else \
+            "free space (or raise the quota) on that storage"
+    return (f"no space left on the storage of {str(path)!r} ({'; '.join(facts)}); "
+            f"{what_is_kept}: {free} (files you no longer need; each slem-dask store keeps "
+            f"its last versions until its next job: `slem-dask versions PATH` lists them, "
+            f"SLEM_DASK_KEEP_VERSIONS=2 keeps fewer), or write to another path, then run "
+            f"the same command again")
+
+
+@contextlib.contextmanager
+def full_disk_said(path, needed=None, what_is_kept: str = "nothing was written"):
+    """A write of the block that finds no space becomes one :class:`JobFailed` line
+    (:func:`out_of_space_line`); ``needed``: bytes, or a function that estimates them
+    when it happens; ``what_is_kept``: a text, or a function that says it then."""
+    try:
+        yield
+    except OSError as exc:
+        if not integrity.is_out_of_space(exc):
+            raise
+        try:
+            size = needed() if callable(needed) else needed
+        except Exception:  # noqa: BLE001 - an estimate must not hide the full disk
+            size = None
+        kept = what_is_kept() if callable(what_is_kept) else what_is_kept
+        raise JobFailed(out_of_space_line(exc, path, size, kept)) from None
+
+
+def hint_small_chunks(report: JobReport, arr, name: str, path) -> None:
+    """Say once (a warning, kept in the report) that ``arr`` is stored in chunks so
+    small that reaching them costs more than their data, and what to rechunk to."""
+    import warnings
+
+    from ..storage.chunks import SmallChunksWarning, small_chunks_hint
+
+    hint = small_chunks_hint(arr, name, path)
+    if hint:
+        report.facts["hint"] = hint
+        warnings.warn(hint, SmallChunksWarning, stacklevel=3)

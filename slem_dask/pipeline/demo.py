@@ -23,11 +23,13 @@ def _ranked(queries, database, k: int):
 
 
 def demo_job(client, workdir: str = "slem-demo", n_negatives: int = 50_000,
-             n_instances: int = 1_000, group_size: int = 4, d: int = 128, lam: float = 1e-3,
+             n_instances: int = 1_000, group_size: int = 4, d: int = 128,
+             lam: float | str | None = None,
              seed: int = 0, progress: bool = False) -> tuple[list[dict], list[JobReport]]:
     """Generate (once) a synthetic corpus in ``workdir``, fit, encode, evaluate.
 
-    Returns the results table (one row per method) and the job reports.
+    Returns the results table (one row per method) and the job reports. ``lam``: linear
+    SLEM's (default "0.01x"); the kernel model takes it when it is a number, else 1e-3.
     """
     from ..datasets import make_corpus, write_corpus
     from ..retrieval import mean_average_precision, precision_recall_at_k
@@ -61,7 +63,8 @@ def demo_job(client, workdir: str = "slem-demo", n_negatives: int = 50_000,
     # rbf kernel SLEM: gamma 0.5 suits these L2-normalized rows (median squared
     # distance between negatives ~0.5); 256 rpcholesky pivots take a few passes.
     kernel_path = os.path.join(workdir, "kernel_model.zarr")
-    reports.append(fit_job(client, f"{corpus_path}/negatives", kernel_path, lam=lam,
+    kernel_lam = lam if isinstance(lam, (int, float)) else None  # "0.01x": linear only
+    reports.append(fit_job(client, f"{corpus_path}/negatives", kernel_path, lam=kernel_lam,
                            partition_rows=8192, overwrite=True, progress=progress,
                            kernel="rbf", gamma=0.5, rank=min(256, n_negatives),
                            pivoting="rpcholesky", tol=0.0, seed=seed))

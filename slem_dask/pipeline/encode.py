@@ -55,7 +55,10 @@ def encode_job(client, model_path: str, positives: str, out: str, dtype: str | N
     if current is not None:  # decided from the committed head: no lease, nothing written
         current.timings["total"] = time.perf_counter() - t0
         return current
-    with integrity.Lease(out, "slem-dask encode") as lease:
+    head_before = storage.head_seq(out)  # a full disk before the draft is known says it
+    with common.full_disk_said(out, lambda: _output_bytes(model, positives),
+                               lambda: what_is_kept(out, head_before, advice=False)), \
+            integrity.Lease(out, "slem-dask encode") as lease:
         arr, out_dtype, width = check_encode_inputs(model, model_path, positives, out, dtype,
                                                     overwrite, on_model_change, leased=True,
                                                     partition_rows=partition_rows,
@@ -94,10 +97,14 @@ def encode_job(client, model_path: str, positives: str, out: str, dtype: str | N
             action = "resume"  # partitions of an interrupted run's draft were reused
         t1 = time.perf_counter()
         report = JobReport("encode")
-        scale = _scale_mismatch(model, arr)
+        scale = _scale_mismatch(model, arr) if n_rows else (
+            f"positives {str(positives)!r} have no rows (shape {arr.shape}): the output is "
+            f"an empty ({0}, {width}) array; write rows there and run again to encode them")
         if scale:
             report.facts["warning"] = scale
             warnings.warn(scale, stacklevel=2)
+        if todo:
+            common.hint_small_chunks(report, arr, "positives", positives)
         report.facts.update({
             "positives": str(positives), "rows": n_rows, "features": arr.shape[1],
             "partitions": f"{len(todo)} encoded of {n_parts}", "action": action,
@@ -105,7 +112,10 @@ def encode_job(client, model_path: str, positives: str, out: str, dtype: str | N
             "out dtype": out_dtype.name,
         })
         meta = storage.output_meta(head) if head is not None else {}
-        if head is not None and not todo and meta.get("n_rows") == n_rows \
+        # the head's partitions are those of these rows: else the changed ones were all
+        # found in an interrupted run's draft, and must still be committed
+        same_rows = meta.get("input_partitions") == inputs
+        if head is not None and not todo and same_rows and meta.get("n_rows") == n_rows \
                 and meta.get("model_fingerprint") == fingerprint:
             store.abandon(draft)  # nothing to write: the head stays as it is
             report.facts["action"] = "up to date"
@@ -113,8 +123,9 @@ def encode_job(client, model_path: str, positives: str, out: str, dtype: str | N
             return report
         if head is not None and not todo:
             # a model that encodes identically (theta changed): a new version records it
-            report.facts["action"] = "up to date (model metadata updated)" \
-                if meta.get("n_rows") == n_rows else "verified"
+            report.facts["action"] = "resume" if not same_rows else \
+                "up to date (model metadata updated)" if meta.get("n_rows") == n_rows \
+                else "verified"
         if head is not None and todo:  # only what this update computes must fit
             try:
                 workers.check_memory(client, plan, len(todo))
@@ -178,15 +189,12 @@ def encode_job(client, model_path: str, positives: str, out: str, dtype: str | N
             store.abandon(draft)  # once no task writes any more
             raise ValueError(f"positives {str(positives)!r}: {_detail(exc)}") from None
         except _LOST as exc:
-            raise _lost_cluster(exc, f"the partitions already written for {str(out)!r} are "
-                                     f"kept (not visible to readers): run the same command "
-                                     f"again to resume") from None
+            raise _lost_cluster(exc, what_is_kept(out, draft.seq - 1)) from None
         except OSError as exc:
-            if integrity.is_out_of_space(exc):
-                raise JobFailed(
-                    f"no space left on the storage of {str(out)!r} ({exc}); the partitions "
-                    f"already written are kept (not visible to readers): free space, then "
-                    f"run the same command again to resume") from None
+            if integrity.is_out_of_space(exc):  # what is still to write, and what is kept
+                needed = len(todo) * rows * width * out_dtype.itemsize
+                raise JobFailed(common.out_of_space_line(
+                    exc, out, needed, what_is_kept(out, draft.seq - 1, advice=False))) from None
             raise
     return report
 
@@ -247,6 +255,53 @@ def _head_current(head, inputs: list[str], n_parts: int) -> bool:
                     for i, crc in enumerate(crcs)))
 
 
+def _output_bytes(model, positives) -> int:
+    """About the bytes of an encoding of ``positives`` (float32, before the dtype is
+    known)."""
+    arr = storage.open_input(positives, "positives")
+    return 4 * int(arr.shape[0]) * int(getattr(model, "rank_", arr.shape[1]))
+
+
+def what_is_kept(out, head_before: int | None = None, advice: bool = True) -> str:
+    """What an encode stopped before its commit left at ``out``, as the storage holds it
+    now (said by an interrupt or a lost job, whenever it comes): the version readers
+    see, and the partitions kept in drafts of the next version for a re-run to reuse.
+    ``head_before``: the head's sequence number when the job began (None: not known);
+    ``advice``: end with what to run next."""
+    try:
+        store = versions.VersionedStore(out)
+        head = store.head()
+        seq = head.seq if head is not None else 0
+        if head_before is not None and seq > head_before:
+            return f"version {seq} of {str(out)!r} was committed"
+        drafts = [(store.location(v), _partitions_written(store.location(v)))
+                  for v in store.drafts(seq + 1)]
+    except Exception:  # noqa: BLE001 - unreachable storage: say what is known for sure
+        return "nothing was committed: readers still see the previous version, if any" + (
+            "; run the same command again (it reuses the partitions already written)"
+            if advice else "")
+    readers = f"readers still see version {seq}" if seq else \
+        f"no output exists at {str(out)!r} for readers"
+    written = [(where, done, total) for where, (done, total) in drafts if done]
+    if not written:
+        return (f"nothing was committed and no partition had been written ({readers})"
+                + (": run the same command again to encode" if advice else ""))
+    where, done, total = max(written, key=lambda w: w[1])
+    return (f"nothing was committed ({readers}); {done} of {total} partitions are kept in "
+            f"the draft {shown_path(where)!r}"
+            + (": run the same command again to resume" if advice else ""))
+
+
+def _partitions_written(location: str) -> tuple[int, int]:
+    """(partitions written, partitions) of the draft output at ``location``; (0, 0) for a
+    draft killed before its metadata was whole."""
+    try:
+        arr = zarr.open(store=location, mode="r", zarr_format=3)
+        return int(arr.nchunks_initialized), int(arr.nchunks)
+    except Exception:  # noqa: BLE001
+        return 0, 0
+
+
 def _scale_mismatch(model, arr, sample_rows: int = 1000) -> str | None:
     """A warning when the positives' row norms differ from the negatives' by more than
     10x: a kernel model (rbf in particular) then maps them all to nearly one vector."""
@@ -278,7 +333,7 @@ def check_encode_inputs(model, model_path, positives, out, dtype=None, overwrite
     (``leased``: it holds the output's lease)."""
     model_path, positives, out = canonical(model_path), canonical(positives), canonical(out)
     storage.check_distinct(out, "--out", {"positives": positives, "model": model_path})
-    arr = storage.open_input(positives, "positives")
+    arr = storage.open_input(positives, "positives", empty_ok=True)  # 0 rows: an empty output
     check_n_features(arr, model.n_features_in_, f"positives ({str(positives)!r})",
                      fitted_on=f"the model {str(model_path)!r}")
     existing = storage.open_existing_output(out, strict=not overwrite)

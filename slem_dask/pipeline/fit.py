@@ -13,7 +13,8 @@ from ..models import KernelSLEM, LinearSLEM, load_model
 from ..core.statistics import ScatterStats, merge_statistics
 from ..parallel import (_sub_block_rows, locate_nonfinite_rows, merge_fan_in,
                         statistics_partition_rows, store_statistics)
-from ..validation import DegenerateNegativesWarning
+from ..validation import (DEFAULT_LAM, DegenerateNegativesWarning, LambdaScaleWarning,
+                          parse_lam)
 
 from . import common
 from .common import JobFailed, JobReport, _LOST, _detail, _lost_cluster, _threads
@@ -25,7 +26,8 @@ KERNEL_OPTIONS = {"kernel": "kernel", "gamma": "gamma", "degree": "degree", "lam
                   "rank": "rank", "pivoting": "pivoting", "tol": "tol", "random_state": "seed"}
 
 
-def fit_job(client, negatives: str, model_path: str, lam: float = 1e-3, theta: float = 1.0,
+def fit_job(client, negatives: str, model_path: str, lam: float | str | None = None,
+            theta: float = 1.0,
             partition_rows: int | None = None, overwrite: bool = False,
             progress: bool = False, update: bool = False, kernel: str | None = None,
             gamma: float = 0.1, degree: int = 2, rank: int | None = None,
@@ -48,8 +50,14 @@ def fit_job(client, negatives: str, model_path: str, lam: float = 1e-3, theta: f
 
     ``precision`` (linear only): "auto" computes float32 negatives in float32
     inside each block, "float64" in float64 (see :class:`LinearSLEM`).
+
+    ``lam``: a number (absolute) or "<c>x" (c times the negatives' tr(Sigma), linear
+    only); None: the model's default ("0.01x" linear, 1e-3 kernel).
     """
     negatives, model_path = canonical(negatives), canonical(model_path)
+    if lam is None and (update or repivot) and not overwrite:
+        lam = _stored_lam(model_path)  # an update keeps the model's lambda, as it was given
+    lam = kernel_lam(lam) if kernel is not None else DEFAULT_LAM if lam is None else lam
     if kernel is not None:
         from .kernel_fit import _fit_kernel_job  # it imports this module's helpers
         return _fit_kernel_job(client, negatives, model_path, KernelSLEM(
@@ -70,7 +78,9 @@ def fit_job(client, negatives: str, model_path: str, lam: float = 1e-3, theta: f
         report.facts["model"] = str(model_path)
         report.timings["total"] = time.perf_counter() - t0
         return report
-    with integrity.Lease(model_path, "slem-dask fit") as lease:
+    with common.full_disk_said(model_path, lambda: model_bytes(model, arr.shape[1]),
+                               nothing_written(model_path)), \
+            integrity.Lease(model_path, "slem-dask fit") as lease:
         update = update and exists and not overwrite  # --overwrite --update: refit
         previous = _previous_statistics(model_path, negatives, arr, model) if update \
             else None
@@ -84,6 +94,7 @@ def fit_job(client, negatives: str, model_path: str, lam: float = 1e-3, theta: f
             report.facts["model"] = str(model_path)
             report.timings["total"] = time.perf_counter() - t0
             return report
+        common.hint_small_chunks(report, arr, "negatives", negatives)
         seen = integrity.rows_fingerprint(arr, negatives, "negatives", n)
         integrity.check_workers_see(client, {"negatives": negatives})
         rows = storage.row_partition(arr, partition_rows)
@@ -104,9 +115,12 @@ def fit_job(client, negatives: str, model_path: str, lam: float = 1e-3, theta: f
             if previous is not None:
                 stats = previous if stats is None else merge_statistics(previous, stats)
             t2 = time.perf_counter()
-            with _warnings_naming(negatives, report, DegenerateNegativesWarning):
+            with _warnings_naming(negatives, report,
+                                  (DegenerateNegativesWarning, LambdaScaleWarning)):
                 model._fit_statistics(stats, arr.dtype, lambda: locate_nonfinite_rows(
                     storage.dask_rows(arr, rows, name="negatives")[start:], client, start)[1])
+        if parse_lam(lam)[1]:  # relative: the absolute value it meant for these negatives
+            report.facts["lam"] = f"{lam} (= {model.lam_:.4g}: {lam[:-1]} x tr(Sigma))"
         fp = _save_fitted(model, arr, negatives, model_path, seen, lease)
     t3 = time.perf_counter()
     report.facts.update({"model": str(model_path), "fingerprint": fp[:16]})
@@ -147,8 +161,47 @@ def _fit_errors(negatives, model_path):
     except ValueError as exc:  # e.g. NaN rows, negative histogram values: say which input
         raise ValueError(f"negatives {str(negatives)!r}: {_detail(exc)}") from None
     except _LOST as exc:
-        raise _lost_cluster(exc, f"no model was written ({str(model_path)!r} is as "
-                                 f"before): run the same command again") from None
+        raise _lost_cluster(exc, f"{nothing_written(model_path)}: run the same command "
+                                 f"again") from None
+
+
+#: Kernel SLEM's lambda when none is given (in the kernel's units: k(x, x) = 1 for rbf).
+KERNEL_LAM = 1e-3
+
+
+def kernel_lam(lam):
+    """A kernel fit's lambda: a number; "<c>x" is linear SLEM's only."""
+    if lam is None:
+        return KERNEL_LAM
+    c, relative = parse_lam(lam)
+    if relative:
+        raise ValueError(
+            f"lam {lam!r}: a lambda relative to the negatives' total variance applies to "
+            f"linear SLEM; kernel SLEM's is in the kernel's units (rbf: k(x, x) = 1): give a "
+            f"number, e.g. --lam {KERNEL_LAM:g} (its default)")
+    return c
+
+
+def _stored_lam(model_path):
+    """The lam a model at ``model_path`` was fitted with (None: no readable model): a
+    model fitted when the default was the absolute 1e-3 keeps it on --update."""
+    try:
+        return (storage.read_model_meta(model_path).get("params") or {}).get("lam")
+    except Exception:  # noqa: BLE001 - no model there: the fit says so itself
+        return None
+
+
+def nothing_written(model_path) -> str:
+    return f"no model was written ({str(model_path)!r} is as before)"
+
+
+def model_bytes(model, d: int) -> int:
+    """The bytes a model's store takes (its arrays; an estimate before it is fitted:
+    a linear model holds two d x d float64 matrices)."""
+    try:
+        return int(sum(getattr(a, "nbytes", 0) for a in model._state()[1].values()))
+    except Exception:  # noqa: BLE001 - not fitted yet
+        return 2 * 8 * d * d + 8 * d
 
 
 @contextlib.contextmanager

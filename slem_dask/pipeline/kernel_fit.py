@@ -13,11 +13,13 @@ from .. import integrity, storage
 from ..storage import versions
 from ..models import load_model
 from ..models.kernel import TraceErrorWarning
-from ..parallel_kernel_stream import KernelMemoryWarning, choose_strategy
+from ..parallel_kernel_stream import (UNBOUNDED_RANK_ESTIMATE, KernelMemoryWarning,
+                                      choose_strategy)
+from ..workers import kernel_fit_bytes, note_memory_remedy
 
-from .common import JobReport, update_refusal
+from .common import JobReport, full_disk_said, hint_small_chunks, size_text, update_refusal
 from .fit import (KERNEL_OPTIONS, _fit_errors, _open_negatives, _save_fitted, check_same_params,
-                  _warnings_naming)
+                  _warnings_naming, model_bytes, nothing_written)
 
 
 def _print_round(round_no: int, n_pivots: int, trace_error: float) -> None:
@@ -66,7 +68,9 @@ def _fit_kernel_job(client, negatives, model_path, model, partition_rows,
     if exists and update and not (overwrite or repivot) \
             and _kernel_up_to_date(model_path, negatives, arr, model):
         return _up_to_date_report(negatives, n, model_path, t0)  # no lease, nothing written
-    with integrity.Lease(model_path, "slem-dask fit") as lease:
+    with full_disk_said(model_path, lambda: _kernel_store_bytes(model, n, arr.shape[1]),
+                        nothing_written(model_path)), \
+            integrity.Lease(model_path, "slem-dask fit") as lease:
         action, old = "fit", None
         seen = integrity.rows_fingerprint(arr, negatives, "negatives", n)
         if exists and update and not overwrite:
@@ -92,6 +96,7 @@ def _fit_kernel_job(client, negatives, model_path, model, partition_rows,
         report = JobReport("fit")
         report.facts.update({"negatives": str(negatives), "rows": n, "features": arr.shape[1],
                              "dtype": str(arr.dtype), "action": action})
+        hint_small_chunks(report, arr, "negatives", negatives)
         if old is None:
             # the workers of this client, their memory limits
             with (client.as_current() if client is not None else contextlib.nullcontext()):
@@ -104,6 +109,8 @@ def _fit_kernel_job(client, negatives, model_path, model, partition_rows,
                 why += (f" (kernel memory {model.strategy!r} applies to a fit from scratch: "
                         f"--repivot)")
         report.facts.update({"kernel memory": strategy, "because": why})
+        if strategy == "in-memory":  # its partitions do not bound what a worker holds
+            note_memory_remedy(_in_memory_remedy(model, arr))
         if progress:  # the choice, before the passes start
             print("\n".join(report.lines()), flush=True)
         checkpoint = (_final_pass_checkpoint(model_path, model, seen, x)
@@ -167,6 +174,25 @@ def _up_to_date_report(negatives, n: int, model_path, t0: float) -> JobReport:
                          "model": str(model_path)})
     report.timings["total"] = time.perf_counter() - t0
     return report
+
+def _in_memory_remedy(model, arr) -> str:
+    """What helps an in-memory kernel fit whose workers die for memory."""
+    n, d = int(arr.shape[0]), int(arr.shape[1])
+    need = kernel_fit_bytes(n, d, arr.dtype, model.rank or min(n, UNBOUNDED_RANK_ESTIMATE))
+    return (f"the in-memory kernel fit holds all {n} rows and their factor rows on the "
+            f"workers (about {size_text(need)} in all, whatever --partition-rows says): "
+            f"pass --kernel-memory streaming (or auto), which reads the negatives in "
+            f"partitions at each pass, or give the workers more memory")
+
+
+def _kernel_store_bytes(model, n: int, d: int) -> int:
+    """What a kernel fit writes to its model store: the model, and before it the
+    streaming final pass's per-partition statistics (an estimate before the fit: rank
+    (else 1000) pivots of d values, an r x r scatter per partition of 10,000 rows)."""
+    if getattr(model, "rank_", None) is not None:
+        return model_bytes(model, d)
+    r = min(model.rank or 1000, n)
+    return 8 * (r * d + 2 * r * r + r * r * max(1, n // 10_000))
 
 
 def _final_pass_checkpoint(model_path, model, seen: str, x):

@@ -11,7 +11,7 @@ from .. import integrity, storage
 from .._version import __version__
 from ..retrieval import search
 from ..storage.paths import shown_path
-from .common import JobReport, _compute
+from .common import JobReport, _compute, full_disk_said
 
 __all__ = ["check_search_inputs", "search_job", "open_search_result"]
 
@@ -50,14 +50,14 @@ def check_search_inputs(queries: str, database: str, k: int, force: bool = False
 
 def search_job(client, queries: str, database: str, out: str, k: int = 100,
                partition_rows: int | None = None, overwrite: bool = False,
-               force: bool = False) -> JobReport:
+               force: bool = False, progress: bool = False) -> JobReport:
     """Exact top-k of every query row against the database rows; write a zarr group.
 
     ``out`` gets arrays ``scores`` (float64) and ``indices`` (int64), each
     (n_queries, k), best first, ties to the lower database index, and the
     group attribute ``slem_dask`` = {kind: "search", complete: true}. The group
     is written beside ``out`` and renamed into place (local stores), under a
-    lease, with a crc32c on every chunk.
+    lease, with a crc32c on every chunk. ``progress``: show a progress bar.
     """
     t0 = time.perf_counter()
     queries, database, out = map(integrity.canonical, (queries, database, out))
@@ -68,7 +68,10 @@ def search_job(client, queries: str, database: str, out: str, k: int = 100,
             raise FileExistsError(f"output {str(out)!r} already exists; pass --overwrite to "
                                   f"replace it")
         integrity.check_may_replace(out, "search result", kind="search")
-    with integrity.Lease(out, "slem-dask search") as lease:
+    n_queries = int(q_arr.shape[0])  # scores float64 and indices int64, k of each
+    with full_disk_said(out, 16 * n_queries * k, f"nothing was written ({str(out)!r} is as "
+                                                 f"before)"), \
+            integrity.Lease(out, "slem-dask search") as lease:
         # what is read: a versioned input stays the version opened here, whatever commits
         # meanwhile; a plain one is fingerprinted before and after
         q_arr, db_arr = check_search_inputs(str(queries), str(database), k, force=force)
@@ -78,7 +81,7 @@ def search_job(client, queries: str, database: str, out: str, k: int = 100,
         db = storage.dask_rows(db_arr, partition_rows, name="database")
         q = storage.dask_rows(q_arr, partition_rows, name="queries")
         t1 = time.perf_counter()
-        scores, indices = _compute(client, search(q, db, k), progress=False)
+        scores, indices = _compute(client, search(q, db, k), progress=progress)
         t2 = time.perf_counter()
         read = {"queries": storage.read_version(q_arr, queries),
                 "database": storage.read_version(db_arr, database)}

@@ -90,10 +90,11 @@ def _open_zarr_input(path: str, name: str):
         ) from None
 
 
-def open_input(path: str, name: str):
+def open_input(path: str, name: str, empty_ok: bool = False):
     """Open existing 2-D descriptors for reading: a zarr array (v2 or v3), or a file
     input of :mod:`.formats` (``.npy``, shards, HDF5, TEXMEX), with a clear error
-    otherwise. Returns a ``zarr.Array`` or a :class:`.formats.FileArray`."""
+    otherwise. Returns a ``zarr.Array`` or a :class:`.formats.FileArray`.
+    ``empty_ok``: an array of 0 rows is valid (positives: their encoding is empty)."""
     where = canonical(path)
     path = str(where)
     node = formats.open_file_input(where, name)
@@ -120,7 +121,7 @@ def open_input(path: str, name: str):
             f"{name}: the zarr array at {path!r} has shape {node.shape} ({node.ndim}-D); "
             f"expected a 2-D array (n_rows, n_features){fix}"
         )
-    if 0 in node.shape:
+    if node.shape[1] == 0 or (node.shape[0] == 0 and not empty_ok):
         raise ValueError(
             f"{name}: the {kind} at {path!r} has shape {node.shape}: it has no "
             f"{'features (columns)' if node.shape[1] == 0 else 'rows'}"
@@ -151,7 +152,7 @@ def open_input(path: str, name: str):
 
 def read_all(path, name: str = "encodings") -> np.ndarray:
     """A whole (small) array, with missing or corrupt chunks named."""
-    arr = open_input(path, name)
+    arr = open_input(path, name, empty_ok=True)  # an encoding of no positives is empty
     return read_rows(arr, 0, arr.shape[0], name)
 
 
@@ -237,5 +238,6 @@ def _input_root(path):
 
 
 def open_output(path, name: str = "encodings") -> zarr.Array:
-    """Open an output written by slem-dask (refused, like any input, if unfinished)."""
-    return open_input(path, name)
+    """Open an output written by slem-dask (refused, like any input, if unfinished;
+    an encoding of 0 positives is empty)."""
+    return open_input(path, name, empty_ok=True)

@@ -348,24 +348,23 @@ class S3Backend(Backend):
                 or os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
                 or os.environ.get("FSSPEC_S3_ENDPOINT_URL") or "AWS S3 (no endpoint set)")
 
-    def _client_reaches_store(self, timeout: float = 5.0) -> bool:
-        """Whether this process gets an answer from the store now (any HTTP answer,
-        an error status included): asked only after a request failed to connect."""
-        import asyncio
+    def unreachable(self, timeout: float = 3.0) -> str | None:
+        """One line if the endpoint does not accept a connection within ``timeout``
+        seconds (a job's tasks then wait in retries); None if it does."""
+        import socket
+        from urllib.parse import urlsplit
 
-        from botocore import exceptions as bx
-
-        async def head():
-            return await asyncio.wait_for(
-                self.fs._call_s3("head_bucket", Bucket=self.bucket), timeout)
-
+        endpoint = self._endpoint()
+        parts = urlsplit(endpoint if "://" in endpoint else "https://s3.amazonaws.com")
         try:
-            self._sync(head)
-        except (bx.BotoCoreError, asyncio.TimeoutError, ConnectionError):
-            return False         # no connection, or no answer in time
-        except (bx.ClientError, OSError):
-            return True          # an answer (403, 404..., as s3fs translates them)
-        return True
+            port = parts.port or (443 if parts.scheme == "https" else 80)
+            socket.create_connection((parts.hostname, port), timeout=timeout).close()
+            return None
+        except OSError as exc:
+            why = exc.strerror or type(exc).__name__
+        return (f"the object store at {endpoint} does not answer ({why}) for {self.root}: "
+                f"start it, or fix AWS_ENDPOINT_URL (or FSSPEC_S3_ENDPOINT_URL); the job's "
+                f"tasks wait for it, no worker needs a restart")
 
     def describe_error(self, exc: BaseException) -> str | None:
         from botocore import exceptions as bx
@@ -376,7 +375,7 @@ class S3Backend(Backend):
                 return (f"no S3 credentials for {self.root}: set AWS_ACCESS_KEY_ID and "
                         f"AWS_SECRET_ACCESS_KEY (or AWS_PROFILE) {every_worker}")
             if isinstance(e, (bx.EndpointConnectionError, bx.ConnectTimeoutError,
-                              bx.ReadTimeoutError)) and self._client_reaches_store():
+                              bx.ReadTimeoutError)) and self.unreachable() is None:
                 # the failed request was a worker's: "start it" would be untrue
                 return (f"a dask worker could not reach the object store at "
                         f"{self._endpoint()} for {self.root}, while this client reaches "
