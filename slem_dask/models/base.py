@@ -20,6 +20,9 @@ def __getattr__(name: str):  # NotFittedError is built on first use (see slem_da
 
 #: Model name (as written in a store) -> class; filled by each model module.
 MODEL_CLASSES: dict[str, type] = {}
+#: Part of every input-based model identity: raise it when a change of the fit changes
+#: what it computes beyond rounding, so outputs of older models are no longer current.
+IDENTITY_VERSION = 1
 
 
 class SLEMEstimator(EstimatorProtocol):
@@ -41,6 +44,14 @@ class SLEMEstimator(EstimatorProtocol):
     #: Stored arrays that ``transform`` never reads (kept for updates): not part of the
     #: encoding fingerprint, so keeping them does not invalidate existing encodings.
     _bookkeeping_arrays: tuple[str, ...] = ()
+    #: Arrays that name the model exactly when its identity comes from its inputs
+    #: (KernelSLEM's pivots: other pivots are another model, not other rounding);
+    #: None: the identity is always the arrays' fingerprint (baselines: an eigenvector's
+    #: sign may flip with the rounding).
+    _identity_arrays: tuple[str, ...] | None = None
+    #: (negatives' fingerprint, arrays' fingerprint) of a model fitted from a store by a
+    #: fit job (set when it is saved, and by load_model); see :attr:`identity_`.
+    _fitted_on: tuple[str, str] | None = None
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
@@ -102,6 +113,34 @@ class SLEMEstimator(EstimatorProtocol):
                   if k not in self._exemplar_only_params + self._execution_params}
         return storage.fingerprint(arrays, params)
 
+    @property
+    def identity_(self) -> str:
+        """What names the model for its outputs: for a LinearSLEM or KernelSLEM fitted
+        by a fit job, a digest of its inputs and parameters (the negatives' fingerprint,
+        n_samples, parameters, kernel pivots, :data:`IDENTITY_VERSION`), so a refit of the
+        same negatives with another partitioning or worker count (other rounding in the
+        last bits) is the same model; otherwise :attr:`fingerprint_` (docs/numerics.md)."""
+        return self._identity(self._execution_params) or self.fingerprint_
+
+    @property
+    def encoding_identity_(self) -> str:
+        """:attr:`identity_` without the parameters that do not change ``transform``."""
+        return self._identity(self._exemplar_only_params + self._execution_params) \
+            or self.encoding_fingerprint_
+
+    def _identity(self, left_out: tuple[str, ...]) -> str | None:
+        if self._identity_arrays is None or self._fitted_on is None:
+            return None
+        negatives, arrays_fingerprint = self._fitted_on
+        if arrays_fingerprint != self.fingerprint_:  # refitted or updated since
+            return None
+        _, arrays = self._state()
+        params = {k: v for k, v in self.get_params().items() if k not in left_out}
+        return storage.fingerprint(
+            {k: arrays[k] for k in self._identity_arrays},
+            {"model": type(self).__name__, "params": params, "negatives": negatives,
+             "n_samples": getattr(self, "n_samples_", None), "numerics": IDENTITY_VERSION})
+
     def save(self, path: str, overwrite: bool = False, metadata: dict | None = None,
              lease=None) -> str:
         """Write the fitted model to a zarr group at ``path``; return its fingerprint.
@@ -148,4 +187,6 @@ def load_model(path: str):
     check_finite_model(arrays, f"model: {str(path)!r} holds a {meta['model']} that")
     model = cls(**meta["params"])
     model._set_state(meta, arrays)
+    if meta.get("negatives_fingerprint") and meta.get("fingerprint"):
+        model._fitted_on = (meta["negatives_fingerprint"], meta["fingerprint"])
     return model

@@ -56,11 +56,14 @@ def encode_job(client, model_path: str, positives: str, out: str, dtype: str | N
                                                     partition_rows=partition_rows,
                                                     precision=precision)
         precision = _effective_precision(model, precision)
-        fingerprint = model.fingerprint_
-        encoding = model.encoding_fingerprint_  # what decides whether an output can be kept
+        # the model's identity (its inputs and parameters, docs/numerics.md); outputs
+        # written before it record the arrays' fingerprints, which still count
+        fingerprint = model.identity_
+        encoding = model.encoding_identity_  # what decides whether an output can be kept
         n_rows = int(arr.shape[0])
         existing = storage.open_existing_output(out, strict=not overwrite)
-        head, action = _plan_output(out, existing, arr, positives, encoding, out_dtype,
+        head, action = _plan_output(out, existing, arr, positives,
+                                    (encoding, model.encoding_fingerprint_), out_dtype,
                                     overwrite, on_model_change, width, precision)
         if head is None and partition_rows is None and existing is not None:
             partition_rows = int(existing.chunks[0])  # a rebuild keeps the chunking
@@ -101,7 +104,7 @@ def encode_job(client, model_path: str, positives: str, out: str, dtype: str | N
         })
         meta = storage.output_meta(head) if head is not None else {}
         if head is not None and not todo and meta.get("n_rows") == n_rows \
-                and meta.get("model_fingerprint") == fingerprint:
+                and meta.get("model_fingerprint") in (fingerprint, model.fingerprint_):
             store.abandon(draft)  # nothing to write: the head stays as it is
             report.facts["action"] = "up to date"
             report.timings["total"] = time.perf_counter() - t0
@@ -226,7 +229,8 @@ def check_encode_inputs(model, model_path, positives, out, dtype=None, overwrite
     width = int(getattr(model, "rank_", arr.shape[1]))  # a KernelSLEM writes r columns
     if not leased:
         integrity.Lease(out, "slem-dask encode").check_free()
-    _plan_output(out, existing, arr, positives, model.encoding_fingerprint_, out_dtype,
+    _plan_output(out, existing, arr, positives,
+                 (model.encoding_identity_, model.encoding_fingerprint_), out_dtype,
                  overwrite, on_model_change, width, _effective_precision(model, precision))
     return arr, out_dtype, width
 
@@ -376,7 +380,8 @@ def _plan_output(out, existing, arr, positives, encoding, out_dtype, overwrite,
             f"choose another path")
     if overwrite:
         return None, "replace"  # a new version; the old one stays in the history
-    if meta.get("encoding_fingerprint") != encoding:
+    encoding, *earlier = encoding  # (identity, the arrays' fingerprint)
+    if meta.get("encoding_fingerprint") not in (encoding, *earlier):
         if on_model_change == "reencode":
             return None, "re-encode (model changed)"
         raise FileExistsError(
