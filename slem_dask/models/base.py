@@ -49,9 +49,9 @@ class SLEMEstimator(EstimatorProtocol):
     #: None: the identity is always the arrays' fingerprint (baselines: an eigenvector's
     #: sign may flip with the rounding).
     _identity_arrays: tuple[str, ...] | None = None
-    #: (negatives' fingerprint, arrays' fingerprint) of a model fitted from a store by a
-    #: fit job (set when it is saved, and by load_model); see :attr:`identity_`.
-    _fitted_on: tuple[str, str] | None = None
+    #: (negatives' fingerprint, the arrays then) of a model fitted from a store by a fit
+    #: job (set by :meth:`_mark_fitted_on` when it is saved, and by load_model).
+    _fitted_on: tuple[str, tuple] | None = None
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
@@ -128,13 +128,18 @@ class SLEMEstimator(EstimatorProtocol):
         return self._identity(self._exemplar_only_params + self._execution_params) \
             or self.encoding_fingerprint_
 
+    def _mark_fitted_on(self, negatives_fingerprint: str) -> None:
+        """Record that the arrays as they are now were fitted on those negatives."""
+        _, arrays = self._state()
+        self._fitted_on = (negatives_fingerprint, tuple((k, id(v)) for k, v in arrays.items()))
+
     def _identity(self, left_out: tuple[str, ...]) -> str | None:
         if self._identity_arrays is None or self._fitted_on is None:
             return None
-        negatives, arrays_fingerprint = self._fitted_on
-        if arrays_fingerprint != self.fingerprint_:  # refitted or updated since
-            return None
+        negatives, fitted = self._fitted_on
         _, arrays = self._state()
+        if tuple((k, id(v)) for k, v in arrays.items()) != fitted:
+            return None  # refitted or updated since (fit and update set new arrays)
         params = {k: v for k, v in self.get_params().items() if k not in left_out}
         return storage.fingerprint(
             {k: arrays[k] for k in self._identity_arrays},
@@ -187,6 +192,6 @@ def load_model(path: str):
     check_finite_model(arrays, f"model: {str(path)!r} holds a {meta['model']} that")
     model = cls(**meta["params"])
     model._set_state(meta, arrays)
-    if meta.get("negatives_fingerprint") and meta.get("fingerprint"):
-        model._fitted_on = (meta["negatives_fingerprint"], meta["fingerprint"])
+    if meta.get("negatives_fingerprint"):
+        model._mark_fitted_on(meta["negatives_fingerprint"])
     return model

@@ -152,7 +152,7 @@ def _save_fitted(model, arr, negatives, model_path, seen: str, lease) -> str:
     fp = model.save(model_path, overwrite=True, lease=lease,
                     metadata={"source": negatives.url, "negatives_fingerprint": seen,
                               "source_version": storage.read_version(arr, negatives, seen)})
-    model._fitted_on = (seen, fp)  # its identity: these negatives, not its last bits
+    model._mark_fitted_on(seen)  # its identity: these negatives, not its last bits
     return fp
 
 
