@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["pair_scores", "float64_norm_bounds", "blas_gap", "RESCORE_ELEMENTS"]
+__all__ = ["RESCORE_ELEMENTS", "blas_gap", "float64_norm_bounds", "pair_scores"]
 
 _U64 = 2.0**-53
 #: float64 elements per side of one step of :func:`pair_scores` (pairs x features).
