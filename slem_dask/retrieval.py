@@ -9,7 +9,8 @@ import dask
 import numpy as np
 
 from .core.blas_threads import usable_cores
-from .core.ranking import as_id_array, average_precision, merge_topk, rank_rows, topk_search
+from .core.ranking import (as_id_array, average_precision, merge_topk, settled_ranking,
+                           topk_search)
 from .validation import check_finite_rows, check_rows, is_dask_array
 
 __all__ = ["search", "mean_average_precision", "precision_recall_at_k",
@@ -57,6 +58,8 @@ def _numpy_search(queries, database, k: int):
     from .parallel import single_threaded_blas
 
     m = len(database)
+    if 2 * k >= m:
+        return _numpy_whole_ranking(queries, database, k)
     parts = min(usable_cores(), m // _PARALLEL_MIN_ROWS)
     if parts < 2 or 2 * k >= m // parts:
         return topk_search(queries, database, k, on_nonfinite=_finite_check(0, 0))
@@ -70,6 +73,20 @@ def _numpy_search(queries, database, k: int):
     with ThreadPoolExecutor(parts) as pool:
         results = list(pool.map(run, bounds[:-1], bounds[1:]))
     return merge_topk(results, k)
+
+
+def _numpy_whole_ranking(queries, database, k: int):
+    """The first k of each query's whole ranking, a block of queries at a time (one
+    float64 product and one sort per row: cheaper than merging lists that long)."""
+    _check_finite(queries, "queries")
+    _check_finite(database, "database")
+    rows = max(1, _WHOLE_RANKING_BYTES // (8 * max(1, len(database))))
+    scores = np.empty((len(queries), k))
+    indices = np.empty((len(queries), k), dtype=np.int64)
+    for i in range(0, len(queries), rows):
+        scores[i:i + rows], indices[i:i + rows] = settled_ranking(
+            queries[i:i + rows], database, k)
+    return scores, indices
 
 
 def _topk_packed(queries, database, q_offset, db_offset, k):
@@ -108,8 +125,7 @@ def _rank_whole(queries, database, q_offset, k):
     from .parallel import single_threaded_blas
 
     with single_threaded_blas():
-        scores = np.asarray(queries, dtype=np.float64) @ database.T
-    top, indices = rank_rows(scores, k)
+        top, indices = settled_ranking(queries, database, k)
     return _interleave(top, indices)
 
 

@@ -60,6 +60,17 @@ def _start(args, prefix=(), **env):
     return proc
 
 
+def _wait_for_a_draft_chunk(out: Path, proc, timeout: float = 120) -> None:
+    """Until the job's draft holds a chunk (not a time guessed for it: under load the
+    job's first write may come late)."""
+    deadline = time.monotonic() + timeout
+    while not any(p.is_file() and not p.name.endswith((".partial", ".tmp"))
+                  for p in out.glob("versions/*/c/**/*")):
+        assert proc.poll() is None, f"the job ended first: {proc.stderr.read()}"
+        assert time.monotonic() < deadline, "no chunk was written to the draft"
+        time.sleep(0.02)
+
+
 def _cli(*args, prefix=(), **env):
     return subprocess.run([*prefix, sys.executable, "-m", "slem_dask", *map(str, args),
                            "--local-cluster", "threads", "--no-progress"],
@@ -160,7 +171,7 @@ def test_an_encode_killed_mid_way_resumes_from_its_draft(corpus):
     out = corpus["dir"] / "out.zarr"
     a = _start(["encode", corpus["model"], corpus["positives"], str(out)],
                SLOW_JOB_DELAY="1.0")
-    time.sleep(1.4)  # the first partitions written (one per thread), not all
+    _wait_for_a_draft_chunk(out, a)  # the first partitions written, not all
     os.killpg(a.pid, signal.SIGKILL)
     a.wait(30)
     assert not versions.VersionedStore(str(out)).is_versioned()

@@ -227,7 +227,8 @@ def test_theta_changes_no_encoding_so_outputs_are_kept(tmp_path, capsys):
     assert _facts(capsys.readouterr().out, "encode")["action"].startswith("up to date")
     meta = storage.output_meta(storage.open_node(f"{d}/enc"))
     assert meta["params"]["theta"] == 5.0
-    assert meta["model_fingerprint"] == load_model(f"{tmp_path}/m").fingerprint_
+    # the model's identity: its inputs and parameters (docs/numerics.md)
+    assert meta["model_fingerprint"] == load_model(f"{tmp_path}/m").identity_
 
 
 def test_an_interrupted_generate_leaves_no_corpus_and_the_next_run_writes_it(

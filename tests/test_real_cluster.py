@@ -126,6 +126,27 @@ def _wait_for_chunks(path, low, proc, timeout=120):
     return False
 
 
+def _busy(client) -> bool:
+    """Whether the scheduler has a task assigned or a worker runs one."""
+    if any(client.processing().values()):
+        return True
+    return any(client.run(lambda dask_worker: dask_worker.state.executing_count).values())
+
+
+def _wait_until_workers_idle(cluster, timeout=120):
+    """Until no task runs anywhere, twice in a row half a second apart (a killed client's
+    tasks are released once the scheduler sees it gone; those already running finish)."""
+    from distributed import Client
+
+    with Client(cluster["address"]) as client:
+        deadline = time.time() + timeout
+        idle = 0
+        while idle < 2:
+            assert time.time() < deadline, "the workers still run the killed client's tasks"
+            idle = 0 if _busy(client) else idle + 1
+            time.sleep(0.5)
+
+
 def _same_bytes(a, b):
     ca, cb = _chunks(a), _chunks(b)
     ra, rb = _root(a), _root(b)
@@ -170,7 +191,7 @@ def test_client_killed_mid_encode_rerun_resumes_identically(cluster, corpus):
     assert _wait_for_chunks(out, 10, proc), "encode ended before it could be interrupted"
     proc.send_signal(signal.SIGKILL)
     proc.wait(timeout=30)
-    time.sleep(1.0)  # tasks already running on the workers may still land
+    _wait_until_workers_idle(cluster)  # tasks already running on the workers still land
     before = len(_chunks(out))
     assert before < N_ROWS // PART
     with pytest.raises(ValueError, match="unfinished"):

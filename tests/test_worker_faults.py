@@ -106,7 +106,6 @@ def test_a_partition_too_large_for_the_workers_is_refused_before_computing(small
     c = small_worker
     out = c["tmp"] / "refused.zarr"
     before = _memory_restarts(c)
-    started = time.monotonic()
     result = _cli(c, "encode", "--model", c["model"], "--positives", c["positives"], "--out",
                   out, "--partition-rows", 60_000)
     assert result.returncode == 1, result.stderr
@@ -119,8 +118,7 @@ def test_a_partition_too_large_for_the_workers_is_refused_before_computing(small
     assert "nothing was computed" in line
     suggested = int(re.search(r"--partition-rows (\d+)", line).group(1))
     assert 0 < suggested < 60_000 and suggested % 1_000 == 0
-    assert time.monotonic() - started < 20  # no worker was tried (and killed) first
-    assert not out.exists() and _memory_restarts(c) == before
+    assert not out.exists() and _memory_restarts(c) == before  # no worker was tried first
     # the suggested size fits: the same encode with it completes, no worker restarted
     result = _cli(c, "encode", "--model", c["model"], "--positives", c["positives"], "--out",
                   out, "--partition-rows", suggested)
@@ -190,13 +188,24 @@ def _worker_pid(cluster, name):
         return client.run(os.getpid)[cluster["names"][name]]
 
 
-def _check_stall_messages(stderr, command, worker, timeout, setting="--task-timeout 5"):
+#: --task-timeout of the stopped-worker tests: well above the stalls that load alone
+#: causes before the stop (3 s seen with both cores busy), so only the stop ends a job.
+TASK_TIMEOUT = 12
+
+
+def _check_stall_messages(stderr, command, worker, timeout,
+                          setting=f"--task-timeout {TASK_TIMEOUT}"):
+    """One error line, last; before it only the watchdog's own lines, the last of which
+    names the stopped worker. Under load (both cores busy) the short warning interval
+    also passes before the stop, and tasks then progress again: those lines may come
+    first, and any number of them."""
     lines = stderr.strip().splitlines()
-    warnings = [x for x in lines if x.startswith("slem-dask: no task finished for")]
     errors = [x for x in lines if x.startswith(f"slem-dask {command}: error:")]
-    assert warnings and len(errors) == 1 and len(warnings) + 1 == len(lines), stderr
-    assert worker in warnings[0], warnings[0]
-    assert "--task-timeout SECONDS gives up" not in warnings[0]  # one was given
+    assert len(errors) == 1 and lines[-1] == errors[0], stderr
+    assert all(x.startswith("slem-dask: ") for x in lines[:-1]), stderr
+    warnings = [x for x in lines if x.startswith("slem-dask: no task finished for")]
+    assert warnings and worker in warnings[-1], stderr
+    assert not any("--task-timeout SECONDS gives up" in x for x in warnings)  # one was given
     error = errors[0]
     assert f"no task of this job finished for {timeout} s ({setting})" in error
     assert worker in error and "not heard from for" in error, error
@@ -213,7 +222,7 @@ def test_a_stopped_worker_is_named_and_encode_gives_up_after_task_timeout(two_wo
     env = {**os.environ, "SLEM_DASK_STALL_WARNING": "2", "SLEM_DASK_WATCH_INTERVAL": "0.2"}
     proc = subprocess.Popen(
         [str(BIN / "slem-dask"), "encode", "--model", model, "--positives", positives,
-         "--out", str(out), "--partition-rows", "1000", "--task-timeout", "5",
+         "--out", str(out), "--partition-rows", "1000", "--task-timeout", str(TASK_TIMEOUT),
          "--scheduler", c["address"], "--no-progress"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     try:
@@ -224,15 +233,17 @@ def test_a_stopped_worker_is_named_and_encode_gives_up_after_task_timeout(two_wo
         assert proc.poll() is None, "the encode ended before a worker could be stopped"
         os.kill(pid, signal.SIGSTOP)
         stopped = time.monotonic()
-        _, stderr = proc.communicate(timeout=60)
+        _, stderr = proc.communicate(timeout=180)
         waited = time.monotonic() - stopped
     finally:
         os.kill(pid, signal.SIGCONT)
         if proc.poll() is None:
             proc.kill()
     assert proc.returncode == 1, stderr
-    _check_stall_messages(stderr, "encode", c["names"]["w0"], 5)
-    assert 5 <= waited < 20  # gave up after the timeout, not when the worker came back
+    _check_stall_messages(stderr, "encode", c["names"]["w0"], TASK_TIMEOUT)
+    # gave up after the timeout, while the worker was still stopped (it is continued
+    # only in `finally`: communicate's own limit is the upper bound)
+    assert waited >= TASK_TIMEOUT
     assert not storage.marked_complete(str(out))
 
 
@@ -242,7 +253,7 @@ def test_a_stopped_worker_mid_fit_gives_up_after_the_spec_task_timeout(two_worke
     c = two_workers
     negatives = _array(c["tmp"] / "negatives.zarr", 200_000, 32, 500)
     spec = c["tmp"] / "job.toml"
-    spec.write_text(f'[cluster]\nscheduler = "{c["address"]}"\ntask_timeout = 5\n'
+    spec.write_text(f'[cluster]\nscheduler = "{c["address"]}"\ntask_timeout = {TASK_TIMEOUT}\n'
                     f'[model]\npath = "{c["tmp"] / "model.zarr"}"\n'
                     f'[fit]\nnegatives = "{negatives}"\npartition_rows = 500\n')
     pid = _worker_pid(c, "w0")
@@ -258,7 +269,7 @@ def test_a_stopped_worker_mid_fit_gives_up_after_the_spec_task_timeout(two_worke
                 time.sleep(0.005)
         assert proc.poll() is None, "the fit ended before a worker could be stopped"
         os.kill(pid, signal.SIGSTOP)
-        _, stderr = proc.communicate(timeout=60)
+        _, stderr = proc.communicate(timeout=180)
     finally:
         os.kill(pid, signal.SIGCONT)
         if proc.poll() is None:
@@ -269,5 +280,6 @@ def test_a_stopped_worker_mid_fit_gives_up_after_the_spec_task_timeout(two_worke
     _check_stall_messages(stderr.replace("the steps reported above are complete; the one "
                                          "under way was not marked complete",
                                          "nothing was marked complete"),
-                          "run", c["names"]["w0"], 5, setting="[cluster] task_timeout = 5")
+                          "run", c["names"]["w0"], TASK_TIMEOUT,
+                          setting=f"[cluster] task_timeout = {TASK_TIMEOUT}")
     assert not (c["tmp"] / "model.zarr").exists()

@@ -11,8 +11,10 @@ route differs:
    score it stands for, so every row whose float32 score is >= t - 2E is kept
    as a candidate: k rows have float64 scores >= t - E, and any row below
    t - 2E in float32 is below t - E in float64, so it is not in the top k;
-3. the candidates only, scored again in float64 (the dot product of the
-   float64-cast rows, one per pair) and ranked with ties to the lower index.
+3. the candidates only, scored again in float64 by
+   :func:`slem_dask.core.dots.pair_scores` (one fixed summation order for every
+   pair, whatever the block, chunking or BLAS) and ranked with ties to the
+   lower index.
 
 Rows whose candidates are too many (near-ties by the thousand) take the exact
 path, and so do inputs the bound cannot cover (float32 overflow).
@@ -22,7 +24,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .ranking import _ranking_order, exact_topk_search
+from .ranking import exact_topk_search, rescore_and_rank
 
 __all__ = ["candidate_topk", "score_error_factor", "row_norm_bounds"]
 
@@ -30,8 +32,6 @@ _U32 = 2.0**-24  # unit roundoff of float32
 _U64 = 2.0**-53
 #: Bytes of float32 scores one step holds (its comparison mask is a quarter of that).
 SCORE_BLOCK_BYTES = 16 * 2**20
-#: float64 elements per side of one step of the re-score (pairs x features).
-RESCORE_ELEMENTS = 2**21
 #: Largest float32 magnitude any partial sum may reach for the bound to hold (no
 #: overflow): float32's largest finite value is just under 2**128.
 _NO_OVERFLOW = 2.0**126
@@ -170,36 +170,6 @@ class _Candidates:
         return rows[order], cols[order]
 
 
-def pair_scores(queries, database, rows, cols) -> np.ndarray:
-    """float64 inner products of the pairs (queries[rows], database[cols]), one dot
-    product per pair (the same summation for every pair, so equal rows score equal
-    whatever block or chunk they came from)."""
-    out = np.empty(rows.size)
-    step = max(1, RESCORE_ELEMENTS // max(1, queries.shape[1]))
-    for lo in range(0, rows.size, step):
-        # float32 rows are gathered as they are and cast inside einsum (half the bytes
-        # moved; each product of two float32 values is exact in float64)
-        np.einsum("ij,ij->i", queries[rows[lo:lo + step]], database[cols[lo:lo + step]],
-                  dtype=np.float64, out=out[lo:lo + step])
-    return out
-
-
-def _rescore_and_rank(queries, database, rows, cols, n_rows: int, k: int, offset: int):
-    """Top k of each query among its candidates (rows sorted), by float64 scores."""
-    counts = np.bincount(rows, minlength=n_rows)
-    width = int(counts.max())
-    starts = np.cumsum(counts) - counts
-    position = np.arange(rows.size) - starts[rows]
-    key_pad = np.iinfo(np.int64).max  # pads rank after every real candidate
-    keys = np.full((n_rows, width), key_pad, dtype=np.int64)
-    keys[rows, position] = cols
-    scores = np.full((n_rows, width), -np.inf)
-    scores[rows, position] = pair_scores(queries, database, rows, cols)
-    order = _ranking_order(scores, keys)[:, :k]
-    return (np.take_along_axis(scores, order, axis=1),
-            np.take_along_axis(keys, order, axis=1) + offset)
-
-
 def candidate_topk(queries, database, k: int, offset: int = 0,
                    block_bytes: int = SCORE_BLOCK_BYTES, database_rows: int | None = None,
                    on_nonfinite=None, stats: dict | None = None):
@@ -266,7 +236,7 @@ def candidate_topk(queries, database, k: int, offset: int = 0,
         stats["candidate_rows"] += int(fast.sum())
         stats["candidates"] += int(rows.size)
         if fast.all():
-            scores[i:i + group], indices[i:i + group] = _rescore_and_rank(
+            scores[i:i + group], indices[i:i + group] = rescore_and_rank(
                 queries[i:i + group], database, rows, cols, len(qb), k, offset)
             continue
         slow = np.flatnonzero(~fast)
@@ -275,7 +245,7 @@ def candidate_topk(queries, database, k: int, offset: int = 0,
         renumber = np.cumsum(fast) - 1
         fast_rows = np.flatnonzero(fast)
         if fast_rows.size:
-            part = _rescore_and_rank(queries[i:i + group][fast_rows], database,
+            part = rescore_and_rank(queries[i:i + group][fast_rows], database,
                                      renumber[rows], cols, fast_rows.size, k, offset)
             scores[i + fast_rows], indices[i + fast_rows] = part
         part = exact_topk_search(queries[i:i + group][slow], database, k, offset,

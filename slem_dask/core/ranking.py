@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import numpy as np
 
+from .dots import blas_gap, float64_norm_bounds, pair_scores
+
 __all__ = ["block_topk", "merge_topk", "rank_rows", "topk_search", "exact_topk_search",
-           "average_precision", "as_id_array"]
+           "settled_ranking", "rescore_and_rank", "average_precision", "as_id_array"]
 
 #: Bytes of float64 scores one step of :func:`exact_topk_search` holds (block_topk needs a
 #: few temporaries of the same size on top).
@@ -107,6 +109,13 @@ def topk_search(queries, database, k: int, offset: int = 0, block_bytes: int | N
                           database_rows=database_rows, on_nonfinite=on_nonfinite, stats=stats)
 
 
+def blas_scores(queries: np.ndarray, database: np.ndarray) -> np.ndarray:
+    """The BLAS's float64 product queries @ database.T: it only finds the rows that can
+    matter; its rounding (kernel, shapes, a row's place in the call) never reaches a
+    result (tests replace it with other summation orders)."""
+    return queries @ database.T
+
+
 def exact_topk_search(queries: np.ndarray, database: np.ndarray, k: int, offset: int = 0,
                       block_bytes: int = SCORE_BLOCK_BYTES,
                       database_rows: int = 16384) -> tuple[np.ndarray, np.ndarray]:
@@ -114,8 +123,11 @@ def exact_topk_search(queries: np.ndarray, database: np.ndarray, k: int, offset:
 
     Scores are formed ``block_bytes`` at a time (blocks of queries x blocks of
     database rows, each merged into a running top-k), so memory is the result
-    plus a bounded block, whatever the numbers of queries and rows. Returns
-    (scores, indices + offset), each (len(queries), min(k, len(database))).
+    plus a bounded block, whatever the numbers of queries and rows. Each block's
+    float64 BLAS product only finds the rows within its rounding of the k-th best;
+    those are scored again by :func:`slem_dask.core.dots.pair_scores`, so every
+    returned score is that fixed-order sum, the same for a row in any block, on any
+    BLAS. Returns (scores, indices + offset), each (len(queries), min(k, len(database))).
     """
     q, m = len(queries), len(database)
     k = min(k, m)
@@ -126,13 +138,94 @@ def exact_topk_search(queries: np.ndarray, database: np.ndarray, k: int, offset:
     # database blocks outside: each is converted to float64 once, not once per query block
     for j in range(0, m, db_rows):
         block = np.asarray(database[j:j + db_rows], dtype=np.float64)
+        block_norm = float(np.max(float64_norm_bounds(block), initial=0.0))
         for i in range(0, q, q_rows):
             qb = np.asarray(queries[i:i + q_rows], dtype=np.float64)
-            part = block_topk(qb @ block.T, offset + j, k)
+            gap = blas_gap(float64_norm_bounds(qb), block_norm, block.shape[1])
+            part = _settled_block_topk(blas_scores(qb, block), gap, qb, block, offset + j, k)
             if j:
                 part = merge_topk([(scores[i:i + q_rows], indices[i:i + q_rows]), part], k)
             scores[i:i + q_rows], indices[i:i + q_rows] = part
     return scores, indices
+
+
+def _settled_block_topk(products, gap, queries, database, offset: int, k: int):
+    """Top k of one block by :func:`pair_scores`, from its BLAS scores: every row within
+    2 gap below a query's k-th BLAS score is re-scored (k rows have fixed-order scores
+    >= that k-th - gap, and a row below it by more than 2 gap has a fixed-order score
+    below k-th - gap, so it is not in the top k)."""
+    q, m = products.shape
+    k = min(k, m)
+    if k == 0:
+        return np.empty((q, 0)), np.empty((q, 0), np.int64)
+    kth = np.partition(products, m - k, axis=1)[:, m - k]
+    with np.errstate(invalid="ignore", over="ignore"):
+        threshold = kth - 2.0 * gap
+        threshold -= np.abs(threshold) * 2.0**-50  # the subtraction's own rounding
+    threshold[~np.isfinite(threshold)] = -np.inf
+    rows, cols = np.nonzero((products >= threshold[:, None]) | np.isnan(products))
+    return rescore_and_rank(queries, database, rows, cols, q, k, offset)
+
+
+def rescore_and_rank(queries, database, rows, cols, n_rows: int, k: int, offset: int):
+    """Top k of each query among its candidates (``rows`` sorted, at least k each), by
+    :func:`pair_scores`, ties to the lower index."""
+    counts = np.bincount(rows, minlength=n_rows)
+    width = int(counts.max())
+    starts = np.cumsum(counts) - counts
+    position = np.arange(rows.size) - starts[rows]
+    key_pad = np.iinfo(np.int64).max  # pads rank after every real candidate
+    keys = np.full((n_rows, width), key_pad, dtype=np.int64)
+    keys[rows, position] = cols
+    scores = np.full((n_rows, width), -np.inf)
+    scores[rows, position] = pair_scores(queries, database, rows, cols)
+    order = _ranking_order(scores, keys)[:, :k]
+    return (np.take_along_axis(scores, order, axis=1),
+            np.take_along_axis(keys, order, axis=1) + offset)
+
+
+def settled_ranking(queries, database, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """The first k of each query's whole ranking (scores, column indices) from one
+    float64 BLAS product, near-ties settled by :func:`pair_scores`.
+
+    For whole rankings (k at least half the database), where re-scoring every row
+    in a fixed order would cost ten BLAS products: rows are sorted by their BLAS
+    scores, and every run of neighbours less than 2 gap apart (the most the
+    rounding of two scores can reorder them) is scored again and re-ranked. The
+    ranking is then the fixed-order one exactly, copies of a row tie with the same
+    score, and a score outside such a run is the BLAS's, within gap of
+    pair_scores'. ``queries`` and ``database`` must be finite.
+    """
+    queries = np.asarray(queries, dtype=np.float64)
+    database = np.asarray(database, dtype=np.float64)
+    scores = blas_scores(queries, database)
+    gap = blas_gap(float64_norm_bounds(queries),
+                   float(np.max(float64_norm_bounds(database), initial=0.0)), database.shape[1])
+    columns = np.broadcast_to(np.arange(scores.shape[1]), scores.shape)
+    order = _ranking_order(scores, columns)
+    ranked = np.take_along_axis(scores, order, axis=1)
+    with np.errstate(invalid="ignore"):
+        near = ~(ranked[:, :-1] - ranked[:, 1:] > 2.0 * gap[:, None])  # NaN/inf: near
+    rows = np.flatnonzero(near.any(axis=1))
+    if rows.size:
+        ranked[rows], order[rows] = _settle_runs(ranked[rows], order[rows], near[rows],
+                                                 queries[rows], database)
+    return ranked[:, :k], order[:, :k]
+
+
+def _settle_runs(ranked, order, near, queries, database):
+    """Re-score the runs of near-ties of ranked rows and sort each run by (score, index)."""
+    in_run = np.zeros(ranked.shape, dtype=bool)
+    in_run[:, :-1] |= near
+    in_run[:, 1:] |= near
+    rows, positions = np.nonzero(in_run)
+    ranked = ranked.copy()
+    ranked[rows, positions] = pair_scores(queries, database, rows, order[rows, positions])
+    # a run is numbered by the count of wide gaps before it: runs keep their order
+    run = np.zeros(ranked.shape, dtype=np.int64)
+    run[:, 1:] = np.cumsum(~near, axis=1)
+    resort = np.lexsort((order, -ranked, run), axis=1)
+    return np.take_along_axis(ranked, resort, axis=1), np.take_along_axis(order, resort, axis=1)
 
 
 def as_id_array(ids, name: str) -> np.ndarray:

@@ -20,6 +20,9 @@ def __getattr__(name: str):  # NotFittedError is built on first use (see slem_da
 
 #: Model name (as written in a store) -> class; filled by each model module.
 MODEL_CLASSES: dict[str, type] = {}
+#: Part of every input-based model identity: raise it when a change of the fit changes
+#: what it computes beyond rounding, so outputs of older models are no longer current.
+IDENTITY_VERSION = 1
 
 
 class SLEMEstimator(EstimatorProtocol):
@@ -41,6 +44,14 @@ class SLEMEstimator(EstimatorProtocol):
     #: Stored arrays that ``transform`` never reads (kept for updates): not part of the
     #: encoding fingerprint, so keeping them does not invalidate existing encodings.
     _bookkeeping_arrays: tuple[str, ...] = ()
+    #: Arrays that name the model exactly when its identity comes from its inputs
+    #: (KernelSLEM's pivots: other pivots are another model, not other rounding);
+    #: None: the identity is always the arrays' fingerprint (baselines: an eigenvector's
+    #: sign may flip with the rounding).
+    _identity_arrays: tuple[str, ...] | None = None
+    #: (negatives' fingerprint, the arrays then) of a model fitted from a store by a fit
+    #: job (set by :meth:`_mark_fitted_on` when it is saved, and by load_model).
+    _fitted_on: tuple[str, tuple] | None = None
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
@@ -102,6 +113,39 @@ class SLEMEstimator(EstimatorProtocol):
                   if k not in self._exemplar_only_params + self._execution_params}
         return storage.fingerprint(arrays, params)
 
+    @property
+    def identity_(self) -> str:
+        """What names the model for its outputs: for a LinearSLEM or KernelSLEM fitted
+        by a fit job, a digest of its inputs and parameters (the negatives' fingerprint,
+        n_samples, parameters, kernel pivots, :data:`IDENTITY_VERSION`), so a refit of the
+        same negatives with another partitioning or worker count (other rounding in the
+        last bits) is the same model; otherwise :attr:`fingerprint_` (docs/numerics.md)."""
+        return self._identity(self._execution_params) or self.fingerprint_
+
+    @property
+    def encoding_identity_(self) -> str:
+        """:attr:`identity_` without the parameters that do not change ``transform``."""
+        return self._identity(self._exemplar_only_params + self._execution_params) \
+            or self.encoding_fingerprint_
+
+    def _mark_fitted_on(self, negatives_fingerprint: str) -> None:
+        """Record that the arrays as they are now were fitted on those negatives."""
+        _, arrays = self._state()
+        self._fitted_on = (negatives_fingerprint, tuple((k, id(v)) for k, v in arrays.items()))
+
+    def _identity(self, left_out: tuple[str, ...]) -> str | None:
+        if self._identity_arrays is None or self._fitted_on is None:
+            return None
+        negatives, fitted = self._fitted_on
+        _, arrays = self._state()
+        if tuple((k, id(v)) for k, v in arrays.items()) != fitted:
+            return None  # refitted or updated since (fit and update set new arrays)
+        params = {k: v for k, v in self.get_params().items() if k not in left_out}
+        return storage.fingerprint(
+            {k: arrays[k] for k in self._identity_arrays},
+            {"model": type(self).__name__, "params": params, "negatives": negatives,
+             "n_samples": getattr(self, "n_samples_", None), "numerics": IDENTITY_VERSION})
+
     def save(self, path: str, overwrite: bool = False, metadata: dict | None = None,
              lease=None) -> str:
         """Write the fitted model to a zarr group at ``path``; return its fingerprint.
@@ -148,4 +192,6 @@ def load_model(path: str):
     check_finite_model(arrays, f"model: {str(path)!r} holds a {meta['model']} that")
     model = cls(**meta["params"])
     model._set_state(meta, arrays)
+    if meta.get("negatives_fingerprint"):
+        model._mark_fitted_on(meta["negatives_fingerprint"])
     return model

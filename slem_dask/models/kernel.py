@@ -140,6 +140,7 @@ class KernelSLEM(SLEMEstimator):
                     "random_state", "exact", "strategy")
     _execution_params = ("strategy",)
     _bookkeeping_arrays = ("factor_scatter",)  # read by update(), never by transform()
+    _identity_arrays = ("pivots",)  # other pivots: another basis, not other rounding
 
     def __init__(self, kernel: str = "rbf", gamma: float = 0.1, degree: int = 2,
                  lam: float = 1e-3, rank: int | None = None, pivoting: str = "greedy",

@@ -65,6 +65,7 @@ class LinearSLEM(SLEMEstimator):
     _param_names = ("lam", "theta", "precision")
     _exemplar_only_params = ("theta",)
     _execution_params = ("precision",)
+    _identity_arrays = ()  # the statistics of the negatives: any rounding, one model
 
     def __init__(self, lam: float | str = DEFAULT_LAM, theta: float = 1.0,
                  precision: str = "auto"):

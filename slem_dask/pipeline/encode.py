@@ -64,11 +64,14 @@ def encode_job(client, model_path: str, positives: str, out: str, dtype: str | N
                                                     partition_rows=partition_rows,
                                                     precision=precision)
         precision = _effective_precision(model, precision)
-        fingerprint = model.fingerprint_
-        encoding = model.encoding_fingerprint_  # what decides whether an output can be kept
+        # the model's identity (its inputs and parameters, docs/numerics.md); outputs
+        # written before it record the arrays' fingerprints, which still count
+        fingerprint = model.identity_
+        encoding = model.encoding_identity_  # what decides whether an output can be kept
         n_rows = int(arr.shape[0])
         existing = storage.open_existing_output(out, strict=not overwrite)
-        head, action = _plan_output(out, existing, arr, positives, encoding, out_dtype,
+        head, action = _plan_output(out, existing, arr, positives,
+                                    (encoding, model.encoding_fingerprint_), out_dtype,
                                     overwrite, on_model_change, width, precision)
         if head is None and partition_rows is None and existing is not None:
             partition_rows = int(existing.chunks[0])  # a rebuild keeps the chunking
@@ -116,7 +119,7 @@ def encode_job(client, model_path: str, positives: str, out: str, dtype: str | N
         # found in an interrupted run's draft, and must still be committed
         same_rows = meta.get("input_partitions") == inputs
         if head is not None and not todo and same_rows and meta.get("n_rows") == n_rows \
-                and meta.get("model_fingerprint") == fingerprint:
+                and meta.get("model_fingerprint") in (fingerprint, model.fingerprint_):
             store.abandon(draft)  # nothing to write: the head stays as it is
             report.facts["action"] = "up to date"
             report.timings["total"] = time.perf_counter() - t0
@@ -208,8 +211,9 @@ def _up_to_date(model, model_path, positives, out, dtype, partition_rows, on_mod
     job, which decides again under the lease."""
     existing = storage.open_existing_output(out, strict=False)
     meta = storage.output_meta(existing) if existing is not None else None
+    # the model's identity, or (outputs written before it) its arrays' fingerprint
     if not meta or not meta.get("complete") \
-            or meta.get("model_fingerprint") != model.fingerprint_:
+            or meta.get("model_fingerprint") not in (model.identity_, model.fingerprint_):
         return None
     arr = storage.open_input(positives, "positives")
     rows, n_rows = int(existing.chunks[0]), int(arr.shape[0])
@@ -221,8 +225,8 @@ def _up_to_date(model, model_path, positives, out, dtype, partition_rows, on_mod
         return None
     try:
         head, action = _plan_output(out, existing, arr, positives,
-                                    model.encoding_fingerprint_, out_dtype, False,
-                                    on_model_change, width,
+                                    (model.encoding_identity_, model.encoding_fingerprint_),
+                                    out_dtype, False, on_model_change, width,
                                     _effective_precision(model, precision))
     except FileExistsError:
         return None  # the job says why, under its lease
@@ -239,7 +243,7 @@ def _up_to_date(model, model_path, positives, out, dtype, partition_rows, on_mod
     report.facts.update({
         "positives": str(positives), "rows": n_rows, "features": arr.shape[1],
         "partitions": f"0 encoded of {n_parts}", "action": "up to date",
-        "model": str(model_path), "fingerprint": model.fingerprint_[:16], "out": str(out),
+        "model": str(model_path), "fingerprint": model.identity_[:16], "out": str(out),
         "out dtype": existing.dtype.name})
     return report
 
@@ -353,7 +357,8 @@ def check_encode_inputs(model, model_path, positives, out, dtype=None, overwrite
     width = int(getattr(model, "rank_", arr.shape[1]))  # a KernelSLEM writes r columns
     if not leased:
         integrity.Lease(out, "slem-dask encode").check_free()
-    _plan_output(out, existing, arr, positives, model.encoding_fingerprint_, out_dtype,
+    _plan_output(out, existing, arr, positives,
+                 (model.encoding_identity_, model.encoding_fingerprint_), out_dtype,
                  overwrite, on_model_change, width, _effective_precision(model, precision))
     return arr, out_dtype, width
 
@@ -507,7 +512,8 @@ def _plan_output(out, existing, arr, positives, encoding, out_dtype, overwrite,
             f"choose another path")
     if overwrite:
         return None, "replace"  # a new version; the old one stays in the history
-    if meta.get("encoding_fingerprint") != encoding:
+    encoding, *earlier = encoding  # (identity, the arrays' fingerprint)
+    if meta.get("encoding_fingerprint") not in (encoding, *earlier):
         if on_model_change == "reencode":
             return None, "re-encode (model changed)"
         raise FileExistsError(

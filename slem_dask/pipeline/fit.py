@@ -225,9 +225,11 @@ def _save_fitted(model, arr, negatives, model_path, seen: str, lease) -> str:
         raise JobFailed(
             f"the negatives {str(negatives)!r} changed while this fit read them; nothing "
             f"was written: run the fit again once the negatives are no longer being written")
-    return model.save(model_path, overwrite=True, lease=lease,
-                      metadata={"source": negatives.url, "negatives_fingerprint": seen,
-                                "source_version": storage.read_version(arr, negatives, seen)})
+    fp = model.save(model_path, overwrite=True, lease=lease,
+                    metadata={"source": negatives.url, "negatives_fingerprint": seen,
+                              "source_version": storage.read_version(arr, negatives, seen)})
+    model._mark_fitted_on(seen)  # its identity: these negatives, not its last bits
+    return fp
 
 
 def _open_negatives(negatives, model_path, overwrite: bool, update: bool,
