@@ -287,7 +287,6 @@ def cluster_cpu_seconds(client) -> float:
     """CPU seconds (user + system) used so far by this process and every worker of
     ``client``: a cost that the load of other processes on the machine barely changes,
     unlike wall time (compare contenders by differences of it)."""
-    import psutil
 
     def own() -> float:
         import psutil as p

@@ -92,7 +92,7 @@ def main(argv=None) -> int:
     import s3server  # tests/s3server.py
     import zarr
 
-    from slem_dask import LinearSLEM, load_model, pipeline, storage
+    from slem_dask import load_model, pipeline, storage
     from slem_dask.evaluation import search_job
 
     C.header(f"bench_transactions: n={args.n:,} d={args.d} float32", args)

@@ -160,7 +160,7 @@ def _identity(x, axis, keepdims):
     return x
 
 
-def _row_ids(x) -> "da.Array":
+def _row_ids(x):  # -> dask.array.Array
     """Global row index of every row of ``x``, chunked like its rows (a block's first
     entry is its offset)."""
     import dask.array as da

@@ -18,7 +18,7 @@ from slem_dask import LinearSLEM, KernelSLEM, integrity, load_model, pipeline, s
 from slem_dask.cli import main
 from slem_dask.integrity import canonical
 from reference import partitionwise
-from helpers import head, recommit
+from helpers import head
 from slem_dask.storage import versions
 
 D = 8
