@@ -9,6 +9,7 @@ import os
 
 
 from .errors import DamagedMetadataError
+from .rootmarker import is_root_marker
 from .paths import StorePath, _children, _fs, _read_json, canonical, exists
 
 
@@ -105,8 +106,6 @@ def unreadable_document(path: StorePath) -> str | None:
     """The first metadata document under ``path`` (its own zarr.json, then its
     members') that zarr cannot open, e.g. "precision/zarr.json"; None if all open."""
     import zarr
-
-    from .readers import is_root_marker
 
     for name in ["", *_children(path)]:
         node = path.child(name) if name else path

@@ -23,6 +23,8 @@ from zarr.abc.store import Store
 from zarr.core.buffer import default_buffer_prototype
 
 from . import versions
+from .rootmarker import (  # noqa: F401 - re-exported: where readers of P look
+    MARKER, _json, is_root_marker, mark_after_commit, mark_store_root, root_document)
 
 __all__ = ["VersionStore", "open_zarr", "open_dataset", "mark_store_root", "is_root_marker",
            "ENCODINGS", "DIMENSIONS"]
@@ -31,80 +33,6 @@ __all__ = ["VersionStore", "open_zarr", "open_dataset", "mark_store_root", "is_r
 ENCODINGS = "encodings"
 #: Dimension names of an output's rows and columns (zarr v3 ``dimension_names``).
 DIMENSIONS = ("image", "feature")
-#: Key of the root marker's own document (what slem-dask recognizes as its marker).
-MARKER = "slem_dask_versioned_store"
-
-_HOW = ("this folder is a slem-dask versioned store, not a zarr node: read its current "
-        "version with slem_dask.open_zarr(PATH), zarr.open(slem_dask.storage.VersionStore("
-        "PATH)) or xarray.open_zarr(slem_dask.storage.VersionStore(PATH)), or copy it out "
-        "as plain zarr with `slem-dask export PATH --to OUT.zarr`")
-
-
-# -- the root marker -----------------------------------------------------------------------
-def root_document(kind: str) -> bytes:
-    """``P/zarr.json`` of a versioned store holding ``kind``. zarr reads ``node_type``
-    before ``zarr_format``: "array" for outputs (``zarr.open_array`` and
-    ``dask.array.from_zarr`` then show the sentence), "group" for the rest. (No
-    ``.zgroup`` for zarr 2's API: zarr 3 warns about every group that has both.)"""
-    doc = {"zarr_format": _HOW, "node_type": "array" if kind == "encoding" else "group",
-           "attributes": {MARKER: {"kind": kind, "read_with": "slem_dask.open_zarr(PATH)",
-                                   "versions": "slem-dask versions PATH",
-                                   "export": "slem-dask export PATH --to OUT.zarr"}}}
-    return json.dumps(doc, indent=1).encode()
-
-
-def is_root_marker(data: bytes | dict | None) -> bool:
-    """Whether ``data`` (a document, or its parsed JSON) is a root marker written by
-    slem-dask (any release's wording)."""
-    doc = data if isinstance(data, dict) else _json(data)
-    return isinstance(doc, dict) and "slem-dask versioned store" in str(doc.get("zarr_format"))
-
-
-def _replaceable(data: bytes | None) -> bool:
-    """A root document slem-dask may replace: its own marker, or the empty group that
-    ``zarr.open(P)`` wrote before there was a marker (no attributes: nothing is lost)."""
-    doc = _json(data)
-    if not isinstance(doc, dict):
-        return False
-    if is_root_marker(doc):
-        return True
-    empty = {"zarr_format", "node_type", "attributes", "consolidated_metadata"}
-    return (set(doc) <= empty and doc.get("zarr_format") in (2, 3)
-            and doc.get("node_type", "group") == "group" and not doc.get("attributes")
-            and not doc.get("consolidated_metadata"))
-
-
-def _json(data: bytes | None):
-    try:
-        return json.loads(data) if data is not None else None
-    except (ValueError, UnicodeDecodeError):
-        return None
-
-
-def mark_store_root(store: "versions.VersionedStore", kind: str) -> None:
-    """Write the root marker of ``store`` unless it is there (one read when it is). It
-    is created only if absent (atomic); a failed create is read back: equal bytes are
-    done (a retried create whose first reply was lost), a replaceable document is
-    replaced whole, anything else is left as it is. No clock, no comparison of times."""
-    data = root_document(kind)
-    current = store.backend.read("zarr.json")
-    if current == data or current is not None and not _replaceable(current):
-        return
-    if current is None and store.backend.create("zarr.json", data):
-        return
-    existing = store.backend.read("zarr.json")
-    if existing != data and _replaceable(existing):
-        store.backend.put("zarr.json", data)
-
-
-def mark_after_commit(store: "versions.VersionedStore", kind: str) -> None:
-    """:func:`mark_store_root`, called by every commit. The commit stands whatever
-    happens here: a marker not written (storage failure) is written by the next commit."""
-    try:
-        mark_store_root(store, kind)
-    except Exception:  # noqa: BLE001 - a convenience for plain readers, never a job's failure
-        pass
-
 
 # -- a zarr store pinned to one version ------------------------------------------------------
 def _pinned(path, version: int | None):

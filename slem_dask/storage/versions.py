@@ -60,6 +60,7 @@ from dataclasses import dataclass
 from . import gc
 from .backend import Backend, StorageConfigError, backend_for, check_conditional_writes
 from .errors import IntegrityError
+from .rootmarker import mark_after_commit
 
 __all__ = ["Commit", "Draft", "VersionedStore", "CommitConflictError", "VersionError",
            "DamagedCommitError", "CommitUnknownError", "resolve",
@@ -344,9 +345,7 @@ class VersionedStore:
                         token=uuid.uuid4().hex)
         if not self._publish(seq, record):
             self._raise_conflict(seq)
-        from .readers import mark_after_commit  # zarr.open(P) then names the right call
-
-        mark_after_commit(self, kind)
+        mark_after_commit(self, kind)  # zarr.open(P) then names the right call
         return record
 
     def _publish(self, seq: int, record: Commit) -> bool:
