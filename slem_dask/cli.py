@@ -388,7 +388,7 @@ def main(argv=None) -> int:
         if isinstance(exc, BrokenPipeError) and _stdout_is_gone():
             return _reader_gone(args)
         from .storage import is_out_of_space
-        from .storage.backend import describe_storage_error
+        from .storage.registry import describe_storage_error
 
         line = describe_storage_error(exc, _paths_of(args))
         written = exc.filename if isinstance(exc, OSError) and exc.filename else next(

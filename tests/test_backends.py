@@ -15,7 +15,7 @@ import uuid
 import pytest
 
 from slem_dask.storage.azure import AzureBackend
-from slem_dask.storage.backend import backend_for
+from slem_dask.storage.registry import backend_for
 from slem_dask.storage.fsspec_backend import FsspecBackend
 from slem_dask.storage.gcs import GCSBackend
 from slem_dask.storage.local import LocalBackend
@@ -418,7 +418,7 @@ def test_describe_error_is_none_for_other_errors(s3_server):
 _CLIENT = """
 import sys
 from slem_dask.storage.azure import AzureBackend
-from slem_dask.storage.backend import backend_for
+from slem_dask.storage.registry import backend_for
 b = backend_for(sys.argv[1])
 b.put("env/probe", b"seen")
 assert b.read("env/probe") == b"seen"

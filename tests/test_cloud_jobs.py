@@ -13,7 +13,7 @@ import zarr
 from slem_dask import LinearSLEM, load_model, pipeline, storage
 from slem_dask.cli import main
 from slem_dask.storage import leases, versions
-from slem_dask.storage.backend import backend_for
+from slem_dask.storage.registry import backend_for
 
 from reference import partitionwise
 

@@ -17,7 +17,8 @@ from reference import partitionwise
 from slem_dask import LinearSLEM, load_model, pipeline, storage
 from slem_dask.storage import backend as backends
 from slem_dask.storage import local, versions
-from slem_dask.storage.backend import StorageConfigError, backend_for
+from slem_dask.storage.backend import StorageConfigError
+from slem_dask.storage.registry import backend_for
 from slem_dask.storage.local import LocalBackend
 
 D = 8

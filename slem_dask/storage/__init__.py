@@ -5,8 +5,11 @@ mean "right". One concern per module:
 ``paths``          canonical store paths; nothing written over or inside an input
 ``backend``        one interface to the bytes under a path (atomic create-if-absent), with
                    ``local`` (POSIX), ``s3`` (S3 through s3fs), ``gcs`` and ``azure`` (through
-                   gcsfs, adlfs; ``cloud`` what they share) and ``fsspec_backend`` (other)
+                   gcsfs, adlfs; ``cloud`` what they share) and ``fsspec_backend`` (other);
+                   ``registry`` picks the backend of a URL
 ``versions``       versioned stores: drafts, atomic commits, snapshot reads, history, rollback
+``gc``             what is garbage under a store, settled by fate files, and its deletion
+``rootmarker``     ``P/zarr.json``: what plain zarr finds at a store's own path
 ``leases``         one writer per store, liveness judged without comparing hosts' clocks
 ``ownership``      what slem-dask wrote and may replace; nothing else is deleted
 ``checksums``      crc32c of every chunk, SHA-256 of models and metadata
@@ -15,14 +18,16 @@ mean "right". One concern per module:
 ``inputs``         opening what a job reads
 ``groups``         models and search results (small arrays, written whole)
 ``outputs``        encoded outputs (one chunk per partition)
-``readers``        zarr, xarray and dask readers of one committed version; the root marker
+``readers``        zarr, xarray and dask readers of one committed version
+``export``         ``slem-dask export``: a plain copy of one version
+``formats``        descriptors that are not zarr (``.npy``, shards, HDF5, TEXMEX)
 ``workers``        checking that every worker sees the stores as the client does
 ``verify``         ``slem-dask verify``
 ``errors``         the errors by which a guarantee is kept
 =================  =========================================================================
 
-Layout and contracts: README, "Versioned stores", "Integrity guarantees" and "Zarr
-layout". The names below are this package's interface; the jobs use them as
+Layout and contracts: docs/operations.md ("Versioned stores", "Integrity guarantees",
+"Zarr layout"), docs/guarantees-protocol.md and docs/guarantees-garbage.md. The names below are this package's interface; the jobs use them as
 ``storage.NAME``.
 """
 

@@ -30,7 +30,7 @@ import os
 import threading
 import uuid
 
-__all__ = ["Backend", "backend_for", "StorageConfigError", "describe_storage_error",
+__all__ = ["Backend", "StorageConfigError",
            "check_conditional_writes", "ACCEPT_NO_CONDITIONAL_WRITES"]
 
 #: Set to 1 to commit on a store that ignores conditional writes
@@ -113,47 +113,6 @@ class Backend(abc.ABC):
         """One line for a failure of this storage (credentials, bucket, endpoint), or
         None when ``exc`` is not one."""
         return None
-
-
-def backend_for(url: str) -> Backend:
-    """The backend of a canonical store URL (``file:///abs/path``, ``s3://bucket/key``,
-    ``gs://bucket/key``, ``az://container/key``, ``memory://…``; other fsspec protocols
-    go through :mod:`.fsspec_backend`)."""
-    if url.startswith("file://"):
-        from .local import LocalBackend
-
-        return LocalBackend(url[len("file://"):])
-    if url.startswith(("s3://", "s3a://")):
-        from .s3 import S3Backend
-
-        return S3Backend(url)
-    if url.startswith(("gs://", "gcs://")):
-        from .gcs import GCSBackend
-
-        return GCSBackend(url)
-    if url.startswith(("az://", "abfs://", "abfss://")):
-        from .azure import AzureBackend
-
-        return AzureBackend(url)
-    from .fsspec_backend import FsspecBackend
-
-    return FsspecBackend(url)
-
-
-def describe_storage_error(exc: BaseException, paths) -> str | None:
-    """One line for an object store's failure (credentials, bucket, endpoint) met while
-    a command worked on ``paths``, naming the path and the fix; None for any other error."""
-    for path in paths:
-        if "://" not in str(path) or str(path).startswith(("file://", "memory://")):
-            continue
-        try:
-            backend = backend_for(str(path))
-        except Exception:  # noqa: BLE001 - no such backend installed: nothing to say
-            continue
-        line = backend.describe_error(exc)
-        if line:
-            return line
-    return None
 
 
 _PROBED: set[str] = set()  # scopes whose conditional writes were seen to work

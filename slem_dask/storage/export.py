@@ -112,7 +112,7 @@ def _clear_target(target, overwrite: bool, kind: str) -> None:
 
 
 def _remove_unfinished(target) -> None:
-    from .backend import backend_for
+    from .registry import backend_for
 
     backend_for(target.url).remove_tree("")
 

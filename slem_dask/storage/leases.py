@@ -26,7 +26,7 @@ import threading
 import time
 import uuid
 
-from .backend import backend_for
+from .registry import backend_for
 from .errors import IntegrityError
 
 __all__ = ["Lease", "LeaseHeldError", "LeaseLostError", "LEASE_TTL", "host_identity"]

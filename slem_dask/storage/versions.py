@@ -58,8 +58,9 @@ import uuid
 from dataclasses import dataclass
 
 from . import gc
-from .backend import Backend, StorageConfigError, backend_for, check_conditional_writes
+from .backend import Backend, StorageConfigError, check_conditional_writes
 from .errors import IntegrityError
+from .registry import backend_for
 from .rootmarker import mark_after_commit
 
 __all__ = ["Commit", "Draft", "VersionedStore", "CommitConflictError", "VersionError",
