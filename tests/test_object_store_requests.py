@@ -1,0 +1,77 @@
+"""What reading and writing chunks costs on S3, in requests (deterministic, unlike time;
+benchmarks/bench_object_stores.py times it): one GET per chunk read, one PUT carrying
+the crc32c of its body per output chunk written, and what is written reads back."""
+
+import base64
+import collections
+import uuid
+
+import numpy as np
+import pytest
+import zarr
+
+from slem_dask import storage
+from slem_dask.storage.checksums import crc32c
+
+D = 16
+
+
+@pytest.fixture
+def calls(monkeypatch):
+    """Every S3 API call of this process, as (operation, parameters)."""
+    from aiobotocore.client import AioBaseClient
+
+    seen = []
+    real = AioBaseClient._make_api_call
+
+    async def recorded(self, operation, params):
+        seen.append((operation, dict(params)))
+        return await real(self, operation, params)
+
+    monkeypatch.setattr(AioBaseClient, "_make_api_call", recorded)
+    return seen
+
+
+def _root(server) -> str:
+    return f"s3://{server.bucket}/req-{uuid.uuid4().hex[:8]}"
+
+
+@pytest.mark.parametrize("s3_server", ["seaweedfs", "moto"], indirect=True)
+def test_reading_rows_from_s3_sends_one_get_per_chunk_and_nothing_else(s3_server, calls):
+    rows = np.random.default_rng(3).standard_normal((100, D)).astype("float32")
+    path = f"{_root(s3_server)}/x.zarr"
+    zarr.create_array(store=path, shape=rows.shape, dtype="float32",
+                      chunks=(20, D))[...] = rows  # zstd: zarr's default codec
+    arr = storage.open_input(path, "x")
+    calls.clear()
+    np.testing.assert_array_equal(storage.read_rows(arr, 10, 90, "x"), rows[10:90])
+    assert collections.Counter(op for op, _ in calls) == {"GetObject": 5}
+
+
+@pytest.mark.parametrize("s3_server", ["seaweedfs", "moto"], indirect=True)
+def test_a_missing_chunk_on_s3_is_still_named(s3_server):
+    rows = np.ones((60, D), dtype="float32")
+    path = f"{_root(s3_server)}/x.zarr"
+    arr = zarr.create_array(store=path, shape=rows.shape, dtype="float32", chunks=(20, D))
+    arr[...] = rows
+    import fsspec
+
+    fs, where = fsspec.core.url_to_fs(path)
+    fs.rm(f"{where}/c/1/0")
+    with pytest.raises(Exception, match="c/1/0"):
+        storage.read_rows(storage.open_input(path, "x"), 0, 60, "x")
+
+
+@pytest.mark.parametrize("s3_server", ["seaweedfs", "moto"], indirect=True)
+def test_an_output_chunk_on_s3_is_one_put_with_the_crc32c_of_its_body(s3_server, calls):
+    block = np.random.default_rng(4).standard_normal((30, D)).astype("float32")
+    out = storage.create_output(f"{_root(s3_server)}/out.zarr", (60, D), 30, "float32", {})
+    calls.clear()
+    assert storage.write_partition(block, out, 1)[0, 1] == crc32c(block.tobytes())
+    puts = [params for op, params in calls if op == "PutObject"]
+    assert len(puts) == 1 and puts[0]["Key"].endswith("out.zarr/c/1/0")
+    body = bytes(puts[0]["Body"])
+    assert body == block.tobytes() + np.array([crc32c(block.tobytes())], "<u4").tobytes()
+    assert base64.b64decode(puts[0]["ChecksumCRC32C"]) == crc32c(body).to_bytes(4, "big")
+    # zarr reads back what was written, bit for bit
+    np.testing.assert_array_equal(zarr.open_array(out.store_path.store, mode="r")[30:], block)
