@@ -74,24 +74,26 @@ def kinds_line(calls: dict) -> str:
 SERVER_PID: list = []  # the S3 server's process, whose CPU time is counted too
 
 
-def cpu_seconds() -> float:
+def cpu_seconds() -> tuple[float, float]:
     """CPU seconds (user + system) of this process (the job, its dask threads and its
     S3 client) and of the S3 server so far: on a shared machine the wall time mostly
     says how many cores the others left; this says what a job costs."""
     import psutil
 
-    procs = [psutil.Process()] + [psutil.Process(pid) for pid in SERVER_PID]
-    return sum(sum(p.cpu_times()[:2]) for p in procs)
+    server = sum(sum(psutil.Process(pid).cpu_times()[:2]) for pid in SERVER_PID)
+    return sum(psutil.Process().cpu_times()[:2]), server
 
 
 @contextlib.contextmanager
 def measured(out: list):
-    """Append (seconds, requests by operation, CPU seconds) of the block to ``out``."""
+    """Append (seconds, requests by operation, CPU seconds of the job and of the S3
+    server) of the block to ``out``."""
     CALLS.clear()
-    cpu0 = cpu_seconds()
+    job0, server0 = cpu_seconds()
     with C.Timer() as t:
         yield
-    out.append((t.seconds, dict(CALLS), cpu_seconds() - cpu0))
+    job1, server1 = cpu_seconds()
+    out.append((t.seconds, dict(CALLS), (job1 - job0, server1 - server0)))
 
 
 def upload(local: str, url: str) -> None:
@@ -124,21 +126,22 @@ def report(results: dict, args) -> None:
     for job in ("fit", "encode"):
         local = [r[0] for r in results["local"][job]]
         s3 = [r[0] for r in results["s3"][job]]
-        cpu_local = [r[2] for r in results["local"][job]]
-        cpu_s3 = [r[2] for r in results["s3"][job]]
+        cpu_local = [sum(r[2]) for r in results["local"][job]]
+        cpu_s3 = [sum(r[2]) for r in results["s3"][job]]
+        server_s3 = [r[2][1] for r in results["s3"][job]]
         print(f"  {job:6s} local disk      : {C.spread(local)}")
         print(f"  {job:6s} S3 (SeaweedFS)  : {C.spread(s3)}")
         print(f"  {job:6s} RATIO s3_time / local_time = {min(s3) / min(local):.2f} (best), "
               f"{med(s3) / med(local):.2f} (medians); goal <= 1.5")
         print(f"  {job:6s} CPU seconds (job + S3 server): local {med(cpu_local):.2f}, "
-              f"S3 {med(cpu_s3):.2f} (medians); RATIO s3_cpu / local_cpu = "
+              f"S3 {med(cpu_s3):.2f} of which the server {med(server_s3):.2f} (medians); RATIO s3_cpu / local_cpu = "
               f"{med(cpu_s3) / med(cpu_local):.2f}")
         counts = [kinds_line(r[1]) for r in results["s3"][job]]
         print(f"  {job:6s} S3 requests per job, first timed run: {counts[0]}")
         print(f"  {job:6s} S3 requests per job, last timed run : {counts[-1]}"
               f"{'  (same)' if counts[0] == counts[-1] else '  (DIFFERENT)'}")
     C.emit_json("RESULT bench_object_stores", {
-        where: {job: [{"seconds": s, "cpu_seconds": cpu, "requests": by_kind(c),
+        where: {job: [{"seconds": s, "cpu_seconds": {"job": cpu[0], "server": cpu[1]}, "requests": by_kind(c),
                        "operations": c} for s, c, cpu in runs] for job, runs in per.items()}
         for where, per in results.items()})
 
@@ -183,6 +186,10 @@ def main(argv=None) -> int:
     return 0
 
 
+def _cpu(cpu: tuple) -> str:
+    return f"{sum(cpu):.2f} s (job {cpu[0]:.2f} + server {cpu[1]:.2f})"
+
+
 def run_all(contenders: dict, args) -> dict:
     results = {where: {"fit": [], "encode": []} for where in contenders}
     for where, run in contenders.items():  # warm-up (and --history): untimed, alike
@@ -191,7 +198,7 @@ def run_all(contenders: dict, args) -> dict:
                 warm = []
                 with measured(warm):
                     run[job]()
-                print(f"{where:5s} warm-up {job:6s}: {warm[0][0]:.3f} s, CPU {warm[0][2]:.2f} s, requests "
+                print(f"{where:5s} warm-up {job:6s}: {warm[0][0]:.3f} s, CPU {_cpu(warm[0][2])}, requests "
                       f"{kinds_line(warm[0][1]) if where == 's3' else '-'}")
     for r in range(args.repeat):
         order = list(contenders) if r % 2 == 0 else list(reversed(contenders))
@@ -201,7 +208,7 @@ def run_all(contenders: dict, args) -> dict:
                 with measured(results[where][job]):
                     contenders[where][job]()
                 seconds, calls, cpu = results[where][job][-1]
-                print(f"run {r + 1} {where:5s} {job:6s}: {seconds:.3f} s, CPU {cpu:.2f} s | "
+                print(f"run {r + 1} {where:5s} {job:6s}: {seconds:.3f} s, CPU {_cpu(cpu)} | "
                       f"{'requests ' + kinds_line(calls) + ' | ' if where == 's3' else ''}"
                       f"{C.load_line()}")
                 sys.stdout.flush()
