@@ -40,6 +40,8 @@ KINDS = {"GetObject": "GET", "PutObject": "PUT", "ListObjectsV2": "LIST",
          "CreateMultipartUpload": "PUT", "UploadPart": "PUT",
          "CompleteMultipartUpload": "PUT"}
 CALLS: collections.Counter = collections.Counter()
+#: Not a request: the names all listings of a job returned (keys and folders).
+LISTED = "names listed"
 
 
 def count_requests() -> None:
@@ -51,7 +53,10 @@ def count_requests() -> None:
 
     async def counted(self, operation_name, api_params):
         CALLS[operation_name] += 1
-        return await real(self, operation_name, api_params)
+        out = await real(self, operation_name, api_params)
+        if operation_name == "ListObjectsV2":  # what a listing costs grows with this
+            CALLS[LISTED] += len(out.get("Contents", [])) + len(out.get("CommonPrefixes", []))
+        return out
 
     AioBaseClient._make_api_call = counted
 
@@ -59,6 +64,8 @@ def count_requests() -> None:
 def by_kind(calls: dict) -> dict:
     kinds = collections.Counter()
     for op, n in calls.items():
+        if op == LISTED:
+            continue
         kinds[KINDS.get(op, op)] += n
     return dict(kinds)
 
@@ -68,7 +75,8 @@ def kinds_line(calls: dict) -> str:
     order = ["GET", "PUT", "LIST", "HEAD", "COPY", "DELETE"]
     parts = [f"{k} {kinds.get(k, 0)}" for k in order] + [
         f"{k} {v}" for k, v in sorted(kinds.items()) if k not in order]
-    return f"{sum(kinds.values())} ({', '.join(parts)})"
+    return (f"{sum(kinds.values())} ({', '.join(parts)}; "
+            f"{calls.get(LISTED, 0)} names listed)")
 
 
 SERVER_PID: list = []  # the S3 server's process, whose CPU time is counted too

@@ -11,6 +11,7 @@ import pytest
 import zarr
 
 from slem_dask import storage
+from slem_dask.storage import versions
 from slem_dask.storage.checksums import crc32c
 
 D = 16
@@ -75,3 +76,50 @@ def test_an_output_chunk_on_s3_is_one_put_with_the_crc32c_of_its_body(s3_server,
     assert base64.b64decode(puts[0]["ChecksumCRC32C"]) == crc32c(body).to_bytes(4, "big")
     # zarr reads back what was written, bit for bit
     np.testing.assert_array_equal(zarr.open_array(out.store_path.store, mode="r")[30:], block)
+
+
+def _commit_many(path: str, n: int) -> versions.VersionedStore:
+    store = versions.VersionedStore(path)
+    for i in range(n):
+        draft = store.begin()
+        zarr.open_group(store=draft.location, mode="w").attrs["i"] = i
+        store.commit(draft, "model", f"job {i}")
+    return store
+
+
+@pytest.mark.parametrize("s3_server", ["seaweedfs", "moto"], indirect=True)
+def test_finding_the_head_on_s3_lists_from_the_head_seen_not_the_whole_history(
+        s3_server, calls, monkeypatch):
+    from aiobotocore.client import AioBaseClient
+
+    listed = []
+    real = AioBaseClient._make_api_call
+
+    async def keys_listed(self, operation, params):
+        out = await real(self, operation, params)
+        if operation == "ListObjectsV2" and params.get("Prefix", "").endswith("commits/"):
+            listed.append(len(out.get("Contents", [])))
+        return out
+
+    monkeypatch.setattr(AioBaseClient, "_make_api_call", keys_listed)
+    store = _commit_many(f"{_root(s3_server)}/m.zarr", 6)
+    versions.VersionedStore(store.path).head()  # a job that follows the commits
+    listed.clear()
+    for _ in range(3):  # a new object each time: what every job, reader and check does
+        fresh = versions.VersionedStore(store.path)
+        assert fresh.head().seq == 6 and fresh.is_versioned()
+    assert listed and max(listed) == 1  # the head's own record, not all six
+
+
+def test_a_stale_head_seen_never_gives_a_wrong_head(tmp_path):
+    import shutil
+
+    path = str(tmp_path / "m.zarr")
+    assert _commit_many(path, 4).head().seq == 4  # seen: 4
+    shutil.rmtree(path)  # replaced by a shorter history
+    assert versions.VersionedStore(path).head() is None
+    assert not versions.VersionedStore(path).is_versioned()
+    store = _commit_many(path, 2)
+    assert store.head().seq == 2 and store.head().job == "job 1"
+    _commit_many(path, 5)  # and past the head seen
+    assert versions.VersionedStore(path).head().seq == 7
