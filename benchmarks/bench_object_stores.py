@@ -12,10 +12,15 @@ DELETE). Each contender is warmed by one untimed run; the timed runs alternate
 local / S3 so that a change in the machine's load hits both. Printed: every run
 with its load and CPU seconds (this process and the S3 server: on a shared machine
 the steadier measure), best/median times, ``RATIO S3/local`` (best and medians; goal
-<= 1.5) and the requests of each job by kind, per run: the versions written by the
-earlier runs make the store's history longer, so the same counts in the first
-and last run show requests that do not grow with history (``--history K`` first
-commits K more versions of each output, to make that visible).
+<= 1.5) and the requests of each job by kind (and the names its listings
+returned), first and last run.
+
+"s3 floor" moves the same bytes with plain requests of the same client library
+(s3fs): GET every chunk of the input (fit), and PUT the output's bytes in one object
+per partition (encode): what any S3 job must pay on this server; the report says how
+many times that the job's extra CPU is. ``--history K`` adds K commits (rollbacks,
+untimed) to the model and the output before the timed runs: the requests and names
+listed per job, compared with a run without it, show whether they grow with history.
 """
 
 from __future__ import annotations
@@ -126,6 +131,30 @@ def jobs(root: str, data: str, rows: int | None, lam: float) -> dict:
     }
 
 
+def transfer_floor(data_url: str, scratch_url: str, rows: int, d: int, n: int) -> dict:
+    """The least any S3 fit or encode must move, with the same client library (s3fs,
+    one event loop, all requests at once): "fit" GETs every chunk object of the input
+    store; "encode" does that and PUTs one object per partition of rows x d float32
+    (the output's bytes), then deletes them (untimed cost of the next run). No zarr,
+    no decoding, no checks, no versions."""
+    import fsspec
+
+    fs, data = fsspec.core.url_to_fs(data_url)
+    _, scratch = fsspec.core.url_to_fs(scratch_url)
+    keys = sorted(k for k in fs.find(data) if "/c/" in k)
+
+    def get_all():
+        fs.cat_ranges(keys, [0] * len(keys), [None] * len(keys))  # one GET each
+
+    def get_and_put():
+        get_all()
+        part = bytes(rows * d * 4)
+        fs.pipe({f"{scratch}/{i}": part for i in range(-(-n // rows))})
+        fs.rm(scratch, recursive=True)
+
+    return {"fit": get_all, "encode": get_and_put}
+
+
 def report(results: dict, args) -> None:
     med = C.statistics.median
     print()
@@ -144,6 +173,14 @@ def report(results: dict, args) -> None:
         print(f"  {job:6s} CPU seconds (job + S3 server): local {med(cpu_local):.2f}, "
               f"S3 {med(cpu_s3):.2f} of which the server {med(server_s3):.2f} (medians); RATIO s3_cpu / local_cpu = "
               f"{med(cpu_s3) / med(cpu_local):.2f}")
+        if "s3 floor" in results:
+            floor = [sum(r[2]) for r in results["s3 floor"][job]]
+            extra = med(cpu_s3) - med(cpu_local)
+            print(f"  {job:6s} S3 floor (the same bytes moved by plain GET/PUT, "
+                  f"{C.spread([r[0] for r in results['s3 floor'][job]])}): CPU "
+                  f"{med(floor):.2f} s of which the server "
+                  f"{med([r[2][1] for r in results['s3 floor'][job]]):.2f}; what S3 adds "
+                  f"to the job, {extra:.2f} s, is {extra / med(floor):.2f} x the floor")
         counts = [kinds_line(r[1]) for r in results["s3"][job]]
         print(f"  {job:6s} S3 requests per job, first timed run: {counts[0]}")
         print(f"  {job:6s} S3 requests per job, last timed run : {counts[-1]}"
@@ -159,8 +196,9 @@ def main(argv=None) -> int:
     C.add_common_args(parser, default_n=400_000)
     C.add_run_args(parser, repeat=3)
     parser.add_argument("--history", type=int, default=0,
-                        help="versions of each output committed (untimed) before the timed "
-                             "runs, to show requests that do not grow with history (default 0)")
+                        help="commits added (untimed, as rollbacks) to the model and the "
+                             "output before the timed runs: compare the requests and names "
+                             "listed per job with a run without it (default 0)")
     args = parser.parse_args(argv)
     C.resolve_sizes(args)
 
@@ -177,12 +215,18 @@ def main(argv=None) -> int:
     count_requests()
     local_root = tempfile.mkdtemp(prefix="bench-object-stores-")
     s3_root = f"s3://{server.bucket}/bench"
+    args.local_root, args.s3_root = local_root, s3_root
     try:
         with C.Timer() as t:
             upload(data, f"{s3_root}/data.zarr")
         print(f"S3: uploaded the data store in {t.seconds:.1f} s")
+        from slem_dask import storage
+
+        rows = storage.row_partition(storage.open_input(data, "data"), args.partition_rows)
         contenders = {"local": jobs(local_root, data, args.partition_rows, args.lam),
-                      "s3": jobs(s3_root, f"{s3_root}/data.zarr", args.partition_rows, args.lam)}
+                      "s3": jobs(s3_root, f"{s3_root}/data.zarr", args.partition_rows, args.lam),
+                      "s3 floor": transfer_floor(f"{s3_root}/data.zarr", f"{s3_root}/floor",
+                                                 rows, args.d, args.n)}
         import dask
 
         with dask.config.set(scheduler="threads"):
@@ -194,20 +238,36 @@ def main(argv=None) -> int:
     return 0
 
 
+def lengthen_history(path: str, commits: int) -> None:
+    """``commits`` more commit records of ``path``, each a rollback to the version
+    before the head (the data stays, the history grows), as years of nightly runs."""
+    from slem_dask.storage import versions
+
+    store = versions.VersionedStore(path)
+    for _ in range(commits):
+        store.rollback(store.head().seq - 1)
+
+
 def _cpu(cpu: tuple) -> str:
     return f"{sum(cpu):.2f} s (job {cpu[0]:.2f} + server {cpu[1]:.2f})"
 
 
 def run_all(contenders: dict, args) -> dict:
     results = {where: {"fit": [], "encode": []} for where in contenders}
-    for where, run in contenders.items():  # warm-up (and --history): untimed, alike
-        for _ in range(1 + args.history):
+    for where, run in contenders.items():  # warm-up: untimed, alike
+        for _ in range(2 if args.history else 1):  # --history rolls back to version 1
             for job in ("fit", "encode"):
                 warm = []
                 with measured(warm):
                     run[job]()
                 print(f"{where:5s} warm-up {job:6s}: {warm[0][0]:.3f} s, CPU {_cpu(warm[0][2])}, requests "
-                      f"{kinds_line(warm[0][1]) if where == 's3' else '-'}")
+                      f"{kinds_line(warm[0][1]) if where.startswith('s3') else '-'}")
+    for root in (args.history and [args.local_root, args.s3_root]) or []:
+        with C.Timer() as t:
+            for name in ("model.zarr", "out.zarr"):
+                lengthen_history(f"{root}/{name}", args.history)
+        print(f"history: {args.history} more commits of {root}/model.zarr and out.zarr "
+              f"(rollbacks) in {t.seconds:.1f} s")
     for r in range(args.repeat):
         order = list(contenders) if r % 2 == 0 else list(reversed(contenders))
         for where in order:
@@ -216,7 +276,7 @@ def run_all(contenders: dict, args) -> dict:
                 with measured(results[where][job]):
                     contenders[where][job]()
                 seconds, calls, cpu = results[where][job][-1]
-                print(f"run {r + 1} {where:5s} {job:6s}: {seconds:.3f} s, CPU {_cpu(cpu)} | "
+                print(f"run {r + 1} {where:8s} {job:6s}: {seconds:.3f} s, CPU {_cpu(cpu)} | "
                       f"{'requests ' + kinds_line(calls) + ' | ' if where == 's3' else ''}"
                       f"{C.load_line()}")
                 sys.stdout.flush()
