@@ -123,3 +123,14 @@ def test_a_stale_head_seen_never_gives_a_wrong_head(tmp_path):
     assert store.head().seq == 2 and store.head().job == "job 1"
     _commit_many(path, 5)  # and past the head seen
     assert versions.VersionedStore(path).head().seq == 7
+
+
+@pytest.mark.parametrize("s3_server", ["seaweedfs"], indirect=True)
+def test_saving_a_model_on_s3_never_asks_for_zarr_v2_names(s3_server, calls):
+    from slem_dask import LinearSLEM
+
+    rows = np.random.default_rng(5).standard_normal((50, D)).astype("float32")
+    LinearSLEM(lam=0.1).fit(rows).save(f"{_root(s3_server)}/model.zarr")
+    v2 = [params["Key"] for _, params in calls
+          if params.get("Key", "").endswith((".zgroup", ".zattrs", ".zmetadata", ".zarray"))]
+    assert v2 == []
