@@ -89,14 +89,20 @@ def is_legacy(path) -> bool:
 def write_partition(block: np.ndarray, arr: zarr.Array, index: int,
                     block_info=None) -> np.ndarray:
     """Write one partition's rows (its own chunk) and return [[index, crc32c]]: the
-    checksum zarr's codec computed from these rows, as this worker reads it back. The
-    client compares it with the chunk it reads: the two see the same chunk."""
+    checksum zarr's codec computed from these rows, as this worker reads it back (or as
+    the S3 server confirmed it stored). The client compares it with the chunk it reads:
+    the two see the same chunk."""
     rows = int(arr.chunks[0])
     lo = index * rows
     block = np.ascontiguousarray(block, dtype=arr.dtype)
-    if not (_write_local_chunk(arr, index, block) or _write_s3_chunk(arr, index, block)):
+    written, confirmed = _write_local_chunk(arr, index, block), None
+    if not written:
+        written, confirmed = _write_s3_chunk(arr, index, block)
+    if not written:
         arr[lo:lo + block.shape[0]] = block
-    crc = stored_crc32c(arr, index)
+    # an S3 server that checked the body's crc32c and says so stored exactly these
+    # bytes, trailer included: reading the trailer back would tell nothing more
+    crc = confirmed if confirmed is not None else stored_crc32c(arr, index)
     if crc is None:
         raise IntegrityError(
             f"output {_where(arr)!r}: partition {index} was written but cannot be read back "
@@ -162,14 +168,19 @@ def _crc_trailer_layout(arr: zarr.Array, block: np.ndarray) -> bool:
 _ONE_PUT_BYTES = 5 * 2**30 - 4
 
 
-def _write_s3_chunk(arr: zarr.Array, index: int, block: np.ndarray) -> bool:
+def _write_s3_chunk(arr: zarr.Array, index: int, block: np.ndarray) -> tuple[bool, int | None]:
     """Write ``block`` as chunk ``(index, 0)`` of an output on S3 the way zarr would (the
     row bytes, then their crc32c), in ONE PutObject that carries the crc32c of the
-    whole body: the server refuses a body that arrived altered, and botocore does not
-    compute a CRC32 of its own over the 32 MB (in Python's thread of the event loop).
-    zarr's path copies the chunk twice (its crc32c codec, then ``to_bytes``); this
-    builds the body once. False, writing nothing, for anything else (the caller writes
-    through zarr). tests/test_s3_jobs.py checks that zarr reads what this writes."""
+    whole body: a server that checks it (AWS S3, SeaweedFS; not moto) refuses a body
+    that arrived altered, and botocore does not compute a CRC32 of its own over the
+    32 MB (in the event loop's one thread). zarr's path copies the chunk twice (its
+    crc32c codec, then ``to_bytes``); this builds the body once.
+
+    Returns (written, confirmed): confirmed is the trailer's crc32c if the server
+    answered with the body's checksum it checked (the object is then these bytes),
+    else None; (False, None), writing nothing, for anything but an S3 output of this
+    layout (the caller writes through zarr). tests/test_object_store_requests.py checks what is sent and that
+    zarr reads it back."""
     import base64
 
     from zarr.core.sync import sync
@@ -179,7 +190,7 @@ def _write_s3_chunk(arr: zarr.Array, index: int, block: np.ndarray) -> bool:
     store = arr.store_path.store
     if not (isinstance(store, FsspecStore) and "s3" in _protocols(store.fs)
             and _crc_trailer_layout(arr, block) and block.nbytes < _ONE_PUT_BYTES):
-        return False
+        return False, None
     raw = block.reshape(-1).view(np.uint8)
     body = bytearray(raw.nbytes + 4)
     view = np.frombuffer(body, np.uint8)
@@ -188,8 +199,10 @@ def _write_s3_chunk(arr: zarr.Array, index: int, block: np.ndarray) -> bool:
     whole = base64.b64encode(crc32c(view).to_bytes(4, "big")).decode()
     path = _dereference_path(store.path, _full_key(arr, (index, 0)))
     # chunksize: one PUT whatever the size (s3fs goes multipart from 2 chunksizes on)
-    sync(store.fs._pipe_file(path, body, chunksize=len(body), ChecksumCRC32C=whole))
-    return True
+    answer = sync(store.fs._pipe_file(path, body, chunksize=len(body),
+                                      ChecksumCRC32C=whole))
+    trailer = int(view[raw.nbytes:].view("<u4")[0])
+    return True, trailer if (answer or {}).get("ChecksumCRC32C") == whole else None
 
 
 def _protocols(fs) -> tuple:
