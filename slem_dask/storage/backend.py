@@ -79,6 +79,12 @@ class Backend(abc.ABC):
         """Names directly under the folder ``prefix`` ('' for the root), sorted; [] if
         there is none."""
 
+    def list_after(self, prefix: str, start_after: str) -> list[str]:
+        """The names of :meth:`list` that sort after ``start_after``; object stores
+        override it to be sent only those (the cost of finding the newest of many
+        names then does not grow with their number)."""
+        return [name for name in self.list(prefix) if name > start_after]
+
     @abc.abstractmethod
     def exists(self, key: str) -> bool:
         """Whether ``key`` is an object (file) or a non-empty folder."""

@@ -116,7 +116,8 @@ def _group_chunk_rows(value: np.ndarray) -> int:
 def _check_written(location: str, arrays: dict[str, np.ndarray], what: str) -> None:
     """Read a group back (through its checksums), chunk by chunk, before it is put in
     place: what is marked complete is what was computed."""
-    group = zarr.open_group(store=location, mode="r")
+    # zarr_format: it was just written as v3; else zarr asks for v2's three names first
+    group = zarr.open_group(store=location, mode="r", zarr_format=3)
     stored = dict(group.arrays())
     for key, value in arrays.items():
         value = np.asarray(value)

@@ -151,8 +151,9 @@ class S3Backend(Backend):
     def _call(self, method: str, **kwargs):
         return self.fs.call_s3(method, Bucket=self.bucket, **kwargs)
 
-    def _pages(self, prefix: str, delimiter: str | None):
-        kwargs = {"Prefix": prefix, **({"Delimiter": delimiter} if delimiter else {})}
+    def _pages(self, prefix: str, delimiter: str | None, start_after: str | None = None):
+        kwargs = {"Prefix": prefix, **({"Delimiter": delimiter} if delimiter else {}),
+                  **({"StartAfter": start_after} if start_after else {})}
         while True:
             page = self._call("list_objects_v2", **kwargs)
             yield page
@@ -266,9 +267,17 @@ class S3Backend(Backend):
         self._call("put_object", Key=self._key(key), Body=bytes(data))
 
     def list(self, prefix: str) -> list[str]:
+        return self._names(prefix, None)
+
+    def list_after(self, prefix: str, start_after: str) -> list[str]:
+        # S3 lists keys in byte order, from StartAfter on
+        return [n for n in self._names(prefix, start_after) if n > start_after]
+
+    def _names(self, prefix: str, start_after: str | None) -> list[str]:
         folder = self._folder(prefix)
         names = set()
-        for page in self._pages(folder, "/"):
+        after = folder + start_after if start_after else None
+        for page in self._pages(folder, "/", after):
             names.update(o["Key"][len(folder):] for o in page.get("Contents", []))
             names.update(p["Prefix"][len(folder):].rstrip("/")
                          for p in page.get("CommonPrefixes", []))

@@ -163,6 +163,11 @@ def draft_seq(version) -> int | None:
     return int(match.group(1)) if match else None
 
 
+#: The newest commit's sequence number this process saw, per store: where the next
+#: search for the head starts (:meth:`VersionedStore._last_commit_name`).
+_HEAD_SEEN: dict = {}
+
+
 class VersionedStore:
     """The versioned store at a canonical path (see the module docstring)."""
 
@@ -180,6 +185,9 @@ class VersionedStore:
     # reading ---------------------------------------------------------------------------
     def is_versioned(self) -> bool:
         """Whether the store has a committed version."""
+        if self._hint_key() in _HEAD_SEEN:  # one short listing, from the head seen
+            if self._last_commit_name() is not None:
+                return True
         return bool(self.backend.list(COMMITS))
 
     def has_history(self) -> bool:
@@ -191,9 +199,10 @@ class VersionedStore:
     def commits(self) -> list[Commit]:
         return [self._read_commit(name) for name in self._commit_names()]
 
-    def _commit_names(self) -> list[str]:
-        return [n for n in self.backend.list(COMMITS)
-                if n.endswith(".json") and n[:-5].isdigit()]
+    def _commit_names(self, after: str | None = None) -> list[str]:
+        names = self.backend.list(COMMITS) if after is None else \
+            self.backend.list_after(COMMITS, after)
+        return [n for n in names if n.endswith(".json") and n[:-5].isdigit()]
 
     def _read_commit(self, name: str) -> Commit:
         key = f"{COMMITS}/{name}"
@@ -207,8 +216,25 @@ class VersionedStore:
         return None if data is None else Commit.from_json(data, self._where(f"{COMMITS}/{seq:08d}.json"))
 
     def head(self) -> Commit | None:
-        names = self._commit_names()
-        return self._read_commit(names[-1]) if names else None
+        name = self._last_commit_name()
+        return self._read_commit(name) if name else None
+
+    def _last_commit_name(self) -> str | None:
+        """The newest commit record's name, in one short listing whatever the length of
+        the history: listed from the head this process last saw on (the names sort by
+        sequence number). If that lists nothing, the record seen is gone (the store was
+        deleted, or replaced by a shorter history): the whole listing says what is there.
+        A hint that is wrong in any way costs one more listing, never a wrong head."""
+        seen = _HEAD_SEEN.get(self._hint_key())
+        names = self._commit_names(after=f"{seen - 1:08d}.json") if seen else []
+        if not names:
+            names = self._commit_names()
+        if names:
+            _HEAD_SEEN[self._hint_key()] = int(names[-1][:-5])
+        return names[-1] if names else None
+
+    def _hint_key(self) -> tuple:
+        return (repr(self.backend), self.path.url)
 
     def location(self, version: str) -> str:
         self._folder(version)
