@@ -106,7 +106,7 @@ def fit_job(client, negatives: str, model_path: str, lam: float | str | None = N
         workers.check_memory(client, workers.Plan(
             "fit", "negatives", rows, d, str(arr.dtype), workers.fit_task_bytes(
                 d, _sub_block_rows(arr, rows), arr.dtype, precision, merge_fan_in(d)),
-            0.0, 0, integrity.unit_rows(arr)), -(-(n - start) // rows))
+            0.0, 0, integrity.unit_rows(arr)), -(-(n - start) // rows), common.TASK_MODULES)
         t1 = time.perf_counter()
         with _fit_errors(negatives, model_path):
             stats = (common._compute(client, store_statistics(arr, rows, precision,
