@@ -28,6 +28,9 @@ import json
 
 import numpy as np
 
+from .core.statistics import ScatterStats
+from .parallel_kernel_rounds import _Summary
+
 __all__ = ["FinalPassCheckpoint", "pack", "unpack"]
 
 FOLDER = "kernel-fit"
@@ -41,9 +44,6 @@ def pack(summary) -> np.ndarray:
 
 
 def unpack(packed: np.ndarray):
-    from .core.statistics import ScatterStats
-    from .parallel_kernel import _Summary
-
     packed = np.asarray(packed, dtype=np.float64)
     t = int(round((-1 + np.sqrt(1 + 4 * (packed.size - 3))) / 2))  # size = 3 + t + t^2
     stats = ScatterStats(int(packed[0]), packed[3:3 + t].copy(),

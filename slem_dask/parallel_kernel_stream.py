@@ -46,8 +46,10 @@ from scipy.linalg import blas
 from .core.cholesky import update_residual_diagonal
 from .core.kernels import check_histogram, kernel_diagonal, kernel_matrix
 from .core.statistics import block_statistics, merge_many
-from .parallel_kernel import (SPLIT_EVERY, _Block, _grow_lower, _merge_summaries, _summarize,
-                              _tree, in_threads, row_blocks)
+from .kernel_checkpoint import write_partition
+from .parallel_kernel_rounds import (SPLIT_EVERY, _Block, _grow_lower, _merge_summaries,
+                                     _summarize, _tree, in_threads, row_blocks)
+from .task_memory import kernel_fit_bytes
 from .validation import check_finite_rows, is_dask_array
 
 __all__ = ["factor_rows", "factor_statistics", "StreamingRounds", "choose_strategy",
@@ -119,8 +121,6 @@ def _stream_block(x, offset: int, pivots: _Pivots, cfg, count: int, key: tuple, 
                           max_diag=float(kdiag.max(initial=0.0)))
     summary = _summarize(block, cfg, count, key, final)
     if final and checkpoint is not None:
-        from .kernel_checkpoint import write_partition
-
         try:
             write_partition(checkpoint, key[-1], summary)
         except Exception:  # noqa: BLE001 - a checkpoint is best effort: the fit goes on,
@@ -285,10 +285,8 @@ class KernelMemoryWarning(UserWarning):
 def choose_strategy(strategy: str, x, rank: int | None, exact: bool,
                     pivoting: str | None = None) -> tuple[str, str]:
     """("in-memory" | "streaming", why): ``strategy`` itself unless "auto"; "auto" streams
-    when :func:`workers.kernel_fit_bytes` exceeds :func:`memory_budget`. A streaming
+    when :func:`task_memory.kernel_fit_bytes` exceeds :func:`memory_budget`. A streaming
     greedy fit is told that it recomputes F at each of its r + 1 passes."""
-    from .workers import kernel_fit_bytes
-
     check_strategy(strategy)
     if strategy == "streaming" and exact:
         raise ValueError("strategy='streaming' cannot keep the negatives and the n x r factor "

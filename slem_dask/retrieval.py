@@ -9,8 +9,8 @@ import dask
 import numpy as np
 
 from .core.blas_threads import usable_cores
-from .core.ranking import (as_id_array, average_precision, merge_topk, settled_ranking,
-                           topk_search)
+from .core.candidates import topk_search
+from .core.ranking import as_id_array, average_precision, merge_topk, settled_ranking
 from .validation import check_finite_rows, check_rows, is_dask_array
 
 __all__ = ["search", "mean_average_precision", "precision_recall_at_k",

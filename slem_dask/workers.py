@@ -10,33 +10,17 @@ held a scattered model, "lost dependencies"). So:
   memory limit (and a worker in this process, an in-process LocalCluster, against
   the least of its limit and what this process holds plus the machine's available
   memory: past it the whole process is killed) must hold its current process
-  memory (measured after importing what the tasks import) plus one task per
-  thread under 95% of its limit; if not, one line names the worker, its limit,
-  the partition and a
-  ``--partition-rows`` whose tasks stay under the pause threshold (80%: the
+  memory (measured after importing what the tasks import: the job names their
+  modules) plus one task per thread under 95% of its limit; if not, one line
+  names the worker, its limit, the partition and a ``--partition-rows`` whose tasks stay under the pause threshold (80%: the
   worker then never stops taking tasks, and stays well below a restart).
 - :func:`explain_failures`, around the jobs: a ``KilledWorker``, or a job that
   lost its cluster while nannies reported memory restarts
   (``client.get_events("worker-restart-memory")``), becomes one line naming the
   workers, their limit, the partition and the same fix.
 
-Bytes one task needs, measured with ``benchmarks/bench_task_memory.py``: the
-growth of a fresh worker's peak resident set, once it has imported the tasks'
-modules (what :func:`check_memory` counts as in use), while it runs a job of one
-partition of rows x d (d = 128, 512, 2048; 2,000 to 100,000 rows):
-
-- linear encode (read, finite check, centred rows, product, zarr's encoded
-  chunk): 16 MiB plus 21 bytes per value for float32 input (5.0-5.6 x the
-  partition above 20,000 rows), 25 for float64 (3.0-3.1 x), whatever the
-  precision and output dtype;
-- kernel encode (rbf): 16 MiB plus, per row, 11 d + 30 r bytes for float32
-  input, 9 d + 33 r for float64 (r pivots, 128-1024); other kernels are assumed
-  alike;
-- linear fit: a task reads one sub-block (``parallel._sub_block_rows``: whole
-  chunks, at least min(d, 4096) rows) at a time: 4 MiB plus 10 bytes per value
-  of it for float32 with precision auto, 21 otherwise, plus its d x d float64
-  scatter; a merge task holds ``merge_fan_in`` d x d partials (from the code,
-  not measured).
+Bytes one task needs: :mod:`slem_dask.task_memory` (the estimates and their
+measurements with ``benchmarks/bench_task_memory.py``), re-exported here.
 
 Checked against real workers (one ``dask worker --memory-limit``, 135 MiB in use):
 at 200 MB, encode partitions of 3,000 rows x 512 float32 ran and 4,000 were
@@ -48,9 +32,9 @@ Partition rows do not change what a fit task holds: for a fit the fix is memory
 or smaller chunks. Search and evaluate are not estimated; their deaths are
 explained after the fact. A kernel fit's in-memory path holds its rows and
 factor rows on the workers for the whole fit: :func:`kernel_fit_bytes`
-estimates them (README's measurements with ``bench_memory.py``: 6.5-6.6 KB per
-row at d = 512, r = 256, float32, up to n = 2,000,000; 5.8 KB at d = 256),
-and ``KernelSLEM(strategy="auto")`` streams instead when they exceed the
+(:mod:`slem_dask.task_memory`) estimates them (README's measurements with
+``bench_memory.py``: 6.5-6.6 KB per row at d = 512, r = 256, float32, up to
+n = 2,000,000; 5.8 KB at d = 256), and ``KernelSLEM(strategy="auto")`` streams instead when they exceed the
 workers' memory (:func:`slem_dask.parallel_kernel_stream.choose_strategy`).
 """
 
@@ -63,6 +47,8 @@ import dataclasses
 import numpy as np
 
 from .integrity import IntegrityError
+from .task_memory import (KERNEL_FIT_ROW_OVERHEAD, MiB, encode_task_bytes,  # noqa: F401
+                          fit_task_bytes, kernel_fit_bytes)
 
 __all__ = ["WorkerMemoryError", "check_memory", "encode_task_bytes", "fit_task_bytes",
            "kernel_fit_bytes", "explain_failures"]
@@ -71,7 +57,6 @@ __all__ = ["WorkerMemoryError", "check_memory", "encode_task_bytes", "fit_task_b
 #: configuration does not say (distributed's default).
 TERMINATE = 0.95
 PAUSE = 0.8
-MiB = 2**20
 
 
 class WorkerMemoryError(IntegrityError):
@@ -120,40 +105,6 @@ def note_memory_remedy(text: str) -> None:
     _remedy.set(text)
 
 
-def encode_task_bytes(model, rows: int, d: int, dtype) -> tuple[float, int]:
-    """(bytes per row, fixed bytes) of one encode task (see the module's measurements)."""
-    itemsize = np.dtype(dtype).itemsize
-    rank = getattr(model, "rank_", None)
-    if rank is not None:  # a KernelSLEM: the kernel rows against r pivots dominate
-        per_row = (11 * d + 30 * rank) if itemsize <= 4 else (9 * d + 33 * rank)
-    else:
-        per_row = (21 if itemsize <= 4 else 25) * d
-    return float(per_row), 16 * MiB
-
-
-def fit_task_bytes(d: int, sub_rows: int, dtype, precision: str, fan_in: int) -> int:
-    """Bytes of one linear fit task (a statistics task or a merge, the larger)."""
-    per_value = 10 if np.dtype(dtype).itemsize <= 4 and precision == "auto" else 21
-    statistics = 4 * MiB + sub_rows * d * per_value + 8 * d * d
-    merge = fan_in * 8 * d * d
-    return int(max(statistics, merge))
-
-
-#: Bytes per row of an in-memory kernel fit beyond its row, its factor row twice (the
-#: factor buffer grows by doubling: old and new buffers coexist while a round persists)
-#: and its residual diagonal: fitted to bench_memory.py's peaks above the idle cluster
-#: at r = 256 (6.6 KB per row at d = 512, README; 5.8 KB at d = 256, n = 2e6).
-KERNEL_FIT_ROW_OVERHEAD = 600
-
-
-def kernel_fit_bytes(n: int, d: int, dtype, rank: int) -> int:
-    """Bytes the in-memory kernel fit holds on its workers, all of them together:
-    n x (d x itemsize + 16 r + 8 + KERNEL_FIT_ROW_OVERHEAD) (float32 rows stay float32,
-    any other dtype is held as float64)."""
-    itemsize = 4 if np.dtype(dtype) == np.float32 else 8
-    return int(n * (d * itemsize + 16 * rank + 8 + KERNEL_FIT_ROW_OVERHEAD))
-
-
 def _terminate_fraction() -> float | None:
     import dask
 
@@ -170,13 +121,16 @@ def _pause_fraction() -> float:
     return float(value) if value else PAUSE
 
 
-def _worker_memory(dask_worker=None) -> int:
-    # What the tasks import (slem_dask.pipeline: zarr, numcodecs, the models) is
-    # counted: a fresh worker grows from ~62 to ~135 MiB with it.
+def _worker_memory(task_modules: tuple = (), dask_worker=None) -> int:
+    # What the tasks import (the job's modules, e.g. slem_dask.pipeline: zarr, numcodecs,
+    # the models) is counted: a fresh worker grows from ~62 to ~135 MiB with it. The job
+    # names them, so that this module imports nothing above it.
+    import importlib
+
     import psutil
 
-    import slem_dask.pipeline  # noqa: F401
-
+    for name in task_modules:
+        importlib.import_module(name)
     return int(psutil.Process().memory_info().rss)
 
 
@@ -205,9 +159,10 @@ def _in_process_workers(client) -> dict:
     return found
 
 
-def check_memory(client, plan: Plan, n_tasks: int) -> None:
+def check_memory(client, plan: Plan, n_tasks: int, task_modules: tuple = ()) -> None:
     """Refuse a job whose tasks cannot fit in its workers (see the module); record
-    ``plan`` for :func:`explain_failures`."""
+    ``plan`` for :func:`explain_failures`. ``task_modules``: the names of the modules
+    the job's tasks import, imported on each worker before its memory is measured."""
     _plan.set(plan)
     fraction = _terminate_fraction()
     if client is None or n_tasks <= 0:
@@ -218,7 +173,7 @@ def check_memory(client, plan: Plan, n_tasks: int) -> None:
     limited.update(in_process)
     if not limited:
         return
-    used = client.run(_worker_memory, workers=list(limited))
+    used = client.run(_worker_memory, tuple(task_modules), workers=list(limited))
     # measured even when there is no threshold to check against: the rows suggested
     # after workers die for memory must pass the check that the next run makes
     plan.in_use = max(used.values(), default=0)

@@ -10,7 +10,8 @@ import pytest
 
 from slem_dask import search
 from slem_dask.core import ranking
-from slem_dask.core.ranking import exact_topk_search, topk_search
+from slem_dask.core.candidates import topk_search
+from slem_dask.core.ranking import exact_topk_search
 
 
 def sequential_scores(queries, database):

@@ -340,7 +340,7 @@ def test_search_memory_is_bounded_over_queries():
 
 
 def test_topk_search_blocks_equal_one_block():
-    from slem_dask.core.ranking import topk_search
+    from slem_dask.core.candidates import topk_search
 
     rng = np.random.default_rng(3)
     q, db = integer_rows(rng, 70, 3), integer_rows(rng, 500, 3)  # many exact ties

@@ -9,8 +9,7 @@ import pytest
 from reference import brute_force_topk
 from slem_dask import search
 from slem_dask.core import candidates
-from slem_dask.core.candidates import row_norm_bounds, score_error_factor
-from slem_dask.core.ranking import topk_search
+from slem_dask.core.candidates import row_norm_bounds, score_error_factor, topk_search
 
 STEP = 2.0**-20  # grid of the "hard" rows: |x| < 8 on it has at most 23 bits
 

@@ -26,7 +26,7 @@ import numpy as np
 
 from .ranking import exact_topk_search, rescore_and_rank
 
-__all__ = ["candidate_topk", "score_error_factor", "row_norm_bounds"]
+__all__ = ["topk_search", "candidate_topk", "score_error_factor", "row_norm_bounds"]
 
 _U32 = 2.0**-24  # unit roundoff of float32
 _U64 = 2.0**-53
@@ -252,3 +252,18 @@ def candidate_topk(queries, database, k: int, offset: int = 0,
                                  block_bytes=block_bytes)
         scores[i + slow], indices[i + slow] = part
     return scores, indices
+
+
+def topk_search(queries, database, k: int, offset: int = 0, block_bytes: int | None = None,
+                database_rows: int | None = None, on_nonfinite=None,
+                stats: dict | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Top-k database rows of every query by inner product: float64 scores, ties to the
+    lower index, (scores, indices + offset) each (len(queries), min(k, len(database))).
+
+    Float32 candidates and a float64 re-score of those that can matter (this module),
+    the same result as :func:`slem_dask.core.ranking.exact_topk_search` at a fraction
+    of its cost. ``block_bytes`` None (or 0): :data:`SCORE_BLOCK_BYTES`.
+    """
+    return candidate_topk(queries, database, k, offset,
+                          block_bytes=block_bytes or SCORE_BLOCK_BYTES,
+                          database_rows=database_rows, on_nonfinite=on_nonfinite, stats=stats)

@@ -1,5 +1,8 @@
 """Exact top-k and average precision, in numpy.
 
+The float32-candidate search (:func:`slem_dask.core.candidates.topk_search`) is
+built on this module's exact path and re-score; this module imports nothing from it.
+
 Ranking order everywhere: higher score first, ties broken by lower database
 index, so results do not depend on how the database is split into blocks.
 """
@@ -10,7 +13,7 @@ import numpy as np
 
 from .dots import blas_gap, float64_norm_bounds, pair_scores
 
-__all__ = ["block_topk", "merge_topk", "rank_rows", "topk_search", "exact_topk_search",
+__all__ = ["block_topk", "merge_topk", "rank_rows", "exact_topk_search",
            "settled_ranking", "rescore_and_rank", "average_precision", "as_id_array"]
 
 #: Bytes of float64 scores one step of :func:`exact_topk_search` holds (block_topk needs a
@@ -90,23 +93,6 @@ def _in_ranking_order(scores: np.ndarray, indices: np.ndarray) -> bool:
     before, after = scores[:, :-1], scores[:, 1:]
     return bool(((after < before) | ((after == before) & (indices[:, 1:] > indices[:, :-1])))
                 .all())
-
-
-def topk_search(queries, database, k: int, offset: int = 0, block_bytes: int | None = None,
-                database_rows: int | None = None, on_nonfinite=None,
-                stats: dict | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """Top-k database rows of every query by inner product: float64 scores, ties to the
-    lower index, (scores, indices + offset) each (len(queries), min(k, len(database))).
-
-    Float32 candidates and a float64 re-score of those that can matter
-    (:mod:`slem_dask.core.candidates`), the same result as
-    :func:`exact_topk_search` at a fraction of its cost.
-    """
-    from .candidates import SCORE_BLOCK_BYTES as CANDIDATE_BLOCK_BYTES, candidate_topk
-
-    return candidate_topk(queries, database, k, offset,
-                          block_bytes=block_bytes or CANDIDATE_BLOCK_BYTES,
-                          database_rows=database_rows, on_nonfinite=on_nonfinite, stats=stats)
 
 
 def blas_scores(queries: np.ndarray, database: np.ndarray) -> np.ndarray:

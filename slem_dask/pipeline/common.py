@@ -105,6 +105,10 @@ class JobFailed(integrity.IntegrityError):
     not see the same storage, a store taken over); the message says what is kept."""
 
 
+#: What the jobs' tasks import (zarr, numcodecs, the models): workers.check_memory imports
+#: it on each worker before measuring what the worker holds, as a task's worker would.
+TASK_MODULES = ("slem_dask.pipeline",)
+
 #: Errors that mean the connection to the cluster is gone, not that the data is bad.
 _LOST = (CancelledError, CommClosedError, ConnectionError, TimeoutError)
 

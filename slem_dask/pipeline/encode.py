@@ -84,7 +84,7 @@ def encode_job(client, model_path: str, positives: str, out: str, dtype: str | N
                             integrity.unit_rows(arr), resumed=head is not None)
         inputs = integrity.partition_fingerprints(arr, positives, "positives", rows)
         if head is None:  # a new output: before anything is written
-            workers.check_memory(client, plan, n_parts)
+            workers.check_memory(client, plan, n_parts, common.TASK_MODULES)
         storage.replace_legacy(out, "output")  # only reached with --overwrite
         store = versions.VersionedStore(out)
         draft = store.begin()  # this job's own version folder, invisible until committed
@@ -131,7 +131,7 @@ def encode_job(client, model_path: str, positives: str, out: str, dtype: str | N
                 else "verified"
         if head is not None and todo:  # only what this update computes must fit
             try:
-                workers.check_memory(client, plan, len(todo))
+                workers.check_memory(client, plan, len(todo), common.TASK_MODULES)
             except workers.WorkerMemoryError:
                 store.abandon(draft)
                 raise

@@ -3,9 +3,7 @@ fits in :mod:`.kernel_fit`), saved as a new committed version of the model store
 
 from __future__ import annotations
 
-import contextlib
 import time
-import warnings
 
 from .. import integrity, storage, workers
 from ..integrity import canonical
@@ -17,13 +15,11 @@ from ..validation import (DEFAULT_LAM, DegenerateNegativesWarning, LambdaScaleWa
                           parse_lam)
 
 from . import common
-from .common import JobFailed, JobReport, _LOST, _detail, _lost_cluster, _threads
-
-
-#: KernelSLEM parameters as `slem-dask fit` names them (--seed sets random_state): reports
-#: and remedies speak the command line's names, the library keeps its own.
-KERNEL_OPTIONS = {"kernel": "kernel", "gamma": "gamma", "degree": "degree", "lam": "lam",
-                  "rank": "rank", "pivoting": "pivoting", "tol": "tol", "random_state": "seed"}
+from .common import JobReport, _threads
+from .fit_steps import (KERNEL_OPTIONS, _fit_errors, _open_negatives,
+                        _save_fitted, _warnings_naming, check_same_params, model_bytes,
+                        nothing_written)
+from .kernel_fit import _fit_kernel_job
 
 
 def fit_job(client, negatives: str, model_path: str, lam: float | str | None = None,
@@ -59,7 +55,6 @@ def fit_job(client, negatives: str, model_path: str, lam: float | str | None = N
         lam = _stored_lam(model_path)  # an update keeps the model's lambda, as it was given
     lam = kernel_lam(lam) if kernel is not None else DEFAULT_LAM if lam is None else lam
     if kernel is not None:
-        from .kernel_fit import _fit_kernel_job  # it imports this module's helpers
         return _fit_kernel_job(client, negatives, model_path, KernelSLEM(
             kernel=kernel, gamma=gamma, degree=degree, lam=lam, rank=rank, pivoting=pivoting,
             tol=tol, random_state=seed, strategy=kernel_memory), partition_rows, overwrite,
@@ -106,7 +101,7 @@ def fit_job(client, negatives: str, model_path: str, lam: float | str | None = N
         workers.check_memory(client, workers.Plan(
             "fit", "negatives", rows, d, str(arr.dtype), workers.fit_task_bytes(
                 d, _sub_block_rows(arr, rows), arr.dtype, precision, merge_fan_in(d)),
-            0.0, 0, integrity.unit_rows(arr)), -(-(n - start) // rows))
+            0.0, 0, integrity.unit_rows(arr)), -(-(n - start) // rows), common.TASK_MODULES)
         t1 = time.perf_counter()
         with _fit_errors(negatives, model_path):
             stats = (common._compute(client, store_statistics(arr, rows, precision,
@@ -150,21 +145,6 @@ def _up_to_date(model_path, negatives, arr, model) -> bool:
         load_model(model_path).get_params() == model.get_params()
 
 
-@contextlib.contextmanager
-def _fit_errors(negatives, model_path):
-    """A fit's compute errors, said once: bad rows name the negatives, a lost cluster
-    says that the model is as before; damaged chunks already name themselves."""
-    try:
-        yield
-    except integrity.DamagedStoreError:
-        raise
-    except ValueError as exc:  # e.g. NaN rows, negative histogram values: say which input
-        raise ValueError(f"negatives {str(negatives)!r}: {_detail(exc)}") from None
-    except _LOST as exc:
-        raise _lost_cluster(exc, f"{nothing_written(model_path)}: run the same command "
-                                 f"again") from None
-
-
 #: Kernel SLEM's lambda when none is given (in the kernel's units: k(x, x) = 1 for rbf).
 KERNEL_LAM = 1e-3
 
@@ -189,88 +169,6 @@ def _stored_lam(model_path):
         return (storage.read_model_meta(model_path).get("params") or {}).get("lam")
     except Exception:  # noqa: BLE001 - no model there: the fit says so itself
         return None
-
-
-def nothing_written(model_path) -> str:
-    return f"no model was written ({str(model_path)!r} is as before)"
-
-
-def model_bytes(model, d: int) -> int:
-    """The bytes a model's store takes (its arrays; an estimate before it is fitted:
-    a linear model holds two d x d float64 matrices)."""
-    try:
-        return int(sum(getattr(a, "nbytes", 0) for a in model._state()[1].values()))
-    except Exception:  # noqa: BLE001 - not fitted yet
-        return 2 * 8 * d * d + 8 * d
-
-
-@contextlib.contextmanager
-def _warnings_naming(negatives, report, category):
-    """Warnings of ``category`` raised in the block, said once naming the negatives' store
-    and kept in the report; other warnings pass as they were."""
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always", category)
-        yield
-    for warning in caught:
-        if issubclass(warning.category, category):
-            warning.message = f"negatives {str(negatives)!r}: {warning.message}"
-            report.facts["warning"] = warning.message
-        warnings.warn(warning.message, warning.category, stacklevel=3)
-
-
-def _save_fitted(model, arr, negatives, model_path, seen: str, lease) -> str:
-    """Save a fitted model under the job's lease, unless its negatives changed while
-    they were read (``seen``: their fingerprint before); return its fingerprint."""
-    if integrity.rows_fingerprint(arr, negatives, "negatives", int(arr.shape[0])) != seen:
-        raise JobFailed(
-            f"the negatives {str(negatives)!r} changed while this fit read them; nothing "
-            f"was written: run the fit again once the negatives are no longer being written")
-    fp = model.save(model_path, overwrite=True, lease=lease,
-                    metadata={"source": negatives.url, "negatives_fingerprint": seen,
-                              "source_version": storage.read_version(arr, negatives, seen)})
-    model._mark_fitted_on(seen)  # its identity: these negatives, not its last bits
-    return fp
-
-
-def _open_negatives(negatives, model_path, overwrite: bool, update: bool,
-                    repivot: bool = False):
-    """Checks shared by every fit, before any data is read: (zarr array, model exists).
-    ``repivot`` (kernel): an update that reads all rows again, whatever the stored ones."""
-    negatives, model_path = canonical(negatives), canonical(model_path)
-    storage.check_distinct(model_path, "--model", {"negatives": negatives})
-    exists = storage._exists(model_path)
-    if exists:
-        integrity.check_may_replace(model_path, "model store", kind="model")
-    if exists and not (overwrite or update):
-        raise FileExistsError(
-            f"model store {str(model_path)!r} already exists; pass --overwrite to replace "
-            f"it, or --update to add the negatives appended since it was fitted")
-    arr = storage.open_input(negatives, "negatives")
-    if arr.shape[0] < 2:
-        raise ValueError(
-            f"negatives: {str(negatives)!r} has shape {arr.shape}; at least 2 rows are needed")
-    if exists and update and not (overwrite or repivot):  # from metadata: before a cluster
-        refused = common.update_refusal(model_path, storage.read_model_meta(model_path),
-                                        negatives, arr)
-        if refused:
-            raise ValueError(refused)
-    return arr, exists
-
-
-def check_same_params(model, meta: dict, model_path, flag: str) -> None:
-    """Refuse to update a stored model with other parameters than its own (lam, theta,
-    gamma ...; not the execution ones): the merged statistics would be saved under the
-    new ones, and every output encoded with the stored model would no longer match it."""
-    given = storage.json_params(model.get_params())
-    stored = meta.get("params") or {}
-    differ = {k: v for k, v in given.items()
-              if k not in model._execution_params and stored.get(k) != v}
-    if differ:
-        diff = ", ".join(f"{k}: stored {stored.get(k)!r}, given {v!r}" for k, v in differ.items())
-        raise FileExistsError(
-            f"model store {str(model_path)!r} holds a {meta['model']} with other parameters "
-            f"({diff}); {flag} keeps parameters: give the stored values, or pass --overwrite "
-            f"to refit with the new ones")
 
 
 def _previous_statistics(model_path, negatives, arr, model) -> ScatterStats:

@@ -18,8 +18,8 @@ from ..parallel_kernel_stream import (UNBOUNDED_RANK_ESTIMATE, KernelMemoryWarni
 from ..workers import kernel_fit_bytes, note_memory_remedy
 
 from .common import JobReport, full_disk_said, hint_small_chunks, size_text, update_refusal
-from .fit import (KERNEL_OPTIONS, _fit_errors, _open_negatives, _save_fitted, check_same_params,
-                  _warnings_naming, model_bytes, nothing_written)
+from .fit_steps import (KERNEL_OPTIONS, _fit_errors, _open_negatives, _save_fitted,
+                        _warnings_naming, check_same_params, model_bytes, nothing_written)
 
 
 def _print_round(round_no: int, n_pivots: int, trace_error: float) -> None:
