@@ -168,7 +168,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="slem-dask",
         description="Square-loss exemplar machines for image retrieval, on Dask. "
-                    "PATH arguments are zarr v3 arrays: a local path or an fsspec URL.")
+                    "PATH arguments are descriptors as zarr v3 or v2 arrays, .npy files or folders of "
+                    ".npy shards, HDF5 (FILE.h5:/dataset) or .fvecs/.bvecs/.ivecs: a local path, "
+                    "or for zarr an object store URL (s3://, gs://, az://).")
     parser.add_argument("--version", action="version", version=f"slem-dask {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
@@ -187,7 +189,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_cluster_args(p)
 
     p = sub.add_parser("fit", help="fit a linear (or, with --kernel, kernel) SLEM model on "
-                       "negatives stored in zarr")
+                       "negatives (zarr, .npy, HDF5, TEXMEX)")
     p.add_argument("--negatives", required=True, metavar="PATH",
                    help="descriptors (n, d) of negatives: a zarr array (e.g. "
                         "corpus.zarr/negatives), .npy, a folder or quoted glob of .npy "
@@ -213,7 +215,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_partition_arg(p)
     _add_cluster_args(p)
 
-    p = sub.add_parser("encode", help="encode positives stored in zarr with a fitted model")
+    p = sub.add_parser("encode", help="encode positives (zarr, .npy, HDF5, TEXMEX) with a fitted model")
     p.add_argument("--model", required=True, metavar="PATH", help="model written by `fit`")
     p.add_argument("--positives", required=True, metavar="PATH",
                    help="descriptors (m, d) to encode, in any input format of fit --negatives")
