@@ -57,3 +57,21 @@ def assert_same_kernel_fit(got, ref) -> None:
     for name in ("pivot_factor_", "factor_mean_", "factor_scatter_", "g_factor_"):
         np.testing.assert_allclose(getattr(got, name), getattr(ref, name), rtol=1e-8,
                                    atol=1e-12, err_msg=name)
+
+
+def scheduler_address(sched_file: Path, timeout: float = 60.0) -> str:
+    """The address a ``dask scheduler --scheduler-file`` wrote, once the file is whole:
+    dask writes it in place, so under load a reader can find it existing but empty or
+    half written (a JSONDecodeError in one of 20 runs with both cores busy)."""
+    import json
+    import time
+
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            return json.loads(Path(sched_file).read_text())["address"]
+        except (FileNotFoundError, ValueError, KeyError):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"no scheduler address in {sched_file} after "
+                                   f"{timeout:.0f} s") from None
+            time.sleep(0.1)

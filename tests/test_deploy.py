@@ -4,14 +4,14 @@ well-formed, and TLS works on a real local scheduler and worker."""
 
 import configparser
 import importlib.util
-import json
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
 import pytest
+
+from helpers import scheduler_address
 import yaml
 import zarr
 
@@ -136,10 +136,7 @@ def test_cli_over_tls_with_generated_certificates(tmp_path):
          "--port", "0", "--no-dashboard", "--scheduler-file", str(sched_file), *tls],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)]
     try:
-        deadline = time.time() + 60
-        while not sched_file.exists() and time.time() < deadline:
-            time.sleep(0.2)
-        address = json.loads(sched_file.read_text())["address"]
+        address = scheduler_address(sched_file)
         assert address.startswith("tls://")
         procs.append(subprocess.Popen(
             [str(BIN / "dask"), "worker", address, "--nthreads", "1", "--no-dashboard",

@@ -3,7 +3,6 @@
 worker, the client or the scheduler killed), resume, concurrency, relative paths, a
 worker that does not see the storage, a full disk."""
 
-import json
 import os
 import signal
 import subprocess
@@ -15,7 +14,7 @@ import numpy as np
 import pytest
 import zarr
 
-from helpers import head
+from helpers import head, scheduler_address
 from slem_dask.storage import versions
 
 from slem_dask import LinearSLEM, load_model, storage
@@ -44,10 +43,7 @@ def _start_cluster(tmp, n_workers=2, extra_worker_prefix=None):
         sched_file.unlink()
     scheduler = _start(["scheduler", "--host", "127.0.0.1", "--port", "0", "--no-dashboard",
                         "--scheduler-file", str(sched_file)], cwd=elsewhere)
-    deadline = time.time() + 60
-    while not sched_file.exists() and time.time() < deadline:
-        time.sleep(0.2)
-    address = json.loads(sched_file.read_text())["address"]
+    address = scheduler_address(sched_file)
     args = ["worker", address, "--nthreads", "1", "--no-nanny", "--no-dashboard",
             "--host", "127.0.0.1"]
     workers = [_start([*args, "--name", f"w{i}"], cwd=elsewhere) for i in range(n_workers)]

@@ -4,7 +4,6 @@ real `dask scheduler` and `dask worker` processes: the command line says so in o
 Intervals are shortened through $SLEM_DASK_STALL_WARNING and $SLEM_DASK_WATCH_INTERVAL.
 """
 
-import json
 import os
 import re
 import signal
@@ -15,6 +14,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+
+from helpers import scheduler_address
 import zarr
 
 from slem_dask import LinearSLEM, storage
@@ -32,10 +33,7 @@ def _start_cluster(tmp, worker_args, n_workers):
         [str(BIN / "dask"), "scheduler", "--host", "127.0.0.1", "--port", "0",
          "--no-dashboard", "--scheduler-file", str(sched_file)],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)]
-    deadline = time.time() + 60
-    while not sched_file.exists() and time.time() < deadline:
-        time.sleep(0.1)
-    address = json.loads(sched_file.read_text())["address"]
+    address = scheduler_address(sched_file)
     for i in range(n_workers):
         procs.append(subprocess.Popen(
             [str(BIN / "dask"), "worker", address, "--nthreads", "1", "--no-dashboard",
