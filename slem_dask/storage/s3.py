@@ -24,6 +24,7 @@ import os
 import threading
 
 from .backend import Backend
+from .cloud import chain as _chain  # an exception and those it was raised from
 
 __all__ = ["S3Backend"]
 
@@ -104,12 +105,6 @@ def _filesystem(options: dict):
         return fs
 
 
-def _chain(exc: BaseException | None):
-    seen = set()
-    while exc is not None and id(exc) not in seen:
-        seen.add(id(exc))
-        yield exc
-        exc = exc.__cause__ or exc.__context__
 
 
 class S3Backend(Backend):
