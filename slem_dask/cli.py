@@ -488,10 +488,13 @@ def _interrupted(args) -> int:
               f"after the job had finished: what it wrote above is complete",
               file=sys.stderr)
         return 130
-    if args.command == "encode":  # the interrupt may come after the job marked it complete
+    head_before = getattr(args, "head_before", None)
+    # the interrupt may come after the job committed its output: complete only if this
+    # job's commit moved the head past the one it began from (unknown: not begun)
+    if args.command == "encode" and head_before is not None:
         from .storage import marked_complete
 
-        if marked_complete(args.out, after=getattr(args, "head_before", None)):
+        if marked_complete(args.out, after=head_before):
             print(f"slem-dask encode: interrupted after the output was finished: "
                   f"{args.out!r} is complete (`slem-dask verify {args.out}` checks it again)",
                   file=sys.stderr)

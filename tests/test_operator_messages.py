@@ -632,3 +632,73 @@ def test_a_full_disk_in_any_other_command_is_one_line_naming_what_it_writes(
         f"slem-dask demo: error: no space left on the storage of {str(workdir)!r} (No space "
         f"left on device; "), err
     assert "[Errno 28]" not in err and "or write to another path" in err
+
+
+# -- walkthrough defects: file inputs, an early Ctrl-C, a re-run on empty positives -------
+def test_inputs_read_by_row_ranges_get_no_rechunk_hint_and_chunked_hdf5_does(tmp_path):
+    h5py = pytest.importorskip("h5py")
+    from slem_dask import storage
+    from slem_dask.storage.chunks import small_chunks_hint
+
+    rows = np.random.default_rng(2).standard_normal((1500, 8)).astype("float32")
+    np.save(tmp_path / "neg.npy", rows)
+    with open(tmp_path / "neg.fvecs", "wb") as f:
+        np.hstack([np.full((1500, 1), 8, "int32").view("float32"), rows]).tofile(f)
+    with h5py.File(tmp_path / "neg.h5", "w") as f:
+        f.create_dataset("contiguous", data=rows)
+        f.create_dataset("tiny", data=rows, chunks=(1, 8))
+    for name in ("neg.npy", "neg.fvecs", "neg.h5:/contiguous"):
+        arr = storage.open_input(str(tmp_path / name), "negatives")
+        assert small_chunks_hint(arr, "negatives", tmp_path / name) is None, name
+    tiny = storage.open_input(str(tmp_path / "neg.h5:/tiny"), "negatives")
+    assert "1,500 chunks of 1 row(s)" in small_chunks_hint(tiny, "negatives", "neg.h5")
+
+
+def test_a_fit_on_an_npy_file_gives_no_rechunk_hint(capsys, scheduler, tmp_path):
+    import warnings
+
+    from slem_dask.storage.chunks import SmallChunksWarning
+
+    np.save(tmp_path / "neg.npy",
+            np.random.default_rng(3).standard_normal((1500, 8)).astype("float32"))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", SmallChunksWarning)
+        code, out, err = cli(capsys, scheduler, "fit", "--negatives", tmp_path / "neg.npy",
+                             "--model", tmp_path / "m.zarr")
+    assert code == 0 and "hint" not in out and "rechunk" not in err, out + err
+
+
+def test_ctrl_c_before_the_job_began_does_not_call_the_old_output_complete(
+        capsys, scheduler, corpus, monkeypatch):
+    out = corpus["dir"] / "codes.zarr"
+    assert _encode(capsys, scheduler, corpus, out)[0] == 0  # version 1, complete
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(pipeline, "check_encode_inputs", interrupted)
+    code, _, err = _encode(capsys, scheduler, corpus, out)
+    assert code == 130
+    assert "is complete" not in err, err
+    assert err == (f"slem-dask encode: interrupted; nothing was committed and no partition "
+                   f"had been written (readers still see version 1): run the same command "
+                   f"again to encode\n")
+
+
+@pytest.mark.parametrize("fmt", ["npy", "zarr"])
+def test_a_rerun_on_empty_positives_is_up_to_date(capsys, scheduler, corpus, fmt):
+    from slem_dask import storage
+
+    if fmt == "npy":
+        empty = str(corpus["dir"] / "empty.npy")
+        np.save(empty, np.zeros((0, 8), "float32"))
+    else:
+        empty = _empty(corpus["dir"] / "empty.zarr")
+    out = corpus["dir"] / "codes.zarr"
+    args = ("encode", "--model", corpus["model"], "--positives", empty, "--out", out)
+    with pytest.warns(UserWarning, match="have no rows"):
+        assert cli(capsys, scheduler, *args)[0] == 0
+        code, stdout, err = cli(capsys, scheduler, *args)
+    assert code == 0, err
+    assert re.search(r"action +up to date", stdout), stdout + err
+    assert storage.read_all(out).shape == (0, 8)

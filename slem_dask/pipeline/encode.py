@@ -215,7 +215,7 @@ def _up_to_date(model, model_path, positives, out, dtype, partition_rows, on_mod
     if not meta or not meta.get("complete") \
             or meta.get("model_fingerprint") not in (model.identity_, model.fingerprint_):
         return None
-    arr = storage.open_input(positives, "positives")
+    arr = storage.open_input(positives, "positives", empty_ok=True)  # 0 rows: empty output
     rows, n_rows = int(existing.chunks[0]), int(arr.shape[0])
     width = int(getattr(model, "rank_", arr.shape[1]))
     out_dtype = np.dtype(dtype) if dtype is not None else existing.dtype
@@ -262,7 +262,7 @@ def _head_current(head, inputs: list[str], n_parts: int) -> bool:
 def _output_bytes(model, positives) -> int:
     """About the bytes of an encoding of ``positives`` (float32, before the dtype is
     known)."""
-    arr = storage.open_input(positives, "positives")
+    arr = storage.open_input(positives, "positives", empty_ok=True)
     return 4 * int(arr.shape[0]) * int(getattr(model, "rank_", arr.shape[1]))
 
 

@@ -404,7 +404,10 @@ class SmallChunksWarning(UserWarning):
 
 def small_chunks_hint(arr, name: str, path) -> str | None:
     """A hint to rechunk the input ``arr`` (``name`` at ``path``) when it is stored in
-    more than MANY_UNITS units of under SMALL_UNIT_BYTES each; None otherwise."""
+    more than MANY_UNITS units of under SMALL_UNIT_BYTES each; None otherwise (and for
+    a file read by row ranges: .npy, fvecs, bvecs, contiguous HDF5)."""
+    if not getattr(arr, "stored_in_chunks", True):
+        return None
     rows, n, d = unit_rows(arr), int(arr.shape[0]), int(arr.shape[1])
     row_bytes = max(1, d * np.dtype(arr.dtype).itemsize)
     units = -(-n // max(1, rows))

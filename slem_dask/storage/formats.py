@@ -64,6 +64,9 @@ class FileArray:
     dtype: np.dtype  # native byte order: what reads return
     unit: int = 1  # rows read whole (an HDF5 dataset's chunk rows)
     dataset: str | None = None  # hdf5
+    #: whether the storage itself is in chunks (a chunked HDF5 dataset); npy, fvecs,
+    #: bvecs and contiguous HDF5 are read by row ranges, whatever ``unit`` says
+    stored_in_chunks: bool = False
 
     ndim = 2
     shards = None  # no zarr shards: reads are whole rows of files
@@ -397,7 +400,8 @@ def _open_hdf5(path: StorePath, file: str, dataset: str | None, name: str) -> Fi
         unit = int(node.chunks[0]) if node.chunks else 1
         part = _part(file, 0, int(node.shape[0]))
         return FileArray("hdf5", path.url, (part,), tuple(int(s) for s in node.shape),
-                         node.dtype.newbyteorder("="), unit, dataset)
+                         node.dtype.newbyteorder("="), unit, dataset,
+                         stored_in_chunks=node.chunks is not None)
 
 
 def _open_texmex(path: StorePath, file: str, fmt: str, name: str) -> FileArray:
