@@ -680,9 +680,9 @@ def test_ctrl_c_before_the_job_began_does_not_call_the_old_output_complete(
     code, _, err = _encode(capsys, scheduler, corpus, out)
     assert code == 130
     assert "is complete" not in err, err
-    assert err == (f"slem-dask encode: interrupted; nothing was committed and no partition "
-                   f"had been written (readers still see version 1): run the same command "
-                   f"again to encode\n")
+    assert err == ("slem-dask encode: interrupted; nothing was committed and no partition "
+                   "had been written (readers still see version 1): run the same command "
+                   "again to encode\n")
 
 
 @pytest.mark.parametrize("fmt", ["npy", "zarr"])
