@@ -425,3 +425,12 @@ def test_cli_encodes_a_zarr_v2_array(scheduler, tmp_path, capsys, inputs, data):
     assert code == 0, err
     np.testing.assert_allclose(storage.read_all(str(tmp_path / "codes.zarr")),
                                load_model(model).transform(data), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("content", [b"hello", b"hello, not an array at all"])
+def test_a_corrupt_npy_file_is_named_as_not_a_valid_npy_file(tmp_path, content):
+    (tmp_path / "bad.npy").write_bytes(content)
+    with pytest.raises(ValueError, match=r"^positives: '.*bad\.npy' is not a valid \.npy file "
+                                         r"\(.*magic string.*\): write it with np\.save") as info:
+        storage.open_input(str(tmp_path / "bad.npy"), "positives")
+    assert "\n" not in str(info.value)
