@@ -161,3 +161,26 @@ def test_fit_and_encode_with_worker_processes(cloud):
                  "--partition-rows", "40", *common]) == 0
     np.testing.assert_array_equal(storage.read_all(out), _expected(model, cloud["pos"]))
     assert storage.verify(out)[1] == []
+
+
+def test_python_reads_leave_nothing_on_stderr_at_exit(cloud, tmp_path):
+    """Reading an output from Python (open_zarr, open_dataset) and exiting prints no
+    traceback: gcsfs closed its session on another loop than its own at exit."""
+    import os
+    import subprocess
+    import sys
+
+    import slem_dask
+
+    model, out = str(tmp_path / "model.zarr"), f"{cloud['root']}/out.zarr"
+    LinearSLEM(lam=0.1).fit(cloud["neg"]).save(model)
+    pipeline.encode_job(None, model, f"{cloud['root']}/pos.zarr", out, partition_rows=40)
+    code = (f"import slem_dask; print(slem_dask.open_zarr({out!r}).shape); "
+            f"print(slem_dask.open_dataset({out!r}).encodings.shape)")
+    root = os.path.dirname(os.path.dirname(os.path.abspath(slem_dask.__file__)))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([root, os.environ.get("PYTHONPATH", "")])}
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0 and done.stdout.split("\n")[:2] == ["(200, 8)", "(200, 8)"], \
+        done.stderr
+    assert done.stderr == ""

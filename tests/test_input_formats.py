@@ -374,14 +374,36 @@ def test_no_output_replaces_or_nests_in_a_file_input(tmp_path, data):
     with h5py.File(tmp_path / "x.h5", "w") as f:
         f["emb"] = data
     write_shards(tmp_path / "shards", data)
+    shard = sorted(os.listdir(tmp_path / "shards"))[0]
     for source, target in ((f"{tmp_path}/x.h5:/emb", f"{tmp_path}/x.h5"),
-                           (f"{tmp_path}/shards/*.npy", f"{tmp_path}/shards/codes.zarr"),
-                           (f"{tmp_path}/shards", f"{tmp_path}/shards/codes.zarr")):
+                           (f"{tmp_path}/shards/*.npy", f"{tmp_path}/shards/{shard}"),
+                           (f"{tmp_path}/shards/*.npy", f"{tmp_path}/shards")):
         with pytest.raises(ValueError, match=r"--out .* the positives .*writing it would "
                                              r"destroy the input"):
             storage.check_distinct(target, "--out", {"positives": source})
     storage.check_distinct(f"{tmp_path}/codes.zarr", "--out",
                            {"positives": f"{tmp_path}/x.h5:/emb"})
+
+
+def test_a_glob_input_is_the_files_it_matches(tmp_path, data):
+    """An output beside the matched files is allowed; one the glob would match is not
+    (a later run would read it); one inside a folder of shards adds files to it."""
+    write_shards(tmp_path / "shards", data)
+    glob_input = {"positives": f"{tmp_path}/shards/*.npy"}
+    storage.check_distinct(f"{tmp_path}/shards/codes.zarr", "--out", glob_input)
+    with pytest.raises(ValueError, match=r"--out .*shards/new\.npy' matches the positives "
+                                         r"glob .*a later run would read it"):
+        storage.check_distinct(f"{tmp_path}/shards/new.npy", "--out", glob_input)
+    with pytest.raises(ValueError, match=r"is inside the positives folder of \.npy shards "
+                                         r".*writing it would add files to that input"):
+        storage.check_distinct(f"{tmp_path}/shards/codes.zarr", "--out",
+                               {"positives": f"{tmp_path}/shards"})
+
+
+def test_a_glob_matching_nothing_says_so_before_any_overlap(tmp_path):
+    with pytest.raises(FileNotFoundError, match=r"negatives: no file matches .*nomatch\*"):
+        storage.check_distinct(f"{tmp_path}/model.zarr", "--model",
+                               {"negatives": f"{tmp_path}/nomatch*.npy"})
 
 
 def test_file_arrays_index_as_numpy(inputs):
@@ -403,3 +425,12 @@ def test_cli_encodes_a_zarr_v2_array(scheduler, tmp_path, capsys, inputs, data):
     assert code == 0, err
     np.testing.assert_allclose(storage.read_all(str(tmp_path / "codes.zarr")),
                                load_model(model).transform(data), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("content", [b"hello", b"hello, not an array at all"])
+def test_a_corrupt_npy_file_is_named_as_not_a_valid_npy_file(tmp_path, content):
+    (tmp_path / "bad.npy").write_bytes(content)
+    with pytest.raises(ValueError, match=r"^positives: '.*bad\.npy' is not a valid \.npy file "
+                                         r"\(.*magic string.*\): write it with np\.save") as info:
+        storage.open_input(str(tmp_path / "bad.npy"), "positives")
+    assert "\n" not in str(info.value)

@@ -304,6 +304,23 @@ def test_export_to_zarr_and_npy_round_trips(corpus, codes, capsys):
     assert "never replaces" in capsys.readouterr().err
 
 
+def test_export_creates_the_folders_of_a_npy_as_of_a_zarr(corpus, codes, capsys):
+    for name in ("sub/dir/x.npy", "sub2/dir/x.zarr"):
+        assert main(["export", str(codes), "--to", str(corpus["dir"] / name)]) == 0, \
+            capsys.readouterr().err
+    np.testing.assert_array_equal(np.load(corpus["dir"] / "sub/dir/x.npy"),
+                                  zarr.open(str(corpus["dir"] / "sub2/dir/x.zarr"),
+                                            mode="r")[...])
+    assert [f for f in os.listdir(corpus["dir"] / "sub/dir")] == ["x.npy"]  # no .partial
+
+
+def test_export_refuses_a_target_neither_zarr_nor_npy(corpus, codes, capsys):
+    assert main(["export", str(codes), "--to", str(corpus["dir"] / "x.txt")]) == 1
+    err = capsys.readouterr().err
+    assert "x.txt' ends neither in .zarr nor in .npy" in err and len(err.splitlines()) == 1
+    assert not (corpus["dir"] / "x.txt").exists()
+
+
 def test_export_of_a_model_loads_and_nothing_foreign_is_replaced(corpus, capsys):
     out = corpus["dir"] / "model-plain.zarr"
     assert main(["export", corpus["model"], "--to", str(out)]) == 0

@@ -36,8 +36,11 @@ def export(path, to, version: int | None = None, overwrite: bool = False) -> dic
     """Copy version ``version`` (None: the current one) of the slem-dask store at
     ``path`` to ``to``: a plain zarr v3 node, or a ``.npy`` file if ``to`` ends with
     ``.npy`` (outputs only). Returns what was exported (version, kind, shape, dtype)."""
-    source = VersionStore(path, version, group=False)
     target = canonical(to)
+    if not str(target).rstrip("/").endswith((".zarr", ".npy")):
+        raise ValueError(f"--to {str(to)!r} ends neither in .zarr nor in .npy; give OUT.zarr "
+                         f"(a plain zarr copy) or OUT.npy (an output's rows)")
+    source = VersionStore(path, version, group=False)
     check_outside_inputs(target, "--to", {"store": source.path})
     import zarr
 
@@ -67,6 +70,7 @@ def _to_npy(node, source, target) -> None:
         raise FileExistsError(
             f"--to {str(target)!r} exists; slem-dask cannot tell who wrote a .npy file and "
             f"never replaces one: choose another path, or remove it yourself")
+    os.makedirs(os.path.dirname(target.location), exist_ok=True)  # as a zarr export does
     tmp = f"{target.location}.{uuid.uuid4().hex[:8]}.partial"
     try:
         out = np.lib.format.open_memmap(tmp, mode="w+", dtype=node.dtype, shape=node.shape)

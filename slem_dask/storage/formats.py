@@ -249,6 +249,8 @@ def file_format(location: str) -> str | None:
         return suffix[1:]
     if suffix in HDF5_SUFFIXES:
         return "hdf5"  # its magic is missing: opening it says so
+    if suffix == ".npy":
+        return "npy"  # likewise
     return "unknown"
 
 
@@ -315,6 +317,7 @@ def _part(file: str, start: int, rows: int) -> Part:
 def _open_npy(path: StorePath, files: list[str], name: str, fmt: str) -> FileArray:
     parts, first = [], None
     for file in files:
+        _check_npy_magic(file, name)
         try:
             a = np.load(file, mmap_mode="r", allow_pickle=False)
         except ValueError as exc:
@@ -339,6 +342,16 @@ def _open_npy(path: StorePath, files: list[str], name: str, fmt: str) -> FileArr
     n = parts[-1].start + parts[-1].rows
     return FileArray(fmt, path.url, tuple(parts), (n, int(first.shape[1])),
                      first.dtype.newbyteorder("="))
+
+
+def _check_npy_magic(file: str, name: str) -> None:
+    with open(file, "rb") as f:
+        try:
+            np.lib.format.read_magic(f)
+        except ValueError as exc:
+            raise FormatError(
+                f"{name}: {file!r} is not a valid .npy file ({exc}): write it with "
+                f"np.save(path, rows), or give {SUPPORTED}") from None
 
 
 def _h5py(location: str, name: str):

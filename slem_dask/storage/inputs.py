@@ -221,20 +221,46 @@ def check_distinct(target, flag: str, inputs: dict[str, object]) -> None:
             f"{flag} {str(target)!r} is the member {target.name!r} of version {commit.seq} "
             f"of the slem-dask store {str(owner.path)!r}: writing there would hide it from "
             f"every reader; choose another name")
-    check_outside_inputs(target, flag, {name: _input_root(p) for name, p in inputs.items()})
+    roots, globs = {}, []
+    for name, path in inputs.items():
+        kind, root = _input_root(path, name)
+        roots[f"{name} {kind}".rstrip()] = root
+        if kind == "shard":
+            globs.append((name, canonical(path).location, root))
+    check_outside_inputs(target, flag, roots,
+                         folders=tuple(k for k in roots if k.endswith("folder of .npy shards")))
+    for name, pattern, files in globs:
+        _check_not_matched(target, flag, name, pattern, files)
 
 
-def _input_root(path):
-    """What an input occupies on disk: the file of ``FILE.h5:/dataset``, the folder of a
-    glob of shards (nothing may be written where it would replace or nest in them)."""
+def _input_root(path, name: str):
+    """(kind, what an input occupies on disk): the file of ``FILE.h5:/dataset``, the
+    files a glob of shards matches (kind "shard"), a folder of shards (an output inside
+    it adds files to the input)."""
     if path is None or not canonical(path).is_local:
-        return path
+        return "", path
     location = formats.split_hdf5(canonical(path).location)[0]
-    parts = location.split("/")
-    for i, part in enumerate(parts):
-        if any(c in part for c in formats.GLOB_CHARS):
-            return "/".join(parts[:i]) or "/"
-    return location
+    fmt = formats.file_format(location)
+    if fmt == "npy shards" and not os.path.isdir(location):  # a glob
+        return "shard", formats._shard_files(location, name)
+    if fmt == "npy shards":
+        return "folder of .npy shards", location
+    return "", location
+
+
+def _check_not_matched(target, flag: str, name: str, pattern: str, files: list) -> None:
+    """Refuse a target a glob input would match: the next run would read it as a shard."""
+    import fnmatch
+
+    t = canonical(target)
+    parts, wanted = t.location.split("/"), pattern.split("/")
+    if t.is_local and len(parts) == len(wanted) and all(
+            fnmatch.fnmatchcase(a, b) for a, b in zip(parts, wanted)):
+        from .paths import _suggestion
+        raise ValueError(
+            f"{flag} {str(t)!r} matches the {name} glob {pattern!r}; a later run would "
+            f"read it as one of its shards: choose a path the glob does not match, e.g. "
+            f"{_suggestion(t, [canonical(f) for f in files])}")
 
 
 def open_output(path, name: str = "encodings") -> zarr.Array:

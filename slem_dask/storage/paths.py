@@ -111,21 +111,32 @@ def _suggestion(target: StorePath, inputs: list[StorePath]) -> str:
 
 
 def check_outside_inputs(target, flag: str, inputs: dict[str, object],
-                         outputs: dict[str, object] | None = None) -> None:
+                         outputs: dict[str, object] | None = None,
+                         folders: tuple[str, ...] = ()) -> None:
     """Refuse a store to be written that is, contains or sits inside an input
-    (replacing it, with --overwrite, would destroy the input) or another output."""
+    (replacing it, with --overwrite, would destroy the input) or another output.
+    An input may be a list of paths (the files a glob matched); ``folders`` names the
+    inputs that are folders of files read by name (a target inside one adds to it)."""
     t = canonical(target)
-    sources = {name: canonical(p) for name, p in inputs.items() if p is not None}
-    others = {name: canonical(p) for name, p in (outputs or {}).items() if p is not None}
-    everything = list(sources.values()) + list(others.values())
-    for name, s in {**sources, **others}.items():
+    sources = [(name, canonical(p)) for name, ps in inputs.items() for p in _listed(ps)]
+    others = [(name, canonical(p)) for name, ps in (outputs or {}).items()
+              for p in _listed(ps)]
+    everything = [s for _, s in sources + others]
+    for k, (name, s) in enumerate(sources + others):
         relation = _relation(t, s)
         if relation:
-            why = ("writing it would destroy the input" if name in sources
-                   else "two steps cannot write one store")
+            why = ("two steps cannot write one store" if k >= len(sources)
+                   else "writing it would add files to that input"
+                   if relation == "is inside" and name in folders
+                   else "writing it would destroy the input")
             raise ValueError(
                 f"{flag} {str(t)!r} {relation} the {name} {str(s)!r}; {why}: choose a path "
                 f"outside every input and output, e.g. {_suggestion(t, everything)}")
+
+
+def _listed(paths) -> list:
+    return [p for p in (paths if isinstance(paths, (list, tuple)) else [paths])
+            if p is not None]
 
 
 def _fs(path: StorePath):
