@@ -335,8 +335,19 @@ class VersionedStore:
             raise gc.DraftFencedError(gc.fenced_message(self, draft.version))
         commit = self._create(draft.seq, draft.version, kind, job, _checksum(data),
                               summary or {}, source)
-        gc.after_commit(self, draft.seq, draft.version)  # its number's other drafts: dead
+        self._clean_after_commit(draft.seq, draft.version)
         return commit
+
+    def _clean_after_commit(self, seq: int, version: str) -> None:
+        """Delete ``seq``'s other drafts (now dead) and settled fate files. The commit
+        stands whatever happens here: a storage failure leaves that garbage to the next
+        job that writes (:func:`.gc.collect`), and must not fail a job whose version
+        readers already see (the job would report a failure, and a job that abandons
+        its draft on failure would try to)."""
+        try:
+            gc.after_commit(self, seq, version)
+        except OSError:
+            pass
 
     def _create(self, seq, version, kind, job, checksum, summary, source) -> Commit:
         record = Commit(seq, version, kind, job, socket.gethostname(), checksum,
@@ -366,7 +377,13 @@ class VersionedStore:
                 if exc.errno in _REFUSED:
                     raise  # a read-only or full file system: nothing was written
                 failure = exc
-            held = self.backend.read(key)
+            try:
+                held = self.backend.read(key)
+            except (PermissionError, StorageConfigError):
+                raise
+            except OSError as exc:  # the read-back failed too: the outcome is still unknown
+                failure = exc
+                continue
             if held is not None:
                 return held == data
         why = f"the storage failed: {failure}" if failure is not None else \

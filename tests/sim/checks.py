@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import json
 
-from slem_dask.storage import versions
+from slem_dask.storage import gc, versions
 from slem_dask.storage.backend import StorageConfigError
 from slem_dask.storage.errors import DamagedStoreError
 from slem_dask.storage.leases import LeaseHeldError, LeaseLostError
@@ -28,6 +28,9 @@ PREFIX = jobs.STORE[len("sim://"):]  # the store's full key
 LEASE = PREFIX.rsplit("/", 1)[0] + "/." + PREFIX.rsplit("/", 1)[1] + ".slem-dask-lease"
 COMMITS = f"{PREFIX}/commits/"
 VERSIONS = f"{PREFIX}/versions/"
+FATES = f"{PREFIX}/fates/"
+#: the probe of conditional writes, created and deleted beside the store
+PROBE = PREFIX.rsplit("/", 1)[0] + "/.slem-dask-probe-"
 
 
 class Violation(AssertionError):
@@ -83,14 +86,15 @@ def judge_delete(server, key: str, actor: str) -> None:
 def _delete_problem(server, key: str, actor: str) -> str | None:
     if server.writers.get(key) == "user":
         return f"{actor} deleted {key!r}, which slem-dask did not write"
-    if key == LEASE:
+    if key == LEASE or key.startswith(PROBE) or key.startswith(FATES):
         return None
     if not key.startswith(PREFIX + "/"):
         return f"{actor} deleted {key!r}, outside the store {PREFIX!r}"
     if key.startswith(COMMITS):
         return f"{actor} deleted the commit record {key!r}"
     if key.startswith(VERSIONS):
-        folder = key[len(VERSIONS):].split("/", 1)[0]
+        name = key[len(VERSIONS):].split("/", 1)[0]
+        folder = name.removesuffix(versions.MARKER)
         recs = records(server)
         seq = kept(recs).get(folder)
         if seq is not None:
@@ -101,7 +105,20 @@ def _delete_problem(server, key: str, actor: str) -> str | None:
                        f"{', '.join(f or 'no fault' for f in sent)})")
             return (f"{actor} deleted {key!r} of version {seq} ({folder}), which the keep "
                     f"rule keeps (the last {KEEP - 1} versions){own}")
+        if name == folder and not _slem_dasks(server, folder, recs):
+            return (f"{actor} deleted {key!r} from a folder without slem-dask's marker, "
+                    f"fate file or commit record")
     return None
+
+
+def _slem_dasks(server, folder: str, recs: dict) -> bool:
+    """Whether slem-dask provably began ``versions/<folder>``: its marker or its fate
+    file was written (``server.writers`` remembers every key ever written: a job that
+    saw the proof may delete after another job removed it), or a commit record names
+    it (a pruned version)."""
+    return (f"{VERSIONS}{folder}{versions.MARKER}" in server.writers
+            or f"{FATES}{folder}" in server.writers
+            or any(c.version == folder for c in recs.values()))
 
 
 def _creates(actor: str) -> list:
@@ -169,7 +186,8 @@ def check_bound(world) -> None:
 
 
 #: the kinds of line a job may end with (the CLI prints the message)
-EXPECTED = (SimFault, versions.CommitConflictError, versions.VersionError,
+EXPECTED = (SimFault, versions.CommitConflictError, versions.CommitUnknownError,
+            gc.DraftFencedError, versions.VersionError,
             LeaseHeldError, LeaseLostError, DamagedStoreError, StorageConfigError)
 
 
@@ -207,7 +225,8 @@ def check_outcome(world, actor, job: str | None = None) -> None:
     text = str(exc)
     if not text or "\n" in text:
         raise Violation(f"{actor.name} ended with a message that is not one line: {text!r}")
-    if job and getattr(actor, "committed_at_end", None):
+    if job and getattr(actor, "committed_at_end", None) \
+            and not isinstance(exc, versions.CommitUnknownError):  # true either way
         raise Violation(f"{actor.name} ended with {type(exc).__name__} ({text}) though its "
                         f"commit of version {actor.committed_at_end} was recorded: its "
                         f"version is what readers see")

@@ -55,6 +55,7 @@ def _history(world: World, n: int) -> None:
             for i in range(2):
                 server.write(f"{checks.VERSIONS}{version}/c/{i}", jobs.chunk(f"H{seq}", i))
             server.write(f"{checks.VERSIONS}{version}/zarr.json", data)
+            server.write(f"{checks.VERSIONS}{version}{versions.MARKER}", b"{}")
         record = versions.Commit(seq, version, "sim", f"history {seq}", "history",
                                  versions._checksum(data), "2026-01-01T00:00:00Z", {})
         server.write(f"{checks.COMMITS}{seq:08d}.json", record.to_json())
