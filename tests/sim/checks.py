@@ -5,14 +5,20 @@
 * a delete never touches an object slem-dask did not write, anything outside the
   store but its lease, a commit record, or a version that the keep rule keeps (at the
   moment of the delete);
-* version folders under the store: at most the kept versions plus one draft per
-  writer that is running (``bound``);
+* a delete under ``versions/`` touches only a folder that slem-dask provably began (its
+  marker or fate file was written, or a record names it);
+* version folders under the store (``bound``): at most the kept versions, one draft
+  per running writer, and what docs/guarantees-garbage.md allows besides (the drafts of
+  writers that ended without committing, until the next collection under the lease;
+  drafts claimed for a commit by a job killed before its record); after a last writer
+  committed alone, the kept versions and nothing more;
 * every job ends in success or one line of an expected kind, and that line is true
   (a commit conflict names another job's commit).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 
 from slem_dask.storage import gc, versions
@@ -147,6 +153,7 @@ def node_problem(server, commit) -> str | None:
 
 
 def version_folders(server) -> set:
+    """The names directly under ``versions/``: folders and markers."""
     return {k[len(VERSIONS):].split("/", 1)[0] for k in server.under(VERSIONS[:-1])}
 
 
@@ -164,12 +171,49 @@ def check_state(world, running_writers: int = 0, bound: bool = False) -> None:
             which = "the head" if seq == max(recs) else "a kept version"
             raise Violation(f"{which}: {problem}")
     if bound:
-        named = {c.version for c in recs.values()}
-        drafts = {f for f in version_folders(server)
-                  if versions.draft_seq(f) is not None and f not in named}
-        if len(drafts) > running_writers:
-            raise Violation(f"{len(drafts)} uncommitted draft(s) under the store, more than "
-                            f"one per running writer ({running_writers}): {sorted(drafts)}")
+        _check_drafts(world, running_writers, recs)
+
+
+def _check_drafts(world, running_writers: int, recs: dict) -> None:
+    """docs/guarantees-garbage.md, "The bound": uncommitted drafts (by folder or marker)
+    are at most one per running writer, plus the drafts of writers that ended without
+    committing (killed, or failed keeping their draft for a resume) since the last
+    collection by a lease holder began (the next job that writes deletes them), plus
+    the drafts whose fate file says ``commit`` (a job killed between that claim and its
+    record: they wait for the next commit)."""
+    server = world.server
+    named = {c.version for c in recs.values()}
+    drafts = {f for f in versions.VersionedStore.listed_versions(list(version_folders(server)))
+              if f not in named}
+    since = getattr(world, "collected_from", -1)
+    left = sum(1 for a in world.actors if getattr(a, "kind", None) == "writer" and a.done
+               and a.outcome[0] != "ok" and getattr(a, "ended_at", -1) >= since)
+    claimed = {f for f in drafts if server.objects.get(f"{FATES}{f}") == gc.COMMIT.encode()}
+    if len(drafts - claimed) > running_writers + left:
+        raise Violation(f"{len(drafts - claimed)} uncommitted draft(s) under the store, more "
+                        f"than one per running writer ({running_writers}) and one per writer "
+                        f"that ended without committing since the last collection under the "
+                        f"lease began ({left}): {sorted(drafts - claimed)}")
+
+
+@contextlib.contextmanager
+def watching_collections(world):
+    """Note when each collection by a lease holder (``make_room``) that succeeds began:
+    the drafts left before it must be gone after it."""
+    real = gc.collect
+
+    def collect(store, keep, mine=None, leased=False):
+        start = world.step_no
+        removed = real(store, keep, mine=mine, leased=leased)
+        if leased:
+            world.collected_from = max(getattr(world, "collected_from", -1), start)
+        return removed
+
+    gc.collect = collect
+    try:
+        yield
+    finally:
+        gc.collect = real
 
 
 def check_bound(world) -> None:
@@ -179,7 +223,7 @@ def check_bound(world) -> None:
     recs = records(server)
     last = max(recs)
     keep = {recs[s].version for s in recs if s > last - KEEP}
-    extra = {f for f in version_folders(server) if versions.draft_seq(f) is not None} - keep
+    extra = set(versions.VersionedStore.listed_versions(list(version_folders(server)))) - keep
     if extra:
         raise Violation(f"after a job committed alone, the store holds {len(extra)} version "
                         f"folder(s) besides its {KEEP} kept versions: {sorted(extra)}")
@@ -193,6 +237,7 @@ EXPECTED = (SimFault, versions.CommitConflictError, versions.CommitUnknownError,
 
 def note_end(world, actor) -> None:
     """As a job ends: the version it committed, if a record names it as the job."""
+    actor.ended_at = world.step_no
     job = getattr(actor, "job", None)
     if job:
         actor.committed_at_end = next(

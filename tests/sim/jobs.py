@@ -162,6 +162,7 @@ def writer_encode(content: str, n: int, job: str, leased: bool = True):
         except gc.DraftFencedError:  # its draft is another job's to delete: left alone
             record = store.commit_at(draft.seq)
             if record is not None and record.version != draft.version:
+                store.abandon(draft)  # dead by its number: what its late writes regrew
                 store._raise_conflict(draft.seq)
             raise gc.DraftFencedError(gc.fenced_message(store, draft.version)) from None
         except DamagedStoreError:

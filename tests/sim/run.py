@@ -109,7 +109,8 @@ def run_seed(seed: int, mode: str, bound: bool = False, rollback: bool = True,
             if user_draft:  # a user's folder named like a draft (issue 30, item 5)
                 world.server.seed_user_object(
                     "bucket/data/P.zarr/versions/00000001-notes/notes.txt")
-            _run(world, bound, rollback, gc)
+            with checks.watching_collections(world):
+                _run(world, bound, rollback, gc)
     except (checks.Violation, Livelock) as exc:
         flags = "" + (" --bound" if bound else "") + ("" if rollback else " --no-rollback") \
             + ("" if gc else " --no-gc") + (" --user-draft" if user_draft else "")

@@ -289,7 +289,8 @@ def simulated(world: World):
              (leases, "LEASE_TTL"): leases.LEASE_TTL,
              (leases, "LEASE_HEARTBEAT"): leases.LEASE_HEARTBEAT,
              (backend_module, "_PROBED"): backend_module._PROBED,
-             (backend_module, "_PROBE_LOCK"): backend_module._PROBE_LOCK}
+             (backend_module, "_PROBE_LOCK"): backend_module._PROBE_LOCK,
+             (backend_module, "uuid"): backend_module.uuid}
     WORLD = world
 
     def backend_for(url):
@@ -320,7 +321,8 @@ def simulated(world: World):
                # each seed probes the bucket's conditional writes afresh (once per world)
                (backend_module, "_PROBED"): set(),
                # one OS thread: a greenlet that waits on a held threading.Lock deadlocks
-               (backend_module, "_PROBE_LOCK"): contextlib.nullcontext()}
+               (backend_module, "_PROBE_LOCK"): contextlib.nullcontext(),
+               (backend_module, "uuid"): types.SimpleNamespace(uuid4=_uuid4)}
     for (module, name), value in patches.items():
         setattr(module, name, value)
     try:
