@@ -202,14 +202,15 @@ def test_one_failed_heartbeat_read_does_not_stop_the_heartbeat(monkeypatch):
                           "taken over, or none) regrows its draft after another job deleted "
                           "it with its marker, then is killed before its own clean-up: the "
                           "folder has no marker nor fate file, so no job ever deletes it "
-                          "(crash mode, seed 335 with --bound); not fixed")
+                          "(mode crash, seed 115 with --bound); not fixed")
 def test_garbage_stays_within_the_bound_when_killed():
     _sweep("crash", XFAIL_SEEDS, rollback=True, bound=True)
 
 
 @pytest.mark.xfail(strict=True, raises=sim.SeedFailed,
-                   reason="the same leak under every fault at once (seed 1 with --bound: "
-                          "two drafts of one number left by fenced writers); not fixed")
+                   reason="the same leak under every fault at once (mode all, seed 45 with "
+                          "--bound: two drafts of one number left by fenced writers); not "
+                          "fixed")
 def test_garbage_stays_within_the_bound_under_every_fault():
     _sweep("all", XFAIL_SEEDS, rollback=True, bound=True)
 

@@ -146,18 +146,19 @@ def after_commit(store, seq: int, winner: str) -> None:
 
 
 def _forget_settled_fates(store, last: int, names: list[str]) -> None:
-    """Delete the fate files of numbers up to ``last`` (committed). A condemned draft's
-    folder that is listed again (``names``: a listing of ``versions/``) holds what its
-    fenced job's tasks wrote after the condemnation, without a marker: its fate file is
-    the last proof that slem-dask wrote it, so the folder goes first."""
+    """Delete the fate files of numbers up to ``last`` (committed). A draft's folder
+    that is listed again (``names``: a listing of ``versions/``) though its number was
+    committed with another folder holds what its fenced job wrote after the draft was
+    deleted, without a marker: its fate file is the last proof that slem-dask wrote it,
+    so the folder goes first."""
     listed = set(store.listed_versions(names))
     for version in store.backend.list(FATES):
         seq = store.seq_of(version)
         if seq is None or seq > last:
             continue
-        if version in listed and fate_of(store.backend, version) == DEAD:
+        if version in listed:
             record = store.commit_at(seq)
-            if record is None or record.version != version:  # never committed
+            if record is None or record.version != version:  # never committed: dead
                 remove_dead(store, version)
         store.backend.delete(f"{FATES}/{version}")
 

@@ -186,7 +186,8 @@ def _check_drafts(world, running_writers: int, recs: dict) -> None:
     drafts = {f for f in versions.VersionedStore.listed_versions(list(version_folders(server)))
               if f not in named}
     since = getattr(world, "collected_from", -1)
-    left = sum(1 for a in world.actors if getattr(a, "kind", None) == "writer" and a.done
+    left = sum(1 for a in world.actors if getattr(a, "kind", None) in ("writer", "rollback")
+               and a.done
                and a.outcome[0] != "ok" and getattr(a, "ended_at", -1) >= since)
     claimed = {f for f in drafts if server.objects.get(f"{FATES}{f}") == gc.COMMIT.encode()}
     if len(drafts - claimed) > running_writers + left:

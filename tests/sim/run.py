@@ -137,7 +137,7 @@ def _run(world: World, bound: bool, rollback: bool, gc: bool) -> None:
         actor = world.spawn(name, fn)
         actor.wake = world.now + world.rng.uniform(0, 60)
         actor.job, actor.kind = job, kind
-        if kind == "writer":
+        if kind in ("writer", "rollback"):  # a rollback commits a draft of its own
             writers[actor.process] = actor
 
     def after_step(w):
