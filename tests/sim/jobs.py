@@ -3,13 +3,17 @@ protocol (:mod:`slem_dask.storage.versions`, :mod:`slem_dask.storage.leases`).
 
 A version's node is a small stand-in for a zarr node: ``zarr.json`` (the content's
 name, whether it is complete, the sha256 of each chunk) and chunks ``c/<i>``. The
-sequence of calls is the jobs': ``writer_encode`` follows ``pipeline/encode.py``
-(draft begun and its metadata written before anything else, chunks of earlier drafts
-and of the head reused, an up-to-date run abandons its draft, a failed write keeps the
-draft for a resume), ``writer_group`` follows ``storage/groups.write_group`` (prune,
-draft, write, read back, commit; any failure abandons the draft). ``leased=False``
-is a writer whose lease was taken over while it went on (a stalled client): the
-commit alone must keep readers right.
+sequence of calls is the jobs': ``writer_encode`` follows ``pipeline/encode.py`` (up
+to date from the committed head alone, before any lease; else under the lease: draft
+begun with its marker, its metadata written before anything else, chunks of the head
+and of other drafts of its number reused, the oldest version pruned by
+``making_room(mine=draft)`` while the chunks are written, each chunk write preceded by
+the worker's check that the draft is alive, a fenced draft left to the job that fenced
+it, a failed write keeping the draft for a resume), ``writer_group`` follows
+``storage/groups.write_group`` (make room, draft, write, read back, commit; any failure
+abandons the draft). ``leased=False`` is a writer whose lease was taken over while it
+went on (a stalled client): the fate files and the commit alone must keep readers
+right.
 """
 
 from __future__ import annotations
