@@ -195,6 +195,40 @@ def test_one_failed_heartbeat_read_does_not_stop_the_heartbeat(monkeypatch):
     assert second.outcome[0] == "error" and isinstance(second.outcome[1], LeaseHeldError)
 
 
+def test_a_commit_that_lands_after_the_job_gave_up_names_a_whole_version(monkeypatch):
+    """Every create of the commit record times out and stays in flight; the job gives
+    up ("cannot learn whether version 1 was committed") and must keep its draft: the
+    records land afterwards, and the head is whole (found by review of the "late"
+    finding: write_group and rollback abandoned, i.e. deleted, the draft; the sweeps
+    rarely draw three late creates in a row)."""
+    from sim import checks, jobs
+    from sim.server import Faults, SimBackend, SimFault
+    from sim.world import World, simulated
+
+    from slem_dask.storage import versions
+
+    real_create = SimBackend.create
+
+    def create(self, key, data):
+        if "commits/" not in key:
+            return real_create(self, key, data)
+        full = self._full(key)
+        # in flight until the job has ended (then the world lands what is pending)
+        self.world.pending.append([10 ** 9, lambda: self.server.objects.setdefault(full, data)])
+        raise SimFault(f"{self.root}/{key}: read timeout (the request may still arrive)")
+
+    monkeypatch.setattr(SimBackend, "create", create)
+    for writer in (jobs.writer_group, jobs.writer_encode):
+        world = World(0, Faults())
+        with simulated(world):
+            actor = world.spawn("writer", lambda: writer("A", 2, "writer"))
+            world.run()  # then what is in flight lands
+            assert actor.outcome[0] == "error", actor.outcome
+            assert isinstance(actor.outcome[1], versions.CommitUnknownError), actor.outcome
+            world._checked = None
+            checks.check_state(world)  # the head: a whole version
+
+
 # -- what today's code gets wrong --------------------------------------------------------
 
 @pytest.mark.xfail(strict=True, raises=sim.SeedFailed,

@@ -111,3 +111,31 @@ def test_what_a_fenced_job_wrote_after_its_draft_was_condemned_is_deleted(tmp_pa
     store.collect_garbage()
     assert not Path(fenced.location).exists()
     assert not (Path(store.path.location) / gc.FATES / fenced.version).exists()
+
+
+def test_a_group_whose_commit_outcome_is_unknown_keeps_its_draft(tmp_path, monkeypatch):
+    """write_group: every create of the commit record times out, and the job says it
+    cannot learn whether the version was committed; the request lands later: the
+    record names the draft, so the draft must still be there (it was abandoned, i.e.
+    deleted: found by tests/test_protocol_simulation.py's late-landing test)."""
+    import numpy as np
+
+    from slem_dask.storage import groups
+    from slem_dask.storage.local import LocalBackend
+
+    path, sent, real = str(tmp_path / "m.zarr"), [], LocalBackend.create
+
+    def create(self, key, data):
+        if key.startswith("commits/"):
+            sent.append((self, key, data))
+            raise TimeoutError(f"{key}: read timeout (the request may still arrive)")
+        return real(self, key, data)
+
+    monkeypatch.setattr(LocalBackend, "create", create)
+    with pytest.raises(versions.CommitUnknownError, match="cannot learn whether version 1"):
+        groups.write_group(path, {"kind": "search"}, {"x": np.ones(4)}, "search result")
+    monkeypatch.undo()
+    backend, key, data = sent[0]
+    assert real(backend, key, data)  # the first request lands
+    store = versions.VersionedStore(path)
+    assert store.check(store.head())  # the head's version is there, whole

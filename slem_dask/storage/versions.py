@@ -472,6 +472,8 @@ class VersionedStore:
             # unchanged, nothing of the version was deleted while it was copied
             self.check(old)
             record = self.commit(draft, old.kind, job, old.summary, source)
+        except CommitUnknownError:
+            raise  # its record may still land, naming the draft: it stays
         except BaseException:
             self.abandon(draft)
             raise

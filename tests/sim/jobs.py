@@ -192,6 +192,8 @@ def writer_group(content: str, n: int, job: str, leased: bool = True):
             store.backend.put(f"versions/{draft.version}/zarr.json", node(content, n, False))
             _write(store, draft, content, range(n))
             commit = _check_and_commit(store, draft, content, n, lease, job)
+        except versions.CommitUnknownError:
+            raise  # its record may still land, naming the draft: it stays
         except BaseException:
             store.abandon(draft)
             raise
