@@ -88,18 +88,8 @@ FAULTS = {
 }
 
 
-_ITEM_1 = pytest.mark.xfail(
-    strict=True, raises=AssertionError,
-    reason="issue 30 item 1: S3Backend.create answers False for its own conditional PUT "
-           "whose reply was lost (botocore resends it and gets 412): a commit reads as "
-           "another job's and its version is deleted; a lease reads as held by another "
-           "job (its own pid); fixed on branch protocol")
-_EXPECTED_TO_FAIL = {"commit-lost-reply": _ITEM_1, "lease-lost-reply": _ITEM_1}
-
-
 @pytest.mark.slow
-@pytest.mark.parametrize("fault", [pytest.param(f, marks=_EXPECTED_TO_FAIL.get(f, ()))
-                                   for f in sorted(FAULTS)])
+@pytest.mark.parametrize("fault", sorted(FAULTS))
 def test_jobs_through_the_fault_proxy_keep_every_invariant(proxy, fault, capsys):
     root = f"s3://{proxy.bucket}/fp-{uuid.uuid4().hex[:8]}"
     data = _inputs(root)

@@ -310,9 +310,12 @@ def test_making_room_prunes_while_the_body_writes_and_reports_a_failed_pruning(t
     assert store.exists(draft.version)  # the draft is never pruned
     store.commit(draft, "model", "job four")
 
-    class Denied(store.backend.__class__):
+    class Denied(store.backend.__class__):  # a store that refuses every delete
         def remove_tree(self, prefix):
             raise PermissionError(f"delete {prefix}: access denied")
+
+        def delete(self, key):  # a version's zarr.json goes first
+            raise PermissionError(f"delete {key}: access denied")
 
     store.backend.__class__ = Denied
     try:

@@ -184,7 +184,11 @@ def encode_job(client, model_path: str, positives: str, out: str, dtype: str | N
         except gc.DraftFencedError:  # its draft is another job's to delete: left alone
             record = store.commit_at(draft.seq)
             if record is not None and record.version != draft.version:
-                store._raise_conflict(draft.seq)  # the job that fenced it committed
+                # the job that fenced it committed: the draft is dead by its number, and
+                # only this job can tell a chunk that its tasks wrote after the draft's
+                # marker went (no collection deletes a folder without it): delete it
+                store.abandon(draft)
+                store._raise_conflict(draft.seq)
             raise gc.DraftFencedError(gc.fenced_message(store, draft.version)) from None
         except integrity.DamagedStoreError:
             raise

@@ -96,8 +96,7 @@ def condemn(store, version: str) -> bool:
 def remove_dead(store, version: str) -> None:
     """Delete a draft that can never be committed: its zarr.json first, so that its
     job's workers, if it still runs, stop writing into it (:func:`draft_alive`)."""
-    store.backend.delete(f"{VERSIONS}/{version}/zarr.json")
-    store.delete_version(version)  # the folder, then its marker
+    store.delete_version(version)  # zarr.json, the folder, then its marker
 
 
 def collect(store, keep: int, mine: str | None = None, leased: bool = False) -> list[str]:
@@ -132,24 +131,36 @@ def collect(store, keep: int, mine: str | None = None, leased: bool = False) -> 
         elif is_slem_dask_draft(store, version, names):  # else not slem-dask's: kept
             remove_dead(store, version)  # its number was taken by another folder
             removed.append(version)
-    _forget_settled_fates(store, last)  # their numbers are committed
+    _forget_settled_fates(store, last, names)  # their numbers are committed
     return removed
 
 
 def after_commit(store, seq: int, winner: str) -> None:
     """After ``winner`` was committed as ``seq``: the other drafts of ``seq`` are dead
     (one listing), and the fate files of sequences up to ``seq`` settled."""
-    for version in store.drafts(seq):  # marked drafts only
-        if version != winner:
+    names = store.backend.list(VERSIONS)
+    for version in store.marked_versions(names):  # marked drafts only
+        if store.seq_of(version) == seq and version != winner:
             remove_dead(store, version)
-    _forget_settled_fates(store, seq)
+    _forget_settled_fates(store, seq, names)
 
 
-def _forget_settled_fates(store, last: int) -> None:
+def _forget_settled_fates(store, last: int, names: list[str]) -> None:
+    """Delete the fate files of numbers up to ``last`` (committed). A draft's folder
+    that is listed again (``names``: a listing of ``versions/``) though its number was
+    committed with another folder holds what its fenced job wrote after the draft was
+    deleted, without a marker: its fate file is the last proof that slem-dask wrote it,
+    so the folder goes first."""
+    listed = set(store.listed_versions(names))
     for version in store.backend.list(FATES):
         seq = store.seq_of(version)
-        if seq is not None and seq <= last:
-            store.backend.delete(f"{FATES}/{version}")
+        if seq is None or seq > last:
+            continue
+        if version in listed:
+            record = store.commit_at(seq)
+            if record is None or record.version != version:  # never committed: dead
+                remove_dead(store, version)
+        store.backend.delete(f"{FATES}/{version}")
 
 
 def fenced_message(store, version: str) -> str:

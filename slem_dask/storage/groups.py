@@ -91,6 +91,8 @@ def write_group(path, meta: dict, arrays: dict[str, np.ndarray], what: str,
             lease.check()  # no other job took the store over meanwhile
             commit = store.commit(draft, meta.get("kind", "group"), job or f"write {what}",
                                   {k: meta[k] for k in ("model", "k") if k in meta})
+        except versions.CommitUnknownError:
+            raise  # its record may still land, naming the draft: it stays
         except BaseException:
             store.abandon(draft)  # small: nothing worth resuming
             raise

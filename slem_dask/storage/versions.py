@@ -363,8 +363,19 @@ class VersionedStore:
             raise gc.DraftFencedError(gc.fenced_message(self, draft.version))
         commit = self._create(draft.seq, draft.version, kind, job, _checksum(data),
                               summary or {}, source)
-        gc.after_commit(self, draft.seq, draft.version)  # its number's other drafts: dead
+        self._clean_after_commit(draft.seq, draft.version)
         return commit
+
+    def _clean_after_commit(self, seq: int, version: str) -> None:
+        """Delete ``seq``'s other drafts (now dead) and settled fate files. The commit
+        stands whatever happens here: a storage failure leaves that garbage to the next
+        job that writes (:func:`.gc.collect`), and must not fail a job whose version
+        readers already see (the job would report a failure, and a job that abandons
+        its draft on failure would try to)."""
+        try:
+            gc.after_commit(self, seq, version)
+        except OSError:
+            pass
 
     def _create(self, seq, version, kind, job, checksum, summary, source) -> Commit:
         record = Commit(seq, version, kind, job, socket.gethostname(), checksum,
@@ -395,7 +406,13 @@ class VersionedStore:
                 if exc.errno in _REFUSED:
                     raise  # a read-only or full file system: nothing was written
                 failure = exc
-            held = self.backend.read(key)
+            try:
+                held = self.backend.read(key)
+            except (PermissionError, StorageConfigError):
+                raise
+            except OSError as exc:  # the read-back failed too: the outcome is still unknown
+                failure = exc
+                continue
             if held is not None:
                 return held == data
         why = f"the storage failed: {failure}" if failure is not None else \
@@ -436,25 +453,59 @@ class VersionedStore:
         return draft_seq(version)
 
     def delete_version(self, version: str) -> None:
-        """The folder, then its marker: a crash between the two leaves a marker that
-        the next collection removes, never an unmarked remnant."""
-        self.backend.remove_tree(self._folder(version))
+        """Its zarr.json, the folder, then its marker: a version deleted in part (a
+        crash, a failed request) never looks whole to a reader or a rollback, and a
+        crash leaves a marker that the next collection removes, never an unmarked
+        remnant."""
+        folder = self._folder(version)
+        self.backend.delete(f"{folder}/zarr.json")
+        self.backend.remove_tree(folder)
         self.backend.delete(self._marker(version))
 
     def rollback(self, seq: int, job: str = "slem-dask rollback") -> Commit:
         """Commit the content of version ``seq`` again as the new head, and return that
         commit; if the head already holds it (it is version ``seq``, or a rollback to it),
-        commit nothing and return the head: readers already see that content."""
+        commit nothing and return the head: readers already see that content.
+
+        Under the store's lease, like every job that commits: a writer's ``make_room``
+        (under the lease) could otherwise prune the old folder between this check and
+        the record that names it again, leaving a head with nothing behind it."""
+        from .leases import Lease
+
+        with Lease(self.path, job):
+            return self._rollback(seq, job)
+
+    def _rollback(self, seq: int, job: str) -> Commit:
         old = self.commit_at(seq)
         if old is None:
             raise ValueError(f"{str(self.path)!r} has no version {seq}; list them with "
                              f"`slem-dask versions {self.path}`")
         head = self.head()
-        if head.version == old.version:  # a new commit would change nothing but the history
-            return head
+        source = f"rollback to {seq}"
+        if head.version == old.version or (head.source == source
+                                           and head.checksum == old.checksum):
+            return head  # a new commit would change nothing but the history
         self.check(old)  # still there, unchanged
-        record = self._create(head.seq + 1, old.version, old.kind, job, old.checksum,
-                              old.summary, f"rollback to {seq}")
+        # a copy in a draft of its own, committed as any draft is: a job whose lease was
+        # taken over may still prune the old folder, never a draft that a record names
+        draft = self.begin()
+        try:
+            try:
+                self.backend.copy_tree(self._folder(old.version), self._folder(draft.version))
+            except FileNotFoundError:
+                raise VersionError(
+                    f"{str(self.path)!r}: version {seq} was pruned while this rollback "
+                    f"copied it; nothing was committed: roll back to a version listed by "
+                    f"`slem-dask versions {self.path}`") from None
+            # deleting a version begins with its zarr.json: if it is still there and
+            # unchanged, nothing of the version was deleted while it was copied
+            self.check(old)
+            record = self.commit(draft, old.kind, job, old.summary, source)
+        except CommitUnknownError:
+            raise  # its record may still land, naming the draft: it stays
+        except BaseException:
+            self.abandon(draft)
+            raise
         self.collect_garbage()
         return record
 

@@ -5,17 +5,23 @@
 * a delete never touches an object slem-dask did not write, anything outside the
   store but its lease, a commit record, or a version that the keep rule keeps (at the
   moment of the delete);
-* version folders under the store: at most the kept versions plus one draft per
-  writer that is running (``bound``);
+* a delete under ``versions/`` touches only a folder that slem-dask provably began (its
+  marker or fate file was written, or a record names it);
+* version folders under the store (``bound``): at most the kept versions, one draft
+  per running writer, and what docs/guarantees-garbage.md allows besides (the drafts of
+  writers that ended without committing, until the next collection under the lease;
+  drafts claimed for a commit by a job killed before its record); after a last writer
+  committed alone, the kept versions and nothing more;
 * every job ends in success or one line of an expected kind, and that line is true
   (a commit conflict names another job's commit).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 
-from slem_dask.storage import versions
+from slem_dask.storage import gc, versions
 from slem_dask.storage.backend import StorageConfigError
 from slem_dask.storage.errors import DamagedStoreError
 from slem_dask.storage.leases import LeaseHeldError, LeaseLostError
@@ -28,6 +34,9 @@ PREFIX = jobs.STORE[len("sim://"):]  # the store's full key
 LEASE = PREFIX.rsplit("/", 1)[0] + "/." + PREFIX.rsplit("/", 1)[1] + ".slem-dask-lease"
 COMMITS = f"{PREFIX}/commits/"
 VERSIONS = f"{PREFIX}/versions/"
+FATES = f"{PREFIX}/fates/"
+#: the probe of conditional writes, created and deleted beside the store
+PROBE = PREFIX.rsplit("/", 1)[0] + "/.slem-dask-probe-"
 
 
 class Violation(AssertionError):
@@ -83,14 +92,15 @@ def judge_delete(server, key: str, actor: str) -> None:
 def _delete_problem(server, key: str, actor: str) -> str | None:
     if server.writers.get(key) == "user":
         return f"{actor} deleted {key!r}, which slem-dask did not write"
-    if key == LEASE:
+    if key == LEASE or key.startswith(PROBE) or key.startswith(FATES):
         return None
     if not key.startswith(PREFIX + "/"):
         return f"{actor} deleted {key!r}, outside the store {PREFIX!r}"
     if key.startswith(COMMITS):
         return f"{actor} deleted the commit record {key!r}"
     if key.startswith(VERSIONS):
-        folder = key[len(VERSIONS):].split("/", 1)[0]
+        name = key[len(VERSIONS):].split("/", 1)[0]
+        folder = name.removesuffix(versions.MARKER)
         recs = records(server)
         seq = kept(recs).get(folder)
         if seq is not None:
@@ -101,7 +111,20 @@ def _delete_problem(server, key: str, actor: str) -> str | None:
                        f"{', '.join(f or 'no fault' for f in sent)})")
             return (f"{actor} deleted {key!r} of version {seq} ({folder}), which the keep "
                     f"rule keeps (the last {KEEP - 1} versions){own}")
+        if name == folder and not _slem_dasks(server, folder, recs):
+            return (f"{actor} deleted {key!r} from a folder without slem-dask's marker, "
+                    f"fate file or commit record")
     return None
+
+
+def _slem_dasks(server, folder: str, recs: dict) -> bool:
+    """Whether slem-dask provably began ``versions/<folder>``: its marker or its fate
+    file was written (``server.writers`` remembers every key ever written: a job that
+    saw the proof may delete after another job removed it), or a commit record names
+    it (a pruned version)."""
+    return (f"{VERSIONS}{folder}{versions.MARKER}" in server.writers
+            or f"{FATES}{folder}" in server.writers
+            or any(c.version == folder for c in recs.values()))
 
 
 def _creates(actor: str) -> list:
@@ -130,6 +153,7 @@ def node_problem(server, commit) -> str | None:
 
 
 def version_folders(server) -> set:
+    """The names directly under ``versions/``: folders and markers."""
     return {k[len(VERSIONS):].split("/", 1)[0] for k in server.under(VERSIONS[:-1])}
 
 
@@ -147,12 +171,50 @@ def check_state(world, running_writers: int = 0, bound: bool = False) -> None:
             which = "the head" if seq == max(recs) else "a kept version"
             raise Violation(f"{which}: {problem}")
     if bound:
-        named = {c.version for c in recs.values()}
-        drafts = {f for f in version_folders(server)
-                  if versions.draft_seq(f) is not None and f not in named}
-        if len(drafts) > running_writers:
-            raise Violation(f"{len(drafts)} uncommitted draft(s) under the store, more than "
-                            f"one per running writer ({running_writers}): {sorted(drafts)}")
+        _check_drafts(world, running_writers, recs)
+
+
+def _check_drafts(world, running_writers: int, recs: dict) -> None:
+    """docs/guarantees-garbage.md, "The bound": uncommitted drafts (by folder or marker)
+    are at most one per running writer, plus the drafts of writers that ended without
+    committing (killed, or failed keeping their draft for a resume) since the last
+    collection by a lease holder began (the next job that writes deletes them), plus
+    the drafts whose fate file says ``commit`` (a job killed between that claim and its
+    record: they wait for the next commit)."""
+    server = world.server
+    named = {c.version for c in recs.values()}
+    drafts = {f for f in versions.VersionedStore.listed_versions(list(version_folders(server)))
+              if f not in named}
+    since = getattr(world, "collected_from", -1)
+    left = sum(1 for a in world.actors if getattr(a, "kind", None) in ("writer", "rollback")
+               and a.done
+               and a.outcome[0] != "ok" and getattr(a, "ended_at", -1) >= since)
+    claimed = {f for f in drafts if server.objects.get(f"{FATES}{f}") == gc.COMMIT.encode()}
+    if len(drafts - claimed) > running_writers + left:
+        raise Violation(f"{len(drafts - claimed)} uncommitted draft(s) under the store, more "
+                        f"than one per running writer ({running_writers}) and one per writer "
+                        f"that ended without committing since the last collection under the "
+                        f"lease began ({left}): {sorted(drafts - claimed)}")
+
+
+@contextlib.contextmanager
+def watching_collections(world):
+    """Note when each collection by a lease holder (``make_room``) that succeeds began:
+    the drafts left before it must be gone after it."""
+    real = gc.collect
+
+    def collect(store, keep, mine=None, leased=False):
+        start = world.step_no
+        removed = real(store, keep, mine=mine, leased=leased)
+        if leased:
+            world.collected_from = max(getattr(world, "collected_from", -1), start)
+        return removed
+
+    gc.collect = collect
+    try:
+        yield
+    finally:
+        gc.collect = real
 
 
 def check_bound(world) -> None:
@@ -162,19 +224,21 @@ def check_bound(world) -> None:
     recs = records(server)
     last = max(recs)
     keep = {recs[s].version for s in recs if s > last - KEEP}
-    extra = {f for f in version_folders(server) if versions.draft_seq(f) is not None} - keep
+    extra = set(versions.VersionedStore.listed_versions(list(version_folders(server)))) - keep
     if extra:
         raise Violation(f"after a job committed alone, the store holds {len(extra)} version "
                         f"folder(s) besides its {KEEP} kept versions: {sorted(extra)}")
 
 
 #: the kinds of line a job may end with (the CLI prints the message)
-EXPECTED = (SimFault, versions.CommitConflictError, versions.VersionError,
+EXPECTED = (SimFault, versions.CommitConflictError, versions.CommitUnknownError,
+            gc.DraftFencedError, versions.VersionError,
             LeaseHeldError, LeaseLostError, DamagedStoreError, StorageConfigError)
 
 
 def note_end(world, actor) -> None:
     """As a job ends: the version it committed, if a record names it as the job."""
+    actor.ended_at = world.step_no
     job = getattr(actor, "job", None)
     if job:
         actor.committed_at_end = next(
@@ -207,7 +271,8 @@ def check_outcome(world, actor, job: str | None = None) -> None:
     text = str(exc)
     if not text or "\n" in text:
         raise Violation(f"{actor.name} ended with a message that is not one line: {text!r}")
-    if job and getattr(actor, "committed_at_end", None):
+    if job and getattr(actor, "committed_at_end", None) \
+            and not isinstance(exc, versions.CommitUnknownError):  # true either way
         raise Violation(f"{actor.name} ended with {type(exc).__name__} ({text}) though its "
                         f"commit of version {actor.committed_at_end} was recorded: its "
                         f"version is what readers see")

@@ -3,23 +3,26 @@ protocol (:mod:`slem_dask.storage.versions`, :mod:`slem_dask.storage.leases`).
 
 A version's node is a small stand-in for a zarr node: ``zarr.json`` (the content's
 name, whether it is complete, the sha256 of each chunk) and chunks ``c/<i>``. The
-sequence of calls is the jobs': ``writer_encode`` follows ``pipeline/encode.py``
-(draft begun and its metadata written before anything else, chunks of earlier drafts
-and of the head reused, an up-to-date run abandons its draft, a failed write keeps the
-draft for a resume), ``writer_group`` follows ``storage/groups.write_group`` (prune,
-draft, write, read back, commit; any failure abandons the draft). ``leased=False``
-is a writer whose lease was taken over while it went on (a stalled client): the
-commit alone must keep readers right.
+sequence of calls is the jobs': ``writer_encode`` follows ``pipeline/encode.py`` (up
+to date from the committed head alone, before any lease; else under the lease: draft
+begun with its marker, its metadata written before anything else, chunks of the head
+and of other drafts of its number reused, the oldest version pruned by
+``making_room(mine=draft)`` while the chunks are written, each chunk write preceded by
+the worker's check that the draft is alive, a fenced draft left to the job that fenced
+it, a failed write keeping the draft for a resume), ``writer_group`` follows
+``storage/groups.write_group`` (make room, draft, write, read back, commit; any failure
+abandons the draft). ``leased=False`` is a writer whose lease was taken over while it
+went on (a stalled client): the fate files and the commit alone must keep readers
+right.
 """
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import hashlib
 import json
 
-from slem_dask.storage import versions
+from slem_dask.storage import gc, versions
 from slem_dask.storage.errors import DamagedStoreError
 from slem_dask.storage.leases import Lease, LeaseHeldError
 
@@ -82,18 +85,30 @@ def _reuse(store, draft, head, content: str, n: int) -> list[int]:
     return sorted(todo)
 
 
-def _write_and_commit(store, draft, content, n, todo, lease, job, prune=False):
+def _write(store, draft, content, todo, fenced_check=False):
+    """The chunks left to write; an encode's worker first checks that its draft still
+    has its zarr.json (``gc.draft_alive``): a fenced job never grows a deleted draft."""
     b, folder = store.backend, f"versions/{draft.version}"
-    with store.making_room() if prune else contextlib.nullcontext():
-        for i in todo:  # encode: the oldest version is pruned while the chunks are written
-            b.put(f"{folder}/c/{i}", chunk(content, i))
+    for i in todo:
+        if fenced_check and not b.exists(f"{folder}/zarr.json"):
+            raise gc.DraftFencedError(f"{STORE}: this job's draft was deleted by another "
+                                      f"slem-dask job; chunk {i} was not written")
+        b.put(f"{folder}/c/{i}", chunk(content, i))
+
+
+def _check_and_commit(store, draft, content, n, lease, job):
+    """Read back every chunk, mark the node complete, check the lease, commit (the
+    order of encode and write_group)."""
+    b, folder = store.backend, f"versions/{draft.version}"
+    if lease is not None:
+        lease.check()  # first: a job that lost its lease must not blame the storage
     for i in range(n):  # read back before anything is marked complete
         if b.read(f"{folder}/c/{i}") != chunk(content, i):
+            if gc.was_fenced(store, draft.version):
+                raise gc.DraftFencedError(gc.fenced_message(store, draft.version))
             raise DamagedStoreError(f"{STORE}: chunk {i} of {draft.version} cannot be read "
                                     f"back; nothing was committed: run the job again")
     b.put(f"{folder}/zarr.json", node(content, n, True))
-    if lease is not None:
-        lease.check()
     return store.commit(draft, "sim", job)
 
 
@@ -111,7 +126,25 @@ def _lease(job: str, leased: bool) -> Lease | None:
         raise
 
 
+def _up_to_date(content: str) -> bool:
+    """encode's check before any lease or draft: the committed head holds this content,
+    complete (an up-to-date re-run writes nothing)."""
+    store = versions.VersionedStore(STORE)
+    head = store.head()
+    if head is None:
+        return False
+    meta = head_content(store, head)
+    if meta["content"] != content or not meta["complete"]:
+        return False
+    return all(store.backend.read(f"versions/{head.version}/c/{i}") == chunk(content, i)
+               for i in range(meta["n"]))
+
+
 def writer_encode(content: str, n: int, job: str, leased: bool = True):
+    """pipeline/encode.py: up to date from the head alone; else, under the lease: begin,
+    reuse, write while making room (``mine``: its draft), read back, commit."""
+    if _up_to_date(content):
+        return "up to date"
     lease = _lease(job, leased)
     try:
         store = versions.VersionedStore(STORE)
@@ -120,14 +153,22 @@ def writer_encode(content: str, n: int, job: str, leased: bool = True):
         store.backend.put(f"versions/{draft.version}/zarr.json", node(content, n, False))
         todo = _reuse(store, draft, head, content, n)
         meta = head_content(store, head)
-        if meta is not None and meta["content"] == content and meta["complete"]:
-            store.abandon(draft)
+        if meta is not None and meta["content"] == content and meta["complete"] and not todo:
+            store.abandon(draft)  # nothing to write: the head stays as it is
             return "up to date"
         try:
-            commit = _write_and_commit(store, draft, content, n, todo, lease, job, prune=True)
+            with store.making_room(mine=draft.version):
+                _write(store, draft, content, todo, fenced_check=True)
+            commit = _check_and_commit(store, draft, content, n, lease, job)
         except versions.CommitConflictError:
             store.abandon(draft)
             raise
+        except gc.DraftFencedError:  # its draft is another job's to delete: left alone
+            record = store.commit_at(draft.seq)
+            if record is not None and record.version != draft.version:
+                store.abandon(draft)  # dead by its number: what its late writes regrew
+                store._raise_conflict(draft.seq)
+            raise gc.DraftFencedError(gc.fenced_message(store, draft.version)) from None
         except DamagedStoreError:
             raise
         except ValueError:
@@ -140,14 +181,19 @@ def writer_encode(content: str, n: int, job: str, leased: bool = True):
 
 
 def writer_group(content: str, n: int, job: str, leased: bool = True):
+    """storage/groups.write_group: under the lease, make room, begin, write, read back,
+    commit; any failure abandons the draft (small: nothing worth resuming)."""
     lease = _lease(job, leased)
     try:
         store = versions.VersionedStore(STORE)
-        store.make_room()
+        store.make_room()  # always commits: the oldest version goes first
         draft = store.begin()
         try:
             store.backend.put(f"versions/{draft.version}/zarr.json", node(content, n, False))
-            commit = _write_and_commit(store, draft, content, n, range(n), lease, job)
+            _write(store, draft, content, range(n))
+            commit = _check_and_commit(store, draft, content, n, lease, job)
+        except versions.CommitUnknownError:
+            raise  # its record may still land, naming the draft: it stays
         except BaseException:
             store.abandon(draft)
             raise

@@ -55,6 +55,7 @@ def _history(world: World, n: int) -> None:
             for i in range(2):
                 server.write(f"{checks.VERSIONS}{version}/c/{i}", jobs.chunk(f"H{seq}", i))
             server.write(f"{checks.VERSIONS}{version}/zarr.json", data)
+            server.write(f"{checks.VERSIONS}{version}{versions.MARKER}", b"{}")
         record = versions.Commit(seq, version, "sim", f"history {seq}", "history",
                                  versions._checksum(data), "2026-01-01T00:00:00Z", {})
         server.write(f"{checks.COMMITS}{seq:08d}.json", record.to_json())
@@ -108,7 +109,8 @@ def run_seed(seed: int, mode: str, bound: bool = False, rollback: bool = True,
             if user_draft:  # a user's folder named like a draft (issue 30, item 5)
                 world.server.seed_user_object(
                     "bucket/data/P.zarr/versions/00000001-notes/notes.txt")
-            _run(world, bound, rollback, gc)
+            with checks.watching_collections(world):
+                _run(world, bound, rollback, gc)
     except (checks.Violation, Livelock) as exc:
         flags = "" + (" --bound" if bound else "") + ("" if rollback else " --no-rollback") \
             + ("" if gc else " --no-gc") + (" --user-draft" if user_draft else "")
@@ -135,7 +137,7 @@ def _run(world: World, bound: bool, rollback: bool, gc: bool) -> None:
         actor = world.spawn(name, fn)
         actor.wake = world.now + world.rng.uniform(0, 60)
         actor.job, actor.kind = job, kind
-        if kind == "writer":
+        if kind in ("writer", "rollback"):  # a rollback commits a draft of its own
             writers[actor.process] = actor
 
     def after_step(w):

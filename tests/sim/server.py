@@ -148,6 +148,10 @@ class SimBackend(Backend):
         return self._call("read", key, lambda: self.server.objects.get(full), False)
 
     def create(self, key: str, data: bytes) -> bool:
+        """A conditional PUT, resolved as :meth:`S3Backend.create` resolves it: a 412, a
+        lost reply, a timeout or a 5xx reads the key back (a call of its own, with its
+        own faults): True if it holds exactly ``data``, False if other bytes, and the
+        error if it is absent."""
         full = self._full(key)
 
         def apply():
@@ -156,7 +160,20 @@ class SimBackend(Backend):
             self.server.write(full, data)
             return True
 
-        return self._call("create", key, apply, True, twice_result=False)
+        try:
+            if self._call("create", key, apply, True, twice_result=False):
+                return True
+        except SimFault:
+            held = self.read(key)
+            if held is None:
+                raise
+            return held == data
+        held = self.read(key)  # 412: this call's retry, or an earlier call, may have made it
+        return held is not None and held == data
+
+    def probe_scope(self) -> str:
+        """Conditional writes are a property of the (simulated) bucket."""
+        return "bucket sim://" + self._prefix.split("/", 1)[0]
 
     def put(self, key: str, data: bytes) -> None:
         full = self._full(key)

@@ -24,6 +24,7 @@ import types
 
 from greenlet import getcurrent, greenlet
 
+from slem_dask.storage import backend as backend_module
 from slem_dask.storage import leases, versions
 
 from .server import Faults, SimBackend, SimServer
@@ -286,7 +287,10 @@ def simulated(world: World):
              (versions, "threading"): versions.threading,
              (versions, "time"): versions.time, (leases, "os"): leases.os,
              (leases, "LEASE_TTL"): leases.LEASE_TTL,
-             (leases, "LEASE_HEARTBEAT"): leases.LEASE_HEARTBEAT}
+             (leases, "LEASE_HEARTBEAT"): leases.LEASE_HEARTBEAT,
+             (backend_module, "_PROBED"): backend_module._PROBED,
+             (backend_module, "_PROBE_LOCK"): backend_module._PROBE_LOCK,
+             (backend_module, "uuid"): backend_module.uuid}
     WORLD = world
 
     def backend_for(url):
@@ -313,7 +317,12 @@ def simulated(world: World):
                (leases, "_process_start"): lambda pid: "sim",
                (leases, "uuid"): types.SimpleNamespace(uuid4=_uuid4),
                (versions, "uuid"): types.SimpleNamespace(uuid4=_uuid4),
-               (leases, "LEASE_TTL"): 120.0, (leases, "LEASE_HEARTBEAT"): 30.0}
+               (leases, "LEASE_TTL"): 120.0, (leases, "LEASE_HEARTBEAT"): 30.0,
+               # each seed probes the bucket's conditional writes afresh (once per world)
+               (backend_module, "_PROBED"): set(),
+               # one OS thread: a greenlet that waits on a held threading.Lock deadlocks
+               (backend_module, "_PROBE_LOCK"): contextlib.nullcontext(),
+               (backend_module, "uuid"): types.SimpleNamespace(uuid4=_uuid4)}
     for (module, name), value in patches.items():
         setattr(module, name, value)
     try:

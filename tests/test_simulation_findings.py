@@ -1,0 +1,141 @@
+"""Storage-protocol bugs found by the deterministic simulation (tests/sim/,
+docs/testing-faults.md), each as a plain test on a local store; the simulation's
+sweeps (tests/test_protocol_simulation.py) are their regression tests under faults."""
+
+from pathlib import Path
+
+import pytest
+import zarr
+
+from slem_dask import storage
+from slem_dask.storage import gc, versions
+
+
+def _committed(store, value, job="job"):
+    draft = store.begin()
+    group = zarr.open_group(store=draft.location, mode="w")
+    group.attrs["value"] = value
+    group.create_array("x", shape=(4,), dtype="f8", chunks=(2,))[...] = value
+    return store.commit(draft, "model", job)
+
+
+def _value(path):
+    return storage.open_node(path).attrs["value"]
+
+
+def test_a_failed_clean_up_after_the_record_does_not_fail_the_commit(tmp_path, monkeypatch):
+    """commit(): the record landed, then deleting the number's dead drafts failed (a
+    503): the job's version is what readers see, so the job succeeds (found with seed 2
+    of mode errors: the job reported the 503)."""
+    store = versions.VersionedStore(str(tmp_path / "s.zarr"))
+
+    def unavailable(*_):
+        raise OSError("503 SlowDown")
+
+    monkeypatch.setattr(gc, "after_commit", unavailable)
+    commit = _committed(store, 1.0)
+    assert commit.seq == 1 and store.head() == commit and _value(store.path) == 1.0
+
+
+def test_a_failed_read_back_of_the_record_is_tried_again(tmp_path):
+    """_publish: the read-back of a created record fails once (a lost reply): it is
+    resolved by trying again, not reported as the read's error (seed 1 of mode all)."""
+    store = versions.VersionedStore(str(tmp_path / "s.zarr"))
+    real, failed = store.backend.read, []
+
+    def read(key):
+        if key.startswith("commits/") and not failed:
+            failed.append(key)
+            raise OSError("connection lost (reply)")
+        return real(key)
+
+    store.backend.read = read
+    draft = store.begin()
+    zarr.open_group(store=draft.location, mode="w").attrs["value"] = 1.0
+    assert store.commit(draft, "model", "job").seq == 1 and failed
+
+
+def test_a_rollback_survives_a_stale_prune_of_the_old_folder(tmp_path):
+    """rollback commits a copy of the old version in a draft of its own: a job whose
+    lease was taken over and that still prunes by its old listing of the commits
+    deletes the old folder, and the head stays whole (seed 7 and 407 of interleave:
+    the head named a deleted folder)."""
+    store = versions.VersionedStore(str(tmp_path / "s.zarr"))
+    first = _committed(store, 1.0)
+    _committed(store, 2.0)
+    back = store.rollback(1)
+    assert back.seq == 3 and back.source == "rollback to 1" and back.version != first.version
+    store.delete_version(first.version)  # the stale prune
+    assert store.check(store.head()) and _value(store.path) == 1.0
+    assert storage.open_node(store.path)["x"][...].tolist() == [1.0] * 4
+    assert store.rollback(1) == store.head()  # already current: nothing committed
+
+
+def test_a_version_deleted_in_part_is_never_whole(tmp_path, monkeypatch):
+    """A prune that stops part-way (a crash, a failed request) deletes the version's
+    zarr.json first: a rollback to it is refused, never committed with a chunk missing
+    (seed 58 of lost_reply)."""
+    store = versions.VersionedStore(str(tmp_path / "s.zarr"))
+    old = _committed(store, 1.0)
+    _committed(store, 2.0)
+    real = store.backend.remove_tree
+
+    def stops(prefix):
+        (Path(store.location(old.version)) / "x" / "c" / "1").unlink()
+        raise OSError("connection lost")
+
+    monkeypatch.setattr(store.backend, "remove_tree", stops)
+    with pytest.raises(OSError):
+        store.delete_version(old.version)
+    monkeypatch.setattr(store.backend, "remove_tree", real)
+    assert not store.exists(old.version)
+    with pytest.raises(versions.DamagedCommitError, match="pruned or deleted"):
+        store.rollback(1)
+    assert store.head().seq == 2 and _value(store.path) == 2.0
+
+
+def test_what_a_fenced_job_wrote_after_its_draft_was_condemned_is_deleted(tmp_path):
+    """A fenced job's worker writes a chunk into its draft after a lease holder
+    condemned it (marker gone): the fate file is the last proof that slem-dask wrote
+    it, so the folder goes before the fate file is forgotten (crash seed 231 with
+    --bound: the folder stayed for good)."""
+    store = versions.VersionedStore(str(tmp_path / "s.zarr"))
+    _committed(store, 1.0)
+    fenced = store.begin()
+    zarr.open_group(store=fenced.location, mode="w").attrs["value"] = 9.0
+    assert gc.condemn(store, fenced.version)
+    stray = Path(fenced.location) / "x" / "c" / "0"
+    stray.parent.mkdir(parents=True)
+    stray.write_bytes(b"late")  # the worker's write in flight lands
+    _committed(store, 2.0)  # its number is committed: the fate file is forgotten
+    store.collect_garbage()
+    assert not Path(fenced.location).exists()
+    assert not (Path(store.path.location) / gc.FATES / fenced.version).exists()
+
+
+def test_a_group_whose_commit_outcome_is_unknown_keeps_its_draft(tmp_path, monkeypatch):
+    """write_group: every create of the commit record times out, and the job says it
+    cannot learn whether the version was committed; the request lands later: the
+    record names the draft, so the draft must still be there (it was abandoned, i.e.
+    deleted: found by tests/test_protocol_simulation.py's late-landing test)."""
+    import numpy as np
+
+    from slem_dask.storage import groups
+    from slem_dask.storage.local import LocalBackend
+
+    path, sent, real = str(tmp_path / "m.zarr"), [], LocalBackend.create
+
+    def create(self, key, data):
+        if key.startswith("commits/"):
+            sent.append((self, key, data))
+            raise TimeoutError(f"{key}: read timeout (the request may still arrive)")
+        return real(self, key, data)
+
+    monkeypatch.setattr(LocalBackend, "create", create)
+    with pytest.raises(versions.CommitUnknownError, match="cannot learn whether version 1"):
+        groups.write_group(path, {"kind": "search"}, {"x": np.ones(4)}, "search result")
+    monkeypatch.undo()
+    backend, key, data = sent[0]
+    assert real(backend, key, data)  # the first request lands
+    store = versions.VersionedStore(path)
+    assert store.check(store.head())  # the head's version is there, whole
