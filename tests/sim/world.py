@@ -290,7 +290,8 @@ def simulated(world: World):
              (leases, "LEASE_HEARTBEAT"): leases.LEASE_HEARTBEAT,
              (backend_module, "_PROBED"): backend_module._PROBED,
              (backend_module, "_PROBE_LOCK"): backend_module._PROBE_LOCK,
-             (backend_module, "uuid"): backend_module.uuid}
+             (backend_module, "uuid"): backend_module.uuid,
+             (versions, "_HEAD_SEEN"): versions._HEAD_SEEN}
     WORLD = world
 
     def backend_for(url):
@@ -322,7 +323,10 @@ def simulated(world: World):
                (backend_module, "_PROBED"): set(),
                # one OS thread: a greenlet that waits on a held threading.Lock deadlocks
                (backend_module, "_PROBE_LOCK"): contextlib.nullcontext(),
-               (backend_module, "uuid"): types.SimpleNamespace(uuid4=_uuid4)}
+               (backend_module, "uuid"): types.SimpleNamespace(uuid4=_uuid4),
+               # the heads this process saw (a listing's starting point): none, per world,
+               # else a seed's calls depend on the seeds run before it
+               (versions, "_HEAD_SEEN"): {}}
     for (module, name), value in patches.items():
         setattr(module, name, value)
     try:
