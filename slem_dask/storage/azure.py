@@ -14,14 +14,11 @@ Configuration is adlfs's: ``AZURE_STORAGE_CONNECTION_STRING``, or
 from __future__ import annotations
 
 import asyncio
-import atexit
 import os
 import re
 import weakref
 
-import zarr  # noqa: F401 - its exit handler first (see _close_clients_at_exit)
-
-from .cloud import EVERY_WORKER, BucketBackend, chain
+from .cloud import EVERY_WORKER, BucketBackend, at_exit_before_zarr, chain
 
 __all__ = ["AzureBackend"]
 
@@ -47,16 +44,7 @@ def _close_clients_at_exit() -> None:
                 pass
 
 
-class _Anchor:
-    pass
-
-
-# Exit handlers run last registered first. Registered after zarr's (zarr is imported
-# first) and after weakref's (made to register here by a finalizer of its own), this one
-# runs before both: before zarr stops its loop, and before weakref runs what is left
-_ANCHOR = _Anchor()
-weakref.finalize(_ANCHOR, int)
-atexit.register(_close_clients_at_exit)
+at_exit_before_zarr(_close_clients_at_exit)
 
 
 class AzureBackend(BucketBackend):

@@ -14,6 +14,7 @@ import functools
 import json
 import os
 import threading
+import weakref
 
 from .backend import Backend
 
@@ -241,3 +242,25 @@ def chain(exc: BaseException | None):
         seen.add(id(exc))
         yield exc
         exc = exc.__cause__ or exc.__context__
+
+
+class _Anchor:
+    pass
+
+
+_ANCHORS: list[_Anchor] = []
+
+
+def at_exit_before_zarr(handler) -> None:
+    """Run ``handler`` at interpreter exit before zarr stops its event loop and before
+    weakref runs the finalizers left (where the SDKs close their clients, on a loop that
+    may be gone). Exit handlers run last registered first: zarr registers its own when it
+    is imported, weakref when its first finalizer is made, so both are made to exist
+    before ``handler`` is registered."""
+    import atexit
+
+    import zarr  # noqa: F401 - its exit handler registered before this one
+
+    _ANCHORS.append(_Anchor())
+    weakref.finalize(_ANCHORS[-1], int)
+    atexit.register(handler)

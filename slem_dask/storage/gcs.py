@@ -15,13 +15,10 @@ emulator's address from ``STORAGE_EMULATOR_HOST``; keyword arguments given to
 from __future__ import annotations
 
 import asyncio
-import atexit
 import os
 import weakref
 
-import zarr  # noqa: F401 - its exit handler first (see _close_sessions_at_exit)
-
-from .cloud import EVERY_WORKER, BucketBackend, chain
+from .cloud import EVERY_WORKER, BucketBackend, at_exit_before_zarr, chain
 
 __all__ = ["GCSBackend"]
 
@@ -49,15 +46,7 @@ def _close_sessions_at_exit() -> None:
             pass
 
 
-class _Anchor:
-    pass
-
-
-# Exit handlers run last registered first: registered after zarr's (imported first) and
-# weakref's (made to register by this finalizer), this one runs before both
-_ANCHOR = _Anchor()
-weakref.finalize(_ANCHOR, int)
-atexit.register(_close_sessions_at_exit)
+at_exit_before_zarr(_close_sessions_at_exit)
 
 
 class GCSBackend(BucketBackend):
