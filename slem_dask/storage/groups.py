@@ -76,7 +76,7 @@ def write_group(path, meta: dict, arrays: dict[str, np.ndarray], what: str,
                 value = np.asarray(value)
                 rows = _group_chunk_rows(value)
                 arr = group.create_array(key, shape=value.shape, dtype=value.dtype,
-                                         chunks=(rows, *value.shape[1:]) if value.ndim else None,
+                                         chunks=(rows, *value.shape[1:]) if value.ndim else None,  # type: ignore[arg-type]  # zarr takes None (0-d)
                                          compressors=CHECKSUM)
                 if not value.ndim:
                     arr[...] = value
