@@ -46,9 +46,10 @@ def create_output(location: str, shape: tuple[int, int], partition_rows: int, dt
     # with it: there is no moment when the array exists without "complete: false".
     # Dimension names label it for xarray; a NaN fill value makes a chunk that is not
     # there (a version pruned under a plain zarr reader) read as NaN, never as zeros.
+    # (zarr's ArrayConfigParams types every key as required; a partial config is fine)
     return zarr.create_array(store=location, shape=shape, dtype=np.dtype(dtype).newbyteorder("<"),
                              chunks=(max(1, partition_rows), shape[1]), overwrite=True,
-                             compressors=CHECKSUM, config={"write_empty_chunks": True},  # type: ignore[arg-type]  # zarr types every key as required
+                             compressors=CHECKSUM, config={"write_empty_chunks": True},  # type: ignore[arg-type]
                              fill_value=fill_value(dtype), dimension_names=DIMENSIONS,
                              attributes={ATTR: json_params({
                                  "kind": "encoding", "complete": False,
@@ -141,7 +142,7 @@ def _write_local_chunk(arr: zarr.Array, index: int, block: np.ndarray) -> bool:
         return False
     raw = block.reshape(-1).view(np.uint8)
     trailer = np.array([crc32c(raw)], dtype="<u4").tobytes()
-    data = memoryview(raw)  # type: ignore[arg-type]  # ndarray is a buffer; numpy's stubs declare __buffer__ for Python >= 3.12 only
+    data = memoryview(raw)  # type: ignore[arg-type]  # a buffer (numpy stubs: >= 3.12)
     path = os.path.join(str(store.root), _full_key(arr, (index, 0)))
     os.makedirs(os.path.dirname(path), exist_ok=True)
     tmp = f"{path}.{uuid.uuid4().hex}.partial"
