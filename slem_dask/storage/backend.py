@@ -25,6 +25,7 @@ object stores through s3fs), :mod:`.gcs` (Google Cloud Storage through gcsfs),
 
 from __future__ import annotations
 
+import builtins  # `list` in a backend class is its method: annotations say builtins.list
 import abc
 import os
 import threading
@@ -79,7 +80,7 @@ class Backend(abc.ABC):
         """Names directly under the folder ``prefix`` ('' for the root), sorted; [] if
         there is none."""
 
-    def list_after(self, prefix: str, start_after: str) -> list[str]:
+    def list_after(self, prefix: str, start_after: str) -> builtins.list[str]:
         """The names of :meth:`list` that sort after ``start_after``; object stores
         override it to be sent only those (the cost of finding the newest of many
         names then does not grow with their number)."""
@@ -98,7 +99,7 @@ class Backend(abc.ABC):
         """Remove everything under the folder ``prefix``; no error if there is nothing."""
 
     @abc.abstractmethod
-    def copy_tree(self, src: str, dst: str, names: list[str] | None = None) -> None:
+    def copy_tree(self, src: str, dst: str, names: builtins.list[str] | None = None) -> None:
         """Give ``dst`` its own copy of the objects under ``src`` (of ``names`` only,
         relative to ``src``, if given) without rewriting their bytes where the storage
         can: a hard link on a local file system, a server-side copy on S3. Later writes

@@ -150,7 +150,9 @@ def fingerprint(arrays: dict[str, np.ndarray], params: dict[str, Any]) -> str:
         h.update(key.encode())
         h.update(str(a.dtype).encode())
         h.update(str(a.shape).encode())
-        h.update(a.reshape(-1).view(np.uint8))  # the same bytes as a.tobytes(), without a copy
+        # the same bytes as a.tobytes(), without a copy (an ndarray is a buffer: numpy's
+        # stubs declare __buffer__ for Python >= 3.12 only)
+        h.update(a.reshape(-1).view(np.uint8))  # type: ignore[arg-type]  # a buffer (numpy stubs: >= 3.12)
     return h.hexdigest()
 
 

@@ -58,7 +58,8 @@ def dask_rows(arr: zarr.Array, partition_rows: int | None = None, name: str = "i
     """
     import dask.array as da
 
-    rows = int(partition_rows) if exact else row_partition(arr, partition_rows)
+    # exact: the caller gives partition_rows (int(None) would fail here as before)
+    rows = int(partition_rows) if exact else row_partition(arr, partition_rows)  # type: ignore[arg-type]
     n, d = arr.shape
     chunks = (tuple(min(rows, n - lo) for lo in range(0, n, rows)), (d,))
     x = da.map_blocks(_read_rows, arr, name, chunks=chunks, dtype=arr.dtype,
@@ -220,7 +221,7 @@ class _RowChunkCodecs:
         if not whole:
             out[start - lo:stop - lo] = target[start - a:stop - a]
 
-    def _decode(self, data: bytes, target: np.ndarray) -> None:
+    def _decode(self, data: np.ndarray, target: np.ndarray) -> None:
         import numcodecs
 
         view = data
@@ -307,7 +308,7 @@ def _chunk_bytes(arr, key: str) -> np.ndarray | None:
         try:
             with open(os.path.join(store.root, key), "rb", buffering=0) as f:
                 data = np.empty(os.fstat(f.fileno()).st_size, dtype=np.uint8)
-                view, done = memoryview(data), 0
+                view, done = memoryview(data), 0  # type: ignore[arg-type]  # a buffer (numpy stubs: >= 3.12)
                 while done < len(data):
                     got = f.readinto(view[done:])
                     if not got:
@@ -347,7 +348,7 @@ def _where(arr: zarr.Array) -> str:
     elif hasattr(store, "fs"):  # FsspecStore
         protocol = store.fs.protocol
         protocol = protocol[0] if isinstance(protocol, (tuple, list)) else protocol
-        root = f"{protocol}://{store.path.lstrip('/')}"
+        root = f"{protocol}://{store.path.lstrip('/')}"  # type: ignore[attr-defined]  # FsspecStore
     else:
         root = str(store)
     return f"{root.rstrip('/')}/{arr.path}" if arr.path else root

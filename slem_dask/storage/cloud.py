@@ -10,6 +10,7 @@ bucket must fail, not find an empty store.
 
 from __future__ import annotations
 
+import builtins  # `list` in a backend class is its method: annotations say builtins.list
 import functools
 import json
 import os
@@ -166,7 +167,7 @@ class BucketBackend(Backend):
         except FileNotFoundError:
             pass
 
-    def _objects_under(self, folder: str) -> list[str]:
+    def _objects_under(self, folder: str) -> builtins.list[str]:
         try:
             return self.fs.find(folder.rstrip("/") + "/", withdirs=False)
         except FileNotFoundError:
@@ -186,7 +187,7 @@ class BucketBackend(Backend):
             except FileNotFoundError:
                 pass
 
-    def copy_tree(self, src: str, dst: str, names: list[str] | None = None) -> None:
+    def copy_tree(self, src: str, dst: str, names: builtins.list[str] | None = None) -> None:
         """A server-side copy of each object (no bytes through this process); the copy
         is a new object, so later writes to ``src`` leave ``dst`` as it was. An
         existing ``dst`` object is overwritten."""
@@ -197,7 +198,7 @@ class BucketBackend(Backend):
         pairs = [(f"{src_path}/{n.strip('/')}", f"{dst_path}/{n.strip('/')}") for n in names]
         self._copy_all(pairs)
 
-    def _copy_all(self, pairs: list[tuple[str, str]]) -> None:
+    def _copy_all(self, pairs: builtins.list[tuple[str, str]]) -> None:
         if pairs:
             self.fs.copy([s for s, _ in pairs], [d for _, d in pairs], on_error="raise")
 

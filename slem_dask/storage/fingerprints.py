@@ -31,7 +31,7 @@ def _listing(arr, path: StorePath) -> dict[str, tuple]:
     prefix = f"{arr.path}/" if arr.path else ""
     root = path.location
     # ``path`` names the array itself: strip the array's own prefix from the keys
-    out: dict[str, tuple[int, int]] = {}
+    out: dict[str, tuple[int, int | str]] = {}
     if path.is_local:
         for dirpath, _, files in os.walk(root):
             for name in files:
@@ -62,6 +62,7 @@ def _digest(parts) -> str:
 
 def _layout(arr) -> tuple:
     meta = arr.metadata
+    codecs: dict | list
     if getattr(meta, "zarr_format", 3) == 2:  # no codecs: its filters and compressor
         codecs = {k: v for k, v in meta.to_dict().items() if k in ("filters", "compressor",
                                                                     "order")}

@@ -25,7 +25,7 @@ NPY_MAGIC = b"\x93NUMPY"
 HDF5_MAGIC = b"\x89HDF\r\n\x1a\n"
 HDF5_SUFFIXES = (".h5", ".hdf5", ".he5", ".hdf")
 #: TEXMEX files: each row is an int32 dimension, then that many values of this dtype
-TEXMEX = {".fvecs": np.dtype("<f4"), ".bvecs": np.dtype("u1"), ".ivecs": np.dtype("<i4")}
+TEXMEX: dict[str, np.dtype] = {".fvecs": np.dtype("<f4"), ".bvecs": np.dtype("u1"), ".ivecs": np.dtype("<i4")}
 GLOB_CHARS = "*?["
 #: ``FILE.h5:/dataset`` or ``FILE.h5:dataset``: a colon right after an HDF5 suffix (a
 #: file name cannot hold the ``/`` after it, and fsspec's ``::`` chaining is not used)
@@ -118,7 +118,7 @@ class FileArray:
             i = int(rows) + (self.shape[0] if rows < 0 else 0)
             if not 0 <= i < self.shape[0]:
                 raise IndexError(f"row {int(rows)} of {self.shape[0]}")
-            return self.read(i, i + 1)[(0, *rest)]
+            return self.read(i, i + 1)[(0,) + tuple(rest)]
         if not isinstance(rows, slice):
             raise TypeError(f"{self!r}: index rows by an int or a slice, got {rows!r}")
         wanted = range(*rows.indices(self.shape[0]))
@@ -128,7 +128,7 @@ class FileArray:
             lo, hi = min(wanted), max(wanted) + 1
             block = self.read(lo, hi)
             block = block if rows.step in (None, 1) else block[np.asarray(wanted) - lo]
-        return block[(slice(None), *rest)] if rest else block
+        return block[(slice(None),) + tuple(rest)] if rest else block
 
     def fingerprint(self, lo: int, hi: int, name: str = "input") -> str:
         """A digest of the files holding rows [lo, hi) (name, and size and mtime as they
@@ -152,7 +152,7 @@ class FileArray:
     def signature(self) -> dict:
         """What a worker must see as the client does: each file's name and size, and
         the first 64 KiB of the first."""
-        sig = {"files": [(p.file, os.path.getsize(p.file) if os.path.exists(p.file)
+        sig: dict[str, object] = {"files": [(p.file, os.path.getsize(p.file) if os.path.exists(p.file)
                           else None) for p in self.parts]}
         with open(self.parts[0].file, "rb") as f:
             sig["head"] = hashlib.sha256(f.read(2**16)).hexdigest()
@@ -315,7 +315,8 @@ def _part(file: str, start: int, rows: int) -> Part:
 
 
 def _open_npy(path: StorePath, files: list[str], name: str, fmt: str) -> FileArray:
-    parts, first = [], None
+    parts: list[Part] = []
+    first: np.ndarray | None = None
     for file in files:
         _check_npy_magic(file, name)
         try:
@@ -340,6 +341,7 @@ def _open_npy(path: StorePath, files: list[str], name: str, fmt: str) -> FileArr
         parts.append(_part(file, start, int(a.shape[0])))
         first = a if first is None else first
     n = parts[-1].start + parts[-1].rows
+    assert first is not None  # set with parts[0]: parts[-1] above exists
     return FileArray(fmt, path.url, tuple(parts), (n, int(first.shape[1])),
                      first.dtype.newbyteorder("="))
 
@@ -412,7 +414,7 @@ def _open_hdf5(path: StorePath, file: str, dataset: str | None, name: str) -> Fi
                     f"convert it to .npy or zarr") from None
         unit = int(node.chunks[0]) if node.chunks else 1
         part = _part(file, 0, int(node.shape[0]))
-        return FileArray("hdf5", path.url, (part,), tuple(int(s) for s in node.shape),
+        return FileArray("hdf5", path.url, (part,), (int(node.shape[0]), int(node.shape[1])),
                          node.dtype.newbyteorder("="), unit, dataset,
                          stored_in_chunks=node.chunks is not None)
 

@@ -11,6 +11,7 @@ and Azure have their own backends (:mod:`.local`, :mod:`.s3`, :mod:`.gcs`, :mod:
 
 from __future__ import annotations
 
+import builtins  # `list` in a backend class is its method: annotations say builtins.list
 import functools
 import threading
 
@@ -54,7 +55,7 @@ class FsspecBackend(Backend):
             return None
 
     @property
-    def atomic_create(self) -> bool:
+    def atomic_create(self) -> bool:  # type: ignore[override]  # Backend: a class attribute
         return self.protocol in _IN_PROCESS
 
     def create(self, key: str, data: bytes) -> bool:
@@ -105,7 +106,7 @@ class FsspecBackend(Backend):
         elif self.fs.isfile(path):
             self.fs.rm_file(path)
 
-    def copy_tree(self, src: str, dst: str, names: list[str] | None = None) -> None:
+    def copy_tree(self, src: str, dst: str, names: builtins.list[str] | None = None) -> None:
         """``cp_file`` of each file: a copy of the bytes on memory://, a server-side
         copy where the file system has one."""
         src_path, dst_path = self._path(src), self._path(dst)

@@ -59,7 +59,7 @@ class GCSBackend(BucketBackend):
     _zonal: bool | None = None
 
     @property
-    def atomic_create(self) -> bool:
+    def atomic_create(self) -> bool:  # type: ignore[override]  # Backend: a class attribute
         return not self._is_zonal()
 
     def _is_zonal(self) -> bool:

@@ -75,8 +75,9 @@ def write_group(path, meta: dict, arrays: dict[str, np.ndarray], what: str,
             for key, value in arrays.items():
                 value = np.asarray(value)
                 rows = _group_chunk_rows(value)
+                # zarr takes chunks=None (a 0-d array: one chunk); its annotation does not
                 arr = group.create_array(key, shape=value.shape, dtype=value.dtype,
-                                         chunks=(rows, *value.shape[1:]) if value.ndim else None,
+                                         chunks=(rows, *value.shape[1:]) if value.ndim else None,  # type: ignore[arg-type]
                                          compressors=CHECKSUM)
                 if not value.ndim:
                     arr[...] = value

@@ -5,6 +5,7 @@ one, a plain zarr array (v3 or v2), or descriptors in a file of another format
 from __future__ import annotations
 
 import os
+from typing import Literal
 
 import numpy as np
 
@@ -41,12 +42,13 @@ def _demo_example(name: str) -> str:
     return f"{folder}corpus.zarr/{_demo_member(name)}"
 
 
-def open_node(path, mode: str = "r"):
+def open_node(path, mode: Literal["r", "r+", "a", "w", "w-"] = "r"):
     """The zarr v3 node that readers of ``path`` see: the head version of a versioned
     store (its metadata checked against its commit record), a member of one, or a plain
     zarr node. Raises FileNotFoundError when there is nothing to read."""
     location, store, commit = versions.resolve(path)
     if store is not None:
+        assert commit is not None  # resolve gives a commit with every store
         store.check(commit)
     return zarr.open(store=location, mode=mode, zarr_format=3)
 
@@ -217,6 +219,7 @@ def check_distinct(target, flag: str, inputs: dict[str, object]) -> None:
     location, owner, commit = versions.resolve(target)
     if owner is not None and owner.path.url != target.url \
             and exists(canonical(location)):
+        assert commit is not None  # resolve gives a commit with every store
         raise ValueError(
             f"{flag} {str(target)!r} is the member {target.name!r} of version {commit.seq} "
             f"of the slem-dask store {str(owner.path)!r}: writing there would hide it from "

@@ -205,7 +205,7 @@ class Lease:
 
     def held(self) -> bool:
         record = self.read()
-        return bool(record) and record.get("token") == self.token
+        return record is not None and bool(record) and record.get("token") == self.token
 
     def check(self) -> None:
         if not self.held():

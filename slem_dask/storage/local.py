@@ -9,6 +9,7 @@ link was made, so an ``EEXIST`` is resolved by looking at what the name holds.
 
 from __future__ import annotations
 
+import builtins  # `list` in a backend class is its method: annotations say builtins.list
 import errno
 import os
 import shutil
@@ -109,7 +110,7 @@ class LocalBackend(Backend):
             except OSError:
                 pass
 
-    def copy_tree(self, src: str, dst: str, names: list[str] | None = None) -> None:
+    def copy_tree(self, src: str, dst: str, names: builtins.list[str] | None = None) -> None:
         src_root, dst_root = self._path(src), self._path(dst)
         if names is None:
             names = []

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import time
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
@@ -21,6 +22,9 @@ from .inputs import _exists, open_node
 from .ownership import ATTR, slem_dask_kind
 from .paths import canonical
 from .readers import DIMENSIONS, fill_value
+
+if TYPE_CHECKING:
+    from zarr.core.metadata import ArrayV3Metadata
 
 
 def create_output(location: str, shape: tuple[int, int], partition_rows: int, dtype,
@@ -42,9 +46,10 @@ def create_output(location: str, shape: tuple[int, int], partition_rows: int, dt
     # with it: there is no moment when the array exists without "complete: false".
     # Dimension names label it for xarray; a NaN fill value makes a chunk that is not
     # there (a version pruned under a plain zarr reader) read as NaN, never as zeros.
+    # (zarr's ArrayConfigParams types every key as required; a partial config is fine)
     return zarr.create_array(store=location, shape=shape, dtype=np.dtype(dtype).newbyteorder("<"),
                              chunks=(max(1, partition_rows), shape[1]), overwrite=True,
-                             compressors=CHECKSUM, config={"write_empty_chunks": True},
+                             compressors=CHECKSUM, config={"write_empty_chunks": True},  # type: ignore[arg-type]
                              fill_value=fill_value(dtype), dimension_names=DIMENSIONS,
                              attributes={ATTR: json_params({
                                  "kind": "encoding", "complete": False,
@@ -58,7 +63,7 @@ def output_meta(arr: zarr.Array) -> dict | None:
 
 
 def update_meta(arr: zarr.Array, **fields) -> dict:
-    meta = dict(arr.attrs[ATTR])
+    meta = dict(cast("dict[str, Any]", arr.attrs[ATTR]))  # zarr types attributes as any JSON
     meta.update(json_params(fields))
     arr.attrs[ATTR] = meta
     return meta
@@ -137,7 +142,7 @@ def _write_local_chunk(arr: zarr.Array, index: int, block: np.ndarray) -> bool:
         return False
     raw = block.reshape(-1).view(np.uint8)
     trailer = np.array([crc32c(raw)], dtype="<u4").tobytes()
-    data = memoryview(raw)
+    data = memoryview(raw)  # type: ignore[arg-type]  # a buffer (numpy stubs: >= 3.12)
     path = os.path.join(str(store.root), _full_key(arr, (index, 0)))
     os.makedirs(os.path.dirname(path), exist_ok=True)
     tmp = f"{path}.{uuid.uuid4().hex}.partial"
@@ -168,7 +173,7 @@ def _crc_trailer_layout(arr: zarr.Array, block: np.ndarray) -> bool:
     bytes + crc32c codecs of :func:`create_output`, a whole little-endian chunk)."""
     from zarr.codecs import BytesCodec, Crc32cCodec
 
-    codecs = tuple(arr.metadata.codecs)
+    codecs = tuple(cast("ArrayV3Metadata", arr.metadata).codecs)  # outputs are zarr v3
     return (block.shape == tuple(arr.chunks) and len(codecs) == 2
             and isinstance(codecs[0], BytesCodec) and isinstance(codecs[1], Crc32cCodec)
             and block.dtype.byteorder in "<=|" and np.little_endian)
@@ -238,7 +243,7 @@ def remove_stray_partials(path) -> int:
 def mark_complete(arr: zarr.Array, extra: dict | None = None) -> None:
     """Mark an output complete, with a checksum of its metadata: an output whose
     fingerprints or recorded chunk checksums were edited is refused by every reader."""
-    meta = dict(arr.attrs[ATTR])
+    meta = dict(cast("dict[str, Any]", arr.attrs[ATTR]))  # zarr types attributes as any JSON
     meta.update(json_params({**(extra or {}), "complete": True,
                              "completed": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}))
     meta.pop("metadata_checksum", None)

@@ -51,6 +51,7 @@ def _pinned(path, version: int | None):
         raise versions.VersionError(
             f"{str(path)!r} is not a slem-dask versioned store (it has no commit records); "
             f"open it with zarr itself: zarr.open({str(path)!r}, mode='r')")
+    assert commit is not None  # resolve gives a commit with every store
     member = location[len(owner.location(commit.version)):].strip("/")
     if version is not None:
         commit = owner.commit_at(int(version))
@@ -102,7 +103,7 @@ class VersionStore(Store):
         self._base = f"{member}/" if member else ""  # the node viewed, in the version
         self._name = member.rsplit("/", 1)[-1] if member else ENCODINGS  # in the group view
         self._inner = None
-        self._bare_array = None  # whether the node viewed is an array: on first use
+        self._bare_array: bool | None = None  # whether the node viewed is an array: on first use
 
     # pickling (dask workers): the pinned version, not the open store
     def __getstate__(self):

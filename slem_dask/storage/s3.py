@@ -17,6 +17,7 @@ from ``AWS_DEFAULT_REGION``; keyword arguments given to :class:`S3Backend` go to
 
 from __future__ import annotations
 
+import builtins  # `list` in a backend class is its method: annotations say builtins.list
 import asyncio
 import functools
 import json
@@ -264,13 +265,13 @@ class S3Backend(Backend):
     def list(self, prefix: str) -> list[str]:
         return self._names(prefix, None)
 
-    def list_after(self, prefix: str, start_after: str) -> list[str]:
+    def list_after(self, prefix: str, start_after: str) -> builtins.list[str]:
         # S3 lists keys in byte order, from StartAfter on
         return [n for n in self._names(prefix, start_after) if n > start_after]
 
-    def _names(self, prefix: str, start_after: str | None) -> list[str]:
+    def _names(self, prefix: str, start_after: str | None) -> builtins.list[str]:
         folder = self._folder(prefix)
-        names = set()
+        names: set[str] = set()
         after = folder + start_after if start_after else None
         for page in self._pages(folder, "/", after):
             names.update(o["Key"][len(folder):] for o in page.get("Contents", []))
@@ -313,7 +314,7 @@ class S3Backend(Backend):
                     todo += found
             self._delete_keys(sorted(dirs, key=lambda d: (-d.count("/"), d)))
 
-    def _delete_keys(self, keys: list[str]) -> None:
+    def _delete_keys(self, keys: builtins.list[str]) -> None:
         for i in range(0, len(keys), _DELETE_BATCH):
             batch = keys[i:i + _DELETE_BATCH]
             out = self._call("delete_objects", Delete={
@@ -324,7 +325,7 @@ class S3Backend(Backend):
                 raise OSError(f"cannot delete s3://{self.bucket}/{e.get('Key')}: "
                               f"{e.get('Code')} {e.get('Message', '')}".strip())
 
-    def copy_tree(self, src: str, dst: str, names: list[str] | None = None) -> None:
+    def copy_tree(self, src: str, dst: str, names: builtins.list[str] | None = None) -> None:
         """Server-side CopyObject of each object (one request each, up to 5 GiB an
         object, which zarr chunks never reach); the copy is a new object, so later
         writes to ``src`` leave ``dst`` as it was. An existing ``dst`` object is

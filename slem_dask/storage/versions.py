@@ -450,7 +450,9 @@ class VersionedStore:
 
     def _seq(self, version: str) -> int:
         self._folder(version)
-        return draft_seq(version)
+        seq = draft_seq(version)
+        assert seq is not None  # _folder refused any other name
+        return seq
 
     def delete_version(self, version: str) -> None:
         """Its zarr.json, the folder, then its marker: a version deleted in part (a
@@ -481,6 +483,7 @@ class VersionedStore:
             raise ValueError(f"{str(self.path)!r} has no version {seq}; list them with "
                              f"`slem-dask versions {self.path}`")
         head = self.head()
+        assert head is not None  # the record of ``old`` was read: the store has a head
         source = f"rollback to {seq}"
         if head.version == old.version or (head.source == source
                                            and head.checksum == old.checksum):
@@ -550,10 +553,10 @@ def resolve(path) -> tuple[str, "VersionedStore | None", Commit | None]:
     head = store.head()  # one listing and one read, for a versioned store
     if head is not None:
         return store.location(head.version), store, head
-    if path.parent.name == VERSIONS and draft_seq(path.name) is not None:
+    if path.parent.name == VERSIONS and (seq := draft_seq(path.name)) is not None:
         owner = VersionedStore(path.parent.parent)
         if owner.is_versioned():
-            commit = owner.commit_at(draft_seq(path.name))
+            commit = owner.commit_at(seq)
             if commit is None or commit.version != path.name:
                 raise VersionError(
                     f"{str(path)!r} is a version folder that was never committed (a draft "

@@ -25,7 +25,7 @@ def store_signature(location: str) -> dict:
     except Exception as exc:  # noqa: BLE001 - any failure is reported to the client
         return {"error": f"{type(exc).__name__}: {exc}"}
     doc = _store_get(node, f"{node.path}/zarr.json" if node.path else "zarr.json")
-    sig = {"metadata": hashlib.sha256(doc or b"").hexdigest()}
+    sig: dict[str, str | None] = {"metadata": hashlib.sha256(doc or b"").hexdigest()}
     if isinstance(node, zarr.Array) and node.shape[0]:
         # the first chunk's size and its first and last 64 KiB: enough to tell a missing
         # mount or another file, without reading a whole chunk (37 MB at 20,000 x 512)
