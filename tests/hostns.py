@@ -25,9 +25,15 @@ import time
 import uuid
 from dataclasses import dataclass, field
 
-# what a host's first process runs: own hostname, /tmp and /dev/shm, then the command
-_ENTER = ('hostname "$SLEM_HOST" && mount -t tmpfs tmpfs /tmp && '
-          'mount -t tmpfs tmpfs /dev/shm && exec "$@"')
+# what a host's first process runs: own hostname, /tmp and /dev/shm, then the command.
+# The paths in $SLEM_KEEP that lie under /tmp (a clone and its venv, say) are bound back
+# into the host's own /tmp, through $SLEM_HOST_TMP, a view of the machine's /tmp
+_ENTER = ('hostname "$SLEM_HOST" && mkdir -p "$SLEM_HOST_TMP" && '
+          'mount --bind /tmp "$SLEM_HOST_TMP" && mount -t tmpfs tmpfs /tmp && '
+          'mount -t tmpfs tmpfs /dev/shm && '
+          'for p in $(echo "$SLEM_KEEP" | tr ":" " "); do case "$p" in /tmp/*) '
+          'mkdir -p "$p" && mount --bind "$SLEM_HOST_TMP/${p#/tmp/}" "$p";; esac; done && '
+          'exec "$@"')
 # libfaketime preloaded directly: the `faketime` wrapper names a semaphore after its pid,
 # which is 1 in every PID namespace, and one left by a killed host blocks the next
 LIBFAKETIME = ("/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1",
@@ -144,7 +150,12 @@ class Hosts:
                               preexec_fn=_die_with_parent, **kw)
 
     def _env(self, name: str, env: dict | None) -> dict:
-        return {**os.environ, **(env or {}), "SLEM_HOST": name}
+        # what every host must still see: this code, the interpreter's environment
+        keep = [os.path.dirname(os.path.dirname(os.path.abspath(__file__))), sys.prefix,
+                sys.base_prefix]
+        return {**os.environ, **(env or {}), "SLEM_HOST": name,
+                "SLEM_HOST_TMP": os.path.join(self.base, f"{name}-machine-tmp"),
+                "SLEM_KEEP": ":".join(os.path.realpath(p) for p in keep)}
 
     def cut(self, name: str, net: str) -> None:
         """Partition: host ``name`` loses network ``net`` (its switch port goes down)."""

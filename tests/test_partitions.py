@@ -179,6 +179,15 @@ def _check(hosts, kind: str, store: str, *extra: str) -> None:
     assert done.returncode == 0 and done.stdout.startswith("ok"), done.stdout + done.stderr
 
 
+def _workers_back(hosts) -> None:
+    """What the failed job's line says to do before running it again: the cut-off worker
+    back (restarted, as deployed, once its link is up), both workers joined."""
+    wait = ("from distributed import Client\n"
+            f"with Client('{ADDRESS}', timeout=60) as c: c.wait_for_workers(2, timeout=90)\n")
+    done = hosts.run("client", [sys.executable, "-c", wait], timeout=150)
+    assert done.returncode == 0, done.stderr + _cluster_logs(hosts)
+
+
 def _one_line_or_success(code: int, err: str) -> None:
     lines = [line for line in err.splitlines() if line.strip()]
     assert code == 0 or (code == 1 and len(lines) == 1), (code, err)
@@ -230,6 +239,7 @@ def test_encode_with_a_worker_cut_off_mid_job(hosts, host, net):
     code, err = _job_with_a_cut(hosts, args, host, net)
     _one_line_or_success(code, err)
     if code != 0:
+        _workers_back(hosts)
         code, err = _slem(hosts, args)          # the same command, the link back
         assert code == 0, err
     _check(hosts, "encode", out, model, f"s3://{BUCKET}/pos.zarr", str(CHUNK))
@@ -243,6 +253,7 @@ def test_encode_with_the_client_cut_off_from_s3_mid_job(hosts):
     code, err = _job_with_a_cut(hosts, args, "client", "s3", heal_after=15)
     _one_line_or_success(code, err)
     if code != 0:
+        _workers_back(hosts)
         code, err = _slem(hosts, args)
         assert code == 0, err
     _check(hosts, "encode", out, model, f"s3://{BUCKET}/pos.zarr", str(CHUNK))
@@ -255,6 +266,7 @@ def test_fit_with_a_worker_cut_off_from_s3_mid_job(hosts):
     code, err = _job_with_a_cut(hosts, args, "w2", "s3")
     _one_line_or_success(code, err)
     if code != 0:
+        _workers_back(hosts)
         code, err = _slem(hosts, args)
         assert code == 0, err
     _check(hosts, "fit", model)
@@ -273,6 +285,7 @@ def test_search_with_a_worker_cut_off_from_the_scheduler_mid_job(hosts):
     code, err = _job_with_a_cut(hosts, args, "w2", "ctl")
     _one_line_or_success(code, err)
     if code != 0:
+        _workers_back(hosts)
         code, err = _slem(hosts, args)
         assert code == 0, err + _cluster_logs(hosts)
     _check(hosts, "search", hits)
