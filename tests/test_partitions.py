@@ -175,16 +175,27 @@ def _progress(hosts) -> int:
 
 def _check(hosts, kind: str, store: str, *extra: str) -> None:
     done = hosts.run("client", [sys.executable, str(HERE / "_ns_check.py"), kind, store,
-                                *extra], env={**S3_ENV, "PYTHONPATH": str(HERE)})
+                                *extra],
+                     env={**S3_ENV, "PYTHONPATH": os.pathsep.join([str(HERE), str(HERE.parent)])})
     assert done.returncode == 0 and done.stdout.startswith("ok"), done.stdout + done.stderr
 
 
 def _workers_back(hosts) -> None:
     """What the failed job's line says to do before running it again: the cut-off worker
     back (restarted, as deployed, once its link is up), both workers joined."""
-    wait = ("from distributed import Client\n"
-            f"with Client('{ADDRESS}', timeout=60) as c: c.wait_for_workers(2, timeout=90)\n")
-    done = hosts.run("client", [sys.executable, "-c", wait], timeout=150)
+    # two workers that answer (a worker the scheduler has not yet given up would be
+    # counted by wait_for_workers, and vanish under the next job: "Address removed.")
+    wait = ("import time\nfrom distributed import Client\n"
+            f"with Client('{ADDRESS}', timeout=60) as c:\n"
+            "    for _ in range(120):\n"
+            "        try:\n"
+            "            if len(c.run(lambda: 1, wait=True)) == 2:\n"
+            "                time.sleep(12)  # past the scheduler's 10 s worker TTL\n"
+            "                if len(c.run(lambda: 1)) == 2: break\n"
+            "        except Exception: pass\n"
+            "        time.sleep(1)\n"
+            "    else: raise SystemExit('workers not back')\n")
+    done = hosts.run("client", [sys.executable, "-c", wait], timeout=200)
     assert done.returncode == 0, done.stderr + _cluster_logs(hosts)
 
 
