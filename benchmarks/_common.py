@@ -79,7 +79,7 @@ def add_run_args(parser: argparse.ArgumentParser, repeat: int = 3) -> None:
                         help="rows per dask partition (default: the library's, "
                              "storage.row_partition)")
     parser.add_argument("--workers", type=int, default=None,
-                        help="LocalCluster worker processes (default: slem_dask.cluster "
+                        help="LocalCluster worker processes (default: slem_dask.cluster.connect "
                              "default, one per core)")
     parser.add_argument("--threads", type=int, default=None,
                         help="threads per worker (default 1)")
@@ -243,7 +243,7 @@ def header(title: str, args) -> None:
 @contextlib.contextmanager
 def scheduler_contexts(args, schedulers, plain_cluster: bool = False):
     """Yield (clients, contexts) keyed by scheduler: "threads" (dask's threaded scheduler,
-    no Client) and "cluster" (slem-dask's LocalCluster, ``slem_dask.cluster.connect``, of
+    no Client) and "cluster" (slem-dask's LocalCluster, ``slem_dask.cluster.connect.connect``, of
     --workers x --threads, started only if asked for). ``contexts[name]()`` makes that
     scheduler the one dask.compute uses. ``plain_cluster``: also "plain-cluster", the
     LocalCluster a user writes by hand (``LocalCluster(n_workers, threads_per_worker)``,
@@ -253,7 +253,7 @@ def scheduler_contexts(args, schedulers, plain_cluster: bool = False):
     import dask
     from distributed import Client, LocalCluster
 
-    from slem_dask.cluster import connect, default_local_cluster_kwargs
+    from slem_dask.cluster.connect import connect, default_local_cluster_kwargs
 
     with contextlib.ExitStack() as stack:
         clients = {"threads": None}
@@ -263,7 +263,7 @@ def scheduler_contexts(args, schedulers, plain_cluster: bool = False):
                 connect(n_workers=args.workers, threads_per_worker=args.threads, quiet=True))
             nthreads = client.nthreads()
             print(f"cluster: {len(nthreads)} worker process(es) x "
-                  f"{sorted(set(nthreads.values()))} thread(s) (slem_dask.cluster.connect)")
+                  f"{sorted(set(nthreads.values()))} thread(s) (slem_dask.cluster.connect.connect)")
             clients["cluster"], contexts["cluster"] = client, client.as_current
             if plain_cluster:
                 kw = default_local_cluster_kwargs(args.workers, args.threads)
@@ -308,7 +308,7 @@ def settle(seconds: float = 0.3) -> None:
 
 
 def _gram_trace(block: np.ndarray) -> np.ndarray:
-    from slem_dask.parallel import single_threaded_blas
+    from slem_dask.parallel.blocks import single_threaded_blas
 
     with single_threaded_blas():  # one BLAS thread per dask thread, as slem-dask's tasks
         gram = block.T @ block
@@ -333,7 +333,7 @@ def fit_floor(x, client=None) -> dict:
 
 def _encode_floor_block(block: np.ndarray, matrix: np.ndarray, folder: str,
                         block_info=None) -> np.ndarray:
-    from slem_dask.parallel import single_threaded_blas
+    from slem_dask.parallel.blocks import single_threaded_blas
 
     with single_threaded_blas():
         z = block @ matrix

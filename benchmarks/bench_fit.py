@@ -30,7 +30,7 @@ process, beside a threaded contender); the numpy contender runs in the first pha
 
 ``--schedulers threads,cluster`` (default both): "threads" runs the dask
 contenders on dask's threaded scheduler (no Client), "cluster" on a
-LocalCluster from ``slem_dask.cluster.connect()`` (one single-threaded worker
+LocalCluster from ``slem_dask.cluster.connect.connect()`` (one single-threaded worker
 process per core; started and warmed up, by one untimed run of each contender,
 before the timed runs; start-up not counted). Printed: every run with the load
 average, best/median/worst, and ``RATIO numpy/slem`` and ``RATIO naive/slem`` per

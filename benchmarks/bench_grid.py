@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Parameter selection: retrieval mAP over parameter grids, per method and data set.
 
-For each data set, :func:`slem_dask.evaluation.grid_search` evaluates
+For each data set, :func:`slem_dask.pipeline.evaluate.grid_search` evaluates
 
     slem     lam on an absolute grid 1e-5 .. 1e4 (half decades), and lam = c * tr(Sigma)/d
              for c in 0.1 .. 1000, Sigma the negatives' covariance (a scale-relative lambda)
@@ -40,7 +40,7 @@ import numpy as np
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 from slem_dask.datasets import make_corpus  # noqa: E402
-from slem_dask.evaluation import format_table, grid_search  # noqa: E402
+from slem_dask.pipeline.evaluate import format_table, grid_search  # noqa: E402
 
 ABS_LAMS = [1e-5, 3e-5, 1e-4, 3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 1e-1, 3e-1, 1.0, 3.0, 10.0,
             30.0, 100.0, 300.0, 1e3, 3e3, 1e4]

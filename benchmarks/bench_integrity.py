@@ -65,8 +65,8 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     C.resolve_sizes(args)
 
-    from slem_dask import integrity, storage
-    from slem_dask.cluster import connect
+    from slem_dask import storage
+    from slem_dask.cluster.connect import connect
     from slem_dask.models import load_model
     from slem_dask.pipeline import fit_job
 
@@ -86,7 +86,7 @@ def main(argv=None) -> int:
         print(f"cluster: {len(client.nthreads())} worker process(es); partitions of {rows:,} "
               f"rows ({-(-args.n // rows)} partitions)")
         with C.Timer() as t:
-            integrity.partition_fingerprints(arr, path, "positives", rows)
+            storage.partition_fingerprints(arr, path, "positives", rows)
         print(f"listing fingerprint of the input alone: {t.seconds * 1e3:.1f} ms")
         contenders = {
             "guarded": lambda: guarded_run(client, model_path, path, out_g, rows),

@@ -40,7 +40,7 @@ def main(argv=None) -> int:
     header("kernel SLEM scaling: fit time vs n, passes, encode throughput", args)
 
     from slem_dask import KernelSLEM, LinearSLEM, storage
-    from slem_dask.cluster import connect
+    from slem_dask.cluster.connect import connect
 
     path = ensure_store(args.workdir, max(sizes), d, seed=args.seed, chunk_rows=args.chunk_rows)
     arr = storage.open_input(path, "negatives")

@@ -78,7 +78,7 @@ def stats_float32_syrk(block):
 
 def encode_norm_check(block, mean, precision, out_dtype):
     """encode task with the finiteness check taken from the row norms computed anyway."""
-    from slem_dask.validation import check_finite_rows
+    from slem_dask.core.validation import check_finite_rows
 
     centred = np.array(block, dtype=np.float64, order="C", copy=True)
     centred -= mean
@@ -109,8 +109,8 @@ def main(argv=None) -> int:
     from slem_dask.core.linear import encode_rows, precision_matrix
     from slem_dask.core.statistics import block_statistics
     from slem_dask.datasets import background_rows
-    from slem_dask.parallel import _encode_block
-    from slem_dask.validation import check_finite_rows
+    from slem_dask.parallel.blocks import _encode_block
+    from slem_dask.core.validation import check_finite_rows
 
     C.header(f"bench_kernels: one partition of {args.rows:,} x {args.d} float32, BLAS 1 thread", args)
     x = background_rows(args.rows, args.d)

@@ -25,7 +25,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from bench_grid import load  # noqa: E402
-from slem_dask.evaluation import evaluate_methods  # noqa: E402
+from slem_dask.pipeline.evaluate import evaluate_methods  # noqa: E402
 
 RULES = ([("abs", c) for c in (1e-3, 3e-3, 1e-2)] + [("total", c) for c in (3e-3, 1e-2, 3e-2)]
          + [("mean", c) for c in (0.3, 1.0, 3.0)])

@@ -150,7 +150,7 @@ def child_main(args) -> int:
 
         shutil.rmtree(model, ignore_errors=True)
     elif args.child == "slem":
-        from slem_dask.cluster import connect
+        from slem_dask.cluster.connect import connect
         from slem_dask.pipeline import fit_job
 
         with connect(n_workers=args.workers, threads_per_worker=args.threads, quiet=True) as client:
@@ -208,7 +208,7 @@ def kernel_paths(args, n: int, path: str) -> dict:
     per row of the factorization and peak tree RSS above the idle cluster."""
     import psutil
 
-    from slem_dask.workers import kernel_fit_bytes
+    from slem_dask.cluster.workers import kernel_fit_bytes
 
     out = {}
     for memory in args.kernel_memory.split(","):

@@ -21,7 +21,7 @@ ratio of E-SVM to linear SLEM encode time per positive (paper: SLEM should be
 
 Then, if scikit-learn is installed, the same table on its digits (1797 8x8
 images, L2-normalized pixels) used as category retrieval (relevant = same
-digit), and the class-level classifiers of slem_dask.classify (SLEM class
+digit), and the class-level classifiers of slem_dask.models.classify (SLEM class
 centroids, multi-class SVM on raw features and on SLEM vectors) on digits.
 
 It also reports how close ESVM's stochastic solver gets to the exact optimum
@@ -49,7 +49,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 from slem_dask.core.esvm import (hinge_objective, optimal_bias, pegasos_exemplars,  # noqa: E402
                                  reference_exemplar)
 from slem_dask.datasets import make_corpus  # noqa: E402
-from slem_dask.evaluation import evaluate_methods, format_table  # noqa: E402
+from slem_dask.pipeline.evaluate import evaluate_methods, format_table  # noqa: E402
 from slem_dask.models import ESVM  # noqa: E402
 
 
@@ -96,7 +96,7 @@ def parse_args(argv=None):
 
 def _kernel_available() -> bool:
     try:
-        from slem_dask import KernelSLEM  # noqa: F401
+        from slem_dask import KernelSLEM # noqa: F401
     except ImportError:
         return False
     return True
@@ -216,7 +216,7 @@ def digits(args) -> list[str]:
         print("\n(scikit-learn not installed: digits tables skipped; "
               "pip install 'slem-dask[eval]')")
         return []
-    from slem_dask.classify import compare_classifiers
+    from slem_dask.models.classify import compare_classifiers
 
     X, y = load_digits(return_X_y=True)
     rng = np.random.default_rng(args.seed)

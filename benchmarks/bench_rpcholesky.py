@@ -41,7 +41,7 @@ tol 0: every contender stops at r pivots):
   core, one BLAS thread each).
 * **threads**: ``KernelSLEM(...).fit(storage.dask_rows(open_input(store)))`` on dask's
   threaded scheduler (reads from the zarr store included in the time).
-* **cluster**: the same on a LocalCluster from ``slem_dask.cluster.connect()`` (started
+* **cluster**: the same on a LocalCluster from ``slem_dask.cluster.connect.connect()`` (started
   and warmed up with a small fit before the timed fit: start-up not counted).
 * **cli**: ``slem-dask fit --negatives STORE --model OUT --kernel rbf --gamma G --rank R
   --pivoting rpcholesky --tol 0 --overwrite`` in a fresh process, timed from outside
@@ -211,7 +211,7 @@ def child_main(args) -> int:
 
         import dask
 
-        from slem_dask.cluster import connect
+        from slem_dask.cluster.connect import connect
 
         with contextlib.ExitStack() as stack:
             if kind == "cluster":

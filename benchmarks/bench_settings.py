@@ -2,7 +2,7 @@
 """Dask settings vs speed: partition size x LocalCluster layout, for fit_job and encode_job.
 
 One LocalCluster per layout (default: 2 processes x 1 thread, and 1 process x
-2 threads) is started (``slem_dask.cluster.connect``) and warmed up; all stay
+2 threads) is started (``slem_dask.cluster.connect.connect``) and warmed up; all stay
 up (idle) while ``--repeat`` rounds run; each round times fit_job and
 encode_job once for every layout and partition size (default 8192, 32768,
 131072 rows), so that a change of machine load spreads over all settings. Printed: every run, and
@@ -44,7 +44,7 @@ def main(argv=None) -> int:
     import numpy as np
 
     from slem_dask import storage
-    from slem_dask.cluster import connect
+    from slem_dask.cluster.connect import connect
     from slem_dask.pipeline import encode_job, fit_job
 
     C.header(f"bench_settings: n={args.n:,} d={args.d} float32", args)

@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Peak memory of one task of each job, per partition: the estimates of slem_dask.workers.
+"""Peak memory of one task of each job, per partition: the estimates of slem_dask.cluster.workers.
 
 For each case, a fresh LocalCluster of one worker process (1 thread, no memory
 limit, dask's default malloc settings) imports what the tasks import

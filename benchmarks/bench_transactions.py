@@ -93,7 +93,7 @@ def main(argv=None) -> int:
     import zarr
 
     from slem_dask import load_model, pipeline, storage
-    from slem_dask.evaluation import search_job
+    from slem_dask.pipeline.evaluate import search_job
 
     C.header(f"bench_transactions: n={args.n:,} d={args.d} float32", args)
     server = s3server.start_seaweedfs()

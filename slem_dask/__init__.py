@@ -2,7 +2,7 @@
 
 The library never starts a Dask client: it takes numpy or dask arrays, and the
 dask paths stay lazy until the caller computes. Jobs and the ``slem-dask``
-command line start or connect to a cluster (see :mod:`slem_dask.cluster`).
+command line start or connect to a cluster (see :mod:`slem_dask.cluster.connect`).
 """
 
 import importlib as _importlib

@@ -121,11 +121,11 @@ def write_corpus(corpus: Corpus, path: str, chunk_rows: int = 4096,
     ``[generate]`` step would take it for the whole). ``attrs`` are added to the
     group's attributes.
     """
-    from . import integrity
+    from . import storage
     from .storage import versions
 
-    where = integrity.canonical(path)
-    with integrity.Lease(where, "write corpus") as lease:
+    where = storage.canonical(path)
+    with storage.Lease(where, "write corpus") as lease:
         store = versions.VersionedStore(where)
         store.make_room()  # always commits: the oldest version goes first
         draft = store.begin()

@@ -40,7 +40,7 @@ def main() -> int:
 
         storage.groups._check_written = slow_check
         if kind == "search":
-            from slem_dask.evaluation import search_job
+            from slem_dask.pipeline.evaluate import search_job
 
             queries, database, out = paths
             report = search_job(None, queries, database, out, k=3, overwrite=True)

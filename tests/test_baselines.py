@@ -204,7 +204,7 @@ def test_raw_features(small, tmp_path):
 
 def test_slem_beats_raw_and_esvm_is_comparable_on_the_synthetic_corpus():
     """The demo's claim at small size: SLEM >> raw, and E-SVM close to SLEM."""
-    from slem_dask.evaluation import evaluate_methods
+    from slem_dask.pipeline.evaluate import evaluate_methods
 
     c = make_corpus(n_negatives=2000, n_instances=60, d=32, seed=1)
     rows, _ = evaluate_methods(c.negatives, c.database, c.queries, c.relevant(),

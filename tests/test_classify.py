@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from slem_dask import LinearSLEM
-from slem_dask.classify import CentroidSLEMClassifier, MulticlassSVM, compare_classifiers
+from slem_dask.models.classify import CentroidSLEMClassifier, MulticlassSVM, compare_classifiers
 from slem_dask.core.multiclass import crammer_singer_sgd, multiclass_hinge_objective
 
 

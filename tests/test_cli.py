@@ -1,6 +1,6 @@
 """The ``slem-dask`` command line: round trips equal the library, bad input writes nothing.
 
-Most tests call ``slem_dask.cli.main`` in-process against one in-process dask
+Most tests call ``slem_dask.cli.main.main`` in-process against one in-process dask
 scheduler (``--scheduler ADDRESS``), so no worker processes start; one test
 lets the CLI start its own LocalCluster, and one (slow) runs the installed
 ``slem-dask`` executable in a subprocess.
@@ -16,8 +16,8 @@ import pytest
 import zarr
 
 from slem_dask import LinearSLEM, load_model, storage
-from slem_dask.cli import main
-from slem_dask.integrity import canonical
+from slem_dask.cli.main import main
+from slem_dask.storage import canonical
 
 pytestmark = pytest.mark.usefixtures("no_scheduler_env")  # conftest.py
 
@@ -154,7 +154,7 @@ def test_ctrl_c_while_the_cluster_closes_reports_the_finished_job(corpus, tmp_pa
     # not say that nothing was written.
     import contextlib
 
-    from slem_dask import cluster
+    from slem_dask.cluster import connect as cluster
 
     real_connect = cluster.connect
 
@@ -205,7 +205,7 @@ class Interrupt:  # Ctrl-C while that module is first imported
         return None
 
 sys.meta_path.insert(0, Interrupt())
-from slem_dask.cli import main
+from slem_dask.cli.main import main
 sys.exit(main(sys.argv[1:]))
 """
 
@@ -258,7 +258,7 @@ def test_the_executable_skips_xarray_and_pandas_which_main_keeps(tmp_path):
     run = ("import atexit, sys\n"
            "atexit.register(lambda: print(sorted(m for m in ('xarray', 'pandas', 'dask.array') "
            "if m in sys.modules), flush=True))\n"
-           "from slem_dask import cli\n"
+           "from slem_dask.cli import main as cli\n"
            "sys.argv = ['slem-dask'] + sys.argv[1:]\n"
            "cli.{}()\n")
     fit = ["fit", "--negatives", str(tmp_path / "absent.zarr"), "--model", str(tmp_path / "m")]
@@ -279,7 +279,7 @@ def test_local_worker_processes_do_not_get_ctrl_c(corpus):
     # traceback each. They start with SIGINT blocked; this process gets it back.
     import signal
 
-    from slem_dask.cluster import connect
+    from slem_dask.cluster.connect import connect
 
     def blocked():
         import signal
@@ -457,7 +457,7 @@ def test_nonfinite_rows_error_keeps_its_detail_across_processes():
     # raised on a worker, it reaches the job through pickle
     import pickle
 
-    from slem_dask.validation import NonFiniteRowsError
+    from slem_dask.core.validation import NonFiniteRowsError
 
     exc = pickle.loads(pickle.dumps(NonFiniteRowsError("P", "1 row(s) with NaN or inf")))
     assert isinstance(exc, ValueError)
@@ -531,7 +531,7 @@ def test_missing_required_arguments(capsys):
 
 
 def test_the_first_line_names_where_the_worker_processes_came_from():
-    from slem_dask.cli import _local_processes, build_parser
+    from slem_dask.cli.main import _local_processes, build_parser
 
     parser = build_parser()
     from_spec = parser.parse_args(["run", "spec.toml"])

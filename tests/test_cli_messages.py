@@ -11,7 +11,7 @@ import sys
 import numpy as np
 import pytest
 
-from slem_dask.cli import EXIT_BROKEN_PIPE, main
+from slem_dask.cli.main import EXIT_BROKEN_PIPE, main
 from slem_dask.models.kernel import TraceErrorWarning
 
 from helpers import small_corpus, zarr_rows

@@ -10,7 +10,7 @@ import zarr
 
 from slem_dask import storage
 
-from slem_dask.cli import main
+from slem_dask.cli.main import main
 from slem_dask.datasets import make_corpus, write_corpus
 
 UNREACHABLE = "tcp://127.0.0.1:1"  # a check that ran after connecting would fail on this
@@ -109,7 +109,7 @@ def test_evaluate_grid_marks_the_best(capsys, corpus, tmp_path):
 
 
 def test_grid_search_library_matches_evaluate_methods():
-    from slem_dask.evaluation import evaluate_methods, grid_search, parameter_grid
+    from slem_dask.pipeline.evaluate import evaluate_methods, grid_search, parameter_grid
 
     c = make_corpus(n_negatives=400, n_instances=40, d=12, seed=5)
     rel = c.relevant()

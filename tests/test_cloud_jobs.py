@@ -11,7 +11,7 @@ import pytest
 import zarr
 
 from slem_dask import LinearSLEM, load_model, pipeline, storage
-from slem_dask.cli import main
+from slem_dask.cli.main import main
 from slem_dask.storage import leases, versions
 from slem_dask.storage.registry import backend_for
 

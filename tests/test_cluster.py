@@ -13,7 +13,7 @@ import pytest
 import zarr
 
 from slem_dask import KernelSLEM, LinearSLEM, load_model, storage
-from slem_dask.cluster import default_local_cluster_kwargs
+from slem_dask.cluster.connect import default_local_cluster_kwargs
 
 D = 10
 
@@ -124,7 +124,7 @@ def test_jobs_send_large_model_arrays_to_the_workers_not_in_the_graph(client, tm
     import dask
 
     from slem_dask.datasets import make_corpus, write_corpus
-    from slem_dask.evaluation import evaluate_job
+    from slem_dask.pipeline.evaluate import evaluate_job
     from slem_dask.pipeline import encode_job
 
     rng = np.random.default_rng(4)
@@ -167,7 +167,7 @@ def test_a_scattered_model_survives_the_loss_of_a_worker(client):
     # so a worker killed before any task ran does not take the only one with it.
     import signal
 
-    from slem_dask.parallel import encode_blocks, scatter_large_arrays, shared
+    from slem_dask.parallel.blocks import encode_blocks, scatter_large_arrays, shared
 
     rng = np.random.default_rng(2)
     d = 600
@@ -205,7 +205,7 @@ def test_fit_job_rejects_nonfinite_negatives_and_writes_nothing(client, data, tm
 
 @pytest.mark.cluster
 def test_connect_limits_blas_threads_on_workers(client):
-    from slem_dask.cluster import connect
+    from slem_dask.cluster.connect import connect
 
     with connect(client.scheduler.address) as c:
         def blas_threads():
@@ -228,7 +228,7 @@ def test_default_local_cluster_kwargs():
 
 
 def test_auto_runs_linear_jobs_and_kernel_fits_in_this_process_whatever_their_size():
-    from slem_dask.cluster import SMALL_INPUT_BYTES, local_cluster_kind
+    from slem_dask.cluster.connect import SMALL_INPUT_BYTES, local_cluster_kind
 
     big = 100 * SMALL_INPUT_BYTES
     for job in ("linear fit", "linear encode", "linear fit and encode", "kernel fit"):
@@ -243,7 +243,7 @@ def test_auto_runs_linear_jobs_and_kernel_fits_in_this_process_whatever_their_si
 
 
 def test_the_in_process_cluster_starts_no_dashboard():
-    from slem_dask.cluster import in_process_kwargs
+    from slem_dask.cluster.connect import in_process_kwargs
 
     kw = in_process_kwargs()
     assert kw["processes"] is False and kw["dashboard_address"] is None
@@ -252,7 +252,7 @@ def test_the_in_process_cluster_starts_no_dashboard():
 
 def test_local_cluster_threads_takes_workers_and_threads_per_worker():
     # --local-cluster threads --workers 2 ran one worker of a thread per core
-    from slem_dask.cluster import connect
+    from slem_dask.cluster.connect import connect
 
     with connect(n_workers=2, threads_per_worker=3, processes=False) as client:
         assert sorted(client.nthreads().values()) == [3, 3]
@@ -265,8 +265,8 @@ def _in_process_refusal(monkeypatch, available: int, rows: int = 100_000):
     bytes free, for encode tasks of ``rows`` x 512 float32 (None: nothing said)."""
     import psutil
 
-    from slem_dask import workers
-    from slem_dask.cluster import connect
+    from slem_dask.cluster import workers
+    from slem_dask.cluster.connect import connect
 
     per_row, fixed = workers.encode_task_bytes(None, rows, 512, "float32")
     plan = workers.Plan("encode", "positives", rows, 512, "float32",
@@ -317,7 +317,7 @@ def test_the_in_process_cluster_binds_no_fixed_port(caplog):
 
     from distributed import LocalCluster
 
-    from slem_dask.cluster import in_process_kwargs
+    from slem_dask.cluster.connect import in_process_kwargs
 
     holder = socket.socket()
     try:

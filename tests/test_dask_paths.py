@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from slem_dask import LinearSLEM
-from slem_dask.parallel import scatter_statistics
+from slem_dask.parallel.blocks import scatter_statistics
 
 N, D = 120, 8
 CHUNKINGS = {
@@ -122,7 +122,7 @@ def test_transform_on_dask_equals_numpy(data, numpy_model, chunks, dtype):
 
 
 def test_transform_does_not_call_the_block_function(monkeypatch, data, numpy_model):
-    import slem_dask.parallel as parallel
+    import slem_dask.parallel.blocks as parallel
 
     calls = []
     original = parallel.encode_rows

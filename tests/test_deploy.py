@@ -16,7 +16,7 @@ import yaml
 import zarr
 
 from slem_dask import LinearSLEM, load_model
-from slem_dask.jobspec import load_spec
+from slem_dask.pipeline.jobspec import load_spec
 
 ROOT = Path(__file__).resolve().parents[1]
 DEPLOY = ROOT / "deploy"
@@ -163,7 +163,7 @@ def test_cli_over_tls_with_generated_certificates(tmp_path):
 
 
 def test_worker_dask_config_matches_local_clusters():
-    from slem_dask.cluster import WORKER_MALLOC
+    from slem_dask.cluster.connect import WORKER_MALLOC
 
     cfg = yaml.safe_load((DEPLOY / "dask" / "slem-workers.yaml").read_text())
     environ = cfg["distributed"]["nanny"]["pre-spawn-environ"]

@@ -9,9 +9,9 @@ from helpers import recommit
 from slem_dask import storage
 
 from slem_dask import LinearSLEM, search
-from slem_dask.cli import main
+from slem_dask.cli.main import main
 from slem_dask.datasets import make_corpus, write_corpus
-from slem_dask.evaluation import (METHODS, evaluate_methods, export_faiss, format_table,
+from slem_dask.pipeline.evaluate import (METHODS, evaluate_methods, export_faiss, format_table,
                                   open_search_result, parse_methods, plot_pr_curves, pr_curve,
                                   relevant_from_labels, search_job)
 
@@ -145,7 +145,7 @@ def test_search_job_writes_a_completed_group(tmp_path, rng):
 # -- command line -------------------------------------------------------------
 
 def test_cli_errors_come_before_any_cluster(tmp_path, corpus_path, capsys, monkeypatch):
-    import slem_dask.cluster as cluster
+    import slem_dask.cluster.connect as cluster
 
     def no_cluster(*a, **k):
         raise AssertionError("a cluster was started for bad input")

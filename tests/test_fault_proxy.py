@@ -18,8 +18,8 @@ from conftest import _forget_s3_clients
 from faultproxy import FaultProxy, Rule
 
 from slem_dask import storage
-from slem_dask.cli import main
-from slem_dask.evaluation import open_search_result
+from slem_dask.cli.main import main
+from slem_dask.pipeline.evaluate import open_search_result
 from slem_dask.storage import versions
 
 D = 8

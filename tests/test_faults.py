@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from slem_dask import load_model, storage
-from slem_dask.cli import main
+from slem_dask.cli.main import main
 from slem_dask.storage import versions
 
 from helpers import small_corpus

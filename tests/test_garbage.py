@@ -303,7 +303,7 @@ def _two_model_versions(path) -> None:
 
 
 def _one_error_line(capsys, argv) -> str:
-    from slem_dask.cli import main
+    from slem_dask.cli.main import main
 
     capsys.readouterr()
     assert main(argv) == 1
@@ -365,7 +365,7 @@ def test_a_skewed_clock_or_a_503_on_every_commit_is_one_line(s3, capsys, monkeyp
 def test_killed_streaming_kernel_fits_leave_one_draft(tmp_path, monkeypatch):
     import dask
 
-    from slem_dask import parallel_kernel_stream as stream
+    from slem_dask.parallel import kernel_stream as stream
     from slem_dask.pipeline import fit_job
 
     from helpers import zarr_rows

@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 import zarr
 
-from slem_dask import integrity, storage
-from slem_dask.cli import main
+from slem_dask import storage
+from slem_dask.cli.main import main
 
 pytestmark = pytest.mark.usefixtures("no_scheduler_env")  # conftest.py
 
@@ -130,11 +130,11 @@ def key_budget(monkeypatch):
 def test_a_declared_size_beyond_the_store_is_refused_fast(stores, tmp_path, key_budget):
     path = edited_copy(stores, tmp_path, shape=[10**15, D])
     arr = storage.open_input(path, "negatives")  # 64 PB of float32 is no metadata error
-    for call in (lambda: integrity.rows_fingerprint(arr, path, "negatives", arr.shape[0]),
-                 lambda: integrity.partition_fingerprints(arr, path, "positives",
+    for call in (lambda: storage.rows_fingerprint(arr, path, "negatives", arr.shape[0]),
+                 lambda: storage.partition_fingerprints(arr, path, "positives",
                                                           storage.row_partition(arr))):
         t0 = time.perf_counter()
-        with pytest.raises(integrity.MissingChunkError) as info:
+        with pytest.raises(storage.MissingChunkError) as info:
             call()
         assert time.perf_counter() - t0 < 0.5
         assert "chunk 'c/6/0' (rows 3000-3499) is missing" in str(info.value)
@@ -220,7 +220,7 @@ def test_cli_fit_and_encode_of_float32_values_of_1e30(stores, tmp_path, schedule
     code, _, err = fit(capsys, scheduler, negatives, model_path)
     assert code == 0, err
     model = load_model(model_path)
-    from slem_dask.validation import DEFAULT_LAM
+    from slem_dask.core.validation import DEFAULT_LAM
 
     # the command line's default lambda (relative to tr(Sigma): 1e-3 absolute would be
     # nothing at this scale, and warns)
@@ -250,7 +250,7 @@ def test_library_fit_of_values_beyond_1e100_is_refused(stores):
     import dask.array as da
 
     from slem_dask import LinearSLEM
-    from slem_dask.validation import LargeValuesError
+    from slem_dask.core.validation import LargeValuesError
 
     X = stores["neg"].astype(np.float64) * 1e200
     for data in (X, da.from_array(X, chunks=(700, D))):
@@ -341,7 +341,7 @@ def test_an_all_zero_encoding_row_is_never_marked_complete(stores, tmp_path, sch
 
 
 def test_check_encoded_rows_names_zero_and_nonfinite_rows():
-    from slem_dask.validation import DegenerateEncodingsError, check_encoded_rows
+    from slem_dask.core.validation import DegenerateEncodingsError, check_encoded_rows
 
     z = np.array([[0.6, 0.8], [0.0, 0.0], [np.nan, 0.0], [1e-200, 0.0], [np.inf, 1.0]])
     with pytest.raises(DegenerateEncodingsError) as info:
@@ -356,7 +356,7 @@ def test_check_encoded_rows_names_zero_and_nonfinite_rows():
 def test_check_encoded_rows_float32_squares_that_leave_float32_are_not_errors():
     """The float32 fast path sums squares in float32: rows whose squares over- or
     underflow there (finite, nonzero) must pass, and bad rows among them still be named."""
-    from slem_dask.validation import DegenerateEncodingsError, check_encoded_rows
+    from slem_dask.core.validation import DegenerateEncodingsError, check_encoded_rows
 
     z = np.array([[3e30, 4e30], [1e-30, 0.0], [0.6, 0.8], [0.0, 0.0], [np.nan, 1e30]],
                  dtype=np.float32)
@@ -376,7 +376,7 @@ def test_identical_negatives_warn_and_give_exact_statistics(dtype):
     import dask.array as da
 
     from slem_dask import LinearSLEM
-    from slem_dask.validation import DegenerateNegativesWarning
+    from slem_dask.core.validation import DegenerateNegativesWarning
 
     X = np.full((3000, D), 0.3, dtype=dtype)
     c = X[0, 0].astype(np.float64)

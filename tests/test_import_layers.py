@@ -13,16 +13,14 @@ PACKAGE = Path(slem_dask.__file__).parent
 #: The layers of docs/architecture.md, lowest first: a module (or a package, for all of
 #: its modules) and its layer. A module may import its own layer or lower ones.
 LAYERS = {
-    "validation": 1, "_version": 1, "_estimator": 1, "task_memory": 1, "replicas": 1,
+    "_version": 1,
     "core": 2,
-    "storage": 3, "integrity": 3,
-    "parallel": 4, "parallel_kernel_rounds": 4, "kernel_checkpoint": 4,
-    "parallel_kernel_stream": 4, "parallel_kernel": 4,
+    "storage": 3,
+    "parallel": 4,
     "models": 5,
-    "retrieval": 6, "classify": 6, "datasets": 6, "workers": 6, "cluster": 6,
-    "watchdog": 6, "preflight": 6,
-    "pipeline": 7, "evaluation": 7, "jobspec": 7,
-    "cli": 8, "cli_parser": 8, "cli_stores": 8, "__main__": 8, "__init__": 8,
+    "retrieval": 6, "cluster": 6, "datasets": 6,
+    "pipeline": 7,
+    "cli": 8, "__main__": 8, "__init__": 8,
 }
 
 

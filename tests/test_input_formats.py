@@ -13,7 +13,7 @@ import pytest
 import zarr
 
 from slem_dask import LinearSLEM, load_model, search, storage
-from slem_dask.cli import main
+from slem_dask.cli.main import main
 from slem_dask.datasets import make_corpus, write_corpus
 from slem_dask.storage import fingerprints
 
@@ -117,7 +117,7 @@ def test_shards_in_natural_order(tmp_path):
 
 
 def test_file_inputs_go_through_statistics_from_the_store(inputs, data):
-    from slem_dask.parallel import scatter_statistics
+    from slem_dask.parallel.blocks import scatter_statistics
 
     for kind in ("shards", "fvecs", "hdf5 one"):
         arr = storage.open_input(inputs[kind][0], "negatives")

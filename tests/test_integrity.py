@@ -14,9 +14,9 @@ import pytest
 import zarr
 from distributed import Client, LocalCluster
 
-from slem_dask import LinearSLEM, KernelSLEM, integrity, load_model, pipeline, storage
-from slem_dask.cli import main
-from slem_dask.integrity import canonical
+from slem_dask import LinearSLEM, KernelSLEM, load_model, pipeline, storage
+from slem_dask.cli.main import main
+from slem_dask.storage import canonical
 from reference import partitionwise
 from helpers import head
 from slem_dask.storage import versions
@@ -85,7 +85,7 @@ def _chunk(path, i):
 def test_missing_input_chunk_is_refused_not_read_as_zeros(corpus, client, capsys):
     """Item 1: zarr reads a missing chunk as fill values; fit and encode refuse it."""
     os.remove(_chunk(corpus["positives"], 2))
-    with pytest.raises(integrity.MissingChunkError, match=r"chunk 'c/2/0' \(rows 80-119\)"):
+    with pytest.raises(storage.MissingChunkError, match=r"chunk 'c/2/0' \(rows 80-119\)"):
         _encode(corpus, corpus["dir"] / "out.zarr")
     assert not (corpus["dir"] / "out.zarr").exists()
     os.remove(_chunk(corpus["negatives"], 3))
@@ -100,7 +100,7 @@ def test_missing_chunk_seen_by_a_worker_only_is_refused_in_the_task(corpus, monk
     arr = storage.open_input(corpus["positives"], "positives")
     x = storage.dask_rows(arr, 40, name="positives")
     os.remove(_chunk(corpus["positives"], 1))
-    with pytest.raises(integrity.MissingChunkError, match="c/1/0"):
+    with pytest.raises(storage.MissingChunkError, match="c/1/0"):
         x.compute()
 
 
@@ -112,7 +112,7 @@ def test_output_not_marked_complete_when_a_written_chunk_is_not_there(corpus, mo
     def lost(block, arr, index, block_info=None):
         record = real(block, arr, index)
         if index == 3:  # as if written to another filesystem
-            integrity.delete_chunk(arr, index)
+            storage.delete_chunk(arr, index)
         return record
 
     monkeypatch.setattr(storage, "write_partition", lost)
@@ -164,10 +164,10 @@ def test_racing_encodes_to_one_output_leave_one_right_output(corpus):
 
 def test_a_live_lease_is_refused_naming_its_owner_and_a_dead_one_taken_over(corpus):
     out = corpus["dir"] / "leased.zarr"
-    with integrity.Lease(out, "another job"):
-        with pytest.raises(integrity.LeaseHeldError, match=rf"pid {os.getpid()} on host"):
+    with storage.Lease(out, "another job"):
+        with pytest.raises(storage.LeaseHeldError, match=rf"pid {os.getpid()} on host"):
             _encode(corpus, out)
-    lease = integrity.Lease(out, "dead job")
+    lease = storage.Lease(out, "dead job")
     assert lease._create()  # a job that died holding it: a pid that no longer runs
     record = lease.read()
     record["pid"] = 2**22 + 1
@@ -184,16 +184,16 @@ def test_a_job_whose_lease_was_taken_over_does_not_mark_complete(corpus, monkeyp
     def steal_then_mark(arr, extra=None):
         raise AssertionError("must not be reached")
 
-    original_check = integrity.Lease.check
+    original_check = storage.Lease.check
 
     def stolen(self):
         Path(self.file.location).write_text('{"token": "someone else", "pid": 1, '
                                             '"host": "elsewhere", "heartbeat": 1e12}')
         return original_check(self)
 
-    monkeypatch.setattr(integrity.Lease, "check", stolen)
+    monkeypatch.setattr(storage.Lease, "check", stolen)
     monkeypatch.setattr(storage, "mark_complete", steal_then_mark)
-    with pytest.raises(integrity.LeaseLostError, match="taken over"):
+    with pytest.raises(storage.LeaseLostError, match="taken over"):
         _encode(corpus, out)
     assert not versions.VersionedStore(str(out)).is_versioned()  # nothing visible
     monkeypatch.setattr(storage, "mark_complete", real)
@@ -250,7 +250,7 @@ def test_overlap_refusal_suggests_a_path_outside_every_input(corpus):
     with pytest.raises(ValueError, match="is inside the positives") as info:
         _encode(corpus, inner)
     suggested = str(info.value).rsplit("e.g. ", 1)[1]
-    assert integrity._relation(canonical(suggested), canonical(corpus["positives"])) is None
+    assert storage.paths._relation(canonical(suggested), canonical(corpus["positives"])) is None
 
 
 # -- 5. --overwrite --update refits ---------------------------------------------------
@@ -340,7 +340,7 @@ def test_fit_update_of_a_moved_store_or_other_width_says_which(corpus, tmp_path)
 
 
 def test_cli_update_refusals_come_before_any_cluster_starts(corpus, capsys):
-    from slem_dask.cli import main
+    from slem_dask.cli.main import main
 
     model = str(corpus["dir"] / "m.zarr")
     pipeline.fit_job(None, corpus["negatives"], model, lam=0.1)
@@ -397,7 +397,7 @@ def test_flipped_byte_in_an_output_chunk_fails_every_read_naming_the_chunk(corpu
     data = bytearray(chunk.read_bytes())
     data[17] ^= 0x40
     chunk.write_bytes(bytes(data))
-    with pytest.raises(integrity.CorruptChunkError, match=r"chunk 'c/2/0' \(rows 80-119\)"):
+    with pytest.raises(storage.CorruptChunkError, match=r"chunk 'c/2/0' \(rows 80-119\)"):
         storage.read_all(out)
     code, text, _ = _verify(capsys, out)
     assert code == 1 and "c/2/0" in text and "corrupt" in text
@@ -411,7 +411,7 @@ def test_flipped_byte_in_an_output_chunk_fails_every_read_naming_the_chunk(corpu
 def test_truncated_input_chunk_is_named(corpus):
     chunk = _chunk(corpus["positives"], 3)
     chunk.write_bytes(chunk.read_bytes()[:-9])
-    with pytest.raises(integrity.CorruptChunkError, match=r"c/3/0.*rows 120-159"):
+    with pytest.raises(storage.CorruptChunkError, match=r"c/3/0.*rows 120-159"):
         _encode(corpus, corpus["dir"] / "out.zarr")
 
 
@@ -451,7 +451,7 @@ def test_damaged_metadata_documents_are_named_by_every_reader(corpus, client, ca
                         corpus["positives"], "--out", corpus["dir"] / "o.zarr")
     assert code == 1 and len(err.strip().splitlines()) == 1, err
     assert "'precision/zarr.json'" in err and "damaged" in err
-    with pytest.raises(integrity.DamagedMetadataError, match="precision/zarr.json"):
+    with pytest.raises(storage.DamagedMetadataError, match="precision/zarr.json"):
         load_model(corpus["model"])
 
     _damage_document(head(out), how)
@@ -467,7 +467,7 @@ def test_damaged_metadata_documents_are_named_by_every_reader(corpus, client, ca
     with pytest.raises(versions.DamagedCommitError, match="'zarr.json'.*commit record"):
         load_model(corpus["model"])
     # its commit records say slem-dask wrote it: a new version may replace it
-    integrity.check_may_replace(corpus["model"], "--model", kind="model")
+    storage.check_may_replace(corpus["model"], "--model", kind="model")
     LinearSLEM(lam=0.3).fit(corpus["neg"]).save(corpus["model"], overwrite=True)
     assert load_model(corpus["model"]).lam == 0.3
 
@@ -585,7 +585,7 @@ def test_memory_urls_are_refused_by_the_command_line_and_separate_workers(corpus
     assert code == 1 and "memory://" in err and "vanish" in err
     with LocalCluster(n_workers=1, threads_per_worker=1, processes=True,
                       dashboard_address=":0") as cluster, Client(cluster) as c:
-        with pytest.raises(integrity.StorageViewError, match="memory:// store"):
+        with pytest.raises(storage.StorageViewError, match="memory:// store"):
             pipeline.encode_job(c, corpus["model"], corpus["positives"], "memory://x.zarr")
     # in one process (the threaded scheduler) it is a fine scratch store
     report = pipeline.encode_job(None, corpus["model"], corpus["positives"], "memory://y.zarr")
@@ -654,8 +654,8 @@ def test_a_symlink_to_an_output_shares_its_lease_and_record(corpus):
     link = corpus["dir"] / "link.zarr"
     link.symlink_to(out)
     assert canonical(link) == canonical(out)
-    with integrity.Lease(out, "another job"):
-        with pytest.raises(integrity.LeaseHeldError, match="another slem-dask job"):
+    with storage.Lease(out, "another job"):
+        with pytest.raises(storage.LeaseHeldError, match="another slem-dask job"):
             _encode(corpus, link, overwrite=True)
     assert _encode(corpus, link).facts["action"] == "up to date"
     assert link.is_symlink()
@@ -668,11 +668,11 @@ def test_listing_fingerprints_of_url_stores_are_stable_across_processes(tmp_path
     import sys
 
     code = ("import zarr, numpy as np\n"
-            "from slem_dask import integrity\n"
+            "from slem_dask import storage\n"
             "a = zarr.create_array(store='memory://fp.zarr', shape=(10, 2), dtype='f4',"
             " chunks=(4, 2))\n"
             "a[...] = 1\n"
-            "info = integrity._listing(a, integrity.canonical('memory://fp.zarr'))\n"
+            "info = storage.fingerprints._listing(a, storage.canonical('memory://fp.zarr'))\n"
             "print(sorted((k, v[0]) for k, v in info.items()), "
             "type(list(info.values())[0][1]).__name__)\n")
     runs = {subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
@@ -700,16 +700,16 @@ def test_overlap_suggestions_are_next_to_the_input(corpus):
     pos = canonical(corpus["positives"])
     for target in (pos.child("sub"), pos):
         with pytest.raises(ValueError) as info:
-            integrity.check_outside_inputs(target, "--out", {"positives": pos})
+            storage.check_outside_inputs(target, "--out", {"positives": pos})
         suggested = str(info.value).rsplit("e.g. ", 1)[1]
         assert suggested == str(corpus["dir"] / "pos-slem.zarr"), suggested
     with pytest.raises(ValueError, match="two steps cannot write one store"):
-        integrity.check_outside_inputs(corpus["dir"] / "a.zarr", "encode[0].out", {},
+        storage.check_outside_inputs(corpus["dir"] / "a.zarr", "encode[0].out", {},
                                        {"encode[1].out": corpus["dir"] / "a.zarr"})
 
 
 def test_empty_spec_is_refused(tmp_path):
-    from slem_dask.jobspec import SpecError, parse_spec
+    from slem_dask.pipeline.jobspec import SpecError, parse_spec
 
     with pytest.raises(SpecError, match="would do nothing"):
         parse_spec({"model": {"path": str(tmp_path / "m")}})

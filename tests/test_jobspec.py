@@ -7,9 +7,9 @@ import pytest
 import zarr
 
 from slem_dask import LinearSLEM, load_model, storage
-from slem_dask.cli import main
+from slem_dask.cli.main import main
 from slem_dask.core.linear import condition_bound
-from slem_dask.jobspec import SpecError, load_spec, parse_spec
+from slem_dask.pipeline.jobspec import SpecError, load_spec, parse_spec
 from reference import partitionwise
 
 ROOT = Path(__file__).resolve().parents[1]

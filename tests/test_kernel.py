@@ -16,7 +16,7 @@ from scipy import linalg
 from slem_dask import KernelSLEM, LinearSLEM, load_model
 from slem_dask.core.cholesky import accept_candidates
 from slem_dask.core.kernels import KERNELS, kernel_diagonal, kernel_matrix
-from slem_dask.parallel_kernel import CholeskyConfig, incomplete_cholesky
+from slem_dask.parallel.kernel import CholeskyConfig, incomplete_cholesky
 
 PARAMS = {"linear": {}, "rbf": {"gamma": 0.5}, "quad": {"gamma": 0.3},
           "poly": {"gamma": 0.7, "degree": 3}, "intersection": {}, "chi2": {}}

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from slem_dask import KernelSLEM
-from slem_dask.parallel_kernel import CholeskyConfig, incomplete_cholesky
+from slem_dask.parallel.kernel import CholeskyConfig, incomplete_cholesky
 
 CHUNKINGS = [90, 13, 32, (50, 7, 33)]
 
@@ -127,7 +127,7 @@ def test_two_process_cluster_equals_local(data, pivoting):
 def test_rows_held_by_the_factorization_keep_float32():
     """Worker-held rows stay float32 (half the memory); pivot rows and kernel values
     are float64 (the float32 values are exact in float64)."""
-    from slem_dask.parallel_kernel import _init_block
+    from slem_dask.parallel.kernel import _init_block
 
     rng = np.random.default_rng(4)
     x32 = rng.standard_normal((30, 6)).astype(np.float32)

@@ -79,7 +79,7 @@ def test_fit_job_rejects_bad_kernel_params_before_reading(tmp_path):
 
 
 def test_cli_parses_kernel_options():
-    from slem_dask.cli import build_parser
+    from slem_dask.cli.main import build_parser
 
     args = build_parser().parse_args(
         ["fit", "--negatives", "n.zarr", "--model", "m.zarr", "--kernel", "poly", "--gamma",
@@ -94,7 +94,7 @@ def test_cli_parses_kernel_options():
 
 @pytest.mark.cluster
 def test_cli_fit_encode_end_to_end(tmp_path, stores, capsys):
-    from slem_dask.cli import main
+    from slem_dask.cli.main import main
 
     X, P, neg, pos = stores
     model_path, out = str(tmp_path / "k.zarr"), str(tmp_path / "codes.zarr")
@@ -127,7 +127,7 @@ def test_a_forced_in_memory_fit_over_budget_warns_once(tmp_path, stores, monkeyp
     # the job chooses the path (and warns), then the estimator ran the choice again
     import warnings
 
-    from slem_dask import parallel_kernel_stream as stream
+    from slem_dask.parallel import kernel_stream as stream
 
     monkeypatch.setattr(stream, "memory_budget", lambda x: (1000.0, "a 1 KB test budget"))
     with warnings.catch_warnings(record=True) as caught:

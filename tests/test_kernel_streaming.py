@@ -13,9 +13,9 @@ from scipy import linalg
 
 from helpers import assert_same_kernel_fit
 from slem_dask import KernelSLEM, load_model
-from slem_dask import parallel_kernel_stream as stream
+from slem_dask.parallel import kernel_stream as stream
 from slem_dask.core.kernels import KERNELS
-from slem_dask.parallel_kernel import CholeskyConfig, incomplete_cholesky
+from slem_dask.parallel.kernel import CholeskyConfig, incomplete_cholesky
 from test_kernel import PARAMS, dense_kernel, dense_pivoted_cholesky, histograms
 
 BLOCKS = [90, 13, 32]

@@ -12,7 +12,7 @@ from scipy import linalg
 from helpers import assert_same_kernel_fit
 from slem_dask import KernelSLEM, load_model
 from slem_dask.core.kernels import kernel_diagonal, kernel_matrix
-from slem_dask.jobspec import SpecError, parse_spec
+from slem_dask.pipeline.jobspec import SpecError, parse_spec
 from slem_dask.pipeline import fit_job
 from slem_dask.storage import open_node
 
@@ -113,12 +113,12 @@ def test_update_of_a_model_without_the_scatter_refits(tmp_path, negatives):
     fit_job(None, neg, path, partition_rows=100, **ARGS)
     meta_model = load_model(path)
     meta_model.factor_scatter_ = None  # what a store written before factor_scatter holds
-    from slem_dask import integrity
+    from slem_dask import storage
 
     arr = open_node(neg)
     meta_model.save(path, overwrite=True, metadata={
-        "source": integrity.canonical(neg).url,
-        "negatives_fingerprint": integrity.rows_fingerprint(arr, integrity.canonical(neg),
+        "source": storage.canonical(neg).url,
+        "negatives_fingerprint": storage.rows_fingerprint(arr, storage.canonical(neg),
                                                             "negatives", 300)})
     assert load_model(path).factor_scatter_ is None
     _append(neg, X[300:])
@@ -173,7 +173,7 @@ def test_linear_fit_refuses_kernel_only_options(tmp_path, negatives):
 
 
 def test_cli_kernel_memory_and_repivot_options(capsys, tmp_path, negatives):
-    from slem_dask.cli import main
+    from slem_dask.cli.main import main
 
     X, neg = negatives
     model = str(tmp_path / "k.zarr")
@@ -222,7 +222,7 @@ def test_update_refuses_truncated_negatives(tmp_path, negatives):
 # -- a streaming fit killed in its final pass resumes -----------------------------------
 def _kill_final_pass_at(monkeypatch, call: int):
     """Make the ``call``-th final-pass task fail (the ones before it finish)."""
-    from slem_dask import parallel_kernel_stream as stream
+    from slem_dask.parallel import kernel_stream as stream
 
     original, finals = stream._stream_block, []
 
@@ -238,7 +238,7 @@ def _kill_final_pass_at(monkeypatch, call: int):
 
 
 def test_a_streaming_fit_killed_in_its_final_pass_resumes(tmp_path, negatives, monkeypatch):
-    from slem_dask import parallel_kernel_stream as stream
+    from slem_dask.parallel import kernel_stream as stream
 
     X, neg = negatives  # 300 rows: 3 partitions of 100
     args = {**ARGS, "kernel_memory": "streaming"}
@@ -269,7 +269,7 @@ def test_a_streaming_fit_killed_in_its_final_pass_resumes(tmp_path, negatives, m
 
 def test_resume_reuses_only_intact_partitions_of_the_same_fit(tmp_path, negatives,
                                                              monkeypatch):
-    from slem_dask import parallel_kernel_stream as stream
+    from slem_dask.parallel import kernel_stream as stream
 
     X, neg = negatives
     args = {**ARGS, "kernel_memory": "streaming"}
@@ -296,7 +296,7 @@ def test_resume_reuses_only_intact_partitions_of_the_same_fit(tmp_path, negative
 def test_resume_on_a_distributed_cluster(tmp_path, negatives, monkeypatch):
     from distributed import Client, LocalCluster
 
-    from slem_dask import parallel_kernel_stream as stream
+    from slem_dask.parallel import kernel_stream as stream
 
     X, neg = negatives
     args = {**ARGS, "kernel_memory": "streaming"}

@@ -12,8 +12,8 @@ import pytest
 import zarr
 
 from slem_dask import LinearSLEM
-from slem_dask.cli import main
-from slem_dask.jobspec import SpecError, parse_spec
+from slem_dask.cli.main import main
+from slem_dask.pipeline.jobspec import SpecError, parse_spec
 
 UNREACHABLE = "tcp://127.0.0.1:1"
 BIN = Path(sys.executable).parent
@@ -92,7 +92,7 @@ def test_a_read_only_output_folder_is_refused_before_any_cluster_starts(inputs, 
 
 
 def test_writable_folders_pass_and_keep_no_probe_file(tmp_path):
-    from slem_dask.preflight import check_writable
+    from slem_dask.cluster.preflight import check_writable
 
     (tmp_path / "store.zarr").mkdir()  # an existing output is probed inside as well
     check_writable({"--out": tmp_path / "store.zarr", "--model": tmp_path / "a" / "b.zarr",
@@ -118,7 +118,7 @@ def test_an_output_under_proc_is_said_to_be_no_storage_without_errno(inputs, cap
 
 
 def test_the_file_system_of_a_folder_is_that_of_its_longest_mount_point(tmp_path):
-    from slem_dask.preflight import _file_system
+    from slem_dask.cluster.preflight import _file_system
 
     table = tmp_path / "mounts"
     table.write_text("/dev/vda / ext4 rw 0 0\nproc /proc proc rw 0 0\nsysfs /sys sysfs rw 0 0\n"

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from slem_dask import pipeline
-from slem_dask.cli import main
+from slem_dask.cli.main import main
 
 from helpers import small_corpus
 
@@ -331,7 +331,7 @@ def _killed(address="tcp://10.0.0.1:4003"):
 
 
 def test_a_worker_restarted_four_times_is_named_once():
-    from slem_dask.workers import explain
+    from slem_dask.cluster.workers import explain
 
     # its nanny restarts it at a new address each time; the events log each address
     events = [(t, {"worker": f"tcp://10.0.0.1:{4000 + t}"}) for t in range(4)]
@@ -361,7 +361,7 @@ def test_a_forced_in_memory_kernel_fit_killed_for_memory_suggests_streaming(
     assert lines[0].startswith("slem-dask fit: error: 4 workers died running the same task "
                                "(last: tcp://10.0.0.1:4003; "), err
     from slem_dask.pipeline.common import size_text
-    from slem_dask.workers import kernel_fit_bytes
+    from slem_dask.cluster.workers import kernel_fit_bytes
 
     need = size_text(kernel_fit_bytes(300, 8, np.float32, 6))
     assert lines[0].endswith(
@@ -391,7 +391,7 @@ def _watched(client, compute, **options):
     """(result, the watchdog's lines) of ``compute()`` watched with short intervals."""
     import io
 
-    from slem_dask import watchdog
+    from slem_dask.cluster import watchdog
 
     out = io.StringIO()
     with watchdog.watch(client, out=out, **{"warn_after": 0.6, "interval": 0.1, **options}):
@@ -522,7 +522,7 @@ def test_an_absolute_lambda_far_from_the_datas_scale_warns():
     import warnings
 
     from slem_dask import LinearSLEM
-    from slem_dask.validation import LambdaScaleWarning
+    from slem_dask.core.validation import LambdaScaleWarning
 
     neg = _unit_rows(400)
     with pytest.warns(LambdaScaleWarning, match=r"lam=0\.001 is [\d.e-]+ times the "
@@ -593,7 +593,7 @@ def test_the_command_line_takes_relative_and_absolute_lambdas(capsys, scheduler,
 
 
 def test_a_spec_takes_a_relative_lambda_for_linear_models_only():
-    from slem_dask.jobspec import SpecError, parse_spec
+    from slem_dask.pipeline.jobspec import SpecError, parse_spec
 
     spec = parse_spec({"model": {"path": "m", "lam": "0.02x"}, "fit": {"negatives": "n"}})
     assert spec.model.lam == "0.02x"

@@ -19,7 +19,7 @@ import pytest
 from slem_dask import LinearSLEM
 from slem_dask.core.linear import encode_rows, float32_encoding_ok
 from slem_dask.core.statistics import block_statistics, covariance, merge_many
-from slem_dask.parallel import merge_fan_in, scatter_statistics, single_threaded_blas
+from slem_dask.parallel.blocks import merge_fan_in, scatter_statistics, single_threaded_blas
 
 BOUND = 1e-5
 
@@ -208,7 +208,7 @@ def test_blocks_narrower_than_d_are_joined():
 def test_merge_fan_in_shrinks_with_d(monkeypatch):
     assert merge_fan_in(512) == 8  # 2 MiB partials: the default fan-in
     assert merge_fan_in(8192) == 2  # 512 MiB partials: two at a time
-    import slem_dask.parallel as parallel
+    import slem_dask.parallel.blocks as parallel
 
     monkeypatch.setattr(parallel, "MERGE_BYTES", 3 * 8 * 30 * 30)  # 3 partials of d = 30
     x = np.random.default_rng(8).standard_normal((600, 30)).astype(np.float32)
@@ -248,7 +248,7 @@ class FakeController:
 
 
 def test_single_threaded_blas_in_pool_threads_only(monkeypatch):
-    import slem_dask.parallel as parallel
+    import slem_dask.parallel.blocks as parallel
 
     fake = FakeController()
     monkeypatch.setattr(parallel, "_blas_controller", fake)
@@ -277,7 +277,7 @@ def test_single_threaded_blas_in_pool_threads_only(monkeypatch):
 
 
 def test_dask_tasks_run_with_one_blas_thread(monkeypatch):
-    import slem_dask.parallel as parallel
+    import slem_dask.parallel.blocks as parallel
 
     fake = FakeController()
     monkeypatch.setattr(parallel, "_blas_controller", fake)
@@ -305,7 +305,7 @@ def test_dask_tasks_run_with_one_blas_thread(monkeypatch):
 def test_a_float32_encode_task_is_never_widened_to_float64(monkeypatch):
     # encode_rows returned float64 by default: a float32 partition was copied to
     # float64 and back (64 MiB and two passes per 16,384 x 512 partition)
-    import slem_dask.parallel as parallel
+    import slem_dask.parallel.blocks as parallel
 
     x = descriptors(400, 8)
     model = LinearSLEM(lam=0.1).fit(x)
@@ -329,7 +329,7 @@ def test_a_float32_encode_task_is_never_widened_to_float64(monkeypatch):
 
 
 def test_precision_in_job_specs():
-    from slem_dask.jobspec import SpecError, parse_spec
+    from slem_dask.pipeline.jobspec import SpecError, parse_spec
 
     spec = parse_spec({"model": {"path": "m", "precision": "float64"},
                        "encode": [{"positives": "p", "out": "o", "precision": "auto"}]})
@@ -356,7 +356,7 @@ def test_wide_rows_use_panels_and_stay_exact(monkeypatch):
 
 def test_merge_task_reuses_its_first_partial():
     from slem_dask.core.statistics import merge_into, merge_statistics
-    from slem_dask.parallel import _merge_parts
+    from slem_dask.parallel.blocks import _merge_parts
 
     rng = np.random.default_rng(10)
     blocks = [rng.standard_normal((m, 6)) + 5 for m in (30, 1, 50, 7)]
@@ -378,7 +378,7 @@ import json
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from threadpoolctl import ThreadpoolController, threadpool_info
-import slem_dask.parallel as parallel
+import slem_dask.parallel.blocks as parallel
 ThreadpoolController().limit(limits=2, user_api="blas")  # the main thread sets first
 barrier = threading.Barrier(2)
 def task():

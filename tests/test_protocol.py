@@ -403,7 +403,7 @@ def test_racing_commits_on_an_accepted_unconditional_store_leave_one_whole_versi
 
 def test_a_fit_to_an_s3_store_without_conditional_writes_is_one_line(s3_server, corpus,
                                                                       monkeypatch, capsys):
-    from slem_dask.cli import main
+    from slem_dask.cli.main import main
 
     model = f"s3://{s3_server.bucket}/nocond-{uuid.uuid4().hex[:8]}/m.zarr"
     _ignore_conditions(monkeypatch, model)

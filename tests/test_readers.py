@@ -16,7 +16,7 @@ import zarr
 
 import slem_dask
 from slem_dask import load_model, pipeline
-from slem_dask.cli import main
+from slem_dask.cli.main import main
 from slem_dask.storage import VersionStore, ownership, readers, versions, verify
 from slem_dask.storage.export import PARTIAL_MARKER
 

@@ -15,8 +15,8 @@ import pytest
 import zarr
 
 from slem_dask import LinearSLEM, load_model, pipeline, storage
-from slem_dask.cli import main
-from slem_dask.evaluation import open_search_result, search_job
+from slem_dask.cli.main import main
+from slem_dask.pipeline.evaluate import open_search_result, search_job
 from slem_dask.retrieval import search
 from slem_dask.storage import leases, versions
 

@@ -10,7 +10,7 @@ from slem_dask.storage import versions
 from distributed import Client, LocalCluster
 
 from slem_dask import KernelSLEM, LinearSLEM, load_model, pipeline, storage
-from slem_dask.cli import main
+from slem_dask.cli.main import main
 
 
 @pytest.fixture(scope="module")
@@ -141,12 +141,12 @@ def test_output_is_born_unfinished(tmp_path):
 
 
 def _no_cluster(monkeypatch):
-    import slem_dask.cluster
+    import slem_dask.cluster.connect
 
     def refuse(*args, **kwargs):
         raise AssertionError("a cluster was started before the input check")
 
-    monkeypatch.setattr(slem_dask.cluster, "connect", refuse)
+    monkeypatch.setattr(slem_dask.cluster.connect, "connect", refuse)
 
 
 def test_existing_model_refused_before_any_cluster(corpus, capsys, monkeypatch):

@@ -18,7 +18,7 @@ from sklearn.utils import get_tags  # noqa: E402
 
 from slem_dask import (ESVM, KernelSLEM, LinearSLEM, NotFittedError, PCAWhitening,  # noqa: E402
                        RawFeatures, leave_one_out_map, make_map_scorer, map_scorer)
-from slem_dask.classify import CentroidSLEMClassifier, MulticlassSVM  # noqa: E402
+from slem_dask.models.classify import CentroidSLEMClassifier, MulticlassSVM  # noqa: E402
 from slem_dask.datasets import make_corpus  # noqa: E402
 
 
@@ -264,7 +264,7 @@ def test_slem_dask_does_not_import_sklearn_until_needed():
         import sys
         import numpy as np
         import slem_dask
-        from slem_dask.classify import CentroidSLEMClassifier
+        from slem_dask.models.classify import CentroidSLEMClassifier
         X = np.random.default_rng(0).standard_normal((30, 4))
         slem_dask.LinearSLEM().fit(X).transform(X)
         CentroidSLEMClassifier().fit(X, np.arange(30) % 3).predict(X)
@@ -284,8 +284,8 @@ def test_without_sklearn_the_classes_are_slem_dasks_own():
         sys.modules["sklearn"] = None  # import sklearn now fails
         import numpy as np
         from slem_dask import LinearSLEM, NotFittedError
-        from slem_dask.classify import MulticlassSVM
-        from slem_dask._estimator import DataConversionWarning
+        from slem_dask.models.classify import MulticlassSVM
+        from slem_dask.models._estimator import DataConversionWarning
         print([c.__name__ for c in NotFittedError.__mro__[1:4]])
         try:
             LinearSLEM().transform(np.ones((2, 2)))

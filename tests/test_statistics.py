@@ -162,7 +162,7 @@ def test_the_workers_size_statistics_without_a_warning(caplog):
     counted as their arrays, not fall back (with a logged warning per result)."""
     from distributed.sizeof import safe_sizeof
 
-    import slem_dask.parallel  # noqa: F401 - registers the sizeof of ScatterStats
+    import slem_dask.parallel.blocks  # noqa: F401 - registers the sizeof of ScatterStats
 
     stats = ScatterStats(3, np.zeros(4), np.zeros((4, 4)))
     with caplog.at_level("WARNING", logger="distributed.sizeof"):

@@ -8,7 +8,7 @@ import pytest
 import zarr
 
 from slem_dask import LinearSLEM, load_model
-from slem_dask import integrity, storage
+from slem_dask import storage
 
 from helpers import head, recommit
 
@@ -252,7 +252,7 @@ def test_write_partition_writes_the_chunk_zarr_writes(tmp_path, dtype):
     theirs = storage.create_output(str(tmp_path / "theirs.zarr"), (10, 3), 4, dtype, {})
     for i in range(3):
         got = storage.write_partition(data[4 * i:4 * i + 4], ours, i)
-        assert got.tolist() == [[i, integrity.stored_crc32c(ours, i)]]
+        assert got.tolist() == [[i, storage.stored_crc32c(ours, i)]]
     theirs[...] = data
     for key in ("c/0/0", "c/1/0", "c/2/0"):
         assert (tmp_path / "ours.zarr" / key).read_bytes() == \
@@ -284,7 +284,7 @@ def test_large_model_arrays_are_written_and_checked_in_chunks(tmp_path, fitted, 
     data = bytearray(chunk.read_bytes())
     data[3] ^= 0xFF
     chunk.write_bytes(bytes(data))
-    with pytest.raises(integrity.CorruptChunkError, match="precision"):
+    with pytest.raises(storage.CorruptChunkError, match="precision"):
         load_model(str(path))
 
 
@@ -301,7 +301,7 @@ def test_save_refuses_a_model_that_reads_back_wrong(tmp_path, fitted, monkeypatc
 
     monkeypatch.setattr(zarr.Array, "__setitem__", lossy)
     path = tmp_path / "model.zarr"
-    with pytest.raises(integrity.IntegrityError, match="'covariance' read back .* differs"):
+    with pytest.raises(storage.IntegrityError, match="'covariance' read back .* differs"):
         fitted.save(str(path))
     assert not path.exists() and [p.name for p in tmp_path.iterdir()] == []
 

@@ -19,9 +19,9 @@ import pytest
 import zarr
 from zarr.codecs import BloscCodec, Crc32cCodec, GzipCodec, ZstdCodec
 
-from slem_dask import integrity, storage
+from slem_dask import storage
 from slem_dask.core.statistics import ScatterAccumulator, block_statistics, covariance
-from slem_dask.parallel import statistics_partition_rows, store_statistics
+from slem_dask.parallel.blocks import statistics_partition_rows, store_statistics
 
 N, D, CHUNK = 1037, 24, 100
 
@@ -112,15 +112,15 @@ def test_reader_names_damaged_chunks(tmp_path, rows, chain):
     flipped[len(flipped) // 2] ^= 0xFF
     open(victim, "wb").write(bytes(flipped))
     if chain in ("crc32c", "zstd then crc32c"):
-        with pytest.raises(integrity.CorruptChunkError, match=r"chunk 'c/3/0' \(rows 300-399\)"):
+        with pytest.raises(storage.CorruptChunkError, match=r"chunk 'c/3/0' \(rows 300-399\)"):
             storage.read_rows(arr, 250, 450)
     # truncated: refused whatever the chain (a zstd frame or the raw size says so)
     open(victim, "wb").write(bytes(data[:len(data) // 2]))
-    with pytest.raises(integrity.CorruptChunkError, match=r"c/3/0.*cannot be read"):
+    with pytest.raises(storage.CorruptChunkError, match=r"c/3/0.*cannot be read"):
         storage.read_rows(arr, 250, 450)
     # missing: refused, never read as fill values
     os.remove(victim)
-    with pytest.raises(integrity.MissingChunkError, match=r"c/3/0"):
+    with pytest.raises(storage.MissingChunkError, match=r"c/3/0"):
         storage.read_rows(arr, 250, 450)
     np.testing.assert_array_equal(storage.read_rows(arr, 0, 300), rows[:300])
 
@@ -134,7 +134,7 @@ def test_reader_refuses_a_zstd_frame_of_another_size(tmp_path, rows):
     arr = write(path, rows, compressors=[ZstdCodec()])
     short = numcodecs.Zstd().encode(rows[300:399].tobytes())
     open(chunk_file(path, 3), "wb").write(short)
-    with pytest.raises(integrity.CorruptChunkError, match=r"c/3/0.*size"):
+    with pytest.raises(storage.CorruptChunkError, match=r"c/3/0.*size"):
         storage.read_rows(arr, 0, N)
 
 
@@ -333,7 +333,7 @@ def test_store_statistics_read_rows_beyond_float32_again(tmp_path, rows):
 def test_store_statistics_name_a_missing_chunk(tmp_path, rows):
     arr = write(tmp_path / "m", rows)
     os.remove(chunk_file(tmp_path / "m", 4))
-    with pytest.raises(integrity.MissingChunkError, match=r"negatives .*c/4/0"):
+    with pytest.raises(storage.MissingChunkError, match=r"negatives .*c/4/0"):
         dask.compute(store_statistics(arr, 3 * CHUNK), scheduler="threads")
 
 
@@ -349,7 +349,7 @@ def test_statistics_of_dask_rows_stream_the_store_and_derived_arrays_do_not(stor
     """An array from storage.dask_rows is summarized by store_statistics (its tasks read
     into their own buffers); a slice, rechunk or persist of it is another array, whose
     statistics must be its own rows' (a slice fitted as the whole store would be wrong)."""
-    from slem_dask.parallel import scatter_statistics
+    from slem_dask.parallel.blocks import scatter_statistics
 
     x = storage.dask_rows(store, 2 * CHUNK)
     stats = scatter_statistics(x)
@@ -369,7 +369,7 @@ def test_statistics_of_dask_rows_are_its_rows_after_setitem_or_an_append(tmp_pat
     read: ``x[...] = v`` changes the array in place (same object, another graph), and rows
     appended to the store afterwards are not the array's (found by a reviewer: both were
     fitted from the store as it stood)."""
-    from slem_dask.parallel import scatter_statistics
+    from slem_dask.parallel.blocks import scatter_statistics
 
     arr = zarr.create_array(str(tmp_path / "grow"), shape=rows.shape, chunks=(CHUNK, D),
                             dtype=rows.dtype)

@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 import zarr
 
-from slem_dask import LinearSLEM, integrity, load_model, pipeline, storage
-from slem_dask.cli import main
-from slem_dask.evaluation import open_search_result, search_job
+from slem_dask import LinearSLEM, load_model, pipeline, storage
+from slem_dask.cli.main import main
+from slem_dask.pipeline.evaluate import open_search_result, search_job
 from slem_dask.retrieval import search
 from slem_dask.storage import leases, versions
 
@@ -161,7 +161,7 @@ def test_a_stalled_job_whose_lease_was_taken_over_says_so_first(corpus, monkeypa
         return result
 
     monkeypatch.setattr(pipeline.common, "_compute", stolen)
-    with pytest.raises(integrity.LeaseLostError, match="taken over by slem-dask encode"):
+    with pytest.raises(storage.LeaseLostError, match="taken over by slem-dask encode"):
         _encode(corpus, out)
     assert not versions.VersionedStore(str(out)).is_versioned()
 
@@ -212,7 +212,7 @@ def test_a_swapped_chunk_is_not_the_chunk_that_was_written(corpus):
     _encode(corpus, out)
     chunks = head(out) / "c"
     (chunks / "1" / "0").write_bytes((chunks / "2" / "0").read_bytes())  # valid on its own
-    with pytest.raises(integrity.CorruptChunkError, match=r"c/1/0.*not the chunk its job wrote"):
+    with pytest.raises(storage.CorruptChunkError, match=r"c/1/0.*not the chunk its job wrote"):
         storage.read_all(out)
 
 

@@ -63,7 +63,7 @@ def main(argv=None) -> int:
                    help="print the worker batch script and exit without submitting")
     args = p.parse_args(argv)
 
-    from slem_dask.jobspec import load_spec, run_spec
+    from slem_dask.pipeline.jobspec import load_spec, run_spec
 
     spec = load_spec(args.spec)  # fail on a bad spec before anything is submitted
     cluster = make_cluster(args.cores, args.processes, args.memory, args.walltime,
@@ -74,7 +74,7 @@ def main(argv=None) -> int:
             return 0
         from distributed import Client
 
-        from slem_dask.cluster import SingleThreadedBLAS
+        from slem_dask.cluster.connect import SingleThreadedBLAS
 
         cluster.scale(jobs=args.jobs)
         with Client(cluster) as client:

@@ -1,6 +1,6 @@
 """How many BLAS threads the caller's own dense factorizations get.
 
-Workers run one BLAS thread per task (:func:`slem_dask.parallel.single_threaded_blas`,
+Workers run one BLAS thread per task (:func:`slem_dask.parallel.blocks.single_threaded_blas`,
 ``cluster``'s worker settings); this is for the d x d (linear) and r x r (kernel)
 factorizations the caller runs itself, between or after passes over the data.
 """
@@ -77,7 +77,7 @@ class TaskThreadsController:
     user_api="blas")`` returns an object whose ``restore_original_limits()`` undoes it
     (threadpoolctl's interface; also a context manager). Every limit of this package
     goes through it: :func:`one_blas_thread`, :func:`factorization_threads` and
-    :func:`slem_dask.parallel.single_threaded_blas`.
+    :func:`slem_dask.parallel.blocks.single_threaded_blas`.
 
     OpenBLAS 0.3.31 (numpy's and scipy's wheels) ignores ``openblas_set_num_threads``,
     which threadpoolctl calls, from every thread but the first one that called it:

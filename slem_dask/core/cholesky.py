@@ -10,7 +10,7 @@ Notation (docs/math.md#icd and docs/math.md#augmented-factor):
 * for a positive x0: v = L^-1 k(X_I, x0), u^2 = k(x0, x0) - |v|^2,
   mu = mean row of F, G = F^T F / n - mu mu^T + lam I.
 
-The dask layer (:mod:`slem_dask.parallel_kernel`) maps the block functions
+The dask layer (:mod:`slem_dask.parallel.kernel`) maps the block functions
 here over row blocks of the negatives; the client-side functions work on the
 r x r (or candidates x candidates) matrices only.
 """

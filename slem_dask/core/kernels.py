@@ -30,7 +30,7 @@ import numbers
 
 import numpy as np
 
-from ..validation import check_positive_float, rows_text
+from .validation import check_positive_float, rows_text
 
 __all__ = [
     "KERNELS",

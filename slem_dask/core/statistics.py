@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..validation import MAX_ABS_VALUE, LargeValuesError, large_values_detail
+from .validation import MAX_ABS_VALUE, LargeValuesError, large_values_detail
 
 __all__ = [
     "ScatterStats",

@@ -11,9 +11,9 @@ __all__ = ["LinearSLEM", "KernelSLEM", "ESVM", "PCAWhitening", "RawFeatures",
            "SLEMEstimator", "NotFittedError", "load_model", "MODEL_CLASSES"]
 
 
-def __getattr__(name: str):  # NotFittedError is built on first use (see slem_dask._estimator)
+def __getattr__(name: str):  # NotFittedError is built on first use (see slem_dask.models._estimator)
     if name == "NotFittedError":
-        from .. import _estimator
+        from . import _estimator
 
         return _estimator.NotFittedError
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -4,15 +4,16 @@ from __future__ import annotations
 
 import numpy as np
 
-from .. import _estimator, storage
-from .._estimator import EstimatorProtocol
-from ..validation import (check_finite_model, check_finite_rows, check_n_features, check_rows,
+from .. import storage
+from . import _estimator
+from ._estimator import EstimatorProtocol
+from ..core.validation import (check_finite_model, check_finite_rows, check_n_features, check_rows,
                           is_dask_array, output_dtype)
 
 __all__ = ["SLEMEstimator", "load_model", "MODEL_CLASSES", "NotFittedError"]
 
 
-def __getattr__(name: str):  # NotFittedError is built on first use (see slem_dask._estimator)
+def __getattr__(name: str):  # NotFittedError is built on first use (see slem_dask.models._estimator)
     if name == "NotFittedError":
         return _estimator.NotFittedError
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
@@ -31,7 +32,7 @@ class SLEMEstimator(EstimatorProtocol):
     ``__init__`` stores parameters only; everything learned ends in ``_`` and
     is set by ``fit`` or by :func:`load_model`. The scikit-learn protocol
     (``get_params``, ``set_params``, tags) comes from
-    :class:`slem_dask._estimator.EstimatorProtocol`.
+    :class:`slem_dask.models._estimator.EstimatorProtocol`.
     """
 
     _param_names: tuple[str, ...] = ()

@@ -8,8 +8,8 @@ import numpy as np
 
 from ..core.esvm import hinge_objective, optimal_bias, pegasos_exemplars
 from ..core.whitening import normalize_rows
-from ..parallel import map_rows, shared
-from ..validation import check_finite_rows, check_positive_float, check_rows, is_dask_array
+from ..parallel.blocks import map_rows, shared
+from ..core.validation import check_finite_rows, check_positive_float, check_rows, is_dask_array
 from .base import SLEMEstimator
 
 __all__ = ["ESVM"]

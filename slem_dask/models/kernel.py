@@ -11,11 +11,11 @@ import numpy as np
 
 from ..core.cholesky import g_cholesky
 from ..core.kernels import _USES_GAMMA, check_kernel_params
-from ..parallel import locate_nonfinite_rows, shared
+from ..parallel.blocks import locate_nonfinite_rows, shared
 from ..core.statistics import ScatterStats, merge_statistics
-from ..parallel_kernel import CholeskyConfig, incomplete_cholesky
-from ..parallel_kernel_stream import check_strategy, choose_strategy, factor_statistics
-from ..validation import (MAX_ABS_VALUE, LargeValuesError, NonFiniteRowsError,
+from ..parallel.kernel import CholeskyConfig, incomplete_cholesky
+from ..parallel.kernel_stream import check_strategy, choose_strategy, factor_statistics
+from ..core.validation import (MAX_ABS_VALUE, LargeValuesError, NonFiniteRowsError,
                           check_positive_float, check_rows, is_dask_array, nonfinite_rows_error)
 from .base import SLEMEstimator
 from .kernel_blocks import _encode_block, _Encoder, _packed_block, _similarity_block
@@ -111,10 +111,10 @@ class KernelSLEM(SLEMEstimator):
         of F stay on the workers for the whole fit (about 4.5-6.6 KB per row at
         d = 512, r = 256). "streaming": nothing per row is kept between passes;
         every pass reads X again (from its zarr store for a dask array on one)
-        and recomputes F = K(X, X_I) L^-T (:mod:`slem_dask.parallel_kernel_stream`):
+        and recomputes F = K(X, X_I) L^-T (:mod:`slem_dask.parallel.kernel_stream`):
         memory independent of n, more compute per pass. Both give the same
         pivots and model (to rounding). "auto" (default): in-memory while
-        :func:`slem_dask.workers.kernel_fit_bytes` fits in 60% of the workers'
+        :func:`slem_dask.cluster.workers.kernel_fit_bytes` fits in 60% of the workers'
         memory limits (else of this machine's available memory), streaming
         otherwise; ``strategy_`` and ``strategy_reason_`` say what was chosen
         and why. It does not change the model (not part of its encoding
@@ -189,11 +189,11 @@ class KernelSLEM(SLEMEstimator):
 
         ``progress``: None, or a callable ``progress(round_no, n_pivots, trace_error)``
         called after each pass over the negatives. ``checkpoint``: None, or (streaming
-        only) a :class:`slem_dask.kernel_checkpoint.FinalPassCheckpoint` that makes the
+        only) a :class:`slem_dask.parallel.kernel_checkpoint.FinalPassCheckpoint` that makes the
         final pass resumable (``slem-dask fit`` passes one).
 
         A dask array is processed block by block on the current scheduler, in
-        ``n_passes_`` rounds (see :mod:`slem_dask.parallel_kernel`); the n x n
+        ``n_passes_`` rounds (see :mod:`slem_dask.parallel.kernel`); the n x n
         kernel matrix is never formed.
         """
         kernel, gamma, degree, lam, rank = self._check_params()

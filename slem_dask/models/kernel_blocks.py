@@ -13,7 +13,7 @@ import numpy as np
 
 from ..core.cholesky import exact_parts, lowrank_parts, similarity_from_parts
 from ..core.kernels import check_histogram, kernel_diagonal, kernel_matrix
-from ..validation import check_finite_rows
+from ..core.validation import check_finite_rows
 
 
 @dataclass(frozen=True, eq=False)

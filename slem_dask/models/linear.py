@@ -12,8 +12,8 @@ from ..core.linear import (encode_rows, exemplar_solution, float32_encoding_ok, 
                            precision_matrix)
 from ..core.statistics import (ScatterStats, block_statistics, check_precision, compute_dtype,
                                covariance, merge_statistics)
-from ..parallel import encode_blocks, locate_nonfinite_rows, scatter_statistics, shared
-from ..validation import (DEFAULT_LAM, DegenerateNegativesWarning, all_finite,
+from ..parallel.blocks import encode_blocks, locate_nonfinite_rows, scatter_statistics, shared
+from ..core.validation import (DEFAULT_LAM, DegenerateNegativesWarning, all_finite,
                           check_finite_rows, check_positive_float, check_rows, effective_lam,
                           is_dask_array, nonfinite_rows_error, parse_lam)
 from .base import SLEMEstimator
@@ -36,7 +36,7 @@ class LinearSLEM(SLEMEstimator):
         "0.01x" (was 1e-3: on L2-normalized descriptors, tr(Sigma) ~ 0.3, it is about
         3e-3; measured in docs/troubleshooting.md, "Defaults"). An absolute lambda below
         1e-6 or above 1e3 times the negatives' mean variance warns
-        (:class:`~slem_dask.validation.LambdaScaleWarning`).
+        (:class:`~slem_dask.core.validation.LambdaScaleWarning`).
     theta : float > 0
         Weight of the positive exemplar. It scales w* but not its direction
         (docs/math.md#theta), so it changes :meth:`exemplar` only, never

@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 
 from ..core.whitening import normalize_rows
-from ..parallel import map_rows
-from ..validation import check_finite_rows, check_rows, is_dask_array
+from ..parallel.blocks import map_rows
+from ..core.validation import check_finite_rows, check_rows, is_dask_array
 from .base import SLEMEstimator
 
 __all__ = ["RawFeatures"]

@@ -9,8 +9,8 @@ import numpy as np
 
 from ..core.statistics import block_statistics, covariance, merge_many
 from ..core.whitening import pca_whitening, whiten_rows
-from ..parallel import locate_nonfinite_rows, map_rows, scatter_statistics, shared
-from ..validation import (check_finite_rows, check_positive_float, check_rows, is_dask_array,
+from ..parallel.blocks import locate_nonfinite_rows, map_rows, scatter_statistics, shared
+from ..core.validation import (check_finite_rows, check_positive_float, check_rows, is_dask_array,
                           nonfinite_rows_error)
 from .base import SLEMEstimator
 

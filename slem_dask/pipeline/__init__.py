@@ -1,6 +1,6 @@
 """The batch jobs: fit a model from zarr negatives, encode zarr positives, the demo.
 
-Each job takes a connected ``distributed.Client`` (see :mod:`slem_dask.cluster`),
+Each job takes a connected ``distributed.Client`` (see :mod:`slem_dask.cluster.connect`),
 validates everything it can from metadata before it reads or writes data, and
 never leaves a model or output that looks complete after a failure.
 
@@ -8,7 +8,7 @@ One job a module: :mod:`.fit` (linear), :mod:`.kernel_fit`, :mod:`.encode`,
 :mod:`.search`, :mod:`.demo`; :mod:`.common` holds the report, the compute loop and the errors.
 """
 
-from .common import JobFailed, JobReport, _compute  # noqa: F401 - evaluation.py uses it
+from .common import JobFailed, JobReport, _compute  # noqa: F401 - evaluate.py uses it
 from .demo import demo_job
 from .encode import check_encode_inputs, encode_job
 from .fit import _open_negatives, fit_job  # noqa: F401 - the CLI checks before a cluster

@@ -14,9 +14,9 @@ from concurrent.futures import CancelledError
 import dask
 from distributed.comm.core import CommClosedError
 
-from .. import integrity
+from .. import storage
 from ..storage.paths import shown_path
-from ..validation import RowsError
+from ..core.validation import RowsError
 
 
 @dataclass
@@ -100,7 +100,7 @@ def _run_within(client, function, seconds: float):
     return answer.get("busy")
 
 
-class JobFailed(integrity.IntegrityError):
+class JobFailed(storage.IntegrityError):
     """A job stopped for a reason outside its inputs (lost scheduler, workers that do
     not see the same storage, a store taken over); the message says what is kept."""
 
@@ -160,7 +160,7 @@ def _local_room(path) -> tuple[str, int] | None:
     (or its nearest existing folder); None for an object store or if unknown."""
     import shutil
 
-    path = integrity.canonical(path)
+    path = storage.canonical(path)
     if not path.is_local:
         return None
     where = path.location
@@ -205,7 +205,7 @@ def full_disk_said(path, needed=None, what_is_kept: str = "nothing was written")
     try:
         yield
     except OSError as exc:
-        if not integrity.is_out_of_space(exc):
+        if not storage.is_out_of_space(exc):
             raise
         try:
             size = needed() if callable(needed) else needed

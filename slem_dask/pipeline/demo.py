@@ -17,7 +17,7 @@ from .encode import encode_job
 
 
 def _ranked(queries, database, k: int):
-    from ..retrieval import search
+    from ..retrieval.topk import search
 
     return dask.compute(search(queries, database, k))[0]
 
@@ -32,7 +32,7 @@ def demo_job(client, workdir: str = "slem-demo", n_negatives: int = 50_000,
     SLEM's (default "0.01x"); the kernel model takes it when it is a number, else 1e-3.
     """
     from ..datasets import make_corpus, write_corpus
-    from ..retrieval import mean_average_precision, precision_recall_at_k
+    from ..retrieval.metrics import mean_average_precision, precision_recall_at_k
 
     os.makedirs(workdir, exist_ok=True)
     corpus_path = os.path.join(workdir, "corpus.zarr")

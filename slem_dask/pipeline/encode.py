@@ -9,15 +9,16 @@ import warnings
 import numpy as np
 import zarr
 
-from .. import integrity, storage, workers
+from .. import storage
+from ..cluster import workers
 from ..storage import gc, versions
 from ..storage.paths import shown_path
 from .._version import __version__
 from ..core.kernels import _USES_GAMMA
-from ..integrity import canonical
+from ..storage import canonical
 from ..models import KernelSLEM, LinearSLEM, load_model
-from ..parallel import scatter_large_arrays
-from ..validation import check_encoded_rows, check_n_features, output_dtype, rows_text
+from ..parallel.blocks import scatter_large_arrays
+from ..core.validation import check_encoded_rows, check_n_features, output_dtype, rows_text
 
 from . import common
 from .common import JobFailed, JobReport, _LOST, _detail, _lost_cluster
@@ -58,7 +59,7 @@ def encode_job(client, model_path: str, positives: str, out: str, dtype: str | N
     head_before = storage.head_seq(out)  # a full disk before the draft is known says it
     with common.full_disk_said(out, lambda: _output_bytes(model, positives),
                                lambda: what_is_kept(out, head_before, advice=False)), \
-            integrity.Lease(out, "slem-dask encode") as lease:
+            storage.Lease(out, "slem-dask encode") as lease:
         arr, out_dtype, width = check_encode_inputs(model, model_path, positives, out, dtype,
                                                     overwrite, on_model_change, leased=True,
                                                     partition_rows=partition_rows,
@@ -81,8 +82,8 @@ def encode_job(client, model_path: str, positives: str, out: str, dtype: str | N
         per_row, fixed = workers.encode_task_bytes(model, rows, arr.shape[1], arr.dtype)
         plan = workers.Plan("encode", "positives", rows, int(arr.shape[1]), str(arr.dtype),
                             int(fixed + per_row * rows), per_row, fixed,
-                            integrity.unit_rows(arr), resumed=head is not None)
-        inputs = integrity.partition_fingerprints(arr, positives, "positives", rows)
+                            storage.unit_rows(arr), resumed=head is not None)
+        inputs = storage.partition_fingerprints(arr, positives, "positives", rows)
         if head is None:  # a new output: before anything is written
             workers.check_memory(client, plan, n_parts, common.TASK_MODULES)
         storage.replace_legacy(out, "output")  # only reached with --overwrite
@@ -136,7 +137,7 @@ def encode_job(client, model_path: str, positives: str, out: str, dtype: str | N
                 store.abandon(draft)
                 raise
         try:
-            integrity.check_workers_see(client, {"positives": positives,
+            storage.check_workers_see(client, {"positives": positives,
                                                  "output": draft.location})
             # this job writes and commits: the oldest kept version goes while it writes
             with store.making_room(mine=draft.version):
@@ -156,7 +157,7 @@ def encode_job(client, model_path: str, positives: str, out: str, dtype: str | N
                     raise gc.DraftFencedError(gc.fenced_message(store, draft.version)) \
                         from None
                 raise
-            if integrity.partition_fingerprints(arr, positives, "positives", rows) != inputs:
+            if storage.partition_fingerprints(arr, positives, "positives", rows) != inputs:
                 raise JobFailed(
                     f"the positives {str(positives)!r} changed while they were encoded; "
                     f"nothing was committed: run the same command again (it resumes)")
@@ -190,7 +191,7 @@ def encode_job(client, model_path: str, positives: str, out: str, dtype: str | N
                 store.abandon(draft)
                 store._raise_conflict(draft.seq)
             raise gc.DraftFencedError(gc.fenced_message(store, draft.version)) from None
-        except integrity.DamagedStoreError:
+        except storage.DamagedStoreError:
             raise
         except ValueError as exc:  # e.g. NaN rows found by a worker: say where
             store.abandon(draft)  # once no task writes any more
@@ -198,7 +199,7 @@ def encode_job(client, model_path: str, positives: str, out: str, dtype: str | N
         except _LOST as exc:
             raise _lost_cluster(exc, what_is_kept(out, draft.seq - 1)) from None
         except OSError as exc:
-            if integrity.is_out_of_space(exc):  # what is still to write, and what is kept
+            if storage.is_out_of_space(exc):  # what is still to write, and what is kept
                 needed = len(todo) * rows * width * out_dtype.itemsize
                 raise JobFailed(common.out_of_space_line(
                     exc, out, needed, what_is_kept(out, draft.seq - 1, advice=False))) from None
@@ -236,7 +237,7 @@ def _up_to_date(model, model_path, positives, out, dtype, partition_rows, on_mod
         return None  # the job says why, under its lease
     n_parts = -(-n_rows // rows)
     if head is None or action != "update" or not _head_current(
-            head, integrity.partition_fingerprints(arr, positives, "positives", rows),
+            head, storage.partition_fingerprints(arr, positives, "positives", rows),
             n_parts):
         return None
     report = JobReport("encode")
@@ -259,7 +260,7 @@ def _head_current(head, inputs: list[str], n_parts: int) -> bool:
     crcs = meta.get("partition_crc32c") or []
     return (bool(meta.get("complete")) and int(head.shape[0]) == meta.get("n_rows")
             and len(crcs) == n_parts and (meta.get("input_partitions") or []) == inputs
-            and all(crc is not None and integrity.stored_crc32c(head, i) == crc
+            and all(crc is not None and storage.stored_crc32c(head, i) == crc
                     for i, crc in enumerate(crcs)))
 
 
@@ -360,7 +361,7 @@ def check_encode_inputs(model, model_path, positives, out, dtype=None, overwrite
             f"it that way; omit --partition-rows, or pass --overwrite to rebuild it")
     width = int(getattr(model, "rank_", arr.shape[1]))  # a KernelSLEM writes r columns
     if not leased:
-        integrity.Lease(out, "slem-dask encode").check_free()
+        storage.Lease(out, "slem-dask encode").check_free()
     _plan_output(out, existing, arr, positives,
                  (model.encoding_identity_, model.encoding_fingerprint_), out_dtype,
                  overwrite, on_model_change, width, _effective_precision(model, precision))
@@ -445,11 +446,11 @@ def reuse_partitions(store, draft, target, head, inputs: list[str], n_parts: int
                 continue
             recorded = old_crcs[i] if i < len(old_crcs) else None
             crc = recorded if recorded is not None and \
-                integrity.stored_crc32c(old, i) == recorded else \
-                integrity.self_consistent_crc32c(old, i)
+                storage.stored_crc32c(old, i) == recorded else \
+                storage.self_consistent_crc32c(old, i)
             if crc is not None:
                 crcs[i] = crc
-                names.append(integrity._full_key(old, (i, 0)))
+                names.append(storage.checksums._full_key(old, (i, 0)))
         if names:
             store.backend.copy_tree(_relative(store, old), _relative(store, target), names)
     return [i for i, crc in enumerate(crcs) if crc is None], crcs
@@ -470,7 +471,7 @@ def _verify_partitions(target, out, crcs: list) -> None:
     """Every partition present, as this client reads the store, with the crc32c its
     task's worker read back after writing it."""
     bad = [i for i, crc in enumerate(crcs)
-           if crc is None or integrity.stored_crc32c(target, i) != crc]
+           if crc is None or storage.stored_crc32c(target, i) != crc]
     if bad:
         shown = rows_text(bad, len(bad))
         raise JobFailed(
@@ -502,7 +503,7 @@ def _plan_output(out, existing, arr, positives, encoding, out_dtype, overwrite,
             raise FileExistsError(
                 f"output {str(out)!r} already exists and is not a zarr array; choose "
                 f"another path")
-        integrity.check_may_replace(out, "output", kind="encoding")
+        storage.check_may_replace(out, "output", kind="encoding")
         return None, "replace"
     if storage.is_legacy(out) and not overwrite:
         raise FileExistsError(

@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import time
 
-from .. import integrity, storage, workers
-from ..integrity import canonical
+from .. import storage
+from ..cluster import workers
+from ..storage import canonical
 from ..models import KernelSLEM, LinearSLEM, load_model
 from ..core.statistics import ScatterStats, merge_statistics
-from ..parallel import (_sub_block_rows, locate_nonfinite_rows, merge_fan_in,
+from ..parallel.blocks import (_sub_block_rows, locate_nonfinite_rows, merge_fan_in,
                         statistics_partition_rows, store_statistics)
-from ..validation import (DEFAULT_LAM, DegenerateNegativesWarning, LambdaScaleWarning,
+from ..core.validation import (DEFAULT_LAM, DegenerateNegativesWarning, LambdaScaleWarning,
                           parse_lam)
 
 from . import common
@@ -75,7 +76,7 @@ def fit_job(client, negatives: str, model_path: str, lam: float | str | None = N
         return report
     with common.full_disk_said(model_path, lambda: model_bytes(model, arr.shape[1]),
                                nothing_written(model_path)), \
-            integrity.Lease(model_path, "slem-dask fit") as lease:
+            storage.Lease(model_path, "slem-dask fit") as lease:
         update = update and exists and not overwrite  # --overwrite --update: refit
         previous = _previous_statistics(model_path, negatives, arr, model) if update \
             else None
@@ -90,18 +91,18 @@ def fit_job(client, negatives: str, model_path: str, lam: float | str | None = N
             report.timings["total"] = time.perf_counter() - t0
             return report
         common.hint_small_chunks(report, arr, "negatives", negatives)
-        seen = integrity.rows_fingerprint(arr, negatives, "negatives", n)
-        integrity.check_workers_see(client, {"negatives": negatives})
+        seen = storage.rows_fingerprint(arr, negatives, "negatives", n)
+        storage.check_workers_see(client, {"negatives": negatives})
         rows = storage.row_partition(arr, partition_rows)
         if partition_rows is None:
-            rows = statistics_partition_rows(n - start, arr.shape[1], integrity.unit_rows(arr),
+            rows = statistics_partition_rows(n - start, arr.shape[1], storage.unit_rows(arr),
                                              rows, _threads(client))
         report.facts["partitions"] = f"{-(-(n - start) // rows)} x {rows} rows"
         d = int(arr.shape[1])
         workers.check_memory(client, workers.Plan(
             "fit", "negatives", rows, d, str(arr.dtype), workers.fit_task_bytes(
                 d, _sub_block_rows(arr, rows), arr.dtype, precision, merge_fan_in(d)),
-            0.0, 0, integrity.unit_rows(arr)), -(-(n - start) // rows), common.TASK_MODULES)
+            0.0, 0, storage.unit_rows(arr)), -(-(n - start) // rows), common.TASK_MODULES)
         t1 = time.perf_counter()
         with _fit_errors(negatives, model_path):
             stats = (common._compute(client, store_statistics(arr, rows, precision,
@@ -191,7 +192,7 @@ def _previous_statistics(model_path, negatives, arr, model) -> ScatterStats:
     refused = common.update_refusal(model_path, meta, negatives, arr)
     if refused:
         raise ValueError(refused)
-    now = integrity.rows_fingerprint(arr, negatives, "negatives", old.n_samples_)
+    now = storage.rows_fingerprint(arr, negatives, "negatives", old.n_samples_)
     if meta.get("negatives_fingerprint") != now:
         raise ValueError(
             f"--update: the first {old.n_samples_} rows of {str(negatives)!r}, already merged "

@@ -9,8 +9,8 @@ from __future__ import annotations
 import contextlib
 import warnings
 
-from .. import integrity, storage
-from ..integrity import canonical
+from .. import storage
+from ..storage import canonical
 
 from . import common
 from .common import JobFailed, _LOST, _detail, _lost_cluster
@@ -27,7 +27,7 @@ def _fit_errors(negatives, model_path):
     says that the model is as before; damaged chunks already name themselves."""
     try:
         yield
-    except integrity.DamagedStoreError:
+    except storage.DamagedStoreError:
         raise
     except ValueError as exc:  # e.g. NaN rows, negative histogram values: say which input
         raise ValueError(f"negatives {str(negatives)!r}: {_detail(exc)}") from None
@@ -66,7 +66,7 @@ def _warnings_naming(negatives, report, category):
 def _save_fitted(model, arr, negatives, model_path, seen: str, lease) -> str:
     """Save a fitted model under the job's lease, unless its negatives changed while
     they were read (``seen``: their fingerprint before); return its fingerprint."""
-    if integrity.rows_fingerprint(arr, negatives, "negatives", int(arr.shape[0])) != seen:
+    if storage.rows_fingerprint(arr, negatives, "negatives", int(arr.shape[0])) != seen:
         raise JobFailed(
             f"the negatives {str(negatives)!r} changed while this fit read them; nothing "
             f"was written: run the fit again once the negatives are no longer being written")
@@ -85,7 +85,7 @@ def _open_negatives(negatives, model_path, overwrite: bool, update: bool,
     storage.check_distinct(model_path, "--model", {"negatives": negatives})
     exists = storage._exists(model_path)
     if exists:
-        integrity.check_may_replace(model_path, "model store", kind="model")
+        storage.check_may_replace(model_path, "model store", kind="model")
     if exists and not (overwrite or update):
         raise FileExistsError(
             f"model store {str(model_path)!r} already exists; pass --overwrite to replace "

@@ -9,13 +9,13 @@ import sys
 import time
 import warnings
 
-from .. import integrity, storage
+from .. import storage
 from ..storage import versions
 from ..models import load_model
 from ..models.kernel import TraceErrorWarning
-from ..parallel_kernel_stream import (UNBOUNDED_RANK_ESTIMATE, KernelMemoryWarning,
+from ..parallel.kernel_stream import (UNBOUNDED_RANK_ESTIMATE, KernelMemoryWarning,
                                       choose_strategy)
-from ..workers import kernel_fit_bytes, note_memory_remedy
+from ..cluster.workers import kernel_fit_bytes, note_memory_remedy
 
 from .common import JobReport, full_disk_said, hint_small_chunks, size_text, update_refusal
 from .fit_steps import (KERNEL_OPTIONS, _fit_errors, _open_negatives, _save_fitted,
@@ -70,9 +70,9 @@ def _fit_kernel_job(client, negatives, model_path, model, partition_rows,
         return _up_to_date_report(negatives, n, model_path, t0)  # no lease, nothing written
     with full_disk_said(model_path, lambda: _kernel_store_bytes(model, n, arr.shape[1]),
                         nothing_written(model_path)), \
-            integrity.Lease(model_path, "slem-dask fit") as lease:
+            storage.Lease(model_path, "slem-dask fit") as lease:
         action, old = "fit", None
-        seen = integrity.rows_fingerprint(arr, negatives, "negatives", n)
+        seen = storage.rows_fingerprint(arr, negatives, "negatives", n)
         if exists and update and not overwrite:
             meta, _ = storage.read_model_store(model_path)
             flag = "--repivot" if repivot else "--update"
@@ -90,7 +90,7 @@ def _fit_kernel_job(client, negatives, model_path, model, partition_rows,
                 action = "refit (--repivot)"
             else:
                 old, action = _previous_kernel_model(model_path, meta, negatives, arr)
-        integrity.check_workers_see(client, {"negatives": negatives})
+        storage.check_workers_see(client, {"negatives": negatives})
         x = storage.dask_rows(arr, partition_rows, name="negatives")
         start = old.n_samples_ if old is not None else 0
         report = JobReport("fit")
@@ -164,7 +164,7 @@ def _kernel_up_to_date(model_path, negatives, arr, model) -> bool:
             or meta.get("n_samples") != n:
         return False
     check_same_params(model, meta, model_path, "--update")
-    return meta.get("negatives_fingerprint") == integrity.rows_fingerprint(
+    return meta.get("negatives_fingerprint") == storage.rows_fingerprint(
         arr, negatives, "negatives", n)
 
 
@@ -198,9 +198,9 @@ def _kernel_store_bytes(model, n: int, d: int) -> int:
 def _final_pass_checkpoint(model_path, model, seen: str, x):
     """This job's draft of the model store as the place where the final pass of a
     streaming fit leaves its per-partition statistics, with the drafts that killed runs
-    left for the same version (:mod:`slem_dask.kernel_checkpoint`), which it deletes once
+    left for the same version (:mod:`slem_dask.parallel.kernel_checkpoint`), which it deletes once
     it copied what it reuses of them (the job holds the lease: :meth:`make_room`)."""
-    from ..kernel_checkpoint import FinalPassCheckpoint
+    from ..parallel.kernel_checkpoint import FinalPassCheckpoint
 
     store = versions.VersionedStore(model_path)
     draft = store.begin()
@@ -219,7 +219,7 @@ def _previous_kernel_model(model_path, meta, negatives, arr):
     refused = update_refusal(model_path, meta, negatives, arr)
     if refused:
         raise ValueError(refused)
-    if meta.get("negatives_fingerprint") != integrity.rows_fingerprint(
+    if meta.get("negatives_fingerprint") != storage.rows_fingerprint(
             arr, negatives, "negatives", old_n):
         raise ValueError(
             f"--update: the first {old_n} rows of {str(negatives)!r}, already in "

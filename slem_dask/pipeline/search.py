@@ -7,9 +7,9 @@ import time
 
 import numpy as np
 
-from .. import integrity, storage
+from .. import storage
 from .._version import __version__
-from ..retrieval import search
+from ..retrieval.topk import search
 from ..storage.paths import shown_path
 from .common import JobReport, _compute, full_disk_said
 
@@ -60,24 +60,24 @@ def search_job(client, queries: str, database: str, out: str, k: int = 100,
     lease, with a crc32c on every chunk. ``progress``: show a progress bar.
     """
     t0 = time.perf_counter()
-    queries, database, out = map(integrity.canonical, (queries, database, out))
+    queries, database, out = map(storage.canonical, (queries, database, out))
     storage.check_distinct(out, "--out", {"queries": queries, "database": database})
     q_arr, db_arr = check_search_inputs(str(queries), str(database), k, force=force)
     if storage._exists(out):
         if not overwrite:
             raise FileExistsError(f"output {str(out)!r} already exists; pass --overwrite to "
                                   f"replace it")
-        integrity.check_may_replace(out, "search result", kind="search")
+        storage.check_may_replace(out, "search result", kind="search")
     n_queries = int(q_arr.shape[0])  # scores float64 and indices int64, k of each
     with full_disk_said(out, 16 * n_queries * k, f"nothing was written ({str(out)!r} is as "
                                                  f"before)"), \
-            integrity.Lease(out, "slem-dask search") as lease:
+            storage.Lease(out, "slem-dask search") as lease:
         # what is read: a versioned input stays the version opened here, whatever commits
         # meanwhile; a plain one is fingerprinted before and after
         q_arr, db_arr = check_search_inputs(str(queries), str(database), k, force=force)
         seen = {"queries": storage.read_version(q_arr, queries),
                 "database": storage.read_version(db_arr, database)}
-        integrity.check_workers_see(client, {"database": database})
+        storage.check_workers_see(client, {"database": database})
         db = storage.dask_rows(db_arr, partition_rows, name="database")
         q = storage.dask_rows(q_arr, partition_rows, name="queries")
         t1 = time.perf_counter()

@@ -33,7 +33,7 @@ Layout and contracts: docs/operations.md ("Versioned stores", "Integrity guarant
 
 from __future__ import annotations
 
-from . import versions  # noqa: F401
+from . import versions # noqa: F401
 from .checksums import (  # noqa: F401
     CHECKSUM, delete_chunk, fingerprint, json_params, metadata_checksum, recorded_crc32c,
     self_consistent_crc32c, stored_crc32c)

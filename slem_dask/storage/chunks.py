@@ -24,7 +24,7 @@ DEFAULT_PARTITION_BYTES = 64 * 2**20
 
 #: Attribute of an array made by :func:`dask_rows`: (zarr array, name, the dask array's
 #: name, its rows). Statistics read the store through it while the array is still what
-#: dask_rows made (:func:`slem_dask.parallel.scatter_statistics`): slicing, rechunking or
+#: dask_rows made (:func:`slem_dask.parallel.blocks.scatter_statistics`): slicing, rechunking or
 #: persisting makes another object, and ``x[...] = v`` gives x another name.
 STORE_ROWS = "_slem_store_rows"
 

@@ -12,7 +12,7 @@ import numpy as np
 import zarr
 
 from . import formats, gc, versions
-from ..validation import check_array_metadata
+from ..core.validation import check_array_metadata
 from .checksums import metadata_checksum
 from .chunks import read_rows
 from .ownership import ATTR, damaged_metadata

@@ -260,7 +260,7 @@ def check_encoded_rows(z: np.ndarray, row_offset: int = 0, zero_reason: str = ""
     # one): a sum that is finite and > 0 proves the row finite and not all zeros, since a
     # NaN or inf entry makes it NaN or inf. Only rows that fail (or whose squares over- or
     # underflowed float32) are summed again in float64, a block at a time: a cast of the
-    # whole partition would double an encode task's memory (slem_dask/workers.py).
+    # whole partition would double an encode task's memory (slem_dask/cluster/workers.py).
     with np.errstate(over="ignore", invalid="ignore", under="ignore"):
         squares = np.einsum("ij,ij->i", z, z)
     suspect = np.flatnonzero(~(np.isfinite(squares) & (squares > 0)))

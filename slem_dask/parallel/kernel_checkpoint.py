@@ -1,6 +1,6 @@
 """Resumable final pass of a streaming kernel fit: per-partition statistics in the job's draft.
 
-The last pass of a streaming kernel fit (:mod:`slem_dask.parallel_kernel_stream`)
+The last pass of a streaming kernel fit (:mod:`slem_dask.parallel.kernel_stream`)
 computes, for every partition of the negatives, the Chan statistics of its rows
 of F (count, mean, scatter) and its residual trace. Each final-pass task writes
 them, packed in one small float64 array with a crc32c, into this job's draft of
@@ -28,8 +28,8 @@ import json
 
 import numpy as np
 
-from .core.statistics import ScatterStats
-from .parallel_kernel_rounds import _Summary
+from ..core.statistics import ScatterStats
+from .kernel_rounds import _Summary
 
 __all__ = ["FinalPassCheckpoint", "pack", "unpack"]
 
@@ -55,7 +55,7 @@ def write_partition(location: str, j: int, summary) -> None:
     """Write one partition's packed statistics (run inside the final-pass task)."""
     import zarr
 
-    from .storage.checksums import CHECKSUM
+    from ..storage.checksums import CHECKSUM
 
     values = pack(summary)
     arr = zarr.create_array(store=f"{location}/p{j:06d}", shape=values.shape,

@@ -11,7 +11,7 @@ import os
 import sys
 import warnings
 
-from .cli_parser import (_check_option_combinations, _glue_negative_values, _parse,
+from .parser import (_check_option_combinations, _glue_negative_values, _parse,
                          build_parser)
 
 EXIT_ERROR = 1
@@ -73,7 +73,7 @@ def _performance_report(path):
 def _check_inputs(args, spec) -> None:
     """What can be checked from metadata alone, so that bad paths fail in a second
     instead of after a cluster start-up. The jobs check again (cheaply) themselves."""
-    from . import integrity, storage
+    from .. import storage
 
     paths = {k: getattr(args, k, None) for k in ("negatives", "model", "positives", "out",
                                                  "queries", "database", "corpus")}
@@ -83,18 +83,18 @@ def _check_inputs(args, spec) -> None:
                       **{f"encode[{i}].positives": e.positives for i, e in enumerate(spec.encode)},
                       **{f"encode[{i}].out": e.out for i, e in enumerate(spec.encode)}})
     for key, path in paths.items():
-        if isinstance(path, str) and integrity.canonical(path).url.startswith("memory://"):
+        if isinstance(path, str) and storage.canonical(path).url.startswith("memory://"):
             raise ValueError(
                 f"{key} {path!r}: a memory:// store lives only as long as one process, and "
                 f"this command's would vanish when it exits; give a path or a URL (file://, "
                 f"s3://...) that the workers and later commands can read")
 
     if args.command == "run":
-        from .jobspec import check_inputs
+        from ..pipeline.jobspec import check_inputs
 
         check_inputs(spec)
     elif args.command == "fit":
-        from .pipeline import _open_negatives
+        from ..pipeline import _open_negatives
 
         _open_negatives(args.negatives, args.model, args.overwrite, args.update,
                         getattr(args, "repivot", False))
@@ -103,12 +103,12 @@ def _check_inputs(args, spec) -> None:
                                                   "database": args.database})
         if storage._exists(args.out):
             if not args.overwrite:
-                raise FileExistsError(f"output {str(integrity.canonical(args.out))!r} already "
+                raise FileExistsError(f"output {str(storage.canonical(args.out))!r} already "
                                       f"exists; pass --overwrite to replace it")
-            integrity.check_may_replace(args.out, "search result", kind="search")
+            storage.check_may_replace(args.out, "search result", kind="search")
     elif args.command == "encode":
-        from .models import load_model
-        from .pipeline import check_encode_inputs
+        from ..models import load_model
+        from ..pipeline import check_encode_inputs
 
         args.loaded_model = load_model(args.model)  # read once: the job encodes with it
         check_encode_inputs(args.loaded_model, args.model, args.positives, args.out,
@@ -118,7 +118,7 @@ def _check_inputs(args, spec) -> None:
 
 def _local_processes(args, spec, workers, threads) -> tuple[bool, str]:
     """Whether a LocalCluster (if one is started) has worker processes, and why."""
-    from .cluster import local_cluster_kind
+    from ..cluster.connect import local_cluster_kind
 
     choice = args.local_cluster
     if choice != "auto":
@@ -131,8 +131,8 @@ def _local_processes(args, spec, workers, threads) -> tuple[bool, str]:
 
 
 def _job_kind(args, spec) -> str:
-    """What the command computes, as :func:`slem_dask.cluster.local_cluster_kind` names it."""
-    from .models import LinearSLEM
+    """What the command computes, as :func:`slem_dask.cluster.connect.local_cluster_kind` names it."""
+    from ..models import LinearSLEM
 
     if args.command == "fit":
         return "kernel fit" if args.kernel else "linear fit"
@@ -149,7 +149,7 @@ def _job_kind(args, spec) -> str:
 def _input_bytes(args, spec) -> int | None:
     """Uncompressed bytes of the arrays a command reads, or None if not known
     before it runs (a spec that generates its data, a store that is not there)."""
-    from . import storage
+    from .. import storage
 
     if args.command == "fit":
         paths = [args.negatives]
@@ -171,15 +171,15 @@ def _input_bytes(args, spec) -> int | None:
         return None
 
 
-#: The commands that run without a cluster (:mod:`slem_dask.cli_stores`).
+#: The commands that run without a cluster (:mod:`slem_dask.cli.stores`).
 _STORE_COMMANDS = ("verify", "versions", "rollback", "export")
 
 
 def _run(args) -> int:
-    from .cluster import connect
+    from ..cluster.connect import connect
 
     if args.command in _STORE_COMMANDS:
-        from . import cli_stores
+        from . import stores as cli_stores
 
         if args.command == "verify":
             return 0 if cli_stores.verify(args.paths) else EXIT_ERROR
@@ -192,7 +192,7 @@ def _run(args) -> int:
     spec = None
     scheduler, workers, threads = args.scheduler, args.workers, args.threads_per_worker
     if args.command == "run":
-        from .jobspec import load_spec
+        from ..pipeline.jobspec import load_spec
 
         spec = load_spec(args.spec)  # before any cluster starts: spec errors come first
         scheduler = scheduler or spec.cluster.scheduler
@@ -204,15 +204,15 @@ def _run(args) -> int:
     args.scheduler_address = scheduler or os.environ.get("DASK_SCHEDULER_ADDRESS")
     security = _security(args)  # before any cluster starts, like every input check
     _check_inputs(args, spec)  # input errors come before any cluster starts
-    from .preflight import check_writable, output_paths
+    from ..cluster.preflight import check_writable, output_paths
 
     check_writable(output_paths(args, spec))  # so do read-only output folders
     if args.command == "search":
-        from .pipeline.search import check_search_inputs
+        from ..pipeline.search import check_search_inputs
 
         check_search_inputs(args.queries, args.database, args.k, args.force)
     elif args.command == "evaluate":
-        from .evaluation import check_evaluate_inputs
+        from ..pipeline.evaluate import check_evaluate_inputs
 
         check_evaluate_inputs(args.corpus, args.methods, args.negatives, args.k, args.plot,
                               _evaluate_arrays(args))
@@ -232,7 +232,8 @@ def _run(args) -> int:
         print(f"dask: {info.get('address', '')} with {len(info['workers'])} worker(s){where}, "
               f"start-up {time.perf_counter() - started:.2f} s (the jobs' own times follow)",
               flush=True)
-        from . import watchdog, workers as worker_faults
+        from ..cluster import watchdog
+        from ..cluster import workers as worker_faults
 
         with watchdog.watch(client, args.task_timeout,
                             what_is_kept=lambda: _not_complete(args, advice=False),
@@ -250,11 +251,11 @@ def _run(args) -> int:
 
 def _jobs(args, client, spec, progress: bool):
     """Run the command's job(s) on ``client``: (reports, rows of a results table)."""
-    from . import pipeline
+    from .. import pipeline
 
     rows = None
     if args.command == "run":
-        from .jobspec import run_spec
+        from ..pipeline.jobspec import run_spec
 
         run_spec(client, spec, overwrite=args.overwrite, progress=progress,
                  on_report=lambda r: print("\n".join(r.lines()), flush=True))
@@ -274,7 +275,7 @@ def _jobs(args, client, spec, progress: bool):
                                        overwrite=args.overwrite, force=args.force,
                                        progress=progress)]
     elif args.command == "evaluate":
-        from . import evaluation
+        from ..pipeline import evaluate as evaluation
 
         rows, _, report = evaluation.evaluate_job(
             client, args.corpus, args.methods, n_negatives=args.negatives, k=args.k,
@@ -282,7 +283,7 @@ def _jobs(args, client, spec, progress: bool):
             partition_rows=args.partition_rows, arrays=_evaluate_arrays(args))
         reports = [report]
     elif args.command == "encode":
-        from .storage import head_seq
+        from ..storage import head_seq
 
         args.head_before = head_seq(args.out)  # what an interrupt says is committed
         reports = [pipeline.encode_job(client, args.model, args.positives, args.out,
@@ -305,7 +306,7 @@ def _print_results(args, reports, rows) -> None:
         print()
         _print_table(rows)
     if args.command == "evaluate":
-        from .evaluation import format_table
+        from ..pipeline.evaluate import format_table
 
         print()
         print(format_table(rows))
@@ -322,7 +323,7 @@ def _evaluate_arrays(args) -> dict | None:
 
 def _evaluate_grids(args) -> dict[str, dict]:
     """`evaluate`'s parameter options as method -> {parameter: [values]}."""
-    from .validation import DEFAULT_LAM
+    from ..core.validation import DEFAULT_LAM
 
     kernel = {name: getattr(args, name) for name in ("lam", "gamma", "rank")
               if getattr(args, name) is not None}
@@ -376,7 +377,7 @@ def main(argv=None) -> int:
         import distributed  # noqa: F401 - its import sets its loggers' levels: override after
 
         logging.getLogger("distributed.client").setLevel(logging.CRITICAL)
-        from .integrity import IntegrityError
+        from ..storage import IntegrityError
     except KeyboardInterrupt:
         return _interrupted(args)
     formatted, warnings.formatwarning = warnings.formatwarning, _warning_line(args.command)
@@ -387,15 +388,15 @@ def main(argv=None) -> int:
     except Exception as exc:  # noqa: BLE001 - an object store's failures are not OSErrors
         if isinstance(exc, BrokenPipeError) and _stdout_is_gone():
             return _reader_gone(args)
-        from .storage import is_out_of_space
-        from .storage.registry import describe_storage_error
+        from ..storage import is_out_of_space
+        from ..storage.registry import describe_storage_error
 
         line = describe_storage_error(exc, _paths_of(args))
         written = exc.filename if isinstance(exc, OSError) and exc.filename else next(
             (p for p in (getattr(args, n, None) for n in ("out", "model", "workdir"))
              if isinstance(p, str)), None)  # what the command writes
         if line is None and is_out_of_space(exc) and written:  # not said by a job
-            from .pipeline.common import out_of_space_line
+            from ..pipeline.common import out_of_space_line
 
             line = out_of_space_line(exc, written, None, _not_complete(args, advice=False))
         if line is None and not isinstance(exc, (ValueError, TypeError, FileNotFoundError,
@@ -492,7 +493,7 @@ def _interrupted(args) -> int:
     # the interrupt may come after the job committed its output: complete only if this
     # job's commit moved the head past the one it began from (unknown: not begun)
     if args.command == "encode" and head_before is not None:
-        from .storage import marked_complete
+        from ..storage import marked_complete
 
         if marked_complete(args.out, after=head_before):
             print(f"slem-dask encode: interrupted after the output was finished: "
@@ -511,7 +512,7 @@ def _not_complete(args, short: bool = False, advice: bool = True) -> str:
         return ("the steps reported above are complete, the one under way was not marked "
                 "complete" if args.command in ("run", "demo") else "nothing was marked complete")
     if args.command == "encode":  # what the storage holds now, not what a job may leave
-        from .pipeline.encode import what_is_kept
+        from ..pipeline.encode import what_is_kept
 
         return what_is_kept(args.out, getattr(args, "head_before", None), advice=advice)
     # demo and run write several stores one after the other: the ones they had

@@ -37,11 +37,11 @@ round task (after a lost worker, or on a copy moved to another worker) gives
 the same result, so the in-place write is safe under the distributed
 scheduler.
 
-A third backend, :class:`parallel_kernel_stream.StreamingRounds`
+A third backend, :class:`.kernel_stream.StreamingRounds`
 (``incomplete_cholesky(..., streaming=True)``), keeps no block state: every
 pass reads the rows again and recomputes their rows of F from the pivots so
 far (F = K(x, I) L^-T), then proposes and summarizes with the same functions
-(:mod:`slem_dask.parallel_kernel_rounds`, the pieces both backends share), so the driver and the pivots are the same and worker memory does not grow with n.
+(:mod:`slem_dask.parallel.kernel_rounds`, the pieces both backends share), so the driver and the pivots are the same and worker memory does not grow with n.
 
 The same round functions run without dask on a list of numpy blocks
 (:func:`incomplete_cholesky` with ``x`` a numpy array), so the numpy and dask
@@ -56,15 +56,15 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from .core.cholesky import accept_candidates, new_columns, update_residual_diagonal
-from .core.kernels import check_histogram, kernel_diagonal, kernel_matrix
-from .core.blas_threads import factorization_threads
-from .core.statistics import ScatterStats
-from .parallel_kernel_rounds import (SPLIT_EVERY, CholeskyConfig, _Accepted, _Block, _grow_lower,
+from ..core.cholesky import accept_candidates, new_columns, update_residual_diagonal
+from ..core.kernels import check_histogram, kernel_diagonal, kernel_matrix
+from ..core.blas_threads import factorization_threads
+from ..core.statistics import ScatterStats
+from .kernel_rounds import (SPLIT_EVERY, CholeskyConfig, _Accepted, _Block, _grow_lower,
                                      _merge_summaries, _summarize, _Summary, _tree, in_threads,
                                      row_blocks)
-from .parallel_kernel_stream import StreamingRounds
-from .validation import RowsError, check_finite_rows, is_dask_array
+from .kernel_stream import StreamingRounds
+from ..core.validation import RowsError, check_finite_rows, is_dask_array
 
 __all__ = ["CholeskyConfig", "CholeskyResult", "incomplete_cholesky", "SPLIT_EVERY"]
 
@@ -185,7 +185,7 @@ class _DaskRounds:
     def start(self, cfg, count):
         import dask
 
-        from .parallel import blas_task
+        from .blocks import blas_task
 
         init = dask.delayed(blas_task, pure=False, nout=2)
         outs = [init(_init_block, b, off, cfg, count, (0, 0, j), self.name)
@@ -195,7 +195,7 @@ class _DaskRounds:
     def step(self, acc, cfg, count, round_no, final):
         import dask
 
-        from .parallel import blas_task
+        from .blocks import blas_task
 
         shared_acc = dask.delayed(acc, traverse=False)
         step = dask.delayed(blas_task, pure=False, nout=2)
@@ -258,7 +258,7 @@ def incomplete_cholesky(x, cfg: CholeskyConfig, block_rows: int = 4096,
     diagonal) included: the last ``pass_no`` is the result's ``rounds``.
     ``streaming``: keep nothing per row between passes; every pass reads the
     rows again and recomputes their rows of F from the pivots
-    (:mod:`slem_dask.parallel_kernel_stream`): same pivots and statistics, worker
+    (:mod:`slem_dask.parallel.kernel_stream`): same pivots and statistics, worker
     memory independent of n, O(n t d + n t^2) per pass with t pivots.
     ``checkpoint`` (streaming only): a :class:`kernel_checkpoint.FinalPassCheckpoint`;
     the final pass writes each partition's statistics there and reuses those that a

@@ -19,7 +19,7 @@ held a scattered model, "lost dependencies"). So:
   (``client.get_events("worker-restart-memory")``), becomes one line naming the
   workers, their limit, the partition and the same fix.
 
-Bytes one task needs: :mod:`slem_dask.task_memory` (the estimates and their
+Bytes one task needs: :mod:`slem_dask.parallel.task_memory` (the estimates and their
 measurements with ``benchmarks/bench_task_memory.py``), re-exported here.
 
 Checked against real workers (one ``dask worker --memory-limit``, 135 MiB in use):
@@ -32,10 +32,10 @@ Partition rows do not change what a fit task holds: for a fit the fix is memory
 or smaller chunks. Search and evaluate are not estimated; their deaths are
 explained after the fact. A kernel fit's in-memory path holds its rows and
 factor rows on the workers for the whole fit: :func:`kernel_fit_bytes`
-(:mod:`slem_dask.task_memory`) estimates them (README's measurements with
+(:mod:`slem_dask.parallel.task_memory`) estimates them (README's measurements with
 ``bench_memory.py``: 6.5-6.6 KB per row at d = 512, r = 256, float32, up to
 n = 2,000,000; 5.8 KB at d = 256), and ``KernelSLEM(strategy="auto")`` streams instead when they exceed the
-workers' memory (:func:`slem_dask.parallel_kernel_stream.choose_strategy`).
+workers' memory (:func:`slem_dask.parallel.kernel_stream.choose_strategy`).
 """
 
 from __future__ import annotations
@@ -46,8 +46,8 @@ import dataclasses
 
 import numpy as np
 
-from .integrity import IntegrityError
-from .task_memory import (KERNEL_FIT_ROW_OVERHEAD, MiB, encode_task_bytes,  # noqa: F401
+from ..storage import IntegrityError
+from ..parallel.task_memory import (KERNEL_FIT_ROW_OVERHEAD, MiB, encode_task_bytes,  # noqa: F401
                           fit_task_bytes, kernel_fit_bytes)
 
 __all__ = ["WorkerMemoryError", "check_memory", "encode_task_bytes", "fit_task_bytes",

@@ -1,5 +1,5 @@
 """The commands that read or restore stores without a cluster: ``verify``, ``versions``,
-``rollback`` and ``export`` (:mod:`slem_dask.cli` runs them)."""
+``rollback`` and ``export`` (:mod:`slem_dask.cli.main` runs them)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ __all__ = ["verify", "versions", "export"]
 
 def verify(paths) -> bool:
     """Check each store end to end, one line each (and one per problem): all fine?"""
-    from . import storage
+    from .. import storage
 
     fine = True
     for path in paths:
@@ -43,7 +43,7 @@ def _rollback(store, seq: int):
 def versions(args) -> None:
     """`versions PATH`: the history, one line per commit; `rollback PATH --to N`: version N
     made current by a new commit, or nothing committed if the current one holds it."""
-    from .storage import versions as versioned
+    from ..storage import versions as versioned
 
     store = versioned.VersionedStore(args.path)
     if not store.has_history():
@@ -74,7 +74,7 @@ def versions(args) -> None:
 
 def export(args) -> None:
     """`export PATH --to OUT`: one committed version copied out as plain zarr or .npy."""
-    from .storage.export import export as copy_out
+    from ..storage.export import export as copy_out
 
     facts = copy_out(args.path, args.to, args.export_version, args.overwrite)
     what = f"{facts['kind']}" + (f" {facts['shape']} {facts['dtype']}" if "shape" in facts

@@ -25,7 +25,7 @@ import sys
 import threading
 import time
 
-from .integrity import IntegrityError
+from ..storage import IntegrityError
 
 __all__ = ["watch", "TaskTimeout", "stall_warning_seconds", "progress_line_seconds"]
 
@@ -246,8 +246,8 @@ def _running(state: dict) -> str:
 def _unreachable_store(stores) -> str | None:
     """The first of ``stores`` (paths or URLs) whose object store does not answer, said
     as its backend says it; None when all answer (or cannot be asked)."""
-    from .storage.registry import backend_for
-    from .storage.paths import canonical
+    from ..storage.registry import backend_for
+    from ..storage.paths import canonical
 
     for path in stores:
         try:

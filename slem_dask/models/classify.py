@@ -24,11 +24,11 @@ import numpy as np
 
 from . import _estimator
 from ._estimator import EstimatorProtocol
-from .core.linear import exemplar_solution
-from .core.multiclass import crammer_singer_sgd, multiclass_hinge_objective
-from .core.whitening import normalize_rows
-from .models.linear import LinearSLEM
-from .validation import check_finite_rows, check_n_features, check_positive_float, check_rows
+from ..core.linear import exemplar_solution
+from ..core.multiclass import crammer_singer_sgd, multiclass_hinge_objective
+from ..core.whitening import normalize_rows
+from .linear import LinearSLEM
+from ..core.validation import check_finite_rows, check_n_features, check_positive_float, check_rows
 
 __all__ = ["CentroidSLEMClassifier", "MulticlassSVM", "compare_classifiers"]
 

@@ -1,12 +1,12 @@
 """One round's pieces shared by the two backends of the distributed pivoted incomplete
-Cholesky: the in-memory ones (:mod:`slem_dask.parallel_kernel`) and the streaming one
-(:mod:`slem_dask.parallel_kernel_stream`).
+Cholesky: the in-memory ones (:mod:`slem_dask.parallel.kernel`) and the streaming one
+(:mod:`slem_dask.parallel.kernel_stream`).
 
 A block's state, its pivot proposals and summary, the tree that merges summaries
 ``SPLIT_EVERY`` at a time, the split of a numpy input into blocks run on a thread
 per core, and the growth of L = F(I, :) by a round's pivots. Both backends import
 this module and it imports neither of them (nor anything above ``core``), so the
-driver in :mod:`slem_dask.parallel_kernel` can choose a backend without an import
+driver in :mod:`slem_dask.parallel.kernel` can choose a backend without an import
 circle.
 """
 
@@ -16,9 +16,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .core.blas_threads import one_blas_thread, usable_cores
-from .core.statistics import ScatterStats, block_statistics, merge_many
-from .validation import is_dask_array
+from ..core.blas_threads import one_blas_thread, usable_cores
+from ..core.statistics import ScatterStats, block_statistics, merge_many
+from ..core.validation import is_dask_array
 
 #: How many partial summaries one merge task combines (as in :mod:`parallel`).
 SPLIT_EVERY = 8

@@ -11,7 +11,7 @@ scattered data" (tests/test_cluster.py, under load).
 
 :func:`protect` replaces the scheduler's ReduceReplicas policy by one that
 makes the same suggestions except for keys named ``slem-dask-shared-...``
-(what :func:`slem_dask.parallel.shared` scatters): other data keep
+(what :func:`slem_dask.parallel.blocks.shared` scatters): other data keep
 distributed's behaviour. The policy is defined on the scheduler by the
 function sent there, so the scheduler needs no slem-dask installed.
 """

@@ -17,11 +17,11 @@ import dask.array as da
 import numpy as np
 from dask.sizeof import sizeof
 
-from .core.linear import encode_rows
-from .core.statistics import (ScatterAccumulator, ScatterStats, block_statistics, check_precision,
+from ..core.linear import encode_rows
+from ..core.statistics import (ScatterAccumulator, ScatterStats, block_statistics, check_precision,
                               merge_into, product_rows)
-from .storage.chunks import STORE_ROWS, array_token
-from .validation import check_finite_rows
+from ..storage.chunks import STORE_ROWS, array_token
+from ..core.validation import check_finite_rows
 
 __all__ = ["scatter_statistics", "store_statistics", "statistics_partition_rows", "encode_blocks", "map_rows", "shared",
            "scatter_large_arrays", "single_threaded_blas", "merge_fan_in"]
@@ -62,7 +62,7 @@ def single_threaded_blas():
     with _blas_lock:
         if _blas_users == 0:
             if _blas_controller is None:
-                from .core.blas_threads import task_threads_controller
+                from ..core.blas_threads import task_threads_controller
 
                 _blas_controller = task_threads_controller()
             _blas_limit = _blas_controller.limit(limits=1, user_api="blas")
@@ -103,7 +103,7 @@ def _store_rows_statistics(arr, lo: int, hi: int, precision: str, name: str):
     # One task reads its rows sub-block by sub-block into one reused buffer and
     # folds each into one accumulator: whatever the partition's size, it holds
     # one d x d float64 scatter and one sub-block of rows, never the partition.
-    from .storage import read_rows
+    from ..storage import read_rows
 
     # The buffer is this task's own, so each product's rows are shifted in place (no
     # scratch copy); rows whose float32 product would leave float32's range are read
@@ -131,7 +131,7 @@ def _sub_block_rows(arr, rows: int) -> int:
     """Rows read at a time by :func:`_store_rows_statistics`: whole storage units,
     at least min(d, SUB_BLOCK_ROWS) rows (a 4096-row sub-block at d = 16384 is
     256 MiB of float32)."""
-    from .integrity import unit_rows
+    from ..storage import unit_rows
 
     unit = unit_rows(arr)
     want = max(unit, min(int(arr.shape[1]), SUB_BLOCK_ROWS))
@@ -289,7 +289,7 @@ def locate_nonfinite_rows(x, client=None, row_offset: int = 0) -> tuple[int, str
     message once a fit has counted them: a second pass over ``x`` (numpy, or dask with
     whole rows per block, as fits require), on ``client``'s cluster if given. Row
     numbers start at ``row_offset``."""
-    from .validation import nonfinite_rows, rows_text
+    from ..core.validation import nonfinite_rows, rows_text
 
     if not isinstance(x, da.Array):
         return nonfinite_rows(np.asarray(x), row_offset)

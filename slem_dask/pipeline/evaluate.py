@@ -19,12 +19,13 @@ import time
 import dask
 import numpy as np
 
-from . import storage
-from .parallel import scatter_large_arrays
-from .pipeline import JobReport
-from .pipeline.search import check_search_inputs, open_search_result, search_job  # noqa: F401
-from .retrieval import mean_average_precision, precision_recall_at_k, search
-from .validation import check_rows, is_dask_array, rows_text
+from .. import storage
+from ..parallel.blocks import scatter_large_arrays
+from . import JobReport
+from .search import check_search_inputs, open_search_result, search_job  # noqa: F401
+from ..retrieval.metrics import mean_average_precision, precision_recall_at_k
+from ..retrieval.topk import search
+from ..core.validation import check_rows, is_dask_array, rows_text
 
 __all__ = [
     "METHODS",
@@ -75,12 +76,12 @@ def parse_methods(text) -> list[str]:
 
 def make_estimator(name: str, params: dict | None = None):
     """A fresh, unfitted estimator for method ``name``; ``params`` go to its constructor."""
-    from .models import ESVM, LinearSLEM, PCAWhitening, RawFeatures
+    from ..models import ESVM, LinearSLEM, PCAWhitening, RawFeatures
 
     params = dict(params or {})
     if name == "kernel":
         try:
-            from .models import KernelSLEM
+            from ..models import KernelSLEM
         except ImportError:  # pragma: no cover - depends on the installed version
             raise ValueError("methods: this slem-dask has no kernel SLEM model") from None
         # The demo's kernel settings: rank-256 rbf by randomly pivoted Cholesky (a few
@@ -125,7 +126,7 @@ def pr_curve(indices, relevant, n_points: int = 101) -> tuple[np.ndarray, np.nda
     whose recall is >= r (the usual interpolation; 0 for recall levels the
     ranked list never reaches). Returns (recall levels, mean precision).
     """
-    from .retrieval import _check_per_query
+    from ..retrieval.metrics import _check_per_query
 
     indices = np.asarray(indices)
     relevant = _check_per_query(relevant, "relevant", len(indices))
@@ -179,7 +180,7 @@ def evaluate_methods(negatives, database, queries, relevant, methods=("raw", "pc
                 f"{name} has {arr.shape[1]} features but negatives have "
                 f"{negatives.shape[1]}; all three must be descriptors of the same dimension"
             )
-    from .retrieval import _check_per_query
+    from ..retrieval.metrics import _check_per_query
 
     relevant = _check_per_query(relevant, "relevant", queries.shape[0])
     for i, rel in enumerate(relevant):

@@ -57,7 +57,7 @@ def _probe(folder: str) -> OSError | None:
 def check_writable(paths: dict[str, object]) -> None:
     """Raise PermissionError (one line: the option, the folder, the fix) unless a file
     can be created where each local output of ``paths`` ({option: path}) goes."""
-    from .integrity import canonical
+    from ..storage import canonical
 
     for key, path in paths.items():
         if not path:

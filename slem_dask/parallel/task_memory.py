@@ -1,13 +1,13 @@
 """Bytes one task of a job needs, estimated: pure functions of its shape and dtype.
 
-Used before a job computes by :mod:`slem_dask.workers` (a worker too small for one
-task is refused) and by :mod:`slem_dask.parallel_kernel_stream` (a kernel fit
+Used before a job computes by :mod:`slem_dask.cluster.workers` (a worker too small for one
+task is refused) and by :mod:`slem_dask.parallel.kernel_stream` (a kernel fit
 streams when its in-memory estimate exceeds the workers' memory). This module
 imports nothing of slem_dask, so both can import it.
 
 Bytes one task needs, measured with ``benchmarks/bench_task_memory.py``: the
 growth of a fresh worker's peak resident set, once it has imported the tasks'
-modules (what :func:`slem_dask.workers.check_memory` counts as in use), while it runs a job of one
+modules (what :func:`slem_dask.cluster.workers.check_memory` counts as in use), while it runs a job of one
 partition of rows x d (d = 128, 512, 2048; 2,000 to 100,000 rows):
 
 - linear encode (read, finite check, centred rows, product, zarr's encoded

@@ -1,6 +1,6 @@
 """Streaming backend of the distributed pivoted incomplete Cholesky: memory independent of n.
 
-The in-memory backends of :mod:`slem_dask.parallel_kernel` keep, per block, its
+The in-memory backends of :mod:`slem_dask.parallel.kernel` keep, per block, its
 rows of X and of the factor F for the whole fit (about 4.5-6.6 KB per row at
 d = 512, r = 256). This backend keeps nothing per row between passes: every pass
 reads each block of X again (from the zarr store, for a dask array built on one)
@@ -20,7 +20,7 @@ in-memory path appends them) and clipped at 0 as
 pivot candidates and summarizes itself with the in-memory path's own
 functions (``_summarize``: greedy argmax, or rpcholesky draws with the same
 random keys), and the summaries are merged by the same tree, so the driver
-(:func:`parallel_kernel.incomplete_cholesky`) runs unchanged and chooses the
+(:func:`.kernel.incomplete_cholesky`) runs unchanged and chooses the
 same pivots. The last pass gives the Chan statistics of the rows of F
 (docs/math.md#chan-merge) and the residual trace over all n rows.
 
@@ -43,14 +43,14 @@ from dataclasses import dataclass
 import numpy as np
 from scipy.linalg import blas
 
-from .core.cholesky import update_residual_diagonal
-from .core.kernels import check_histogram, kernel_diagonal, kernel_matrix
-from .core.statistics import block_statistics, merge_many
+from ..core.cholesky import update_residual_diagonal
+from ..core.kernels import check_histogram, kernel_diagonal, kernel_matrix
+from ..core.statistics import block_statistics, merge_many
 from .kernel_checkpoint import write_partition
-from .parallel_kernel_rounds import (SPLIT_EVERY, _Block, _grow_lower, _merge_summaries,
+from .kernel_rounds import (SPLIT_EVERY, _Block, _grow_lower, _merge_summaries,
                                      _summarize, _tree, in_threads, row_blocks)
 from .task_memory import kernel_fit_bytes
-from .validation import check_finite_rows, is_dask_array
+from ..core.validation import check_finite_rows, is_dask_array
 
 __all__ = ["factor_rows", "factor_statistics", "StreamingRounds", "choose_strategy",
            "check_strategy", "memory_budget", "STRATEGIES"]
@@ -111,7 +111,7 @@ def _stream_block(x, offset: int, pivots: _Pivots, cfg, count: int, key: tuple, 
                   first: bool, name: str, checkpoint: str | None = None):
     """One block's summary in one pass: its rows read afresh, nothing kept after.
     ``checkpoint``: a folder where the final pass writes the block's statistics
-    (:mod:`slem_dask.kernel_checkpoint`)."""
+    (:mod:`slem_dask.parallel.kernel_checkpoint`)."""
     x = _rows(x, offset, cfg, name, check=first)
     kdiag = kernel_diagonal(x, cfg.kernel, cfg.gamma, cfg.degree)
     f = factor_rows(x, pivots, cfg)
@@ -129,7 +129,7 @@ def _stream_block(x, offset: int, pivots: _Pivots, cfg, count: int, key: tuple, 
 
 
 class StreamingRounds:
-    """The rounds of :func:`parallel_kernel.incomplete_cholesky`, nothing kept per row.
+    """The rounds of :func:`.kernel.incomplete_cholesky`, nothing kept per row.
 
     ``x``: a numpy array (split in blocks of ``block_rows`` rows, run in-process)
     or a dask array (one task per row chunk per pass, on the current scheduler;
@@ -158,7 +158,7 @@ class StreamingRounds:
             return _tree(parts, _merge_summaries, cfg, count, round_no)
         import dask
 
-        from .parallel import blas_task
+        from .blocks import blas_task
 
         shared = dask.delayed(self.pivots, traverse=False)
         task = dask.delayed(blas_task, pure=False)
@@ -212,7 +212,7 @@ def factor_statistics(x, pivot_rows: np.ndarray, pivot_factor: np.ndarray, cfg,
                                                      for b, off in blocks]))
     import dask
 
-    from .parallel import blas_task
+    from .blocks import blas_task
 
     shared = dask.delayed(pivots, traverse=False)
     task = dask.delayed(blas_task, pure=True)

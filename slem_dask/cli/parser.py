@@ -1,12 +1,12 @@
 """The ``slem-dask`` command line's options: the parser, its value types and the checks of
-option combinations that argparse cannot express (:mod:`slem_dask.cli` runs the commands)."""
+option combinations that argparse cannot express (:mod:`slem_dask.cli.main` runs the commands)."""
 
 from __future__ import annotations
 
 import argparse
 import math
 
-from ._version import __version__
+from .._version import __version__
 
 #: Kernel options of `fit` and their defaults, applied only with --kernel.
 KERNEL_DEFAULTS = {"gamma": 0.1, "degree": 2, "rank": None, "pivoting": "greedy",
@@ -123,7 +123,7 @@ def _fraction(text: str) -> float:
 
 
 def _add_kernel_args(p: argparse.ArgumentParser) -> None:
-    from .core.kernels import KERNELS
+    from ..core.kernels import KERNELS
 
     g = p.add_argument_group("kernel SLEM (with --kernel; without it, a linear SLEM)")
     g.add_argument("--kernel", choices=KERNELS,

@@ -149,7 +149,7 @@ def _build(cls, table, where: str):
 
 def _lam_value(value, where: str):
     """A spec's lam: a number > 0 (absolute) or "<c>x" (c times the negatives' tr(Sigma))."""
-    from .validation import parse_lam
+    from ..core.validation import parse_lam
 
     try:
         if isinstance(value, bool):
@@ -225,8 +225,8 @@ def check_inputs(spec: JobSpec) -> None:
 
     Paths inside ``[generate] path`` are skipped while that corpus does not exist yet.
     """
-    from . import storage
-    from .models import load_model
+    from .. import storage
+    from ..models import load_model
 
     gen = spec.generate.path if spec.generate and not _corpus_exists(spec.generate.path) else None
 
@@ -266,7 +266,7 @@ def check_inputs(spec: JobSpec) -> None:
 def _corpus_exists(path) -> bool:
     """Whether a corpus is there to read (a killed ``[generate]`` leaves only a draft,
     which is no corpus: the step runs again)."""
-    from . import storage
+    from .. import storage
 
     return storage._exists(path)
 
@@ -276,7 +276,7 @@ def check_paths(spec: JobSpec) -> None:
     store written: none may be, contain or sit inside another, so that no step
     (with --overwrite or not) can replace another step's input. Also refuses, before
     anything runs, a written path that holds something slem-dask did not write."""
-    from . import integrity
+    from .. import storage
 
     inputs = {}
     if spec.fit is not None:
@@ -292,9 +292,9 @@ def check_paths(spec: JobSpec) -> None:
     for k, (key, path) in enumerate(written):
         others = {name: p for name, p in written[k + 1:]}
         try:
-            integrity.check_outside_inputs(path, key, inputs, others)
-            if integrity.exists(integrity.canonical(path)):
-                integrity.check_may_replace(path, "the store at " + key,
+            storage.check_outside_inputs(path, key, inputs, others)
+            if storage.exists(storage.canonical(path)):
+                storage.check_may_replace(path, "the store at " + key,
                                             kind="model" if key == "model.path" else "encoding")
         except (ValueError, OSError) as exc:
             raise type(exc)(f"{spec.source}: {exc}") from None
@@ -308,7 +308,7 @@ def run_spec(client, spec: JobSpec, overwrite: bool = False, progress: bool = Fa
     it then, so that a failing later step never hides what earlier ones wrote).
     ``[fit] update = false`` refits the model (from scratch) on every run.
     """
-    from . import pipeline
+    from .. import pipeline
 
     check_paths(spec)
 
@@ -320,7 +320,7 @@ def run_spec(client, spec: JobSpec, overwrite: bool = False, progress: bool = Fa
             on_report(report)
 
     if spec.generate is not None and not _corpus_exists(spec.generate.path):
-        from .datasets import make_corpus, write_corpus
+        from ..datasets import make_corpus, write_corpus
 
         g = spec.generate
         write_corpus(make_corpus(n_negatives=g.n_negatives, n_instances=g.n_instances,

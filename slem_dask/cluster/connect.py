@@ -14,7 +14,7 @@ import dask
 from distributed import Client, LocalCluster
 from distributed.diagnostics.plugin import WorkerPlugin
 
-from .core.blas_threads import usable_cores
+from ..core.blas_threads import usable_cores
 
 __all__ = ["connect", "SingleThreadedBLAS", "default_local_cluster_kwargs", "in_process_kwargs",
            "SMALL_INPUT_BYTES", "GIL_FREE_JOBS", "local_cluster_kind"]
@@ -118,7 +118,7 @@ def in_process_kwargs(n_workers: int | None = None, threads_per_worker: int | No
     No dashboard: the command line never prints its address (a free port), and
     starting it (importing bokeh, a web server) took 0.5 s of a small job's 2 s.
     The worker's memory limit is dask's default, this machine's memory, and
-    :func:`slem_dask.workers.check_memory` checks the job's tasks against it.
+    :func:`slem_dask.cluster.workers.check_memory` checks the job's tasks against it.
     """
     workers = n_workers or 1
     threads = threads_per_worker or max(1, usable_cores() // workers)

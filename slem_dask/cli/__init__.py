@@ -1,0 +1,4 @@
+"""The ``slem-dask`` command line: options (:mod:`.parser`), the commands that run jobs
+on a cluster (:mod:`.main`) and those that read or restore stores without one
+(:mod:`.stores`). The top layer: it may import every other package, and none imports it.
+"""

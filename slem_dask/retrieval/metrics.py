@@ -1,0 +1,144 @@
+"""Scores of rankings: mAP, precision/recall@k, leave-one-out mAP and its scikit-learn scorer."""
+
+from __future__ import annotations
+
+import dask
+import numpy as np
+
+from ..core.ranking import as_id_array, average_precision
+from ..core.validation import check_rows, is_dask_array
+from .topk import search
+
+__all__ = ["mean_average_precision", "precision_recall_at_k", "leave_one_out_map",
+           "make_map_scorer", "map_scorer"]
+
+
+def _check_per_query(collections, name: str, n_queries: int) -> list[np.ndarray]:
+    """One id array per query from any sequence of per-query collections (list, tuple,
+    set, frozenset, array); a mapping is refused, never read by its keys."""
+    if hasattr(collections, "keys") and hasattr(collections, "values"):
+        raise TypeError(
+            f"{name} is a mapping ({type(collections).__name__}) of {len(collections)} "
+            f"entries; give a sequence with one collection of database indices per query, "
+            f"in query order, e.g. [{name}[q] for q in query_ids] (a mapping is not read "
+            f"by its keys)"
+        )
+    if isinstance(collections, (set, frozenset)):
+        raise TypeError(f"{name} is a {type(collections).__name__}, which has no order; give "
+                        f"a list with one collection of database indices per query")
+    collections = list(collections)
+    if len(collections) != n_queries:
+        raise ValueError(
+            f"{name} has {len(collections)} entries but indices has {n_queries} queries; "
+            f"give one collection of {name} database indices per query"
+        )
+    return [as_id_array(c, f"{name}[{i}]") for i, c in enumerate(collections)]
+
+
+def _per_query(indices, relevant, junk, name="relevant"):
+    indices = np.asarray(indices)
+    if indices.ndim != 2:
+        raise ValueError(f"indices must be 2-D (n_queries, k), got shape {indices.shape}")
+    relevant = _check_per_query(relevant, name, len(indices))
+    junk = ([np.empty(0, np.int64)] * len(indices) if junk is None
+            else _check_per_query(junk, "junk", len(indices)))
+    for i, rel in enumerate(relevant):
+        if rel.size == 0:
+            raise ValueError(
+                f"{name}[{i}] is empty: query {i} has no relevant item, so its AP is "
+                f"undefined; drop that query"
+            )
+    return indices, relevant, junk
+
+
+def mean_average_precision(indices, relevant, junk=None, mode: str = "non-interpolated"):
+    """Mean over queries of :func:`slem_dask.core.ranking.average_precision`.
+
+    ``indices``: (n_queries, k) ranked database indices (e.g. from :func:`search`);
+    ``relevant`` and ``junk``: a sequence with one collection of database indices
+    per query, in query order (lists, tuples, sets, frozensets or integer arrays); a
+    dict is refused.
+    """
+    indices, relevant, junk = _per_query(indices, relevant, junk)
+    return float(np.mean([average_precision(r, rel, j, mode)
+                          for r, rel, j in zip(indices, relevant, junk)]))
+
+
+def precision_recall_at_k(indices, relevant, k: int, junk=None) -> tuple[float, float]:
+    """Mean precision@k and recall@k over queries (junk removed before cutting at k)."""
+    indices, relevant, junk = _per_query(indices, relevant, junk)
+    precisions, recalls = [], []
+    for ranking, rel, j in zip(indices, relevant, junk):
+        if j.size:
+            ranking = ranking[~np.isin(ranking, j)]
+        hits = np.count_nonzero(np.isin(ranking[:k], rel))
+        precisions.append(hits / k)
+        recalls.append(hits / rel.size)
+    return float(np.mean(precisions)), float(np.mean(recalls))
+
+
+def leave_one_out_map(encodings, labels, k: int | None = None,
+                      mode: str = "non-interpolated") -> float:
+    """mAP of every row as a query against all the other rows; relevant: same label.
+
+    Queries whose label no other row has are left out. ``k``: ranking length
+    (default: all other rows, up to 10,000).
+    """
+    z = check_rows(encodings, "encodings")
+    if is_dask_array(z):
+        (z,) = dask.compute(z)
+    z = np.asarray(z)
+    labels = np.asarray(labels)
+    if labels.ndim != 1 or len(labels) != len(z):
+        raise ValueError(f"labels must be 1-D with one label per row ({len(z)} rows), got "
+                         f"shape {labels.shape}")
+    n = len(z)
+    k = min(n - 1, 10_000) if k is None else int(k)
+    if n < 2 or k < 1:
+        raise ValueError(f"leave-one-out mAP needs at least 2 rows and k >= 1 (got {n} rows, "
+                         f"k={k})")
+    _, indices = search(z, z, min(k + 1, n))
+    rows = np.arange(n)
+    is_self = indices == rows[:, None]
+    # drop each row's own index (or the last entry when it ranked beyond k)
+    keep = ~is_self
+    keep[~is_self.any(axis=1), -1] = False
+    ranking = indices[keep].reshape(n, -1)[:, :k]
+    order = np.argsort(labels, kind="stable")
+    sorted_labels = labels[order]
+    starts = np.searchsorted(sorted_labels, labels, "left")
+    ends = np.searchsorted(sorted_labels, labels, "right")
+    aps = []
+    for i in range(n):
+        rel = order[starts[i]:ends[i]]
+        rel = rel[rel != i]
+        if rel.size:
+            aps.append(average_precision(ranking[i], rel, (), mode))
+    if not aps:
+        raise ValueError("leave-one-out mAP: no label occurs twice, so no row has a relevant "
+                         "item; give at least two rows of some label (in cross-validation, "
+                         "shuffle the folds, e.g. cv=KFold(5, shuffle=True) or "
+                         "StratifiedKFold, so that a held-out fold holds several rows per "
+                         "label)")
+    return float(np.mean(aps))
+
+
+def make_map_scorer(k: int | None = None, mode: str = "non-interpolated"):
+    """A scikit-learn scorer for retrieval: ``scorer(estimator, X, y)`` encodes ``X``
+    with ``estimator.transform`` and returns :func:`leave_one_out_map` with labels ``y``.
+
+    For ``GridSearchCV(LinearSLEM(), {"lam": [...]}, scoring=make_map_scorer())``: each
+    fold fits on the training rows (the negatives) and ranks the held-out rows
+    among themselves. Higher is better, as scikit-learn expects.
+    """
+    def scorer(estimator, X, y):
+        if y is None:
+            raise ValueError("the mAP scorer needs labels y (relevant = same label)")
+        return leave_one_out_map(estimator.transform(X), y, k=k, mode=mode)
+
+    scorer.__name__ = f"map_scorer(k={k}, mode={mode!r})"
+    return scorer
+
+
+#: :func:`make_map_scorer` with its defaults (whole ranking, non-interpolated AP).
+map_scorer = make_map_scorer()
