@@ -2,3 +2,11 @@
 on a cluster (:mod:`.main`) and those that read or restore stores without one
 (:mod:`.stores`). The top layer: it may import every other package, and none imports it.
 """
+
+
+def console_main():
+    """The ``slem-dask`` executable (``[project.scripts]``): :func:`.main.console_main`,
+    imported when run so that importing this package stays cheap."""
+    from .main import console_main as run
+
+    return run()
