@@ -321,7 +321,7 @@ class KernelSLEM(SLEMEstimator):
             f"it, and the encodings keep little of the kernel; use {fix}"), stacklevel=3)
 
     # -- encode -------------------------------------------------------
-    def _encoder(self) -> "_Encoder":
+    def _encoder(self) -> _Encoder:
         self._check_fitted()
         kernel, gamma, degree, lam, _ = self._check_params()
         return _Encoder(kernel, gamma, degree, lam, bool(self.exact), self.pivot_rows_,

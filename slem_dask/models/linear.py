@@ -98,7 +98,7 @@ class LinearSLEM(SLEMEstimator):
                 for i in range(0, len(X), rows)))
         return self._fit_statistics(stats, X.dtype, lambda: locate_nonfinite_rows(X)[1])
 
-    def _fit_statistics(self, stats: ScatterStats, dtype, bad_rows=None) -> "LinearSLEM":
+    def _fit_statistics(self, stats: ScatterStats, dtype, bad_rows=None) -> LinearSLEM:
         """Finish a fit from merged statistics (also used by jobs that stream them).
 
         Takes ``stats`` over: its scatter becomes ``covariance_``, in place.

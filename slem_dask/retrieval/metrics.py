@@ -61,14 +61,14 @@ def mean_average_precision(indices, relevant, junk=None, mode: str = "non-interp
     """
     indices, relevant, junk = _per_query(indices, relevant, junk)
     return float(np.mean([average_precision(r, rel, j, mode)
-                          for r, rel, j in zip(indices, relevant, junk)]))
+                          for r, rel, j in zip(indices, relevant, junk, strict=True)]))
 
 
 def precision_recall_at_k(indices, relevant, k: int, junk=None) -> tuple[float, float]:
     """Mean precision@k and recall@k over queries (junk removed before cutting at k)."""
     indices, relevant, junk = _per_query(indices, relevant, junk)
     precisions, recalls = [], []
-    for ranking, rel, j in zip(indices, relevant, junk):
+    for ranking, rel, j in zip(indices, relevant, junk, strict=True):
         if j.size:
             ranking = ranking[~np.isin(ranking, j)]
         hits = np.count_nonzero(np.isin(ranking[:k], rel))
