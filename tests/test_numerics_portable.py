@@ -76,7 +76,7 @@ def top_k_paths(queries, database, k):
 
 @pytest.fixture(autouse=True)
 def keep_database_chunks(monkeypatch):
-    from slem_dask import retrieval
+    from slem_dask.retrieval import topk as retrieval  # where the search lives
 
     monkeypatch.setattr(retrieval, "_DATABASE_BLOCK_BYTES", 0)
 

@@ -14,7 +14,7 @@ from slem_dask.core.ranking import average_precision
 def keep_database_chunks(monkeypatch):
     """Dask searches here keep the test's row chunks (search merges chunks up to 64 MiB,
     which would make every small database here one block and leave merges untested)."""
-    from slem_dask import retrieval
+    from slem_dask.retrieval import topk as retrieval  # where the search lives
 
     monkeypatch.setattr(retrieval, "_DATABASE_BLOCK_BYTES", 0)
 

@@ -18,7 +18,7 @@ STEP = 2.0**-20  # grid of the "hard" rows: |x| < 8 on it has at most 23 bits
 def keep_database_chunks(monkeypatch):
     """Dask searches here keep the test's row chunks (search merges chunks up to 64 MiB,
     which would make every small database here one block and leave merges untested)."""
-    from slem_dask import retrieval
+    from slem_dask.retrieval import topk as retrieval  # where the search lives
 
     monkeypatch.setattr(retrieval, "_DATABASE_BLOCK_BYTES", 0)
 
@@ -130,7 +130,7 @@ def test_dask_search_equals_brute_force(hard, chunks):
 def test_numpy_search_in_parts_equals_brute_force(monkeypatch):
     """Above _PARALLEL_MIN_ROWS the numpy search runs parts of the database in
     threads; duplicates straddle the parts' boundary."""
-    from slem_dask import retrieval
+    from slem_dask.retrieval import topk as retrieval  # where the search lives
 
     monkeypatch.setattr(retrieval, "_PARALLEL_MIN_ROWS", 100)
     monkeypatch.setattr(retrieval, "usable_cores", lambda: 3)
@@ -238,7 +238,7 @@ def test_rounding_bound_holds_under_cancellation():
 
 
 def test_small_chunks_are_merged_into_larger_tasks(hard, monkeypatch):
-    from slem_dask import retrieval
+    from slem_dask.retrieval import topk as retrieval  # where the search lives
 
     monkeypatch.setattr(retrieval, "_DATABASE_BLOCK_BYTES", 4 * 16 * 300)  # 300 rows
     queries, database = hard
