@@ -128,7 +128,7 @@ def main(argv=None) -> int:
     print(f"RATIO unguarded_time / guarded_time = {ratio:.3f} (best of {args.repeat}); "
           f"{ratio_med:.3f} (medians); overhead {100 * (1 / ratio - 1):+.1f}% (best), "
           f"{100 * (1 / ratio_med - 1):+.1f}% (medians)  [goal: overhead <= 5%]")
-    paired = [g / u for g, u in zip(guarded, plain)]
+    paired = [g / u for g, u in zip(guarded, plain, strict=True)]
     print(f"guarded / unguarded of the same round: median {med(paired):.3f} "
           f"(runs {C.runs_line(paired)})")
     for name, values in cpu.items():

@@ -40,7 +40,7 @@ def clustered_with_outliers(n: int, d: int, seed: int) -> np.ndarray:
                   np.full(small, small_size)]
     sizes[0] += n - n_out - sizes.sum()
     centres = rng.standard_normal((big + small, d)) * 4.0
-    rows = [c + 0.3 * rng.standard_normal((s, d)) for c, s in zip(centres, sizes)]
+    rows = [c + 0.3 * rng.standard_normal((s, d)) for c, s in zip(centres, sizes, strict=True)]
     rows.append(rng.standard_normal((n_out, d)) * 15.0)
     x = np.vstack(rows)
     return x[rng.permutation(len(x))]

@@ -175,7 +175,7 @@ def main(argv=None) -> int:
         try:
             for label, kw in (("default codecs (zstd level 0)", {}),
                               ("compressors=None", {"compressors": None})):
-                def write():
+                def write(kw=kw):
                     p = os.path.join(tmp, "out.zarr")
                     shutil.rmtree(p, ignore_errors=True)
                     a = zarr.create_array(store=p, shape=z_ref.shape, dtype="float32",

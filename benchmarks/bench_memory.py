@@ -298,7 +298,7 @@ def main(argv=None) -> int:
             results[n] = kernel_paths(args, n, path)
             continue
         runs = []
-        for r in range(args.repeat):
+        for _ in range(args.repeat):
             res = run_child(args, "slem", path)
             runs.append(res)
             parts = ", ".join(f"{label} {'+'.join(mib(v) for v in vals)}"

@@ -127,7 +127,7 @@ def main(argv=None) -> int:
             for name in contenders:
                 # float32 and float64 scores may order near-ties differently: compare sets
                 agree = float(np.mean([len(np.intersect1d(a, b)) / k
-                                       for a, b in zip(got[first], got[name])]))
+                                       for a, b in zip(got[first], got[name], strict=True)]))
                 print(f"k={k:>6} {name:<26} {C.spread(results[(k, name)])}  overlap with "
                       f"{first} {agree:.4f}")
     print()
@@ -140,7 +140,7 @@ def main(argv=None) -> int:
                     continue
                 t = results[(k, name)]
                 # same-round ratios: both timed within seconds, under the same load
-                paired = statistics.median(a / b for a, b in zip(ref, t))
+                paired = statistics.median(a / b for a, b in zip(ref, t, strict=True))
                 print(f"RATIO k={k} {anchor} / {name}: {min(ref) / min(t):.2f} (best), "
                       f"{statistics.median(ref) / statistics.median(t):.2f} (medians), "
                       f"{paired:.2f} (median of same-round ratios)")

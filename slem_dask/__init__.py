@@ -6,8 +6,16 @@ command line start or connect to a cluster (see :mod:`slem_dask.cluster.connect`
 """
 
 import importlib as _importlib
+from typing import TYPE_CHECKING as _TYPE_CHECKING
 
 from ._version import __version__
+
+if _TYPE_CHECKING:  # what the lazy names below are, for type checkers (py.typed)
+    from .models import (ESVM, KernelSLEM, LinearSLEM, NotFittedError, PCAWhitening,
+                         RawFeatures, load_model)
+    from .retrieval import (leave_one_out_map, make_map_scorer, map_scorer,
+                            mean_average_precision, precision_recall_at_k, search)
+    from .storage.readers import open_dataset, open_zarr
 
 # The names below are imported on first use (PEP 562), not with the package: dask,
 # zarr and scipy take most of a second to import, which `slem-dask --help` need not

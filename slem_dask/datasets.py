@@ -38,7 +38,7 @@ class Corpus:
         order = np.argsort(self.database_labels, kind="stable")
         starts = np.searchsorted(self.database_labels[order], self.query_labels, "left")
         ends = np.searchsorted(self.database_labels[order], self.query_labels, "right")
-        return [order[s:e] for s, e in zip(starts, ends)]
+        return [order[s:e] for s, e in zip(starts, ends, strict=True)]
 
 
 class _Background:

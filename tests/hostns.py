@@ -95,7 +95,7 @@ class Hosts:
         self.hosts: dict[str, Host] = {}
         self.processes: list[subprocess.Popen] = []
         _ip("netns", "add", self.switch)
-        for i, net in enumerate(networks):
+        for i in range(len(networks)):
             bridge = f"br{i}"
             _ip("-n", self.switch, "link", "add", bridge, "type", "bridge")
             _ip("-n", self.switch, "link", "set", bridge, "up")

@@ -116,7 +116,7 @@ def test_grid_search_library_matches_evaluate_methods():
     rows, best, _ = grid_search(c.negatives, c.database, c.queries, rel,
                                 {"slem": {"lam": [1e-4, 1e-2, 1.0]}, "raw": {}})
     assert [r["setting"] for r in rows] == ["lam=0.0001", "lam=0.01", "lam=1", "defaults"]
-    for r, lam in zip(rows[:3], [1e-4, 1e-2, 1.0]):
+    for r, lam in zip(rows[:3], [1e-4, 1e-2, 1.0], strict=True):
         (ref,), _ = evaluate_methods(c.negatives, c.database, c.queries, rel, ["slem"],
                                      params={"slem": {"lam": lam}}, curves=False)
         assert r["mAP"] == ref["mAP"]

@@ -152,7 +152,8 @@ def test_a_fit_killed_during_its_save_leaves_the_old_model_and_the_rerun_succeed
     assert load_model(model).n_samples_ == 300
     # the killed draft is gone, with its marker: two versions and their markers are left
     left = sorted(os.listdir(Path(model, "versions")))
-    assert len(left) == 4 and all(m == v + ".slem-dask" for v, m in zip(left[::2], left[1::2]))
+    assert len(left) == 4 and all(m == v + ".slem-dask"
+                                  for v, m in zip(left[::2], left[1::2], strict=True))
 
 
 def test_a_first_fit_killed_during_its_save_is_written_by_the_same_command(corpus):

@@ -379,7 +379,7 @@ def test_killed_streaming_kernel_fits_leave_one_draft(tmp_path, monkeypatch):
     for kill_at in (3, 2):  # each run finishes 2 of the 4 final partitions left to it
         finals = []
 
-        def task(*a, **k):
+        def task(*a, finals=finals, kill_at=kill_at, **k):
             if a[6]:  # final
                 finals.append(a[5][-1])
                 if len(finals) == kill_at:
@@ -410,14 +410,14 @@ def _race_commit_and_condemnation(root: str, rounds: int) -> None:
         zarr.open_group(store=draft.location, mode="w").attrs["i"] = i
         go, result = threading.Barrier(2), {}
 
-        def commit():
+        def commit(go=go, result=result, store=store, draft=draft):
             go.wait()
             try:
                 result["commit"] = store.commit(draft, "model", "stalled job").seq
             except gc.DraftFencedError:
                 result["commit"] = "fenced"
 
-        def condemn():
+        def condemn(go=go, store=store):
             go.wait()
             gc.collect(store, versions.KEEP_VERSIONS, leased=True)
 

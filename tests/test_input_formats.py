@@ -39,7 +39,7 @@ def write_texmex(path, rows, kind):
 def write_shards(folder, rows, bounds=(0, 7, 20, 51, N), names=(2, 10, 11, 100)):
     """Shards whose natural order (2, 10, 11, 100) is not their lexicographic one."""
     os.makedirs(folder, exist_ok=True)
-    for name, lo, hi in zip(names, bounds[:-1], bounds[1:]):
+    for name, lo, hi in zip(names, bounds[:-1], bounds[1:], strict=True):
         np.save(os.path.join(folder, f"emb_{name}.npy"), rows[lo:hi])
     return str(folder)
 
@@ -149,7 +149,8 @@ def test_fingerprints_see_a_rewritten_file(tmp_path, data):
     assert fingerprints.partition_fingerprints(arr, folder, "negatives", 20)[1] != parts[1]
     now = storage.open_input(folder, "negatives")
     changed = fingerprints.partition_fingerprints(now, folder, "negatives", 20)
-    assert [a != b for a, b in zip(parts, changed)] == [False, True, True, False, False]
+    assert [a != b for a, b in zip(parts, changed, strict=True)] == [
+        False, True, True, False, False]
     assert fingerprints.rows_fingerprint(now, folder, "negatives", N) != whole
     assert fingerprints.rows_fingerprint(now, folder, "negatives", 7) == first
     os.rename(shard, shard + ".gone")

@@ -139,7 +139,7 @@ def test_racing_encodes_to_one_output_leave_one_right_output(corpus):
         out = corpus["dir"] / f"race{trial}.zarr"
         results = [None, None]
 
-        def run(i, positives):
+        def run(i, positives, out=out, results=results):
             try:
                 pipeline.encode_job(None, corpus["model"], positives, str(out),
                                     partition_rows=40)

@@ -41,7 +41,7 @@ def dense_kernel(x, y, kernel, gamma=1.0, degree=2):
             elif kernel == "intersection":
                 val = np.minimum(a, b).sum()
             elif kernel == "chi2":
-                val = sum(2 * p * q / (p + q) for p, q in zip(a, b) if p + q > 0)
+                val = sum(2 * p * q / (p + q) for p, q in zip(a, b, strict=True) if p + q > 0)
             out[i, j] = val
     return out
 

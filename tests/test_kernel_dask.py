@@ -46,7 +46,7 @@ def test_progress_reports_every_pass(data, params):
         seen = []
         with dask.config.set(scheduler="threads"):
             model = KernelSLEM(kernel="rbf", gamma=0.3, **params).fit(
-                x, progress=lambda *a: seen.append(a))
+                x, progress=lambda *a, seen=seen: seen.append(a))
         assert [p for p, _, _ in seen] == list(range(1, model.n_passes_ + 1))
         assert seen[0][1:] == (0, 1.0)
         assert seen[-1][1] == model.rank_

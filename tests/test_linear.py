@@ -85,7 +85,7 @@ def test_transform_is_normalized_exemplar_direction(n, d, theta, lam, offset):
         model = LinearSLEM(lam=lam, theta=th).fit(X)
         Z = model.transform(P)
         np.testing.assert_array_equal(Z, base)  # theta never changes the encoding
-        for row, p in zip(Z, P):
+        for row, p in zip(Z, P, strict=True):
             w, _ = model.exemplar(p)
             np.testing.assert_allclose(row, w / np.linalg.norm(w), rtol=1e-10, atol=1e-13)
         w_ref, _ = brute_force_exemplar(X, P[0], th, lam)

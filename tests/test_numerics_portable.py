@@ -57,7 +57,7 @@ def other_orders(queries, database):
 
 
 def assert_copies_tie(scores, indices, database):
-    for row_s, row_i in zip(scores, indices):
+    for row_s, row_i in zip(scores, indices, strict=True):
         for a in range(len(row_i) - 1):
             assert row_s[a] > row_s[a + 1] or row_i[a] < row_i[a + 1]
             if np.array_equal(database[row_i[a]], database[row_i[a + 1]]):

@@ -13,6 +13,7 @@ record; and, with the link back, the same command completes with the right resul
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import sys
@@ -59,9 +60,10 @@ def _why_not() -> str | None:
 def _start_s3(hosts: hostns.Hosts) -> None:
     config = os.path.join(hosts.base, "s3.json")
     with open(config, "w") as f:
-        f.write('{"identities": [{"name": "slem", "credentials": [{"accessKey": "%s", '
-                '"secretKey": "%s"}], "actions": ["Admin", "Read", "Write", "List", '
-                '"Tagging"]}]}' % (KEY, SECRET))
+        json.dump({"identities": [{"name": "slem",
+                                   "credentials": [{"accessKey": KEY, "secretKey": SECRET}],
+                                   "actions": ["Admin", "Read", "Write", "List", "Tagging"]}]},
+                  f)
     weed = shutil.which("weed", path=str(BIN)) or shutil.which("weed")
     data = os.path.join(hosts.base, "s3-data")
     os.makedirs(data)
@@ -214,7 +216,7 @@ def _job_with_a_cut(hosts, args, host, net, heal_after=None):
     result = {}
     start = _progress(hosts)
     job = threading.Thread(target=lambda: result.update(zip(("code", "err"),
-                                                            _slem(hosts, args))))
+                                                            _slem(hosts, args), strict=True)))
     job.start()
     hostns.wait_for(lambda: _progress(hosts) >= start + 6 or not job.is_alive(), 120,
                     "the job to get under way")

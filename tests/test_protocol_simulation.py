@@ -221,7 +221,7 @@ def test_a_commit_that_lands_after_the_job_gave_up_names_a_whole_version(monkeyp
     for writer in (jobs.writer_group, jobs.writer_encode):
         world = World(0, Faults())
         with simulated(world):
-            actor = world.spawn("writer", lambda: writer("A", 2, "writer"))
+            actor = world.spawn("writer", lambda writer=writer: writer("A", 2, "writer"))
             world.run()  # then what is in flight lands
             assert actor.outcome[0] == "error", actor.outcome
             assert isinstance(actor.outcome[1], versions.CommitUnknownError), actor.outcome

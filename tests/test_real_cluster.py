@@ -149,7 +149,7 @@ def _same_bytes(a, b):
     ca, cb = _chunks(a), _chunks(b)
     ra, rb = _root(a), _root(b)
     assert [p.relative_to(ra) for p in ca] == [p.relative_to(rb) for p in cb]
-    return all(x.read_bytes() == y.read_bytes() for x, y in zip(ca, cb))
+    return all(x.read_bytes() == y.read_bytes() for x, y in zip(ca, cb, strict=True))
 
 
 def test_cli_against_real_scheduler_equals_library(cluster, corpus):
@@ -207,7 +207,7 @@ def test_two_concurrent_encodes_equal_sequential(cluster, corpus):
         [str(BIN / "slem-dask"), "encode", "--model", f"{corpus}/model", "--positives",
          f"{corpus}/{src}", "--out", out, "--scheduler", cluster["address"], "--no-progress"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        for src, out in zip(("positives", "others"), outs)]
+        for src, out in zip(("positives", "others"), outs, strict=True)]
     for p in procs:
         _, err = p.communicate(timeout=300)
         assert p.returncode == 0, err

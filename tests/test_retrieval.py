@@ -146,19 +146,21 @@ def random_cases(seed, n_queries=40, n_db=60, k=25):
 def test_mean_average_precision_equals_loop_reference(seed):
     rankings, relevant, junk = random_cases(seed)
     want = np.mean([average_precision_loop(r, rel, j)
-                    for r, rel, j in zip(rankings, relevant, junk)])
+                    for r, rel, j in zip(rankings, relevant, junk, strict=True)])
     assert mean_average_precision(rankings, relevant, junk) == pytest.approx(want, abs=1e-14)
-    want_no_junk = np.mean([average_precision_loop(r, rel) for r, rel in zip(rankings, relevant)])
+    want_no_junk = np.mean([average_precision_loop(r, rel)
+                            for r, rel in zip(rankings, relevant, strict=True)])
     assert mean_average_precision(rankings, relevant) == pytest.approx(want_no_junk, abs=1e-14)
 
 
 @pytest.mark.parametrize("seed", range(3))
 def test_trapezoid_equals_oxford_compute_ap(seed):
     rankings, relevant, junk = random_cases(seed + 10)
-    for r, rel, j in zip(rankings, relevant, junk):
+    for r, rel, j in zip(rankings, relevant, junk, strict=True):
         assert average_precision(r, rel, j, mode="trapezoid") == pytest.approx(
             oxford_compute_ap(rel, j, r), abs=1e-14)
-    want = np.mean([oxford_compute_ap(rel, j, r) for r, rel, j in zip(rankings, relevant, junk)])
+    want = np.mean([oxford_compute_ap(rel, j, r)
+                    for r, rel, j in zip(rankings, relevant, junk, strict=True)])
     got = mean_average_precision(rankings, relevant, junk, mode="trapezoid")
     assert got == pytest.approx(want, abs=1e-14)
 
@@ -177,7 +179,7 @@ def test_map_of_a_tied_search(tied):
     _, ref = brute_force_topk(queries, database, 20)
     relevant = [np.flatnonzero((database == q).all(axis=1)) if (database == q).all(axis=1).any()
                 else np.array([0, 25]) for q in queries]
-    want = np.mean([average_precision_loop(r, rel) for r, rel in zip(ref, relevant)])
+    want = np.mean([average_precision_loop(r, rel) for r, rel in zip(ref, relevant, strict=True)])
     assert mean_average_precision(indices, relevant) == pytest.approx(want, abs=1e-14)
 
 
@@ -197,7 +199,7 @@ def test_precision_recall_at_k_random():
     rankings, relevant, junk = random_cases(99)
     for k in (1, 5, 10):
         ps, rs = [], []
-        for r, rel, j in zip(rankings, relevant, junk):
+        for r, rel, j in zip(rankings, relevant, junk, strict=True):
             kept = [i for i in r if i not in set(j)][:k]
             hits = len(set(kept) & set(rel))
             ps.append(hits / k)

@@ -103,7 +103,7 @@ def test_full_mantissa_near_ties_and_duplicates():
     rng = np.random.default_rng(21)
     base = rng.standard_normal((300, 32)).astype(np.float32)
     near = np.repeat(base[:100], 4, axis=0)
-    for step in range(3):
+    for _ in range(3):
         cols = rng.integers(0, 32, len(near))
         near[np.arange(len(near)), cols] = np.nextafter(
             near[np.arange(len(near)), cols], np.float32(np.inf))
@@ -265,7 +265,7 @@ def test_duplicates_score_equal_in_any_block(d):
     for chunks in (37, 150, 600):
         scores, indices = dask.compute(
             search(queries, da.from_array(database, chunks=(chunks, d)), 8), scheduler="sync")[0]
-        for row_s, row_i in zip(scores, indices):
+        for row_s, row_i in zip(scores, indices, strict=True):
             for a in range(7):  # equal scores: increasing indices, and copies score equal
                 assert row_s[a] > row_s[a + 1] or row_i[a] < row_i[a + 1]
                 if np.array_equal(database[row_i[a]], database[row_i[a + 1]]):

@@ -23,7 +23,7 @@ def random_split(rng, n, n_blocks, empty=True, singles=True):
         cuts += [cuts[-1]] if cuts else [0]  # a repeated cut is an empty block
         cuts = [0] + cuts  # an empty block at the start
     bounds = [0] + sorted(cuts) + [n]
-    return list(zip(bounds[:-1], bounds[1:]))
+    return list(zip(bounds[:-1], bounds[1:], strict=True))
 
 
 def stats_of_split(X, bounds):

@@ -25,10 +25,10 @@ def _print_table(rows: list[dict]) -> None:
     cols = list(rows[0])
     text = [[f"{r[c]:.4f}" if isinstance(r[c], float) else str(r[c]) for c in cols] for r in rows]
     widths = [max(len(c), *(len(t[i]) for t in text)) for i, c in enumerate(cols)]
-    print("  ".join(c.ljust(w) for c, w in zip(cols, widths)).rstrip())
+    print("  ".join(c.ljust(w) for c, w in zip(cols, widths, strict=True)).rstrip())
     print("  ".join("-" * w for w in widths))
     for t in text:
-        print("  ".join(v.ljust(w) for v, w in zip(t, widths)).rstrip())
+        print("  ".join(v.ljust(w) for v, w in zip(t, widths, strict=True)).rstrip())
 
 
 def _security(args):
@@ -47,7 +47,7 @@ def _security(args):
                          f"is not a TLS address; use --scheduler tls://HOST:PORT")
     if not all(given):
         raise ValueError("--tls-ca-file, --tls-cert and --tls-key go together; give all three")
-    for flag, path in zip(("--tls-ca-file", "--tls-cert", "--tls-key"), given):
+    for flag, path in zip(("--tls-ca-file", "--tls-cert", "--tls-key"), given, strict=True):
         if not os.path.isfile(path):
             raise FileNotFoundError(f"{flag}: no file at {path!r}; give a PEM file "
                                     f"(deploy/tls/make_certs.py makes a test set)")

@@ -57,7 +57,7 @@ def one_blas_thread():
 
 
 @functools.cache
-def task_threads_controller() -> "TaskThreadsController":
+def task_threads_controller() -> TaskThreadsController:
     """The one :class:`TaskThreadsController` of this process (scanned once)."""
     return TaskThreadsController()
 
@@ -126,7 +126,7 @@ class _Restore:
         self.restore_original_limits()
 
     def restore_original_limits(self) -> None:
-        for setter, count in zip(self._local, self._previous):
+        for setter, count in zip(self._local, self._previous, strict=True):
             setter(count)
         for lib, count in self._others:
             lib.set_num_threads(count)

@@ -99,7 +99,7 @@ class ScatterStats:
         return np.concatenate(([self.count, self.nonfinite], self.mean, self.scatter.ravel()))
 
     @classmethod
-    def from_array(cls, packed: np.ndarray) -> "ScatterStats":
+    def from_array(cls, packed: np.ndarray) -> ScatterStats:
         packed = np.asarray(packed, dtype=np.float64).ravel()
         d = int(round((-1 + np.sqrt(1 + 4 * (packed.size - 2))) / 2))  # size = 2 + d + d^2
         return cls(int(packed[0]), packed[2:2 + d].copy(),

@@ -9,8 +9,20 @@ from __future__ import annotations
 import math
 import warnings
 import numbers
+from typing import TYPE_CHECKING, TypeAlias, Union
 
 import numpy as np
+
+if TYPE_CHECKING:  # for the type checker only: the numpy paths never import dask
+    import dask.array as da
+    import numpy.typing as npt
+    from typing_extensions import TypeIs  # typing's own from Python 3.13
+
+#: What the public API takes as rows (:func:`check_rows`): a numpy array or anything
+#: numpy converts (an xarray DataArray too), or a dask array, kept lazy.
+Rows: TypeAlias = Union["npt.ArrayLike", "da.Array"]
+#: What it returns for them: numpy for numpy input, a lazy dask array for dask input.
+Array: TypeAlias = Union[np.ndarray, "da.Array"]
 
 __all__ = [
     "check_positive_float",
@@ -24,7 +36,7 @@ __all__ = [
 ]
 
 
-def is_dask_array(x) -> bool:
+def is_dask_array(x: object) -> TypeIs[da.Array]:
     # Imported lazily: the numpy paths must not pay for importing dask.
     try:
         import dask.array as da
@@ -126,7 +138,7 @@ def unwrap_xarray(x):
     return x
 
 
-def check_rows(x, name: str, min_rows: int = 1):
+def check_rows(x: Rows, name: str, min_rows: int = 1) -> Array:
     """A 2-D float array (numpy or dask) of rows, with known chunks.
 
     Returns the array: numpy input (or anything numpy can convert) as a numpy

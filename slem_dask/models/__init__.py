@@ -1,11 +1,16 @@
 """The estimators: one module per model, sharing :mod:`.base`."""
 
+from typing import TYPE_CHECKING
+
 from .base import MODEL_CLASSES, SLEMEstimator, load_model
 from .kernel import KernelSLEM
 from .esvm import ESVM
 from .linear import LinearSLEM
 from .raw import RawFeatures
 from .whitening import PCAWhitening
+
+if TYPE_CHECKING:  # NotFittedError is built on first use (__getattr__ below)
+    from ._estimator import NotFittedError
 
 __all__ = ["LinearSLEM", "KernelSLEM", "ESVM", "PCAWhitening", "RawFeatures",
            "SLEMEstimator", "NotFittedError", "load_model", "MODEL_CLASSES"]

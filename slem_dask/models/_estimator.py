@@ -12,8 +12,16 @@ from __future__ import annotations
 
 import inspect
 import threading
+from typing import TYPE_CHECKING
 
 __all__ = ["EstimatorProtocol", "NotFittedError", "DataConversionWarning"]
+
+if TYPE_CHECKING:  # built on first use by __getattr__ below; declared for type checkers
+    class NotFittedError(ValueError, AttributeError, RuntimeError):
+        ...
+
+    class DataConversionWarning(UserWarning):
+        ...
 
 _NOT_FITTED_DOC = """Raised when a model is used before ``fit`` (or ``load_model``).
 
@@ -88,7 +96,7 @@ class EstimatorProtocol:
         ``deep=True`` also lists the parameters of parameters that are themselves
         estimators, as ``name__param`` (the scikit-learn convention).
         """
-        out = {}
+        out: dict[str, object] = {}
         for name in self._get_param_names():
             value = getattr(self, name)
             if deep and hasattr(value, "get_params") and not isinstance(value, type):

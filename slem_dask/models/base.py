@@ -2,13 +2,20 @@
 
 from __future__ import annotations
 
+import os
+from typing import TYPE_CHECKING, cast
+
 import numpy as np
 
 from .. import storage
 from . import _estimator
 from ._estimator import EstimatorProtocol
-from ..core.validation import (check_finite_model, check_finite_rows, check_n_features, check_rows,
-                          is_dask_array, output_dtype)
+from ..core.validation import (Array, Rows, check_finite_model, check_finite_rows,
+                               check_n_features, check_rows, is_dask_array, output_dtype)
+
+if TYPE_CHECKING:
+    from numpy.typing import DTypeLike
+    from typing_extensions import Self
 
 __all__ = ["SLEMEstimator", "load_model", "MODEL_CLASSES", "NotFittedError"]
 
@@ -20,7 +27,7 @@ def __getattr__(name: str):  # NotFittedError is built on first use (see slem_da
 
 
 #: Model name (as written in a store) -> class; filled by each model module.
-MODEL_CLASSES: dict[str, type] = {}
+MODEL_CLASSES: dict[str, type[SLEMEstimator]] = {}
 #: Part of every input-based model identity: raise it when a change of the fit changes
 #: what it computes beyond rounding, so outputs of older models are no longer current.
 IDENTITY_VERSION = 1
@@ -53,6 +60,13 @@ class SLEMEstimator(EstimatorProtocol):
     #: (negatives' fingerprint, the arrays then) of a model fitted from a store by a fit
     #: job (set by :meth:`_mark_fitted_on` when it is saved, and by load_model).
     _fitted_on: tuple[str, tuple] | None = None
+    #: Learned by ``fit`` (an annotation only: its absence means "not fitted").
+    n_features_in_: int
+
+    if TYPE_CHECKING:  # every model defines them; declared here for the type checker
+        def fit(self, X: Rows, y: object = None) -> Self: ...
+
+        def transform(self, X: Rows, dtype: DTypeLike | None = None) -> Array: ...
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
@@ -62,7 +76,7 @@ class SLEMEstimator(EstimatorProtocol):
         args = ", ".join(f"{k}={getattr(self, k)!r}" for k in self._param_names)
         return f"{type(self).__name__}({args})"
 
-    def fit_transform(self, X, y=None):
+    def fit_transform(self, X: Rows, y: object = None) -> Array:
         """``fit(X).transform(X)``: the encodings of the negatives themselves."""
         return self.fit(X, y).transform(X)
 
@@ -80,7 +94,7 @@ class SLEMEstimator(EstimatorProtocol):
         anything else (float32, float16, integers) float32 (:func:`output_dtype`)."""
         return np.dtype(dtype) if dtype is not None else output_dtype(p.dtype)
 
-    def _check_positives(self, X, name: str = "X"):
+    def _check_positives(self, X: Rows, name: str = "X") -> Array:
         """Rows to encode: fitted model, 2-D, as many features as the negatives. The
         message for a wrong count is scikit-learn's ("X has 1 features, but LinearSLEM
         is expecting 4 features as input"), with how to fix it."""
@@ -147,8 +161,8 @@ class SLEMEstimator(EstimatorProtocol):
             {"model": type(self).__name__, "params": params, "negatives": negatives,
              "n_samples": getattr(self, "n_samples_", None), "numerics": IDENTITY_VERSION})
 
-    def save(self, path: str, overwrite: bool = False, metadata: dict | None = None,
-             lease=None) -> str:
+    def save(self, path: str | os.PathLike[str], overwrite: bool = False,
+             metadata: dict | None = None, lease=None) -> str:
         """Write the fitted model to a zarr group at ``path``; return its fingerprint.
 
         ``metadata``: extra JSON-serializable facts to record (e.g. the source).
@@ -162,7 +176,7 @@ class SLEMEstimator(EstimatorProtocol):
                                          arrays, {**info, **(metadata or {})},
                                          overwrite=overwrite, lease=lease)
 
-    def similarity(self, p, q):
+    def similarity(self, p: Rows, q: Rows) -> Array:
         """Matching scores: cosines of the SLEM vectors of the rows of ``p`` and ``q``.
 
         Shape (len(p), len(q)), float64; numpy unless either input is a dask array.
@@ -181,7 +195,7 @@ class SLEMEstimator(EstimatorProtocol):
         return zp @ zq.T
 
 
-def load_model(path: str):
+def load_model(path: str | os.PathLike[str]) -> SLEMEstimator:
     """Load a model written by ``model.save(path)`` or ``slem-dask fit``."""
     meta, arrays = storage.read_model_store(path)
     cls = MODEL_CLASSES.get(meta["model"])
@@ -196,3 +210,10 @@ def load_model(path: str):
     if meta.get("negatives_fingerprint"):
         model._mark_fitted_on(meta["negatives_fingerprint"])
     return model
+
+
+def fresh_seed() -> int:
+    """A seed from the OS's entropy, below 2**63 (models record it as an int64)."""
+    # typed int | Sequence[int] | None, but a SeedSequence made without one draws an int
+    entropy = cast(int, np.random.SeedSequence().entropy)
+    return int(entropy % 2**63)

@@ -73,6 +73,10 @@ class _Classifier(EstimatorProtocol):
     """Shared by the classifiers: the scikit-learn protocol, decision and accuracy."""
 
     _estimator_type = "classifier"
+    # set by each classifier's fit (annotations only: without coef_ it is not fitted)
+    classes_: np.ndarray
+    coef_: np.ndarray
+    intercept_: np.ndarray
 
     def __repr__(self) -> str:
         args = ", ".join(f"{k}={v!r}" for k, v in self.get_params(deep=False).items())

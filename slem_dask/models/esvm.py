@@ -3,14 +3,20 @@
 from __future__ import annotations
 
 import numbers
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from ..core.esvm import hinge_objective, optimal_bias, pegasos_exemplars
 from ..core.whitening import normalize_rows
 from ..parallel.blocks import map_rows, shared
-from ..core.validation import check_finite_rows, check_positive_float, check_rows, is_dask_array
-from .base import SLEMEstimator
+from ..core.validation import (Array, Rows, check_finite_rows, check_positive_float, check_rows,
+                               is_dask_array)
+from .base import SLEMEstimator, fresh_seed
+
+if TYPE_CHECKING:
+    from numpy.typing import DTypeLike
+    from typing_extensions import Self
 
 __all__ = ["ESVM"]
 
@@ -94,30 +100,29 @@ class ESVM(SLEMEstimator):
     def _solver_params(self) -> dict:
         seed = self.random_state
         if seed is None:
-            seed = int(np.random.SeedSequence().entropy % 2**63)
+            seed = fresh_seed()
         return {"lam": float(self.lam), "theta": float(self.theta), "n_iter": int(self.n_iter),
                 "batch_size": int(self.batch_size), "eta0": float(self.eta0),
                 "bias_step": float(self.bias_step), "random_state": seed}
 
     # -- fit ----------------------------------------------------------
-    def fit(self, X, y=None):
+    def fit(self, X: Rows, y: object = None) -> Self:
         """Keep the negatives ``X`` (n, d) (a dask ``X`` is computed: E-SVM
         training samples all of them for every positive)."""
         self._check_params()
-        X = check_rows(X, "X", min_rows=2)
-        dtype = np.dtype(X.dtype).name
-        if is_dask_array(X):
-            X = X.compute()
-        check_finite_rows(X, "X")
-        self.negatives_ = np.array(X, dtype=np.float64, order="C")
+        rows = check_rows(X, "X", min_rows=2)
+        dtype = np.dtype(rows.dtype).name
+        negatives = np.asarray(rows.compute() if is_dask_array(rows) else rows)
+        check_finite_rows(negatives, "X")
+        self.negatives_ = np.array(negatives, dtype=np.float64, order="C")
         self.mean_ = self.negatives_.mean(axis=0)
-        self.n_samples_ = int(X.shape[0])
-        self.n_features_in_ = int(X.shape[1])
+        self.n_samples_ = int(negatives.shape[0])
+        self.n_features_in_ = int(negatives.shape[1])
         self.input_dtype_ = dtype
         return self
 
     # -- encode -------------------------------------------------------
-    def transform(self, X, dtype=None):
+    def transform(self, X: Rows, dtype: DTypeLike | None = None) -> Array:
         """L2-normalized E-SVM weight vector w of each row of ``X``.
 
         numpy in, numpy out; dask in, lazy dask out (one task per row block,
@@ -136,7 +141,7 @@ class ESVM(SLEMEstimator):
         return _encode_exemplars(np.asarray(X), self.negatives_, self.mean_,
                                  params).astype(dtype, copy=False)
 
-    def exemplars(self, P) -> tuple[np.ndarray, np.ndarray]:
+    def exemplars(self, P: Rows) -> tuple[np.ndarray, np.ndarray]:
         """Unnormalized (W, b) of the rows of ``P`` (numpy). W from the stochastic
         solver; b is then the exact minimizer of J for that W (one pass over the
         negatives, :func:`slem_dask.core.esvm.optimal_bias`)."""

@@ -5,6 +5,8 @@ from __future__ import annotations
 import math
 import numbers
 import warnings
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import dask
 import numpy as np
@@ -15,10 +17,16 @@ from ..parallel.blocks import locate_nonfinite_rows, shared
 from ..core.statistics import ScatterStats, merge_statistics
 from ..parallel.kernel import CholeskyConfig, incomplete_cholesky
 from ..parallel.kernel_stream import check_strategy, choose_strategy, factor_statistics
-from ..core.validation import (MAX_ABS_VALUE, LargeValuesError, NonFiniteRowsError,
+from ..core.validation import (MAX_ABS_VALUE, Array, LargeValuesError, NonFiniteRowsError, Rows,
                           check_positive_float, check_rows, is_dask_array, nonfinite_rows_error)
-from .base import SLEMEstimator
+from .base import SLEMEstimator, fresh_seed
 from .kernel_blocks import _encode_block, _Encoder, _packed_block, _similarity_block
+
+if TYPE_CHECKING:
+    from numpy.typing import DTypeLike
+    from typing_extensions import Self
+
+    from ..parallel.kernel_checkpoint import FinalPassCheckpoint
 
 __all__ = ["KernelSLEM", "PIVOTING", "TRACE_ERROR_WARNING", "TraceErrorWarning"]
 
@@ -141,6 +149,8 @@ class KernelSLEM(SLEMEstimator):
     _execution_params = ("strategy",)
     _bookkeeping_arrays = ("factor_scatter",)  # read by update(), never by transform()
     _identity_arrays = ("pivots",)  # other pivots: another basis, not other rounding
+    #: None for a model loaded from a store (the reason is not saved)
+    strategy_reason_: str | None
 
     def __init__(self, kernel: str = "rbf", gamma: float = 0.1, degree: int = 2,
                  lam: float = 1e-3, rank: int | None = None, pivoting: str = "greedy",
@@ -184,7 +194,9 @@ class KernelSLEM(SLEMEstimator):
         return kernel, gamma, degree, lam, rank
 
     # -- fit ----------------------------------------------------------
-    def fit(self, X, y=None, progress=None, checkpoint=None):
+    def fit(self, X: Rows, y: object = None,
+            progress: Callable[[int, int, float], object] | None = None,
+            checkpoint: FinalPassCheckpoint | None = None) -> Self:
         """Factor the negatives' kernel matrix and learn G; ``X`` (n, d) numpy or dask.
 
         ``progress``: None, or a callable ``progress(round_no, n_pivots, trace_error)``
@@ -200,7 +212,7 @@ class KernelSLEM(SLEMEstimator):
         X = check_rows(X, "X", min_rows=2)
         n, d = X.shape
         seed = (int(self.random_state) if self.random_state is not None
-                else int(np.random.SeedSequence().entropy % 2**63))
+                else fresh_seed())
         cfg = CholeskyConfig(kernel=kernel, gamma=gamma, degree=degree,
                              pivoting=self.pivoting, rank=min(rank or n, n),
                              tol=float(self.tol), seed=seed, gather=bool(self.exact))
@@ -239,7 +251,7 @@ class KernelSLEM(SLEMEstimator):
         self._warn_if_weak()
         return self
 
-    def update(self, X, row_offset: int = 0):
+    def update(self, X: Rows, row_offset: int = 0) -> Self:
         """Add the negatives ``X`` (n_new, d) to a fitted model without re-pivoting.
 
         One streaming pass over ``X`` only: the rows of F = K(X, X_I) L^-T of the new
@@ -321,14 +333,14 @@ class KernelSLEM(SLEMEstimator):
             f"it, and the encodings keep little of the kernel; use {fix}"), stacklevel=3)
 
     # -- encode -------------------------------------------------------
-    def _encoder(self) -> "_Encoder":
+    def _encoder(self) -> _Encoder:
         self._check_fitted()
         kernel, gamma, degree, lam, _ = self._check_params()
         return _Encoder(kernel, gamma, degree, lam, bool(self.exact), self.pivot_rows_,
                         self.pivot_factor_, self.factor_mean_, self.g_factor_, self.pivots_,
                         getattr(self, "negatives_", None), getattr(self, "factor_", None))
 
-    def transform(self, X, dtype=None, normalize: str = "h"):
+    def transform(self, X: Rows, dtype: DTypeLike | None = None, normalize: str = "h") -> Array:
         """Explicit SLEM vectors z (n_p, r_), one row per positive.
 
         z = beta / N with beta = G^-1 (v - mu) and N = sqrt(|beta|^2 + u^2 / lam^2)
@@ -375,14 +387,17 @@ class KernelSLEM(SLEMEstimator):
         unit = normalize == "unit"
         if is_dask_array(X):
             r = self.rank_
-            return X.map_blocks(_encode_block, shared(enc), "X", dtype, unit, dtype=dtype,
+            # type: ignore: dask types Array.map_blocks as the module's map_blocks, whose
+            # first argument is the function, so it takes _encode_block for an array
+            return X.map_blocks(_encode_block,  # type: ignore[arg-type]
+                                shared(enc), "X", dtype, unit, dtype=dtype,
                                 chunks=(X.chunks[0], (r,)),
                                 meta=np.empty((0, r), dtype=dtype),
                                 name="kslem-encode-" + dask.base.tokenize(
                                     X, self.fingerprint_, dtype, unit))
         return _encode_block(X, enc, "X", dtype, unit)
 
-    def similarity(self, P, Q):
+    def similarity(self, P: Rows, Q: Rows) -> Array:
         """Exact matching scores s(x0, x0') with the residual cross term, (len(P), len(Q)).
 
         s = [beta.beta' + (k(x0, x0') - v.v') / lam^2] / (N N') (docs/math.md#kernel-similarity,
@@ -398,18 +413,20 @@ class KernelSLEM(SLEMEstimator):
                                      _packed_block(Q, enc, "Q"), Q, enc)
         import dask.array as da
 
-        P, Q = da.asarray(P), da.asarray(Q)
+        lazy_p, lazy_q = da.asarray(P), da.asarray(Q)
         width = 2 * self.rank_ + 1
         token = self.fingerprint_
         enc_d = shared(enc)
-        packed = [arr.map_blocks(_packed_block, enc_d, name, dtype=np.float64,
+        # type: ignore: as in transform, dask's typing of Array.map_blocks
+        packed = [arr.map_blocks(_packed_block, enc_d, name,  # type: ignore[arg-type]
+                                 dtype=np.float64,
                                  chunks=(arr.chunks[0], (width,)), meta=np.empty((0, width)),
                                  name=f"kslem-parts-{name}-" + dask.base.tokenize(arr, token))
-                  for arr, name in ((P, "P"), (Q, "Q"))]
+                  for arr, name in ((lazy_p, "P"), (lazy_q, "Q"))]
         return da.blockwise(
-            _similarity_block, "ij", packed[0], "ia", P, "ib", packed[1], "ja", Q, "jb",
+            _similarity_block, "ij", packed[0], "ia", lazy_p, "ib", packed[1], "ja", lazy_q, "jb",
             enc_d, None, dtype=np.float64, concatenate=True, meta=np.empty((0, 0)),
-            name="kslem-similarity-" + dask.base.tokenize(P, Q, token))
+            name="kslem-similarity-" + dask.base.tokenize(lazy_p, lazy_q, token))
 
     # -- persistence --------------------------------------------------
     _ARRAYS = ("pivots", "pivot_rows", "pivot_factor", "factor_mean", "g_factor")

@@ -38,6 +38,8 @@ class _Encoder:
         k_piv = kernel_matrix(block, self.pivot_rows, self.kernel, self.gamma, self.degree)
         k_self = kernel_diagonal(block, self.kernel, self.gamma, self.degree)
         if self.exact:
+            # an exact encoder is built with the negatives and their factor (narrowed here)
+            assert self.negatives is not None and self.factor is not None
             k_neg = kernel_matrix(block, self.negatives, self.kernel, self.gamma, self.degree)
             return exact_parts(k_neg, k_piv, k_self, self.pivot_factor, self.factor,
                                self.pivots, self.mean, self.g_factor, self.lam)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import warnings
+from typing import TYPE_CHECKING
 
 import dask
 import numpy as np
@@ -13,10 +14,14 @@ from ..core.linear import (encode_rows, exemplar_solution, float32_encoding_ok, 
 from ..core.statistics import (ScatterStats, block_statistics, check_precision, compute_dtype,
                                covariance, merge_statistics)
 from ..parallel.blocks import encode_blocks, locate_nonfinite_rows, scatter_statistics, shared
-from ..core.validation import (DEFAULT_LAM, DegenerateNegativesWarning, all_finite,
+from ..core.validation import (DEFAULT_LAM, Array, DegenerateNegativesWarning, Rows, all_finite,
                           check_finite_rows, check_positive_float, check_rows, effective_lam,
                           is_dask_array, nonfinite_rows_error, parse_lam)
 from .base import SLEMEstimator
+
+if TYPE_CHECKING:
+    from numpy.typing import DTypeLike
+    from typing_extensions import Self
 
 __all__ = ["LinearSLEM"]
 
@@ -66,6 +71,8 @@ class LinearSLEM(SLEMEstimator):
     _exemplar_only_params = ("theta",)
     _execution_params = ("precision",)
     _identity_arrays = ()  # the statistics of the negatives: any rounding, one model
+    #: None when loaded from a store older than its record (see :meth:`_lam`)
+    lam_: float | None
 
     def __init__(self, lam: float | str = DEFAULT_LAM, theta: float = 1.0,
                  precision: str = "auto"):
@@ -79,7 +86,7 @@ class LinearSLEM(SLEMEstimator):
         check_precision(self.precision)
 
     # -- fit ----------------------------------------------------------
-    def fit(self, X, y=None):
+    def fit(self, X: Rows, y: object = None) -> Self:
         """Learn mean_, covariance_ and precision_ from the negatives ``X`` (n, d).
 
         ``X`` may be numpy or dask; a dask array is reduced blockwise (one task
@@ -98,7 +105,7 @@ class LinearSLEM(SLEMEstimator):
                 for i in range(0, len(X), rows)))
         return self._fit_statistics(stats, X.dtype, lambda: locate_nonfinite_rows(X)[1])
 
-    def _fit_statistics(self, stats: ScatterStats, dtype, bad_rows=None) -> "LinearSLEM":
+    def _fit_statistics(self, stats: ScatterStats, dtype, bad_rows=None) -> Self:
         """Finish a fit from merged statistics (also used by jobs that stream them).
 
         Takes ``stats`` over: its scatter becomes ``covariance_``, in place.
@@ -136,7 +143,8 @@ class LinearSLEM(SLEMEstimator):
         return self
 
     # -- encode -------------------------------------------------------
-    def transform(self, X, dtype=None, precision: str | None = None):
+    def transform(self, X: Rows, dtype: DTypeLike | None = None,
+                  precision: str | None = None) -> Array:
         """L2-normalized SLEM vector of every row of ``X`` (n_p, d), the positives.
 
         numpy in, numpy out; dask in, lazy dask out with the row chunks of ``X``.

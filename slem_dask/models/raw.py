@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 
 from ..core.whitening import normalize_rows
 from ..parallel.blocks import map_rows
-from ..core.validation import check_finite_rows, check_rows, is_dask_array
+from ..core.validation import Array, Rows, check_finite_rows, check_rows, is_dask_array
 from .base import SLEMEstimator
+
+if TYPE_CHECKING:
+    from numpy.typing import DTypeLike
+    from typing_extensions import Self
 
 __all__ = ["RawFeatures"]
 
@@ -21,7 +27,7 @@ class RawFeatures(SLEMEstimator):
 
     _param_names = ()
 
-    def fit(self, X, y=None):
+    def fit(self, X: Rows, y: object = None) -> Self:
         X = check_rows(X, "X")
         if not is_dask_array(X):
             check_finite_rows(X, "X")
@@ -30,7 +36,7 @@ class RawFeatures(SLEMEstimator):
         self.input_dtype_ = np.dtype(X.dtype).name
         return self
 
-    def transform(self, X, dtype=None):
+    def transform(self, X: Rows, dtype: DTypeLike | None = None) -> Array:
         """Each row of ``X`` divided by its L2 norm (numpy in/out, or lazy dask).
 
         ``dtype``: of the result (default: the input's, float32 stays float32; computed in float64).

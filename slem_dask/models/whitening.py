@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numbers
+from typing import TYPE_CHECKING
 
 import dask
 import numpy as np
@@ -10,9 +11,14 @@ import numpy as np
 from ..core.statistics import block_statistics, covariance, merge_many
 from ..core.whitening import pca_whitening, whiten_rows
 from ..parallel.blocks import locate_nonfinite_rows, map_rows, scatter_statistics, shared
-from ..core.validation import (check_finite_rows, check_positive_float, check_rows, is_dask_array,
+from ..core.validation import (Array, Rows, check_finite_rows, check_positive_float, check_rows,
+                          is_dask_array,
                           nonfinite_rows_error)
 from .base import SLEMEstimator
+
+if TYPE_CHECKING:
+    from numpy.typing import DTypeLike
+    from typing_extensions import Self
 
 __all__ = ["PCAWhitening"]
 
@@ -56,7 +62,7 @@ class PCAWhitening(SLEMEstimator):
                 f"n_components <= {d}, or None to keep all"
             )
 
-    def fit(self, X, y=None):
+    def fit(self, X: Rows, y: object = None) -> Self:
         """Learn mu and the eigen-decomposition of Sigma from the negatives ``X``.
 
         Uses the same blockwise statistics as :class:`LinearSLEM` (one
@@ -85,7 +91,7 @@ class PCAWhitening(SLEMEstimator):
         self.input_dtype_ = np.dtype(X.dtype).name
         return self
 
-    def transform(self, X, dtype=None):
+    def transform(self, X: Rows, dtype: DTypeLike | None = None) -> Array:
         """Whitened, L2-normalized rows (n_p, n_components_); numpy or lazy dask.
 
         ``dtype``: of the result (default: the input's, float32 stays float32; computed in float64).

@@ -115,7 +115,7 @@ def _merge_proposals(parts: list, cfg: CholeskyConfig, count: int, key: tuple):
     rng = np.random.default_rng([cfg.seed, *key])
     totals = np.array([p["total"] for p in parts])
     counts = rng.multinomial(count, totals / totals.sum())
-    pick = {name: np.concatenate([p[name][:c] for p, c in zip(parts, counts)])
+    pick = {name: np.concatenate([p[name][:c] for p, c in zip(parts, counts, strict=True)])
             for name in ("diag", "index", "rows", "f_rows")}
     order = rng.permutation(count)
     out = {name: value[order] for name, value in pick.items()}
@@ -159,7 +159,8 @@ def row_blocks(x, block_rows: int, row_offset: int = 0) -> list[tuple]:
     ``row_offset``: the index of ``x``'s first row in its store (errors name rows by it)."""
     if is_dask_array(x):
         offsets = np.concatenate([[0], np.cumsum(x.chunks[0])[:-1]]).astype(int)
-        return [(b, row_offset + int(o)) for b, o in zip(x.to_delayed().ravel(), offsets)]
+        return [(b, row_offset + int(o))
+                for b, o in zip(x.to_delayed().ravel(), offsets, strict=True)]
     return [(x[i:i + block_rows], row_offset + i) for i in range(0, x.shape[0], block_rows)]
 
 

@@ -153,7 +153,7 @@ class StreamingRounds:
             todo = [j for j in range(len(self.blocks)) if j not in done]
             computed = dict(zip(todo, in_threads(_stream_block, [
                 (*self.blocks[j], self.pivots, cfg, count, (round_no, 0, j), final, first,
-                 self.name, folder) for j in todo])))
+                 self.name, folder) for j in todo]), strict=True))
             parts = [done[j] if j in done else computed[j] for j in range(len(self.blocks))]
             return _tree(parts, _merge_summaries, cfg, count, round_no)
         import dask

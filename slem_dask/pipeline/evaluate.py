@@ -116,7 +116,7 @@ def relevant_from_labels(database_labels, query_labels) -> list[np.ndarray]:
             f"have a label that no database row has, so their relevant set is empty and "
             f"their AP undefined; drop those queries or add their matches to the database"
         )
-    return [np.sort(order[s:e]) for s, e in zip(starts, ends)]
+    return [np.sort(order[s:e]) for s, e in zip(starts, ends, strict=True)]
 
 
 def pr_curve(indices, relevant, n_points: int = 101) -> tuple[np.ndarray, np.ndarray]:
@@ -132,7 +132,7 @@ def pr_curve(indices, relevant, n_points: int = 101) -> tuple[np.ndarray, np.nda
     relevant = _check_per_query(relevant, "relevant", len(indices))
     levels = np.linspace(0.0, 1.0, n_points)
     total = np.zeros(n_points)
-    for ranking, rel in zip(indices, relevant):
+    for ranking, rel in zip(indices, relevant, strict=True):
         hits = np.isin(ranking, rel)
         cum = np.cumsum(hits)
         precision = cum / np.arange(1, len(ranking) + 1)
@@ -243,7 +243,7 @@ def parameter_grid(grid: dict | None) -> list[dict]:
     for name, values in grid.items():
         if not values:
             raise ValueError(f"grid: parameter {name!r} has no values; give at least one")
-    return [dict(zip(grid, combo)) for combo in itertools.product(*grid.values())]
+    return [dict(zip(grid, combo, strict=True)) for combo in itertools.product(*grid.values())]
 
 
 def _format_setting(params: dict) -> str:
@@ -300,9 +300,9 @@ def format_table(rows: list[dict]) -> str:
 
     text = [[fmt(r.get(c, "")) for c in cols] for r in rows]
     widths = [max(len(c), *(len(t[i]) for t in text)) for i, c in enumerate(cols)]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(cols, widths)),
+    lines = ["  ".join(c.ljust(w) for c, w in zip(cols, widths, strict=True)),
              "  ".join("-" * w for w in widths)]
-    lines += ["  ".join(v.ljust(w) for v, w in zip(t, widths)) for t in text]
+    lines += ["  ".join(v.ljust(w) for v, w in zip(t, widths, strict=True)) for t in text]
     return "\n".join(lines)
 
 

@@ -2,12 +2,22 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, Any, TypeAlias
+
 import dask
 import numpy as np
 
 from ..core.ranking import as_id_array, average_precision
-from ..core.validation import check_rows, is_dask_array
+from ..core.validation import Rows, check_rows, is_dask_array
 from .topk import search
+
+if TYPE_CHECKING:
+    import numpy.typing as npt
+
+#: One collection of database indices per query, in query order (lists, tuples, sets,
+#: integer arrays; a 2-D integer array is one row per query).
+PerQuery: TypeAlias = Sequence[Iterable[int]] | np.ndarray
 
 __all__ = ["mean_average_precision", "precision_recall_at_k", "leave_one_out_map",
            "make_map_scorer", "map_scorer"]
@@ -35,7 +45,8 @@ def _check_per_query(collections, name: str, n_queries: int) -> list[np.ndarray]
     return [as_id_array(c, f"{name}[{i}]") for i, c in enumerate(collections)]
 
 
-def _per_query(indices, relevant, junk, name="relevant"):
+def _per_query(indices, relevant, junk, name: str = "relevant"
+               ) -> tuple[np.ndarray, list[np.ndarray], list[np.ndarray]]:
     indices = np.asarray(indices)
     if indices.ndim != 2:
         raise ValueError(f"indices must be 2-D (n_queries, k), got shape {indices.shape}")
@@ -51,7 +62,8 @@ def _per_query(indices, relevant, junk, name="relevant"):
     return indices, relevant, junk
 
 
-def mean_average_precision(indices, relevant, junk=None, mode: str = "non-interpolated"):
+def mean_average_precision(indices: npt.ArrayLike, relevant: PerQuery,
+                           junk: PerQuery | None = None, mode: str = "non-interpolated") -> float:
     """Mean over queries of :func:`slem_dask.core.ranking.average_precision`.
 
     ``indices``: (n_queries, k) ranked database indices (e.g. from :func:`search`);
@@ -61,14 +73,15 @@ def mean_average_precision(indices, relevant, junk=None, mode: str = "non-interp
     """
     indices, relevant, junk = _per_query(indices, relevant, junk)
     return float(np.mean([average_precision(r, rel, j, mode)
-                          for r, rel, j in zip(indices, relevant, junk)]))
+                          for r, rel, j in zip(indices, relevant, junk, strict=True)]))
 
 
-def precision_recall_at_k(indices, relevant, k: int, junk=None) -> tuple[float, float]:
+def precision_recall_at_k(indices: npt.ArrayLike, relevant: PerQuery, k: int,
+                          junk: PerQuery | None = None) -> tuple[float, float]:
     """Mean precision@k and recall@k over queries (junk removed before cutting at k)."""
     indices, relevant, junk = _per_query(indices, relevant, junk)
     precisions, recalls = [], []
-    for ranking, rel, j in zip(indices, relevant, junk):
+    for ranking, rel, j in zip(indices, relevant, junk, strict=True):
         if j.size:
             ranking = ranking[~np.isin(ranking, j)]
         hits = np.count_nonzero(np.isin(ranking[:k], rel))
@@ -77,7 +90,7 @@ def precision_recall_at_k(indices, relevant, k: int, junk=None) -> tuple[float, 
     return float(np.mean(precisions)), float(np.mean(recalls))
 
 
-def leave_one_out_map(encodings, labels, k: int | None = None,
+def leave_one_out_map(encodings: Rows, labels: npt.ArrayLike, k: int | None = None,
                       mode: str = "non-interpolated") -> float:
     """mAP of every row as a query against all the other rows; relevant: same label.
 
@@ -123,7 +136,8 @@ def leave_one_out_map(encodings, labels, k: int | None = None,
     return float(np.mean(aps))
 
 
-def make_map_scorer(k: int | None = None, mode: str = "non-interpolated"):
+def make_map_scorer(k: int | None = None, mode: str = "non-interpolated"
+                    ) -> Callable[[Any, Rows, npt.ArrayLike | None], float]:
     """A scikit-learn scorer for retrieval: ``scorer(estimator, X, y)`` encodes ``X``
     with ``estimator.transform`` and returns :func:`leave_one_out_map` with labels ``y``.
 
@@ -131,7 +145,7 @@ def make_map_scorer(k: int | None = None, mode: str = "non-interpolated"):
     fold fits on the training rows (the negatives) and ranks the held-out rows
     among themselves. Higher is better, as scikit-learn expects.
     """
-    def scorer(estimator, X, y):
+    def scorer(estimator: Any, X: Rows, y: npt.ArrayLike | None) -> float:
         if y is None:
             raise ValueError("the mAP scorer needs labels y (relevant = same label)")
         return leave_one_out_map(estimator.transform(X), y, k=k, mode=mode)

@@ -11,7 +11,7 @@ import numpy as np
 from ..core.blas_threads import usable_cores
 from ..core.candidates import topk_search
 from ..core.ranking import merge_topk, settled_ranking
-from ..core.validation import check_finite_rows, check_rows, is_dask_array
+from ..core.validation import Array, Rows, check_finite_rows, check_rows, is_dask_array
 
 __all__ = ["search"]
 
@@ -167,7 +167,7 @@ def _row_ids(x):  # -> dask.array.Array
     return da.arange(x.shape[0], chunks=(x.chunks[0],), dtype=np.int64)
 
 
-def search(queries, database, k: int = 100):
+def search(queries: Rows, database: Rows, k: int = 100) -> tuple[Array, Array]:
     """Exact top-k by inner product (cosine for L2-normalized rows), best first.
 
     Returns ``(scores, indices)``, each (n_queries, k), float64 and int64; ties
@@ -204,6 +204,11 @@ def search(queries, database, k: int = 100):
         )
     if not is_dask_array(database) and not is_dask_array(queries):
         return _numpy_search(queries, database, k)
+    return _dask_search(queries, database, k)
+
+
+def _dask_search(queries, database, k: int):
+    """:func:`search` once checked, when either side is a dask array (lazy results)."""
     import dask.array as da
 
     if not is_dask_array(queries):

@@ -115,6 +115,7 @@ class Backend(abc.ABC):
     def prune_empty(self) -> None:
         """Remove folders left empty under the root, and the root if it is empty (object
         stores have no folders: nothing to do)."""
+        return None  # a default, not abstract: object stores override nothing
 
     def describe_error(self, exc: BaseException) -> str | None:
         """One line for a failure of this storage (credentials, bucket, endpoint), or

@@ -58,7 +58,7 @@ def _plain_ranges_only(store) -> bool:
 _UNLOCKED_CRC_BYTES = 1 << 16
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _unlocked_crc32c():
     """google_crc32c's own C function ``crc32c_value``, called through ctypes, which
     releases the GIL during the call, or None where its library is not found or
@@ -197,7 +197,8 @@ def chunk_trailers(arr) -> list:
 def changed_chunk(arr, recorded: list) -> str | None:
     """The key of the first chunk of ``arr`` whose crc32c trailer differs from
     ``recorded`` (a chunk swapped in from another version, or lost), else None."""
-    for i, (stored, crc) in enumerate(zip(chunk_trailers(arr), recorded)):
+    # strict=False: a record of another length is itself a change, reported below
+    for i, (stored, crc) in enumerate(zip(chunk_trailers(arr), recorded, strict=False)):
         if stored != crc:
             return _full_key(arr, tuple(np.unravel_index(i, arr.cdata_shape)))
     if len(recorded) != int(np.prod(arr.cdata_shape)):

@@ -166,7 +166,7 @@ class _RowChunkCodecs:
     steps: tuple[str, ...]  # bytes-to-bytes decode steps, outermost first
 
     @classmethod
-    def of(cls, arr) -> "_RowChunkCodecs | None":
+    def of(cls, arr) -> _RowChunkCodecs | None:
         from zarr.codecs import BytesCodec, Crc32cCodec, ZstdCodec
 
         meta = arr.metadata
@@ -196,7 +196,8 @@ class _RowChunkCodecs:
         batch = 1 if _is_local(arr) else REMOTE_CHUNKS_IN_FLIGHT
         for i in range(0, len(keys), batch):
             part = keys[i:i + batch]
-            for (key, a, b), data in zip(part, _chunks_bytes(arr, [k for k, _, _ in part])):
+            fetched = _chunks_bytes(arr, [k for k, _, _ in part])
+            for (key, a, b), data in zip(part, fetched, strict=True):
                 self._read_chunk(arr, key, a, b, lo, hi, name, out, recorded, data)
         return out
 

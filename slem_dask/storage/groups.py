@@ -3,6 +3,7 @@ versioned store, read back before they are committed, and read with every check.
 
 from __future__ import annotations
 
+import os
 import time
 
 import numpy as np
@@ -235,7 +236,7 @@ def read_search_store(path) -> tuple[dict, dict[str, np.ndarray]]:
     return meta, read_group_arrays(group, path, "search result")
 
 
-def read_model_store(path: str) -> tuple[dict, dict[str, np.ndarray]]:
+def read_model_store(path: str | os.PathLike[str]) -> tuple[dict, dict[str, np.ndarray]]:
     """Read a model group written by :func:`write_model_store`: (metadata, arrays)."""
     path = str(canonical(path))
     meta, group = _read_model_meta(path)

@@ -258,7 +258,7 @@ def _check_not_matched(target, flag: str, name: str, pattern: str, files: list) 
     t = canonical(target)
     parts, wanted = t.location.split("/"), pattern.split("/")
     if t.is_local and len(parts) == len(wanted) and all(
-            fnmatch.fnmatchcase(a, b) for a, b in zip(parts, wanted)):
+            fnmatch.fnmatchcase(a, b) for a, b in zip(parts, wanted, strict=True)):
         from .paths import _suggestion
         raise ValueError(
             f"{flag} {str(t)!r} matches the {name} glob {pattern!r}; a later run would "

@@ -165,7 +165,7 @@ class Lease:
                 f"{record.get('host')}, started {record.get('started')} by its clock; "
                 f"lease {str(self.file)!r})")
 
-    def acquire(self) -> "Lease":
+    def acquire(self) -> Lease:
         for _ in range(5):
             if self._create():
                 break
@@ -244,7 +244,7 @@ class Lease:
             f"to another path. A dead job's lease is taken over automatically (at once "
             f"on its own host, after {LEASE_TTL:.0f} s without a heartbeat otherwise)")
 
-    def __enter__(self) -> "Lease":
+    def __enter__(self) -> Lease:
         return self.acquire()
 
     def __exit__(self, *exc) -> None:

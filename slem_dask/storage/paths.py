@@ -32,7 +32,7 @@ class StorePath:
         return self.location if self.is_local else self.url  # local: already resolved
 
     @property
-    def parent(self) -> "StorePath":
+    def parent(self) -> StorePath:
         if self.is_local:
             return StorePath("file://" + os.path.dirname(self.location.rstrip("/") or "/"))
         protocol, rest = self.url.split("://", 1)
@@ -43,7 +43,7 @@ class StorePath:
     def name(self) -> str:
         return self.url.rstrip("/").rsplit("/", 1)[-1]
 
-    def child(self, name: str) -> "StorePath":
+    def child(self, name: str) -> StorePath:
         if self.url.endswith("://"):  # the root of a remote file system
             return StorePath(self.url + name)
         return StorePath(self.url.rstrip("/") + "/" + name)

@@ -16,11 +16,17 @@ here make that plain to someone who has never heard of slem-dask:
 from __future__ import annotations
 
 import json
+import os
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from zarr.abc.store import Store
 from zarr.core.buffer import default_buffer_prototype
+
+if TYPE_CHECKING:
+    import xarray
+    import zarr
 
 from . import versions
 from .rootmarker import (  # noqa: F401 - re-exported: where readers of P look
@@ -102,7 +108,7 @@ class VersionStore(Store):
         self._location = owner.location(commit.version)
         self._base = f"{member}/" if member else ""  # the node viewed, in the version
         self._name = member.rsplit("/", 1)[-1] if member else ENCODINGS  # in the group view
-        self._inner = None
+        self._inner: Store | None = None
         self._bare_array: bool | None = None  # whether the node viewed is an array: on first use
 
     # pickling (dask workers): the pinned version, not the open store
@@ -314,7 +320,8 @@ def _ranged(data: bytes, byte_range) -> bytes:
 
 
 # -- one-line opens --------------------------------------------------------------------------
-def open_zarr(path, version: int | None = None):
+def open_zarr(path: str | os.PathLike[str], version: int | None = None
+              ) -> zarr.Array | zarr.Group:
     """The zarr node (read only) of one committed version of the slem-dask store at
     ``path`` (None: the current one): an output is a ``zarr.Array``, a model, search
     result or corpus a ``zarr.Group``. Its arrays carry dimension names."""
@@ -324,7 +331,8 @@ def open_zarr(path, version: int | None = None):
                      zarr_format=3)
 
 
-def open_dataset(path, version: int | None = None, **kwargs):
+def open_dataset(path: str | os.PathLike[str], version: int | None = None,
+                 **kwargs: Any) -> xarray.Dataset:
     """One committed version of the slem-dask store at ``path`` as a lazy (dask-backed)
     ``xarray.Dataset``: an output is its variable ``encodings`` with dimensions
     ``("image", "feature")``. ``kwargs`` go to ``xarray.open_zarr``."""

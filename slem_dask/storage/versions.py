@@ -121,7 +121,7 @@ class Commit:
         return json.dumps(fields, sort_keys=True, indent=1).encode()
 
     @classmethod
-    def from_json(cls, data: bytes, where: str) -> "Commit":
+    def from_json(cls, data: bytes, where: str) -> Commit:
         try:
             fields = json.loads(data)
             recorded = fields.pop("record_checksum")
@@ -538,7 +538,7 @@ def _marked(names: list[str]) -> list[str]:
     return [v for v in _listed(names) if v + MARKER in names]
 
 
-def resolve(path) -> tuple[str, "VersionedStore | None", Commit | None]:
+def resolve(path) -> tuple[str, VersionedStore | None, Commit | None]:
     """What to open for ``path``: (zarr location, its versioned store, its commit).
 
     ``P`` of a versioned store gives its head version; ``P/member`` a member of the

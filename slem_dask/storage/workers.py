@@ -90,7 +90,7 @@ def check_workers_see(client, stores: dict[str, object]) -> None:
     here = _worker_signatures(locations)
     seen = client.run(_worker_signatures, locations)
     for worker, sigs in seen.items():
-        for name, path, mine, theirs in zip(names, paths, here, sigs):
+        for name, path, mine, theirs in zip(names, paths, here, sigs, strict=True):
             if theirs != mine:
                 what = theirs.get("error") or (
                     "another metadata document" if theirs.get("metadata") != mine.get("metadata")

@@ -132,7 +132,7 @@ def _run(world: World, bound: bool, rollback: bool, gc: bool) -> None:
     _history(world, world.rng.randint(0, 5))
     plan = _plan(world, rollback, gc)
     writers = {}
-    for name, kind, command, arg in plan:
+    for name, kind, command, _arg in plan:
         job, fn = command(0)
         actor = world.spawn(name, fn)
         actor.wake = world.now + world.rng.uniform(0, 60)
