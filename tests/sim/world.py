@@ -25,7 +25,7 @@ import types
 from greenlet import getcurrent, greenlet
 
 from slem_dask.storage import backend as backend_module
-from slem_dask.storage import leases, versions
+from slem_dask.storage import heads, leases, versions
 
 from .server import Faults, SimBackend, SimServer
 
@@ -291,7 +291,7 @@ def simulated(world: World):
              (backend_module, "_PROBED"): backend_module._PROBED,
              (backend_module, "_PROBE_LOCK"): backend_module._PROBE_LOCK,
              (backend_module, "uuid"): backend_module.uuid,
-             (versions, "_HEAD_SEEN"): versions._HEAD_SEEN}
+             (heads, "_HEAD_SEEN"): heads._HEAD_SEEN}
     WORLD = world
 
     def backend_for(url):
@@ -326,7 +326,7 @@ def simulated(world: World):
                (backend_module, "uuid"): types.SimpleNamespace(uuid4=_uuid4),
                # the heads this process saw (a listing's starting point): none, per world,
                # else a seed's calls depend on the seeds run before it
-               (versions, "_HEAD_SEEN"): {}}
+               (heads, "_HEAD_SEEN"): {}}
     for (module, name), value in patches.items():
         setattr(module, name, value)
     try:
