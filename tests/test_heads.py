@@ -55,6 +55,8 @@ def _counting(counted: _Counted, lists_from_a_name: bool):
     class ListsFromAName(Counting):
         """As S3 does (StartAfter): only the names after are sent."""
 
+        lists_from_a_name = True
+
         def list_after(self, prefix, start_after):
             names = [n for n in LocalBackend.list(self, prefix) if n > start_after]
             counted.note(self, "list", names)

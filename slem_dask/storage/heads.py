@@ -15,8 +15,8 @@ committer may overwrite it with an older number, a crash may skip it, a user may
 it. A reader starts from the hint (or from the head this process last saw) and looks
 forward:
 
-* where the storage lists from a name on (S3's ``StartAfter``: a backend that overrides
-  :meth:`~.backend.Backend.list_after`), one listing from the hint's record: the last
+* where the storage lists from a name on (S3's ``StartAfter``:
+  :attr:`~.backend.Backend.lists_from_a_name`), one listing from the hint's record: the last
   name listed is the head, gaps or not;
 * elsewhere (local disk, GCS, Azure, fsspec), by reading records: hint+1, +2, +4 ...
   until one is absent, then halving the interval between the last found and the first
@@ -100,7 +100,7 @@ def write_hint(backend: Backend, seq: int) -> None:
 def _forward(backend: Backend, start: int) -> str | None:
     """The last record at or after ``start``; None when record ``start`` is absent
     (then where the head is cannot be told from here)."""
-    if type(backend).list_after is not Backend.list_after:  # one short listing
+    if getattr(backend, "lists_from_a_name", False):  # one short listing
         names = commit_names(backend, after=commit_name(start - 1))
         return names[-1] if names else None
     if not _present(backend, start):
