@@ -177,3 +177,17 @@ def _write_hint(path: str, hint) -> None:
         return
     with open(key, "wb") as f:
         f.write(hint if isinstance(hint, bytes) else json.dumps(hint).encode())
+
+
+def test_a_path_without_history_costs_one_listing_per_look(tmp_path, monkeypatch):
+    """Input stores are asked whether they are versioned many times a job: the hint is
+    asked for once per process, then each look is the one listing it was before."""
+    path = str(tmp_path / "input.zarr")
+    zarr.create_array(store=path, shape=(4, 2), dtype="float32")
+    counted = _Counted(LocalBackend(path).root)
+    cls = _counting(counted, False)
+    monkeypatch.setattr(versions, "backend_for", lambda url: cls(url[len("file://"):]))
+    monkeypatch.setattr(heads, "_HEAD_SEEN", {})
+    for _ in range(5):
+        assert not versions.VersionedStore(path).is_versioned()
+    assert counted.calls == {"read": 1, "list": 5, "names listed": 0}

@@ -42,8 +42,8 @@ COMMITS = "commits"
 #: sorting before every record and matching no record's name
 HINT = f"{COMMITS}/.head"
 
-#: The newest commit's sequence number this process saw, per store: where the next
-#: search starts without reading the hint (:func:`last_commit_name`).
+#: The newest commit's sequence number this process saw, per store (0: none): where the
+#: next search starts without reading the hint (:func:`last_commit_name`).
 _HEAD_SEEN: dict = {}
 
 
@@ -65,15 +65,17 @@ def last_commit_name(backend: Backend, key) -> tuple[str | None, list[str] | Non
     """The newest commit record's name (None if the store has none), and the whole
     listing of ``commits/`` when one was needed (None when the search from the hint
     found the head). ``key`` names the store in this process's memory of heads seen."""
-    start = _HEAD_SEEN.get(key) or read_hint(backend)
+    seen = _HEAD_SEEN.get(key)
+    start = read_hint(backend) if seen is None else seen
     name = _forward(backend, start) if start else None
     listing = None
     if name is None:  # no hint, or a hint past the head: what is there says
         listing = backend.list(COMMITS)
         names = [n for n in listing if _is_record(n)]
         name = names[-1] if names else None
-    if name is not None:
-        _HEAD_SEEN[key] = int(name[:-5])
+    # 0: no record then; the next look lists (one short request for the input stores
+    # and new paths that most such looks are) without asking for a hint again
+    _HEAD_SEEN[key] = int(name[:-5]) if name else 0
     return name, listing
 
 
