@@ -191,3 +191,38 @@ def test_a_path_without_history_costs_one_listing_per_look(tmp_path, monkeypatch
     for _ in range(5):
         assert not versions.VersionedStore(path).is_versioned()
     assert counted.calls == {"read": 1, "list": 5, "names listed": 0}
+
+
+@pytest.mark.parametrize("s3_server", ["seaweedfs"], indirect=True)
+def test_a_fresh_process_finds_the_head_on_s3_in_one_short_listing(s3_server, monkeypatch):
+    """1,200 records (more than a listing page): a fresh process's look at the head
+    sends the same requests as at 3, and lists the head's record alone."""
+    import uuid
+
+    import fsspec
+    from aiobotocore.client import AioBaseClient
+
+    asked = {}
+    for n in (3, 1200):
+        path = f"s3://{s3_server.bucket}/heads-{uuid.uuid4().hex[:8]}/m.zarr"
+        fs, where = fsspec.core.url_to_fs(path)
+        fs.pipe({f"{where}/commits/{seq:08d}.json": versions.Commit(
+            seq, f"{seq:08d}-{'0' * 12}", "model", f"job {seq}", "host", "0" * 64,
+            "2026-01-01T00:00:00Z", {}).to_json() for seq in range(1, n)})
+        _commit(versions.VersionedStore(path), n)  # leaves the hint
+        calls, real = collections.Counter(), AioBaseClient._make_api_call
+
+        async def counted(self, operation, params):
+            out = await real(self, operation, params)
+            calls[operation] += 1
+            if operation == "ListObjectsV2":
+                calls["names listed"] += len(out.get("Contents", []))
+            return out
+
+        with monkeypatch.context() as m:
+            m.setattr(AioBaseClient, "_make_api_call", counted)
+            m.setattr(heads, "_HEAD_SEEN", {})  # a new process
+            store = versions.VersionedStore(path)
+            assert store.head().seq == n and store.is_versioned() and store.has_history()
+        asked[n] = calls
+    assert asked[1200] == asked[3] and asked[1200]["names listed"] <= 3
