@@ -4,6 +4,7 @@ Every model, encoded output, search result and corpus that slem-dask writes at a
 path ``P`` is a *versioned store*::
 
     P/commits/00000001.json        one record per commit, created atomically, never rewritten
+    P/commits/.head                where the search for the head starts (:mod:`.heads`)
     P/versions/00000001-<token>/   one complete zarr v3 node per attempt (array or group)
     P/versions/00000001-<token>.slem-dask   its marker, written before anything in it
 
@@ -463,7 +464,7 @@ def resolve(path) -> tuple[str, "VersionedStore | None", Commit | None]:
 
     path = canonical(path)
     store = VersionedStore(path)
-    head = store.head()  # one listing and one read, for a versioned store
+    head = store.head()  # a few requests, whatever the length of the history
     if head is not None:
         return store.location(head.version), store, head
     if path.parent.name == VERSIONS and (seq := draft_seq(path.name)) is not None:
