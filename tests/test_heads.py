@@ -226,3 +226,19 @@ def test_a_fresh_process_finds_the_head_on_s3_in_one_short_listing(s3_server, mo
             assert store.head().seq == n and store.is_versioned() and store.has_history()
         asked[n] = calls
     assert asked[1200] == asked[3] and asked[1200]["names listed"] <= 3
+
+
+def test_a_hint_that_cannot_be_written_fails_no_commit(tmp_path, monkeypatch):
+    store = versions.VersionedStore(str(tmp_path / "m.zarr"))
+    _commit(store, 0)
+    real = store.backend.put
+
+    def put(key, data):
+        if key == heads.HINT:
+            raise RuntimeError("endpoint unreachable")  # not an OSError, as botocore's own
+        return real(key, data)
+
+    monkeypatch.setattr(store.backend, "put", put)
+    assert _commit(store, 1).seq == 2 and heads.read_hint(store.backend) == 1
+    monkeypatch.setattr(heads, "_HEAD_SEEN", {})
+    assert versions.VersionedStore(store.path).head().seq == 2  # from the stale hint
