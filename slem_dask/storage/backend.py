@@ -51,6 +51,10 @@ class Backend(abc.ABC):
     root: str
     #: whether :meth:`create` is atomic here (commits need it)
     atomic_create: bool = True
+    #: whether :meth:`list_after` is sent only the names after (S3's ``StartAfter``):
+    #: the head of a versioned store is then found by one short listing
+    #: (:mod:`.heads`), else by reading records
+    lists_from_a_name: bool = False
 
     @abc.abstractmethod
     def read(self, key: str) -> bytes | None:
@@ -83,7 +87,8 @@ class Backend(abc.ABC):
     def list_after(self, prefix: str, start_after: str) -> builtins.list[str]:
         """The names of :meth:`list` that sort after ``start_after``; object stores
         override it to be sent only those (the cost of finding the newest of many
-        names then does not grow with their number)."""
+        names then does not grow with their number), and say so with
+        :attr:`lists_from_a_name`."""
         return [name for name in self.list(prefix) if name > start_after]
 
     @abc.abstractmethod

@@ -104,8 +104,8 @@ def collect(store, keep: int, mine: str | None = None, leased: bool = False) -> 
     folders deleted or condemned. ``leased``: the caller holds the store's lease, so the
     drafts of sequences not committed yet, but ``mine``, are condemned. Reads only the
     commit records of the last ``keep`` versions and of the folders present."""
-    seqs = [int(n[:-5]) for n in store._commit_names()]
-    last = max(seqs, default=0)
+    last = store.head_seq()  # a few requests, not a listing of the whole history
+    seqs = range(max(1, last - keep + 1), last + 1)  # the records run unbroken to it
     records: dict = {}
 
     def record(seq: int):

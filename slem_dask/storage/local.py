@@ -24,6 +24,9 @@ class LocalBackend(Backend):
     def __init__(self, root: str):
         self.root = root.rstrip("/") or "/"
 
+    def __repr__(self):  # names the store in the heads seen (storage.heads), not the object
+        return f"LocalBackend({self.root!r})"
+
     def _path(self, key: str) -> str:
         return os.path.join(self.root, *[p for p in key.split("/") if p]) if key else self.root
 

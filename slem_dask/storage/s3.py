@@ -265,6 +265,8 @@ class S3Backend(Backend):
     def list(self, prefix: str) -> list[str]:
         return self._names(prefix, None)
 
+    lists_from_a_name = True
+
     def list_after(self, prefix: str, start_after: str) -> builtins.list[str]:
         # S3 lists keys in byte order, from StartAfter on
         return [n for n in self._names(prefix, start_after) if n > start_after]

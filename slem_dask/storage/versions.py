@@ -4,6 +4,7 @@ Every model, encoded output, search result and corpus that slem-dask writes at a
 path ``P`` is a *versioned store*::
 
     P/commits/00000001.json        one record per commit, created atomically, never rewritten
+    P/commits/.head                where the search for the head starts (:mod:`.heads`)
     P/versions/00000001-<token>/   one complete zarr v3 node per attempt (array or group)
     P/versions/00000001-<token>.slem-dask   its marker, written before anything in it
 
@@ -47,10 +48,8 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import hashlib
 import json
 import os
-import re
 import socket
 import threading
 import time
@@ -60,6 +59,9 @@ from dataclasses import dataclass
 from . import gc
 from .backend import Backend, StorageConfigError, check_conditional_writes
 from .errors import IntegrityError
+from .heads import COMMITS, commit_name, commit_names, last_commit_name, write_hint
+from .records import (FORMAT, VERSION_NAME, VERSIONS, Commit, DamagedCommitError,  # noqa: F401
+                      VersionError, _checksum, draft_seq)
 from .registry import backend_for
 from .rootmarker import mark_after_commit
 
@@ -67,10 +69,6 @@ __all__ = ["Commit", "Draft", "VersionedStore", "CommitConflictError", "VersionE
            "DamagedCommitError", "CommitUnknownError", "resolve",
            "KEEP_VERSIONS"]
 
-COMMITS, VERSIONS = "commits", "versions"
-FORMAT = 1
-#: a version folder's name: its sequence number, then the token of the job attempt
-VERSION_NAME = re.compile(r"([0-9]{8,})-[0-9a-f]{12}")
 #: suffix of the marker beside each version folder (``versions/<name>.slem-dask``)
 MARKER = ".slem-dask"
 _PUBLISH_TRIES = 3  # creates of one commit record whose outcome stayed unknown
@@ -87,65 +85,6 @@ class CommitUnknownError(IntegrityError):
     create and on reading it back); the draft is kept."""
 
 
-class VersionError(ValueError):
-    """A version that cannot be read as asked (never committed, pruned)."""
-
-
-class DamagedCommitError(VersionError):
-    """A commit record cannot be read, or its version folder does not match it."""
-
-
-def _checksum(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
-
-
-@dataclass(frozen=True)
-class Commit:
-    """One commit record: version ``seq`` of a store is the folder ``version``."""
-
-    seq: int
-    version: str
-    kind: str
-    job: str
-    host: str
-    checksum: str  # sha256 of the version's zarr.json at commit
-    created: str  # as the committing host wrote it: shown, never compared
-    summary: dict
-    source: str = ""  # "rollback to N" and the like
-    token: str = ""  # unique per job attempt: a record read back is known as ours
-
-    def to_json(self) -> bytes:
-        fields = {k: getattr(self, k) for k in self.__dataclass_fields__}
-        fields["format"] = FORMAT
-        fields["record_checksum"] = _checksum(json.dumps(fields, sort_keys=True).encode())
-        return json.dumps(fields, sort_keys=True, indent=1).encode()
-
-    @classmethod
-    def from_json(cls, data: bytes, where: str) -> Commit:
-        try:
-            fields = json.loads(data)
-            recorded = fields.pop("record_checksum")
-            if _checksum(json.dumps(fields, sort_keys=True).encode()) != recorded:
-                raise ValueError("its checksum does not match its content")
-            fields.pop("format")
-            # fields a later slem-dask adds are covered by the checksum, and not needed
-            # here (this one's own ``token`` made records unreadable by the one before)
-            commit = cls(**{k: v for k, v in fields.items() if k in cls.__dataclass_fields__})
-        except (ValueError, KeyError, TypeError) as exc:
-            raise DamagedCommitError(
-                f"the commit record {where!r} cannot be read ({exc}); the store's history "
-                f"is damaged: restore that file from a copy") from None
-        seq = draft_seq(commit.version)
-        if seq is None or not isinstance(commit.seq, int) or seq > commit.seq:
-            raise DamagedCommitError(
-                f"the commit record {where!r} names the version folder "
-                f"{commit.version!r}, which is not a version of this store (expected "
-                f"<sequence number>-<12 hex digits> directly under {VERSIONS}/, numbered "
-                f"at most {commit.seq}); the store's history is damaged: nothing is read "
-                f"through it: restore that file from a copy")
-        return commit
-
-
 @dataclass(frozen=True)
 class Draft:
     """A version folder being written by one job, to be committed as ``seq``."""
@@ -153,19 +92,6 @@ class Draft:
     seq: int
     version: str
     location: str  # what zarr opens
-
-
-def draft_seq(version) -> int | None:
-    """The sequence number a version folder was begun for, from its name
-    ``<seq>-<12 hex digits>``; None for any other name (``..``, a path, a user's
-    ``1-notes``): such a folder is never read or deleted as a version."""
-    match = VERSION_NAME.fullmatch(version) if isinstance(version, str) else None
-    return int(match.group(1)) if match else None
-
-
-#: The newest commit's sequence number this process saw, per store: where the next
-#: search for the head starts (:meth:`VersionedStore._last_commit_name`).
-_HEAD_SEEN: dict = {}
 
 
 class VersionedStore:
@@ -184,11 +110,9 @@ class VersionedStore:
 
     # reading ---------------------------------------------------------------------------
     def is_versioned(self) -> bool:
-        """Whether the store has a committed version."""
-        if self._hint_key() in _HEAD_SEEN:  # one short listing, from the head seen
-            if self._last_commit_name() is not None:
-                return True
-        return bool(self.backend.list(COMMITS))
+        """Whether the store has a committed version (or anything under commits/)."""
+        name, listing = last_commit_name(self.backend, self._seen_key())
+        return name is not None or bool(listing)
 
     def has_history(self) -> bool:
         """Whether slem-dask ever wrote here as a versioned store (committed or not):
@@ -197,12 +121,8 @@ class VersionedStore:
                 or any(draft_seq(v) is not None for v in self.backend.list(gc.FATES)))
 
     def commits(self) -> list[Commit]:
-        return [self._read_commit(name) for name in self._commit_names()]
-
-    def _commit_names(self, after: str | None = None) -> list[str]:
-        names = self.backend.list(COMMITS) if after is None else \
-            self.backend.list_after(COMMITS, after)
-        return [n for n in names if n.endswith(".json") and n[:-5].isdigit()]
+        """Every commit record (the whole history: one listing of commits/)."""
+        return [self._read_commit(name) for name in commit_names(self.backend)]
 
     def _read_commit(self, name: str) -> Commit:
         key = f"{COMMITS}/{name}"
@@ -212,28 +132,21 @@ class VersionedStore:
         return Commit.from_json(data, self._where(key))
 
     def commit_at(self, seq: int) -> Commit | None:
-        data = self.backend.read(f"{COMMITS}/{seq:08d}.json")
-        return None if data is None else Commit.from_json(data, self._where(f"{COMMITS}/{seq:08d}.json"))
+        key = f"{COMMITS}/{commit_name(seq)}"
+        data = self.backend.read(key)
+        return None if data is None else Commit.from_json(data, self._where(key))
 
     def head(self) -> Commit | None:
-        name = self._last_commit_name()
+        name = last_commit_name(self.backend, self._seen_key())[0]
         return self._read_commit(name) if name else None
 
-    def _last_commit_name(self) -> str | None:
-        """The newest commit record's name, in one short listing whatever the length of
-        the history: listed from the head this process last saw on (the names sort by
-        sequence number). If that lists nothing, the record seen is gone (the store was
-        deleted, or replaced by a shorter history): the whole listing says what is there.
-        A hint that is wrong in any way costs one more listing, never a wrong head."""
-        seen = _HEAD_SEEN.get(self._hint_key())
-        names = self._commit_names(after=f"{seen - 1:08d}.json") if seen else []
-        if not names:
-            names = self._commit_names()
-        if names:
-            _HEAD_SEEN[self._hint_key()] = int(names[-1][:-5])
-        return names[-1] if names else None
+    def head_seq(self) -> int:
+        """The head's sequence number (0: none), without reading its record
+        (:mod:`.heads`: a few requests whatever the length of the history)."""
+        name = last_commit_name(self.backend, self._seen_key())[0]
+        return int(name[:-5]) if name else 0
 
-    def _hint_key(self) -> tuple:
+    def _seen_key(self) -> tuple:
         return (repr(self.backend), self.path.url)
 
     def location(self, version: str) -> str:
@@ -383,6 +296,7 @@ class VersionedStore:
                         token=uuid.uuid4().hex)
         if not self._publish(seq, record):
             self._raise_conflict(seq)
+        write_hint(self.backend, seq)  # where the next head search starts
         mark_after_commit(self, kind)  # zarr.open(P) then names the right call
         return record
 
@@ -550,7 +464,7 @@ def resolve(path) -> tuple[str, VersionedStore | None, Commit | None]:
 
     path = canonical(path)
     store = VersionedStore(path)
-    head = store.head()  # one listing and one read, for a versioned store
+    head = store.head()  # a few requests, whatever the length of the history
     if head is not None:
         return store.location(head.version), store, head
     if path.parent.name == VERSIONS and (seq := draft_seq(path.name)) is not None:

@@ -206,7 +206,11 @@ def writer_group(content: str, n: int, job: str, leased: bool = True):
 def reader():
     """A snapshot read of the store (what ``resolve`` and a checked open do): (seq,
     version, content), each chunk checked against the node it was read with."""
+    floor = _committed_head()
     _, store, commit = versions.resolve(STORE)
+    if (commit.seq if commit else 0) < floor:  # the head hint is a lower bound, no more
+        raise TornRead(f"read version {commit.seq if commit else None} though version "
+                       f"{floor} was committed before the read began")
     if commit is None:
         return None
     meta = json.loads(store.check(commit))
@@ -220,6 +224,14 @@ def reader():
             raise TornRead(f"chunk {i} read from version {commit.seq} ({commit.version}) "
                            f"is not that version's: {data[:30]!r}")
     return commit.seq, commit.version, meta["content"]
+
+
+def _committed_head() -> int:
+    """The newest commit record on the server now (the harness looks: no request)."""
+    folder = STORE[len("sim://"):] + "/commits/"
+    names = [k[len(folder):] for k in world.WORLD.server.under(folder[:-1])]
+    return max((int(n[:-5]) for n in names if n.endswith(".json") and n[:-5].isdigit()),
+               default=0)
 
 
 def verify():

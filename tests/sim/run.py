@@ -10,6 +10,7 @@ Replay one seed with its trace::
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import traceback
 
@@ -59,6 +60,25 @@ def _history(world: World, n: int) -> None:
         record = versions.Commit(seq, version, "sim", f"history {seq}", "history",
                                  versions._checksum(data), "2026-01-01T00:00:00Z", {})
         server.write(f"{checks.COMMITS}{seq:08d}.json", record.to_json())
+    _hint(world, n)
+
+
+def _hint(world: World, n: int) -> None:
+    """The head hint the history left: up to date, stale (a slow committer's older
+    number, or a crash before the hint), missing, garbage, or past the head (a store
+    deleted and written again): a hint that is wrong in any way must cost requests,
+    never a wrong head."""
+    choice = world.rng.choice(["head", "stale", "missing", "garbage", "past"])
+    seq = {"head": n, "stale": world.rng.randint(1, max(1, n)), "past": n + world.rng.randint(1, 9)
+           }.get(choice)
+    if choice == "garbage":
+        world.server.write(f"{checks.COMMITS}.head", b"{not json")
+    elif seq and (n or choice == "past"):
+        world.server.write(f"{checks.COMMITS}.head", heads_json(seq))
+
+
+def heads_json(seq: int) -> bytes:
+    return json.dumps({"head": seq}).encode()
 
 
 def _calm(world: World, name: str, fn):

@@ -221,3 +221,14 @@ class SimBackend(Backend):
                 self.server.write(f"{dst_full}/{name}", data)
 
             self._call("copy", f"{dst}/{name}", apply, True)
+
+
+class SimListingBackend(SimBackend):
+    """A SimBackend whose store lists from a name on (S3's ``StartAfter``): the head is
+    then found by one listing from the hint, not by reading records one by one."""
+
+    lists_from_a_name = True
+
+    def list_after(self, prefix: str, start_after: str) -> list[str]:
+        return self._call("list_after", prefix, lambda: [
+            n for n in self._names(prefix) if n > start_after], False)

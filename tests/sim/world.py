@@ -25,9 +25,9 @@ import types
 from greenlet import getcurrent, greenlet
 
 from slem_dask.storage import backend as backend_module
-from slem_dask.storage import leases, versions
+from slem_dask.storage import heads, leases, versions
 
-from .server import Faults, SimBackend, SimServer
+from .server import Faults, SimBackend, SimListingBackend, SimServer
 
 
 class Crash(BaseException):
@@ -291,13 +291,15 @@ def simulated(world: World):
              (backend_module, "_PROBED"): backend_module._PROBED,
              (backend_module, "_PROBE_LOCK"): backend_module._PROBE_LOCK,
              (backend_module, "uuid"): backend_module.uuid,
-             (versions, "_HEAD_SEEN"): versions._HEAD_SEEN}
+             (heads, "_HEAD_SEEN"): heads._HEAD_SEEN}
     WORLD = world
 
     def backend_for(url):
         if not url.startswith("sim://"):
             raise AssertionError(f"the simulation reached real storage: {url}")
-        return SimBackend(world, url)
+        # half the seeds on a store that lists from a name (as S3 does): both ways of
+        # finding the head from its hint (storage.heads) meet every fault
+        return (SimListingBackend if world.seed % 2 else SimBackend)(world, url)
 
     def clock(*_):  # records show the simulated time: a seed's run is the same bytes
         return _time.gmtime(world.now)
@@ -326,7 +328,7 @@ def simulated(world: World):
                (backend_module, "uuid"): types.SimpleNamespace(uuid4=_uuid4),
                # the heads this process saw (a listing's starting point): none, per world,
                # else a seed's calls depend on the seeds run before it
-               (versions, "_HEAD_SEEN"): {}}
+               (heads, "_HEAD_SEEN"): {}}
     for (module, name), value in patches.items():
         setattr(module, name, value)
     try:
