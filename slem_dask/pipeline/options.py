@@ -110,7 +110,7 @@ def options_from(kind, options, **keywords):
     if options is None:
         return kind(**keywords)
     if not isinstance(options, kind):
-        raise TypeError(f"options must be a {kind.__name__}, got {options!r} of type "
+        raise TypeError(f"options must be of type {kind.__name__}, got {options!r} of type "
                         f"{type(options).__name__}: build one with {kind.__name__}(...)")
     defaults = kind()
     for name, value in keywords.items():
