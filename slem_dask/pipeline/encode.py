@@ -85,11 +85,7 @@ def encode_job(client, model_path: str, positives: str, out: str, dtype: str | N
             report.timings["total"] = time.perf_counter() - t0
             return report
         if plan.head is not None and job.todo:  # only what this update computes must fit
-            try:
-                workers.check_memory(client, plan.memory, len(job.todo), common.TASK_MODULES)
-            except workers.WorkerMemoryError:
-                job.store.abandon(job.draft)
-                raise
+            _check_update_memory(client, plan, job)
         with _draft_failures(job, plan, positives, out):
             _encode_and_commit(client, model, model_path, positives, plan, job, lease,
                                report, options.progress, (t0, t1))
@@ -171,6 +167,16 @@ def _kept_as_it_is(report: JobReport, model, plan: EncodePlan, job: _Draft) -> b
             "up to date (model metadata updated)" if meta.get("n_rows") == plan.n_rows \
             else "verified"
     return False
+
+
+def _check_update_memory(client, plan: EncodePlan, job: _Draft) -> None:
+    """The workers' memory checked for the partitions an update encodes; its draft is
+    abandoned when they do not fit."""
+    try:
+        workers.check_memory(client, plan.memory, len(job.todo), common.TASK_MODULES)
+    except workers.WorkerMemoryError:
+        job.store.abandon(job.draft)
+        raise
 
 
 def _encode_and_commit(client, model, model_path, positives, plan: EncodePlan, job: _Draft,
