@@ -8,7 +8,8 @@ import pytest
 import zarr
 
 from slem_dask import KernelSLEM, LinearSLEM, load_model, pipeline, storage
-from slem_dask.pipeline import EncodeOptions, FitOptions
+from slem_dask.pipeline import EncodeOptions, FitOptions, SearchOptions
+from slem_dask.pipeline.search import open_search_result
 from slem_dask.pipeline.encode_plan import plan_encode
 from slem_dask.pipeline.fit import plan_statistics
 from slem_dask.parallel.blocks import statistics_partition_rows
@@ -127,3 +128,21 @@ def test_loose_keywords_beside_the_objects_are_refused(corpus, tmp_path):
         pipeline.fit_job(None, corpus["negatives"], model, estimator=LinearSLEM(),
                          options=FitOptions(repivot=True))
     assert not (tmp_path / "m.zarr").exists()  # every refusal before anything was written
+
+
+def test_search_with_options_equals_the_keyword_form(corpus, tmp_path):
+    codes = str(tmp_path / "codes.zarr")
+    pipeline.encode_job(None, corpus["model"], corpus["positives"], codes, partition_rows=40)
+    pipeline.search_job(None, codes, codes, str(tmp_path / "k.zarr"), k=7, partition_rows=40)
+    report = pipeline.search_job(None, codes, codes, str(tmp_path / "o.zarr"),
+                                 options=SearchOptions(k=7, partition_rows=40))
+    assert (report.facts["k"], report.facts["partitions"]) == (7, 5)
+    for a, b in zip(open_search_result(str(tmp_path / "o.zarr")),
+                    open_search_result(str(tmp_path / "k.zarr"))):
+        np.testing.assert_array_equal(a, b)
+    with pytest.raises(ValueError, match=r"^SearchOptions\.k must be an integer >= 1 "
+                                         r"\(results per query\), got 0$"):
+        SearchOptions(k=0)
+    with pytest.raises(ValueError, match=r"^force=True was given beside options="):
+        pipeline.search_job(None, codes, codes, str(tmp_path / "f.zarr"), force=True,
+                            options=SearchOptions())

@@ -20,10 +20,13 @@ def _jobs(args, client, spec, progress: bool):
         reports = [pipeline.fit_job(client, args.negatives, args.model,
                                     options=_fit_options(args, progress), **_model_keywords(args))]
     elif args.command == "search":
+        from ..pipeline.options import SearchOptions
+
         reports = [pipeline.search_job(client, args.queries, args.database, args.out,
-                                       k=args.k, partition_rows=args.partition_rows,
-                                       overwrite=args.overwrite, force=args.force,
-                                       progress=progress)]
+                                       options=SearchOptions(
+                                           k=args.k, partition_rows=args.partition_rows,
+                                           overwrite=args.overwrite, force=args.force,
+                                           progress=progress))]
     elif args.command == "evaluate":
         from ..pipeline import evaluate as evaluation
 

@@ -20,7 +20,8 @@ from dataclasses import dataclass
 
 from ..core.statistics import PRECISIONS
 
-__all__ = ["FitOptions", "EncodeOptions", "ON_MODEL_CHANGE", "options_from"]
+__all__ = ["FitOptions", "EncodeOptions", "SearchOptions", "ON_MODEL_CHANGE",
+           "options_from"]
 
 #: What an encode does with an output written with another model: refuse, or rebuild it.
 ON_MODEL_CHANGE = ("fail", "reencode")
@@ -100,6 +101,34 @@ class EncodeOptions:
                              f"(the model's), got {self.precision!r}")
 
     def replace(self, **changes) -> EncodeOptions:
+        """A copy with ``changes`` (checked again)."""
+        return dataclasses.replace(self, **changes)
+
+
+@dataclass(frozen=True)
+class SearchOptions:
+    """How a search runs (see :func:`slem_dask.pipeline.search_job`).
+
+    ``k``: results per query (at most the database's rows); ``partition_rows``: rows
+    per partition (None: from the store); ``overwrite``: replace a search result;
+    ``force``: search encodings of different models; ``progress``: a progress bar.
+    """
+
+    k: int = 100
+    partition_rows: int | None = None
+    overwrite: bool = False
+    force: bool = False
+    progress: bool = False
+
+    def __post_init__(self):
+        if isinstance(self.k, bool) or not isinstance(self.k, numbers.Integral) \
+                or self.k < 1:
+            raise ValueError(f"SearchOptions.k must be an integer >= 1 (results per query), "
+                             f"got {self.k!r}")
+        _check_partition_rows(self)
+        _check_flags(self, ("overwrite", "force", "progress"))
+
+    def replace(self, **changes) -> SearchOptions:
         """A copy with ``changes`` (checked again)."""
         return dataclasses.replace(self, **changes)
 
