@@ -116,7 +116,7 @@ def naive_dask(path: str, out_path: str, mean, precision, rows: int) -> dict:
     return {"total": t.seconds}
 
 
-def main(argv=None) -> int:
+def main(argv=None) -> int:  # noqa: C901 - a driver: options, then each contender in turn
     parser = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     C.add_common_args(parser)
     C.add_run_args(parser)

@@ -1,6 +1,7 @@
 """The ``slem-dask`` command line: options (:mod:`.parser`), the commands that run jobs
-on a cluster (:mod:`.main`) and those that read or restore stores without one
-(:mod:`.stores`). The top layer: it may import every other package, and none imports it.
+on a cluster (:mod:`.main`: checks before a cluster in :mod:`.checks`, the jobs and their
+results in :mod:`.jobs`, errors, interrupts and a closed stdout in :mod:`.endings`) and
+those that read or restore stores without one (:mod:`.stores`). The top layer: it may import every other package, and none imports it.
 """
 
 

@@ -174,6 +174,19 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"slem-dask {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
+    _add_demo_command(sub)
+    _add_fit_command(sub)
+    _add_encode_command(sub)
+    _add_run_command(sub)
+    _add_search_command(sub)
+    _add_evaluate_command(sub)
+    _add_store_commands(sub)
+    parser.commands = sub.choices  # command -> its parser, for errors in its own words
+    return parser
+
+
+def _add_demo_command(sub) -> None:
+    """``demo``: a generated corpus, fitted, encoded and evaluated."""
     p = sub.add_parser("demo", help="generate a small corpus, fit, encode, evaluate, print a table")
     p.add_argument("--workdir", default="slem-demo", help="where the corpus and model go "
                    "(default: ./slem-demo)")
@@ -188,6 +201,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="seed of the generated corpus and of the kernel pivots (default: 0)")
     _add_cluster_args(p)
 
+
+def _add_fit_command(sub) -> None:
+    """``fit``: a model from negatives."""
     p = sub.add_parser("fit", help="fit a linear (or, with --kernel, kernel) SLEM model on "
                        "negatives (zarr, .npy, HDF5, TEXMEX)")
     p.add_argument("--negatives", required=True, metavar="PATH",
@@ -215,6 +231,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_partition_arg(p)
     _add_cluster_args(p)
 
+
+def _add_encode_command(sub) -> None:
+    """``encode``: positives with a fitted model."""
     p = sub.add_parser("encode", help="encode positives (zarr, .npy, HDF5, TEXMEX) with a fitted model")
     p.add_argument("--model", required=True, metavar="PATH", help="model written by `fit`")
     p.add_argument("--positives", required=True, metavar="PATH",
@@ -236,6 +255,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_partition_arg(p)
     _add_cluster_args(p)
 
+
+def _add_run_command(sub) -> None:
+    """``run``: a job spec."""
     p = sub.add_parser("run", help="run a job spec (TOML): fit and encode steps, re-runnable")
     p.add_argument("spec", metavar="SPEC.toml", help="job spec, e.g. jobs/demo.toml")
     p.add_argument("--overwrite", action="store_true",
@@ -243,6 +265,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "written by slem-dask are ever replaced)")
     _add_cluster_args(p)
 
+
+def _add_search_command(sub) -> None:
+    """``search``: exact top-k of encodings."""
     p = sub.add_parser("search", help="exact top-k of encoded queries against an encoded "
                        "database; writes (scores, indices) to zarr")
     p.add_argument("--queries", required=True, metavar="PATH",
@@ -260,6 +285,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_partition_arg(p)
     _add_cluster_args(p)
 
+
+def _add_evaluate_command(sub) -> None:
+    """``evaluate``: the methods compared on a corpus or one's own descriptors."""
     p = sub.add_parser("evaluate", help="compare raw, PCA-whitening, E-SVM and SLEM on a "
                        "corpus: results table and precision-recall plot")
     p.add_argument("--corpus", metavar="PATH",
@@ -306,6 +334,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_partition_arg(p)
     _add_cluster_args(p)
 
+
+def _add_store_commands(sub) -> None:
+    """``verify``, ``versions``, ``rollback``, ``export``: stores, without a cluster."""
     p = sub.add_parser("verify", help="check a model, output or search result written by "
                        "slem-dask end to end (checksums, completeness); exit 1 on any problem")
     p.add_argument("paths", nargs="+", metavar="PATH", help="stores to check")
@@ -329,8 +360,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "`slem-dask versions PATH`)")
     p.add_argument("--overwrite", action="store_true",
                    help="replace an earlier export at OUT.zarr")
-    parser.commands = sub.choices  # command -> its parser, for errors in its own words
-    return parser
+
+
 
 
 

@@ -194,19 +194,8 @@ def candidate_topk(queries, database, k: int, offset: int = 0,
         return np.empty((q, k)), np.empty((q, k), dtype=np.int64)
     rows_per_block = database_rows or max(1, block_bytes // (4 * min(q, 1024)))
     rows_per_block = min(m, max(rows_per_block, 1))
-    with np.errstate(over="ignore"):  # beyond float32: an infinite norm, the exact path
-        q32 = queries.astype(np.float32, copy=False)
-        q_norms = row_norm_bounds(q32)
-        x_norm = max((float(row_norm_bounds(database[j:j + rows_per_block]
-                                            .astype(np.float32, copy=False)).max())
-                      for j in range(0, m, rows_per_block)), default=0.0)
-    finite = True
-    for name, norms, array in (("queries", q_norms.max(), queries),
-                               ("database", x_norm, database)):
-        if not np.isfinite(norms):
-            finite = False
-            if on_nonfinite is not None:
-                on_nonfinite(name, array)
+    q32, q_norms, x_norm = _norm_bounds(queries, database, rows_per_block)
+    finite = _norms_finite(queries, database, q_norms, x_norm, on_nonfinite)
     factor = score_error_factor(d)
     if not finite or 2 * k >= m or not np.isfinite(factor) or \
             float(q_norms.max()) * x_norm * (1 + factor) + _underflow_term(d) >= _NO_OVERFLOW:
@@ -216,41 +205,81 @@ def candidate_topk(queries, database, k: int, offset: int = 0,
     # float64 values that underflow float32 in the cast lose < 2**-149 each, absolutely
     margin = factor * q_norms * x_norm + _underflow_term(d) + \
         2.0**-140 * np.sqrt(d) * (q_norms + x_norm + 1)
-    cap = 4 * k + 1024
     group = max(1, min(q, block_bytes // (4 * rows_per_block)))
     scores = np.empty((q, k))
     indices = np.empty((q, k), dtype=np.int64)
-    buffer = np.empty(group * rows_per_block, dtype=np.float32)
-    mask = np.empty(group * rows_per_block, dtype=bool)
+    buffers = (np.empty(group * rows_per_block, dtype=np.float32),
+               np.empty(group * rows_per_block, dtype=bool))
     for i in range(0, q, group):
-        qb = q32[i:i + group]
-        found = _Candidates(len(qb), k, margin[i:i + group], cap)
-        for j in range(0, m, rows_per_block):
-            xb = database[j:j + rows_per_block].astype(np.float32, copy=False)
-            shape = (len(qb), len(xb))  # contiguous views of the buffers
-            out = buffer[:shape[0] * shape[1]].reshape(shape)
-            np.matmul(qb, xb.T, out=out)
-            found.add(out, j, mask[:out.size].reshape(shape))
-        rows, cols = found.final()
-        fast = ~found.too_many
-        stats["candidate_rows"] += int(fast.sum())
-        stats["candidates"] += int(rows.size)
-        if fast.all():
-            scores[i:i + group], indices[i:i + group] = rescore_and_rank(
-                queries[i:i + group], database, rows, cols, len(qb), k, offset)
-            continue
-        slow = np.flatnonzero(~fast)
-        stats["exact_rows"] += slow.size
-        # renumber the fast rows 0.. so the padded candidate table has only them
-        renumber = np.cumsum(fast) - 1
-        fast_rows = np.flatnonzero(fast)
-        if fast_rows.size:
-            part = rescore_and_rank(queries[i:i + group][fast_rows], database,
-                                     renumber[rows], cols, fast_rows.size, k, offset)
-            scores[i + fast_rows], indices[i + fast_rows] = part
-        part = exact_topk_search(queries[i:i + group][slow], database, k, offset,
-                                 block_bytes=block_bytes)
-        scores[i + slow], indices[i + slow] = part
+        found = _candidates_of(q32[i:i + group], database, margin[i:i + group], k,
+                               rows_per_block, buffers)
+        scores[i:i + group], indices[i:i + group] = _rank_candidates(
+            found, queries[i:i + group], database, k, offset, block_bytes, stats)
+    return scores, indices
+
+
+def _norm_bounds(queries, database, rows_per_block: int):
+    """(the queries in float32, upper bounds of their row norms, of the database's
+    largest row norm), read a block of database rows at a time."""
+    m = len(database)
+    with np.errstate(over="ignore"):  # beyond float32: an infinite norm, the exact path
+        q32 = queries.astype(np.float32, copy=False)
+        q_norms = row_norm_bounds(q32)
+        x_norm = max((float(row_norm_bounds(database[j:j + rows_per_block]
+                                            .astype(np.float32, copy=False)).max())
+                      for j in range(0, m, rows_per_block)), default=0.0)
+    return q32, q_norms, x_norm
+
+
+def _norms_finite(queries, database, q_norms, x_norm: float, on_nonfinite) -> bool:
+    """Whether every row norm is finite; ``on_nonfinite(name, array)`` told of each
+    input that has one that is not."""
+    finite = True
+    for name, norms, array in (("queries", q_norms.max(), queries),
+                               ("database", x_norm, database)):
+        if not np.isfinite(norms):
+            finite = False
+            if on_nonfinite is not None:
+                on_nonfinite(name, array)
+    return finite
+
+
+def _candidates_of(qb, database, margin, k: int, rows_per_block: int, buffers):
+    """The float32 candidates of the queries ``qb`` (float32) among every database row,
+    scored a block of rows at a time into the reused ``buffers`` (scores, mask)."""
+    buffer, mask = buffers
+    found = _Candidates(len(qb), k, margin, 4 * k + 1024)
+    for j in range(0, len(database), rows_per_block):
+        xb = database[j:j + rows_per_block].astype(np.float32, copy=False)
+        shape = (len(qb), len(xb))  # contiguous views of the buffers
+        out = buffer[:shape[0] * shape[1]].reshape(shape)
+        np.matmul(qb, xb.T, out=out)
+        found.add(out, j, mask[:out.size].reshape(shape))
+    return found
+
+
+def _rank_candidates(found, queries, database, k: int, offset: int, block_bytes: int,
+                     stats: dict):
+    """(scores, indices) of a group of ``queries``: their candidates re-scored in
+    float64, or the exact path for the queries with too many candidates."""
+    rows, cols = found.final()
+    fast = ~found.too_many
+    stats["candidate_rows"] += int(fast.sum())
+    stats["candidates"] += int(rows.size)
+    if fast.all():
+        return rescore_and_rank(queries, database, rows, cols, len(queries), k, offset)
+    scores = np.empty((len(queries), k))
+    indices = np.empty((len(queries), k), dtype=np.int64)
+    slow = np.flatnonzero(~fast)
+    stats["exact_rows"] += slow.size
+    # renumber the fast rows 0.. so the padded candidate table has only them
+    renumber = np.cumsum(fast) - 1
+    fast_rows = np.flatnonzero(fast)
+    if fast_rows.size:
+        scores[fast_rows], indices[fast_rows] = rescore_and_rank(
+            queries[fast_rows], database, renumber[rows], cols, fast_rows.size, k, offset)
+    scores[slow], indices[slow] = exact_topk_search(queries[slow], database, k, offset,
+                                                    block_bytes=block_bytes)
     return scores, indices
 
 

@@ -146,52 +146,8 @@ def check_rows(x: Rows, name: str, min_rows: int = 1) -> Array:
     dask-backed one stays lazy).
     """
     x = unwrap_xarray(x)
-    if is_dask_array(x):
-        if x.ndim != 2:
-            raise ValueError(
-                f"{name} must be a 2-D array (n_rows, n_features), got {x.ndim}-D "
-                f"shape {x.shape}{_reshape_hint(x, name)}"
-            )
-        if any(math.isnan(c) for c in x.chunks[0]):
-            raise ValueError(
-                f"{name} has unknown row chunk sizes {x.chunks[0]!r}; call "
-                f"{name}.compute_chunk_sizes() before passing it"
-            )
-        if len(x.chunks[1]) != 1:
-            raise ValueError(
-                f"{name} is chunked along columns (chunks {x.chunks[1]!r}); SLEM needs "
-                f"whole rows in each block: use {name}.rechunk({{1: -1}})"
-            )
-    else:
-        from scipy import sparse
-
-        if sparse.issparse(x):
-            raise TypeError(
-                f"{name} is a scipy sparse matrix of shape {x.shape}; sparse input is not "
-                f"supported: densify it with {name}.toarray()"
-            )
-        x = np.asarray(x)
-        if x.dtype == object:
-            try:
-                x = x.astype(np.float64)
-            except (TypeError, ValueError) as exc:
-                raise TypeError(
-                    f"{name} holds Python objects that are not all numbers (dtype object, "
-                    f"shape {x.shape}: {exc}); give an array of real numbers"
-                ) from None
-        if x.ndim != 2:
-            raise ValueError(
-                f"{name} must be a 2-D array (n_rows, n_features), got {x.ndim}-D "
-                f"shape {x.shape}{_reshape_hint(x, name)}"
-            )
-    if np.issubdtype(x.dtype, np.complexfloating):
-        raise ValueError(f"{name} has dtype {x.dtype}: Complex data not supported; give "
-                         f"an array of real numbers")
-    if not np.issubdtype(x.dtype, np.floating) and not np.issubdtype(x.dtype, np.integer):
-        raise TypeError(
-            f"{name} must hold real numbers, got dtype {x.dtype}; convert it with "
-            f".astype('float32')"
-        )
+    x = _checked_dask_rows(x, name) if is_dask_array(x) else _numpy_rows(x, name)
+    _check_real_dtype(x, name)
     if x.shape[1] == 0:
         raise ValueError(f"{name} has 0 feature(s) (shape={x.shape}) while a minimum of 1 "
                          f"is required: it has no features (columns)")
@@ -202,6 +158,64 @@ def check_rows(x: Rows, name: str, min_rows: int = 1) -> Array:
             f"{'row is' if min_rows == 1 else 'rows are'} needed)"
         )
     return x
+
+
+def _check_2d(x, name: str) -> None:
+    if x.ndim != 2:
+        raise ValueError(
+            f"{name} must be a 2-D array (n_rows, n_features), got {x.ndim}-D "
+            f"shape {x.shape}{_reshape_hint(x, name)}"
+        )
+
+
+def _checked_dask_rows(x, name: str):
+    """A dask array of whole rows in blocks of known sizes, unchanged."""
+    _check_2d(x, name)
+    if any(math.isnan(c) for c in x.chunks[0]):
+        raise ValueError(
+            f"{name} has unknown row chunk sizes {x.chunks[0]!r}; call "
+            f"{name}.compute_chunk_sizes() before passing it"
+        )
+    if len(x.chunks[1]) != 1:
+        raise ValueError(
+            f"{name} is chunked along columns (chunks {x.chunks[1]!r}); SLEM needs "
+            f"whole rows in each block: use {name}.rechunk({{1: -1}})"
+        )
+    return x
+
+
+def _numpy_rows(x, name: str) -> np.ndarray:
+    """Anything numpy can convert (not a sparse matrix) as a 2-D numpy array; an array
+    of Python numbers (dtype object) as float64."""
+    from scipy import sparse
+
+    if sparse.issparse(x):
+        raise TypeError(
+            f"{name} is a scipy sparse matrix of shape {x.shape}; sparse input is not "
+            f"supported: densify it with {name}.toarray()"
+        )
+    x = np.asarray(x)
+    if x.dtype == object:
+        try:
+            x = x.astype(np.float64)
+        except (TypeError, ValueError) as exc:
+            raise TypeError(
+                f"{name} holds Python objects that are not all numbers (dtype object, "
+                f"shape {x.shape}: {exc}); give an array of real numbers"
+            ) from None
+    _check_2d(x, name)
+    return x
+
+
+def _check_real_dtype(x, name: str) -> None:
+    if np.issubdtype(x.dtype, np.complexfloating):
+        raise ValueError(f"{name} has dtype {x.dtype}: Complex data not supported; give "
+                         f"an array of real numbers")
+    if not np.issubdtype(x.dtype, np.floating) and not np.issubdtype(x.dtype, np.integer):
+        raise TypeError(
+            f"{name} must hold real numbers, got dtype {x.dtype}; convert it with "
+            f".astype('float32')"
+        )
 
 
 def check_n_features(x, expected: int, name: str, fitted_on: str = "the model") -> None:

@@ -52,7 +52,7 @@ are per block and per merge node).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -264,17 +264,7 @@ def incomplete_cholesky(x, cfg: CholeskyConfig, block_rows: int = 4096,
     the final pass writes each partition's statistics there and reuses those that a
     killed run with the same pivots wrote.
     """
-    if streaming:
-        if cfg.gather:
-            raise ValueError(
-                "streaming=True cannot gather F and the rows (gather=True, KernelSLEM's "
-                "exact=True keeps all n rows in the model): use the in-memory path")
-        rounds = StreamingRounds(x, name, block_rows, checkpoint)
-    elif is_dask_array(x):
-        rounds = _DaskRounds(x, name)
-    else:
-        rounds = _NumpyRounds(row_blocks(x, block_rows), name)
-    d = x.shape[1]
+    rounds = _rounds_for(x, cfg, name, block_rows, streaming, checkpoint)
     summary = rounds.start(cfg, _candidates(cfg, 0))
     trace, max_diag = summary.trace, summary.max_diag
 
@@ -284,12 +274,55 @@ def incomplete_cholesky(x, cfg: CholeskyConfig, block_rows: int = 4096,
 
     report(1, 0, summary)
     floor = BREAKDOWN * max_diag
-    pivots: list[np.ndarray] = []
-    pivot_rows = np.empty((0, d))
-    lower = np.zeros((0, 0))
-    t, round_no, empty = 0, 0, 0
+    factor = _Pivoted(pivot_rows=np.empty((0, x.shape[1])))
+    round_no, summary = _pivot_rounds(rounds, cfg, summary, trace, floor, factor, report)
+    if factor.t == 0:
+        raise RowsError(name, _zero_kernel_detail(cfg, floor))
+    result = CholeskyResult(
+        pivots=np.concatenate(factor.pivots).astype(np.int64), pivot_rows=factor.pivot_rows,
+        pivot_factor=factor.lower, stats=summary.stats, trace=float(trace),
+        residual_trace=float(summary.residual), rounds=round_no + 1)
+    if cfg.gather:
+        parts = sorted(summary.gathered, key=lambda g: g[0])
+        result.factor = np.concatenate([g[1] for g in parts])
+        result.rows = np.concatenate([g[2] for g in parts]).astype(np.float64, copy=False)
+    return result
+
+
+def _rounds_for(x, cfg: CholeskyConfig, name: str, block_rows: int, streaming: bool,
+                checkpoint):
+    """The backend that runs the passes: streaming, dask (in memory) or numpy."""
+    if streaming:
+        if cfg.gather:
+            raise ValueError(
+                "streaming=True cannot gather F and the rows (gather=True, KernelSLEM's "
+                "exact=True keeps all n rows in the model): use the in-memory path")
+        return StreamingRounds(x, name, block_rows, checkpoint)
+    if is_dask_array(x):
+        return _DaskRounds(x, name)
+    return _NumpyRounds(row_blocks(x, block_rows), name)
+
+
+@dataclass
+class _Pivoted:
+    """The pivots taken so far: their indices (per round), rows, the lower factor of
+    their kernel block, and their number ``t``."""
+
+    pivot_rows: np.ndarray
+    pivots: list = field(default_factory=list)
+    lower: np.ndarray = field(default_factory=lambda: np.zeros((0, 0)))
+    t: int = 0
+
+
+def _pivot_rounds(rounds, cfg: CholeskyConfig, summary, trace: float, floor: float,
+                  factor: _Pivoted, report):
+    """Pass after pass, pivots chosen from the last pass's summary and added to
+    ``factor``, until a stopping rule holds; then the final pass for the statistics of
+    F. Returns (the last round's number, the final summary)."""
+    round_no, empty = 0, 0
     while True:
         round_no += 1
+        t = factor.t
         stop = (t >= cfg.rank or summary.max_residual <= floor
                 or summary.residual <= cfg.tol * trace or empty >= MAX_EMPTY_ROUNDS)
         chosen = None if stop else _choose(summary, cfg, t, floor, round_no)
@@ -297,28 +330,17 @@ def incomplete_cholesky(x, cfg: CholeskyConfig, block_rows: int = 4096,
             # Nothing left to add: one more pass for the statistics of F.
             summary = rounds.step(None, cfg, 1, round_no, final=True)
             report(round_no + 1, t, summary)
-            break
+            return round_no, summary
         idx, acc = chosen
-        s = len(idx)
-        empty = 0 if s else empty + 1
-        if s:
-            pivots.append(idx)
-            pivot_rows = np.vstack([pivot_rows, acc.rows])
-            lower = _grow_lower(lower, acc)
-            t += s
-        final = t >= cfg.rank
-        summary = rounds.step(acc if s else None, cfg, _candidates(cfg, t), round_no, final)
-        report(round_no + 1, t, summary)
+        empty = 0 if len(idx) else empty + 1
+        if len(idx):
+            factor.pivots.append(idx)
+            factor.pivot_rows = np.vstack([factor.pivot_rows, acc.rows])
+            factor.lower = _grow_lower(factor.lower, acc)
+            factor.t += len(idx)
+        final = factor.t >= cfg.rank
+        summary = rounds.step(acc if len(idx) else None, cfg, _candidates(cfg, factor.t),
+                              round_no, final)
+        report(round_no + 1, factor.t, summary)
         if final:
-            break
-    if t == 0:
-        raise RowsError(name, _zero_kernel_detail(cfg, floor))
-    result = CholeskyResult(
-        pivots=np.concatenate(pivots).astype(np.int64), pivot_rows=pivot_rows,
-        pivot_factor=lower, stats=summary.stats, trace=float(trace),
-        residual_trace=float(summary.residual), rounds=round_no + 1)
-    if cfg.gather:
-        parts = sorted(summary.gathered, key=lambda g: g[0])
-        result.factor = np.concatenate([g[1] for g in parts])
-        result.rows = np.concatenate([g[2] for g in parts]).astype(np.float64, copy=False)
-    return result
+            return round_no, summary

@@ -9,11 +9,13 @@ import dask
 import numpy as np
 
 from .. import storage
-from ..models import RawFeatures
+from ..models import KernelSLEM, LinearSLEM, RawFeatures
+from ..core.validation import DEFAULT_LAM
 
 from .common import JobReport
-from .fit import fit_job
+from .fit import KERNEL_LAM, fit_job
 from .encode import encode_job
+from .options import EncodeOptions, FitOptions
 
 
 def _ranked(queries, database, k: int):
@@ -31,47 +33,61 @@ def demo_job(client, workdir: str = "slem-demo", n_negatives: int = 50_000,
     Returns the results table (one row per method) and the job reports. ``lam``: linear
     SLEM's (default "0.01x"); the kernel model takes it when it is a number, else 1e-3.
     """
-    from ..datasets import make_corpus, write_corpus
-    from ..retrieval.metrics import mean_average_precision, precision_recall_at_k
-
     os.makedirs(workdir, exist_ok=True)
     corpus_path = os.path.join(workdir, "corpus.zarr")
     params = {"n_negatives": n_negatives, "n_instances": n_instances,
               "group_size": group_size, "d": d, "seed": seed}
+    reports = [_generate_corpus(corpus_path, params)]
+    # rbf kernel SLEM: gamma 0.5 suits these L2-normalized rows (median squared
+    # distance between negatives ~0.5); 256 rpcholesky pivots take a few passes.
+    kernel = KernelSLEM(kernel="rbf", gamma=0.5, rank=min(256, n_negatives),
+                        lam=lam if isinstance(lam, (int, float)) else KERNEL_LAM,  # "0.01x":
+                        pivoting="rpcholesky", tol=0.0, random_state=seed)  # linear only
+    for estimator, name, prefix in ((LinearSLEM(lam=DEFAULT_LAM if lam is None else lam),
+                                     "model.zarr", "slem"),
+                                    (kernel, "kernel_model.zarr", "kslem")):
+        reports += _fit_and_encode(client, corpus_path, os.path.join(workdir, name),
+                                   estimator, prefix, progress)
+    return _score_methods(corpus_path, group_size), reports
+
+
+def _generate_corpus(corpus_path: str, params: dict) -> JobReport:
+    """The demo's corpus at ``corpus_path``, written unless one of ``params`` is there."""
+    from ..datasets import make_corpus, write_corpus
+
     t0 = time.perf_counter()
     try:
         existing = dict(storage.open_node(corpus_path).attrs)
     except Exception:  # noqa: BLE001 - no usable corpus there: write one
         existing = {}
     if existing.get("slem_dask_demo") != params:
-        corpus = make_corpus(n_negatives=n_negatives, n_instances=n_instances,
-                             group_size=group_size, d=d, seed=seed)
+        corpus = make_corpus(**params)
         write_corpus(corpus, corpus_path, chunk_rows=1024, attrs={"slem_dask_demo": params})
     generate = JobReport("generate corpus")
     generate.facts.update({"corpus": os.path.abspath(corpus_path), **params})
     generate.timings["total"] = time.perf_counter() - t0
+    return generate
 
-    model_path = os.path.join(workdir, "model.zarr")
-    reports = [generate]
+
+def _fit_and_encode(client, corpus_path: str, model_path: str, estimator, prefix: str,
+                    progress: bool) -> list[JobReport]:
+    """``estimator`` fitted on the corpus' negatives, then database and queries encoded
+    into ``{prefix}_database`` and ``{prefix}_queries`` of the corpus."""
     # Small partitions, so that even the demo runs as many parallel tasks.
-    reports.append(fit_job(client, f"{corpus_path}/negatives", model_path, lam=lam,
-                           partition_rows=8192, overwrite=True, progress=progress))
+    reports = [fit_job(client, f"{corpus_path}/negatives", model_path, estimator=estimator,
+                       options=FitOptions(partition_rows=8192, overwrite=True,
+                                          progress=progress))]
     for name in ("database", "queries"):
         reports.append(encode_job(client, model_path, f"{corpus_path}/{name}",
-                                  f"{corpus_path}/slem_{name}", partition_rows=1024,
-                                  overwrite=True, progress=progress))
-    # rbf kernel SLEM: gamma 0.5 suits these L2-normalized rows (median squared
-    # distance between negatives ~0.5); 256 rpcholesky pivots take a few passes.
-    kernel_path = os.path.join(workdir, "kernel_model.zarr")
-    kernel_lam = lam if isinstance(lam, (int, float)) else None  # "0.01x": linear only
-    reports.append(fit_job(client, f"{corpus_path}/negatives", kernel_path, lam=kernel_lam,
-                           partition_rows=8192, overwrite=True, progress=progress,
-                           kernel="rbf", gamma=0.5, rank=min(256, n_negatives),
-                           pivoting="rpcholesky", tol=0.0, seed=seed))
-    for name in ("database", "queries"):
-        reports.append(encode_job(client, kernel_path, f"{corpus_path}/{name}",
-                                  f"{corpus_path}/kslem_{name}", partition_rows=1024,
-                                  overwrite=True, progress=progress))
+                                  f"{corpus_path}/{prefix}_{name}",
+                                  options=EncodeOptions(partition_rows=1024, overwrite=True,
+                                                        progress=progress)))
+    return reports
+
+
+def _score_methods(corpus_path: str, group_size: int) -> list[dict]:
+    """The results table: mAP and P@group_size of raw features, linear and kernel SLEM."""
+    from ..retrieval.metrics import mean_average_precision, precision_recall_at_k
 
     group = storage.open_node(corpus_path)
     db_labels = np.asarray(group["database_labels"][...])
@@ -93,4 +109,4 @@ def demo_job(client, workdir: str = "slem-demo", n_negatives: int = 50_000,
         p_at, r_at = precision_recall_at_k(indices, relevant, group_size)
         rows.append({"method": method, "mAP": mean_average_precision(indices, relevant),
                      f"P@{group_size}": p_at, "search [s]": time.perf_counter() - t})
-    return rows, reports
+    return rows

@@ -4,6 +4,7 @@ fits in :mod:`.kernel_fit`), saved as a new committed version of the model store
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 
 from .. import storage
 from ..cluster import workers
@@ -21,6 +22,14 @@ from .fit_steps import (KERNEL_OPTIONS, _fit_errors, _open_negatives,
                         _save_fitted, _warnings_naming, check_same_params, model_bytes,
                         nothing_written)
 from .kernel_fit import _fit_kernel_job
+from .options import FitOptions, options_from
+
+
+#: The model keywords of :func:`fit_job` and their defaults: with ``estimator=`` given,
+#: each must stay at its default (the estimator carries them).
+MODEL_KEYWORDS = {"lam": None, "theta": 1.0, "kernel": None, "gamma": 0.1, "degree": 2,
+                  "rank": None, "pivoting": "greedy", "tol": 1e-3, "seed": None,
+                  "precision": "auto", "kernel_memory": "auto"}
 
 
 def fit_job(client, negatives: str, model_path: str, lam: float | str | None = None,
@@ -30,8 +39,14 @@ def fit_job(client, negatives: str, model_path: str, lam: float | str | None = N
             gamma: float = 0.1, degree: int = 2, rank: int | None = None,
             pivoting: str = "greedy", tol: float = 1e-3, seed: int | None = None,
             precision: str = "auto", kernel_memory: str = "auto",
-            repivot: bool = False) -> JobReport:
+            repivot: bool = False, *, estimator=None,
+            options: FitOptions | None = None) -> JobReport:
     """Fit a LinearSLEM on the zarr array ``negatives`` and save it to ``model_path``.
+
+    The library form: ``estimator`` (a :class:`LinearSLEM` or :class:`KernelSLEM`,
+    fitted in place and saved) and ``options`` (a :class:`FitOptions`: partition_rows,
+    overwrite, update, repivot, progress). The keywords are a convenience that builds
+    both (give either the keywords or the objects):
 
     With ``kernel`` set, fit a KernelSLEM instead (``gamma``, ``degree``,
     ``rank``, ``pivoting``, ``tol``, ``seed``; ``kernel_memory`` is its
@@ -49,79 +64,172 @@ def fit_job(client, negatives: str, model_path: str, lam: float | str | None = N
     inside each block, "float64" in float64 (see :class:`LinearSLEM`).
 
     ``lam``: a number (absolute) or "<c>x" (c times the negatives' tr(Sigma), linear
-    only); None: the model's default ("0.01x" linear, 1e-3 kernel).
+    only); None: the model's default ("0.01x" linear, 1e-3 kernel; an update keeps the
+    stored model's).
     """
+    options = options_from(FitOptions, options, partition_rows=partition_rows,
+                           overwrite=overwrite, update=update, repivot=repivot,
+                           progress=progress)
     negatives, model_path = canonical(negatives), canonical(model_path)
-    if lam is None and (update or repivot) and not overwrite:
-        lam = _stored_lam(model_path)  # an update keeps the model's lambda, as it was given
+    keywords = {"lam": lam, "theta": theta, "kernel": kernel, "gamma": gamma,
+                "degree": degree, "rank": rank, "pivoting": pivoting, "tol": tol,
+                "seed": seed, "precision": precision, "kernel_memory": kernel_memory}
+    if estimator is None:
+        estimator = estimator_from(model_path, options, **keywords)
+    else:
+        _check_no_model_keywords(estimator, keywords)
+    return fit_model(client, negatives, model_path, estimator, options)
+
+
+def estimator_from(model_path, options: FitOptions, lam=None, kernel=None, theta=1.0,
+                   precision="auto", kernel_memory="auto", **kernel_params):
+    """The estimator :func:`fit_job`'s keywords describe: a KernelSLEM with ``kernel``
+    (``kernel_params``: gamma, degree, rank, pivoting, tol, seed), else a LinearSLEM.
+    ``lam=None``: an update keeps the stored model's lambda, as it was given."""
+    if lam is None and (options.update or options.repivot) and not options.overwrite:
+        lam = _stored_lam(model_path)
     lam = kernel_lam(lam) if kernel is not None else DEFAULT_LAM if lam is None else lam
     if kernel is not None:
-        return _fit_kernel_job(client, negatives, model_path, KernelSLEM(
-            kernel=kernel, gamma=gamma, degree=degree, lam=lam, rank=rank, pivoting=pivoting,
-            tol=tol, random_state=seed, strategy=kernel_memory), partition_rows, overwrite,
-            update or repivot, progress, repivot)
-    if repivot or kernel_memory != "auto":
-        raise ValueError(f"{'repivot' if repivot else f'kernel_memory={kernel_memory!r}'} "
-                         f"applies to kernel models only (give kernel=...), not to a linear "
+        seed = kernel_params.pop("seed")
+        return KernelSLEM(kernel=kernel, lam=lam, random_state=seed,
+                          strategy=kernel_memory, **kernel_params)
+    if options.repivot or kernel_memory != "auto":
+        raise ValueError(f"{'repivot' if options.repivot else f'kernel_memory={kernel_memory!r}'}"
+                         f" applies to kernel models only (give kernel=...), not to a linear "
                          f"SLEM, whose fit always streams its negatives")
+    return LinearSLEM(lam=lam, theta=theta, precision=precision)
+
+
+def _check_no_model_keywords(estimator, keywords: dict) -> None:
+    """With ``estimator`` given, the model keywords must be at their defaults."""
+    for name, value in keywords.items():
+        if value != MODEL_KEYWORDS[name]:
+            raise ValueError(
+                f"{name}={value!r} was given beside estimator={type(estimator).__name__}"
+                f"(...): set it on the estimator (e.g. {type(estimator).__name__}"
+                f"(..., {name}=...)), or give keywords without estimator=")
+
+
+def fit_model(client, negatives, model_path, estimator,
+              options: FitOptions | None = None) -> JobReport:
+    """Fit ``estimator`` (a LinearSLEM or KernelSLEM, fitted in place) on the zarr
+    negatives and save it as a new version of ``model_path``: :func:`fit_job`'s work,
+    its paths canonical."""
+    options = options if options is not None else FitOptions()
+    negatives, model_path = canonical(negatives), canonical(model_path)
+    if isinstance(estimator, KernelSLEM):
+        return _fit_kernel_job(client, negatives, model_path, estimator, options)
+    if not isinstance(estimator, LinearSLEM):
+        raise TypeError(f"estimator must be a LinearSLEM or a KernelSLEM, got "
+                        f"{estimator!r} of type {type(estimator).__name__}")
+    if options.repivot:
+        raise ValueError("repivot applies to kernel models only (give kernel=...), not to "
+                         "a linear SLEM, whose fit always streams its negatives")
+    return _fit_linear(client, negatives, model_path, estimator, options)
+
+
+@dataclass(frozen=True)
+class StatisticsPlan:
+    """The partitions a linear fit reads: rows ``start`` to ``n`` of the negatives in
+    partitions of ``rows``, and what one task needs (for the workers' memory check)."""
+
+    start: int
+    n: int
+    rows: int
+    memory: workers.Plan
+
+    @property
+    def n_parts(self) -> int:
+        return -(-(self.n - self.start) // self.rows)
+
+
+def plan_statistics(arr, start: int, partition_rows: int | None, threads,
+                    precision: str) -> StatisticsPlan:
+    """The plan of a linear fit's statistics pass from the negatives' metadata (pure:
+    reads no rows). ``threads``: the cluster's threads, asked only when the store's
+    partitioning is chosen here (a callable)."""
+    n, d = int(arr.shape[0]), int(arr.shape[1])
+    rows = storage.row_partition(arr, partition_rows)
+    if partition_rows is None:
+        rows = statistics_partition_rows(n - start, d, storage.unit_rows(arr), rows,
+                                         threads())
+    memory = workers.Plan(
+        "fit", "negatives", rows, d, str(arr.dtype), workers.fit_task_bytes(
+            d, _sub_block_rows(arr, rows), arr.dtype, precision, merge_fan_in(d)),
+        0.0, 0, storage.unit_rows(arr))
+    return StatisticsPlan(start, n, rows, memory)
+
+
+def _fit_linear(client, negatives, model_path, model: LinearSLEM,
+                options: FitOptions) -> JobReport:
+    """A LinearSLEM fitted (or updated) on the zarr negatives, saved under the lease."""
     t0 = time.perf_counter()
-    model = LinearSLEM(lam=lam, theta=theta, precision=precision)
     model._check_params()
-    arr, exists = _open_negatives(negatives, model_path, overwrite, update)
-    if update and exists and not overwrite and _up_to_date(model_path, negatives, arr, model):
+    arr, exists = _open_negatives(negatives, model_path, options.overwrite, options.update)
+    if options.update and exists and not options.overwrite \
+            and _up_to_date(model_path, negatives, arr, model):
         # decided from the committed model alone: no lease taken, nothing written
-        report = _fit_report(negatives, arr, model, "up to date", 0)
-        report.facts["model"] = str(model_path)
-        report.timings["total"] = time.perf_counter() - t0
-        return report
+        return _linear_up_to_date(negatives, arr, model, model_path, t0)
     with common.full_disk_said(model_path, lambda: model_bytes(model, arr.shape[1]),
                                nothing_written(model_path)), \
             storage.Lease(model_path, "slem-dask fit") as lease:
-        update = update and exists and not overwrite  # --overwrite --update: refit
+        update = options.update and exists and not options.overwrite  # both: refit
         previous = _previous_statistics(model_path, negatives, arr, model) if update \
             else None
         start = previous.count if previous is not None else 0
         n = int(arr.shape[0])
-        report = _fit_report(negatives, arr, model,
-                             "update" if previous is not None else "fit", n - start)
         if previous is not None and start == n and \
                 load_model(model_path).get_params() == model.get_params():
-            report.facts["action"] = "up to date"
-            report.facts["model"] = str(model_path)
-            report.timings["total"] = time.perf_counter() - t0
-            return report
+            return _linear_up_to_date(negatives, arr, model, model_path, t0, "update")
+        report = _fit_report(negatives, arr, model,
+                             "update" if previous is not None else "fit", n - start)
         common.hint_small_chunks(report, arr, "negatives", negatives)
         seen = storage.rows_fingerprint(arr, negatives, "negatives", n)
         storage.check_workers_see(client, {"negatives": negatives})
-        rows = storage.row_partition(arr, partition_rows)
-        if partition_rows is None:
-            rows = statistics_partition_rows(n - start, arr.shape[1], storage.unit_rows(arr),
-                                             rows, _threads(client))
-        report.facts["partitions"] = f"{-(-(n - start) // rows)} x {rows} rows"
-        d = int(arr.shape[1])
-        workers.check_memory(client, workers.Plan(
-            "fit", "negatives", rows, d, str(arr.dtype), workers.fit_task_bytes(
-                d, _sub_block_rows(arr, rows), arr.dtype, precision, merge_fan_in(d)),
-            0.0, 0, storage.unit_rows(arr)), -(-(n - start) // rows), common.TASK_MODULES)
+        plan = plan_statistics(arr, start, options.partition_rows,
+                               lambda: _threads(client), model.precision)
+        report.facts["partitions"] = f"{plan.n_parts} x {plan.rows} rows"
+        workers.check_memory(client, plan.memory, plan.n_parts, common.TASK_MODULES)
         t1 = time.perf_counter()
-        with _fit_errors(negatives, model_path):
-            stats = (common._compute(client, store_statistics(arr, rows, precision,
-                                                              "negatives", start), progress)
-                     if start < n else None)
-            if previous is not None:
-                stats = previous if stats is None else merge_statistics(previous, stats)
-            t2 = time.perf_counter()
-            with _warnings_naming(negatives, report,
-                                  (DegenerateNegativesWarning, LambdaScaleWarning)):
-                model._fit_statistics(stats, arr.dtype, lambda: locate_nonfinite_rows(
-                    storage.dask_rows(arr, rows, name="negatives")[start:], client, start)[1])
-        if parse_lam(lam)[1]:  # relative: the absolute value it meant for these negatives
-            report.facts["lam"] = f"{lam} (= {model.lam_:.4g}: {lam[:-1]} x tr(Sigma))"
+        t2 = _fit_from_statistics(client, model, arr, negatives, model_path, plan, previous,
+                                  report, options.progress)
         fp = _save_fitted(model, arr, negatives, model_path, seen, lease)
     t3 = time.perf_counter()
     report.facts.update({"model": str(model_path), "fingerprint": fp[:16]})
     report.timings.update({"open": t1 - t0, "statistics": t2 - t1, "factor+save": t3 - t2,
                            "total": t3 - t0})
+    return report
+
+
+def _fit_from_statistics(client, model, arr, negatives, model_path, plan: StatisticsPlan,
+                         previous, report: JobReport, progress: bool) -> float:
+    """The statistics of the rows the plan reads (merged into ``previous``, if any),
+    and ``model`` fitted on them; returns when the statistics were done."""
+    start, n, rows = plan.start, plan.n, plan.rows
+    with _fit_errors(negatives, model_path):
+        stats = (common._compute(client, store_statistics(arr, rows, model.precision,
+                                                          "negatives", start), progress)
+                 if start < n else None)
+        if previous is not None:
+            stats = previous if stats is None else merge_statistics(previous, stats)
+        t2 = time.perf_counter()
+        with _warnings_naming(negatives, report,
+                              (DegenerateNegativesWarning, LambdaScaleWarning)):
+            model._fit_statistics(stats, arr.dtype, lambda: locate_nonfinite_rows(
+                storage.dask_rows(arr, rows, name="negatives")[start:], client, start)[1])
+    lam = model.lam
+    if parse_lam(lam)[1]:  # relative: the absolute value it meant for these negatives
+        report.facts["lam"] = f"{lam} (= {model.lam_:.4g}: {lam[:-1]} x tr(Sigma))"
+    return t2
+
+
+def _linear_up_to_date(negatives, arr, model, model_path, t0: float,
+                       action: str = "up to date") -> JobReport:
+    """The report of an update with nothing to write."""
+    report = _fit_report(negatives, arr, model, action, 0)
+    report.facts["action"] = "up to date"
+    report.facts["model"] = str(model_path)
+    report.timings["total"] = time.perf_counter() - t0
     return report
 
 

@@ -329,18 +329,39 @@ def run_spec(client, spec: JobSpec, overwrite: bool = False, progress: bool = Fa
         report.facts.update({"corpus": g.path, "negatives": g.n_negatives})
         done(report)
     if spec.fit is not None:
-        m = spec.model
-        kernel_args = {"precision": m.precision} if m.type == "linear" else {
-            "kernel": m.kernel, "gamma": m.gamma, "degree": m.degree, "rank": m.rank,
-            "pivoting": m.pivoting, "tol": m.tol, "seed": m.seed,
-            "kernel_memory": m.kernel_memory, "repivot": spec.fit.repivot}
-        done(pipeline.fit_job(
-            client, spec.fit.negatives, m.path, lam=m.lam, theta=m.theta,
-            partition_rows=spec.fit.partition_rows, overwrite=overwrite or not spec.fit.update,
-            update=spec.fit.update, progress=progress, **kernel_args))
+        done(pipeline.fit_job(client, spec.fit.negatives, spec.model.path,
+                              options=fit_options(spec, overwrite, progress),
+                              **model_keywords(spec.model)))
     for step in spec.encode:
-        done(pipeline.encode_job(
-            client, spec.model.path, step.positives, step.out, dtype=step.dtype,
-            partition_rows=step.partition_rows, overwrite=overwrite, progress=progress,
-            on_model_change=step.on_model_change, precision=step.precision))
+        done(pipeline.encode_job(client, spec.model.path, step.positives, step.out,
+                                 options=encode_options(step, overwrite, progress)))
     return reports
+
+
+def model_keywords(m: ModelSpec) -> dict:
+    """The ``[model]`` table as :func:`slem_dask.pipeline.fit_job`'s model keywords."""
+    if m.type == "linear":
+        return {"lam": m.lam, "theta": m.theta, "precision": m.precision}
+    return {"lam": m.lam, "theta": m.theta, "kernel": m.kernel, "gamma": m.gamma,
+            "degree": m.degree, "rank": m.rank, "pivoting": m.pivoting, "tol": m.tol,
+            "seed": m.seed, "kernel_memory": m.kernel_memory}
+
+
+def fit_options(spec: JobSpec, overwrite: bool, progress: bool):
+    """The ``[fit]`` table as a :class:`~slem_dask.pipeline.options.FitOptions`:
+    ``update = false`` refits (from scratch) on every run."""
+    from .options import FitOptions
+
+    f = spec.fit
+    return FitOptions(partition_rows=f.partition_rows, overwrite=overwrite or not f.update,
+                      update=f.update, progress=progress,
+                      repivot=f.repivot if spec.model.type != "linear" else False)
+
+
+def encode_options(step: EncodeSpec, overwrite: bool, progress: bool):
+    """One ``[[encode]]`` step as an :class:`~slem_dask.pipeline.options.EncodeOptions`."""
+    from .options import EncodeOptions
+
+    return EncodeOptions(dtype=step.dtype, partition_rows=step.partition_rows,
+                         overwrite=overwrite, progress=progress,
+                         on_model_change=step.on_model_change, precision=step.precision)

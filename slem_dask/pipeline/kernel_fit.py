@@ -50,19 +50,19 @@ def _round_lines(model):
     return on_round
 
 
-def _fit_kernel_job(client, negatives, model_path, model, partition_rows,
-                    overwrite: bool, update: bool = False, progress: bool = False,
-                    repivot: bool = False) -> JobReport:
+def _fit_kernel_job(client, negatives, model_path, model, options) -> JobReport:
     """Fit a KernelSLEM on zarr negatives: ``model.fit`` runs its rounds on ``client``.
 
-    With ``update``, a model of the same parameters fitted on the first rows of
+    With ``options.update``, a model of the same parameters fitted on the first rows of
     these negatives, unchanged since (their fingerprint), keeps its pivots: the
     rows appended since are read once (:meth:`KernelSLEM.update`), their factor
     rows' statistics merged into the stored ones; a model fitted on all current
-    rows is kept ("up to date"). ``repivot``: refit on all rows instead.
+    rows is kept ("up to date"). ``options.repivot``: refit on all rows instead.
     """
     t0 = time.perf_counter()
     model._check_params()
+    overwrite, repivot = options.overwrite, options.repivot
+    update = options.update or repivot
     arr, exists = _open_negatives(negatives, model_path, overwrite, update, repivot)
     n = int(arr.shape[0])
     if exists and update and not (overwrite or repivot) \
@@ -71,68 +71,32 @@ def _fit_kernel_job(client, negatives, model_path, model, partition_rows,
     with full_disk_said(model_path, lambda: _kernel_store_bytes(model, n, arr.shape[1]),
                         nothing_written(model_path)), \
             storage.Lease(model_path, "slem-dask fit") as lease:
-        action, old = "fit", None
         seen = storage.rows_fingerprint(arr, negatives, "negatives", n)
-        if exists and update and not overwrite:
-            meta, _ = storage.read_model_store(model_path)
-            flag = "--repivot" if repivot else "--update"
-            if meta["model"] != "KernelSLEM":
-                raise FileExistsError(
-                    f"model store {str(model_path)!r} holds a {meta['model']}, not a kernel "
-                    f"model; {flag} keeps the stored model's kind and parameters: pass "
-                    f"--overwrite to replace it with this kernel model, or drop --kernel to "
-                    f"update the {meta['model']}")
-            check_same_params(model, meta, model_path, flag)
-            if not repivot and meta.get("source") == negatives.url \
-                    and meta.get("n_samples") == n and meta.get("negatives_fingerprint") == seen:
-                return _up_to_date_report(negatives, n, model_path, t0)
-            if repivot:
-                action = "refit (--repivot)"
-            else:
-                old, action = _previous_kernel_model(model_path, meta, negatives, arr)
+        found = _stored_kernel_model(model_path, model, negatives, arr, seen, repivot) \
+            if exists and update and not overwrite else (None, "fit")
+        if found is None:
+            return _up_to_date_report(negatives, n, model_path, t0)
+        old, action = found
         storage.check_workers_see(client, {"negatives": negatives})
-        x = storage.dask_rows(arr, partition_rows, name="negatives")
+        x = storage.dask_rows(arr, options.partition_rows, name="negatives")
         start = old.n_samples_ if old is not None else 0
         report = JobReport("fit")
         report.facts.update({"negatives": str(negatives), "rows": n, "features": arr.shape[1],
                              "dtype": str(arr.dtype), "action": action})
         hint_small_chunks(report, arr, "negatives", negatives)
-        if old is None:
-            # the workers of this client, their memory limits
-            with (client.as_current() if client is not None else contextlib.nullcontext()):
-                strategy, why = choose_strategy(model.strategy, x, model.rank,
-                                                bool(model.exact), model.pivoting)
-        else:
-            strategy, why = "streaming", (f"--update keeps the {old.rank_} pivots and reads "
-                                          f"only the {n - start} appended rows, once")
-            if model.strategy != "auto":  # asked for, but an update has one way to run
-                why += (f" (kernel memory {model.strategy!r} applies to a fit from scratch: "
-                        f"--repivot)")
+        strategy, why = _kernel_strategy(client, model, x, old, n - start)
         report.facts.update({"kernel memory": strategy, "because": why})
         if strategy == "in-memory":  # its partitions do not bound what a worker holds
             note_memory_remedy(_in_memory_remedy(model, arr))
-        if progress:  # the choice, before the passes start
+        if options.progress:  # the choice, before the passes start
             print("\n".join(report.lines()), flush=True)
         checkpoint = (_final_pass_checkpoint(model_path, model, seen, x)
                       if old is None and strategy == "streaming" else None)
         t1 = time.perf_counter()
         with _fit_errors(negatives, model_path), \
                 _warnings_naming(negatives, report, TraceErrorWarning):
-            on_round = _print_round if progress else _round_lines(model)
-            with (client.as_current() if client is not None else contextlib.nullcontext()):
-                if old is None:
-                    given = model.strategy
-                    model.strategy = strategy  # the choice made above, not made again
-                    try:
-                        with warnings.catch_warnings():  # the choice above said it once
-                            warnings.simplefilter("ignore", KernelMemoryWarning)
-                            model.fit(x, progress=on_round, checkpoint=checkpoint)
-                    finally:
-                        model.strategy = given
-                else:
-                    model = old.update(x[start:], row_offset=start)
-            if progress and old is None:
-                sys.stdout.write("\n")
+            model = _factor(client, model, x, old, start, strategy, checkpoint,
+                            options.progress)
         t2 = time.perf_counter()
         model.strategy_, model.strategy_reason_ = strategy, why
         if checkpoint is not None and checkpoint.reused:
@@ -140,18 +104,82 @@ def _fit_kernel_job(client, negatives, model_path, model, partition_rows,
                                           f"{x.numblocks[0]} partitions reused from an "
                                           f"interrupted run's draft")
         fp = _save_fitted(model, arr, negatives, model_path, seen, lease)
-    t3 = time.perf_counter()
+    _kernel_report(report, model, model_path, fp, x[start:].numblocks[0], n - start,
+                   old is None, (t0, t1, t2, time.perf_counter()))
+    return report
+
+
+def _stored_kernel_model(model_path, model, negatives, arr, seen: str, repivot: bool):
+    """What an ``--update`` (``repivot``: ``--repivot``) does with the stored model:
+    (the model it updates, or None to refit; action), or None when the stored model is
+    up to date. Refuses a model of another kind or other parameters."""
+    meta, _ = storage.read_model_store(model_path)
+    flag = "--repivot" if repivot else "--update"
+    if meta["model"] != "KernelSLEM":
+        raise FileExistsError(
+            f"model store {str(model_path)!r} holds a {meta['model']}, not a kernel "
+            f"model; {flag} keeps the stored model's kind and parameters: pass "
+            f"--overwrite to replace it with this kernel model, or drop --kernel to "
+            f"update the {meta['model']}")
+    check_same_params(model, meta, model_path, flag)
+    if not repivot and meta.get("source") == negatives.url \
+            and meta.get("n_samples") == int(arr.shape[0]) \
+            and meta.get("negatives_fingerprint") == seen:
+        return None
+    if repivot:
+        return None, "refit (--repivot)"
+    return _previous_kernel_model(model_path, meta, negatives, arr)
+
+
+def _kernel_strategy(client, model, x, old, appended: int) -> tuple[str, str]:
+    """(in-memory or streaming, why): chosen for a fit from scratch on ``client``'s
+    workers; an update of ``old`` streams the ``appended`` rows."""
+    if old is None:
+        # the workers of this client, their memory limits
+        with (client.as_current() if client is not None else contextlib.nullcontext()):
+            return choose_strategy(model.strategy, x, model.rank, bool(model.exact),
+                                   model.pivoting)
+    why = (f"--update keeps the {old.rank_} pivots and reads only the {appended} appended "
+           f"rows, once")
+    if model.strategy != "auto":  # asked for, but an update has one way to run
+        why += f" (kernel memory {model.strategy!r} applies to a fit from scratch: --repivot)"
+    return "streaming", why
+
+
+def _factor(client, model, x, old, start: int, strategy: str, checkpoint, progress: bool):
+    """The fitted model: ``model`` fitted on ``x`` with ``strategy`` (the choice made
+    before, not made again), or ``old`` updated with the rows from ``start``."""
+    on_round = _print_round if progress else _round_lines(model)
+    with (client.as_current() if client is not None else contextlib.nullcontext()):
+        if old is not None:
+            return old.update(x[start:], row_offset=start)
+        given = model.strategy
+        model.strategy = strategy  # the choice made above, not made again
+        try:
+            with warnings.catch_warnings():  # the choice above said it once
+                warnings.simplefilter("ignore", KernelMemoryWarning)
+                model.fit(x, progress=on_round, checkpoint=checkpoint)
+        finally:
+            model.strategy = given
+    if progress:
+        sys.stdout.write("\n")
+    return model
+
+
+def _kernel_report(report: JobReport, model, model_path, fp: str, partitions: int,
+                   rows_read: int, from_scratch: bool, times) -> None:
+    """The facts and timings of a finished kernel fit, added to ``report``."""
+    t0, t1, t2, t3 = times
     params = model.get_params()
     report.facts.update({
-        "partitions": x[start:].numblocks[0], "rows read": n - start,
+        "partitions": partitions, "rows read": rows_read,
         **{flag: params[key] for key, flag in KERNEL_OPTIONS.items()},
         "pivots": model.rank_, "trace error": f"{model.trace_error_:.4g}",
-        "passes": model.n_passes_ if old is None else 1, "model": str(model_path),
+        "passes": model.n_passes_ if from_scratch else 1, "model": str(model_path),
         "fingerprint": fp[:16],
     })
-    report.timings.update({"open": t1 - t0, "factor" if old is None else "update": t2 - t1,
+    report.timings.update({"open": t1 - t0, "factor" if from_scratch else "update": t2 - t1,
                            "save": t3 - t2, "total": t3 - t0})
-    return report
 
 
 def _kernel_up_to_date(model_path, negatives, arr, model) -> bool:

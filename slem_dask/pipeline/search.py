@@ -12,6 +12,7 @@ from .._version import __version__
 from ..retrieval.topk import search
 from ..storage.paths import shown_path
 from .common import JobReport, _compute, full_disk_said
+from .options import SearchOptions, options_from
 
 __all__ = ["check_search_inputs", "search_job", "open_search_result"]
 
@@ -50,8 +51,12 @@ def check_search_inputs(queries: str, database: str, k: int, force: bool = False
 
 def search_job(client, queries: str, database: str, out: str, k: int = 100,
                partition_rows: int | None = None, overwrite: bool = False,
-               force: bool = False, progress: bool = False) -> JobReport:
+               force: bool = False, progress: bool = False,
+               options: SearchOptions | None = None) -> JobReport:
     """Exact top-k of every query row against the database rows; write a zarr group.
+
+    ``options``: a :class:`SearchOptions` (its fields are the keywords ``k`` ...
+    ``progress``, which build one when it is not given; give one or the other).
 
     ``out`` gets arrays ``scores`` (float64) and ``indices`` (int64), each
     (n_queries, k), best first, ties to the lower database index, and the
@@ -59,12 +64,15 @@ def search_job(client, queries: str, database: str, out: str, k: int = 100,
     is written beside ``out`` and renamed into place (local stores), under a
     lease, with a crc32c on every chunk. ``progress``: show a progress bar.
     """
+    options = options_from(SearchOptions, options, k=k, partition_rows=partition_rows,
+                           overwrite=overwrite, force=force, progress=progress)
+    k, force = options.k, options.force
     t0 = time.perf_counter()
     queries, database, out = map(storage.canonical, (queries, database, out))
     storage.check_distinct(out, "--out", {"queries": queries, "database": database})
     q_arr, db_arr = check_search_inputs(str(queries), str(database), k, force=force)
     if storage._exists(out):
-        if not overwrite:
+        if not options.overwrite:
             raise FileExistsError(f"output {str(out)!r} already exists; pass --overwrite to "
                                   f"replace it")
         storage.check_may_replace(out, "search result", kind="search")
@@ -78,10 +86,10 @@ def search_job(client, queries: str, database: str, out: str, k: int = 100,
         seen = {"queries": storage.read_version(q_arr, queries),
                 "database": storage.read_version(db_arr, database)}
         storage.check_workers_see(client, {"database": database})
-        db = storage.dask_rows(db_arr, partition_rows, name="database")
-        q = storage.dask_rows(q_arr, partition_rows, name="queries")
+        db = storage.dask_rows(db_arr, options.partition_rows, name="database")
+        q = storage.dask_rows(q_arr, options.partition_rows, name="queries")
         t1 = time.perf_counter()
-        scores, indices = _compute(client, search(q, db, k), progress=progress)
+        scores, indices = _compute(client, search(q, db, k), progress=options.progress)
         t2 = time.perf_counter()
         read = {"queries": storage.read_version(q_arr, queries),
                 "database": storage.read_version(db_arr, database)}
@@ -89,21 +97,26 @@ def search_job(client, queries: str, database: str, out: str, k: int = 100,
             raise ValueError(
                 f"the queries or the database changed while they were searched "
                 f"({seen} -> {read}); nothing was written: run the search again")
-        meta = {"kind": "search", "complete": True, "k": int(k), "queries": queries.url,
-                "database": database.url, "inputs": seen, "n_queries": int(q.shape[0]),
-                "n_database": int(db_arr.shape[0]), "package_version": __version__,
-                "completed": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
-        storage.write_group(out, meta, {"scores": scores.astype(np.float64),
-                                        "indices": indices.astype(np.int64)},
+        storage.write_group(out, _result_meta(queries, database, k, seen, q_arr, db_arr),
+                            {"scores": scores.astype(np.float64),
+                             "indices": indices.astype(np.int64)},
                             "search result", overwrite=True, lease=lease)
         t3 = time.perf_counter()
-    timings = {"open": t1 - t0, "search": t2 - t1, "write": t3 - t2, "total": t3 - t0}
     report = JobReport("search")
     report.facts.update({"queries": str(queries), "database": str(database),
                          "rows": f"{q.shape[0]} x {db_arr.shape[0]}", "k": k,
                          "partitions": db.numblocks[0], "out": str(out)})
-    report.timings.update(timings)
+    report.timings.update({"open": t1 - t0, "search": t2 - t1, "write": t3 - t2,
+                           "total": t3 - t0})
     return report
+
+
+def _result_meta(queries, database, k: int, seen: dict, q_arr, db_arr) -> dict:
+    """The search result's ``slem_dask`` attribute: complete, and what it was read from."""
+    return {"kind": "search", "complete": True, "k": int(k), "queries": queries.url,
+            "database": database.url, "inputs": seen, "n_queries": int(q_arr.shape[0]),
+            "n_database": int(db_arr.shape[0]), "package_version": __version__,
+            "completed": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
 
 
 def open_search_result(path: str) -> tuple[np.ndarray, np.ndarray]:

@@ -42,14 +42,25 @@ def verify(path) -> tuple[str, list[str]]:
 def _verify_current(path) -> tuple[str, list[str]]:
     kind = slem_dask_kind(path)
     if kind is None:
-        if unreadable_marker(path):
-            return "unknown", ["its metadata document 'zarr.json' cannot be read: the store "
-                               "is damaged, or is not a zarr v3 store"]
-        if not _exists(path.child("zarr.json")):
-            return "unknown", [f"{str(path)!r} is not a zarr store (no 'zarr.json' in it): "
-                               f"give the path of a model, output, search result or corpus "
-                               f"that slem-dask wrote"]
-        return "unknown", [f"{str(path)!r} was not written by slem-dask (no '{ATTR}' marker)"]
+        return "unknown", [_not_marked(path)]
+    if kind in ("model", "search", "corpus"):
+        return _verify_group(kind, path)
+    return _verify_output(path)
+
+
+def _not_marked(path) -> str:
+    """Why ``path`` holds nothing slem-dask wrote (no marker)."""
+    if unreadable_marker(path):
+        return ("its metadata document 'zarr.json' cannot be read: the store is damaged, "
+                "or is not a zarr v3 store")
+    if not _exists(path.child("zarr.json")):
+        return (f"{str(path)!r} is not a zarr store (no 'zarr.json' in it): give the path "
+                f"of a model, output, search result or corpus that slem-dask wrote")
+    return f"{str(path)!r} was not written by slem-dask (no '{ATTR}' marker)"
+
+
+def _verify_group(kind: str, path) -> tuple[str, list[str]]:
+    """A model, search result or corpus read whole (each array checked as it is read)."""
     if kind == "model":
         try:
             meta, _ = read_model_store(path)
@@ -62,13 +73,16 @@ def _verify_current(path) -> tuple[str, list[str]]:
         except ValueError as exc:
             return "search result", [str(exc)]
         return "search result", []
-    if kind == "corpus":
-        try:
-            group = _open_group(path)
-            read_group_arrays(group, path, "corpus")
-        except ValueError as exc:
-            return "corpus", [str(exc)]
-        return "corpus", []
+    try:
+        group = _open_group(path)
+        read_group_arrays(group, path, "corpus")
+    except ValueError as exc:
+        return "corpus", [str(exc)]
+    return "corpus", []
+
+
+def _verify_output(path) -> tuple[str, list[str]]:
+    """An encoder's output: complete, every chunk present, whole and the one recorded."""
     try:
         arr = open_node(path)
     except versions.VersionError as exc:

@@ -1,0 +1,347 @@
+"""The retrieval evaluation protocol of SLEM against its baselines (no storage: arrays in,
+numbers out; the ``slem-dask evaluate`` job that reads a corpus is :mod:`.evaluate`).
+
+* :data:`METHODS` names the encoders a results table compares (raw features,
+  PCA whitening, E-SVM, linear SLEM, kernel SLEM);
+* :func:`evaluate_methods` fits each on the negatives, encodes database and
+  queries, searches exactly and measures mAP, P@k, encode time per positive
+  and total time; :func:`pr_curve` gives each method's precision-recall curve;
+  :func:`grid_search` does so for each setting of a parameter grid;
+* :func:`format_table` and :func:`plot_pr_curves` present them; :func:`export_faiss`
+  hands encodings to FAISS.
+"""
+
+from __future__ import annotations
+
+import time
+
+import dask
+import numpy as np
+
+from ..retrieval.metrics import mean_average_precision, precision_recall_at_k
+from ..retrieval.topk import search
+from ..core.validation import check_rows, is_dask_array, rows_text
+
+
+#: Method name -> description, in the order of the paper's tables.
+METHODS = {
+    "raw": "raw features (L2-normalized)",
+    "pca": "PCA + whitening",
+    "esvm": "E-SVM (hinge, SGD)",
+    "slem": "linear SLEM",
+    "kernel": "kernel SLEM",
+}
+
+#: Longest full ranking kept for mAP and PR curves when k is not given.
+_FULL_RANKING_MAX = 10_000
+
+def parse_methods(text) -> list[str]:
+    """'raw,pca,slem' (or a list) -> ['raw', 'pca', 'slem'], refusing unknown names."""
+    names = [m.strip().lower() for m in (text.split(",") if isinstance(text, str) else text)]
+    names = [m for m in names if m]
+    if not names:
+        raise ValueError(f"methods: no method given; choose from {', '.join(METHODS)}")
+    unknown = [m for m in names if m not in METHODS]
+    if unknown:
+        raise ValueError(
+            f"methods: unknown method(s) {', '.join(map(repr, unknown))}; the allowed "
+            f"methods are {', '.join(METHODS)} (comma-separated, e.g. raw,pca,slem,esvm)"
+        )
+    if len(set(names)) != len(names):
+        raise ValueError(f"methods: {text!r} names a method twice")
+    return names
+
+def make_estimator(name: str, params: dict | None = None):
+    """A fresh, unfitted estimator for method ``name``; ``params`` go to its constructor."""
+    from ..models import ESVM, LinearSLEM, PCAWhitening, RawFeatures
+
+    params = dict(params or {})
+    if name == "kernel":
+        try:
+            from ..models import KernelSLEM
+        except ImportError:  # pragma: no cover - depends on the installed version
+            raise ValueError("methods: this slem-dask has no kernel SLEM model") from None
+        # The demo's kernel settings: rank-256 rbf by randomly pivoted Cholesky (a few
+        # passes over the negatives), gamma ~ 1 / median squared distance of unit rows.
+        defaults = {"kernel": "rbf", "gamma": 0.5, "rank": 256, "pivoting": "rpcholesky",
+                    "tol": 0.0, "random_state": 0}
+        return KernelSLEM(**{**defaults, **params})
+    classes = {"raw": RawFeatures, "pca": PCAWhitening, "esvm": ESVM, "slem": LinearSLEM}
+    if name not in classes:
+        parse_methods([name])
+    return classes[name](**params)
+
+def relevant_from_labels(database_labels, query_labels) -> list[np.ndarray]:
+    """Database indices sharing each query's label; an error names queries with none."""
+    database_labels = np.asarray(database_labels)
+    query_labels = np.asarray(query_labels)
+    if database_labels.ndim != 1 or query_labels.ndim != 1:
+        raise ValueError(
+            f"labels must be 1-D, got database_labels shape {database_labels.shape} and "
+            f"query_labels shape {query_labels.shape}"
+        )
+    order = np.argsort(database_labels, kind="stable")
+    sorted_labels = database_labels[order]
+    starts = np.searchsorted(sorted_labels, query_labels, "left")
+    ends = np.searchsorted(sorted_labels, query_labels, "right")
+    empty = np.flatnonzero(ends == starts)
+    if empty.size:
+        shown = rows_text(empty, empty.size)
+        raise ValueError(
+            f"query_labels: {empty.size} of {len(query_labels)} queries (indices {shown}) "
+            f"have a label that no database row has, so their relevant set is empty and "
+            f"their AP undefined; drop those queries or add their matches to the database"
+        )
+    return [np.sort(order[s:e]) for s, e in zip(starts, ends, strict=True)]
+
+def pr_curve(indices, relevant, n_points: int = 101) -> tuple[np.ndarray, np.ndarray]:
+    """Mean interpolated precision-recall curve over queries.
+
+    For each query, precision at recall r is the best precision at any rank
+    whose recall is >= r (the usual interpolation; 0 for recall levels the
+    ranked list never reaches). Returns (recall levels, mean precision).
+    """
+    from ..retrieval.metrics import _check_per_query
+
+    indices = np.asarray(indices)
+    relevant = _check_per_query(relevant, "relevant", len(indices))
+    levels = np.linspace(0.0, 1.0, n_points)
+    total = np.zeros(n_points)
+    for ranking, rel in zip(indices, relevant, strict=True):
+        hits = np.isin(ranking, rel)
+        cum = np.cumsum(hits)
+        precision = cum / np.arange(1, len(ranking) + 1)
+        recall = cum / len(rel)
+        # best precision at recall >= r: running max from the end
+        best = np.maximum.accumulate(precision[::-1])[::-1]
+        pos = np.searchsorted(recall, levels, side="left")
+        reached = pos < len(ranking)
+        total[reached] += best[pos[reached]]
+    return levels, total / len(indices)
+
+def _as_numpy(x):
+    if is_dask_array(x):
+        (x,) = dask.compute(x)
+    return np.asarray(x)
+
+def evaluate_methods(negatives, database, queries, relevant, methods=("raw", "pca", "esvm", "slem"),
+                     k: int | None = None, p_at: int | None = None,
+                     params: dict[str, dict] | None = None, curves: bool = True,
+                     min_time: float = 0.0):
+    """Fit each method on ``negatives``, encode database and queries, search, score.
+
+    Arrays may be numpy or dask (dask ones are computed where needed, on the
+    current scheduler). ``params``: method name -> constructor parameters.
+    ``k``: ranking length (default: the whole database up to 10,000 rows).
+    ``p_at``: the k of P@k (default: the median size of the relevant sets).
+
+    ``min_time``: encoding is repeated until this many seconds have passed (at
+    most 50 runs) and the fastest run is reported: steadier timings of fast
+    encoders (benchmarks). Total time counts one run of each step.
+
+    Returns (rows, curves): rows are dicts with method, mAP, P@k, fit time,
+    encode time per positive and total time; curves maps method -> (recall,
+    precision) from :func:`pr_curve`.
+    """
+    methods = parse_methods(methods)
+    negatives, database, queries, relevant = _checked_arrays(negatives, database, queries,
+                                                             relevant)
+    n_db = database.shape[0]
+    if k is None:
+        k = min(n_db, _FULL_RANKING_MAX)
+    if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1 or k > n_db:
+        raise ValueError(f"k must be an integer between 1 and the database size {n_db}, "
+                         f"got {k!r}")
+    if p_at is None:
+        p_at = max(1, int(np.median([len(r) for r in relevant])))
+    params = params or {}
+    rows, pr = [], {}
+    for name in methods:
+        row, indices = _measure(name, make_estimator(name, params.get(name)), negatives,
+                                database, queries, relevant, k, p_at, min_time)
+        rows.append(row)
+        if curves:
+            pr[name] = pr_curve(indices, relevant)
+    return rows, pr
+
+
+def _checked_arrays(negatives, database, queries, relevant):
+    """The three arrays and the relevant sets, checked (rows, features, one non-empty
+    relevant set per query)."""
+    negatives = check_rows(negatives, "negatives", min_rows=2)
+    database = check_rows(database, "database")
+    queries = check_rows(queries, "queries")
+    for name, arr in (("database", database), ("queries", queries)):
+        if arr.shape[1] != negatives.shape[1]:
+            raise ValueError(
+                f"{name} has {arr.shape[1]} features but negatives have "
+                f"{negatives.shape[1]}; all three must be descriptors of the same dimension"
+            )
+    from ..retrieval.metrics import _check_per_query
+
+    relevant = _check_per_query(relevant, "relevant", queries.shape[0])
+    for i, rel in enumerate(relevant):
+        if rel.size == 0:
+            raise ValueError(f"relevant[{i}] is empty: query {i} has no relevant item; "
+                             f"drop that query")
+    return negatives, database, queries, relevant
+
+
+def _measure(name: str, model, negatives, database, queries, relevant, k: int, p_at: int,
+             min_time: float):
+    """One method's row of the table (``model`` fitted, its encodings searched and
+    scored) and its ranking."""
+    n_positives = database.shape[0] + queries.shape[0]
+    t0 = time.perf_counter()
+    model.fit(negatives)
+    t1 = time.perf_counter()
+    db = _as_numpy(model.transform(database))
+    q = _as_numpy(model.transform(queries))
+    t2 = time.perf_counter()
+    best = _fastest_encode(model, database, queries, t2 - t1, min_time)
+    t_search = time.perf_counter()
+    _, indices = search(q, db, k)
+    t3 = time.perf_counter()
+    total = (t2 - t0) + (t3 - t_search)  # one fit, one encode, one search
+    p, _ = precision_recall_at_k(indices, relevant, p_at)
+    return {
+        "method": name,
+        "mAP": mean_average_precision(indices, relevant),
+        f"P@{p_at}": p,
+        "fit [s]": t1 - t0,
+        "encode/positive [s]": best / n_positives,
+        "total [s]": total,
+    }, indices
+
+
+def _fastest_encode(model, database, queries, first: float, min_time: float) -> float:
+    """The fastest of the encodings repeated until ``min_time`` seconds have passed (at
+    most 50 runs, the first of which took ``first`` seconds)."""
+    encode = best = first
+    for _ in range(49):
+        if encode >= min_time:
+            break
+        t = time.perf_counter()
+        _as_numpy(model.transform(database))
+        _as_numpy(model.transform(queries))
+        run = time.perf_counter() - t
+        encode, best = encode + run, min(best, run)
+    return best
+
+
+def parameter_grid(grid: dict | None) -> list[dict]:
+    """Every combination of a {param: [values]} grid, in order (the last key varies
+    fastest); a scalar value counts as a one-value list; {} or None gives [{}]."""
+    import itertools
+
+    grid = {k: (list(v) if isinstance(v, (list, tuple, np.ndarray)) else [v])
+            for k, v in (grid or {}).items()}
+    for name, values in grid.items():
+        if not values:
+            raise ValueError(f"grid: parameter {name!r} has no values; give at least one")
+    return [dict(zip(grid, combo, strict=True)) for combo in itertools.product(*grid.values())]
+
+def _format_setting(params: dict) -> str:
+    return ", ".join(f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}"
+                     for k, v in params.items()) or "defaults"
+
+def grid_search(negatives, database, queries, relevant, grids: dict[str, dict],
+                k: int | None = None, p_at: int | None = None, curves: bool = False,
+                min_time: float = 0.0):
+    """Evaluate every setting of each method's parameter grid on a retrieval corpus.
+
+    ``grids``: method name -> {parameter: [values]} (a method with {} runs once
+    with its defaults), e.g. ``{"slem": {"lam": [1e-3, 1e-2, 1e-1]}, "kernel":
+    {"gamma": [0.25, 0.5, 1.0], "rank": [128, 256]}, "esvm": {"lam": [1e-2, 1e-1],
+    "n_iter": [1000, 3000]}}``. Each setting is fitted on ``negatives`` and scored
+    as in :func:`evaluate_methods` (same arguments).
+
+    Returns (rows, best, curves): rows as :func:`evaluate_methods`'s plus
+    "setting" (the parameters, as text) and "best" ("*" on the setting of highest
+    mAP of each method; ties to the first); ``best`` maps method -> its best
+    parameters; ``curves`` maps method -> the PR curve of its best setting (empty
+    unless ``curves=True``).
+    """
+    methods = parse_methods(list(grids))
+    rows, best, best_curves = [], {}, {}
+    for method in methods:
+        settings = parameter_grid(grids[method])
+        scored = []
+        for params in settings:
+            (row,), pr = evaluate_methods(negatives, database, queries, relevant, [method],
+                                          k=k, p_at=p_at, params={method: params},
+                                          curves=curves, min_time=min_time)
+            row = {"method": method, "setting": _format_setting(params), **{
+                key: value for key, value in row.items() if key != "method"}, "best": ""}
+            scored.append((row, params, pr.get(method)))
+        top = max(range(len(scored)), key=lambda i: (scored[i][0]["mAP"], -i))
+        scored[top][0]["best"] = "*"
+        best[method] = scored[top][1]
+        if curves:
+            best_curves[method] = scored[top][2]
+        rows += [r for r, _, _ in scored]
+    return rows, best, best_curves
+
+def format_table(rows: list[dict]) -> str:
+    """Aligned text table; floats with 4 significant digits."""
+    cols = list(rows[0])
+
+    def fmt(v):
+        if isinstance(v, float):
+            return f"{v:.4f}" if 1e-3 <= abs(v) < 1e4 or v == 0 else f"{v:.3e}"
+        return str(v)
+
+    text = [[fmt(r.get(c, "")) for c in cols] for r in rows]
+    widths = [max(len(c), *(len(t[i]) for t in text)) for i, c in enumerate(cols)]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(cols, widths, strict=True)),
+             "  ".join("-" * w for w in widths)]
+    lines += ["  ".join(v.ljust(w) for v, w in zip(t, widths, strict=True)) for t in text]
+    return "\n".join(lines)
+
+def plot_pr_curves(curves: dict, path: str, title: str = "precision-recall",
+                   maps: dict | None = None) -> str:
+    """Save a PNG of one precision-recall curve per method; return ``path``."""
+    import matplotlib
+
+    matplotlib.use("Agg", force=False)
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4.5), dpi=100)
+    for name, (recall, precision) in curves.items():
+        label = METHODS.get(name, name)
+        if maps and name in maps:
+            label += f" (mAP {maps[name]:.3f})"
+        ax.plot(recall, precision, label=label, linewidth=1.6)
+    ax.set_xlabel("recall")
+    ax.set_ylabel("precision (interpolated, mean over queries)")
+    ax.set_xlim(0, 1)
+    ax.set_ylim(0, 1.02)
+    ax.grid(True, alpha=0.3)
+    ax.set_title(title)
+    ax.legend(loc="lower left", fontsize="small")
+    fig.tight_layout()
+    fig.savefig(path, format="png")
+    plt.close(fig)
+    return path
+
+def export_faiss(encodings, path: str | None = None):
+    """An exact inner-product FAISS index (IndexFlatIP) of the rows of ``encodings``.
+
+    Optional: needs ``pip install 'slem-dask[faiss]'`` (faiss-cpu). The rows go
+    in as float32, in order, so FAISS ids are row indices; for L2-normalized
+    encodings inner product is cosine, the score :func:`slem_dask.search` uses.
+    With ``path`` the index is also written with ``faiss.write_index``.
+    """
+    try:
+        import faiss
+    except ImportError:
+        raise ImportError(
+            "export_faiss needs the faiss-cpu package; install it with "
+            "pip install 'slem-dask[faiss]'"
+        ) from None
+    x = np.ascontiguousarray(_as_numpy(check_rows(encodings, "encodings")), dtype=np.float32)
+    index = faiss.IndexFlatIP(x.shape[1])
+    index.add(x)
+    if path is not None:
+        faiss.write_index(index, str(path))
+    return index
