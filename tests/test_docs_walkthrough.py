@@ -1,0 +1,28 @@
+"""What the README and docs/ tell a new user to type works as they say."""
+
+from pathlib import Path
+
+import pytest
+
+from slem_dask.pipeline import demo_job
+from slem_dask.pipeline.jobspec import load_spec, run_spec
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def demo_dir(tmp_path_factory):
+    """What `slem-dask demo` writes (a small corpus), in a folder holding slem-demo/."""
+    root = tmp_path_factory.mktemp("walk")
+    demo_job(None, workdir=str(root / "slem-demo"), n_negatives=600, n_instances=50, d=16)
+    return root
+
+
+@pytest.mark.parametrize("name", ["demo.toml", "demo_kernel.toml"])
+def test_shipped_demo_specs_continue_the_demo_stores(name, demo_dir, monkeypatch):
+    # `slem-dask run jobs/demo.toml` after `slem-dask demo` (both from the repository root)
+    # finds the demo's models and outputs up to date, instead of refusing a model fitted
+    # with other parameters
+    monkeypatch.chdir(demo_dir)
+    reports = run_spec(None, load_spec(str(ROOT / "jobs" / name)))
+    assert [r.facts["action"] for r in reports] == ["up to date"] * 3
