@@ -26,3 +26,27 @@ def test_shipped_demo_specs_continue_the_demo_stores(name, demo_dir, monkeypatch
     monkeypatch.chdir(demo_dir)
     reports = run_spec(None, load_spec(str(ROOT / "jobs" / name)))
     assert [r.facts["action"] for r in reports] == ["up to date"] * 3
+
+
+def test_a_worker_without_the_clients_s3_variables_is_told_to_set_them(monkeypatch):
+    # README's cluster example with workers started without AWS_* said "mount it on that
+    # worker, or use a URL (s3://...)": the path already was such a URL
+    from slem_dask.storage import StorageViewError, versions, workers
+
+    here = [{"metadata": "digest"}]
+    monkeypatch.setattr(workers, "_worker_signatures", lambda locations: here)
+    monkeypatch.setattr(versions, "resolve", lambda path: (path.location,))
+
+    class Client:  # one worker, which cannot read the store
+        def scheduler_info(self):
+            return {"workers": {"tcp://10.0.0.9:40000": {}}}
+
+        def run(self, function, locations):
+            return {"tcp://10.0.0.9:40000": [{"error": "NoCredentialsError: no credentials"}]}
+
+    with pytest.raises(StorageViewError) as raised:
+        workers.check_workers_see(Client(), {"negatives": "s3://bucket/neg.zarr"})
+    message = str(raised.value)
+    assert "tcp://10.0.0.9:40000" in message and "s3://bucket/neg.zarr" in message
+    assert "NoCredentialsError" in message and "same variables" in message
+    assert "mount it" not in message and "\n" not in message
