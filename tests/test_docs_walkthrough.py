@@ -4,6 +4,7 @@ from pathlib import Path
 
 import pytest
 
+from slem_dask import LinearSLEM
 from slem_dask.pipeline import demo_job
 from slem_dask.pipeline.jobspec import load_spec, run_spec
 
@@ -50,3 +51,29 @@ def test_a_worker_without_the_clients_s3_variables_is_told_to_set_them(monkeypat
     assert "tcp://10.0.0.9:40000" in message and "s3://bucket/neg.zarr" in message
     assert "NoCredentialsError" in message and "same variables" in message
     assert "mount it" not in message and "\n" not in message
+
+
+@pytest.mark.parametrize("command, option", [("encode", "--out"), ("fit", "--model"),
+                                             ("search", "--out")])
+@pytest.mark.parametrize("name", ["codes.npy", "codes.h5", "codes.fvecs"])
+def test_a_new_store_named_as_a_file_format_is_refused(command, option, name, tmp_path,
+                                                       capsys):
+    # `slem-dask encode ... --out codes.npy` made a folder codes.npy that np.load cannot
+    # open; the user wanted a .npy file, which `slem-dask export` writes
+    import numpy as np
+
+    from slem_dask.cli.main import main
+
+    rows = tmp_path / "rows.npy"
+    np.save(rows, np.random.default_rng(0).standard_normal((50, 4)))
+    if command == "encode":
+        LinearSLEM().fit(np.load(rows)).save(str(tmp_path / "m.zarr"))
+    given = {"fit": ["--negatives", str(rows)],
+             "encode": ["--model", str(tmp_path / "m.zarr"), "--positives", str(rows)],
+             "search": ["--queries", str(rows), "--database", str(rows), "--k", "3"]}[command]
+    target = tmp_path / name
+    assert main([command, *given, option, str(target)]) == 1
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and f"{option} {str(target)!r}" in err
+    assert "slem-dask export" in err and str(tmp_path / "codes.zarr") in err
+    assert not target.exists()
