@@ -77,3 +77,28 @@ def test_a_new_store_named_as_a_file_format_is_refused(command, option, name, tm
     assert "\n" not in err and f"{option} {str(target)!r}" in err
     assert "slem-dask export" in err and str(tmp_path / "codes.zarr") in err
     assert not target.exists()
+
+
+@pytest.mark.parametrize("given", ["model", "search result"])
+def test_a_model_or_search_result_given_as_descriptors_is_named_as_such(given, tmp_path,
+                                                                         capsys):
+    # `slem-dask search --database model.zarr` said "give the path of an array inside it,
+    # e.g. model.zarr/covariance": searching a covariance matrix is never what was meant
+    import numpy as np
+
+    from slem_dask.cli.main import main
+
+    rows = np.random.default_rng(0).standard_normal((40, 4))
+    model = str(tmp_path / "m.zarr")
+    LinearSLEM().fit(rows).save(model)
+    hits = str(tmp_path / "hits.zarr")
+    np.save(tmp_path / "q.npy", rows)
+    assert main(["search", "--queries", str(tmp_path / "q.npy"), "--database",
+                 str(tmp_path / "q.npy"), "--k", "3", "--out", hits]) == 0
+    capsys.readouterr()
+    wrong = {"model": model, "search result": hits}[given]
+    assert main(["search", "--queries", str(tmp_path / "q.npy"), "--database", wrong,
+                 "--k", "3", "--out", str(tmp_path / "h2.zarr")]) == 1
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and f"database: {wrong!r} is a slem-dask {given}" in err
+    assert "covariance" not in err and "indices" not in err and "slem-dask encode" in err
