@@ -102,3 +102,33 @@ def test_a_model_or_search_result_given_as_descriptors_is_named_as_such(given, t
     err = capsys.readouterr().err.strip()
     assert "\n" not in err and f"database: {wrong!r} is a slem-dask {given}" in err
     assert "covariance" not in err and "indices" not in err and "slem-dask encode" in err
+
+
+def test_a_chunk_missing_from_an_output_says_to_run_the_encode_again(tmp_path, capsys):
+    # README's troubleshooting: "delete it and re-run (outputs)"; the message spoke of
+    # zeros (outputs are NaN-filled) and of zarr's write_empty_chunks, which is for inputs
+    import glob
+    import os
+
+    import numpy as np
+
+    from slem_dask.cli.main import main
+
+    rows = np.random.default_rng(0).standard_normal((40, 4))
+    np.save(tmp_path / "p.npy", rows)
+    model, out = str(tmp_path / "m.zarr"), str(tmp_path / "codes.zarr")
+    LinearSLEM().fit(rows).save(model)
+    encode = ["encode", "--model", model, "--positives", str(tmp_path / "p.npy"),
+              "--out", out, "--partition-rows", "10"]
+    assert main(encode) == 0
+    (chunk,) = glob.glob(f"{out}/versions/*/c/2/0")
+    os.remove(chunk)
+    capsys.readouterr()
+    assert main(["search", "--queries", str(tmp_path / "p.npy"), "--database", out,
+                 "--k", "3", "--out", str(tmp_path / "hits.zarr")]) == 1
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "chunk 'c/2/0' (rows 20-29) is missing" in err
+    assert "write_empty_chunks" not in err and "zeros" not in err
+    assert f"slem-dask verify {out}" in err and "run the command that wrote it again" in err
+    assert main(encode) == 0  # as it says: the encode restores the partition
+    assert main(["verify", out]) == 0
