@@ -54,9 +54,30 @@ def _probe(folder: str) -> OSError | None:
     return None
 
 
+#: Options and spec keys whose path becomes a versioned zarr store (a folder).
+_STORE_KEYS = re.compile(r"--model|--out|model\.path|generate\.path|encode\[\d+\]\.out")
+
+
+def _check_store_name(key: str, path, target: str) -> None:
+    """Refuse a new store named as a file format slem-dask reads (``codes.npy``): it would
+    be a folder that ``np.load`` or h5py cannot open, and a user who typed it wanted that
+    file; ``slem-dask export`` writes one."""
+    from ..storage.formats import HDF5_SUFFIXES, TEXMEX
+
+    suffix = os.path.splitext(target.rstrip("/"))[1].lower()
+    if (_STORE_KEYS.fullmatch(key) and suffix in (".npy", *HDF5_SUFFIXES, *TEXMEX)
+            and not os.path.exists(target)):
+        raise ValueError(
+            f"{key} {str(path)!r}: slem-dask writes a versioned zarr store (a folder) "
+            f"there, not a {suffix} file; name it .zarr (e.g. "
+            f"{os.path.splitext(str(path).rstrip('/'))[0] + '.zarr'!r}), and copy a version "
+            f"out as .npy with `slem-dask export STORE --to OUT.npy`")
+
+
 def check_writable(paths: dict[str, object]) -> None:
     """Raise PermissionError (one line: the option, the folder, the fix) unless a file
-    can be created where each local output of ``paths`` ({option: path}) goes."""
+    can be created where each local output of ``paths`` ({option: path}) goes; a
+    ValueError for a new store named like a file (:func:`_check_store_name`)."""
     from ..storage import canonical
 
     for key, path in paths.items():
@@ -66,6 +87,7 @@ def check_writable(paths: dict[str, object]) -> None:
         if not where.is_local:
             continue
         target = where.location
+        _check_store_name(key, path, target)
         folder = os.path.dirname(target.rstrip("/")) or "/"
         while not os.path.isdir(folder) and os.path.dirname(folder) != folder:
             if os.path.exists(folder):  # a file where a folder must go

@@ -15,7 +15,7 @@ import dask
 from .checksums import _full_key, crc32c, recorded_crc32c
 from .ownership import ATTR
 from . import versions
-from .errors import CorruptChunkError, missing_chunk_error
+from .errors import CorruptChunkError, MissingChunkError, missing_chunk_error
 from .formats import FileArray
 
 
@@ -138,6 +138,12 @@ def _missing(arr, name, key, a, b) -> Exception:
                 f"{versions.KEEP_VERSIONS} versions, a new job's draft included, and newer "
                 f"ones were committed meanwhile); run the job again to read the current "
                 f"version")
+        if i + 1 < len(parts):  # a committed version of a store slem-dask wrote
+            return MissingChunkError(
+                f"{name} {where!r}: chunk {key!r} (rows {a}-{b - 1}) is missing from this "
+                f"version of a store slem-dask wrote (`slem-dask verify "
+                f"{'/'.join(parts[:i])}` lists every problem); restore the chunk, or run the "
+                f"command that wrote it again (an encode re-encodes the missing partitions)")
     return missing_chunk_error(name, where, key, a, b)
 
 

@@ -106,6 +106,13 @@ def open_input(path: str, name: str, empty_ok: bool = False):
     else:
         kind = f"{node.format} input"
     if isinstance(node, zarr.Group):
+        meta = node.attrs.get("slem_dask")
+        written = {"model": "model", "search": "search result"}.get(
+            str(meta.get("kind")) if isinstance(meta, dict) else "")
+        if written:  # its arrays (a covariance, top-k indices) are not descriptors
+            raise ValueError(
+                f"{name}: {path!r} is a slem-dask {written}, not descriptors; give rows of "
+                f"descriptors, or encodings (the --out of `slem-dask encode`)")
         members = sorted(k for k, v in node.members() if isinstance(v, zarr.Array))
         hint = f" (arrays in it: {', '.join(members)})" if members else ""
         example = _demo_member(name)

@@ -95,7 +95,11 @@ def check_workers_see(client, stores: dict[str, object]) -> None:
                 what = theirs.get("error") or (
                     "another metadata document" if theirs.get("metadata") != mine.get("metadata")
                     else "another first chunk")
+                # a URL reads the same everywhere: what differs is the worker's variables
+                fix = ("mount it on that worker, or use a URL (s3://...) all can read"
+                       if path.is_local else "the client and every dask worker need the same "
+                       "variables (credentials, endpoint): set them where that worker starts")
                 raise StorageViewError(
                     f"worker {worker} does not see the {name} {str(path)!r} as this client "
                     f"does ({what}); every worker must reach the same storage at the same "
-                    f"path: mount it on that worker, or use a URL (s3://...) all can read")
+                    f"path: {fix}")

@@ -1,0 +1,134 @@
+"""What the README and docs/ tell a new user to type works as they say."""
+
+from pathlib import Path
+
+import pytest
+
+from slem_dask import LinearSLEM
+from slem_dask.pipeline import demo_job
+from slem_dask.pipeline.jobspec import load_spec, run_spec
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def demo_dir(tmp_path_factory):
+    """What `slem-dask demo` writes (a small corpus), in a folder holding slem-demo/."""
+    root = tmp_path_factory.mktemp("walk")
+    demo_job(None, workdir=str(root / "slem-demo"), n_negatives=600, n_instances=50, d=16)
+    return root
+
+
+@pytest.mark.parametrize("name", ["demo.toml", "demo_kernel.toml"])
+def test_shipped_demo_specs_continue_the_demo_stores(name, demo_dir, monkeypatch):
+    # `slem-dask run jobs/demo.toml` after `slem-dask demo` (both from the repository root)
+    # finds the demo's models and outputs up to date, instead of refusing a model fitted
+    # with other parameters
+    monkeypatch.chdir(demo_dir)
+    reports = run_spec(None, load_spec(str(ROOT / "jobs" / name)))
+    assert [r.facts["action"] for r in reports] == ["up to date"] * 3
+
+
+def test_a_worker_without_the_clients_s3_variables_is_told_to_set_them(monkeypatch):
+    # README's cluster example with workers started without AWS_* said "mount it on that
+    # worker, or use a URL (s3://...)": the path already was such a URL
+    from slem_dask.storage import StorageViewError, versions, workers
+
+    here = [{"metadata": "digest"}]
+    monkeypatch.setattr(workers, "_worker_signatures", lambda locations: here)
+    monkeypatch.setattr(versions, "resolve", lambda path: (path.location,))
+
+    class Client:  # one worker, which cannot read the store
+        def scheduler_info(self):
+            return {"workers": {"tcp://10.0.0.9:40000": {}}}
+
+        def run(self, function, locations):
+            return {"tcp://10.0.0.9:40000": [{"error": "NoCredentialsError: no credentials"}]}
+
+    with pytest.raises(StorageViewError) as raised:
+        workers.check_workers_see(Client(), {"negatives": "s3://bucket/neg.zarr"})
+    message = str(raised.value)
+    assert "tcp://10.0.0.9:40000" in message and "s3://bucket/neg.zarr" in message
+    assert "NoCredentialsError" in message and "same variables" in message
+    assert "mount it" not in message and "\n" not in message
+
+
+@pytest.mark.parametrize("command, option", [("encode", "--out"), ("fit", "--model"),
+                                             ("search", "--out")])
+@pytest.mark.parametrize("name", ["codes.npy", "codes.h5", "codes.fvecs"])
+def test_a_new_store_named_as_a_file_format_is_refused(command, option, name, tmp_path,
+                                                       capsys):
+    # `slem-dask encode ... --out codes.npy` made a folder codes.npy that np.load cannot
+    # open; the user wanted a .npy file, which `slem-dask export` writes
+    import numpy as np
+
+    from slem_dask.cli.main import main
+
+    rows = tmp_path / "rows.npy"
+    np.save(rows, np.random.default_rng(0).standard_normal((50, 4)))
+    if command == "encode":
+        LinearSLEM().fit(np.load(rows)).save(str(tmp_path / "m.zarr"))
+    given = {"fit": ["--negatives", str(rows)],
+             "encode": ["--model", str(tmp_path / "m.zarr"), "--positives", str(rows)],
+             "search": ["--queries", str(rows), "--database", str(rows), "--k", "3"]}[command]
+    target = tmp_path / name
+    assert main([command, *given, option, str(target)]) == 1
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and f"{option} {str(target)!r}" in err
+    assert "slem-dask export" in err and str(tmp_path / "codes.zarr") in err
+    assert not target.exists()
+
+
+@pytest.mark.parametrize("given", ["model", "search result"])
+def test_a_model_or_search_result_given_as_descriptors_is_named_as_such(given, tmp_path,
+                                                                         capsys):
+    # `slem-dask search --database model.zarr` said "give the path of an array inside it,
+    # e.g. model.zarr/covariance": searching a covariance matrix is never what was meant
+    import numpy as np
+
+    from slem_dask.cli.main import main
+
+    rows = np.random.default_rng(0).standard_normal((40, 4))
+    model = str(tmp_path / "m.zarr")
+    LinearSLEM().fit(rows).save(model)
+    hits = str(tmp_path / "hits.zarr")
+    np.save(tmp_path / "q.npy", rows)
+    assert main(["search", "--queries", str(tmp_path / "q.npy"), "--database",
+                 str(tmp_path / "q.npy"), "--k", "3", "--out", hits]) == 0
+    capsys.readouterr()
+    wrong = {"model": model, "search result": hits}[given]
+    assert main(["search", "--queries", str(tmp_path / "q.npy"), "--database", wrong,
+                 "--k", "3", "--out", str(tmp_path / "h2.zarr")]) == 1
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and f"database: {wrong!r} is a slem-dask {given}" in err
+    assert "covariance" not in err and "indices" not in err and "slem-dask encode" in err
+
+
+def test_a_chunk_missing_from_an_output_says_to_run_the_encode_again(tmp_path, capsys):
+    # README's troubleshooting: "delete it and re-run (outputs)"; the message spoke of
+    # zeros (outputs are NaN-filled) and of zarr's write_empty_chunks, which is for inputs
+    import glob
+    import os
+
+    import numpy as np
+
+    from slem_dask.cli.main import main
+
+    rows = np.random.default_rng(0).standard_normal((40, 4))
+    np.save(tmp_path / "p.npy", rows)
+    model, out = str(tmp_path / "m.zarr"), str(tmp_path / "codes.zarr")
+    LinearSLEM().fit(rows).save(model)
+    encode = ["encode", "--model", model, "--positives", str(tmp_path / "p.npy"),
+              "--out", out, "--partition-rows", "10"]
+    assert main(encode) == 0
+    (chunk,) = glob.glob(f"{out}/versions/*/c/2/0")
+    os.remove(chunk)
+    capsys.readouterr()
+    assert main(["search", "--queries", str(tmp_path / "p.npy"), "--database", out,
+                 "--k", "3", "--out", str(tmp_path / "hits.zarr")]) == 1
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "chunk 'c/2/0' (rows 20-29) is missing" in err
+    assert "write_empty_chunks" not in err and "zeros" not in err
+    assert f"slem-dask verify {out}" in err and "run the command that wrote it again" in err
+    assert main(encode) == 0  # as it says: the encode restores the partition
+    assert main(["verify", out]) == 0
