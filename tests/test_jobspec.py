@@ -322,3 +322,21 @@ def test_a_spec_whose_paths_overlap_in_any_spelling_is_refused_before_anything_r
     assert len(err.strip().splitlines()) == 1 and "job.toml: " in err, err
     assert __import__("re").search(message, err), err
     assert sorted(p.name for p in tmp_path.rglob("*")) == before  # nothing ran
+
+
+def test_the_shipped_demo_spec_runs_on_what_slem_dask_demo_wrote(tmp_path, monkeypatch,
+                                                                 capsys, scheduler):
+    """The user guide's order: `slem-dask demo`, then `slem-dask run jobs/demo.toml` on the
+    same slem-demo/. The demo fits at the default lambda (0.01x); a spec that gave lam =
+    1e-3 was refused ("--update keeps parameters") instead of finding it up to date."""
+    monkeypatch.chdir(tmp_path)
+    where = ["--scheduler", scheduler, "--no-progress"]
+    assert main(["demo", "--negatives", "2000", "--instances", "40", "--dim", "16",
+                 *where]) == 0
+    capsys.readouterr()
+    assert main(["run", str(ROOT / "jobs" / "demo.toml"), *where]) == 0, \
+        capsys.readouterr().err
+    out = capsys.readouterr().out
+    assert _facts(out, "fit")["action"] == "up to date" and _facts(out, "fit")["lam"] == "0.01x"
+    assert [line for line in out.splitlines() if "action" in line] == \
+        ["  action             up to date"] * 3
