@@ -418,3 +418,39 @@ def test_a_listed_worker_that_never_answers_the_checks_fails_the_job_in_one_line
     fake = _Cluster(["a"], [], lambda a: ValueError("bad input"))  # the check's own error
     with pytest.raises(ValueError, match="bad input"):
         ask_workers(fake, print)
+
+
+def test_a_worker_that_leaves_while_connect_sets_up_the_workers_is_not_the_commands_end(
+        monkeypatch):
+    """connect(ADDRESS) registers the BLAS plugin; the scheduler's broadcast of it fails
+    with "Address removed." when a worker leaves meanwhile: it is sent again while the
+    scheduler answers, and a worker that never takes it is said in one line."""
+    from distributed import Client, LocalCluster
+    from distributed.comm.core import CommClosedError
+
+    from slem_dask.cluster.connect import connect
+
+    real, calls = Client.register_plugin, []
+
+    def leaving_once(self, plugin, *args, **kwargs):
+        calls.append(plugin)
+        if len(calls) == 1 or fail_always:
+            raise CommClosedError("Address removed.")
+        return real(self, plugin, *args, **kwargs)
+
+    monkeypatch.setattr(Client, "register_plugin", leaving_once)
+    with LocalCluster(n_workers=2, threads_per_worker=1, processes=False, memory_limit=0,
+                      dashboard_address=":0") as cluster:
+        fail_always = False
+        with connect(cluster.scheduler_address) as c:
+            plugins = c.run(lambda dask_worker: sorted(dask_worker.plugins))
+        assert len(calls) == 2 and len(plugins) == 2
+        assert all("slem-dask-single-threaded-blas" in names for names in plugins.values())
+        fail_always, calls[:] = True, []
+        with pytest.raises(ConnectionError) as info:
+            with connect(cluster.scheduler_address):
+                pass
+    assert len(calls) == 3 and str(info.value) == (
+        "a worker failed 3 times to take slem-dask's set-up while the scheduler answers "
+        "(CommClosedError: Address removed.); no job started: run the same command again "
+        "once the cluster's workers are steady")
