@@ -334,3 +334,123 @@ def test_the_in_process_cluster_binds_no_fixed_port(caplog):
         assert not [m for m in said if "already in use" in m], said
     finally:
         holder.close()
+
+
+# -- a worker that leaves while the workers are checked before a job (issue 31) ---------------
+def test_a_worker_that_leaves_during_the_checks_before_a_job_is_dropped(tmp_path, monkeypatch):
+    """The scheduler asks the workers it lists; one of them leaves before it answers
+    (distributed's "Address removed.", or a connection that times out): the job runs on
+    the workers that remain instead of failing with that text."""
+    import dask
+    from distributed import Client, LocalCluster
+
+    from slem_dask import pipeline
+
+    rng = np.random.default_rng(3)
+    write_array(tmp_path / "neg.zarr", rng.standard_normal((300, D)).astype(np.float32), 50)
+    with dask.config.set({"distributed.comm.timeouts.connect": "2s"}), \
+            LocalCluster(n_workers=2, threads_per_worker=1, processes=False, memory_limit=0,
+                         dashboard_address=":0") as cluster, Client(cluster) as client:
+        run, left = client.run, []
+
+        def run_after_one_left(function, *args, workers=None, **kw):
+            listed = workers or list(client.scheduler_info()["workers"])
+            if not left:  # the first check: one worker leaves after the list was taken
+                left.append(listed[0])
+                name = next(k for k, w in cluster.workers.items()
+                            if w.worker_address == listed[0])
+                cluster.sync(cluster.workers[name].close)
+            return run(function, *args, workers=listed, **kw)
+
+        monkeypatch.setattr(client, "run", run_after_one_left)
+        report = pipeline.fit_job(client, str(tmp_path / "neg.zarr"), str(tmp_path / "m.zarr"))
+        assert left and left[0] not in client.scheduler_info()["workers"]
+    assert report.facts["rows read"] == 300
+    assert load_model(str(tmp_path / "m.zarr")).n_features_in_ == D
+
+
+class _Cluster:
+    """A client whose scheduler lists ``rounds[i]`` after the i-th run, and whose run
+    answers ``answer(address)`` for each worker asked (an exception: it did not)."""
+
+    def __init__(self, first, rounds, answer):
+        self.listed, self.rounds, self.answer, self.asked = first, list(rounds), answer, []
+
+    def scheduler_info(self):
+        return {"workers": {a: {} for a in self.listed}}
+
+    def run(self, function, *args, workers=None, on_error="raise"):
+        assert on_error == "return"
+        self.asked.append(list(workers))
+        if self.rounds:
+            self.listed = self.rounds.pop(0)
+        return {a: self.answer(a) for a in workers}
+
+
+def test_asking_the_workers_drops_one_that_left_and_asks_one_that_joined():
+    from distributed.comm.core import CommClosedError
+
+    from slem_dask.storage.workers import ask_workers
+
+    def answer(a):
+        return CommClosedError("Address removed.") if a == "b" else a.upper()
+
+    fake = _Cluster(["a", "b"], [["a", "c"], ["a", "c"]], answer)
+    assert ask_workers(fake, print) == {"a": "A", "c": "C"}
+    assert fake.asked == [["a", "b"], ["c"]]
+    fake = _Cluster(["a", "b"], [["a", "c"]], answer)  # only the workers named are asked
+    assert ask_workers(fake, print, workers=["a", "b"]) == {"a": "A"}
+
+
+def test_a_listed_worker_that_never_answers_the_checks_fails_the_job_in_one_line():
+    from slem_dask.storage.workers import WorkerLeftError, ask_workers
+
+    fake = _Cluster(["a", "b"], [], lambda a: OSError("Timed out trying to connect to b")
+                    if a == "b" else 1)
+    with pytest.raises(WorkerLeftError) as info:
+        ask_workers(fake, print, what="the check of the workers' memory")
+    assert fake.asked == [["a", "b"], ["b"], ["b"]]  # asked again, then given up
+    assert str(info.value) == (
+        "worker b stopped answering during the check of the workers' memory (OSError: Timed "
+        "out trying to connect to b) while still listed by the scheduler, so it is leaving or "
+        "stuck; the job stopped before its tasks ran: run the same command again (it checks "
+        "the workers that are there then)")
+    fake = _Cluster(["a"], [], lambda a: ValueError("bad input"))  # the check's own error
+    with pytest.raises(ValueError, match="bad input"):
+        ask_workers(fake, print)
+
+
+def test_a_worker_that_leaves_while_connect_sets_up_the_workers_is_not_the_commands_end(
+        monkeypatch):
+    """connect(ADDRESS) registers the BLAS plugin; the scheduler's broadcast of it fails
+    with "Address removed." when a worker leaves meanwhile: it is sent again while the
+    scheduler answers, and a worker that never takes it is said in one line."""
+    from distributed import Client, LocalCluster
+    from distributed.comm.core import CommClosedError
+
+    from slem_dask.cluster.connect import connect
+
+    real, calls = Client.register_plugin, []
+
+    def leaving_once(self, plugin, *args, **kwargs):
+        calls.append(plugin)
+        if len(calls) == 1 or fail_always:
+            raise CommClosedError("Address removed.")
+        return real(self, plugin, *args, **kwargs)
+
+    monkeypatch.setattr(Client, "register_plugin", leaving_once)
+    with LocalCluster(n_workers=2, threads_per_worker=1, processes=False, memory_limit=0,
+                      dashboard_address=":0") as cluster:
+        fail_always = False
+        with connect(cluster.scheduler_address) as c:
+            plugins = c.run(lambda dask_worker: sorted(dask_worker.plugins))
+        assert len(calls) == 2 and len(plugins) == 2
+        assert all("slem-dask-single-threaded-blas" in names for names in plugins.values())
+        fail_always, calls[:] = True, []
+        with pytest.raises(ConnectionError) as info:
+            with connect(cluster.scheduler_address):
+                pass
+    assert len(calls) == 3 and str(info.value) == (
+        "a worker failed 3 times to take slem-dask's set-up while the scheduler answers "
+        "(CommClosedError: Address removed.); no job started: run the same command again "
+        "once the cluster's workers are steady")

@@ -277,3 +277,66 @@ out = "{corpus}/slem_queries"
         "database", "database_labels", "negatives", "queries", "query_labels"]
     assert storage.open_output(f"{corpus}/slem_queries").shape[0] > 0  # a store of its own
     assert main(["verify", f"{corpus}/slem_queries"]) == 0
+
+
+def _spec_files(tmp_path):
+    """Shards, a folder of shards and an HDF5 file: inputs a spec may spell many ways."""
+    import h5py
+
+    rng = np.random.default_rng(0)
+    for folder, rows in (("neg", 60), ("pos", 10)):
+        (tmp_path / folder).mkdir()
+        for i in range(2):
+            np.save(tmp_path / folder / f"s{i}.npy", rng.standard_normal((rows, 4)))
+    with h5py.File(tmp_path / "pos.h5", "w") as f:
+        f["x"] = rng.standard_normal((10, 4))
+
+
+@pytest.mark.parametrize("negatives, model, steps, message", [
+    # a glob input and an output it would match on the next run
+    ("neg", "m.zarr", [("pos/*.npy", "pos/e.npy")],
+     r"encode\[0\].out '.*/pos/e.npy' matches the encode\[0\].positives glob"),
+    ("./neg/*.npy", "neg/m.npy", [], r"model.path '.*/neg/m.npy' matches the fit.negatives glob"),
+    # an HDF5 member's file, given as the output or as a folder above it
+    ("neg", "m.zarr", [("pos.h5:/x", "pos.h5/e.zarr")],
+     r"encode\[0\].out '.*/pos.h5/e.zarr' is inside the encode\[0\].positives '.*/pos.h5'"),
+    # a folder of shards: writing inside it adds a shard to the input
+    ("neg/", "m.zarr", [("pos", "pos/e.zarr")],
+     r"is inside the encode\[0\].positives folder of .npy shards .*would add files"),
+    # two spellings of one output
+    ("neg", "m.zarr", [("pos", "e.zarr"), ("pos.h5:/x", "file://./e.zarr/")],
+     r"encode\[0\].out '.*/e.zarr' is the encode\[1\].out '.*/e.zarr'; two steps cannot"),
+    ("neg", "./x/../m.zarr/", [("pos", "m.zarr")], r"model.path '.*/m.zarr' is the encode\[0\]"),
+])
+def test_a_spec_whose_paths_overlap_in_any_spelling_is_refused_before_anything_runs(
+        tmp_path, monkeypatch, capsys, negatives, model, steps, message):
+    _spec_files(tmp_path)
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "x").mkdir()
+    encode = "".join(f'[[encode]]\npositives = "{p}"\nout = "{o}"\n' for p, o in steps)
+    spec = tmp_path / "job.toml"
+    spec.write_text(f'[model]\npath = "{model}"\n[fit]\nnegatives = "{negatives}"\n{encode}')
+    before = sorted(p.name for p in tmp_path.rglob("*"))
+    assert main(["run", str(spec), *CLUSTER]) == 1
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "job.toml: " in err, err
+    assert __import__("re").search(message, err), err
+    assert sorted(p.name for p in tmp_path.rglob("*")) == before  # nothing ran
+
+
+def test_the_shipped_demo_spec_runs_on_what_slem_dask_demo_wrote(tmp_path, monkeypatch,
+                                                                 capsys, scheduler):
+    """The user guide's order: `slem-dask demo`, then `slem-dask run jobs/demo.toml` on the
+    same slem-demo/. The demo fits at the default lambda (0.01x); a spec that gave lam =
+    1e-3 was refused ("--update keeps parameters") instead of finding it up to date."""
+    monkeypatch.chdir(tmp_path)
+    where = ["--scheduler", scheduler, "--no-progress"]
+    assert main(["demo", "--negatives", "2000", "--instances", "40", "--dim", "16",
+                 *where]) == 0
+    capsys.readouterr()
+    assert main(["run", str(ROOT / "jobs" / "demo.toml"), *where]) == 0, \
+        capsys.readouterr().err
+    out = capsys.readouterr().out
+    assert _facts(out, "fit")["action"] == "up to date" and _facts(out, "fit")["lam"] == "0.01x"
+    assert [line for line in out.splitlines() if "action" in line] == \
+        ["  action             up to date"] * 3

@@ -16,7 +16,6 @@ from slem_dask.cli.main import main
 from slem_dask.pipeline.jobspec import SpecError, parse_spec
 
 UNREACHABLE = "tcp://127.0.0.1:1"
-BIN = Path(sys.executable).parent
 
 
 @pytest.fixture(autouse=True)
@@ -45,7 +44,7 @@ def _can_unshare_mounts() -> bool:
 def _run_with_read_only(folder: Path, args: list) -> subprocess.CompletedProcess:
     """`slem-dask ARGS` with ``folder`` read-only: a read-only bind mount in a private
     mount namespace (root ignores permission bits), else permission bits."""
-    cmd = [str(BIN / "slem-dask"), *map(str, args)]
+    cmd = [sys.executable, "-m", "slem_dask", *map(str, args)]  # not a stale entry script
     if os.geteuid() == 0:
         if not _can_unshare_mounts():
             pytest.skip("root needs `unshare --mount` to make a folder read-only")
@@ -60,7 +59,7 @@ def _run_with_read_only(folder: Path, args: list) -> subprocess.CompletedProcess
         folder.chmod(0o755)
 
 
-@pytest.mark.parametrize("command", ["encode", "fit", "run"])
+@pytest.mark.parametrize("command", ["encode", "fit", "run", "export"])
 def test_a_read_only_output_folder_is_refused_before_any_cluster_starts(inputs, command):
     ro = inputs / "ro"
     ro.mkdir()
@@ -73,13 +72,15 @@ def test_a_read_only_output_folder_is_refused_before_any_cluster_starts(inputs, 
         args = ["fit", "--negatives", inputs / "positives.zarr", "--model",
                 ro / "new" / "model.zarr", "--scheduler", UNREACHABLE]
         key = "--model"
-    else:
+    elif command == "run":
         spec = inputs / "job.toml"
         spec.write_text(f'[cluster]\nscheduler = "{UNREACHABLE}"\n'
                         f'[model]\npath = "{inputs / "model.zarr"}"\n'
                         f'[[encode]]\npositives = "{inputs / "positives.zarr"}"\n'
                         f'out = "{ro / "codes.zarr"}"\n')
         args, key = ["run", spec], "encode[0].out"
+    else:  # no cluster at all: the check comes before anything is written
+        args, key = ["export", inputs / "model.zarr", "--to", ro / "copy.zarr"], "--to"
     result = _run_with_read_only(ro, args)
     assert result.returncode == 1, result.stderr
     assert result.stdout == ""  # no "dask: ..." line: no cluster was started or joined

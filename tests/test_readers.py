@@ -321,6 +321,25 @@ def test_export_refuses_a_target_neither_zarr_nor_npy(corpus, codes, capsys):
     assert not (corpus["dir"] / "x.txt").exists()
 
 
+@pytest.mark.parametrize("name", ["x.npy", "x.zarr", "sub/x.npy"])
+def test_export_under_a_file_says_so_in_one_line_naming_to(corpus, codes, capsys, name):
+    (corpus["dir"] / "afile").write_text("not a folder")
+    to = str(corpus["dir"] / "afile" / name)
+    assert main(["export", str(codes), "--to", to]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err == (f"slem-dask export: error: --to {to!r}: {str(corpus['dir'] / 'afile')!r} is "
+                   f"a file, not a folder; give an output path whose parent is a folder"), err
+    assert (corpus["dir"] / "afile").read_text() == "not a folder"
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="no procfs at /proc")
+def test_export_to_a_kernel_file_system_says_so_without_errno(codes, capsys):
+    assert main(["export", str(codes), "--to", "/proc/x.npy"]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("slem-dask export: error: --to '/proc/x.npy': the folder '/proc' is "
+                          "on a proc file system") and "Errno" not in err, err
+
+
 def test_export_of_a_model_loads_and_nothing_foreign_is_replaced(corpus, capsys):
     out = corpus["dir"] / "model-plain.zarr"
     assert main(["export", corpus["model"], "--to", str(out)]) == 0

@@ -74,8 +74,10 @@ def versions(args) -> None:
 
 def export(args) -> None:
     """`export PATH --to OUT`: one committed version copied out as plain zarr or .npy."""
+    from ..cluster.preflight import check_writable
     from ..storage.export import export as copy_out
 
+    check_writable({"--to": args.to})  # a file as its parent, a read-only folder: one line
     facts = copy_out(args.path, args.to, args.export_version, args.overwrite)
     what = f"{facts['kind']}" + (f" {facts['shape']} {facts['dtype']}" if "shape" in facts
                                  else "")

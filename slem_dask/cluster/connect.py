@@ -153,7 +153,7 @@ def connect(scheduler: str | None = None, n_workers: int | None = None,
                 f"is running there, or omit it to use a LocalCluster on this machine"
             ) from None
         try:
-            client.register_plugin(SingleThreadedBLAS())
+            _register_blas_plugin(client)
             yield client
         finally:
             client.close()
@@ -176,8 +176,32 @@ def connect(scheduler: str | None = None, n_workers: int | None = None,
             cluster = stack.enter_context(
                 LocalCluster(**kwargs, silence_logs=logging.CRITICAL))
         client = stack.enter_context(Client(cluster))
-        client.register_plugin(SingleThreadedBLAS())
+        _register_blas_plugin(client)
         yield client
+
+
+def _register_blas_plugin(client, rounds: int = 3) -> None:
+    """Register :class:`SingleThreadedBLAS` on every worker, now and later. The scheduler
+    sends it to the workers it lists; one that leaves meanwhile failed the command with
+    distributed's bare "Address removed.": while the scheduler answers, it is sent again
+    (to the workers then listed), and after ``rounds`` tries said in one line."""
+    from distributed.comm.core import CommClosedError
+
+    for attempt in range(rounds):
+        try:
+            client.register_plugin(SingleThreadedBLAS())
+            return
+        except (CommClosedError, OSError) as exc:
+            try:
+                client.scheduler_info()  # the scheduler answers: a worker's failure
+            except Exception:  # noqa: BLE001 - the scheduler is gone: its error says so
+                raise exc from None
+            if attempt == rounds - 1:
+                text = str(exc).splitlines()[0][:200] if str(exc) else "no reply"
+                raise ConnectionError(
+                    f"a worker failed {rounds} times to take slem-dask's set-up while the "
+                    f"scheduler answers ({type(exc).__name__}: {text}); no job started: run "
+                    f"the same command again once the cluster's workers are steady") from None
 
 
 @contextlib.contextmanager

@@ -47,6 +47,7 @@ import dataclasses
 import numpy as np
 
 from ..storage import IntegrityError
+from ..storage.workers import ask_workers
 from ..parallel.task_memory import (KERNEL_FIT_ROW_OVERHEAD, MiB, encode_task_bytes,  # noqa: F401
                           fit_task_bytes, kernel_fit_bytes)
 
@@ -173,7 +174,8 @@ def check_memory(client, plan: Plan, n_tasks: int, task_modules: tuple = ()) -> 
     limited.update(in_process)
     if not limited:
         return
-    used = client.run(_worker_memory, tuple(task_modules), workers=list(limited))
+    used = ask_workers(client, _worker_memory, tuple(task_modules), workers=list(limited),
+                       what="the check of the workers' memory")  # one that left: dropped
     # measured even when there is no threshold to check against: the rows suggested
     # after workers die for memory must pass the check that the next run makes
     plan.in_use = max(used.values(), default=0)

@@ -248,8 +248,6 @@ def check_inputs(spec: JobSpec) -> None:
 
     if spec.fit is not None:
         check("fit.negatives", features, spec.fit.negatives, "negatives", "model")
-        check("model.path", storage.check_distinct, spec.model.path, "model.path",
-              {"negatives": spec.fit.negatives})
     elif spec.encode:
         check("model.path", lambda p: width.update(model=load_model(p).n_features_in_),
               spec.model.path)
@@ -274,8 +272,10 @@ def _corpus_exists(path) -> bool:
 def check_paths(spec: JobSpec) -> None:
     """Every store a step writes, against every store any step reads and every other
     store written: none may be, contain or sit inside another, so that no step
-    (with --overwrite or not) can replace another step's input. Also refuses, before
-    anything runs, a written path that holds something slem-dask did not write."""
+    (with --overwrite or not) can replace another step's input. Paths are compared
+    canonically and inputs by what they occupy (a glob's files, a folder of shards, an
+    HDF5 file), and no output may match an input's glob. Also refuses, before anything
+    runs, a written path that holds something slem-dask did not write."""
     from .. import storage
 
     inputs = {}
@@ -292,7 +292,7 @@ def check_paths(spec: JobSpec) -> None:
     for k, (key, path) in enumerate(written):
         others = {name: p for name, p in written[k + 1:]}
         try:
-            storage.check_outside_inputs(path, key, inputs, others)
+            storage.check_distinct(path, key, inputs, others)
             if storage.exists(storage.canonical(path)):
                 storage.check_may_replace(path, "the store at " + key,
                                             kind="model" if key == "model.path" else "encoding")

@@ -210,10 +210,12 @@ def _key(path) -> str:
     return canonical(path).key
 
 
-def check_distinct(target, flag: str, inputs: dict[str, object]) -> None:
-    """Refuse to write ``target`` where it would replace or nest in an input, where it
-    would shadow a member of a versioned store (``corpus.zarr/queries``), or inside a
-    store's version folders or commit records."""
+def check_distinct(target, flag: str, inputs: dict[str, object],
+                   outputs: dict[str, object] | None = None) -> None:
+    """Refuse to write ``target`` where it would replace or nest in an input (or in
+    another of ``outputs``), where it would shadow a member of a versioned store
+    (``corpus.zarr/queries``), or inside a store's version folders or commit records.
+    Inputs are compared by what they occupy on disk (a glob's files, an HDF5 file)."""
     target = canonical(target)
     parts = target.url.rstrip("/").split("/")
     for i, part in enumerate(parts[:-1]):
@@ -237,7 +239,7 @@ def check_distinct(target, flag: str, inputs: dict[str, object]) -> None:
         roots[f"{name} {kind}".rstrip()] = root
         if kind == "shard":
             globs.append((name, canonical(path).location, root))
-    check_outside_inputs(target, flag, roots,
+    check_outside_inputs(target, flag, roots, outputs,
                          folders=tuple(k for k in roots if k.endswith("folder of .npy shards")))
     for name, pattern, files in globs:
         _check_not_matched(target, flag, name, pattern, files)

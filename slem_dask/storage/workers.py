@@ -9,7 +9,7 @@ import hashlib
 
 
 from .checksums import _full_key, _store_get
-from .errors import StorageViewError
+from .errors import IntegrityError, StorageViewError
 from .paths import canonical
 
 
@@ -61,6 +61,54 @@ def _worker_signatures(locations: list[str]) -> list[dict]:
     return [store_signature(loc) for loc in locations]
 
 
+class WorkerLeftError(IntegrityError):
+    """A worker kept failing to answer the checks made before a job (it was leaving)."""
+
+
+#: Rounds of asking: a worker that leaves while asked is dropped and the others asked again.
+_ASK_ROUNDS = 3
+
+
+def ask_workers(client, function, *args, workers: list | None = None,
+                what: str = "the checks before the job") -> dict:
+    """``client.run(function, *args)`` on ``workers`` (None: every worker, also one that
+    joins while they are asked): {address: answer} of the workers that answered. A
+    worker that leaves the cluster meanwhile (distributed's "Address removed.", a
+    connection timed out) is dropped; one that fails to answer but is still listed is
+    asked again, and after a few rounds the job fails in one line. An error raised by
+    ``function`` itself on a worker that is still there is raised as it is."""
+    from distributed.comm.core import CommClosedError
+
+    answers: dict = {}
+    failed: dict = {}
+    asked = list(workers) if workers is not None else _current_workers(client)
+    for _ in range(_ASK_ROUNDS):
+        if not asked:
+            return answers
+        got = client.run(function, *args, workers=asked, on_error="return")
+        present = _current_workers(client)
+        failed = {}
+        for address, value in got.items():
+            if not isinstance(value, BaseException):
+                answers[address] = value
+            elif address in present:  # a worker that left is dropped, whatever its error
+                if not isinstance(value, (CommClosedError, OSError, TimeoutError)):
+                    raise value
+                failed[address] = value
+        asked = list(failed) if workers is not None else \
+            [a for a in present if a not in answers]  # the failed, and any that joined
+    address, exc = next(iter(failed.items()))
+    raise WorkerLeftError(
+        f"worker {address} stopped answering during {what} ({type(exc).__name__}: "
+        f"{str(exc).splitlines()[0][:200] if str(exc) else 'no reply'}) while still listed "
+        f"by the scheduler, so it is leaving or stuck; the job stopped before its tasks "
+        f"ran: run the same command again (it checks the workers that are there then)")
+
+
+def _current_workers(client) -> list:
+    return list(client.scheduler_info().get("workers", {}))
+
+
 def check_workers_see(client, stores: dict[str, object]) -> None:
     """Refuse to compute unless every worker reads the same metadata and first chunk
     as the client for each store (a worker without the mount, or started in
@@ -88,7 +136,8 @@ def check_workers_see(client, stores: dict[str, object]) -> None:
 
     locations = [read_at(p) for p in paths]
     here = _worker_signatures(locations)
-    seen = client.run(_worker_signatures, locations)
+    seen = ask_workers(client, _worker_signatures, locations,
+                       what="the check that every worker sees the stores")
     for worker, sigs in seen.items():
         for name, path, mine, theirs in zip(names, paths, here, sigs, strict=True):
             if theirs != mine:
