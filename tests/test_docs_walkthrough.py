@@ -42,7 +42,7 @@ def test_a_worker_without_the_clients_s3_variables_is_told_to_set_them(monkeypat
         def scheduler_info(self):
             return {"workers": {"tcp://10.0.0.9:40000": {}}}
 
-        def run(self, function, locations):
+        def run(self, function, locations, **options):  # workers=, on_error= (ask_workers)
             return {"tcp://10.0.0.9:40000": [{"error": "NoCredentialsError: no credentials"}]}
 
     with pytest.raises(StorageViewError) as raised:
