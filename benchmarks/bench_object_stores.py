@@ -243,6 +243,9 @@ def main(argv=None) -> int:
                         help="commits added (untimed, as rollbacks) to the model and the "
                              "output before the timed runs: compare the requests and names "
                              "listed per job with a run without it (default 0)")
+    parser.add_argument("--weed-args", default="",
+                        help="more `weed mini` flags for the S3 server, e.g. "
+                             "'-filer.maxMB=16' (default: none, as tests/s3server.py runs it)")
     parser.add_argument("--pin", action="store_true",
                         help="also time every contender pinned: the jobs on one core, the "
                              "S3 server on another (needs 2 cores); the unpinned runs are "
@@ -258,10 +261,13 @@ def main(argv=None) -> int:
              f"local disk vs S3 (SeaweedFS on 127.0.0.1)", args)
     data = C.ensure_store(args.workdir, args.n, args.d, args.seed, args.chunk_rows)
     print(f"data: {C.describe_store(data)}")
-    server = s3server.start_seaweedfs()
+    weed_args = tuple(args.weed_args.split())
+    server = s3server.start_seaweedfs(extra_args=weed_args)
     os.environ.update(server.env())
     SERVER_PID.append(server.process.pid)
-    print(f"S3: SeaweedFS {server.endpoint} up in {server.started_in:.2f} s")
+    print(f"S3: SeaweedFS {server.endpoint} up in {server.started_in:.2f} s: `weed mini` as "
+          f"tests/s3server.py runs it, "
+          f"{'plus ' + ' '.join(weed_args) if weed_args else 'no other flags'}")
     count_requests()
     local_root = tempfile.mkdtemp(prefix="bench-object-stores-")
     s3_root = f"s3://{server.bucket}/bench"
