@@ -21,6 +21,13 @@ per partition (encode): what any S3 job must pay on this server; the report says
 many times that the job's extra CPU is. ``--history K`` adds K commits (rollbacks,
 untimed) to the model and the output before the timed runs: the requests and names
 listed per job, compared with a run without it, show whether they grow with history.
+
+``--pin`` times every contender twice per round: unpinned (the jobs and the server share
+every core, as before) and pinned (the jobs, local and S3 alike, on one core; the S3
+server on another, as a remote store has machines of its own); the report gives the
+ratios of each mode under its own heading, and says what was pinned where. Other users
+of the machine are not pinned: the load is printed with every run. ``--weed-args``
+passes more flags to ``weed mini`` (printed).
 """
 
 from __future__ import annotations
