@@ -21,6 +21,13 @@ per partition (encode): what any S3 job must pay on this server; the report says
 many times that the job's extra CPU is. ``--history K`` adds K commits (rollbacks,
 untimed) to the model and the output before the timed runs: the requests and names
 listed per job, compared with a run without it, show whether they grow with history.
+
+``--pin`` times every contender twice per round: unpinned (the jobs and the server share
+every core, as before) and pinned (the jobs, local and S3 alike, on one core; the S3
+server on another, as a remote store has machines of its own); the report gives the
+ratios of each mode under its own heading, and says what was pinned where. Other users
+of the machine are not pinned: the load is printed with every run. ``--weed-args``
+passes more flags to ``weed mini`` (printed).
 """
 
 from __future__ import annotations
@@ -155,11 +162,55 @@ def transfer_floor(data_url: str, scratch_url: str, rows: int, d: int, n: int) -
     return {"fit": get_all, "encode": get_and_put}
 
 
-def report(results: dict, args) -> None:
+UNPINNED, PINNED = "unpinned", "pinned"
+
+
+def pin_cores(args) -> tuple[int, int] | None:
+    """``--pin``: the core of the jobs and the core of the S3 server (the first two
+    this process may use), else None."""
+    if not args.pin:
+        return None
+    cores = sorted(os.sched_getaffinity(0))
+    if len(cores) < 2:
+        raise SystemExit(f"--pin: needs 2 cores (one for the jobs, one for the S3 "
+                         f"server), this process may use {cores}; run without --pin")
+    return cores[0], cores[1]
+
+
+def set_affinity(pid: int, cpus: set) -> None:
+    """Every thread of ``pid`` (threads it starts later inherit it) on ``cpus``."""
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            os.sched_setaffinity(int(tid), cpus)
+        except (ProcessLookupError, FileNotFoundError):  # a thread that just ended
+            pass
+
+
+def apply_mode(mode: str, args) -> None:
+    """Unpinned: this process and the server may use every core; pinned: the jobs
+    (this process: dask's threads, BLAS, the S3 client's event loop) on one core, the
+    S3 server on another, as a remote store runs on machines of its own."""
+    every = set(args.cores)
+    pins = args.pins if mode == PINNED else None
+    set_affinity(os.getpid(), {pins[0]} if pins else every)
+    for pid in SERVER_PID:
+        set_affinity(pid, {pins[1]} if pins else every)
+
+
+def describe_mode(mode: str, args) -> str:
+    if mode == UNPINNED:
+        return (f"UNPINNED: the jobs and the S3 server share cores {sorted(args.cores)} "
+                f"(with the machine's other users)")
+    return (f"PINNED: every job (local and S3; this process, all its threads) on core "
+            f"{args.pins[0]} only, the S3 server on core {args.pins[1]} only (other users "
+            f"of the machine are not pinned)")
+
+
+def report(results: dict, args, mode: str = UNPINNED) -> None:
     med = C.statistics.median
     print()
     print(f"fit and encode of {args.n:,} x {args.d} float32, threaded scheduler, "
-          f"{C.load_line()}")
+          f"{C.load_line()}; {describe_mode(mode, args)}")
     for job in ("fit", "encode"):
         local = [r[0] for r in results["local"][job]]
         s3 = [r[0] for r in results["s3"][job]]
@@ -185,7 +236,7 @@ def report(results: dict, args) -> None:
         print(f"  {job:6s} S3 requests per job, first timed run: {counts[0]}")
         print(f"  {job:6s} S3 requests per job, last timed run : {counts[-1]}"
               f"{'  (same)' if counts[0] == counts[-1] else '  (DIFFERENT)'}")
-    C.emit_json("RESULT bench_object_stores", {
+    C.emit_json("RESULT bench_object_stores" + ("" if mode == UNPINNED else " " + mode), {
         where: {job: [{"seconds": s, "cpu_seconds": {"job": cpu[0], "server": cpu[1]}, "requests": by_kind(c),
                        "operations": c} for s, c, cpu in runs] for job, runs in per.items()}
         for where, per in results.items()})
@@ -199,8 +250,17 @@ def main(argv=None) -> int:
                         help="commits added (untimed, as rollbacks) to the model and the "
                              "output before the timed runs: compare the requests and names "
                              "listed per job with a run without it (default 0)")
+    parser.add_argument("--weed-args", default="",
+                        help="more `weed mini` flags for the S3 server, e.g. "
+                             "'-filer.maxMB=16' (default: none, as tests/s3server.py runs it)")
+    parser.add_argument("--pin", action="store_true",
+                        help="also time every contender pinned: the jobs on one core, the "
+                             "S3 server on another (needs 2 cores); the unpinned runs are "
+                             "timed and reported too, alternating with the pinned ones")
     args = parser.parse_args(argv)
     C.resolve_sizes(args)
+    args.cores = sorted(os.sched_getaffinity(0))
+    args.pins = pin_cores(args)
 
     import s3server  # tests/s3server.py
 
@@ -208,10 +268,13 @@ def main(argv=None) -> int:
              f"local disk vs S3 (SeaweedFS on 127.0.0.1)", args)
     data = C.ensure_store(args.workdir, args.n, args.d, args.seed, args.chunk_rows)
     print(f"data: {C.describe_store(data)}")
-    server = s3server.start_seaweedfs()
+    weed_args = tuple(args.weed_args.split())
+    server = s3server.start_seaweedfs(extra_args=weed_args)
     os.environ.update(server.env())
     SERVER_PID.append(server.process.pid)
-    print(f"S3: SeaweedFS {server.endpoint} up in {server.started_in:.2f} s")
+    print(f"S3: SeaweedFS {server.endpoint} up in {server.started_in:.2f} s: `weed mini` as "
+          f"tests/s3server.py runs it, "
+          f"{'plus ' + ' '.join(weed_args) if weed_args else 'no other flags'}")
     count_requests()
     local_root = tempfile.mkdtemp(prefix="bench-object-stores-")
     s3_root = f"s3://{server.bucket}/bench"
@@ -234,7 +297,8 @@ def main(argv=None) -> int:
     finally:
         server.stop()
         shutil.rmtree(local_root, ignore_errors=True)
-    report(results, args)
+    for mode, per_mode in results.items():
+        report(per_mode, args, mode)
     return 0
 
 
@@ -253,7 +317,13 @@ def _cpu(cpu: tuple) -> str:
 
 
 def run_all(contenders: dict, args) -> dict:
-    results = {where: {"fit": [], "encode": []} for where in contenders}
+    """{mode: {contender: {job: [(seconds, requests, cpu)]}}}: unpinned, and with
+    ``--pin`` pinned too (each round runs both modes, so a change in the machine's
+    load hits both)."""
+    modes = [UNPINNED] + ([PINNED] if args.pins else [])
+    results = {mode: {where: {"fit": [], "encode": []} for where in contenders}
+               for mode in modes}
+    apply_mode(UNPINNED, args)
     for where, run in contenders.items():  # warm-up: untimed, alike
         for _ in range(2 if args.history else 1):  # --history rolls back to version 1
             for job in ("fit", "encode"):
@@ -268,19 +338,32 @@ def run_all(contenders: dict, args) -> dict:
                 lengthen_history(f"{root}/{name}", args.history)
         print(f"history: {args.history} more commits of {root}/model.zarr and out.zarr "
               f"(rollbacks) in {t.seconds:.1f} s")
-    for r in range(args.repeat):
-        order = list(contenders) if r % 2 == 0 else list(reversed(contenders))
-        for where in order:
-            for job in ("fit", "encode"):
-                C.settle()
-                with measured(results[where][job]):
-                    contenders[where][job]()
-                seconds, calls, cpu = results[where][job][-1]
-                print(f"run {r + 1} {where:8s} {job:6s}: {seconds:.3f} s, CPU {_cpu(cpu)} | "
-                      f"{'requests ' + kinds_line(calls) + ' | ' if where == 's3' else ''}"
-                      f"{C.load_line()}")
-                sys.stdout.flush()
+    for mode in modes:
+        print(f"{mode}: {describe_mode(mode, args)}")
+    try:
+        for r in range(args.repeat):
+            for mode in (modes if r % 2 == 0 else modes[::-1]):
+                apply_mode(mode, args)
+                order = list(contenders) if r % 2 == 0 else list(reversed(contenders))
+                _timed_round(contenders, order, results[mode], r, mode, args)
+    finally:
+        apply_mode(UNPINNED, args)
     return results
+
+
+def _timed_round(contenders: dict, order: list, results: dict, r: int, mode: str,
+                 args) -> None:
+    label = f"{r + 1}{' pinned' if mode == PINNED else ''}"
+    for where in order:
+        for job in ("fit", "encode"):
+            C.settle()
+            with measured(results[where][job]):
+                contenders[where][job]()
+            seconds, calls, cpu = results[where][job][-1]
+            print(f"run {label} {where:8s} {job:6s}: {seconds:.3f} s, CPU {_cpu(cpu)} | "
+                  f"{'requests ' + kinds_line(calls) + ' | ' if where == 's3' else ''}"
+                  f"{C.load_line()}")
+            sys.stdout.flush()
 
 
 if __name__ == "__main__":

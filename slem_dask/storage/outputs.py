@@ -20,7 +20,7 @@ from .gc import DraftFencedError, draft_alive
 from .errors import IntegrityError
 from .inputs import _exists, open_node
 from .ownership import ATTR, slem_dask_kind
-from .paths import canonical
+from .paths import canonical, zarr_store
 from .readers import DIMENSIONS, fill_value
 
 if TYPE_CHECKING:
@@ -47,7 +47,8 @@ def create_output(location: str, shape: tuple[int, int], partition_rows: int, dt
     # Dimension names label it for xarray; a NaN fill value makes a chunk that is not
     # there (a version pruned under a plain zarr reader) read as NaN, never as zeros.
     # (zarr's ArrayConfigParams types every key as required; a partial config is fine)
-    return zarr.create_array(store=location, shape=shape, dtype=np.dtype(dtype).newbyteorder("<"),
+    return zarr.create_array(store=zarr_store(location, "w"), shape=shape,
+                             dtype=np.dtype(dtype).newbyteorder("<"),
                              chunks=(max(1, partition_rows), shape[1]), overwrite=True,
                              compressors=CHECKSUM, config={"write_empty_chunks": True},  # type: ignore[arg-type]
                              fill_value=fill_value(dtype), dimension_names=DIMENSIONS,

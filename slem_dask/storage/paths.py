@@ -172,3 +172,23 @@ def _children(path: StorePath) -> list[str]:
         return sorted(p.rstrip("/").rsplit("/", 1)[-1] for p in fs.ls(root, detail=False))
     except OSError:
         return []
+
+
+#: s3fs options of the zarr stores slem-dask opens on S3. With ``max_concurrency`` > 1
+#: (s3fs's default: 10) every plain read of an object (a zarr.json, a model's chunk)
+#: costs a HEAD for its size before the GET, to split objects over 50 MB into parallel
+#: ranges; slem-dask's chunks are read from byte 0 on in one request anyway
+#: (chunks._remote_chunk_bytes), so the HEAD buys nothing and costs a round trip.
+ZARR_S3_OPTIONS = {"max_concurrency": 1}
+
+
+def zarr_store(location, mode: str = "r"):
+    """What to give zarr to open ``location`` in ``mode``: the location itself, or on S3
+    a store whose reads are one GET each (:data:`ZARR_S3_OPTIONS`). Its client reads the
+    environment as zarr's own would."""
+    if not (isinstance(location, str) and location.startswith(("s3://", "s3a://"))):
+        return location
+    from zarr.storage import FsspecStore
+
+    return FsspecStore.from_url(location, storage_options=dict(ZARR_S3_OPTIONS),
+                                read_only=mode == "r")
