@@ -31,6 +31,7 @@ __all__ = ["S3Backend"]
 
 # names a writer keeps private until it renames them (as LocalBackend skips them)
 _PRIVATE_SUFFIXES = (".partial", ".tmp")
+_EVERY_WORKER = "(the client and every dask worker need the same variables)"
 _CONFLICT_TRIES = 6  # 409 ConditionalRequestConflict: another conditional write in flight
 _CONFLICT_BACKOFF = 0.05  # seconds, doubled at each try
 _COPY_BATCH = 64
@@ -374,29 +375,41 @@ class S3Backend(Backend):
                 f"tasks wait for it, no worker needs a restart")
 
     def describe_error(self, exc: BaseException) -> str | None:
+        for e in _chain(exc):
+            said = self._connection_message(e)
+            if said:
+                return said
+        code, status = _error_code(exc)
+        return self._response_message(code, status)
+
+    def _connection_message(self, e: BaseException) -> str | None:
+        """What a client-side failure (no credentials, no connection) means, if it is one."""
         from botocore import exceptions as bx
 
-        every_worker = "(the client and every dask worker need the same variables)"
-        for e in _chain(exc):
-            if isinstance(e, (bx.NoCredentialsError, bx.PartialCredentialsError)):
-                return (f"no S3 credentials for {self.root}: set AWS_ACCESS_KEY_ID and "
-                        f"AWS_SECRET_ACCESS_KEY (or AWS_PROFILE) {every_worker}")
-            if isinstance(e, (bx.EndpointConnectionError, bx.ConnectTimeoutError,
-                              bx.ReadTimeoutError)) and self.unreachable() is None:
-                # the failed request was a worker's: "start it" would be untrue
-                return (f"a dask worker could not reach the object store at "
-                        f"{self._endpoint()} for {self.root}, while this client reaches "
-                        "it: check the network between the workers and the store, and "
-                        f"that every worker has this client's AWS_ENDPOINT_URL; then run "
-                        "the same command again")
-            if isinstance(e, (bx.EndpointConnectionError, bx.ConnectTimeoutError)):
-                return (f"cannot reach the object store at {self._endpoint()} for "
-                        f"{self.root}: start it, or fix AWS_ENDPOINT_URL (or "
-                        f"FSSPEC_S3_ENDPOINT_URL) {every_worker}; a store that does not "
-                        "take bucket names in the host name needs path-style addressing, "
-                        "FSSPEC_S3='{\"config_kwargs\": {\"s3\": {\"addressing_style\": "
-                        "\"path\"}}}'")
-        code, status = _error_code(exc)
+        every_worker = _EVERY_WORKER
+        if isinstance(e, (bx.NoCredentialsError, bx.PartialCredentialsError)):
+            return (f"no S3 credentials for {self.root}: set AWS_ACCESS_KEY_ID and "
+                    f"AWS_SECRET_ACCESS_KEY (or AWS_PROFILE) {every_worker}")
+        if isinstance(e, (bx.EndpointConnectionError, bx.ConnectTimeoutError,
+                          bx.ReadTimeoutError)) and self.unreachable() is None:
+            # the failed request was a worker's: "start it" would be untrue
+            return (f"a dask worker could not reach the object store at "
+                    f"{self._endpoint()} for {self.root}, while this client reaches "
+                    "it: check the network between the workers and the store, and "
+                    f"that every worker has this client's AWS_ENDPOINT_URL; then run "
+                    "the same command again")
+        if isinstance(e, (bx.EndpointConnectionError, bx.ConnectTimeoutError)):
+            return (f"cannot reach the object store at {self._endpoint()} for "
+                    f"{self.root}: start it, or fix AWS_ENDPOINT_URL (or "
+                    f"FSSPEC_S3_ENDPOINT_URL) {every_worker}; a store that does not "
+                    "take bucket names in the host name needs path-style addressing, "
+                    "FSSPEC_S3='{\"config_kwargs\": {\"s3\": {\"addressing_style\": "
+                    "\"path\"}}}'")
+        return None
+
+    def _response_message(self, code: str | None, status: int | None) -> str | None:
+        """What the store's refusal (an S3 error code or HTTP status) means, if it is known."""
+        every_worker = _EVERY_WORKER
         if code in ("SignatureDoesNotMatch", "InvalidAccessKeyId", "InvalidToken",
                     "ExpiredToken", "InvalidClientTokenId"):
             return (f"the object store at {self._endpoint()} refused the credentials for "
