@@ -106,28 +106,43 @@ def open_input(path: str, name: str, empty_ok: bool = False):
     else:
         kind = f"{node.format} input"
     if isinstance(node, zarr.Group):
-        meta = node.attrs.get("slem_dask")
-        written = {"model": "model", "search": "search result"}.get(
-            str(meta.get("kind")) if isinstance(meta, dict) else "")
-        if written:  # its arrays (a covariance, top-k indices) are not descriptors
-            raise ValueError(
-                f"{name}: {path!r} is a slem-dask {written}, not descriptors; give rows of "
-                f"descriptors, or encodings (the --out of `slem-dask encode`)")
-        members = sorted(k for k, v in node.members() if isinstance(v, zarr.Array))
-        hint = f" (arrays in it: {', '.join(members)})" if members else ""
-        example = _demo_member(name)
-        if members and example not in members:
-            example = members[0]
+        _refuse_group(node, path, name)
+    _check_shape_and_dtype(node, path, name, kind, empty_ok)
+    if isinstance(node, formats.FileArray):
+        return node  # its shape and dtype are the files' own; it has no metadata
+    check_array_metadata(node, name, path)  # before any chunk is listed or read
+    _check_slem_dask_output(node, path, name)
+    return node
+
+
+def _refuse_group(node, path: str, name: str) -> None:
+    """A zarr group given where rows are expected: name what it is and the array to give."""
+    meta = node.attrs.get("slem_dask")
+    written = {"model": "model", "search": "search result"}.get(
+        str(meta.get("kind")) if isinstance(meta, dict) else "")
+    if written:  # its arrays (a covariance, top-k indices) are not descriptors
         raise ValueError(
-            f"{name}: {path!r} is a zarr group, not an array{hint}; give the path of "
-            f"an array inside it, e.g. {path.rstrip('/')}/{example}"
-        )
+            f"{name}: {path!r} is a slem-dask {written}, not descriptors; give rows of "
+            f"descriptors, or encodings (the --out of `slem-dask encode`)")
+    members = sorted(k for k, v in node.members() if isinstance(v, zarr.Array))
+    hint = f" (arrays in it: {', '.join(members)})" if members else ""
+    example = _demo_member(name)
+    if members and example not in members:
+        example = members[0]
+    raise ValueError(
+        f"{name}: {path!r} is a zarr group, not an array{hint}; give the path of "
+        f"an array inside it, e.g. {path.rstrip('/')}/{example}"
+    )
+
+
+def _check_shape_and_dtype(node, path: str, name: str, kind: str, empty_ok: bool) -> None:
+    """2-D, with columns (and rows unless ``empty_ok``), of real numbers."""
     if node.ndim != 2:
         fix = ("; if it is one descriptor, store it as one row: x.reshape(1, -1) "
                "(zarr.create_array(..., shape=(1, len(x)), ...))" if node.ndim == 1 else
                "; store it as 2-D rows, e.g. x.reshape(len(x), -1)")
         raise ValueError(
-            f"{name}: the zarr array at {path!r} has shape {node.shape} ({node.ndim}-D); "
+            f"{name}: the {kind} at {path!r} has shape {node.shape} ({node.ndim}-D); "
             f"expected a 2-D array (n_rows, n_features){fix}"
         )
     if node.shape[1] == 0 or (node.shape[0] == 0 and not empty_ok):
@@ -139,9 +154,10 @@ def open_input(path: str, name: str, empty_ok: bool = False):
         raise TypeError(
             f"{name}: the {kind} at {path!r} has dtype {node.dtype}; expected real numbers"
         )
-    if isinstance(node, formats.FileArray):
-        return node  # its shape and dtype are the files' own; it has no metadata
-    check_array_metadata(node, name, path)  # before any chunk is listed or read
+
+
+def _check_slem_dask_output(node, path: str, name: str) -> None:
+    """A slem-dask output read as input: refused when edited or unfinished."""
     meta = node.attrs.get(ATTR)
     if isinstance(meta, dict) and meta.get("kind") == "encoding" and meta.get("complete") \
             and "metadata_checksum" in meta \
@@ -156,7 +172,6 @@ def open_input(path: str, name: str, empty_ok: bool = False):
             f"stopped part-way); run the same `slem-dask encode` again to finish it "
             f"(it resumes), or with --overwrite to start over"
         )
-    return node
 
 
 def read_all(path, name: str = "encodings") -> np.ndarray:
