@@ -365,3 +365,66 @@ def encode_floor(x, matrix: np.ndarray, folder: str, client=None) -> dict:
         else:
             dask.compute(done.sum())
     return {"total": t.seconds}
+
+
+# -- bands: how far a repeated run's ratio may move ----------------------
+#
+# A benchmark promises a *band* for its headline ratio: a second run of the same
+# command on the same machine gives a ratio within +-band of the first. The band is
+# checked inside one run from its repeats: the contenders alternate round by round, so
+# the ratio of each round's pair is a sample of what a whole run could report; the run
+# is "inside" its band when every round's ratio lies within +-band of their median.
+# benchmarks/compare_bands.py compares two runs' BAND lines.
+
+def add_band_arg(parser: argparse.ArgumentParser, band: float, why: str) -> None:
+    """``band``: the script's promised relative spread of its headline ratio between
+    two runs (0.15: +-15%); ``why``: what sets it (stated in --help)."""
+    parser.add_argument("--band", type=float, default=band,
+                        help=f"promised relative spread of the headline ratio between two "
+                             f"runs (default {band:g}, i.e. +-{band:.0%}: {why})")
+
+
+def round_ratios(numerators, denominators) -> list[float]:
+    """Ratio of each round's pair (rounds in which either side is missing are left out)."""
+    return [a / b for a, b in zip(numerators, denominators) if a and b]
+
+
+def band(label: str, numerators, denominators, promised: float, *,
+         names: tuple[str, str] = ("reference", "slem-dask"), floor: bool = False) -> dict:
+    """Print, and emit as a ``BAND {json}`` line, the headline ratio
+    ``min(numerators) / min(denominators)`` (best against best), the per-round ratios'
+    min / median / max and whether they lie within +-``promised`` of their median.
+
+    ``floor=True``: the numerators are a floor's times, which bound the denominators'
+    from below: the floor's best is the min over its runs; if that is still slower than
+    the contender's best, the floor was not a floor in this run, and the line says so
+    instead of giving a ratio (a floor / slem-dask ratio above 1 is no result)."""
+    numerators, denominators = [float(v) for v in numerators], [float(v) for v in denominators]
+    rounds = round_ratios(numerators, denominators)
+    out = {"label": label, "numerator": names[0], "denominator": names[1],
+           "band": promised, "floor": floor, "rounds": len(rounds)}
+    if not rounds:
+        print(f"BAND {label}: no complete round of {names[0]} and {names[1]}: no ratio")
+        out.update(ratio=None, inside=False)
+        emit_json("BAND", out)
+        return out
+    best_num, best_den = min(numerators), min(denominators)
+    ratio = best_num / best_den
+    mid = statistics.median(rounds)
+    lo, hi = min(rounds), max(rounds)
+    spread_ = max(hi / mid - 1.0, 1.0 - lo / mid)
+    inside = spread_ <= promised
+    out.update(ratio=ratio, round_min=lo, round_median=mid, round_max=hi,
+               spread=spread_, inside=inside)
+    if floor and best_num > best_den:
+        out.update(ratio=None, not_a_floor=True, floor_best=best_num, contender_best=best_den)
+        print(f"BAND {label}: floor slower than {names[1]}: not a floor in this run "
+              f"(floor best {best_num:.3f} s over {len(numerators)} runs > {names[1]} best "
+              f"{best_den:.3f} s); no ratio")
+    else:
+        print(f"BAND {label}: {names[0]} / {names[1]} = {ratio:.3f} (best / best); per round "
+              f"min {lo:.3f}, median {mid:.3f}, max {hi:.3f} over {len(rounds)} rounds: "
+              f"spread +-{spread_:.0%}, promised band +-{promised:.0%}: "
+              f"{'inside' if inside else 'OUTSIDE (repeat more, or the machine is busy)'}")
+    emit_json("BAND", out)
+    return out
