@@ -381,7 +381,7 @@ def add_band_arg(parser: argparse.ArgumentParser, band: float, why: str) -> None
     two runs (0.15: +-15%); ``why``: what sets it (stated in --help)."""
     parser.add_argument("--band", type=float, default=band,
                         help=f"promised relative spread of the headline ratio between two "
-                             f"runs (default {band:g}, i.e. +-{band:.0%}: {why})")
+                             f"runs (default {band:g}, i.e. +-{band * 100:.0f}%%: {why})")
 
 
 def round_ratios(numerators, denominators) -> list[float]:
