@@ -384,6 +384,21 @@ def add_band_arg(parser: argparse.ArgumentParser, band: float, why: str) -> None
                              f"runs (default {band:g}, i.e. +-{band * 100:.0f}%%: {why})")
 
 
+def alternate(contenders: dict, repeat: int) -> dict[str, list[float]]:
+    """{name: seconds of each of ``repeat`` rounds}: one untimed call of every contender
+    first (all warmed up alike), then rounds in which the contenders take turns (a change
+    of the machine's load hits them all, and each round is a pair for :func:`band`)."""
+    for fn in contenders.values():
+        fn()
+    runs = {name: [] for name in contenders}
+    for _ in range(repeat):
+        for name, fn in contenders.items():
+            t0 = time.perf_counter()
+            fn()
+            runs[name].append(time.perf_counter() - t0)
+    return runs
+
+
 def round_ratios(numerators, denominators) -> list[float]:
     """Ratio of each round's pair (rounds in which either side is missing are left out)."""
     return [a / b for a, b in zip(numerators, denominators) if a and b]
@@ -413,9 +428,13 @@ def band(label: str, numerators, denominators, promised: float, *,
     mid = statistics.median(rounds)
     lo, hi = min(rounds), max(rounds)
     spread_ = max(hi / mid - 1.0, 1.0 - lo / mid)
-    inside = spread_ <= promised
+    # one round says nothing about the spread: the band is then checked between runs only
+    inside = spread_ <= promised if len(rounds) > 1 else None
     out.update(ratio=ratio, round_min=lo, round_median=mid, round_max=hi,
                spread=spread_, inside=inside)
+    verdict = ("inside" if inside else "OUTSIDE (repeat more, or the machine is busy)"
+               if inside is not None else "one round: checked only between two runs "
+               "(compare_bands.py)")
     if floor and best_num > best_den:
         out.update(ratio=None, not_a_floor=True, floor_best=best_num, contender_best=best_den)
         print(f"BAND {label}: floor slower than {names[1]}: not a floor in this run "
@@ -425,6 +444,6 @@ def band(label: str, numerators, denominators, promised: float, *,
         print(f"BAND {label}: {names[0]} / {names[1]} = {ratio:.3f} (best / best); per round "
               f"min {lo:.3f}, median {mid:.3f}, max {hi:.3f} over {len(rounds)} rounds: "
               f"spread +-{spread_:.0%}, promised band +-{promised:.0%}: "
-              f"{'inside' if inside else 'OUTSIDE (repeat more, or the machine is busy)'}")
+              f"{verdict}")
     emit_json("BAND", out)
     return out

@@ -32,7 +32,7 @@ def fmt(value) -> str:
 
 
 def yes_no(flag) -> str:
-    return "yes" if flag else "no"
+    return "n/a" if flag is None else "yes" if flag else "no"
 
 
 def compare(first: dict, second: dict) -> list[dict]:
@@ -44,7 +44,7 @@ def compare(first: dict, second: dict) -> list[dict]:
         between = r1 is not None and r2 is not None and abs(r2 / r1 - 1.0) <= promised
         rows.append({"label": label, "run1": r1, "run2": r2, "band": promised,
                      "between": between,
-                     "within": (bool(a.get("inside")), bool(b.get("inside"))),
+                     "within": (a.get("inside"), b.get("inside")),
                      "not_a_floor": bool(a.get("not_a_floor") or b.get("not_a_floor"))})
     return rows
 
