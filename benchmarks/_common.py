@@ -373,7 +373,9 @@ def encode_floor(x, matrix: np.ndarray, folder: str, client=None) -> dict:
 # command on the same machine gives a ratio within +-band of the first. The band is
 # checked inside one run from its repeats: the contenders alternate round by round, so
 # the ratio of each round's pair is a sample of what a whole run could report; the run
-# is "inside" its band when every round's ratio lies within +-band of their median.
+# is "inside" its band when the headline lies within +-band of the rounds' median ratio
+# and so do all rounds but one in five (a round stalled by another process on the
+# shared machine is forgiven, and counted in the line).
 # benchmarks/compare_bands.py compares two runs' BAND lines.
 
 def add_band_arg(parser: argparse.ArgumentParser, band: float, why: str) -> None:
@@ -408,7 +410,7 @@ def band(label: str, numerators, denominators, promised: float, *,
          names: tuple[str, str] = ("reference", "slem-dask"), floor: bool = False) -> dict:
     """Print, and emit as a ``BAND {json}`` line, the headline ratio
     ``min(numerators) / min(denominators)`` (best against best), the per-round ratios'
-    min / median / max and whether they lie within +-``promised`` of their median.
+    min / median / max and whether the run is inside its band (see above).
 
     ``floor=True``: the numerators are a floor's times, which bound the denominators'
     from below: the floor's best is the min over its runs; if that is still slower than
@@ -428,10 +430,12 @@ def band(label: str, numerators, denominators, promised: float, *,
     mid = statistics.median(rounds)
     lo, hi = min(rounds), max(rounds)
     spread_ = max(hi / mid - 1.0, 1.0 - lo / mid)
+    outside = sum(abs(r / mid - 1.0) > promised for r in rounds)
     # one round says nothing about the spread: the band is then checked between runs only
-    inside = spread_ <= promised if len(rounds) > 1 else None
+    inside = (abs(ratio / mid - 1.0) <= promised and outside <= len(rounds) // 5
+              if len(rounds) > 1 else None)
     out.update(ratio=ratio, round_min=lo, round_median=mid, round_max=hi,
-               spread=spread_, inside=inside)
+               spread=spread_, rounds_outside=outside, inside=inside)
     verdict = ("inside" if inside else "OUTSIDE (repeat more, or the machine is busy)"
                if inside is not None else "one round: checked only between two runs "
                "(compare_bands.py)")
@@ -443,7 +447,7 @@ def band(label: str, numerators, denominators, promised: float, *,
     else:
         print(f"BAND {label}: {names[0]} / {names[1]} = {ratio:.3f} (best / best); per round "
               f"min {lo:.3f}, median {mid:.3f}, max {hi:.3f} over {len(rounds)} rounds: "
-              f"spread +-{spread_:.0%}, promised band +-{promised:.0%}: "
+              f"{outside} outside +-{promised:.0%} of the median (one in five allowed): "
               f"{verdict}")
     emit_json("BAND", out)
     return out

@@ -22,6 +22,9 @@ import tempfile
 
 import numpy as np
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import _common as C  # noqa: E402
+
 
 def _reset_peak(dask_worker=None) -> int:
     with open("/proc/self/clear_refs", "w") as f:
@@ -68,6 +71,8 @@ def main() -> None:
     parser.add_argument("--rows", default="20000,50000,100000")
     parser.add_argument("--chunk", type=int, default=10000)
     parser.add_argument("--ranks", default="256", help="pivots of the kernel models")
+    C.add_band_arg(parser, 0.10, "one fresh worker per measurement, its peak resident set "
+                   "read by the kernel (VmHWM); one measurement per case and run")
     args = parser.parse_args()
     args.ranks = [int(r) for r in args.ranks.split(",")]
     from distributed import Client, LocalCluster
@@ -121,6 +126,9 @@ def main() -> None:
             label = f"{name} {dtype[5:]}->{(out_dtype or dtype)[5:]}"
             print(f"{label:<34} {rows:>8} {part / 2**20:>14.1f} {need / 2**20:>9.1f} "
                   f"{need / part:>7.2f} {before / 2**20:>10.0f}", flush=True)
+            if rows == max(int(float(r)) for r in args.rows.split(",")):
+                C.band(f"{label}, {rows} rows: need / partition bytes", [need], [part],
+                       args.band, names=("need", "partition bytes"))
 
 
 if __name__ == "__main__":
