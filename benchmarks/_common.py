@@ -365,3 +365,89 @@ def encode_floor(x, matrix: np.ndarray, folder: str, client=None) -> dict:
         else:
             dask.compute(done.sum())
     return {"total": t.seconds}
+
+
+# -- bands: how far a repeated run's ratio may move ----------------------
+#
+# A benchmark promises a *band* for its headline ratio: a second run of the same
+# command on the same machine gives a ratio within +-band of the first. The band is
+# checked inside one run from its repeats: the contenders alternate round by round, so
+# the ratio of each round's pair is a sample of what a whole run could report; the run
+# is "inside" its band when the headline lies within +-band of the rounds' median ratio
+# and so do all rounds but one in five (a round stalled by another process on the
+# shared machine is forgiven, and counted in the line).
+# benchmarks/compare_bands.py compares two runs' BAND lines.
+
+def add_band_arg(parser: argparse.ArgumentParser, band: float, why: str) -> None:
+    """``band``: the script's promised relative spread of its headline ratio between
+    two runs (0.15: +-15%); ``why``: what sets it (stated in --help)."""
+    parser.add_argument("--band", type=float, default=band,
+                        help=f"promised relative spread of the headline ratio between two "
+                             f"runs (default {band:g}, i.e. +-{band * 100:.0f}%%: {why})")
+
+
+def alternate(contenders: dict, repeat: int) -> dict[str, list[float]]:
+    """{name: seconds of each of ``repeat`` rounds}: one untimed call of every contender
+    first (all warmed up alike), then rounds in which the contenders take turns (a change
+    of the machine's load hits them all, and each round is a pair for :func:`band`)."""
+    for fn in contenders.values():
+        fn()
+    runs = {name: [] for name in contenders}
+    for _ in range(repeat):
+        for name, fn in contenders.items():
+            t0 = time.perf_counter()
+            fn()
+            runs[name].append(time.perf_counter() - t0)
+    return runs
+
+
+def round_ratios(numerators, denominators) -> list[float]:
+    """Ratio of each round's pair (rounds in which either side is missing are left out)."""
+    return [a / b for a, b in zip(numerators, denominators) if a and b]
+
+
+def band(label: str, numerators, denominators, promised: float, *,
+         names: tuple[str, str] = ("reference", "slem-dask"), floor: bool = False) -> dict:
+    """Print, and emit as a ``BAND {json}`` line, the headline ratio
+    ``min(numerators) / min(denominators)`` (best against best), the per-round ratios'
+    min / median / max and whether the run is inside its band (see above).
+
+    ``floor=True``: the numerators are a floor's times, which bound the denominators'
+    from below: the floor's best is the min over its runs; if that is still slower than
+    the contender's best, the floor was not a floor in this run, and the line says so
+    instead of giving a ratio (a floor / slem-dask ratio above 1 is no result)."""
+    numerators, denominators = [float(v) for v in numerators], [float(v) for v in denominators]
+    rounds = round_ratios(numerators, denominators)
+    out = {"label": label, "numerator": names[0], "denominator": names[1],
+           "band": promised, "floor": floor, "rounds": len(rounds)}
+    if not rounds:
+        print(f"BAND {label}: no complete round of {names[0]} and {names[1]}: no ratio")
+        out.update(ratio=None, inside=False)
+        emit_json("BAND", out)
+        return out
+    best_num, best_den = min(numerators), min(denominators)
+    ratio = best_num / best_den
+    mid = statistics.median(rounds)
+    lo, hi = min(rounds), max(rounds)
+    spread_ = max(hi / mid - 1.0, 1.0 - lo / mid)
+    outside = sum(abs(r / mid - 1.0) > promised for r in rounds)
+    # one round says nothing about the spread: the band is then checked between runs only
+    inside = (abs(ratio / mid - 1.0) <= promised and outside <= len(rounds) // 5
+              if len(rounds) > 1 else None)
+    out.update(ratio=ratio, round_min=lo, round_median=mid, round_max=hi,
+               spread=spread_, rounds_outside=outside, inside=inside)
+    verdict = ("inside" if inside else "OUTSIDE (repeat more, or the machine is busy)"
+               if inside is not None else "one round: checked only between two runs "
+               "(compare_bands.py)")
+    if floor and best_num > best_den:
+        out.update(ratio=None, not_a_floor=True, floor_best=best_num, contender_best=best_den)
+        print(f"BAND {label}: floor slower than {names[1]}: not a floor in this run "
+              f"(floor best {best_num:.3f} s over {len(numerators)} runs > {names[1]} best "
+              f"{best_den:.3f} s); no ratio")
+    else:
+        print(f"BAND {label}: {names[0]} / {names[1]} = {ratio:.3f} (best / best); per round "
+              f"min {lo:.3f}, median {mid:.3f}, max {hi:.3f} over {len(rounds)} rounds: "
+              f"{outside} outside +-{promised:.0%} of the median (one in five allowed): "
+              f"{verdict}")
+    emit_json("BAND", out)
+    return out

@@ -120,6 +120,8 @@ def main(argv=None) -> int:  # noqa: C901 - a driver: options, then each contend
     parser = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     C.add_common_args(parser)
     C.add_run_args(parser)
+    C.add_band_arg(parser, 0.15, "rounds alternate the contenders; every contender writes "
+                   "n x d floats, whose writeback each settles before its clock starts")
     parser.add_argument("--numpy-dtype", choices=("float32", "float64"), default="float32",
                         help="arithmetic of the numpy reference (default float32)")
     parser.add_argument("--precision", choices=("auto", "float64"), default="auto",
@@ -221,6 +223,14 @@ def main(argv=None) -> int:  # noqa: C901 - a driver: options, then each contend
                 if args.floor:
                     C.encode_floor(x, model._encoding_matrix(arr.dtype, args.precision),
                                    out_floor, clients[sched])
+            if sched == schedulers[0] and not args.no_numpy:  # numpy is warmed up alike
+                with C.Timer() as tn:
+                    if args.kernel_rank:
+                        kernel_numpy_reference(path, out_np, model, rows)
+                    else:
+                        numpy_reference(path, out_np, model.mean_, model.precision_, rows,
+                                        np.dtype(args.numpy_dtype))
+                t.seconds += tn.seconds
             print(f"warm-up on {sched} (not counted): {t.seconds:.3f} s")
             for r in range(args.repeat):
                 with contexts[sched]():
@@ -284,6 +294,8 @@ def main(argv=None) -> int:  # noqa: C901 - a driver: options, then each contend
                   f"{args.repeat}); {ratio_med:.3f} (medians)  [>= 1.0: slem-dask no slower]")
             result.update({f"{sched}_ratio_numpy_best": ratio,
                            f"{sched}_ratio_numpy_median": ratio_med})
+            C.band(f"encode [{sched}] numpy / slem-dask", [t["total"] for t in numpy_runs],
+                   totals, args.band, names=("numpy", "slem-dask"))
         if naive[sched]:
             nts = [t["total"] for t in naive[sched]]
             print(f"[{sched}] naive Dask total      : {C.spread(nts)}  runs {C.runs_line(nts)}")
@@ -292,13 +304,18 @@ def main(argv=None) -> int:  # noqa: C901 - a driver: options, then each contend
                   f"{nr_med:.3f} (medians)")
             result.update({f"{sched}_naive_runs": nts, f"{sched}_ratio_naive_best": nr,
                            f"{sched}_ratio_naive_median": nr_med})
+            C.band(f"encode [{sched}] naive Dask / slem-dask", nts, totals, args.band,
+                   names=("naive Dask", "slem-dask"))
         if floor[sched]:
             fts = [t["total"] for t in floor[sched]]
             print(f"[{sched}] floor (read, product, normalize, write): {C.spread(fts)}  runs "
                   f"{C.runs_line(fts)}")
-            print(f"[{sched}] RATIO floor_time / slem_time = {min(fts) / min(totals):.3f} "
-                  f"(best); {med(fts) / med(totals):.3f} (medians)  [goal >= 1/1.15 = 0.870; "
-                  f"1.0: slem-dask does no work beyond the floor]")
+            fb = C.band(f"encode [{sched}] floor / slem-dask", fts, totals, args.band,
+                        names=("floor", "slem-dask"), floor=True)
+            if fb["ratio"] is not None:
+                print(f"[{sched}] RATIO floor_time / slem_time = {fb['ratio']:.3f} (best); "
+                      f"{med(fts) / med(totals):.3f} (medians)  [goal >= 1/1.15 = 0.870; "
+                      f"1.0: slem-dask does no work beyond the floor]")
             result.update({f"{sched}_floor_runs": fts,
                            f"{sched}_ratio_floor_best": min(fts) / min(totals),
                            f"{sched}_ratio_floor_median": med(fts) / med(totals)})

@@ -157,6 +157,8 @@ def main(argv=None) -> int:  # noqa: C901 - a driver: options, then each contend
     parser = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     C.add_common_args(parser)
     C.add_run_args(parser)
+    C.add_band_arg(parser, 0.15, "rounds alternate the contenders; at --quick sizes a "
+                   "contender takes a few tenths of a second, which load moves by 10%%")
     parser.add_argument("--api", choices=("job", "estimator"), default="job",
                         help="time pipeline.fit_job (default) or LinearSLEM().fit on dask_rows")
     parser.add_argument("--schedulers", default="threads,cluster",
@@ -230,6 +232,8 @@ def main(argv=None) -> int:  # noqa: C901 - a driver: options, then each contend
                     for label in naive_labels[sched]:
                         with contexts[naive_on[label]]():
                             naive_dask(path, rows)
+                if sched == schedulers[0]:  # numpy is warmed up alike (it had no untimed run)
+                    numpy_reference(path)
             print(f"warm-up on {sched} (not counted): {t.seconds:.3f} s")
             for r in range(args.repeat):
                 C.settle()  # no contender pays for another's spinning BLAS threads
@@ -281,6 +285,8 @@ def main(argv=None) -> int:  # noqa: C901 - a driver: options, then each contend
               f"{ratio_med:.3f} (medians)  [>= 1.0: slem-dask no slower]")
         result.update({f"{sched}_slem_runs": totals, f"{sched}_ratio_numpy_best": ratio,
                        f"{sched}_ratio_numpy_median": ratio_med})
+        C.band(f"fit [{sched}] numpy / slem-dask", [t["total"] for t in numpy_runs], totals,
+               args.band, names=("numpy", "slem-dask"))
         for label in naive_labels[sched] if not args.no_naive else ():
             nts = [t["total"] for t in naive[label]]
             goal = "goal >= 1.3" if label == sched else "for comparison"
@@ -291,12 +297,17 @@ def main(argv=None) -> int:  # noqa: C901 - a driver: options, then each contend
             key = label.replace(", slem-dask's workers", "_slem_workers")
             result.update({f"{key}_naive_runs": nts, f"{key}_ratio_naive_best": nr,
                            f"{key}_ratio_naive_median": nr_med})
+            C.band(f"fit [{label}] naive Dask / slem-dask", nts, totals, args.band,
+                   names=("naive Dask", "slem-dask"))
         if args.floor:
             fts = [t["total"] for t in floor[sched]]
             print(f"[{sched}] floor (read + X^T X) : {C.spread(fts)}  runs {C.runs_line(fts)}")
-            print(f"[{sched}] RATIO floor_time / slem_time = {min(fts) / min(totals):.3f} (best); "
-                  f"{med(fts) / med(totals):.3f} (medians)  [goal >= 1/1.15 = 0.870; 1.0: "
-                  f"slem-dask does no work beyond the floor]")
+            fb = C.band(f"fit [{sched}] floor / slem-dask", fts, totals, args.band,
+                        names=("floor", "slem-dask"), floor=True)
+            if fb["ratio"] is not None:
+                print(f"[{sched}] RATIO floor_time / slem_time = {fb['ratio']:.3f} (best); "
+                      f"{med(fts) / med(totals):.3f} (medians)  [goal >= 1/1.15 = 0.870; 1.0: "
+                      f"slem-dask does no work beyond the floor]")
             result.update({f"{sched}_floor_runs": fts,
                            f"{sched}_ratio_floor_best": min(fts) / min(totals),
                            f"{sched}_ratio_floor_median": med(fts) / med(totals)})

@@ -62,6 +62,8 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     C.add_common_args(parser)
     C.add_run_args(parser)
+    C.add_band_arg(parser, 0.15, "the contenders' order rotates each round, after one "
+                   "untimed run of each")
     args = parser.parse_args(argv)
     C.resolve_sizes(args)
 
@@ -128,6 +130,8 @@ def main(argv=None) -> int:
     print(f"RATIO unguarded_time / guarded_time = {ratio:.3f} (best of {args.repeat}); "
           f"{ratio_med:.3f} (medians); overhead {100 * (1 / ratio - 1):+.1f}% (best), "
           f"{100 * (1 / ratio_med - 1):+.1f}% (medians)  [goal: overhead <= 5%]")
+    C.band("encode: unguarded / guarded", plain, guarded, args.band,
+           names=("unguarded", "guarded"))
     paired = [g / u for g, u in zip(guarded, plain, strict=True)]
     print(f"guarded / unguarded of the same round: median {med(paired):.3f} "
           f"(runs {C.runs_line(paired)})")

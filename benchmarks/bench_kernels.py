@@ -35,6 +35,9 @@ import _common as C  # noqa: E402
 
 
 def best(fn, repeat):
+    """(best time, result) of ``repeat`` timed calls after one untimed call (every
+    measurement is warmed up alike: caches, first-touch pages, lazy imports)."""
+    fn()
     times = []
     for _ in range(repeat):
         t = time.perf_counter()
@@ -99,6 +102,8 @@ def main(argv=None) -> int:
     parser.add_argument("--d", type=C.int_size, default=512)
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--quick", action="store_true", help="rows=8192, d=128")
+    C.add_band_arg(parser, 0.20, "millisecond timings of one partition, best of --repeat; "
+                   "a loaded core moves them by 10-20%%")
     args = parser.parse_args(argv)
     if args.quick:
         args.rows, args.d = 8192, 128
@@ -109,7 +114,7 @@ def main(argv=None) -> int:
     from slem_dask.core.linear import encode_rows, precision_matrix
     from slem_dask.core.statistics import block_statistics
     from slem_dask.datasets import background_rows
-    from slem_dask.parallel.blocks import _encode_block
+    from slem_dask.parallel.blocks import _apply_rows  # the encode task (blocks.map_rows)
     from slem_dask.core.validation import check_finite_rows
 
     C.header(f"bench_kernels: one partition of {args.rows:,} x {args.d} float32, BLAS 1 thread", args)
@@ -147,11 +152,12 @@ def main(argv=None) -> int:
         row("variant: float32 ssyrk of float64-centred block", t_32,
             f"{t_lib / t_32:.2f}x faster; relative error {err:.1e} (float64: ~1e-16)")
 
-        print("encode task (_encode_block = check_finite_rows + encode_rows):")
+        print("encode task (parallel._apply_rows = check_finite_rows + encode_rows):")
         cov = ref.scatter / ref.count
         prec = precision_matrix(cov, 1e-3)
-        t_enc, z_ref = best(lambda: _encode_block(x, ref.mean, prec, np.dtype("float32"), "P"), r)
-        row("library _encode_block", t_enc)
+        t_enc, z_ref = best(lambda: _apply_rows(x, encode_rows, np.dtype("float32"), "P", ref.mean, prec),
+                          r)
+        row("library encode task (_apply_rows)", t_enc)
         t_chk, _ = best(lambda: check_finite_rows(x, "P"), r)
         row("  step: check_finite_rows", t_chk)
         t_er, _ = best(lambda: encode_rows(x, ref.mean, prec, dtype=np.float32), r)
@@ -189,6 +195,18 @@ def main(argv=None) -> int:
                     f"{size / z_ref.nbytes:.3f} of raw size")
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
+        # the headline ratios again, the two contenders alternating round by round
+        print(f"headline pairs, alternating, {4 * r} rounds:")
+        stats = C.alternate({"library": lambda: block_statistics(x),
+                             "variant": lambda: stats_mean_first(x)}, 4 * r)
+        enc = C.alternate(
+            {"library": lambda: _apply_rows(x, encode_rows, np.dtype("float32"), "P",
+                                            ref.mean, prec),
+             "variant": lambda: encode_norm_check(x, ref.mean, prec, np.float32)}, 4 * r)
+    C.band("block_statistics: library / variant finiteness from the mean",
+           stats["library"], stats["variant"], args.band, names=("library", "variant"))
+    C.band("encode task: library / variant finiteness from the row norms",
+           enc["library"], enc["variant"], args.band, names=("library", "variant"))
     return 0
 
 

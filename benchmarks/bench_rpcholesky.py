@@ -192,8 +192,13 @@ def child_main(args) -> int:
     out = {"kind": kind}
     if kind in ("reference", "numpy"):
         x = arr[...]
-        if kind == "reference":  # imports and first calls outside the timed part
-            _rbf_block(x[:8], x[:8], args.gamma)
+        # the same untimed warm-up for every contender (imports, first calls, BLAS
+        # threads): a small factorization of the first rows, rank 16
+        if kind == "reference":
+            reference_rpcholesky(x[:4096], args.gamma, 16, args.rp_seed)
+        else:
+            KernelSLEM(kernel="rbf", gamma=args.gamma, rank=16, pivoting="rpcholesky",
+                       tol=0.0, random_state=0).fit(x[:4096])
         C.settle()
         out["base"] = _tree_rss(me)
         t0 = time.perf_counter()
@@ -216,12 +221,11 @@ def child_main(args) -> int:
         with contextlib.ExitStack() as stack:
             if kind == "cluster":
                 stack.enter_context(connect(quiet=True))
-                x = storage.dask_rows(arr, args.partition_rows)
-                KernelSLEM(kernel="rbf", gamma=args.gamma, rank=16, pivoting="rpcholesky",
-                           tol=0.0, random_state=0).fit(x[:4096])  # warm-up, not timed
             else:
                 stack.enter_context(dask.config.set(scheduler="threads"))
             x = storage.dask_rows(arr, args.partition_rows)
+            KernelSLEM(kernel="rbf", gamma=args.gamma, rank=16, pivoting="rpcholesky",
+                       tol=0.0, random_state=0).fit(x[:4096])  # warm-up alike, not timed
             C.settle()
             out["base"] = _tree_rss(me)
             t0 = time.perf_counter()
@@ -311,6 +315,8 @@ def bench_size(args, n: int, d: int) -> dict:
             out[f"ratio_{kind}"] = {"best": best, "median": med}
             print(f"  RATIO reference / {kind}: best {best:.2f}, median {med:.2f}  "
                   f"(n = {n:,}, d = {d})")
+            C.band(f"n={n:,} d={d}: reference / {kind}", ref, t, args.band,
+                   names=("reference", kind))
             same_rank = {r["rank"] for r in rs} == {r["rank"] for r in runs["reference"]}
             rel = abs(te - ref_te) / ref_te if ref_te else float("nan")
             print(f"    trace error {kind} {te:.5f} vs reference {ref_te:.5f} "
@@ -337,6 +343,8 @@ def main(argv=None) -> int:
     p.add_argument("--chunk-rows", type=C.int_size, default=C.DEFAULT_CHUNK_ROWS)
     p.add_argument("--seed", type=int, default=0, help="seed of the data stream")
     p.add_argument("--quick", action="store_true")
+    C.add_band_arg(p, 0.20, "every run is a fresh child process, contenders alternating "
+                   "within each round, each warmed up by a rank-16 fit of 4096 rows")
     args = p.parse_args(argv)
     if args.rank is None:
         args.rank = 64 if args.quick else 256

@@ -63,6 +63,8 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     C.add_common_args(parser, default_n=20_000)
     C.add_run_args(parser, repeat=5)
+    C.add_band_arg(parser, 0.20, "rounds alternate the contenders after one untimed call of "
+                   "each; a search of 20,000 rows takes tenths of a second")
     parser.add_argument("--queries", type=C.int_size, default=1000,
                         help="number of queries (default 1000)")
     parser.add_argument("--k", default="100,all",
@@ -144,6 +146,7 @@ def main(argv=None) -> int:
                 print(f"RATIO k={k} {anchor} / {name}: {min(ref) / min(t):.2f} (best), "
                       f"{statistics.median(ref) / statistics.median(t):.2f} (medians), "
                       f"{paired:.2f} (median of same-round ratios)")
+                C.band(f"k={k} {anchor} / {name}", ref, t, args.band, names=(anchor, name))
     C.emit_json("RESULT bench_search", {f"{k}/{name}": v for (k, name), v in results.items()})
     return 0
 

@@ -27,6 +27,8 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     C.add_common_args(parser, default_n=200_000)
     C.add_run_args(parser)
+    C.add_band_arg(parser, 0.20, "every setting's jobs run in each round, after one untimed "
+                   "fit and encode on every layout; jobs of tenths of a second to seconds")
     parser.add_argument("--partitions", default="8192,32768,131072",
                         help="comma-separated partition_rows values (default 8192,32768,131072)")
     parser.add_argument("--layouts", default="2x1,1x2",
@@ -117,6 +119,16 @@ def main(argv=None) -> int:
                       f"{min(one[job]) / min(two[job]):.2f} (best), "
                       f"{float(np.median(one[job])) / float(np.median(two[job])):.2f} "
                       f"(medians)  [{'the most a fit can scale here' if job == 'floor' else 'goal >= 1.7'}]")
+    names = [f"{p}x{t}" for p, t in layouts]
+    for pr in parts:
+        for other in names[1:]:  # each layout against the first, same partitions
+            a, b = by.get((other, pr)), by.get((names[0], pr))
+            for job in ("fit", "encode") if a and b else ():
+                C.band(f"{job} time {other} / {names[0]}, partition_rows={pr}", a[job],
+                       b[job], args.band, names=(other, names[0]))
+        for name in names if args.floor else ():  # the floor bounds the fit on each layout
+            C.band(f"floor / fit, {name}, partition_rows={pr}", by[(name, pr)]["floor"],
+                   by[(name, pr)]["fit"], args.band, names=("floor", "fit_job"), floor=True)
     C.emit_json("RESULT bench_settings", {f"{k[0]}/{k[1]}": v for k, v in results.items()})
     return 0
 

@@ -19,7 +19,8 @@ for script in bench_fit bench_encode bench_memory; do
 done
 echo
 echo "uptime after: $(uptime)"
-echo "summary (each script's RATIO and PEAK lines; its full RESULT line is in its log):"
+echo "summary (each script's RATIO, PEAK and BAND lines; its full RESULT line is in its log):"
 for script in bench_fit bench_encode bench_memory; do
-    grep '^\(\[[^]]*\] \)\?\(RATIO\|PEAK\)' "$logs/$script.log" | sed "s/^/$script: /" || true
+    grep '^\(\[[^]]*\] \)\?\(RATIO\|PEAK\|BAND [^{]\)' "$logs/$script.log" | sed "s/^/$script: /" || true
 done
+echo "compare two runs' bands: python benchmarks/compare_bands.py RUN1.log RUN2.log"

@@ -1,0 +1,65 @@
+"""Tests of the band and floor helpers of the benchmarks (_common.band, compare_bands.py).
+
+Outside tests/ (the benchmarks are not part of the package); run them with
+``python -m pytest benchmarks/test_bands.py``.
+"""
+
+import json
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import _common as C  # noqa: E402
+import compare_bands  # noqa: E402
+
+
+def test_a_floor_slower_than_its_contender_gives_no_ratio(capsys):
+    # the floor's best (0.30 s) is slower than slem-dask's best (0.25 s)
+    out = C.band("fit floor / slem-dask", [0.31, 0.30, 0.33], [0.25, 0.26, 0.27], 0.15,
+                 names=("floor", "slem-dask"), floor=True)
+    text = capsys.readouterr().out
+    assert out["ratio"] is None and out["not_a_floor"]
+    assert "floor slower than slem-dask: not a floor in this run" in text
+    assert "= 1.2" not in text  # no ratio above 1 presented as a result
+
+
+def test_a_floor_is_its_best_run():
+    out = C.band("floor", [0.40, 0.20, 0.35], [0.25, 0.26, 0.24], 0.15, floor=True)
+    assert out["ratio"] == 0.20 / 0.24
+
+
+def test_inside_needs_the_rounds_and_the_headline_within_the_band():
+    steady = C.band("steady", [1.0, 1.02, 0.99, 1.01, 1.0], [0.5] * 5, 0.10)
+    assert steady["inside"] and abs(steady["ratio"] - 1.98) < 1e-12
+    # one stalled round in five is forgiven, two are not
+    one = C.band("one stall", [1.0, 1.0, 1.0, 1.0, 3.0], [0.5] * 5, 0.10)
+    two = C.band("two stalls", [1.0, 1.0, 1.0, 3.0, 3.0], [0.5] * 5, 0.10)
+    assert one["inside"] and one["rounds_outside"] == 1
+    assert not two["inside"] and two["rounds_outside"] == 2
+    # a lucky best of one contender moves the headline away from the rounds' median
+    lucky = C.band("lucky", [1.0, 1.0, 1.0, 1.0, 1.0], [0.5, 0.5, 0.5, 0.5, 0.3], 0.10)
+    assert not lucky["inside"]
+
+
+def test_one_round_is_checked_between_runs_only():
+    assert C.band("once", [1.0], [2.0], 0.0)["inside"] is None
+
+
+def _saved(tmp_path, name, ratios):
+    path = tmp_path / name
+    path.write_text("".join(
+        f"noise\nBAND {json.dumps({'label': label, 'ratio': r, 'band': 0.15, 'inside': True})}\n"
+        for label, r in ratios.items()))
+    return str(path)
+
+
+def test_compare_bands_pairs_two_runs(tmp_path, capsys):
+    a = _saved(tmp_path, "a.txt", {"x": 1.00, "y": 2.0})
+    b = _saved(tmp_path, "b.txt", {"x": 1.10, "y": 2.5})
+    rows = {r["label"]: r for r in compare_bands.compare(compare_bands.bands(a),
+                                                         compare_bands.bands(b))}
+    assert rows["x"]["between"] and not rows["y"]["between"]
+    assert compare_bands.main([a, b]) == 1
+    assert compare_bands.main([a, a, "--markdown"]) == 0
+    assert "| x | 1.000 | 1.000 | +-15% | yes | yes/yes |" in capsys.readouterr().out
