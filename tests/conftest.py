@@ -1,7 +1,13 @@
 import os
+import sys
 
 import numpy as np
 import pytest
+
+# The test files sit in sub-folders mirroring the package (tests/core/, tests/storage/...);
+# the support modules (helpers, reference, s3server, sim...) stay here and are imported
+# by their bare names from every sub-folder, whatever pytest's import mode.
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 
 def pytest_addoption(parser):

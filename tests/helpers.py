@@ -9,6 +9,11 @@ import zarr
 
 from slem_dask.storage import versions
 
+# tests/, where the support modules and scripts live (the test files sit in sub-folders
+# mirroring the package), and the repository's root
+TESTS = Path(__file__).resolve().parent
+ROOT = TESTS.parent
+
 
 def head(path) -> Path:
     """The folder of the head version of the versioned store at ``path``."""

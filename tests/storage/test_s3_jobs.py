@@ -8,7 +8,6 @@ import subprocess
 import sys
 import threading
 import uuid
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -21,9 +20,9 @@ from slem_dask.retrieval import search
 from slem_dask.storage import leases, versions
 
 from conftest import _forget_s3_clients
+from helpers import TESTS
 from reference import partitionwise
 
-HERE = Path(__file__).parent
 D = 8
 
 
@@ -127,9 +126,9 @@ def test_a_job_that_lost_its_s3_output_never_changes_it(s3, monkeypatch):
 
 
 def _slow(args, s3, delay):
-    env = {**os.environ, **s3["server"].env(), "PYTHONPATH": str(HERE),
+    env = {**os.environ, **s3["server"].env(), "PYTHONPATH": str(TESTS),
            "SLOW_JOB_DELAY": str(delay), "SLOW_JOB_OVERWRITE": "1"}
-    proc = subprocess.Popen([sys.executable, str(HERE / "_slow_job.py"), *args], env=env,
+    proc = subprocess.Popen([sys.executable, str(TESTS / "_slow_job.py"), *args], env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             start_new_session=True)
     for line in proc.stdout:

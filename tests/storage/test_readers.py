@@ -20,10 +20,9 @@ from slem_dask.cli.main import main
 from slem_dask.storage import VersionStore, ownership, readers, versions, verify
 from slem_dask.storage.export import PARTIAL_MARKER
 
-from helpers import head, recommit, small_corpus
+from helpers import ROOT, head, recommit, small_corpus
 from reference import partitionwise
 
-ROOT = Path(__file__).resolve().parent.parent
 RIGHT_CALL = "slem_dask.open_zarr"
 
 

@@ -13,7 +13,7 @@ import zarr
 from slem_dask import pipeline, storage
 from slem_dask.storage import leases, versions
 
-from helpers import small_corpus
+from helpers import ROOT, TESTS, small_corpus
 
 
 @pytest.fixture
@@ -453,17 +453,16 @@ def test_sigkilled_encodes_on_s3_leave_one_draft(s3_model):
     import sys
     import time
 
-    here = Path(__file__).parent
     s3 = s3_model
     out, model = f"{s3}/out.zarr", f"{s3}/model.zarr"
     store = versions.VersionedStore(out)
     pipeline.encode_job(None, model, f"{s3}/pos.zarr", out, partition_rows=40)
     committed = _names(store.backend.list("versions"))
-    code = os.environ.get("PYTHONPATH") or str(here.parent)  # the slem_dask under test
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(here), code]),
+    code = os.environ.get("PYTHONPATH") or str(ROOT)  # the slem_dask under test
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS), code]),
            "SLOW_JOB_DELAY": "0.5", "SLOW_JOB_OVERWRITE": "1"}
     for _ in range(3):
-        proc = subprocess.Popen([sys.executable, str(here / "_slow_job.py"), "encode", model,
+        proc = subprocess.Popen([sys.executable, str(TESTS / "_slow_job.py"), "encode", model,
                                  f"{s3}/other.zarr", out], env=env, stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, text=True, start_new_session=True)
         for line in proc.stdout:

@@ -19,12 +19,11 @@ from slem_dask import load_model, storage
 from slem_dask.cli.main import main
 from slem_dask.storage import versions
 
-from helpers import small_corpus
+from helpers import TESTS, small_corpus
 from reference import partitionwise
 
 pytestmark = pytest.mark.slow
 
-HERE = Path(__file__).parent
 D = 8
 
 
@@ -35,14 +34,14 @@ def corpus(tmp_path):
 
 def _env(**extra):
     env = {k: v for k, v in os.environ.items() if not k.startswith("DASK_")}
-    env.update({"SLEM_DASK_LEASE_TTL": "2", "PYTHONPATH": str(HERE), **extra})
+    env.update({"SLEM_DASK_LEASE_TTL": "2", "PYTHONPATH": str(TESTS), **extra})
     return env
 
 
 def _start(args, prefix=(), **env):
     """A slowed job (tests/_slow_job.py) in a session of its own; returns once it has
     started writing its draft."""
-    proc = subprocess.Popen([*prefix, sys.executable, str(HERE / "_slow_job.py"), *args],
+    proc = subprocess.Popen([*prefix, sys.executable, str(TESTS / "_slow_job.py"), *args],
                             env=_env(**env), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, start_new_session=True)
     started = threading.Event()
