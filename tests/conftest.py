@@ -98,14 +98,20 @@ def s3_server(request, monkeypatch):
     parametrized indirectly), with its variables set for this test only."""
     kind = getattr(request, "param", "seaweedfs")
     server = request.getfixturevalue(f"{kind}_server")
+    use_server(server, monkeypatch)
+    yield server
+    _forget_s3_clients()
+
+
+def use_server(server, monkeypatch):
+    """Point this test's clients at ``server`` (S3, GCS or Azure emulator): its variables
+    set, the caller's own AWS profile and endpoint unset, fsspec's cached clients gone."""
     for name in ("AWS_PROFILE", "AWS_DEFAULT_PROFILE", "AWS_SESSION_TOKEN",
                  "AWS_ENDPOINT_URL_S3", "AWS_REGION"):
         monkeypatch.delenv(name, raising=False)
     for name, value in server.env().items():
         monkeypatch.setenv(name, value)
     _forget_s3_clients()  # fsspec caches clients by arguments, not by the environment
-    yield server
-    _forget_s3_clients()
 
 
 def _forget_s3_clients():
