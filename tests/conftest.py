@@ -29,67 +29,44 @@ def rng():
     return np.random.default_rng(12345)
 
 
-# -- real S3 servers (tests/s3server.py), one per session, started on first use ---------
+# -- object stores on 127.0.0.1, one per session, started on first use: real S3 servers
+# (tests/s3server.py), Google Cloud Storage and Azure Blob emulators (tests/emulators.py)
 
-def _s3_server(kind):
-    import s3server
+def _session_server(name, module, kind, required_in_ci=False, env=None):
+    """The session fixture ``name``: the ``kind`` server of tests/``module``.py, started
+    on first use and stopped after the session; skipped where it cannot run here (failed
+    under CI where ``required_in_ci``: .ci/run installs it, so a skip would hide a gap)."""
 
-    try:
-        server = s3server.STARTERS[kind]()
-    except s3server.Unavailable as exc:
-        pytest.skip(str(exc))
-    print(f"\n{kind} S3 server up in {server.started_in:.2f} s at {server.endpoint}")
-    return server
+    @pytest.fixture(scope="session", name=name)
+    def server_fixture():
+        import importlib
 
+        import s3server
 
-@pytest.fixture(scope="session")
-def seaweedfs_server():
-    server = _s3_server("seaweedfs")
-    yield server
-    server.stop()
+        for variable, value in (env or {}).items():
+            os.environ.setdefault(variable, value)
+        try:
+            server = importlib.import_module(module).STARTERS[kind]()
+        except s3server.Unavailable as exc:
+            if required_in_ci and os.environ.get("CI"):
+                pytest.fail(f"{exc} (CI is set: .ci/run should have installed it)")
+            pytest.skip(str(exc))
+        print(f"\n{server.name} up in {server.started_in:.2f} s at {server.endpoint}")
+        yield server
+        server.stop()
 
-
-@pytest.fixture(scope="session")
-def moto_server():
-    server = _s3_server("moto")
-    yield server
-    server.stop()
-
-
-# -- Google Cloud Storage and Azure Blob emulators (tests/emulators.py) ------------------
-
-def _emulator(kind):
-    import emulators
-    import s3server
-
-    try:
-        server = emulators.STARTERS[kind]()
-    except s3server.Unavailable as exc:
-        if os.environ.get("CI"):  # .ci/run installs both: a skip there would hide a gap
-            pytest.fail(f"{exc} (CI is set: .ci/run should have installed it)")
-        pytest.skip(str(exc))
-    print(f"\n{server.name} up in {server.started_in:.2f} s at {server.endpoint}")
-    return server
+    return server_fixture
 
 
 # gcsfs reads it when first imported (by any test): else each of its clients asks the
 # emulator over gRPC, which it does not serve, and waits 60 s (tests/emulators.py)
 os.environ["GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT"] = "false"
 
-
-@pytest.fixture(scope="session")
-def gcs_emulator():
-    os.environ.setdefault("NO_GCE_CHECK", "true")  # no metadata server to wait for
-    server = _emulator("gcs")
-    yield server
-    server.stop()
-
-
-@pytest.fixture(scope="session")
-def azure_emulator():
-    server = _emulator("azure")
-    yield server
-    server.stop()
+seaweedfs_server = _session_server("seaweedfs_server", "s3server", "seaweedfs")
+moto_server = _session_server("moto_server", "s3server", "moto")
+gcs_emulator = _session_server("gcs_emulator", "emulators", "gcs", required_in_ci=True,
+                               env={"NO_GCE_CHECK": "true"})  # no metadata server to wait for
+azure_emulator = _session_server("azure_emulator", "emulators", "azure", required_in_ci=True)
 
 
 @pytest.fixture
