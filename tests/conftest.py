@@ -29,6 +29,15 @@ def rng():
     return np.random.default_rng(12345)
 
 
+@pytest.fixture
+def corpus(tmp_path):
+    """Negatives, two sets of positives and a linear model fitted on the negatives
+    (helpers.small_corpus); a module that wants other rows defines its own."""
+    from helpers import small_corpus
+
+    return small_corpus(tmp_path, seed=5)
+
+
 # -- object stores on 127.0.0.1, one per session, started on first use: real S3 servers
 # (tests/s3server.py), Google Cloud Storage and Azure Blob emulators (tests/emulators.py)
 

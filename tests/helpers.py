@@ -55,6 +55,35 @@ def small_corpus(tmp_path, seed: int, d: int = 8) -> dict:
             "others": zarr_rows(tmp_path / "other.zarr", other)}
 
 
+def cli(capsys, scheduler: str, *args):
+    """(exit code, stdout, stderr) of the command line, in-process, on ``scheduler``."""
+    from slem_dask.cli.main import main
+
+    code = main([*map(str, args), "--scheduler", scheduler, "--no-progress"])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def encode_corpus(corpus: dict, out, positives=None, **kw):
+    """Encode ``positives`` (the corpus's own by default) with the corpus's model into
+    ``out``, 40 rows a partition; the job's report."""
+    from slem_dask import pipeline
+
+    return pipeline.encode_job(None, corpus["model"], positives or corpus["positives"],
+                               str(out), partition_rows=40, **kw)
+
+
+def expected_encoding(corpus: dict, rows=None) -> np.ndarray:
+    """What encode_corpus writes for ``rows`` (the corpus's positives by default): the
+    model's float32 transform, one product per partition of 40 rows."""
+    from reference import partitionwise
+    from slem_dask import load_model
+
+    model = load_model(corpus["model"])
+    return partitionwise(lambda p: model.transform(p, dtype="float32"),
+                         corpus["pos"] if rows is None else rows, 40)
+
+
 def assert_same_kernel_fit(got, ref) -> None:
     """Two fitted KernelSLEMs from the same pivoting (streaming against in-memory, say):
     the same pivots, every factor statistic equal to rounding."""

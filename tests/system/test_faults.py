@@ -19,8 +19,7 @@ from slem_dask import load_model, storage
 from slem_dask.cli.main import main
 from slem_dask.storage import versions
 
-from helpers import TESTS, small_corpus
-from reference import partitionwise
+from helpers import TESTS, expected_encoding, small_corpus
 
 pytestmark = pytest.mark.slow
 
@@ -76,11 +75,6 @@ def _cli(*args, prefix=(), **env):
                           env=_env(**env), capture_output=True, text=True, timeout=120)
 
 
-def _expected(corpus, rows):
-    model = load_model(corpus["model"])
-    return partitionwise(lambda p: model.transform(p, dtype="float32"), rows, 40)
-
-
 def _other_pid_namespace():
     if shutil.which("unshare") is None or os.geteuid() != 0:
         pytest.skip("needs unshare(1) and root for a PID namespace")
@@ -116,7 +110,7 @@ def test_a_stalled_job_in_another_pid_namespace_is_fenced(corpus):
     a.wait(120)
     err = a.stderr.read()
     assert a.returncode == 1 and ("taken over" in err or "was committed by" in err), err
-    np.testing.assert_array_equal(storage.read_all(out), _expected(corpus, corpus["other"]))
+    np.testing.assert_array_equal(storage.read_all(out), expected_encoding(corpus, corpus["other"]))
     assert main(["verify", str(out)]) == 0
     assert versions.VersionedStore(str(out)).head().seq == 1
 
@@ -133,7 +127,7 @@ def test_a_clock_a_day_ahead_does_not_take_a_live_lease(corpus):
     a.wait(120)
     assert b.returncode == 1 and "being written by another slem-dask job" in b.stderr, b.stderr
     assert a.returncode == 0, a.stderr.read()
-    np.testing.assert_array_equal(storage.read_all(out), _expected(corpus, corpus["pos"]))
+    np.testing.assert_array_equal(storage.read_all(out), expected_encoding(corpus, corpus["pos"]))
 
 
 def test_a_fit_killed_during_its_save_leaves_the_old_model_and_the_rerun_succeeds(corpus):
@@ -180,4 +174,4 @@ def test_an_encode_killed_mid_way_resumes_from_its_draft(corpus):
     assert "resume" in done.stdout
     encoded = int(done.stdout.split("partitions")[1].split()[0])
     assert encoded < 5, done.stdout  # partitions of the killed run were reused
-    np.testing.assert_array_equal(storage.read_all(out), _expected(corpus, corpus["pos"]))
+    np.testing.assert_array_equal(storage.read_all(out), expected_encoding(corpus, corpus["pos"]))
