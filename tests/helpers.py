@@ -55,6 +55,17 @@ def small_corpus(tmp_path, seed: int, d: int = 8) -> dict:
             "others": zarr_rows(tmp_path / "other.zarr", other)}
 
 
+def can_unshare_mounts() -> bool:
+    """Whether this process may make a mount namespace of its own (root, unshare(1))."""
+    import subprocess
+
+    try:
+        return subprocess.run(["unshare", "--mount", "--propagation", "private", "true"],
+                              capture_output=True, timeout=10).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+
+
 def cli(capsys, scheduler: str, *args):
     """(exit code, stdout, stderr) of the command line, in-process, on ``scheduler``."""
     from slem_dask.cli.main import main
