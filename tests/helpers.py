@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import numpy as np
@@ -13,6 +14,14 @@ from slem_dask.storage import versions
 # mirroring the package), and the repository's root
 TESTS = Path(__file__).resolve().parent
 ROOT = TESTS.parent
+
+
+def script_pythonpath() -> str:
+    """PYTHONPATH for a support script run by path (_slow_job.py...): tests/, then the
+    slem_dask this process tests (not whichever one the interpreter has installed)."""
+    import slem_dask
+
+    return os.pathsep.join([str(TESTS), str(Path(slem_dask.__file__).resolve().parents[1])])
 
 
 def head(path) -> Path:

@@ -24,7 +24,7 @@ from slem_dask.storage import leases, versions
 from slem_dask.storage.registry import backend_for
 
 from conftest import _forget_s3_clients, use_server
-from helpers import TESTS
+from helpers import TESTS, script_pythonpath
 from reference import partitionwise
 
 D = 8
@@ -153,7 +153,7 @@ def test_a_job_that_lost_its_output_never_changes_it(remote, monkeypatch):
 
 
 def _slow(args, remote, delay):
-    env = {**os.environ, **remote["server"].env(), "PYTHONPATH": str(TESTS),
+    env = {**os.environ, **remote["server"].env(), "PYTHONPATH": script_pythonpath(),
            "SLOW_JOB_DELAY": str(delay), "SLOW_JOB_OVERWRITE": "1"}
     proc = subprocess.Popen([sys.executable, str(TESTS / "_slow_job.py"), *args], env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,

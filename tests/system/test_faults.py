@@ -19,7 +19,7 @@ from slem_dask import load_model, storage
 from slem_dask.cli.main import main
 from slem_dask.storage import versions
 
-from helpers import TESTS, expected_encoding, small_corpus
+from helpers import TESTS, expected_encoding, script_pythonpath, small_corpus
 
 pytestmark = pytest.mark.slow
 
@@ -33,7 +33,7 @@ def corpus(tmp_path):
 
 def _env(**extra):
     env = {k: v for k, v in os.environ.items() if not k.startswith("DASK_")}
-    env.update({"SLEM_DASK_LEASE_TTL": "2", "PYTHONPATH": str(TESTS), **extra})
+    env.update({"SLEM_DASK_LEASE_TTL": "2", "PYTHONPATH": script_pythonpath(), **extra})
     return env
 
 
