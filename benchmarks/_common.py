@@ -403,7 +403,8 @@ def alternate(contenders: dict, repeat: int) -> dict[str, list[float]]:
 
 def round_ratios(numerators, denominators) -> list[float]:
     """Ratio of each round's pair (rounds in which either side is missing are left out)."""
-    return [a / b for a, b in zip(numerators, denominators) if a and b]
+    # strict=False: a contender that stopped early has fewer rounds; the pairs it has count
+    return [a / b for a, b in zip(numerators, denominators, strict=False) if a and b]
 
 
 def band(label: str, numerators, denominators, promised: float, *,

@@ -23,7 +23,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _common as C  # noqa: E402
 
 
-def main(argv=None) -> int:
+def main(argv=None) -> int:  # noqa: C901 - a driver: options, then each layout in turn
     parser = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     C.add_common_args(parser, default_n=200_000)
     C.add_run_args(parser)

@@ -1,4 +1,4 @@
-"""A dask worker preload for the namespace tests (tests/test_partitions.py): every
+"""A dask worker preload for the namespace tests (tests/system/test_partitions.py): every
 read of rows and every write of an output partition on this worker sleeps
 ``SLEM_NS_DELAY`` seconds and leaves a marker file in ``SLEM_NS_PROGRESS``, so that a
 test can cut a link while a job is known to be under way."""

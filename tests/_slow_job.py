@@ -1,4 +1,4 @@
-"""A slem-dask job slowed down on purpose, for the fault tests (tests/test_faults.py):
+"""A slem-dask job slowed down on purpose, for the fault tests (tests/system/test_faults.py):
 ``python _slow_job.py encode MODEL POSITIVES OUT``, ``... fit NEGATIVES MODEL`` or
 ``... search QUERIES DATABASE OUT``.
 

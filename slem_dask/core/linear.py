@@ -206,7 +206,7 @@ def float32_encoding_ok(cov: np.ndarray, lam: float) -> bool:
     """Whether float32 encoding stays within 1e-5 of float64: the float32 rounding
     of delta, A^-1 and the product is amplified by at most cond(A), so it is used
     only while :func:`condition_bound` <= FLOAT32_ENCODE_MAX_COND (measured
-    errors: tests/test_precision.py)."""
+    errors: tests/parallel/test_precision.py)."""
     return condition_bound(cov, lam) <= FLOAT32_ENCODE_MAX_COND
 
 

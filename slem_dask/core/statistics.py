@@ -16,7 +16,7 @@ of at most :data:`FLOAT32_PRODUCT_ROWS` rows at a time is one float32 product
 ``Xc^T Xc``, summed in float64. The result is within 1e-5 (max abs error /
 max abs entry) of the same statistics computed in float64 on the same float32
 values, also for data offset by 1e4 standard deviations
-(tests/test_precision.py).
+(tests/parallel/test_precision.py).
 """
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ PRECISIONS = ("auto", "float64")
 #: Rows per float32 product inside a block: bounds the float32 rounding of one
 #: inner product (its error grows like sqrt(rows) * 6e-8 relative to the sum of
 #: the magnitudes of its terms: 5.4e-6 at 8192); the partial products are summed in
-#: float64. Measured on tests/test_precision.py's data, 4096 -> 8192 rows moved the
+#: float64. Measured on tests/parallel/test_precision.py's data, 4096 -> 8192 rows moved the
 #: error from 3.5e-7 to 3.8e-7 and saved 1.5 ms of a 57 ms block (16,384 x 512).
 FLOAT32_PRODUCT_ROWS = 8192
 

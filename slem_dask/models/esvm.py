@@ -51,7 +51,7 @@ class ESVM(SLEMEstimator):
     lam : float > 0
         Ridge parameter lambda. Default 1e-2, where the default ``n_iter``
         brings J within 1% of its optimum on L2-normalized descriptors
-        (exact b, benchmarks/bench_retrieval.py; tests/test_baselines.py).
+        (exact b, benchmarks/bench_retrieval.py; tests/models/test_baselines.py).
         The solver needs of the order of 1/lam steps: at lam = 1e-3 it is
         ~10% above the optimum after 1000 steps and ~1% after 10000.
     theta : float > 0

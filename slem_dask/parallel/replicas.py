@@ -7,7 +7,7 @@ Memory Manager undoes that: its ReduceReplicas policy (on by default, every
 2 s) drops every replica of a key but those that waiting tasks need, and
 distributed documents ``broadcast=True`` as incompatible with it. A worker
 killed after such a cycle held the one copy: the job failed with "lost
-scattered data" (tests/test_cluster.py, under load).
+scattered data" (tests/cluster/test_local_cluster.py, under load).
 
 :func:`protect` replaces the scheduler's ReduceReplicas policy by one that
 makes the same suggestions except for keys named ``slem-dask-shared-...``

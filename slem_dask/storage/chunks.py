@@ -165,7 +165,7 @@ class _RowChunkCodecs:
     then copies it into the result; here each chunk is decompressed straight into
     its rows of the result (a 20,000 x 512 float32 chunk: 50 ms instead of 75 ms
     on one core), which is most of the cost of a fit at d = 512 (issue 9). The
-    steps are zarr's own, in its order (tests/test_storage.py compares both
+    steps are zarr's own, in its order (tests/storage/test_storage.py compares both
     readers on every supported codec chain, and the fallback on the others).
     """
 

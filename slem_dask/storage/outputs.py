@@ -133,7 +133,7 @@ def _write_local_chunk(arr: zarr.Array, index: int, block: np.ndarray) -> bool:
     copies the whole chunk to append 4 bytes (32 MB a partition at d = 512). False,
     writing nothing, for anything else (another layout or store, or a last chunk that
     zarr pads to its full size): the caller writes through zarr then.
-    tests/test_storage.py checks that zarr reads what this writes, bit for bit."""
+    tests/storage/test_storage.py checks that zarr reads what this writes, bit for bit."""
     import uuid
 
     from zarr.storage import LocalStore
@@ -195,7 +195,7 @@ def _write_s3_chunk(arr: zarr.Array, index: int, block: np.ndarray) -> tuple[boo
     Returns (written, confirmed): confirmed is the trailer's crc32c if the server
     answered with the body's checksum it checked (the object is then these bytes),
     else None; (False, None), writing nothing, for anything but an S3 output of this
-    layout (the caller writes through zarr). tests/test_object_store_requests.py checks what is sent and that
+    layout (the caller writes through zarr). tests/storage/test_object_store_requests.py checks what is sent and that
     zarr reads it back."""
     import base64
 

@@ -5,7 +5,7 @@ The atomic create is a conditional ``PUT`` with ``If-None-Match: *``: the store
 refuses it with 412 PreconditionFailed when the key exists, and at most one of
 racing writers gets 200. It needs a store that implements conditional writes
 (AWS S3 since August 2024; SeaweedFS and moto pass the contract tests,
-``tests/test_backends.py``); one that ignored the header would overwrite
+``tests/storage/test_backends.py``); one that ignored the header would overwrite
 silently, so check a new store with those tests.
 
 Configuration is s3fs's and botocore's: the endpoint from ``AWS_ENDPOINT_URL``

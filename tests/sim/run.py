@@ -137,7 +137,7 @@ def run_seed(seed: int, mode: str, bound: bool = False, rollback: bool = True,
         failed = SeedFailed(
             f"seed {seed}, mode {mode}: {exc}\n  replay: SLEM_SIM_SEED={seed} "
             f"SLEM_SIM_MODE={mode} SLEM_SIM_FLAGS='{flags.strip()}' pytest "
-            f"tests/test_protocol_simulation.py -k replay, or "
+            f"tests/system/test_protocol_simulation.py -k replay, or "
             f"PYTHONPATH=.:tests python -m sim.run --mode {mode} --seed {seed}{flags}")
         failed.trace = world.trace
         raise failed from None

@@ -15,6 +15,8 @@ from slem_dask import LinearSLEM
 from slem_dask.cli.main import main
 from slem_dask.pipeline.jobspec import SpecError, parse_spec
 
+from helpers import can_unshare_mounts
+
 UNREACHABLE = "tcp://127.0.0.1:1"
 
 
@@ -33,20 +35,12 @@ def inputs(tmp_path):
     return tmp_path
 
 
-def _can_unshare_mounts() -> bool:
-    try:
-        return subprocess.run(["unshare", "--mount", "--propagation", "private", "true"],
-                              capture_output=True, timeout=10).returncode == 0
-    except (OSError, subprocess.TimeoutExpired):
-        return False
-
-
 def _run_with_read_only(folder: Path, args: list) -> subprocess.CompletedProcess:
     """`slem-dask ARGS` with ``folder`` read-only: a read-only bind mount in a private
     mount namespace (root ignores permission bits), else permission bits."""
     cmd = [sys.executable, "-m", "slem_dask", *map(str, args)]  # not a stale entry script
     if os.geteuid() == 0:
-        if not _can_unshare_mounts():
+        if not can_unshare_mounts():
             pytest.skip("root needs `unshare --mount` to make a folder read-only")
         cmd = ["unshare", "--mount", "--propagation", "private", "sh", "-c",
                f'mount --bind "{folder}" "{folder}" && mount -o remount,ro,bind "{folder}" '

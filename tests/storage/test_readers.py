@@ -15,31 +15,14 @@ import pytest
 import zarr
 
 import slem_dask
-from slem_dask import load_model, pipeline
+from slem_dask import load_model
 from slem_dask.cli.main import main
 from slem_dask.storage import VersionStore, ownership, readers, versions, verify
 from slem_dask.storage.export import PARTIAL_MARKER
 
-from helpers import head, recommit, small_corpus
-from reference import partitionwise
+from helpers import ROOT, encode_corpus, expected_encoding, head, recommit
 
-ROOT = Path(__file__).resolve().parent.parent
 RIGHT_CALL = "slem_dask.open_zarr"
-
-
-@pytest.fixture
-def corpus(tmp_path):
-    return small_corpus(tmp_path, seed=5)
-
-
-def _encode(corpus, out, positives=None, **kw):
-    return pipeline.encode_job(None, corpus["model"], positives or corpus["positives"],
-                               str(out), partition_rows=40, **kw)
-
-
-def _expected(corpus, rows):
-    model = load_model(corpus["model"])
-    return partitionwise(lambda p: model.transform(p, dtype="float32"), rows, 40)
 
 
 def _files(path) -> dict[str, bytes]:
@@ -54,7 +37,7 @@ def _files(path) -> dict[str, bytes]:
 @pytest.fixture
 def codes(corpus):
     out = corpus["dir"] / "codes.zarr"
-    _encode(corpus, out)
+    encode_corpus(corpus, out)
     return out
 
 
@@ -93,10 +76,10 @@ def test_slem_dask_reads_verifies_and_rewrites_a_store_with_its_marker(corpus, c
     assert ownership.slem_dask_kind(ownership.canonical(codes)) == "encoding"
     ownership.check_may_replace(codes, "--out", kind="encoding")  # no refusal
     np.testing.assert_array_equal(slem_dask.storage.read_all(codes),
-                                  _expected(corpus, corpus["pos"]))
-    _encode(corpus, codes, corpus["others"], overwrite=True)
+                                  expected_encoding(corpus, corpus["pos"]))
+    encode_corpus(corpus, codes, corpus["others"], overwrite=True)
     np.testing.assert_array_equal(slem_dask.storage.read_all(codes),
-                                  _expected(corpus, corpus["other"]))
+                                  expected_encoding(corpus, corpus["other"]))
     assert main(["verify", str(codes), corpus["model"]]) == 0
     assert main(["versions", str(codes)]) == 0
     assert main(["rollback", str(codes), "--to", "1"]) == 0
@@ -109,7 +92,7 @@ def test_the_marker_replaces_the_empty_group_plain_zarr_wrote_and_nothing_else(c
     root.unlink()  # a store committed by an earlier release ...
     zarr.open(str(codes))  # ... where plain zarr wrote an empty group
     assert json.loads(root.read_bytes())["node_type"] == "group"
-    _encode(corpus, codes, corpus["others"], overwrite=True)  # the next commit
+    encode_corpus(corpus, codes, corpus["others"], overwrite=True)  # the next commit
     assert readers.is_root_marker(root.read_bytes())
     marker = root.read_bytes()
     readers.mark_store_root(versions.VersionedStore(str(codes)), "encoding")  # idempotent
@@ -118,7 +101,7 @@ def test_the_marker_replaces_the_empty_group_plain_zarr_wrote_and_nothing_else(c
     foreign = json.dumps({"zarr_format": 3, "node_type": "group",
                           "attributes": {"mine": 1}}).encode()
     root.write_bytes(foreign)  # a document somebody else wrote is never replaced
-    _encode(corpus, codes, overwrite=True)
+    encode_corpus(corpus, codes, overwrite=True)
     assert root.read_bytes() == foreign
 
 
@@ -143,7 +126,7 @@ def test_a_lost_reply_to_the_markers_create_is_resolved_by_reading_it_back(codes
 def test_version_store_opens_in_zarr_xarray_and_dask(corpus, codes):
     import xarray as xr
 
-    expected = _expected(corpus, corpus["pos"])
+    expected = expected_encoding(corpus, corpus["pos"])
     group = zarr.open(VersionStore(codes))
     assert isinstance(group, zarr.Group) and list(group.array_keys()) == ["encodings"]
     np.testing.assert_array_equal(group["encodings"][...], expected)
@@ -190,11 +173,11 @@ def test_new_outputs_carry_dimension_names_and_old_ones_get_them_in_the_view(cor
 
 
 def test_a_pinned_version_stays_and_the_current_one_moves(corpus, codes):
-    _encode(corpus, codes, corpus["others"], overwrite=True)
+    encode_corpus(corpus, codes, corpus["others"], overwrite=True)
     np.testing.assert_array_equal(slem_dask.open_zarr(codes, version=1)[...],
-                                  _expected(corpus, corpus["pos"]))
+                                  expected_encoding(corpus, corpus["pos"]))
     np.testing.assert_array_equal(slem_dask.open_zarr(codes)[...],
-                                  _expected(corpus, corpus["other"]))
+                                  expected_encoding(corpus, corpus["other"]))
     with pytest.raises(versions.VersionError, match="has no version 7"):
         VersionStore(codes, version=7)
     with pytest.raises(versions.VersionError, match="not a slem-dask versioned store"):
@@ -233,7 +216,7 @@ def test_a_member_of_a_versioned_group_opens_as_its_array(corpus):
 # -- pruning -----------------------------------------------------------------------------------
 def _prune_version_1(corpus, codes):
     for i in range(versions.KEEP_VERSIONS):  # the third new job prunes version 1
-        _encode(corpus, codes, corpus["others"] if i % 2 == 0 else None, overwrite=True)
+        encode_corpus(corpus, codes, corpus["others"] if i % 2 == 0 else None, overwrite=True)
     store = versions.VersionedStore(str(codes))
     assert not store.exists(store.commit_at(1).version)
 
@@ -281,7 +264,7 @@ def test_a_plain_reader_of_a_pruned_version_reads_nan_never_zeros(corpus, codes)
 
 # -- export ------------------------------------------------------------------------------------
 def test_export_to_zarr_and_npy_round_trips(corpus, codes, capsys):
-    _encode(corpus, codes, corpus["others"], overwrite=True)
+    encode_corpus(corpus, codes, corpus["others"], overwrite=True)
     out, npy = corpus["dir"] / "plain.zarr", corpus["dir"] / "plain.npy"
     assert main(["export", str(codes), "--to", str(out), "--version", "1"]) == 0
     assert main(["export", str(codes), "--to", str(npy)]) == 0
@@ -290,8 +273,8 @@ def test_export_to_zarr_and_npy_round_trips(corpus, codes, capsys):
     assert isinstance(plain, zarr.Array) and plain.metadata.dimension_names == ("image",
                                                                                  "feature")
     assert sorted(os.listdir(out)) == ["c", "zarr.json"]
-    np.testing.assert_array_equal(plain[...], _expected(corpus, corpus["pos"]))
-    np.testing.assert_array_equal(np.load(npy), _expected(corpus, corpus["other"]))
+    np.testing.assert_array_equal(plain[...], expected_encoding(corpus, corpus["pos"]))
+    np.testing.assert_array_equal(np.load(npy), expected_encoding(corpus, corpus["other"]))
     assert plain.attrs["slem_dask_export"]["version"] == 1
     assert verify(out) == ("output", [])  # slem-dask reads it like one it wrote
 
@@ -299,7 +282,7 @@ def test_export_to_zarr_and_npy_round_trips(corpus, codes, capsys):
     assert "pass --overwrite" in capsys.readouterr().err
     assert main(["export", str(codes), "--to", str(out), "--overwrite"]) == 0
     np.testing.assert_array_equal(zarr.open(str(out), mode="r")[...],
-                                  _expected(corpus, corpus["other"]))
+                                  expected_encoding(corpus, corpus["other"]))
     assert main(["export", str(codes), "--to", str(npy)]) == 1  # a .npy is never replaced
     assert "never replaces" in capsys.readouterr().err
 
@@ -368,7 +351,7 @@ def test_an_unfinished_export_never_looks_valid_and_is_replaced(corpus, codes, m
     monkeypatch.undo()
     exporting.export(codes, out)  # the same command finishes it
     np.testing.assert_array_equal(zarr.open(str(out), mode="r")[...],
-                                  _expected(corpus, corpus["pos"]))
+                                  expected_encoding(corpus, corpus["pos"]))
     assert not (out / PARTIAL_MARKER).exists()
 
 
@@ -383,7 +366,7 @@ def test_the_python_examples_of_reading_outputs_md_run(corpus, codes, monkeypatc
     namespace: dict = {}
     for block in blocks:
         exec(compile(block, "docs/reading-outputs.md", "exec"), namespace)
-    expected = _expected(corpus, corpus["pos"])
+    expected = expected_encoding(corpus, corpus["pos"])
     index, ids = namespace["index"], namespace["ids"]
     assert index.ntotal == len(expected)
     brute = np.argsort(-(expected[:3] @ expected.T), axis=1, kind="stable")[:, :5]
@@ -400,14 +383,14 @@ def test_marker_version_store_and_export_on_s3(s3_server, tmp_path, corpus):
 
     root = f"s3://{s3_server.bucket}/readers-{uuid.uuid4().hex[:8]}"
     out = f"{root}/codes.zarr"
-    _encode(corpus, out)
+    encode_corpus(corpus, out)
     fs = fsspec.filesystem("s3")
     before = sorted(fs.find(out))
     with pytest.raises(Exception, match=re.escape(RIGHT_CALL)):
         zarr.open(out)
     fs.invalidate_cache()
     assert sorted(fs.find(out)) == before  # nothing written
-    expected = _expected(corpus, corpus["pos"])
+    expected = expected_encoding(corpus, corpus["pos"])
     np.testing.assert_array_equal(slem_dask.open_zarr(out)[...], expected)
     np.testing.assert_array_equal(
         da.from_zarr(VersionStore(out), component="encodings").compute(), expected)

@@ -1,6 +1,5 @@
 """Job specs (`slem-dask run SPEC.toml`) and scheduled, incremental reprocessing."""
 
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -10,9 +9,9 @@ from slem_dask import LinearSLEM, load_model, storage
 from slem_dask.cli.main import main
 from slem_dask.core.linear import condition_bound
 from slem_dask.pipeline.jobspec import SpecError, load_spec, parse_spec
+from helpers import ROOT
 from reference import partitionwise
 
-ROOT = Path(__file__).resolve().parents[1]
 CLUSTER = ["--workers", "1", "--threads-per-worker", "2", "--no-progress"]
 
 

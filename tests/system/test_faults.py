@@ -19,12 +19,10 @@ from slem_dask import load_model, storage
 from slem_dask.cli.main import main
 from slem_dask.storage import versions
 
-from helpers import small_corpus
-from reference import partitionwise
+from helpers import TESTS, expected_encoding, script_pythonpath, small_corpus
 
 pytestmark = pytest.mark.slow
 
-HERE = Path(__file__).parent
 D = 8
 
 
@@ -35,14 +33,14 @@ def corpus(tmp_path):
 
 def _env(**extra):
     env = {k: v for k, v in os.environ.items() if not k.startswith("DASK_")}
-    env.update({"SLEM_DASK_LEASE_TTL": "2", "PYTHONPATH": str(HERE), **extra})
+    env.update({"SLEM_DASK_LEASE_TTL": "2", "PYTHONPATH": script_pythonpath(), **extra})
     return env
 
 
 def _start(args, prefix=(), **env):
     """A slowed job (tests/_slow_job.py) in a session of its own; returns once it has
     started writing its draft."""
-    proc = subprocess.Popen([*prefix, sys.executable, str(HERE / "_slow_job.py"), *args],
+    proc = subprocess.Popen([*prefix, sys.executable, str(TESTS / "_slow_job.py"), *args],
                             env=_env(**env), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, start_new_session=True)
     started = threading.Event()
@@ -75,11 +73,6 @@ def _cli(*args, prefix=(), **env):
     return subprocess.run([*prefix, sys.executable, "-m", "slem_dask", *map(str, args),
                            "--local-cluster", "threads", "--no-progress"],
                           env=_env(**env), capture_output=True, text=True, timeout=120)
-
-
-def _expected(corpus, rows):
-    model = load_model(corpus["model"])
-    return partitionwise(lambda p: model.transform(p, dtype="float32"), rows, 40)
 
 
 def _other_pid_namespace():
@@ -117,7 +110,7 @@ def test_a_stalled_job_in_another_pid_namespace_is_fenced(corpus):
     a.wait(120)
     err = a.stderr.read()
     assert a.returncode == 1 and ("taken over" in err or "was committed by" in err), err
-    np.testing.assert_array_equal(storage.read_all(out), _expected(corpus, corpus["other"]))
+    np.testing.assert_array_equal(storage.read_all(out), expected_encoding(corpus, corpus["other"]))
     assert main(["verify", str(out)]) == 0
     assert versions.VersionedStore(str(out)).head().seq == 1
 
@@ -134,7 +127,7 @@ def test_a_clock_a_day_ahead_does_not_take_a_live_lease(corpus):
     a.wait(120)
     assert b.returncode == 1 and "being written by another slem-dask job" in b.stderr, b.stderr
     assert a.returncode == 0, a.stderr.read()
-    np.testing.assert_array_equal(storage.read_all(out), _expected(corpus, corpus["pos"]))
+    np.testing.assert_array_equal(storage.read_all(out), expected_encoding(corpus, corpus["pos"]))
 
 
 def test_a_fit_killed_during_its_save_leaves_the_old_model_and_the_rerun_succeeds(corpus):
@@ -182,4 +175,4 @@ def test_an_encode_killed_mid_way_resumes_from_its_draft(corpus):
     assert "resume" in done.stdout
     encoded = int(done.stdout.split("partitions")[1].split()[0])
     assert encoded < 5, done.stdout  # partitions of the killed run were reused
-    np.testing.assert_array_equal(storage.read_all(out), _expected(corpus, corpus["pos"]))
+    np.testing.assert_array_equal(storage.read_all(out), expected_encoding(corpus, corpus["pos"]))

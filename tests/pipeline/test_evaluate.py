@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import zarr
 
-from helpers import recommit
+from helpers import ROOT, recommit
 
 from slem_dask import storage
 
@@ -241,9 +241,8 @@ def test_method_names_cover_the_paper_rows():
 @pytest.mark.slow
 def test_bench_retrieval_quick_runs(capsys):
     import importlib.util
-    import os
 
-    path = os.path.join(os.path.dirname(__file__), "..", "benchmarks", "bench_retrieval.py")
+    path = str(ROOT / "benchmarks" / "bench_retrieval.py")
     spec = importlib.util.spec_from_file_location("bench_retrieval", path)
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)

@@ -1,14 +1,12 @@
-"""Tests of the band and floor helpers of the benchmarks (_common.band, compare_bands.py).
-
-Outside tests/ (the benchmarks are not part of the package); run them with
-``python -m pytest benchmarks/test_bands.py``.
-"""
+"""Tests of the band and floor helpers of the benchmarks (benchmarks/_common.band,
+benchmarks/compare_bands.py): the benchmarks are scripts, not part of the package."""
 
 import json
-import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from helpers import ROOT  # noqa: E402
+
+sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import _common as C  # noqa: E402
 import compare_bands  # noqa: E402

@@ -11,21 +11,9 @@ import pytest
 from slem_dask import pipeline
 from slem_dask.cli.main import main
 
-from helpers import small_corpus
+from helpers import cli
 
 pytestmark = pytest.mark.usefixtures("no_scheduler_env")  # conftest.py
-
-
-@pytest.fixture
-def corpus(tmp_path):
-    return small_corpus(tmp_path, seed=5)
-
-
-def cli(capsys, scheduler, *args):
-    """(exit code, stdout, stderr) of the command line, in-process, on ``scheduler``."""
-    code = main([*map(str, args), "--scheduler", scheduler, "--no-progress"])
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 def _encode(capsys, scheduler, corpus, out, *extra):

@@ -1,6 +1,8 @@
-"""One line for each misconfiguration of gs:// and az:// stores (slem_dask/storage/gcs.py,
-azure.py): a missing bucket or container, wrong or missing credentials, an endpoint
-that does not answer; on the emulators where they can show it (tests/emulators.py)."""
+"""One line for each misconfiguration of s3://, gs:// and az:// stores
+(slem_dask/storage/s3.py, gcs.py, azure.py): a missing bucket or container, wrong or
+missing credentials, an identity that may not write, an endpoint that does not answer;
+S3 on SeaweedFS and moto (tests/s3server.py), the others on the emulators where they can
+show it (tests/emulators.py)."""
 
 import uuid
 
@@ -8,6 +10,9 @@ import pytest
 
 from slem_dask.storage.azure import AzureBackend
 from slem_dask.storage.gcs import GCSBackend
+from slem_dask.storage.s3 import S3Backend
+
+S3_KINDS = ["seaweedfs", "moto"]
 
 OPERATIONS = {
     "read": lambda b: b.read("k"),
@@ -25,6 +30,70 @@ def _failure(backend, op):
     assert message is not None, repr(info.value)
     assert "\n" not in message
     return message
+
+
+# -- S3 ------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("op", OPERATIONS)
+def test_describe_error_wrong_secret(s3_server, monkeypatch, op):
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "not-the-secret")
+    message = _failure(S3Backend(f"s3://{s3_server.bucket}/p"), op)
+    assert "AWS_SECRET_ACCESS_KEY" in message and "worker" in message
+
+
+@pytest.mark.parametrize("op", ["read", "create", "put", "list"])
+def test_describe_error_access_denied(s3_server, monkeypatch, op):
+    key, secret = s3_server.readonly
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", key)
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", secret)
+    b = S3Backend(f"s3://{s3_server.bucket}/p")
+    if op in ("read", "list"):  # this identity may read and list
+        OPERATIONS[op](b)
+        return
+    message = _failure(b, op)
+    assert "denied" in message and "AWS_ACCESS_KEY_ID" in message
+
+
+@pytest.mark.parametrize("s3_server", S3_KINDS, indirect=True)
+@pytest.mark.parametrize("op", OPERATIONS)
+def test_describe_error_no_credentials(s3_server, monkeypatch, op):
+    monkeypatch.delenv("AWS_ACCESS_KEY_ID")
+    monkeypatch.delenv("AWS_SECRET_ACCESS_KEY")
+    message = _failure(S3Backend(f"s3://{s3_server.bucket}/p"), op)
+    assert "AWS_ACCESS_KEY_ID" in message and "AWS_SECRET_ACCESS_KEY" in message
+    assert "worker" in message
+
+
+@pytest.mark.parametrize("s3_server", S3_KINDS, indirect=True)
+@pytest.mark.parametrize("op", OPERATIONS)
+def test_describe_error_missing_bucket(s3_server, op):
+    message = _failure(S3Backend("s3://no-such-bucket-slem/p"), op)
+    assert "'no-such-bucket-slem' does not exist" in message
+    assert s3_server.endpoint in message
+
+
+@pytest.mark.parametrize("op", OPERATIONS)
+def test_describe_error_unreachable_endpoint(monkeypatch, tmp_path, op):
+    from s3server import free_port
+
+    closed = f"http://127.0.0.1:{free_port()}"  # nothing listens there
+    monkeypatch.setenv("AWS_ENDPOINT_URL", closed)
+    for name, value in {"AWS_ACCESS_KEY_ID": "k", "AWS_SECRET_ACCESS_KEY": "s",
+                        "AWS_EC2_METADATA_DISABLED": "true",
+                        "AWS_CONFIG_FILE": str(tmp_path / "none"),
+                        "AWS_SHARED_CREDENTIALS_FILE": str(tmp_path / "none")}.items():
+        monkeypatch.setenv(name, value)
+    # no resends (s3fs and botocore would take 6 s to give up)
+    b = S3Backend("s3://bucket/p", config_kwargs={"retries": {"max_attempts": 1}})
+    monkeypatch.setattr(b.fs, "retries", 1)
+    message = _failure(b, op)
+    assert closed in message and "AWS_ENDPOINT_URL" in message and "worker" in message
+
+
+def test_describe_error_is_none_for_other_errors(s3_server):
+    b = S3Backend(f"s3://{s3_server.bucket}/p")
+    assert b.describe_error(ValueError("x")) is None
+    assert b.describe_error(FileNotFoundError("k")) is None
 
 
 @pytest.fixture

@@ -23,10 +23,10 @@ from pathlib import Path
 import pytest
 
 import hostns
+from helpers import ROOT, TESTS
 
 pytestmark = [pytest.mark.slow, pytest.mark.cluster]
 
-HERE = Path(__file__).resolve().parent
 BIN = Path(sys.executable).parent
 S3_IP, SCHED_IP = "10.213.1.10", "10.213.0.2"
 ROWS, DIM, CHUNK = 960, 16, 40         # 24 partitions of 40 rows
@@ -103,7 +103,7 @@ def _start_dask(hosts: hostns.Hosts) -> None:
                 env={"DASK_DISTRIBUTED__SCHEDULER__WORKER_TTL": "10s"})
     hostns.wait_for(lambda: os.path.exists(sched_file), 60, "the scheduler's address file")
     env = {**S3_ENV, "SLEM_NS_PROGRESS": hosts.progress, "SLEM_NS_DELAY": "0.2",
-           "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")])}
+           "PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")])}
     # as deployed (deploy/hosts/dask-worker@.service: Restart=always): a worker whose
     # scheduler connection broke closes, nanny and all, and is started again, joining
     # once the link is back
@@ -112,7 +112,7 @@ def _start_dask(hosts: hostns.Hosts) -> None:
         hosts.start(name, ["sh", "-c", 'while :; do "$@"; sleep 2; done', "restart-always",
                            str(BIN / "dask"), "worker", ADDRESS, "--host", ip, "--nthreads",
                            "1", "--no-dashboard", "--name", name,
-                           "--preload", str(HERE / "_ns_preload.py")], env=env)
+                           "--preload", str(TESTS / "_ns_preload.py")], env=env)
     wait = ("from distributed import Client\n"
             f"with Client('{ADDRESS}', timeout=60) as c: c.wait_for_workers(2, timeout=60)\n")
     done = hosts.run("client", [sys.executable, "-c", wait], timeout=120)
@@ -176,9 +176,9 @@ def _progress(hosts) -> int:
 
 
 def _check(hosts, kind: str, store: str, *extra: str) -> None:
-    done = hosts.run("client", [sys.executable, str(HERE / "_ns_check.py"), kind, store,
+    done = hosts.run("client", [sys.executable, str(TESTS / "_ns_check.py"), kind, store,
                                 *extra],
-                     env={**S3_ENV, "PYTHONPATH": os.pathsep.join([str(HERE), str(HERE.parent)])})
+                     env={**S3_ENV, "PYTHONPATH": os.pathsep.join([str(TESTS), str(ROOT)])})
     assert done.returncode == 0 and done.stdout.startswith("ok"), done.stdout + done.stderr
 
 

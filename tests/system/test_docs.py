@@ -1,16 +1,16 @@
 """Citations of docs/math.md cannot rot: every cited label is an anchor there."""
 
 import re
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+from helpers import ROOT
+
 MATH = ROOT / "docs" / "math.md"
 TEXT = {".py", ".md", ".sh", ".toml"}
 # Where the code and the docs cite equations (tests cite them too).
 CITING = [ROOT / "README.md",
           *(p for folder in ("slem_dask", "benchmarks", "jobs")
             for p in sorted((ROOT / folder).rglob("*")) if p.suffix in TEXT),
-          *(p for p in sorted((ROOT / "tests").glob("*.py")) if p.name != "test_docs.py")]
+          *(p for p in sorted((ROOT / "tests").rglob("*.py")) if p.name != "test_docs.py")]
 CITATION = re.compile(r"docs/math\.md#([A-Za-z0-9_-]+)")
 
 

@@ -51,7 +51,7 @@ def test_fit_and_transform_on_processes_equal_numpy(client, data, chunks, precis
     got = LinearSLEM(lam=0.02, theta=3.0, precision=precision).fit(
         da.from_array(X, chunks=(chunks, D)))
     Pd = da.from_array(P, chunks=(29, D))
-    if precision == "auto":  # float32 inside blocks: the 1e-5 contract (tests/test_precision.py)
+    if precision == "auto":  # float32 inside blocks: the 1e-5 contract (tests/parallel/test_precision.py)
         cov = want.covariance_
         assert np.abs(got.covariance_ - cov).max() <= 1e-5 * np.abs(cov).max()
         Z = client.compute(got.transform(Pd)).result()

@@ -1,6 +1,6 @@
 """Which side of a lost connection to an object store a message blames: a dask worker
 that cannot reach a store this client reaches is not told to "start it" (found by
-tests/test_partitions.py, a worker's link to S3 cut mid-fit)."""
+tests/system/test_partitions.py, a worker's link to S3 cut mid-fit)."""
 
 
 from slem_dask.storage.s3 import S3Backend

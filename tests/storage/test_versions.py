@@ -16,8 +16,7 @@ from slem_dask.pipeline.evaluate import open_search_result, search_job
 from slem_dask.retrieval import search
 from slem_dask.storage import leases, versions
 
-from helpers import head, small_corpus
-from reference import partitionwise
+from helpers import encode_corpus, expected_encoding, head, small_corpus
 
 D = 8
 
@@ -25,16 +24,6 @@ D = 8
 @pytest.fixture
 def corpus(tmp_path):
     return small_corpus(tmp_path, seed=3)
-
-
-def _encode(corpus, out, positives=None, **kw):
-    return pipeline.encode_job(None, corpus["model"], positives or corpus["positives"],
-                               str(out), partition_rows=40, **kw)
-
-
-def _expected(corpus, rows):
-    model = load_model(corpus["model"])
-    return partitionwise(lambda p: model.transform(p, dtype="float32"), rows, 40)
 
 
 # -- the commit protocol ----------------------------------------------------------------
@@ -134,15 +123,15 @@ def test_a_job_that_lost_its_output_can_never_change_what_readers_see(corpus, mo
             seen["b"] = "running"
             lease_file = Path(str(out.parent / f".{out.name}.slem-dask-lease"))
             lease_file.unlink()  # as if taken over by a job that thought A dead
-            seen["b"] = _encode(corpus, out, corpus["others"])
+            seen["b"] = encode_corpus(corpus, out, corpus["others"])
         return real_compute(client, obj, progress)  # A's workers write late
 
     monkeypatch.setattr(pipeline.common, "_compute", stalled)
     monkeypatch.setattr(leases.Lease, "check", lambda self: None)  # A does not notice
     with pytest.raises(versions.CommitConflictError, match="slem-dask encode on host"):
-        _encode(corpus, out)
+        encode_corpus(corpus, out)
     assert seen["b"].facts["version"] == 1
-    np.testing.assert_array_equal(storage.read_all(out), _expected(corpus, corpus["other"]))
+    np.testing.assert_array_equal(storage.read_all(out), expected_encoding(corpus, corpus["other"]))
     assert main(["verify", str(out)]) == 0
     # A's draft gone, with its marker; B's version and its marker stay
     assert sorted(os.listdir(out / "versions")) == [head(out).name,
@@ -162,7 +151,7 @@ def test_a_stalled_job_whose_lease_was_taken_over_says_so_first(corpus, monkeypa
 
     monkeypatch.setattr(pipeline.common, "_compute", stolen)
     with pytest.raises(storage.LeaseLostError, match="taken over by slem-dask encode"):
-        _encode(corpus, out)
+        encode_corpus(corpus, out)
     assert not versions.VersionedStore(str(out)).is_versioned()
 
 
@@ -171,12 +160,12 @@ def test_a_search_during_a_reencode_reads_one_version_and_records_it(corpus, mon
     import slem_dask.pipeline.search as evaluation
 
     db = corpus["dir"] / "db.zarr"
-    _encode(corpus, db)
+    encode_corpus(corpus, db)
     before = storage.read_all(db)
     real_compute = evaluation._compute
 
     def reencoded_meanwhile(client, obj, progress):
-        _encode(corpus, db, corpus["others"], overwrite=True)  # a new version commits
+        encode_corpus(corpus, db, corpus["others"], overwrite=True)  # a new version commits
         return real_compute(client, obj, progress)
 
     monkeypatch.setattr(evaluation, "_compute", reencoded_meanwhile)
@@ -193,7 +182,7 @@ def test_a_search_during_a_reencode_reads_one_version_and_records_it(corpus, mon
 # -- output metadata and chunks are checked against what was committed -------------------
 def test_edited_output_metadata_is_refused_everywhere(corpus, capsys):
     out = corpus["dir"] / "out.zarr"
-    _encode(corpus, out)
+    encode_corpus(corpus, out)
     doc = head(out) / "zarr.json"
     meta = json.loads(doc.read_text())
     meta["attributes"]["slem_dask"]["encoding_fingerprint"] = "0" * 64
@@ -204,12 +193,12 @@ def test_edited_output_metadata_is_refused_everywhere(corpus, capsys):
     with pytest.raises(ValueError, match="commit record"):
         storage.read_all(out)
     with pytest.raises(ValueError, match="commit record"):
-        _encode(corpus, out)
+        encode_corpus(corpus, out)
 
 
 def test_a_swapped_chunk_is_not_the_chunk_that_was_written(corpus):
     out = corpus["dir"] / "out.zarr"
-    _encode(corpus, out)
+    encode_corpus(corpus, out)
     chunks = head(out) / "c"
     (chunks / "1" / "0").write_bytes((chunks / "2" / "0").read_bytes())  # valid on its own
     with pytest.raises(storage.CorruptChunkError, match=r"c/1/0.*not the chunk its job wrote"):
@@ -333,7 +322,7 @@ def test_making_room_prunes_while_the_body_writes_and_reports_a_failed_pruning(t
 def test_a_job_with_nothing_to_write_prunes_no_version(corpus):
     out = corpus["dir"] / "out.zarr"
     for i in range(versions.KEEP_VERSIONS):
-        _encode(corpus, out, corpus["others"] if i % 2 else None, overwrite=True)
+        encode_corpus(corpus, out, corpus["others"] if i % 2 else None, overwrite=True)
     store = versions.VersionedStore(str(out))
 
     def kept():
@@ -341,18 +330,18 @@ def test_a_job_with_nothing_to_write_prunes_no_version(corpus):
 
     assert kept() == [1, 2, 3]
     for _ in range(2):  # scheduled re-runs that find the output up to date
-        assert _encode(corpus, out).facts["action"] == "up to date"
+        assert encode_corpus(corpus, out).facts["action"] == "up to date"
     assert kept() == [1, 2, 3]
 
 
 def test_a_version_pruned_while_read_says_so(corpus):
     out = corpus["dir"] / "out.zarr"
-    _encode(corpus, out)
+    encode_corpus(corpus, out)
     arr = storage.open_output(out)  # a reader holds version 1 ...
     for _ in range(versions.KEEP_VERSIONS - 1):  # ... while 2 newer versions commit
-        _encode(corpus, out, corpus["others"] if _ % 2 == 0 else None, overwrite=True)
+        encode_corpus(corpus, out, corpus["others"] if _ % 2 == 0 else None, overwrite=True)
     assert storage.read_rows(arr, 0, 40, "encodings").shape == (40, arr.shape[1])  # still there
-    _encode(corpus, out, overwrite=True)  # ... and a third job begins its draft
+    encode_corpus(corpus, out, overwrite=True)  # ... and a third job begins its draft
     with pytest.raises(versions.VersionError, match="was pruned while it read it"):
         storage.read_rows(arr, 0, 40, "encodings")
 

@@ -1,6 +1,6 @@
 """Storage-protocol bugs found by the deterministic simulation (tests/sim/,
 docs/testing-faults.md), each as a plain test on a local store; the simulation's
-sweeps (tests/test_protocol_simulation.py) are their regression tests under faults."""
+sweeps (tests/system/test_protocol_simulation.py) are their regression tests under faults."""
 
 from pathlib import Path
 
@@ -117,7 +117,7 @@ def test_a_group_whose_commit_outcome_is_unknown_keeps_its_draft(tmp_path, monke
     """write_group: every create of the commit record times out, and the job says it
     cannot learn whether the version was committed; the request lands later: the
     record names the draft, so the draft must still be there (it was abandoned, i.e.
-    deleted: found by tests/test_protocol_simulation.py's late-landing test)."""
+    deleted: found by tests/system/test_protocol_simulation.py's late-landing test)."""
     import numpy as np
 
     from slem_dask.storage import groups

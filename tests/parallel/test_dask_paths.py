@@ -1,7 +1,7 @@
 """Dask inputs give the numpy results, stay lazy, and share the model arrays in the graph.
 
 These run on dask's local threaded scheduler (no distributed client); the
-multi-process cluster versions are in test_cluster.py.
+multi-process cluster versions are in test_local_cluster.py.
 """
 
 import pickle

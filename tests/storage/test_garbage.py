@@ -13,17 +13,7 @@ import zarr
 from slem_dask import pipeline, storage
 from slem_dask.storage import leases, versions
 
-from helpers import small_corpus
-
-
-@pytest.fixture
-def corpus(tmp_path):
-    return small_corpus(tmp_path, seed=5)
-
-
-def _encode(corpus, out, positives=None, **kw):
-    return pipeline.encode_job(None, corpus["model"], positives or corpus["positives"],
-                               str(out), partition_rows=40, **kw)
+from helpers import ROOT, TESTS, encode_corpus
 
 
 def _killed_encode(corpus, out, monkeypatch, positives=None, **kw):
@@ -34,7 +24,7 @@ def _killed_encode(corpus, out, monkeypatch, positives=None, **kw):
     with monkeypatch.context() as m:
         m.setattr(storage, "mark_complete", killed)
         with pytest.raises(KeyboardInterrupt):
-            _encode(corpus, out, positives, **kw)
+            encode_corpus(corpus, out, positives, **kw)
 
 
 def _names(listing) -> list[str]:
@@ -87,7 +77,7 @@ def _tree(root) -> dict:
 # -- item 2: garbage is bounded ----------------------------------------------------------
 def test_killed_runs_leave_at_most_one_draft_and_the_next_job_removes_it(corpus, monkeypatch):
     out = corpus["dir"] / "out.zarr"
-    _encode(corpus, out)
+    encode_corpus(corpus, out)
     committed = _folders(out)
     # the winner of seq 1 was killed between its commit and its clean-up: a dead draft
     dead = Path(out) / "versions" / f"00000001-{uuid.uuid4().hex[:12]}"
@@ -98,7 +88,7 @@ def test_killed_runs_leave_at_most_one_draft_and_the_next_job_removes_it(corpus,
         _killed_encode(corpus, out, monkeypatch, corpus["others"], overwrite=True)
         left = [v for v in _folders(out) if v not in committed]
         assert len(left) == 1 and left[0].startswith("00000002-"), left
-    report = _encode(corpus, out, corpus["others"], overwrite=True)
+    report = encode_corpus(corpus, out, corpus["others"], overwrite=True)
     assert report.facts["action"] == "resume" and report.facts["version"] == 2
     assert _folders(out) == sorted(committed + [versions.VersionedStore(str(out)).head().version])
     assert os.listdir(Path(out) / "fates") == []  # settled: their numbers are committed
@@ -147,9 +137,9 @@ def test_without_the_lease_only_drafts_of_committed_numbers_are_dead(tmp_path):
 # -- item 3: an up-to-date re-run writes nothing --------------------------------------------
 def test_an_up_to_date_encode_writes_nothing(corpus, writes):
     out = corpus["dir"] / "out.zarr"
-    _encode(corpus, out)
+    encode_corpus(corpus, out)
     before, writes[:] = _tree(corpus["dir"]), []
-    report = _encode(corpus, out)
+    report = encode_corpus(corpus, out)
     assert report.facts["action"] == "up to date"
     assert writes == [] and _tree(corpus["dir"]) == before
 
@@ -168,10 +158,10 @@ def test_an_up_to_date_fit_update_writes_nothing(corpus, writes, kernel):
 
 def test_an_encode_whose_head_lost_a_chunk_is_not_up_to_date(corpus):
     out = corpus["dir"] / "out.zarr"
-    _encode(corpus, out)
+    encode_corpus(corpus, out)
     store = versions.VersionedStore(str(out))
     os.remove(Path(store.location(store.head().version)) / "c" / "1" / "0")
-    report = _encode(corpus, out)
+    report = encode_corpus(corpus, out)
     assert report.facts["partitions"] == "1 encoded of 5" and report.facts["version"] == 2
     assert storage.verify(str(out))[1] == []
 
@@ -194,7 +184,7 @@ def _fenced_midway(corpus, out, monkeypatch, take_over):
     monkeypatch.setattr(storage, "write_partition", write)
     monkeypatch.setattr(leases.Lease, "check", lambda self: None)  # A does not notice
     with dask.config.set(scheduler="synchronous"), pytest.raises(Exception) as err:
-        _encode(corpus, out)
+        encode_corpus(corpus, out)
     monkeypatch.undo()
     return err.value
 
@@ -222,7 +212,7 @@ def test_a_job_whose_draft_was_condemned_says_it_was_fenced(corpus, monkeypatch)
     assert isinstance(error, gc.DraftFencedError) and "this job was fenced" in str(error)
     assert "storage" not in str(error)
     assert _folders(out) == []  # nothing grew back
-    assert _encode(corpus, out).facts["version"] == 1  # the same command then completes
+    assert encode_corpus(corpus, out).facts["version"] == 1  # the same command then completes
 
 
 # -- the same on a real S3 server (SeaweedFS, tests/conftest.py) -------------------------
@@ -453,17 +443,16 @@ def test_sigkilled_encodes_on_s3_leave_one_draft(s3_model):
     import sys
     import time
 
-    here = Path(__file__).parent
     s3 = s3_model
     out, model = f"{s3}/out.zarr", f"{s3}/model.zarr"
     store = versions.VersionedStore(out)
     pipeline.encode_job(None, model, f"{s3}/pos.zarr", out, partition_rows=40)
     committed = _names(store.backend.list("versions"))
-    code = os.environ.get("PYTHONPATH") or str(here.parent)  # the slem_dask under test
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(here), code]),
+    code = os.environ.get("PYTHONPATH") or str(ROOT)  # the slem_dask under test
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS), code]),
            "SLOW_JOB_DELAY": "0.5", "SLOW_JOB_OVERWRITE": "1"}
     for _ in range(3):
-        proc = subprocess.Popen([sys.executable, str(here / "_slow_job.py"), "encode", model,
+        proc = subprocess.Popen([sys.executable, str(TESTS / "_slow_job.py"), "encode", model,
                                  f"{s3}/other.zarr", out], env=env, stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, text=True, start_new_session=True)
         for line in proc.stdout:

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import zarr
-from helpers import small_corpus
+from helpers import encode_corpus, expected_encoding, small_corpus
 from reference import partitionwise
 
 from slem_dask import LinearSLEM, load_model, pipeline, storage
@@ -35,16 +35,6 @@ def unprobed(monkeypatch):
 @pytest.fixture
 def corpus(tmp_path):
     return small_corpus(tmp_path, seed=30)
-
-
-def _encode(corpus, out, **kw):
-    return pipeline.encode_job(None, corpus["model"], corpus["positives"], str(out),
-                               partition_rows=40, **kw)
-
-
-def _expected(corpus):
-    model = load_model(corpus["model"])
-    return partitionwise(lambda p: model.transform(p, dtype="float32"), corpus["pos"], 40)
 
 
 def _draft_with(store, value):
@@ -79,9 +69,9 @@ def test_local_create_after_a_lost_reply_is_true_and_false_for_other_bytes(tmp_p
 def test_a_local_commit_whose_reply_was_lost_is_committed_and_kept(corpus, monkeypatch):
     out = corpus["dir"] / "out.zarr"
     _link_whose_reply_is_lost(monkeypatch, COMMIT_1)
-    report = _encode(corpus, out)
+    report = encode_corpus(corpus, out)
     assert report.facts["version"] == 1
-    np.testing.assert_array_equal(storage.read_all(str(out)), _expected(corpus))
+    np.testing.assert_array_equal(storage.read_all(str(out)), expected_encoding(corpus))
     assert storage.verify(str(out))[1] == []
 
 
@@ -252,7 +242,7 @@ def test_a_users_folder_given_as_out_is_refused_and_kept(corpus, name):
     notes = users / "versions" / name / "notes.txt"
     notes.write_text("mine")
     with pytest.raises((FileExistsError, ValueError), match="U' already exists"):
-        _encode(corpus, users)
+        encode_corpus(corpus, users)
     assert notes.read_text() == "mine"
     assert not versions.VersionedStore(str(users)).has_history()
 

@@ -15,7 +15,8 @@ import pytest
 import zarr
 
 from slem_dask import storage
-from slem_dask.cli.main import main
+
+from helpers import cli
 
 pytestmark = pytest.mark.usefixtures("no_scheduler_env")  # conftest.py
 
@@ -27,13 +28,6 @@ def write_array(path, data, chunk_rows=500):
                             chunks=(min(chunk_rows, data.shape[0]), data.shape[1]))
     arr[...] = data
     return str(path)
-
-
-def cli(capsys, scheduler, *args):
-    """(exit code, stdout, stderr) of the command line, in-process, on ``scheduler``."""
-    code = main([*map(str, args), "--scheduler", scheduler, "--no-progress"])
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 def fit(capsys, scheduler, negatives, model, *extra):

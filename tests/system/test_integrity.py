@@ -18,7 +18,7 @@ from slem_dask import LinearSLEM, KernelSLEM, load_model, pipeline, storage
 from slem_dask.cli.main import main
 from slem_dask.storage import canonical
 from reference import partitionwise
-from helpers import head
+from helpers import encode_corpus, head
 from slem_dask.storage import versions
 
 D = 8
@@ -62,11 +62,6 @@ def _verify(capsys, *paths):
     return code, out, err
 
 
-def _encode(corpus, out, **kw):
-    return pipeline.encode_job(None, corpus["model"], corpus["positives"], str(out),
-                               partition_rows=40, **kw)
-
-
 def _expected(corpus, pos=None, like=None):
     """What encode_job writes: one product per partition (40 rows, or the partitions
     of the output ``like``)."""
@@ -86,7 +81,7 @@ def test_missing_input_chunk_is_refused_not_read_as_zeros(corpus, client, capsys
     """Item 1: zarr reads a missing chunk as fill values; fit and encode refuse it."""
     os.remove(_chunk(corpus["positives"], 2))
     with pytest.raises(storage.MissingChunkError, match=r"chunk 'c/2/0' \(rows 80-119\)"):
-        _encode(corpus, corpus["dir"] / "out.zarr")
+        encode_corpus(corpus, corpus["dir"] / "out.zarr")
     assert not (corpus["dir"] / "out.zarr").exists()
     os.remove(_chunk(corpus["negatives"], 3))
     code, _, err = _cli(capsys, client, "fit", "--negatives", corpus["negatives"], "--model",
@@ -118,10 +113,10 @@ def test_output_not_marked_complete_when_a_written_chunk_is_not_there(corpus, mo
     monkeypatch.setattr(storage, "write_partition", lost)
     out = corpus["dir"] / "out.zarr"
     with pytest.raises(pipeline.JobFailed, match=r"1 partition\(s\) \(3\) are missing"):
-        _encode(corpus, out)
+        encode_corpus(corpus, out)
     assert not versions.VersionedStore(str(out)).is_versioned()  # nothing visible
     monkeypatch.undo()
-    report = _encode(corpus, out)  # the re-run writes what was lost, then completes
+    report = encode_corpus(corpus, out)  # the re-run writes what was lost, then completes
     assert report.facts["partitions"] == "1 encoded of 5"
     np.testing.assert_array_equal(storage.read_all(out), _expected(corpus))
 
@@ -166,13 +161,13 @@ def test_a_live_lease_is_refused_naming_its_owner_and_a_dead_one_taken_over(corp
     out = corpus["dir"] / "leased.zarr"
     with storage.Lease(out, "another job"):
         with pytest.raises(storage.LeaseHeldError, match=rf"pid {os.getpid()} on host"):
-            _encode(corpus, out)
+            encode_corpus(corpus, out)
     lease = storage.Lease(out, "dead job")
     assert lease._create()  # a job that died holding it: a pid that no longer runs
     record = lease.read()
     record["pid"] = 2**22 + 1
     Path(lease.file.location).write_text(__import__("json").dumps(record))
-    report = _encode(corpus, out)
+    report = encode_corpus(corpus, out)
     assert report.facts["action"] == "create"
     np.testing.assert_array_equal(storage.read_all(out), _expected(corpus))
 
@@ -194,7 +189,7 @@ def test_a_job_whose_lease_was_taken_over_does_not_mark_complete(corpus, monkeyp
     monkeypatch.setattr(storage.Lease, "check", stolen)
     monkeypatch.setattr(storage, "mark_complete", steal_then_mark)
     with pytest.raises(storage.LeaseLostError, match="taken over"):
-        _encode(corpus, out)
+        encode_corpus(corpus, out)
     assert not versions.VersionedStore(str(out)).is_versioned()  # nothing visible
     monkeypatch.setattr(storage, "mark_complete", real)
 
@@ -248,7 +243,7 @@ def test_overlap_refusal_suggests_a_path_outside_every_input(corpus):
     """Item 9: the suggested path must not sit inside the input itself."""
     inner = corpus["dir"] / "pos.zarr" / "inner"
     with pytest.raises(ValueError, match="is inside the positives") as info:
-        _encode(corpus, inner)
+        encode_corpus(corpus, inner)
     suggested = str(info.value).rsplit("e.g. ", 1)[1]
     assert storage.paths._relation(canonical(suggested), canonical(corpus["positives"])) is None
 
@@ -271,11 +266,11 @@ def test_fit_overwrite_update_refits_from_scratch(corpus):
 def test_positives_rewritten_in_place_are_encoded_again(corpus):
     """Item 7: a complete output of positives rewritten since is not "up to date"."""
     out = corpus["dir"] / "out.zarr"
-    _encode(corpus, out)
+    encode_corpus(corpus, out)
     pos = corpus["pos"].copy()
     pos[90:100] += 3  # rows of partition 2
     zarr.open_array(corpus["positives"], mode="r+")[80:120] = pos[80:120]
-    report = _encode(corpus, out)
+    report = encode_corpus(corpus, out)
     assert report.facts["action"] == "update"
     assert report.facts["partitions"] == "1 encoded of 5"
     np.testing.assert_array_equal(storage.read_all(out), _expected(corpus, pos))
@@ -283,10 +278,10 @@ def test_positives_rewritten_in_place_are_encoded_again(corpus):
 
 def test_positives_replaced_by_a_longer_array_are_not_an_append(corpus):
     out = corpus["dir"] / "out.zarr"
-    _encode(corpus, out)
+    encode_corpus(corpus, out)
     longer = np.random.default_rng(9).standard_normal((260, D)).astype("float32")
     _array(corpus["positives"], longer)
-    report = _encode(corpus, out)
+    report = encode_corpus(corpus, out)
     assert report.facts["partitions"] == "7 encoded of 7"
     np.testing.assert_array_equal(storage.read_all(out), _expected(corpus, longer))
 
@@ -379,11 +374,11 @@ def test_model_n_samples_edited_by_hand_is_refused(corpus, client, capsys):
 # -- 9. corruption ----------------------------------------------------------------------
 def test_deleted_output_chunk_is_not_up_to_date(corpus, client, capsys):
     out = corpus["dir"] / "out.zarr"
-    _encode(corpus, out)
+    encode_corpus(corpus, out)
     os.remove(_chunk(out, 1))
     code, text, _ = _verify(capsys, out)
     assert code == 1 and "c/1/0" in text and "missing" in text
-    report = _encode(corpus, out)
+    report = encode_corpus(corpus, out)
     assert report.facts["partitions"] == "1 encoded of 5"
     np.testing.assert_array_equal(storage.read_all(out), _expected(corpus))
     assert _verify(capsys, out)[0] == 0
@@ -392,7 +387,7 @@ def test_deleted_output_chunk_is_not_up_to_date(corpus, client, capsys):
 def test_flipped_byte_in_an_output_chunk_fails_every_read_naming_the_chunk(corpus, client,
                                                                          capsys):
     out = corpus["dir"] / "out.zarr"
-    _encode(corpus, out)
+    encode_corpus(corpus, out)
     chunk = _chunk(out, 2)
     data = bytearray(chunk.read_bytes())
     data[17] ^= 0x40
@@ -412,7 +407,7 @@ def test_truncated_input_chunk_is_named(corpus):
     chunk = _chunk(corpus["positives"], 3)
     chunk.write_bytes(chunk.read_bytes()[:-9])
     with pytest.raises(storage.CorruptChunkError, match=r"c/3/0.*rows 120-159"):
-        _encode(corpus, corpus["dir"] / "out.zarr")
+        encode_corpus(corpus, corpus["dir"] / "out.zarr")
 
 
 def test_corrupt_model_chunk_gives_one_clear_line(corpus, client, capsys):
@@ -443,7 +438,7 @@ def test_damaged_metadata_documents_are_named_by_every_reader(corpus, client, ca
     group itself, or in an output: verify, encode and search name the document and
     say the store is damaged (not a raw zarr error or a crash); --overwrite keeps it."""
     out = corpus["dir"] / "out.zarr"
-    _encode(corpus, out)
+    encode_corpus(corpus, out)
     _damage_document(head(corpus["model"]) / "precision", how)
     code, text, _ = _verify(capsys, corpus["model"])
     assert code == 1 and "'precision/zarr.json'" in text and "damaged" in text, text
@@ -474,7 +469,7 @@ def test_damaged_metadata_documents_are_named_by_every_reader(corpus, client, ca
 
 def test_verify_passes_on_good_stores_and_fails_on_foreign_ones(corpus, client, capsys):
     out = corpus["dir"] / "out.zarr"
-    _encode(corpus, out)
+    encode_corpus(corpus, out)
     code, text, _ = _cli(capsys, client, "search", "--queries", out, "--database", out,
                          "--k", "3", "--out", corpus["dir"] / "s.zarr")
     assert code == 0, text
@@ -501,7 +496,7 @@ def test_tls_options_with_a_tcp_address_or_without_a_scheduler_are_refused(corpu
 def test_the_same_array_spelled_differently_is_the_same_store(corpus, monkeypatch):
     monkeypatch.chdir(corpus["dir"])
     os.mkdir("sub")
-    _encode(corpus, "out.zarr")
+    encode_corpus(corpus, "out.zarr")
     for positives, out in (("./pos.zarr", "out.zarr/"), ("sub/../pos.zarr", "./out.zarr"),
                            (corpus["positives"], str(corpus["dir"] / "out.zarr")),
                            (f"file://{corpus['positives']}", "sub/../out.zarr")):
@@ -557,7 +552,7 @@ def test_disk_full_keeps_finished_partitions_and_resumes(corpus, monkeypatch):
     assert not versions.VersionedStore(str(out)).is_versioned()  # nothing visible
     kept = len([p for p in Path(out, "versions").rglob("c/*/*") if p.is_file()])
     assert kept >= 2
-    report = _encode(corpus, out)
+    report = encode_corpus(corpus, out)
     assert report.facts["action"] == "resume"
     np.testing.assert_array_equal(storage.read_all(out), _expected(corpus))
 
@@ -596,7 +591,7 @@ def test_memory_urls_are_refused_by_the_command_line_and_separate_workers(corpus
 
 def test_search_refuses_encodings_of_different_models_unless_forced(corpus, client, capsys):
     d = corpus["dir"]
-    _encode(corpus, d / "q.zarr")
+    encode_corpus(corpus, d / "q.zarr")
     other = str(d / "other_model.zarr")
     LinearSLEM(lam=1.0).fit(corpus["neg"]).save(other)
     pipeline.encode_job(None, other, corpus["positives"], str(d / "db.zarr"))
@@ -650,14 +645,14 @@ def test_a_dead_writers_draft_is_removed_by_the_next_commit(corpus):
 # -- from the fresh-clone review -------------------------------------------------------
 def test_a_symlink_to_an_output_shares_its_lease_and_record(corpus):
     out = corpus["dir"] / "real.zarr"
-    _encode(corpus, out)
+    encode_corpus(corpus, out)
     link = corpus["dir"] / "link.zarr"
     link.symlink_to(out)
     assert canonical(link) == canonical(out)
     with storage.Lease(out, "another job"):
         with pytest.raises(storage.LeaseHeldError, match="another slem-dask job"):
-            _encode(corpus, link, overwrite=True)
-    assert _encode(corpus, link).facts["action"] == "up to date"
+            encode_corpus(corpus, link, overwrite=True)
+    assert encode_corpus(corpus, link).facts["action"] == "up to date"
     assert link.is_symlink()
 
 
@@ -683,7 +678,7 @@ def test_listing_fingerprints_of_url_stores_are_stable_across_processes(tmp_path
 
 def test_overwrite_replaces_only_a_store_of_the_same_kind(corpus, client, capsys):
     out = corpus["dir"] / "enc.zarr"
-    _encode(corpus, out)
+    encode_corpus(corpus, out)
     other_model = str(corpus["dir"] / "other_model.zarr")
     LinearSLEM().fit(corpus["neg"]).save(other_model)
     code, _, err = _cli(capsys, client, "encode", "--model", corpus["model"], "--positives",
@@ -728,7 +723,7 @@ def test_kernel_encode_warns_on_positives_of_another_scale(corpus):
 def test_an_output_of_other_positives_is_refused_for_that_reason_only(corpus):
     """Another, shorter source: the output encodes other rows; it did not shrink."""
     out = corpus["dir"] / "out.zarr"
-    _encode(corpus, out)
+    encode_corpus(corpus, out)
     _array(corpus["dir"] / "short.zarr", corpus["pos"][:50])
     with pytest.raises(FileExistsError) as info:
         pipeline.encode_job(None, corpus["model"], str(corpus["dir"] / "short.zarr"), str(out))

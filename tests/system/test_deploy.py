@@ -11,14 +11,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from helpers import scheduler_address
+from helpers import ROOT, scheduler_address
 import yaml
 import zarr
 
 from slem_dask import LinearSLEM, load_model
 from slem_dask.pipeline.jobspec import load_spec
 
-ROOT = Path(__file__).resolve().parents[1]
 DEPLOY = ROOT / "deploy"
 BIN = Path(sys.executable).parent
 

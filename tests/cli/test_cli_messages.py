@@ -14,21 +14,9 @@ import pytest
 from slem_dask.cli.main import EXIT_BROKEN_PIPE, main
 from slem_dask.models.kernel import TraceErrorWarning
 
-from helpers import small_corpus, zarr_rows
+from helpers import cli, zarr_rows
 
 pytestmark = pytest.mark.usefixtures("no_scheduler_env")  # conftest.py
-
-
-@pytest.fixture
-def corpus(tmp_path):
-    return small_corpus(tmp_path, seed=5)
-
-
-def cli(capsys, scheduler, *args):
-    """(exit code, stdout, stderr) of the command line, in-process, on ``scheduler``."""
-    code = main([*map(str, args), "--scheduler", scheduler, "--no-progress"])
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 def fact(out: str, name: str) -> str:

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import zarr
 
-from helpers import head, scheduler_address
+from helpers import can_unshare_mounts, head, scheduler_address
 from slem_dask.storage import versions
 
 from slem_dask import LinearSLEM, load_model, storage
@@ -284,18 +284,10 @@ def test_racing_cli_encodes_with_separate_local_clusters(cluster, corpus):
         lambda p: model.transform(p, dtype="float32"), source, storage.open_node(out).chunks[0]))
 
 
-def _can_unshare_mounts() -> bool:
-    try:
-        return subprocess.run(["unshare", "--mount", "--propagation", "private", "true"],
-                              capture_output=True, timeout=10).returncode == 0
-    except (OSError, subprocess.TimeoutExpired):
-        return False
-
-
 def test_worker_without_the_mount_is_refused_before_anything_is_written(tmp_path):
     """Issue 8, item 1: one worker host does not mount the storage (here: a worker in its
     own mount namespace with an empty tmpfs over the data folder)."""
-    if not _can_unshare_mounts():
+    if not can_unshare_mounts():
         pytest.skip("needs `unshare --mount` (root or user namespaces) to hide a mount")
     data = tmp_path / "data"
     data.mkdir()

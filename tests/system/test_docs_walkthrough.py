@@ -8,7 +8,7 @@ from slem_dask import LinearSLEM
 from slem_dask.pipeline import demo_job
 from slem_dask.pipeline.jobspec import load_spec, run_spec
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
