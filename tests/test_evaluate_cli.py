@@ -200,6 +200,54 @@ def test_cli_errors_come_before_any_cluster(tmp_path, corpus_path, capsys, monke
     assert "features" in capsys.readouterr().err
 
 
+def test_evaluate_spells_each_label_input_one_way(tmp_path, corpus_path, capsys, monkeypatch):
+    # one's own label files are named by their option in every message, a corpus' labels
+    # by their member name: "query_labels:" and "query labels:" were both said
+    import slem_dask.cluster.connect as cluster
+
+    monkeypatch.setattr(cluster, "connect", lambda *a, **k: pytest.fail("a cluster started"))
+    group = storage.open_node(corpus_path, mode="r")
+    own = []
+    for name, flag in (("negatives", "--negatives-from"), ("database", "--database"),
+                       ("queries", "--queries"), ("database_labels", "--database-labels")):
+        np.save(tmp_path / f"{name}.npy", group[name][...])
+        own += [flag, str(tmp_path / f"{name}.npy")]
+    labels = group["query_labels"][...]
+    np.save(tmp_path / "short.npy", labels[:-1])
+    np.save(tmp_path / "unmatched.npy", labels + 1000)
+    for path, said in (("short.npy", "holds 24 labels for 25 rows"),
+                       ("unmatched.npy", "relevant set is empty")):
+        assert main(["evaluate", *own, "--query-labels", str(tmp_path / path)]) == 1
+        err = capsys.readouterr().err
+        assert "error: --query-labels: " in err and said in err, err
+    np.save(tmp_path / "db_short.npy", group["database_labels"][:-1])
+    own[-1] = str(tmp_path / "db_short.npy")
+    assert main(["evaluate", *own, "--query-labels", str(tmp_path / "short.npy")]) == 1
+    assert "error: --database-labels: " in capsys.readouterr().err
+
+
+def test_hdf5_labels_suggest_only_datasets_that_can_be_the_labels(tmp_path):
+    # a file with one 2-D dataset of descriptors suggested it as the labels
+    h5py = pytest.importorskip("h5py")
+    with h5py.File(tmp_path / "one.h5", "w") as f:
+        f["x"] = np.zeros((5, 3), np.float32)
+    with pytest.raises(ValueError, match=r"^--query-labels: '.*one\.h5' is an HDF5 file, and "
+                                         r"none of its datasets can be the labels \(5 "
+                                         r"integers or strings.*/x float32 \(5, 3\)") as err:
+        storage.read_labels(str(tmp_path / "one.h5"), "--query-labels", 5)
+    assert "one.h5:/dataset" not in str(err.value)
+    with h5py.File(tmp_path / "two.h5", "w") as f:
+        f["x"], f["labels"], f["other"] = np.zeros((5, 3)), np.arange(5), np.arange(4)
+        f["column"] = np.arange(5)[:, None]
+    for given in ("two.h5", "two.h5:/nope"):
+        with pytest.raises(ValueError) as err:
+            storage.read_labels(str(tmp_path / given), "labels", 5)
+        names = str(err.value).split("labels: ")[-1].split(" or ")
+        assert [n.rsplit(":", 1)[-1] for n in names] == ["/column", "/labels"], str(err.value)
+    np.testing.assert_array_equal(storage.read_labels(f"{tmp_path}/two.h5:/column", "l", 5),
+                                  np.arange(5))
+
+
 def test_cli_search_and_evaluate_end_to_end(tmp_path, corpus_path, capsys):
     out = str(tmp_path / "hits.zarr")
     args = ["--workers", "1", "--threads-per-worker", "1", "--no-progress"]

@@ -93,6 +93,8 @@ def check_plot_path(plot: str | None) -> None:
 
 #: What ``evaluate`` reads: a corpus group's members, or one's own paths (``arrays``).
 EVALUATE_INPUTS = ("negatives", "database", "queries", "database_labels", "query_labels")
+#: How messages name one's own label files: `slem-dask evaluate`'s options.
+LABEL_OPTIONS = ("--database-labels", "--query-labels")
 
 
 def _open_evaluate_arrays(corpus, arrays: dict | None):
@@ -106,11 +108,12 @@ def _open_evaluate_arrays(corpus, arrays: dict | None):
         raise ValueError(f"evaluate: give {', '.join(EVALUATE_INPUTS)} (missing: "
                          f"{', '.join(n for n in EVALUATE_INPUTS if not arrays.get(n))})")
     neg, db, q = (storage.open_input(arrays[n], n) for n in EVALUATE_INPUTS[:3])
-    if corpus is None:
-        labels = (storage.read_labels(arrays["database_labels"], "database labels",
-                                      db.shape[0]),
-                  storage.read_labels(arrays["query_labels"], "query labels", q.shape[0]))
-    return neg, db, q, relevant_from_labels(*labels)
+    names = ("database_labels", "query_labels")  # a corpus' members
+    if corpus is None:  # one's own files: named as the options that gave them
+        names = LABEL_OPTIONS
+        labels = (storage.read_labels(arrays["database_labels"], names[0], db.shape[0]),
+                  storage.read_labels(arrays["query_labels"], names[1], q.shape[0]))
+    return neg, db, q, relevant_from_labels(*labels, names=names)
 
 
 def check_evaluate_inputs(corpus, methods, n_negatives: int | None, k: int | None,
