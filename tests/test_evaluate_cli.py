@@ -271,6 +271,20 @@ def test_cli_search_and_evaluate_end_to_end(tmp_path, corpus_path, capsys):
     assert open(png, "rb").read(8) == PNG_MAGIC
 
 
+def test_evaluate_says_which_lam_each_method_used(corpus_path, capsys):
+    # --lam 0.01x is linear SLEM's: kernel SLEM ran at its own 1e-3 without a word
+    args = ["--workers", "1", "--threads-per-worker", "1", "--no-progress"]
+    assert main(["evaluate", "--corpus", corpus_path, "--lam", "0.01x", "--methods",
+                 "raw,slem,kernel,esvm", "--rank", "8", "--esvm-iters", "5", *args]) == 0
+    lam = [line for line in capsys.readouterr().out.splitlines() if line.startswith("  lam ")]
+    assert lam == ["  lam                slem 0.01x; kernel 0.001; esvm 0.01 (a lam relative to "
+                   "tr(Sigma), Cx, is linear SLEM's only)"], lam
+    assert main(["evaluate", "--corpus", corpus_path, "--lam", "2e-3", "--methods",
+                 "slem,kernel", "--rank", "8", *args]) == 0
+    out = capsys.readouterr().out
+    assert "  lam                slem 0.002; kernel 0.002\n" in out, out
+
+
 def test_export_faiss_matches_exact_search(tmp_path, rng):
     faiss = pytest.importorskip("faiss")
     db = rng.standard_normal((40, 8))

@@ -181,6 +181,9 @@ def evaluate_job(client, corpus: str, methods="raw,pca,esvm,slem", n_negatives: 
     report.facts.update({**source, "negatives": negatives.shape[0],
                          "database": db.shape[0], "queries": q.shape[0],
                          "features": db.shape[1], "methods": ",".join(methods)})
+    lams = _lams_used(methods, grids)
+    if lams:
+        report.facts["lam"] = lams
     if plot:
         where = corpus or arrays["database"]
         plot_pr_curves(curves, plot, title=f"{where}: {negatives.shape[0]} negatives",
@@ -188,3 +191,19 @@ def evaluate_job(client, corpus: str, methods="raw,pca,esvm,slem", n_negatives: 
         report.facts["plot"] = str(plot)
     report.timings["total"] = time.perf_counter() - t0
     return rows, curves, report
+
+
+def _lams_used(methods, grids: dict[str, dict]) -> str:
+    """The ridge lambda(s) each method ran with, e.g. ``slem 0.01x, kernel 0.001``: one
+    --lam is not one lambda (kernel SLEM takes no lambda relative to tr(Sigma), and keeps
+    its own 1e-3 where --lam gives only those; E-SVM has --esvm-lam), so say which."""
+    said = []
+    for method in methods:
+        values = grids[method].get("lam") or [getattr(make_estimator(method), "lam", None)]
+        if values[0] is not None:
+            said.append(f"{method} " + ",".join(f"{v:g}" if isinstance(v, float) else str(v)
+                                                 for v in values))
+    relative = any(isinstance(v, str) for v in grids.get("slem", {}).get("lam", []))
+    why = " (a lam relative to tr(Sigma), Cx, is linear SLEM's only)" \
+        if relative and "kernel" in methods else ""
+    return "; ".join(said) + why
