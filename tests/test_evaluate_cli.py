@@ -7,6 +7,7 @@ import zarr
 from helpers import recommit
 
 from slem_dask import storage
+from slem_dask.storage import versions
 
 from slem_dask import LinearSLEM, search
 from slem_dask.cli.main import main
@@ -126,8 +127,8 @@ def test_search_job_writes_a_completed_group(tmp_path, rng):
     meta = storage.open_node(out, mode="r").attrs["slem_dask"]
     assert meta["complete"] is True and meta["kind"] == "search" and meta["k"] == 6
     assert "search" in report.timings
-    with pytest.raises(FileExistsError, match="--overwrite"):
-        search_job(None, qp, dbp, out, k=6)
+    # the same search again finds it up to date (test_search_rerun_... for the rest)
+    assert search_job(None, qp, dbp, out, k=6).facts["action"] == "up to date"
     # an unfinished group is refused
     storage.open_node(out, mode="r+").attrs["slem_dask"] = {**meta, "complete": False}
     with pytest.raises(ValueError, match="commit record"):
@@ -140,6 +141,43 @@ def test_search_job_writes_a_completed_group(tmp_path, rng):
     bad = _write(tmp_path / "q4", q[:, :4])
     with pytest.raises(ValueError, match="4 features but database rows.*have 5"):
         search_job(None, bad, dbp, str(tmp_path / "y.zarr"), k=3)
+
+
+def test_search_rerun_is_up_to_date_searches_changed_inputs_and_refuses_another_search(
+        tmp_path, rng, capsys):
+    # a re-run of the same search (a scheduled job) asked for --overwrite, where encode
+    # says "up to date" and writes nothing
+    q, db = rng.standard_normal((7, 5)), rng.standard_normal((40, 5))
+    qp, dbp = _write(tmp_path / "q", q), str(tmp_path / "db.npy")
+    np.save(dbp, db)
+    out = str(tmp_path / "hits.zarr")
+    def cli(queries=qp, k="4"):
+        return ["search", "--queries", queries, "--database", dbp, "--k", k, "--out", out,
+                "--workers", "1", "--threads-per-worker", "1", "--no-progress"]
+
+    args = cli()
+    assert main(args) == 0 and "action             create" in capsys.readouterr().out
+    assert main(args) == 0
+    text = capsys.readouterr().out
+    assert "action             up to date" in text and "search [s]" not in text, text
+    assert len(versions.VersionedStore(out).commits()) == 1
+    # the database changed: the same search is run again, as a new version
+    db[3] += 10
+    np.save(dbp, db)
+    assert main(args) == 0
+    assert "action             search again (inputs changed)" in capsys.readouterr().out
+    np.testing.assert_array_equal(open_search_result(out)[1], search(q, db, 4)[1])
+    assert len(versions.VersionedStore(out).commits()) == 2
+    # another search to the same --out: refused, saying what differs and the fix
+    other = _write(tmp_path / "q2", q[:3])
+    for queries, k, differ in ((qp, 3, "k 4 (now 3)"),
+                               (other, 3, f"queries {qp!r} (now {other!r})")):
+        assert main(cli(queries, str(k))) == 1
+        err = capsys.readouterr().err
+        assert f"--out {out!r} already holds another search: {differ}; pass --overwrite " \
+               f"to replace it" in err, err
+        assert search_job(None, queries, dbp, out, k=k,
+                          overwrite=True).facts["action"] == "replace"
 
 
 # -- command line -------------------------------------------------------------
