@@ -178,6 +178,16 @@ def test_search_rerun_is_up_to_date_searches_changed_inputs_and_refuses_another_
                f"to replace it" in err, err
         assert search_job(None, queries, dbp, out, k=k,
                           overwrite=True).facts["action"] == "replace"
+    # a result with a chunk swapped in from another version is never "up to date" (its
+    # crc32c trailer is not the one recorded): refused, --overwrite the fix
+    head = versions.VersionedStore(out).head().version
+    chunks = sorted((tmp_path / "hits.zarr").glob("versions/*/indices/c/0/0"),
+                    key=lambda p: head not in str(p))
+    chunks[0].write_bytes(chunks[1].read_bytes())
+    assert main(cli(other, "3")) == 1
+    assert "is not the chunk that was written" in capsys.readouterr().err
+    assert main([*cli(other, "3"), "--overwrite"]) == 0
+    assert "action             replace" in capsys.readouterr().out
 
 
 # -- command line -------------------------------------------------------------

@@ -137,7 +137,7 @@ def _committed_search(out, queries, database, k: int) -> dict:
     replace = "pass --overwrite to replace it with this search (a new version: `slem-dask " \
               "versions` lists the ones kept)"
     try:
-        meta, _ = storage.read_search_store(out)  # refuses an unfinished or damaged one
+        meta, _ = storage.read_search_store(out, arrays=False)  # unfinished, damaged: refused
     except (ValueError, OSError) as exc:
         raise FileExistsError(f"--out {str(out)!r} already exists and cannot be read as a "
                               f"search result ({_detail(exc)}); {replace}") from None
