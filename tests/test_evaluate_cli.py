@@ -268,6 +268,22 @@ def test_evaluate_spells_each_label_input_one_way(tmp_path, corpus_path, capsys,
         assert main(["evaluate", *own, "--query-labels", str(tmp_path / path)]) == 1
         err = capsys.readouterr().err
         assert "error: --query-labels: " in err and said in err, err
+    # the descriptors too: by their options, not by a corpus' member names
+    for flag, bad, said in (
+            ("--negatives-from", str(tmp_path / "nope.npy"), "--negatives-from: no file"),
+            ("--queries", str(tmp_path / "database_labels.npy"),
+             "--queries: the .npy file")):
+        given = [bad if own[j - 1] == flag else a for j, a in enumerate(own)]
+        assert main(["evaluate", *given, "--query-labels", str(tmp_path / "short.npy")]) == 1
+        err = capsys.readouterr().err
+        assert f"error: {said}" in err, err
+    np.save(tmp_path / "q7.npy", group["queries"][:, :7])
+    given = [str(tmp_path / "q7.npy") if own[j - 1] == "--queries" else a
+             for j, a in enumerate(own)]
+    np.save(tmp_path / "query_labels.npy", labels)
+    assert main(["evaluate", *given, "--query-labels", str(tmp_path / "query_labels.npy")]) == 1
+    assert "evaluate: --queries has 7 features but --negatives-from has 12" in \
+        capsys.readouterr().err
     np.save(tmp_path / "db_short.npy", group["database_labels"][:-1])
     own[-1] = str(tmp_path / "db_short.npy")
     assert main(["evaluate", *own, "--query-labels", str(tmp_path / "short.npy")]) == 1

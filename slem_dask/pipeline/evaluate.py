@@ -93,8 +93,16 @@ def check_plot_path(plot: str | None) -> None:
 
 #: What ``evaluate`` reads: a corpus group's members, or one's own paths (``arrays``).
 EVALUATE_INPUTS = ("negatives", "database", "queries", "database_labels", "query_labels")
-#: How messages name one's own label files: `slem-dask evaluate`'s options.
-LABEL_OPTIONS = ("--database-labels", "--query-labels")
+#: How messages name one's own files (``arrays``): the `slem-dask evaluate` options that
+#: give them; a corpus' members keep their names.
+OWN_OPTIONS = {"negatives": "--negatives-from", "database": "--database",
+               "queries": "--queries", "database_labels": "--database-labels",
+               "query_labels": "--query-labels"}
+
+
+def _input_names(corpus) -> dict[str, str]:
+    """How each of :data:`EVALUATE_INPUTS` is named in messages."""
+    return {n: n for n in EVALUATE_INPUTS} if corpus is not None else OWN_OPTIONS
 
 
 def _open_evaluate_arrays(corpus, arrays: dict | None):
@@ -107,10 +115,10 @@ def _open_evaluate_arrays(corpus, arrays: dict | None):
     elif [n for n in EVALUATE_INPUTS if not arrays.get(n)]:
         raise ValueError(f"evaluate: give {', '.join(EVALUATE_INPUTS)} (missing: "
                          f"{', '.join(n for n in EVALUATE_INPUTS if not arrays.get(n))})")
-    neg, db, q = (storage.open_input(arrays[n], n) for n in EVALUATE_INPUTS[:3])
-    names = ("database_labels", "query_labels")  # a corpus' members
-    if corpus is None:  # one's own files: named as the options that gave them
-        names = LABEL_OPTIONS
+    said = _input_names(corpus)
+    neg, db, q = (storage.open_input(arrays[n], said[n]) for n in EVALUATE_INPUTS[:3])
+    names = (said["database_labels"], said["query_labels"])
+    if corpus is None:
         labels = (storage.read_labels(arrays["database_labels"], names[0], db.shape[0]),
                   storage.read_labels(arrays["query_labels"], names[1], q.shape[0]))
     return neg, db, q, relevant_from_labels(*labels, names=names)
@@ -125,13 +133,16 @@ def check_evaluate_inputs(corpus, methods, n_negatives: int | None, k: int | Non
     methods = parse_methods(methods)
     neg, db, q, relevant = _open_evaluate_arrays(corpus, arrays)
     where = "corpus" if arrays is None else "evaluate"
+    said = _input_names(corpus if arrays is None else None)
     for name, arr in (("database", db), ("queries", q)):
         if arr.shape[1] != neg.shape[1]:
-            raise ValueError(f"{where}: {name} has {arr.shape[1]} features but negatives "
-                             f"have {neg.shape[1]}")
+            raise ValueError(f"{where}: {said[name]} has {arr.shape[1]} features but "
+                             f"{said['negatives']} {'have' if arrays is None else 'has'} "
+                             f"{neg.shape[1]}")
     if n_negatives is not None and n_negatives > neg.shape[0]:
+        holder = "the corpus holds" if arrays is None else f"{said['negatives']} holds"
         raise ValueError(
-            f"--negatives {n_negatives} is more than the corpus holds ({neg.shape[0]}); "
+            f"--negatives {n_negatives} is more than {holder} ({neg.shape[0]}); "
             f"use --negatives {neg.shape[0]} or less"
         )
     if n_negatives is not None and n_negatives < 2:
