@@ -76,14 +76,10 @@ def _check_inputs(args, spec) -> None:
 
         _open_negatives(args.negatives, args.model, args.overwrite, args.update,
                         getattr(args, "repivot", False))
-    elif args.command == "search":
-        storage.check_distinct(args.out, "--out", {"queries": args.queries,
-                                                  "database": args.database})
-        if storage._exists(args.out):
-            if not args.overwrite:
-                raise FileExistsError(f"output {str(storage.canonical(args.out))!r} already "
-                                      f"exists; pass --overwrite to replace it")
-            storage.check_may_replace(args.out, "search result", kind="search")
+    elif args.command == "search":  # an up-to-date re-run is the job's to say
+        from ..pipeline.search import check_search_out
+
+        check_search_out(args.queries, args.database, args.out, args.k, args.overwrite)
     elif args.command == "encode":
         from ..models import load_model
         from ..pipeline import check_encode_inputs

@@ -36,6 +36,7 @@ __all__ = [
     "KERNELS",
     "HISTOGRAM_KERNELS",
     "check_kernel_params",
+    "unused_params",
     "check_histogram",
     "kernel_matrix",
     "kernel_diagonal",
@@ -81,6 +82,14 @@ def check_kernel_params(kernel, gamma, degree) -> tuple[str, float, int]:
     else:
         degree = 1
     return kernel, gamma, degree
+
+
+def unused_params(kernel: str) -> tuple[str, ...]:
+    """The parameters of :func:`check_kernel_params` that ``kernel`` ignores (gamma
+    outside rbf, quad and poly; degree outside poly): reports leave them out, since a
+    value printed for them would claim an effect they do not have."""
+    return tuple(name for name, users in (("gamma", _USES_GAMMA), ("degree", _USES_DEGREE))
+                 if kernel not in users)
 
 
 def check_histogram(x: np.ndarray, kernel: str, name: str, row_offset: int = 0) -> None:

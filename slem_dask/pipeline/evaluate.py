@@ -93,6 +93,16 @@ def check_plot_path(plot: str | None) -> None:
 
 #: What ``evaluate`` reads: a corpus group's members, or one's own paths (``arrays``).
 EVALUATE_INPUTS = ("negatives", "database", "queries", "database_labels", "query_labels")
+#: How messages name one's own files (``arrays``): the `slem-dask evaluate` options that
+#: give them; a corpus' members keep their names.
+OWN_OPTIONS = {"negatives": "--negatives-from", "database": "--database",
+               "queries": "--queries", "database_labels": "--database-labels",
+               "query_labels": "--query-labels"}
+
+
+def _input_names(corpus) -> dict[str, str]:
+    """How each of :data:`EVALUATE_INPUTS` is named in messages."""
+    return {n: n for n in EVALUATE_INPUTS} if corpus is not None else OWN_OPTIONS
 
 
 def _open_evaluate_arrays(corpus, arrays: dict | None):
@@ -105,12 +115,13 @@ def _open_evaluate_arrays(corpus, arrays: dict | None):
     elif [n for n in EVALUATE_INPUTS if not arrays.get(n)]:
         raise ValueError(f"evaluate: give {', '.join(EVALUATE_INPUTS)} (missing: "
                          f"{', '.join(n for n in EVALUATE_INPUTS if not arrays.get(n))})")
-    neg, db, q = (storage.open_input(arrays[n], n) for n in EVALUATE_INPUTS[:3])
+    said = _input_names(corpus)
+    neg, db, q = (storage.open_input(arrays[n], said[n]) for n in EVALUATE_INPUTS[:3])
+    names = (said["database_labels"], said["query_labels"])
     if corpus is None:
-        labels = (storage.read_labels(arrays["database_labels"], "database labels",
-                                      db.shape[0]),
-                  storage.read_labels(arrays["query_labels"], "query labels", q.shape[0]))
-    return neg, db, q, relevant_from_labels(*labels)
+        labels = (storage.read_labels(arrays["database_labels"], names[0], db.shape[0]),
+                  storage.read_labels(arrays["query_labels"], names[1], q.shape[0]))
+    return neg, db, q, relevant_from_labels(*labels, names=names)
 
 
 def check_evaluate_inputs(corpus, methods, n_negatives: int | None, k: int | None,
@@ -122,13 +133,16 @@ def check_evaluate_inputs(corpus, methods, n_negatives: int | None, k: int | Non
     methods = parse_methods(methods)
     neg, db, q, relevant = _open_evaluate_arrays(corpus, arrays)
     where = "corpus" if arrays is None else "evaluate"
+    said = _input_names(corpus if arrays is None else None)
     for name, arr in (("database", db), ("queries", q)):
         if arr.shape[1] != neg.shape[1]:
-            raise ValueError(f"{where}: {name} has {arr.shape[1]} features but negatives "
-                             f"have {neg.shape[1]}")
+            raise ValueError(f"{where}: {said[name]} has {arr.shape[1]} features but "
+                             f"{said['negatives']} {'have' if arrays is None else 'has'} "
+                             f"{neg.shape[1]}")
     if n_negatives is not None and n_negatives > neg.shape[0]:
+        holder = "the corpus holds" if arrays is None else f"{said['negatives']} holds"
         raise ValueError(
-            f"--negatives {n_negatives} is more than the corpus holds ({neg.shape[0]}); "
+            f"--negatives {n_negatives} is more than {holder} ({neg.shape[0]}); "
             f"use --negatives {neg.shape[0]} or less"
         )
     if n_negatives is not None and n_negatives < 2:
@@ -178,6 +192,9 @@ def evaluate_job(client, corpus: str, methods="raw,pca,esvm,slem", n_negatives: 
     report.facts.update({**source, "negatives": negatives.shape[0],
                          "database": db.shape[0], "queries": q.shape[0],
                          "features": db.shape[1], "methods": ",".join(methods)})
+    lams = _lams_used(methods, grids)
+    if lams:
+        report.facts["lam"] = lams
     if plot:
         where = corpus or arrays["database"]
         plot_pr_curves(curves, plot, title=f"{where}: {negatives.shape[0]} negatives",
@@ -185,3 +202,19 @@ def evaluate_job(client, corpus: str, methods="raw,pca,esvm,slem", n_negatives: 
         report.facts["plot"] = str(plot)
     report.timings["total"] = time.perf_counter() - t0
     return rows, curves, report
+
+
+def _lams_used(methods, grids: dict[str, dict]) -> str:
+    """The ridge lambda(s) each method ran with, e.g. ``slem 0.01x, kernel 0.001``: one
+    --lam is not one lambda (kernel SLEM takes no lambda relative to tr(Sigma), and keeps
+    its own 1e-3 where --lam gives only those; E-SVM has --esvm-lam), so say which."""
+    said = []
+    for method in methods:
+        values = grids[method].get("lam") or [getattr(make_estimator(method), "lam", None)]
+        if values[0] is not None:
+            said.append(f"{method} " + ",".join(f"{v:g}" if isinstance(v, float) else str(v)
+                                                 for v in values))
+    relative = any(isinstance(v, str) for v in grids.get("slem", {}).get("lam", []))
+    why = " (a lam relative to tr(Sigma), Cx, is linear SLEM's only)" \
+        if relative and "kernel" in methods else ""
+    return "; ".join(said) + why

@@ -71,14 +71,17 @@ def make_estimator(name: str, params: dict | None = None):
         parse_methods([name])
     return classes[name](**params)
 
-def relevant_from_labels(database_labels, query_labels) -> list[np.ndarray]:
-    """Database indices sharing each query's label; an error names queries with none."""
+def relevant_from_labels(database_labels, query_labels,
+                         names=("database_labels", "query_labels")) -> list[np.ndarray]:
+    """Database indices sharing each query's label; an error names queries with none.
+    ``names``: the two labels as the caller's user knows them (a corpus' members, or
+    the command's options), so that every message spells them one way."""
     database_labels = np.asarray(database_labels)
     query_labels = np.asarray(query_labels)
     if database_labels.ndim != 1 or query_labels.ndim != 1:
         raise ValueError(
-            f"labels must be 1-D, got database_labels shape {database_labels.shape} and "
-            f"query_labels shape {query_labels.shape}"
+            f"labels must be 1-D, got {names[0]} shape {database_labels.shape} and "
+            f"{names[1]} shape {query_labels.shape}"
         )
     order = np.argsort(database_labels, kind="stable")
     sorted_labels = database_labels[order]
@@ -88,7 +91,7 @@ def relevant_from_labels(database_labels, query_labels) -> list[np.ndarray]:
     if empty.size:
         shown = rows_text(empty, empty.size)
         raise ValueError(
-            f"query_labels: {empty.size} of {len(query_labels)} queries (indices {shown}) "
+            f"{names[1]}: {empty.size} of {len(query_labels)} queries (indices {shown}) "
             f"have a label that no database row has, so their relevant set is empty and "
             f"their AP undefined; drop those queries or add their matches to the database"
         )

@@ -10,6 +10,7 @@ from .. import storage
 from ..cluster import workers
 from ..storage import canonical
 from ..models import KernelSLEM, LinearSLEM, load_model
+from ..core.kernels import unused_params
 from ..core.statistics import ScatterStats, merge_statistics
 from ..parallel.blocks import (_sub_block_rows, locate_nonfinite_rows, merge_fan_in,
                         statistics_partition_rows, store_statistics)
@@ -289,8 +290,11 @@ def _previous_statistics(model_path, negatives, arr, model) -> ScatterStats:
         kernel_options = ""
         if meta["model"] == "KernelSLEM":
             p = meta.get("params") or {}
-            kernel_options = " ".join(f"--{flag} {p[key]}" for key, flag in
-                                      KERNEL_OPTIONS.items() if p.get(key) is not None)
+            # a parameter the kernel ignores is named only where it is not the default
+            # (the update must give the stored value, but it changes nothing)
+            unused = [k for k in unused_params(p.get("kernel")) if p.get(k) == MODEL_KEYWORDS[k]]
+            kernel_options = " ".join(f"--{flag} {p[key]}" for key, flag in KERNEL_OPTIONS.items()
+                                      if p.get(key) is not None and key not in unused)
         remedy = (f"give its kernel options to update it ({kernel_options} --update); "
                   f"--overwrite would replace it with a linear model" if kernel_options else
                   "pass --overwrite to replace it with a linear model")

@@ -13,6 +13,7 @@ from .. import storage
 from ..storage import versions
 from ..models import load_model
 from ..models.kernel import TraceErrorWarning
+from ..core.kernels import unused_params
 from ..parallel.kernel_stream import (UNBOUNDED_RANK_ESTIMATE, KernelMemoryWarning,
                                       choose_strategy)
 from ..cluster.workers import kernel_fit_bytes, note_memory_remedy
@@ -171,9 +172,10 @@ def _kernel_report(report: JobReport, model, model_path, fp: str, partitions: in
     """The facts and timings of a finished kernel fit, added to ``report``."""
     t0, t1, t2, t3 = times
     params = model.get_params()
+    unused = unused_params(model.kernel)
     report.facts.update({
         "partitions": partitions, "rows read": rows_read,
-        **{flag: params[key] for key, flag in KERNEL_OPTIONS.items()},
+        **{flag: params[key] for key, flag in KERNEL_OPTIONS.items() if key not in unused},
         "pivots": model.rank_, "trace error": f"{model.trace_error_:.4g}",
         "passes": model.n_passes_ if from_scratch else 1, "model": str(model_path),
         "fingerprint": fp[:16],

@@ -11,10 +11,10 @@ from .. import storage
 from .._version import __version__
 from ..retrieval.topk import search
 from ..storage.paths import shown_path
-from .common import JobReport, _compute, full_disk_said
+from .common import JobReport, _compute, _detail, full_disk_said
 from .options import SearchOptions, options_from
 
-__all__ = ["check_search_inputs", "search_job", "open_search_result"]
+__all__ = ["check_search_inputs", "check_search_out", "search_job", "open_search_result"]
 
 
 def check_search_inputs(queries: str, database: str, k: int, force: bool = False):
@@ -69,13 +69,13 @@ def search_job(client, queries: str, database: str, out: str, k: int = 100,
     k, force = options.k, options.force
     t0 = time.perf_counter()
     queries, database, out = map(storage.canonical, (queries, database, out))
-    storage.check_distinct(out, "--out", {"queries": queries, "database": database})
+    committed = check_search_out(queries, database, out, k, options.overwrite)
     q_arr, db_arr = check_search_inputs(str(queries), str(database), k, force=force)
-    if storage._exists(out):
-        if not options.overwrite:
-            raise FileExistsError(f"output {str(out)!r} already exists; pass --overwrite to "
-                                  f"replace it")
-        storage.check_may_replace(out, "search result", kind="search")
+    action = "replace" if options.overwrite and storage._exists(out) else "create"
+    if committed is not None:  # this search again: up to date, or its inputs changed
+        if committed["inputs"] == _inputs_now(q_arr, db_arr, queries, database):
+            return _up_to_date_report(queries, database, out, q_arr, db_arr, k, t0)
+        action = "search again (inputs changed)"
     n_queries = int(q_arr.shape[0])  # scores float64 and indices int64, k of each
     with full_disk_said(out, 16 * n_queries * k, f"nothing was written ({str(out)!r} is as "
                                                  f"before)"), \
@@ -83,16 +83,16 @@ def search_job(client, queries: str, database: str, out: str, k: int = 100,
         # what is read: a versioned input stays the version opened here, whatever commits
         # meanwhile; a plain one is fingerprinted before and after
         q_arr, db_arr = check_search_inputs(str(queries), str(database), k, force=force)
-        seen = {"queries": storage.read_version(q_arr, queries),
-                "database": storage.read_version(db_arr, database)}
+        if action.startswith("search again"):  # what another job may have committed since
+            _committed_search(out, queries, database, k)
+        seen = _inputs_now(q_arr, db_arr, queries, database)
         storage.check_workers_see(client, {"database": database})
         db = storage.dask_rows(db_arr, options.partition_rows, name="database")
         q = storage.dask_rows(q_arr, options.partition_rows, name="queries")
         t1 = time.perf_counter()
         scores, indices = _compute(client, search(q, db, k), progress=options.progress)
         t2 = time.perf_counter()
-        read = {"queries": storage.read_version(q_arr, queries),
-                "database": storage.read_version(db_arr, database)}
+        read = _inputs_now(q_arr, db_arr, queries, database)
         if read != seen:
             raise ValueError(
                 f"the queries or the database changed while they were searched "
@@ -105,9 +105,60 @@ def search_job(client, queries: str, database: str, out: str, k: int = 100,
     report = JobReport("search")
     report.facts.update({"queries": str(queries), "database": str(database),
                          "rows": f"{q.shape[0]} x {db_arr.shape[0]}", "k": k,
-                         "partitions": db.numblocks[0], "out": str(out)})
+                         "partitions": db.numblocks[0], "action": action, "out": str(out)})
     report.timings.update({"open": t1 - t0, "search": t2 - t1, "write": t3 - t2,
                            "total": t3 - t0})
+    return report
+
+
+def check_search_out(queries, database, out, k: int, overwrite: bool) -> dict | None:
+    """Check ``out`` before any cluster starts: apart from the inputs, and never a store
+    that slem-dask did not write or of another kind. Without ``overwrite``, an existing
+    result must be this search (:func:`_committed_search`): its metadata is returned,
+    for the job to find it up to date or search again; else None."""
+    queries, database, out = map(storage.canonical, (queries, database, out))
+    storage.check_distinct(out, "--out", {"queries": queries, "database": database})
+    if not storage._exists(out):
+        return None
+    storage.check_may_replace(out, "search result", kind="search")
+    return None if overwrite else _committed_search(out, queries, database, k)
+
+
+def _inputs_now(q_arr, db_arr, queries, database) -> dict:
+    """What the search reads, for the record: each input's version, or fingerprint."""
+    return {"queries": storage.read_version(q_arr, queries),
+            "database": storage.read_version(db_arr, database)}
+
+
+def _committed_search(out, queries, database, k: int) -> dict:
+    """The metadata of the search result committed at ``out``, if it is this search
+    (these queries and database paths, this k), which a re-run without --overwrite may
+    find up to date or search again; else the refusal that says what it holds."""
+    replace = "pass --overwrite to replace it with this search (a new version: `slem-dask " \
+              "versions` lists the ones kept)"
+    try:
+        meta, _ = storage.read_search_store(out, arrays=False)  # unfinished, damaged: refused
+    except (ValueError, OSError) as exc:
+        raise FileExistsError(f"--out {str(out)!r} already exists and cannot be read as a "
+                              f"search result ({_detail(exc)}); {replace}") from None
+    said = {"queries": str(queries), "database": str(database), "k": int(k)}
+    held = {"queries": shown_path(meta.get("queries")),  # recorded as URLs
+            "database": shown_path(meta.get("database")), "k": meta.get("k")}
+    if held != said or not isinstance(meta.get("inputs"), dict):
+        differ = ", ".join(f"{key} {held[key]!r} (now {said[key]!r})"
+                           for key in said if held[key] != said[key]) or "no record of its inputs"
+        raise FileExistsError(f"--out {str(out)!r} already holds another search: {differ}; "
+                              f"{replace}, or give another --out")
+    return meta
+
+
+def _up_to_date_report(queries, database, out, q_arr, db_arr, k: int, t0: float) -> JobReport:
+    """The report of a re-run that found its committed result current: nothing written."""
+    report = JobReport("search")
+    report.facts.update({"queries": str(queries), "database": str(database),
+                         "rows": f"{q_arr.shape[0]} x {db_arr.shape[0]}", "k": k,
+                         "action": "up to date", "out": str(out)})
+    report.timings["total"] = time.perf_counter() - t0
     return report
 
 

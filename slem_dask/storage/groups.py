@@ -176,9 +176,11 @@ def _changed_member_chunk(group, key: str, arr) -> str | None:
     return changed_chunk(arr, recorded.get(key) or [])
 
 
-def read_group_arrays(group, path, what: str, recorded: bool = True) -> dict[str, np.ndarray]:
+def read_group_arrays(group, path, what: str, recorded: bool = True,
+                      read: bool = True) -> dict[str, np.ndarray]:
     """Every array of a group written by :func:`write_group`, corrupt chunks named, and
-    (``recorded``) each chunk checked against the crc32c recorded at its commit."""
+    (``recorded``) each chunk checked against the crc32c recorded at its commit; with
+    ``read`` False, only checked (a re-run deciding that it is up to date): {}."""
     arrays = {}
     try:
         members = list(group.arrays())
@@ -194,6 +196,8 @@ def read_group_arrays(group, path, what: str, recorded: bool = True) -> dict[str
                 f"written (its crc32c differs from the one recorded at its commit: swapped "
                 f"in from another version, or damaged); the store was modified: write it "
                 f"again, or roll back (`slem-dask rollback {path} --to N`)")
+        if not read:
+            continue
         try:
             arrays[key] = np.asarray(arr[...])
         except Exception as exc:  # noqa: BLE001
@@ -210,9 +214,10 @@ def _open_group(path) -> zarr.Group:
     return node
 
 
-def read_search_store(path) -> tuple[dict, dict[str, np.ndarray]]:
+def read_search_store(path, arrays: bool = True) -> tuple[dict, dict[str, np.ndarray]]:
     """Read a search result written by ``slem-dask search``: (metadata, arrays), refusing
-    one that is unfinished, edited or damaged."""
+    one that is unfinished, edited or damaged (``arrays`` False: its chunks are checked
+    against their recorded crc32c, not read, and the arrays are {})."""
     path = str(canonical(path))
     try:
         group = _open_group(path)
@@ -234,7 +239,7 @@ def read_search_store(path) -> tuple[dict, dict[str, np.ndarray]]:
     if meta.get("metadata_checksum") != metadata_checksum(meta):
         raise ValueError(f"search result: the metadata of {path!r} does not match its "
                          f"checksum; run `slem-dask search` again with --overwrite")
-    return meta, read_group_arrays(group, path, "search result")
+    return meta, read_group_arrays(group, path, "search result", read=arrays)
 
 
 def read_model_store(path: str | os.PathLike[str]) -> tuple[dict, dict[str, np.ndarray]]:

@@ -197,8 +197,7 @@ def read_labels(path, name: str, n_rows: int) -> np.ndarray:
         h5py = formats._h5py(location, name)
         with h5py.File(location, "r") as f:
             if dataset is None or not isinstance(f.get(dataset), h5py.Dataset):
-                raise ValueError(f"{name}: give the labels' dataset as {location}:/dataset "
-                                 f"(datasets: {', '.join(formats._datasets(f)[:6])})")
+                raise ValueError(_no_labels_dataset(f, location, dataset, name, n_rows))
             labels = f[dataset][...]
     elif fmt not in (None, "unknown"):
         raise ValueError(f"{name}: {str(where)!r} is a {fmt} input; labels are a 1-D .npy "
@@ -211,7 +210,7 @@ def read_labels(path, name: str, n_rows: int) -> np.ndarray:
         labels = read_rows(node, 0, node.shape[0], name) if node.ndim == 2 else node[...]
     if labels.ndim == 2 and labels.shape[1] == 1:
         labels = labels[:, 0]
-    if labels.ndim != 1 or labels.dtype.kind not in "iubUS":
+    if labels.ndim != 1 or labels.dtype.kind not in "iubUS":  # not _is_labels: any length
         raise ValueError(f"{name}: {str(where)!r} holds {labels.dtype} of shape "
                          f"{labels.shape}; expected one integer or string label per row, "
                          f"shape ({n_rows},)")
@@ -219,6 +218,27 @@ def read_labels(path, name: str, n_rows: int) -> np.ndarray:
         raise ValueError(f"{name}: {str(where)!r} holds {len(labels)} labels for {n_rows} "
                          f"rows; give one label per row, in row order")
     return labels
+
+
+def _is_labels(shape, dtype, n_rows: int) -> bool:
+    """Whether an array of ``shape`` and ``dtype`` can be the labels of ``n_rows`` rows."""
+    return shape in ((n_rows,), (n_rows, 1)) and dtype.kind in "iubUS"
+
+
+def _no_labels_dataset(f, location: str, dataset: str | None, name: str, n_rows: int) -> str:
+    """Why an HDF5 path names no labels, suggesting only the datasets that can be them
+    (a 2-D dataset of descriptors cannot), or saying that none can."""
+    found = formats._datasets(f)
+    fits = [k for k in found if _is_labels(f[k].shape, f[k].dtype, n_rows)]
+    which = f"{location!r} has no dataset {dataset!r}" if dataset else \
+        f"{location!r} is an HDF5 file"
+    if fits:
+        shown = " or ".join(f"{location}:{k}" for k in fits[:6])
+        return f"{name}: {which}; give the dataset of its {n_rows} labels: {shown}"
+    shown = ", ".join(f"{k} {f[k].dtype} {f[k].shape}" for k in found[:6]) or "none"
+    return (f"{name}: {which}, and none of its datasets can be the labels ({n_rows} integers "
+            f"or strings, shape ({n_rows},); its datasets: {shown}): give the labels' "
+            f"file (.npy, zarr or FILE.h5:/dataset)")
 
 
 def _key(path) -> str:

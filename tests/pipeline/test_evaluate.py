@@ -7,6 +7,7 @@ import zarr
 from helpers import ROOT, recommit
 
 from slem_dask import storage
+from slem_dask.storage import versions
 
 from slem_dask import LinearSLEM, search
 from slem_dask.cli.main import main
@@ -126,8 +127,8 @@ def test_search_job_writes_a_completed_group(tmp_path, rng):
     meta = storage.open_node(out, mode="r").attrs["slem_dask"]
     assert meta["complete"] is True and meta["kind"] == "search" and meta["k"] == 6
     assert "search" in report.timings
-    with pytest.raises(FileExistsError, match="--overwrite"):
-        search_job(None, qp, dbp, out, k=6)
+    # the same search again finds it up to date (test_search_rerun_... for the rest)
+    assert search_job(None, qp, dbp, out, k=6).facts["action"] == "up to date"
     # an unfinished group is refused
     storage.open_node(out, mode="r+").attrs["slem_dask"] = {**meta, "complete": False}
     with pytest.raises(ValueError, match="commit record"):
@@ -140,6 +141,53 @@ def test_search_job_writes_a_completed_group(tmp_path, rng):
     bad = _write(tmp_path / "q4", q[:, :4])
     with pytest.raises(ValueError, match="4 features but database rows.*have 5"):
         search_job(None, bad, dbp, str(tmp_path / "y.zarr"), k=3)
+
+
+def test_search_rerun_is_up_to_date_searches_changed_inputs_and_refuses_another_search(
+        tmp_path, rng, capsys):
+    # a re-run of the same search (a scheduled job) asked for --overwrite, where encode
+    # says "up to date" and writes nothing
+    q, db = rng.standard_normal((7, 5)), rng.standard_normal((40, 5))
+    qp, dbp = _write(tmp_path / "q", q), str(tmp_path / "db.npy")
+    np.save(dbp, db)
+    out = str(tmp_path / "hits.zarr")
+    def cli(queries=qp, k="4"):
+        return ["search", "--queries", queries, "--database", dbp, "--k", k, "--out", out,
+                "--workers", "1", "--threads-per-worker", "1", "--no-progress"]
+
+    args = cli()
+    assert main(args) == 0 and "action             create" in capsys.readouterr().out
+    assert main(args) == 0
+    text = capsys.readouterr().out
+    assert "action             up to date" in text and "search [s]" not in text, text
+    assert len(versions.VersionedStore(out).commits()) == 1
+    # the database changed: the same search is run again, as a new version
+    db[3] += 10
+    np.save(dbp, db)
+    assert main(args) == 0
+    assert "action             search again (inputs changed)" in capsys.readouterr().out
+    np.testing.assert_array_equal(open_search_result(out)[1], search(q, db, 4)[1])
+    assert len(versions.VersionedStore(out).commits()) == 2
+    # another search to the same --out: refused, saying what differs and the fix
+    other = _write(tmp_path / "q2", q[:3])
+    for queries, k, differ in ((qp, 3, "k 4 (now 3)"),
+                               (other, 3, f"queries {qp!r} (now {other!r})")):
+        assert main(cli(queries, str(k))) == 1
+        err = capsys.readouterr().err
+        assert f"--out {out!r} already holds another search: {differ}; pass --overwrite " \
+               f"to replace it" in err, err
+        assert search_job(None, queries, dbp, out, k=k,
+                          overwrite=True).facts["action"] == "replace"
+    # a result with a chunk swapped in from another version is never "up to date" (its
+    # crc32c trailer is not the one recorded): refused, --overwrite the fix
+    head = versions.VersionedStore(out).head().version
+    chunks = sorted((tmp_path / "hits.zarr").glob("versions/*/indices/c/0/0"),
+                    key=lambda p: head not in str(p))
+    chunks[0].write_bytes(chunks[1].read_bytes())
+    assert main(cli(other, "3")) == 1
+    assert "is not the chunk that was written" in capsys.readouterr().err
+    assert main([*cli(other, "3"), "--overwrite"]) == 0
+    assert "action             replace" in capsys.readouterr().out
 
 
 # -- command line -------------------------------------------------------------
@@ -200,6 +248,70 @@ def test_cli_errors_come_before_any_cluster(tmp_path, corpus_path, capsys, monke
     assert "features" in capsys.readouterr().err
 
 
+def test_evaluate_spells_each_label_input_one_way(tmp_path, corpus_path, capsys, monkeypatch):
+    # one's own label files are named by their option in every message, a corpus' labels
+    # by their member name: "query_labels:" and "query labels:" were both said
+    import slem_dask.cluster.connect as cluster
+
+    monkeypatch.setattr(cluster, "connect", lambda *a, **k: pytest.fail("a cluster started"))
+    group = storage.open_node(corpus_path, mode="r")
+    own = []
+    for name, flag in (("negatives", "--negatives-from"), ("database", "--database"),
+                       ("queries", "--queries"), ("database_labels", "--database-labels")):
+        np.save(tmp_path / f"{name}.npy", group[name][...])
+        own += [flag, str(tmp_path / f"{name}.npy")]
+    labels = group["query_labels"][...]
+    np.save(tmp_path / "short.npy", labels[:-1])
+    np.save(tmp_path / "unmatched.npy", labels + 1000)
+    for path, said in (("short.npy", "holds 24 labels for 25 rows"),
+                       ("unmatched.npy", "relevant set is empty")):
+        assert main(["evaluate", *own, "--query-labels", str(tmp_path / path)]) == 1
+        err = capsys.readouterr().err
+        assert "error: --query-labels: " in err and said in err, err
+    # the descriptors too: by their options, not by a corpus' member names
+    for flag, bad, said in (
+            ("--negatives-from", str(tmp_path / "nope.npy"), "--negatives-from: no file"),
+            ("--queries", str(tmp_path / "database_labels.npy"),
+             "--queries: the .npy file")):
+        given = [bad if own[j - 1] == flag else a for j, a in enumerate(own)]
+        assert main(["evaluate", *given, "--query-labels", str(tmp_path / "short.npy")]) == 1
+        err = capsys.readouterr().err
+        assert f"error: {said}" in err, err
+    np.save(tmp_path / "q7.npy", group["queries"][:, :7])
+    given = [str(tmp_path / "q7.npy") if own[j - 1] == "--queries" else a
+             for j, a in enumerate(own)]
+    np.save(tmp_path / "query_labels.npy", labels)
+    assert main(["evaluate", *given, "--query-labels", str(tmp_path / "query_labels.npy")]) == 1
+    assert "evaluate: --queries has 7 features but --negatives-from has 12" in \
+        capsys.readouterr().err
+    np.save(tmp_path / "db_short.npy", group["database_labels"][:-1])
+    own[-1] = str(tmp_path / "db_short.npy")
+    assert main(["evaluate", *own, "--query-labels", str(tmp_path / "short.npy")]) == 1
+    assert "error: --database-labels: " in capsys.readouterr().err
+
+
+def test_hdf5_labels_suggest_only_datasets_that_can_be_the_labels(tmp_path):
+    # a file with one 2-D dataset of descriptors suggested it as the labels
+    h5py = pytest.importorskip("h5py")
+    with h5py.File(tmp_path / "one.h5", "w") as f:
+        f["x"] = np.zeros((5, 3), np.float32)
+    with pytest.raises(ValueError, match=r"^--query-labels: '.*one\.h5' is an HDF5 file, and "
+                                         r"none of its datasets can be the labels \(5 "
+                                         r"integers or strings.*/x float32 \(5, 3\)") as err:
+        storage.read_labels(str(tmp_path / "one.h5"), "--query-labels", 5)
+    assert "one.h5:/dataset" not in str(err.value)
+    with h5py.File(tmp_path / "two.h5", "w") as f:
+        f["x"], f["labels"], f["other"] = np.zeros((5, 3)), np.arange(5), np.arange(4)
+        f["column"] = np.arange(5)[:, None]
+    for given in ("two.h5", "two.h5:/nope"):
+        with pytest.raises(ValueError) as err:
+            storage.read_labels(str(tmp_path / given), "labels", 5)
+        names = str(err.value).split("labels: ")[-1].split(" or ")
+        assert [n.rsplit(":", 1)[-1] for n in names] == ["/column", "/labels"], str(err.value)
+    np.testing.assert_array_equal(storage.read_labels(f"{tmp_path}/two.h5:/column", "l", 5),
+                                  np.arange(5))
+
+
 def test_cli_search_and_evaluate_end_to_end(tmp_path, corpus_path, capsys):
     out = str(tmp_path / "hits.zarr")
     args = ["--workers", "1", "--threads-per-worker", "1", "--no-progress"]
@@ -221,6 +333,20 @@ def test_cli_search_and_evaluate_end_to_end(tmp_path, corpus_path, capsys):
     assert [line.split()[0] for line in lines[header + 2:header + 5]] == ["raw", "slem", "esvm"]
     assert "negatives          500" in text
     assert open(png, "rb").read(8) == PNG_MAGIC
+
+
+def test_evaluate_says_which_lam_each_method_used(corpus_path, capsys):
+    # --lam 0.01x is linear SLEM's: kernel SLEM ran at its own 1e-3 without a word
+    args = ["--workers", "1", "--threads-per-worker", "1", "--no-progress"]
+    assert main(["evaluate", "--corpus", corpus_path, "--lam", "0.01x", "--methods",
+                 "raw,slem,kernel,esvm", "--rank", "8", "--esvm-iters", "5", *args]) == 0
+    lam = [line for line in capsys.readouterr().out.splitlines() if line.startswith("  lam ")]
+    assert lam == ["  lam                slem 0.01x; kernel 0.001; esvm 0.01 (a lam relative to "
+                   "tr(Sigma), Cx, is linear SLEM's only)"], lam
+    assert main(["evaluate", "--corpus", corpus_path, "--lam", "2e-3", "--methods",
+                 "slem,kernel", "--rank", "8", *args]) == 0
+    out = capsys.readouterr().out
+    assert "  lam                slem 0.002; kernel 0.002\n" in out, out
 
 
 def test_export_faiss_matches_exact_search(tmp_path, rng):

@@ -136,3 +136,29 @@ def test_a_forced_in_memory_fit_over_budget_warns_once(tmp_path, stores, monkeyp
                 rank=4, kernel_memory="in-memory")
     said = [w for w in caught if issubclass(w.category, stream.KernelMemoryWarning)]
     assert len(said) == 1 and "a 1 KB test budget" in str(said[0].message)
+
+
+@pytest.mark.filterwarnings("ignore::slem_dask.models.kernel.TraceErrorWarning")  # rank 3
+@pytest.mark.parametrize("kernel, used", [("rbf", {"gamma"}), ("quad", {"gamma"}),
+                                          ("poly", {"gamma", "degree"}), ("linear", set()),
+                                          ("intersection", set()), ("chi2", set())])
+def test_a_kernel_fit_report_names_only_the_parameters_its_kernel_uses(tmp_path, stores, kernel,
+                                                                        used):
+    # the demo's rbf fit printed "degree 2", a parameter rbf ignores
+    X, P, neg, pos = stores
+    if kernel in ("intersection", "chi2"):  # histogram kernels: non-negative rows
+        neg = _write(tmp_path / "hist.zarr", np.abs(X), 64)
+    report = fit_job(None, neg, str(tmp_path / "m.zarr"), kernel=kernel, rank=3, tol=0.0,
+                     progress=False)
+    assert {"gamma", "degree"} & set(report.facts) == used, report.facts
+    assert report.facts["kernel"] == kernel and report.facts["rank"] == 3
+
+
+@pytest.mark.filterwarnings("ignore::slem_dask.models.kernel.TraceErrorWarning")  # rank 5
+def test_update_without_kernel_names_only_the_kernel_options_that_matter(tmp_path, stores):
+    X, P, neg, pos = stores
+    model_path = str(tmp_path / "m.zarr")
+    fit_job(None, neg, model_path, kernel="rbf", gamma=0.2, rank=5, tol=0.0, progress=False)
+    with pytest.raises(ValueError, match="--kernel rbf --gamma 0.2 --lam") as err:
+        fit_job(None, neg, model_path, update=True)
+    assert "--degree" not in str(err.value)

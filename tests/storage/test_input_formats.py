@@ -291,7 +291,7 @@ def test_cli_evaluate_on_own_labelled_descriptors(scheduler, tmp_path, capsys):
     np.save(tmp_path / "short.npy", corpus.query_labels[:-1])
     code, _, err = run(capsys, "evaluate", *own, "--query-labels", tmp_path / "short.npy",
                        *common)
-    assert code == 1 and re.search(r"query labels: .*short\.npy' holds 11 labels for 12 "
+    assert code == 1 and re.search(r"--query-labels: .*short\.npy' holds 11 labels for 12 "
                                    r"rows", err), err
 
 
