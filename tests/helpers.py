@@ -75,6 +75,19 @@ def can_unshare_mounts() -> bool:
         return False
 
 
+def run_cli(capsys, *args):
+    """Run the command line in-process, as given: (exit code, stdout, stderr); an
+    argparse error's SystemExit is its exit code."""
+    from slem_dask.cli.main import main
+
+    try:
+        code = main([str(a) for a in args])
+    except SystemExit as exc:
+        code = exc.code
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
 def cli(capsys, scheduler: str, *args):
     """(exit code, stdout, stderr) of the command line, in-process, on ``scheduler``."""
     from slem_dask.cli.main import main

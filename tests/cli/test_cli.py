@@ -19,6 +19,8 @@ from slem_dask import LinearSLEM, load_model, storage
 from slem_dask.cli.main import main
 from slem_dask.storage import canonical
 
+from helpers import run_cli as run  # (exit code, stdout, stderr) of the CLI in-process
+
 pytestmark = pytest.mark.usefixtures("no_scheduler_env")  # conftest.py
 
 N, M, D = 300, 70, 12
@@ -44,16 +46,6 @@ def corpus(tmp_path_factory):
     LinearSLEM(lam=0.01, theta=2.0).fit(X).save(str(model))
     paths["model"] = str(model)
     return paths
-
-
-def run(capsys, *args):
-    """Run the CLI in-process: (exit code, stdout, stderr)."""
-    try:
-        code = main([str(a) for a in args])
-    except SystemExit as exc:  # argparse errors
-        code = exc.code
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 def fit_args(scheduler, negatives, model, *extra):

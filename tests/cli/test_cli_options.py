@@ -10,8 +10,9 @@ import zarr
 
 from slem_dask import storage
 
-from slem_dask.cli.main import main
 from slem_dask.datasets import make_corpus, write_corpus
+
+from helpers import run_cli as run  # (exit code, stdout, stderr) of the CLI in-process
 
 UNREACHABLE = "tcp://127.0.0.1:1"  # a check that ran after connecting would fail on this
 
@@ -19,15 +20,6 @@ UNREACHABLE = "tcp://127.0.0.1:1"  # a check that ran after connecting would fai
 @pytest.fixture(autouse=True)
 def no_scheduler_env(monkeypatch):
     monkeypatch.delenv("DASK_SCHEDULER_ADDRESS", raising=False)
-
-
-def run(capsys, *args):
-    try:
-        code = main([str(a) for a in args])
-    except SystemExit as exc:
-        code = exc.code
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 @pytest.fixture(scope="module")

@@ -13,9 +13,10 @@ import pytest
 import zarr
 
 from slem_dask import LinearSLEM, load_model, search, storage
-from slem_dask.cli.main import main
 from slem_dask.datasets import make_corpus, write_corpus
 from slem_dask.storage import fingerprints
+
+from helpers import run_cli as run  # (exit code, stdout, stderr) of the CLI in-process
 
 pytestmark = pytest.mark.usefixtures("no_scheduler_env")  # conftest.py
 
@@ -181,13 +182,6 @@ def test_a_file_changed_while_read_is_refused(tmp_path, data):
 
 # -- the command line -------------------------------------------------------------
 
-def run(capsys, *args):
-    try:
-        code = main([str(a) for a in args])
-    except SystemExit as exc:
-        code = exc.code
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 def test_cli_fit_encode_search_on_shards_and_fvecs(scheduler, tmp_path, capsys, data):
