@@ -15,8 +15,10 @@ never from clocks:
   ``fates/<folder>`` is created atomically with ``dead``, then the folder deleted. A job
   commits its draft only after creating the same file with ``commit`` (:func:`claim`);
   of the two creates exactly one wins, so a condemned draft is never committed, and a
-  draft whose job won is never deleted. Fate files (a few bytes each) stay until their
-  sequence number is committed, then go with the next garbage collection.
+  draft whose job won is never deleted. The fate file of a committed draft goes once
+  its number is committed; that of a draft never committed (a few bytes) is kept for
+  good: it is the proof that lets a later collection delete what a fenced job's late
+  write regrows under that folder name (:func:`_forget_settled_fates`).
 
 A folder that is not a slem-dask draft (:func:`is_slem_dask_draft`) is never touched,
 nor is a folder that any kept commit names.
@@ -89,13 +91,18 @@ def condemn(store, version: str) -> bool:
     record = store.commit_at(store.seq_of(version))
     if record is not None and record.version == version:
         return False  # committed while the caller looked: a version, not a draft
-    remove_dead(store, version)
+    remove_dead(store, version, settled=True)
     return True
 
 
-def remove_dead(store, version: str) -> None:
+def remove_dead(store, version: str, settled: bool = False) -> None:
     """Delete a draft that can never be committed: its zarr.json first, so that its
-    job's workers, if it still runs, stop writing into it (:func:`draft_alive`)."""
+    job's workers, if it still runs, stop writing into it (:func:`draft_alive`). Its
+    fate file is created first (``settled``: the caller did) and kept: a write of its
+    job still in flight may regrow the folder, without a marker, after any clean-up;
+    that file proves the regrowth slem-dask's (:func:`_forget_settled_fates`)."""
+    if not settled:
+        claim(store.backend, version, DEAD)  # either fate proves it slem-dask's
     store.delete_version(version)  # zarr.json, the folder, then its marker
 
 
@@ -146,21 +153,25 @@ def after_commit(store, seq: int, winner: str) -> None:
 
 
 def _forget_settled_fates(store, last: int, names: list[str]) -> None:
-    """Delete the fate files of numbers up to ``last`` (committed). A draft's folder
-    that is listed again (``names``: a listing of ``versions/``) though its number was
-    committed with another folder holds what its fenced job wrote after the draft was
-    deleted, without a marker: its fate file is the last proof that slem-dask wrote it,
-    so the folder goes first."""
+    """Settle the fate files of numbers up to ``last`` (committed). The fate file of a
+    draft that was committed is deleted: its commit record is the proof now. The fate
+    file of a draft that never was (condemned, or beaten to its number) is KEPT: a
+    fenced job's write that was in flight when the draft was deleted (a slow or
+    timed-out request) may land at any later time and regrow the folder, without a
+    marker; that file is then the only proof that slem-dask wrote it. A folder listed
+    again (``names``: a listing of ``versions/``) for such a file is deleted here."""
     listed = set(store.listed_versions(names))
+    records: dict = {}
     for version in store.backend.list(FATES):
         seq = store.seq_of(version)
         if seq is None or seq > last:
             continue
-        if version in listed:
-            record = store.commit_at(seq)
-            if record is None or record.version != version:  # never committed: dead
-                remove_dead(store, version)
-        store.backend.delete(f"{FATES}/{version}")
+        if seq not in records:
+            records[seq] = store.commit_at(seq)
+        if records[seq] is not None and records[seq].version == version:
+            store.backend.delete(f"{FATES}/{version}")  # committed: its record proves it
+        elif version in listed:
+            remove_dead(store, version, settled=True)  # regrown by a fenced job's late write: dead
 
 
 def fenced_message(store, version: str) -> str:

@@ -346,13 +346,18 @@ class VersionedStore:
             f"again to build on that version")
 
     def abandon(self, draft: Draft) -> None:
-        """Delete a draft that will not be committed (and the store's folder, if that
-        leaves nothing in it), unless its commit record names it after all (a commit
-        whose reply was lost): then it is a version, and stays."""
+        """Delete a draft that will not be committed, unless its commit record names it
+        after all (a commit whose reply was lost): then it is a version, and stays.
+
+        Its fate file is settled first (``dead``, or this job's own ``commit`` claim) and
+        KEPT, like a commit record: a write of this job still in flight (a request that
+        timed out, a worker's task still running) may land after any clean-up and regrow
+        the folder without its marker; that file proves the regrowth slem-dask's, and
+        the next collection deletes it (:mod:`.gc`)."""
         if self._committed(draft.version):
             return
+        gc.claim(self.backend, draft.version, gc.DEAD)  # either fate proves it ours
         self.delete_version(draft.version)
-        self.backend.delete(f"{gc.FATES}/{draft.version}")  # claimed by this job, if at all
         if not self.has_history():
             self.backend.prune_empty()
 
