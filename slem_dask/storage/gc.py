@@ -138,7 +138,7 @@ def collect(store, keep: int, mine: str | None = None, leased: bool = False) -> 
         elif is_slem_dask_draft(store, version, names):  # else not slem-dask's: kept
             remove_dead(store, version)  # its number was taken by another folder
             removed.append(version)
-    _forget_settled_fates(store, last, names)  # their numbers are committed
+    _forget_settled_fates(store, seqs, record, names)  # the kept numbers: committed
     return removed
 
 
@@ -149,29 +149,29 @@ def after_commit(store, seq: int, winner: str) -> None:
     for version in store.marked_versions(names):  # marked drafts only
         if store.seq_of(version) == seq and version != winner:
             remove_dead(store, version)
-    _forget_settled_fates(store, seq, names)
+    _forget_settled_fates(store, range(seq, seq + 1), store.commit_at, names)
 
 
-def _forget_settled_fates(store, last: int, names: list[str]) -> None:
-    """Settle the fate files of numbers up to ``last`` (committed). The fate file of a
-    draft that was committed is deleted: its commit record is the proof now. The fate
-    file of a draft that never was (condemned, or beaten to its number) is KEPT: a
-    fenced job's write that was in flight when the draft was deleted (a slow or
-    timed-out request) may land at any later time and regrow the folder, without a
-    marker; that file is then the only proof that slem-dask wrote it. A folder listed
-    again (``names``: a listing of ``versions/``) for such a file is deleted here."""
+def _forget_settled_fates(store, seqs: range, record, names: list[str]) -> None:
+    """Settle the fate files of the committed numbers ``seqs`` (``record``: seq ->
+    its commit record). The fate file of a draft that was committed is deleted: its
+    commit record is the proof now. The fate file of a draft that never was
+    (condemned, abandoned, or beaten to its number) is KEPT, for good: a write of its
+    job that was in flight when the draft was deleted (a slow or timed-out request, a
+    worker's task still running) may land at any later time and regrow the folder,
+    without a marker; that file is then the only proof that slem-dask wrote it, and
+    :func:`collect` deletes the regrown folder. One listed again now (``names``: a
+    listing of ``versions/``) goes here. Only ``seqs`` are read, so the cost of a
+    collection does not grow with the fate files kept."""
     listed = set(store.listed_versions(names))
-    records: dict = {}
     for version in store.backend.list(FATES):
         seq = store.seq_of(version)
-        if seq is None or seq > last:
-            continue
-        if seq not in records:
-            records[seq] = store.commit_at(seq)
-        if records[seq] is not None and records[seq].version == version:
+        if seq not in seqs:
+            continue  # not committed yet, or settled when it was among the kept
+        if record(seq) is not None and record(seq).version == version:
             store.backend.delete(f"{FATES}/{version}")  # committed: its record proves it
         elif version in listed:
-            remove_dead(store, version, settled=True)  # regrown by a fenced job's late write: dead
+            remove_dead(store, version, settled=True)  # regrown: dead
 
 
 def fenced_message(store, version: str) -> str:
