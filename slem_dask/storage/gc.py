@@ -83,7 +83,7 @@ def fate_of(backend, version: str) -> str | None:
 def condemn(store, version: str) -> bool:
     """Make draft ``version``, which no commit named when the caller looked, uncommittable,
     then delete it. False (nothing deleted) when its job claimed it for its commit first,
-    or committed it meanwhile: a fate file is forgotten only once its number is
+    or committed it meanwhile: a COMMIT fate file is forgotten only once its draft is
     committed, so a DEAD claim that wins after its job's COMMIT claim was forgotten
     finds the commit record, read here after the claim."""
     if claim(store.backend, version, DEAD) != DEAD:
