@@ -138,7 +138,8 @@ def collect(store, keep: int, mine: str | None = None, leased: bool = False) -> 
         elif is_slem_dask_draft(store, version, names):  # else not slem-dask's: kept
             remove_dead(store, version)  # its number was taken by another folder
             removed.append(version)
-    _forget_settled_fates(store, seqs, record, names)  # the kept numbers: committed
+    settled = range(max(1, last - max(keep, 1) + 1), last + 1)  # the newest at least
+    _forget_settled_fates(store, settled, record, names)  # committed numbers
     return removed
 
 
