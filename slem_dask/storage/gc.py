@@ -15,8 +15,10 @@ never from clocks:
   ``fates/<folder>`` is created atomically with ``dead``, then the folder deleted. A job
   commits its draft only after creating the same file with ``commit`` (:func:`claim`);
   of the two creates exactly one wins, so a condemned draft is never committed, and a
-  draft whose job won is never deleted. Fate files (a few bytes each) stay until their
-  sequence number is committed, then go with the next garbage collection.
+  draft whose job won is never deleted. The fate file of a committed draft goes once
+  its number is committed; that of a draft never committed (a few bytes) is kept for
+  good: it is the proof that lets a later collection delete what a fenced job's late
+  write regrows under that folder name (:func:`_forget_settled_fates`).
 
 A folder that is not a slem-dask draft (:func:`is_slem_dask_draft`) is never touched,
 nor is a folder that any kept commit names.
@@ -81,7 +83,7 @@ def fate_of(backend, version: str) -> str | None:
 def condemn(store, version: str) -> bool:
     """Make draft ``version``, which no commit named when the caller looked, uncommittable,
     then delete it. False (nothing deleted) when its job claimed it for its commit first,
-    or committed it meanwhile: a fate file is forgotten only once its number is
+    or committed it meanwhile: a COMMIT fate file is forgotten only once its draft is
     committed, so a DEAD claim that wins after its job's COMMIT claim was forgotten
     finds the commit record, read here after the claim."""
     if claim(store.backend, version, DEAD) != DEAD:
@@ -89,13 +91,18 @@ def condemn(store, version: str) -> bool:
     record = store.commit_at(store.seq_of(version))
     if record is not None and record.version == version:
         return False  # committed while the caller looked: a version, not a draft
-    remove_dead(store, version)
+    remove_dead(store, version, settled=True)
     return True
 
 
-def remove_dead(store, version: str) -> None:
+def remove_dead(store, version: str, settled: bool = False) -> None:
     """Delete a draft that can never be committed: its zarr.json first, so that its
-    job's workers, if it still runs, stop writing into it (:func:`draft_alive`)."""
+    job's workers, if it still runs, stop writing into it (:func:`draft_alive`). Its
+    fate file is created first (``settled``: the caller did) and kept: a write of its
+    job still in flight may regrow the folder, without a marker, after any clean-up;
+    that file proves the regrowth slem-dask's (:func:`_forget_settled_fates`)."""
+    if not settled:
+        claim(store.backend, version, DEAD)  # either fate proves it slem-dask's
     store.delete_version(version)  # zarr.json, the folder, then its marker
 
 
@@ -131,7 +138,8 @@ def collect(store, keep: int, mine: str | None = None, leased: bool = False) -> 
         elif is_slem_dask_draft(store, version, names):  # else not slem-dask's: kept
             remove_dead(store, version)  # its number was taken by another folder
             removed.append(version)
-    _forget_settled_fates(store, last, names)  # their numbers are committed
+    settled = range(max(1, last - max(keep, 1) + 1), last + 1)  # the newest at least
+    _forget_settled_fates(store, settled, record, names)  # committed numbers
     return removed
 
 
@@ -142,25 +150,29 @@ def after_commit(store, seq: int, winner: str) -> None:
     for version in store.marked_versions(names):  # marked drafts only
         if store.seq_of(version) == seq and version != winner:
             remove_dead(store, version)
-    _forget_settled_fates(store, seq, names)
+    _forget_settled_fates(store, range(seq, seq + 1), store.commit_at, names)
 
 
-def _forget_settled_fates(store, last: int, names: list[str]) -> None:
-    """Delete the fate files of numbers up to ``last`` (committed). A draft's folder
-    that is listed again (``names``: a listing of ``versions/``) though its number was
-    committed with another folder holds what its fenced job wrote after the draft was
-    deleted, without a marker: its fate file is the last proof that slem-dask wrote it,
-    so the folder goes first."""
+def _forget_settled_fates(store, seqs: range, record, names: list[str]) -> None:
+    """Settle the fate files of the committed numbers ``seqs`` (``record``: seq ->
+    its commit record). The fate file of a draft that was committed is deleted: its
+    commit record is the proof now. The fate file of a draft that never was
+    (condemned, abandoned, or beaten to its number) is KEPT, for good: a write of its
+    job that was in flight when the draft was deleted (a slow or timed-out request, a
+    worker's task still running) may land at any later time and regrow the folder,
+    without a marker; that file is then the only proof that slem-dask wrote it, and
+    :func:`collect` deletes the regrown folder. One listed again now (``names``: a
+    listing of ``versions/``) goes here. Only ``seqs`` are read, so the cost of a
+    collection does not grow with the fate files kept."""
     listed = set(store.listed_versions(names))
     for version in store.backend.list(FATES):
         seq = store.seq_of(version)
-        if seq is None or seq > last:
-            continue
-        if version in listed:
-            record = store.commit_at(seq)
-            if record is None or record.version != version:  # never committed: dead
-                remove_dead(store, version)
-        store.backend.delete(f"{FATES}/{version}")
+        if seq not in seqs:
+            continue  # not committed yet, or settled when it was among the kept
+        if record(seq) is not None and record(seq).version == version:
+            store.backend.delete(f"{FATES}/{version}")  # committed: its record proves it
+        elif version in listed:
+            remove_dead(store, version, settled=True)  # regrown: dead
 
 
 def fenced_message(store, version: str) -> str:

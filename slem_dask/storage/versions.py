@@ -346,15 +346,30 @@ class VersionedStore:
             f"again to build on that version")
 
     def abandon(self, draft: Draft) -> None:
-        """Delete a draft that will not be committed (and the store's folder, if that
-        leaves nothing in it), unless its commit record names it after all (a commit
-        whose reply was lost): then it is a version, and stays."""
+        """Delete a draft that will not be committed, unless its commit record names it
+        after all (a commit whose reply was lost): then it is a version, and stays.
+
+        Its fate file is settled first (``dead``, or this job's own ``commit`` claim) and
+        KEPT, like a commit record: a write of this job still in flight (a request that
+        timed out, a worker's task still running) may land after any clean-up and regrow
+        the folder without its marker; that file proves the regrowth slem-dask's, and
+        the next collection deletes it (:mod:`.gc`).
+
+        Except for a store's first draft, when nothing else is there: a failed first
+        write leaves no store at all (its fate file goes, then the empty folders)."""
         if self._committed(draft.version):
             return
+        gc.claim(self.backend, draft.version, gc.DEAD)  # either fate proves it ours
         self.delete_version(draft.version)
-        self.backend.delete(f"{gc.FATES}/{draft.version}")  # claimed by this job, if at all
-        if not self.has_history():
+        if not self._history_besides(draft.version):
+            self.backend.delete(f"{gc.FATES}/{draft.version}")
             self.backend.prune_empty()
+
+    def _history_besides(self, version: str) -> bool:
+        """:meth:`has_history`, not counting ``version``'s fate file."""
+        return (self.is_versioned() or bool(_marked(self.backend.list(VERSIONS)))
+                or any(draft_seq(v) is not None and v != version
+                       for v in self.backend.list(gc.FATES)))
 
     def _committed(self, version: str) -> bool:
         """Whether the commit record of the version's own sequence number names it (the

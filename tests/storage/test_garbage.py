@@ -91,7 +91,12 @@ def test_killed_runs_leave_at_most_one_draft_and_the_next_job_removes_it(corpus,
     report = encode_corpus(corpus, out, corpus["others"], overwrite=True)
     assert report.facts["action"] == "resume" and report.facts["version"] == 2
     assert _folders(out) == sorted(committed + [versions.VersionedStore(str(out)).head().version])
-    assert os.listdir(Path(out) / "fates") == []  # settled: their numbers are committed
+    # the drafts never committed (the dead one, four killed runs') keep their fate file,
+    # "dead" and a few bytes, as proof against a late write regrowing their folder
+    fates = Path(out) / "fates"
+    assert len(os.listdir(fates)) == 5
+    assert dead.name in os.listdir(fates) and not dead.exists()
+    assert {(fates / f).read_text() for f in os.listdir(fates)} == {"dead"}
     assert storage.verify(str(out))[1] == []
 
 
@@ -126,11 +131,15 @@ def test_without_the_lease_only_drafts_of_committed_numbers_are_dead(tmp_path):
     os.makedirs(Path(store.path.location) / "versions" / "notes")  # not slem-dask's
     assert not Path(loser.location).exists()  # dead once its number was taken
     Path(loser.location).mkdir(exist_ok=True)  # a late write of its fenced job's worker
+    users = Path(store.path.location) / "versions" / f"00000001-{uuid.uuid4().hex[:12]}"
+    users.mkdir()  # named like a draft, with neither marker nor fate file: not slem-dask's
     store.collect_garbage()  # rollback's: holds no lease
-    # the late folder has no marker (deleted with the draft): never deleted (issue 30,
-    # item 5: a folder without slem-dask's marker is not taken for a draft)
-    assert _folders(store.path.location) == sorted([first.version, loser.version,
-                                                    running.version, "notes"])
+    # the late folder lost its marker with the draft, but the loser's fate file ("dead",
+    # kept for good) proves it slem-dask's: deleted. A folder with neither is never
+    # deleted (issue 30, item 5: it is not taken for a draft)
+    assert (Path(store.path.location) / "fates" / loser.version).read_text() == "dead"
+    assert _folders(store.path.location) == sorted([first.version, running.version,
+                                                    users.name, "notes"])
     assert store.commit(running, "model", "two").seq == 2
 
 
@@ -272,15 +281,22 @@ def test_killed_runs_on_s3_leave_at_most_one_draft(s3_model, monkeypatch):
     def killed(*args, **kwargs):
         raise KeyboardInterrupt
 
+    left = set()
     for _ in range(3):
         with monkeypatch.context() as m:
             m.setattr(storage, "mark_complete", killed)
             with pytest.raises(KeyboardInterrupt):
                 encode("other", overwrite=True)
-        assert len(set(_names(store.backend.list("versions"))) - set(committed)) == 1
+        draft = set(_names(store.backend.list("versions"))) - set(committed)
+        assert len(draft) == 1
+        left |= draft
     assert encode("other", overwrite=True).facts["action"] == "resume"
     assert _names(store.backend.list("versions")) == sorted(committed + [store.head().version])
-    assert store.backend.list("fates") == [] and storage.verify(out)[1] == []
+    # each killed run's draft keeps its fate file "dead" (a few bytes, proof against a
+    # late write regrowing it); nothing else is left
+    assert set(store.backend.list("fates")) == left
+    assert {store.backend.read(f"fates/{v}") for v in left} == {b"dead"}
+    assert storage.verify(out)[1] == []
 
 
 # -- item 9: one line naming the store and the fix ---------------------------------------------
@@ -366,6 +382,7 @@ def test_killed_streaming_kernel_fits_leave_one_draft(tmp_path, monkeypatch):
             "seed": 3, "lam": 1e-2,
             "kernel_memory": "streaming", "partition_rows": 100}
     original = stream._stream_block
+    left: set = set()
     for kill_at in (3, 2):  # each run finishes 2 of the 4 final partitions left to it
         finals = []
 
@@ -380,10 +397,16 @@ def test_killed_streaming_kernel_fits_leave_one_draft(tmp_path, monkeypatch):
         with dask.config.set(scheduler="sync"), pytest.raises(RuntimeError, match="killed"):
             fit_job(None, neg, str(path), **args)
         assert len(_folders(path)) == 1  # the last killed run's draft
+        left.update(_folders(path))
     monkeypatch.setattr(stream, "_stream_block", original)
     report = fit_job(None, neg, str(path), **args)
     assert report.facts["final pass"].startswith("resumed: 3 of 4 partitions reused")
-    assert len(_folders(path)) == 1 and os.listdir(path / "fates") == []
+    assert len(_folders(path)) == 1
+    # the drafts never committed keep their fate file "dead" (proof against a late write
+    # regrowing them), the killed runs' among them; none of their folders is left
+    fates = os.listdir(path / "fates")
+    assert left <= set(fates) and not set(fates) & set(_folders(path))
+    assert {(path / "fates" / f).read_text() for f in fates} == {"dead"}
 
 
 def _race_commit_and_condemnation(root: str, rounds: int) -> None:

@@ -229,23 +229,17 @@ def test_a_commit_that_lands_after_the_job_gave_up_names_a_whole_version(monkeyp
             checks.check_state(world)  # the head: a whole version
 
 
-# -- what today's code gets wrong --------------------------------------------------------
+# -- the bound on garbage (docs/guarantees-garbage.md) -------------------------------------
 
-@pytest.mark.xfail(strict=True, raises=sim.SeedFailed,
-                   reason="garbage beyond the documented bound: a fenced writer (its lease "
-                          "taken over, or none) regrows its draft after another job deleted "
-                          "it with its marker, then is killed before its own clean-up: the "
-                          "folder has no marker nor fate file, so no job ever deletes it "
-                          "(mode crash, seed 115 with --bound); not fixed")
 def test_garbage_stays_within_the_bound_when_killed():
+    """A fenced writer that regrows its deleted draft, then is killed, leaves nothing
+    that the next job cannot prove slem-dask's (seed 321 before the fix)."""
     _sweep("crash", XFAIL_SEEDS, rollback=True, bound=True)
 
 
-@pytest.mark.xfail(strict=True, raises=sim.SeedFailed,
-                   reason="the same leak under every fault at once (mode all, seed 45 with "
-                          "--bound: two drafts of one number left by fenced writers); not "
-                          "fixed")
 def test_garbage_stays_within_the_bound_under_every_fault():
+    """The same under every fault at once: a write in flight (timed out, or slow) that
+    lands after the draft was deleted, by its own job or another (seeds 1, 34 before)."""
     _sweep("all", XFAIL_SEEDS, rollback=True, bound=True)
 
 
