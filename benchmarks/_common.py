@@ -41,6 +41,7 @@ STORE_ATTR = "slem_dask_benchmark"
 
 # -- arguments ------------------------------------------------------------
 
+
 def int_size(text: str) -> int:
     """Accept 1000000, 1e6, 1_000_000."""
     value = float(text.replace("_", ""))
@@ -49,40 +50,71 @@ def int_size(text: str) -> int:
     return int(value)
 
 
-def add_common_args(parser: argparse.ArgumentParser, sizes: bool = True,
-                    default_n: int = DEFAULT_N) -> None:
+def add_common_args(
+    parser: argparse.ArgumentParser, sizes: bool = True, default_n: int = DEFAULT_N
+) -> None:
     """``default_n``: the script's own default row count, applied by :func:`resolve_sizes`
     unless --n or --quick is given (so that --help states it)."""
     if sizes:
-        parser.add_argument("--n", type=int_size, default=None,
-                            help=f"rows of the data store (default {default_n:,}; "
-                                 f"--quick: {min(QUICK_N, default_n):,})")
+        parser.add_argument(
+            "--n",
+            type=int_size,
+            default=None,
+            help=f"rows of the data store (default {default_n:,}; "
+            f"--quick: {min(QUICK_N, default_n):,})",
+        )
         parser.set_defaults(default_n=default_n)
-    parser.add_argument("--d", type=int_size, default=None,
-                        help=f"features (default {DEFAULT_D}; --quick: {QUICK_D})")
-    parser.add_argument("--workdir", default=DEFAULT_WORKDIR,
-                        help="folder of the data stores and outputs (default benchmarks/_data)")
-    quick = (f"n = {min(QUICK_N, default_n):,}, d = {QUICK_D}" if sizes
-             else f"d = {QUICK_D}, and the script's small sizes")
-    parser.add_argument("--quick", action="store_true",
-                        help=f"small smoke-test size ({quick}) unless "
-                             f"{'--n/--d are' if sizes else '--d is'} given")
-    parser.add_argument("--chunk-rows", type=int_size, default=DEFAULT_CHUNK_ROWS,
-                        help=f"rows per zarr chunk of the data store (default {DEFAULT_CHUNK_ROWS})")
+    parser.add_argument(
+        "--d",
+        type=int_size,
+        default=None,
+        help=f"features (default {DEFAULT_D}; --quick: {QUICK_D})",
+    )
+    parser.add_argument(
+        "--workdir",
+        default=DEFAULT_WORKDIR,
+        help="folder of the data stores and outputs (default benchmarks/_data)",
+    )
+    quick = (
+        f"n = {min(QUICK_N, default_n):,}, d = {QUICK_D}"
+        if sizes
+        else f"d = {QUICK_D}, and the script's small sizes"
+    )
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help=f"small smoke-test size ({quick}) unless {'--n/--d are' if sizes else '--d is'} given",
+    )
+    parser.add_argument(
+        "--chunk-rows",
+        type=int_size,
+        default=DEFAULT_CHUNK_ROWS,
+        help=f"rows per zarr chunk of the data store (default {DEFAULT_CHUNK_ROWS})",
+    )
     parser.add_argument("--seed", type=int, default=0, help="seed of the data stream (default 0)")
 
 
 def add_run_args(parser: argparse.ArgumentParser, repeat: int = 3) -> None:
-    parser.add_argument("--repeat", type=int, default=repeat,
-                        help=f"timed runs of each contender (default {repeat}; best is reported)")
-    parser.add_argument("--partition-rows", type=int_size, default=None,
-                        help="rows per dask partition (default: the library's, "
-                             "storage.row_partition)")
-    parser.add_argument("--workers", type=int, default=None,
-                        help="LocalCluster worker processes (default: slem_dask.cluster.connect "
-                             "default, one per core)")
-    parser.add_argument("--threads", type=int, default=None,
-                        help="threads per worker (default 1)")
+    parser.add_argument(
+        "--repeat",
+        type=int,
+        default=repeat,
+        help=f"timed runs of each contender (default {repeat}; best is reported)",
+    )
+    parser.add_argument(
+        "--partition-rows",
+        type=int_size,
+        default=None,
+        help="rows per dask partition (default: the library's, storage.row_partition)",
+    )
+    parser.add_argument(
+        "--workers",
+        type=int,
+        default=None,
+        help="LocalCluster worker processes (default: slem_dask.cluster.connect "
+        "default, one per core)",
+    )
+    parser.add_argument("--threads", type=int, default=None, help="threads per worker (default 1)")
     parser.add_argument("--lam", type=float, default=1e-3, help="ridge lambda (default 1e-3)")
 
 
@@ -95,18 +127,28 @@ def resolve_sizes(args) -> None:
 
 # -- the data store -------------------------------------------------------
 
-def store_path(workdir: str, n: int, d: int, seed: int = 0, chunk_rows: int = DEFAULT_CHUNK_ROWS) -> str:
+
+def store_path(
+    workdir: str, n: int, d: int, seed: int = 0, chunk_rows: int = DEFAULT_CHUNK_ROWS
+) -> str:
     return os.path.join(workdir, f"negatives-n{n}-d{d}-s{seed}-c{chunk_rows}-float32.zarr")
 
 
 def _store_params(n, d, seed, chunk_rows) -> dict:
-    return {"n": int(n), "d": int(d), "seed": int(seed), "chunk_rows": int(chunk_rows),
-            "dtype": "float32", "generator": "slem_dask.datasets.background_rows",
-            "complete": True}
+    return {
+        "n": int(n),
+        "d": int(d),
+        "seed": int(seed),
+        "chunk_rows": int(chunk_rows),
+        "dtype": "float32",
+        "generator": "slem_dask.datasets.background_rows",
+        "complete": True,
+    }
 
 
-def ensure_store(workdir: str, n: int, d: int, seed: int = 0,
-                 chunk_rows: int = DEFAULT_CHUNK_ROWS, log=print) -> str:
+def ensure_store(
+    workdir: str, n: int, d: int, seed: int = 0, chunk_rows: int = DEFAULT_CHUNK_ROWS, log=print
+) -> str:
     """Path of a complete data store of shape (n, d); written (block by block) if absent."""
     import zarr
 
@@ -116,20 +158,27 @@ def ensure_store(workdir: str, n: int, d: int, seed: int = 0,
     params = _store_params(n, d, seed, chunk_rows)
     try:
         arr = zarr.open_array(store=path, mode="r")
-        if (arr.shape == (n, d) and arr.dtype == np.float32 and arr.chunks[0] == chunk_rows
-                and dict(arr.attrs).get(STORE_ATTR) == params):
+        if (
+            arr.shape == (n, d)
+            and arr.dtype == np.float32
+            and arr.chunks[0] == chunk_rows
+            and dict(arr.attrs).get(STORE_ATTR) == params
+        ):
             log(f"data: reusing {path} (shape {arr.shape}, {arr.dtype}, chunks {arr.chunks})")
             return path
-        log(f"data: {path} does not match (shape {arr.shape}, attrs "
-            f"{dict(arr.attrs).get(STORE_ATTR)}); rewriting it")
+        log(
+            f"data: {path} does not match (shape {arr.shape}, attrs "
+            f"{dict(arr.attrs).get(STORE_ATTR)}); rewriting it"
+        )
     except (FileNotFoundError, ValueError, KeyError, TypeError):
         pass
     if os.path.exists(path):
         shutil.rmtree(path)
     os.makedirs(workdir, exist_ok=True)
     t0 = time.perf_counter()
-    arr = zarr.create_array(store=path, shape=(n, d), dtype="float32",
-                            chunks=(min(chunk_rows, n), d))
+    arr = zarr.create_array(
+        store=path, shape=(n, d), dtype="float32", chunks=(min(chunk_rows, n), d)
+    )
     step = max(chunk_rows, (WRITE_BLOCK_ROWS // chunk_rows) * chunk_rows)
     for start in range(0, n, step):
         stop = min(n, start + step)
@@ -137,8 +186,10 @@ def ensure_store(workdir: str, n: int, d: int, seed: int = 0,
         if stop == n or (start // step) % 16 == 15:
             log(f"data: wrote rows {stop:,}/{n:,} of {path} ({time.perf_counter() - t0:.1f} s)")
     arr.attrs[STORE_ATTR] = params  # written last: marks the store complete
-    log(f"data: wrote {path} in {time.perf_counter() - t0:.1f} s; codecs: "
-        f"serializer={arr.serializer}, compressors={arr.compressors}, filters={arr.filters}")
+    log(
+        f"data: wrote {path} in {time.perf_counter() - t0:.1f} s; codecs: "
+        f"serializer={arr.serializer}, compressors={arr.compressors}, filters={arr.filters}"
+    )
     return path
 
 
@@ -147,14 +198,18 @@ def describe_store(path: str) -> str:
 
     arr = zarr.open_array(store=path, mode="r")
     raw = arr.nbytes
-    disk = sum(os.path.getsize(os.path.join(root, f))
-               for root, _, files in os.walk(path) for f in files)
-    return (f"{arr.shape} {arr.dtype}, chunks {arr.chunks}, codecs "
-            f"{[type(c).__name__ for c in (arr.serializer, *arr.compressors)]}, "
-            f"{raw / 2**30:.2f} GiB raw, {disk / 2**30:.2f} GiB on disk")
+    disk = sum(
+        os.path.getsize(os.path.join(root, f)) for root, _, files in os.walk(path) for f in files
+    )
+    return (
+        f"{arr.shape} {arr.dtype}, chunks {arr.chunks}, codecs "
+        f"{[type(c).__name__ for c in (arr.serializer, *arr.compressors)]}, "
+        f"{raw / 2**30:.2f} GiB raw, {disk / 2**30:.2f} GiB on disk"
+    )
 
 
 # -- timing and reporting -------------------------------------------------
+
 
 class Timer:
     def __enter__(self):
@@ -169,8 +224,10 @@ def spread(values) -> str:
     values = list(values)
     if not values:
         return "n/a"
-    return (f"best {min(values):.3f} s, median {statistics.median(values):.3f} s, "
-            f"worst {max(values):.3f} s over {len(values)}")
+    return (
+        f"best {min(values):.3f} s, median {statistics.median(values):.3f} s, "
+        f"worst {max(values):.3f} s over {len(values)}"
+    )
 
 
 def runs_line(values) -> str:
@@ -182,7 +239,7 @@ def _blas_owner(path: str) -> str:
     parts = os.path.normpath(path).split(os.sep)
     for part in reversed(parts[:-1]):
         if part.endswith(".libs"):
-            return part[:-len(".libs")]
+            return part[: -len(".libs")]
         if part in ("numpy", "scipy"):
             return part
     return os.path.basename(path) or "?"
@@ -203,27 +260,42 @@ def machine_lines() -> list[str]:
     # the kernel set OpenBLAS picked (or was told to pick: OPENBLAS_CORETYPE) sets the
     # speed of every product: on this repository's AVX-512 machine, Haswell's kernels
     # run a float32 X^T X at about 0.6x the speed of SkylakeX's
-    blas = [f"{_blas_owner(i.get('filepath', ''))}: {i.get('internal_api')} {i.get('version')} "
-            f"x{i.get('num_threads')} threads, {i.get('architecture', '?')} kernels"
-            for i in threadpool_info() if i.get("user_api") == "blas"]
-    pins = " ".join(f"{k}={v}" for k, v in sorted(os.environ.items())
-                    if k.startswith(("OPENBLAS_", "OMP_", "MKL_")))
+    blas = [
+        f"{_blas_owner(i.get('filepath', ''))}: {i.get('internal_api')} {i.get('version')} "
+        f"x{i.get('num_threads')} threads, {i.get('architecture', '?')} kernels"
+        for i in threadpool_info()
+        if i.get("user_api") == "blas"
+    ]
+    pins = " ".join(
+        f"{k}={v}"
+        for k, v in sorted(os.environ.items())
+        if k.startswith(("OPENBLAS_", "OMP_", "MKL_"))
+    )
     vm = psutil.virtual_memory()
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    return [
-        f"machine: {platform.node()} {platform.machine()}, {cores} usable cores, "
-        f"{vm.total / 2**30:.1f} GiB RAM ({vm.available / 2**30:.1f} GiB available), "
-        f"{load_line()}",
-        f"versions: python {platform.python_version()}, numpy {np.__version__}, "
-        f"dask {dask.__version__}, distributed {distributed.__version__}, zarr {zarr.__version__}",
-        f"BLAS libraries in this process: {'; '.join(blas) or 'unknown'}"
-        f"{f' (environment: {pins})' if pins else ''}",
-    ] + ([
-        "note: OPENBLAS_CORETYPE forces OpenBLAS's kernel set whatever the CPU (on an AVX-512 "
-        "CPU, Haswell's kernels run a float32 X^T X at about 0.6x the speed of SkylakeX's: "
-        "README, Benchmarks)"] if os.environ.get("OPENBLAS_CORETYPE") else []) + [
-        f"time: {time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime())}",
-    ]
+    return (
+        [
+            f"machine: {platform.node()} {platform.machine()}, {cores} usable cores, "
+            f"{vm.total / 2**30:.1f} GiB RAM ({vm.available / 2**30:.1f} GiB available), "
+            f"{load_line()}",
+            f"versions: python {platform.python_version()}, numpy {np.__version__}, "
+            f"dask {dask.__version__}, distributed {distributed.__version__}, zarr {zarr.__version__}",
+            f"BLAS libraries in this process: {'; '.join(blas) or 'unknown'}"
+            f"{f' (environment: {pins})' if pins else ''}",
+        ]
+        + (
+            [
+                "note: OPENBLAS_CORETYPE forces OpenBLAS's kernel set whatever the CPU (on an AVX-512 "
+                "CPU, Haswell's kernels run a float32 X^T X at about 0.6x the speed of SkylakeX's: "
+                "README, Benchmarks)"
+            ]
+            if os.environ.get("OPENBLAS_CORETYPE")
+            else []
+        )
+        + [
+            f"time: {time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime())}",
+        ]
+    )
 
 
 def header(title: str, args) -> None:
@@ -234,8 +306,10 @@ def header(title: str, args) -> None:
         print("  " + line)
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     if os.getloadavg()[0] > 0.5 * cores:
-        print(f"  WARNING: the machine is busy ({load_line()}): timings are not reliable; "
-              f"a multi-threaded BLAS in particular slows down a lot when the cores are shared")
+        print(
+            f"  WARNING: the machine is busy ({load_line()}): timings are not reliable; "
+            f"a multi-threaded BLAS in particular slows down a lot when the cores are shared"
+        )
     print("=" * 78)
     sys.stdout.flush()
 
@@ -260,19 +334,29 @@ def scheduler_contexts(args, schedulers, plain_cluster: bool = False):
         contexts = {"threads": lambda: dask.config.set(scheduler="threads")}
         if "cluster" in schedulers:
             client = stack.enter_context(
-                connect(n_workers=args.workers, threads_per_worker=args.threads, quiet=True))
+                connect(n_workers=args.workers, threads_per_worker=args.threads, quiet=True)
+            )
             nthreads = client.nthreads()
-            print(f"cluster: {len(nthreads)} worker process(es) x "
-                  f"{sorted(set(nthreads.values()))} thread(s) (slem_dask.cluster.connect.connect)")
+            print(
+                f"cluster: {len(nthreads)} worker process(es) x "
+                f"{sorted(set(nthreads.values()))} thread(s) (slem_dask.cluster.connect.connect)"
+            )
             clients["cluster"], contexts["cluster"] = client, client.as_current
             if plain_cluster:
                 kw = default_local_cluster_kwargs(args.workers, args.threads)
-                cluster = stack.enter_context(LocalCluster(
-                    n_workers=kw["n_workers"], threads_per_worker=kw["threads_per_worker"],
-                    dashboard_address=":0", silence_logs=logging.CRITICAL))
+                cluster = stack.enter_context(
+                    LocalCluster(
+                        n_workers=kw["n_workers"],
+                        threads_per_worker=kw["threads_per_worker"],
+                        dashboard_address=":0",
+                        silence_logs=logging.CRITICAL,
+                    )
+                )
                 plain = stack.enter_context(Client(cluster, set_as_default=False))
-                print(f"plain-cluster: LocalCluster(n_workers={kw['n_workers']}, "
-                      f"threads_per_worker={kw['threads_per_worker']}), distributed's defaults")
+                print(
+                    f"plain-cluster: LocalCluster(n_workers={kw['n_workers']}, "
+                    f"threads_per_worker={kw['threads_per_worker']}), distributed's defaults"
+                )
                 clients["plain-cluster"], contexts["plain-cluster"] = plain, plain.as_current
         yield clients, contexts
 
@@ -331,8 +415,9 @@ def fit_floor(x, client=None) -> dict:
     return {"total": t.seconds}
 
 
-def _encode_floor_block(block: np.ndarray, matrix: np.ndarray, folder: str,
-                        block_info=None) -> np.ndarray:
+def _encode_floor_block(
+    block: np.ndarray, matrix: np.ndarray, folder: str, block_info=None
+) -> np.ndarray:
     from slem_dask.parallel.blocks import single_threaded_blas
 
     with single_threaded_blas():
@@ -358,8 +443,13 @@ def encode_floor(x, matrix: np.ndarray, folder: str, client=None) -> dict:
     os.sync()  # the deletion's writeback is not paid inside the timed region either
     with Timer() as t:
         # the matrix as one graph key: shipped once per worker, as slem-dask's model
-        done = x.map_blocks(_encode_floor_block, dask.delayed(matrix, pure=True), folder,
-                            chunks=(1, 1), dtype=np.float64)
+        done = x.map_blocks(
+            _encode_floor_block,
+            dask.delayed(matrix, pure=True),
+            folder,
+            chunks=(1, 1),
+            dtype=np.float64,
+        )
         if client is not None:
             client.compute(done.sum()).result()
         else:
@@ -378,12 +468,17 @@ def encode_floor(x, matrix: np.ndarray, folder: str, client=None) -> dict:
 # shared machine is forgiven, and counted in the line).
 # benchmarks/compare_bands.py compares two runs' BAND lines.
 
+
 def add_band_arg(parser: argparse.ArgumentParser, band: float, why: str) -> None:
     """``band``: the script's promised relative spread of its headline ratio between
     two runs (0.15: +-15%); ``why``: what sets it (stated in --help)."""
-    parser.add_argument("--band", type=float, default=band,
-                        help=f"promised relative spread of the headline ratio between two "
-                             f"runs (default {band:g}, i.e. +-{band * 100:.0f}%%: {why})")
+    parser.add_argument(
+        "--band",
+        type=float,
+        default=band,
+        help=f"promised relative spread of the headline ratio between two "
+        f"runs (default {band:g}, i.e. +-{band * 100:.0f}%%: {why})",
+    )
 
 
 def alternate(contenders: dict, repeat: int) -> dict[str, list[float]]:
@@ -407,8 +502,15 @@ def round_ratios(numerators, denominators) -> list[float]:
     return [a / b for a, b in zip(numerators, denominators, strict=False) if a and b]
 
 
-def band(label: str, numerators, denominators, promised: float, *,
-         names: tuple[str, str] = ("reference", "slem-dask"), floor: bool = False) -> dict:
+def band(
+    label: str,
+    numerators,
+    denominators,
+    promised: float,
+    *,
+    names: tuple[str, str] = ("reference", "slem-dask"),
+    floor: bool = False,
+) -> dict:
     """Print, and emit as a ``BAND {json}`` line, the headline ratio
     ``min(numerators) / min(denominators)`` (best against best), the per-round ratios'
     min / median / max and whether the run is inside its band (see above).
@@ -419,8 +521,14 @@ def band(label: str, numerators, denominators, promised: float, *,
     instead of giving a ratio (a floor / slem-dask ratio above 1 is no result)."""
     numerators, denominators = [float(v) for v in numerators], [float(v) for v in denominators]
     rounds = round_ratios(numerators, denominators)
-    out = {"label": label, "numerator": names[0], "denominator": names[1],
-           "band": promised, "floor": floor, "rounds": len(rounds)}
+    out = {
+        "label": label,
+        "numerator": names[0],
+        "denominator": names[1],
+        "band": promised,
+        "floor": floor,
+        "rounds": len(rounds),
+    }
     if not rounds:
         print(f"BAND {label}: no complete round of {names[0]} and {names[1]}: no ratio")
         out.update(ratio=None, inside=False)
@@ -433,22 +541,40 @@ def band(label: str, numerators, denominators, promised: float, *,
     spread_ = max(hi / mid - 1.0, 1.0 - lo / mid)
     outside = sum(abs(r / mid - 1.0) > promised for r in rounds)
     # one round says nothing about the spread: the band is then checked between runs only
-    inside = (abs(ratio / mid - 1.0) <= promised and outside <= len(rounds) // 5
-              if len(rounds) > 1 else None)
-    out.update(ratio=ratio, round_min=lo, round_median=mid, round_max=hi,
-               spread=spread_, rounds_outside=outside, inside=inside)
-    verdict = ("inside" if inside else "OUTSIDE (repeat more, or the machine is busy)"
-               if inside is not None else "one round: checked only between two runs "
-               "(compare_bands.py)")
+    inside = (
+        abs(ratio / mid - 1.0) <= promised and outside <= len(rounds) // 5
+        if len(rounds) > 1
+        else None
+    )
+    out.update(
+        ratio=ratio,
+        round_min=lo,
+        round_median=mid,
+        round_max=hi,
+        spread=spread_,
+        rounds_outside=outside,
+        inside=inside,
+    )
+    verdict = (
+        "inside"
+        if inside
+        else "OUTSIDE (repeat more, or the machine is busy)"
+        if inside is not None
+        else "one round: checked only between two runs (compare_bands.py)"
+    )
     if floor and best_num > best_den:
         out.update(ratio=None, not_a_floor=True, floor_best=best_num, contender_best=best_den)
-        print(f"BAND {label}: floor slower than {names[1]}: not a floor in this run "
-              f"(floor best {best_num:.3f} s over {len(numerators)} runs > {names[1]} best "
-              f"{best_den:.3f} s); no ratio")
+        print(
+            f"BAND {label}: floor slower than {names[1]}: not a floor in this run "
+            f"(floor best {best_num:.3f} s over {len(numerators)} runs > {names[1]} best "
+            f"{best_den:.3f} s); no ratio"
+        )
     else:
-        print(f"BAND {label}: {names[0]} / {names[1]} = {ratio:.3f} (best / best); per round "
-              f"min {lo:.3f}, median {mid:.3f}, max {hi:.3f} over {len(rounds)} rounds: "
-              f"{outside} outside +-{promised:.0%} of the median (one in five allowed): "
-              f"{verdict}")
+        print(
+            f"BAND {label}: {names[0]} / {names[1]} = {ratio:.3f} (best / best); per round "
+            f"min {lo:.3f}, median {mid:.3f}, max {hi:.3f} over {len(rounds)} rounds: "
+            f"{outside} outside +-{promised:.0%} of the median (one in five allowed): "
+            f"{verdict}"
+        )
     emit_json("BAND", out)
     return out

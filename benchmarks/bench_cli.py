@@ -54,8 +54,12 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     C.add_common_args(parser, default_n=40_000)
     C.add_run_args(parser, repeat=5)
-    C.add_band_arg(parser, 0.15, "each run is a fresh process of 1-3 s, the contenders "
-                   "alternate, and each had one untimed run to load its files into the cache")
+    C.add_band_arg(
+        parser,
+        0.15,
+        "each run is a fresh process of 1-3 s, the contenders "
+        "alternate, and each had one untimed run to load its files into the cache",
+    )
     args = parser.parse_args(argv)
     C.resolve_sizes(args)
     C.header(f"bench_cli: slem-dask fit end to end, n={args.n:,} d={args.d} float32", args)
@@ -64,13 +68,39 @@ def main(argv=None) -> int:
     exe = os.path.join(os.path.dirname(sys.executable), "slem-dask")
     model = os.path.join(args.workdir, "bench-cli-model.zarr")
     contenders = {
-        "slem-dask fit (default)": [exe, "fit", "--negatives", path, "--model", model,
-                                    "--lam", "1e-3", "--overwrite", "--no-progress"],
+        "slem-dask fit (default)": [
+            exe,
+            "fit",
+            "--negatives",
+            path,
+            "--model",
+            model,
+            "--lam",
+            "1e-3",
+            "--overwrite",
+            "--no-progress",
+        ],
         "slem-dask fit --local-cluster processes": [
-            exe, "fit", "--negatives", path, "--model", model, "--lam", "1e-3", "--overwrite",
-            "--no-progress", "--local-cluster", "processes"],
-        "numpy by hand (python -c)": [sys.executable, "-c", BY_HAND, path,
-                                      os.path.join(args.workdir, "bench-cli-by-hand.npy")],
+            exe,
+            "fit",
+            "--negatives",
+            path,
+            "--model",
+            model,
+            "--lam",
+            "1e-3",
+            "--overwrite",
+            "--no-progress",
+            "--local-cluster",
+            "processes",
+        ],
+        "numpy by hand (python -c)": [
+            sys.executable,
+            "-c",
+            BY_HAND,
+            path,
+            os.path.join(args.workdir, "bench-cli-by-hand.npy"),
+        ],
     }
     runs = {name: [] for name in contenders}
     for name, cmd in contenders.items():  # one untimed run of each: the same warm file cache
@@ -82,8 +112,11 @@ def main(argv=None) -> int:
             runs[name].append(wall)
             startup = re.search(r"start-up ([0-9.]+) s", out)
             job = re.search(r"total \[s\]\s+([0-9.]+)", out)
-            parts = (f" (cluster start-up {startup.group(1)} s, job {job.group(1)} s)"
-                     if startup and job else "")
+            parts = (
+                f" (cluster start-up {startup.group(1)} s, job {job.group(1)} s)"
+                if startup and job
+                else ""
+            )
             print(f"run {r + 1}: {name:<42} {wall:6.2f} s wall{parts} | {C.load_line()}")
             sys.stdout.flush()
     shutil.rmtree(model, ignore_errors=True)
@@ -96,11 +129,14 @@ def main(argv=None) -> int:
         result[name] = walls
     for name, walls in runs.items():
         if name.startswith("slem-dask"):
-            print(f"RATIO reference_time / ({name}) = {min(ref) / min(walls):.2f} (best), "
-                  f"{med(ref) / med(walls):.2f} (medians); best {min(walls):.2f} s "
-                  f"[goal: default under 3 s]")
-            C.band(f"cli reference / ({name})", ref, walls, args.band,
-                   names=("numpy by hand", name))
+            print(
+                f"RATIO reference_time / ({name}) = {min(ref) / min(walls):.2f} (best), "
+                f"{med(ref) / med(walls):.2f} (medians); best {min(walls):.2f} s "
+                f"[goal: default under 3 s]"
+            )
+            C.band(
+                f"cli reference / ({name})", ref, walls, args.band, names=("numpy by hand", name)
+            )
     C.emit_json("RESULT bench_cli", result)
     return 0
 

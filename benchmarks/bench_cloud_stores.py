@@ -63,9 +63,11 @@ def start_servers() -> dict:
     import s3server
 
     servers = {}
-    for label, start, scheme in (("S3 (SeaweedFS)", s3server.start_seaweedfs, "s3"),
-                                 ("GCS (fake-gcs-server)", emulators.start_gcs, "gs"),
-                                 ("Azure (Azurite)", emulators.start_azurite, "az")):
+    for label, start, scheme in (
+        ("S3 (SeaweedFS)", s3server.start_seaweedfs, "s3"),
+        ("GCS (fake-gcs-server)", emulators.start_gcs, "gs"),
+        ("Azure (Azurite)", emulators.start_azurite, "az"),
+    ):
         try:
             server = start()
         except Exception as exc:  # noqa: BLE001 - the benchmark goes on without it
@@ -80,11 +82,15 @@ def write_inputs(root: str, data: np.ndarray, chunk_rows: int) -> None:
     import zarr
 
     for name in ("negatives", "positives"):
-        arr = zarr.create_array(store=f"{root}/{name}.zarr", shape=data.shape,
-                                dtype="float32", chunks=(chunk_rows, data.shape[1]),
-                                config={"write_empty_chunks": True})
+        arr = zarr.create_array(
+            store=f"{root}/{name}.zarr",
+            shape=data.shape,
+            dtype="float32",
+            chunks=(chunk_rows, data.shape[1]),
+            config={"write_empty_chunks": True},
+        )
         for lo in range(0, len(data), 65536):
-            arr[lo:lo + 65536] = data[lo:lo + 65536]
+            arr[lo : lo + 65536] = data[lo : lo + 65536]
 
 
 def run_jobs(root: str, args) -> dict:
@@ -97,54 +103,88 @@ def run_jobs(root: str, args) -> dict:
     with dask.config.set(scheduler="threads"):
         # one untimed run of both jobs on every store alike (the first store no longer
         # pays this process's imports and first reads alone); it adds one version
-        pipeline.fit_job(None, f"{root}/negatives.zarr", f"{root}/model.zarr",
-                         lam=args.lam, overwrite=True)
-        pipeline.encode_job(None, f"{root}/model.zarr", f"{root}/positives.zarr",
-                            f"{root}/out.zarr", partition_rows=args.partition_rows,
-                            overwrite=True)
+        pipeline.fit_job(
+            None, f"{root}/negatives.zarr", f"{root}/model.zarr", lam=args.lam, overwrite=True
+        )
+        pipeline.encode_job(
+            None,
+            f"{root}/model.zarr",
+            f"{root}/positives.zarr",
+            f"{root}/out.zarr",
+            partition_rows=args.partition_rows,
+            overwrite=True,
+        )
         for _ in range(args.repeat):
             C.settle()
             with measured(runs["fit"]):
-                pipeline.fit_job(None, f"{root}/negatives.zarr", f"{root}/model.zarr",
-                                 lam=args.lam, overwrite=True)
+                pipeline.fit_job(
+                    None,
+                    f"{root}/negatives.zarr",
+                    f"{root}/model.zarr",
+                    lam=args.lam,
+                    overwrite=True,
+                )
             C.settle()
             with measured(runs["encode"]):
-                pipeline.encode_job(None, f"{root}/model.zarr", f"{root}/positives.zarr",
-                                    f"{root}/out.zarr", partition_rows=args.partition_rows,
-                                    overwrite=True)
+                pipeline.encode_job(
+                    None,
+                    f"{root}/model.zarr",
+                    f"{root}/positives.zarr",
+                    f"{root}/out.zarr",
+                    partition_rows=args.partition_rows,
+                    overwrite=True,
+                )
     return runs
 
 
 def report(results: dict, args) -> None:
     local = results["local disk"]
     print()
-    print(f"fit and encode of {args.n:,} x {args.d} float32, best of {args.repeat} "
-          f"(threaded scheduler)")
-    print(f"{'store':24} {'fit [s]':>9} {'ratio':>6} {'encode [s]':>11} {'ratio':>6}  "
-          f"requests per run (fit | encode)")
+    print(
+        f"fit and encode of {args.n:,} x {args.d} float32, best of {args.repeat} "
+        f"(threaded scheduler)"
+    )
+    print(
+        f"{'store':24} {'fit [s]':>9} {'ratio':>6} {'encode [s]':>11} {'ratio':>6}  "
+        f"requests per run (fit | encode)"
+    )
     for where, runs in results.items():
         cells = []
         for job in ("fit", "encode"):
             best = min(s for s, _ in runs[job])
             cells.append(f"{best:9.2f} {best / min(s for s, _ in local[job]):6.2f}")
-        counts = " | ".join(",".join(str(sum(r.values())) for _, r in runs[job])
-                            for job in ("fit", "encode"))
+        counts = " | ".join(
+            ",".join(str(sum(r.values())) for _, r in runs[job]) for job in ("fit", "encode")
+        )
         print(f"{where:24} {cells[0]} {cells[1]:>18}  {counts}")
     for where, runs in results.items():
         for job in ("fit", "encode") if where != "local disk" else ():
-            C.band(f"{job}: {where} / local disk", [s for s, _ in runs[job]],
-                   [s for s, _ in local[job]], args.band, names=(where, "local disk"))
-    C.emit_json("RESULT bench_cloud_stores", {
-        where: {job: [{"seconds": s, "requests": r} for s, r in runs[job]]
-                for job in runs} for where, runs in results.items()})
+            C.band(
+                f"{job}: {where} / local disk",
+                [s for s, _ in runs[job]],
+                [s for s, _ in local[job]],
+                args.band,
+                names=(where, "local disk"),
+            )
+    C.emit_json(
+        "RESULT bench_cloud_stores",
+        {
+            where: {job: [{"seconds": s, "requests": r} for s, r in runs[job]] for job in runs}
+            for where, runs in results.items()
+        },
+    )
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     C.add_common_args(parser, default_n=400_000)
     C.add_run_args(parser)
-    C.add_band_arg(parser, 0.25, "the stores run one after another, not alternating, and a "
-                   "job of a few tenths of a second on a loopback server moves with the load")
+    C.add_band_arg(
+        parser,
+        0.25,
+        "the stores run one after another, not alternating, and a "
+        "job of a few tenths of a second on a loopback server moves with the load",
+    )
     args = parser.parse_args(argv)
     C.resolve_sizes(args)
     # gcsfs asks each bucket's type over gRPC unless told not to (the emulator has none)
@@ -155,9 +195,13 @@ def main(argv=None) -> int:
     count_requests()
     data = np.random.default_rng(args.seed).standard_normal((args.n, args.d)).astype("float32")
     local = tempfile.mkdtemp(prefix="bench-object-stores-")
-    roots = {"local disk": local,
-             **{label: f"{scheme}://{server.bucket}/bench" for label, (server, scheme)
-                in servers.items()}}
+    roots = {
+        "local disk": local,
+        **{
+            label: f"{scheme}://{server.bucket}/bench"
+            for label, (server, scheme) in servers.items()
+        },
+    }
     results = {}
     try:
         for where, root in roots.items():

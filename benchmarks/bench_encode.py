@@ -67,15 +67,21 @@ def _read_compute_write(path: str, out_path: str, chunk_rows: int, compute) -> d
     with C.Timer() as t_write:
         if os.path.exists(out_path):
             shutil.rmtree(out_path)
-        out = zarr.create_array(store=out_path, shape=z.shape, dtype="float32",
-                                chunks=(chunk_rows, z.shape[1]))
+        out = zarr.create_array(
+            store=out_path, shape=z.shape, dtype="float32", chunks=(chunk_rows, z.shape[1])
+        )
         out[...] = z
-    return {"read": t_read.seconds, "compute": t_comp.seconds, "write": t_write.seconds,
-            "total": t_read.seconds + t_comp.seconds + t_write.seconds}
+    return {
+        "read": t_read.seconds,
+        "compute": t_comp.seconds,
+        "write": t_write.seconds,
+        "total": t_read.seconds + t_comp.seconds + t_write.seconds,
+    }
 
 
-def numpy_reference(path: str, out_path: str, mean: np.ndarray, precision: np.ndarray,
-                    chunk_rows: int, dtype) -> dict:
+def numpy_reference(
+    path: str, out_path: str, mean: np.ndarray, precision: np.ndarray, chunk_rows: int, dtype
+) -> dict:
     m = mean.astype(dtype)
     p = precision.astype(dtype)
 
@@ -98,8 +104,9 @@ def kernel_numpy_reference(path: str, out_path: str, model, chunk_rows: int) -> 
     def compute(x):
         k_piv = kernel_matrix(x, model.pivot_rows_, kernel, gamma, degree)
         k_self = kernel_diagonal(x, kernel, gamma, degree)
-        return lowrank_parts(k_piv, k_self, model.pivot_factor_, model.factor_mean_,
-                             model.g_factor_, lam)[0].astype(np.float32)
+        return lowrank_parts(
+            k_piv, k_self, model.pivot_factor_, model.factor_mean_, model.g_factor_, lam
+        )[0].astype(np.float32)
 
     return _read_compute_write(path, out_path, chunk_rows, compute)
 
@@ -120,31 +127,59 @@ def main(argv=None) -> int:  # noqa: C901 - a driver: options, then each contend
     parser = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     C.add_common_args(parser)
     C.add_run_args(parser)
-    C.add_band_arg(parser, 0.15, "rounds alternate the contenders; every contender writes "
-                   "n x d floats, whose writeback each settles before its clock starts")
-    parser.add_argument("--numpy-dtype", choices=("float32", "float64"), default="float32",
-                        help="arithmetic of the numpy reference (default float32)")
-    parser.add_argument("--precision", choices=("auto", "float64"), default="auto",
-                        help="slem-dask's precision for the encoding (default auto)")
-    parser.add_argument("--schedulers", default="threads,cluster",
-                        help="comma-separated: threads (no Client), cluster (LocalCluster); "
-                             "default both")
+    C.add_band_arg(
+        parser,
+        0.15,
+        "rounds alternate the contenders; every contender writes "
+        "n x d floats, whose writeback each settles before its clock starts",
+    )
+    parser.add_argument(
+        "--numpy-dtype",
+        choices=("float32", "float64"),
+        default="float32",
+        help="arithmetic of the numpy reference (default float32)",
+    )
+    parser.add_argument(
+        "--precision",
+        choices=("auto", "float64"),
+        default="auto",
+        help="slem-dask's precision for the encoding (default auto)",
+    )
+    parser.add_argument(
+        "--schedulers",
+        default="threads,cluster",
+        help="comma-separated: threads (no Client), cluster (LocalCluster); default both",
+    )
     parser.add_argument("--no-naive", action="store_true", help="skip the naive Dask contender")
-    parser.add_argument("--no-numpy", action="store_true",
-                        help="skip the numpy contender (its read and write of n x d floats "
-                             "each round add I/O noise to the others' times; the check then "
-                             "compares slem-dask with a float64 encoding only)")
-    parser.add_argument("--check-rows", type=C.int_size, default=20000,
-                        help="rows compared with a float64 encoding (default 2e4)")
-    parser.add_argument("--kernel-rank", type=int, default=None,
-                        help="encode with a KernelSLEM of this rank (rbf, --gamma, rpcholesky) "
-                             "fitted on the store; the numpy reference is then the kernel "
-                             "against the pivots, a triangular solve and one product; no naive "
-                             "Dask contender")
+    parser.add_argument(
+        "--no-numpy",
+        action="store_true",
+        help="skip the numpy contender (its read and write of n x d floats "
+        "each round add I/O noise to the others' times; the check then "
+        "compares slem-dask with a float64 encoding only)",
+    )
+    parser.add_argument(
+        "--check-rows",
+        type=C.int_size,
+        default=20000,
+        help="rows compared with a float64 encoding (default 2e4)",
+    )
+    parser.add_argument(
+        "--kernel-rank",
+        type=int,
+        default=None,
+        help="encode with a KernelSLEM of this rank (rbf, --gamma, rpcholesky) "
+        "fitted on the store; the numpy reference is then the kernel "
+        "against the pivots, a triangular solve and one product; no naive "
+        "Dask contender",
+    )
     parser.add_argument("--gamma", type=float, default=0.5, help="rbf gamma (default 0.5)")
-    parser.add_argument("--floor", action="store_true",
-                        help="also time the floor (linear models): read, one float32 product, "
-                             "normalize, plain write per partition; prints floor/slem")
+    parser.add_argument(
+        "--floor",
+        action="store_true",
+        help="also time the floor (linear models): read, one float32 product, "
+        "normalize, plain write per partition; prints floor/slem",
+    )
     args = parser.parse_args(argv)
     if args.floor and args.kernel_rank:
         parser.error("--floor: the floor is defined for linear models; omit --kernel-rank")
@@ -164,8 +199,11 @@ def main(argv=None) -> int:  # noqa: C901 - a driver: options, then each contend
     from slem_dask.models import load_model
     from slem_dask.pipeline import encode_job, fit_job
 
-    C.header(f"bench_encode: n={args.n:,} d={args.d} float32"
-             f"{f', kernel rank {args.kernel_rank}' if args.kernel_rank else ''}", args)
+    C.header(
+        f"bench_encode: n={args.n:,} d={args.d} float32"
+        f"{f', kernel rank {args.kernel_rank}' if args.kernel_rank else ''}",
+        args,
+    )
     print("uptime: " + subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip())
     path = C.ensure_store(args.workdir, args.n, args.d, args.seed, args.chunk_rows)
     print(f"data: {C.describe_store(path)}")
@@ -176,8 +214,18 @@ def main(argv=None) -> int:  # noqa: C901 - a driver: options, then each contend
     out_naive = os.path.join(args.workdir, f"bench-encode-naive-{tag}.zarr")
     out_floor = os.path.join(args.workdir, f"bench-encode-floor-{tag}")
 
-    kernel = ({"kernel": "rbf", "gamma": args.gamma, "rank": args.kernel_rank,
-               "pivoting": "rpcholesky", "tol": 0.0, "seed": 0} if args.kernel_rank else {})
+    kernel = (
+        {
+            "kernel": "rbf",
+            "gamma": args.gamma,
+            "rank": args.kernel_rank,
+            "pivoting": "rpcholesky",
+            "tol": 0.0,
+            "seed": 0,
+        }
+        if args.kernel_rank
+        else {}
+    )
     with C.Timer() as t:
         fit_job(None, path, model_path, lam=args.lam, overwrite=True, **kernel)
     model = load_model(model_path)
@@ -185,12 +233,16 @@ def main(argv=None) -> int:  # noqa: C901 - a driver: options, then each contend
     x = storage.dask_rows(arr, args.partition_rows)
     rows = x.chunks[0][0]
     if args.kernel_rank:
-        print(f"model: KernelSLEM rbf gamma={args.gamma} rank {model.rank_} (trace error "
-              f"{model.trace_error_:.3f}), fitted with fit_job in {t.seconds:.2f} s (not counted)")
+        print(
+            f"model: KernelSLEM rbf gamma={args.gamma} rank {model.rank_} (trace error "
+            f"{model.trace_error_:.3f}), fitted with fit_job in {t.seconds:.2f} s (not counted)"
+        )
     else:
-        print(f"model: fitted with fit_job in {t.seconds:.2f} s (not counted); encoding in "
-              f"{model._encoding_matrix(arr.dtype, args.precision).dtype} "
-              f"(precision={args.precision!r})")
+        print(
+            f"model: fitted with fit_job in {t.seconds:.2f} s (not counted); encoding in "
+            f"{model._encoding_matrix(arr.dtype, args.precision).dtype} "
+            f"(precision={args.precision!r})"
+        )
     print(f"partitions: {x.numblocks[0]} of {rows:,} rows")
     slem = {s: [] for s in schedulers}
     naive = {s: [] for s in schedulers}
@@ -201,35 +253,57 @@ def main(argv=None) -> int:  # noqa: C901 - a driver: options, then each contend
     if args.no_numpy:
         print("numpy contender: skipped (--no-numpy)")
     elif args.kernel_rank:
-        print(f"numpy contender: X = arr[...]; kernel against the {model.rank_} pivots, "
-              f"triangular solve, one product (float64); zarr out[...] = Z")
+        print(
+            f"numpy contender: X = arr[...]; kernel against the {model.rank_} pivots, "
+            f"triangular solve, one product (float64); zarr out[...] = Z"
+        )
     else:
-        print(f"numpy contender: X = arr[...]; Z = (X - mean) @ precision in "
-              f"{args.numpy_dtype}; Z /= row norms; zarr out[...] = Z (chunks ({rows}, "
-              f"{args.d}), default codecs)")
-    print("one phase per scheduler: its cluster lives only during its own phase (an idle "
-          "LocalCluster costs about a tenth of a core and runs its scheduler in this process)")
+        print(
+            f"numpy contender: X = arr[...]; Z = (X - mean) @ precision in "
+            f"{args.numpy_dtype}; Z /= row norms; zarr out[...] = Z (chunks ({rows}, "
+            f"{args.d}), default codecs)"
+        )
+    print(
+        "one phase per scheduler: its cluster lives only during its own phase (an idle "
+        "LocalCluster costs about a tenth of a core and runs its scheduler in this process)"
+    )
     for sched in schedulers:
         print()
         with C.scheduler_contexts(args, [sched]) as (clients, contexts):
             # one untimed run of each contender: imports in the workers, the job's first
             # lease, checks and commit (a first timed run paid 0.7 s more for them)
             with contexts[sched](), C.Timer() as t:
-                encode_job(clients[sched], model_path, path, out_slem,
-                           partition_rows=args.partition_rows, overwrite=True,
-                           precision=args.precision)
+                encode_job(
+                    clients[sched],
+                    model_path,
+                    path,
+                    out_slem,
+                    partition_rows=args.partition_rows,
+                    overwrite=True,
+                    precision=args.precision,
+                )
                 if not args.no_naive:
                     naive_dask(path, out_naive, model.mean_, model.precision_, rows)
                 if args.floor:
-                    C.encode_floor(x, model._encoding_matrix(arr.dtype, args.precision),
-                                   out_floor, clients[sched])
+                    C.encode_floor(
+                        x,
+                        model._encoding_matrix(arr.dtype, args.precision),
+                        out_floor,
+                        clients[sched],
+                    )
             if sched == schedulers[0] and not args.no_numpy:  # numpy is warmed up alike
                 with C.Timer() as tn:
                     if args.kernel_rank:
                         kernel_numpy_reference(path, out_np, model, rows)
                     else:
-                        numpy_reference(path, out_np, model.mean_, model.precision_, rows,
-                                        np.dtype(args.numpy_dtype))
+                        numpy_reference(
+                            path,
+                            out_np,
+                            model.mean_,
+                            model.precision_,
+                            rows,
+                            np.dtype(args.numpy_dtype),
+                        )
                 t.seconds += tn.seconds
             print(f"warm-up on {sched} (not counted): {t.seconds:.3f} s")
             for r in range(args.repeat):
@@ -238,39 +312,60 @@ def main(argv=None) -> int:  # noqa: C901 - a driver: options, then each contend
                     # writeback (or spinning BLAS threads)
                     C.settle()
                     with C.Timer() as t:  # from outside: its commit and pruning included
-                        report = encode_job(clients[sched], model_path, path, out_slem,
-                                            partition_rows=args.partition_rows, overwrite=True,
-                                            precision=args.precision)
+                        report = encode_job(
+                            clients[sched],
+                            model_path,
+                            path,
+                            out_slem,
+                            partition_rows=args.partition_rows,
+                            overwrite=True,
+                            precision=args.precision,
+                        )
                     tm = {**report.timings, "total": t.seconds}
                     slem[sched].append(tm)
                     extra = ", ".join(f"{k} {v:.3f}" for k, v in tm.items() if k != "total")
-                    print(f"run {r + 1}: slem-dask [{sched}] {tm['total']:.3f} s ({extra}) | "
-                          f"{C.load_line()}")
+                    print(
+                        f"run {r + 1}: slem-dask [{sched}] {tm['total']:.3f} s ({extra}) | "
+                        f"{C.load_line()}"
+                    )
                     if not args.no_naive:
                         C.settle()
                         nv = naive_dask(path, out_naive, model.mean_, model.precision_, rows)
                         naive[sched].append(nv)
-                        print(f"run {r + 1}: naive Dask [{sched}] {nv['total']:.3f} s | "
-                              f"{C.load_line()}")
+                        print(
+                            f"run {r + 1}: naive Dask [{sched}] {nv['total']:.3f} s | "
+                            f"{C.load_line()}"
+                        )
                     if args.floor:
                         C.settle()
-                        fl = C.encode_floor(x, model._encoding_matrix(arr.dtype, args.precision),
-                                            out_floor, clients[sched])
+                        fl = C.encode_floor(
+                            x,
+                            model._encoding_matrix(arr.dtype, args.precision),
+                            out_floor,
+                            clients[sched],
+                        )
                         floor[sched].append(fl)
-                        print(f"run {r + 1}: floor [{sched}] {fl['total']:.3f} s | "
-                              f"{C.load_line()}")
+                        print(f"run {r + 1}: floor [{sched}] {fl['total']:.3f} s | {C.load_line()}")
                 if sched != schedulers[0] or args.no_numpy:  # numpy: the first phase's rounds
                     continue
                 C.settle()
                 if args.kernel_rank:
                     nt = kernel_numpy_reference(path, out_np, model, rows)
                 else:
-                    nt = numpy_reference(path, out_np, model.mean_, model.precision_, rows,
-                                         np.dtype(args.numpy_dtype))
+                    nt = numpy_reference(
+                        path,
+                        out_np,
+                        model.mean_,
+                        model.precision_,
+                        rows,
+                        np.dtype(args.numpy_dtype),
+                    )
                 numpy_runs.append(nt)
-                print(f"run {r + 1}: numpy     {nt['total']:.3f} s (read {nt['read']:.3f}, "
-                      f"compute {nt['compute']:.3f}, write {nt['write']:.3f}) | "
-                      f"{C.load_line()}")
+                print(
+                    f"run {r + 1}: numpy     {nt['total']:.3f} s (read {nt['read']:.3f}, "
+                    f"compute {nt['compute']:.3f}, write {nt['write']:.3f}) | "
+                    f"{C.load_line()}"
+                )
                 sys.stdout.flush()
 
     med = C.statistics.median
@@ -279,8 +374,10 @@ def main(argv=None) -> int:  # noqa: C901 - a driver: options, then each contend
     if numpy_runs:
         best_np = min(t["total"] for t in numpy_runs)
         med_np = med([t["total"] for t in numpy_runs])
-        print(f"numpy total           : {C.spread(t['total'] for t in numpy_runs)}  runs "
-              f"{C.runs_line(t['total'] for t in numpy_runs)}")
+        print(
+            f"numpy total           : {C.spread(t['total'] for t in numpy_runs)}  runs "
+            f"{C.runs_line(t['total'] for t in numpy_runs)}"
+        )
         for part in ("read", "compute", "write"):
             print(f"  of which {part:<12}: {C.spread(t[part] for t in numpy_runs)}")
         result.update({"numpy_best": best_np, "numpy_runs": [t["total"] for t in numpy_runs]})
@@ -290,55 +387,96 @@ def main(argv=None) -> int:  # noqa: C901 - a driver: options, then each contend
         result[f"{sched}_slem_runs"] = totals
         if numpy_runs:
             ratio, ratio_med = best_np / min(totals), med_np / med(totals)
-            print(f"[{sched}] RATIO numpy_time / slem_time = {ratio:.3f} (best of "
-                  f"{args.repeat}); {ratio_med:.3f} (medians)  [>= 1.0: slem-dask no slower]")
-            result.update({f"{sched}_ratio_numpy_best": ratio,
-                           f"{sched}_ratio_numpy_median": ratio_med})
-            C.band(f"encode [{sched}] numpy / slem-dask", [t["total"] for t in numpy_runs],
-                   totals, args.band, names=("numpy", "slem-dask"))
+            print(
+                f"[{sched}] RATIO numpy_time / slem_time = {ratio:.3f} (best of "
+                f"{args.repeat}); {ratio_med:.3f} (medians)  [>= 1.0: slem-dask no slower]"
+            )
+            result.update(
+                {f"{sched}_ratio_numpy_best": ratio, f"{sched}_ratio_numpy_median": ratio_med}
+            )
+            C.band(
+                f"encode [{sched}] numpy / slem-dask",
+                [t["total"] for t in numpy_runs],
+                totals,
+                args.band,
+                names=("numpy", "slem-dask"),
+            )
         if naive[sched]:
             nts = [t["total"] for t in naive[sched]]
             print(f"[{sched}] naive Dask total      : {C.spread(nts)}  runs {C.runs_line(nts)}")
             nr, nr_med = min(nts) / min(totals), med(nts) / med(totals)
-            print(f"[{sched}] RATIO naive_time / slem_time = {nr:.3f} (best of {args.repeat}); "
-                  f"{nr_med:.3f} (medians)")
-            result.update({f"{sched}_naive_runs": nts, f"{sched}_ratio_naive_best": nr,
-                           f"{sched}_ratio_naive_median": nr_med})
-            C.band(f"encode [{sched}] naive Dask / slem-dask", nts, totals, args.band,
-                   names=("naive Dask", "slem-dask"))
+            print(
+                f"[{sched}] RATIO naive_time / slem_time = {nr:.3f} (best of {args.repeat}); "
+                f"{nr_med:.3f} (medians)"
+            )
+            result.update(
+                {
+                    f"{sched}_naive_runs": nts,
+                    f"{sched}_ratio_naive_best": nr,
+                    f"{sched}_ratio_naive_median": nr_med,
+                }
+            )
+            C.band(
+                f"encode [{sched}] naive Dask / slem-dask",
+                nts,
+                totals,
+                args.band,
+                names=("naive Dask", "slem-dask"),
+            )
         if floor[sched]:
             fts = [t["total"] for t in floor[sched]]
-            print(f"[{sched}] floor (read, product, normalize, write): {C.spread(fts)}  runs "
-                  f"{C.runs_line(fts)}")
-            fb = C.band(f"encode [{sched}] floor / slem-dask", fts, totals, args.band,
-                        names=("floor", "slem-dask"), floor=True)
+            print(
+                f"[{sched}] floor (read, product, normalize, write): {C.spread(fts)}  runs "
+                f"{C.runs_line(fts)}"
+            )
+            fb = C.band(
+                f"encode [{sched}] floor / slem-dask",
+                fts,
+                totals,
+                args.band,
+                names=("floor", "slem-dask"),
+                floor=True,
+            )
             if fb["ratio"] is not None:
-                print(f"[{sched}] RATIO floor_time / slem_time = {fb['ratio']:.3f} (best); "
-                      f"{med(fts) / med(totals):.3f} (medians)  [goal >= 1/1.15 = 0.870; "
-                      f"1.0: slem-dask does no work beyond the floor]")
-            result.update({f"{sched}_floor_runs": fts,
-                           f"{sched}_ratio_floor_best": min(fts) / min(totals),
-                           f"{sched}_ratio_floor_median": med(fts) / med(totals)})
+                print(
+                    f"[{sched}] RATIO floor_time / slem_time = {fb['ratio']:.3f} (best); "
+                    f"{med(fts) / med(totals):.3f} (medians)  [goal >= 1/1.15 = 0.870; "
+                    f"1.0: slem-dask does no work beyond the floor]"
+                )
+            result.update(
+                {
+                    f"{sched}_floor_runs": fts,
+                    f"{sched}_ratio_floor_best": min(fts) / min(totals),
+                    f"{sched}_ratio_floor_median": med(fts) / med(totals),
+                }
+            )
     print("uptime: " + subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip())
 
     zs = storage.open_output(out_slem)
     m = min(args.check_rows, args.n)
     rows64 = zarr.open_array(store=path, mode="r")[:m].astype(np.float64)
-    ref = (model.transform(rows64) if args.kernel_rank else
-           encode_rows(rows64, model.mean_, model.precision_))
+    ref = (
+        model.transform(rows64)
+        if args.kernel_rank
+        else encode_rows(rows64, model.mean_, model.precision_)
+    )
     print()
     if numpy_runs:
         zn = zarr.open_array(store=out_np, mode="r")
         diff = 0.0
         for i in range(0, args.n, 65536):
-            diff = max(diff, float(np.abs(zs[i:i + 65536] - zn[i:i + 65536]).max()))
-        print(f"check: max abs diff slem vs numpy outputs (all {args.n:,} rows): {diff:.3e}; vs "
-              f"a float64 encoding of the first {m:,} rows: slem "
-              f"{np.abs(zs[:m] - ref).max():.3e}, numpy {np.abs(zn[:m] - ref).max():.3e}")
+            diff = max(diff, float(np.abs(zs[i : i + 65536] - zn[i : i + 65536]).max()))
+        print(
+            f"check: max abs diff slem vs numpy outputs (all {args.n:,} rows): {diff:.3e}; vs "
+            f"a float64 encoding of the first {m:,} rows: slem "
+            f"{np.abs(zs[:m] - ref).max():.3e}, numpy {np.abs(zn[:m] - ref).max():.3e}"
+        )
         result["output_maxdiff"] = diff
     else:
-        print(f"check: max abs diff slem vs a float64 encoding of the first {m:,} rows: "
-              f"{np.abs(zs[:m] - ref).max():.3e}")
+        print(
+            f"check: max abs diff slem vs a float64 encoding of the first {m:,} rows: "
+            f"{np.abs(zs[:m] - ref).max():.3e}"
+        )
     C.emit_json("RESULT bench_encode", result)
     return 0
 

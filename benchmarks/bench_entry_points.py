@@ -86,20 +86,24 @@ def run_cli(cmd: list[str]) -> dict:
     startup = re.search(r"start-up ([0-9.]+) s", done.stdout)
     job = re.search(r"total \[s\]\s+([0-9.]+)", done.stdout)
     where = re.search(r"with \d+ worker\(s\).*?(?=, start-up)", done.stdout)
-    return {"wall": wall, "startup": float(startup.group(1)) if startup else float("nan"),
-            "job": float(job.group(1)) if job else float("nan"),
-            "where": where.group(0) if where else "?"}
+    return {
+        "wall": wall,
+        "startup": float(startup.group(1)) if startup else float("nan"),
+        "job": float(job.group(1)) if job else float("nan"),
+        "where": where.group(0) if where else "?",
+    }
 
 
 def run_library(args_list: list[str]) -> dict:
     t0 = time.perf_counter()
-    done = subprocess.run([sys.executable, "-c", LIBRARY, *args_list], capture_output=True,
-                          text=True)
+    done = subprocess.run(
+        [sys.executable, "-c", LIBRARY, *args_list], capture_output=True, text=True
+    )
     wall = time.perf_counter() - t0
     if done.returncode:
         raise SystemExit(f"library call failed:\n{done.stdout}\n{done.stderr}")
     line = [s for s in done.stdout.splitlines() if s.startswith("LIBRARY ")][-1]
-    result = json.loads(line[len("LIBRARY "):])
+    result = json.loads(line[len("LIBRARY ") :])
     result["fresh"] = wall - result["warm"]  # interpreter, imports, first call, exit
     return result
 
@@ -113,17 +117,29 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     C.add_common_args(parser, sizes=False)
     C.add_run_args(parser, repeat=3)
-    C.add_band_arg(parser, 0.15, "fresh processes of 1-10 s alternating CLI and library, "
-                   "after one untimed round of each")
-    parser.add_argument("--sizes", default=None,
-                        help="row counts of the stores (default 4e4,4e5; --quick: 1e4,4e4)")
-    parser.add_argument("--commands", default="fit,encode",
-                        help="fit, encode or both (default fit,encode)")
-    parser.add_argument("--local-cluster", default="auto",
-                        choices=["auto", "processes", "threads"],
-                        help="the CLI's --local-cluster (default auto)")
-    parser.add_argument("--fit-api", default="job", choices=["job", "estimator"],
-                        help="library fit: pipeline.fit_job(None, ...) or LinearSLEM.fit")
+    C.add_band_arg(
+        parser,
+        0.15,
+        "fresh processes of 1-10 s alternating CLI and library, after one untimed round of each",
+    )
+    parser.add_argument(
+        "--sizes", default=None, help="row counts of the stores (default 4e4,4e5; --quick: 1e4,4e4)"
+    )
+    parser.add_argument(
+        "--commands", default="fit,encode", help="fit, encode or both (default fit,encode)"
+    )
+    parser.add_argument(
+        "--local-cluster",
+        default="auto",
+        choices=["auto", "processes", "threads"],
+        help="the CLI's --local-cluster (default auto)",
+    )
+    parser.add_argument(
+        "--fit-api",
+        default="job",
+        choices=["job", "estimator"],
+        help="library fit: pipeline.fit_job(None, ...) or LinearSLEM.fit",
+    )
     args = parser.parse_args(argv)
     C.resolve_sizes(args)
     if args.sizes is None:
@@ -139,9 +155,22 @@ def main(argv=None) -> int:
         w = lambda name: os.path.join(args.workdir, f"bench-entry-{name}-n{n}-d{args.d}")  # noqa
         model = w("model.zarr")
         # the model the encodes use (not timed)
-        subprocess.run([exe, "fit", "--negatives", path, "--model", model, "--lam",
-                        str(args.lam), "--overwrite", "--no-progress"], check=True,
-                       capture_output=True)
+        subprocess.run(
+            [
+                exe,
+                "fit",
+                "--negatives",
+                path,
+                "--model",
+                model,
+                "--lam",
+                str(args.lam),
+                "--overwrite",
+                "--no-progress",
+            ],
+            check=True,
+            capture_output=True,
+        )
         runs = {}
         # round 0 is untimed, the same for every contender: a first CLI fit (the model
         # above) had warmed the CLI's files in the page cache but not the library's
@@ -149,60 +178,94 @@ def main(argv=None) -> int:
             label = f"run {r + 1}" if r >= 0 else "warm-up (not counted)"
             kept = runs if r >= 0 else {}
             for what in commands:
-                cli = [exe, what, "--overwrite", "--no-progress", "--local-cluster",
-                       args.local_cluster]
-                cli += (["--negatives", path, "--model", w("cli-model.zarr"), "--lam",
-                         str(args.lam)] if what == "fit" else
-                        ["--model", model, "--positives", path, "--out", w("cli-codes.zarr")])
+                cli = [
+                    exe,
+                    what,
+                    "--overwrite",
+                    "--no-progress",
+                    "--local-cluster",
+                    args.local_cluster,
+                ]
+                cli += (
+                    ["--negatives", path, "--model", w("cli-model.zarr"), "--lam", str(args.lam)]
+                    if what == "fit"
+                    else ["--model", model, "--positives", path, "--out", w("cli-codes.zarr")]
+                )
                 if args.partition_rows:
                     cli += ["--partition-rows", str(args.partition_rows)]
                 C.settle()
                 load = C.load_line()
                 c = run_cli(cli)
                 kept.setdefault((what, "cli"), []).append(c)
-                print(f"n={n:,} {label}: {what:<6} CLI     {c['wall']:6.2f} s wall "
-                      f"(start-up {c['startup']:.2f} s, job {c['job']:.2f} s; {c['where']}) "
-                      f"| {load}", flush=True)
+                print(
+                    f"n={n:,} {label}: {what:<6} CLI     {c['wall']:6.2f} s wall "
+                    f"(start-up {c['startup']:.2f} s, job {c['job']:.2f} s; {c['where']}) "
+                    f"| {load}",
+                    flush=True,
+                )
                 out = w("lib-model.zarr" if what == "fit" else "lib-codes.zarr")
                 C.settle()
                 load = C.load_line()
                 lib = run_library([what, args.fit_api, path, out, model, str(args.lam)])
                 kept.setdefault((what, "lib"), []).append(lib)
-                print(f"n={n:,} {label}: {what:<6} library {lib['fresh']:6.2f} s fresh "
-                      f"process (imports {lib['imports']:.2f} s, cold call {lib['cold']:.2f} "
-                      f"s), warm call {lib['warm']:.2f} s | {load}", flush=True)
+                print(
+                    f"n={n:,} {label}: {what:<6} library {lib['fresh']:6.2f} s fresh "
+                    f"process (imports {lib['imports']:.2f} s, cold call {lib['cold']:.2f} "
+                    f"s), warm call {lib['warm']:.2f} s | {load}",
+                    flush=True,
+                )
         print()
         for what in commands:
             cli, lib = runs[(what, "cli")], runs[(what, "lib")]
-            series = {"CLI wall": [c["wall"] for c in cli],
-                      "CLI start-up": [c["startup"] for c in cli],
-                      "CLI job": [c["job"] for c in cli],
-                      "library fresh process": [x["fresh"] for x in lib],
-                      "library cold call": [x["cold"] for x in lib],
-                      "library warm call": [x["warm"] for x in lib]}
+            series = {
+                "CLI wall": [c["wall"] for c in cli],
+                "CLI start-up": [c["startup"] for c in cli],
+                "CLI job": [c["job"] for c in cli],
+                "library fresh process": [x["fresh"] for x in lib],
+                "library cold call": [x["cold"] for x in lib],
+                "library warm call": [x["warm"] for x in lib],
+            }
             for name, values in series.items():
                 print(f"n={n:,} {what:<6} {name:<22} {C.spread(values)}")
-            print(f"RATIO n={n:,} {what} wall: library fresh process / CLI wall = "
-                  f"{ratio(series['library fresh process'], series['CLI wall'])}")
-            print(f"RATIO n={n:,} {what} job: library warm call / CLI job = "
-                  f"{ratio(series['library warm call'], series['CLI job'])}")
-            print(f"RATIO n={n:,} {what} cold: library cold call / CLI job = "
-                  f"{ratio(series['library cold call'], series['CLI job'])}")
-            C.band(f"n={n:,} {what} wall: library fresh process / CLI wall",
-                   series["library fresh process"], series["CLI wall"], args.band,
-                   names=("library", "CLI"))
-            C.band(f"n={n:,} {what} job: library warm call / CLI job",
-                   series["library warm call"], series["CLI job"], args.band,
-                   names=("library", "CLI"))
+            print(
+                f"RATIO n={n:,} {what} wall: library fresh process / CLI wall = "
+                f"{ratio(series['library fresh process'], series['CLI wall'])}"
+            )
+            print(
+                f"RATIO n={n:,} {what} job: library warm call / CLI job = "
+                f"{ratio(series['library warm call'], series['CLI job'])}"
+            )
+            print(
+                f"RATIO n={n:,} {what} cold: library cold call / CLI job = "
+                f"{ratio(series['library cold call'], series['CLI job'])}"
+            )
+            C.band(
+                f"n={n:,} {what} wall: library fresh process / CLI wall",
+                series["library fresh process"],
+                series["CLI wall"],
+                args.band,
+                names=("library", "CLI"),
+            )
+            C.band(
+                f"n={n:,} {what} job: library warm call / CLI job",
+                series["library warm call"],
+                series["CLI job"],
+                args.band,
+                names=("library", "CLI"),
+            )
             if what == "fit" and n <= 100_000:
-                print(f"GOAL n={n:,} fit end to end under 2 s at the median: "
-                      f"{C.statistics.median(series['CLI wall']):.2f} s")
+                print(
+                    f"GOAL n={n:,} fit end to end under 2 s at the median: "
+                    f"{C.statistics.median(series['CLI wall']):.2f} s"
+                )
             results[f"{what}-n{n}"] = series
         print(C.load_line())
         for name in ("cli-model.zarr", "cli-codes.zarr", "lib-model.zarr", "lib-codes.zarr"):
             shutil.rmtree(w(name), ignore_errors=True)
-    C.emit_json("RESULT bench_entry_points", {"d": args.d, "runs": results,
-                                              "local_cluster": args.local_cluster})
+    C.emit_json(
+        "RESULT bench_entry_points",
+        {"d": args.d, "runs": results, "local_cluster": args.local_cluster},
+    )
     return 0
 
 

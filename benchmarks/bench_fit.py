@@ -64,21 +64,29 @@ def numpy_reference(path: str):
     with C.Timer() as t_read:
         x = arr[...]
     with C.Timer() as t_comp:
-        gram = x.T @ x                                # float32, (d, d)
+        gram = x.T @ x  # float32, (d, d)
         mean = x.mean(axis=0, dtype=np.float64)
-    return {"read": t_read.seconds, "compute": t_comp.seconds,
-            "total": t_read.seconds + t_comp.seconds}, mean, gram, x
+    return (
+        {
+            "read": t_read.seconds,
+            "compute": t_comp.seconds,
+            "total": t_read.seconds + t_comp.seconds,
+        },
+        mean,
+        gram,
+        x,
+    )
 
 
 def float64_covariance(x: np.ndarray, block: int = 65536):
     """Two-pass float64 mean and population covariance of the rows of ``x``."""
     mean = np.zeros(x.shape[1])
     for i in range(0, len(x), block):
-        mean += x[i:i + block].sum(axis=0, dtype=np.float64)
+        mean += x[i : i + block].sum(axis=0, dtype=np.float64)
     mean /= len(x)
     scatter = np.zeros((x.shape[1], x.shape[1]))
     for i in range(0, len(x), block):
-        c = x[i:i + block].astype(np.float64) - mean
+        c = x[i : i + block].astype(np.float64) - mean
         scatter += c.T @ c
     return mean, scatter / len(x)
 
@@ -123,14 +131,18 @@ def profile_partition(path: str, rows: int, n_parts: int, repeat: int = 3) -> No
         t64, s64 = best(lambda: block_statistics(block, "float64"))
         t_merge, _ = best(lambda: merge_statistics(s32, s64))
         t_mm, _ = best(lambda: block.T @ block)
-    print(f"profile: one partition of {rows:,} rows, one core, best of {repeat}; x {n_parts} "
-          f"partitions = core-seconds for the whole fit")
-    for name, t in (("zarr read + zstd decode (arr[:rows])", t_read),
-                    ("slem-dask's reader (storage.read_rows)", t_own),
-                    ("block statistics, float32 (precision='auto')", t32),
-                    ("  of which the bare float32 X^T X", t_mm),
-                    ("block statistics, float64 (precision='float64')", t64),
-                    ("one Chan merge of two d x d partials", t_merge)):
+    print(
+        f"profile: one partition of {rows:,} rows, one core, best of {repeat}; x {n_parts} "
+        f"partitions = core-seconds for the whole fit"
+    )
+    for name, t in (
+        ("zarr read + zstd decode (arr[:rows])", t_read),
+        ("slem-dask's reader (storage.read_rows)", t_own),
+        ("block statistics, float32 (precision='auto')", t32),
+        ("  of which the bare float32 X^T X", t_mm),
+        ("block statistics, float64 (precision='float64')", t64),
+        ("one Chan merge of two d x d partials", t_merge),
+    ):
         print(f"  {name:<50} {t * 1e3:8.1f} ms   x{n_parts}: {t * n_parts:6.2f} core-s")
     print()
 
@@ -141,9 +153,15 @@ def slem_run(client, args, path: str, model_path: str) -> dict:
     from slem_dask.pipeline import fit_job
 
     if args.api == "job":
-        report = fit_job(client, path, model_path, lam=args.lam,
-                         partition_rows=args.partition_rows, overwrite=True,
-                         precision=args.precision)
+        report = fit_job(
+            client,
+            path,
+            model_path,
+            lam=args.lam,
+            partition_rows=args.partition_rows,
+            overwrite=True,
+            precision=args.precision,
+        )
         return dict(report.timings), report.facts
     with C.Timer() as t:
         arr = storage.open_input(path, "negatives")
@@ -157,32 +175,47 @@ def main(argv=None) -> int:  # noqa: C901 - a driver: options, then each contend
     parser = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     C.add_common_args(parser)
     C.add_run_args(parser)
-    C.add_band_arg(parser, 0.15, "rounds alternate the contenders; at --quick sizes a "
-                   "contender takes a few tenths of a second, which load moves by 10%%")
-    parser.add_argument("--api", choices=("job", "estimator"), default="job",
-                        help="time pipeline.fit_job (default) or LinearSLEM().fit on dask_rows")
-    parser.add_argument("--schedulers", default="threads,cluster",
-                        help="comma-separated: threads (no Client), cluster (LocalCluster); "
-                             "default both")
-    parser.add_argument("--precision", choices=("auto", "float64"), default="auto",
-                        help="slem-dask's precision parameter (default auto)")
+    C.add_band_arg(
+        parser,
+        0.15,
+        "rounds alternate the contenders; at --quick sizes a "
+        "contender takes a few tenths of a second, which load moves by 10%%",
+    )
+    parser.add_argument(
+        "--api",
+        choices=("job", "estimator"),
+        default="job",
+        help="time pipeline.fit_job (default) or LinearSLEM().fit on dask_rows",
+    )
+    parser.add_argument(
+        "--schedulers",
+        default="threads,cluster",
+        help="comma-separated: threads (no Client), cluster (LocalCluster); default both",
+    )
+    parser.add_argument(
+        "--precision",
+        choices=("auto", "float64"),
+        default="auto",
+        help="slem-dask's precision parameter (default auto)",
+    )
     parser.add_argument("--no-naive", action="store_true", help="skip the naive Dask contender")
-    parser.add_argument("--floor", action="store_true",
-                        help="also time the floor, a lower bound on any fit's time: per "
-                             "partition, the read and one float32 X^T X, nothing else; prints "
-                             "floor/slem and naive/floor (the most any fit could gain over "
-                             "naive Dask here)")
-    parser.add_argument("--profile", action="store_true",
-                        help="time the steps of one partition first")
-    parser.add_argument("--no-check", action="store_true",
-                        help="skip the float64 covariance check")
+    parser.add_argument(
+        "--floor",
+        action="store_true",
+        help="also time the floor, a lower bound on any fit's time: per "
+        "partition, the read and one float32 X^T X, nothing else; prints "
+        "floor/slem and naive/floor (the most any fit could gain over "
+        "naive Dask here)",
+    )
+    parser.add_argument(
+        "--profile", action="store_true", help="time the steps of one partition first"
+    )
+    parser.add_argument("--no-check", action="store_true", help="skip the float64 covariance check")
     args = parser.parse_args(argv)
     C.resolve_sizes(args)
     schedulers = [s for s in args.schedulers.split(",") if s]
     if not set(schedulers) <= {"threads", "cluster"}:
         parser.error(f"--schedulers: expected threads and/or cluster, got {args.schedulers!r}")
-
-
 
     from slem_dask import storage
     from slem_dask.models import load_model
@@ -195,34 +228,50 @@ def main(argv=None) -> int:  # noqa: C901 - a driver: options, then each contend
     arr = storage.open_input(path, "negatives")
     x = storage.dask_rows(arr, args.partition_rows)
     rows = x.chunks[0][0]
-    print(f"partitions: {x.numblocks[0]} of {rows:,} rows ({rows * args.d * 4 / 2**20:.0f} MiB "
-          f"float32); slem precision={args.precision!r}")
+    print(
+        f"partitions: {x.numblocks[0]} of {rows:,} rows ({rows * args.d * 4 / 2**20:.0f} MiB "
+        f"float32); slem precision={args.precision!r}"
+    )
     if args.profile:
         profile_partition(path, rows, x.numblocks[0])
 
     slem = {s: [] for s in schedulers}
     numpy_runs = []
     # where each naive Dask contender runs, by the label its results are printed under
-    naive_on = {"threads": "threads", "cluster": "plain-cluster",
-                "cluster, slem-dask's workers": "cluster"}
-    naive_labels = {s: [lb for lb in naive_on if lb == s or lb.startswith(s + ",")]
-                    for s in schedulers}
+    naive_on = {
+        "threads": "threads",
+        "cluster": "plain-cluster",
+        "cluster, slem-dask's workers": "cluster",
+    }
+    naive_labels = {
+        s: [lb for lb in naive_on if lb == s or lb.startswith(s + ",")] for s in schedulers
+    }
     naive = {lb: [] for s in schedulers for lb in naive_labels[s]}
     floor = {s: [] for s in schedulers}
-    print(f"slem contender: {'pipeline.fit_job' if args.api == 'job' else 'LinearSLEM().fit(dask_rows)'}")
-    print("naive Dask contender: dask.compute(A.mean(0, dtype=float64), A.T @ A), "
-          "A = da.from_zarr(store, chunks=(partition rows, d))")
+    print(
+        f"slem contender: {'pipeline.fit_job' if args.api == 'job' else 'LinearSLEM().fit(dask_rows)'}"
+    )
+    print(
+        "naive Dask contender: dask.compute(A.mean(0, dtype=float64), A.T @ A), "
+        "A = da.from_zarr(store, chunks=(partition rows, d))"
+    )
     print("numpy contender: X = zarr_array[...]; X.T @ X (float32); X.mean(axis=0, dtype=float64)")
     if args.floor:
-        print("floor: per partition, storage.read_rows + one float32 X.T @ X and nothing "
-              "else: a lower bound on any float32 fit's time on this scheduler")
-    print("one phase per scheduler: its cluster lives only during its own phase (an idle "
-          "LocalCluster costs about a tenth of a core and runs its scheduler in this process)")
+        print(
+            "floor: per partition, storage.read_rows + one float32 X.T @ X and nothing "
+            "else: a lower bound on any float32 fit's time on this scheduler"
+        )
+    print(
+        "one phase per scheduler: its cluster lives only during its own phase (an idle "
+        "LocalCluster costs about a tenth of a core and runs its scheduler in this process)"
+    )
     x_last = gram = mean32 = None
     for sched in schedulers:
         print()
-        with C.scheduler_contexts(args, [sched], plain_cluster=not args.no_naive) \
-                as (clients, contexts):
+        with C.scheduler_contexts(args, [sched], plain_cluster=not args.no_naive) as (
+            clients,
+            contexts,
+        ):
             with C.Timer() as t:  # one untimed run of each contender: imports, first reads
                 with contexts[sched]():
                     slem_run(clients[sched], args, path, model_path)
@@ -241,16 +290,20 @@ def main(argv=None) -> int:  # noqa: C901 - a driver: options, then each contend
                     timings, facts = slem_run(clients[sched], args, path, model_path)
                 slem[sched].append(timings)
                 extra = ", ".join(f"{k} {v:.3f}" for k, v in timings.items() if k != "total")
-                print(f"run {r + 1}: slem-dask [{sched}] {timings['total']:.3f} s"
-                      f"{f' ({extra})' if extra else ''} | {C.load_line()}")
+                print(
+                    f"run {r + 1}: slem-dask [{sched}] {timings['total']:.3f} s"
+                    f"{f' ({extra})' if extra else ''} | {C.load_line()}"
+                )
                 if not args.no_naive:
                     for label in naive_labels[sched]:
                         C.settle()
                         with contexts[naive_on[label]]():
                             nv = naive_dask(path, rows)
                         naive[label].append(nv)
-                        print(f"run {r + 1}: naive Dask [{label}] {nv['total']:.3f} s | "
-                              f"{C.load_line()}")
+                        print(
+                            f"run {r + 1}: naive Dask [{label}] {nv['total']:.3f} s | "
+                            f"{C.load_line()}"
+                        )
                 if args.floor:
                     C.settle()
                     with contexts[sched]():
@@ -262,60 +315,109 @@ def main(argv=None) -> int:  # noqa: C901 - a driver: options, then each contend
                     C.settle()
                     nt, mean32, gram, x_last = numpy_reference(path)
                     numpy_runs.append(nt)
-                    print(f"run {r + 1}: numpy     {nt['total']:.3f} s (read {nt['read']:.3f}, "
-                          f"compute {nt['compute']:.3f}) | {C.load_line()}")
+                    print(
+                        f"run {r + 1}: numpy     {nt['total']:.3f} s (read {nt['read']:.3f}, "
+                        f"compute {nt['compute']:.3f}) | {C.load_line()}"
+                    )
                 sys.stdout.flush()
 
     med = C.statistics.median
     best_np = min(t["total"] for t in numpy_runs)
     med_np = med([t["total"] for t in numpy_runs])
     print()
-    print(f"numpy read+compute  : {C.spread(t['total'] for t in numpy_runs)}  runs {C.runs_line(t['total'] for t in numpy_runs)}")
+    print(
+        f"numpy read+compute  : {C.spread(t['total'] for t in numpy_runs)}  runs {C.runs_line(t['total'] for t in numpy_runs)}"
+    )
     print(f"  of which read     : {C.spread(t['read'] for t in numpy_runs)}")
     print(f"  of which compute  : {C.spread(t['compute'] for t in numpy_runs)}")
-    result = {"n": args.n, "d": args.d, "precision": args.precision, "numpy_best": best_np,
-              "numpy_runs": [t["total"] for t in numpy_runs]}
+    result = {
+        "n": args.n,
+        "d": args.d,
+        "precision": args.precision,
+        "numpy_best": best_np,
+        "numpy_runs": [t["total"] for t in numpy_runs],
+    }
     for sched in schedulers:
         totals = [t["total"] for t in slem[sched]]
         print(f"[{sched}] slem-dask fit total : {C.spread(totals)}  runs {C.runs_line(totals)}")
         if "statistics" in slem[sched][0]:
-            print(f"[{sched}]   of which statistics: {C.spread(t['statistics'] for t in slem[sched])}")
+            print(
+                f"[{sched}]   of which statistics: {C.spread(t['statistics'] for t in slem[sched])}"
+            )
         ratio, ratio_med = best_np / min(totals), med_np / med(totals)
-        print(f"[{sched}] RATIO numpy_time / slem_time = {ratio:.3f} (best of {args.repeat}); "
-              f"{ratio_med:.3f} (medians)  [>= 1.0: slem-dask no slower]")
-        result.update({f"{sched}_slem_runs": totals, f"{sched}_ratio_numpy_best": ratio,
-                       f"{sched}_ratio_numpy_median": ratio_med})
-        C.band(f"fit [{sched}] numpy / slem-dask", [t["total"] for t in numpy_runs], totals,
-               args.band, names=("numpy", "slem-dask"))
+        print(
+            f"[{sched}] RATIO numpy_time / slem_time = {ratio:.3f} (best of {args.repeat}); "
+            f"{ratio_med:.3f} (medians)  [>= 1.0: slem-dask no slower]"
+        )
+        result.update(
+            {
+                f"{sched}_slem_runs": totals,
+                f"{sched}_ratio_numpy_best": ratio,
+                f"{sched}_ratio_numpy_median": ratio_med,
+            }
+        )
+        C.band(
+            f"fit [{sched}] numpy / slem-dask",
+            [t["total"] for t in numpy_runs],
+            totals,
+            args.band,
+            names=("numpy", "slem-dask"),
+        )
         for label in naive_labels[sched] if not args.no_naive else ():
             nts = [t["total"] for t in naive[label]]
             goal = "goal >= 1.3" if label == sched else "for comparison"
             print(f"[{label}] naive Dask total    : {C.spread(nts)}  runs {C.runs_line(nts)}")
             nr, nr_med = min(nts) / min(totals), med(nts) / med(totals)
-            print(f"[{label}] RATIO naive_time / slem_time = {nr:.3f} (best of {args.repeat}); "
-                  f"{nr_med:.3f} (medians)  [{goal}]")
+            print(
+                f"[{label}] RATIO naive_time / slem_time = {nr:.3f} (best of {args.repeat}); "
+                f"{nr_med:.3f} (medians)  [{goal}]"
+            )
             key = label.replace(", slem-dask's workers", "_slem_workers")
-            result.update({f"{key}_naive_runs": nts, f"{key}_ratio_naive_best": nr,
-                           f"{key}_ratio_naive_median": nr_med})
-            C.band(f"fit [{label}] naive Dask / slem-dask", nts, totals, args.band,
-                   names=("naive Dask", "slem-dask"))
+            result.update(
+                {
+                    f"{key}_naive_runs": nts,
+                    f"{key}_ratio_naive_best": nr,
+                    f"{key}_ratio_naive_median": nr_med,
+                }
+            )
+            C.band(
+                f"fit [{label}] naive Dask / slem-dask",
+                nts,
+                totals,
+                args.band,
+                names=("naive Dask", "slem-dask"),
+            )
         if args.floor:
             fts = [t["total"] for t in floor[sched]]
             print(f"[{sched}] floor (read + X^T X) : {C.spread(fts)}  runs {C.runs_line(fts)}")
-            fb = C.band(f"fit [{sched}] floor / slem-dask", fts, totals, args.band,
-                        names=("floor", "slem-dask"), floor=True)
+            fb = C.band(
+                f"fit [{sched}] floor / slem-dask",
+                fts,
+                totals,
+                args.band,
+                names=("floor", "slem-dask"),
+                floor=True,
+            )
             if fb["ratio"] is not None:
-                print(f"[{sched}] RATIO floor_time / slem_time = {fb['ratio']:.3f} (best); "
-                      f"{med(fts) / med(totals):.3f} (medians)  [goal >= 1/1.15 = 0.870; 1.0: "
-                      f"slem-dask does no work beyond the floor]")
-            result.update({f"{sched}_floor_runs": fts,
-                           f"{sched}_ratio_floor_best": min(fts) / min(totals),
-                           f"{sched}_ratio_floor_median": med(fts) / med(totals)})
+                print(
+                    f"[{sched}] RATIO floor_time / slem_time = {fb['ratio']:.3f} (best); "
+                    f"{med(fts) / med(totals):.3f} (medians)  [goal >= 1/1.15 = 0.870; 1.0: "
+                    f"slem-dask does no work beyond the floor]"
+                )
+            result.update(
+                {
+                    f"{sched}_floor_runs": fts,
+                    f"{sched}_ratio_floor_best": min(fts) / min(totals),
+                    f"{sched}_ratio_floor_median": med(fts) / med(totals),
+                }
+            )
             if not args.no_naive:
                 nts = [t["total"] for t in naive[sched]]
-                print(f"[{sched}] RATIO naive_time / floor_time = {min(nts) / min(fts):.3f} "
-                      f"(best); {med(nts) / med(fts):.3f} (medians)  [the most any fit could "
-                      f"gain over naive Dask here]")
+                print(
+                    f"[{sched}] RATIO naive_time / floor_time = {min(nts) / min(fts):.3f} "
+                    f"(best); {med(nts) / med(fts):.3f} (medians)  [the most any fit could "
+                    f"gain over naive Dask here]"
+                )
     print("uptime: " + subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip())
     if not args.no_check:
         with C.Timer() as t:
@@ -327,11 +429,17 @@ def main(argv=None) -> int:  # noqa: C901 - a driver: options, then each contend
         d_slem = np.abs(model.covariance_ - cov64).max()
         d_np = np.abs(cov32 - cov64).max()
         print()
-        print(f"check vs float64 two-pass covariance of all {n:,} rows ({t.seconds:.1f} s, "
-              f"max |cov| = {scale:.3e}):")
-        print(f"  slem-dask covariance_       max abs diff {d_slem:.3e} (relative {d_slem / scale:.1e}); "
-              f"mean_ max abs diff {np.abs(model.mean_ - mean64).max():.3e}")
-        print(f"  numpy float32 X^T X/n-mu mu^T max abs diff {d_np:.3e} (relative {d_np / scale:.1e})")
+        print(
+            f"check vs float64 two-pass covariance of all {n:,} rows ({t.seconds:.1f} s, "
+            f"max |cov| = {scale:.3e}):"
+        )
+        print(
+            f"  slem-dask covariance_       max abs diff {d_slem:.3e} (relative {d_slem / scale:.1e}); "
+            f"mean_ max abs diff {np.abs(model.mean_ - mean64).max():.3e}"
+        )
+        print(
+            f"  numpy float32 X^T X/n-mu mu^T max abs diff {d_np:.3e} (relative {d_np / scale:.1e})"
+        )
         result.update({"cov_maxdiff_slem": float(d_slem), "cov_maxdiff_numpy32": float(d_np)})
     C.emit_json("RESULT bench_fit", result)
     return 0

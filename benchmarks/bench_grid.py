@@ -45,8 +45,27 @@ import _common as C  # noqa: E402
 from slem_dask.datasets import make_corpus  # noqa: E402
 from slem_dask.pipeline.evaluate import format_table, grid_search  # noqa: E402
 
-ABS_LAMS = [1e-5, 3e-5, 1e-4, 3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 1e-1, 3e-1, 1.0, 3.0, 10.0,
-            30.0, 100.0, 300.0, 1e3, 3e3, 1e4]
+ABS_LAMS = [
+    1e-5,
+    3e-5,
+    1e-4,
+    3e-4,
+    1e-3,
+    3e-3,
+    1e-2,
+    3e-2,
+    1e-1,
+    3e-1,
+    1.0,
+    3.0,
+    10.0,
+    30.0,
+    100.0,
+    300.0,
+    1e3,
+    3e3,
+    1e4,
+]
 REL_CS = [0.1, 0.3, 1.0, 3.0, 10.0, 30.0, 100.0, 300.0, 1000.0]
 SETS = ("demo-5k", "demo-50k", "demo-d32", "digits", "digits-raw")
 
@@ -54,8 +73,11 @@ SETS = ("demo-5k", "demo-50k", "demo-d32", "digits", "digits-raw")
 def load(name: str, seed: int):
     """(negatives, database, queries, relevant, p_at) of one data set."""
     if name.startswith("demo"):
-        n, inst, d = {"demo-5k": (5000, 500, 128), "demo-50k": (50000, 1000, 128),
-                      "demo-d32": (20000, 500, 32)}[name]
+        n, inst, d = {
+            "demo-5k": (5000, 500, 128),
+            "demo-50k": (50000, 1000, 128),
+            "demo-d32": (20000, 500, 32),
+        }[name]
         c = make_corpus(n_negatives=n, n_instances=inst, d=d, seed=seed)
         return c.negatives, c.database, c.queries, c.relevant(), 4
     from sklearn.datasets import load_digits
@@ -91,53 +113,82 @@ def main(argv=None) -> int:
         neg, db, q, rel, p_at = load(name, args.seed)
         s = scale(neg)
         rel_lams = [c * s for c in REL_CS]
-        grids = {"raw": {}, "pca": {"eps": [1e-6, 1e-3]},
-                 "slem": {"lam": sorted(set(ABS_LAMS) | set(rel_lams))}}
+        grids = {
+            "raw": {},
+            "pca": {"eps": [1e-6, 1e-3]},
+            "slem": {"lam": sorted(set(ABS_LAMS) | set(rel_lams))},
+        }
         unit = name != "digits-raw"
         if not args.no_kernel and unit:
             grids["kernel"] = {"gamma": [0.25, 0.5, 1.0, 2.0], "rank": [64, 256]}
         if not args.no_esvm:
             big = len(db) + len(q) > 3000
-            grids["esvm"] = ({"lam": [1e-2, 1e-1], "n_iter": [1000]} if big else
-                             {"lam": [1e-3, 1e-2, 1e-1], "n_iter": [1000, 3000]})
+            grids["esvm"] = (
+                {"lam": [1e-2, 1e-1], "n_iter": [1000]}
+                if big
+                else {"lam": [1e-3, 1e-2, 1e-1], "n_iter": [1000, 3000]}
+            )
         rows, best, _ = grid_search(neg, db, q, rel, grids, p_at=p_at)
-        print(f"\n== {name}: {len(neg)} negatives, database {len(db)}, queries {len(q)}, "
-              f"d={neg.shape[1]}, tr(Sigma)/d = {s:.3e} ({time.perf_counter() - t0:.0f} s) ==")
+        print(
+            f"\n== {name}: {len(neg)} negatives, database {len(db)}, queries {len(q)}, "
+            f"d={neg.shape[1]}, tr(Sigma)/d = {s:.3e} ({time.perf_counter() - t0:.0f} s) =="
+        )
         print(format_table(rows))
         slem = {r["setting"]: r["mAP"] for r in rows if r["method"] == "slem"}
         lam_map = {float(k.split("=")[1]): v for k, v in slem.items()}
-        at = {lam: lam_map[min(lam_map, key=lambda x: abs(np.log(x / lam)))]
-              for lam in ABS_LAMS + rel_lams}
+        at = {
+            lam: lam_map[min(lam_map, key=lambda x: abs(np.log(x / lam)))]
+            for lam in ABS_LAMS + rel_lams
+        }
         best_all = max(lam_map, key=lam_map.get)
-        others = {m: max(r["mAP"] for r in rows if r["method"] == m)
-                  for m in grids if m != "slem"}
-        summary.append({
-            "data": name, "tr/d": s, "mAP lam=1e-3": at[1e-3],
-            "best lam": best_all, "mAP best": lam_map[best_all],
-            "best c (lam/(tr/d))": best_all / s,
-            **{f"c={c:g}": at[c * s] for c in REL_CS},
-            **{f"best {m}": v for m, v in others.items()},
-            "_abs": {lam: at[lam] for lam in ABS_LAMS},
-        })
+        others = {m: max(r["mAP"] for r in rows if r["method"] == m) for m in grids if m != "slem"}
+        summary.append(
+            {
+                "data": name,
+                "tr/d": s,
+                "mAP lam=1e-3": at[1e-3],
+                "best lam": best_all,
+                "mAP best": lam_map[best_all],
+                "best c (lam/(tr/d))": best_all / s,
+                **{f"c={c:g}": at[c * s] for c in REL_CS},
+                **{f"best {m}": v for m, v in others.items()},
+                "_abs": {lam: at[lam] for lam in ABS_LAMS},
+            }
+        )
         print(f"best per method: {best}")
         # mAP is deterministic (fixed seeds, numpy in this process): the promised band is 0
-        C.band(f"{name}: mAP(lam=1e-3) / mAP(best lam)", [at[1e-3]], [lam_map[best_all]],
-               0.0, names=("mAP at lam=1e-3", "mAP at the best lam"))
-    print("\n== summary: linear SLEM mAP at the default lam = 1e-3, at the best lam of the "
-          "grid, and at lam = c * tr(Sigma)/d; best mAP of the other methods ==")
+        C.band(
+            f"{name}: mAP(lam=1e-3) / mAP(best lam)",
+            [at[1e-3]],
+            [lam_map[best_all]],
+            0.0,
+            names=("mAP at lam=1e-3", "mAP at the best lam"),
+        )
+    print(
+        "\n== summary: linear SLEM mAP at the default lam = 1e-3, at the best lam of the "
+        "grid, and at lam = c * tr(Sigma)/d; best mAP of the other methods =="
+    )
     cols = list(dict.fromkeys(k for r in summary for k in r if not k.startswith("_")))
     print(format_table([{c: r.get(c, "") for c in cols} for r in summary]))
-    print("\n== robustness: mAP lost against each data set's best lam (max and mean over "
-          "data sets) ==")
+    print(
+        "\n== robustness: mAP lost against each data set's best lam (max and mean over "
+        "data sets) =="
+    )
     robust = []
     for lam in ABS_LAMS:
         loss = [r["mAP best"] - r["_abs"][lam] for r in summary]
-        robust.append({"rule": f"lam = {lam:g}", "max loss": max(loss),
-                       "mean loss": float(np.mean(loss))})
+        robust.append(
+            {"rule": f"lam = {lam:g}", "max loss": max(loss), "mean loss": float(np.mean(loss))}
+        )
     for c in REL_CS:
         loss = [r["mAP best"] - r[f"c={c:g}"] for r in summary]
-        robust.append({"rule": f"lam = {c:g} x tr(Sigma)/d", "max loss": max(loss),
-                       "mean loss": float(np.mean(loss))})
+        robust.append(
+            {
+                "rule": f"lam = {c:g} x tr(Sigma)/d",
+                "max loss": max(loss),
+                "mean loss": float(np.mean(loss)),
+            }
+        )
     print(format_table(robust))
     return 0
 

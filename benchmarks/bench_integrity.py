@@ -40,10 +40,14 @@ def unguarded(client, model, path: str, out: str, rows: int, crc: bool = False) 
     arr = zarr.open_array(store=path, mode="r")
     if os.path.exists(out):
         shutil.rmtree(out)
-    target = zarr.create_array(store=out, shape=arr.shape, dtype="float32",
-                               chunks=(rows, arr.shape[1]),
-                               compressors=[zarr.codecs.Crc32cCodec()] if crc else None,
-                               config={"write_empty_chunks": True})
+    target = zarr.create_array(
+        store=out,
+        shape=arr.shape,
+        dtype="float32",
+        chunks=(rows, arr.shape[1]),
+        compressors=[zarr.codecs.Crc32cCodec()] if crc else None,
+        config={"write_empty_chunks": True},
+    )
     z = model.transform(da.from_zarr(arr, chunks=(rows, arr.shape[1])), dtype=np.float32)
     client.compute(da.store(z, target, lock=False, compute=False)).result()
     return time.perf_counter() - t0
@@ -62,8 +66,9 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     C.add_common_args(parser)
     C.add_run_args(parser)
-    C.add_band_arg(parser, 0.15, "the contenders' order rotates each round, after one "
-                   "untimed run of each")
+    C.add_band_arg(
+        parser, 0.15, "the contenders' order rotates each round, after one untimed run of each"
+    )
     args = parser.parse_args(argv)
     C.resolve_sizes(args)
 
@@ -85,8 +90,10 @@ def main(argv=None) -> int:
         model = load_model(model_path)
         arr = storage.open_input(path, "positives")
         rows = storage.row_partition(arr, args.partition_rows)
-        print(f"cluster: {len(client.nthreads())} worker process(es); partitions of {rows:,} "
-              f"rows ({-(-args.n // rows)} partitions)")
+        print(
+            f"cluster: {len(client.nthreads())} worker process(es); partitions of {rows:,} "
+            f"rows ({-(-args.n // rows)} partitions)"
+        )
         with C.Timer() as t:
             storage.partition_fingerprints(arr, path, "positives", rows)
         print(f"listing fingerprint of the input alone: {t.seconds * 1e3:.1f} ms")
@@ -106,50 +113,74 @@ def main(argv=None) -> int:
         names = list(contenders)
         for r in range(args.repeat):
             # the order rotates each round: none always runs first (or after a 2 GB delete)
-            for name in names[r % 3:] + names[:r % 3]:
+            for name in names[r % 3 :] + names[: r % 3]:
                 C.settle()  # each contender writes 2 GB: none pays another's writeback
                 c0 = C.cluster_cpu_seconds(client)
                 wall[name].append(contenders[name]())
                 cpu[name].append(C.cluster_cpu_seconds(client) - c0)
-            print(f"run {r + 1}: " + " | ".join(f"{name} {wall[name][-1]:.3f} s" for name in names)
-                  + f" | {C.load_line()}")
+            print(
+                f"run {r + 1}: "
+                + " | ".join(f"{name} {wall[name][-1]:.3f} s" for name in names)
+                + f" | {C.load_line()}"
+            )
             sys.stdout.flush()
         guarded, plain, crc_only = wall["guarded"], wall["unguarded"], wall["unguarded + crc32c"]
         with C.Timer() as t:
             what, problems = storage.verify(out_g)
-        print(f"`slem-dask verify` of the guarded output (reads it all): {t.seconds:.2f} s, "
-              f"{len(problems)} problem(s)")
+        print(
+            f"`slem-dask verify` of the guarded output (reads it all): {t.seconds:.2f} s, "
+            f"{len(problems)} problem(s)"
+        )
     med = C.statistics.median
     ratio = min(plain) / min(guarded)
     ratio_med = med(plain) / med(guarded)
     print()
     print(f"guarded   : {C.spread(guarded)}  runs {C.runs_line(guarded)}")
     print(f"unguarded : {C.spread(plain)}  runs {C.runs_line(plain)}")
-    print(f"unguarded + crc32c codec: {C.spread(crc_only)}  runs {C.runs_line(crc_only)}; "
-          f"the codec alone: {100 * (med(crc_only) / med(plain) - 1):+.1f}% (medians)")
-    print(f"RATIO unguarded_time / guarded_time = {ratio:.3f} (best of {args.repeat}); "
-          f"{ratio_med:.3f} (medians); overhead {100 * (1 / ratio - 1):+.1f}% (best), "
-          f"{100 * (1 / ratio_med - 1):+.1f}% (medians)  [goal: overhead <= 5%]")
-    C.band("encode: unguarded / guarded", plain, guarded, args.band,
-           names=("unguarded", "guarded"))
+    print(
+        f"unguarded + crc32c codec: {C.spread(crc_only)}  runs {C.runs_line(crc_only)}; "
+        f"the codec alone: {100 * (med(crc_only) / med(plain) - 1):+.1f}% (medians)"
+    )
+    print(
+        f"RATIO unguarded_time / guarded_time = {ratio:.3f} (best of {args.repeat}); "
+        f"{ratio_med:.3f} (medians); overhead {100 * (1 / ratio - 1):+.1f}% (best), "
+        f"{100 * (1 / ratio_med - 1):+.1f}% (medians)  [goal: overhead <= 5%]"
+    )
+    C.band("encode: unguarded / guarded", plain, guarded, args.band, names=("unguarded", "guarded"))
     paired = [g / u for g, u in zip(guarded, plain, strict=True)]
-    print(f"guarded / unguarded of the same round: median {med(paired):.3f} "
-          f"(runs {C.runs_line(paired)})")
+    print(
+        f"guarded / unguarded of the same round: median {med(paired):.3f} "
+        f"(runs {C.runs_line(paired)})"
+    )
     for name, values in cpu.items():
-        print(f"CPU seconds, client + workers, {name}: median {med(values):.2f} s "
-              f"(runs {C.runs_line(values)})")
+        print(
+            f"CPU seconds, client + workers, {name}: median {med(values):.2f} s "
+            f"(runs {C.runs_line(values)})"
+        )
     cpu_overhead = 100 * (med(cpu["guarded"]) / med(cpu["unguarded"]) - 1)
-    print(f"CPU overhead of the guarantees: {cpu_overhead:+.1f}% (medians; barely moved by "
-          f"other processes' load, unlike wall time)")
+    print(
+        f"CPU overhead of the guarantees: {cpu_overhead:+.1f}% (medians; barely moved by "
+        f"other processes' load, unlike wall time)"
+    )
     out_a = storage.read_rows(storage.open_output(out_g), 0, min(args.n, 50_000))
     import zarr
 
-    out_b = zarr.open_array(store=out_u, mode="r")[:min(args.n, 50_000)]
+    out_b = zarr.open_array(store=out_u, mode="r")[: min(args.n, 50_000)]
     print(f"check: first {len(out_a):,} rows identical: {bool(np.array_equal(out_a, out_b))}")
-    C.emit_json("RESULT bench_integrity", {
-        "n": args.n, "d": args.d, "guarded": guarded, "unguarded": plain,
-        "unguarded_crc32c": crc_only, "cpu_seconds": cpu, "cpu_overhead_pct": cpu_overhead,
-        "ratio_best": ratio, "ratio_median": ratio_med})
+    C.emit_json(
+        "RESULT bench_integrity",
+        {
+            "n": args.n,
+            "d": args.d,
+            "guarded": guarded,
+            "unguarded": plain,
+            "unguarded_crc32c": crc_only,
+            "cpu_seconds": cpu,
+            "cpu_overhead_pct": cpu_overhead,
+            "ratio_best": ratio,
+            "ratio_median": ratio_med,
+        },
+    )
     return 0
 
 

@@ -41,8 +41,7 @@ from slem_dask.core.kernels import kernel_diagonal, kernel_matrix
 def clustered_with_outliers(n: int, d: int, seed: int) -> np.ndarray:
     rng = np.random.default_rng(seed)
     n_out, big, small, small_size = 40, 5, 40, 20
-    sizes = np.r_[np.full(big, (n - n_out - small * small_size) // big),
-                  np.full(small, small_size)]
+    sizes = np.r_[np.full(big, (n - n_out - small * small_size) // big), np.full(small, small_size)]
     sizes[0] += n - n_out - sizes.sum()
     centres = rng.standard_normal((big + small, d)) * 4.0
     rows = [c + 0.3 * rng.standard_normal((s, d)) for c, s in zip(centres, sizes, strict=True)]
@@ -60,7 +59,7 @@ def uniform_nystrom_error(x, rank, gamma, seed, block=4096) -> float:
     w = u[:, keep] / np.sqrt(s[keep])
     captured = 0.0
     for i in range(0, len(x), block):
-        f = kernel_matrix(x[i:i + block], x[piv], "rbf", gamma) @ w
+        f = kernel_matrix(x[i : i + block], x[piv], "rbf", gamma) @ w
         captured += float(np.sum(f * f))
     trace = float(kernel_diagonal(x, "rbf", gamma).sum())
     return (trace - captured) / trace
@@ -73,20 +72,34 @@ def main(argv=None) -> None:
     p.add_argument("--gamma", type=float, default=0.2)
     p.add_argument("--ranks", type=int, nargs="+", default=[25, 50, 100, 200])
     p.add_argument("--seeds", type=int, default=3)
-    C.add_band_arg(p, 0.20, "fits of a tenth of a second to a few seconds in this process, "
-                   "greedy and rpcholesky alternating, --seeds of each")
+    C.add_band_arg(
+        p,
+        0.20,
+        "fits of a tenth of a second to a few seconds in this process, "
+        "greedy and rpcholesky alternating, --seeds of each",
+    )
     args = p.parse_args(argv)
 
     x = clustered_with_outliers(args.n, args.d, 0)
-    print(f"data: n={args.n} d={args.d}, 5 big clusters, 40 of 20 rows, 40 outliers; "
-          f"rbf gamma={args.gamma}")
-    head = (f"{'rank':>5} {'greedy':>9} {'rpchol mean':>12} {'rpchol max':>11} "
-            f"{'uniform':>9} {'passes greedy':>14} {'passes rpchol':>14} "
-            f"{'fit greedy [s]':>15} {'fit rpchol [s]':>15}")
+    print(
+        f"data: n={args.n} d={args.d}, 5 big clusters, 40 of 20 rows, 40 outliers; "
+        f"rbf gamma={args.gamma}"
+    )
+    head = (
+        f"{'rank':>5} {'greedy':>9} {'rpchol mean':>12} {'rpchol max':>11} "
+        f"{'uniform':>9} {'passes greedy':>14} {'passes rpchol':>14} "
+        f"{'fit greedy [s]':>15} {'fit rpchol [s]':>15}"
+    )
     # one untimed fit of each rule: the first timed fit no longer pays the first calls
     for rule in ("greedy", "rpcholesky"):
-        KernelSLEM(kernel="rbf", gamma=args.gamma, rank=min(args.ranks), tol=0,
-                   pivoting=rule, random_state=0).fit(x[:2000])
+        KernelSLEM(
+            kernel="rbf",
+            gamma=args.gamma,
+            rank=min(args.ranks),
+            tol=0,
+            pivoting=rule,
+            random_state=0,
+        ).fit(x[:2000])
     print(head)
     print("-" * len(head))
     times = {}
@@ -97,20 +110,35 @@ def main(argv=None) -> None:
             g = KernelSLEM(kernel="rbf", gamma=args.gamma, rank=r, tol=0).fit(x)
             t_gs.append(time.perf_counter() - t)
             t = time.perf_counter()
-            rp.append(KernelSLEM(kernel="rbf", gamma=args.gamma, rank=r, tol=0,
-                                 pivoting="rpcholesky", random_state=s).fit(x))
+            rp.append(
+                KernelSLEM(
+                    kernel="rbf",
+                    gamma=args.gamma,
+                    rank=r,
+                    tol=0,
+                    pivoting="rpcholesky",
+                    random_state=s,
+                ).fit(x)
+            )
             t_rp.append(time.perf_counter() - t)
         uni = [uniform_nystrom_error(x, r, args.gamma, s) for s in range(args.seeds)]
         errs = [m.trace_error_ for m in rp]
         passes = np.mean([m.n_passes_ for m in rp])
-        print(f"{r:>5} {g.trace_error_:>9.4f} {np.mean(errs):>12.4f} {np.max(errs):>11.4f} "
-              f"{np.mean(uni):>9.4f} {g.n_passes_:>14d} {passes:>14.1f} "
-              f"{min(t_gs):>15.2f} {min(t_rp):>15.2f}")
+        print(
+            f"{r:>5} {g.trace_error_:>9.4f} {np.mean(errs):>12.4f} {np.max(errs):>11.4f} "
+            f"{np.mean(uni):>9.4f} {g.n_passes_:>14d} {passes:>14.1f} "
+            f"{min(t_gs):>15.2f} {min(t_rp):>15.2f}"
+        )
         times[r] = (t_gs, t_rp)
     print("(fit times: best of --seeds runs)")
     for r, (t_gs, t_rp) in times.items():
-        C.band(f"rank {r}: fit time greedy / rpcholesky", t_gs, t_rp, args.band,
-               names=("greedy", "rpcholesky"))
+        C.band(
+            f"rank {r}: fit time greedy / rpcholesky",
+            t_gs,
+            t_rp,
+            args.band,
+            names=("greedy", "rpcholesky"),
+        )
 
 
 if __name__ == "__main__":

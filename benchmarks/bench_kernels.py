@@ -48,6 +48,7 @@ def best(fn, repeat):
 
 # -- private variants (copies of library code with one change each) ---------
 
+
 def stats_mean_first(block):
     """block_statistics with the row finiteness pass replaced by a check of the mean.
 
@@ -96,14 +97,21 @@ def encode_norm_check(block, mean, precision, out_dtype):
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
-    parser.add_argument("--rows", type=C.int_size, default=16384,
-                        help="rows of the partition (default 16384: the library's default "
-                             "partition at d=512)")
+    parser.add_argument(
+        "--rows",
+        type=C.int_size,
+        default=16384,
+        help="rows of the partition (default 16384: the library's default partition at d=512)",
+    )
     parser.add_argument("--d", type=C.int_size, default=512)
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--quick", action="store_true", help="rows=8192, d=128")
-    C.add_band_arg(parser, 0.20, "millisecond timings of one partition, best of --repeat; "
-                   "a loaded core moves them by 10-20%%")
+    C.add_band_arg(
+        parser,
+        0.20,
+        "millisecond timings of one partition, best of --repeat; "
+        "a loaded core moves them by 10-20%%",
+    )
     args = parser.parse_args(argv)
     if args.quick:
         args.rows, args.d = 8192, 128
@@ -117,7 +125,9 @@ def main(argv=None) -> int:
     from slem_dask.parallel.blocks import _apply_rows  # the encode task (blocks.map_rows)
     from slem_dask.core.validation import check_finite_rows
 
-    C.header(f"bench_kernels: one partition of {args.rows:,} x {args.d} float32, BLAS 1 thread", args)
+    C.header(
+        f"bench_kernels: one partition of {args.rows:,} x {args.d} float32, BLAS 1 thread", args
+    )
     x = background_rows(args.rows, args.d)
     r = args.repeat
     with threadpool_limits(limits=1, user_api="blas"):
@@ -145,68 +155,107 @@ def main(argv=None) -> int:
         t_tri, _ = best(lambda: np.triu(up) + np.triu(up, 1).T, r)
         row("  step: triu mirror", t_tri)
         t_var, s2 = best(lambda: stats_mean_first(x), r)
-        row("variant: finiteness from the mean (private copy)", t_var,
-            f"{t_lib / t_var:.2f}x faster; max diff {np.abs(s2.scatter - ref.scatter).max():.1e}")
+        row(
+            "variant: finiteness from the mean (private copy)",
+            t_var,
+            f"{t_lib / t_var:.2f}x faster; max diff {np.abs(s2.scatter - ref.scatter).max():.1e}",
+        )
         t_32, (m32, s32) = best(lambda: stats_float32_syrk(x), r)
         err = np.abs(s32 - ref.scatter).max() / np.abs(ref.scatter).max()
-        row("variant: float32 ssyrk of float64-centred block", t_32,
-            f"{t_lib / t_32:.2f}x faster; relative error {err:.1e} (float64: ~1e-16)")
+        row(
+            "variant: float32 ssyrk of float64-centred block",
+            t_32,
+            f"{t_lib / t_32:.2f}x faster; relative error {err:.1e} (float64: ~1e-16)",
+        )
 
         print("encode task (parallel._apply_rows = check_finite_rows + encode_rows):")
         cov = ref.scatter / ref.count
         prec = precision_matrix(cov, 1e-3)
-        t_enc, z_ref = best(lambda: _apply_rows(x, encode_rows, np.dtype("float32"), "P", ref.mean, prec),
-                          r)
+        t_enc, z_ref = best(
+            lambda: _apply_rows(x, encode_rows, np.dtype("float32"), "P", ref.mean, prec), r
+        )
         row("library encode task (_apply_rows)", t_enc)
         t_chk, _ = best(lambda: check_finite_rows(x, "P"), r)
         row("  step: check_finite_rows", t_chk)
         t_er, _ = best(lambda: encode_rows(x, ref.mean, prec, dtype=np.float32), r)
         row("  step: encode_rows", t_er)
         t_mm, _ = best(lambda: c @ prec, r)
-        row("  step: (m,d)@(d,d) float64 dgemm", t_mm,
-            f"{2 * args.rows * args.d ** 2 / t_mm / 1e9:.1f} GFLOP/s")
+        row(
+            "  step: (m,d)@(d,d) float64 dgemm",
+            t_mm,
+            f"{2 * args.rows * args.d**2 / t_mm / 1e9:.1f} GFLOP/s",
+        )
         t_v, z2 = best(lambda: encode_norm_check(x, ref.mean, prec, np.float32), r)
-        row("variant: finiteness from the row norms (private copy)", t_v,
-            f"{t_enc / t_v:.2f}x faster; max diff {np.abs(z2 - z_ref).max():.1e}")
-        x32c = (x - ref.mean.astype(np.float32))
+        row(
+            "variant: finiteness from the row norms (private copy)",
+            t_v,
+            f"{t_enc / t_v:.2f}x faster; max diff {np.abs(z2 - z_ref).max():.1e}",
+        )
+        x32c = x - ref.mean.astype(np.float32)
         p32 = prec.astype(np.float32)
         t_mm32, _ = best(lambda: x32c @ p32, r)
-        row("  for comparison: float32 sgemm of the same product", t_mm32,
-            f"{2 * args.rows * args.d ** 2 / t_mm32 / 1e9:.1f} GFLOP/s")
+        row(
+            "  for comparison: float32 sgemm of the same product",
+            t_mm32,
+            f"{2 * args.rows * args.d**2 / t_mm32 / 1e9:.1f} GFLOP/s",
+        )
 
         print("write one encoded partition to zarr (local disk):")
         import zarr
 
         tmp = tempfile.mkdtemp(prefix="slem-bench-kernels-")
         try:
-            for label, kw in (("default codecs (zstd level 0)", {}),
-                              ("compressors=None", {"compressors": None})):
+            for label, kw in (
+                ("default codecs (zstd level 0)", {}),
+                ("compressors=None", {"compressors": None}),
+            ):
+
                 def write(kw=kw):
                     p = os.path.join(tmp, "out.zarr")
                     shutil.rmtree(p, ignore_errors=True)
-                    a = zarr.create_array(store=p, shape=z_ref.shape, dtype="float32",
-                                          chunks=z_ref.shape, **kw)
+                    a = zarr.create_array(
+                        store=p, shape=z_ref.shape, dtype="float32", chunks=z_ref.shape, **kw
+                    )
                     a[...] = z_ref
                     return p
+
                 t_w, p = best(write, r)
-                size = sum(os.path.getsize(os.path.join(root, f))
-                           for root, _, files in os.walk(p) for f in files)
-                row(f"zarr write, {label}", t_w,
-                    f"{size / z_ref.nbytes:.3f} of raw size")
+                size = sum(
+                    os.path.getsize(os.path.join(root, f))
+                    for root, _, files in os.walk(p)
+                    for f in files
+                )
+                row(f"zarr write, {label}", t_w, f"{size / z_ref.nbytes:.3f} of raw size")
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
         # the headline ratios again, the two contenders alternating round by round
         print(f"headline pairs, alternating, {4 * r} rounds:")
-        stats = C.alternate({"library": lambda: block_statistics(x),
-                             "variant": lambda: stats_mean_first(x)}, 4 * r)
+        stats = C.alternate(
+            {"library": lambda: block_statistics(x), "variant": lambda: stats_mean_first(x)}, 4 * r
+        )
         enc = C.alternate(
-            {"library": lambda: _apply_rows(x, encode_rows, np.dtype("float32"), "P",
-                                            ref.mean, prec),
-             "variant": lambda: encode_norm_check(x, ref.mean, prec, np.float32)}, 4 * r)
-    C.band("block_statistics: library / variant finiteness from the mean",
-           stats["library"], stats["variant"], args.band, names=("library", "variant"))
-    C.band("encode task: library / variant finiteness from the row norms",
-           enc["library"], enc["variant"], args.band, names=("library", "variant"))
+            {
+                "library": lambda: _apply_rows(
+                    x, encode_rows, np.dtype("float32"), "P", ref.mean, prec
+                ),
+                "variant": lambda: encode_norm_check(x, ref.mean, prec, np.float32),
+            },
+            4 * r,
+        )
+    C.band(
+        "block_statistics: library / variant finiteness from the mean",
+        stats["library"],
+        stats["variant"],
+        args.band,
+        names=("library", "variant"),
+    )
+    C.band(
+        "encode task: library / variant finiteness from the row norms",
+        enc["library"],
+        enc["variant"],
+        args.band,
+        names=("library", "variant"),
+    )
     return 0
 
 

@@ -28,8 +28,11 @@ import _common as C  # noqa: E402
 from bench_grid import load  # noqa: E402
 from slem_dask.pipeline.evaluate import evaluate_methods  # noqa: E402
 
-RULES = ([("abs", c) for c in (1e-3, 3e-3, 1e-2)] + [("total", c) for c in (3e-3, 1e-2, 3e-2)]
-         + [("mean", c) for c in (0.3, 1.0, 3.0)])
+RULES = (
+    [("abs", c) for c in (1e-3, 3e-3, 1e-2)]
+    + [("total", c) for c in (3e-3, 1e-2, 3e-2)]
+    + [("mean", c) for c in (0.3, 1.0, 3.0)]
+)
 
 
 def main(argv=None) -> int:
@@ -47,14 +50,19 @@ def main(argv=None) -> int:
         scores = []
         for kind, c in RULES:
             lam = c if kind == "abs" else c * total if kind == "total" else c * mean_var
-            (row,), _ = evaluate_methods(neg, db, q, rel, ["slem"], p_at=p_at,
-                                         params={"slem": {"lam": lam}})
+            (row,), _ = evaluate_methods(
+                neg, db, q, rel, ["slem"], p_at=p_at, params={"slem": {"lam": lam}}
+            )
             scores.append(row["mAP"])
-        print(f"{name:<11} {mean_var:9.3g}  " + "  ".join(f"{s:11.3f}" for s in scores),
-              flush=True)
+        print(f"{name:<11} {mean_var:9.3g}  " + "  ".join(f"{s:11.3f}" for s in scores), flush=True)
         # mAP is deterministic (fixed seeds, numpy in this process): the promised band is 0
-        C.band(f"{name}: mAP(lam=1e-3) / mAP(lam=tr(Sigma)/d)", [scores[0]],
-               [scores[names.index("mean 1")]], 0.0, names=("absolute 1e-3", "mean 1"))
+        C.band(
+            f"{name}: mAP(lam=1e-3) / mAP(lam=tr(Sigma)/d)",
+            [scores[0]],
+            [scores[names.index("mean 1")]],
+            0.0,
+            names=("absolute 1e-3", "mean 1"),
+        )
     return 0
 
 

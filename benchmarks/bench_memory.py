@@ -98,8 +98,18 @@ class Sampler(threading.Thread):
 
 
 def run_child(args, kind: str, path: str, kind_memory: str = "auto") -> dict:
-    cmd = [sys.executable, os.path.abspath(__file__), "--child", kind, "--store", path,
-           "--workdir", args.workdir, "--lam", str(args.lam)]
+    cmd = [
+        sys.executable,
+        os.path.abspath(__file__),
+        "--child",
+        kind,
+        "--store",
+        path,
+        "--workdir",
+        args.workdir,
+        "--lam",
+        str(args.lam),
+    ]
     if args.partition_rows:
         cmd += ["--partition-rows", str(args.partition_rows)]
     if args.workers:
@@ -109,8 +119,14 @@ def run_child(args, kind: str, path: str, kind_memory: str = "auto") -> dict:
     if args.scheduler == "threads":
         cmd += ["--scheduler", "threads"]
     if args.kernel_rank:
-        cmd += ["--kernel-rank", str(args.kernel_rank), "--kernel-memory", kind_memory,
-                "--kernel-pivoting", args.kernel_pivoting]
+        cmd += [
+            "--kernel-rank",
+            str(args.kernel_rank),
+            "--kernel-memory",
+            kind_memory,
+            "--kernel-pivoting",
+            args.kernel_pivoting,
+        ]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
     sampler = Sampler(proc.pid, args.interval)
     sampler.start()
@@ -140,10 +156,17 @@ def child_main(args) -> int:
         from slem_dask.pipeline import fit_job
 
         import dask.array  # noqa: F401  (imports counted in the baseline, as for a cluster)
+
         out["baseline"], _ = tree_rss(me)
         model = os.path.join(args.workdir, f"bench-memory-model-{os.getpid()}.zarr")
-        report = fit_job(None, args.store, model, lam=args.lam,
-                         partition_rows=args.partition_rows, overwrite=True)
+        report = fit_job(
+            None,
+            args.store,
+            model,
+            lam=args.lam,
+            partition_rows=args.partition_rows,
+            overwrite=True,
+        )
         out["timings"] = report.timings
         out["partitions"] = report.facts.get("partitions", "?")
         import shutil
@@ -158,12 +181,28 @@ def child_main(args) -> int:
             time.sleep(0.5)
             out["baseline"], _ = tree_rss(me)
             model = os.path.join(args.workdir, f"bench-memory-model-{os.getpid()}.zarr")
-            kernel = ({"kernel": "rbf", "gamma": 0.5, "rank": args.kernel_rank,
-                       "pivoting": args.kernel_pivoting, "tol": 0.0, "seed": 0,
-                       "kernel_memory": args.kernel_memory}
-                      if args.kernel_rank else {})
-            report = fit_job(client, args.store, model, lam=args.lam,
-                             partition_rows=args.partition_rows, overwrite=True, **kernel)
+            kernel = (
+                {
+                    "kernel": "rbf",
+                    "gamma": 0.5,
+                    "rank": args.kernel_rank,
+                    "pivoting": args.kernel_pivoting,
+                    "tol": 0.0,
+                    "seed": 0,
+                    "kernel_memory": args.kernel_memory,
+                }
+                if args.kernel_rank
+                else {}
+            )
+            report = fit_job(
+                client,
+                args.store,
+                model,
+                lam=args.lam,
+                partition_rows=args.partition_rows,
+                overwrite=True,
+                **kernel,
+            )
             out["timings"] = report.timings
             out["facts"] = {k: str(v) for k, v in report.facts.items()}
             if "partitions" in report.facts:
@@ -215,8 +254,10 @@ def kernel_paths(args, n: int, path: str) -> dict:
         need = kernel_fit_bytes(n, args.d, "float32", args.kernel_rank)
         avail = psutil.virtual_memory().available
         if memory == "in-memory" and need > 0.8 * avail:
-            print(f"n={n:,}: kernel in-memory SKIPPED: it needs ~{mib(need)} "
-                  f"(workers.kernel_fit_bytes), only {mib(avail)} available")
+            print(
+                f"n={n:,}: kernel in-memory SKIPPED: it needs ~{mib(need)} "
+                f"(workers.kernel_fit_bytes), only {mib(avail)} available"
+            )
             continue
         best = None
         for _ in range(args.repeat):
@@ -224,29 +265,42 @@ def kernel_paths(args, n: int, path: str) -> dict:
             f = res["facts"]
             factor = res["timings"]["factor"]
             above = res["peak"] - res["baseline"]
-            parts = ", ".join(f"{label} {'+'.join(mib(v) for v in vals)}"
-                              for label, vals in res["peak_parts"].items())
-            print(f"n={n:,} kernel {args.kernel_pivoting} r={args.kernel_rank} {memory} (ran "
-                  f"{f['kernel memory']}): "
-                  f"factor {factor:.1f} s = {factor / n * 1e6:.2f} us/row, {f['passes']} "
-                  f"passes, trace error {f['trace error']}; peak above idle cluster "
-                  f"{mib(above)} ({above / n:.0f} B/row; baseline {mib(res['baseline'])}); "
-                  f"partitions {res['partitions']} | {C.load_line()}")
+            parts = ", ".join(
+                f"{label} {'+'.join(mib(v) for v in vals)}"
+                for label, vals in res["peak_parts"].items()
+            )
+            print(
+                f"n={n:,} kernel {args.kernel_pivoting} r={args.kernel_rank} {memory} (ran "
+                f"{f['kernel memory']}): "
+                f"factor {factor:.1f} s = {factor / n * 1e6:.2f} us/row, {f['passes']} "
+                f"passes, trace error {f['trace error']}; peak above idle cluster "
+                f"{mib(above)} ({above / n:.0f} B/row; baseline {mib(res['baseline'])}); "
+                f"partitions {res['partitions']} | {C.load_line()}"
+            )
             print(f"    because: {f['because']}")
             print(f"    at peak: {parts}")
             sys.stdout.flush()
             if best is None or factor < best["factor_s"]:
-                best = {"factor_s": factor, "us_per_row": factor / n * 1e6, "above": above,
-                        "passes": int(f["passes"]), "trace_error": float(f["trace error"])}
+                best = {
+                    "factor_s": factor,
+                    "us_per_row": factor / n * 1e6,
+                    "above": above,
+                    "passes": int(f["passes"]),
+                    "trace_error": float(f["trace error"]),
+                }
         out[memory] = best
     if "in-memory" in out and "streaming" in out:
         a, b = out["in-memory"], out["streaming"]
-        print(f"RATIO n={n:,}: streaming / in-memory time per row = "
-              f"{b['us_per_row'] / a['us_per_row']:.2f} [goal <= 1.5]; peak above baseline "
-              f"{mib(b['above'])} vs {mib(a['above'])}")
+        print(
+            f"RATIO n={n:,}: streaming / in-memory time per row = "
+            f"{b['us_per_row'] / a['us_per_row']:.2f} [goal <= 1.5]; peak above baseline "
+            f"{mib(b['above'])} vs {mib(a['above'])}"
+        )
     if "streaming" in out:
-        print(f"GOAL n={n:,}: streaming peak above baseline {mib(out['streaming']['above'])} "
-              f"[goal <= 4096 MiB at n = 1e7]")
+        print(
+            f"GOAL n={n:,}: streaming peak above baseline {mib(out['streaming']['above'])} "
+            f"[goal <= 4096 MiB at n = 1e7]"
+        )
     return out
 
 
@@ -258,25 +312,45 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     C.add_common_args(parser, sizes=False)
     C.add_run_args(parser, repeat=1)
-    C.add_band_arg(parser, 0.10, "peaks of the RSS of fresh child processes, sampled every "
-                   "--interval; give --repeat 2 or more for the band to be checked in the run")
-    parser.add_argument("--sizes", default=None,
-                        help=f"comma-separated row counts (default {DEFAULT_SIZES}; --quick: {QUICK_SIZES})")
+    C.add_band_arg(
+        parser,
+        0.10,
+        "peaks of the RSS of fresh child processes, sampled every "
+        "--interval; give --repeat 2 or more for the band to be checked in the run",
+    )
+    parser.add_argument(
+        "--sizes",
+        default=None,
+        help=f"comma-separated row counts (default {DEFAULT_SIZES}; --quick: {QUICK_SIZES})",
+    )
     parser.add_argument("--interval", type=float, default=0.05, help="sampling period in seconds")
     parser.add_argument("--skip-numpy", action="store_true", help="do not run the numpy reference")
-    parser.add_argument("--kernel-rank", type=int, default=None,
-                        help="fit a KernelSLEM (rbf, gamma 0.5, --kernel-pivoting) of this rank instead "
-                             "(LocalCluster only)")
-    parser.add_argument("--kernel-pivoting", choices=("rpcholesky", "greedy"),
-                        default="rpcholesky", help="pivoting of the kernel fit (default "
-                                                   "rpcholesky)")
-    parser.add_argument("--kernel-memory", default="auto",
-                        help="with --kernel-rank: comma-separated paths of the kernel fit to "
-                             "run, each in its own child, among auto, in-memory, streaming "
-                             "(default auto)")
-    parser.add_argument("--scheduler", choices=("cluster", "threads"), default="cluster",
-                        help="slem-dask on a LocalCluster (default) or dask's threaded "
-                             "scheduler without a Client")
+    parser.add_argument(
+        "--kernel-rank",
+        type=int,
+        default=None,
+        help="fit a KernelSLEM (rbf, gamma 0.5, --kernel-pivoting) of this rank instead "
+        "(LocalCluster only)",
+    )
+    parser.add_argument(
+        "--kernel-pivoting",
+        choices=("rpcholesky", "greedy"),
+        default="rpcholesky",
+        help="pivoting of the kernel fit (default rpcholesky)",
+    )
+    parser.add_argument(
+        "--kernel-memory",
+        default="auto",
+        help="with --kernel-rank: comma-separated paths of the kernel fit to "
+        "run, each in its own child, among auto, in-memory, streaming "
+        "(default auto)",
+    )
+    parser.add_argument(
+        "--scheduler",
+        choices=("cluster", "threads"),
+        default="cluster",
+        help="slem-dask on a LocalCluster (default) or dask's threaded scheduler without a Client",
+    )
     parser.add_argument("--child", choices=("slem", "numpy"), help=argparse.SUPPRESS)
     parser.add_argument("--store", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -287,7 +361,10 @@ def main(argv=None) -> int:
         # at d=128 the library's default partition is 65536 rows: 1e5 rows would be
         # 2 partitions, too few for each worker to reach its steady state
         args.partition_rows = QUICK_PARTITION_ROWS
-    sizes = [C.int_size(s) for s in (args.sizes or (QUICK_SIZES if args.quick else DEFAULT_SIZES)).split(",")]
+    sizes = [
+        C.int_size(s)
+        for s in (args.sizes or (QUICK_SIZES if args.quick else DEFAULT_SIZES)).split(",")
+    ]
 
     import psutil
 
@@ -303,22 +380,31 @@ def main(argv=None) -> int:
         for _ in range(args.repeat):
             res = run_child(args, "slem", path)
             runs.append(res)
-            parts = ", ".join(f"{label} {'+'.join(mib(v) for v in vals)}"
-                              for label, vals in res["peak_parts"].items())
-            print(f"n={n:,}: slem-dask fit_job peak tree RSS {mib(res['peak'])} (idle cluster "
-                  f"baseline {mib(res['baseline'])}, above baseline {mib(res['peak'] - res['baseline'])}); "
-                  f"partitions {res['partitions']}; fit {res['timings']['total']:.2f} s; "
-                  f"{res['samples']} samples | {C.load_line()}")
+            parts = ", ".join(
+                f"{label} {'+'.join(mib(v) for v in vals)}"
+                for label, vals in res["peak_parts"].items()
+            )
+            print(
+                f"n={n:,}: slem-dask fit_job peak tree RSS {mib(res['peak'])} (idle cluster "
+                f"baseline {mib(res['baseline'])}, above baseline {mib(res['peak'] - res['baseline'])}); "
+                f"partitions {res['partitions']}; fit {res['timings']['total']:.2f} s; "
+                f"{res['samples']} samples | {C.load_line()}"
+            )
             print(f"    at peak: {parts}")
             sys.stdout.flush()
-        entry = {"slem_peak": min(r["peak"] for r in runs), "slem_baseline": runs[0]["baseline"],
-                 "slem_peaks": [r["peak"] for r in runs]}
+        entry = {
+            "slem_peak": min(r["peak"] for r in runs),
+            "slem_baseline": runs[0]["baseline"],
+            "slem_peaks": [r["peak"] for r in runs],
+        }
         need = n * args.d * 4 + 2**30
         avail = psutil.virtual_memory().available
         if args.skip_numpy:
             print(f"n={n:,}: numpy reference skipped (--skip-numpy)")
         elif need > 0.7 * avail:
-            print(f"n={n:,}: numpy reference SKIPPED: needs ~{mib(need)}, only {mib(avail)} available")
+            print(
+                f"n={n:,}: numpy reference SKIPPED: needs ~{mib(need)}, only {mib(avail)} available"
+            )
         else:
             # as many fresh children as slem-dask's (each run of each is a cold process)
             np_runs = [run_child(args, "numpy", path) for _ in range(args.repeat)]
@@ -326,42 +412,65 @@ def main(argv=None) -> int:
             entry["numpy_peak"] = min(r["peak"] for r in np_runs)
             entry["numpy_peaks"] = [r["peak"] for r in np_runs]
             nt = res["timings"]
-            print(f"n={n:,}: numpy reference peak RSS {mib(res['peak'])} (data alone "
-                  f"{mib(n * args.d * 4)}; read {res['read']:.2f} s, read + X^T X + mean "
-                  f"{nt['statistics']:.2f} s, Cholesky inverse {nt['factorization']:.2f} s, "
-                  f"total {nt['total']:.2f} s) | {C.load_line()}")
+            print(
+                f"n={n:,}: numpy reference peak RSS {mib(res['peak'])} (data alone "
+                f"{mib(n * args.d * 4)}; read {res['read']:.2f} s, read + X^T X + mean "
+                f"{nt['statistics']:.2f} s, Cholesky inverse {nt['factorization']:.2f} s, "
+                f"total {nt['total']:.2f} s) | {C.load_line()}"
+            )
             best = min(r["timings"]["total"] for r in runs)
             entry["time_ratio"] = best / nt["total"]
-            print(f"RATIO n={n:,}: slem-dask fit time / numpy time = {entry['time_ratio']:.2f}  "
-                  f"[goal <= 1.5 at d = 8192]")
-            C.band(f"n={n:,}: slem-dask fit time / numpy time",
-                   [r["timings"]["total"] for r in runs],
-                   [r["timings"]["total"] for r in np_runs], args.band,
-                   names=("slem-dask", "numpy"))
+            print(
+                f"RATIO n={n:,}: slem-dask fit time / numpy time = {entry['time_ratio']:.2f}  "
+                f"[goal <= 1.5 at d = 8192]"
+            )
+            C.band(
+                f"n={n:,}: slem-dask fit time / numpy time",
+                [r["timings"]["total"] for r in runs],
+                [r["timings"]["total"] for r in np_runs],
+                args.band,
+                names=("slem-dask", "numpy"),
+            )
         results[n] = entry
         sys.stdout.flush()
 
     print()
     if args.kernel_rank:
-        C.emit_json("RESULT bench_memory kernel", {"d": args.d, "rank": args.kernel_rank,
-                                                   "pivoting": args.kernel_pivoting,
-                                                   **{str(n): results[n] for n in sizes}})
+        C.emit_json(
+            "RESULT bench_memory kernel",
+            {
+                "d": args.d,
+                "rank": args.kernel_rank,
+                "pivoting": args.kernel_pivoting,
+                **{str(n): results[n] for n in sizes},
+            },
+        )
         return 0
     lo, hi = sizes[0], sizes[-1]
     for n in sizes:
         e = results[n]
         np_part = f"numpy {mib(e['numpy_peak'])}" if "numpy_peak" in e else "numpy skipped"
-        print(f"PEAK n={n:>10,}: slem-dask {mib(e['slem_peak'])} (runs "
-              f"{[mib(p) for p in e['slem_peaks']]}) | {np_part}")
+        print(
+            f"PEAK n={n:>10,}: slem-dask {mib(e['slem_peak'])} (runs "
+            f"{[mib(p) for p in e['slem_peaks']]}) | {np_part}"
+        )
     ratio = results[hi]["slem_peak"] / results[lo]["slem_peak"]
     print(f"RATIO slem-dask peak(n={hi:,}) / peak(n={lo:,}) = {ratio:.3f}  [goal ~1: flat in n]")
-    C.band(f"slem-dask peak(n={hi:,}) / peak(n={lo:,})", results[hi]["slem_peaks"],
-           results[lo]["slem_peaks"], args.band, names=(f"peak n={hi:,}", f"peak n={lo:,}"))
+    C.band(
+        f"slem-dask peak(n={hi:,}) / peak(n={lo:,})",
+        results[hi]["slem_peaks"],
+        results[lo]["slem_peaks"],
+        args.band,
+        names=(f"peak n={hi:,}", f"peak n={lo:,}"),
+    )
     if "numpy_peak" in results[hi] and "numpy_peak" in results[lo]:
-        print(f"RATIO numpy     peak(n={hi:,}) / peak(n={lo:,}) = "
-              f"{results[hi]['numpy_peak'] / results[lo]['numpy_peak']:.3f}")
-    C.emit_json("RESULT bench_memory", {"d": args.d, "ratio": ratio,
-                                        **{str(n): results[n] for n in sizes}})
+        print(
+            f"RATIO numpy     peak(n={hi:,}) / peak(n={lo:,}) = "
+            f"{results[hi]['numpy_peak'] / results[lo]['numpy_peak']:.3f}"
+        )
+    C.emit_json(
+        "RESULT bench_memory", {"d": args.d, "ratio": ratio, **{str(n): results[n] for n in sizes}}
+    )
     return 0
 
 

@@ -46,11 +46,20 @@ sys.path.insert(0, os.path.join(HERE, "..", "tests"))  # s3server: the SeaweedFS
 import _common as C  # noqa: E402
 
 #: S3 operations by the kind of request they are.
-KINDS = {"GetObject": "GET", "PutObject": "PUT", "ListObjectsV2": "LIST",
-         "ListObjects": "LIST", "HeadObject": "HEAD", "CopyObject": "COPY",
-         "DeleteObject": "DELETE", "DeleteObjects": "DELETE", "HeadBucket": "HEAD",
-         "CreateMultipartUpload": "PUT", "UploadPart": "PUT",
-         "CompleteMultipartUpload": "PUT"}
+KINDS = {
+    "GetObject": "GET",
+    "PutObject": "PUT",
+    "ListObjectsV2": "LIST",
+    "ListObjects": "LIST",
+    "HeadObject": "HEAD",
+    "CopyObject": "COPY",
+    "DeleteObject": "DELETE",
+    "DeleteObjects": "DELETE",
+    "HeadBucket": "HEAD",
+    "CreateMultipartUpload": "PUT",
+    "UploadPart": "PUT",
+    "CompleteMultipartUpload": "PUT",
+}
 CALLS: collections.Counter = collections.Counter()
 #: Not a request: the names all listings of a job returned (keys and folders).
 LISTED = "names listed"
@@ -86,9 +95,9 @@ def kinds_line(calls: dict) -> str:
     kinds = by_kind(calls)
     order = ["GET", "PUT", "LIST", "HEAD", "COPY", "DELETE"]
     parts = [f"{k} {kinds.get(k, 0)}" for k in order] + [
-        f"{k} {v}" for k, v in sorted(kinds.items()) if k not in order]
-    return (f"{sum(kinds.values())} ({', '.join(parts)}; "
-            f"{calls.get(LISTED, 0)} names listed)")
+        f"{k} {v}" for k, v in sorted(kinds.items()) if k not in order
+    ]
+    return f"{sum(kinds.values())} ({', '.join(parts)}; {calls.get(LISTED, 0)} names listed)"
 
 
 SERVER_PID: list = []  # the S3 server's process, whose CPU time is counted too
@@ -131,10 +140,12 @@ def jobs(root: str, data: str, rows: int | None, lam: float) -> dict:
 
     model, out = f"{root}/model.zarr", f"{root}/out.zarr"
     return {
-        "fit": lambda: pipeline.fit_job(None, data, model, lam=lam, partition_rows=rows,
-                                        overwrite=True),
-        "encode": lambda: pipeline.encode_job(None, model, data, out, partition_rows=rows,
-                                              overwrite=True),
+        "fit": lambda: pipeline.fit_job(
+            None, data, model, lam=lam, partition_rows=rows, overwrite=True
+        ),
+        "encode": lambda: pipeline.encode_job(
+            None, model, data, out, partition_rows=rows, overwrite=True
+        ),
     }
 
 
@@ -172,8 +183,10 @@ def pin_cores(args) -> tuple[int, int] | None:
         return None
     cores = sorted(os.sched_getaffinity(0))
     if len(cores) < 2:
-        raise SystemExit(f"--pin: needs 2 cores (one for the jobs, one for the S3 "
-                         f"server), this process may use {cores}; run without --pin")
+        raise SystemExit(
+            f"--pin: needs 2 cores (one for the jobs, one for the S3 "
+            f"server), this process may use {cores}; run without --pin"
+        )
     return cores[0], cores[1]
 
 
@@ -199,18 +212,24 @@ def apply_mode(mode: str, args) -> None:
 
 def describe_mode(mode: str, args) -> str:
     if mode == UNPINNED:
-        return (f"UNPINNED: the jobs and the S3 server share cores {sorted(args.cores)} "
-                f"(with the machine's other users)")
-    return (f"PINNED: every job (local and S3; this process, all its threads) on core "
-            f"{args.pins[0]} only, the S3 server on core {args.pins[1]} only (other users "
-            f"of the machine are not pinned)")
+        return (
+            f"UNPINNED: the jobs and the S3 server share cores {sorted(args.cores)} "
+            f"(with the machine's other users)"
+        )
+    return (
+        f"PINNED: every job (local and S3; this process, all its threads) on core "
+        f"{args.pins[0]} only, the S3 server on core {args.pins[1]} only (other users "
+        f"of the machine are not pinned)"
+    )
 
 
 def report(results: dict, args, mode: str = UNPINNED) -> None:
     med = C.statistics.median
     print()
-    print(f"fit and encode of {args.n:,} x {args.d} float32, threaded scheduler, "
-          f"{C.load_line()}; {describe_mode(mode, args)}")
+    print(
+        f"fit and encode of {args.n:,} x {args.d} float32, threaded scheduler, "
+        f"{C.load_line()}; {describe_mode(mode, args)}"
+    )
     for job in ("fit", "encode"):
         local = [r[0] for r in results["local"][job]]
         s3 = [r[0] for r in results["s3"][job]]
@@ -219,44 +238,76 @@ def report(results: dict, args, mode: str = UNPINNED) -> None:
         server_s3 = [r[2][1] for r in results["s3"][job]]
         print(f"  {job:6s} local disk      : {C.spread(local)}")
         print(f"  {job:6s} S3 (SeaweedFS)  : {C.spread(s3)}")
-        print(f"  {job:6s} RATIO s3_time / local_time = {min(s3) / min(local):.2f} (best), "
-              f"{med(s3) / med(local):.2f} (medians); goal <= 1.5")
-        print(f"  {job:6s} CPU seconds (job + S3 server): local {med(cpu_local):.2f}, "
-              f"S3 {med(cpu_s3):.2f} of which the server {med(server_s3):.2f} (medians); RATIO s3_cpu / local_cpu = "
-              f"{med(cpu_s3) / med(cpu_local):.2f}")
+        print(
+            f"  {job:6s} RATIO s3_time / local_time = {min(s3) / min(local):.2f} (best), "
+            f"{med(s3) / med(local):.2f} (medians); goal <= 1.5"
+        )
+        print(
+            f"  {job:6s} CPU seconds (job + S3 server): local {med(cpu_local):.2f}, "
+            f"S3 {med(cpu_s3):.2f} of which the server {med(server_s3):.2f} (medians); RATIO s3_cpu / local_cpu = "
+            f"{med(cpu_s3) / med(cpu_local):.2f}"
+        )
         if "s3 floor" in results:
             floor = [sum(r[2]) for r in results["s3 floor"][job]]
             extra = med(cpu_s3) - med(cpu_local)
-            print(f"  {job:6s} S3 floor (the same bytes moved by plain GET/PUT, "
-                  f"{C.spread([r[0] for r in results['s3 floor'][job]])}): CPU "
-                  f"{med(floor):.2f} s of which the server "
-                  f"{med([r[2][1] for r in results['s3 floor'][job]]):.2f}; what S3 adds "
-                  f"to the job, {extra:.2f} s, is {extra / med(floor):.2f} x the floor")
+            print(
+                f"  {job:6s} S3 floor (the same bytes moved by plain GET/PUT, "
+                f"{C.spread([r[0] for r in results['s3 floor'][job]])}): CPU "
+                f"{med(floor):.2f} s of which the server "
+                f"{med([r[2][1] for r in results['s3 floor'][job]]):.2f}; what S3 adds "
+                f"to the job, {extra:.2f} s, is {extra / med(floor):.2f} x the floor"
+            )
         counts = [kinds_line(r[1]) for r in results["s3"][job]]
         print(f"  {job:6s} S3 requests per job, first timed run: {counts[0]}")
-        print(f"  {job:6s} S3 requests per job, last timed run : {counts[-1]}"
-              f"{'  (same)' if counts[0] == counts[-1] else '  (DIFFERENT)'}")
-    C.emit_json("RESULT bench_object_stores" + ("" if mode == UNPINNED else " " + mode), {
-        where: {job: [{"seconds": s, "cpu_seconds": {"job": cpu[0], "server": cpu[1]}, "requests": by_kind(c),
-                       "operations": c} for s, c, cpu in runs] for job, runs in per.items()}
-        for where, per in results.items()})
+        print(
+            f"  {job:6s} S3 requests per job, last timed run : {counts[-1]}"
+            f"{'  (same)' if counts[0] == counts[-1] else '  (DIFFERENT)'}"
+        )
+    C.emit_json(
+        "RESULT bench_object_stores" + ("" if mode == UNPINNED else " " + mode),
+        {
+            where: {
+                job: [
+                    {
+                        "seconds": s,
+                        "cpu_seconds": {"job": cpu[0], "server": cpu[1]},
+                        "requests": by_kind(c),
+                        "operations": c,
+                    }
+                    for s, c, cpu in runs
+                ]
+                for job, runs in per.items()
+            }
+            for where, per in results.items()
+        },
+    )
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     C.add_common_args(parser, default_n=400_000)
     C.add_run_args(parser, repeat=3)
-    parser.add_argument("--history", type=int, default=0,
-                        help="commits added (untimed, as rollbacks) to the model and the "
-                             "output before the timed runs: compare the requests and names "
-                             "listed per job with a run without it (default 0)")
-    parser.add_argument("--weed-args", default="",
-                        help="more `weed mini` flags for the S3 server, e.g. "
-                             "'-filer.maxMB=16' (default: none, as tests/s3server.py runs it)")
-    parser.add_argument("--pin", action="store_true",
-                        help="also time every contender pinned: the jobs on one core, the "
-                             "S3 server on another (needs 2 cores); the unpinned runs are "
-                             "timed and reported too, alternating with the pinned ones")
+    parser.add_argument(
+        "--history",
+        type=int,
+        default=0,
+        help="commits added (untimed, as rollbacks) to the model and the "
+        "output before the timed runs: compare the requests and names "
+        "listed per job with a run without it (default 0)",
+    )
+    parser.add_argument(
+        "--weed-args",
+        default="",
+        help="more `weed mini` flags for the S3 server, e.g. "
+        "'-filer.maxMB=16' (default: none, as tests/s3server.py runs it)",
+    )
+    parser.add_argument(
+        "--pin",
+        action="store_true",
+        help="also time every contender pinned: the jobs on one core, the "
+        "S3 server on another (needs 2 cores); the unpinned runs are "
+        "timed and reported too, alternating with the pinned ones",
+    )
     args = parser.parse_args(argv)
     C.resolve_sizes(args)
     args.cores = sorted(os.sched_getaffinity(0))
@@ -264,17 +315,22 @@ def main(argv=None) -> int:
 
     import s3server  # tests/s3server.py
 
-    C.header(f"bench_object_stores: fit and encode, n={args.n:,} d={args.d} float32, "
-             f"local disk vs S3 (SeaweedFS on 127.0.0.1)", args)
+    C.header(
+        f"bench_object_stores: fit and encode, n={args.n:,} d={args.d} float32, "
+        f"local disk vs S3 (SeaweedFS on 127.0.0.1)",
+        args,
+    )
     data = C.ensure_store(args.workdir, args.n, args.d, args.seed, args.chunk_rows)
     print(f"data: {C.describe_store(data)}")
     weed_args = tuple(args.weed_args.split())
     server = s3server.start_seaweedfs(extra_args=weed_args)
     os.environ.update(server.env())
     SERVER_PID.append(server.process.pid)
-    print(f"S3: SeaweedFS {server.endpoint} up in {server.started_in:.2f} s: `weed mini` as "
-          f"tests/s3server.py runs it, "
-          f"{'plus ' + ' '.join(weed_args) if weed_args else 'no other flags'}")
+    print(
+        f"S3: SeaweedFS {server.endpoint} up in {server.started_in:.2f} s: `weed mini` as "
+        f"tests/s3server.py runs it, "
+        f"{'plus ' + ' '.join(weed_args) if weed_args else 'no other flags'}"
+    )
     count_requests()
     local_root = tempfile.mkdtemp(prefix="bench-object-stores-")
     s3_root = f"s3://{server.bucket}/bench"
@@ -286,10 +342,13 @@ def main(argv=None) -> int:
         from slem_dask import storage
 
         rows = storage.row_partition(storage.open_input(data, "data"), args.partition_rows)
-        contenders = {"local": jobs(local_root, data, args.partition_rows, args.lam),
-                      "s3": jobs(s3_root, f"{s3_root}/data.zarr", args.partition_rows, args.lam),
-                      "s3 floor": transfer_floor(f"{s3_root}/data.zarr", f"{s3_root}/floor",
-                                                 rows, args.d, args.n)}
+        contenders = {
+            "local": jobs(local_root, data, args.partition_rows, args.lam),
+            "s3": jobs(s3_root, f"{s3_root}/data.zarr", args.partition_rows, args.lam),
+            "s3 floor": transfer_floor(
+                f"{s3_root}/data.zarr", f"{s3_root}/floor", rows, args.d, args.n
+            ),
+        }
         import dask
 
         with dask.config.set(scheduler="threads"):
@@ -321,8 +380,7 @@ def run_all(contenders: dict, args) -> dict:
     ``--pin`` pinned too (each round runs both modes, so a change in the machine's
     load hits both)."""
     modes = [UNPINNED] + ([PINNED] if args.pins else [])
-    results = {mode: {where: {"fit": [], "encode": []} for where in contenders}
-               for mode in modes}
+    results = {mode: {where: {"fit": [], "encode": []} for where in contenders} for mode in modes}
     apply_mode(UNPINNED, args)
     for where, run in contenders.items():  # warm-up: untimed, alike
         for _ in range(2 if args.history else 1):  # --history rolls back to version 1
@@ -330,19 +388,23 @@ def run_all(contenders: dict, args) -> dict:
                 warm = []
                 with measured(warm):
                     run[job]()
-                print(f"{where:5s} warm-up {job:6s}: {warm[0][0]:.3f} s, CPU {_cpu(warm[0][2])}, requests "
-                      f"{kinds_line(warm[0][1]) if where.startswith('s3') else '-'}")
+                print(
+                    f"{where:5s} warm-up {job:6s}: {warm[0][0]:.3f} s, CPU {_cpu(warm[0][2])}, requests "
+                    f"{kinds_line(warm[0][1]) if where.startswith('s3') else '-'}"
+                )
     for root in (args.history and [args.local_root, args.s3_root]) or []:
         with C.Timer() as t:
             for name in ("model.zarr", "out.zarr"):
                 lengthen_history(f"{root}/{name}", args.history)
-        print(f"history: {args.history} more commits of {root}/model.zarr and out.zarr "
-              f"(rollbacks) in {t.seconds:.1f} s")
+        print(
+            f"history: {args.history} more commits of {root}/model.zarr and out.zarr "
+            f"(rollbacks) in {t.seconds:.1f} s"
+        )
     for mode in modes:
         print(f"{mode}: {describe_mode(mode, args)}")
     try:
         for r in range(args.repeat):
-            for mode in (modes if r % 2 == 0 else modes[::-1]):
+            for mode in modes if r % 2 == 0 else modes[::-1]:
                 apply_mode(mode, args)
                 order = list(contenders) if r % 2 == 0 else list(reversed(contenders))
                 _timed_round(contenders, order, results[mode], r, mode, args)
@@ -351,8 +413,7 @@ def run_all(contenders: dict, args) -> dict:
     return results
 
 
-def _timed_round(contenders: dict, order: list, results: dict, r: int, mode: str,
-                 args) -> None:
+def _timed_round(contenders: dict, order: list, results: dict, r: int, mode: str, args) -> None:
     label = f"{r + 1}{' pinned' if mode == PINNED else ''}"
     for where in order:
         for job in ("fit", "encode"):
@@ -360,9 +421,11 @@ def _timed_round(contenders: dict, order: list, results: dict, r: int, mode: str
             with measured(results[where][job]):
                 contenders[where][job]()
             seconds, calls, cpu = results[where][job][-1]
-            print(f"run {label} {where:8s} {job:6s}: {seconds:.3f} s, CPU {_cpu(cpu)} | "
-                  f"{'requests ' + kinds_line(calls) + ' | ' if where == 's3' else ''}"
-                  f"{C.load_line()}")
+            print(
+                f"run {label} {where:8s} {job:6s}: {seconds:.3f} s, CPU {_cpu(cpu)} | "
+                f"{'requests ' + kinds_line(calls) + ' | ' if where == 's3' else ''}"
+                f"{C.load_line()}"
+            )
             sys.stdout.flush()
 
 

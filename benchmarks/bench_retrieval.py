@@ -48,8 +48,12 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import _common as C  # noqa: E402
-from slem_dask.core.esvm import (hinge_objective, optimal_bias, pegasos_exemplars,  # noqa: E402
-                                 reference_exemplar)
+from slem_dask.core.esvm import (
+    hinge_objective,
+    optimal_bias,
+    pegasos_exemplars,  # noqa: E402
+    reference_exemplar,
+)
 from slem_dask.datasets import make_corpus  # noqa: E402
 from slem_dask.pipeline.evaluate import evaluate_methods, format_table  # noqa: E402
 from slem_dask.models import ESVM  # noqa: E402
@@ -66,41 +70,63 @@ def _sizes(text: str) -> list[int]:
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     p.add_argument("--quick", action="store_true", help="small sizes, under 30 s")
-    p.add_argument("--sizes", type=_sizes, default=None,
-                   help="numbers of negatives, comma-separated (default 1e3,1e4,1e5; "
-                        "--quick: 1e3,1e4)")
-    p.add_argument("--instances", type=int, default=None,
-                   help="instances of the corpus: database 4 views each + 1 query each "
-                        "(default 500; --quick: 60)")
+    p.add_argument(
+        "--sizes",
+        type=_sizes,
+        default=None,
+        help="numbers of negatives, comma-separated (default 1e3,1e4,1e5; --quick: 1e3,1e4)",
+    )
+    p.add_argument(
+        "--instances",
+        type=int,
+        default=None,
+        help="instances of the corpus: database 4 views each + 1 query each "
+        "(default 500; --quick: 60)",
+    )
     p.add_argument("--d", type=int, default=None, help="dimension (default 128; --quick: 64)")
     p.add_argument("--lam", type=float, default=1e-3, help="SLEM lambda (default 1e-3)")
     p.add_argument("--esvm-lam", type=float, default=1e-2, help="E-SVM lambda (default 1e-2)")
-    p.add_argument("--esvm-iters", type=int, default=None,
-                   help="E-SVM steps per positive (default 1000, the ESVM default; "
-                        "--quick: 300)")
-    p.add_argument("--kernel-max-n", type=int, default=None,
-                   help="largest n with a kernel SLEM row (default 1e4; --quick: 1e3)")
+    p.add_argument(
+        "--esvm-iters",
+        type=int,
+        default=None,
+        help="E-SVM steps per positive (default 1000, the ESVM default; --quick: 300)",
+    )
+    p.add_argument(
+        "--kernel-max-n",
+        type=int,
+        default=None,
+        help="largest n with a kernel SLEM row (default 1e4; --quick: 1e3)",
+    )
     p.add_argument("--no-digits", action="store_true", help="skip the digits tables")
-    p.add_argument("--no-sweep", action="store_true",
-                   help="only the default parameters (no rows with lam x10 for SLEM, "
-                        "eps = lam for PCA, lam / 10 for E-SVM)")
+    p.add_argument(
+        "--no-sweep",
+        action="store_true",
+        help="only the default parameters (no rows with lam x10 for SLEM, "
+        "eps = lam for PCA, lam / 10 for E-SVM)",
+    )
     p.add_argument("--seed", type=int, default=0)
-    C.add_band_arg(p, 0.25, "one encode of E-SVM (slower than 0.2 s) against the best of "
-                   "repeated SLEM encodes of a few milliseconds; mAP is deterministic")
+    C.add_band_arg(
+        p,
+        0.25,
+        "one encode of E-SVM (slower than 0.2 s) against the best of "
+        "repeated SLEM encodes of a few milliseconds; mAP is deterministic",
+    )
     args = p.parse_args(argv)
     q = args.quick
     args.sizes = args.sizes or ([1000, 10_000] if q else [1000, 10_000, 100_000])
     args.instances = args.instances or (60 if q else 500)
     args.d = args.d or (64 if q else 128)
     args.esvm_iters = args.esvm_iters or (300 if q else 1000)
-    args.kernel_max_n = args.kernel_max_n if args.kernel_max_n is not None else \
-        (1000 if q else 10_000)
+    args.kernel_max_n = (
+        args.kernel_max_n if args.kernel_max_n is not None else (1000 if q else 10_000)
+    )
     return args
 
 
 def _kernel_available() -> bool:
     try:
-        from slem_dask import KernelSLEM # noqa: F401
+        from slem_dask import KernelSLEM  # noqa: F401
     except ImportError:
         return False
     return True
@@ -108,12 +134,20 @@ def _kernel_available() -> bool:
 
 def method_params(args, n_negatives: int) -> tuple[list[str], dict]:
     methods = ["raw", "pca", "esvm", "slem"]
-    params = {"slem": {"lam": args.lam}, "pca": {"eps": 1e-6},
-              "esvm": {"lam": args.esvm_lam, "n_iter": args.esvm_iters}}
+    params = {
+        "slem": {"lam": args.lam},
+        "pca": {"eps": 1e-6},
+        "esvm": {"lam": args.esvm_lam, "n_iter": args.esvm_iters},
+    }
     if _kernel_available() and n_negatives <= args.kernel_max_n:
         methods.append("kernel")
-        params["kernel"] = {"kernel": "rbf", "gamma": 0.1, "lam": args.lam,
-                            "rank": min(256, n_negatives), "random_state": 0}
+        params["kernel"] = {
+            "kernel": "rbf",
+            "gamma": 0.1,
+            "lam": args.lam,
+            "rank": min(256, n_negatives),
+            "random_state": 0,
+        }
     return methods, params
 
 
@@ -127,18 +161,32 @@ def variants(args, methods: list[str]) -> list[tuple[str, dict, str]]:
     if "pca" in methods:
         out.append(("pca", {"eps": args.lam}, f"pca eps={args.lam:g}"))
     if "esvm" in methods:
-        out.append(("esvm", {"lam": args.esvm_lam / 10, "n_iter": args.esvm_iters},
-                    f"esvm lam={args.esvm_lam / 10:g}"))
+        out.append(
+            (
+                "esvm",
+                {"lam": args.esvm_lam / 10, "n_iter": args.esvm_iters},
+                f"esvm lam={args.esvm_lam / 10:g}",
+            )
+        )
     return out
 
 
 def run_table(neg, db, q, relevant, args, methods, params, **kw) -> list[dict]:
-    rows, _ = evaluate_methods(neg, db, q, relevant, methods, params=params, curves=False,
-                               min_time=MIN_TIME, **kw)
+    rows, _ = evaluate_methods(
+        neg, db, q, relevant, methods, params=params, curves=False, min_time=MIN_TIME, **kw
+    )
     for method, extra_params, label in variants(args, methods):
-        extra, _ = evaluate_methods(neg, db, q, relevant, [method],
-                                    params={method: extra_params}, curves=False,
-                                    min_time=MIN_TIME, **kw)
+        extra, _ = evaluate_methods(
+            neg,
+            db,
+            q,
+            relevant,
+            [method],
+            params={method: extra_params},
+            curves=False,
+            min_time=MIN_TIME,
+            **kw,
+        )
         extra[0]["method"] = label
         rows.append(extra[0])
     return rows
@@ -153,31 +201,51 @@ def summarize(rows: list[dict], label: str, promised: float = 0.25) -> list[str]
         if family not in best or r["mAP"] > best[family]["mAP"]:
             best[family] = r
     if len(best) < len(rows):
-        out.append(f"  {label}: best mAP per method over the regularizers tried: "
-                   + ", ".join(f"{r['method']} {r['mAP']:.4f}" for r in best.values()))
+        out.append(
+            f"  {label}: best mAP per method over the regularizers tried: "
+            + ", ".join(f"{r['method']} {r['mAP']:.4f}" for r in best.values())
+        )
     if "esvm" in by and "slem" in by:
         ratio = by["esvm"]["encode/positive [s]"] / by["slem"]["encode/positive [s]"]
         d_map = by["slem"]["mAP"] - by["esvm"]["mAP"]
-        C.band(f"{label}: E-SVM / linear SLEM encode time per positive",
-               [by["esvm"]["encode/positive [s]"]], [by["slem"]["encode/positive [s]"]],
-               promised, names=("E-SVM", "linear SLEM"))
-        C.band(f"{label}: linear SLEM mAP / E-SVM mAP", [by["slem"]["mAP"]],
-               [by["esvm"]["mAP"]], 0.0, names=("linear SLEM mAP", "E-SVM mAP"))
-        out.append(f"RATIO {label}: E-SVM / linear SLEM encode time per positive = "
-                   f"{ratio:.0f}x ({'>=' if ratio >= 100 else '<'} 100x goal); "
-                   f"SLEM mAP - E-SVM mAP = {d_map:+.4f} "
-                   f"({'SLEM >= E-SVM' if d_map >= 0 else 'E-SVM better'}) at the default "
-                   f"parameters")
+        C.band(
+            f"{label}: E-SVM / linear SLEM encode time per positive",
+            [by["esvm"]["encode/positive [s]"]],
+            [by["slem"]["encode/positive [s]"]],
+            promised,
+            names=("E-SVM", "linear SLEM"),
+        )
+        C.band(
+            f"{label}: linear SLEM mAP / E-SVM mAP",
+            [by["slem"]["mAP"]],
+            [by["esvm"]["mAP"]],
+            0.0,
+            names=("linear SLEM mAP", "E-SVM mAP"),
+        )
+        out.append(
+            f"RATIO {label}: E-SVM / linear SLEM encode time per positive = "
+            f"{ratio:.0f}x ({'>=' if ratio >= 100 else '<'} 100x goal); "
+            f"SLEM mAP - E-SVM mAP = {d_map:+.4f} "
+            f"({'SLEM >= E-SVM' if d_map >= 0 else 'E-SVM better'}) at the default "
+            f"parameters"
+        )
         if "slem" in best and "esvm" in best:
             d_best = best["slem"]["mAP"] - best["esvm"]["mAP"]
-            out.append(f"  {label}: best SLEM mAP - best E-SVM mAP = {d_best:+.4f} "
-                       f"({'SLEM >= E-SVM' if d_best >= 0 else 'E-SVM better'}); best "
-                       f"SLEM - best PCA-whitening = "
-                       f"{best['slem']['mAP'] - best.get('pca', best['slem'])['mAP']:+.4f}")
+            out.append(
+                f"  {label}: best SLEM mAP - best E-SVM mAP = {d_best:+.4f} "
+                f"({'SLEM >= E-SVM' if d_best >= 0 else 'E-SVM better'}); best "
+                f"SLEM - best PCA-whitening = "
+                f"{best['slem']['mAP'] - best.get('pca', best['slem'])['mAP']:+.4f}"
+            )
     if "raw" in by and "slem" in by:
-        out.append(f"  {label}: SLEM mAP - raw mAP = {by['slem']['mAP'] - by['raw']['mAP']:+.4f}"
-                   + (f"; SLEM mAP - PCA-whitening mAP = "
-                      f"{by['slem']['mAP'] - by['pca']['mAP']:+.4f}" if "pca" in by else ""))
+        out.append(
+            f"  {label}: SLEM mAP - raw mAP = {by['slem']['mAP'] - by['raw']['mAP']:+.4f}"
+            + (
+                f"; SLEM mAP - PCA-whitening mAP = {by['slem']['mAP'] - by['pca']['mAP']:+.4f}"
+                if "pca" in by
+                else ""
+            )
+        )
     return out
 
 
@@ -188,10 +256,11 @@ def synthetic(args) -> list[str]:
         c = make_corpus(n_negatives=n, n_instances=args.instances, d=args.d, seed=args.seed)
         gen = time.perf_counter() - t
         methods, params = method_params(args, n)
-        rows = run_table(c.negatives, c.database, c.queries, c.relevant(), args, methods,
-                         params)
-        print(f"\n== synthetic corpus: n={n} negatives, d={args.d}, database "
-              f"{len(c.database)}, queries {len(c.queries)} (generated in {gen:.1f} s) ==")
+        rows = run_table(c.negatives, c.database, c.queries, c.relevant(), args, methods, params)
+        print(
+            f"\n== synthetic corpus: n={n} negatives, d={args.d}, database "
+            f"{len(c.database)}, queries {len(c.queries)} (generated in {gen:.1f} s) =="
+        )
         print(format_table(rows))
         notes += summarize(rows, f"synthetic n={n}", args.band)
     return notes
@@ -222,8 +291,9 @@ def digits(args) -> list[str]:
     try:
         from sklearn.datasets import load_digits
     except ImportError:
-        print("\n(scikit-learn not installed: digits tables skipped; "
-              "pip install 'slem-dask[eval]')")
+        print(
+            "\n(scikit-learn not installed: digits tables skipped; pip install 'slem-dask[eval]')"
+        )
         return []
     from slem_dask.models.classify import compare_classifiers
 
@@ -233,28 +303,43 @@ def digits(args) -> list[str]:
     X = X[perm] / np.linalg.norm(X[perm], axis=1, keepdims=True)
     y = y[perm]
     n_neg, n_q = (400, 100) if args.quick else (600, 200)
-    neg, q, db = X[:n_neg], X[n_neg:n_neg + n_q], X[n_neg + n_q:]
+    neg, q, db = X[:n_neg], X[n_neg : n_neg + n_q], X[n_neg + n_q :]
     if args.quick:
         db = db[:500]
-    y_q, y_db = y[n_neg:n_neg + n_q], y[n_neg + n_q:][:len(db)]
+    y_q, y_db = y[n_neg : n_neg + n_q], y[n_neg + n_q :][: len(db)]
     relevant = [np.flatnonzero(y_db == label) for label in y_q]
     methods, params = method_params(args, n_neg)
     if "kernel" in params:
         params["kernel"]["gamma"] = 1.0
     rows = run_table(neg, db, q, relevant, args, methods, params, k=len(db), p_at=10)
-    extra, _ = evaluate_methods(neg, db, q, relevant, ["slem"], params={"slem": {"lam": 0.1}},
-                                curves=False, k=len(db), p_at=10, min_time=MIN_TIME)
+    extra, _ = evaluate_methods(
+        neg,
+        db,
+        q,
+        relevant,
+        ["slem"],
+        params={"slem": {"lam": 0.1}},
+        curves=False,
+        k=len(db),
+        p_at=10,
+        min_time=MIN_TIME,
+    )
     extra[0]["method"] = "slem lam=0.1"
     rows.append(extra[0])
-    print(f"\n== scikit-learn digits as category retrieval: {n_neg} negatives, database "
-          f"{len(db)}, queries {n_q}, d=64, relevant = same digit ==")
+    print(
+        f"\n== scikit-learn digits as category retrieval: {n_neg} negatives, database "
+        f"{len(db)}, queries {n_q}, d=64, relevant = same digit =="
+    )
     print(format_table(rows))
     notes = summarize(rows, "digits", args.band)
     half = len(X) // 2
-    rows = compare_classifiers(X[:half], y[:half], X[half:], y[half:], lam=args.lam,
-                               svm_iter=1000 if args.quick else 3000)
-    print(f"\n== digits classification: train {half}, test {len(X) - half} "
-          f"(SLEM negatives = the training images; lam={args.lam}) ==")
+    rows = compare_classifiers(
+        X[:half], y[:half], X[half:], y[half:], lam=args.lam, svm_iter=1000 if args.quick else 3000
+    )
+    print(
+        f"\n== digits classification: train {half}, test {len(X) - half} "
+        f"(SLEM negatives = the training images; lam={args.lam}) =="
+    )
     print(format_table(rows))
     return notes
 
@@ -262,10 +347,12 @@ def digits(args) -> list[str]:
 def main(argv=None) -> int:
     args = parse_args(argv)
     t0 = time.perf_counter()
-    print(f"bench_retrieval: python {platform.python_version()}, numpy {np.__version__}, "
-          f"{os.cpu_count()} cpu(s); sizes {args.sizes}, d={args.d}, instances "
-          f"{args.instances}, E-SVM lam={args.esvm_lam} n_iter={args.esvm_iters}, "
-          f"SLEM lam={args.lam}")
+    print(
+        f"bench_retrieval: python {platform.python_version()}, numpy {np.__version__}, "
+        f"{os.cpu_count()} cpu(s); sizes {args.sizes}, d={args.d}, instances "
+        f"{args.instances}, E-SVM lam={args.esvm_lam} n_iter={args.esvm_iters}, "
+        f"SLEM lam={args.lam}"
+    )
     notes = synthetic(args)
     esvm_optimality(args)
     if not args.no_digits:

@@ -99,7 +99,7 @@ def _rejection_cholesky(h, rng):
         if rng.random() * sampled[j] < h[j, j]:
             accepted.append(j)
             lower[j:, j] = h[j:, j] / np.sqrt(h[j, j])
-            h[j + 1:, j + 1:] -= np.outer(lower[j + 1:, j], lower[j + 1:, j])
+            h[j + 1 :, j + 1 :] -= np.outer(lower[j + 1 :, j], lower[j + 1 :, j])
     accepted = np.asarray(accepted, dtype=np.int64)
     return lower[np.ix_(accepted, accepted)], accepted
 
@@ -130,16 +130,19 @@ def reference_rpcholesky(x, gamma: float, k: int, seed: int = 0, stoptol: float 
         idx = idx[accepted]
         rejection_time = time.perf_counter() - start
         start = time.perf_counter()
-        pivots[counter:counter + num] = idx
+        pivots[counter : counter + num] = idx
         block = _rbf_block(x[idx], x, gamma) - g[:counter, idx].T @ g[:counter, :]
-        g[counter:counter + num] = np.linalg.solve(lower, block)
-        diags -= np.sum(g[counter:counter + num] ** 2, axis=0)
+        g[counter : counter + num] = np.linalg.solve(lower, block)
+        diags -= np.sum(g[counter : counter + num] ** 2, axis=0)
         diags = diags.clip(min=0)
         process_time = time.perf_counter() - start
         if auto_b:
             target = int(math.ceil(b * process_time / (4 * max(rejection_time, 1e-9))))
-            b = max(min(target, int(math.ceil(1.5 * b)), int(math.ceil(k / 3))),
-                    int(math.ceil(b / 3)), 10)
+            b = max(
+                min(target, int(math.ceil(1.5 * b)), int(math.ceil(k / 3))),
+                int(math.ceil(b / 3)),
+                10,
+            )
         counter += num
         if stoptol > 0 and diags.sum() <= stoptol * orig_trace:
             g = g[:counter]
@@ -187,8 +190,14 @@ def child_main(args) -> int:
     me = psutil.Process()
     kind = args.child
     arr = storage.open_input(args.store, "negatives")
-    model = KernelSLEM(kernel="rbf", gamma=args.gamma, rank=args.rank,
-                       pivoting="rpcholesky", tol=0.0, random_state=args.rp_seed)
+    model = KernelSLEM(
+        kernel="rbf",
+        gamma=args.gamma,
+        rank=args.rank,
+        pivoting="rpcholesky",
+        tol=0.0,
+        random_state=args.rp_seed,
+    )
     out = {"kind": kind}
     if kind in ("reference", "numpy"):
         x = arr[...]
@@ -197,20 +206,35 @@ def child_main(args) -> int:
         if kind == "reference":
             reference_rpcholesky(x[:4096], args.gamma, 16, args.rp_seed)
         else:
-            KernelSLEM(kernel="rbf", gamma=args.gamma, rank=16, pivoting="rpcholesky",
-                       tol=0.0, random_state=0).fit(x[:4096])
+            KernelSLEM(
+                kernel="rbf",
+                gamma=args.gamma,
+                rank=16,
+                pivoting="rpcholesky",
+                tol=0.0,
+                random_state=0,
+            ).fit(x[:4096])
         C.settle()
         out["base"] = _tree_rss(me)
         t0 = time.perf_counter()
         if kind == "reference":
-            piv, _, trace, resid, rounds = reference_rpcholesky(x, args.gamma, args.rank,
-                                                                args.rp_seed)
-            out.update(seconds=time.perf_counter() - t0, rank=int(len(piv)),
-                       trace_error=resid / trace, passes=rounds)
+            piv, _, trace, resid, rounds = reference_rpcholesky(
+                x, args.gamma, args.rank, args.rp_seed
+            )
+            out.update(
+                seconds=time.perf_counter() - t0,
+                rank=int(len(piv)),
+                trace_error=resid / trace,
+                passes=rounds,
+            )
         else:
             model.fit(x)
-            out.update(seconds=time.perf_counter() - t0, rank=int(model.rank_),
-                       trace_error=float(model.trace_error_), passes=int(model.n_passes_))
+            out.update(
+                seconds=time.perf_counter() - t0,
+                rank=int(model.rank_),
+                trace_error=float(model.trace_error_),
+                passes=int(model.n_passes_),
+            )
     else:
         import contextlib
 
@@ -224,14 +248,24 @@ def child_main(args) -> int:
             else:
                 stack.enter_context(dask.config.set(scheduler="threads"))
             x = storage.dask_rows(arr, args.partition_rows)
-            KernelSLEM(kernel="rbf", gamma=args.gamma, rank=16, pivoting="rpcholesky",
-                       tol=0.0, random_state=0).fit(x[:4096])  # warm-up alike, not timed
+            KernelSLEM(
+                kernel="rbf",
+                gamma=args.gamma,
+                rank=16,
+                pivoting="rpcholesky",
+                tol=0.0,
+                random_state=0,
+            ).fit(x[:4096])  # warm-up alike, not timed
             C.settle()
             out["base"] = _tree_rss(me)
             t0 = time.perf_counter()
             model.fit(x)
-            out.update(seconds=time.perf_counter() - t0, rank=int(model.rank_),
-                       trace_error=float(model.trace_error_), passes=int(model.n_passes_))
+            out.update(
+                seconds=time.perf_counter() - t0,
+                rank=int(model.rank_),
+                trace_error=float(model.trace_error_),
+                passes=int(model.n_passes_),
+            )
     out["own_peak"] = me.memory_info().rss
     print("CHILD " + json.dumps(out), flush=True)
     del np
@@ -242,16 +276,45 @@ def run_child(args, kind: str, path: str, n: int) -> dict:
     if kind == "cli":
         exe = os.path.join(os.path.dirname(sys.executable), "slem-dask")
         out_path = os.path.join(args.workdir, f"rpcholesky-cli-model-n{n}.zarr")
-        cmd = [exe, "fit", "--negatives", path, "--model", out_path, "--kernel", "rbf",
-               "--gamma", str(args.gamma), "--rank", str(args.rank), "--pivoting",
-               "rpcholesky", "--tol", "0", "--seed", str(args.rp_seed), "--overwrite",
-               "--no-progress"]
+        cmd = [
+            exe,
+            "fit",
+            "--negatives",
+            path,
+            "--model",
+            out_path,
+            "--kernel",
+            "rbf",
+            "--gamma",
+            str(args.gamma),
+            "--rank",
+            str(args.rank),
+            "--pivoting",
+            "rpcholesky",
+            "--tol",
+            "0",
+            "--seed",
+            str(args.rp_seed),
+            "--overwrite",
+            "--no-progress",
+        ]
         if args.partition_rows:
             cmd += ["--partition-rows", str(args.partition_rows)]
     else:
-        cmd = [sys.executable, os.path.abspath(__file__), "--child", kind, "--store", path,
-               "--gamma", str(args.gamma), "--rank", str(args.rank), "--rp-seed",
-               str(args.rp_seed)]
+        cmd = [
+            sys.executable,
+            os.path.abspath(__file__),
+            "--child",
+            kind,
+            "--store",
+            path,
+            "--gamma",
+            str(args.gamma),
+            "--rank",
+            str(args.rank),
+            "--rp-seed",
+            str(args.rp_seed),
+        ]
         if args.partition_rows:
             cmd += ["--partition-rows", str(args.partition_rows)]
     C.settle()
@@ -269,8 +332,14 @@ def run_child(args, kind: str, path: str, n: int) -> dict:
         from slem_dask import load_model
 
         m = load_model(out_path)
-        res = {"kind": kind, "seconds": wall, "base": 0, "rank": int(m.rank_),
-               "trace_error": float(m.trace_error_), "passes": int(m.n_passes_)}
+        res = {
+            "kind": kind,
+            "seconds": wall,
+            "base": 0,
+            "rank": int(m.rank_),
+            "trace_error": float(m.trace_error_),
+            "passes": int(m.n_passes_),
+        }
     else:
         res = json.loads([ln for ln in stdout.splitlines() if ln.startswith("CHILD ")][-1][6:])
     res["peak"] = sampler.peak
@@ -283,23 +352,31 @@ def _mib(b) -> str:
 
 def bench_size(args, n: int, d: int) -> dict:
     path = C.ensure_store(args.workdir, n, d, args.seed, args.chunk_rows)
-    print(f"\n--- n = {n:,}, d = {d}, rbf gamma {args.gamma}, rank {args.rank}, store "
-          f"{C.describe_store(path)}", flush=True)
+    print(
+        f"\n--- n = {n:,}, d = {d}, rbf gamma {args.gamma}, rank {args.rank}, store "
+        f"{C.describe_store(path)}",
+        flush=True,
+    )
     runs = {k: [] for k in args.contenders}
     for rnd in range(args.repeat):
         for kind in args.contenders:
             load = C.load_line()
             r = run_child(args, kind, path, n)
             runs[kind].append(r)
-            print(f"  round {rnd + 1} {kind:>9}: {r['seconds']:7.3f} s  trace error "
-                  f"{r['trace_error']:.5f}  rank {r['rank']}  passes/rounds {r['passes']:3d}  "
-                  f"peak {_mib(r['peak'])} ({_mib(r['peak'] - r['base'])} above the "
-                  f"start of the timed part)  [{load}]", flush=True)
+            print(
+                f"  round {rnd + 1} {kind:>9}: {r['seconds']:7.3f} s  trace error "
+                f"{r['trace_error']:.5f}  rank {r['rank']}  passes/rounds {r['passes']:3d}  "
+                f"peak {_mib(r['peak'])} ({_mib(r['peak'] - r['base'])} above the "
+                f"start of the timed part)  [{load}]",
+                flush=True,
+            )
     print(f"  summary (n = {n:,}, d = {d}; {C.load_line()}):")
     for kind, rs in runs.items():
-        print(f"    {kind:>9}: {C.spread([r['seconds'] for r in rs])}; peak "
-              f"{_mib(max(r['peak'] for r in rs))}; trace error "
-              f"{statistics.median(r['trace_error'] for r in rs):.5f} (median)")
+        print(
+            f"    {kind:>9}: {C.spread([r['seconds'] for r in rs])}; peak "
+            f"{_mib(max(r['peak'] for r in rs))}; trace error "
+            f"{statistics.median(r['trace_error'] for r in rs):.5f} (median)"
+        )
     out = {"n": n, "d": d, "runs": runs}
     if "reference" in runs:
         ref = [r["seconds"] for r in runs["reference"]]
@@ -313,15 +390,20 @@ def bench_size(args, n: int, d: int) -> dict:
             peak = max(r["peak"] for r in rs)
             best, med = min(ref) / min(t), statistics.median(ref) / statistics.median(t)
             out[f"ratio_{kind}"] = {"best": best, "median": med}
-            print(f"  RATIO reference / {kind}: best {best:.2f}, median {med:.2f}  "
-                  f"(n = {n:,}, d = {d})")
-            C.band(f"n={n:,} d={d}: reference / {kind}", ref, t, args.band,
-                   names=("reference", kind))
+            print(
+                f"  RATIO reference / {kind}: best {best:.2f}, median {med:.2f}  "
+                f"(n = {n:,}, d = {d})"
+            )
+            C.band(
+                f"n={n:,} d={d}: reference / {kind}", ref, t, args.band, names=("reference", kind)
+            )
             same_rank = {r["rank"] for r in rs} == {r["rank"] for r in runs["reference"]}
             rel = abs(te - ref_te) / ref_te if ref_te else float("nan")
-            print(f"    trace error {kind} {te:.5f} vs reference {ref_te:.5f} "
-                  f"(relative difference {rel:.1%}; same rank: {same_rank}); peak "
-                  f"{_mib(peak)} vs reference {_mib(ref_peak)} (ratio {peak / ref_peak:.2f})")
+            print(
+                f"    trace error {kind} {te:.5f} vs reference {ref_te:.5f} "
+                f"(relative difference {rel:.1%}; same rank: {same_rank}); peak "
+                f"{_mib(peak)} vs reference {_mib(ref_peak)} (ratio {peak / ref_peak:.2f})"
+            )
     return out
 
 
@@ -329,22 +411,36 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     p.add_argument("--child", default=None, help=argparse.SUPPRESS)
     p.add_argument("--store", default=None, help=argparse.SUPPRESS)
-    p.add_argument("--sizes", default=None,
-                   help=f"comma-separated NxD (default {DEFAULT_SIZES}; --quick {QUICK_SIZES})")
+    p.add_argument(
+        "--sizes",
+        default=None,
+        help=f"comma-separated NxD (default {DEFAULT_SIZES}; --quick {QUICK_SIZES})",
+    )
     p.add_argument("--rank", type=C.int_size, default=None, help="pivots (default 256; --quick 64)")
     p.add_argument("--gamma", type=float, default=0.5, help="rbf gamma (default 0.5)")
     p.add_argument("--rp-seed", type=int, default=0, help="seed of the factorizations")
-    p.add_argument("--contenders", default=",".join(CONTENDERS),
-                   help=f"comma-separated subset of {','.join(CONTENDERS)}")
-    p.add_argument("--partition-rows", type=C.int_size, default=None,
-                   help="rows per dask partition (default: the library's)")
+    p.add_argument(
+        "--contenders",
+        default=",".join(CONTENDERS),
+        help=f"comma-separated subset of {','.join(CONTENDERS)}",
+    )
+    p.add_argument(
+        "--partition-rows",
+        type=C.int_size,
+        default=None,
+        help="rows per dask partition (default: the library's)",
+    )
     p.add_argument("--repeat", type=int, default=3, help="rounds (default 3)")
     p.add_argument("--workdir", default=C.DEFAULT_WORKDIR)
     p.add_argument("--chunk-rows", type=C.int_size, default=C.DEFAULT_CHUNK_ROWS)
     p.add_argument("--seed", type=int, default=0, help="seed of the data stream")
     p.add_argument("--quick", action="store_true")
-    C.add_band_arg(p, 0.20, "every run is a fresh child process, contenders alternating "
-                   "within each round, each warmed up by a rank-16 fit of 4096 rows")
+    C.add_band_arg(
+        p,
+        0.20,
+        "every run is a fresh child process, contenders alternating "
+        "within each round, each warmed up by a rank-16 fit of 4096 rows",
+    )
     args = p.parse_args(argv)
     if args.rank is None:
         args.rank = 64 if args.quick else 256
@@ -358,15 +454,24 @@ def main(argv=None) -> int:
     for item in (args.sizes or (QUICK_SIZES if args.quick else DEFAULT_SIZES)).split(","):
         n, d = item.lower().split("x")
         sizes.append((C.int_size(n), C.int_size(d)))
-    C.header("bench_rpcholesky: kernel fit (rbf, rpcholesky) vs reference accelerated block "
-             "RPCholesky", args)
+    C.header(
+        "bench_rpcholesky: kernel fit (rbf, rpcholesky) vs reference accelerated block RPCholesky",
+        args,
+    )
     results = [bench_size(args, n, d) for n, d in sizes]
     for n, _ in sizes:
-        shutil.rmtree(os.path.join(args.workdir, f"rpcholesky-cli-model-n{n}.zarr"),
-                      ignore_errors=True)
-    C.emit_json("RESULT bench_rpcholesky",
-                {"sizes": [{k: v for k, v in r.items() if k != "runs"} for r in results],
-                 "gamma": args.gamma, "rank": args.rank, "load": C.load_line()})
+        shutil.rmtree(
+            os.path.join(args.workdir, f"rpcholesky-cli-model-n{n}.zarr"), ignore_errors=True
+        )
+    C.emit_json(
+        "RESULT bench_rpcholesky",
+        {
+            "sizes": [{k: v for k, v in r.items() if k != "runs"} for r in results],
+            "gamma": args.gamma,
+            "rank": args.rank,
+            "load": C.load_line(),
+        },
+    )
     return 0
 
 

@@ -63,15 +63,25 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     C.add_common_args(parser, default_n=20_000)
     C.add_run_args(parser, repeat=5)
-    C.add_band_arg(parser, 0.20, "rounds alternate the contenders after one untimed call of "
-                   "each; a search of 20,000 rows takes tenths of a second")
-    parser.add_argument("--queries", type=C.int_size, default=1000,
-                        help="number of queries (default 1000)")
-    parser.add_argument("--k", default="100,all",
-                        help="comma-separated k values; 'all' = the whole database "
-                             "(default 100,all)")
-    parser.add_argument("--cluster", action="store_true",
-                        help="also time slem-dask's LocalCluster (--workers x --threads)")
+    C.add_band_arg(
+        parser,
+        0.20,
+        "rounds alternate the contenders after one untimed call of "
+        "each; a search of 20,000 rows takes tenths of a second",
+    )
+    parser.add_argument(
+        "--queries", type=C.int_size, default=1000, help="number of queries (default 1000)"
+    )
+    parser.add_argument(
+        "--k",
+        default="100,all",
+        help="comma-separated k values; 'all' = the whole database (default 100,all)",
+    )
+    parser.add_argument(
+        "--cluster",
+        action="store_true",
+        help="also time slem-dask's LocalCluster (--workers x --threads)",
+    )
     args = parser.parse_args(argv)
     C.resolve_sizes(args)
 
@@ -82,8 +92,9 @@ def main(argv=None) -> int:
 
     from slem_dask import search
 
-    C.header(f"bench_search: database {args.n:,} x {args.d} float32, {args.queries:,} "
-             f"queries", args)
+    C.header(
+        f"bench_search: database {args.n:,} x {args.d} float32, {args.queries:,} queries", args
+    )
     path = C.ensure_store(args.workdir, args.n, args.d, args.seed, args.chunk_rows)
     print(f"data: {C.describe_store(path)}")
     rng = np.random.default_rng(args.seed + 1)
@@ -99,17 +110,24 @@ def main(argv=None) -> int:
 
             contenders["faiss IndexFlatIP"] = lambda k: faiss_flat_ip(path, queries, k)
         except ImportError:
-            print("faiss: not installed (pip install faiss-cpu, or the extra 'faiss'); "
-                  "its contender is skipped")
-        contenders.update({
-            "numpy by hand": lambda k: by_hand(path, queries, k),
-            "search(numpy)": lambda k: search(
-                queries, zarr.open_array(path, mode="r")[...], k)[1],
-        })
+            print(
+                "faiss: not installed (pip install faiss-cpu, or the extra 'faiss'); "
+                "its contender is skipped"
+            )
+        contenders.update(
+            {
+                "numpy by hand": lambda k: by_hand(path, queries, k),
+                "search(numpy)": lambda k: search(queries, zarr.open_array(path, mode="r")[...], k)[
+                    1
+                ],
+            }
+        )
         for name in schedulers:
+
             def lazy(k, name=name):
                 with contexts[name]():
                     return dask.compute(search(queries, da.from_zarr(path), k)[1])[0]
+
             contenders[f"search(dask, {name})"] = lazy
         for k in ks:
             got = {name: run(k) for name, run in contenders.items()}  # warm-up (imports,
@@ -122,16 +140,26 @@ def main(argv=None) -> int:
                     t0 = time.perf_counter()
                     got[name] = run(k)
                     results[(k, name)].append(time.perf_counter() - t0)
-                    print(f"k={k:>6} round {round_ + 1} {name:<26} "
-                          f"{results[(k, name)][-1]:.3f} s | {C.load_line()}")
+                    print(
+                        f"k={k:>6} round {round_ + 1} {name:<26} "
+                        f"{results[(k, name)][-1]:.3f} s | {C.load_line()}"
+                    )
                     sys.stdout.flush()
             first = next(iter(contenders))
             for name in contenders:
                 # float32 and float64 scores may order near-ties differently: compare sets
-                agree = float(np.mean([len(np.intersect1d(a, b)) / k
-                                       for a, b in zip(got[first], got[name], strict=True)]))
-                print(f"k={k:>6} {name:<26} {C.spread(results[(k, name)])}  overlap with "
-                      f"{first} {agree:.4f}")
+                agree = float(
+                    np.mean(
+                        [
+                            len(np.intersect1d(a, b)) / k
+                            for a, b in zip(got[first], got[name], strict=True)
+                        ]
+                    )
+                )
+                print(
+                    f"k={k:>6} {name:<26} {C.spread(results[(k, name)])}  overlap with "
+                    f"{first} {agree:.4f}"
+                )
     print()
     anchors = [name for name in ("faiss IndexFlatIP", "numpy by hand") if name in contenders]
     for k in ks:
@@ -143,9 +171,11 @@ def main(argv=None) -> int:
                 t = results[(k, name)]
                 # same-round ratios: both timed within seconds, under the same load
                 paired = statistics.median(a / b for a, b in zip(ref, t, strict=True))
-                print(f"RATIO k={k} {anchor} / {name}: {min(ref) / min(t):.2f} (best), "
-                      f"{statistics.median(ref) / statistics.median(t):.2f} (medians), "
-                      f"{paired:.2f} (median of same-round ratios)")
+                print(
+                    f"RATIO k={k} {anchor} / {name}: {min(ref) / min(t):.2f} (best), "
+                    f"{statistics.median(ref) / statistics.median(t):.2f} (medians), "
+                    f"{paired:.2f} (median of same-round ratios)"
+                )
                 C.band(f"k={k} {anchor} / {name}", ref, t, args.band, names=(anchor, name))
     C.emit_json("RESULT bench_search", {f"{k}/{name}": v for (k, name), v in results.items()})
     return 0

@@ -72,8 +72,12 @@ def main() -> None:
     parser.add_argument("--rows", default="20000,50000,100000")
     parser.add_argument("--chunk", type=int, default=10000)
     parser.add_argument("--ranks", default="256", help="pivots of the kernel models")
-    C.add_band_arg(parser, 0.10, "one fresh worker per measurement, its peak resident set "
-                   "read by the kernel (VmHWM); one measurement per case and run")
+    C.add_band_arg(
+        parser,
+        0.10,
+        "one fresh worker per measurement, its peak resident set "
+        "read by the kernel (VmHWM); one measurement per case and run",
+    )
     args = parser.parse_args()
     args.ranks = [int(r) for r in args.ranks.split(",")]
     from distributed import Client, LocalCluster
@@ -93,44 +97,83 @@ def main() -> None:
             models[f"linear {precision}"] = path
         for rank in args.ranks:
             path = os.path.join(tmp, f"kernel-{rank}.zarr")
-            KernelSLEM(kernel="rbf", gamma=1 / d, rank=rank, pivoting="rpcholesky").fit(neg).save(path)
+            KernelSLEM(kernel="rbf", gamma=1 / d, rank=rank, pivoting="rpcholesky").fit(neg).save(
+                path
+            )
             models[f"kernel r={rank}"] = path
         # (name, model or fit precision, input dtype, output dtype)
-        cases = [("encode linear auto", "linear auto", "float32", None),
-                 ("encode linear float64", "linear float64", "float32", None),
-                 ("encode linear auto", "linear auto", "float32", "float64"),
-                 ("encode linear float64", "linear float64", "float64", None)]
+        cases = [
+            ("encode linear auto", "linear auto", "float32", None),
+            ("encode linear float64", "linear float64", "float32", None),
+            ("encode linear auto", "linear auto", "float32", "float64"),
+            ("encode linear float64", "linear float64", "float64", None),
+        ]
         cases += [(f"encode kernel r={r}", f"kernel r={r}", "float32", None) for r in args.ranks]
-        cases += [(f"encode kernel r={args.ranks[0]}", f"kernel r={args.ranks[0]}", "float64", None)]
-        cases += [("fit linear auto", "auto", "float32", None),
-                  ("fit linear float64", "float64", "float32", None),
-                  ("fit linear float64", "float64", "float64", None)]
+        cases += [
+            (f"encode kernel r={args.ranks[0]}", f"kernel r={args.ranks[0]}", "float64", None)
+        ]
+        cases += [
+            ("fit linear auto", "auto", "float32", None),
+            ("fit linear float64", "float64", "float32", None),
+            ("fit linear float64", "float64", "float64", None),
+        ]
         print(f"d = {d}, chunks of {chunk} rows; a fresh worker per measurement")
-        print(f"{'case (input->output bits)':<34} {'rows':>8} {'partition MiB':>14} "
-              f"{'need MiB':>9} {'factor':>7} {'RSS before':>10}")
+        print(
+            f"{'case (input->output bits)':<34} {'rows':>8} {'partition MiB':>14} "
+            f"{'need MiB':>9} {'factor':>7} {'RSS before':>10}"
+        )
         for name, what, dtype, out_dtype in cases:
             for rows in [int(float(r)) for r in args.rows.split(",")]:
-                data = _array(os.path.join(tmp, f"x-{rows}-{dtype}.zarr"), rows, d, dtype,
-                              min(chunk, rows))
+                data = _array(
+                    os.path.join(tmp, f"x-{rows}-{dtype}.zarr"), rows, d, dtype, min(chunk, rows)
+                )
                 out = os.path.join(tmp, "out.zarr")
-                with LocalCluster(n_workers=1, threads_per_worker=1, processes=True,
-                                  memory_limit=0, dashboard_address=":0") as cluster, \
-                        Client(cluster) as client:
+                with (
+                    LocalCluster(
+                        n_workers=1,
+                        threads_per_worker=1,
+                        processes=True,
+                        memory_limit=0,
+                        dashboard_address=":0",
+                    ) as cluster,
+                    Client(cluster) as client,
+                ):
                     before = list(client.run(_imported).values())[0]
                     if name.startswith("fit"):
-                        fit_job(client, data, os.path.join(tmp, "fitted.zarr"),
-                                partition_rows=rows, overwrite=True, precision=what)
+                        fit_job(
+                            client,
+                            data,
+                            os.path.join(tmp, "fitted.zarr"),
+                            partition_rows=rows,
+                            overwrite=True,
+                            precision=what,
+                        )
                     else:
-                        encode_job(client, models[what], data, out, partition_rows=rows,
-                                   overwrite=True, dtype=out_dtype)
+                        encode_job(
+                            client,
+                            models[what],
+                            data,
+                            out,
+                            partition_rows=rows,
+                            overwrite=True,
+                            dtype=out_dtype,
+                        )
                     need = list(client.run(_peak).values())[0] - before
                 part = rows * d * np.dtype(dtype).itemsize
                 label = f"{name} {dtype[5:]}->{(out_dtype or dtype)[5:]}"
-                print(f"{label:<34} {rows:>8} {part / 2**20:>14.1f} {need / 2**20:>9.1f} "
-                      f"{need / part:>7.2f} {before / 2**20:>10.0f}", flush=True)
+                print(
+                    f"{label:<34} {rows:>8} {part / 2**20:>14.1f} {need / 2**20:>9.1f} "
+                    f"{need / part:>7.2f} {before / 2**20:>10.0f}",
+                    flush=True,
+                )
                 if rows == max(int(float(r)) for r in args.rows.split(",")):
-                    C.band(f"{label}, {rows} rows: need / partition bytes", [need], [part],
-                           args.band, names=("need", "partition bytes"))
+                    C.band(
+                        f"{label}, {rows} rows: need / partition bytes",
+                        [need],
+                        [part],
+                        args.band,
+                        names=("need", "partition bytes"),
+                    )
     finally:  # the inputs, models and outputs written here
         shutil.rmtree(tmp, ignore_errors=True)
 

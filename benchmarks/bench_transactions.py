@@ -73,10 +73,14 @@ def plain_encode(model, source: str, out: str, rows: int) -> None:
             fs.rm(path, recursive=True)
     elif os.path.exists(out):
         shutil.rmtree(out)
-    target = zarr.create_array(store=out, shape=arr.shape, dtype="float32",
-                               chunks=(rows, arr.shape[1]),
-                               compressors=[zarr.codecs.Crc32cCodec()],
-                               config={"write_empty_chunks": True})
+    target = zarr.create_array(
+        store=out,
+        shape=arr.shape,
+        dtype="float32",
+        chunks=(rows, arr.shape[1]),
+        compressors=[zarr.codecs.Crc32cCodec()],
+        config={"write_empty_chunks": True},
+    )
     z = model.transform(da.from_zarr(arr, chunks=(rows, arr.shape[1])), dtype=np.float32)
     with dask.config.set(scheduler="threads"):
         da.store(z, target, lock=False)
@@ -86,8 +90,12 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     C.add_common_args(parser, default_n=200_000)
     C.add_run_args(parser)
-    C.add_band_arg(parser, 0.20, "the two encodes alternate after one untimed run of each; "
-                   "on S3 a job's ~100 requests to a loopback server move with the load")
+    C.add_band_arg(
+        parser,
+        0.20,
+        "the two encodes alternate after one untimed run of each; "
+        "on S3 a job's ~100 requests to a loopback server move with the load",
+    )
     args = parser.parse_args(argv)
     C.resolve_sizes(args)
 
@@ -110,39 +118,64 @@ def main(argv=None) -> int:
         for where, root in roots.items():
             for name in ("positives", "queries"):
                 rows = data if name == "positives" else data[: min(1000, args.n)]
-                arr = zarr.create_array(store=f"{root}/{name}.zarr", shape=rows.shape,
-                                        dtype="float32", chunks=(args.chunk_rows, args.d),
-                                        config={"write_empty_chunks": True})
+                arr = zarr.create_array(
+                    store=f"{root}/{name}.zarr",
+                    shape=rows.shape,
+                    dtype="float32",
+                    chunks=(args.chunk_rows, args.d),
+                    config={"write_empty_chunks": True},
+                )
                 for lo in range(0, len(rows), 65536):
-                    arr[lo:lo + 65536] = rows[lo:lo + 65536]
+                    arr[lo : lo + 65536] = rows[lo : lo + 65536]
             model_path = f"{root}/model.zarr"
             stats = {}
             with counting("fit", stats):
                 pipeline.fit_job(None, f"{root}/positives.zarr", model_path, overwrite=True)
             with counting("load_model", stats):
                 model = load_model(model_path)
-            rows = storage.row_partition(storage.open_input(f"{root}/positives.zarr", "x"),
-                                         args.partition_rows)
+            rows = storage.row_partition(
+                storage.open_input(f"{root}/positives.zarr", "x"), args.partition_rows
+            )
             slem, plain = [], []
             # one untimed run of each encode: neither pays first calls or cold caches alone
-            pipeline.encode_job(None, model_path, f"{root}/positives.zarr",
-                                f"{root}/out.zarr", partition_rows=rows, overwrite=True)
+            pipeline.encode_job(
+                None,
+                model_path,
+                f"{root}/positives.zarr",
+                f"{root}/out.zarr",
+                partition_rows=rows,
+                overwrite=True,
+            )
             plain_encode(model, f"{root}/positives.zarr", f"{root}/plain.zarr", rows)
             for r in range(args.repeat):
                 C.settle()
                 with counting("encode (slem-dask)", stats):
-                    pipeline.encode_job(None, model_path, f"{root}/positives.zarr",
-                                        f"{root}/out.zarr", partition_rows=rows, overwrite=True)
+                    pipeline.encode_job(
+                        None,
+                        model_path,
+                        f"{root}/positives.zarr",
+                        f"{root}/out.zarr",
+                        partition_rows=rows,
+                        overwrite=True,
+                    )
                 slem.append(stats["encode (slem-dask)"][0])
                 C.settle()
                 with counting("encode (plain zarr)", stats):
                     plain_encode(model, f"{root}/positives.zarr", f"{root}/plain.zarr", rows)
                 plain.append(stats["encode (plain zarr)"][0])
-                print(f"{where} run {r + 1}: slem-dask {slem[-1]:.3f} s | plain zarr "
-                      f"{plain[-1]:.3f} s | {C.load_line()}")
+                print(
+                    f"{where} run {r + 1}: slem-dask {slem[-1]:.3f} s | plain zarr "
+                    f"{plain[-1]:.3f} s | {C.load_line()}"
+                )
             with counting("search (1,000 queries, k=10)", stats):
-                search_job(None, f"{root}/queries.zarr", f"{root}/out.zarr",
-                           f"{root}/hits.zarr", k=10, overwrite=True)
+                search_job(
+                    None,
+                    f"{root}/queries.zarr",
+                    f"{root}/out.zarr",
+                    f"{root}/hits.zarr",
+                    k=10,
+                    overwrite=True,
+                )
             results[where] = (stats, slem, plain)
     finally:
         server.stop()
@@ -154,21 +187,30 @@ def main(argv=None) -> int:
         print(f"{where}: encode {args.n:,} x {args.d}, partitions of {rows:,} rows")
         print(f"  slem-dask  : {C.spread(slem)}")
         print(f"  plain zarr : {C.spread(plain)}")
-        print(f"  RATIO plain_time / slem_time = {min(plain) / min(slem):.3f} (best), "
-              f"{med(plain) / med(slem):.3f} (medians); overhead "
-              f"{100 * (med(slem) / med(plain) - 1):+.1f}% (medians)")
-        C.band(f"{where}: encode plain zarr / slem-dask", plain, slem, args.band,
-               names=("plain zarr", "slem-dask"))
+        print(
+            f"  RATIO plain_time / slem_time = {min(plain) / min(slem):.3f} (best), "
+            f"{med(plain) / med(slem):.3f} (medians); overhead "
+            f"{100 * (med(slem) / med(plain) - 1):+.1f}% (medians)"
+        )
+        C.band(
+            f"{where}: encode plain zarr / slem-dask",
+            plain,
+            slem,
+            args.band,
+            names=("plain zarr", "slem-dask"),
+        )
         if where.startswith("S3"):
             for label, (seconds, calls) in stats.items():
                 total = sum(calls.values())
-                top = ", ".join(f"{k} {v}" for k, v in sorted(calls.items(),
-                                                             key=lambda kv: -kv[1]))
+                top = ", ".join(f"{k} {v}" for k, v in sorted(calls.items(), key=lambda kv: -kv[1]))
                 print(f"  requests of {label}: {total} ({top}) [last run {seconds:.2f} s]")
-    C.emit_json("RESULT bench_transactions", {
-        where: {"slem": slem, "plain": plain,
-                "requests": {k: v[1] for k, v in stats.items()}}
-        for where, (stats, slem, plain) in results.items()})
+    C.emit_json(
+        "RESULT bench_transactions",
+        {
+            where: {"slem": slem, "plain": plain, "requests": {k: v[1] for k, v in stats.items()}}
+            for where, (stats, slem, plain) in results.items()
+        },
+    )
     return 0
 
 

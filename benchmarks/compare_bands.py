@@ -22,7 +22,7 @@ def bands(path: str) -> dict[str, dict]:
     with open(path, encoding="utf-8") as f:
         for line in f:
             if line.startswith("BAND {"):
-                payload = json.loads(line[len("BAND "):])
+                payload = json.loads(line[len("BAND ") :])
                 found[payload["label"]] = payload
     return found
 
@@ -42,10 +42,17 @@ def compare(first: dict, second: dict) -> list[dict]:
         promised = a.get("band", b.get("band"))
         r1, r2 = a.get("ratio"), b.get("ratio")
         between = r1 is not None and r2 is not None and abs(r2 / r1 - 1.0) <= promised
-        rows.append({"label": label, "run1": r1, "run2": r2, "band": promised,
-                     "between": between,
-                     "within": (a.get("inside"), b.get("inside")),
-                     "not_a_floor": bool(a.get("not_a_floor") or b.get("not_a_floor"))})
+        rows.append(
+            {
+                "label": label,
+                "run1": r1,
+                "run2": r2,
+                "band": promised,
+                "between": between,
+                "within": (a.get("inside"), b.get("inside")),
+                "not_a_floor": bool(a.get("not_a_floor") or b.get("not_a_floor")),
+            }
+        )
     return rows
 
 
@@ -61,12 +68,20 @@ def main(argv=None) -> int:
         return 1
     for row in rows:
         note = " (a floor was slower than what it bounds in one run)" if row["not_a_floor"] else ""
-        cells = [row["label"], fmt(row["run1"]), fmt(row["run2"]), f"+-{row['band']:.0%}",
-                 yes_no(row["between"]),
-                 f"{yes_no(row['within'][0])}/{yes_no(row['within'][1])}{note}"]
-        print("| " + " | ".join(cells) + " |" if args.markdown else
-              f"{cells[0]}: run 1 {cells[1]}, run 2 {cells[2]}, band {cells[3]}, "
-              f"run 2 within band of run 1: {cells[4]}; rounds inside (run 1/run 2): {cells[5]}")
+        cells = [
+            row["label"],
+            fmt(row["run1"]),
+            fmt(row["run2"]),
+            f"+-{row['band']:.0%}",
+            yes_no(row["between"]),
+            f"{yes_no(row['within'][0])}/{yes_no(row['within'][1])}{note}",
+        ]
+        print(
+            "| " + " | ".join(cells) + " |"
+            if args.markdown
+            else f"{cells[0]}: run 1 {cells[1]}, run 2 {cells[2]}, band {cells[3]}, "
+            f"run 2 within band of run 1: {cells[4]}; rounds inside (run 1/run 2): {cells[5]}"
+        )
     return 0 if all(r["between"] for r in rows) else 1
 
 

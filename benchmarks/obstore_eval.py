@@ -26,32 +26,51 @@ def _obstore(kind, srv):
     from obstore.store import AzureStore, GCSStore, S3Store
 
     if kind == "s3":
-        return S3Store(srv.bucket, endpoint=srv.endpoint, access_key_id=srv.key,
-                       secret_access_key=srv.secret, region="us-east-1",
-                       client_options={"allow_http": True})
+        return S3Store(
+            srv.bucket,
+            endpoint=srv.endpoint,
+            access_key_id=srv.key,
+            secret_access_key=srv.secret,
+            region="us-east-1",
+            client_options={"allow_http": True},
+        )
     if kind == "gcs":
         # skip_signature still asks the metadata server for a token: give one
-        return GCSStore(srv.bucket, base_url=srv.endpoint, bearer_token="emulator",
-                        client_options={"allow_http": True})
-    return AzureStore(srv.bucket, account_name=emulators.AZURE_ACCOUNT,
-                      account_key=emulators.AZURE_KEY,
-                      endpoint=f"{srv.endpoint}/{emulators.AZURE_ACCOUNT}",
-                      client_options={"allow_http": True})
+        return GCSStore(
+            srv.bucket,
+            base_url=srv.endpoint,
+            bearer_token="emulator",
+            client_options={"allow_http": True},
+        )
+    return AzureStore(
+        srv.bucket,
+        account_name=emulators.AZURE_ACCOUNT,
+        account_key=emulators.AZURE_KEY,
+        endpoint=f"{srv.endpoint}/{emulators.AZURE_ACCOUNT}",
+        client_options={"allow_http": True},
+    )
 
 
 def _fsspec(kind, srv):
     import fsspec
 
     if kind == "s3":
-        return fsspec.filesystem("s3", endpoint_url=srv.endpoint, key=srv.key,
-                                 secret=srv.secret, skip_instance_cache=True)
+        return fsspec.filesystem(
+            "s3",
+            endpoint_url=srv.endpoint,
+            key=srv.key,
+            secret=srv.secret,
+            skip_instance_cache=True,
+        )
     if kind == "gcs":
         import gcsfs.core
 
-        return gcsfs.core.GCSFileSystem(endpoint_url=srv.endpoint, token="anon",
-                                        skip_instance_cache=True)
-    return fsspec.filesystem("az", connection_string=srv.connection_string(),
-                             skip_instance_cache=True)
+        return gcsfs.core.GCSFileSystem(
+            endpoint_url=srv.endpoint, token="anon", skip_instance_cache=True
+        )
+    return fsspec.filesystem(
+        "az", connection_string=srv.connection_string(), skip_instance_cache=True
+    )
 
 
 def obstore_row(kind, srv, n):
@@ -95,20 +114,29 @@ def fsspec_row(kind, srv, n):
 
 
 def main(n=200):
-    servers = {"s3": s3server.start_seaweedfs, "gcs": emulators.start_gcs,
-               "azure": emulators.start_azurite}
+    servers = {
+        "s3": s3server.start_seaweedfs,
+        "gcs": emulators.start_gcs,
+        "azure": emulators.start_azurite,
+    }
     for kind, start in servers.items():
         srv = start()
         try:
             for name, row in (("obstore", obstore_row), ("fsspec", fsspec_row)):
                 try:
                     refused, took = row(kind, srv, n)
-                    print(f"{kind:6} {srv.name:16} {name:8} create-only refused: {refused}; "
-                          f"{n} put+get of 64 KiB: {took:.2f} s "
-                          f"({1000 * took / n:.1f} ms each)", flush=True)
+                    print(
+                        f"{kind:6} {srv.name:16} {name:8} create-only refused: {refused}; "
+                        f"{n} put+get of 64 KiB: {took:.2f} s "
+                        f"({1000 * took / n:.1f} ms each)",
+                        flush=True,
+                    )
                 except Exception as exc:  # noqa: BLE001 - the evaluation reports it
-                    print(f"{kind:6} {srv.name:16} {name:8} FAILED: "
-                          f"{type(exc).__name__}: {str(exc)[:300]}", flush=True)
+                    print(
+                        f"{kind:6} {srv.name:16} {name:8} FAILED: "
+                        f"{type(exc).__name__}: {str(exc)[:300]}",
+                        flush=True,
+                    )
         finally:
             srv.stop()
 

@@ -11,10 +11,23 @@ from typing import TYPE_CHECKING as _TYPE_CHECKING
 from ._version import __version__
 
 if _TYPE_CHECKING:  # what the lazy names below are, for type checkers (py.typed)
-    from .models import (ESVM, KernelSLEM, LinearSLEM, NotFittedError, PCAWhitening,
-                         RawFeatures, load_model)
-    from .retrieval import (leave_one_out_map, make_map_scorer, map_scorer,
-                            mean_average_precision, precision_recall_at_k, search)
+    from .models import (
+        ESVM,
+        KernelSLEM,
+        LinearSLEM,
+        NotFittedError,
+        PCAWhitening,
+        RawFeatures,
+        load_model,
+    )
+    from .retrieval import (
+        leave_one_out_map,
+        make_map_scorer,
+        map_scorer,
+        mean_average_precision,
+        precision_recall_at_k,
+        search,
+    )
     from .storage.readers import open_dataset, open_zarr
 
 # The names below are imported on first use (PEP 562), not with the package: dask,
@@ -22,11 +35,29 @@ if _TYPE_CHECKING:  # what the lazy names below are, for type checkers (py.typed
 # pay, and an interrupt during those imports then falls inside the command line's
 # own handling (a one-line message, not a traceback).
 _LAZY = {
-    **dict.fromkeys(("ESVM", "KernelSLEM", "LinearSLEM", "NotFittedError", "PCAWhitening",
-                     "RawFeatures", "load_model"), ".models"),
-    **dict.fromkeys(("leave_one_out_map", "make_map_scorer", "map_scorer",
-                     "mean_average_precision", "precision_recall_at_k", "search"),
-                    ".retrieval"),
+    **dict.fromkeys(
+        (
+            "ESVM",
+            "KernelSLEM",
+            "LinearSLEM",
+            "NotFittedError",
+            "PCAWhitening",
+            "RawFeatures",
+            "load_model",
+        ),
+        ".models",
+    ),
+    **dict.fromkeys(
+        (
+            "leave_one_out_map",
+            "make_map_scorer",
+            "map_scorer",
+            "mean_average_precision",
+            "precision_recall_at_k",
+            "search",
+        ),
+        ".retrieval",
+    ),
     **dict.fromkeys(("open_zarr", "open_dataset"), ".storage.readers"),
 }
 
@@ -45,8 +76,11 @@ def __getattr__(name: str):
 
 
 def __dir__():  # the public names, loaded or not, and the module's dunders
-    return sorted(n for n in set(globals()) | set(_LAZY)
-                  if not n.startswith("_") or n.startswith("__") and n.endswith("__"))
+    return sorted(
+        n
+        for n in set(globals()) | set(_LAZY)
+        if not n.startswith("_") or n.startswith("__") and n.endswith("__")
+    )
 
 
 __all__ = [

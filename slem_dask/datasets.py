@@ -27,11 +27,11 @@ __all__ = ["Corpus", "make_corpus", "background_rows", "write_corpus"]
 
 @dataclass(frozen=True)
 class Corpus:
-    negatives: np.ndarray          # (n_negatives, d)
-    database: np.ndarray           # (n_instances * group_size, d)
-    queries: np.ndarray            # (n_instances, d)
-    database_labels: np.ndarray    # (n_database,) instance id of each database row
-    query_labels: np.ndarray       # (n_queries,)
+    negatives: np.ndarray  # (n_negatives, d)
+    database: np.ndarray  # (n_instances * group_size, d)
+    queries: np.ndarray  # (n_instances, d)
+    database_labels: np.ndarray  # (n_database,) instance id of each database row
+    query_labels: np.ndarray  # (n_queries,)
 
     def relevant(self) -> list[np.ndarray]:
         """Database indices relevant to each query (same instance)."""
@@ -49,7 +49,7 @@ class _Background:
         self.d = d
         self.mean = offset * np.abs(rng.standard_normal(d)) / np.sqrt(d)
         self.basis, _ = np.linalg.qr(rng.standard_normal((d, d)))
-        self.scales = (np.arange(1, d + 1, dtype=np.float64) ** (-decay / 2.0))
+        self.scales = np.arange(1, d + 1, dtype=np.float64) ** (-decay / 2.0)
 
     def sample(self, rng, n: int) -> np.ndarray:
         z = rng.standard_normal((n, self.d)) * self.scales
@@ -81,13 +81,21 @@ def background_rows(n: int, d: int, seed: int = 0, start: int = 0, dtype=np.floa
         rng = np.random.default_rng([seed, 1, b])
         rows = _normalize(bg.sample(rng, block), dtype)
         lo, hi = max(start, b * block), min(start + n, (b + 1) * block)
-        out[lo - start:hi - start] = rows[lo - b * block:hi - b * block]
+        out[lo - start : hi - start] = rows[lo - b * block : hi - b * block]
     return out
 
 
-def make_corpus(n_negatives: int = 20000, n_instances: int = 500, group_size: int = 4,
-                d: int = 128, nuisance_dims: int = 8, nuisance: float = 0.4,
-                noise: float = 0.1, seed: int = 0, dtype=np.float32) -> Corpus:
+def make_corpus(
+    n_negatives: int = 20000,
+    n_instances: int = 500,
+    group_size: int = 4,
+    d: int = 128,
+    nuisance_dims: int = 8,
+    nuisance: float = 0.4,
+    noise: float = 0.1,
+    seed: int = 0,
+    dtype=np.float32,
+) -> Corpus:
     """Generate negatives, a database of near-duplicate groups, and queries."""
     if min(n_negatives, n_instances, group_size, d) < 1:
         raise ValueError("n_negatives, n_instances, group_size and d must all be >= 1")
@@ -111,8 +119,9 @@ def make_corpus(n_negatives: int = 20000, n_instances: int = 500, group_size: in
     return Corpus(negatives, database, queries, database_labels, query_labels)
 
 
-def write_corpus(corpus: Corpus, path: str, chunk_rows: int = 4096,
-                 attrs: dict | None = None) -> None:
+def write_corpus(
+    corpus: Corpus, path: str, chunk_rows: int = 4096, attrs: dict | None = None
+) -> None:
     """Write a corpus as a zarr group: negatives, database, queries and labels.
 
     Under a lease, as a new version of a versioned store
@@ -132,8 +141,7 @@ def write_corpus(corpus: Corpus, path: str, chunk_rows: int = 4096,
         try:
             _write_group(corpus, draft.location, chunk_rows, attrs)
             lease.check()
-            store.commit(draft, "corpus", "write corpus",
-                         {"n_instances": int(len(corpus.queries))})
+            store.commit(draft, "corpus", "write corpus", {"n_instances": int(len(corpus.queries))})
         except BaseException:
             store.abandon(draft)  # quick to write again: nothing worth resuming
             raise
@@ -150,14 +158,23 @@ def _write_group(corpus: Corpus, location: str, chunk_rows: int, attrs: dict | N
     group = zarr.open_group(store=location, mode="w", zarr_format=3)
     for name in ("negatives", "database", "queries"):
         data = getattr(corpus, name)
-        arr = group.create_array(name, shape=data.shape, dtype=data.dtype,
-                                 chunks=(min(chunk_rows, max(1, len(data))), data.shape[1]),
-                                 compressors=CHECKSUM)
+        arr = group.create_array(
+            name,
+            shape=data.shape,
+            dtype=data.dtype,
+            chunks=(min(chunk_rows, max(1, len(data))), data.shape[1]),
+            compressors=CHECKSUM,
+        )
         arr[...] = data
     for name in ("database_labels", "query_labels"):
         data = getattr(corpus, name)
-        arr = group.create_array(name, shape=data.shape, dtype=data.dtype,
-                                 chunks=(max(1, len(data)),), compressors=CHECKSUM)
+        arr = group.create_array(
+            name,
+            shape=data.shape,
+            dtype=data.dtype,
+            chunks=(max(1, len(data)),),
+            compressors=CHECKSUM,
+        )
         arr[...] = data
     # every chunk's crc32c: in each array's metadata (for its readers) and in the
     # group's checksummed metadata, which its commit record covers (for verify)
@@ -166,8 +183,9 @@ def _write_group(corpus: Corpus, location: str, chunk_rows: int, attrs: dict | N
         crcs[name] = chunk_trailers(arr)
         arr.attrs[ATTR] = corpus_array_meta(crcs[name])
     group.attrs.update(attrs or {})
-    group.attrs["slem_dask_corpus"] = {"kind": "synthetic-instance-corpus",
-                                       "n_instances": int(len(corpus.queries))}
+    group.attrs["slem_dask_corpus"] = {
+        "kind": "synthetic-instance-corpus",
+        "n_instances": int(len(corpus.queries)),
+    }
     meta = {"kind": "corpus", CHUNK_CRC32C: crcs}
     group.attrs[ATTR] = {**meta, "metadata_checksum": metadata_checksum(meta)}
-

@@ -17,8 +17,12 @@ PROGRESS = os.environ.get("SLEM_NS_PROGRESS")
 def _slowed(real, what):
     def slow(*args, **kwargs):
         if PROGRESS:
-            open(os.path.join(PROGRESS, f"{what}-{os.environ.get('SLEM_HOST')}-"
-                                        f"{uuid.uuid4().hex[:8]}"), "w").close()
+            open(
+                os.path.join(
+                    PROGRESS, f"{what}-{os.environ.get('SLEM_HOST')}-{uuid.uuid4().hex[:8]}"
+                ),
+                "w",
+            ).close()
         time.sleep(DELAY)
         return real(*args, **kwargs)
 
@@ -31,6 +35,8 @@ for name in ("read_rows", "write_partition"):
     real = getattr(slem_dask.storage, name)
     slow = _slowed(real, name)
     for module in list(sys.modules.values()):
-        if getattr(module, "__name__", "").startswith("slem_dask") and \
-                getattr(module, name, None) is real:
+        if (
+            getattr(module, "__name__", "").startswith("slem_dask")
+            and getattr(module, name, None) is real
+        ):
             setattr(module, name, slow)

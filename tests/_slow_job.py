@@ -28,8 +28,14 @@ def main() -> int:
 
         storage.write_partition = slow
         model, positives, out = paths
-        report = pipeline.encode_job(None, model, positives, out, partition_rows=40,
-                                     overwrite=bool(os.environ.get("SLOW_JOB_OVERWRITE")))
+        report = pipeline.encode_job(
+            None,
+            model,
+            positives,
+            out,
+            partition_rows=40,
+            overwrite=bool(os.environ.get("SLOW_JOB_OVERWRITE")),
+        )
     else:  # fit or search: their model or result is read back before the commit
         real_check = storage.groups._check_written
 

@@ -11,8 +11,12 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 
 def pytest_addoption(parser):
-    parser.addoption("--slow", action="store_true", default=False,
-                     help="also run the tests marked slow or cluster")
+    parser.addoption(
+        "--slow",
+        action="store_true",
+        default=False,
+        help="also run the tests marked slow or cluster",
+    )
 
 
 def pytest_collection_modifyitems(config, items):
@@ -40,6 +44,7 @@ def corpus(tmp_path):
 
 # -- object stores on 127.0.0.1, one per session, started on first use: real S3 servers
 # (tests/s3server.py), Google Cloud Storage and Azure Blob emulators (tests/emulators.py)
+
 
 def _session_server(name, module, kind, required_in_ci=False, env=None):
     """The session fixture ``name``: the ``kind`` server of tests/``module``.py, started
@@ -73,8 +78,9 @@ os.environ["GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT"] = "false"
 
 seaweedfs_server = _session_server("seaweedfs_server", "s3server", "seaweedfs")
 moto_server = _session_server("moto_server", "s3server", "moto")
-gcs_emulator = _session_server("gcs_emulator", "emulators", "gcs", required_in_ci=True,
-                               env={"NO_GCE_CHECK": "true"})  # no metadata server to wait for
+gcs_emulator = _session_server(
+    "gcs_emulator", "emulators", "gcs", required_in_ci=True, env={"NO_GCE_CHECK": "true"}
+)  # no metadata server to wait for
 azure_emulator = _session_server("azure_emulator", "emulators", "azure", required_in_ci=True)
 
 
@@ -92,8 +98,13 @@ def s3_server(request, monkeypatch):
 def use_server(server, monkeypatch):
     """Point this test's clients at ``server`` (S3, GCS or Azure emulator): its variables
     set, the caller's own AWS profile and endpoint unset, fsspec's cached clients gone."""
-    for name in ("AWS_PROFILE", "AWS_DEFAULT_PROFILE", "AWS_SESSION_TOKEN",
-                 "AWS_ENDPOINT_URL_S3", "AWS_REGION"):
+    for name in (
+        "AWS_PROFILE",
+        "AWS_DEFAULT_PROFILE",
+        "AWS_SESSION_TOKEN",
+        "AWS_ENDPOINT_URL_S3",
+        "AWS_REGION",
+    ):
         monkeypatch.delenv(name, raising=False)
     for name, value in server.env().items():
         monkeypatch.setenv(name, value)
@@ -113,8 +124,9 @@ def scheduler():
     """An in-process cluster's address, for command-line tests (``--scheduler``)."""
     from distributed import LocalCluster
 
-    with LocalCluster(n_workers=1, threads_per_worker=2, processes=False,
-                      dashboard_address=":0") as cluster:
+    with LocalCluster(
+        n_workers=1, threads_per_worker=2, processes=False, dashboard_address=":0"
+    ) as cluster:
         yield cluster.scheduler_address
 
 
@@ -123,4 +135,3 @@ def no_scheduler_env(monkeypatch):
     """A DASK_SCHEDULER_ADDRESS in the caller's shell must not send the command line's
     jobs to another cluster (modules opt in with ``pytestmark``)."""
     monkeypatch.delenv("DASK_SCHEDULER_ADDRESS", raising=False)
-

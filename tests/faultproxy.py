@@ -38,8 +38,10 @@ KINDS = {
     "any": re.compile(r""),
 }
 ACTIONS = ("lost_reply", "lost_request", "drop", "unavailable", "delay")
-_SLOW_DOWN = (b"<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<Error><Code>SlowDown</Code>"
-              b"<Message>Please reduce your request rate.</Message></Error>")
+_SLOW_DOWN = (
+    b'<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>SlowDown</Code>'
+    b"<Message>Please reduce your request rate.</Message></Error>"
+)
 
 
 @dataclass
@@ -170,8 +172,9 @@ class FaultProxy:
                 return
             with self._lock:
                 self._conns.add(client)
-            threading.Thread(target=self._serve, args=(client,), daemon=True,
-                             name="faultproxy-conn").start()
+            threading.Thread(
+                target=self._serve, args=(client,), daemon=True, name="faultproxy-conn"
+            ).start()
 
     def _rule_for(self, method: str, path: str) -> Rule | None:
         with self._lock:
@@ -202,9 +205,16 @@ class FaultProxy:
                 if rule is not None and rule.action == "lost_request":
                     return
                 if rule is not None and rule.action == "unavailable":
-                    client.sendall(_head_bytes(b"HTTP/1.1 503 Slow Down\r\n", [
-                        ("Content-Type", "application/xml"),
-                        ("Content-Length", str(len(_SLOW_DOWN)))]) + _SLOW_DOWN)
+                    client.sendall(
+                        _head_bytes(
+                            b"HTTP/1.1 503 Slow Down\r\n",
+                            [
+                                ("Content-Type", "application/xml"),
+                                ("Content-Length", str(len(_SLOW_DOWN))),
+                            ],
+                        )
+                        + _SLOW_DOWN
+                    )
                     continue
                 if rule is not None and rule.action == "delay":
                     time.sleep(rule.delay)
@@ -218,8 +228,7 @@ class FaultProxy:
                 status = int(status_line.split()[1])
                 close = (_header(rheaders, "connection") or "").lower() == "close"
                 no_body = method == "HEAD" or status in (204, 304) or status < 200
-                rbody = b"" if no_body else _read_body(
-                    uin, rheaders, until_close=close)
+                rbody = b"" if no_body else _read_body(uin, rheaders, until_close=close)
                 if rule is not None and rule.action == "lost_reply":
                     return
                 client.sendall(_head_bytes(status_line, rheaders) + rbody)

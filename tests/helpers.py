@@ -44,8 +44,13 @@ def recommit(path) -> None:
 
 def zarr_rows(path, data, chunks: int = 40) -> str:
     """``data`` as a plain zarr array of ``chunks``-row chunks at ``path``; its path."""
-    arr = zarr.create_array(store=str(path), shape=data.shape, dtype=data.dtype,
-                            chunks=(chunks, data.shape[1]), overwrite=True)
+    arr = zarr.create_array(
+        store=str(path),
+        shape=data.shape,
+        dtype=data.dtype,
+        chunks=(chunks, data.shape[1]),
+        overwrite=True,
+    )
     arr[...] = data
     return str(path)
 
@@ -58,10 +63,16 @@ def small_corpus(tmp_path, seed: int, d: int = 8) -> dict:
     rng = np.random.default_rng(seed)
     neg, pos, other = (rng.standard_normal((n, d)).astype("float32") for n in (300, 200, 200))
     LinearSLEM(lam=0.1).fit(neg).save(str(tmp_path / "model.zarr"))
-    return {"dir": tmp_path, "model": str(tmp_path / "model.zarr"), "neg": neg, "pos": pos,
-            "other": other, "negatives": zarr_rows(tmp_path / "neg.zarr", neg),
-            "positives": zarr_rows(tmp_path / "pos.zarr", pos),
-            "others": zarr_rows(tmp_path / "other.zarr", other)}
+    return {
+        "dir": tmp_path,
+        "model": str(tmp_path / "model.zarr"),
+        "neg": neg,
+        "pos": pos,
+        "other": other,
+        "negatives": zarr_rows(tmp_path / "neg.zarr", neg),
+        "positives": zarr_rows(tmp_path / "pos.zarr", pos),
+        "others": zarr_rows(tmp_path / "other.zarr", other),
+    }
 
 
 def can_unshare_mounts() -> bool:
@@ -69,8 +80,14 @@ def can_unshare_mounts() -> bool:
     import subprocess
 
     try:
-        return subprocess.run(["unshare", "--mount", "--propagation", "private", "true"],
-                              capture_output=True, timeout=10).returncode == 0
+        return (
+            subprocess.run(
+                ["unshare", "--mount", "--propagation", "private", "true"],
+                capture_output=True,
+                timeout=10,
+            ).returncode
+            == 0
+        )
     except (OSError, subprocess.TimeoutExpired):
         return False
 
@@ -102,8 +119,9 @@ def encode_corpus(corpus: dict, out, positives=None, **kw):
     ``out``, 40 rows a partition; the job's report."""
     from slem_dask import pipeline
 
-    return pipeline.encode_job(None, corpus["model"], positives or corpus["positives"],
-                               str(out), partition_rows=40, **kw)
+    return pipeline.encode_job(
+        None, corpus["model"], positives or corpus["positives"], str(out), partition_rows=40, **kw
+    )
 
 
 def expected_encoding(corpus: dict, rows=None) -> np.ndarray:
@@ -113,8 +131,9 @@ def expected_encoding(corpus: dict, rows=None) -> np.ndarray:
     from slem_dask import load_model
 
     model = load_model(corpus["model"])
-    return partitionwise(lambda p: model.transform(p, dtype="float32"),
-                         corpus["pos"] if rows is None else rows, 40)
+    return partitionwise(
+        lambda p: model.transform(p, dtype="float32"), corpus["pos"] if rows is None else rows, 40
+    )
 
 
 def assert_same_kernel_fit(got, ref) -> None:
@@ -122,8 +141,9 @@ def assert_same_kernel_fit(got, ref) -> None:
     the same pivots, every factor statistic equal to rounding."""
     np.testing.assert_array_equal(got.pivots_, ref.pivots_)
     for name in ("pivot_factor_", "factor_mean_", "factor_scatter_", "g_factor_"):
-        np.testing.assert_allclose(getattr(got, name), getattr(ref, name), rtol=1e-8,
-                                   atol=1e-12, err_msg=name)
+        np.testing.assert_allclose(
+            getattr(got, name), getattr(ref, name), rtol=1e-8, atol=1e-12, err_msg=name
+        )
 
 
 def scheduler_address(sched_file: Path, timeout: float = 60.0) -> str:
@@ -139,6 +159,7 @@ def scheduler_address(sched_file: Path, timeout: float = 60.0) -> str:
             return json.loads(Path(sched_file).read_text())["address"]
         except (FileNotFoundError, ValueError, KeyError):
             if time.monotonic() > deadline:
-                raise TimeoutError(f"no scheduler address in {sched_file} after "
-                                   f"{timeout:.0f} s") from None
+                raise TimeoutError(
+                    f"no scheduler address in {sched_file} after {timeout:.0f} s"
+                ) from None
             time.sleep(0.1)

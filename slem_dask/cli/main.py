@@ -15,13 +15,26 @@ import os
 import sys
 import warnings
 
-from .parser import (_check_option_combinations, _glue_negative_values, _parse,
-                     build_parser)
-from .checks import (STORE_COMMANDS, _check_inputs, _evaluate_arrays,  # noqa: F401
-                     _local_processes, _performance_report, _security)
+from .parser import _check_option_combinations, _glue_negative_values, _parse, build_parser
+from .checks import (
+    STORE_COMMANDS,
+    _check_inputs,
+    _evaluate_arrays,  # noqa: F401
+    _local_processes,
+    _performance_report,
+    _security,
+)
 from .jobs import _jobs, _print_results
-from .endings import (EXIT_BROKEN_PIPE, _flush_stdout, _interrupted, _not_complete,  # noqa: F401
-                      _paths_of, _reader_gone, _spec_paths, _stdout_is_gone)
+from .endings import (
+    EXIT_BROKEN_PIPE,  # noqa: F401
+    _flush_stdout,
+    _interrupted,
+    _not_complete,  # noqa: F401
+    _paths_of,
+    _reader_gone,
+    _spec_paths,
+    _stdout_is_gone,
+)
 
 #: Exit status of a command that failed (its one-line error on stderr).
 EXIT_ERROR = 1
@@ -39,15 +52,25 @@ def _run(args) -> int:
 
     started = time.perf_counter()
     processes, why = _local_processes(args, spec, workers, threads)
-    with connect(scheduler, workers, threads, security=security, quiet=not progress,
-                 processes=processes) as client, _performance_report(args.performance_report):
+    with (
+        connect(
+            scheduler, workers, threads, security=security, quiet=not progress, processes=processes
+        ) as client,
+        _performance_report(args.performance_report),
+    ):
         info = client.scheduler_info()
-        where = "" if args.scheduler_address else \
-            f" (local worker processes: {why})" if processes else \
-            f" in this process ({sum(client.nthreads().values())} threads; {why})"
-        print(f"dask: {info.get('address', '')} with {len(info['workers'])} worker(s){where}, "
-              f"start-up {time.perf_counter() - started:.2f} s (the jobs' own times follow)",
-              flush=True)
+        where = (
+            ""
+            if args.scheduler_address
+            else f" (local worker processes: {why})"
+            if processes
+            else f" in this process ({sum(client.nthreads().values())} threads; {why})"
+        )
+        print(
+            f"dask: {info.get('address', '')} with {len(info['workers'])} worker(s){where}, "
+            f"start-up {time.perf_counter() - started:.2f} s (the jobs' own times follow)",
+            flush=True,
+        )
         reports, rows = _watched_jobs(args, client, spec, progress)
         # done: a Ctrl-C while the cluster closes must not say that nothing was written
         args.finished = (reports, rows if args.command in ("demo", "evaluate") else None)
@@ -102,8 +125,9 @@ def _check_before_cluster(args, spec):
     elif args.command == "evaluate":
         from ..pipeline.evaluate import check_evaluate_inputs
 
-        check_evaluate_inputs(args.corpus, args.methods, args.negatives, args.k, args.plot,
-                              _evaluate_arrays(args))
+        check_evaluate_inputs(
+            args.corpus, args.methods, args.negatives, args.k, args.plot, _evaluate_arrays(args)
+        )
     return security
 
 
@@ -112,13 +136,17 @@ def _watched_jobs(args, client, spec, progress: bool):
     from ..cluster import watchdog
     from ..cluster import workers as worker_faults
 
-    with watchdog.watch(client, args.task_timeout,
-                        what_is_kept=lambda: _not_complete(args, advice=False),
-                        source=getattr(args, "task_timeout_source", "--task-timeout"),
-                        progress_every=None if progress else
-                        watchdog.progress_line_seconds(),
-                        stores=_paths_of(args) + _spec_paths(spec)), \
-            worker_faults.explain_failures(client, _not_complete(args, short=True)):
+    with (
+        watchdog.watch(
+            client,
+            args.task_timeout,
+            what_is_kept=lambda: _not_complete(args, advice=False),
+            source=getattr(args, "task_timeout_source", "--task-timeout"),
+            progress_every=None if progress else watchdog.progress_line_seconds(),
+            stores=_paths_of(args) + _spec_paths(spec),
+        ),
+        worker_faults.explain_failures(client, _not_complete(args, short=True)),
+    ):
         return _jobs(args, client, spec, progress)
 
 
@@ -180,15 +208,26 @@ def main(argv=None) -> int:
         from ..storage.registry import describe_storage_error
 
         line = describe_storage_error(exc, _paths_of(args))
-        written = exc.filename if isinstance(exc, OSError) and exc.filename else next(
-            (p for p in (getattr(args, n, None) for n in ("out", "model", "workdir"))
-             if isinstance(p, str)), None)  # what the command writes
+        written = (
+            exc.filename
+            if isinstance(exc, OSError) and exc.filename
+            else next(
+                (
+                    p
+                    for p in (getattr(args, n, None) for n in ("out", "model", "workdir"))
+                    if isinstance(p, str)
+                ),
+                None,
+            )
+        )  # what the command writes
         if line is None and is_out_of_space(exc) and written:  # not said by a job
             from ..pipeline.common import out_of_space_line
 
             line = out_of_space_line(exc, written, None, _not_complete(args, advice=False))
-        if line is None and not isinstance(exc, (ValueError, TypeError, FileNotFoundError,
-                                                 FileExistsError, OSError, IntegrityError)):
+        if line is None and not isinstance(
+            exc,
+            (ValueError, TypeError, FileNotFoundError, FileExistsError, OSError, IntegrityError),
+        ):
             raise
         print(f"slem-dask {args.command}: error: {line or exc}", file=sys.stderr)
         return EXIT_ERROR
@@ -200,8 +239,10 @@ def _warning_line(command: str):
     """Warnings shown as one line like the errors ("slem-dask fit: warning: ..."), not
     Python's "file:line: Category: ..." and a line of slem-dask's source (the text only:
     warnings recorded by a caller, such as pytest, stay recorded)."""
+
     def text(message, category, filename, lineno, line=None):
         return f"slem-dask {command}: warning: {message}\n"
+
     return text
 
 

@@ -37,7 +37,8 @@ def _rollback(store, seq: int):
         raise PermissionError(
             f"{str(store.path)!r}: cannot write there ({why}): a rollback commits a new "
             f"record under its commits/; nothing was changed: run it as a user who may "
-            f"write to the store, or where it is mounted read-write") from None
+            f"write to the store, or where it is mounted read-write"
+        ) from None
 
 
 def versions(args) -> None:
@@ -47,27 +48,34 @@ def versions(args) -> None:
 
     store = versioned.VersionedStore(args.path)
     if not store.has_history():
-        raise ValueError(f"{str(store.path)!r} has no versions: it was not written by this "
-                         f"slem-dask (or not at all); `slem-dask verify {args.path}` says what "
-                         f"it is")
+        raise ValueError(
+            f"{str(store.path)!r} has no versions: it was not written by this "
+            f"slem-dask (or not at all); `slem-dask verify {args.path}` says what "
+            f"it is"
+        )
     if args.command == "rollback":
         before = store.head()
         commit = _rollback(store, args.to)
         if commit.seq == before.seq:  # the current version already holds version N
             held = f" (as version {commit.seq}, {commit.source})" if commit.seq != args.to else ""
-            print(f"{store.path}: version {args.to} is already current{held}; nothing to "
-                  f"roll back, no version committed")
+            print(
+                f"{store.path}: version {args.to} is already current{held}; nothing to "
+                f"roll back, no version committed"
+            )
         else:
             print(f"{store.path}: version {commit.seq} is now current ({commit.source})")
         return
     commits = store.commits()
     head = commits[-1].seq if commits else None
     for c in commits:
-        state = "current" if c.seq == head else (
-            "readable" if store.exists(c.version) else "pruned")
+        state = (
+            "current" if c.seq == head else ("readable" if store.exists(c.version) else "pruned")
+        )
         where = store.location(c.version) if state != "pruned" else "-"
-        print(f"{c.seq:>5}  {c.kind:<9} {state:<8} {c.created}  {c.job} on {c.host}"
-              f"{'  (' + c.source + ')' if c.source else ''}  {where}")
+        print(
+            f"{c.seq:>5}  {c.kind:<9} {state:<8} {c.created}  {c.job} on {c.host}"
+            f"{'  (' + c.source + ')' if c.source else ''}  {where}"
+        )
     if not commits:
         print(f"{store.path}: no committed version (an unfinished first write)")
 
@@ -79,6 +87,5 @@ def export(args) -> None:
 
     check_writable({"--to": args.to})  # a file as its parent, a read-only folder: one line
     facts = copy_out(args.path, args.to, args.export_version, args.overwrite)
-    what = f"{facts['kind']}" + (f" {facts['shape']} {facts['dtype']}" if "shape" in facts
-                                 else "")
+    what = f"{facts['kind']}" + (f" {facts['shape']} {facts['dtype']}" if "shape" in facts else "")
     print(f"{facts['path']}: version {facts['version']} ({what}) exported to {facts['to']}")

@@ -16,8 +16,15 @@ from distributed.diagnostics.plugin import WorkerPlugin
 
 from ..core.blas_threads import usable_cores
 
-__all__ = ["connect", "SingleThreadedBLAS", "default_local_cluster_kwargs", "in_process_kwargs",
-           "SMALL_INPUT_BYTES", "GIL_FREE_JOBS", "local_cluster_kind"]
+__all__ = [
+    "connect",
+    "SingleThreadedBLAS",
+    "default_local_cluster_kwargs",
+    "in_process_kwargs",
+    "SMALL_INPUT_BYTES",
+    "GIL_FREE_JOBS",
+    "local_cluster_kind",
+]
 
 
 class SingleThreadedBLAS(WorkerPlugin):
@@ -63,8 +70,9 @@ def _restore_environment(saved: dict) -> None:
             os.environ[key] = value
 
 
-def default_local_cluster_kwargs(n_workers: int | None = None,
-                                 threads_per_worker: int | None = None) -> dict:
+def default_local_cluster_kwargs(
+    n_workers: int | None = None, threads_per_worker: int | None = None
+) -> dict:
     """A LocalCluster sized to the machine: one single-threaded process per core.
 
     Processes rather than threads: zarr decoding and the float64 conversions
@@ -73,8 +81,12 @@ def default_local_cluster_kwargs(n_workers: int | None = None,
     cores = usable_cores()
     threads = threads_per_worker or 1
     workers = n_workers or max(1, cores // threads)
-    return {"n_workers": workers, "threads_per_worker": threads, "processes": True,
-            "dashboard_address": ":0"}  # a free port: never clash with another cluster
+    return {
+        "n_workers": workers,
+        "threads_per_worker": threads,
+        "processes": True,
+        "dashboard_address": ":0",
+    }  # a free port: never clash with another cluster
 
 
 #: Inputs below this size run on an in-process LocalCluster (one worker, a thread
@@ -101,14 +113,18 @@ def local_cluster_kind(job: str, input_bytes: int | None) -> tuple[bool, str]:
     before it runs)."""
     limit = f"{SMALL_INPUT_BYTES // 2**20} MiB"
     if job in GIL_FREE_JOBS:
-        return False, (f"a {job}: its tasks release the GIL (zstd, BLAS); "
-                       f"--local-cluster processes for worker processes")
+        return False, (
+            f"a {job}: its tasks release the GIL (zstd, BLAS); "
+            f"--local-cluster processes for worker processes"
+        )
     if input_bytes is None:
         return True, "input size not known before the run"
     if input_bytes >= SMALL_INPUT_BYTES:
         return True, f"input {input_bytes / 2**20:.0f} MiB >= {limit}"
-    return False, (f"input {input_bytes / 2**20:.0f} MiB < {limit}; "
-                   f"--local-cluster processes for worker processes")
+    return False, (
+        f"input {input_bytes / 2**20:.0f} MiB < {limit}; "
+        f"--local-cluster processes for worker processes"
+    )
 
 
 def in_process_kwargs(n_workers: int | None = None, threads_per_worker: int | None = None) -> dict:
@@ -124,15 +140,24 @@ def in_process_kwargs(n_workers: int | None = None, threads_per_worker: int | No
     threads = threads_per_worker or max(1, usable_cores() // workers)
     # dashboard_address=None alone still binds the scheduler's HTTP server (health and
     # metrics routes) to port 8787, with a three-line warning when another Dask holds it
-    return {"n_workers": workers, "threads_per_worker": threads, "processes": False,
-            "dashboard_address": None,
-            "scheduler_kwargs": {"dashboard": False, "dashboard_address": ":0"}}
+    return {
+        "n_workers": workers,
+        "threads_per_worker": threads,
+        "processes": False,
+        "dashboard_address": None,
+        "scheduler_kwargs": {"dashboard": False, "dashboard_address": ":0"},
+    }
 
 
 @contextlib.contextmanager
-def connect(scheduler: str | None = None, n_workers: int | None = None,
-            threads_per_worker: int | None = None, security=None, quiet: bool = False,
-            processes: bool = True):
+def connect(
+    scheduler: str | None = None,
+    n_workers: int | None = None,
+    threads_per_worker: int | None = None,
+    security=None,
+    quiet: bool = False,
+    processes: bool = True,
+):
     """Yield a Client: to ``scheduler`` (or $DASK_SCHEDULER_ADDRESS) if given,
     else to a new LocalCluster, closed on exit: worker processes sized to this
     machine, or with ``processes=False`` one worker in this process (threads;
@@ -159,9 +184,12 @@ def connect(scheduler: str | None = None, n_workers: int | None = None,
             client.close()
         return
     if not processes:
-        with LocalCluster(**in_process_kwargs(n_workers, threads_per_worker),
-                          silence_logs=logging.CRITICAL) as cluster, \
-                Client(cluster) as client:
+        with (
+            LocalCluster(
+                **in_process_kwargs(n_workers, threads_per_worker), silence_logs=logging.CRITICAL
+            ) as cluster,
+            Client(cluster) as client,
+        ):
             yield client
         return
     kwargs = default_local_cluster_kwargs(n_workers, threads_per_worker)
@@ -173,8 +201,7 @@ def connect(scheduler: str | None = None, n_workers: int | None = None,
         saved = {k: os.environ.get(k) for k in _MALLOC_VARIABLES}
         stack.callback(_restore_environment, saved)
         with _sigint_for_this_process_only():
-            cluster = stack.enter_context(
-                LocalCluster(**kwargs, silence_logs=logging.CRITICAL))
+            cluster = stack.enter_context(LocalCluster(**kwargs, silence_logs=logging.CRITICAL))
         client = stack.enter_context(Client(cluster))
         _register_blas_plugin(client)
         yield client
@@ -201,7 +228,8 @@ def _register_blas_plugin(client, rounds: int = 3) -> None:
                 raise ConnectionError(
                     f"a worker failed {rounds} times to take slem-dask's set-up while the "
                     f"scheduler answers ({type(exc).__name__}: {text}); no job started: run "
-                    f"the same command again once the cluster's workers are steady") from None
+                    f"the same command again once the cluster's workers are steady"
+                ) from None
 
 
 @contextlib.contextmanager
@@ -220,8 +248,10 @@ def _sigint_for_this_process_only():
     import signal
     import threading
 
-    if not hasattr(signal, "pthread_sigmask") or \
-            threading.current_thread() is not threading.main_thread():
+    if (
+        not hasattr(signal, "pthread_sigmask")
+        or threading.current_thread() is not threading.main_thread()
+    ):
         yield
         return
     from multiprocessing import resource_tracker

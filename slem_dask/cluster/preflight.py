@@ -20,9 +20,24 @@ __all__ = ["check_writable", "output_paths"]
 
 #: File systems that are the kernel's view of processes, devices and settings, not storage:
 #: they refuse new files (with ENOENT on /proc, EACCES on /sys, even for root).
-KERNEL_FILE_SYSTEMS = {"proc", "sysfs", "cgroup", "cgroup2", "debugfs", "tracefs",
-                       "securityfs", "configfs", "bpf", "pstore", "efivarfs", "fusectl",
-                       "devpts", "mqueue", "binfmt_misc", "nsfs"}
+KERNEL_FILE_SYSTEMS = {
+    "proc",
+    "sysfs",
+    "cgroup",
+    "cgroup2",
+    "debugfs",
+    "tracefs",
+    "securityfs",
+    "configfs",
+    "bpf",
+    "pstore",
+    "efivarfs",
+    "fusectl",
+    "devpts",
+    "mqueue",
+    "binfmt_misc",
+    "nsfs",
+}
 
 
 def _file_system(folder: str, table: str = "/proc/self/mounts") -> str | None:
@@ -65,13 +80,17 @@ def _check_store_name(key: str, path, target: str) -> None:
     from ..storage.formats import HDF5_SUFFIXES, TEXMEX
 
     suffix = os.path.splitext(target.rstrip("/"))[1].lower()
-    if (_STORE_KEYS.fullmatch(key) and suffix in (".npy", *HDF5_SUFFIXES, *TEXMEX)
-            and not os.path.exists(target)):
+    if (
+        _STORE_KEYS.fullmatch(key)
+        and suffix in (".npy", *HDF5_SUFFIXES, *TEXMEX)
+        and not os.path.exists(target)
+    ):
         raise ValueError(
             f"{key} {str(path)!r}: slem-dask writes a versioned zarr store (a folder) "
             f"there, not a {suffix} file; name it .zarr (e.g. "
             f"{os.path.splitext(str(path).rstrip('/'))[0] + '.zarr'!r}), and copy a version "
-            f"out as .npy with `slem-dask export STORE --to OUT.npy`")
+            f"out as .npy with `slem-dask export STORE --to OUT.npy`"
+        )
 
 
 def check_writable(paths: dict[str, object]) -> None:
@@ -93,7 +112,8 @@ def check_writable(paths: dict[str, object]) -> None:
             if os.path.exists(folder):  # a file where a folder must go
                 raise NotADirectoryError(
                     f"{key} {str(path)!r}: {folder!r} is a file, not a folder; give an "
-                    f"output path whose parent is a folder")
+                    f"output path whose parent is a folder"
+                )
             folder = os.path.dirname(folder)
         folders = [folder] + ([target] if os.path.isdir(target) else [])
         for place in folders:
@@ -105,16 +125,23 @@ def check_writable(paths: dict[str, object]) -> None:
                 raise OSError(
                     f"{key} {str(path)!r}: the folder {place!r} is on a {kind} file system, "
                     f"the kernel's view of the system, not storage: it cannot hold a zarr "
-                    f"store; choose an output path in a regular folder")
+                    f"store; choose an output path in a regular folder"
+                )
             if exc.errno in (errno.EROFS, errno.EACCES, errno.EPERM):
-                why = ("is on a read-only file system" if exc.errno == errno.EROFS
-                       else f"is not writable by this user (uid {os.getuid()})")
+                why = (
+                    "is on a read-only file system"
+                    if exc.errno == errno.EROFS
+                    else f"is not writable by this user (uid {os.getuid()})"
+                )
                 raise PermissionError(
                     f"{key} {str(path)!r}: the folder {place!r} {why}, so nothing can be "
                     f"written there; choose an output path in a writable folder, or make "
-                    f"{place!r} writable (remount it read-write, chmod/chown)")
-            error = OSError(f"{key} {str(path)!r}: cannot create a file in {place!r} "
-                            f"({exc.strerror}); check that folder")
+                    f"{place!r} writable (remount it read-write, chmod/chown)"
+                )
+            error = OSError(
+                f"{key} {str(path)!r}: cannot create a file in {place!r} "
+                f"({exc.strerror}); check that folder"
+            )
             error.errno = exc.errno  # kept for callers; not in the message ("[Errno 2] ...")
             raise error
 

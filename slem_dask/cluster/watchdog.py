@@ -106,17 +106,27 @@ def _probe_function():
         workers, paused = {}, {}
         for address, ws in dask_scheduler.workers.items():
             age = now - ws.last_seen
-            info = {"name": str(ws.name), "status": ws.status.name,
-                    "silent": age if age >= max(3.0, beats * beat) else 0.0,
-                    "memory": int(ws.memory.process), "limit": int(ws.memory_limit or 0)}
+            info = {
+                "name": str(ws.name),
+                "status": ws.status.name,
+                "silent": age if age >= max(3.0, beats * beat) else 0.0,
+                "memory": int(ws.memory.process),
+                "limit": int(ws.memory_limit or 0),
+            }
             if address in processing or address in inputs:
                 workers[address] = info
             if info["status"] == "paused":  # dask's memory monitor: it takes no task
                 paused[address] = info
-        return {"remaining": len(seen), "signature": hash(frozenset(seen)),
-                "processing": processing, "no_worker": no_worker, "workers": workers,
-                "inputs": {a: n for a, n in inputs.items() if a not in processing},
-                "paused": paused, "n_workers": len(dask_scheduler.workers)}
+        return {
+            "remaining": len(seen),
+            "signature": hash(frozenset(seen)),
+            "processing": processing,
+            "no_worker": no_worker,
+            "workers": workers,
+            "inputs": {a: n for a, n in inputs.items() if a not in processing},
+            "paused": paused,
+            "n_workers": len(dask_scheduler.workers),
+        }
 
     return probe
 
@@ -134,8 +144,7 @@ def describe(state: dict) -> str:
         info = state["workers"].get(address, {})
         notes = [f"{count} task{'s' if count > 1 else ''}"]
         if info.get("silent"):
-            notes.append(f"not heard from for {info['silent']:.0f} s: stopped, swapping or "
-                         f"cut off")
+            notes.append(f"not heard from for {info['silent']:.0f} s: stopped, swapping or cut off")
         elif info.get("status") == "paused":
             notes.append(_paused(info))
         elif info.get("status") not in (None, "running"):
@@ -146,50 +155,63 @@ def describe(state: dict) -> str:
     for address, count in sorted(state.get("inputs", {}).items()):
         info = state["workers"].get(address, {})
         if info.get("silent"):  # holds data the running tasks need, and is silent
-            parts.append(f"{_label(address, info)} (holds inputs of {count} of those tasks; "
-                         f"not heard from for {info['silent']:.0f} s: stopped, swapping or "
-                         f"cut off)")
+            parts.append(
+                f"{_label(address, info)} (holds inputs of {count} of those tasks; "
+                f"not heard from for {info['silent']:.0f} s: stopped, swapping or "
+                f"cut off)"
+            )
     for address, info in sorted(state.get("paused", {}).items()):
         if address not in state["processing"]:
             parts.append(f"{_label(address, info)} ({_paused(info)})")
     if state["no_worker"] and state.get("paused"):
-        parts.append(f"{state['no_worker']} task(s) that wait for a worker that is not "
-                     f"paused ({state['n_workers']} worker(s) connected)")
+        parts.append(
+            f"{state['no_worker']} task(s) that wait for a worker that is not "
+            f"paused ({state['n_workers']} worker(s) connected)"
+        )
     elif state["no_worker"]:
-        parts.append(f"{state['no_worker']} task(s) that no connected worker can run "
-                     f"({state['n_workers']} worker(s) connected)")
+        parts.append(
+            f"{state['no_worker']} task(s) that no connected worker can run "
+            f"({state['n_workers']} worker(s) connected)"
+        )
     if not parts:
         return "tasks queued on the scheduler"
-    return ("worker " if len(parts) == 1 and state["processing"] else "workers: ") + \
-        ", ".join(parts)
+    return ("worker " if len(parts) == 1 and state["processing"] else "workers: ") + ", ".join(
+        parts
+    )
 
 
 def _paused(info: dict) -> str:
     """Why dask paused a worker, in its scheduler's figures."""
     memory, limit = info.get("memory", 0), info.get("limit", 0)
     held = f"its process holds {memory / 2**20:.0f} MiB" + (
-        f", {memory / limit:.0%} of its {limit / 2**20:.0f} MiB memory limit" if limit else "")
+        f", {memory / limit:.0%} of its {limit / 2**20:.0f} MiB memory limit" if limit else ""
+    )
     return f"paused by dask for memory: {held}; it takes no task until it holds less"
 
 
 def _paused_remedy(state: dict) -> str:
     one = len(state.get("paused", {})) == 1
-    return (f"give the workers more memory (dask worker --memory-limit) or fewer threads, "
-            f"pass a smaller --partition-rows, or restart {'that worker' if one else 'them'} "
-            f"to free what {'it holds' if one else 'they hold'} "
-            f"(distributed.worker.memory.pause sets the threshold)")
+    return (
+        f"give the workers more memory (dask worker --memory-limit) or fewer threads, "
+        f"pass a smaller --partition-rows, or restart {'that worker' if one else 'them'} "
+        f"to free what {'it holds' if one else 'they hold'} "
+        f"(distributed.worker.memory.pause sets the threshold)"
+    )
 
 
 def _remedy(state: dict, why: bool = True) -> str:
     if state.get("paused") and not any(
-            state["workers"].get(a, {}).get("silent") for a in state["processing"]):
+        state["workers"].get(a, {}).get("silent") for a in state["processing"]
+    ):
         return _paused_remedy(state)
-    one = len(state["processing"]) + sum(
-        1 for a in state.get("inputs", {}) if state["workers"].get(a, {}).get("silent")) == 1
+    one = (
+        len(state["processing"])
+        + sum(1 for a in state.get("inputs", {}) if state["workers"].get(a, {}).get("silent"))
+        == 1
+    )
     text = "check or restart " + ("that worker" if one else "those workers")
     if why:
-        text += " (its tasks then run elsewhere)" if one else \
-            " (their tasks then run elsewhere)"
+        text += " (its tasks then run elsewhere)" if one else " (their tasks then run elsewhere)"
     return text
 
 
@@ -221,26 +243,36 @@ class _Progress:
             return line + " (none finished yet: no estimate of the time left)"
         rate = done / elapsed
         per_minute = f"{rate * 60:.0f}" if rate * 60 >= 100 else f"{rate * 60:.3g}"
-        return line + (f" ({per_minute}/min; about {_duration(self.left / rate)} left at "
-                       f"that rate)")
+        return line + (
+            f" ({per_minute}/min; about {_duration(self.left / rate)} left at that rate)"
+        )
 
 
 def _long_tasks(state: dict) -> bool:
     """Whether the tasks waited for all run on workers that answer and are not paused:
     slow tasks, not a worker to restart."""
     workers = state["workers"]
-    return bool(state["processing"]) and not state.get("paused") and not \
-        state["no_worker"] and all(
-            not workers.get(a, {}).get("silent") and workers.get(a, {}).get("status")
-            == "running" for a in [*state["processing"], *state.get("inputs", {})])
+    return (
+        bool(state["processing"])
+        and not state.get("paused")
+        and not state["no_worker"]
+        and all(
+            not workers.get(a, {}).get("silent") and workers.get(a, {}).get("status") == "running"
+            for a in [*state["processing"], *state.get("inputs", {})]
+        )
+    )
 
 
 def _running(state: dict) -> str:
-    parts = [f"{n} on {_label(a, state['workers'].get(a, {}))}"
-             for a, n in sorted(state["processing"].items())]
+    parts = [
+        f"{n} on {_label(a, state['workers'].get(a, {}))}"
+        for a, n in sorted(state["processing"].items())
+    ]
     count = sum(state["processing"].values())
-    return (f"{count} task{'s' if count > 1 else ''} running ({', '.join(parts)}; "
-            f"{'it answers' if len(parts) == 1 else 'they answer'})")
+    return (
+        f"{count} task{'s' if count > 1 else ''} running ({', '.join(parts)}; "
+        f"{'it answers' if len(parts) == 1 else 'they answer'})"
+    )
 
 
 def _unreachable_store(stores) -> str | None:
@@ -263,8 +295,17 @@ def _unreachable_store(stores) -> str | None:
 
 
 class _Watch:
-    def __init__(self, client, task_timeout, warn_after, interval, out, source,
-                 progress_every=None, stores=()):
+    def __init__(
+        self,
+        client,
+        task_timeout,
+        warn_after,
+        interval,
+        out,
+        source,
+        progress_every=None,
+        stores=(),
+    ):
         self.client, self.task_timeout, self.warn_after = client, task_timeout, warn_after
         self.interval, self.out, self.source = interval, out, source
         self.progress_every, self.stores = progress_every, list(stores)
@@ -272,8 +313,7 @@ class _Watch:
         self.message = None  # set when the job was given up on
         self.remedy = ""
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="slem-dask-watchdog",
-                                        daemon=True)
+        self._thread = threading.Thread(target=self._run, name="slem-dask-watchdog", daemon=True)
 
     def _say(self, text: str) -> None:
         print(f"slem-dask: {text}", file=self.out, flush=True)
@@ -289,14 +329,20 @@ class _Watch:
                 continue
             now = time.monotonic()
             self.progress.see(state["remaining"] if state else 0, now)
-            key = None if not state or not state["remaining"] else \
-                (state["remaining"], state["signature"])
+            key = (
+                None
+                if not state or not state["remaining"]
+                else (state["remaining"], state["signature"])
+            )
             if key is None or key != last:  # something finished (or nothing to wait for)
                 if warned and key is not None:
                     self._say(f"tasks progress again after {now - since:.0f} s")
                 last, since, warned = key, now, 0
-                if key is not None and self.progress_every and \
-                        now - max(said_at, self.progress.start) >= self.progress_every:
+                if (
+                    key is not None
+                    and self.progress_every
+                    and now - max(said_at, self.progress.start) >= self.progress_every
+                ):
                     said_at = now
                     self._say(self.progress.text(now))
                 continue
@@ -311,23 +357,32 @@ class _Watch:
 
     def _stall_line(self, state: dict, stalled: float, now: float) -> str:
         """What the job waits for after ``stalled`` seconds without a finished task."""
-        hint = ("" if self.task_timeout is not None else
-                "; --task-timeout SECONDS gives up after that long without progress")
+        hint = (
+            ""
+            if self.task_timeout is not None
+            else "; --task-timeout SECONDS gives up after that long without progress"
+        )
         store = _unreachable_store(self.stores)
         if store:  # its tasks wait on the store, not on a worker
             return f"no task finished for {stalled:.0f} s: {store}"
         if _long_tasks(state):
-            return (f"no task finished for {stalled:.0f} s; {self.progress.text(now)}; "
-                    f"{_running(state)}: long tasks, not a stuck worker{hint}")
-        return (f"no task finished for {stalled:.0f} s, waiting for {describe(state)}: "
-                f"{_remedy(state)}{hint}")
+            return (
+                f"no task finished for {stalled:.0f} s; {self.progress.text(now)}; "
+                f"{_running(state)}: long tasks, not a stuck worker{hint}"
+            )
+        return (
+            f"no task finished for {stalled:.0f} s, waiting for {describe(state)}: "
+            f"{_remedy(state)}{hint}"
+        )
 
     def _give_up(self, state: dict, stalled: float) -> None:
         store = _unreachable_store(self.stores)
-        self.message = (f"no task of this job finished for {stalled:.0f} s "
-                        f"({self.source}{' ' if self.source.startswith('--') else ' = '}"
-                        f"{self.task_timeout:g}), waiting for "
-                        f"{'the object store: ' + store if store else describe(state)}")
+        self.message = (
+            f"no task of this job finished for {stalled:.0f} s "
+            f"({self.source}{' ' if self.source.startswith('--') else ' = '}"
+            f"{self.task_timeout:g}), waiting for "
+            f"{'the object store: ' + store if store else describe(state)}"
+        )
         self.remedy = "once the store answers" if store else _remedy(state, why=False)
         self._cancel()
 
@@ -354,10 +409,17 @@ class _Watch:
 
 
 @contextlib.contextmanager
-def watch(client, task_timeout: float | None = None, warn_after: float | None = None,
-          interval: float | None = None, what_is_kept: str = "nothing was marked complete",
-          out=None, source: str = "--task-timeout", progress_every: float | None = None,
-          stores=()):
+def watch(
+    client,
+    task_timeout: float | None = None,
+    warn_after: float | None = None,
+    interval: float | None = None,
+    what_is_kept: str = "nothing was marked complete",
+    out=None,
+    source: str = "--task-timeout",
+    progress_every: float | None = None,
+    stores=(),
+):
     """Watch the tasks ``client`` waits for while the block runs (see the module).
 
     If the job was given up on (``task_timeout``, set by ``source``), whatever the
@@ -371,11 +433,22 @@ def watch(client, task_timeout: float | None = None, warn_after: float | None = 
         yield None
         return
     warn_after = warn_after if warn_after is not None else stall_warning_seconds()
-    interval = interval if interval is not None else _env_seconds("SLEM_DASK_WATCH_INTERVAL",
-                                                                   DEFAULT_INTERVAL)
+    interval = (
+        interval
+        if interval is not None
+        else _env_seconds("SLEM_DASK_WATCH_INTERVAL", DEFAULT_INTERVAL)
+    )
     interval = min(interval, warn_after / 2, (task_timeout or warn_after) / 2)
-    dog = _Watch(client, task_timeout, warn_after, interval, out or sys.stderr, source,
-                 progress_every, stores)
+    dog = _Watch(
+        client,
+        task_timeout,
+        warn_after,
+        interval,
+        out or sys.stderr,
+        source,
+        progress_every,
+        stores,
+    )
     try:
         with dog:
             yield dog
@@ -383,5 +456,7 @@ def watch(client, task_timeout: float | None = None, warn_after: float | None = 
         if dog.message is None:
             raise
         kept = what_is_kept() if callable(what_is_kept) else what_is_kept
-        raise TaskTimeout(f"{dog.message}; {kept}: {dog.remedy} (or raise "
-                          f"{source}), then run the same command again") from None
+        raise TaskTimeout(
+            f"{dog.message}; {kept}: {dog.remedy} (or raise "
+            f"{source}), then run the same command again"
+        ) from None

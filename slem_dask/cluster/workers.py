@@ -48,11 +48,22 @@ import numpy as np
 
 from ..storage import IntegrityError
 from ..storage.workers import ask_workers
-from ..parallel.task_memory import (KERNEL_FIT_ROW_OVERHEAD, MiB, encode_task_bytes,  # noqa: F401
-                          fit_task_bytes, kernel_fit_bytes)
+from ..parallel.task_memory import (
+    KERNEL_FIT_ROW_OVERHEAD,  # noqa: F401
+    MiB,
+    encode_task_bytes,  # noqa: F401
+    fit_task_bytes,
+    kernel_fit_bytes,
+)
 
-__all__ = ["WorkerMemoryError", "check_memory", "encode_task_bytes", "fit_task_bytes",
-           "kernel_fit_bytes", "explain_failures"]
+__all__ = [
+    "WorkerMemoryError",
+    "check_memory",
+    "encode_task_bytes",
+    "fit_task_bytes",
+    "kernel_fit_bytes",
+    "explain_failures",
+]
 
 #: The fraction of its limit at which a nanny restarts a worker, when dask's
 #: configuration does not say (distributed's default).
@@ -68,23 +79,25 @@ class WorkerMemoryError(IntegrityError):
 class Plan:
     """One job's partitions, as :func:`check_memory` saw them (for later messages)."""
 
-    what: str          # "encode" or "fit"
-    name: str          # the input, e.g. "positives"
-    rows: int          # rows per partition
+    what: str  # "encode" or "fit"
+    name: str  # the input, e.g. "positives"
+    rows: int  # rows per partition
     d: int
     dtype: str
-    task_bytes: int    # what one task needs, estimated
-    per_row: float     # bytes per row of a partition (0: rows do not matter)
-    fixed: int         # bytes that do not depend on the partition's rows
-    unit: int          # partitions are whole multiples of this many rows
+    task_bytes: int  # what one task needs, estimated
+    per_row: float  # bytes per row of a partition (0: rows do not matter)
+    fixed: int  # bytes that do not depend on the partition's rows
+    unit: int  # partitions are whole multiples of this many rows
     resumed: bool = False  # a committed output keeps its partitions: --overwrite
     limits: dict = dataclasses.field(default_factory=dict)  # worker -> memory limit
-    in_use: int = 0    # the most a worker held before the job (0: not measured)
+    in_use: int = 0  # the most a worker held before the job (0: not measured)
 
     def partition(self) -> str:
         size = self.rows * self.d * np.dtype(self.dtype).itemsize
-        return (f"partitions of {self.rows} rows x {self.d} {self.dtype} ({size / MiB:.1f} MiB; "
-                f"about {self.task_bytes / MiB:.0f} MiB per {self.what} task)")
+        return (
+            f"partitions of {self.rows} rows x {self.d} {self.dtype} ({size / MiB:.1f} MiB; "
+            f"about {self.task_bytes / MiB:.0f} MiB per {self.what} task)"
+        )
 
     def rows_that_fit(self, budget: float) -> int:
         """The most rows per partition (whole units) whose task fits in ``budget``."""
@@ -137,8 +150,11 @@ def _worker_memory(task_modules: tuple = (), dask_worker=None) -> int:
 
 def _limited_workers(client) -> dict:
     """Workers that a nanny restarts above a memory limit: {address: info}."""
-    return {a: w for a, w in client.scheduler_info().get("workers", {}).items()
-            if w.get("memory_limit") and w.get("nanny")}
+    return {
+        a: w
+        for a, w in client.scheduler_info().get("workers", {}).items()
+        if w.get("memory_limit") and w.get("nanny")
+    }
 
 
 def _in_process_workers(client) -> dict:
@@ -150,9 +166,11 @@ def _in_process_workers(client) -> dict:
 
     import psutil
 
-    found = {a: dict(w) for a, w in client.scheduler_info().get("workers", {}).items()
-             if a.startswith("inproc://") and str(os.getpid()) in a.split("/")
-             and not w.get("nanny")}
+    found = {
+        a: dict(w)
+        for a, w in client.scheduler_info().get("workers", {}).items()
+        if a.startswith("inproc://") and str(os.getpid()) in a.split("/") and not w.get("nanny")
+    }
     if found:
         room = psutil.Process().memory_info().rss + psutil.virtual_memory().available
         for w in found.values():
@@ -174,8 +192,13 @@ def check_memory(client, plan: Plan, n_tasks: int, task_modules: tuple = ()) -> 
     limited.update(in_process)
     if not limited:
         return
-    used = ask_workers(client, _worker_memory, tuple(task_modules), workers=list(limited),
-                       what="the check of the workers' memory")  # one that left: dropped
+    used = ask_workers(
+        client,
+        _worker_memory,
+        tuple(task_modules),
+        workers=list(limited),
+        what="the check of the workers' memory",
+    )  # one that left: dropped
     # measured even when there is no threshold to check against: the rows suggested
     # after workers die for memory must pass the check that the next run makes
     plan.in_use = max(used.values(), default=0)
@@ -187,32 +210,38 @@ def check_memory(client, plan: Plan, n_tasks: int, task_modules: tuple = ()) -> 
             continue
         tasks = min(int(w.get("nthreads", 1) or 1), n_tasks)
         if tasks * plan.task_bytes > fraction * w["memory_limit"] - used[address]:
-            fits = plan.rows_that_fit((_pause_fraction() * w["memory_limit"] - used[address])
-                                      / tasks)
+            fits = plan.rows_that_fit(
+                (_pause_fraction() * w["memory_limit"] - used[address]) / tasks
+            )
             short.append((fits, address, w, tasks, used[address]))
     if not short:
         return
     fits, address, w, tasks, in_use = min(short, key=lambda s: s[0])
     others = f" (and {len(short) - 1} other worker(s))" if len(short) > 1 else ""
     threads = f"{tasks} tasks at once (one per thread), each" if tasks > 1 else "one task"
-    has = (f"worker {address}{others} has a memory limit of {w['memory_limit'] / MiB:.1f} "
-           f"MiB (its nanny restarts it at {fraction:.0%}; {in_use / MiB:.0f} MiB in use)"
-           if address not in in_process else
-           f"worker {address} runs in this process, which may use {w['memory_limit'] / MiB:.1f}"
-           f" MiB (dask's memory limit, or what it holds plus this machine's available "
-           f"memory, whichever is less; the job is refused above {fraction:.0%} of it; "
-           f"{in_use / MiB:.0f} MiB in use)")
+    has = (
+        f"worker {address}{others} has a memory limit of {w['memory_limit'] / MiB:.1f} "
+        f"MiB (its nanny restarts it at {fraction:.0%}; {in_use / MiB:.0f} MiB in use)"
+        if address not in in_process
+        else f"worker {address} runs in this process, which may use {w['memory_limit'] / MiB:.1f}"
+        f" MiB (dask's memory limit, or what it holds plus this machine's available "
+        f"memory, whichever is less; the job is refused above {fraction:.0%} of it; "
+        f"{in_use / MiB:.0f} MiB in use)"
+    )
     raise WorkerMemoryError(
         f"{has}, too "
         f"little for {threads} of {plan.partition()}; nothing was computed: "
-        f"{_fix(plan, fits, in_use, tasks, address in in_process)}")
+        f"{_fix(plan, fits, in_use, tasks, address in in_process)}"
+    )
 
 
 #: Where more memory comes from: `dask worker --memory-limit` sets a worker process's; a
 #: worker in this process has what the machine has free (no option of slem-dask sets it).
-_MORE_MEMORY = {False: "give the workers more memory (dask worker --memory-limit)",
-                True: "free memory on this machine (the worker runs in this process), or run "
-                      "on a cluster with more memory (--scheduler)"}
+_MORE_MEMORY = {
+    False: "give the workers more memory (dask worker --memory-limit)",
+    True: "free memory on this machine (the worker runs in this process), or run "
+    "on a cluster with more memory (--scheduler)",
+}
 
 
 def _fix(plan: Plan, rows: int, in_use: float, tasks: int, in_process: bool = False) -> str:
@@ -221,18 +250,23 @@ def _fix(plan: Plan, rows: int, in_use: float, tasks: int, in_process: bool = Fa
         return _smaller_partitions(plan, rows, in_process=in_process)
     smallest = plan.fixed + plan.unit * plan.per_row if plan.per_row else plan.task_bytes
     want = (in_use + tasks * smallest) / _pause_fraction()
-    why = (f"even {plan.unit} rows (one chunk of the {plan.name}) need about "
-           f"{smallest / MiB:.0f} MiB per task" if plan.per_row else
-           f"a {plan.what} task holds whole chunks of the {plan.name}, whatever "
-           f"--partition-rows says")
-    more = (f"this process needs about {want / MiB:.0f} MiB: {_MORE_MEMORY[True]}"
-            if in_process else f"give each worker at least {want / MiB:.0f} MiB (dask "
-                               f"worker --memory-limit) or fewer threads")
+    why = (
+        f"even {plan.unit} rows (one chunk of the {plan.name}) need about "
+        f"{smallest / MiB:.0f} MiB per task"
+        if plan.per_row
+        else f"a {plan.what} task holds whole chunks of the {plan.name}, whatever "
+        f"--partition-rows says"
+    )
+    more = (
+        f"this process needs about {want / MiB:.0f} MiB: {_MORE_MEMORY[True]}"
+        if in_process
+        else f"give each worker at least {want / MiB:.0f} MiB (dask "
+        f"worker --memory-limit) or fewer threads"
+    )
     return f"{why}: {more}, or store the {plan.name} in smaller chunks"
 
 
-def _smaller_partitions(plan: Plan, rows: int, or_less: str = "",
-                        in_process: bool = False) -> str:
+def _smaller_partitions(plan: Plan, rows: int, or_less: str = "", in_process: bool = False) -> str:
     """The remedy "--partition-rows ROWS"; a committed output keeps its partition size
     unless rebuilt (--overwrite). A failed job's draft does not: a run with other
     partitions starts its own."""
@@ -240,8 +274,9 @@ def _smaller_partitions(plan: Plan, rows: int, or_less: str = "",
     flag, notes = f"--partition-rows {rows}{or_less}", []
     if plan.what == "encode" and plan.resumed:
         flag = f"--overwrite {flag}"
-        notes.append(f"without --overwrite the existing output keeps its partitions of "
-                     f"{plan.rows} rows")
+        notes.append(
+            f"without --overwrite the existing output keeps its partitions of {plan.rows} rows"
+        )
     notes += ["partition_rows in a job spec", f"about {need / MiB:.0f} MiB per task"]
     return f"pass {flag} ({'; '.join(notes)}), or {_MORE_MEMORY[in_process]}"
 
@@ -292,8 +327,9 @@ def _restarted(dead: list, names: dict | None) -> list:
     return [a for a in dead if a in names]
 
 
-def explain(exc: BaseException, events: list, limits: dict, what_is_kept: str,
-            names: dict | None = None) -> str | None:
+def explain(
+    exc: BaseException, events: list, limits: dict, what_is_kept: str, names: dict | None = None
+) -> str | None:
     """One line for a job that failed because workers died (``events``: the nannies'
     memory restarts during the job; ``limits``: worker -> memory limit before it;
     ``names``: worker -> name before it), or None if it did not fail so."""
@@ -305,15 +341,23 @@ def explain(exc: BaseException, events: list, limits: dict, what_is_kept: str,
     if killed is not None and not dead:
         last = getattr(getattr(killed, "last_worker", None), "address", None)
         dead = [last] if last else []
-    who = ", ".join(a if not (names or {}).get(a) or names[a] == a else f"{a} ({names[a]})"
-                    for a in dead) or "the workers"
+    who = (
+        ", ".join(
+            a if not (names or {}).get(a) or names[a] == a else f"{a} ({names[a]})" for a in dead
+        )
+        or "the workers"
+    )
     if events:
-        what = (f"worker(s) {who} ({_limits(limits, dead)}) were restarted by their nannies "
-                f"{len(events)} time(s) for exceeding their memory limit")
+        what = (
+            f"worker(s) {who} ({_limits(limits, dead)}) were restarted by their nannies "
+            f"{len(events)} time(s) for exceeding their memory limit"
+        )
     else:
         tries = getattr(killed, "allowed_failures", 3) + 1
-        what = (f"{tries} workers died running the same task (last: {who}; "
-                f"{_limits(limits, dead)}), most likely out of memory (see the workers' logs)")
+        what = (
+            f"{tries} workers died running the same task (last: {who}; "
+            f"{_limits(limits, dead)}), most likely out of memory (see the workers' logs)"
+        )
     if _remedy.get() is not None:
         return f"{what}; {what_is_kept}: {_remedy.get()}"
     if plan is None:
@@ -334,8 +378,7 @@ def explain(exc: BaseException, events: list, limits: dict, what_is_kept: str,
 
 def _worker_limits(client, field: str = "memory_limit") -> dict:
     try:
-        return {a: w.get(field) for a, w in
-                client.scheduler_info().get("workers", {}).items()}
+        return {a: w.get(field) for a, w in client.scheduler_info().get("workers", {}).items()}
     except Exception:  # noqa: BLE001
         return {}
 

@@ -10,9 +10,15 @@ from __future__ import annotations
 import contextlib
 import functools
 
-__all__ = ["factorization_threads", "one_blas_thread", "usable_cores", "TaskThreadsController",
-           "task_threads_controller",
-           "THREADED_POTRF_MIN", "OPENBLAS_THREADED_POTRF_MAX"]
+__all__ = [
+    "factorization_threads",
+    "one_blas_thread",
+    "usable_cores",
+    "TaskThreadsController",
+    "task_threads_controller",
+    "THREADED_POTRF_MIN",
+    "OPENBLAS_THREADED_POTRF_MAX",
+]
 
 #: Below this order the factorization runs on one BLAS thread. More threads save at
 #: most about 1 ms there (d = 512: 3.8 ms on 2 threads, 4.7 ms on 1, on this
@@ -36,7 +42,8 @@ def factorization_threads(d: int):
     if THREADED_POTRF_MIN <= d <= OPENBLAS_THREADED_POTRF_MAX:
         return contextlib.nullcontext()
     if d > OPENBLAS_THREADED_POTRF_MAX and not any(
-            info.get("internal_api") == "openblas" for info in _controller().info()):
+        info.get("internal_api") == "openblas" for info in _controller().info()
+    ):
         return contextlib.nullcontext()
     return task_threads_controller().limit(limits=1, user_api="blas")
 
@@ -46,8 +53,9 @@ def usable_cores() -> int:
     ``taskset`` sets it), else the machine's."""
     import os
 
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else \
-        (os.cpu_count() or 1)
+    return (
+        len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    )
 
 
 def one_blas_thread():

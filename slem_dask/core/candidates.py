@@ -73,8 +73,7 @@ def row_norm_bounds(x32: np.ndarray) -> np.ndarray:
     d = x32.shape[1]
     squares = np.einsum("ij,ij->i", x32, x32).astype(np.float64)
     with np.errstate(over="ignore", invalid="ignore"):
-        return np.sqrt((squares + _underflow_term(d)) / (1 - _gamma(d, _U32))) \
-            * (1 + 2.0**-50)
+        return np.sqrt((squares + _underflow_term(d)) / (1 - _gamma(d, _U32))) * (1 + 2.0**-50)
 
 
 def _round_down_f32(values: np.ndarray) -> np.ndarray:
@@ -147,8 +146,7 @@ class _Candidates:
         """Drop what the thresholds have risen past; rows still over the cap (near-ties
         by the thousand) leave for the exact path, so memory stays bounded."""
         rows, cols, values = self._stored()
-        over = np.bincount(rows[values >= self.theta[rows]], minlength=len(self.count)) \
-            > self.cap
+        over = np.bincount(rows[values >= self.theta[rows]], minlength=len(self.count)) > self.cap
         self.too_many |= over
         self.theta[self.too_many] = np.inf
         keep = values >= self.theta[rows]
@@ -159,8 +157,7 @@ class _Candidates:
     def _stored(self):
         if not self.rows:
             return np.empty(0, np.int64), np.empty(0, np.int64), np.empty(0, np.float32)
-        return (np.concatenate(self.rows), np.concatenate(self.cols),
-                np.concatenate(self.values))
+        return (np.concatenate(self.rows), np.concatenate(self.cols), np.concatenate(self.values))
 
     def final(self) -> tuple[np.ndarray, np.ndarray]:
         """(rows, columns) of the candidates against the final thresholds, sorted by row."""
@@ -170,9 +167,16 @@ class _Candidates:
         return rows[order], cols[order]
 
 
-def candidate_topk(queries, database, k: int, offset: int = 0,
-                   block_bytes: int = SCORE_BLOCK_BYTES, database_rows: int | None = None,
-                   on_nonfinite=None, stats: dict | None = None):
+def candidate_topk(
+    queries,
+    database,
+    k: int,
+    offset: int = 0,
+    block_bytes: int = SCORE_BLOCK_BYTES,
+    database_rows: int | None = None,
+    on_nonfinite=None,
+    stats: dict | None = None,
+):
     """Top-k database rows of every query, float64 scores, ties to the lower index.
 
     The same result as :func:`slem_dask.core.ranking.exact_topk_search` (see the
@@ -197,24 +201,35 @@ def candidate_topk(queries, database, k: int, offset: int = 0,
     q32, q_norms, x_norm = _norm_bounds(queries, database, rows_per_block)
     finite = _norms_finite(queries, database, q_norms, x_norm, on_nonfinite)
     factor = score_error_factor(d)
-    if not finite or 2 * k >= m or not np.isfinite(factor) or \
-            float(q_norms.max()) * x_norm * (1 + factor) + _underflow_term(d) >= _NO_OVERFLOW:
+    if (
+        not finite
+        or 2 * k >= m
+        or not np.isfinite(factor)
+        or float(q_norms.max()) * x_norm * (1 + factor) + _underflow_term(d) >= _NO_OVERFLOW
+    ):
         # whole rankings sort every row anyway; huge values would overflow float32
         stats["exact_rows"] += q
         return exact_topk_search(queries, database, k, offset, block_bytes=block_bytes)
     # float64 values that underflow float32 in the cast lose < 2**-149 each, absolutely
-    margin = factor * q_norms * x_norm + _underflow_term(d) + \
-        2.0**-140 * np.sqrt(d) * (q_norms + x_norm + 1)
+    margin = (
+        factor * q_norms * x_norm
+        + _underflow_term(d)
+        + 2.0**-140 * np.sqrt(d) * (q_norms + x_norm + 1)
+    )
     group = max(1, min(q, block_bytes // (4 * rows_per_block)))
     scores = np.empty((q, k))
     indices = np.empty((q, k), dtype=np.int64)
-    buffers = (np.empty(group * rows_per_block, dtype=np.float32),
-               np.empty(group * rows_per_block, dtype=bool))
+    buffers = (
+        np.empty(group * rows_per_block, dtype=np.float32),
+        np.empty(group * rows_per_block, dtype=bool),
+    )
     for i in range(0, q, group):
-        found = _candidates_of(q32[i:i + group], database, margin[i:i + group], k,
-                               rows_per_block, buffers)
-        scores[i:i + group], indices[i:i + group] = _rank_candidates(
-            found, queries[i:i + group], database, k, offset, block_bytes, stats)
+        found = _candidates_of(
+            q32[i : i + group], database, margin[i : i + group], k, rows_per_block, buffers
+        )
+        scores[i : i + group], indices[i : i + group] = _rank_candidates(
+            found, queries[i : i + group], database, k, offset, block_bytes, stats
+        )
     return scores, indices
 
 
@@ -225,9 +240,17 @@ def _norm_bounds(queries, database, rows_per_block: int):
     with np.errstate(over="ignore"):  # beyond float32: an infinite norm, the exact path
         q32 = queries.astype(np.float32, copy=False)
         q_norms = row_norm_bounds(q32)
-        x_norm = max((float(row_norm_bounds(database[j:j + rows_per_block]
-                                            .astype(np.float32, copy=False)).max())
-                      for j in range(0, m, rows_per_block)), default=0.0)
+        x_norm = max(
+            (
+                float(
+                    row_norm_bounds(
+                        database[j : j + rows_per_block].astype(np.float32, copy=False)
+                    ).max()
+                )
+                for j in range(0, m, rows_per_block)
+            ),
+            default=0.0,
+        )
     return q32, q_norms, x_norm
 
 
@@ -235,8 +258,7 @@ def _norms_finite(queries, database, q_norms, x_norm: float, on_nonfinite) -> bo
     """Whether every row norm is finite; ``on_nonfinite(name, array)`` told of each
     input that has one that is not."""
     finite = True
-    for name, norms, array in (("queries", q_norms.max(), queries),
-                               ("database", x_norm, database)):
+    for name, norms, array in (("queries", q_norms.max(), queries), ("database", x_norm, database)):
         if not np.isfinite(norms):
             finite = False
             if on_nonfinite is not None:
@@ -250,16 +272,15 @@ def _candidates_of(qb, database, margin, k: int, rows_per_block: int, buffers):
     buffer, mask = buffers
     found = _Candidates(len(qb), k, margin, 4 * k + 1024)
     for j in range(0, len(database), rows_per_block):
-        xb = database[j:j + rows_per_block].astype(np.float32, copy=False)
+        xb = database[j : j + rows_per_block].astype(np.float32, copy=False)
         shape = (len(qb), len(xb))  # contiguous views of the buffers
-        out = buffer[:shape[0] * shape[1]].reshape(shape)
+        out = buffer[: shape[0] * shape[1]].reshape(shape)
         np.matmul(qb, xb.T, out=out)
-        found.add(out, j, mask[:out.size].reshape(shape))
+        found.add(out, j, mask[: out.size].reshape(shape))
     return found
 
 
-def _rank_candidates(found, queries, database, k: int, offset: int, block_bytes: int,
-                     stats: dict):
+def _rank_candidates(found, queries, database, k: int, offset: int, block_bytes: int, stats: dict):
     """(scores, indices) of a group of ``queries``: their candidates re-scored in
     float64, or the exact path for the queries with too many candidates."""
     rows, cols = found.final()
@@ -277,15 +298,24 @@ def _rank_candidates(found, queries, database, k: int, offset: int, block_bytes:
     fast_rows = np.flatnonzero(fast)
     if fast_rows.size:
         scores[fast_rows], indices[fast_rows] = rescore_and_rank(
-            queries[fast_rows], database, renumber[rows], cols, fast_rows.size, k, offset)
-    scores[slow], indices[slow] = exact_topk_search(queries[slow], database, k, offset,
-                                                    block_bytes=block_bytes)
+            queries[fast_rows], database, renumber[rows], cols, fast_rows.size, k, offset
+        )
+    scores[slow], indices[slow] = exact_topk_search(
+        queries[slow], database, k, offset, block_bytes=block_bytes
+    )
     return scores, indices
 
 
-def topk_search(queries, database, k: int, offset: int = 0, block_bytes: int | None = None,
-                database_rows: int | None = None, on_nonfinite=None,
-                stats: dict | None = None) -> tuple[np.ndarray, np.ndarray]:
+def topk_search(
+    queries,
+    database,
+    k: int,
+    offset: int = 0,
+    block_bytes: int | None = None,
+    database_rows: int | None = None,
+    on_nonfinite=None,
+    stats: dict | None = None,
+) -> tuple[np.ndarray, np.ndarray]:
     """Top-k database rows of every query by inner product: float64 scores, ties to the
     lower index, (scores, indices + offset) each (len(queries), min(k, len(database))).
 
@@ -293,6 +323,13 @@ def topk_search(queries, database, k: int, offset: int = 0, block_bytes: int | N
     the same result as :func:`slem_dask.core.ranking.exact_topk_search` at a fraction
     of its cost. ``block_bytes`` None (or 0): :data:`SCORE_BLOCK_BYTES`.
     """
-    return candidate_topk(queries, database, k, offset,
-                          block_bytes=block_bytes or SCORE_BLOCK_BYTES,
-                          database_rows=database_rows, on_nonfinite=on_nonfinite, stats=stats)
+    return candidate_topk(
+        queries,
+        database,
+        k,
+        offset,
+        block_bytes=block_bytes or SCORE_BLOCK_BYTES,
+        database_rows=database_rows,
+        on_nonfinite=on_nonfinite,
+        stats=stats,
+    )

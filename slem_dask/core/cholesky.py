@@ -34,8 +34,9 @@ __all__ = [
 ]
 
 
-def new_columns(k_cols: np.ndarray, f_rows: np.ndarray, f_piv: np.ndarray,
-                chol_piv: np.ndarray) -> np.ndarray:
+def new_columns(
+    k_cols: np.ndarray, f_rows: np.ndarray, f_piv: np.ndarray, chol_piv: np.ndarray
+) -> np.ndarray:
     """Columns of F for a set T of new pivots, on one block of rows.
 
     E = K(rows, T) - F(rows, :t) F(T, :t)^T is the residual (Schur complement)
@@ -63,8 +64,9 @@ def update_residual_diagonal(diag: np.ndarray, cols: np.ndarray) -> np.ndarray:
     return out
 
 
-def accept_candidates(h: np.ndarray, sampled_diag: np.ndarray, uniforms: np.ndarray,
-                      floor: float, limit: int) -> tuple[np.ndarray, np.ndarray]:
+def accept_candidates(
+    h: np.ndarray, sampled_diag: np.ndarray, uniforms: np.ndarray, floor: float, limit: int
+) -> tuple[np.ndarray, np.ndarray]:
     """Rejection step of accelerated randomly pivoted Cholesky; a partial Cholesky of ``h``.
 
     ``h`` = K(S, S) - F(S, :) F(S, :)^T is the residual block of the candidates
@@ -126,8 +128,14 @@ def _project(k_piv: np.ndarray, k_self: np.ndarray, pivot_factor: np.ndarray):
     return v, u2
 
 
-def lowrank_parts(k_piv: np.ndarray, k_self: np.ndarray, pivot_factor: np.ndarray,
-                  mean: np.ndarray, g_factor: np.ndarray, lam: float):
+def lowrank_parts(
+    k_piv: np.ndarray,
+    k_self: np.ndarray,
+    pivot_factor: np.ndarray,
+    mean: np.ndarray,
+    g_factor: np.ndarray,
+    lam: float,
+):
     """(z, v, c) of the positives in the low-rank (MATLAB) model.
 
     beta = G^-1 (v - mu), N = sqrt(|beta|^2 + u^2 / lam^2) (docs/math.md#lowrank-model);
@@ -146,9 +154,18 @@ def lowrank_parts(k_piv: np.ndarray, k_self: np.ndarray, pivot_factor: np.ndarra
     return z, v, c
 
 
-def exact_parts(k_neg: np.ndarray, k_piv: np.ndarray, k_self: np.ndarray,
-                pivot_factor: np.ndarray, factor: np.ndarray, pivots: np.ndarray,
-                mean: np.ndarray, g_factor: np.ndarray, lam: float, in_span: float = 1e-10):
+def exact_parts(
+    k_neg: np.ndarray,
+    k_piv: np.ndarray,
+    k_self: np.ndarray,
+    pivot_factor: np.ndarray,
+    factor: np.ndarray,
+    pivots: np.ndarray,
+    mean: np.ndarray,
+    g_factor: np.ndarray,
+    lam: float,
+    in_span: float = 1e-10,
+):
     """(z, v, c) of the positives with the augmented factor's w kept
     (docs/math.md#augmented-factor, docs/math.md#block-inverse).
 

@@ -44,10 +44,11 @@ def pair_scores(queries, database, rows, cols) -> np.ndarray:
     d = queries.shape[1]
     step = max(1, RESCORE_ELEMENTS // max(1, d))
     for lo in range(0, rows.size, step):
-        products = np.multiply(queries[rows[lo:lo + step]], database[cols[lo:lo + step]],
-                               dtype=np.float64)
+        products = np.multiply(
+            queries[rows[lo : lo + step]], database[cols[lo : lo + step]], dtype=np.float64
+        )
         by_feature = np.ascontiguousarray(products.T)  # (d, pairs): each add is contiguous
-        total = out[lo:lo + step]
+        total = out[lo : lo + step]
         total[:] = 0.0
         for feature in by_feature:
             total += feature
@@ -73,5 +74,7 @@ def blas_gap(query_norms, database_norm: float, d: int) -> np.ndarray:
     if d * _U64 >= 0.5:
         return np.full(np.shape(query_norms), np.inf)
     with np.errstate(over="ignore", invalid="ignore"):
-        return (2 * _gamma(d, _U64) * (1 + 2.0**-40) * np.asarray(query_norms) * database_norm
-                + 4 * d * 2.0**-1022)
+        return (
+            2 * _gamma(d, _U64) * (1 + 2.0**-40) * np.asarray(query_norms) * database_norm
+            + 4 * d * 2.0**-1022
+        )

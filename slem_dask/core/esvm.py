@@ -51,7 +51,7 @@ _PASS_ROWS = 8192
 def _negative_scores(W: np.ndarray, negatives: np.ndarray, rows: int = _PASS_ROWS):
     """Yield (W @ x_i for a block of negatives) blocks of shape (B, rows)."""
     for i in range(0, len(negatives), rows):
-        yield W @ np.asarray(negatives[i:i + rows], dtype=np.float64).T
+        yield W @ np.asarray(negatives[i : i + rows], dtype=np.float64).T
 
 
 def hinge_objective(W, b, positives, negatives, lam: float, theta: float) -> np.ndarray:
@@ -67,8 +67,7 @@ def hinge_objective(W, b, positives, negatives, lam: float, theta: float) -> np.
     for scores in _negative_scores(W, negatives):
         neg += np.maximum(0.0, 1.0 + scores + b[:, None]).sum(axis=1)
     n = len(negatives)
-    return (theta * np.maximum(0.0, 1.0 - s0) + neg / n
-            + 0.5 * lam * np.einsum("ij,ij->i", W, W))
+    return theta * np.maximum(0.0, 1.0 - s0) + neg / n + 0.5 * lam * np.einsum("ij,ij->i", W, W)
 
 
 def optimal_bias(W, positives, negatives, theta: float) -> np.ndarray:
@@ -93,10 +92,19 @@ def optimal_bias(W, positives, negatives, theta: float) -> np.ndarray:
     return np.minimum(u, -1.0 - kth_largest)
 
 
-def pegasos_exemplars(positives, negatives, mean, lam: float, theta: float,
-                      n_iter: int = 1000, batch_size: int = 128, eta0: float = 1.0,
-                      bias_step: float = 0.1, average: float = 0.5,
-                      random_state: int = 0) -> tuple[np.ndarray, np.ndarray]:
+def pegasos_exemplars(
+    positives,
+    negatives,
+    mean,
+    lam: float,
+    theta: float,
+    n_iter: int = 1000,
+    batch_size: int = 128,
+    eta0: float = 1.0,
+    bias_step: float = 0.1,
+    average: float = 0.5,
+    random_state: int = 0,
+) -> tuple[np.ndarray, np.ndarray]:
     """Approximate E-SVMs (W, b) of every row of ``positives`` against ``negatives``.
 
     positives: (B, d); negatives: (n, d); mean: (d,) the negatives' mean (the
@@ -126,8 +134,8 @@ def pegasos_exemplars(positives, negatives, mean, lam: float, theta: float,
         s0 = np.einsum("ij,ij->i", W, P) + b
         sn = W @ Xb.T
         sn += b[:, None]
-        a0 = np.where(s0 < 1.0, theta, 0.0)                 # positive's active weight
-        an = (sn > -1.0).astype(np.float64) * (1.0 / m)     # negatives' active weights
+        a0 = np.where(s0 < 1.0, theta, 0.0)  # positive's active weight
+        an = (sn > -1.0).astype(np.float64) * (1.0 / m)  # negatives' active weights
         # Sub-gradient of J: lam w - a0 x0 + sum an_i x_i ; db: -a0 + sum an_i.
         grad_w = an @ Xb
         grad_w -= a0[:, None] * P
@@ -160,8 +168,9 @@ def _project_box_budget(a, upper: float, budget: float) -> np.ndarray:
     return np.clip(a - hi, 0.0, upper)
 
 
-def reference_exemplar(x0, negatives, lam: float, theta: float, rtol: float = 1e-6,
-                       max_iter: int = 200_000) -> tuple[np.ndarray, float, float, float]:
+def reference_exemplar(
+    x0, negatives, lam: float, theta: float, rtol: float = 1e-6, max_iter: int = 200_000
+) -> tuple[np.ndarray, float, float, float]:
     """Exact E-SVM of one positive, from its dual, for checking the stochastic solver.
 
     With a_0 = sum_i a_i (the equality constraint of the bias), the dual of J is
@@ -177,8 +186,8 @@ def reference_exemplar(x0, negatives, lam: float, theta: float, rtol: float = 1e
     x0 = np.asarray(x0, dtype=np.float64)
     negatives = np.asarray(negatives, dtype=np.float64)
     n = len(negatives)
-    M = x0 - negatives                                   # (n, d) rows x0 - x_i
-    L = np.linalg.norm(M, 2) ** 2 / lam                  # Lipschitz constant of the gradient
+    M = x0 - negatives  # (n, d) rows x0 - x_i
+    L = np.linalg.norm(M, 2) ** 2 / lam  # Lipschitz constant of the gradient
     upper, budget = 1.0 / n, float(theta)
 
     def dual(a):

@@ -62,8 +62,11 @@ def check_kernel_params(kernel, gamma, degree) -> tuple[str, float, int]:
             f"kernel must be one of {', '.join(repr(k) for k in KERNELS)}; got {kernel!r}"
         )
     if kernel in _USES_GAMMA:
-        gamma = check_positive_float(gamma, "gamma", f" (kernel={kernel!r}); for L2-normalized "
-                                     f"descriptors try gamma between 0.1 and 10")
+        gamma = check_positive_float(
+            gamma,
+            "gamma",
+            f" (kernel={kernel!r}); for L2-normalized descriptors try gamma between 0.1 and 10",
+        )
     else:  # unused by this kernel: not checked, passed through as 1.0
         gamma = 1.0
     if kernel in _USES_DEGREE:
@@ -88,8 +91,11 @@ def unused_params(kernel: str) -> tuple[str, ...]:
     """The parameters of :func:`check_kernel_params` that ``kernel`` ignores (gamma
     outside rbf, quad and poly; degree outside poly): reports leave them out, since a
     value printed for them would claim an effect they do not have."""
-    return tuple(name for name, users in (("gamma", _USES_GAMMA), ("degree", _USES_DEGREE))
-                 if kernel not in users)
+    return tuple(
+        name
+        for name, users in (("gamma", _USES_GAMMA), ("degree", _USES_DEGREE))
+        if kernel not in users
+    )
 
 
 def check_histogram(x: np.ndarray, kernel: str, name: str, row_offset: int = 0) -> None:
@@ -115,13 +121,15 @@ def _histogram(x: np.ndarray, y: np.ndarray, kernel: str) -> np.ndarray:
     out = np.empty((x.shape[0], y.shape[0]))
     step = max(1, _MAX_TEMP // max(1, y.shape[0] * x.shape[1]))
     for i in range(0, x.shape[0], step):
-        a = x[i:i + step, None, :]
+        a = x[i : i + step, None, :]
         if kernel == "intersection":
-            out[i:i + step] = np.minimum(a, y[None, :, :]).sum(axis=2)
+            out[i : i + step] = np.minimum(a, y[None, :, :]).sum(axis=2)
         else:
             num = 2.0 * a * y[None, :, :]
             den = a + y[None, :, :]
-            out[i:i + step] = np.divide(num, den, out=np.zeros_like(num), where=den > 0).sum(axis=2)
+            out[i : i + step] = np.divide(num, den, out=np.zeros_like(num), where=den > 0).sum(
+                axis=2
+            )
     return out
 
 
@@ -143,7 +151,7 @@ def kernel_matrix(x, y, kernel: str, gamma: float = 1.0, degree: int = 2) -> np.
     if kernel == "poly":
         root = math.sqrt(gamma)
         c = 0.5 / root
-        return (c + root * dot) ** degree - c ** degree
+        return (c + root * dot) ** degree - c**degree
     raise ValueError(f"kernel must be one of {KERNELS}, got {kernel!r}")
 
 
@@ -163,5 +171,5 @@ def kernel_diagonal(x, kernel: str, gamma: float = 1.0, degree: int = 2) -> np.n
     if kernel == "poly":
         root = math.sqrt(gamma)
         c = 0.5 / root
-        return (c + root * sq) ** degree - c ** degree
+        return (c + root * sq) ** degree - c**degree
     raise ValueError(f"kernel must be one of {KERNELS}, got {kernel!r}")

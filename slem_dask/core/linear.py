@@ -51,7 +51,8 @@ def _cholesky_inverse(a: np.ndarray, lam: float) -> np.ndarray:
     factor, info = linalg.lapack.dpotrf(a.T, lower=True, clean=False, overwrite_a=True)
     if info > 0:  # pragma: no cover - only for lam ~ -min eig
         raise np.linalg.LinAlgError(
-            f"A = Sigma + lam*I is not positive definite for lam={lam!r}; increase lam")
+            f"A = Sigma + lam*I is not positive definite for lam={lam!r}; increase lam"
+        )
     if info < 0:  # pragma: no cover
         raise ValueError(f"LAPACK dpotrf: illegal argument {-info}")
     inverse, info = linalg.lapack.dpotri(factor, lower=True, overwrite_c=True)
@@ -62,8 +63,9 @@ def _cholesky_inverse(a: np.ndarray, lam: float) -> np.ndarray:
     return inverse
 
 
-def encode_rows(rows: np.ndarray, mean: np.ndarray, precision: np.ndarray,
-                dtype=None) -> np.ndarray:
+def encode_rows(
+    rows: np.ndarray, mean: np.ndarray, precision: np.ndarray, dtype=None
+) -> np.ndarray:
     """L2-normalized SLEM vectors of ``rows``: the direction of A^-1 (x0 - mu)
     (docs/math.md#encoder).
 
@@ -96,7 +98,7 @@ def encode_rows(rows: np.ndarray, mean: np.ndarray, precision: np.ndarray,
     # piece by piece, so that each piece's centring, norms and scaling run in cache
     for lo in range(0, rows.shape[0], step):
         hi = min(rows.shape[0], lo + step)
-        delta, out = centred[:hi - lo], vectors[lo:hi]
+        delta, out = centred[: hi - lo], vectors[lo:hi]
         np.subtract(rows[lo:hi], high, out=delta)
         if low is not None:
             delta -= low
@@ -107,8 +109,7 @@ def encode_rows(rows: np.ndarray, mean: np.ndarray, precision: np.ndarray,
         extreme = np.flatnonzero(~((squares >= safe_low) & (squares <= safe_high)))
         if extreme.size:  # rows whose product or norm left the range: again, scaled
             out[extreme] = _scaled_directions(rows[lo:hi][extreme], mean, precision)
-            squares[extreme] = np.einsum("ij,ij->i", out[extreme], out[extreme],
-                                         dtype=np.float64)
+            squares[extreme] = np.einsum("ij,ij->i", out[extreme], out[extreme], dtype=np.float64)
         norms = np.sqrt(squares)
         scale = np.divide(1.0, norms, out=np.zeros_like(norms), where=norms > 0)
         out *= scale[:, None].astype(out.dtype)
@@ -139,8 +140,7 @@ def _row_squares(vectors: np.ndarray) -> np.ndarray:
     if vectors.dtype != np.float32 or d % _SQUARES_PIECE or not vectors.flags.c_contiguous:
         return np.einsum("ij,ij->i", vectors, vectors, dtype=np.float64)
     pieces = vectors.reshape(n * (d // _SQUARES_PIECE), _SQUARES_PIECE)
-    squares = np.einsum("ij,ij->i", pieces, pieces).reshape(n, -1).sum(axis=1,
-                                                                        dtype=np.float64)
+    squares = np.einsum("ij,ij->i", pieces, pieces).reshape(n, -1).sum(axis=1, dtype=np.float64)
     low, high = _FLOAT32_PARTIAL_SQUARES
     redo = np.flatnonzero(~((squares >= low) & (squares <= high)))
     if redo.size:  # tiny, huge, NaN or inf: as before, in float64
@@ -210,8 +210,9 @@ def float32_encoding_ok(cov: np.ndarray, lam: float) -> bool:
     return condition_bound(cov, lam) <= FLOAT32_ENCODE_MAX_COND
 
 
-def exemplar_solution(x0: np.ndarray, mean: np.ndarray, precision: np.ndarray,
-                      theta: float) -> tuple[np.ndarray, float]:
+def exemplar_solution(
+    x0: np.ndarray, mean: np.ndarray, precision: np.ndarray, theta: float
+) -> tuple[np.ndarray, float]:
     """Exact minimizer (w*, nu*) of J(w, nu) for one positive x0.
 
     w*  = 2 theta / (theta delta^T A^-1 delta + theta + 1) A^-1 delta
@@ -226,5 +227,7 @@ def exemplar_solution(x0: np.ndarray, mean: np.ndarray, precision: np.ndarray,
     a_inv_delta = precision @ delta
     quad = float(delta @ a_inv_delta)
     w = (2.0 * theta / (theta * quad + theta + 1.0)) * a_inv_delta
-    nu = (theta - 1.0) / (theta + 1.0) - (theta / (theta + 1.0)) * float(delta @ w) - float(mean @ w)
+    nu = (
+        (theta - 1.0) / (theta + 1.0) - (theta / (theta + 1.0)) * float(delta @ w) - float(mean @ w)
+    )
     return w, nu

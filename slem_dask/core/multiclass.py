@@ -20,9 +20,9 @@ __all__ = ["multiclass_hinge_objective", "crammer_singer_sgd"]
 
 
 def _augmented_scores(W, X, y):
-    scores = X @ W.T                         # (N, K)
-    augmented = scores + 1.0                 # Delta = 1 for y != y_i
-    augmented[np.arange(len(y)), y] -= 1.0   # Delta = 0 for y = y_i
+    scores = X @ W.T  # (N, K)
+    augmented = scores + 1.0  # Delta = 1 for y != y_i
+    augmented[np.arange(len(y)), y] -= 1.0  # Delta = 0 for y = y_i
     return scores, augmented
 
 
@@ -35,9 +35,17 @@ def multiclass_hinge_objective(W, X, y, lam: float) -> float:
     return float(0.5 * lam * np.sum(W * W) + losses.mean())
 
 
-def crammer_singer_sgd(X, y, n_classes: int, lam: float, n_iter: int = 2000,
-                       batch_size: int = 64, eta0: float = 1.0, average: float = 0.5,
-                       random_state: int = 0) -> np.ndarray:
+def crammer_singer_sgd(
+    X,
+    y,
+    n_classes: int,
+    lam: float,
+    n_iter: int = 2000,
+    batch_size: int = 64,
+    eta0: float = 1.0,
+    average: float = 0.5,
+    random_state: int = 0,
+) -> np.ndarray:
     """W (n_classes, d) approximately minimizing R(W); deterministic given ``random_state``."""
     X = np.asarray(X, dtype=np.float64)
     y = np.asarray(y, dtype=np.int64)

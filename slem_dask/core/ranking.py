@@ -13,8 +13,16 @@ import numpy as np
 
 from .dots import blas_gap, float64_norm_bounds, pair_scores
 
-__all__ = ["block_topk", "merge_topk", "rank_rows", "exact_topk_search",
-           "settled_ranking", "rescore_and_rank", "average_precision", "as_id_array"]
+__all__ = [
+    "block_topk",
+    "merge_topk",
+    "rank_rows",
+    "exact_topk_search",
+    "settled_ranking",
+    "rescore_and_rank",
+    "average_precision",
+    "as_id_array",
+]
 
 #: Bytes of float64 scores one step of :func:`exact_topk_search` holds (block_topk needs a
 #: few temporaries of the same size on top).
@@ -59,7 +67,7 @@ def block_topk(scores: np.ndarray, offset: int, k: int) -> tuple[np.ndarray, np.
     if 2 * k >= m:
         top, cols = rank_rows(scores, k)
         return top, cols + offset
-    kth = np.partition(scores, m - k, axis=1)[:, m - k:m - k + 1]  # k-th largest
+    kth = np.partition(scores, m - k, axis=1)[:, m - k : m - k + 1]  # k-th largest
     above = scores > kth
     tied = scores == kth
     needed = k - above.sum(axis=1, keepdims=True)
@@ -91,8 +99,7 @@ def _in_ranking_order(scores: np.ndarray, indices: np.ndarray) -> bool:
     if scores.shape[1] < 2:
         return True
     before, after = scores[:, :-1], scores[:, 1:]
-    return bool(((after < before) | ((after == before) & (indices[:, 1:] > indices[:, :-1])))
-                .all())
+    return bool(((after < before) | ((after == before) & (indices[:, 1:] > indices[:, :-1]))).all())
 
 
 def blas_scores(queries: np.ndarray, database: np.ndarray) -> np.ndarray:
@@ -102,9 +109,14 @@ def blas_scores(queries: np.ndarray, database: np.ndarray) -> np.ndarray:
     return queries @ database.T
 
 
-def exact_topk_search(queries: np.ndarray, database: np.ndarray, k: int, offset: int = 0,
-                      block_bytes: int = SCORE_BLOCK_BYTES,
-                      database_rows: int = 16384) -> tuple[np.ndarray, np.ndarray]:
+def exact_topk_search(
+    queries: np.ndarray,
+    database: np.ndarray,
+    k: int,
+    offset: int = 0,
+    block_bytes: int = SCORE_BLOCK_BYTES,
+    database_rows: int = 16384,
+) -> tuple[np.ndarray, np.ndarray]:
     """Top-k database rows of every query by inner product, in float64, scoring every row.
 
     Scores are formed ``block_bytes`` at a time (blocks of queries x blocks of
@@ -123,15 +135,15 @@ def exact_topk_search(queries: np.ndarray, database: np.ndarray, k: int, offset:
     indices = np.empty((q, k), dtype=np.int64)
     # database blocks outside: each is converted to float64 once, not once per query block
     for j in range(0, m, db_rows):
-        block = np.asarray(database[j:j + db_rows], dtype=np.float64)
+        block = np.asarray(database[j : j + db_rows], dtype=np.float64)
         block_norm = float(np.max(float64_norm_bounds(block), initial=0.0))
         for i in range(0, q, q_rows):
-            qb = np.asarray(queries[i:i + q_rows], dtype=np.float64)
+            qb = np.asarray(queries[i : i + q_rows], dtype=np.float64)
             gap = blas_gap(float64_norm_bounds(qb), block_norm, block.shape[1])
             part = _settled_block_topk(blas_scores(qb, block), gap, qb, block, offset + j, k)
             if j:
-                part = merge_topk([(scores[i:i + q_rows], indices[i:i + q_rows]), part], k)
-            scores[i:i + q_rows], indices[i:i + q_rows] = part
+                part = merge_topk([(scores[i : i + q_rows], indices[i : i + q_rows]), part], k)
+            scores[i : i + q_rows], indices[i : i + q_rows] = part
     return scores, indices
 
 
@@ -166,8 +178,10 @@ def rescore_and_rank(queries, database, rows, cols, n_rows: int, k: int, offset:
     scores = np.full((n_rows, width), -np.inf)
     scores[rows, position] = pair_scores(queries, database, rows, cols)
     order = _ranking_order(scores, keys)[:, :k]
-    return (np.take_along_axis(scores, order, axis=1),
-            np.take_along_axis(keys, order, axis=1) + offset)
+    return (
+        np.take_along_axis(scores, order, axis=1),
+        np.take_along_axis(keys, order, axis=1) + offset,
+    )
 
 
 def settled_ranking(queries, database, k: int) -> tuple[np.ndarray, np.ndarray]:
@@ -185,8 +199,11 @@ def settled_ranking(queries, database, k: int) -> tuple[np.ndarray, np.ndarray]:
     queries = np.asarray(queries, dtype=np.float64)
     database = np.asarray(database, dtype=np.float64)
     scores = blas_scores(queries, database)
-    gap = blas_gap(float64_norm_bounds(queries),
-                   float(np.max(float64_norm_bounds(database), initial=0.0)), database.shape[1])
+    gap = blas_gap(
+        float64_norm_bounds(queries),
+        float(np.max(float64_norm_bounds(database), initial=0.0)),
+        database.shape[1],
+    )
     columns = np.broadcast_to(np.arange(scores.shape[1]), scores.shape)
     order = _ranking_order(scores, columns)
     ranked = np.take_along_axis(scores, order, axis=1)
@@ -194,8 +211,9 @@ def settled_ranking(queries, database, k: int) -> tuple[np.ndarray, np.ndarray]:
         near = ~(ranked[:, :-1] - ranked[:, 1:] > 2.0 * gap[:, None])  # NaN/inf: near
     rows = np.flatnonzero(near.any(axis=1))
     if rows.size:
-        ranked[rows], order[rows] = _settle_runs(ranked[rows], order[rows], near[rows],
-                                                 queries[rows], database)
+        ranked[rows], order[rows] = _settle_runs(
+            ranked[rows], order[rows], near[rows], queries[rows], database
+        )
     return ranked[:, :k], order[:, :k]
 
 
@@ -228,11 +246,16 @@ def as_id_array(ids, name: str) -> np.ndarray:
     if arr.ndim == 0:
         arr = arr.reshape(1)
     if arr.ndim != 1:
-        raise ValueError(f"{name} must be a 1-D collection of database indices, got shape "
-                         f"{arr.shape}")
+        raise ValueError(
+            f"{name} must be a 1-D collection of database indices, got shape {arr.shape}"
+        )
     if arr.size and not np.issubdtype(arr.dtype, np.integer):
-        if arr.dtype == object or not np.issubdtype(arr.dtype, np.number) \
-                or not np.all(np.isfinite(arr)) or not np.all(np.mod(arr, 1) == 0):
+        if (
+            arr.dtype == object
+            or not np.issubdtype(arr.dtype, np.number)
+            or not np.all(np.isfinite(arr))
+            or not np.all(np.mod(arr, 1) == 0)
+        ):
             raise TypeError(
                 f"{name} must hold integer database indices, got {arr.dtype} values such "
                 f"as {arr[:3].tolist()!r}"

@@ -62,7 +62,8 @@ def check_precision(precision) -> str:
         raise ValueError(
             f"precision must be one of {PRECISIONS}, got {precision!r}; use 'auto' to "
             f"compute float32 input in float32 inside blocks (error <= 1e-5 relative), or "
-            f"'float64' to compute everything in float64")
+            f"'float64' to compute everything in float64"
+        )
     return precision
 
 
@@ -102,8 +103,12 @@ class ScatterStats:
     def from_array(cls, packed: np.ndarray) -> ScatterStats:
         packed = np.asarray(packed, dtype=np.float64).ravel()
         d = int(round((-1 + np.sqrt(1 + 4 * (packed.size - 2))) / 2))  # size = 2 + d + d^2
-        return cls(int(packed[0]), packed[2:2 + d].copy(),
-                   packed[2 + d:].reshape(d, d).copy(), int(packed[1]))
+        return cls(
+            int(packed[0]),
+            packed[2 : 2 + d].copy(),
+            packed[2 + d :].reshape(d, d).copy(),
+            int(packed[1]),
+        )
 
 
 def _finite_rows(values: np.ndarray, mean: np.ndarray) -> np.ndarray | None:
@@ -137,9 +142,9 @@ def column_mean(values: np.ndarray) -> np.ndarray:
     rows = min(m, max(1, _MEAN_PIECE_ELEMENTS // max(1, d)))
     wide, ones, total = np.empty((rows, d)), np.ones(rows), np.zeros(d)
     for start in range(0, m, rows):
-        piece = wide[:min(rows, m - start)]
-        np.copyto(piece, values[start:start + rows])
-        total += ones[:piece.shape[0]] @ piece
+        piece = wide[: min(rows, m - start)]
+        np.copyto(piece, values[start : start + rows])
+        total += ones[: piece.shape[0]] @ piece
     return total / m
 
 
@@ -171,8 +176,9 @@ def _float32_safe(squares: np.ndarray, centred: np.ndarray) -> bool:
     return _FLOAT32_SQUARES[0] <= top <= _FLOAT32_SQUARES[1]  # NaN: False
 
 
-def _add_scatter(scatter: np.ndarray, centred: np.ndarray, squares: np.ndarray,
-                 check_float32: bool = False) -> bool:
+def _add_scatter(
+    scatter: np.ndarray, centred: np.ndarray, squares: np.ndarray, check_float32: bool = False
+) -> bool:
     """scatter += centred^T centred (products in centred's dtype, float64 sum) and
     squares += its diagonal; True. With ``check_float32``: False, adding nothing,
     when float32 products would overflow or underflow (see :data:`_FLOAT32_SQUARES`).
@@ -253,8 +259,9 @@ class ScatterAccumulator:
         block = np.asarray(block)
         d = self.mean.shape[0]
         if block.ndim != 2 or block.shape[1] != d:
-            raise ValueError(f"expected a 2-D block of rows with {d} columns, got shape "
-                             f"{block.shape}")
+            raise ValueError(
+                f"expected a 2-D block of rows with {d} columns, got shape {block.shape}"
+            )
         if block.shape[0] == 0:
             return True
         dtype = compute_dtype(block.dtype, self.precision)
@@ -274,8 +281,13 @@ class ScatterAccumulator:
         shift = mean.astype(dtype)
         rows = product_rows(d)
         squares = np.zeros(d)  # sum of (x - shift)^2 per column, from the products
-        in_place = (overwrite and values is block and dtype == np.float32 and m <= rows
-                    and values.flags.c_contiguous)
+        in_place = (
+            overwrite
+            and values is block
+            and dtype == np.float32
+            and m <= rows
+            and values.flags.c_contiguous
+        )
         with np.errstate(over="ignore", invalid="ignore"):  # overflow is checked below
             if in_place:
                 centred = np.subtract(values, shift, out=values)
@@ -298,16 +310,17 @@ class ScatterAccumulator:
         self.count += m
         return True
 
-    def _add_shifted(self, values: np.ndarray, shift: np.ndarray, squares: np.ndarray,
-                     rows: int) -> None:
+    def _add_shifted(
+        self, values: np.ndarray, shift: np.ndarray, squares: np.ndarray, rows: int
+    ) -> None:
         """scatter += (values - shift)^T (values - shift), ``rows`` rows at a time through
         the scratch buffer, each product in the values' dtype where float32 is safe."""
         dtype, need = values.dtype, min(rows, values.shape[0])
         if self._scratch is None or self._scratch.dtype != dtype or len(self._scratch) < need:
             self._scratch = np.empty((need, values.shape[1]), dtype=dtype)
         for start in range(0, values.shape[0], rows):
-            part = values[start:start + rows]
-            centred = np.subtract(part, shift, out=self._scratch[:part.shape[0]])
+            part = values[start : start + rows]
+            centred = np.subtract(part, shift, out=self._scratch[: part.shape[0]])
             if not _add_scatter(self._scatter, centred, squares, dtype == np.float32):
                 # float32 would overflow or underflow (values beyond ~1e16 or below
                 # ~1e-13 around their mean): these rows in float64, exact as ever
@@ -336,8 +349,9 @@ def _significant(residual: np.ndarray, m: int, squares: np.ndarray) -> bool:
     deviations of the origin (a float64 shift is the mean itself: r = 0).
     """
     top = float(squares.max(initial=0.0))
-    return bool(residual.any()) and not float(m) * float(np.square(residual).max()) <= \
-        2.0**-40 * top
+    return (
+        bool(residual.any()) and not float(m) * float(np.square(residual).max()) <= 2.0**-40 * top
+    )
 
 
 def _check_magnitude(values: np.ndarray, shift: np.ndarray, squares: np.ndarray) -> None:

@@ -49,8 +49,7 @@ def check_positive_float(value, name: str, hint: str = "") -> float:
     """A finite real number > 0 (lam, theta, gamma ...)."""
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise TypeError(
-            f"{name} must be a real number > 0, got {value!r} of type "
-            f"{type(value).__name__}{hint}"
+            f"{name} must be a real number > 0, got {value!r} of type {type(value).__name__}{hint}"
         )
     value = float(value)
     if not math.isfinite(value) or value <= 0:
@@ -82,10 +81,14 @@ def parse_lam(value, name: str = "lam") -> tuple[float, bool]:
             raise ValueError(
                 f"{name}={value!r}: expected a number > 0 (absolute, in the data's squared "
                 f"units) or a number followed by 'x' (that many times the negatives' total "
-                f"variance tr(Sigma), e.g. '{DEFAULT_LAM}', the default)") from None
+                f"variance tr(Sigma), e.g. '{DEFAULT_LAM}', the default)"
+            ) from None
         return check_positive_float(number, name, f" (in {value!r})"), True
-    return check_positive_float(value, name, f"; or a text 'Cx', C times the negatives' "
-                                             f"total variance (e.g. '{DEFAULT_LAM}')"), False
+    return check_positive_float(
+        value,
+        name,
+        f"; or a text 'Cx', C times the negatives' total variance (e.g. '{DEFAULT_LAM}')",
+    ), False
 
 
 def effective_lam(value, cov: np.ndarray, name: str = "lam") -> float:
@@ -101,14 +104,21 @@ def effective_lam(value, cov: np.ndarray, name: str = "lam") -> float:
         ratio = c / (total / d)
         low, high = LAM_SCALE_LIMITS
         if not low <= ratio <= high:
-            effect = ("it barely regularizes: A = Sigma + lam I is nearly singular and "
-                      "encodings follow the noise of the smallest directions" if ratio < low
-                      else "the model barely whitens: A ~ lam I, so it only centres")
-            warnings.warn(LambdaScaleWarning(
-                f"{name}={c:g} is {ratio:.2g} times the negatives' mean variance "
-                f"(tr(Sigma)/d = {total / d:.3g}): {effect}; give a lambda relative to "
-                f"their scale, e.g. --lam {DEFAULT_LAM} ({DEFAULT_LAM[:-1]} x tr(Sigma) = "
-                f"{float(DEFAULT_LAM[:-1]) * total:.3g})"), stacklevel=4)
+            effect = (
+                "it barely regularizes: A = Sigma + lam I is nearly singular and "
+                "encodings follow the noise of the smallest directions"
+                if ratio < low
+                else "the model barely whitens: A ~ lam I, so it only centres"
+            )
+            warnings.warn(
+                LambdaScaleWarning(
+                    f"{name}={c:g} is {ratio:.2g} times the negatives' mean variance "
+                    f"(tr(Sigma)/d = {total / d:.3g}): {effect}; give a lambda relative to "
+                    f"their scale, e.g. --lam {DEFAULT_LAM} ({DEFAULT_LAM[:-1]} x tr(Sigma) = "
+                    f"{float(DEFAULT_LAM[:-1]) * total:.3g})"
+                ),
+                stacklevel=4,
+            )
     return c
 
 
@@ -126,8 +136,10 @@ def output_dtype(dtype) -> np.dtype:
 
 def _reshape_hint(x, name: str) -> str:
     if x.ndim == 1:
-        return (f"; Reshape your data: {name}.reshape(1, -1) if it is one descriptor "
-                f"(one row), {name}.reshape(-1, 1) if it is one feature")
+        return (
+            f"; Reshape your data: {name}.reshape(1, -1) if it is one descriptor "
+            f"(one row), {name}.reshape(-1, 1) if it is one feature"
+        )
     return f"; reshape it, e.g. {name}.reshape(len({name}), -1)"
 
 
@@ -149,8 +161,10 @@ def check_rows(x: Rows, name: str, min_rows: int = 1) -> Array:
     x = _checked_dask_rows(x, name) if is_dask_array(x) else _numpy_rows(x, name)
     _check_real_dtype(x, name)
     if x.shape[1] == 0:
-        raise ValueError(f"{name} has 0 feature(s) (shape={x.shape}) while a minimum of 1 "
-                         f"is required: it has no features (columns)")
+        raise ValueError(
+            f"{name} has 0 feature(s) (shape={x.shape}) while a minimum of 1 "
+            f"is required: it has no features (columns)"
+        )
     if x.shape[0] < min_rows:
         raise ValueError(
             f"{name} has {x.shape[0]} rows, shape {x.shape}: {x.shape[0]} sample(s) while a "
@@ -209,8 +223,9 @@ def _numpy_rows(x, name: str) -> np.ndarray:
 
 def _check_real_dtype(x, name: str) -> None:
     if np.issubdtype(x.dtype, np.complexfloating):
-        raise ValueError(f"{name} has dtype {x.dtype}: Complex data not supported; give "
-                         f"an array of real numbers")
+        raise ValueError(
+            f"{name} has dtype {x.dtype}: Complex data not supported; give an array of real numbers"
+        )
     if not np.issubdtype(x.dtype, np.floating) and not np.issubdtype(x.dtype, np.integer):
         raise TypeError(
             f"{name} must hold real numbers, got dtype {x.dtype}; convert it with "
@@ -272,10 +287,12 @@ def large_values_detail(peak: float) -> str:
     """What :class:`LargeValuesError` says after the parameter's name."""
     shown = f"{peak:.3g}" if np.isfinite(peak) else "beyond 1.8e308 in their sums"
     power = int(np.floor(np.log10(peak))) if np.isfinite(peak) and peak > 0 else 300
-    return (f"values up to {shown} in magnitude, beyond the {MAX_ABS_VALUE:.0e} that slem-dask "
-            f"computes with (the covariance sums their squares in float64); divide the "
-            f"descriptors by a common factor, e.g. 1e{power}, or L2-normalize them (and "
-            f"divide lam by that factor squared to keep the same model)")
+    return (
+        f"values up to {shown} in magnitude, beyond the {MAX_ABS_VALUE:.0e} that slem-dask "
+        f"computes with (the covariance sums their squares in float64); divide the "
+        f"descriptors by a common factor, e.g. 1e{power}, or L2-normalize them (and "
+        f"divide lam by that factor squared to keep the same model)"
+    )
 
 
 def check_encoded_rows(z: np.ndarray, row_offset: int = 0, zero_reason: str = "") -> None:
@@ -294,7 +311,7 @@ def check_encoded_rows(z: np.ndarray, row_offset: int = 0, zero_reason: str = ""
         return
     squares = np.asarray(squares, dtype=np.float64)
     for i in range(0, suspect.size, 1024):
-        rows = suspect[i:i + 1024]
+        rows = suspect[i : i + 1024]
         squares[rows] = np.einsum("ij,ij->i", z[rows], z[rows], dtype=np.float64)
     if np.all(squares > 0) and np.isfinite(squares).all():
         return
@@ -303,9 +320,14 @@ def check_encoded_rows(z: np.ndarray, row_offset: int = 0, zero_reason: str = ""
     zero = np.array([i for i in np.flatnonzero(squares == 0) if not z[i].any()], dtype=int)
     parts = []
     for rows, what, why in (
-            (zero, "all zeros", zero_reason or "such a row has no direction"),
-            (nonfinite, "NaN or inf", "their values overflow float64 in the encoding: divide "
-                                      "the descriptors by a common factor or L2-normalize them")):
+        (zero, "all zeros", zero_reason or "such a row has no direction"),
+        (
+            nonfinite,
+            "NaN or inf",
+            "their values overflow float64 in the encoding: divide "
+            "the descriptors by a common factor or L2-normalize them",
+        ),
+    ):
         if rows.size:
             shown = rows_text(rows + row_offset, rows.size)
             parts.append(f"{rows.size} row(s) whose encoding is {what} (rows {shown}): {why}")
@@ -319,7 +341,7 @@ def all_finite(a: np.ndarray, rows: int = 256) -> bool:
     a = np.asarray(a)
     if a.ndim < 2:
         return bool(np.isfinite(a).all())
-    return all(np.isfinite(a[i:i + rows]).all() for i in range(0, len(a), rows))
+    return all(np.isfinite(a[i : i + rows]).all() for i in range(0, len(a), rows))
 
 
 def check_finite_model(arrays: dict, what: str) -> None:
@@ -333,7 +355,8 @@ def check_finite_model(arrays: dict, what: str) -> None:
                 f"{what} has NaN or inf in its array {key!r} ({count} of {value.size} "
                 f"entries); such a model encodes positives to NaN or zeros: fit it again "
                 f"(this slem-dask refuses to fit one from values beyond {MAX_ABS_VALUE:.0e} "
-                f"or with a lam too small to invert Sigma + lam I)")
+                f"or with a lam too small to invert Sigma + lam I)"
+            )
 
 
 def rows_text(rows, count: int) -> str:
@@ -347,9 +370,13 @@ def nonfinite_rows(x: np.ndarray, row_offset: int = 0) -> tuple[int, str]:
     return bad.size, rows_text(bad, bad.size)
 
 
-def nonfinite_rows_error(name: str, count: int, shown: str | None, total: int | None = None,
-                         remedy: str = "drop or repair those rows before fitting"
-                         ) -> NonFiniteRowsError:
+def nonfinite_rows_error(
+    name: str,
+    count: int,
+    shown: str | None,
+    total: int | None = None,
+    remedy: str = "drop or repair those rows before fitting",
+) -> NonFiniteRowsError:
     """The one wording of rows with NaN or inf, in every fit and encode: how many, the
     first five (``shown``, if known), out of how many rows (``total``, if counted), the fix."""
     rows = f" (rows {shown})" if shown is not None else ""
@@ -357,8 +384,12 @@ def nonfinite_rows_error(name: str, count: int, shown: str | None, total: int | 
     return NonFiniteRowsError(name, f"{count} row(s) with NaN or inf{rows}{out_of}; {remedy}")
 
 
-def check_finite_rows(x: np.ndarray, name: str, row_offset: int = 0,
-                      remedy: str = "drop or repair those rows before running SLEM") -> None:
+def check_finite_rows(
+    x: np.ndarray,
+    name: str,
+    row_offset: int = 0,
+    remedy: str = "drop or repair those rows before running SLEM",
+) -> None:
     """Raise if any row of a numpy block holds NaN or inf, saying how many, where, and
     ``remedy``."""
     if np.isfinite(x).all():
@@ -388,22 +419,30 @@ def check_array_metadata(arr, name: str, path) -> None:
     before any chunk is listed or read (a zero chunk dimension used to end fit and
     encode with ZeroDivisionError, a shape of 1e30 rows to hang them).
     """
-    fix = (f"its zarr.json is damaged or was edited: restore it from a copy, or rewrite the "
-           f"array (zarr.create_array(..., chunks=(rows, {arr.shape[1]})))")
+    fix = (
+        f"its zarr.json is damaged or was edited: restore it from a copy, or rewrite the "
+        f"array (zarr.create_array(..., chunks=(rows, {arr.shape[1]})))"
+    )
     where = f"{name}: the zarr array at {str(path)!r}"
     for what, shape in (("chunk", arr.chunks), ("shard", getattr(arr, "shards", None))):
         if shape is not None and (len(shape) != 2 or min(shape) < 1):
-            raise ValueError(f"{where} declares {what} shape {tuple(shape)} for shape "
-                             f"{arr.shape}; a {what} dimension below 1 holds no data, so "
-                             f"{fix}")
+            raise ValueError(
+                f"{where} declares {what} shape {tuple(shape)} for shape "
+                f"{arr.shape}; a {what} dimension below 1 holds no data, so "
+                f"{fix}"
+            )
     itemsize = np.dtype(arr.dtype).itemsize
     size = int(arr.shape[0]) * int(arr.shape[1]) * itemsize
     if size > MAX_ARRAY_BYTES:
-        raise ValueError(f"{where} declares shape {arr.shape} of {arr.dtype}, {_bytes_text(size)} "
-                         f"bytes; at most 2**63 - 1 bytes can be indexed (and no store "
-                         f"holds that many), so {fix}")
+        raise ValueError(
+            f"{where} declares shape {arr.shape} of {arr.dtype}, {_bytes_text(size)} "
+            f"bytes; at most 2**63 - 1 bytes can be indexed (and no store "
+            f"holds that many), so {fix}"
+        )
     chunk = int(arr.chunks[0]) * int(arr.chunks[1]) * itemsize
     if chunk > MAX_CHUNK_BYTES:
-        raise ValueError(f"{where} declares chunks of shape {arr.chunks}, {_bytes_text(chunk)} bytes "
-                         f"each; zarr decodes a chunk whole in memory and slem-dask reads "
-                         f"chunks of at most 2**40 bytes (1 TiB), so {fix}")
+        raise ValueError(
+            f"{where} declares chunks of shape {arr.chunks}, {_bytes_text(chunk)} bytes "
+            f"each; zarr decodes a chunk whole in memory and slem-dask reads "
+            f"chunks of at most 2**40 bytes (1 TiB), so {fix}"
+        )

@@ -12,11 +12,22 @@ from .whitening import PCAWhitening
 if TYPE_CHECKING:  # NotFittedError is built on first use (__getattr__ below)
     from ._estimator import NotFittedError
 
-__all__ = ["LinearSLEM", "KernelSLEM", "ESVM", "PCAWhitening", "RawFeatures",
-           "SLEMEstimator", "NotFittedError", "load_model", "MODEL_CLASSES"]
+__all__ = [
+    "LinearSLEM",
+    "KernelSLEM",
+    "ESVM",
+    "PCAWhitening",
+    "RawFeatures",
+    "SLEMEstimator",
+    "NotFittedError",
+    "load_model",
+    "MODEL_CLASSES",
+]
 
 
-def __getattr__(name: str):  # NotFittedError is built on first use (see slem_dask.models._estimator)
+def __getattr__(
+    name: str,
+):  # NotFittedError is built on first use (see slem_dask.models._estimator)
     if name == "NotFittedError":
         from . import _estimator
 

@@ -17,11 +17,11 @@ from typing import TYPE_CHECKING
 __all__ = ["EstimatorProtocol", "NotFittedError", "DataConversionWarning"]
 
 if TYPE_CHECKING:  # built on first use by __getattr__ below; declared for type checkers
-    class NotFittedError(ValueError, AttributeError, RuntimeError):
-        ...
 
-    class DataConversionWarning(UserWarning):
-        ...
+    class NotFittedError(ValueError, AttributeError, RuntimeError): ...
+
+    class DataConversionWarning(UserWarning): ...
+
 
 _NOT_FITTED_DOC = """Raised when a model is used before ``fit`` (or ``load_model``).
 
@@ -50,10 +50,12 @@ def _sklearn_twin(name: str, fallback: tuple[type, ...], extra: tuple[type, ...]
 
 
 _TWINS = {
-    "NotFittedError": lambda: _sklearn_twin("NotFittedError", (ValueError, AttributeError),
-                                            (RuntimeError,), _NOT_FITTED_DOC),
-    "DataConversionWarning": lambda: _sklearn_twin("DataConversionWarning", (UserWarning,),
-                                                   (), _CONVERSION_DOC),
+    "NotFittedError": lambda: _sklearn_twin(
+        "NotFittedError", (ValueError, AttributeError), (RuntimeError,), _NOT_FITTED_DOC
+    ),
+    "DataConversionWarning": lambda: _sklearn_twin(
+        "DataConversionWarning", (UserWarning,), (), _CONVERSION_DOC
+    ),
 }
 _TWINS_LOCK = threading.Lock()
 
@@ -86,8 +88,11 @@ class EstimatorProtocol:
         init = cls.__init__
         if init is object.__init__:
             return []
-        params = [p for p in inspect.signature(init).parameters.values()
-                  if p.name != "self" and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+        params = [
+            p
+            for p in inspect.signature(init).parameters.values()
+            if p.name != "self" and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)
+        ]
         return sorted(p.name for p in params)
 
     def get_params(self, deep: bool = True) -> dict:
@@ -135,19 +140,23 @@ class EstimatorProtocol:
         return ["float64", "float32"]
 
     def __sklearn_tags__(self):
-        from sklearn.utils import (ClassifierTags, InputTags, Tags, TargetTags,
-                                   TransformerTags)
+        from sklearn.utils import ClassifierTags, InputTags, Tags, TargetTags, TransformerTags
 
         classifier = self._estimator_type == "classifier"
         return Tags(
             estimator_type=self._estimator_type,
             target_tags=TargetTags(required=classifier),
-            transformer_tags=(None if classifier
-                              else TransformerTags(preserves_dtype=self._preserved_dtypes())),
+            transformer_tags=(
+                None if classifier else TransformerTags(preserves_dtype=self._preserved_dtypes())
+            ),
             classifier_tags=ClassifierTags(multi_class=True) if classifier else None,
             input_tags=InputTags(two_d_array=True, allow_nan=False),
         )
 
     def _more_tags(self) -> dict:  # scikit-learn < 1.6
-        return {"requires_y": self._estimator_type == "classifier", "allow_nan": False,
-                "X_types": ["2darray"], "preserves_dtype": self._preserved_dtypes()}
+        return {
+            "requires_y": self._estimator_type == "classifier",
+            "allow_nan": False,
+            "X_types": ["2darray"],
+            "preserves_dtype": self._preserved_dtypes(),
+        }

@@ -10,8 +10,16 @@ import numpy as np
 from .. import storage
 from . import _estimator
 from ._estimator import EstimatorProtocol
-from ..core.validation import (Array, Rows, check_finite_model, check_finite_rows,
-                               check_n_features, check_rows, is_dask_array, output_dtype)
+from ..core.validation import (
+    Array,
+    Rows,
+    check_finite_model,
+    check_finite_rows,
+    check_n_features,
+    check_rows,
+    is_dask_array,
+    output_dtype,
+)
 
 if TYPE_CHECKING:
     from numpy.typing import DTypeLike
@@ -20,7 +28,9 @@ if TYPE_CHECKING:
 __all__ = ["SLEMEstimator", "load_model", "MODEL_CLASSES", "NotFittedError"]
 
 
-def __getattr__(name: str):  # NotFittedError is built on first use (see slem_dask.models._estimator)
+def __getattr__(
+    name: str,
+):  # NotFittedError is built on first use (see slem_dask.models._estimator)
     if name == "NotFittedError":
         return _estimator.NotFittedError
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
@@ -64,6 +74,7 @@ class SLEMEstimator(EstimatorProtocol):
     n_features_in_: int
 
     if TYPE_CHECKING:  # every model defines them; declared here for the type checker
+
         def fit(self, X: Rows, y: object = None) -> Self: ...
 
         def transform(self, X: Rows, dtype: DTypeLike | None = None) -> Array: ...
@@ -124,8 +135,11 @@ class SLEMEstimator(EstimatorProtocol):
         self._check_fitted()
         _, arrays = self._state()
         arrays = {k: v for k, v in arrays.items() if k not in self._bookkeeping_arrays}
-        params = {k: v for k, v in self.get_params().items()
-                  if k not in self._exemplar_only_params + self._execution_params}
+        params = {
+            k: v
+            for k, v in self.get_params().items()
+            if k not in self._exemplar_only_params + self._execution_params
+        }
         return storage.fingerprint(arrays, params)
 
     @property
@@ -140,8 +154,10 @@ class SLEMEstimator(EstimatorProtocol):
     @property
     def encoding_identity_(self) -> str:
         """:attr:`identity_` without the parameters that do not change ``transform``."""
-        return self._identity(self._exemplar_only_params + self._execution_params) \
+        return (
+            self._identity(self._exemplar_only_params + self._execution_params)
             or self.encoding_fingerprint_
+        )
 
     def _mark_fitted_on(self, negatives_fingerprint: str) -> None:
         """Record that the arrays as they are now were fitted on those negatives."""
@@ -158,11 +174,22 @@ class SLEMEstimator(EstimatorProtocol):
         params = {k: v for k, v in self.get_params().items() if k not in left_out}
         return storage.fingerprint(
             {k: arrays[k] for k in self._identity_arrays},
-            {"model": type(self).__name__, "params": params, "negatives": negatives,
-             "n_samples": getattr(self, "n_samples_", None), "numerics": IDENTITY_VERSION})
+            {
+                "model": type(self).__name__,
+                "params": params,
+                "negatives": negatives,
+                "n_samples": getattr(self, "n_samples_", None),
+                "numerics": IDENTITY_VERSION,
+            },
+        )
 
-    def save(self, path: str | os.PathLike[str], overwrite: bool = False,
-             metadata: dict | None = None, lease=None) -> str:
+    def save(
+        self,
+        path: str | os.PathLike[str],
+        overwrite: bool = False,
+        metadata: dict | None = None,
+        lease=None,
+    ) -> str:
         """Write the fitted model to a zarr group at ``path``; return its fingerprint.
 
         ``metadata``: extra JSON-serializable facts to record (e.g. the source).
@@ -172,9 +199,15 @@ class SLEMEstimator(EstimatorProtocol):
         self._check_fitted()
         info, arrays = self._state()
         check_finite_model(arrays, f"model: this {type(self).__name__}")  # never saved
-        return storage.write_model_store(path, type(self).__name__, self.get_params(),
-                                         arrays, {**info, **(metadata or {})},
-                                         overwrite=overwrite, lease=lease)
+        return storage.write_model_store(
+            path,
+            type(self).__name__,
+            self.get_params(),
+            arrays,
+            {**info, **(metadata or {})},
+            overwrite=overwrite,
+            lease=lease,
+        )
 
     def similarity(self, p: Rows, q: Rows) -> Array:
         """Matching scores: cosines of the SLEM vectors of the rows of ``p`` and ``q``.

@@ -39,15 +39,18 @@ def _check_target(y, n_rows: int, name: str = "X", stacklevel: int = 3) -> np.nd
     y = np.asarray(y)
     if y.ndim == 2 and y.shape[1] == 1:
         # no quotes in the message: scikit-learn's check matches the warning's repr
-        warnings.warn(_estimator.DataConversionWarning(
-            f"A column-vector y was passed when a 1d array was expected: y has shape "
-            f"{y.shape}, read as one label per row of {name}; pass y.ravel() to silence "
-            f"this warning"), stacklevel=stacklevel)
+        warnings.warn(
+            _estimator.DataConversionWarning(
+                f"A column-vector y was passed when a 1d array was expected: y has shape "
+                f"{y.shape}, read as one label per row of {name}; pass y.ravel() to silence "
+                f"this warning"
+            ),
+            stacklevel=stacklevel,
+        )
         y = y.ravel()
     if y.ndim != 1 or len(y) != n_rows:
         raise ValueError(
-            f"y must be 1-D with one label per row of {name} ({n_rows} rows), got shape "
-            f"{y.shape}"
+            f"y must be 1-D with one label per row of {name} ({n_rows} rows), got shape {y.shape}"
         )
     return y
 
@@ -56,13 +59,21 @@ def _check_labelled(X, y, name="X"):
     X = np.asarray(check_rows(X, name))
     check_finite_rows(X, name)
     if y is None:
-        raise ValueError("this classifier requires y to be passed, but the target y is None; "
-                         "give one class label per row of X")
+        raise ValueError(
+            "this classifier requires y to be passed, but the target y is None; "
+            "give one class label per row of X"
+        )
     y = _check_target(y, len(X), name, stacklevel=4)  # warn at the caller of fit
-    if y.dtype.kind == "f" and not np.all(np.mod(y[np.isfinite(y)], 1) == 0) \
-            or y.dtype.kind == "f" and not np.all(np.isfinite(y)):
-        raise ValueError("Unknown label type: y holds continuous values (floats that are not "
-                         "whole numbers, or NaN); a classifier needs class labels")
+    if (
+        y.dtype.kind == "f"
+        and not np.all(np.mod(y[np.isfinite(y)], 1) == 0)
+        or y.dtype.kind == "f"
+        and not np.all(np.isfinite(y))
+    ):
+        raise ValueError(
+            "Unknown label type: y holds continuous values (floats that are not "
+            "whole numbers, or NaN); a classifier needs class labels"
+        )
     classes, codes = np.unique(y, return_inverse=True)
     if len(classes) < 2:
         raise ValueError(f"y has {len(classes)} class(es); at least 2 are needed to classify")
@@ -85,7 +96,8 @@ class _Classifier(EstimatorProtocol):
     def _check_fitted(self):
         if not hasattr(self, "coef_"):
             raise _estimator.NotFittedError(
-                f"this {type(self).__name__} is not fitted yet; call fit(X, y)")
+                f"this {type(self).__name__} is not fitted yet; call fit(X, y)"
+            )
 
     def _scores(self, X) -> np.ndarray:
         self._check_fitted()
@@ -144,7 +156,8 @@ class CentroidSLEMClassifier(_Classifier):
         self.intercept_ = np.empty(K)
         for c in range(K):
             self.coef_[c], self.intercept_[c] = exemplar_solution(
-                self.centroids_[c], self.slem_.mean_, self.slem_.precision_, float(self.theta))
+                self.centroids_[c], self.slem_.mean_, self.slem_.precision_, float(self.theta)
+            )
         return self
 
 
@@ -162,9 +175,16 @@ class MulticlassSVM(_Classifier):
     Attributes: classes_, coef_ (K, d), intercept_ (K,).
     """
 
-    def __init__(self, lam: float = 1e-4, n_iter: int = 3000, batch_size: int = 64,
-                 eta0: float = 1.0, fit_intercept: bool = True, normalize: bool = True,
-                 random_state: int = 0):
+    def __init__(
+        self,
+        lam: float = 1e-4,
+        n_iter: int = 3000,
+        batch_size: int = 64,
+        eta0: float = 1.0,
+        fit_intercept: bool = True,
+        normalize: bool = True,
+        random_state: int = 0,
+    ):
         self.lam = lam
         self.n_iter = n_iter
         self.batch_size = batch_size
@@ -188,9 +208,16 @@ class MulticlassSVM(_Classifier):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < 1:
                 raise ValueError(f"{name} must be an integer >= 1, got {v!r}")
-        W = crammer_singer_sgd(self._augment(X), codes, len(classes), float(self.lam),
-                               int(self.n_iter), int(self.batch_size), float(self.eta0),
-                               random_state=self.random_state)
+        W = crammer_singer_sgd(
+            self._augment(X),
+            codes,
+            len(classes),
+            float(self.lam),
+            int(self.n_iter),
+            int(self.batch_size),
+            float(self.eta0),
+            random_state=self.random_state,
+        )
         self.classes_ = classes
         self.n_features_in_ = int(X.shape[1])
         self.coef_ = W[:, :-1] if self.fit_intercept else W
@@ -205,9 +232,17 @@ class MulticlassSVM(_Classifier):
         return multiclass_hinge_objective(W, self._augment(np.asarray(X)), codes, float(self.lam))
 
 
-def compare_classifiers(X_train, y_train, X_test, y_test, negatives=None, lam: float = 1e-3,
-                        svm_lam: float = 1e-4, svm_iter: int = 3000,
-                        random_state: int = 0) -> list[dict]:
+def compare_classifiers(
+    X_train,
+    y_train,
+    X_test,
+    y_test,
+    negatives=None,
+    lam: float = 1e-3,
+    svm_lam: float = 1e-4,
+    svm_iter: int = 3000,
+    random_state: int = 0,
+) -> list[dict]:
     """Accuracy of class-level classifiers on raw features and on SLEM.
 
     Rows: nearest class mean by cosine on raw features; multi-class SVM on raw
@@ -221,13 +256,21 @@ def compare_classifiers(X_train, y_train, X_test, y_test, negatives=None, lam: f
     def timed(name, fit_predict):
         t = time.perf_counter()
         predicted = fit_predict()
-        rows.append({"method": name, "accuracy": float(np.mean(predicted == np.asarray(y_test))),
-                     "time [s]": time.perf_counter() - t})
+        rows.append(
+            {
+                "method": name,
+                "accuracy": float(np.mean(predicted == np.asarray(y_test))),
+                "time [s]": time.perf_counter() - t,
+            }
+        )
 
     def nearest_mean():
         classes, codes = np.unique(y_train, return_inverse=True)
-        centres = normalize_rows(np.stack([normalize_rows(X_train)[codes == c].mean(axis=0)
-                                           for c in range(len(classes))]))
+        centres = normalize_rows(
+            np.stack(
+                [normalize_rows(X_train)[codes == c].mean(axis=0) for c in range(len(classes))]
+            )
+        )
         return classes[np.argmax(normalize_rows(X_test) @ centres.T, axis=1)]
 
     def svm(train, test):
@@ -240,7 +283,9 @@ def compare_classifiers(X_train, y_train, X_test, y_test, negatives=None, lam: f
 
     timed("raw: nearest class mean (cosine)", nearest_mean)
     timed("raw: multi-class SVM", lambda: svm(X_train, X_test))
-    timed("SLEM: class-centroid classifiers",
-          lambda: CentroidSLEMClassifier(lam=lam).fit(X_train, y_train, negatives).predict(X_test))
+    timed(
+        "SLEM: class-centroid classifiers",
+        lambda: CentroidSLEMClassifier(lam=lam).fit(X_train, y_train, negatives).predict(X_test),
+    )
     timed("SLEM vectors: multi-class SVM", slem_svm)
     return rows

@@ -10,8 +10,14 @@ import numpy as np
 from ..core.esvm import hinge_objective, optimal_bias, pegasos_exemplars
 from ..core.whitening import normalize_rows
 from ..parallel.blocks import map_rows, shared
-from ..core.validation import (Array, Rows, check_finite_rows, check_positive_float, check_rows,
-                               is_dask_array)
+from ..core.validation import (
+    Array,
+    Rows,
+    check_finite_rows,
+    check_positive_float,
+    check_rows,
+    is_dask_array,
+)
 from .base import SLEMEstimator, fresh_seed
 
 if TYPE_CHECKING:
@@ -34,8 +40,8 @@ def _encode_exemplars(rows, negatives, mean, params: dict) -> np.ndarray:
     """Normalized E-SVM weight vector of every row, trained _POSITIVE_BATCH rows at a time."""
     out = np.empty(rows.shape, dtype=np.float64)
     for i in range(0, len(rows), _POSITIVE_BATCH):
-        W, _ = pegasos_exemplars(rows[i:i + _POSITIVE_BATCH], negatives, mean, **params)
-        out[i:i + _POSITIVE_BATCH] = normalize_rows(W)
+        W, _ = pegasos_exemplars(rows[i : i + _POSITIVE_BATCH], negatives, mean, **params)
+        out[i : i + _POSITIVE_BATCH] = normalize_rows(W)
     return out
 
 
@@ -73,12 +79,18 @@ class ESVM(SLEMEstimator):
     negatives_ (n, d) float64, mean_ (d,), n_samples_, n_features_in_, input_dtype_.
     """
 
-    _param_names = ("lam", "theta", "n_iter", "batch_size", "eta0", "bias_step",
-                    "random_state")
+    _param_names = ("lam", "theta", "n_iter", "batch_size", "eta0", "bias_step", "random_state")
 
-    def __init__(self, lam: float = 1e-2, theta: float = 1.0, n_iter: int = 1000,
-                 batch_size: int = 128, eta0: float = 1.0, bias_step: float = 0.1,
-                 random_state: int | None = 0):
+    def __init__(
+        self,
+        lam: float = 1e-2,
+        theta: float = 1.0,
+        n_iter: int = 1000,
+        batch_size: int = 128,
+        eta0: float = 1.0,
+        bias_step: float = 0.1,
+        random_state: int | None = 0,
+    ):
         self.lam = lam
         self.theta = theta
         self.n_iter = n_iter
@@ -101,9 +113,15 @@ class ESVM(SLEMEstimator):
         seed = self.random_state
         if seed is None:
             seed = fresh_seed()
-        return {"lam": float(self.lam), "theta": float(self.theta), "n_iter": int(self.n_iter),
-                "batch_size": int(self.batch_size), "eta0": float(self.eta0),
-                "bias_step": float(self.bias_step), "random_state": seed}
+        return {
+            "lam": float(self.lam),
+            "theta": float(self.theta),
+            "n_iter": int(self.n_iter),
+            "batch_size": int(self.batch_size),
+            "eta0": float(self.eta0),
+            "bias_step": float(self.bias_step),
+            "random_state": seed,
+        }
 
     # -- fit ----------------------------------------------------------
     def fit(self, X: Rows, y: object = None) -> Self:
@@ -134,12 +152,19 @@ class ESVM(SLEMEstimator):
         dtype = self._output_dtype(X, dtype)
         params = self._solver_params()
         if is_dask_array(X):
-            return map_rows(_encode_exemplars, X,
-                            (shared(self.negatives_), shared(self.mean_), params),
-                            self.n_features_in_, dtype, "X", "esvm-encode")
+            return map_rows(
+                _encode_exemplars,
+                X,
+                (shared(self.negatives_), shared(self.mean_), params),
+                self.n_features_in_,
+                dtype,
+                "X",
+                "esvm-encode",
+            )
         check_finite_rows(X, "X")
-        return _encode_exemplars(np.asarray(X), self.negatives_, self.mean_,
-                                 params).astype(dtype, copy=False)
+        return _encode_exemplars(np.asarray(X), self.negatives_, self.mean_, params).astype(
+            dtype, copy=False
+        )
 
     def exemplars(self, P: Rows) -> tuple[np.ndarray, np.ndarray]:
         """Unnormalized (W, b) of the rows of ``P`` (numpy). W from the stochastic
@@ -151,8 +176,9 @@ class ESVM(SLEMEstimator):
         params = self._solver_params()
         W = np.empty(P.shape)
         for i in range(0, len(P), _POSITIVE_BATCH):
-            W[i:i + _POSITIVE_BATCH], _ = pegasos_exemplars(
-                P[i:i + _POSITIVE_BATCH], self.negatives_, self.mean_, **params)
+            W[i : i + _POSITIVE_BATCH], _ = pegasos_exemplars(
+                P[i : i + _POSITIVE_BATCH], self.negatives_, self.mean_, **params
+            )
         return W, optimal_bias(W, P, self.negatives_, float(self.theta))
 
     def exemplar(self, x0) -> tuple[np.ndarray, float]:
@@ -174,8 +200,11 @@ class ESVM(SLEMEstimator):
 
     # -- persistence --------------------------------------------------
     def _state(self):
-        info = {"n_samples": self.n_samples_, "n_features": self.n_features_in_,
-                "input_dtype": self.input_dtype_}
+        info = {
+            "n_samples": self.n_samples_,
+            "n_features": self.n_features_in_,
+            "input_dtype": self.input_dtype_,
+        }
         return info, {"negatives": self.negatives_}
 
     def _set_state(self, info, arrays):

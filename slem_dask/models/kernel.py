@@ -17,8 +17,17 @@ from ..parallel.blocks import locate_nonfinite_rows, shared
 from ..core.statistics import ScatterStats, merge_statistics
 from ..parallel.kernel import CholeskyConfig, incomplete_cholesky
 from ..parallel.kernel_stream import check_strategy, choose_strategy, factor_statistics
-from ..core.validation import (MAX_ABS_VALUE, Array, LargeValuesError, NonFiniteRowsError, Rows,
-                          check_positive_float, check_rows, is_dask_array, nonfinite_rows_error)
+from ..core.validation import (
+    MAX_ABS_VALUE,
+    Array,
+    LargeValuesError,
+    NonFiniteRowsError,
+    Rows,
+    check_positive_float,
+    check_rows,
+    is_dask_array,
+    nonfinite_rows_error,
+)
 from .base import SLEMEstimator, fresh_seed
 from .kernel_blocks import _encode_block, _Encoder, _packed_block, _similarity_block
 
@@ -64,8 +73,10 @@ def _check_int_or_none(value, name: str, hint: str = ""):
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise TypeError(f"{name} must be an integer >= 1 or None, got {value!r} of type "
-                        f"{type(value).__name__}{hint}")
+        raise TypeError(
+            f"{name} must be an integer >= 1 or None, got {value!r} of type "
+            f"{type(value).__name__}{hint}"
+        )
     if value < 1:
         raise ValueError(f"{name} must be an integer >= 1 or None, got {value!r}{hint}")
     return int(value)
@@ -144,18 +155,37 @@ class KernelSLEM(SLEMEstimator):
     negatives_ (n, d), factor_ (n, r) : only with ``exact=True``.
     """
 
-    _param_names = ("kernel", "gamma", "degree", "lam", "rank", "pivoting", "tol",
-                    "random_state", "exact", "strategy")
+    _param_names = (
+        "kernel",
+        "gamma",
+        "degree",
+        "lam",
+        "rank",
+        "pivoting",
+        "tol",
+        "random_state",
+        "exact",
+        "strategy",
+    )
     _execution_params = ("strategy",)
     _bookkeeping_arrays = ("factor_scatter",)  # read by update(), never by transform()
     _identity_arrays = ("pivots",)  # other pivots: another basis, not other rounding
     #: None for a model loaded from a store (the reason is not saved)
     strategy_reason_: str | None
 
-    def __init__(self, kernel: str = "rbf", gamma: float = 0.1, degree: int = 2,
-                 lam: float = 1e-3, rank: int | None = None, pivoting: str = "greedy",
-                 tol: float = 1e-3, random_state: int | None = None, exact: bool = False,
-                 strategy: str = "auto"):
+    def __init__(
+        self,
+        kernel: str = "rbf",
+        gamma: float = 0.1,
+        degree: int = 2,
+        lam: float = 1e-3,
+        rank: int | None = None,
+        pivoting: str = "greedy",
+        tol: float = 1e-3,
+        random_state: int | None = None,
+        exact: bool = False,
+        strategy: str = "auto",
+    ):
         self.kernel = kernel
         self.gamma = gamma
         self.degree = degree
@@ -169,23 +199,32 @@ class KernelSLEM(SLEMEstimator):
 
     def _check_params(self):
         kernel, gamma, degree = check_kernel_params(self.kernel, self.gamma, self.degree)
-        lam = check_positive_float(self.lam, "lam", "; typical values are 1e-4 to 1e-1 for "
-                                   "L2-normalized descriptors")
-        rank = _check_int_or_none(self.rank, "rank", "; the number of pivots of the "
-                                  "incomplete Cholesky factor, e.g. 256")
+        lam = check_positive_float(
+            self.lam, "lam", "; typical values are 1e-4 to 1e-1 for L2-normalized descriptors"
+        )
+        rank = _check_int_or_none(
+            self.rank, "rank", "; the number of pivots of the incomplete Cholesky factor, e.g. 256"
+        )
         if self.pivoting not in PIVOTING:
-            raise ValueError(f"pivoting must be one of {', '.join(map(repr, PIVOTING))}; "
-                             f"got {self.pivoting!r}")
-        if isinstance(self.tol, bool) or not isinstance(self.tol, numbers.Real) \
-                or not (0 <= float(self.tol) < 1) or math.isnan(float(self.tol)):
-            raise ValueError(f"tol must be a number in [0, 1), the residual trace fraction at "
-                             f"which the factorization stops, got {self.tol!r}; e.g. 1e-3 "
-                             f"(0: stop on rank only)")
+            raise ValueError(
+                f"pivoting must be one of {', '.join(map(repr, PIVOTING))}; got {self.pivoting!r}"
+            )
+        if (
+            isinstance(self.tol, bool)
+            or not isinstance(self.tol, numbers.Real)
+            or not (0 <= float(self.tol) < 1)
+            or math.isnan(float(self.tol))
+        ):
+            raise ValueError(
+                f"tol must be a number in [0, 1), the residual trace fraction at "
+                f"which the factorization stops, got {self.tol!r}; e.g. 1e-3 "
+                f"(0: stop on rank only)"
+            )
         seed = self.random_state
-        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, numbers.Integral)
-                                 or seed < 0):
-            raise TypeError(f"random_state must be a non-negative integer or None, got "
-                            f"{seed!r}")
+        if seed is not None and (
+            isinstance(seed, bool) or not isinstance(seed, numbers.Integral) or seed < 0
+        ):
+            raise TypeError(f"random_state must be a non-negative integer or None, got {seed!r}")
         if not isinstance(self.exact, (bool, np.bool_)):
             raise TypeError(f"exact must be True or False, got {self.exact!r}")
         check_strategy(self.strategy)
@@ -194,9 +233,13 @@ class KernelSLEM(SLEMEstimator):
         return kernel, gamma, degree, lam, rank
 
     # -- fit ----------------------------------------------------------
-    def fit(self, X: Rows, y: object = None,
-            progress: Callable[[int, int, float], object] | None = None,
-            checkpoint: FinalPassCheckpoint | None = None) -> Self:
+    def fit(
+        self,
+        X: Rows,
+        y: object = None,
+        progress: Callable[[int, int, float], object] | None = None,
+        checkpoint: FinalPassCheckpoint | None = None,
+    ) -> Self:
         """Factor the negatives' kernel matrix and learn G; ``X`` (n, d) numpy or dask.
 
         ``progress``: None, or a callable ``progress(round_no, n_pivots, trace_error)``
@@ -211,19 +254,30 @@ class KernelSLEM(SLEMEstimator):
         kernel, gamma, degree, lam, rank = self._check_params()
         X = check_rows(X, "X", min_rows=2)
         n, d = X.shape
-        seed = (int(self.random_state) if self.random_state is not None
-                else fresh_seed())
-        cfg = CholeskyConfig(kernel=kernel, gamma=gamma, degree=degree,
-                             pivoting=self.pivoting, rank=min(rank or n, n),
-                             tol=float(self.tol), seed=seed, gather=bool(self.exact))
+        seed = int(self.random_state) if self.random_state is not None else fresh_seed()
+        cfg = CholeskyConfig(
+            kernel=kernel,
+            gamma=gamma,
+            degree=degree,
+            pivoting=self.pivoting,
+            rank=min(rank or n, n),
+            tol=float(self.tol),
+            seed=seed,
+            gather=bool(self.exact),
+        )
         block_rows = _numpy_block_rows(n, d)
-        strategy, reason = choose_strategy(self.strategy, X, rank, bool(self.exact),
-                                           self.pivoting)
+        strategy, reason = choose_strategy(self.strategy, X, rank, bool(self.exact), self.pivoting)
         streaming = strategy == "streaming"
         try:
-            res = incomplete_cholesky(X, cfg, block_rows=block_rows, name="X",
-                                      on_round=progress, streaming=streaming,
-                                      checkpoint=checkpoint if streaming else None)
+            res = incomplete_cholesky(
+                X,
+                cfg,
+                block_rows=block_rows,
+                name="X",
+                on_round=progress,
+                streaming=streaming,
+                checkpoint=checkpoint if streaming else None,
+            )
         except NonFiniteRowsError:
             raise _nonfinite_rows(X) from None
         except LargeValuesError as exc:
@@ -267,31 +321,46 @@ class KernelSLEM(SLEMEstimator):
         """
         self._check_fitted()
         if self.exact:
-            raise ValueError("update: an exact=True model keeps all negatives and the n x r "
-                             "factor; refit it on all rows (fit) instead")
+            raise ValueError(
+                "update: an exact=True model keeps all negatives and the n x r "
+                "factor; refit it on all rows (fit) instead"
+            )
         if getattr(self, "factor_scatter_", None) is None:
-            raise ValueError("update: this model was saved by a slem-dask that did not keep "
-                             "the scatter of F's rows (factor_scatter); refit it on all rows "
-                             "(slem-dask fit --update --repivot, or fit())")
+            raise ValueError(
+                "update: this model was saved by a slem-dask that did not keep "
+                "the scatter of F's rows (factor_scatter); refit it on all rows "
+                "(slem-dask fit --update --repivot, or fit())"
+            )
         kernel, gamma, degree, lam, _ = self._check_params()
         X = check_rows(X, "X", min_rows=1)
         if X.shape[1] != self.n_features_in_:
-            raise ValueError(f"update: X has {X.shape[1]} features but the model is fitted on "
-                             f"{self.n_features_in_}; give rows of the same negatives")
-        cfg = CholeskyConfig(kernel=kernel, gamma=gamma, degree=degree, pivoting=self.pivoting,
-                             rank=self.rank_, tol=float(self.tol), seed=self.seed_)
+            raise ValueError(
+                f"update: X has {X.shape[1]} features but the model is fitted on "
+                f"{self.n_features_in_}; give rows of the same negatives"
+            )
+        cfg = CholeskyConfig(
+            kernel=kernel,
+            gamma=gamma,
+            degree=degree,
+            pivoting=self.pivoting,
+            rank=self.rank_,
+            tol=float(self.tol),
+            seed=self.seed_,
+        )
         block_rows = max(1, _NUMPY_BLOCK_BYTES // (8 * max(X.shape[1], 1)))
         try:
-            out = factor_statistics(X, self.pivot_rows_, self.pivot_factor_, cfg, "X",
-                                    block_rows, int(row_offset))
+            out = factor_statistics(
+                X, self.pivot_rows_, self.pivot_factor_, cfg, "X", block_rows, int(row_offset)
+            )
             out = out.compute() if is_dask_array(X) else out
         except NonFiniteRowsError:
             raise _nonfinite_rows(X, int(row_offset)) from None
         except LargeValuesError as exc:
             raise _large_kernel_values(exc, kernel, gamma, degree) from None
         new, trace, residual = out
-        total = merge_statistics(ScatterStats(self.n_samples_, self.factor_mean_,
-                                              self.factor_scatter_), new)
+        total = merge_statistics(
+            ScatterStats(self.n_samples_, self.factor_mean_, self.factor_scatter_), new
+        )
         self.factor_mean_, self.factor_scatter_ = total.mean, total.scatter
         self.g_factor_ = g_cholesky(total.scatter, total.count, lam)
         self.trace_ = float(self.trace_ + trace)
@@ -312,33 +381,56 @@ class KernelSLEM(SLEMEstimator):
         if not self.trace_error_ > TRACE_ERROR_WARNING:
             return
         gamma = self.kernel in _USES_GAMMA
-        fix = ("a larger rank (--rank)" if self.rank is not None else
-               f"a smaller tol (--tol, now {self.tol})")
+        fix = (
+            "a larger rank (--rank)"
+            if self.rank is not None
+            else f"a smaller tol (--tol, now {self.tol})"
+        )
         if gamma:
-            fix += (", or a smaller gamma (--gamma)" if self._normalized_pivots() else
-                    ", a smaller gamma (--gamma) or L2-normalized descriptors")
+            fix += (
+                ", or a smaller gamma (--gamma)"
+                if self._normalized_pivots()
+                else ", a smaller gamma (--gamma) or L2-normalized descriptors"
+            )
         captured = self.trace_ - self.residual_trace_
         if gamma and captured <= 1.05 * self.rank_ * self.trace_ / self.n_samples_:
             # each pivot took little more than its own k(x, x): K is nearly diagonal, and
             # more pivots would only add themselves
-            fix = (f"a smaller gamma (--gamma): at this gamma the kernel matrix is nearly "
-                   f"diagonal (the {self.rank_} pivots hold {captured:.4g} of a trace of "
-                   f"{self.trace_:.4g}, about their own k(x, x)), and a larger rank would "
-                   f"only add the pivots themselves")
-        warnings.warn(TraceErrorWarning(
-            f"trace error {self.trace_error_:.4f} (residual trace / trace) is above "
-            f"{TRACE_ERROR_WARNING}: the incomplete Cholesky factor of the {self.kernel} kernel"
-            f"{f' (gamma {self.gamma:g})' if gamma else ''} with {self.rank_} pivots (rank "
-            f"{self.rank if self.rank is not None else 'unlimited'}) captures almost none of "
-            f"it, and the encodings keep little of the kernel; use {fix}"), stacklevel=3)
+            fix = (
+                f"a smaller gamma (--gamma): at this gamma the kernel matrix is nearly "
+                f"diagonal (the {self.rank_} pivots hold {captured:.4g} of a trace of "
+                f"{self.trace_:.4g}, about their own k(x, x)), and a larger rank would "
+                f"only add the pivots themselves"
+            )
+        warnings.warn(
+            TraceErrorWarning(
+                f"trace error {self.trace_error_:.4f} (residual trace / trace) is above "
+                f"{TRACE_ERROR_WARNING}: the incomplete Cholesky factor of the {self.kernel} kernel"
+                f"{f' (gamma {self.gamma:g})' if gamma else ''} with {self.rank_} pivots (rank "
+                f"{self.rank if self.rank is not None else 'unlimited'}) captures almost none of "
+                f"it, and the encodings keep little of the kernel; use {fix}"
+            ),
+            stacklevel=3,
+        )
 
     # -- encode -------------------------------------------------------
     def _encoder(self) -> _Encoder:
         self._check_fitted()
         kernel, gamma, degree, lam, _ = self._check_params()
-        return _Encoder(kernel, gamma, degree, lam, bool(self.exact), self.pivot_rows_,
-                        self.pivot_factor_, self.factor_mean_, self.g_factor_, self.pivots_,
-                        getattr(self, "negatives_", None), getattr(self, "factor_", None))
+        return _Encoder(
+            kernel,
+            gamma,
+            degree,
+            lam,
+            bool(self.exact),
+            self.pivot_rows_,
+            self.pivot_factor_,
+            self.factor_mean_,
+            self.g_factor_,
+            self.pivots_,
+            getattr(self, "negatives_", None),
+            getattr(self, "factor_", None),
+        )
 
     def transform(self, X: Rows, dtype: DTypeLike | None = None, normalize: str = "h") -> Array:
         """Explicit SLEM vectors z (n_p, r_), one row per positive.
@@ -379,8 +471,10 @@ class KernelSLEM(SLEMEstimator):
         ``dtype``: of the result (default: the input's, float32 stays float32; computed in float64).
         """
         if normalize not in ("h", "unit"):
-            raise ValueError(f"normalize must be 'h' (rows beta / |h|) or 'unit' (rows "
-                             f"beta / |beta|), got {normalize!r}")
+            raise ValueError(
+                f"normalize must be 'h' (rows beta / |h|) or 'unit' (rows "
+                f"beta / |beta|), got {normalize!r}"
+            )
         X = self._check_positives(X)
         dtype = self._output_dtype(X, dtype)
         enc = self._encoder()
@@ -389,12 +483,17 @@ class KernelSLEM(SLEMEstimator):
             r = self.rank_
             # type: ignore: dask types Array.map_blocks as the module's map_blocks, whose
             # first argument is the function, so it takes _encode_block for an array
-            return X.map_blocks(_encode_block,  # type: ignore[arg-type]
-                                shared(enc), "X", dtype, unit, dtype=dtype,
-                                chunks=(X.chunks[0], (r,)),
-                                meta=np.empty((0, r), dtype=dtype),
-                                name="kslem-encode-" + dask.base.tokenize(
-                                    X, self.fingerprint_, dtype, unit))
+            return X.map_blocks(
+                _encode_block,  # type: ignore[arg-type]
+                shared(enc),
+                "X",
+                dtype,
+                unit,
+                dtype=dtype,
+                chunks=(X.chunks[0], (r,)),
+                meta=np.empty((0, r), dtype=dtype),
+                name="kslem-encode-" + dask.base.tokenize(X, self.fingerprint_, dtype, unit),
+            )
         return _encode_block(X, enc, "X", dtype, unit)
 
     def similarity(self, P: Rows, Q: Rows) -> Array:
@@ -409,8 +508,9 @@ class KernelSLEM(SLEMEstimator):
         Q = self._check_positives(Q, "Q")
         enc = self._encoder()
         if not (is_dask_array(P) or is_dask_array(Q)):
-            return _similarity_block(_packed_block(P, enc, "P"), P,
-                                     _packed_block(Q, enc, "Q"), Q, enc)
+            return _similarity_block(
+                _packed_block(P, enc, "P"), P, _packed_block(Q, enc, "Q"), Q, enc
+            )
         import dask.array as da
 
         lazy_p, lazy_q = da.asarray(P), da.asarray(Q)
@@ -418,25 +518,53 @@ class KernelSLEM(SLEMEstimator):
         token = self.fingerprint_
         enc_d = shared(enc)
         # type: ignore: as in transform, dask's typing of Array.map_blocks
-        packed = [arr.map_blocks(_packed_block, enc_d, name,  # type: ignore[arg-type]
-                                 dtype=np.float64,
-                                 chunks=(arr.chunks[0], (width,)), meta=np.empty((0, width)),
-                                 name=f"kslem-parts-{name}-" + dask.base.tokenize(arr, token))
-                  for arr, name in ((lazy_p, "P"), (lazy_q, "Q"))]
+        packed = [
+            arr.map_blocks(
+                _packed_block,
+                enc_d,
+                name,  # type: ignore[arg-type]
+                dtype=np.float64,
+                chunks=(arr.chunks[0], (width,)),
+                meta=np.empty((0, width)),
+                name=f"kslem-parts-{name}-" + dask.base.tokenize(arr, token),
+            )
+            for arr, name in ((lazy_p, "P"), (lazy_q, "Q"))
+        ]
         return da.blockwise(
-            _similarity_block, "ij", packed[0], "ia", lazy_p, "ib", packed[1], "ja", lazy_q, "jb",
-            enc_d, None, dtype=np.float64, concatenate=True, meta=np.empty((0, 0)),
-            name="kslem-similarity-" + dask.base.tokenize(lazy_p, lazy_q, token))
+            _similarity_block,
+            "ij",
+            packed[0],
+            "ia",
+            lazy_p,
+            "ib",
+            packed[1],
+            "ja",
+            lazy_q,
+            "jb",
+            enc_d,
+            None,
+            dtype=np.float64,
+            concatenate=True,
+            meta=np.empty((0, 0)),
+            name="kslem-similarity-" + dask.base.tokenize(lazy_p, lazy_q, token),
+        )
 
     # -- persistence --------------------------------------------------
     _ARRAYS = ("pivots", "pivot_rows", "pivot_factor", "factor_mean", "g_factor")
 
     def _state(self):
-        info = {"n_samples": self.n_samples_, "n_features": self.n_features_in_,
-                "input_dtype": self.input_dtype_, "rank": self.rank_,
-                "trace": self.trace_, "trace_error": self.trace_error_,
-                "residual_trace": self.residual_trace_, "n_passes": self.n_passes_,
-                "seed": self.seed_, "strategy": getattr(self, "strategy_", None)}
+        info = {
+            "n_samples": self.n_samples_,
+            "n_features": self.n_features_in_,
+            "input_dtype": self.input_dtype_,
+            "rank": self.rank_,
+            "trace": self.trace_,
+            "trace_error": self.trace_error_,
+            "residual_trace": self.residual_trace_,
+            "n_passes": self.n_passes_,
+            "seed": self.seed_,
+            "strategy": getattr(self, "strategy_", None),
+        }
         arrays = {name: getattr(self, name + "_") for name in self._ARRAYS}
         if getattr(self, "factor_scatter_", None) is not None:
             arrays["factor_scatter"] = self.factor_scatter_
@@ -458,8 +586,7 @@ class KernelSLEM(SLEMEstimator):
         # Stores written before these were kept: no factor_scatter (update refuses),
         # the residual trace from the trace error.
         self.factor_scatter_ = arrays.get("factor_scatter")
-        self.residual_trace_ = float(info.get("residual_trace",
-                                              self.trace_error_ * self.trace_))
+        self.residual_trace_ = float(info.get("residual_trace", self.trace_error_ * self.trace_))
         self.strategy_ = info.get("strategy")
         self.strategy_reason_ = None
         self.n_passes_ = int(info["n_passes"])
@@ -470,22 +597,29 @@ class KernelSLEM(SLEMEstimator):
 
 
 #: k(x, x) of the kernels whose values grow with gamma, as the messages write it.
-_SELF_SIMILARITY = {"quad": "|x|^2 + gamma |x|^4",
-                    "poly": "(c + sqrt(gamma) |x|^2)^degree - c^degree"}
+_SELF_SIMILARITY = {
+    "quad": "|x|^2 + gamma |x|^4",
+    "poly": "(c + sqrt(gamma) |x|^2)^degree - c^degree",
+}
 
 
-def _large_kernel_values(exc: LargeValuesError, kernel: str, gamma: float,
-                         degree: int) -> LargeValuesError:
+def _large_kernel_values(
+    exc: LargeValuesError, kernel: str, gamma: float, degree: int
+) -> LargeValuesError:
     """A factor of the quad or poly kernel beyond MAX_ABS_VALUE names gamma, not the
     descriptors: with L2-normalized rows only gamma makes it so large."""
     if kernel not in _SELF_SIMILARITY:
         return exc
     params = f"gamma {gamma:g}" + (f", degree {degree}" if kernel == "poly" else "")
-    return LargeValuesError(exc.name, (
-        f"values of the {kernel} kernel ({params}) beyond what slem-dask computes with: the "
-        f"entries of its factor exceed {MAX_ABS_VALUE:.0e} (k(x, x) = "
-        f"{_SELF_SIMILARITY[kernel]} reaches their square); use a smaller gamma (--gamma), "
-        f"and L2-normalize the descriptors if their norms are large"))
+    return LargeValuesError(
+        exc.name,
+        (
+            f"values of the {kernel} kernel ({params}) beyond what slem-dask computes with: the "
+            f"entries of its factor exceed {MAX_ABS_VALUE:.0e} (k(x, x) = "
+            f"{_SELF_SIMILARITY[kernel]} reaches their square); use a smaller gamma (--gamma), "
+            f"and L2-normalize the descriptors if their norms are large"
+        ),
+    )
 
 
 def _nonfinite_rows(X, row_offset: int = 0) -> NonFiniteRowsError:

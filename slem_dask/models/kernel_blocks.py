@@ -41,10 +41,18 @@ class _Encoder:
             # an exact encoder is built with the negatives and their factor (narrowed here)
             assert self.negatives is not None and self.factor is not None
             k_neg = kernel_matrix(block, self.negatives, self.kernel, self.gamma, self.degree)
-            return exact_parts(k_neg, k_piv, k_self, self.pivot_factor, self.factor,
-                               self.pivots, self.mean, self.g_factor, self.lam)
-        return lowrank_parts(k_piv, k_self, self.pivot_factor, self.mean, self.g_factor,
-                             self.lam)
+            return exact_parts(
+                k_neg,
+                k_piv,
+                k_self,
+                self.pivot_factor,
+                self.factor,
+                self.pivots,
+                self.mean,
+                self.g_factor,
+                self.lam,
+            )
+        return lowrank_parts(k_piv, k_self, self.pivot_factor, self.mean, self.g_factor, self.lam)
 
 
 def _checked(block, enc: _Encoder, name: str, block_info=None):
@@ -55,8 +63,7 @@ def _checked(block, enc: _Encoder, name: str, block_info=None):
     return block
 
 
-def _encode_block(block, enc: _Encoder, name: str, dtype, unit: bool = False,
-                  block_info=None):
+def _encode_block(block, enc: _Encoder, name: str, dtype, unit: bool = False, block_info=None):
     block = _checked(block, enc, name, block_info)
     z = enc.parts(block)[0]
     if unit:
@@ -75,5 +82,6 @@ def _packed_block(block, enc: _Encoder, name: str, block_info=None):
 def _similarity_block(pp, p, pq, q, enc: _Encoder):
     r = enc.pivot_factor.shape[0]
     k_pq = kernel_matrix(p, q, enc.kernel, enc.gamma, enc.degree)
-    return similarity_from_parts(pp[:, :r], pp[:, r:2 * r], pp[:, 2 * r],
-                                 pq[:, :r], pq[:, r:2 * r], pq[:, 2 * r], k_pq)
+    return similarity_from_parts(
+        pp[:, :r], pp[:, r : 2 * r], pp[:, 2 * r], pq[:, :r], pq[:, r : 2 * r], pq[:, 2 * r], k_pq
+    )

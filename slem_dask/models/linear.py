@@ -9,14 +9,36 @@ from typing import TYPE_CHECKING
 import dask
 import numpy as np
 
-from ..core.linear import (encode_rows, exemplar_solution, float32_encoding_ok, float32_matrix,
-                           precision_matrix)
-from ..core.statistics import (ScatterStats, block_statistics, check_precision, compute_dtype,
-                               covariance, merge_statistics)
+from ..core.linear import (
+    encode_rows,
+    exemplar_solution,
+    float32_encoding_ok,
+    float32_matrix,
+    precision_matrix,
+)
+from ..core.statistics import (
+    ScatterStats,
+    block_statistics,
+    check_precision,
+    compute_dtype,
+    covariance,
+    merge_statistics,
+)
 from ..parallel.blocks import encode_blocks, locate_nonfinite_rows, scatter_statistics, shared
-from ..core.validation import (DEFAULT_LAM, Array, DegenerateNegativesWarning, Rows, all_finite,
-                          check_finite_rows, check_positive_float, check_rows, effective_lam,
-                          is_dask_array, nonfinite_rows_error, parse_lam)
+from ..core.validation import (
+    DEFAULT_LAM,
+    Array,
+    DegenerateNegativesWarning,
+    Rows,
+    all_finite,
+    check_finite_rows,
+    check_positive_float,
+    check_rows,
+    effective_lam,
+    is_dask_array,
+    nonfinite_rows_error,
+    parse_lam,
+)
 from .base import SLEMEstimator
 
 if TYPE_CHECKING:
@@ -74,8 +96,7 @@ class LinearSLEM(SLEMEstimator):
     #: None when loaded from a store older than its record (see :meth:`_lam`)
     lam_: float | None
 
-    def __init__(self, lam: float | str = DEFAULT_LAM, theta: float = 1.0,
-                 precision: str = "auto"):
+    def __init__(self, lam: float | str = DEFAULT_LAM, theta: float = 1.0, precision: str = "auto"):
         self.lam = lam
         self.theta = theta
         self.precision = precision
@@ -100,9 +121,10 @@ class LinearSLEM(SLEMEstimator):
             # Blocks of at least d rows, folded one at a time: one d x d partial in
             # memory besides the running total, whatever n (512 MiB each at d = 8192).
             rows = max(1, _NUMPY_BLOCK_BYTES // (8 * X.shape[1]), X.shape[1])
-            stats = functools.reduce(merge_statistics, (
-                block_statistics(X[i:i + rows], self.precision)
-                for i in range(0, len(X), rows)))
+            stats = functools.reduce(
+                merge_statistics,
+                (block_statistics(X[i : i + rows], self.precision) for i in range(0, len(X), rows)),
+            )
         return self._fit_statistics(stats, X.dtype, lambda: locate_nonfinite_rows(X)[1])
 
     def _fit_statistics(self, stats: ScatterStats, dtype, bad_rows=None) -> Self:
@@ -126,15 +148,20 @@ class LinearSLEM(SLEMEstimator):
                 f"lam={self.lam!r} is too small for these negatives (largest covariance "
                 f"entry {np.abs(cov).max():.3g}): A = Sigma + lam I has no finite inverse "
                 f"in float64; increase lam, or give it relative to their scale (e.g. "
-                f"'{DEFAULT_LAM}', the default)")
-        if np.all(cov.diagonal() <= (2.0**-40 * np.abs(mean))**2):
-            warnings.warn(DegenerateNegativesWarning(
-                f"all {stats.count} rows are identical (every feature has zero variance in "
-                f"float64: the rows are equal, or differ by less than ~1e-154, whose squares "
-                f"underflow), so A = lam I and the model only subtracts their mean: a positive "
-                f"is encoded as the direction of x0 - mean, and one equal to the negatives "
-                f"has no encoding (all zeros); fit on negatives that vary (descriptors of "
-                f"other images)"), stacklevel=3)
+                f"'{DEFAULT_LAM}', the default)"
+            )
+        if np.all(cov.diagonal() <= (2.0**-40 * np.abs(mean)) ** 2):
+            warnings.warn(
+                DegenerateNegativesWarning(
+                    f"all {stats.count} rows are identical (every feature has zero variance in "
+                    f"float64: the rows are equal, or differ by less than ~1e-154, whose squares "
+                    f"underflow), so A = lam I and the model only subtracts their mean: a positive "
+                    f"is encoded as the direction of x0 - mean, and one equal to the negatives "
+                    f"has no encoding (all zeros); fit on negatives that vary (descriptors of "
+                    f"other images)"
+                ),
+                stacklevel=3,
+            )
         self.mean_, self.covariance_, self.precision_ = mean, cov, precision
         self.lam_ = lam
         self.n_samples_ = int(stats.count)
@@ -143,8 +170,9 @@ class LinearSLEM(SLEMEstimator):
         return self
 
     # -- encode -------------------------------------------------------
-    def transform(self, X: Rows, dtype: DTypeLike | None = None,
-                  precision: str | None = None) -> Array:
+    def transform(
+        self, X: Rows, dtype: DTypeLike | None = None, precision: str | None = None
+    ) -> Array:
         """L2-normalized SLEM vector of every row of ``X`` (n_p, d), the positives.
 
         numpy in, numpy out; dask in, lazy dask out with the row chunks of ``X``.
@@ -156,8 +184,9 @@ class LinearSLEM(SLEMEstimator):
         """
         X = self._check_positives(X)
         dtype = self._output_dtype(X, dtype)
-        matrix = self._encoding_matrix(X.dtype, self.precision if precision is None
-                                       else check_precision(precision))
+        matrix = self._encoding_matrix(
+            X.dtype, self.precision if precision is None else check_precision(precision)
+        )
         if is_dask_array(X):
             return encode_blocks(X, shared(self.mean_), shared(matrix), dtype, "X")
         check_finite_rows(X, "X")
@@ -165,8 +194,9 @@ class LinearSLEM(SLEMEstimator):
 
     def _encoding_matrix(self, dtype, precision: str) -> np.ndarray:
         """A^-1 in the dtype the encoding is computed in (the stored one stays float64)."""
-        if compute_dtype(dtype, precision) == np.float32 and \
-                float32_encoding_ok(self.covariance_, self._lam()):
+        if compute_dtype(dtype, precision) == np.float32 and float32_encoding_ok(
+            self.covariance_, self._lam()
+        ):
             return float32_matrix(self.precision_)
         return self.precision_
 
@@ -186,10 +216,13 @@ class LinearSLEM(SLEMEstimator):
 
     # -- persistence --------------------------------------------------
     def _state(self):
-        info = {"n_samples": self.n_samples_, "n_features": self.n_features_in_,
-                "input_dtype": self.input_dtype_, "lam_": self._lam()}
-        arrays = {"mean": self.mean_, "covariance": self.covariance_,
-                  "precision": self.precision_}
+        info = {
+            "n_samples": self.n_samples_,
+            "n_features": self.n_features_in_,
+            "input_dtype": self.input_dtype_,
+            "lam_": self._lam(),
+        }
+        arrays = {"mean": self.mean_, "covariance": self.covariance_, "precision": self.precision_}
         return info, arrays
 
     def _set_state(self, info, arrays):

@@ -49,8 +49,11 @@ class RawFeatures(SLEMEstimator):
         return normalize_rows(X, dtype)
 
     def _state(self):
-        info = {"n_samples": self.n_samples_, "n_features": self.n_features_in_,
-                "input_dtype": self.input_dtype_}
+        info = {
+            "n_samples": self.n_samples_,
+            "n_features": self.n_features_in_,
+            "input_dtype": self.input_dtype_,
+        }
         return info, {}
 
     def _set_state(self, info, arrays):

@@ -11,9 +11,15 @@ import numpy as np
 from ..core.statistics import block_statistics, covariance, merge_many
 from ..core.whitening import pca_whitening, whiten_rows
 from ..parallel.blocks import locate_nonfinite_rows, map_rows, scatter_statistics, shared
-from ..core.validation import (Array, Rows, check_finite_rows, check_positive_float, check_rows,
-                          is_dask_array,
-                          nonfinite_rows_error)
+from ..core.validation import (
+    Array,
+    Rows,
+    check_finite_rows,
+    check_positive_float,
+    check_rows,
+    is_dask_array,
+    nonfinite_rows_error,
+)
 from .base import SLEMEstimator
 
 if TYPE_CHECKING:
@@ -75,12 +81,14 @@ class PCAWhitening(SLEMEstimator):
             (stats,) = dask.compute(scatter_statistics(X))
         else:
             rows = max(1, _NUMPY_BLOCK_BYTES // (8 * X.shape[1]))
-            stats = merge_many(block_statistics(X[i:i + rows]) for i in range(0, len(X), rows))
+            stats = merge_many(block_statistics(X[i : i + rows]) for i in range(0, len(X), rows))
         if stats.nonfinite:
-            raise nonfinite_rows_error("X", stats.nonfinite, locate_nonfinite_rows(X)[1],
-                                       stats.count + stats.nonfinite)
+            raise nonfinite_rows_error(
+                "X", stats.nonfinite, locate_nonfinite_rows(X)[1], stats.count + stats.nonfinite
+            )
         components, variances, projection = pca_whitening(
-            covariance(stats), self.n_components, float(self.eps))
+            covariance(stats), self.n_components, float(self.eps)
+        )
         self.mean_ = stats.mean
         self.components_ = components
         self.explained_variance_ = variances
@@ -99,16 +107,29 @@ class PCAWhitening(SLEMEstimator):
         X = self._check_positives(X)
         dtype = self._output_dtype(X, dtype)
         if is_dask_array(X):
-            return map_rows(whiten_rows, X, (shared(self.mean_), shared(self.projection_)),
-                            self.n_components_, dtype, "X", "pca-whiten")
+            return map_rows(
+                whiten_rows,
+                X,
+                (shared(self.mean_), shared(self.projection_)),
+                self.n_components_,
+                dtype,
+                "X",
+                "pca-whiten",
+            )
         check_finite_rows(X, "X")
         return whiten_rows(X, self.mean_, self.projection_, dtype)
 
     def _state(self):
-        info = {"n_samples": self.n_samples_, "n_features": self.n_features_in_,
-                "input_dtype": self.input_dtype_}
-        return info, {"mean": self.mean_, "components": self.components_,
-                      "explained_variance": self.explained_variance_}
+        info = {
+            "n_samples": self.n_samples_,
+            "n_features": self.n_features_in_,
+            "input_dtype": self.input_dtype_,
+        }
+        return info, {
+            "mean": self.mean_,
+            "components": self.components_,
+            "explained_variance": self.explained_variance_,
+        }
 
     def _set_state(self, info, arrays):
         self.mean_ = arrays["mean"]

@@ -18,13 +18,28 @@ import numpy as np
 from dask.sizeof import sizeof
 
 from ..core.linear import encode_rows
-from ..core.statistics import (ScatterAccumulator, ScatterStats, block_statistics, check_precision,
-                              merge_into, product_rows)
+from ..core.statistics import (
+    ScatterAccumulator,
+    ScatterStats,
+    block_statistics,
+    check_precision,
+    merge_into,
+    product_rows,
+)
 from ..storage.chunks import STORE_ROWS, array_token
 from ..core.validation import check_finite_rows
 
-__all__ = ["scatter_statistics", "store_statistics", "statistics_partition_rows", "encode_blocks", "map_rows", "shared",
-           "scatter_large_arrays", "single_threaded_blas", "merge_fan_in"]
+__all__ = [
+    "scatter_statistics",
+    "store_statistics",
+    "statistics_partition_rows",
+    "encode_blocks",
+    "map_rows",
+    "shared",
+    "scatter_large_arrays",
+    "single_threaded_blas",
+    "merge_fan_in",
+]
 
 #: How many partial results one task of a tree reduction merges (at most).
 SPLIT_EVERY = 8
@@ -114,7 +129,7 @@ def _store_rows_statistics(arr, lo: int, hi: int, precision: str, name: str):
     with single_threaded_blas():
         for a in range(lo, hi, step):
             b = min(hi, a + step)
-            block = read_rows(arr, a, b, name, out=buffer[:b - a])
+            block = read_rows(arr, a, b, name, out=buffer[: b - a])
             for start in range(0, b - a, rows):
                 stop = min(b - a, start + rows)
                 if not acc.add(block[start:stop], overwrite=True):
@@ -190,19 +205,31 @@ def scatter_statistics(x: da.Array, split_every: int = SPLIT_EVERY, precision: s
     source = getattr(x, STORE_ROWS, None)
     if source is not None and source[2] == x.name and source[0].shape[0] >= source[3]:
         # still the store's first rows, as dask_rows read them
-        return store_statistics(source[0], rows, precision, name=source[1],
-                                split_every=split_every, stop=source[3])
+        return store_statistics(
+            source[0], rows, precision, name=source[1], split_every=split_every, stop=source[3]
+        )
     if rows != max(x.chunks[0]):
         x = x.rechunk({0: rows})
-    partials = x.map_blocks(_block_statistics_task, precision, dtype=object,
-                            chunks=((1,) * x.numblocks[0], (1,)),
-                            meta=np.empty((0, 0), dtype=object))
+    partials = x.map_blocks(
+        _block_statistics_task,
+        precision,
+        dtype=object,
+        chunks=((1,) * x.numblocks[0], (1,)),
+        meta=np.empty((0, 0), dtype=object),
+    )
     parts = list(partials.to_delayed().ravel())
     return _merge_tree([p.key for p in parts], {}, parts, x.shape[1], split_every)
 
 
-def store_statistics(arr, partition_rows: int, precision: str = "auto", name: str = "negatives",
-                     start: int = 0, split_every: int = SPLIT_EVERY, stop: int | None = None):
+def store_statistics(
+    arr,
+    partition_rows: int,
+    precision: str = "auto",
+    name: str = "negatives",
+    start: int = 0,
+    split_every: int = SPLIT_EVERY,
+    stop: int | None = None,
+):
     """Delayed :class:`ScatterStats` of rows ``start:stop`` of the zarr array ``arr``
     (``stop``: default its row count when the graph is built).
 
@@ -227,9 +254,17 @@ def store_statistics(arr, partition_rows: int, precision: str = "auto", name: st
     # The graph is written out, not built by a delayed call per partition: those
     # tokenized their arguments one by one (16 ms at 61 partitions, on the critical path).
     layer = f"slem-statistics-{token}"
-    graph = {(layer, i): (_store_rows_statistics, array.key, lo, min(n, lo + partition_rows),
-                          precision, name)
-             for i, lo in enumerate(range(start, n, partition_rows))}
+    graph = {
+        (layer, i): (
+            _store_rows_statistics,
+            array.key,
+            lo,
+            min(n, lo + partition_rows),
+            precision,
+            name,
+        )
+        for i, lo in enumerate(range(start, n, partition_rows))
+    }
     return _merge_tree(list(graph), graph, [array], d, split_every)
 
 
@@ -263,10 +298,11 @@ def _merge_tree(keys: list, graph: dict, dependencies: list, d: int, split_every
     while len(keys) > 1 or level == 0:
         merged = [(merge, level, j) for j in range(-(-len(keys) // fan_in))]
         for j, key in enumerate(merged):
-            graph[key] = (_merge_parts, list(keys[j * fan_in:(j + 1) * fan_in]))
+            graph[key] = (_merge_parts, list(keys[j * fan_in : (j + 1) * fan_in]))
         keys, level = merged, level + 1
-    return Delayed(keys[0], HighLevelGraph.from_collections(merge, graph, dependencies),
-                   layer=merge)
+    return Delayed(
+        keys[0], HighLevelGraph.from_collections(merge, graph, dependencies), layer=merge
+    )
 
 
 #: Arrays of at least this size go to the workers by ``client.scatter`` inside
@@ -293,11 +329,14 @@ def locate_nonfinite_rows(x, client=None, row_offset: int = 0) -> tuple[int, str
 
     if not isinstance(x, da.Array):
         return nonfinite_rows(np.asarray(x), row_offset)
-    found = x.map_blocks(_nonfinite_rows_block, dtype=np.int64,
-                         chunks=((1,) * x.numblocks[0], (6,)),
-                         meta=np.empty((0, 6), dtype=np.int64))
+    found = x.map_blocks(
+        _nonfinite_rows_block,
+        dtype=np.int64,
+        chunks=((1,) * x.numblocks[0], (6,)),
+        meta=np.empty((0, 6), dtype=np.int64),
+    )
     table = client.compute(found).result() if client is not None else found.compute()
-    bad = [int(i) + row_offset for row in table for i in row[1:1 + min(5, row[0])]]
+    bad = [int(i) + row_offset for row in table for i in row[1 : 1 + min(5, row[0])]]
     count = int(table[:, 0].sum())
     return count, rows_text(bad, count)
 
@@ -365,8 +404,9 @@ def _apply_rows(block, func, out_dtype, name, *args, block_info=None):
         return np.asarray(func(block, *args), dtype=out_dtype)
 
 
-def map_rows(func, x: da.Array, args: tuple, out_dim: int, out_dtype, name: str,
-             label: str) -> da.Array:
+def map_rows(
+    func, x: da.Array, args: tuple, out_dim: int, out_dtype, name: str, label: str
+) -> da.Array:
     """Lazy ``func(block, *args)`` over the row blocks of ``x``, one task per block.
 
     ``func`` maps (rows, d) to (rows, out_dim); rows with NaN or inf are rejected
@@ -375,7 +415,12 @@ def map_rows(func, x: da.Array, args: tuple, out_dim: int, out_dtype, name: str,
     """
     out_dtype = np.dtype(out_dtype)
     return da.map_blocks(
-        _apply_rows, x, func, out_dtype, name, *args,
+        _apply_rows,
+        x,
+        func,
+        out_dtype,
+        name,
+        *args,
         dtype=out_dtype,
         chunks=(x.chunks[0], (out_dim,)),
         meta=np.empty((0, out_dim), dtype=out_dtype),
@@ -388,5 +433,4 @@ def encode_blocks(p: da.Array, mean, precision, out_dtype, name: str = "positive
 
     ``mean`` and ``precision`` may be numpy arrays or results of :func:`shared`.
     """
-    return map_rows(encode_rows, p, (mean, precision), p.shape[1], out_dtype, name,
-                    "slem-encode")
+    return map_rows(encode_rows, p, (mean, precision), p.shape[1], out_dtype, name, "slem-encode")

@@ -60,9 +60,19 @@ from ..core.cholesky import accept_candidates, new_columns, update_residual_diag
 from ..core.kernels import check_histogram, kernel_diagonal, kernel_matrix
 from ..core.blas_threads import factorization_threads
 from ..core.statistics import ScatterStats
-from .kernel_rounds import (SPLIT_EVERY, CholeskyConfig, _Accepted, _Block, _grow_lower,
-                                     _merge_summaries, _summarize, _Summary, _tree, in_threads,
-                                     row_blocks)
+from .kernel_rounds import (
+    SPLIT_EVERY,
+    CholeskyConfig,
+    _Accepted,
+    _Block,
+    _grow_lower,
+    _merge_summaries,
+    _summarize,
+    _Summary,
+    _tree,
+    in_threads,
+    row_blocks,
+)
 from .kernel_stream import StreamingRounds
 from ..core.validation import RowsError, check_finite_rows, is_dask_array
 
@@ -103,8 +113,15 @@ def _init_block(x, offset: int, cfg: CholeskyConfig, count: int, key: tuple, nam
     x = np.ascontiguousarray(x, dtype=np.float32 if x.dtype == np.float32 else np.float64)
     kdiag = kernel_diagonal(x, cfg.kernel, cfg.gamma, cfg.degree)
     block = _Block(x, offset, kdiag, np.empty((x.shape[0], 0)), 0)
-    summary = _summarize(block, cfg, count, key, False, trace=float(kdiag.sum()),
-                         max_diag=float(kdiag.max(initial=0.0)))
+    summary = _summarize(
+        block,
+        cfg,
+        count,
+        key,
+        False,
+        trace=float(kdiag.sum()),
+        max_diag=float(kdiag.max(initial=0.0)),
+    )
     return block, summary
 
 
@@ -127,15 +144,15 @@ def _capacity(rows: int, needed: int, have: int, rank: int) -> int:
     return min(cap, max(rank, needed)) if rank else cap
 
 
-def _step_block(block: _Block, acc: _Accepted | None, cfg: CholeskyConfig, count: int,
-                key: tuple, final: bool):
+def _step_block(
+    block: _Block, acc: _Accepted | None, cfg: CholeskyConfig, count: int, key: tuple, final: bool
+):
     if acc is not None and acc.rows.shape[0]:
         s = acc.rows.shape[0]
         t = block.t
         buf = block.buf
         if buf.shape[1] < t + s:  # grow; the old state keeps the old buffer
-            grown = np.empty((buf.shape[0], _capacity(buf.shape[0], t + s, buf.shape[1],
-                                                      cfg.rank)))
+            grown = np.empty((buf.shape[0], _capacity(buf.shape[0], t + s, buf.shape[1], cfg.rank)))
             grown[:, :t] = buf[:, :t]
             buf = grown
         diag = np.empty_like(block.diag)
@@ -144,7 +161,7 @@ def _step_block(block: _Block, acc: _Accepted | None, cfg: CholeskyConfig, count
             k_cols = kernel_matrix(block.x[rows], acc.rows, cfg.kernel, cfg.gamma, cfg.degree)
             cols = new_columns(k_cols, buf[rows, :t], acc.f_rows, acc.chol)
             # only the columns of this round: see the module docstring
-            buf[rows, t:t + s] = cols
+            buf[rows, t : t + s] = cols
             diag[rows] = update_residual_diagonal(block.diag[rows], cols)
         block = replace(block, diag=diag, buf=buf, t=t + s)
     return block, _summarize(block, cfg, count, key, final)
@@ -156,14 +173,18 @@ class _NumpyRounds:
         self.blocks, self.name = blocks, name
 
     def start(self, cfg, count):
-        outs = in_threads(_init_block, [(x, off, cfg, count, (0, 0, j), self.name)
-                                        for j, (x, off) in enumerate(self.blocks)])
+        outs = in_threads(
+            _init_block,
+            [(x, off, cfg, count, (0, 0, j), self.name) for j, (x, off) in enumerate(self.blocks)],
+        )
         self.states = [o[0] for o in outs]
         return _tree([o[1] for o in outs], _merge_summaries, cfg, count, 0)
 
     def step(self, acc, cfg, count, round_no, final):
-        outs = in_threads(_step_block, [(s, acc, cfg, count, (round_no, 0, j), final)
-                                        for j, s in enumerate(self.states)])
+        outs = in_threads(
+            _step_block,
+            [(s, acc, cfg, count, (round_no, 0, j), final) for j, s in enumerate(self.states)],
+        )
         self.states = [o[0] for o in outs]
         return _tree([o[1] for o in outs], _merge_summaries, cfg, count, round_no)
 
@@ -176,8 +197,9 @@ class _DaskRounds:
         import dask
 
         states = [o[0] for o in outs]
-        summary = _tree([o[1] for o in outs], _merge_summaries, cfg, count, round_no,
-                        delayed=dask.delayed)
+        summary = _tree(
+            [o[1] for o in outs], _merge_summaries, cfg, count, round_no, delayed=dask.delayed
+        )
         *states, summary = dask.persist(*states, summary)
         self.states = states
         return summary.compute()
@@ -188,8 +210,10 @@ class _DaskRounds:
         from .blocks import blas_task
 
         init = dask.delayed(blas_task, pure=False, nout=2)
-        outs = [init(_init_block, b, off, cfg, count, (0, 0, j), self.name)
-                for j, (b, off) in enumerate(row_blocks(self.x, 0))]
+        outs = [
+            init(_init_block, b, off, cfg, count, (0, 0, j), self.name)
+            for j, (b, off) in enumerate(row_blocks(self.x, 0))
+        ]
         return self._run(outs, cfg, count, 0)
 
     def step(self, acc, cfg, count, round_no, final):
@@ -199,8 +223,10 @@ class _DaskRounds:
 
         shared_acc = dask.delayed(acc, traverse=False)
         step = dask.delayed(blas_task, pure=False, nout=2)
-        outs = [step(_step_block, s, shared_acc, cfg, count, (round_no, 0, j), final)
-                for j, s in enumerate(self.states)]
+        outs = [
+            step(_step_block, s, shared_acc, cfg, count, (round_no, 0, j), final)
+            for j, s in enumerate(self.states)
+        ]
         return self._run(outs, cfg, count, round_no)
 
 
@@ -213,11 +239,14 @@ def _zero_kernel_detail(cfg: CholeskyConfig, floor: float) -> str:
     """What a kernel matrix without a single usable pivot says after "X has"."""
     what = f"a zero kernel matrix (every k(x, x) <= {floor:g}), nothing to factor: "
     if cfg.kernel == "poly":  # (c + sqrt(g) x.y)^p - c^p, c = 1 / (2 sqrt(g)): cancels
-        return what + (f"the poly kernel with gamma {cfg.gamma:g} is zero in float64 "
-                       f"(its constant 1 / (2 sqrt(gamma)) swamps every x.y); use a larger "
-                       f"gamma (--gamma), e.g. 1 for L2-normalized descriptors")
-    return what + ("every negative is the zero vector; check that the negatives store "
-                   "holds the descriptors")
+        return what + (
+            f"the poly kernel with gamma {cfg.gamma:g} is zero in float64 "
+            f"(its constant 1 / (2 sqrt(gamma)) swamps every x.y); use a larger "
+            f"gamma (--gamma), e.g. 1 for L2-normalized descriptors"
+        )
+    return what + (
+        "every negative is the zero vector; check that the negatives store holds the descriptors"
+    )
 
 
 def _choose(summary: _Summary, cfg: CholeskyConfig, t: int, floor: float, round_no: int):
@@ -242,9 +271,15 @@ def _choose(summary: _Summary, cfg: CholeskyConfig, t: int, floor: float, round_
     return indices[acc], _Accepted(rows[acc], f_rows[acc], chol)
 
 
-def incomplete_cholesky(x, cfg: CholeskyConfig, block_rows: int = 4096,
-                        name: str = "X", on_round=None,
-                        streaming: bool = False, checkpoint=None) -> CholeskyResult:
+def incomplete_cholesky(
+    x,
+    cfg: CholeskyConfig,
+    block_rows: int = 4096,
+    name: str = "X",
+    on_round=None,
+    streaming: bool = False,
+    checkpoint=None,
+) -> CholeskyResult:
     """Pivoted incomplete Cholesky factor of K(x, x), never forming the n x n matrix.
 
     ``x``: numpy array (split into blocks of ``block_rows`` rows and run
@@ -279,9 +314,14 @@ def incomplete_cholesky(x, cfg: CholeskyConfig, block_rows: int = 4096,
     if factor.t == 0:
         raise RowsError(name, _zero_kernel_detail(cfg, floor))
     result = CholeskyResult(
-        pivots=np.concatenate(factor.pivots).astype(np.int64), pivot_rows=factor.pivot_rows,
-        pivot_factor=factor.lower, stats=summary.stats, trace=float(trace),
-        residual_trace=float(summary.residual), rounds=round_no + 1)
+        pivots=np.concatenate(factor.pivots).astype(np.int64),
+        pivot_rows=factor.pivot_rows,
+        pivot_factor=factor.lower,
+        stats=summary.stats,
+        trace=float(trace),
+        residual_trace=float(summary.residual),
+        rounds=round_no + 1,
+    )
     if cfg.gather:
         parts = sorted(summary.gathered, key=lambda g: g[0])
         result.factor = np.concatenate([g[1] for g in parts])
@@ -289,14 +329,14 @@ def incomplete_cholesky(x, cfg: CholeskyConfig, block_rows: int = 4096,
     return result
 
 
-def _rounds_for(x, cfg: CholeskyConfig, name: str, block_rows: int, streaming: bool,
-                checkpoint):
+def _rounds_for(x, cfg: CholeskyConfig, name: str, block_rows: int, streaming: bool, checkpoint):
     """The backend that runs the passes: streaming, dask (in memory) or numpy."""
     if streaming:
         if cfg.gather:
             raise ValueError(
                 "streaming=True cannot gather F and the rows (gather=True, KernelSLEM's "
-                "exact=True keeps all n rows in the model): use the in-memory path")
+                "exact=True keeps all n rows in the model): use the in-memory path"
+            )
         return StreamingRounds(x, name, block_rows, checkpoint)
     if is_dask_array(x):
         return _DaskRounds(x, name)
@@ -314,8 +354,9 @@ class _Pivoted:
     t: int = 0
 
 
-def _pivot_rounds(rounds, cfg: CholeskyConfig, summary, trace: float, floor: float,
-                  factor: _Pivoted, report):
+def _pivot_rounds(
+    rounds, cfg: CholeskyConfig, summary, trace: float, floor: float, factor: _Pivoted, report
+):
     """Pass after pass, pivots chosen from the last pass's summary and added to
     ``factor``, until a stopping rule holds; then the final pass for the statistics of
     F. Returns (the last round's number, the final summary)."""
@@ -323,8 +364,12 @@ def _pivot_rounds(rounds, cfg: CholeskyConfig, summary, trace: float, floor: flo
     while True:
         round_no += 1
         t = factor.t
-        stop = (t >= cfg.rank or summary.max_residual <= floor
-                or summary.residual <= cfg.tol * trace or empty >= MAX_EMPTY_ROUNDS)
+        stop = (
+            t >= cfg.rank
+            or summary.max_residual <= floor
+            or summary.residual <= cfg.tol * trace
+            or empty >= MAX_EMPTY_ROUNDS
+        )
         chosen = None if stop else _choose(summary, cfg, t, floor, round_no)
         if chosen is None:
             # Nothing left to add: one more pass for the statistics of F.
@@ -339,8 +384,9 @@ def _pivot_rounds(rounds, cfg: CholeskyConfig, summary, trace: float, floor: flo
             factor.lower = _grow_lower(factor.lower, acc)
             factor.t += len(idx)
         final = factor.t >= cfg.rank
-        summary = rounds.step(acc if len(idx) else None, cfg, _candidates(cfg, factor.t),
-                              round_no, final)
+        summary = rounds.step(
+            acc if len(idx) else None, cfg, _candidates(cfg, factor.t), round_no, final
+        )
         report(round_no + 1, factor.t, summary)
         if final:
             return round_no, summary

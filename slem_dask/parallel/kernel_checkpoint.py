@@ -39,15 +39,17 @@ FOLDER = "kernel-fit"
 def pack(summary) -> np.ndarray:
     """[count, residual, max_residual, mean (t), scatter (t x t)] of a final-pass summary."""
     s = summary.stats
-    return np.concatenate(([s.count, summary.residual, summary.max_residual],
-                           s.mean, s.scatter.ravel())).astype(np.float64)
+    return np.concatenate(
+        ([s.count, summary.residual, summary.max_residual], s.mean, s.scatter.ravel())
+    ).astype(np.float64)
 
 
 def unpack(packed: np.ndarray):
     packed = np.asarray(packed, dtype=np.float64)
     t = int(round((-1 + np.sqrt(1 + 4 * (packed.size - 3))) / 2))  # size = 3 + t + t^2
-    stats = ScatterStats(int(packed[0]), packed[3:3 + t].copy(),
-                         packed[3 + t:].reshape(t, t).copy())
+    stats = ScatterStats(
+        int(packed[0]), packed[3 : 3 + t].copy(), packed[3 + t :].reshape(t, t).copy()
+    )
     return _Summary(residual=float(packed[1]), max_residual=float(packed[2]), stats=stats)
 
 
@@ -58,9 +60,14 @@ def write_partition(location: str, j: int, summary) -> None:
     from ..storage.checksums import CHECKSUM
 
     values = pack(summary)
-    arr = zarr.create_array(store=f"{location}/p{j:06d}", shape=values.shape,
-                            dtype="float64", chunks=values.shape, compressors=CHECKSUM,
-                            overwrite=True)
+    arr = zarr.create_array(
+        store=f"{location}/p{j:06d}",
+        shape=values.shape,
+        dtype="float64",
+        chunks=values.shape,
+        compressors=CHECKSUM,
+        overwrite=True,
+    )
     arr[...] = values
 
 
@@ -79,8 +86,14 @@ class FinalPassCheckpoint:
 
     @staticmethod
     def key_of(negatives_fingerprint: str, params: dict, chunks) -> str:
-        text = json.dumps({"negatives": negatives_fingerprint, "params": params,
-                           "chunks": [int(c) for c in chunks]}, sort_keys=True)
+        text = json.dumps(
+            {
+                "negatives": negatives_fingerprint,
+                "params": params,
+                "chunks": [int(c) for c in chunks],
+            },
+            sort_keys=True,
+        )
         return hashlib.sha256(text.encode()).hexdigest()[:32]
 
     def tag(self, pivot_rows: np.ndarray, pivot_factor: np.ndarray) -> str:
@@ -106,8 +119,9 @@ class FinalPassCheckpoint:
                 if j in done:
                     continue
                 try:
-                    values = zarr.open_array(store=f"{other}/{FOLDER}/{tag}/p{j:06d}",
-                                             mode="r")[...]
+                    values = zarr.open_array(store=f"{other}/{FOLDER}/{tag}/p{j:06d}", mode="r")[
+                        ...
+                    ]
                     summary = unpack(values)
                 except Exception:  # noqa: BLE001 - absent, half-written or damaged: redo
                     continue

@@ -23,6 +23,7 @@ from ..core.validation import is_dask_array
 #: How many partial summaries one merge task combines (as in :mod:`parallel`).
 SPLIT_EVERY = 8
 
+
 @dataclass(frozen=True)
 class CholeskyConfig:
     kernel: str
@@ -72,8 +73,12 @@ def _propose(block: _Block, cfg: CholeskyConfig, count: int, key: tuple):
         return None
     if cfg.pivoting == "greedy":
         i = int(np.argmax(block.diag))
-        return (float(block.diag[i]), block.offset + i, block.x[i].astype(np.float64),
-                block.buf[i, :block.t].copy())
+        return (
+            float(block.diag[i]),
+            block.offset + i,
+            block.x[i].astype(np.float64),
+            block.buf[i, : block.t].copy(),
+        )
     total = float(block.diag.sum())
     if not total > 0:
         return None
@@ -81,18 +86,34 @@ def _propose(block: _Block, cfg: CholeskyConfig, count: int, key: tuple):
     cum = np.cumsum(block.diag)
     idx = np.searchsorted(cum, rng.random(count) * cum[-1], side="right")
     np.minimum(idx, m - 1, out=idx)
-    return {"total": total, "diag": block.diag[idx].copy(), "index": idx + block.offset,
-            "rows": block.x[idx].astype(np.float64), "f_rows": block.buf[idx, :block.t].copy()}
+    return {
+        "total": total,
+        "diag": block.diag[idx].copy(),
+        "index": idx + block.offset,
+        "rows": block.x[idx].astype(np.float64),
+        "f_rows": block.buf[idx, : block.t].copy(),
+    }
 
 
-def _summarize(block: _Block, cfg: CholeskyConfig, count: int, key: tuple, final: bool,
-               trace: float = 0.0, max_diag: float = 0.0) -> _Summary:
-    s = _Summary(trace=trace, max_diag=max_diag, residual=float(block.diag.sum()),
-                 max_residual=float(block.diag.max(initial=0.0)))
+def _summarize(
+    block: _Block,
+    cfg: CholeskyConfig,
+    count: int,
+    key: tuple,
+    final: bool,
+    trace: float = 0.0,
+    max_diag: float = 0.0,
+) -> _Summary:
+    s = _Summary(
+        trace=trace,
+        max_diag=max_diag,
+        residual=float(block.diag.sum()),
+        max_residual=float(block.diag.max(initial=0.0)),
+    )
     if final:
-        s.stats = block_statistics(block.buf[:, :block.t])
+        s.stats = block_statistics(block.buf[:, : block.t])
         if cfg.gather:
-            s.gathered = [(block.offset, block.buf[:, :block.t].copy(), block.x)]
+            s.gathered = [(block.offset, block.buf[:, : block.t].copy(), block.x)]
     else:
         s.proposal = _propose(block, cfg, count, key)
     return s
@@ -115,8 +136,10 @@ def _merge_proposals(parts: list, cfg: CholeskyConfig, count: int, key: tuple):
     rng = np.random.default_rng([cfg.seed, *key])
     totals = np.array([p["total"] for p in parts])
     counts = rng.multinomial(count, totals / totals.sum())
-    pick = {name: np.concatenate([p[name][:c] for p, c in zip(parts, counts, strict=True)])
-            for name in ("diag", "index", "rows", "f_rows")}
+    pick = {
+        name: np.concatenate([p[name][:c] for p, c in zip(parts, counts, strict=True)])
+        for name in ("diag", "index", "rows", "f_rows")
+    }
     order = rng.permutation(count)
     out = {name: value[order] for name, value in pick.items()}
     out["total"] = float(totals.sum())
@@ -142,7 +165,7 @@ def _tree(parts: list, merge, cfg, count, round_no: int, delayed=None):
     """Merge ``parts`` SPLIT_EVERY at a time; the node keys seed the random merges."""
     level = 0
     while len(parts) > 1:
-        groups = [parts[i:i + SPLIT_EVERY] for i in range(0, len(parts), SPLIT_EVERY)]
+        groups = [parts[i : i + SPLIT_EVERY] for i in range(0, len(parts), SPLIT_EVERY)]
         fn = merge if delayed is None else delayed(merge, pure=False)
         parts = [fn(g, cfg, count, (round_no, 1, level, j)) for j, g in enumerate(groups)]
         level += 1
@@ -159,9 +182,10 @@ def row_blocks(x, block_rows: int, row_offset: int = 0) -> list[tuple]:
     ``row_offset``: the index of ``x``'s first row in its store (errors name rows by it)."""
     if is_dask_array(x):
         offsets = np.concatenate([[0], np.cumsum(x.chunks[0])[:-1]]).astype(int)
-        return [(b, row_offset + int(o))
-                for b, o in zip(x.to_delayed().ravel(), offsets, strict=True)]
-    return [(x[i:i + block_rows], row_offset + i) for i in range(0, x.shape[0], block_rows)]
+        return [
+            (b, row_offset + int(o)) for b, o in zip(x.to_delayed().ravel(), offsets, strict=True)
+        ]
+    return [(x[i : i + block_rows], row_offset + i) for i in range(0, x.shape[0], block_rows)]
 
 
 def in_threads(fn, calls: list[tuple]) -> list:

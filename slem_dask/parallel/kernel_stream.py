@@ -47,13 +47,28 @@ from ..core.cholesky import update_residual_diagonal
 from ..core.kernels import check_histogram, kernel_diagonal, kernel_matrix
 from ..core.statistics import block_statistics, merge_many
 from .kernel_checkpoint import write_partition
-from .kernel_rounds import (SPLIT_EVERY, _Block, _grow_lower, _merge_summaries,
-                                     _summarize, _tree, in_threads, row_blocks)
+from .kernel_rounds import (
+    SPLIT_EVERY,
+    _Block,
+    _grow_lower,
+    _merge_summaries,
+    _summarize,
+    _tree,
+    in_threads,
+    row_blocks,
+)
 from .task_memory import kernel_fit_bytes
 from ..core.validation import check_finite_rows, is_dask_array
 
-__all__ = ["factor_rows", "factor_statistics", "StreamingRounds", "choose_strategy",
-           "check_strategy", "memory_budget", "STRATEGIES"]
+__all__ = [
+    "factor_rows",
+    "factor_statistics",
+    "StreamingRounds",
+    "choose_strategy",
+    "check_strategy",
+    "memory_budget",
+    "STRATEGIES",
+]
 
 
 @dataclass(frozen=True)
@@ -88,12 +103,14 @@ def factor_rows(x: np.ndarray, pivots: _Pivots, cfg) -> np.ndarray:
     if t == 0:
         return out
     for i in range(0, x.shape[0], SUB_ROWS):
-        k = np.ascontiguousarray(kernel_matrix(x[i:i + SUB_ROWS], pivots.rows, cfg.kernel,
-                                               cfg.gamma, cfg.degree), dtype=np.float64)
+        k = np.ascontiguousarray(
+            kernel_matrix(x[i : i + SUB_ROWS], pivots.rows, cfg.kernel, cfg.gamma, cfg.degree),
+            dtype=np.float64,
+        )
         # One BLAS-3 call: L F^T = K^T (side left, lower), in place on K^T, the
         # Fortran-ordered view of the C-ordered kernel block (no copy of it).
         ft = blas.dtrsm(1.0, pivots.lower, k.T, side=0, lower=1, trans_a=0, overwrite_b=1)
-        out[i:i + SUB_ROWS] = ft.T
+        out[i : i + SUB_ROWS] = ft.T
     return out
 
 
@@ -102,13 +119,23 @@ def _residual_diagonal(kdiag: np.ndarray, f: np.ndarray, groups) -> np.ndarray:
     (each round's update clipped at 0: core.cholesky.update_residual_diagonal)."""
     diag, start = kdiag, 0
     for s in groups:
-        diag = update_residual_diagonal(diag, f[:, start:start + s])
+        diag = update_residual_diagonal(diag, f[:, start : start + s])
         start += s
     return diag
 
 
-def _stream_block(x, offset: int, pivots: _Pivots, cfg, count: int, key: tuple, final: bool,
-                  first: bool, name: str, checkpoint: str | None = None):
+def _stream_block(
+    x,
+    offset: int,
+    pivots: _Pivots,
+    cfg,
+    count: int,
+    key: tuple,
+    final: bool,
+    first: bool,
+    name: str,
+    checkpoint: str | None = None,
+):
     """One block's summary in one pass: its rows read afresh, nothing kept after.
     ``checkpoint``: a folder where the final pass writes the block's statistics
     (:mod:`slem_dask.parallel.kernel_checkpoint`)."""
@@ -117,8 +144,15 @@ def _stream_block(x, offset: int, pivots: _Pivots, cfg, count: int, key: tuple, 
     f = factor_rows(x, pivots, cfg)
     block = _Block(x, offset, _residual_diagonal(kdiag, f, pivots.groups), f, f.shape[1])
     if first:
-        return _summarize(block, cfg, count, key, final, trace=float(kdiag.sum()),
-                          max_diag=float(kdiag.max(initial=0.0)))
+        return _summarize(
+            block,
+            cfg,
+            count,
+            key,
+            final,
+            trace=float(kdiag.sum()),
+            max_diag=float(kdiag.max(initial=0.0)),
+        )
     summary = _summarize(block, cfg, count, key, final)
     if final and checkpoint is not None:
         try:
@@ -139,8 +173,11 @@ class StreamingRounds:
     def __init__(self, x, name: str, block_rows: int = 4096, checkpoint=None):
         self.x, self.name, self.checkpoint = x, name, checkpoint
         self.blocks = row_blocks(x, block_rows)
-        self.sizes = [int(s) for s in x.chunks[0]] if is_dask_array(x) else \
-            [int(b.shape[0]) for b, _ in self.blocks]
+        self.sizes = (
+            [int(s) for s in x.chunks[0]]
+            if is_dask_array(x)
+            else [int(b.shape[0]) for b, _ in self.blocks]
+        )
         self.pivots = _Pivots(np.empty((0, x.shape[1])), np.zeros((0, 0)), ())
 
     def _pass(self, cfg, count: int, round_no: int, final: bool, first: bool = False):
@@ -151,9 +188,29 @@ class StreamingRounds:
             done = self.checkpoint.finished(tag, self.sizes)
         if not is_dask_array(self.x):
             todo = [j for j in range(len(self.blocks)) if j not in done]
-            computed = dict(zip(todo, in_threads(_stream_block, [
-                (*self.blocks[j], self.pivots, cfg, count, (round_no, 0, j), final, first,
-                 self.name, folder) for j in todo]), strict=True))
+            computed = dict(
+                zip(
+                    todo,
+                    in_threads(
+                        _stream_block,
+                        [
+                            (
+                                *self.blocks[j],
+                                self.pivots,
+                                cfg,
+                                count,
+                                (round_no, 0, j),
+                                final,
+                                first,
+                                self.name,
+                                folder,
+                            )
+                            for j in todo
+                        ],
+                    ),
+                    strict=True,
+                )
+            )
             parts = [done[j] if j in done else computed[j] for j in range(len(self.blocks))]
             return _tree(parts, _merge_summaries, cfg, count, round_no)
         import dask
@@ -162,12 +219,25 @@ class StreamingRounds:
 
         shared = dask.delayed(self.pivots, traverse=False)
         task = dask.delayed(blas_task, pure=False)
-        parts = [done[j] if j in done else
-                 task(_stream_block, b, off, shared, cfg, count, (round_no, 0, j), final,
-                      first, self.name, folder)
-                 for j, (b, off) in enumerate(self.blocks)]
-        return _tree(parts, _merge_summaries, cfg, count, round_no,
-                     delayed=dask.delayed).compute()
+        parts = [
+            done[j]
+            if j in done
+            else task(
+                _stream_block,
+                b,
+                off,
+                shared,
+                cfg,
+                count,
+                (round_no, 0, j),
+                final,
+                first,
+                self.name,
+                folder,
+            )
+            for j, (b, off) in enumerate(self.blocks)
+        ]
+        return _tree(parts, _merge_summaries, cfg, count, round_no, delayed=dask.delayed).compute()
 
     def start(self, cfg, count):
         return self._pass(cfg, count, 0, False, first=True)
@@ -175,8 +245,11 @@ class StreamingRounds:
     def step(self, acc, cfg, count, round_no, final):
         if acc is not None and acc.rows.shape[0]:
             p = self.pivots
-            self.pivots = _Pivots(np.vstack([p.rows, acc.rows]), _grow_lower(p.lower, acc),
-                                  p.groups + (int(acc.rows.shape[0]),))
+            self.pivots = _Pivots(
+                np.vstack([p.rows, acc.rows]),
+                _grow_lower(p.lower, acc),
+                p.groups + (int(acc.rows.shape[0]),),
+            )
         return self._pass(cfg, count, round_no, final)
 
 
@@ -190,12 +263,18 @@ def _stats_block(x, offset: int, pivots: _Pivots, cfg, name: str) -> tuple:
 
 
 def _merge_stats(parts: list) -> tuple:
-    return (merge_many([p[0] for p in parts]), sum(p[1] for p in parts),
-            sum(p[2] for p in parts))
+    return (merge_many([p[0] for p in parts]), sum(p[1] for p in parts), sum(p[2] for p in parts))
 
 
-def factor_statistics(x, pivot_rows: np.ndarray, pivot_factor: np.ndarray, cfg,
-                      name: str = "X", block_rows: int = 4096, row_offset: int = 0):
+def factor_statistics(
+    x,
+    pivot_rows: np.ndarray,
+    pivot_factor: np.ndarray,
+    cfg,
+    name: str = "X",
+    block_rows: int = 4096,
+    row_offset: int = 0,
+):
     """(Chan statistics of F's rows, trace, residual trace) of the rows of ``x`` for the
     given pivots, in one streaming pass (F = K(x, X_I) L^-T, docs/math.md#icd).
 
@@ -204,12 +283,16 @@ def factor_statistics(x, pivot_rows: np.ndarray, pivot_factor: np.ndarray, cfg,
     (all columns subtracted together). ``row_offset``: the index of ``x``'s first row in
     its store (errors name rows by it: the rows appended to a model's negatives).
     """
-    pivots = _Pivots(np.asarray(pivot_rows, dtype=np.float64),
-                     np.asarray(pivot_factor, dtype=np.float64), (len(pivot_factor),))
+    pivots = _Pivots(
+        np.asarray(pivot_rows, dtype=np.float64),
+        np.asarray(pivot_factor, dtype=np.float64),
+        (len(pivot_factor),),
+    )
     blocks = row_blocks(x, block_rows, row_offset)
     if not is_dask_array(x):
-        return _tree_merge(in_threads(_stats_block, [(b, off, pivots, cfg, name)
-                                                     for b, off in blocks]))
+        return _tree_merge(
+            in_threads(_stats_block, [(b, off, pivots, cfg, name) for b, off in blocks])
+        )
     import dask
 
     from .blocks import blas_task
@@ -222,7 +305,7 @@ def factor_statistics(x, pivot_rows: np.ndarray, pivot_factor: np.ndarray, cfg,
 
 def _tree_merge(parts: list, merge=_merge_stats):
     while len(parts) > 1:
-        parts = [merge(parts[i:i + SPLIT_EVERY]) for i in range(0, len(parts), SPLIT_EVERY)]
+        parts = [merge(parts[i : i + SPLIT_EVERY]) for i in range(0, len(parts), SPLIT_EVERY)]
     return parts[0]
 
 
@@ -241,7 +324,8 @@ def check_strategy(strategy) -> str:
             f"strategy must be one of {', '.join(map(repr, STRATEGIES))}, got {strategy!r}: "
             f"'in-memory' keeps the negatives' rows and factor rows on the workers (fast "
             f"while they fit), 'streaming' reads the negatives again at every pass (memory "
-            f"independent of n), 'auto' picks by the workers' memory")
+            f"independent of n), 'auto' picks by the workers' memory"
+        )
     return strategy
 
 
@@ -267,33 +351,46 @@ def memory_budget(x) -> tuple[float, str]:
         if workers and all(w.get("memory_limit") for w in workers.values()):
             limit = sum(w["memory_limit"] for w in workers.values())
             used = sum(w.get("metrics", {}).get("memory", 0) or 0 for w in workers.values())
-            whose = ("the worker's memory limit" if len(workers) == 1 else
-                     f"the {len(workers)} workers' memory limits")
-            return (MEMORY_TARGET * limit - used,
-                    f"{MEMORY_TARGET:.0%} of {whose} ({_gib(limit)}) less {_gib(used)} in use")
+            whose = (
+                "the worker's memory limit"
+                if len(workers) == 1
+                else f"the {len(workers)} workers' memory limits"
+            )
+            return (
+                MEMORY_TARGET * limit - used,
+                f"{MEMORY_TARGET:.0%} of {whose} ({_gib(limit)}) less {_gib(used)} in use",
+            )
     import psutil
 
     avail = psutil.virtual_memory().available
-    return MEMORY_TARGET * avail, (f"{MEMORY_TARGET:.0%} of this machine's available memory "
-                                   f"({_gib(avail)})")
+    return MEMORY_TARGET * avail, (
+        f"{MEMORY_TARGET:.0%} of this machine's available memory ({_gib(avail)})"
+    )
 
 
 class KernelMemoryWarning(UserWarning):
     """An in-memory kernel fit was asked for whose estimate exceeds the workers' memory."""
 
 
-def choose_strategy(strategy: str, x, rank: int | None, exact: bool,
-                    pivoting: str | None = None) -> tuple[str, str]:
+def choose_strategy(
+    strategy: str, x, rank: int | None, exact: bool, pivoting: str | None = None
+) -> tuple[str, str]:
     """("in-memory" | "streaming", why): ``strategy`` itself unless "auto"; "auto" streams
     when :func:`task_memory.kernel_fit_bytes` exceeds :func:`memory_budget`. A streaming
     greedy fit is told that it recomputes F at each of its r + 1 passes."""
     check_strategy(strategy)
     if strategy == "streaming" and exact:
-        raise ValueError("strategy='streaming' cannot keep the negatives and the n x r factor "
-                         "that exact=True stores in the model: use strategy='in-memory' (or "
-                         "'auto') with exact=True, or exact=False to stream")
-    slow = ("; greedy pivoting makes one pass per pivot, each recomputing the factor rows "
-            "of every row (rpcholesky: a few passes)" if pivoting == "greedy" else "")
+        raise ValueError(
+            "strategy='streaming' cannot keep the negatives and the n x r factor "
+            "that exact=True stores in the model: use strategy='in-memory' (or "
+            "'auto') with exact=True, or exact=False to stream"
+        )
+    slow = (
+        "; greedy pivoting makes one pass per pivot, each recomputing the factor rows "
+        "of every row (rpcholesky: a few passes)"
+        if pivoting == "greedy"
+        else ""
+    )
     if strategy == "streaming":
         return strategy, "forced (strategy / --kernel-memory)" + slow
     n, d = int(x.shape[0]), int(x.shape[1])
@@ -303,13 +400,20 @@ def choose_strategy(strategy: str, x, rank: int | None, exact: bool,
     estimate = f"the in-memory path needs about {_gib(need)} ({n} rows x {need / n / 1e3:.1f} KB"
     estimate += f" at d = {d}, r = {r}{'' if rank is not None else ' assumed'})"
     if strategy == "in-memory" or exact:
-        why = ("forced (strategy / --kernel-memory)" if strategy == "in-memory" else
-               "exact=True keeps the negatives and the factor in the model")
+        why = (
+            "forced (strategy / --kernel-memory)"
+            if strategy == "in-memory"
+            else "exact=True keeps the negatives and the factor in the model"
+        )
         if need > budget:  # run as asked, but say what is likely to happen
-            warnings.warn(KernelMemoryWarning(
-                f"{estimate}, more than {where}: the workers may run out of memory; "
-                f"{'use exact=False and ' if exact else ''}--kernel-memory auto (or "
-                f"streaming) streams the negatives instead"), stacklevel=3)
+            warnings.warn(
+                KernelMemoryWarning(
+                    f"{estimate}, more than {where}: the workers may run out of memory; "
+                    f"{'use exact=False and ' if exact else ''}--kernel-memory auto (or "
+                    f"streaming) streams the negatives instead"
+                ),
+                stacklevel=3,
+            )
         return "in-memory", why
     if need <= budget:
         return "in-memory", f"auto: {estimate}, within {where}"

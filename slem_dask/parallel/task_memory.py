@@ -28,8 +28,13 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["encode_task_bytes", "fit_task_bytes", "kernel_fit_bytes",
-           "KERNEL_FIT_ROW_OVERHEAD", "MiB"]
+__all__ = [
+    "encode_task_bytes",
+    "fit_task_bytes",
+    "kernel_fit_bytes",
+    "KERNEL_FIT_ROW_OVERHEAD",
+    "MiB",
+]
 
 MiB = 2**20
 

@@ -17,5 +17,15 @@ from .fit import _open_negatives, fit_job  # noqa: F401 - the CLI checks before 
 from .options import EncodeOptions, FitOptions, SearchOptions
 from .search import search_job
 
-__all__ = ["fit_job", "encode_job", "search_job", "demo_job", "check_encode_inputs",
-           "FitOptions", "EncodeOptions", "SearchOptions", "JobReport", "JobFailed"]
+__all__ = [
+    "fit_job",
+    "encode_job",
+    "search_job",
+    "demo_job",
+    "check_encode_inputs",
+    "FitOptions",
+    "EncodeOptions",
+    "SearchOptions",
+    "JobReport",
+    "JobFailed",
+]

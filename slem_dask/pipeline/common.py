@@ -71,9 +71,13 @@ def _settle(client, future, timeout: float = 60.0) -> None:
         client.cancel(future)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            busy = _run_within(client, lambda dask_worker: len(dask_worker.state.executing)
-                               + len(dask_worker.state.long_running),
-                               min(5.0, deadline - time.monotonic()))
+            busy = _run_within(
+                client,
+                lambda dask_worker: (
+                    len(dask_worker.state.executing) + len(dask_worker.state.long_running)
+                ),
+                min(5.0, deadline - time.monotonic()),
+            )
             if not busy or not any(busy.values()):
                 return  # idle, or a worker does not answer (stopped: it writes nothing)
             time.sleep(0.05)
@@ -115,9 +119,11 @@ _LOST = (CancelledError, CommClosedError, ConnectionError, TimeoutError)
 
 def _lost_cluster(exc: BaseException, what_is_kept: str) -> JobFailed:
     text = str(exc)
-    why = ("the connection to the scheduler was lost" if "connection" in text.lower()
-           or isinstance(exc, (CommClosedError, ConnectionError))
-           else f"{type(exc).__name__}: {text.splitlines()[0][:200] if text else 'cancelled'}")
+    why = (
+        "the connection to the scheduler was lost"
+        if "connection" in text.lower() or isinstance(exc, (CommClosedError, ConnectionError))
+        else f"{type(exc).__name__}: {text.splitlines()[0][:200] if text else 'cancelled'}"
+    )
     return JobFailed(f"lost the dask cluster while computing ({why}); {what_is_kept}")
 
 
@@ -128,21 +134,32 @@ def update_refusal(model_path, meta: dict, negatives, arr) -> str | None:
     it can."""
     source, n_features = meta.get("source"), meta.get("n_features")
     n_rows = int(meta.get("n_samples", -1))
-    fitted = (f"--update: the model {str(model_path)!r} was fitted on {n_rows} rows of "
-              f"{shown_path(source)!r}")
+    fitted = (
+        f"--update: the model {str(model_path)!r} was fitted on {n_rows} rows of "
+        f"{shown_path(source)!r}"
+    )
     if source != negatives.url:
-        why = (f"{fitted}, not of {str(negatives)!r}: an update appends the rows added to the "
-               f"same store since (a store moved or copied elsewhere counts as another one)")
+        why = (
+            f"{fitted}, not of {str(negatives)!r}: an update appends the rows added to the "
+            f"same store since (a store moved or copied elsewhere counts as another one)"
+        )
     elif n_features != arr.shape[1]:
-        why = (f"{fitted} with {n_features} features; that store now has {arr.shape[1]} "
-               f"(shape {arr.shape})")
+        why = (
+            f"{fitted} with {n_features} features; that store now has {arr.shape[1]} "
+            f"(shape {arr.shape})"
+        )
     elif n_rows > arr.shape[0]:
-        why = (f"{fitted}; that store now holds only {arr.shape[0]} rows (shape {arr.shape}): "
-               f"rows were removed")
+        why = (
+            f"{fitted}; that store now holds only {arr.shape[0]} rows (shape {arr.shape}): "
+            f"rows were removed"
+        )
     else:
         return None
-    return why + ("; refit on all rows with --repivot (same parameters) or --overwrite"
-                  if meta.get("model") == "KernelSLEM" else "; fit from scratch with --overwrite")
+    return why + (
+        "; refit on all rows with --repivot (same parameters) or --overwrite"
+        if meta.get("model") == "KernelSLEM"
+        else "; fit from scratch with --overwrite"
+    )
 
 
 # -- a full disk ----------------------------------------------------------------------
@@ -151,8 +168,13 @@ MiB = 2**20
 
 def size_text(n: float) -> str:
     n = max(n, 0)
-    return f"{n / 2**30:.1f} GiB" if n >= 2**30 else f"{n / MiB:.1f} MiB" if n >= MiB \
+    return (
+        f"{n / 2**30:.1f} GiB"
+        if n >= 2**30
+        else f"{n / MiB:.1f} MiB"
+        if n >= MiB
         else f"{n / 1024:.1f} KiB"
+    )
 
 
 def _local_room(path) -> tuple[str, int] | None:
@@ -188,13 +210,18 @@ def out_of_space_line(exc: OSError, path, needed: float | None, what_is_kept: st
     if needed and room is not None and room[1] < needed:
         free = f"free at least {size_text(needed - room[1])} on {room[0]}"
     else:
-        free = f"free space on {room[0]}" if room is not None else \
-            "free space (or raise the quota) on that storage"
-    return (f"no space left on the storage of {str(path)!r} ({'; '.join(facts)}); "
-            f"{what_is_kept}: {free} (files you no longer need; each slem-dask store keeps "
-            f"its last versions until its next job: `slem-dask versions PATH` lists them, "
-            f"SLEM_DASK_KEEP_VERSIONS=2 keeps fewer), or write to another path, then run "
-            f"the same command again")
+        free = (
+            f"free space on {room[0]}"
+            if room is not None
+            else "free space (or raise the quota) on that storage"
+        )
+    return (
+        f"no space left on the storage of {str(path)!r} ({'; '.join(facts)}); "
+        f"{what_is_kept}: {free} (files you no longer need; each slem-dask store keeps "
+        f"its last versions until its next job: `slem-dask versions PATH` lists them, "
+        f"SLEM_DASK_KEEP_VERSIONS=2 keeps fewer), or write to another path, then run "
+        f"the same command again"
+    )
 
 
 @contextlib.contextmanager

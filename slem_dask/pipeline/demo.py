@@ -24,10 +24,17 @@ def _ranked(queries, database, k: int):
     return dask.compute(search(queries, database, k))[0]
 
 
-def demo_job(client, workdir: str = "slem-demo", n_negatives: int = 50_000,
-             n_instances: int = 1_000, group_size: int = 4, d: int = 128,
-             lam: float | str | None = None,
-             seed: int = 0, progress: bool = False) -> tuple[list[dict], list[JobReport]]:
+def demo_job(
+    client,
+    workdir: str = "slem-demo",
+    n_negatives: int = 50_000,
+    n_instances: int = 1_000,
+    group_size: int = 4,
+    d: int = 128,
+    lam: float | str | None = None,
+    seed: int = 0,
+    progress: bool = False,
+) -> tuple[list[dict], list[JobReport]]:
     """Generate (once) a synthetic corpus in ``workdir``, fit, encode, evaluate.
 
     Returns the results table (one row per method) and the job reports. ``lam``: linear
@@ -35,19 +42,32 @@ def demo_job(client, workdir: str = "slem-demo", n_negatives: int = 50_000,
     """
     os.makedirs(workdir, exist_ok=True)
     corpus_path = os.path.join(workdir, "corpus.zarr")
-    params = {"n_negatives": n_negatives, "n_instances": n_instances,
-              "group_size": group_size, "d": d, "seed": seed}
+    params = {
+        "n_negatives": n_negatives,
+        "n_instances": n_instances,
+        "group_size": group_size,
+        "d": d,
+        "seed": seed,
+    }
     reports = [_generate_corpus(corpus_path, params)]
     # rbf kernel SLEM: gamma 0.5 suits these L2-normalized rows (median squared
     # distance between negatives ~0.5); 256 rpcholesky pivots take a few passes.
-    kernel = KernelSLEM(kernel="rbf", gamma=0.5, rank=min(256, n_negatives),
-                        lam=lam if isinstance(lam, (int, float)) else KERNEL_LAM,  # "0.01x":
-                        pivoting="rpcholesky", tol=0.0, random_state=seed)  # linear only
-    for estimator, name, prefix in ((LinearSLEM(lam=DEFAULT_LAM if lam is None else lam),
-                                     "model.zarr", "slem"),
-                                    (kernel, "kernel_model.zarr", "kslem")):
-        reports += _fit_and_encode(client, corpus_path, os.path.join(workdir, name),
-                                   estimator, prefix, progress)
+    kernel = KernelSLEM(
+        kernel="rbf",
+        gamma=0.5,
+        rank=min(256, n_negatives),
+        lam=lam if isinstance(lam, (int, float)) else KERNEL_LAM,  # "0.01x":
+        pivoting="rpcholesky",
+        tol=0.0,
+        random_state=seed,
+    )  # linear only
+    for estimator, name, prefix in (
+        (LinearSLEM(lam=DEFAULT_LAM if lam is None else lam), "model.zarr", "slem"),
+        (kernel, "kernel_model.zarr", "kslem"),
+    ):
+        reports += _fit_and_encode(
+            client, corpus_path, os.path.join(workdir, name), estimator, prefix, progress
+        )
     return _score_methods(corpus_path, group_size), reports
 
 
@@ -69,19 +89,31 @@ def _generate_corpus(corpus_path: str, params: dict) -> JobReport:
     return generate
 
 
-def _fit_and_encode(client, corpus_path: str, model_path: str, estimator, prefix: str,
-                    progress: bool) -> list[JobReport]:
+def _fit_and_encode(
+    client, corpus_path: str, model_path: str, estimator, prefix: str, progress: bool
+) -> list[JobReport]:
     """``estimator`` fitted on the corpus' negatives, then database and queries encoded
     into ``{prefix}_database`` and ``{prefix}_queries`` of the corpus."""
     # Small partitions, so that even the demo runs as many parallel tasks.
-    reports = [fit_job(client, f"{corpus_path}/negatives", model_path, estimator=estimator,
-                       options=FitOptions(partition_rows=8192, overwrite=True,
-                                          progress=progress))]
+    reports = [
+        fit_job(
+            client,
+            f"{corpus_path}/negatives",
+            model_path,
+            estimator=estimator,
+            options=FitOptions(partition_rows=8192, overwrite=True, progress=progress),
+        )
+    ]
     for name in ("database", "queries"):
-        reports.append(encode_job(client, model_path, f"{corpus_path}/{name}",
-                                  f"{corpus_path}/{prefix}_{name}",
-                                  options=EncodeOptions(partition_rows=1024, overwrite=True,
-                                                        progress=progress)))
+        reports.append(
+            encode_job(
+                client,
+                model_path,
+                f"{corpus_path}/{name}",
+                f"{corpus_path}/{prefix}_{name}",
+                options=EncodeOptions(partition_rows=1024, overwrite=True, progress=progress),
+            )
+        )
     return reports
 
 
@@ -95,18 +127,25 @@ def _score_methods(corpus_path: str, group_size: int) -> list[dict]:
     relevant = [np.flatnonzero(db_labels == label) for label in q_labels]
     k = min(len(db_labels), 10_000)  # the whole ranking, as `slem-dask evaluate`
     rows = []
-    for method, db_name, q_name in (("raw features", "database", "queries"),
-                                    ("linear SLEM", "slem_database", "slem_queries"),
-                                    ("rbf kernel SLEM", "kslem_database", "kslem_queries")):
+    for method, db_name, q_name in (
+        ("raw features", "database", "queries"),
+        ("linear SLEM", "slem_database", "slem_queries"),
+        ("rbf kernel SLEM", "kslem_database", "kslem_queries"),
+    ):
         t = time.perf_counter()
-        db = storage.dask_rows(storage.open_output(f"{corpus_path}/{db_name}"),
-                               name="database")
+        db = storage.dask_rows(storage.open_output(f"{corpus_path}/{db_name}"), name="database")
         q = storage.read_all(f"{corpus_path}/{q_name}", "queries")
         if method == "raw features":  # cosine: the raw rows, L2-normalized
             raw = RawFeatures().fit(q)
             q, db = raw.transform(q), raw.transform(db)
         _, indices = _ranked(q, db, k)
         p_at, r_at = precision_recall_at_k(indices, relevant, group_size)
-        rows.append({"method": method, "mAP": mean_average_precision(indices, relevant),
-                     f"P@{group_size}": p_at, "search [s]": time.perf_counter() - t})
+        rows.append(
+            {
+                "method": method,
+                "mAP": mean_average_precision(indices, relevant),
+                f"P@{group_size}": p_at,
+                "search [s]": time.perf_counter() - t,
+            }
+        )
     return rows

@@ -24,19 +24,34 @@ from ..parallel.blocks import scatter_large_arrays
 
 from . import common
 from .common import JobFailed, JobReport, _LOST, _detail, _lost_cluster
-from .encode_plan import (EncodePlan, _effective_precision, _output_bytes,  # noqa: F401
-                          _plan_output, _scale_mismatch, check_encode_inputs, plan_encode,
-                          up_to_date_report)
-from .encode_write import (_verify_partitions, _write_partitions, reuse_partitions,
-                           what_is_kept)
+from .encode_plan import (
+    EncodePlan,
+    _effective_precision,  # noqa: F401
+    _output_bytes,  # noqa: F401
+    _plan_output,  # noqa: F401
+    _scale_mismatch,
+    check_encode_inputs,  # noqa: F401
+    plan_encode,
+    up_to_date_report,
+)
+from .encode_write import _verify_partitions, _write_partitions, reuse_partitions, what_is_kept
 from .options import EncodeOptions, options_from
 
 
-def encode_job(client, model_path: str, positives: str, out: str, dtype: str | None = None,
-               partition_rows: int | None = None, overwrite: bool = False,
-               progress: bool = False, on_model_change: str = "fail",
-               precision: str | None = None, model=None,
-               options: EncodeOptions | None = None) -> JobReport:
+def encode_job(
+    client,
+    model_path: str,
+    positives: str,
+    out: str,
+    dtype: str | None = None,
+    partition_rows: int | None = None,
+    overwrite: bool = False,
+    progress: bool = False,
+    on_model_change: str = "fail",
+    precision: str | None = None,
+    model=None,
+    options: EncodeOptions | None = None,
+) -> JobReport:
     """Encode the zarr array ``positives`` with the model at ``model_path`` into ``out``.
 
     ``options``: an :class:`EncodeOptions` (its fields are the keywords ``dtype`` ...
@@ -56,23 +71,35 @@ def encode_job(client, model_path: str, positives: str, out: str, dtype: str | N
     positives in float32, "float64" in float64; an output is continued only in the
     precision it was started with.
     """
-    options = options_from(EncodeOptions, options, dtype=dtype,
-                           partition_rows=partition_rows, overwrite=overwrite,
-                           progress=progress, on_model_change=on_model_change,
-                           precision=precision)
+    options = options_from(
+        EncodeOptions,
+        options,
+        dtype=dtype,
+        partition_rows=partition_rows,
+        overwrite=overwrite,
+        progress=progress,
+        on_model_change=on_model_change,
+        precision=precision,
+    )
     t0 = time.perf_counter()
     model_path, positives, out = canonical(model_path), canonical(positives), canonical(out)
     model = model if model is not None else load_model(model_path)
     storage.check_distinct(out, "--out", {"positives": positives, "model": model_path})
-    current = None if options.overwrite else up_to_date_report(
-        model, model_path, positives, out, options)
+    current = (
+        None if options.overwrite else up_to_date_report(model, model_path, positives, out, options)
+    )
     if current is not None:  # decided from the committed head: no lease, nothing written
         current.timings["total"] = time.perf_counter() - t0
         return current
     head_before = storage.head_seq(out)  # a full disk before the draft is known says it
-    with common.full_disk_said(out, lambda: _output_bytes(model, positives),
-                               lambda: what_is_kept(out, head_before, advice=False)), \
-            storage.Lease(out, "slem-dask encode") as lease:
+    with (
+        common.full_disk_said(
+            out,
+            lambda: _output_bytes(model, positives),
+            lambda: what_is_kept(out, head_before, advice=False),
+        ),
+        storage.Lease(out, "slem-dask encode") as lease,
+    ):
         plan = plan_encode(model, model_path, positives, out, options)
         if plan.head is None:  # a new output: before anything is written
             workers.check_memory(client, plan.memory, plan.n_parts, common.TASK_MODULES)
@@ -87,8 +114,18 @@ def encode_job(client, model_path: str, positives: str, out: str, dtype: str | N
         if plan.head is not None and job.todo:  # only what this update computes must fit
             _check_update_memory(client, plan, job)
         with _draft_failures(job, plan, positives, out):
-            _encode_and_commit(client, model, model_path, positives, plan, job, lease,
-                               report, options.progress, (t0, t1))
+            _encode_and_commit(
+                client,
+                model,
+                model_path,
+                positives,
+                plan,
+                job,
+                lease,
+                report,
+                options.progress,
+                (t0, t1),
+            )
     return report
 
 
@@ -112,14 +149,25 @@ def _begin_draft(model, model_path, positives, out, plan: EncodePlan) -> _Draft:
     store = versions.VersionedStore(out)
     draft = store.begin()
     n_parts = plan.n_parts
-    target = storage.create_output(draft.location, (plan.n_rows, plan.width), plan.rows,
-                                   plan.out_dtype, {
-        "model": type(model).__name__, "model_fingerprint": model.identity_,
-        "encoding_fingerprint": model.encoding_identity_, "model_path": model_path.url,
-        "params": storage.json_params(model.get_params()),
-        "source": positives.url, "source_version": storage.read_version(plan.arr, positives),
-        "n_rows": plan.n_rows, "input_partitions": plan.inputs,
-        "precision": plan.precision, "partition_crc32c": [None] * n_parts})
+    target = storage.create_output(
+        draft.location,
+        (plan.n_rows, plan.width),
+        plan.rows,
+        plan.out_dtype,
+        {
+            "model": type(model).__name__,
+            "model_fingerprint": model.identity_,
+            "encoding_fingerprint": model.encoding_identity_,
+            "model_path": model_path.url,
+            "params": storage.json_params(model.get_params()),
+            "source": positives.url,
+            "source_version": storage.read_version(plan.arr, positives),
+            "n_rows": plan.n_rows,
+            "input_partitions": plan.inputs,
+            "precision": plan.precision,
+            "partition_crc32c": [None] * n_parts,
+        },
+    )
     todo, crcs = reuse_partitions(store, draft, target, plan.head, plan.inputs, n_parts)
     action = plan.action
     if plan.head is None and len(todo) < n_parts:
@@ -127,25 +175,36 @@ def _begin_draft(model, model_path, positives, out, plan: EncodePlan) -> _Draft:
     return _Draft(store, draft, target, todo, crcs, action, out)
 
 
-def _start_report(model, model_path, positives, out, plan: EncodePlan,
-                  job: _Draft) -> JobReport:
+def _start_report(model, model_path, positives, out, plan: EncodePlan, job: _Draft) -> JobReport:
     """The report of what this job is about to do (warned of scale mismatches)."""
     arr, n_rows = plan.arr, plan.n_rows
     report = JobReport("encode")
-    scale = _scale_mismatch(model, arr) if n_rows else (
-        f"positives {str(positives)!r} have no rows (shape {arr.shape}): the output is "
-        f"an empty ({0}, {plan.width}) array; write rows there and run again to encode them")
+    scale = (
+        _scale_mismatch(model, arr)
+        if n_rows
+        else (
+            f"positives {str(positives)!r} have no rows (shape {arr.shape}): the output is "
+            f"an empty ({0}, {plan.width}) array; write rows there and run again to encode them"
+        )
+    )
     if scale:
         report.facts["warning"] = scale
         warnings.warn(scale, stacklevel=3)  # where encode_job was called
     if job.todo:
         common.hint_small_chunks(report, arr, "positives", positives)
-    report.facts.update({
-        "positives": str(positives), "rows": n_rows, "features": arr.shape[1],
-        "partitions": f"{len(job.todo)} encoded of {plan.n_parts}", "action": job.action,
-        "model": str(model_path), "fingerprint": model.identity_[:16], "out": str(out),
-        "out dtype": plan.out_dtype.name,
-    })
+    report.facts.update(
+        {
+            "positives": str(positives),
+            "rows": n_rows,
+            "features": arr.shape[1],
+            "partitions": f"{len(job.todo)} encoded of {plan.n_parts}",
+            "action": job.action,
+            "model": str(model_path),
+            "fingerprint": model.identity_[:16],
+            "out": str(out),
+            "out dtype": plan.out_dtype.name,
+        }
+    )
     return report
 
 
@@ -156,16 +215,24 @@ def _kept_as_it_is(report: JobReport, model, plan: EncodePlan, job: _Draft) -> b
     # the head's partitions are those of these rows: else the changed ones were all
     # found in an interrupted run's draft, and must still be committed
     same_rows = meta.get("input_partitions") == plan.inputs
-    if plan.head is not None and not job.todo and same_rows \
-            and meta.get("n_rows") == plan.n_rows \
-            and meta.get("model_fingerprint") in (model.identity_, model.fingerprint_):
+    if (
+        plan.head is not None
+        and not job.todo
+        and same_rows
+        and meta.get("n_rows") == plan.n_rows
+        and meta.get("model_fingerprint") in (model.identity_, model.fingerprint_)
+    ):
         report.facts["action"] = "up to date"
         return True
     if plan.head is not None and not job.todo:
         # a model that encodes identically (theta changed): a new version records it
-        report.facts["action"] = "resume" if not same_rows else \
-            "up to date (model metadata updated)" if meta.get("n_rows") == plan.n_rows \
+        report.facts["action"] = (
+            "resume"
+            if not same_rows
+            else "up to date (model metadata updated)"
+            if meta.get("n_rows") == plan.n_rows
             else "verified"
+        )
     return False
 
 
@@ -179,8 +246,18 @@ def _check_update_memory(client, plan: EncodePlan, job: _Draft) -> None:
         raise
 
 
-def _encode_and_commit(client, model, model_path, positives, plan: EncodePlan, job: _Draft,
-                       lease, report: JobReport, progress: bool, times) -> None:
+def _encode_and_commit(
+    client,
+    model,
+    model_path,
+    positives,
+    plan: EncodePlan,
+    job: _Draft,
+    lease,
+    report: JobReport,
+    progress: bool,
+    times,
+) -> None:
     """Encode the partitions left, check every partition as this client reads the
     store, mark the draft complete and commit it (recorded in ``report``)."""
     t0, t1 = times
@@ -191,9 +268,18 @@ def _encode_and_commit(client, model, model_path, positives, plan: EncodePlan, j
         if job.todo:
             with scatter_large_arrays(client):  # the model: once to the workers
                 written = common._compute(
-                    client, _write_partitions(model, plan.arr, job.target, job.todo,
-                                              plan.rows, plan.out_dtype, plan.precision),
-                    progress)
+                    client,
+                    _write_partitions(
+                        model,
+                        plan.arr,
+                        job.target,
+                        job.todo,
+                        plan.rows,
+                        plan.out_dtype,
+                        plan.precision,
+                    ),
+                    progress,
+                )
             for index, crc in np.asarray(written).reshape(-1, 2).tolist():
                 job.crcs[int(index)] = int(crc)
     t2 = time.perf_counter()
@@ -204,36 +290,52 @@ def _encode_and_commit(client, model, model_path, positives, plan: EncodePlan, j
         if gc.was_fenced(store, draft.version):  # its draft deleted by another job
             raise gc.DraftFencedError(gc.fenced_message(store, draft.version)) from None
         raise
-    if storage.partition_fingerprints(plan.arr, positives, "positives",
-                                      plan.rows) != plan.inputs:
+    if storage.partition_fingerprints(plan.arr, positives, "positives", plan.rows) != plan.inputs:
         raise JobFailed(
             f"the positives {str(positives)!r} changed while they were encoded; "
-            f"nothing was committed: run the same command again (it resumes)")
-    report.timings.update({"open": t1 - t0, "encode+write": t2 - t1,
-                           "total": time.perf_counter() - t0})
+            f"nothing was committed: run the same command again (it resumes)"
+        )
+    report.timings.update(
+        {"open": t1 - t0, "encode+write": t2 - t1, "total": time.perf_counter() - t0}
+    )
     _mark_complete(model, model_path, plan, job, report)
-    commit = store.commit(draft, "encoding", "slem-dask encode",
-                          {"rows": plan.n_rows, "model_fingerprint": model.identity_[:16]})
+    commit = store.commit(
+        draft,
+        "encoding",
+        "slem-dask encode",
+        {"rows": plan.n_rows, "model_fingerprint": model.identity_[:16]},
+    )
     report.facts["version"] = commit.seq
 
 
-def _mark_complete(model, model_path, plan: EncodePlan, job: _Draft,
-                   report: JobReport) -> None:
+def _mark_complete(model, model_path, plan: EncodePlan, job: _Draft, report: JobReport) -> None:
     """The draft's metadata made whole: ``complete: true``, every partition's crc32c,
     and this run appended to the last 19 the head recorded."""
     fingerprint = model.identity_
-    runs = (plan.meta.get("runs") or [])[-19:] + [{
-        "finished": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "action": report.facts["action"], "rows": plan.n_rows,
-        "partitions_encoded": len(job.todo), "model_fingerprint": fingerprint,
-        "package_version": __version__, "timings": report.timings}]
+    runs = (plan.meta.get("runs") or [])[-19:] + [
+        {
+            "finished": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "action": report.facts["action"],
+            "rows": plan.n_rows,
+            "partitions_encoded": len(job.todo),
+            "model_fingerprint": fingerprint,
+            "package_version": __version__,
+            "timings": report.timings,
+        }
+    ]
     storage.remove_stray_partials(job.draft.location)  # left by writers killed mid-chunk
-    storage.mark_complete(job.target, {"n_rows": plan.n_rows,
-                                       "model_fingerprint": fingerprint,
-                                       "model_path": model_path.url,
-                                       "params": storage.json_params(model.get_params()),
-                                       "partition_crc32c": job.crcs,
-                                       "timings": report.timings, "runs": runs})
+    storage.mark_complete(
+        job.target,
+        {
+            "n_rows": plan.n_rows,
+            "model_fingerprint": fingerprint,
+            "model_path": model_path.url,
+            "params": storage.json_params(model.get_params()),
+            "partition_crc32c": job.crcs,
+            "timings": report.timings,
+            "runs": runs,
+        },
+    )
 
 
 @contextlib.contextmanager
@@ -268,6 +370,9 @@ def _draft_failures(job: _Draft, plan: EncodePlan, positives, out):
     except OSError as exc:
         if storage.is_out_of_space(exc):  # what is still to write, and what is kept
             needed = len(job.todo) * plan.rows * plan.width * plan.out_dtype.itemsize
-            raise JobFailed(common.out_of_space_line(
-                exc, out, needed, what_is_kept(out, draft.seq - 1, advice=False))) from None
+            raise JobFailed(
+                common.out_of_space_line(
+                    exc, out, needed, what_is_kept(out, draft.seq - 1, advice=False)
+                )
+            ) from None
         raise

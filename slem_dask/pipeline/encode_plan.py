@@ -26,16 +26,16 @@ class EncodePlan:
     """An encode's plan: computed under the output's lease by :func:`plan_encode` (which
     reads and writes nothing), then executed by the job."""
 
-    arr: Any              # the positives (a zarr array)
+    arr: Any  # the positives (a zarr array)
     out_dtype: np.dtype
-    width: int            # columns of the output (a KernelSLEM writes its rank)
+    width: int  # columns of the output (a KernelSLEM writes its rank)
     precision: str | None  # the arithmetic of a linear model's encode
-    head: Any             # the committed output this job continues, or None
-    action: str           # create, replace, resume, append, update, re-encode ...
-    rows: int             # rows per partition (one output chunk each)
+    head: Any  # the committed output this job continues, or None
+    action: str  # create, replace, resume, append, update, re-encode ...
+    rows: int  # rows per partition (one output chunk each)
     n_rows: int
     n_parts: int
-    inputs: list          # the fingerprint of each partition's input rows
+    inputs: list  # the fingerprint of each partition's input rows
     memory: workers.Plan  # what one task needs, for the workers' memory check
 
     @property
@@ -49,32 +49,67 @@ def plan_encode(model, model_path, positives, out, options: EncodeOptions) -> En
     canonical), as the storage holds them now; refusals raise as :func:`_plan_output`
     and :func:`check_encode_inputs` say."""
     arr, out_dtype, width = check_encode_inputs(
-        model, model_path, positives, out, options.dtype, options.overwrite,
-        options.on_model_change, leased=True, partition_rows=options.partition_rows,
-        precision=options.precision)
+        model,
+        model_path,
+        positives,
+        out,
+        options.dtype,
+        options.overwrite,
+        options.on_model_change,
+        leased=True,
+        partition_rows=options.partition_rows,
+        precision=options.precision,
+    )
     precision = _effective_precision(model, options.precision)
     existing = storage.open_existing_output(out, strict=not options.overwrite)
-    head, action = _plan_output(out, existing, arr, positives,
-                                (model.encoding_identity_, model.encoding_fingerprint_),
-                                out_dtype, options.overwrite, options.on_model_change,
-                                width, precision)
+    head, action = _plan_output(
+        out,
+        existing,
+        arr,
+        positives,
+        (model.encoding_identity_, model.encoding_fingerprint_),
+        out_dtype,
+        options.overwrite,
+        options.on_model_change,
+        width,
+        precision,
+    )
     partition_rows = options.partition_rows
     if head is None and partition_rows is None and existing is not None:
         partition_rows = int(existing.chunks[0])  # a rebuild keeps the chunking
-    rows = int(head.chunks[0]) if head is not None else \
-        storage.row_partition(arr, partition_rows)
+    rows = int(head.chunks[0]) if head is not None else storage.row_partition(arr, partition_rows)
     n_rows = int(arr.shape[0])
     per_row, fixed = workers.encode_task_bytes(model, rows, arr.shape[1], arr.dtype)
-    memory = workers.Plan("encode", "positives", rows, int(arr.shape[1]), str(arr.dtype),
-                          int(fixed + per_row * rows), per_row, fixed,
-                          storage.unit_rows(arr), resumed=head is not None)
-    return EncodePlan(arr, out_dtype, width, precision, head, action, rows, n_rows,
-                      -(-n_rows // rows), storage.partition_fingerprints(
-                          arr, positives, "positives", rows), memory)
+    memory = workers.Plan(
+        "encode",
+        "positives",
+        rows,
+        int(arr.shape[1]),
+        str(arr.dtype),
+        int(fixed + per_row * rows),
+        per_row,
+        fixed,
+        storage.unit_rows(arr),
+        resumed=head is not None,
+    )
+    return EncodePlan(
+        arr,
+        out_dtype,
+        width,
+        precision,
+        head,
+        action,
+        rows,
+        n_rows,
+        -(-n_rows // rows),
+        storage.partition_fingerprints(arr, positives, "positives", rows),
+        memory,
+    )
 
 
-def up_to_date_report(model, model_path, positives, out,
-                      options: EncodeOptions) -> JobReport | None:
+def up_to_date_report(
+    model, model_path, positives, out, options: EncodeOptions
+) -> JobReport | None:
     """The report of a re-run with nothing to write, or None: decided by reading one
     committed head (its metadata, the positives' listing and each chunk's crc32c
     trailer), before any lease is taken or draft begun, so that an up-to-date re-run
@@ -83,39 +118,67 @@ def up_to_date_report(model, model_path, positives, out,
     existing = storage.open_existing_output(out, strict=False)
     meta = storage.output_meta(existing) if existing is not None else None
     # the model's identity, or (outputs written before it) its arrays' fingerprint
-    if not meta or not meta.get("complete") \
-            or meta.get("model_fingerprint") not in (model.identity_, model.fingerprint_):
+    if (
+        not meta
+        or not meta.get("complete")
+        or meta.get("model_fingerprint") not in (model.identity_, model.fingerprint_)
+    ):
         return None
     arr = storage.open_input(positives, "positives", empty_ok=True)  # 0 rows: empty output
     rows, n_rows = int(existing.chunks[0]), int(arr.shape[0])
     width = int(getattr(model, "rank_", arr.shape[1]))
     out_dtype = np.dtype(options.dtype) if options.dtype is not None else existing.dtype
-    if arr.shape[1] != model.n_features_in_ or meta.get("n_rows") != n_rows \
-            or (options.partition_rows is not None
-                and storage.row_partition(arr, options.partition_rows) != rows):
+    if (
+        arr.shape[1] != model.n_features_in_
+        or meta.get("n_rows") != n_rows
+        or (
+            options.partition_rows is not None
+            and storage.row_partition(arr, options.partition_rows) != rows
+        )
+    ):
         return None
     try:
-        head, action = _plan_output(out, existing, arr, positives,
-                                    (model.encoding_identity_, model.encoding_fingerprint_),
-                                    out_dtype, False, options.on_model_change, width,
-                                    _effective_precision(model, options.precision))
+        head, action = _plan_output(
+            out,
+            existing,
+            arr,
+            positives,
+            (model.encoding_identity_, model.encoding_fingerprint_),
+            out_dtype,
+            False,
+            options.on_model_change,
+            width,
+            _effective_precision(model, options.precision),
+        )
     except FileExistsError:
         return None  # the job says why, under its lease
     n_parts = -(-n_rows // rows)
-    if head is None or action != "update" or not _head_current(
-            head, storage.partition_fingerprints(arr, positives, "positives", rows),
-            n_parts):
+    if (
+        head is None
+        or action != "update"
+        or not _head_current(
+            head, storage.partition_fingerprints(arr, positives, "positives", rows), n_parts
+        )
+    ):
         return None
     report = JobReport("encode")
     scale = _scale_mismatch(model, arr)
     if scale:
         report.facts["warning"] = scale
         warnings.warn(scale, stacklevel=3)
-    report.facts.update({
-        "positives": str(positives), "rows": n_rows, "features": arr.shape[1],
-        "partitions": f"0 encoded of {n_parts}", "action": "up to date",
-        "model": str(model_path), "fingerprint": model.identity_[:16], "out": str(out),
-        "out dtype": existing.dtype.name})
+    report.facts.update(
+        {
+            "positives": str(positives),
+            "rows": n_rows,
+            "features": arr.shape[1],
+            "partitions": f"0 encoded of {n_parts}",
+            "action": "up to date",
+            "model": str(model_path),
+            "fingerprint": model.identity_[:16],
+            "out": str(out),
+            "out dtype": existing.dtype.name,
+        }
+    )
     return report
 
 
@@ -124,10 +187,15 @@ def _head_current(head, inputs: list[str], n_parts: int) -> bool:
     (``inputs``: their fingerprints), each chunk with the crc32c recorded at its commit."""
     meta = storage.output_meta(head) or {}
     crcs = meta.get("partition_crc32c") or []
-    return (bool(meta.get("complete")) and int(head.shape[0]) == meta.get("n_rows")
-            and len(crcs) == n_parts and (meta.get("input_partitions") or []) == inputs
-            and all(crc is not None and storage.stored_crc32c(head, i) == crc
-                    for i, crc in enumerate(crcs)))
+    return (
+        bool(meta.get("complete"))
+        and int(head.shape[0]) == meta.get("n_rows")
+        and len(crcs) == n_parts
+        and (meta.get("input_partitions") or []) == inputs
+        and all(
+            crc is not None and storage.stored_crc32c(head, i) == crc for i, crc in enumerate(crcs)
+        )
+    )
 
 
 def _output_bytes(model, positives) -> int:
@@ -143,13 +211,15 @@ def _scale_mismatch(model, arr, sample_rows: int = 1000) -> str | None:
     pivots = getattr(model, "pivot_rows_", None)
     if pivots is None or not len(pivots):
         return None
-    sample = np.asarray(arr[:min(sample_rows, arr.shape[0])], dtype=np.float64)
+    sample = np.asarray(arr[: min(sample_rows, arr.shape[0])], dtype=np.float64)
     theirs = float(np.median(np.linalg.norm(sample, axis=1)))
     ours = float(np.median(np.linalg.norm(pivots, axis=1)))
     if ours > 0 and theirs > 0 and not 0.1 <= theirs / ours <= 10:
-        return (f"the positives' rows have median norm {theirs:.3g}, the model's negatives "
-                f"{ours:.3g}: normalize both the same way (e.g. L2), or the kernel encodings "
-                f"collapse to nearly identical rows")
+        return (
+            f"the positives' rows have median norm {theirs:.3g}, the model's negatives "
+            f"{ours:.3g}: normalize both the same way (e.g. L2), or the kernel encodings "
+            f"collapse to nearly identical rows"
+        )
     return None
 
 
@@ -160,42 +230,81 @@ def _effective_precision(model, precision: str | None) -> str | None:
     return precision or model.precision
 
 
-def check_encode_inputs(model, model_path, positives, out, dtype=None, overwrite=False,
-                        on_model_change="fail", leased: bool = False,
-                        partition_rows: int | None = None, precision: str | None = None):
+def check_encode_inputs(
+    model,
+    model_path,
+    positives,
+    out,
+    dtype=None,
+    overwrite=False,
+    on_model_change="fail",
+    leased: bool = False,
+    partition_rows: int | None = None,
+    precision: str | None = None,
+):
     """Every check of an encode that needs no data: (positives array, output dtype,
     output width). Run by the command line before a cluster starts, and by the job
     (``leased``: it holds the output's lease)."""
     model_path, positives, out = canonical(model_path), canonical(positives), canonical(out)
     storage.check_distinct(out, "--out", {"positives": positives, "model": model_path})
     arr = storage.open_input(positives, "positives", empty_ok=True)  # 0 rows: an empty output
-    check_n_features(arr, model.n_features_in_, f"positives ({str(positives)!r})",
-                     fitted_on=f"the model {str(model_path)!r}")
+    check_n_features(
+        arr,
+        model.n_features_in_,
+        f"positives ({str(positives)!r})",
+        fitted_on=f"the model {str(model_path)!r}",
+    )
     existing = storage.open_existing_output(out, strict=not overwrite)
-    kept = existing if existing is not None and not overwrite \
-        and storage.output_meta(existing) is not None else None
+    kept = (
+        existing
+        if existing is not None and not overwrite and storage.output_meta(existing) is not None
+        else None
+    )
     if dtype is None and kept is not None:
         dtype = existing.dtype  # a re-run continues the output as it was written
     out_dtype = np.dtype(dtype) if dtype is not None else output_dtype(arr.dtype)
     if not np.issubdtype(out_dtype, np.floating):
         raise ValueError(f"dtype must be a float dtype (float32 or float64), got {dtype!r}")
-    if partition_rows is not None and kept is not None \
-            and storage.row_partition(arr, partition_rows) != int(kept.chunks[0]):
+    if (
+        partition_rows is not None
+        and kept is not None
+        and storage.row_partition(arr, partition_rows) != int(kept.chunks[0])
+    ):
         raise ValueError(
             f"--partition-rows {partition_rows}: the output {str(out)!r} is written in "
             f"partitions of {kept.chunks[0]} rows (one chunk each), and a re-run continues "
-            f"it that way; omit --partition-rows, or pass --overwrite to rebuild it")
+            f"it that way; omit --partition-rows, or pass --overwrite to rebuild it"
+        )
     width = int(getattr(model, "rank_", arr.shape[1]))  # a KernelSLEM writes r columns
     if not leased:
         storage.Lease(out, "slem-dask encode").check_free()
-    _plan_output(out, existing, arr, positives,
-                 (model.encoding_identity_, model.encoding_fingerprint_), out_dtype,
-                 overwrite, on_model_change, width, _effective_precision(model, precision))
+    _plan_output(
+        out,
+        existing,
+        arr,
+        positives,
+        (model.encoding_identity_, model.encoding_fingerprint_),
+        out_dtype,
+        overwrite,
+        on_model_change,
+        width,
+        _effective_precision(model, precision),
+    )
     return arr, out_dtype, width
 
 
-def _plan_output(out, existing, arr, positives, encoding, out_dtype, overwrite,
-                 on_model_change, width, precision=None):
+def _plan_output(
+    out,
+    existing,
+    arr,
+    positives,
+    encoding,
+    out_dtype,
+    overwrite,
+    on_model_change,
+    width,
+    precision=None,
+):
     """Decide what to do with what is at ``out``: (existing output to update, or None
     to create a new one; action). Refuses to replace anything slem-dask did not write."""
     if existing is None:
@@ -203,20 +312,22 @@ def _plan_output(out, existing, arr, positives, encoding, out_dtype, overwrite,
             return None, "create"
         if not overwrite:
             raise FileExistsError(
-                f"output {str(out)!r} already exists and is not a zarr array; choose "
-                f"another path")
+                f"output {str(out)!r} already exists and is not a zarr array; choose another path"
+            )
         storage.check_may_replace(out, "output", kind="encoding")
         return None, "replace"
     if storage.is_legacy(out) and not overwrite:
         raise FileExistsError(
             f"output {str(out)!r} was written in place by an earlier slem-dask (no "
-            f"versions); pass --overwrite to encode it again as a versioned store")
+            f"versions); pass --overwrite to encode it again as a versioned store"
+        )
     meta = storage.output_meta(existing)
     if meta is None:
         raise FileExistsError(
             f"output {str(out)!r} already exists and was not written by slem-dask; "
             f"slem-dask never replaces what it did not write, even with --overwrite: "
-            f"choose another path")
+            f"choose another path"
+        )
     if overwrite:
         return None, "replace"  # a new version; the old one stays in the history
     encoding, *earlier = encoding  # (identity, the arrays' fingerprint)
@@ -226,23 +337,28 @@ def _plan_output(out, existing, arr, positives, encoding, out_dtype, overwrite,
         raise FileExistsError(
             f"output {str(out)!r} was encoded with another model (encoding fingerprint "
             f"{str(meta.get('encoding_fingerprint'))[:16]}, now {encoding[:16]}); pass "
-            f"--overwrite to re-encode it with the current model")
+            f"--overwrite to re-encode it with the current model"
+        )
     problems = []
     if meta.get("source") != positives.url:
-        problems.append(f"it encodes {shown_path(meta.get('source'))!r}, not "
-                        f"{str(positives)!r}")
+        problems.append(f"it encodes {shown_path(meta.get('source'))!r}, not {str(positives)!r}")
     if existing.shape[1] != width or existing.dtype != out_dtype:
-        problems.append(f"it holds {existing.shape[1]} columns of {existing.dtype}, this run "
-                        f"writes {width} of {out_dtype}")
+        problems.append(
+            f"it holds {existing.shape[1]} columns of {existing.dtype}, this run "
+            f"writes {width} of {out_dtype}"
+        )
     if arr.shape[0] < existing.shape[0] and meta.get("source") == positives.url:
         problems.append(f"the positives shrank from {existing.shape[0]} to {arr.shape[0]} rows")
     if meta.get("precision") != precision:
-        problems.append(f"it was encoded with precision {meta.get('precision')!r}, this run "
-                        f"uses {precision!r} (give --precision {meta.get('precision')})")
+        problems.append(
+            f"it was encoded with precision {meta.get('precision')!r}, this run "
+            f"uses {precision!r} (give --precision {meta.get('precision')})"
+        )
     if problems:
         raise FileExistsError(
             f"output {str(out)!r} cannot be resumed: {'; '.join(problems)}; pass --overwrite "
-            f"to rebuild it")
+            f"to rebuild it"
+        )
     if arr.shape[0] > existing.shape[0]:
         return existing, "append"
     return existing, "resume" if not meta.get("complete") else "update"

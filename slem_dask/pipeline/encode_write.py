@@ -29,22 +29,32 @@ def what_is_kept(out, head_before: int | None = None, advice: bool = True) -> st
         seq = head.seq if head is not None else 0
         if head_before is not None and seq > head_before:
             return f"version {seq} of {str(out)!r} was committed"
-        drafts = [(store.location(v), _partitions_written(store.location(v)))
-                  for v in store.drafts(seq + 1)]
+        drafts = [
+            (store.location(v), _partitions_written(store.location(v)))
+            for v in store.drafts(seq + 1)
+        ]
     except Exception:  # noqa: BLE001 - unreachable storage: say what is known for sure
         return "nothing was committed: readers still see the previous version, if any" + (
             "; run the same command again (it reuses the partitions already written)"
-            if advice else "")
-    readers = f"readers still see version {seq}" if seq else \
-        f"no output exists at {str(out)!r} for readers"
+            if advice
+            else ""
+        )
+    readers = (
+        f"readers still see version {seq}"
+        if seq
+        else f"no output exists at {str(out)!r} for readers"
+    )
     written = [(where, done, total) for where, (done, total) in drafts if done]
     if not written:
-        return (f"nothing was committed and no partition had been written ({readers})"
-                + (": run the same command again to encode" if advice else ""))
+        return f"nothing was committed and no partition had been written ({readers})" + (
+            ": run the same command again to encode" if advice else ""
+        )
     where, done, total = max(written, key=lambda w: w[1])
-    return (f"nothing was committed ({readers}); {done} of {total} partitions are kept in "
-            f"the draft {shown_path(where)!r}"
-            + (": run the same command again to resume" if advice else ""))
+    return (
+        f"nothing was committed ({readers}); {done} of {total} partitions are kept in "
+        f"the draft {shown_path(where)!r}"
+        + (": run the same command again to resume" if advice else "")
+    )
 
 
 def _partitions_written(location: str) -> tuple[int, int]:
@@ -57,20 +67,28 @@ def _partitions_written(location: str) -> tuple[int, int]:
         return 0, 0
 
 
-def _write_partitions(model, arr, target, todo: list[int], rows: int, out_dtype,
-                      precision: str | None = None):
+def _write_partitions(
+    model, arr, target, todo: list[int], rows: int, out_dtype, precision: str | None = None
+):
     """Lazy (len(todo), 2) array of [partition, crc32c]: each task reads, encodes and
     writes one partition (fused by dask into one task), and returns its checksum."""
     import dask.array as da
 
     extra = {"precision": precision} if precision else {}
-    z = model.transform(storage.dask_rows(arr, rows, name="positives", exact=True),
-                        dtype=out_dtype, **extra)
+    z = model.transform(
+        storage.dask_rows(arr, rows, name="positives", exact=True), dtype=out_dtype, **extra
+    )
     # map_blocks over every partition, then select: read, encode and write fuse into
     # one task per partition (a write layer over z.blocks[todo] would not fuse)
-    written = da.map_blocks(_write_block, z, target, _zero_reason(model), dtype=np.int64,
-                            chunks=((1,) * z.numblocks[0], (2,)),
-                            meta=np.empty((0, 2), dtype=np.int64))
+    written = da.map_blocks(
+        _write_block,
+        z,
+        target,
+        _zero_reason(model),
+        dtype=np.int64,
+        chunks=((1,) * z.numblocks[0], (2,)),
+        meta=np.empty((0, 2), dtype=np.int64),
+    )
     return written if len(todo) == z.numblocks[0] else written.blocks[todo]
 
 
@@ -84,20 +102,26 @@ def _write_block(block, target, zero_reason: str, block_info=None):
 def _zero_reason(model) -> str:
     """Why ``model`` encodes a row to all zeros, and what to do about it."""
     if isinstance(model, LinearSLEM):
-        return ("a row equal to the mean of the negatives the model was fitted on has no "
-                "direction (w* = A^-1 (x0 - mu) = 0; with identical negatives, every row "
-                "equal to them): drop those rows, or fit on negatives that vary")
+        return (
+            "a row equal to the mean of the negatives the model was fitted on has no "
+            "direction (w* = A^-1 (x0 - mu) = 0; with identical negatives, every row "
+            "equal to them): drop those rows, or fit on negatives that vary"
+        )
     if isinstance(model, KernelSLEM):  # z = beta / sqrt(|beta|^2 + u^2 / lam^2) -> 0
-        gamma = f" or a smaller gamma (now {model.gamma:g})" if model.kernel in _USES_GAMMA \
-            else ""
-        normalize = "" if model._normalized_pivots() else (
-            ", and normalize positives and negatives the same way (e.g. L2)")
-        return (f"they lie almost wholly outside the span of the model's {model.rank_} "
-                f"pivots: their residual (k(x, x) - |v|^2, over lam^2) outweighs the part "
-                f"the {model.kernel} factor holds (the fit's trace error was "
-                f"{model.trace_error_:.4f}), so their encoding points along the residual, "
-                f"which the output does not store: fit with a larger rank (--rank){gamma}"
-                f"{normalize}")
+        gamma = f" or a smaller gamma (now {model.gamma:g})" if model.kernel in _USES_GAMMA else ""
+        normalize = (
+            ""
+            if model._normalized_pivots()
+            else (", and normalize positives and negatives the same way (e.g. L2)")
+        )
+        return (
+            f"they lie almost wholly outside the span of the model's {model.rank_} "
+            f"pivots: their residual (k(x, x) - |v|^2, over lam^2) outweighs the part "
+            f"the {model.kernel} factor holds (the fit's trace error was "
+            f"{model.trace_error_:.4f}), so their encoding points along the residual, "
+            f"which the output does not store: fit with a larger rank (--rank){gamma}"
+            f"{normalize}"
+        )
     return "such a row has no direction (an all-zero descriptor?): drop those rows"
 
 
@@ -120,9 +144,14 @@ def reuse_partitions(store, draft, target, head, inputs: list[str], n_parts: int
         except Exception:  # noqa: BLE001 - killed before its metadata was whole
             continue
         meta = storage.output_meta(old) if hasattr(old, "chunks") else None
-        if meta and all(meta.get(k) == mine.get(k) for k in
-                        ("encoding_fingerprint", "precision", "source")) \
-                and old.dtype == target.dtype and old.chunks == target.chunks:
+        if (
+            meta
+            and all(
+                meta.get(k) == mine.get(k) for k in ("encoding_fingerprint", "precision", "source")
+            )
+            and old.dtype == target.dtype
+            and old.chunks == target.chunks
+        ):
             sources.append((old, False))
     for old, committed in sources:
         meta = storage.output_meta(old) or {}
@@ -130,13 +159,19 @@ def reuse_partitions(store, draft, target, head, inputs: list[str], n_parts: int
         old_crcs = meta.get("partition_crc32c") or [] if committed else []
         names = []
         for i in range(min(n_parts, len(old_inputs))):
-            if crcs[i] is not None or old_inputs[i] != inputs[i] \
-                    or old.chunks != target.chunks or old.dtype != target.dtype:
+            if (
+                crcs[i] is not None
+                or old_inputs[i] != inputs[i]
+                or old.chunks != target.chunks
+                or old.dtype != target.dtype
+            ):
                 continue
             recorded = old_crcs[i] if i < len(old_crcs) else None
-            crc = recorded if recorded is not None and \
-                storage.stored_crc32c(old, i) == recorded else \
-                storage.self_consistent_crc32c(old, i)
+            crc = (
+                recorded
+                if recorded is not None and storage.stored_crc32c(old, i) == recorded
+                else storage.self_consistent_crc32c(old, i)
+            )
             if crc is not None:
                 crcs[i] = crc
                 names.append(storage.checksums._full_key(old, (i, 0)))
@@ -153,20 +188,20 @@ def _relative(store, arr) -> str:
     root = store.path.location.split("://", 1)[-1].rstrip("/")
     if not location.startswith(root + "/"):
         raise ValueError(f"{location!r} is not inside the store {root!r}")
-    return location[len(root):].strip("/")
+    return location[len(root) :].strip("/")
 
 
 def _verify_partitions(target, out, crcs: list) -> None:
     """Every partition present, as this client reads the store, with the crc32c its
     task's worker read back after writing it."""
-    bad = [i for i, crc in enumerate(crcs)
-           if crc is None or storage.stored_crc32c(target, i) != crc]
+    bad = [
+        i for i, crc in enumerate(crcs) if crc is None or storage.stored_crc32c(target, i) != crc
+    ]
     if bad:
         shown = rows_text(bad, len(bad))
         raise JobFailed(
             f"output {str(out)!r}: {len(bad)} partition(s) ({shown}) are missing or differ "
             f"from what the workers wrote, as this client reads the store: the workers do "
             f"not write to the storage this client sees; nothing was marked complete. Make "
-            f"every worker mount the same storage at the same path, then run again")
-
-
+            f"every worker mount the same storage at the same path, then run again"
+        )

@@ -17,9 +17,19 @@ from .. import storage
 from ..parallel.blocks import scatter_large_arrays
 from . import JobReport
 from .search import check_search_inputs, open_search_result, search_job  # noqa: F401
-from .evaluation import (METHODS, evaluate_methods, export_faiss, format_table,  # noqa: F401
-                         grid_search, make_estimator, parameter_grid, parse_methods,
-                         plot_pr_curves, pr_curve, relevant_from_labels)
+from .evaluation import (
+    METHODS,
+    evaluate_methods,
+    export_faiss,
+    format_table,  # noqa: F401
+    grid_search,
+    make_estimator,
+    parameter_grid,
+    parse_methods,
+    plot_pr_curves,
+    pr_curve,
+    relevant_from_labels,
+)
 
 __all__ = [
     "METHODS",
@@ -41,6 +51,7 @@ __all__ = [
 
 # -- jobs -----------------------------------------------------------------
 
+
 def _open_corpus(path: str):
     import zarr
 
@@ -60,9 +71,11 @@ def _open_corpus(path: str):
             f"holds negatives, database, queries and their labels, e.g. {parent!r}"
         ) from None
     except Exception as exc:
-        raise ValueError(f"corpus: {path!r} is not a zarr group ({type(exc).__name__}: {exc}); "
-                         f"give a corpus group as written by `slem-dask demo` "
-                         f"(its workdir/corpus.zarr)") from None
+        raise ValueError(
+            f"corpus: {path!r} is not a zarr group ({type(exc).__name__}: {exc}); "
+            f"give a corpus group as written by `slem-dask demo` "
+            f"(its workdir/corpus.zarr)"
+        ) from None
     needed = ("negatives", "database", "queries", "database_labels", "query_labels")
     missing = [n for n in needed if n not in group]
     if missing:
@@ -81,23 +94,32 @@ def check_plot_path(plot: str | None) -> None:
 
     folder = os.path.dirname(os.path.abspath(str(plot)))
     if not os.path.isdir(folder):
-        raise FileNotFoundError(f"--plot: folder {folder!r} does not exist; create it first "
-                                f"(mkdir -p {folder}) or give another path for {plot!r}")
+        raise FileNotFoundError(
+            f"--plot: folder {folder!r} does not exist; create it first "
+            f"(mkdir -p {folder}) or give another path for {plot!r}"
+        )
     if not os.access(folder, os.W_OK):
-        raise PermissionError(f"--plot: folder {folder!r} is not writable; give another "
-                              f"path for {plot!r}")
+        raise PermissionError(
+            f"--plot: folder {folder!r} is not writable; give another path for {plot!r}"
+        )
     if os.path.isdir(str(plot)):
-        raise IsADirectoryError(f"--plot: {plot!r} is a folder; give a file name such as "
-                                f"{os.path.join(str(plot), 'pr.png')}")
+        raise IsADirectoryError(
+            f"--plot: {plot!r} is a folder; give a file name such as "
+            f"{os.path.join(str(plot), 'pr.png')}"
+        )
 
 
 #: What ``evaluate`` reads: a corpus group's members, or one's own paths (``arrays``).
 EVALUATE_INPUTS = ("negatives", "database", "queries", "database_labels", "query_labels")
 #: How messages name one's own files (``arrays``): the `slem-dask evaluate` options that
 #: give them; a corpus' members keep their names.
-OWN_OPTIONS = {"negatives": "--negatives-from", "database": "--database",
-               "queries": "--queries", "database_labels": "--database-labels",
-               "query_labels": "--query-labels"}
+OWN_OPTIONS = {
+    "negatives": "--negatives-from",
+    "database": "--database",
+    "queries": "--queries",
+    "database_labels": "--database-labels",
+    "query_labels": "--query-labels",
+}
 
 
 def _input_names(corpus) -> dict[str, str]:
@@ -113,19 +135,29 @@ def _open_evaluate_arrays(corpus, arrays: dict | None):
         arrays = {n: f"{str(corpus).rstrip('/')}/{n}" for n in EVALUATE_INPUTS[:3]}
         labels = (group["database_labels"][...], group["query_labels"][...])
     elif [n for n in EVALUATE_INPUTS if not arrays.get(n)]:
-        raise ValueError(f"evaluate: give {', '.join(EVALUATE_INPUTS)} (missing: "
-                         f"{', '.join(n for n in EVALUATE_INPUTS if not arrays.get(n))})")
+        raise ValueError(
+            f"evaluate: give {', '.join(EVALUATE_INPUTS)} (missing: "
+            f"{', '.join(n for n in EVALUATE_INPUTS if not arrays.get(n))})"
+        )
     said = _input_names(corpus)
     neg, db, q = (storage.open_input(arrays[n], said[n]) for n in EVALUATE_INPUTS[:3])
     names = (said["database_labels"], said["query_labels"])
     if corpus is None:
-        labels = (storage.read_labels(arrays["database_labels"], names[0], db.shape[0]),
-                  storage.read_labels(arrays["query_labels"], names[1], q.shape[0]))
+        labels = (
+            storage.read_labels(arrays["database_labels"], names[0], db.shape[0]),
+            storage.read_labels(arrays["query_labels"], names[1], q.shape[0]),
+        )
     return neg, db, q, relevant_from_labels(*labels, names=names)
 
 
-def check_evaluate_inputs(corpus, methods, n_negatives: int | None, k: int | None,
-                          plot: str | None = None, arrays: dict | None = None):
+def check_evaluate_inputs(
+    corpus,
+    methods,
+    n_negatives: int | None,
+    k: int | None,
+    plot: str | None = None,
+    arrays: dict | None = None,
+):
     """Validate everything the evaluate job can check from metadata, before any compute.
     ``arrays``: one's own labelled descriptors instead of a corpus (``corpus`` None):
     paths by the names of :data:`EVALUATE_INPUTS`."""
@@ -136,9 +168,11 @@ def check_evaluate_inputs(corpus, methods, n_negatives: int | None, k: int | Non
     said = _input_names(corpus if arrays is None else None)
     for name, arr in (("database", db), ("queries", q)):
         if arr.shape[1] != neg.shape[1]:
-            raise ValueError(f"{where}: {said[name]} has {arr.shape[1]} features but "
-                             f"{said['negatives']} {'have' if arrays is None else 'has'} "
-                             f"{neg.shape[1]}")
+            raise ValueError(
+                f"{where}: {said[name]} has {arr.shape[1]} features but "
+                f"{said['negatives']} {'have' if arrays is None else 'has'} "
+                f"{neg.shape[1]}"
+            )
     if n_negatives is not None and n_negatives > neg.shape[0]:
         holder = "the corpus holds" if arrays is None else f"{said['negatives']} holds"
         raise ValueError(
@@ -148,16 +182,25 @@ def check_evaluate_inputs(corpus, methods, n_negatives: int | None, k: int | Non
     if n_negatives is not None and n_negatives < 2:
         raise ValueError(f"--negatives must be at least 2, got {n_negatives}")
     if k is not None and k > db.shape[0]:
-        raise ValueError(f"k={k} is larger than the database ({db.shape[0]} rows); use "
-                         f"--k {db.shape[0]} or less")
+        raise ValueError(
+            f"k={k} is larger than the database ({db.shape[0]} rows); use --k {db.shape[0]} or less"
+        )
     return methods, neg, db, q, relevant
 
 
-def evaluate_job(client, corpus: str, methods="raw,pca,esvm,slem", n_negatives: int | None = None,
-                 k: int | None = None, p_at: int | None = None, plot: str | None = None,
-                 params: dict[str, dict] | None = None,
-                 partition_rows: int | None = None, grids: dict[str, dict] | None = None,
-                 arrays: dict | None = None):
+def evaluate_job(
+    client,
+    corpus: str,
+    methods="raw,pca,esvm,slem",
+    n_negatives: int | None = None,
+    k: int | None = None,
+    p_at: int | None = None,
+    plot: str | None = None,
+    params: dict[str, dict] | None = None,
+    partition_rows: int | None = None,
+    grids: dict[str, dict] | None = None,
+    arrays: dict | None = None,
+):
     """Results table (and optionally a PR plot) of ``methods`` on a corpus zarr group,
     or on one's own labelled descriptors (``arrays``, ``corpus`` None: see
     :func:`check_evaluate_inputs`).
@@ -171,8 +214,9 @@ def evaluate_job(client, corpus: str, methods="raw,pca,esvm,slem", n_negatives: 
     Returns (rows, curves, report).
     """
     t0 = time.perf_counter()
-    methods, neg, db, q, relevant = check_evaluate_inputs(corpus, methods, n_negatives, k,
-                                                          plot, arrays)
+    methods, neg, db, q, relevant = check_evaluate_inputs(
+        corpus, methods, n_negatives, k, plot, arrays
+    )
     source = {"corpus": str(corpus)} if arrays is None else {"from": "own descriptors"}
     negatives = storage.dask_rows(neg, partition_rows)
     if n_negatives is not None:
@@ -182,23 +226,42 @@ def evaluate_job(client, corpus: str, methods="raw,pca,esvm,slem", n_negatives: 
     grids = {m: {**(params or {}).get(m, {}), **(grids or {}).get(m, {})} for m in methods}
     with scatter_large_arrays(client):  # E-SVM's negatives: once to the workers
         if all(len(parameter_grid(g)) == 1 for g in grids.values()):
-            rows, curves = evaluate_methods(negatives, database, queries, relevant, methods,
-                                            k=k, p_at=p_at, params={m: parameter_grid(g)[0]
-                                                                    for m, g in grids.items()})
+            rows, curves = evaluate_methods(
+                negatives,
+                database,
+                queries,
+                relevant,
+                methods,
+                k=k,
+                p_at=p_at,
+                params={m: parameter_grid(g)[0] for m, g in grids.items()},
+            )
         else:
-            rows, _, curves = grid_search(negatives, database, queries, relevant, grids, k=k,
-                                          p_at=p_at, curves=True)
+            rows, _, curves = grid_search(
+                negatives, database, queries, relevant, grids, k=k, p_at=p_at, curves=True
+            )
     report = JobReport("evaluate")
-    report.facts.update({**source, "negatives": negatives.shape[0],
-                         "database": db.shape[0], "queries": q.shape[0],
-                         "features": db.shape[1], "methods": ",".join(methods)})
+    report.facts.update(
+        {
+            **source,
+            "negatives": negatives.shape[0],
+            "database": db.shape[0],
+            "queries": q.shape[0],
+            "features": db.shape[1],
+            "methods": ",".join(methods),
+        }
+    )
     lams = _lams_used(methods, grids)
     if lams:
         report.facts["lam"] = lams
     if plot:
         where = corpus or arrays["database"]
-        plot_pr_curves(curves, plot, title=f"{where}: {negatives.shape[0]} negatives",
-                       maps={r["method"]: r["mAP"] for r in rows if r.get("best", "*")})
+        plot_pr_curves(
+            curves,
+            plot,
+            title=f"{where}: {negatives.shape[0]} negatives",
+            maps={r["method"]: r["mAP"] for r in rows if r.get("best", "*")},
+        )
         report.facts["plot"] = str(plot)
     report.timings["total"] = time.perf_counter() - t0
     return rows, curves, report
@@ -212,9 +275,14 @@ def _lams_used(methods, grids: dict[str, dict]) -> str:
     for method in methods:
         values = grids[method].get("lam") or [getattr(make_estimator(method), "lam", None)]
         if values[0] is not None:
-            said.append(f"{method} " + ",".join(f"{v:g}" if isinstance(v, float) else str(v)
-                                                 for v in values))
+            said.append(
+                f"{method} "
+                + ",".join(f"{v:g}" if isinstance(v, float) else str(v) for v in values)
+            )
     relative = any(isinstance(v, str) for v in grids.get("slem", {}).get("lam", []))
-    why = " (a lam relative to tr(Sigma), Cx, is linear SLEM's only)" \
-        if relative and "kernel" in methods else ""
+    why = (
+        " (a lam relative to tr(Sigma), Cx, is linear SLEM's only)"
+        if relative and "kernel" in methods
+        else ""
+    )
     return "; ".join(said) + why

@@ -35,6 +35,7 @@ METHODS = {
 #: Longest full ranking kept for mAP and PR curves when k is not given.
 _FULL_RANKING_MAX = 10_000
 
+
 def parse_methods(text) -> list[str]:
     """'raw,pca,slem' (or a list) -> ['raw', 'pca', 'slem'], refusing unknown names."""
     names = [m.strip().lower() for m in (text.split(",") if isinstance(text, str) else text)]
@@ -51,6 +52,7 @@ def parse_methods(text) -> list[str]:
         raise ValueError(f"methods: {text!r} names a method twice")
     return names
 
+
 def make_estimator(name: str, params: dict | None = None):
     """A fresh, unfitted estimator for method ``name``; ``params`` go to its constructor."""
     from ..models import ESVM, LinearSLEM, PCAWhitening, RawFeatures
@@ -63,16 +65,24 @@ def make_estimator(name: str, params: dict | None = None):
             raise ValueError("methods: this slem-dask has no kernel SLEM model") from None
         # The demo's kernel settings: rank-256 rbf by randomly pivoted Cholesky (a few
         # passes over the negatives), gamma ~ 1 / median squared distance of unit rows.
-        defaults = {"kernel": "rbf", "gamma": 0.5, "rank": 256, "pivoting": "rpcholesky",
-                    "tol": 0.0, "random_state": 0}
+        defaults = {
+            "kernel": "rbf",
+            "gamma": 0.5,
+            "rank": 256,
+            "pivoting": "rpcholesky",
+            "tol": 0.0,
+            "random_state": 0,
+        }
         return KernelSLEM(**{**defaults, **params})
     classes = {"raw": RawFeatures, "pca": PCAWhitening, "esvm": ESVM, "slem": LinearSLEM}
     if name not in classes:
         parse_methods([name])
     return classes[name](**params)
 
-def relevant_from_labels(database_labels, query_labels,
-                         names=("database_labels", "query_labels")) -> list[np.ndarray]:
+
+def relevant_from_labels(
+    database_labels, query_labels, names=("database_labels", "query_labels")
+) -> list[np.ndarray]:
     """Database indices sharing each query's label; an error names queries with none.
     ``names``: the two labels as the caller's user knows them (a corpus' members, or
     the command's options), so that every message spells them one way."""
@@ -96,6 +106,7 @@ def relevant_from_labels(database_labels, query_labels,
             f"their AP undefined; drop those queries or add their matches to the database"
         )
     return [np.sort(order[s:e]) for s, e in zip(starts, ends, strict=True)]
+
 
 def pr_curve(indices, relevant, n_points: int = 101) -> tuple[np.ndarray, np.ndarray]:
     """Mean interpolated precision-recall curve over queries.
@@ -122,15 +133,25 @@ def pr_curve(indices, relevant, n_points: int = 101) -> tuple[np.ndarray, np.nda
         total[reached] += best[pos[reached]]
     return levels, total / len(indices)
 
+
 def _as_numpy(x):
     if is_dask_array(x):
         (x,) = dask.compute(x)
     return np.asarray(x)
 
-def evaluate_methods(negatives, database, queries, relevant, methods=("raw", "pca", "esvm", "slem"),
-                     k: int | None = None, p_at: int | None = None,
-                     params: dict[str, dict] | None = None, curves: bool = True,
-                     min_time: float = 0.0):
+
+def evaluate_methods(
+    negatives,
+    database,
+    queries,
+    relevant,
+    methods=("raw", "pca", "esvm", "slem"),
+    k: int | None = None,
+    p_at: int | None = None,
+    params: dict[str, dict] | None = None,
+    curves: bool = True,
+    min_time: float = 0.0,
+):
     """Fit each method on ``negatives``, encode database and queries, search, score.
 
     Arrays may be numpy or dask (dask ones are computed where needed, on the
@@ -147,21 +168,28 @@ def evaluate_methods(negatives, database, queries, relevant, methods=("raw", "pc
     precision) from :func:`pr_curve`.
     """
     methods = parse_methods(methods)
-    negatives, database, queries, relevant = _checked_arrays(negatives, database, queries,
-                                                             relevant)
+    negatives, database, queries, relevant = _checked_arrays(negatives, database, queries, relevant)
     n_db = database.shape[0]
     if k is None:
         k = min(n_db, _FULL_RANKING_MAX)
     if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1 or k > n_db:
-        raise ValueError(f"k must be an integer between 1 and the database size {n_db}, "
-                         f"got {k!r}")
+        raise ValueError(f"k must be an integer between 1 and the database size {n_db}, got {k!r}")
     if p_at is None:
         p_at = max(1, int(np.median([len(r) for r in relevant])))
     params = params or {}
     rows, pr = [], {}
     for name in methods:
-        row, indices = _measure(name, make_estimator(name, params.get(name)), negatives,
-                                database, queries, relevant, k, p_at, min_time)
+        row, indices = _measure(
+            name,
+            make_estimator(name, params.get(name)),
+            negatives,
+            database,
+            queries,
+            relevant,
+            k,
+            p_at,
+            min_time,
+        )
         rows.append(row)
         if curves:
             pr[name] = pr_curve(indices, relevant)
@@ -185,13 +213,15 @@ def _checked_arrays(negatives, database, queries, relevant):
     relevant = _check_per_query(relevant, "relevant", queries.shape[0])
     for i, rel in enumerate(relevant):
         if rel.size == 0:
-            raise ValueError(f"relevant[{i}] is empty: query {i} has no relevant item; "
-                             f"drop that query")
+            raise ValueError(
+                f"relevant[{i}] is empty: query {i} has no relevant item; drop that query"
+            )
     return negatives, database, queries, relevant
 
 
-def _measure(name: str, model, negatives, database, queries, relevant, k: int, p_at: int,
-             min_time: float):
+def _measure(
+    name: str, model, negatives, database, queries, relevant, k: int, p_at: int, min_time: float
+):
     """One method's row of the table (``model`` fitted, its encodings searched and
     scored) and its ranking."""
     n_positives = database.shape[0] + queries.shape[0]
@@ -237,20 +267,34 @@ def parameter_grid(grid: dict | None) -> list[dict]:
     fastest); a scalar value counts as a one-value list; {} or None gives [{}]."""
     import itertools
 
-    grid = {k: (list(v) if isinstance(v, (list, tuple, np.ndarray)) else [v])
-            for k, v in (grid or {}).items()}
+    grid = {
+        k: (list(v) if isinstance(v, (list, tuple, np.ndarray)) else [v])
+        for k, v in (grid or {}).items()
+    }
     for name, values in grid.items():
         if not values:
             raise ValueError(f"grid: parameter {name!r} has no values; give at least one")
     return [dict(zip(grid, combo, strict=True)) for combo in itertools.product(*grid.values())]
 
-def _format_setting(params: dict) -> str:
-    return ", ".join(f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}"
-                     for k, v in params.items()) or "defaults"
 
-def grid_search(negatives, database, queries, relevant, grids: dict[str, dict],
-                k: int | None = None, p_at: int | None = None, curves: bool = False,
-                min_time: float = 0.0):
+def _format_setting(params: dict) -> str:
+    return (
+        ", ".join(f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}" for k, v in params.items())
+        or "defaults"
+    )
+
+
+def grid_search(
+    negatives,
+    database,
+    queries,
+    relevant,
+    grids: dict[str, dict],
+    k: int | None = None,
+    p_at: int | None = None,
+    curves: bool = False,
+    min_time: float = 0.0,
+):
     """Evaluate every setting of each method's parameter grid on a retrieval corpus.
 
     ``grids``: method name -> {parameter: [values]} (a method with {} runs once
@@ -271,11 +315,24 @@ def grid_search(negatives, database, queries, relevant, grids: dict[str, dict],
         settings = parameter_grid(grids[method])
         scored = []
         for params in settings:
-            (row,), pr = evaluate_methods(negatives, database, queries, relevant, [method],
-                                          k=k, p_at=p_at, params={method: params},
-                                          curves=curves, min_time=min_time)
-            row = {"method": method, "setting": _format_setting(params), **{
-                key: value for key, value in row.items() if key != "method"}, "best": ""}
+            (row,), pr = evaluate_methods(
+                negatives,
+                database,
+                queries,
+                relevant,
+                [method],
+                k=k,
+                p_at=p_at,
+                params={method: params},
+                curves=curves,
+                min_time=min_time,
+            )
+            row = {
+                "method": method,
+                "setting": _format_setting(params),
+                **{key: value for key, value in row.items() if key != "method"},
+                "best": "",
+            }
             scored.append((row, params, pr.get(method)))
         top = max(range(len(scored)), key=lambda i: (scored[i][0]["mAP"], -i))
         scored[top][0]["best"] = "*"
@@ -284,6 +341,7 @@ def grid_search(negatives, database, queries, relevant, grids: dict[str, dict],
             best_curves[method] = scored[top][2]
         rows += [r for r, _, _ in scored]
     return rows, best, best_curves
+
 
 def format_table(rows: list[dict]) -> str:
     """Aligned text table; floats with 4 significant digits."""
@@ -296,13 +354,17 @@ def format_table(rows: list[dict]) -> str:
 
     text = [[fmt(r.get(c, "")) for c in cols] for r in rows]
     widths = [max(len(c), *(len(t[i]) for t in text)) for i, c in enumerate(cols)]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(cols, widths, strict=True)),
-             "  ".join("-" * w for w in widths)]
+    lines = [
+        "  ".join(c.ljust(w) for c, w in zip(cols, widths, strict=True)),
+        "  ".join("-" * w for w in widths),
+    ]
     lines += ["  ".join(v.ljust(w) for v, w in zip(t, widths, strict=True)) for t in text]
     return "\n".join(lines)
 
-def plot_pr_curves(curves: dict, path: str, title: str = "precision-recall",
-                   maps: dict | None = None) -> str:
+
+def plot_pr_curves(
+    curves: dict, path: str, title: str = "precision-recall", maps: dict | None = None
+) -> str:
     """Save a PNG of one precision-recall curve per method; return ``path``."""
     import matplotlib
 
@@ -326,6 +388,7 @@ def plot_pr_curves(curves: dict, path: str, title: str = "precision-recall",
     fig.savefig(path, format="png")
     plt.close(fig)
     return path
+
 
 def export_faiss(encodings, path: str | None = None):
     """An exact inner-product FAISS index (IndexFlatIP) of the rows of ``encodings``.

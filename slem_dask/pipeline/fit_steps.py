@@ -17,8 +17,16 @@ from .common import JobFailed, _LOST, _detail, _lost_cluster
 
 #: KernelSLEM parameters as `slem-dask fit` names them (--seed sets random_state): reports
 #: and remedies speak the command line's names, the library keeps its own.
-KERNEL_OPTIONS = {"kernel": "kernel", "gamma": "gamma", "degree": "degree", "lam": "lam",
-                  "rank": "rank", "pivoting": "pivoting", "tol": "tol", "random_state": "seed"}
+KERNEL_OPTIONS = {
+    "kernel": "kernel",
+    "gamma": "gamma",
+    "degree": "degree",
+    "lam": "lam",
+    "rank": "rank",
+    "pivoting": "pivoting",
+    "tol": "tol",
+    "random_state": "seed",
+}
 
 
 @contextlib.contextmanager
@@ -32,8 +40,9 @@ def _fit_errors(negatives, model_path):
     except ValueError as exc:  # e.g. NaN rows, negative histogram values: say which input
         raise ValueError(f"negatives {str(negatives)!r}: {_detail(exc)}") from None
     except _LOST as exc:
-        raise _lost_cluster(exc, f"{nothing_written(model_path)}: run the same command "
-                                 f"again") from None
+        raise _lost_cluster(
+            exc, f"{nothing_written(model_path)}: run the same command again"
+        ) from None
 
 
 def nothing_written(model_path) -> str:
@@ -69,16 +78,23 @@ def _save_fitted(model, arr, negatives, model_path, seen: str, lease) -> str:
     if storage.rows_fingerprint(arr, negatives, "negatives", int(arr.shape[0])) != seen:
         raise JobFailed(
             f"the negatives {str(negatives)!r} changed while this fit read them; nothing "
-            f"was written: run the fit again once the negatives are no longer being written")
-    fp = model.save(model_path, overwrite=True, lease=lease,
-                    metadata={"source": negatives.url, "negatives_fingerprint": seen,
-                              "source_version": storage.read_version(arr, negatives, seen)})
+            f"was written: run the fit again once the negatives are no longer being written"
+        )
+    fp = model.save(
+        model_path,
+        overwrite=True,
+        lease=lease,
+        metadata={
+            "source": negatives.url,
+            "negatives_fingerprint": seen,
+            "source_version": storage.read_version(arr, negatives, seen),
+        },
+    )
     model._mark_fitted_on(seen)  # its identity: these negatives, not its last bits
     return fp
 
 
-def _open_negatives(negatives, model_path, overwrite: bool, update: bool,
-                    repivot: bool = False):
+def _open_negatives(negatives, model_path, overwrite: bool, update: bool, repivot: bool = False):
     """Checks shared by every fit, before any data is read: (zarr array, model exists).
     ``repivot`` (kernel): an update that reads all rows again, whatever the stored ones."""
     negatives, model_path = canonical(negatives), canonical(model_path)
@@ -89,14 +105,17 @@ def _open_negatives(negatives, model_path, overwrite: bool, update: bool,
     if exists and not (overwrite or update):
         raise FileExistsError(
             f"model store {str(model_path)!r} already exists; pass --overwrite to replace "
-            f"it, or --update to add the negatives appended since it was fitted")
+            f"it, or --update to add the negatives appended since it was fitted"
+        )
     arr = storage.open_input(negatives, "negatives")
     if arr.shape[0] < 2:
         raise ValueError(
-            f"negatives: {str(negatives)!r} has shape {arr.shape}; at least 2 rows are needed")
+            f"negatives: {str(negatives)!r} has shape {arr.shape}; at least 2 rows are needed"
+        )
     if exists and update and not (overwrite or repivot):  # from metadata: before a cluster
-        refused = common.update_refusal(model_path, storage.read_model_meta(model_path),
-                                        negatives, arr)
+        refused = common.update_refusal(
+            model_path, storage.read_model_meta(model_path), negatives, arr
+        )
         if refused:
             raise ValueError(refused)
     return arr, exists
@@ -108,11 +127,13 @@ def check_same_params(model, meta: dict, model_path, flag: str) -> None:
     new ones, and every output encoded with the stored model would no longer match it."""
     given = storage.json_params(model.get_params())
     stored = meta.get("params") or {}
-    differ = {k: v for k, v in given.items()
-              if k not in model._execution_params and stored.get(k) != v}
+    differ = {
+        k: v for k, v in given.items() if k not in model._execution_params and stored.get(k) != v
+    }
     if differ:
         diff = ", ".join(f"{k}: stored {stored.get(k)!r}, given {v!r}" for k, v in differ.items())
         raise FileExistsError(
             f"model store {str(model_path)!r} holds a {meta['model']} with other parameters "
             f"({diff}); {flag} keeps parameters: give the stored values, or pass --overwrite "
-            f"to refit with the new ones")
+            f"to refit with the new ones"
+        )

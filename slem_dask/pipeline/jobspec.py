@@ -132,8 +132,12 @@ def _build(cls, table, where: str):
             expected = f"an integer >= {low}"
         elif "float" in kind:
             low_ok = (lambda v: 0 <= v < 1) if name == "tol" else (lambda v: v > 0)
-            ok = (isinstance(value, (int, float)) and not isinstance(value, bool)
-                  and math.isfinite(value) and low_ok(value))
+            ok = (
+                isinstance(value, (int, float))
+                and not isinstance(value, bool)
+                and math.isfinite(value)
+                and low_ok(value)
+            )
             expected = "a number in [0, 1)" if name == "tol" else "a number > 0"
         else:
             ok = isinstance(value, str) and value != ""
@@ -156,9 +160,11 @@ def _lam_value(value, where: str):
             raise TypeError
         c, relative = parse_lam(value, where)
     except (TypeError, ValueError):
-        raise SpecError(f"{where} = {value!r}: expected a number > 0 (absolute) or a "
-                        f"string \"<c>x\" (c times the negatives' total variance "
-                        f"tr(Sigma), e.g. \"0.01x\", the default)") from None
+        raise SpecError(
+            f"{where} = {value!r}: expected a number > 0 (absolute) or a "
+            f'string "<c>x" (c times the negatives\' total variance '
+            f'tr(Sigma), e.g. "0.01x", the default)'
+        ) from None
     return f"{c:g}x" if relative else c
 
 
@@ -174,38 +180,59 @@ def parse_spec(data: dict, source: str = "<spec>") -> JobSpec:
         encode = [encode]
     if not isinstance(encode, list):
         raise SpecError(f"{source}: [[encode]] must be an array of tables")
-    kernel_keys = sorted(set(data["model"]) & {"kernel", "gamma", "degree", "rank", "pivoting",
-                                               "tol", "seed", "kernel_memory"}) \
-        if isinstance(data["model"], dict) else []
+    kernel_keys = (
+        sorted(
+            set(data["model"])
+            & {"kernel", "gamma", "degree", "rank", "pivoting", "tol", "seed", "kernel_memory"}
+        )
+        if isinstance(data["model"], dict)
+        else []
+    )
     if kernel_keys and data["model"].get("type", "linear") != "kernel":
-        raise SpecError(f"{source}: model.{kernel_keys[0]} applies to type = \"kernel\" only; "
-                        f"set model.type = \"kernel\" or remove it")
-    if isinstance(data["model"], dict) and data["model"].get("type") == "kernel" \
-            and isinstance(data["model"].get("lam"), str):
-        raise SpecError(f"{source}: model.lam = {data['model']['lam']!r}: a lambda relative "
-                        f"to the negatives' total variance applies to type = \"linear\"; a "
-                        f"kernel model's is in the kernel's units: give a number (default "
-                        f"1e-3)")
-    if isinstance(data["model"], dict) and isinstance(data.get("fit"), dict) \
-            and data["fit"].get("repivot") and data["model"].get("type", "linear") != "kernel":
-        raise SpecError(f"{source}: fit.repivot applies to type = \"kernel\" only (a linear "
-                        f"update merges the appended rows exactly); remove it")
+        raise SpecError(
+            f'{source}: model.{kernel_keys[0]} applies to type = "kernel" only; '
+            f'set model.type = "kernel" or remove it'
+        )
+    if (
+        isinstance(data["model"], dict)
+        and data["model"].get("type") == "kernel"
+        and isinstance(data["model"].get("lam"), str)
+    ):
+        raise SpecError(
+            f"{source}: model.lam = {data['model']['lam']!r}: a lambda relative "
+            f'to the negatives\' total variance applies to type = "linear"; a '
+            f"kernel model's is in the kernel's units: give a number (default "
+            f"1e-3)"
+        )
+    if (
+        isinstance(data["model"], dict)
+        and isinstance(data.get("fit"), dict)
+        and data["fit"].get("repivot")
+        and data["model"].get("type", "linear") != "kernel"
+    ):
+        raise SpecError(
+            f'{source}: fit.repivot applies to type = "kernel" only (a linear '
+            f"update merges the appended rows exactly); remove it"
+        )
     try:
         spec = JobSpec(
             model=_build(ModelSpec, data["model"], "model"),
             fit=_build(FitSpec, data["fit"], "fit") if "fit" in data else None,
             encode=tuple(_build(EncodeSpec, e, f"encode[{i}]") for i, e in enumerate(encode)),
             cluster=_build(ClusterSpec, data.get("cluster", {}), "cluster"),
-            generate=_build(GenerateSpec, data["generate"], "generate") if "generate" in data
+            generate=_build(GenerateSpec, data["generate"], "generate")
+            if "generate" in data
             else None,
             source=source,
         )
     except SpecError as exc:
         raise SpecError(f"{source}: {exc}") from None
     if spec.fit is None and not spec.encode:
-        raise SpecError(f"{source}: the spec has no [fit] and no [[encode]] step, so it "
-                        f"would do nothing; add a [fit] section (negatives = PATH) and/or "
-                        f"[[encode]] sections (positives = PATH, out = PATH), see jobs/demo.toml")
+        raise SpecError(
+            f"{source}: the spec has no [fit] and no [[encode]] step, so it "
+            f"would do nothing; add a [fit] section (negatives = PATH) and/or "
+            f"[[encode]] sections (positives = PATH, out = PATH), see jobs/demo.toml"
+        )
     return spec
 
 
@@ -214,7 +241,9 @@ def load_spec(path: str) -> JobSpec:
         with open(path, "rb") as f:
             data = tomllib.load(f)
     except FileNotFoundError:
-        raise FileNotFoundError(f"job spec {path!r} does not exist; see jobs/ for examples") from None
+        raise FileNotFoundError(
+            f"job spec {path!r} does not exist; see jobs/ for examples"
+        ) from None
     except tomllib.TOMLDecodeError as exc:
         raise SpecError(f"{path}: not valid TOML ({exc})") from None
     return parse_spec(data, source=str(path))
@@ -238,7 +267,7 @@ def check_inputs(spec: JobSpec) -> None:
         except (ValueError, TypeError, OSError) as exc:
             text = str(exc)  # "positives: ...": the key already names the input
             name = key.rsplit(".", 1)[-1]
-            text = text[len(name) + 2:] if text.startswith(f"{name}: ") else text
+            text = text[len(name) + 2 :] if text.startswith(f"{name}: ") else text
             raise type(exc)(f"{spec.source}: {key}: {text}") from None
 
     width = {}  # the dimension every positive must have, once known
@@ -249,15 +278,19 @@ def check_inputs(spec: JobSpec) -> None:
     if spec.fit is not None:
         check("fit.negatives", features, spec.fit.negatives, "negatives", "model")
     elif spec.encode:
-        check("model.path", lambda p: width.update(model=load_model(p).n_features_in_),
-              spec.model.path)
+        check(
+            "model.path",
+            lambda p: width.update(model=load_model(p).n_features_in_),
+            spec.model.path,
+        )
     for i, step in enumerate(spec.encode):
         check(f"encode[{i}].positives", features, step.positives, "positives", i)
         if "model" in width and i in width and width[i] != width["model"]:
             raise SpecError(
                 f"{spec.source}: encode[{i}].positives: {step.positives!r} has {width[i]} "
                 f"features but the model is fitted on {width['model']}; encode descriptors of "
-                f"the negatives' dimension")
+                f"the negatives' dimension"
+            )
     check_paths(spec)
 
 
@@ -290,18 +323,20 @@ def check_paths(spec: JobSpec) -> None:
         outputs = {"model.path": spec.model.path, **outputs}
     written = list(outputs.items())
     for k, (key, path) in enumerate(written):
-        others = {name: p for name, p in written[k + 1:]}
+        others = {name: p for name, p in written[k + 1 :]}
         try:
             storage.check_distinct(path, key, inputs, others)
             if storage.exists(storage.canonical(path)):
-                storage.check_may_replace(path, "the store at " + key,
-                                            kind="model" if key == "model.path" else "encoding")
+                storage.check_may_replace(
+                    path, "the store at " + key, kind="model" if key == "model.path" else "encoding"
+                )
         except (ValueError, OSError) as exc:
             raise type(exc)(f"{spec.source}: {exc}") from None
 
 
-def run_spec(client, spec: JobSpec, overwrite: bool = False, progress: bool = False,
-             on_report=None):
+def run_spec(
+    client, spec: JobSpec, overwrite: bool = False, progress: bool = False, on_report=None
+):
     """Run every step of ``spec`` on ``client``; return the job reports.
 
     ``on_report(report)`` is called as each step finishes (the command line prints
@@ -323,18 +358,33 @@ def run_spec(client, spec: JobSpec, overwrite: bool = False, progress: bool = Fa
         from ..datasets import make_corpus, write_corpus
 
         g = spec.generate
-        write_corpus(make_corpus(n_negatives=g.n_negatives, n_instances=g.n_instances,
-                                 d=g.dim, seed=g.seed), g.path)
+        write_corpus(
+            make_corpus(n_negatives=g.n_negatives, n_instances=g.n_instances, d=g.dim, seed=g.seed),
+            g.path,
+        )
         report = pipeline.JobReport("generate corpus")
         report.facts.update({"corpus": g.path, "negatives": g.n_negatives})
         done(report)
     if spec.fit is not None:
-        done(pipeline.fit_job(client, spec.fit.negatives, spec.model.path,
-                              options=fit_options(spec, overwrite, progress),
-                              **model_keywords(spec.model)))
+        done(
+            pipeline.fit_job(
+                client,
+                spec.fit.negatives,
+                spec.model.path,
+                options=fit_options(spec, overwrite, progress),
+                **model_keywords(spec.model),
+            )
+        )
     for step in spec.encode:
-        done(pipeline.encode_job(client, spec.model.path, step.positives, step.out,
-                                 options=encode_options(step, overwrite, progress)))
+        done(
+            pipeline.encode_job(
+                client,
+                spec.model.path,
+                step.positives,
+                step.out,
+                options=encode_options(step, overwrite, progress),
+            )
+        )
     return reports
 
 
@@ -342,9 +392,18 @@ def model_keywords(m: ModelSpec) -> dict:
     """The ``[model]`` table as :func:`slem_dask.pipeline.fit_job`'s model keywords."""
     if m.type == "linear":
         return {"lam": m.lam, "theta": m.theta, "precision": m.precision}
-    return {"lam": m.lam, "theta": m.theta, "kernel": m.kernel, "gamma": m.gamma,
-            "degree": m.degree, "rank": m.rank, "pivoting": m.pivoting, "tol": m.tol,
-            "seed": m.seed, "kernel_memory": m.kernel_memory}
+    return {
+        "lam": m.lam,
+        "theta": m.theta,
+        "kernel": m.kernel,
+        "gamma": m.gamma,
+        "degree": m.degree,
+        "rank": m.rank,
+        "pivoting": m.pivoting,
+        "tol": m.tol,
+        "seed": m.seed,
+        "kernel_memory": m.kernel_memory,
+    }
 
 
 def fit_options(spec: JobSpec, overwrite: bool, progress: bool):
@@ -353,15 +412,24 @@ def fit_options(spec: JobSpec, overwrite: bool, progress: bool):
     from .options import FitOptions
 
     f = spec.fit
-    return FitOptions(partition_rows=f.partition_rows, overwrite=overwrite or not f.update,
-                      update=f.update, progress=progress,
-                      repivot=f.repivot if spec.model.type != "linear" else False)
+    return FitOptions(
+        partition_rows=f.partition_rows,
+        overwrite=overwrite or not f.update,
+        update=f.update,
+        progress=progress,
+        repivot=f.repivot if spec.model.type != "linear" else False,
+    )
 
 
 def encode_options(step: EncodeSpec, overwrite: bool, progress: bool):
     """One ``[[encode]]`` step as an :class:`~slem_dask.pipeline.options.EncodeOptions`."""
     from .options import EncodeOptions
 
-    return EncodeOptions(dtype=step.dtype, partition_rows=step.partition_rows,
-                         overwrite=overwrite, progress=progress,
-                         on_model_change=step.on_model_change, precision=step.precision)
+    return EncodeOptions(
+        dtype=step.dtype,
+        partition_rows=step.partition_rows,
+        overwrite=overwrite,
+        progress=progress,
+        on_model_change=step.on_model_change,
+        precision=step.precision,
+    )

@@ -14,18 +14,27 @@ from ..storage import versions
 from ..models import load_model
 from ..models.kernel import TraceErrorWarning
 from ..core.kernels import unused_params
-from ..parallel.kernel_stream import (UNBOUNDED_RANK_ESTIMATE, KernelMemoryWarning,
-                                      choose_strategy)
+from ..parallel.kernel_stream import UNBOUNDED_RANK_ESTIMATE, KernelMemoryWarning, choose_strategy
 from ..cluster.workers import kernel_fit_bytes, note_memory_remedy
 
 from .common import JobReport, full_disk_said, hint_small_chunks, size_text, update_refusal
-from .fit_steps import (KERNEL_OPTIONS, _fit_errors, _open_negatives, _save_fitted,
-                        _warnings_naming, check_same_params, model_bytes, nothing_written)
+from .fit_steps import (
+    KERNEL_OPTIONS,
+    _fit_errors,
+    _open_negatives,
+    _save_fitted,
+    _warnings_naming,
+    check_same_params,
+    model_bytes,
+    nothing_written,
+)
 
 
 def _print_round(round_no: int, n_pivots: int, trace_error: float) -> None:
-    sys.stdout.write(f"\rkernel fit: pass {round_no}, {n_pivots} pivots, residual trace "
-                     f"{trace_error:.3g} of the trace")
+    sys.stdout.write(
+        f"\rkernel fit: pass {round_no}, {n_pivots} pivots, residual trace "
+        f"{trace_error:.3g} of the trace"
+    )
     sys.stdout.flush()
 
 
@@ -44,10 +53,13 @@ def _round_lines(model):
         nonlocal last
         if time.monotonic() - last >= ROUND_LINE_SECONDS:
             last = time.monotonic()
-            print(f"kernel fit: pass {round_no}, {n_pivots} pivots, residual trace "
-                  f"{trace_error:.3g} of the trace ({until} it is below --tol "
-                  f"{model.tol:g}{'' if model.rank else '; --rank R bounds the passes'})",
-                  flush=True)
+            print(
+                f"kernel fit: pass {round_no}, {n_pivots} pivots, residual trace "
+                f"{trace_error:.3g} of the trace ({until} it is below --tol "
+                f"{model.tol:g}{'' if model.rank else '; --rank R bounds the passes'})",
+                flush=True,
+            )
+
     return on_round
 
 
@@ -66,15 +78,27 @@ def _fit_kernel_job(client, negatives, model_path, model, options) -> JobReport:
     update = options.update or repivot
     arr, exists = _open_negatives(negatives, model_path, overwrite, update, repivot)
     n = int(arr.shape[0])
-    if exists and update and not (overwrite or repivot) \
-            and _kernel_up_to_date(model_path, negatives, arr, model):
+    if (
+        exists
+        and update
+        and not (overwrite or repivot)
+        and _kernel_up_to_date(model_path, negatives, arr, model)
+    ):
         return _up_to_date_report(negatives, n, model_path, t0)  # no lease, nothing written
-    with full_disk_said(model_path, lambda: _kernel_store_bytes(model, n, arr.shape[1]),
-                        nothing_written(model_path)), \
-            storage.Lease(model_path, "slem-dask fit") as lease:
+    with (
+        full_disk_said(
+            model_path,
+            lambda: _kernel_store_bytes(model, n, arr.shape[1]),
+            nothing_written(model_path),
+        ),
+        storage.Lease(model_path, "slem-dask fit") as lease,
+    ):
         seen = storage.rows_fingerprint(arr, negatives, "negatives", n)
-        found = _stored_kernel_model(model_path, model, negatives, arr, seen, repivot) \
-            if exists and update and not overwrite else (None, "fit")
+        found = (
+            _stored_kernel_model(model_path, model, negatives, arr, seen, repivot)
+            if exists and update and not overwrite
+            else (None, "fit")
+        )
         if found is None:
             return _up_to_date_report(negatives, n, model_path, t0)
         old, action = found
@@ -82,8 +106,15 @@ def _fit_kernel_job(client, negatives, model_path, model, options) -> JobReport:
         x = storage.dask_rows(arr, options.partition_rows, name="negatives")
         start = old.n_samples_ if old is not None else 0
         report = JobReport("fit")
-        report.facts.update({"negatives": str(negatives), "rows": n, "features": arr.shape[1],
-                             "dtype": str(arr.dtype), "action": action})
+        report.facts.update(
+            {
+                "negatives": str(negatives),
+                "rows": n,
+                "features": arr.shape[1],
+                "dtype": str(arr.dtype),
+                "action": action,
+            }
+        )
         hint_small_chunks(report, arr, "negatives", negatives)
         strategy, why = _kernel_strategy(client, model, x, old, n - start)
         report.facts.update({"kernel memory": strategy, "because": why})
@@ -91,22 +122,36 @@ def _fit_kernel_job(client, negatives, model_path, model, options) -> JobReport:
             note_memory_remedy(_in_memory_remedy(model, arr))
         if options.progress:  # the choice, before the passes start
             print("\n".join(report.lines()), flush=True)
-        checkpoint = (_final_pass_checkpoint(model_path, model, seen, x)
-                      if old is None and strategy == "streaming" else None)
+        checkpoint = (
+            _final_pass_checkpoint(model_path, model, seen, x)
+            if old is None and strategy == "streaming"
+            else None
+        )
         t1 = time.perf_counter()
-        with _fit_errors(negatives, model_path), \
-                _warnings_naming(negatives, report, TraceErrorWarning):
-            model = _factor(client, model, x, old, start, strategy, checkpoint,
-                            options.progress)
+        with (
+            _fit_errors(negatives, model_path),
+            _warnings_naming(negatives, report, TraceErrorWarning),
+        ):
+            model = _factor(client, model, x, old, start, strategy, checkpoint, options.progress)
         t2 = time.perf_counter()
         model.strategy_, model.strategy_reason_ = strategy, why
         if checkpoint is not None and checkpoint.reused:
-            report.facts["final pass"] = (f"resumed: {checkpoint.reused} of "
-                                          f"{x.numblocks[0]} partitions reused from an "
-                                          f"interrupted run's draft")
+            report.facts["final pass"] = (
+                f"resumed: {checkpoint.reused} of "
+                f"{x.numblocks[0]} partitions reused from an "
+                f"interrupted run's draft"
+            )
         fp = _save_fitted(model, arr, negatives, model_path, seen, lease)
-    _kernel_report(report, model, model_path, fp, x[start:].numblocks[0], n - start,
-                   old is None, (t0, t1, t2, time.perf_counter()))
+    _kernel_report(
+        report,
+        model,
+        model_path,
+        fp,
+        x[start:].numblocks[0],
+        n - start,
+        old is None,
+        (t0, t1, t2, time.perf_counter()),
+    )
     return report
 
 
@@ -121,11 +166,15 @@ def _stored_kernel_model(model_path, model, negatives, arr, seen: str, repivot: 
             f"model store {str(model_path)!r} holds a {meta['model']}, not a kernel "
             f"model; {flag} keeps the stored model's kind and parameters: pass "
             f"--overwrite to replace it with this kernel model, or drop --kernel to "
-            f"update the {meta['model']}")
+            f"update the {meta['model']}"
+        )
     check_same_params(model, meta, model_path, flag)
-    if not repivot and meta.get("source") == negatives.url \
-            and meta.get("n_samples") == int(arr.shape[0]) \
-            and meta.get("negatives_fingerprint") == seen:
+    if (
+        not repivot
+        and meta.get("source") == negatives.url
+        and meta.get("n_samples") == int(arr.shape[0])
+        and meta.get("negatives_fingerprint") == seen
+    ):
         return None
     if repivot:
         return None, "refit (--repivot)"
@@ -137,11 +186,9 @@ def _kernel_strategy(client, model, x, old, appended: int) -> tuple[str, str]:
     workers; an update of ``old`` streams the ``appended`` rows."""
     if old is None:
         # the workers of this client, their memory limits
-        with (client.as_current() if client is not None else contextlib.nullcontext()):
-            return choose_strategy(model.strategy, x, model.rank, bool(model.exact),
-                                   model.pivoting)
-    why = (f"--update keeps the {old.rank_} pivots and reads only the {appended} appended "
-           f"rows, once")
+        with client.as_current() if client is not None else contextlib.nullcontext():
+            return choose_strategy(model.strategy, x, model.rank, bool(model.exact), model.pivoting)
+    why = f"--update keeps the {old.rank_} pivots and reads only the {appended} appended rows, once"
     if model.strategy != "auto":  # asked for, but an update has one way to run
         why += f" (kernel memory {model.strategy!r} applies to a fit from scratch: --repivot)"
     return "streaming", why
@@ -151,7 +198,7 @@ def _factor(client, model, x, old, start: int, strategy: str, checkpoint, progre
     """The fitted model: ``model`` fitted on ``x`` with ``strategy`` (the choice made
     before, not made again), or ``old`` updated with the rows from ``start``."""
     on_round = _print_round if progress else _round_lines(model)
-    with (client.as_current() if client is not None else contextlib.nullcontext()):
+    with client.as_current() if client is not None else contextlib.nullcontext():
         if old is not None:
             return old.update(x[start:], row_offset=start)
         given = model.strategy
@@ -167,21 +214,40 @@ def _factor(client, model, x, old, start: int, strategy: str, checkpoint, progre
     return model
 
 
-def _kernel_report(report: JobReport, model, model_path, fp: str, partitions: int,
-                   rows_read: int, from_scratch: bool, times) -> None:
+def _kernel_report(
+    report: JobReport,
+    model,
+    model_path,
+    fp: str,
+    partitions: int,
+    rows_read: int,
+    from_scratch: bool,
+    times,
+) -> None:
     """The facts and timings of a finished kernel fit, added to ``report``."""
     t0, t1, t2, t3 = times
     params = model.get_params()
     unused = unused_params(model.kernel)
-    report.facts.update({
-        "partitions": partitions, "rows read": rows_read,
-        **{flag: params[key] for key, flag in KERNEL_OPTIONS.items() if key not in unused},
-        "pivots": model.rank_, "trace error": f"{model.trace_error_:.4g}",
-        "passes": model.n_passes_ if from_scratch else 1, "model": str(model_path),
-        "fingerprint": fp[:16],
-    })
-    report.timings.update({"open": t1 - t0, "factor" if from_scratch else "update": t2 - t1,
-                           "save": t3 - t2, "total": t3 - t0})
+    report.facts.update(
+        {
+            "partitions": partitions,
+            "rows read": rows_read,
+            **{flag: params[key] for key, flag in KERNEL_OPTIONS.items() if key not in unused},
+            "pivots": model.rank_,
+            "trace error": f"{model.trace_error_:.4g}",
+            "passes": model.n_passes_ if from_scratch else 1,
+            "model": str(model_path),
+            "fingerprint": fp[:16],
+        }
+    )
+    report.timings.update(
+        {
+            "open": t1 - t0,
+            "factor" if from_scratch else "update": t2 - t1,
+            "save": t3 - t2,
+            "total": t3 - t0,
+        }
+    )
 
 
 def _kernel_up_to_date(model_path, negatives, arr, model) -> bool:
@@ -190,29 +256,37 @@ def _kernel_up_to_date(model_path, negatives, arr, model) -> bool:
     as the job would under its lease)."""
     meta, _ = storage.read_model_store(model_path)
     n = int(arr.shape[0])
-    if meta["model"] != "KernelSLEM" or meta.get("source") != negatives.url \
-            or meta.get("n_samples") != n:
+    if (
+        meta["model"] != "KernelSLEM"
+        or meta.get("source") != negatives.url
+        or meta.get("n_samples") != n
+    ):
         return False
     check_same_params(model, meta, model_path, "--update")
     return meta.get("negatives_fingerprint") == storage.rows_fingerprint(
-        arr, negatives, "negatives", n)
+        arr, negatives, "negatives", n
+    )
 
 
 def _up_to_date_report(negatives, n: int, model_path, t0: float) -> JobReport:
     report = JobReport("fit")
-    report.facts.update({"negatives": str(negatives), "rows": n, "action": "up to date",
-                         "model": str(model_path)})
+    report.facts.update(
+        {"negatives": str(negatives), "rows": n, "action": "up to date", "model": str(model_path)}
+    )
     report.timings["total"] = time.perf_counter() - t0
     return report
+
 
 def _in_memory_remedy(model, arr) -> str:
     """What helps an in-memory kernel fit whose workers die for memory."""
     n, d = int(arr.shape[0]), int(arr.shape[1])
     need = kernel_fit_bytes(n, d, arr.dtype, model.rank or min(n, UNBOUNDED_RANK_ESTIMATE))
-    return (f"the in-memory kernel fit holds all {n} rows and their factor rows on the "
-            f"workers (about {size_text(need)} in all, whatever --partition-rows says): "
-            f"pass --kernel-memory streaming (or auto), which reads the negatives in "
-            f"partitions at each pass, or give the workers more memory")
+    return (
+        f"the in-memory kernel fit holds all {n} rows and their factor rows on the "
+        f"workers (about {size_text(need)} in all, whatever --partition-rows says): "
+        f"pass --kernel-memory streaming (or auto), which reads the negatives in "
+        f"partitions at each pass, or give the workers more memory"
+    )
 
 
 def _kernel_store_bytes(model, n: int, d: int) -> int:
@@ -237,8 +311,9 @@ def _final_pass_checkpoint(model_path, model, seen: str, x):
     others = [store.location(v) for v in store.drafts(draft.seq) if v != draft.version]
     params = {k: v for k, v in model.get_params().items() if k not in model._execution_params}
     key = FinalPassCheckpoint.key_of(seen, storage.json_params(params), x.chunks[0])
-    return FinalPassCheckpoint(draft.location, others, key,
-                               release=lambda: store.make_room(mine=draft.version))
+    return FinalPassCheckpoint(
+        draft.location, others, key, release=lambda: store.make_room(mine=draft.version)
+    )
 
 
 def _previous_kernel_model(model_path, meta, negatives, arr):
@@ -250,16 +325,22 @@ def _previous_kernel_model(model_path, meta, negatives, arr):
     if refused:
         raise ValueError(refused)
     if meta.get("negatives_fingerprint") != storage.rows_fingerprint(
-            arr, negatives, "negatives", old_n):
+        arr, negatives, "negatives", old_n
+    ):
         raise ValueError(
             f"--update: the first {old_n} rows of {str(negatives)!r}, already in "
             f"{str(model_path)!r}, changed since (rewritten, truncated or replaced); merging "
-            f"would count old and new values: refit on all rows with --repivot")
+            f"would count old and new values: refit on all rows with --repivot"
+        )
     old = load_model(model_path)
     if old.factor_scatter_ is None or old.exact:
-        why = ("an exact=True model keeps all negatives" if old.exact else
-               "the model was written by a slem-dask that did not keep the scatter of F's "
-               "rows")
+        why = (
+            "an exact=True model keeps all negatives"
+            if old.exact
+            else "the model was written by a slem-dask that did not keep the scatter of F's rows"
+        )
         return None, f"refit (negatives now {arr.shape[0]} rows, the model had {old_n}; {why})"
-    return old, (f"update (kept the {old.rank_} pivots; merged the {arr.shape[0] - old_n} "
-                 f"rows appended since; --repivot refits)")
+    return old, (
+        f"update (kept the {old.rank_} pivots; merged the {arr.shape[0] - old_n} "
+        f"rows appended since; --repivot refits)"
+    )

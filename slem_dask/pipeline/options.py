@@ -20,8 +20,7 @@ from dataclasses import dataclass
 
 from ..core.statistics import PRECISIONS
 
-__all__ = ["FitOptions", "EncodeOptions", "SearchOptions", "ON_MODEL_CHANGE",
-           "options_from"]
+__all__ = ["FitOptions", "EncodeOptions", "SearchOptions", "ON_MODEL_CHANGE", "options_from"]
 
 #: What an encode does with an output written with another model: refuse, or rebuild it.
 ON_MODEL_CHANGE = ("fail", "reencode")
@@ -31,8 +30,10 @@ def _check_flags(options, names: tuple[str, ...]) -> None:
     for name in names:
         value = getattr(options, name)
         if not isinstance(value, bool):
-            raise TypeError(f"{type(options).__name__}.{name} must be True or False, got "
-                            f"{value!r} of type {type(value).__name__}")
+            raise TypeError(
+                f"{type(options).__name__}.{name} must be True or False, got "
+                f"{value!r} of type {type(value).__name__}"
+            )
 
 
 def _check_partition_rows(options) -> None:
@@ -40,9 +41,11 @@ def _check_partition_rows(options) -> None:
     if value is None:
         return
     if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
-        raise ValueError(f"{type(options).__name__}.partition_rows must be an integer >= 1 "
-                         f"or None (rows per partition chosen from the store), got "
-                         f"{value!r}")
+        raise ValueError(
+            f"{type(options).__name__}.partition_rows must be an integer >= 1 "
+            f"or None (rows per partition chosen from the store), got "
+            f"{value!r}"
+        )
 
 
 @dataclass(frozen=True)
@@ -92,13 +95,16 @@ class EncodeOptions:
     def __post_init__(self):
         if self.on_model_change not in ON_MODEL_CHANGE:
             # the message encode_job has always given
-            raise ValueError(f"on_model_change must be 'fail' or 'reencode', got "
-                             f"{self.on_model_change!r}")
+            raise ValueError(
+                f"on_model_change must be 'fail' or 'reencode', got {self.on_model_change!r}"
+            )
         _check_partition_rows(self)
         _check_flags(self, ("overwrite", "progress"))
         if self.precision is not None and self.precision not in PRECISIONS:
-            raise ValueError(f"EncodeOptions.precision must be one of {PRECISIONS} or None "
-                             f"(the model's), got {self.precision!r}")
+            raise ValueError(
+                f"EncodeOptions.precision must be one of {PRECISIONS} or None "
+                f"(the model's), got {self.precision!r}"
+            )
 
     def replace(self, **changes) -> EncodeOptions:
         """A copy with ``changes`` (checked again)."""
@@ -121,10 +127,10 @@ class SearchOptions:
     progress: bool = False
 
     def __post_init__(self):
-        if isinstance(self.k, bool) or not isinstance(self.k, numbers.Integral) \
-                or self.k < 1:
-            raise ValueError(f"SearchOptions.k must be an integer >= 1 (results per query), "
-                             f"got {self.k!r}")
+        if isinstance(self.k, bool) or not isinstance(self.k, numbers.Integral) or self.k < 1:
+            raise ValueError(
+                f"SearchOptions.k must be an integer >= 1 (results per query), got {self.k!r}"
+            )
         _check_partition_rows(self)
         _check_flags(self, ("overwrite", "force", "progress"))
 
@@ -139,12 +145,16 @@ def options_from(kind, options, **keywords):
     if options is None:
         return kind(**keywords)
     if not isinstance(options, kind):
-        raise TypeError(f"options must be of type {kind.__name__}, got {options!r} of type "
-                        f"{type(options).__name__}: build one with {kind.__name__}(...)")
+        raise TypeError(
+            f"options must be of type {kind.__name__}, got {options!r} of type "
+            f"{type(options).__name__}: build one with {kind.__name__}(...)"
+        )
     defaults = kind()
     for name, value in keywords.items():
         if value != getattr(defaults, name):
-            raise ValueError(f"{name}={value!r} was given beside options=: give it in the "
-                             f"{kind.__name__} (options.replace({name}={value!r})), or give "
-                             f"keywords without options=")
+            raise ValueError(
+                f"{name}={value!r} was given beside options=: give it in the "
+                f"{kind.__name__} (options.replace({name}={value!r})), or give "
+                f"keywords without options="
+            )
     return options

@@ -25,15 +25,20 @@ def check_search_inputs(queries: str, database: str, k: int, force: bool = False
     q = storage.open_input(queries, "queries")
     db = storage.open_input(database, "database")
     mq, mdb = storage.output_meta(q), storage.output_meta(db)
-    if not force and mq and mdb and \
-            mq.get("encoding_fingerprint") != mdb.get("encoding_fingerprint"):
+    if (
+        not force
+        and mq
+        and mdb
+        and mq.get("encoding_fingerprint") != mdb.get("encoding_fingerprint")
+    ):
         models = [shown_path(m.get("model_path")) for m in (mq, mdb)]
         raise ValueError(
             f"queries ({queries!r}) and database ({database!r}) were encoded with different "
             f"models (encoding fingerprints {str(mq.get('encoding_fingerprint'))[:16]} and "
             f"{str(mdb.get('encoding_fingerprint'))[:16]}; models {models[0]!r} and "
             f"{models[1]!r}): their scores are not comparable. Encode both with one model, "
-            f"or pass --force to search anyway")
+            f"or pass --force to search anyway"
+        )
     if q.shape[1] != db.shape[1]:
         raise ValueError(
             f"queries ({queries!r}) have {q.shape[1]} features but database rows "
@@ -49,10 +54,18 @@ def check_search_inputs(queries: str, database: str, k: int, force: bool = False
     return q, db
 
 
-def search_job(client, queries: str, database: str, out: str, k: int = 100,
-               partition_rows: int | None = None, overwrite: bool = False,
-               force: bool = False, progress: bool = False,
-               options: SearchOptions | None = None) -> JobReport:
+def search_job(
+    client,
+    queries: str,
+    database: str,
+    out: str,
+    k: int = 100,
+    partition_rows: int | None = None,
+    overwrite: bool = False,
+    force: bool = False,
+    progress: bool = False,
+    options: SearchOptions | None = None,
+) -> JobReport:
     """Exact top-k of every query row against the database rows; write a zarr group.
 
     ``options``: a :class:`SearchOptions` (its fields are the keywords ``k`` ...
@@ -64,8 +77,15 @@ def search_job(client, queries: str, database: str, out: str, k: int = 100,
     is written beside ``out`` and renamed into place (local stores), under a
     lease, with a crc32c on every chunk. ``progress``: show a progress bar.
     """
-    options = options_from(SearchOptions, options, k=k, partition_rows=partition_rows,
-                           overwrite=overwrite, force=force, progress=progress)
+    options = options_from(
+        SearchOptions,
+        options,
+        k=k,
+        partition_rows=partition_rows,
+        overwrite=overwrite,
+        force=force,
+        progress=progress,
+    )
     k, force = options.k, options.force
     t0 = time.perf_counter()
     queries, database, out = map(storage.canonical, (queries, database, out))
@@ -77,9 +97,10 @@ def search_job(client, queries: str, database: str, out: str, k: int = 100,
             return _up_to_date_report(queries, database, out, q_arr, db_arr, k, t0)
         action = "search again (inputs changed)"
     n_queries = int(q_arr.shape[0])  # scores float64 and indices int64, k of each
-    with full_disk_said(out, 16 * n_queries * k, f"nothing was written ({str(out)!r} is as "
-                                                 f"before)"), \
-            storage.Lease(out, "slem-dask search") as lease:
+    with (
+        full_disk_said(out, 16 * n_queries * k, f"nothing was written ({str(out)!r} is as before)"),
+        storage.Lease(out, "slem-dask search") as lease,
+    ):
         # what is read: a versioned input stays the version opened here, whatever commits
         # meanwhile; a plain one is fingerprinted before and after
         q_arr, db_arr = check_search_inputs(str(queries), str(database), k, force=force)
@@ -96,18 +117,30 @@ def search_job(client, queries: str, database: str, out: str, k: int = 100,
         if read != seen:
             raise ValueError(
                 f"the queries or the database changed while they were searched "
-                f"({seen} -> {read}); nothing was written: run the search again")
-        storage.write_group(out, _result_meta(queries, database, k, seen, q_arr, db_arr),
-                            {"scores": scores.astype(np.float64),
-                             "indices": indices.astype(np.int64)},
-                            "search result", overwrite=True, lease=lease)
+                f"({seen} -> {read}); nothing was written: run the search again"
+            )
+        storage.write_group(
+            out,
+            _result_meta(queries, database, k, seen, q_arr, db_arr),
+            {"scores": scores.astype(np.float64), "indices": indices.astype(np.int64)},
+            "search result",
+            overwrite=True,
+            lease=lease,
+        )
         t3 = time.perf_counter()
     report = JobReport("search")
-    report.facts.update({"queries": str(queries), "database": str(database),
-                         "rows": f"{q.shape[0]} x {db_arr.shape[0]}", "k": k,
-                         "partitions": db.numblocks[0], "action": action, "out": str(out)})
-    report.timings.update({"open": t1 - t0, "search": t2 - t1, "write": t3 - t2,
-                           "total": t3 - t0})
+    report.facts.update(
+        {
+            "queries": str(queries),
+            "database": str(database),
+            "rows": f"{q.shape[0]} x {db_arr.shape[0]}",
+            "k": k,
+            "partitions": db.numblocks[0],
+            "action": action,
+            "out": str(out),
+        }
+    )
+    report.timings.update({"open": t1 - t0, "search": t2 - t1, "write": t3 - t2, "total": t3 - t0})
     return report
 
 
@@ -126,48 +159,78 @@ def check_search_out(queries, database, out, k: int, overwrite: bool) -> dict | 
 
 def _inputs_now(q_arr, db_arr, queries, database) -> dict:
     """What the search reads, for the record: each input's version, or fingerprint."""
-    return {"queries": storage.read_version(q_arr, queries),
-            "database": storage.read_version(db_arr, database)}
+    return {
+        "queries": storage.read_version(q_arr, queries),
+        "database": storage.read_version(db_arr, database),
+    }
 
 
 def _committed_search(out, queries, database, k: int) -> dict:
     """The metadata of the search result committed at ``out``, if it is this search
     (these queries and database paths, this k), which a re-run without --overwrite may
     find up to date or search again; else the refusal that says what it holds."""
-    replace = "pass --overwrite to replace it with this search (a new version: `slem-dask " \
-              "versions` lists the ones kept)"
+    replace = (
+        "pass --overwrite to replace it with this search (a new version: `slem-dask "
+        "versions` lists the ones kept)"
+    )
     try:
         meta, _ = storage.read_search_store(out, arrays=False)  # unfinished, damaged: refused
     except (ValueError, OSError) as exc:
-        raise FileExistsError(f"--out {str(out)!r} already exists and cannot be read as a "
-                              f"search result ({_detail(exc)}); {replace}") from None
+        raise FileExistsError(
+            f"--out {str(out)!r} already exists and cannot be read as a "
+            f"search result ({_detail(exc)}); {replace}"
+        ) from None
     said = {"queries": str(queries), "database": str(database), "k": int(k)}
-    held = {"queries": shown_path(meta.get("queries")),  # recorded as URLs
-            "database": shown_path(meta.get("database")), "k": meta.get("k")}
+    held = {
+        "queries": shown_path(meta.get("queries")),  # recorded as URLs
+        "database": shown_path(meta.get("database")),
+        "k": meta.get("k"),
+    }
     if held != said or not isinstance(meta.get("inputs"), dict):
-        differ = ", ".join(f"{key} {held[key]!r} (now {said[key]!r})"
-                           for key in said if held[key] != said[key]) or "no record of its inputs"
-        raise FileExistsError(f"--out {str(out)!r} already holds another search: {differ}; "
-                              f"{replace}, or give another --out")
+        differ = (
+            ", ".join(
+                f"{key} {held[key]!r} (now {said[key]!r})" for key in said if held[key] != said[key]
+            )
+            or "no record of its inputs"
+        )
+        raise FileExistsError(
+            f"--out {str(out)!r} already holds another search: {differ}; "
+            f"{replace}, or give another --out"
+        )
     return meta
 
 
 def _up_to_date_report(queries, database, out, q_arr, db_arr, k: int, t0: float) -> JobReport:
     """The report of a re-run that found its committed result current: nothing written."""
     report = JobReport("search")
-    report.facts.update({"queries": str(queries), "database": str(database),
-                         "rows": f"{q_arr.shape[0]} x {db_arr.shape[0]}", "k": k,
-                         "action": "up to date", "out": str(out)})
+    report.facts.update(
+        {
+            "queries": str(queries),
+            "database": str(database),
+            "rows": f"{q_arr.shape[0]} x {db_arr.shape[0]}",
+            "k": k,
+            "action": "up to date",
+            "out": str(out),
+        }
+    )
     report.timings["total"] = time.perf_counter() - t0
     return report
 
 
 def _result_meta(queries, database, k: int, seen: dict, q_arr, db_arr) -> dict:
     """The search result's ``slem_dask`` attribute: complete, and what it was read from."""
-    return {"kind": "search", "complete": True, "k": int(k), "queries": queries.url,
-            "database": database.url, "inputs": seen, "n_queries": int(q_arr.shape[0]),
-            "n_database": int(db_arr.shape[0]), "package_version": __version__,
-            "completed": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    return {
+        "kind": "search",
+        "complete": True,
+        "k": int(k),
+        "queries": queries.url,
+        "database": database.url,
+        "inputs": seen,
+        "n_queries": int(q_arr.shape[0]),
+        "n_database": int(db_arr.shape[0]),
+        "package_version": __version__,
+        "completed": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
 
 
 def open_search_result(path: str) -> tuple[np.ndarray, np.ndarray]:

@@ -6,9 +6,20 @@ Owns searching encodings (numpy or dask, tied scores broken by database index:
 BLAS thread per task, only.
 """
 
-from .metrics import (leave_one_out_map, make_map_scorer, map_scorer,  # noqa: F401
-                      mean_average_precision, precision_recall_at_k)
+from .metrics import (
+    leave_one_out_map,
+    make_map_scorer,
+    map_scorer,  # noqa: F401
+    mean_average_precision,
+    precision_recall_at_k,
+)
 from .topk import search  # noqa: F401
 
-__all__ = ["search", "mean_average_precision", "precision_recall_at_k",
-           "leave_one_out_map", "make_map_scorer", "map_scorer"]
+__all__ = [
+    "search",
+    "mean_average_precision",
+    "precision_recall_at_k",
+    "leave_one_out_map",
+    "make_map_scorer",
+    "map_scorer",
+]

@@ -19,8 +19,13 @@ if TYPE_CHECKING:
 #: integer arrays; a 2-D integer array is one row per query).
 PerQuery: TypeAlias = Sequence[Iterable[int]] | np.ndarray
 
-__all__ = ["mean_average_precision", "precision_recall_at_k", "leave_one_out_map",
-           "make_map_scorer", "map_scorer"]
+__all__ = [
+    "mean_average_precision",
+    "precision_recall_at_k",
+    "leave_one_out_map",
+    "make_map_scorer",
+    "map_scorer",
+]
 
 
 def _check_per_query(collections, name: str, n_queries: int) -> list[np.ndarray]:
@@ -34,8 +39,10 @@ def _check_per_query(collections, name: str, n_queries: int) -> list[np.ndarray]
             f"by its keys)"
         )
     if isinstance(collections, (set, frozenset)):
-        raise TypeError(f"{name} is a {type(collections).__name__}, which has no order; give "
-                        f"a list with one collection of database indices per query")
+        raise TypeError(
+            f"{name} is a {type(collections).__name__}, which has no order; give "
+            f"a list with one collection of database indices per query"
+        )
     collections = list(collections)
     if len(collections) != n_queries:
         raise ValueError(
@@ -45,14 +52,18 @@ def _check_per_query(collections, name: str, n_queries: int) -> list[np.ndarray]
     return [as_id_array(c, f"{name}[{i}]") for i, c in enumerate(collections)]
 
 
-def _per_query(indices, relevant, junk, name: str = "relevant"
-               ) -> tuple[np.ndarray, list[np.ndarray], list[np.ndarray]]:
+def _per_query(
+    indices, relevant, junk, name: str = "relevant"
+) -> tuple[np.ndarray, list[np.ndarray], list[np.ndarray]]:
     indices = np.asarray(indices)
     if indices.ndim != 2:
         raise ValueError(f"indices must be 2-D (n_queries, k), got shape {indices.shape}")
     relevant = _check_per_query(relevant, name, len(indices))
-    junk = ([np.empty(0, np.int64)] * len(indices) if junk is None
-            else _check_per_query(junk, "junk", len(indices)))
+    junk = (
+        [np.empty(0, np.int64)] * len(indices)
+        if junk is None
+        else _check_per_query(junk, "junk", len(indices))
+    )
     for i, rel in enumerate(relevant):
         if rel.size == 0:
             raise ValueError(
@@ -62,8 +73,12 @@ def _per_query(indices, relevant, junk, name: str = "relevant"
     return indices, relevant, junk
 
 
-def mean_average_precision(indices: npt.ArrayLike, relevant: PerQuery,
-                           junk: PerQuery | None = None, mode: str = "non-interpolated") -> float:
+def mean_average_precision(
+    indices: npt.ArrayLike,
+    relevant: PerQuery,
+    junk: PerQuery | None = None,
+    mode: str = "non-interpolated",
+) -> float:
     """Mean over queries of :func:`slem_dask.core.ranking.average_precision`.
 
     ``indices``: (n_queries, k) ranked database indices (e.g. from :func:`search`);
@@ -72,12 +87,19 @@ def mean_average_precision(indices: npt.ArrayLike, relevant: PerQuery,
     dict is refused.
     """
     indices, relevant, junk = _per_query(indices, relevant, junk)
-    return float(np.mean([average_precision(r, rel, j, mode)
-                          for r, rel, j in zip(indices, relevant, junk, strict=True)]))
+    return float(
+        np.mean(
+            [
+                average_precision(r, rel, j, mode)
+                for r, rel, j in zip(indices, relevant, junk, strict=True)
+            ]
+        )
+    )
 
 
-def precision_recall_at_k(indices: npt.ArrayLike, relevant: PerQuery, k: int,
-                          junk: PerQuery | None = None) -> tuple[float, float]:
+def precision_recall_at_k(
+    indices: npt.ArrayLike, relevant: PerQuery, k: int, junk: PerQuery | None = None
+) -> tuple[float, float]:
     """Mean precision@k and recall@k over queries (junk removed before cutting at k)."""
     indices, relevant, junk = _per_query(indices, relevant, junk)
     precisions, recalls = [], []
@@ -90,8 +112,9 @@ def precision_recall_at_k(indices: npt.ArrayLike, relevant: PerQuery, k: int,
     return float(np.mean(precisions)), float(np.mean(recalls))
 
 
-def leave_one_out_map(encodings: Rows, labels: npt.ArrayLike, k: int | None = None,
-                      mode: str = "non-interpolated") -> float:
+def leave_one_out_map(
+    encodings: Rows, labels: npt.ArrayLike, k: int | None = None, mode: str = "non-interpolated"
+) -> float:
     """mAP of every row as a query against all the other rows; relevant: same label.
 
     Queries whose label no other row has are left out. ``k``: ranking length
@@ -103,13 +126,15 @@ def leave_one_out_map(encodings: Rows, labels: npt.ArrayLike, k: int | None = No
     z = np.asarray(z)
     labels = np.asarray(labels)
     if labels.ndim != 1 or len(labels) != len(z):
-        raise ValueError(f"labels must be 1-D with one label per row ({len(z)} rows), got "
-                         f"shape {labels.shape}")
+        raise ValueError(
+            f"labels must be 1-D with one label per row ({len(z)} rows), got shape {labels.shape}"
+        )
     n = len(z)
     k = min(n - 1, 10_000) if k is None else int(k)
     if n < 2 or k < 1:
-        raise ValueError(f"leave-one-out mAP needs at least 2 rows and k >= 1 (got {n} rows, "
-                         f"k={k})")
+        raise ValueError(
+            f"leave-one-out mAP needs at least 2 rows and k >= 1 (got {n} rows, k={k})"
+        )
     _, indices = search(z, z, min(k + 1, n))
     rows = np.arange(n)
     is_self = indices == rows[:, None]
@@ -123,21 +148,24 @@ def leave_one_out_map(encodings: Rows, labels: npt.ArrayLike, k: int | None = No
     ends = np.searchsorted(sorted_labels, labels, "right")
     aps = []
     for i in range(n):
-        rel = order[starts[i]:ends[i]]
+        rel = order[starts[i] : ends[i]]
         rel = rel[rel != i]
         if rel.size:
             aps.append(average_precision(ranking[i], rel, (), mode))
     if not aps:
-        raise ValueError("leave-one-out mAP: no label occurs twice, so no row has a relevant "
-                         "item; give at least two rows of some label (in cross-validation, "
-                         "shuffle the folds, e.g. cv=KFold(5, shuffle=True) or "
-                         "StratifiedKFold, so that a held-out fold holds several rows per "
-                         "label)")
+        raise ValueError(
+            "leave-one-out mAP: no label occurs twice, so no row has a relevant "
+            "item; give at least two rows of some label (in cross-validation, "
+            "shuffle the folds, e.g. cv=KFold(5, shuffle=True) or "
+            "StratifiedKFold, so that a held-out fold holds several rows per "
+            "label)"
+        )
     return float(np.mean(aps))
 
 
-def make_map_scorer(k: int | None = None, mode: str = "non-interpolated"
-                    ) -> Callable[[Any, Rows, npt.ArrayLike | None], float]:
+def make_map_scorer(
+    k: int | None = None, mode: str = "non-interpolated"
+) -> Callable[[Any, Rows, npt.ArrayLike | None], float]:
     """A scikit-learn scorer for retrieval: ``scorer(estimator, X, y)`` encodes ``X``
     with ``estimator.transform`` and returns :func:`leave_one_out_map` with labels ``y``.
 
@@ -145,6 +173,7 @@ def make_map_scorer(k: int | None = None, mode: str = "non-interpolated"
     fold fits on the training rows (the negatives) and ranks the held-out rows
     among themselves. Higher is better, as scikit-learn expects.
     """
+
     def scorer(estimator: Any, X: Rows, y: npt.ArrayLike | None) -> float:
         if y is None:
             raise ValueError("the mAP scorer needs labels y (relevant = same label)")

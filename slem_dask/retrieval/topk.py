@@ -38,14 +38,20 @@ _PARALLEL_MIN_ROWS = 65536
 
 
 def _check_finite(x, name: str, row_offset: int = 0) -> None:
-    check_finite_rows(x, name, row_offset, remedy="scores against them are undefined: drop "
-                                                  "or repair those rows before searching")
+    check_finite_rows(
+        x,
+        name,
+        row_offset,
+        remedy="scores against them are undefined: drop or repair those rows before searching",
+    )
 
 
 def _finite_check(q_offset: int, db_offset: int):
     """The kernel's ``on_nonfinite``: names the input and its rows (global numbers)."""
+
     def check(name, x):
         _check_finite(x, name, q_offset if name == "queries" else db_offset)
+
     return check
 
 
@@ -66,8 +72,9 @@ def _numpy_search(queries, database, k: int):
 
     def run(lo, hi):
         with single_threaded_blas():
-            return topk_search(queries, database[lo:hi], k, offset=int(lo),
-                               on_nonfinite=_finite_check(0, int(lo)))
+            return topk_search(
+                queries, database[lo:hi], k, offset=int(lo), on_nonfinite=_finite_check(0, int(lo))
+            )
 
     with ThreadPoolExecutor(parts) as pool:
         results = list(pool.map(run, bounds[:-1], bounds[1:]))
@@ -83,8 +90,9 @@ def _numpy_whole_ranking(queries, database, k: int):
     scores = np.empty((len(queries), k))
     indices = np.empty((len(queries), k), dtype=np.int64)
     for i in range(0, len(queries), rows):
-        scores[i:i + rows], indices[i:i + rows] = settled_ranking(
-            queries[i:i + rows], database, k)
+        scores[i : i + rows], indices[i : i + rows] = settled_ranking(
+            queries[i : i + rows], database, k
+        )
     return scores, indices
 
 
@@ -98,8 +106,9 @@ def _topk_packed(queries, database, q_offset, db_offset, k):
 
     q0, d0 = int(q_offset[0]), int(db_offset[0])
     with single_threaded_blas():
-        scores, indices = topk_search(queries, database, k, offset=d0,
-                                      on_nonfinite=_finite_check(q0, d0))
+        scores, indices = topk_search(
+            queries, database, k, offset=d0, on_nonfinite=_finite_check(q0, d0)
+        )
     return _interleave(scores, indices)
 
 
@@ -140,9 +149,21 @@ def _whole_ranking(queries, database, k):
     database = database.astype(np.float64).rechunk({1: -1})
     token = dask.base.tokenize(queries, database, k)
     ranked = da.blockwise(
-        _rank_whole, "ij", queries, "ia", database, "ba", _row_ids(queries), "i",
-        k=k, new_axes={"j": 2 * k}, concatenate=True, dtype=np.float64,
-        meta=np.empty((0, 0), dtype=np.float64), name="search-whole-" + token)
+        _rank_whole,
+        "ij",
+        queries,
+        "ia",
+        database,
+        "ba",
+        _row_ids(queries),
+        "i",
+        k=k,
+        new_axes={"j": 2 * k},
+        concatenate=True,
+        dtype=np.float64,
+        meta=np.empty((0, 0), dtype=np.float64),
+        name="search-whole-" + token,
+    )
     return ranked[:, 0::2], ranked[:, 1::2].astype(np.int64)
 
 
@@ -214,20 +235,43 @@ def _dask_search(queries, database, k: int):
     if not is_dask_array(queries):
         queries = da.from_array(np.asarray(queries), chunks=(_QUERY_ROWS, -1))
     database = da.asarray(database)
-    if 2 * k >= database.shape[0] and \
-            8 * database.shape[0] * database.shape[1] <= _WHOLE_RANKING_DATABASE_BYTES:
+    if (
+        2 * k >= database.shape[0]
+        and 8 * database.shape[0] * database.shape[1] <= _WHOLE_RANKING_DATABASE_BYTES
+    ):
         return _whole_ranking(queries, database, k)
     database = _larger_row_blocks(database)
     token = dask.base.tokenize(queries, database, k)
     packed = da.blockwise(
-        _topk_packed, "ij", queries, "ia", database, "ja",
-        _row_ids(queries), "i", _row_ids(database), "j",
-        k=k, adjust_chunks={"j": lambda rows: 2 * min(k, rows)}, concatenate=True,
-        dtype=np.float64, meta=np.empty((0, 0), dtype=np.float64), name="search-topk-" + token)
-    merged = da.reduction(packed, chunk=_identity,
-                          combine=partial(_merge_packed, k=k),
-                          aggregate=partial(_merge_packed, k=k), axis=1, keepdims=True,
-                          concatenate=True, split_every=_SPLIT_EVERY, dtype=np.float64,
-                          output_size=2 * k, meta=np.empty((0, 0), dtype=np.float64),
-                          name="search-merge-" + token)
+        _topk_packed,
+        "ij",
+        queries,
+        "ia",
+        database,
+        "ja",
+        _row_ids(queries),
+        "i",
+        _row_ids(database),
+        "j",
+        k=k,
+        adjust_chunks={"j": lambda rows: 2 * min(k, rows)},
+        concatenate=True,
+        dtype=np.float64,
+        meta=np.empty((0, 0), dtype=np.float64),
+        name="search-topk-" + token,
+    )
+    merged = da.reduction(
+        packed,
+        chunk=_identity,
+        combine=partial(_merge_packed, k=k),
+        aggregate=partial(_merge_packed, k=k),
+        axis=1,
+        keepdims=True,
+        concatenate=True,
+        split_every=_SPLIT_EVERY,
+        dtype=np.float64,
+        output_size=2 * k,
+        meta=np.empty((0, 0), dtype=np.float64),
+        name="search-merge-" + token,
+    )
     return merged[:, 0::2], merged[:, 1::2].astype(np.int64)

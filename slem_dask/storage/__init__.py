@@ -33,43 +33,116 @@ Layout and contracts: docs/operations.md ("Versioned stores", "Integrity guarant
 
 from __future__ import annotations
 
-from . import versions # noqa: F401
+from . import versions  # noqa: F401
 from .checksums import (  # noqa: F401
-    CHECKSUM, delete_chunk, fingerprint, json_params, metadata_checksum, recorded_crc32c,
-    self_consistent_crc32c, stored_crc32c)
+    CHECKSUM,
+    delete_chunk,
+    fingerprint,
+    json_params,
+    metadata_checksum,
+    recorded_crc32c,
+    self_consistent_crc32c,
+    stored_crc32c,
+)
 from .chunks import (  # noqa: F401
-    DEFAULT_PARTITION_BYTES, _RowChunkCodecs, _reason, _where, _zstd_content_size,
-    chunk_keys_for_rows, iter_chunk_keys,
-    dask_rows, read_rows, row_partition)
+    DEFAULT_PARTITION_BYTES,
+    _RowChunkCodecs,
+    _reason,
+    _where,
+    _zstd_content_size,
+    chunk_keys_for_rows,
+    iter_chunk_keys,
+    dask_rows,
+    read_rows,
+    row_partition,
+)
 from .errors import (  # noqa: F401
-    CorruptChunkError, DamagedMetadataError, DamagedStoreError, IntegrityError,
-    MissingChunkError, StorageViewError, is_out_of_space, missing_chunk_error)
+    CorruptChunkError,
+    DamagedMetadataError,
+    DamagedStoreError,
+    IntegrityError,
+    MissingChunkError,
+    StorageViewError,
+    is_out_of_space,
+    missing_chunk_error,
+)
 from .fingerprints import (  # noqa: F401
-    partition_fingerprints, read_version,
-    rows_fingerprint, unit_rows)
+    partition_fingerprints,
+    read_version,
+    rows_fingerprint,
+    unit_rows,
+)
 from .groups import (  # noqa: F401
-    GROUP_CHUNK_BYTES, MODEL_FORMAT_VERSION, _check_written, _remove, read_group_arrays,
-    read_model_meta, read_model_store, read_search_store, replace_legacy, write_group,
-    write_model_store)
+    GROUP_CHUNK_BYTES,
+    MODEL_FORMAT_VERSION,
+    _check_written,
+    _remove,
+    read_group_arrays,
+    read_model_meta,
+    read_model_store,
+    read_search_store,
+    replace_legacy,
+    write_group,
+    write_model_store,
+)
 from .inputs import (  # noqa: F401
-    _exists, _key, check_distinct, open_input, open_node, open_output, read_all,
-    read_labels)
+    _exists,
+    _key,
+    check_distinct,
+    open_input,
+    open_node,
+    open_output,
+    read_all,
+    read_labels,
+)
 from .leases import LEASE_TTL, Lease, LeaseHeldError, LeaseLostError  # noqa: F401
 from .outputs import (  # noqa: F401
-    create_output, head_seq, is_legacy, mark_complete, marked_complete, open_existing_output,
-    output_meta, remove_stray_partials, update_meta, write_partition)
+    create_output,
+    head_seq,
+    is_legacy,
+    mark_complete,
+    marked_complete,
+    open_existing_output,
+    output_meta,
+    remove_stray_partials,
+    update_meta,
+    write_partition,
+)
 from .ownership import (  # noqa: F401
-    ATTR, KINDS, check_may_replace, damaged_metadata, remove, slem_dask_kind,
-    unreadable_document, unreadable_marker)
+    ATTR,
+    KINDS,
+    check_may_replace,
+    damaged_metadata,
+    remove,
+    slem_dask_kind,
+    unreadable_document,
+    unreadable_marker,
+)
 from .paths import StorePath, canonical, check_outside_inputs, exists  # noqa: F401
 from .readers import VersionStore, open_dataset, open_zarr  # noqa: F401
 from .verify import verify  # noqa: F401
 from .workers import check_workers_see, store_signature  # noqa: F401
 
 __all__ = [
-    "ATTR", "open_input", "open_node", "dask_rows", "read_rows", "read_all", "row_partition",
-    "fingerprint", "write_model_store", "read_model_store", "read_model_meta", "create_output",
+    "ATTR",
+    "open_input",
+    "open_node",
+    "dask_rows",
+    "read_rows",
+    "read_all",
+    "row_partition",
+    "fingerprint",
+    "write_model_store",
+    "read_model_store",
+    "read_model_meta",
+    "create_output",
     "mark_complete",
-    "open_output", "verify", "versions", "Lease", "canonical",
-    "VersionStore", "open_zarr", "open_dataset",
+    "open_output",
+    "verify",
+    "versions",
+    "Lease",
+    "canonical",
+    "VersionStore",
+    "open_zarr",
+    "open_dataset",
 ]

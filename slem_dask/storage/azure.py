@@ -69,8 +69,11 @@ class AzureBackend(BucketBackend):
     def __reduce__(self):  # the options as given: the URL still names the account
         import functools
 
-        options = {k: v for k, v in self.storage_options.items()
-                   if k != "account_name" or "@" not in self.root}
+        options = {
+            k: v
+            for k, v in self.storage_options.items()
+            if k != "account_name" or "@" not in self.root
+        }
         return functools.partial(type(self), self.root, **options), ()
 
     def _sync(self, coro_fn, *args):
@@ -107,7 +110,7 @@ class AzureBackend(BucketBackend):
 
     async def _copy_pairs(self, pairs):
         for i in range(0, len(pairs), _COPY_BATCH):
-            await asyncio.gather(*[self._copy(s, d) for s, d in pairs[i:i + _COPY_BATCH]])
+            await asyncio.gather(*[self._copy(s, d) for s, d in pairs[i : i + _COPY_BATCH]])
 
     async def _copy(self, src: str, dst: str) -> None:
         from azure.core.exceptions import ResourceNotFoundError
@@ -118,22 +121,25 @@ class AzureBackend(BucketBackend):
         try:
             status = (await target.start_copy_from_url(source.url))["copy_status"]
         except ResourceNotFoundError as exc:
-            raise FileNotFoundError(
-                f"cannot copy {self.protocol}://{src}: no such blob") from exc
+            raise FileNotFoundError(f"cannot copy {self.protocol}://{src}: no such blob") from exc
         while status == "pending":
             await asyncio.sleep(_COPY_POLL)
             status = (await target.get_blob_properties()).copy.status
         if status != "success":
-            raise OSError(f"the copy of {self.protocol}://{src} to {self.protocol}://{dst} "
-                          f"ended {status!r}")
+            raise OSError(
+                f"the copy of {self.protocol}://{src} to {self.protocol}://{dst} ended {status!r}"
+            )
 
     # -- errors --------------------------------------------------------------
 
     def _endpoint(self) -> str:
         url = getattr(self._fs, "account_url", None)
         if not url:  # no file system (yet): the endpoint of the connection string
-            fields = dict(part.split("=", 1) for part in os.environ.get(
-                "AZURE_STORAGE_CONNECTION_STRING", "").split(";") if "=" in part)
+            fields = dict(
+                part.split("=", 1)
+                for part in os.environ.get("AZURE_STORAGE_CONNECTION_STRING", "").split(";")
+                if "=" in part
+            )
             url = fields.get("BlobEndpoint")
         return url or "Azure Blob Storage"
 
@@ -142,28 +148,37 @@ class AzureBackend(BucketBackend):
 
         for e in chain(exc):
             if isinstance(e, ax.ServiceRequestError):
-                return (f"cannot reach Azure Blob Storage at {self._endpoint()} for "
-                        f"{self.root}: start it, or fix the BlobEndpoint of "
-                        f"AZURE_STORAGE_CONNECTION_STRING {EVERY_WORKER}")
+                return (
+                    f"cannot reach Azure Blob Storage at {self._endpoint()} for "
+                    f"{self.root}: start it, or fix the BlobEndpoint of "
+                    f"AZURE_STORAGE_CONNECTION_STRING {EVERY_WORKER}"
+                )
             if isinstance(e, ValueError) and "connection_string or account_name" in str(e):
-                return (f"no Azure credentials for {self.root}: set "
-                        "AZURE_STORAGE_CONNECTION_STRING, or AZURE_STORAGE_ACCOUNT_NAME and "
-                        f"AZURE_STORAGE_ACCOUNT_KEY {EVERY_WORKER}")
+                return (
+                    f"no Azure credentials for {self.root}: set "
+                    "AZURE_STORAGE_CONNECTION_STRING, or AZURE_STORAGE_ACCOUNT_NAME and "
+                    f"AZURE_STORAGE_ACCOUNT_KEY {EVERY_WORKER}"
+                )
             code = getattr(e, "error_code", None)
             code = getattr(code, "value", code)  # a StorageErrorCode, or a str
             if isinstance(e, ax.ClientAuthenticationError) or code in (
-                    "AuthenticationFailed", "InvalidAuthenticationInfo",
-                    "AuthorizationFailure", "AuthorizationPermissionMismatch",
-                    "InsufficientAccountPermissions"):
+                "AuthenticationFailed",
+                "InvalidAuthenticationInfo",
+                "AuthorizationFailure",
+                "AuthorizationPermissionMismatch",
+                "InsufficientAccountPermissions",
+            ):
                 # Azurite answers a wrong key with AuthorizationFailure, Azure with
                 # AuthenticationFailed: the key and the permissions are both suspects
-                return (f"Azure Blob Storage at {self._endpoint()} refused the credentials "
-                        f"for {self.root} ({code or 'authentication failed'}): check the "
-                        "AccountKey of AZURE_STORAGE_CONNECTION_STRING (or "
-                        "AZURE_STORAGE_ACCOUNT_KEY), and that it may read, write, list "
-                        f"and delete in container {self.bucket!r} {EVERY_WORKER}")
+                return (
+                    f"Azure Blob Storage at {self._endpoint()} refused the credentials "
+                    f"for {self.root} ({code or 'authentication failed'}): check the "
+                    "AccountKey of AZURE_STORAGE_CONNECTION_STRING (or "
+                    "AZURE_STORAGE_ACCOUNT_KEY), and that it may read, write, list "
+                    f"and delete in container {self.bucket!r} {EVERY_WORKER}"
+                )
             if code == "ContainerNotFound":
-                return self._missing_bucket_line(exc, self._endpoint(),
-                                                 "AZURE_STORAGE_CONNECTION_STRING", True)
-        return self._missing_bucket_line(
-            exc, self._endpoint(), "AZURE_STORAGE_CONNECTION_STRING")
+                return self._missing_bucket_line(
+                    exc, self._endpoint(), "AZURE_STORAGE_CONNECTION_STRING", True
+                )
+        return self._missing_bucket_line(exc, self._endpoint(), "AZURE_STORAGE_CONNECTION_STRING")

@@ -31,8 +31,12 @@ import os
 import threading
 import uuid
 
-__all__ = ["Backend", "StorageConfigError",
-           "check_conditional_writes", "ACCEPT_NO_CONDITIONAL_WRITES"]
+__all__ = [
+    "Backend",
+    "StorageConfigError",
+    "check_conditional_writes",
+    "ACCEPT_NO_CONDITIONAL_WRITES",
+]
 
 #: Set to 1 to commit on a store that ignores conditional writes
 #: (docs/guarantees-protocol.md: only safe while one job at a time writes each store).
@@ -152,7 +156,8 @@ def check_conditional_writes(backend: Backend, where: str) -> None:
                 f"jobs could both commit one version and delete each other's work; use a "
                 f"store that implements them (AWS S3, SeaweedFS, MinIO), or, if only one "
                 f"job at a time ever writes each store, accept the risk with "
-                f"{ACCEPT_NO_CONDITIONAL_WRITES}=1")
+                f"{ACCEPT_NO_CONDITIONAL_WRITES}=1"
+            )
         _PROBED.add(scope)
 
 

@@ -28,8 +28,9 @@ def _store_get(arr, key: str, suffix: int | None = None, head: int | None = None
     from zarr.core.sync import sync
 
     store = arr.store_path.store
-    byte_range = (SuffixByteRequest(suffix) if suffix else
-                  RangeByteRequest(0, head) if head else None)
+    byte_range = (
+        SuffixByteRequest(suffix) if suffix else RangeByteRequest(0, head) if head else None
+    )
     if byte_range is not None and _plain_ranges_only(store):
         try:
             size = sync(store.getsize(key))
@@ -72,8 +73,9 @@ def _unlocked_crc32c():
 
     folder = os.path.dirname(google_crc32c.__file__)
     # where the wheels put it: auditwheel (Linux) beside the package, delocate (macOS) in it
-    candidates = (glob.glob(os.path.join(folder + ".libs", "libcrc32c*.so*"))
-                  + glob.glob(os.path.join(folder, ".dylibs", "libcrc32c*.dylib")))
+    candidates = glob.glob(os.path.join(folder + ".libs", "libcrc32c*.so*")) + glob.glob(
+        os.path.join(folder, ".dylibs", "libcrc32c*.dylib")
+    )
     for path in sorted(candidates):
         try:
             function = ctypes.CDLL(path).crc32c_value
@@ -132,11 +134,14 @@ CHECKSUM = [zarr.codecs.Crc32cCodec()]
 
 def json_params(params: dict[str, Any]) -> dict[str, Any]:
     """Parameters as plain JSON values (numpy scalars such as np.float32(0.1) become floats)."""
+
     def native(value):
         if isinstance(value, np.generic):
             return value.item()
-        raise TypeError(f"model parameter value {value!r} of type {type(value).__name__} "
-                        f"cannot be stored; use a plain number or string")
+        raise TypeError(
+            f"model parameter value {value!r} of type {type(value).__name__} "
+            f"cannot be stored; use a plain number or string"
+        )
 
     return json.loads(json.dumps(params, default=native))
 
@@ -189,8 +194,9 @@ def chunk_trailers(arr) -> list:
     trailers = []
     for coords in np.ndindex(*arr.cdata_shape):
         tail = _store_get(arr, _full_key(arr, coords), suffix=4)
-        trailers.append(None if tail is None or len(tail) != 4
-                        else int(np.frombuffer(tail, "<u4")[0]))
+        trailers.append(
+            None if tail is None or len(tail) != 4 else int(np.frombuffer(tail, "<u4")[0])
+        )
     return trailers
 
 

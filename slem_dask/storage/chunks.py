@@ -29,8 +29,9 @@ DEFAULT_PARTITION_BYTES = 64 * 2**20
 STORE_ROWS = "_slem_store_rows"
 
 
-def row_partition(arr: zarr.Array, partition_rows: int | None = None,
-                  target_bytes: int = DEFAULT_PARTITION_BYTES) -> int:
+def row_partition(
+    arr: zarr.Array, partition_rows: int | None = None, target_bytes: int = DEFAULT_PARTITION_BYTES
+) -> int:
     """Rows per dask partition: a whole multiple of the store's shard (or chunk) rows.
 
     Reading a partition then touches whole storage units only, and writing an
@@ -45,8 +46,9 @@ def row_partition(arr: zarr.Array, partition_rows: int | None = None,
     return int(min(max(arr.shape[0], 1), multiple * unit)) if arr.shape[0] else unit
 
 
-def dask_rows(arr: zarr.Array, partition_rows: int | None = None, name: str = "input",
-              exact: bool = False):
+def dask_rows(
+    arr: zarr.Array, partition_rows: int | None = None, name: str = "input", exact: bool = False
+):
     """A dask array over the rows of ``arr``, whole rows per block.
 
     ``partition_rows`` is rounded up to whole storage units (chunks or shards),
@@ -62,9 +64,15 @@ def dask_rows(arr: zarr.Array, partition_rows: int | None = None, name: str = "i
     rows = int(partition_rows) if exact else row_partition(arr, partition_rows)  # type: ignore[arg-type]
     n, d = arr.shape
     chunks = (tuple(min(rows, n - lo) for lo in range(0, n, rows)), (d,))
-    x = da.map_blocks(_read_rows, arr, name, chunks=chunks, dtype=arr.dtype,
-                      meta=np.empty((0, d), dtype=arr.dtype),
-                      name="slem-read-" + dask.base.tokenize(array_token(arr), rows, name))
+    x = da.map_blocks(
+        _read_rows,
+        arr,
+        name,
+        chunks=chunks,
+        dtype=arr.dtype,
+        meta=np.empty((0, d), dtype=arr.dtype),
+        name="slem-read-" + dask.base.tokenize(array_token(arr), rows, name),
+    )
     if not exact:  # whole storage units: statistics may read the store themselves
         setattr(x, STORE_ROWS, (arr, name, x.name, int(n)))
     return x
@@ -83,8 +91,9 @@ def _read_rows(arr: zarr.Array, name: str, block_info=None) -> np.ndarray:
     return read_rows(arr, lo, hi, name)
 
 
-def read_rows(arr: zarr.Array, lo: int, hi: int, name: str = "input",
-              out: np.ndarray | None = None) -> np.ndarray:
+def read_rows(
+    arr: zarr.Array, lo: int, hi: int, name: str = "input", out: np.ndarray | None = None
+) -> np.ndarray:
     """Rows [lo, hi) of ``arr``: refused if a chunk is missing, named if one is corrupt.
 
     Arrays of whole-row chunks with the common codecs (bytes, then zstd and/or
@@ -96,10 +105,13 @@ def read_rows(arr: zarr.Array, lo: int, hi: int, name: str = "input",
         return arr.read(lo, hi, name)
     if out is None:
         out = np.empty((hi - lo, arr.shape[1]), dtype=arr.dtype)
-    elif out.shape != (hi - lo, arr.shape[1]) or out.dtype != arr.dtype \
-            or not out.flags.c_contiguous:
-        raise ValueError(f"out: expected a C-ordered {arr.dtype} array of shape "
-                         f"{(hi - lo, arr.shape[1])}, got {out.dtype} {out.shape}")
+    elif (
+        out.shape != (hi - lo, arr.shape[1]) or out.dtype != arr.dtype or not out.flags.c_contiguous
+    ):
+        raise ValueError(
+            f"out: expected a C-ordered {arr.dtype} array of shape "
+            f"{(hi - lo, arr.shape[1])}, got {out.dtype} {out.shape}"
+        )
     if isinstance(arr, FileArray):
         return arr.read(lo, hi, name, out)
     codecs = _RowChunkCodecs.of(arr)
@@ -137,13 +149,15 @@ def _missing(arr, name, key, a, b) -> Exception:
                 f"({parts[i + 1]}) was pruned while it read it (storage keeps the last "
                 f"{versions.KEEP_VERSIONS} versions, a new job's draft included, and newer "
                 f"ones were committed meanwhile); run the job again to read the current "
-                f"version")
+                f"version"
+            )
         if i + 1 < len(parts):  # a committed version of a store slem-dask wrote
             return MissingChunkError(
                 f"{name} {where!r}: chunk {key!r} (rows {a}-{b - 1}) is missing from this "
                 f"version of a store slem-dask wrote (`slem-dask verify "
                 f"{'/'.join(parts[:i])}` lists every problem); restore the chunk, or run the "
-                f"command that wrote it again (an encode re-encodes the missing partitions)")
+                f"command that wrote it again (an encode re-encodes the missing partitions)"
+            )
     return missing_chunk_error(name, where, key, a, b)
 
 
@@ -152,7 +166,8 @@ def _corrupt_chunk(arr, name, key, a, b, exc) -> CorruptChunkError:
         f"{name} {_where(arr)!r}: chunk {key!r} (rows {a}-{b - 1}) cannot be read "
         f"({_reason(exc)}); the store is damaged: restore that chunk (an "
         f"output of slem-dask encode: delete that chunk file and re-run the same "
-        f"encode, which writes only missing partitions)")
+        f"encode, which writes only missing partitions)"
+    )
 
 
 @dataclass(frozen=True)
@@ -176,9 +191,13 @@ class _RowChunkCodecs:
         from zarr.codecs import BytesCodec, Crc32cCodec, ZstdCodec
 
         meta = arr.metadata
-        if (getattr(meta, "zarr_format", None) != 3 or arr.ndim != 2
-                or getattr(arr, "shards", None) is not None
-                or arr.chunks[1] != arr.shape[1] or arr.dtype.kind != "f"):
+        if (
+            getattr(meta, "zarr_format", None) != 3
+            or arr.ndim != 2
+            or getattr(arr, "shards", None) is not None
+            or arr.chunks[1] != arr.shape[1]
+            or arr.dtype.kind != "f"
+        ):
             return None
         codecs = tuple(meta.codecs)
         if not codecs or not isinstance(codecs[0], BytesCodec):
@@ -201,7 +220,7 @@ class _RowChunkCodecs:
         keys = chunk_keys_for_rows(arr, lo, hi)
         batch = 1 if _is_local(arr) else REMOTE_CHUNKS_IN_FLIGHT
         for i in range(0, len(keys), batch):
-            part = keys[i:i + batch]
+            part = keys[i : i + batch]
             fetched = _chunks_bytes(arr, [k for k, _, _ in part])
             for (key, a, b), data in zip(part, fetched, strict=True):
                 self._read_chunk(arr, key, a, b, lo, hi, name, out, recorded, data)
@@ -216,17 +235,21 @@ class _RowChunkCodecs:
             raise CorruptChunkError(
                 f"{name} {_where(arr)!r}: chunk {key!r} (rows {a}-{b - 1}) is not the "
                 f"chunk its job wrote (its crc32c differs from the one recorded when the "
-                f"store was committed); the store was modified: {_rewrite(arr)}")
+                f"store was committed); the store was modified: {_rewrite(arr)}"
+            )
         start, stop = max(a, lo), min(b, hi)
         whole = start == a and stop - start == rows  # the chunk fills its rows of ``out``
-        target = out[start - lo:stop - lo] if whole else np.empty((rows, arr.shape[1]),
-                                                                   dtype=arr.dtype)
+        target = (
+            out[start - lo : stop - lo]
+            if whole
+            else np.empty((rows, arr.shape[1]), dtype=arr.dtype)
+        )
         try:
             self._decode(data, target)
         except ValueError as exc:
             raise _corrupt_chunk(arr, name, key, a, b, exc) from None
         if not whole:
-            out[start - lo:stop - lo] = target[start - a:stop - a]
+            out[start - lo : stop - lo] = target[start - a : stop - a]
 
     def _decode(self, data: np.ndarray, target: np.ndarray) -> None:
         import numcodecs
@@ -235,8 +258,7 @@ class _RowChunkCodecs:
         for i, step in enumerate(self.steps):
             last = i == len(self.steps) - 1
             if step == "crc32c":
-                if len(view) < 4 or crc32c(view[:-4]) != int(
-                        view[-4:].view("<u4")[0]):
+                if len(view) < 4 or crc32c(view[:-4]) != int(view[-4:].view("<u4")[0]):
                     raise ValueError("checksum: stored and computed crc32c do not match")
                 view = view[:-4]
             else:  # zstd
@@ -257,8 +279,7 @@ def _rewrite(arr) -> str:
     meta = arr.attrs.get(ATTR)
     if isinstance(meta, dict) and meta.get("kind") == "encoding":
         return "run its `slem-dask encode` again (it rewrites what differs)"
-    return ("write it again, or roll back to an earlier version (`slem-dask rollback "
-            "PATH --to N`)")
+    return "write it again, or roll back to an earlier version (`slem-dask rollback PATH --to N`)"
 
 
 #: Chunks of one read fetched at once from an object store (S3...): a request there
@@ -283,8 +304,9 @@ def _chunks_bytes(arr, keys: list[str]) -> list:
     from zarr.core.sync import sync
 
     async def fetch_all():
-        return await asyncio.gather(*[_remote_chunk_bytes(arr.store_path.store, key)
-                                      for key in keys])
+        return await asyncio.gather(
+            *[_remote_chunk_bytes(arr.store_path.store, key) for key in keys]
+        )
 
     return list(sync(fetch_all()))
 
@@ -341,7 +363,7 @@ def _zstd_content_size(frame) -> int | None:
     pos = 5 + (0 if single_segment else 1) + (0, 1, 2, 4)[descriptor & 3]
     if len(frame) < pos + size_bytes:
         return None
-    size = int.from_bytes(bytes(frame[pos:pos + size_bytes]), "little")
+    size = int.from_bytes(bytes(frame[pos : pos + size_bytes]), "little")
     return size + 256 if size_bytes == 2 else size
 
 
@@ -422,13 +444,16 @@ def small_chunks_hint(arr, name: str, path) -> str | None:
     if units <= MANY_UNITS or rows * row_bytes >= SMALL_UNIT_BYTES:
         return None
     better = int(min(n, max(rows, SUGGESTED_UNIT_BYTES // row_bytes)))
-    return (f"{name} {str(path)!r} are stored in {units:,} chunks of {rows} row(s) "
-            f"({_bytes(rows * row_bytes)} each): reaching each chunk (a file or request, a "
-            f"decode) costs more than reading its data; rechunk to {better:,} rows per "
-            f"chunk ({_bytes(better * row_bytes)}), e.g. "
-            f"dask.array.from_zarr(OLD).rechunk(({better}, {d})).to_zarr(NEW)")
+    return (
+        f"{name} {str(path)!r} are stored in {units:,} chunks of {rows} row(s) "
+        f"({_bytes(rows * row_bytes)} each): reaching each chunk (a file or request, a "
+        f"decode) costs more than reading its data; rechunk to {better:,} rows per "
+        f"chunk ({_bytes(better * row_bytes)}), e.g. "
+        f"dask.array.from_zarr(OLD).rechunk(({better}, {d})).to_zarr(NEW)"
+    )
 
 
 def _bytes(n: int) -> str:
-    return f"{n} bytes" if n < 1024 else f"{n / 1024:.1f} KiB" if n < 2**20 else \
-        f"{n / 2**20:.1f} MiB"
+    return (
+        f"{n} bytes" if n < 1024 else f"{n / 1024:.1f} KiB" if n < 2**20 else f"{n / 2**20:.1f} MiB"
+    )

@@ -39,8 +39,8 @@ def cached_filesystem(protocol: str, options: dict, env_prefixes: tuple[str, ...
         fs = _FILESYSTEMS.get(token)
         if fs is None:
             fs = _FILESYSTEMS[token] = fsspec.filesystem(
-                protocol, skip_instance_cache=True,
-                **{"use_listings_cache": False, **options})
+                protocol, skip_instance_cache=True, **{"use_listings_cache": False, **options}
+            )
         return fs
 
 
@@ -73,8 +73,7 @@ class BucketBackend(Backend):
         """The file system, made on first use: a backend whose credentials are missing
         must still be made, to say so (:meth:`describe_error`)."""
         if self._fs is None:
-            self._fs = cached_filesystem(self.protocols[0], self.storage_options,
-                                         self.env_prefixes)
+            self._fs = cached_filesystem(self.protocols[0], self.storage_options, self.env_prefixes)
         return self._fs
 
     def __reduce__(self):  # to dask workers: they build their own client
@@ -102,7 +101,8 @@ class BucketBackend(Backend):
         if self.bucket not in seen:
             if not self._bucket_exists():
                 raise NoSuchBucketError(
-                    f"{self.bucket_word} {self.bucket!r} of {self.root} does not exist")
+                    f"{self.bucket_word} {self.bucket!r} of {self.root} does not exist"
+                )
             seen.add(self.bucket)
 
     def _bucket_exists(self) -> bool:
@@ -144,8 +144,7 @@ class BucketBackend(Backend):
             entries = self.fs.ls(path, detail=False)
         except (FileNotFoundError, NotADirectoryError):
             entries = []
-        names = {e.rstrip("/").rsplit("/", 1)[-1] for e in entries
-                 if e.rstrip("/") != path}
+        names = {e.rstrip("/").rsplit("/", 1)[-1] for e in entries if e.rstrip("/") != path}
         if not names:
             self._check_bucket()
         return sorted(names)
@@ -178,7 +177,7 @@ class BucketBackend(Backend):
         found = self._objects_under(path)
         for i in range(0, len(found), 1000):
             try:
-                self.fs.rm(found[i:i + 1000])
+                self.fs.rm(found[i : i + 1000])
             except FileNotFoundError:  # deleted meanwhile
                 pass
         if prefix.strip("/") or self.prefix:
@@ -193,8 +192,11 @@ class BucketBackend(Backend):
         existing ``dst`` object is overwritten."""
         src_path, dst_path = self._path(src), self._path(dst)
         if names is None:
-            names = [p[len(src_path):].lstrip("/") for p in self._objects_under(src_path)
-                     if not p.endswith(_PRIVATE_SUFFIXES)]
+            names = [
+                p[len(src_path) :].lstrip("/")
+                for p in self._objects_under(src_path)
+                if not p.endswith(_PRIVATE_SUFFIXES)
+            ]
         pairs = [(f"{src_path}/{n.strip('/')}", f"{dst_path}/{n.strip('/')}") for n in names]
         self._copy_all(pairs)
 
@@ -209,8 +211,10 @@ class BucketBackend(Backend):
     def describe_error(self, exc: BaseException) -> str | None:
         for e in chain(exc):
             if isinstance(e, ImportError) and self.client and self.client in str(e):
-                return (f"{self.root} needs {self.client}, which is not installed: pip "
-                        f"install 'slem-dask[{self.extra}]' (on every dask worker too)")
+                return (
+                    f"{self.root} needs {self.client}, which is not installed: pip "
+                    f"install 'slem-dask[{self.extra}]' (on every dask worker too)"
+                )
         try:
             return self._describe_error(exc)
         except ImportError:  # the client is not installed: nothing more to say
@@ -219,8 +223,9 @@ class BucketBackend(Backend):
     def _describe_error(self, exc: BaseException) -> str | None:
         return None
 
-    def _missing_bucket_line(self, exc: BaseException, endpoint: str, fix: str,
-                             missing: bool = False) -> str | None:
+    def _missing_bucket_line(
+        self, exc: BaseException, endpoint: str, fix: str, missing: bool = False
+    ) -> str | None:
         """The line for a failure on a missing bucket: ``missing``, a NoSuchBucketError,
         or any 'not found' while the bucket is indeed missing (asked now)."""
         missing = missing or any(isinstance(e, NoSuchBucketError) for e in chain(exc))
@@ -230,9 +235,11 @@ class BucketBackend(Backend):
             except Exception:  # noqa: BLE001 - the store cannot say: no line
                 return None
         if missing:
-            return (f"{self.bucket_word} {self.bucket!r} does not exist at {endpoint}: "
-                    f"create it, or "
-                    f"fix the URL {self.root} or {fix} {EVERY_WORKER}")
+            return (
+                f"{self.bucket_word} {self.bucket!r} does not exist at {endpoint}: "
+                f"create it, or "
+                f"fix the URL {self.root} or {fix} {EVERY_WORKER}"
+            )
         return None
 
 

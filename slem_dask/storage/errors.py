@@ -6,12 +6,8 @@ from __future__ import annotations
 import errno
 
 
-
 class IntegrityError(RuntimeError):
     """A job stopped to keep a guarantee (its message says what is kept and what to do)."""
-
-
-
 
 
 class DamagedStoreError(ValueError):
@@ -41,7 +37,8 @@ def missing_chunk_error(name: str, path, key: str, lo: int, hi: int) -> MissingC
         f"store is on storage that this machine or a worker does not mount, mount it "
         f"there; if the chunk was lost, restore or rewrite those rows; if those rows are all "
         f"zeros on purpose, zarr skipped the chunk (its default write_empty_chunks=False): "
-        f"rewrite the array with zarr.create_array(..., config={{'write_empty_chunks': True}})")
+        f"rewrite the array with zarr.create_array(..., config={{'write_empty_chunks': True}})"
+    )
 
 
 class StorageViewError(IntegrityError):

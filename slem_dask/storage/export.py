@@ -38,15 +38,22 @@ def export(path, to, version: int | None = None, overwrite: bool = False) -> dic
     ``.npy`` (outputs only). Returns what was exported (version, kind, shape, dtype)."""
     target = canonical(to)
     if not str(target).rstrip("/").endswith((".zarr", ".npy")):
-        raise ValueError(f"--to {str(to)!r} ends neither in .zarr nor in .npy; give OUT.zarr "
-                         f"(a plain zarr copy) or OUT.npy (an output's rows)")
+        raise ValueError(
+            f"--to {str(to)!r} ends neither in .zarr nor in .npy; give OUT.zarr "
+            f"(a plain zarr copy) or OUT.npy (an output's rows)"
+        )
     source = VersionStore(path, version, group=False)
     check_outside_inputs(target, "--to", {"store": source.path})
     import zarr
 
     node = zarr.open(store=source, mode="r", zarr_format=3)
-    facts = {"path": source.path, "version": source.version, "folder": source.folder,
-             "kind": source.kind, "to": str(target)}
+    facts = {
+        "path": source.path,
+        "version": source.version,
+        "folder": source.folder,
+        "kind": source.kind,
+        "to": str(target),
+    }
     if isinstance(node, zarr.Array):
         facts.update(shape=tuple(node.shape), dtype=str(node.dtype))
     if str(to).endswith(".npy"):
@@ -61,22 +68,27 @@ def _to_npy(node, source, target) -> None:
     import zarr
 
     if not isinstance(node, zarr.Array):
-        raise ValueError(f"--to {str(target)!r}: {source.path!r} holds a {source.kind} (a "
-                         f"zarr group), not an array; export it as zarr: --to OUT.zarr")
+        raise ValueError(
+            f"--to {str(target)!r}: {source.path!r} holds a {source.kind} (a "
+            f"zarr group), not an array; export it as zarr: --to OUT.zarr"
+        )
     if not target.is_local:
-        raise ValueError(f"--to {str(target)!r}: a .npy file is written on a local file "
-                         f"system only; give a local path, or export as zarr (--to OUT.zarr)")
+        raise ValueError(
+            f"--to {str(target)!r}: a .npy file is written on a local file "
+            f"system only; give a local path, or export as zarr (--to OUT.zarr)"
+        )
     if exists(target):
         raise FileExistsError(
             f"--to {str(target)!r} exists; slem-dask cannot tell who wrote a .npy file and "
-            f"never replaces one: choose another path, or remove it yourself")
+            f"never replaces one: choose another path, or remove it yourself"
+        )
     os.makedirs(os.path.dirname(target.location), exist_ok=True)  # as a zarr export does
     tmp = f"{target.location}.{uuid.uuid4().hex[:8]}.partial"
     try:
         out = np.lib.format.open_memmap(tmp, mode="w+", dtype=node.dtype, shape=node.shape)
         rows = int(node.chunks[0]) if node.ndim else 1
         for lo in range(0, node.shape[0] if node.ndim else 0, rows):  # a chunk at a time
-            out[lo:lo + rows] = node[lo:lo + rows]
+            out[lo : lo + rows] = node[lo : lo + rows]
         if not node.ndim:
             out[...] = node[...]
         out.flush()
@@ -110,8 +122,10 @@ def _clear_target(target, overwrite: bool, kind: str) -> None:
         return
     check_may_replace(target, "--to", "--overwrite", kind)  # never what slem-dask did not write
     if not overwrite:
-        raise FileExistsError(f"--to {str(target)!r} already exists; pass --overwrite to "
-                              f"replace it, or choose another path")
+        raise FileExistsError(
+            f"--to {str(target)!r} already exists; pass --overwrite to "
+            f"replace it, or choose another path"
+        )
     remove(target)
 
 
@@ -131,8 +145,9 @@ async def _copy(source, target, facts: dict) -> None:
     proto = default_buffer_prototype()
     await (dst / PARTIAL_MARKER).set(proto.buffer.from_bytes(json.dumps(facts).encode()))
     keys = [key async for key in source.list() if not key.endswith((".partial", ".tmp"))]
-    documents = sorted((k for k in keys if k.rsplit("/", 1)[-1] == "zarr.json"),
-                       key=lambda k: -k.count("/"))  # members before the root
+    documents = sorted(
+        (k for k in keys if k.rsplit("/", 1)[-1] == "zarr.json"), key=lambda k: -k.count("/")
+    )  # members before the root
     chunks = [k for k in keys if k not in documents]
     limit = asyncio.Semaphore(_CONCURRENT_COPIES)
 
@@ -154,6 +169,10 @@ def _with_provenance(data: bytes, facts: dict) -> bytes:
     is: an exported model or output is read by slem-dask like one it wrote)."""
     doc = json.loads(data)
     attrs = doc.setdefault("attributes", {})
-    attrs[EXPORT_ATTR] = {"store": facts["path"], "version": facts["version"],
-                          "folder": facts["folder"], "kind": facts["kind"]}
+    attrs[EXPORT_ATTR] = {
+        "store": facts["path"],
+        "version": facts["version"],
+        "folder": facts["folder"],
+        "kind": facts["kind"],
+    }
     return json.dumps(doc, indent=2).encode()

@@ -23,6 +23,7 @@ from .paths import StorePath, _fs, canonical
 #: attribute written on an output must not make its readers' fingerprints change).
 _METADATA_KEYS = ("zarr.json", ".zarray", ".zattrs", ".zgroup", ".zmetadata")
 
+
 def _listing(arr, path: StorePath) -> dict[str, tuple]:
     """{store key: (size, mtime in ns)} for every chunk of ``arr``."""
     from .versions import resolve
@@ -44,11 +45,16 @@ def _listing(arr, path: StorePath) -> dict[str, tuple]:
         return out
     fs, froot = _fs(path)  # pragma: no cover - needs a remote store
     for full, info in fs.find(froot, detail=True).items():
-        rel = full[len(froot):].lstrip("/")
+        rel = full[len(froot) :].lstrip("/")
         if rel in _METADATA_KEYS:
             continue
-        stamp = (info.get("mtime") or info.get("LastModified") or info.get("ETag")
-                 or info.get("created") or "")
+        stamp = (
+            info.get("mtime")
+            or info.get("LastModified")
+            or info.get("ETag")
+            or info.get("created")
+            or ""
+        )
         out[prefix + rel] = (int(info.get("size", 0)), str(stamp))  # str: stable across runs
     return out
 
@@ -64,12 +70,18 @@ def _layout(arr) -> tuple:
     meta = arr.metadata
     codecs: dict | list
     if getattr(meta, "zarr_format", 3) == 2:  # no codecs: its filters and compressor
-        codecs = {k: v for k, v in meta.to_dict().items() if k in ("filters", "compressor",
-                                                                    "order")}
+        codecs = {
+            k: v for k, v in meta.to_dict().items() if k in ("filters", "compressor", "order")
+        }
     else:
         codecs = [c.to_dict() for c in meta.codecs]
-    return (str(arr.dtype), tuple(arr.chunks), getattr(arr, "shards", None),
-            json.dumps(codecs, sort_keys=True, default=str), repr(meta.fill_value))
+    return (
+        str(arr.dtype),
+        tuple(arr.chunks),
+        getattr(arr, "shards", None),
+        json.dumps(codecs, sort_keys=True, default=str),
+        repr(meta.fill_value),
+    )
 
 
 def _listed(listing: dict, arr, path: StorePath, name: str, lo: int, hi: int) -> list:
@@ -88,7 +100,8 @@ def _listed(listing: dict, arr, path: StorePath, name: str, lo: int, hi: int) ->
             if units > len(listing):  # say so when zarr.json declares more than is there
                 exc = MissingChunkError(
                     f"{exc} (its zarr.json declares shape {arr.shape}: {units} chunk(s) "
-                    f"of {rows} x {cols}, and the store holds {len(listing)} object(s))")
+                    f"of {rows} x {cols}, and the store holds {len(listing)} object(s))"
+                )
             raise exc
         out.append((key, listing[key]))
     return out
@@ -124,8 +137,12 @@ def rows_fingerprint(arr, path, name: str, n_rows: int) -> str:
     rows = unit_rows(arr)
     full = (n_rows // rows) * rows
     listing = _listing(arr, path)
-    parts = [_layout(arr), int(arr.shape[1]), n_rows,
-             *(_listed(listing, arr, path, name, 0, full) if full else [])]
+    parts = [
+        _layout(arr),
+        int(arr.shape[1]),
+        n_rows,
+        *(_listed(listing, arr, path, name, 0, full) if full else []),
+    ]
     if full < n_rows:
         _listed(listing, arr, path, name, full, n_rows)  # must exist; its rows are digested
         tail = np.ascontiguousarray(arr[full:n_rows])
@@ -140,8 +157,10 @@ def read_version(arr: zarr.Array, path, fingerprint: str | None = None) -> dict:
     (``fingerprint``: its :func:`rows_fingerprint` of all rows, if the caller has it)."""
     path = canonical(path)
     if isinstance(arr, FileArray):
-        return {"url": path.url, "fingerprint": fingerprint
-                or arr.fingerprint(0, int(arr.shape[0]))}
+        return {
+            "url": path.url,
+            "fingerprint": fingerprint or arr.fingerprint(0, int(arr.shape[0])),
+        }
     parts = _where(arr).rstrip("/").split("/")
     if versions.VERSIONS in parts[:-1]:
         i = len(parts) - 1 - parts[::-1].index(versions.VERSIONS)
@@ -150,5 +169,7 @@ def read_version(arr: zarr.Array, path, fingerprint: str | None = None) -> dict:
             commit = owner.commit_at(versions.draft_seq(parts[i + 1]) or 0)
             if commit is not None:
                 return {"url": path.url, "version": commit.seq, "version_id": commit.version}
-    return {"url": path.url, "fingerprint": fingerprint
-            or rows_fingerprint(arr, path, "input", int(arr.shape[0]))}
+    return {
+        "url": path.url,
+        "fingerprint": fingerprint or rows_fingerprint(arr, path, "input", int(arr.shape[0])),
+    }

@@ -25,15 +25,21 @@ NPY_MAGIC = b"\x93NUMPY"
 HDF5_MAGIC = b"\x89HDF\r\n\x1a\n"
 HDF5_SUFFIXES = (".h5", ".hdf5", ".he5", ".hdf")
 #: TEXMEX files: each row is an int32 dimension, then that many values of this dtype
-TEXMEX: dict[str, np.dtype] = {".fvecs": np.dtype("<f4"), ".bvecs": np.dtype("u1"), ".ivecs": np.dtype("<i4")}
+TEXMEX: dict[str, np.dtype] = {
+    ".fvecs": np.dtype("<f4"),
+    ".bvecs": np.dtype("u1"),
+    ".ivecs": np.dtype("<i4"),
+}
 GLOB_CHARS = "*?["
 #: ``FILE.h5:/dataset`` or ``FILE.h5:dataset``: a colon right after an HDF5 suffix (a
 #: file name cannot hold the ``/`` after it, and fsspec's ``::`` chaining is not used)
 _HDF5_MEMBER = re.compile(r"^(.*?\.(?:h5|hdf5|he5|hdf)):(.+)$", re.IGNORECASE)
 
-SUPPORTED = ("a zarr array (v2 or v3), a .npy file, a folder or quoted glob of .npy "
-             "shards, an HDF5 dataset (FILE.h5 or FILE.h5:/dataset), or a .fvecs/.bvecs/"
-             ".ivecs file")
+SUPPORTED = (
+    "a zarr array (v2 or v3), a .npy file, a folder or quoted glob of .npy "
+    "shards, an HDF5 dataset (FILE.h5 or FILE.h5:/dataset), or a .fvecs/.bvecs/"
+    ".ivecs file"
+)
 
 
 class FormatError(ValueError):
@@ -85,17 +91,25 @@ class FileArray:
 
     @property
     def location(self) -> str:
-        return self.url[len("file://"):] if self.url.startswith("file://") else self.url
+        return self.url[len("file://") :] if self.url.startswith("file://") else self.url
 
     def __dask_tokenize__(self):
-        return ("slem-file-array", self.format, self.url, self.parts, self.dataset,
-                str(self.dtype), self.shape)
+        return (
+            "slem-file-array",
+            self.format,
+            self.url,
+            self.parts,
+            self.dataset,
+            str(self.dtype),
+            self.shape,
+        )
 
     def __repr__(self) -> str:
         return f"<{self.format} input {self.location!r} shape={self.shape} dtype={self.dtype}>"
 
-    def read(self, lo: int, hi: int, name: str = "input",
-             out: np.ndarray | None = None) -> np.ndarray:
+    def read(
+        self, lo: int, hi: int, name: str = "input", out: np.ndarray | None = None
+    ) -> np.ndarray:
         """Rows [lo, hi), read from the files that hold them (each checked unchanged)."""
         if out is None:
             out = np.empty((hi - lo, self.shape[1]), dtype=self.dtype)
@@ -104,16 +118,16 @@ class FileArray:
             if a >= b:
                 continue
             _check_unchanged(part, name)
-            _READERS[self.format](self, part, a - part.start, b - part.start,
-                                  out[a - lo:b - lo])
+            _READERS[self.format](self, part, a - part.start, b - part.start, out[a - lo : b - lo])
         return out
 
     def __getitem__(self, key):
         """numpy indexing by rows (an int, a slice or ``...``), then any columns: only
         the rows between the first and the last asked are read."""
         key = key if isinstance(key, tuple) else (key,)
-        rows, rest = (slice(None), ()) if key[0] is Ellipsis and len(key) == 1 \
-            else (key[0], key[1:])
+        rows, rest = (
+            (slice(None), ()) if key[0] is Ellipsis and len(key) == 1 else (key[0], key[1:])
+        )
         if isinstance(rows, (int, np.integer)):
             i = int(rows) + (self.shape[0] if rows < 0 else 0)
             if not 0 <= i < self.shape[0]:
@@ -134,8 +148,9 @@ class FileArray:
         """A digest of the files holding rows [lo, hi) (name, and size and mtime as they
         are now: a job compares it before and after reading) and of the rows' place in
         them: it changes when any of those files is rewritten."""
-        h = hashlib.sha256(repr((self.format, self.dataset, str(self.dtype),
-                                 self.shape[1], lo, hi)).encode())
+        h = hashlib.sha256(
+            repr((self.format, self.dataset, str(self.dtype), self.shape[1], lo, hi)).encode()
+        )
         for part in self.parts:
             if part.start < hi and lo < part.start + part.rows:
                 try:
@@ -144,16 +159,30 @@ class FileArray:
                     raise FileNotFoundError(
                         f"{name}: {part.file!r} (rows {part.start}-"
                         f"{part.start + part.rows - 1} of {self.location!r}) was removed; "
-                        f"restore it, or run the job again on the files there are") from None
-                h.update(repr((os.path.basename(part.file), part.start, part.rows,
-                               st.st_size, st.st_mtime_ns)).encode())
+                        f"restore it, or run the job again on the files there are"
+                    ) from None
+                h.update(
+                    repr(
+                        (
+                            os.path.basename(part.file),
+                            part.start,
+                            part.rows,
+                            st.st_size,
+                            st.st_mtime_ns,
+                        )
+                    ).encode()
+                )
         return h.hexdigest()[:32]
 
     def signature(self) -> dict:
         """What a worker must see as the client does: each file's name and size, and
         the first 64 KiB of the first."""
-        sig: dict[str, object] = {"files": [(p.file, os.path.getsize(p.file) if os.path.exists(p.file)
-                          else None) for p in self.parts]}
+        sig: dict[str, object] = {
+            "files": [
+                (p.file, os.path.getsize(p.file) if os.path.exists(p.file) else None)
+                for p in self.parts
+            ]
+        }
         with open(self.parts[0].file, "rb") as f:
             sig["head"] = hashlib.sha256(f.read(2**16)).hexdigest()
         return sig
@@ -163,15 +192,20 @@ def _check_unchanged(part: Part, name: str) -> None:
     try:
         st = os.stat(part.file)
     except FileNotFoundError:
-        raise FileNotFoundError(f"{name}: {part.file!r} was removed while this job read "
-                                f"it; run the job again once the input is complete") from None
+        raise FileNotFoundError(
+            f"{name}: {part.file!r} was removed while this job read "
+            f"it; run the job again once the input is complete"
+        ) from None
     if st.st_size != part.size:
-        raise FormatError(f"{name}: {part.file!r} changed size while this job read it "
-                          f"({part.size} -> {st.st_size} bytes); run the job again once the "
-                          f"input is no longer being written")
+        raise FormatError(
+            f"{name}: {part.file!r} changed size while this job read it "
+            f"({part.size} -> {st.st_size} bytes); run the job again once the "
+            f"input is no longer being written"
+        )
 
 
 # -- readers: rows [a, b) of one file into ``out`` -------------------------------------
+
 
 def _read_npy(arr: FileArray, part: Part, a: int, b: int, out: np.ndarray) -> None:
     out[...] = np.load(part.file, mmap_mode="r", allow_pickle=False)[a:b]
@@ -193,20 +227,27 @@ def _read_texmex(arr: FileArray, part: Part, a: int, b: int, out: np.ndarray) ->
         raise FormatError(
             f"{part.file!r}: row {part.start + a + int(bad[0])} declares dimension "
             f"{int(dims[bad[0]])}, the file's first row {d}; a .{arr.format} file must "
-            f"hold rows of one dimension: regenerate it")
+            f"hold rows of one dimension: regenerate it"
+        )
     out[...] = np.ascontiguousarray(raw[:, 4:]).view(kind)
 
 
-_READERS = {"npy": _read_npy, "npy shards": _read_npy, "hdf5": _read_hdf5,
-            "fvecs": _read_texmex, "bvecs": _read_texmex, "ivecs": _read_texmex}
+_READERS = {
+    "npy": _read_npy,
+    "npy shards": _read_npy,
+    "hdf5": _read_hdf5,
+    "fvecs": _read_texmex,
+    "bvecs": _read_texmex,
+    "ivecs": _read_texmex,
+}
 
 
 # -- opening ---------------------------------------------------------------------------
 
+
 def natural_key(name: str):
     """Natural order: runs of digits compare as numbers (``emb_2`` before ``emb_10``)."""
-    return [(0, int(t), "") if t.isdigit() else (1, 0, t)
-            for t in re.split(r"(\d+)", name)]
+    return [(0, int(t), "") if t.isdigit() else (1, 0, t) for t in re.split(r"(\d+)", name)]
 
 
 def split_hdf5(location: str) -> tuple[str, str | None]:
@@ -219,8 +260,10 @@ def split_hdf5(location: str) -> tuple[str, str | None]:
 
 
 def _is_zarr_folder(folder: str) -> bool:
-    return any(os.path.exists(os.path.join(folder, n))
-               for n in ("zarr.json", ".zarray", ".zgroup", "commits", "versions"))
+    return any(
+        os.path.exists(os.path.join(folder, n))
+        for n in ("zarr.json", ".zarray", ".zgroup", "commits", "versions")
+    )
 
 
 def file_format(location: str) -> str | None:
@@ -234,8 +277,7 @@ def file_format(location: str) -> str | None:
     if os.path.isdir(location):
         if _is_zarr_folder(location):
             return None
-        return "npy shards" if glob.glob(os.path.join(glob.escape(location), "*.npy")) \
-            else None
+        return "npy shards" if glob.glob(os.path.join(glob.escape(location), "*.npy")) else None
     if not os.path.isfile(location):
         return None
     with open(location, "rb") as f:
@@ -276,7 +318,8 @@ def open_file_input(path: StorePath, name: str) -> FileArray | None:
         raise FormatError(
             f"{name}: {path.url!r} is a {fmt} input on remote storage; slem-dask reads "
             f".npy, HDF5 and .fvecs/.bvecs/.ivecs files from local or mounted disk only: "
-            f"copy it to a local path every worker sees, or convert it to a zarr array")
+            f"copy it to a local path every worker sees, or convert it to a zarr array"
+        )
     location = path.location
     fmt = file_format(location)
     if fmt is None:
@@ -285,7 +328,8 @@ def open_file_input(path: StorePath, name: str) -> FileArray | None:
         raise FormatError(
             f"{name}: no zarr array at {location!r}: it is a file of a format slem-dask "
             f"does not read (neither .npy, HDF5 nor TEXMEX); give {SUPPORTED}, or convert "
-            f"it (e.g. np.save('x.npy', rows))")
+            f"it (e.g. np.save('x.npy', rows))"
+        )
     if fmt == "npy":
         return _open_npy(path, [location], name, "npy")
     if fmt == "npy shards":
@@ -296,16 +340,19 @@ def open_file_input(path: StorePath, name: str) -> FileArray | None:
 
 
 def _shard_files(location: str, name: str) -> list[str]:
-    pattern = os.path.join(glob.escape(location), "*.npy") if os.path.isdir(location) \
-        else location
+    pattern = os.path.join(glob.escape(location), "*.npy") if os.path.isdir(location) else location
     files = [f for f in glob.glob(pattern) if os.path.isfile(f)]
     if not files:
-        raise FileNotFoundError(f"{name}: no file matches {location!r}; give a folder of "
-                                f".npy shards or a glob such as 'shards/*.npy' (quoted)")
+        raise FileNotFoundError(
+            f"{name}: no file matches {location!r}; give a folder of "
+            f".npy shards or a glob such as 'shards/*.npy' (quoted)"
+        )
     others = [f for f in files if not f.endswith(".npy")]
     if others:
-        raise FormatError(f"{name}: {location!r} matches {others[0]!r}, not a .npy file; "
-                          f"a glob of shards must match .npy files only, e.g. 'dir/*.npy'")
+        raise FormatError(
+            f"{name}: {location!r} matches {others[0]!r}, not a .npy file; "
+            f"a glob of shards must match .npy files only, e.g. 'dir/*.npy'"
+        )
     return sorted(files, key=lambda f: natural_key(os.path.basename(f)))
 
 
@@ -322,28 +369,33 @@ def _open_npy(path: StorePath, files: list[str], name: str, fmt: str) -> FileArr
         try:
             a = np.load(file, mmap_mode="r", allow_pickle=False)
         except ValueError as exc:
-            raise FormatError(f"{name}: {file!r} is a .npy file that cannot be memory-"
-                              f"mapped ({exc}); save it as a numeric array "
-                              f"(np.save(path, rows.astype(np.float32)))") from None
+            raise FormatError(
+                f"{name}: {file!r} is a .npy file that cannot be memory-"
+                f"mapped ({exc}); save it as a numeric array "
+                f"(np.save(path, rows.astype(np.float32)))"
+            ) from None
         if a.ndim != 2:
             raise FormatError(
                 f"{name}: the .npy file {file!r} has shape {a.shape} ({a.ndim}-D); expected "
                 f"2-D rows (n_rows, n_features): save x.reshape(len(x), -1)"
-                if a.ndim > 1 else
-                f"{name}: the .npy file {file!r} has shape {a.shape} (1-D); expected 2-D "
-                f"rows (n_rows, n_features): if it is one descriptor save x.reshape(1, -1)")
+                if a.ndim > 1
+                else f"{name}: the .npy file {file!r} has shape {a.shape} (1-D); expected 2-D "
+                f"rows (n_rows, n_features): if it is one descriptor save x.reshape(1, -1)"
+            )
         if first is not None and (a.shape[1], a.dtype) != (first.shape[1], first.dtype):
             raise FormatError(
                 f"{name}: the shard {file!r} has {a.shape[1]} columns of {a.dtype}, the "
                 f"first shard {files[0]!r} {first.shape[1]} of {first.dtype}; every shard "
-                f"of one input must have the same columns and dtype")
+                f"of one input must have the same columns and dtype"
+            )
         start = parts[-1].start + parts[-1].rows if parts else 0
         parts.append(_part(file, start, int(a.shape[0])))
         first = a if first is None else first
     n = parts[-1].start + parts[-1].rows
     assert first is not None  # set with parts[0]: parts[-1] above exists
-    return FileArray(fmt, path.url, tuple(parts), (n, int(first.shape[1])),
-                     first.dtype.newbyteorder("="))
+    return FileArray(
+        fmt, path.url, tuple(parts), (n, int(first.shape[1])), first.dtype.newbyteorder("=")
+    )
 
 
 def _check_npy_magic(file: str, name: str) -> None:
@@ -353,7 +405,8 @@ def _check_npy_magic(file: str, name: str) -> None:
         except ValueError as exc:
             raise FormatError(
                 f"{name}: {file!r} is not a valid .npy file ({exc}): write it with "
-                f"np.save(path, rows), or give {SUPPORTED}") from None
+                f"np.save(path, rows), or give {SUPPORTED}"
+            ) from None
 
 
 def _h5py(location: str, name: str):
@@ -371,8 +424,9 @@ def _datasets(f) -> list[str]:
     import h5py
 
     found = []
-    f.visititems(lambda key, obj: found.append("/" + key)
-                 if isinstance(obj, h5py.Dataset) else None)
+    f.visititems(
+        lambda key, obj: found.append("/" + key) if isinstance(obj, h5py.Dataset) else None
+    )
     return found
 
 
@@ -383,8 +437,10 @@ def _open_hdf5(path: StorePath, file: str, dataset: str | None, name: str) -> Fi
     try:
         f = h5py.File(file, "r")
     except OSError as exc:
-        raise FormatError(f"{name}: {file!r} is not a readable HDF5 file ({exc}); give an "
-                          f"HDF5 file, or convert it to .npy or zarr") from None
+        raise FormatError(
+            f"{name}: {file!r} is not a readable HDF5 file ({exc}); give an "
+            f"HDF5 file, or convert it to .npy or zarr"
+        ) from None
     with f:
         if dataset is None:
             found = _datasets(f)
@@ -394,16 +450,20 @@ def _open_hdf5(path: StorePath, file: str, dataset: str | None, name: str) -> Fi
                 raise FormatError(
                     f"{name}: the HDF5 file {file!r} holds "
                     f"{len(two_d) or 'no'} 2-D datasets (datasets: {shown or 'none'}); "
-                    f"name one as {file}:/path/to/dataset")
+                    f"name one as {file}:/path/to/dataset"
+                )
             dataset = two_d[0]
         node = f.get(dataset)
         if not isinstance(node, h5py.Dataset):
             raise FormatError(
                 f"{name}: the HDF5 file {file!r} has no dataset {dataset!r} (datasets: "
-                f"{', '.join(_datasets(f)[:6]) or 'none'}); name one as {file}:/dataset")
+                f"{', '.join(_datasets(f)[:6]) or 'none'}); name one as {file}:/dataset"
+            )
         if node.ndim != 2:
-            raise FormatError(f"{name}: the HDF5 dataset {file}:{dataset} has shape "
-                              f"{node.shape}; expected 2-D rows (n_rows, n_features)")
+            raise FormatError(
+                f"{name}: the HDF5 dataset {file}:{dataset} has shape "
+                f"{node.shape}; expected 2-D rows (n_rows, n_features)"
+            )
         if node.shape[0]:
             try:
                 node[0:1]  # a filter that is not installed fails here, not in a task
@@ -411,20 +471,27 @@ def _open_hdf5(path: StorePath, file: str, dataset: str | None, name: str) -> Fi
                 raise FormatError(
                     f"{name}: the HDF5 dataset {file}:{dataset} cannot be read ({exc}); "
                     f"its compression filter may need `pip install hdf5plugin`, or "
-                    f"convert it to .npy or zarr") from None
+                    f"convert it to .npy or zarr"
+                ) from None
         unit = int(node.chunks[0]) if node.chunks else 1
         part = _part(file, 0, int(node.shape[0]))
-        return FileArray("hdf5", path.url, (part,), (int(node.shape[0]), int(node.shape[1])),
-                         node.dtype.newbyteorder("="), unit, dataset,
-                         stored_in_chunks=node.chunks is not None)
+        return FileArray(
+            "hdf5",
+            path.url,
+            (part,),
+            (int(node.shape[0]), int(node.shape[1])),
+            node.dtype.newbyteorder("="),
+            unit,
+            dataset,
+            stored_in_chunks=node.chunks is not None,
+        )
 
 
 def _open_texmex(path: StorePath, file: str, fmt: str, name: str) -> FileArray:
     kind = TEXMEX["." + fmt]
     size = os.path.getsize(file)
     if size < 4:
-        raise FormatError(f"{name}: the .{fmt} file {file!r} is {size} bytes: it holds no "
-                          f"rows")
+        raise FormatError(f"{name}: the .{fmt} file {file!r} is {size} bytes: it holds no rows")
     with open(file, "rb") as f:
         d = int(np.frombuffer(f.read(4), "<i4")[0])
     width = 4 + d * kind.itemsize
@@ -433,7 +500,9 @@ def _open_texmex(path: StorePath, file: str, fmt: str, name: str) -> FileArray:
             f"{name}: {file!r} is not a .{fmt} file: its first row declares dimension {d}, "
             f"and its size ({size} bytes) is not a whole number of rows of 4 + {d} x "
             f"{kind.itemsize} bytes; check its suffix (.fvecs float32, .bvecs uint8, "
-            f".ivecs int32)" if d >= 1 else
-            f"{name}: {file!r} is not a .{fmt} file: its first row declares dimension {d}")
+            f".ivecs int32)"
+            if d >= 1
+            else f"{name}: {file!r} is not a .{fmt} file: its first row declares dimension {d}"
+        )
     part = _part(file, 0, size // width)
     return FileArray(fmt, path.url, (part,), (part.rows, d), kind.newbyteorder("="))

@@ -63,7 +63,8 @@ class FsspecBackend(Backend):
             raise StorageConfigError(
                 f"{self.root}: fsspec's {self.protocol}:// file system offers no atomic "
                 "create-if-absent that slem-dask knows of, so it cannot commit there "
-                "safely; use a local path, s3://, gs:// or az://")
+                "safely; use a local path, s3://, gs:// or az://"
+            )
         path = self._path(key)
         with _LOCK:  # the file system is in this process: the lock serialises writers
             if self.fs.exists(path):
@@ -81,8 +82,9 @@ class FsspecBackend(Backend):
             entries = self.fs.ls(path, detail=False)
         except (FileNotFoundError, NotADirectoryError):
             return []
-        names = {e.rstrip("/").rsplit("/", 1)[-1] for e in entries
-                 if e.rstrip("/") != path.rstrip("/")}
+        names = {
+            e.rstrip("/").rsplit("/", 1)[-1] for e in entries if e.rstrip("/") != path.rstrip("/")
+        }
         return sorted(names)
 
     def exists(self, key: str) -> bool:
@@ -112,7 +114,10 @@ class FsspecBackend(Backend):
         src_path, dst_path = self._path(src), self._path(dst)
         if names is None:
             self.fs.invalidate_cache(src_path)
-            names = [p[len(src_path):].lstrip("/") for p in self.fs.find(src_path)
-                     if not p.endswith(_PRIVATE_SUFFIXES)]
+            names = [
+                p[len(src_path) :].lstrip("/")
+                for p in self.fs.find(src_path)
+                if not p.endswith(_PRIVATE_SUFFIXES)
+            ]
         for name in names:
             self.fs.cp_file(f"{src_path}/{name.strip('/')}", f"{dst_path}/{name.strip('/')}")

@@ -28,9 +28,21 @@ from __future__ import annotations
 
 from .errors import IntegrityError
 
-__all__ = ["FATES", "COMMIT", "DEAD", "is_slem_dask_draft", "claim", "condemn",
-           "remove_dead", "collect", "DraftFencedError", "draft_alive", "was_fenced",
-           "fenced_message", "after_commit"]
+__all__ = [
+    "FATES",
+    "COMMIT",
+    "DEAD",
+    "is_slem_dask_draft",
+    "claim",
+    "condemn",
+    "remove_dead",
+    "collect",
+    "DraftFencedError",
+    "draft_alive",
+    "was_fenced",
+    "fenced_message",
+    "after_commit",
+]
 
 VERSIONS = "versions"
 #: The folder of fate files: ``fates/<version folder>`` settles, once, whether that
@@ -71,8 +83,10 @@ def claim(backend, version: str, fate: str) -> str:
         held = backend.read(key)
         if held is not None:
             return held.decode("ascii", "replace").strip()
-    raise IntegrityError(f"the fate file {key!r} of a draft keeps appearing and vanishing: "
-                         f"another program deletes in this store; stop it")
+    raise IntegrityError(
+        f"the fate file {key!r} of a draft keeps appearing and vanishing: "
+        f"another program deletes in this store; stop it"
+    )
 
 
 def fate_of(backend, version: str) -> str | None:
@@ -128,13 +142,12 @@ def collect(store, keep: int, mine: str | None = None, leased: bool = False) -> 
             continue
         seq = store.seq_of(version)
         if seq > last:  # beyond the commits listed above: judged by its fate file alone
-            if leased and is_slem_dask_draft(store, version, names) and \
-                    condemn(store, version):
+            if leased and is_slem_dask_draft(store, version, names) and condemn(store, version):
                 removed.append(version)  # its job is dead or fenced: one writer per store
             continue
         if record(seq) is not None and record(seq).version == version:
             store.delete_version(version)  # committed, too old: pruned (its record proves
-            removed.append(version)        # slem-dask wrote it)
+            removed.append(version)  # slem-dask wrote it)
         elif is_slem_dask_draft(store, version, names):  # else not slem-dask's: kept
             remove_dead(store, version)  # its number was taken by another folder
             removed.append(version)
@@ -177,10 +190,12 @@ def _forget_settled_fates(store, seqs: range, record, names: list[str]) -> None:
 
 def fenced_message(store, version: str) -> str:
     """What a job whose draft ``version`` was condemned or deleted says: it was fenced."""
-    return (f"{str(store.path)!r}: this job was fenced: another slem-dask job took the "
-            f"store over while this one ran (this job's lease was thought dead) and "
-            f"deleted its draft {version}; nothing this job wrote was ever visible to "
-            f"readers, and it wrote nothing more: run the same command again")
+    return (
+        f"{str(store.path)!r}: this job was fenced: another slem-dask job took the "
+        f"store over while this one ran (this job's lease was thought dead) and "
+        f"deleted its draft {version}; nothing this job wrote was ever visible to "
+        f"readers, and it wrote nothing more: run the same command again"
+    )
 
 
 def was_fenced(store, version: str) -> bool:

@@ -80,7 +80,8 @@ class GCSBackend(BucketBackend):
             raise StorageConfigError(
                 f"{self.root}: bucket {self.bucket!r} is a zonal bucket, where gcsfs's "
                 "create-only upload overwrites, so slem-dask cannot commit there safely; "
-                "use a bucket of another storage class")
+                "use a bucket of another storage class"
+            )
         try:  # gcsfs: ifGenerationMatch=0, and a 412 raised as FileExistsError
             self.fs.pipe_file(path, data, mode="create")
             return True
@@ -92,8 +93,15 @@ class GCSBackend(BucketBackend):
 
         try:  # a listing of one object: storage.objects.list suffices (buckets.get
             # is not in roles/storage.objectAdmin)
-            sync(self.fs.loop, self.fs._call, "GET", "b/{}/o", self.bucket, maxResults=1,
-                 json_out=True)
+            sync(
+                self.fs.loop,
+                self.fs._call,
+                "GET",
+                "b/{}/o",
+                self.bucket,
+                maxResults=1,
+                json_out=True,
+            )
             return True
         except FileNotFoundError:
             return False
@@ -101,9 +109,11 @@ class GCSBackend(BucketBackend):
     # -- errors --------------------------------------------------------------
 
     def _endpoint(self) -> str:
-        return (self.storage_options.get("endpoint_url")
-                or os.environ.get("STORAGE_EMULATOR_HOST")
-                or "https://storage.googleapis.com")
+        return (
+            self.storage_options.get("endpoint_url")
+            or os.environ.get("STORAGE_EMULATOR_HOST")
+            or "https://storage.googleapis.com"
+        )
 
     def _describe_error(self, exc: BaseException) -> str | None:
         import aiohttp
@@ -112,22 +122,32 @@ class GCSBackend(BucketBackend):
         key_file = os.environ.get("GOOGLE_APPLICATION_CREDENTIALS")
         for e in chain(exc):
             if isinstance(e, (aiohttp.ClientConnectionError, ConnectionError)):
-                return (f"cannot reach Google Cloud Storage at {self._endpoint()} for "
-                        f"{self.root}: start it, or fix STORAGE_EMULATOR_HOST (unset for "
-                        f"GCS itself) {EVERY_WORKER}")
-            if isinstance(e, gx.GoogleAuthError) or getattr(e, "code", None) == 401 or (
-                    isinstance(e, OSError) and str(e).startswith("Forbidden")):
+                return (
+                    f"cannot reach Google Cloud Storage at {self._endpoint()} for "
+                    f"{self.root}: start it, or fix STORAGE_EMULATOR_HOST (unset for "
+                    f"GCS itself) {EVERY_WORKER}"
+                )
+            if (
+                isinstance(e, gx.GoogleAuthError)
+                or getattr(e, "code", None) == 401
+                or (isinstance(e, OSError) and str(e).startswith("Forbidden"))
+            ):
                 if key_file and not os.path.isfile(key_file):
-                    return (f"GOOGLE_APPLICATION_CREDENTIALS names no file ({key_file}), "
-                            f"so {self.root} was tried without credentials: set it to a "
-                            f"service-account key file {EVERY_WORKER}")
+                    return (
+                        f"GOOGLE_APPLICATION_CREDENTIALS names no file ({key_file}), "
+                        f"so {self.root} was tried without credentials: set it to a "
+                        f"service-account key file {EVERY_WORKER}"
+                    )
                 if isinstance(e, OSError):  # 403: who it is is known, what it may do not
-                    return (f"access denied to {self.root} (403 Forbidden): the identity "
-                            "of GOOGLE_APPLICATION_CREDENTIALS needs storage.objects "
-                            f"get, create, list and delete on bucket {self.bucket!r} "
-                            f"(roles/storage.objectAdmin) {EVERY_WORKER}")
-                return (f"Google Cloud Storage refused the credentials for {self.root}: "
-                        "set GOOGLE_APPLICATION_CREDENTIALS to a valid service-account key "
-                        f"file, or run `gcloud auth application-default login` {EVERY_WORKER}")
-        return self._missing_bucket_line(exc, self._endpoint(),
-                                         "STORAGE_EMULATOR_HOST")
+                    return (
+                        f"access denied to {self.root} (403 Forbidden): the identity "
+                        "of GOOGLE_APPLICATION_CREDENTIALS needs storage.objects "
+                        f"get, create, list and delete on bucket {self.bucket!r} "
+                        f"(roles/storage.objectAdmin) {EVERY_WORKER}"
+                    )
+                return (
+                    f"Google Cloud Storage refused the credentials for {self.root}: "
+                    "set GOOGLE_APPLICATION_CREDENTIALS to a valid service-account key "
+                    f"file, or run `gcloud auth application-default login` {EVERY_WORKER}"
+                )
+        return self._missing_bucket_line(exc, self._endpoint(), "STORAGE_EMULATOR_HOST")

@@ -12,8 +12,14 @@ import zarr
 
 from .._version import __version__
 from . import versions
-from .checksums import (CHECKSUM, changed_chunk, chunk_trailers, fingerprint, json_params,
-                        metadata_checksum)
+from .checksums import (
+    CHECKSUM,
+    changed_chunk,
+    chunk_trailers,
+    fingerprint,
+    json_params,
+    metadata_checksum,
+)
 from .chunks import _reason
 from .errors import CorruptChunkError, DamagedStoreError, IntegrityError
 from .inputs import _exists, open_node
@@ -28,13 +34,13 @@ MODEL_FORMAT_VERSION = 2
 CHUNK_CRC32C = "chunk_crc32c"
 
 
-def _check_overwrite(path, overwrite: bool, what: str, flag: str,
-                     kind: str | None = None) -> None:
+def _check_overwrite(path, overwrite: bool, what: str, flag: str, kind: str | None = None) -> None:
     check_may_replace(path, what, flag, kind)  # first: never suggest replacing
     if _exists(path) and not overwrite:
         raise FileExistsError(
             f"{what} {str(canonical(path))!r} already exists; pass {flag} to replace it, or "
-            f"choose another path")
+            f"choose another path"
+        )
 
 
 def _remove(path) -> None:
@@ -45,14 +51,23 @@ def replace_legacy(path, what: str) -> None:
     """Remove a store that slem-dask 0.2 wrote in place at ``path`` (no versions), so
     that a versioned store can take its place (only with --overwrite or --update)."""
     path = canonical(path)
-    if _exists(path) and not versions.VersionedStore(path).has_history() \
-            and slem_dask_kind(path) is not None:
+    if (
+        _exists(path)
+        and not versions.VersionedStore(path).has_history()
+        and slem_dask_kind(path) is not None
+    ):
         _remove(path)
 
 
-def write_group(path, meta: dict, arrays: dict[str, np.ndarray], what: str,
-                overwrite: bool = False, lease: Lease | None = None,
-                job: str | None = None) -> versions.Commit:
+def write_group(
+    path,
+    meta: dict,
+    arrays: dict[str, np.ndarray],
+    what: str,
+    overwrite: bool = False,
+    lease: Lease | None = None,
+    job: str | None = None,
+) -> versions.Commit:
     """Write a zarr group of small arrays (a model, a search result, a corpus) as a new
     version of the versioned store at ``path`` (:mod:`.versions`), and commit it.
 
@@ -65,35 +80,42 @@ def write_group(path, meta: dict, arrays: dict[str, np.ndarray], what: str,
     lease = lease or Lease(path, f"write {what}").acquire()
     try:
         # under the lease: what is at the path stays as checked until it is replaced
-        _check_overwrite(path, overwrite, what, "overwrite=True (CLI: --overwrite)",
-                         meta.get("kind"))
+        _check_overwrite(
+            path, overwrite, what, "overwrite=True (CLI: --overwrite)", meta.get("kind")
+        )
         replace_legacy(path, what)
         store = versions.VersionedStore(path)
         store.make_room()  # always commits: the oldest version goes first
         draft = store.begin()
         try:
-            group = zarr.open_group(store=zarr_store(draft.location, "w"), mode="w",
-                                    zarr_format=3)
+            group = zarr.open_group(store=zarr_store(draft.location, "w"), mode="w", zarr_format=3)
             for key, value in arrays.items():
                 value = np.asarray(value)
                 rows = _group_chunk_rows(value)
                 # zarr takes chunks=None (a 0-d array: one chunk); its annotation does not
-                arr = group.create_array(key, shape=value.shape, dtype=value.dtype,
-                                         chunks=(rows, *value.shape[1:]) if value.ndim else None,  # type: ignore[arg-type]
-                                         compressors=CHECKSUM)
+                arr = group.create_array(
+                    key,
+                    shape=value.shape,
+                    dtype=value.dtype,
+                    chunks=(rows, *value.shape[1:]) if value.ndim else None,  # type: ignore[arg-type]
+                    compressors=CHECKSUM,
+                )
                 if not value.ndim:
                     arr[...] = value
                 for start in range(0, len(value) if value.ndim else 0, rows):
-                    arr[start:start + rows] = value[start:start + rows]
+                    arr[start : start + rows] = value[start : start + rows]
             # every chunk's crc32c, in the checksummed metadata: a chunk swapped in from
             # another version (itself self-consistent) is told from the one written here
-            meta = {**meta, CHUNK_CRC32C: {key: chunk_trailers(arr)
-                                           for key, arr in group.arrays()}}
+            meta = {**meta, CHUNK_CRC32C: {key: chunk_trailers(arr) for key, arr in group.arrays()}}
             group.attrs[ATTR] = {**meta, "metadata_checksum": metadata_checksum(meta)}
             _check_written(draft.location, arrays, what)
             lease.check()  # no other job took the store over meanwhile
-            commit = store.commit(draft, meta.get("kind", "group"), job or f"write {what}",
-                                  {k: meta[k] for k in ("model", "k") if k in meta})
+            commit = store.commit(
+                draft,
+                meta.get("kind", "group"),
+                job or f"write {what}",
+                {k: meta[k] for k in ("model", "k") if k in meta},
+            )
         except versions.CommitUnknownError:
             raise  # its record may still land, naming the draft: it stays
         except BaseException:
@@ -132,37 +154,48 @@ def _check_written(location: str, arrays: dict[str, np.ndarray], what: str) -> N
                 same = np.array_equal(stored[key][...], value, equal_nan=True)
             rows = stored[key].chunks[0] if same and value.ndim else 1
             for start in range(0, len(value) if same and value.ndim else 0, rows):
-                if not np.array_equal(stored[key][start:start + rows],
-                                      value[start:start + rows], equal_nan=True):
+                if not np.array_equal(
+                    stored[key][start : start + rows], value[start : start + rows], equal_nan=True
+                ):
                     same = False
                     break
         except Exception as exc:  # noqa: BLE001 - a chunk that cannot be read back
             raise CorruptChunkError(
                 f"{what}: array {key!r} of {location!r} cannot be read back "
                 f"({_reason(exc)}); nothing was replaced: check the storage and write it "
-                f"again") from None
+                f"again"
+            ) from None
         if not same:
             raise IntegrityError(
                 f"{what}: array {key!r} read back from {location!r} differs from what was "
-                f"written; nothing was replaced: check the storage and write it again")
+                f"written; nothing was replaced: check the storage and write it again"
+            )
 
 
-def write_model_store(path, model_name: str, params: dict, arrays: dict[str, np.ndarray],
-                      info: dict, overwrite: bool = False,
-                      lease: Lease | None = None) -> str:
+def write_model_store(
+    path,
+    model_name: str,
+    params: dict,
+    arrays: dict[str, np.ndarray],
+    info: dict,
+    overwrite: bool = False,
+    lease: Lease | None = None,
+) -> str:
     """Write a model group; return its fingerprint (see :func:`write_group`)."""
     params = json_params(params)
     fp = fingerprint(arrays, params)
-    meta = json_params({
-        "kind": "model",
-        "format_version": MODEL_FORMAT_VERSION,
-        "model": model_name,
-        "params": params,
-        "fingerprint": fp,
-        "package_version": __version__,
-        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        **info,
-    })
+    meta = json_params(
+        {
+            "kind": "model",
+            "format_version": MODEL_FORMAT_VERSION,
+            "model": model_name,
+            "params": params,
+            "fingerprint": fp,
+            "package_version": __version__,
+            "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            **info,
+        }
+    )
     write_group(path, meta, arrays, "model store", overwrite=overwrite, lease=lease)
     return fp
 
@@ -176,8 +209,9 @@ def _changed_member_chunk(group, key: str, arr) -> str | None:
     return changed_chunk(arr, recorded.get(key) or [])
 
 
-def read_group_arrays(group, path, what: str, recorded: bool = True,
-                      read: bool = True) -> dict[str, np.ndarray]:
+def read_group_arrays(
+    group, path, what: str, recorded: bool = True, read: bool = True
+) -> dict[str, np.ndarray]:
     """Every array of a group written by :func:`write_group`, corrupt chunks named, and
     (``recorded``) each chunk checked against the crc32c recorded at its commit; with
     ``read`` False, only checked (a re-run deciding that it is up to date): {}."""
@@ -187,7 +221,8 @@ def read_group_arrays(group, path, what: str, recorded: bool = True,
     except Exception as exc:  # noqa: BLE001 - a member's zarr.json that cannot be parsed
         raise damaged_metadata(what, path, exc) or DamagedStoreError(
             f"{what}: the arrays of {str(path)!r} cannot be listed ({_reason(exc)}); the "
-            f"store is damaged: write it again") from None
+            f"store is damaged: write it again"
+        ) from None
     for key, arr in members:
         changed = _changed_member_chunk(group, key, arr) if recorded else None
         if changed is not None:
@@ -195,7 +230,8 @@ def read_group_arrays(group, path, what: str, recorded: bool = True,
                 f"{what}: chunk {changed!r} of {str(path)!r} is not the chunk that was "
                 f"written (its crc32c differs from the one recorded at its commit: swapped "
                 f"in from another version, or damaged); the store was modified: write it "
-                f"again, or roll back (`slem-dask rollback {path} --to N`)")
+                f"again, or roll back (`slem-dask rollback {path} --to N`)"
+            )
         if not read:
             continue
         try:
@@ -203,7 +239,8 @@ def read_group_arrays(group, path, what: str, recorded: bool = True,
         except Exception as exc:  # noqa: BLE001
             raise CorruptChunkError(
                 f"{what}: array {key!r} of {str(path)!r} cannot be read ({_reason(exc)}); "
-                f"the store is damaged: write it again") from None
+                f"the store is damaged: write it again"
+            ) from None
     return arrays
 
 
@@ -235,10 +272,13 @@ def read_search_store(path, arrays: bool = True) -> tuple[dict, dict[str, np.nda
     if not meta.get("complete"):
         raise ValueError(
             f"search result: {path!r} is unfinished (the run that wrote it stopped "
-            f"part-way); run `slem-dask search` again with --overwrite")
+            f"part-way); run `slem-dask search` again with --overwrite"
+        )
     if meta.get("metadata_checksum") != metadata_checksum(meta):
-        raise ValueError(f"search result: the metadata of {path!r} does not match its "
-                         f"checksum; run `slem-dask search` again with --overwrite")
+        raise ValueError(
+            f"search result: the metadata of {path!r} does not match its "
+            f"checksum; run `slem-dask search` again with --overwrite"
+        )
     return meta, read_group_arrays(group, path, "search result", read=arrays)
 
 
@@ -248,10 +288,17 @@ def read_model_store(path: str | os.PathLike[str]) -> tuple[dict, dict[str, np.n
     meta, group = _read_model_meta(path)
     arrays = read_group_arrays(group, path, "model", recorded=False)  # its fingerprint says
     if fingerprint(arrays, meta["params"]) != meta.get("fingerprint"):
-        changed = [c for c in (_changed_member_chunk(group, k, a) for k, a in group.arrays())
-                   if c is not None]
-        which = (f" (chunk {changed[0]!r} is not the chunk that was written: its crc32c "
-                 f"differs from the one recorded at its commit)" if changed else "")
+        changed = [
+            c
+            for c in (_changed_member_chunk(group, k, a) for k, a in group.arrays())
+            if c is not None
+        ]
+        which = (
+            f" (chunk {changed[0]!r} is not the chunk that was written: its crc32c "
+            f"differs from the one recorded at its commit)"
+            if changed
+            else ""
+        )
         raise ValueError(
             f"model: the arrays in {path!r} do not match its recorded fingerprint{which}; "
             f"the store was modified or damaged, refit the model (or roll back: "
@@ -302,5 +349,6 @@ def _read_model_meta(path: str) -> tuple[dict, zarr.Group]:
         raise ValueError(
             f"model: the metadata of {path!r} does not match its checksum (a field such as "
             f"n_samples, source or params was edited); the store was modified or damaged, "
-            f"refit the model")
+            f"refit the model"
+        )
     return meta, group

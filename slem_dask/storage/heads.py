@@ -34,8 +34,15 @@ import json
 
 from .backend import Backend
 
-__all__ = ["COMMITS", "HINT", "commit_name", "commit_names", "last_commit_name",
-           "write_hint", "read_hint"]
+__all__ = [
+    "COMMITS",
+    "HINT",
+    "commit_name",
+    "commit_names",
+    "last_commit_name",
+    "write_hint",
+    "read_hint",
+]
 
 COMMITS = "commits"
 #: the head hint's key: under commits/ (with the history it speeds up, deleted with it),
@@ -93,8 +100,12 @@ def write_hint(backend: Backend, seq: int) -> None:
     """Leave ``seq`` (just committed) as the hint. Best effort: a hint that is not
     written, or is overwritten later by an older number, only costs requests."""
     try:
-        backend.put(HINT, json.dumps({"head": seq, "slem_dask": "head hint, a lower bound "
-                                      "of the last commit record"}).encode())
+        backend.put(
+            HINT,
+            json.dumps(
+                {"head": seq, "slem_dask": "head hint, a lower bound of the last commit record"}
+            ).encode(),
+        )
     except Exception:  # noqa: BLE001 - the commit stands, and its job must say so
         pass
 

@@ -33,7 +33,8 @@ def _exists(path) -> bool:
 def _demo_member(name: str) -> str:
     """The array of the demo corpus that an input called ``name`` would be."""
     return {"positives": "database", "queries": "queries", "database": "database"}.get(
-        name, "negatives")
+        name, "negatives"
+    )
 
 
 def _demo_example(name: str) -> str:
@@ -73,13 +74,16 @@ def _open_zarr_input(path: str, name: str):
                 f"{name}: {path!r} is an unfinished slem-dask output (the run that wrote "
                 f"it stopped part-way, and nothing was committed); run the same `slem-dask "
                 f"encode` again to finish it (it resumes), or with --overwrite to start "
-                f"over") from None
+                f"over"
+            ) from None
         node = _open_zarr_v2(path)
         if node is not None:
             return node
         if formats.remote_format(path):  # x.npy, x.h5, x.fvecs: a file was meant
-            raise FileNotFoundError(f"{name}: no file at {path!r}; check the path (it "
-                                    f"may be relative to another folder)") from None
+            raise FileNotFoundError(
+                f"{name}: no file at {path!r}; check the path (it "
+                f"may be relative to another folder)"
+            ) from None
         raise FileNotFoundError(
             f"{name}: no zarr array at {path!r} (nor a descriptor file); give "
             f"{formats.SUPPORTED}, e.g. {_demo_example(name)} (written by "
@@ -119,11 +123,13 @@ def _refuse_group(node, path: str, name: str) -> None:
     """A zarr group given where rows are expected: name what it is and the array to give."""
     meta = node.attrs.get("slem_dask")
     written = {"model": "model", "search": "search result"}.get(
-        str(meta.get("kind")) if isinstance(meta, dict) else "")
+        str(meta.get("kind")) if isinstance(meta, dict) else ""
+    )
     if written:  # its arrays (a covariance, top-k indices) are not descriptors
         raise ValueError(
             f"{name}: {path!r} is a slem-dask {written}, not descriptors; give rows of "
-            f"descriptors, or encodings (the --out of `slem-dask encode`)")
+            f"descriptors, or encodings (the --out of `slem-dask encode`)"
+        )
     members = sorted(k for k, v in node.members() if isinstance(v, zarr.Array))
     hint = f" (arrays in it: {', '.join(members)})" if members else ""
     example = _demo_member(name)
@@ -138,9 +144,12 @@ def _refuse_group(node, path: str, name: str) -> None:
 def _check_shape_and_dtype(node, path: str, name: str, kind: str, empty_ok: bool) -> None:
     """2-D, with columns (and rows unless ``empty_ok``), of real numbers."""
     if node.ndim != 2:
-        fix = ("; if it is one descriptor, store it as one row: x.reshape(1, -1) "
-               "(zarr.create_array(..., shape=(1, len(x)), ...))" if node.ndim == 1 else
-               "; store it as 2-D rows, e.g. x.reshape(len(x), -1)")
+        fix = (
+            "; if it is one descriptor, store it as one row: x.reshape(1, -1) "
+            "(zarr.create_array(..., shape=(1, len(x)), ...))"
+            if node.ndim == 1
+            else "; store it as 2-D rows, e.g. x.reshape(len(x), -1)"
+        )
         raise ValueError(
             f"{name}: the {kind} at {path!r} has shape {node.shape} ({node.ndim}-D); "
             f"expected a 2-D array (n_rows, n_features){fix}"
@@ -159,13 +168,18 @@ def _check_shape_and_dtype(node, path: str, name: str, kind: str, empty_ok: bool
 def _check_slem_dask_output(node, path: str, name: str) -> None:
     """A slem-dask output read as input: refused when edited or unfinished."""
     meta = node.attrs.get(ATTR)
-    if isinstance(meta, dict) and meta.get("kind") == "encoding" and meta.get("complete") \
-            and "metadata_checksum" in meta \
-            and meta["metadata_checksum"] != metadata_checksum(meta):
+    if (
+        isinstance(meta, dict)
+        and meta.get("kind") == "encoding"
+        and meta.get("complete")
+        and "metadata_checksum" in meta
+        and meta["metadata_checksum"] != metadata_checksum(meta)
+    ):
         raise ValueError(
             f"{name}: the metadata of the slem-dask output {path!r} does not match its "
             f"checksum (a fingerprint or recorded checksum was edited); run its "
-            f"`slem-dask encode` again with --overwrite")
+            f"`slem-dask encode` again with --overwrite"
+        )
     if isinstance(meta, dict) and meta.get("kind") == "encoding" and not meta.get("complete"):
         raise ValueError(
             f"{name}: {path!r} is an unfinished slem-dask output (the run that wrote it "
@@ -184,15 +198,18 @@ def read_labels(path, name: str, n_rows: int) -> np.ndarray:
     """The labels of ``n_rows`` rows, one per row: a 1-D (or one-column) zarr array,
     .npy file or HDF5 dataset (``FILE.h5:/labels``) of integers or strings."""
     where = canonical(path)
-    location, dataset = formats.split_hdf5(where.location) if where.is_local \
-        else (where.location, None)
+    location, dataset = (
+        formats.split_hdf5(where.location) if where.is_local else (where.location, None)
+    )
     fmt = formats.file_format(where.location) if where.is_local else None
     if fmt == "npy":
         try:
             labels = np.load(location, allow_pickle=False)
         except ValueError as exc:
-            raise ValueError(f"{name}: {str(where)!r} cannot be read as a .npy array "
-                             f"({exc}); save the labels with np.save(path, labels)") from None
+            raise ValueError(
+                f"{name}: {str(where)!r} cannot be read as a .npy array "
+                f"({exc}); save the labels with np.save(path, labels)"
+            ) from None
     elif fmt == "hdf5":
         h5py = formats._h5py(location, name)
         with h5py.File(location, "r") as f:
@@ -200,23 +217,30 @@ def read_labels(path, name: str, n_rows: int) -> np.ndarray:
                 raise ValueError(_no_labels_dataset(f, location, dataset, name, n_rows))
             labels = f[dataset][...]
     elif fmt not in (None, "unknown"):
-        raise ValueError(f"{name}: {str(where)!r} is a {fmt} input; labels are a 1-D .npy "
-                         f"file, zarr array or HDF5 dataset (one label per row)")
+        raise ValueError(
+            f"{name}: {str(where)!r} is a {fmt} input; labels are a 1-D .npy "
+            f"file, zarr array or HDF5 dataset (one label per row)"
+        )
     else:
         node = _open_zarr_input(str(where), name)
         if isinstance(node, zarr.Group):
-            raise ValueError(f"{name}: {str(where)!r} is a zarr group; give the 1-D array "
-                             f"of labels inside it")
+            raise ValueError(
+                f"{name}: {str(where)!r} is a zarr group; give the 1-D array of labels inside it"
+            )
         labels = read_rows(node, 0, node.shape[0], name) if node.ndim == 2 else node[...]
     if labels.ndim == 2 and labels.shape[1] == 1:
         labels = labels[:, 0]
     if labels.ndim != 1 or labels.dtype.kind not in "iubUS":  # not _is_labels: any length
-        raise ValueError(f"{name}: {str(where)!r} holds {labels.dtype} of shape "
-                         f"{labels.shape}; expected one integer or string label per row, "
-                         f"shape ({n_rows},)")
+        raise ValueError(
+            f"{name}: {str(where)!r} holds {labels.dtype} of shape "
+            f"{labels.shape}; expected one integer or string label per row, "
+            f"shape ({n_rows},)"
+        )
     if len(labels) != n_rows:
-        raise ValueError(f"{name}: {str(where)!r} holds {len(labels)} labels for {n_rows} "
-                         f"rows; give one label per row, in row order")
+        raise ValueError(
+            f"{name}: {str(where)!r} holds {len(labels)} labels for {n_rows} "
+            f"rows; give one label per row, in row order"
+        )
     return labels
 
 
@@ -230,23 +254,27 @@ def _no_labels_dataset(f, location: str, dataset: str | None, name: str, n_rows:
     (a 2-D dataset of descriptors cannot), or saying that none can."""
     found = formats._datasets(f)
     fits = [k for k in found if _is_labels(f[k].shape, f[k].dtype, n_rows)]
-    which = f"{location!r} has no dataset {dataset!r}" if dataset else \
-        f"{location!r} is an HDF5 file"
+    which = (
+        f"{location!r} has no dataset {dataset!r}" if dataset else f"{location!r} is an HDF5 file"
+    )
     if fits:
         shown = " or ".join(f"{location}:{k}" for k in fits[:6])
         return f"{name}: {which}; give the dataset of its {n_rows} labels: {shown}"
     shown = ", ".join(f"{k} {f[k].dtype} {f[k].shape}" for k in found[:6]) or "none"
-    return (f"{name}: {which}, and none of its datasets can be the labels ({n_rows} integers "
-            f"or strings, shape ({n_rows},); its datasets: {shown}): give the labels' "
-            f"file (.npy, zarr or FILE.h5:/dataset)")
+    return (
+        f"{name}: {which}, and none of its datasets can be the labels ({n_rows} integers "
+        f"or strings, shape ({n_rows},); its datasets: {shown}): give the labels' "
+        f"file (.npy, zarr or FILE.h5:/dataset)"
+    )
 
 
 def _key(path) -> str:
     return canonical(path).key
 
 
-def check_distinct(target, flag: str, inputs: dict[str, object],
-                   outputs: dict[str, object] | None = None) -> None:
+def check_distinct(
+    target, flag: str, inputs: dict[str, object], outputs: dict[str, object] | None = None
+) -> None:
     """Refuse to write ``target`` where it would replace or nest in an input (or in
     another of ``outputs``), where it would shadow a member of a versioned store
     (``corpus.zarr/queries``), or inside a store's version folders or commit records.
@@ -254,28 +282,37 @@ def check_distinct(target, flag: str, inputs: dict[str, object],
     target = canonical(target)
     parts = target.url.rstrip("/").split("/")
     for i, part in enumerate(parts[:-1]):
-        if part in (versions.VERSIONS, versions.COMMITS, gc.FATES) and i > 0 and \
-                versions.VersionedStore("/".join(parts[:i])).has_history():
+        if (
+            part in (versions.VERSIONS, versions.COMMITS, gc.FATES)
+            and i > 0
+            and versions.VersionedStore("/".join(parts[:i])).has_history()
+        ):
             raise ValueError(
                 f"{flag} {str(target)!r} is inside the {part} of the slem-dask store "
                 f"{'/'.join(parts[:i]).replace('file://', '')!r}, which nobody writes but "
-                f"slem-dask's commits: choose a path outside it")
+                f"slem-dask's commits: choose a path outside it"
+            )
     location, owner, commit = versions.resolve(target)
-    if owner is not None and owner.path.url != target.url \
-            and exists(canonical(location)):
+    if owner is not None and owner.path.url != target.url and exists(canonical(location)):
         assert commit is not None  # resolve gives a commit with every store
         raise ValueError(
             f"{flag} {str(target)!r} is the member {target.name!r} of version {commit.seq} "
             f"of the slem-dask store {str(owner.path)!r}: writing there would hide it from "
-            f"every reader; choose another name")
+            f"every reader; choose another name"
+        )
     roots, globs = {}, []
     for name, path in inputs.items():
         kind, root = _input_root(path, name)
         roots[f"{name} {kind}".rstrip()] = root
         if kind == "shard":
             globs.append((name, canonical(path).location, root))
-    check_outside_inputs(target, flag, roots, outputs,
-                         folders=tuple(k for k in roots if k.endswith("folder of .npy shards")))
+    check_outside_inputs(
+        target,
+        flag,
+        roots,
+        outputs,
+        folders=tuple(k for k in roots if k.endswith("folder of .npy shards")),
+    )
     for name, pattern, files in globs:
         _check_not_matched(target, flag, name, pattern, files)
 
@@ -301,13 +338,18 @@ def _check_not_matched(target, flag: str, name: str, pattern: str, files: list) 
 
     t = canonical(target)
     parts, wanted = t.location.split("/"), pattern.split("/")
-    if t.is_local and len(parts) == len(wanted) and all(
-            fnmatch.fnmatchcase(a, b) for a, b in zip(parts, wanted, strict=True)):
+    if (
+        t.is_local
+        and len(parts) == len(wanted)
+        and all(fnmatch.fnmatchcase(a, b) for a, b in zip(parts, wanted, strict=True))
+    ):
         from .paths import _suggestion
+
         raise ValueError(
             f"{flag} {str(t)!r} matches the {name} glob {pattern!r}; a later run would "
             f"read it as one of its shards: choose a path the glob does not match, e.g. "
-            f"{_suggestion(t, [canonical(f) for f in files])}")
+            f"{_suggestion(t, [canonical(f) for f in files])}"
+        )
 
 
 def open_output(path, name: str = "encodings") -> zarr.Array:

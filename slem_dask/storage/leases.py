@@ -61,8 +61,11 @@ def host_identity() -> dict:
         ns = os.readlink("/proc/self/ns/pid")
     except OSError:
         pass
-    return {"host": socket.gethostname(),
-            "boot": _read("/proc/sys/kernel/random/boot_id"), "pid_ns": ns}
+    return {
+        "host": socket.gethostname(),
+        "boot": _read("/proc/sys/kernel/random/boot_id"),
+        "pid_ns": ns,
+    }
 
 
 def _process_start(pid: int) -> str | None:
@@ -109,10 +112,16 @@ class Lease:
         self._thread: threading.Thread | None = None
 
     def _record(self) -> dict:
-        return {"token": self.token, "job": self.job, **host_identity(), "pid": os.getpid(),
-                "pid_start": _process_start(os.getpid()), "store": self.target.url,
-                "beat": self._beat_no,
-                "started": time.strftime("%Y-%m-%d %H:%M:%S %Z", time.localtime())}
+        return {
+            "token": self.token,
+            "job": self.job,
+            **host_identity(),
+            "pid": os.getpid(),
+            "pid_start": _process_start(os.getpid()),
+            "store": self.target.url,
+            "beat": self._beat_no,
+            "started": time.strftime("%Y-%m-%d %H:%M:%S %Z", time.localtime()),
+        }
 
     def _create(self) -> bool:
         return self._backend.create(self._key, json.dumps(self._record()).encode())
@@ -148,9 +157,11 @@ class Lease:
             return not _pid_alive(record["pid"], record.get("pid_start"))
         watch = LEASE_TTL if watch is None else watch
         if self.on_wait and watch > 1:
-            self.on_wait(f"the lease of {str(self.target)!r} is held by "
-                         f"{self.describe(record)}; waiting up to {watch:.0f} s to see whether "
-                         f"that job is alive")
+            self.on_wait(
+                f"the lease of {str(self.target)!r} is held by "
+                f"{self.describe(record)}; waiting up to {watch:.0f} s to see whether "
+                f"that job is alive"
+            )
         end = time.monotonic() + watch
         while time.monotonic() < end:
             time.sleep(min(max(LEASE_HEARTBEAT / 4, 0.05), max(0.0, end - time.monotonic())))
@@ -161,9 +172,11 @@ class Lease:
     def describe(self, record: dict | None) -> str:
         if not record:
             return f"an unreadable lease file {str(self.file)!r}"
-        return (f"{record.get('job', 'a job')} (pid {record.get('pid')} on host "
-                f"{record.get('host')}, started {record.get('started')} by its clock; "
-                f"lease {str(self.file)!r})")
+        return (
+            f"{record.get('job', 'a job')} (pid {record.get('pid')} on host "
+            f"{record.get('host')}, started {record.get('started')} by its clock; "
+            f"lease {str(self.file)!r})"
+        )
 
     def acquire(self) -> Lease:
         for _ in range(5):
@@ -184,8 +197,9 @@ class Lease:
         else:  # pragma: no cover - five lost races in a row
             raise LeaseHeldError(f"could not take the lease of {str(self.target)!r}; retry")
         self._stop.clear()
-        self._thread = threading.Thread(target=self._beat, daemon=True,
-                                        name=f"slem-dask-lease-{self.target.name}")
+        self._thread = threading.Thread(
+            target=self._beat, daemon=True, name=f"slem-dask-lease-{self.target.name}"
+        )
         self._thread.start()
         return self
 
@@ -213,7 +227,8 @@ class Lease:
             owner = f" by {self.describe(record)}" if record else ""
             raise LeaseLostError(
                 f"the lease of {str(self.target)!r} was taken over{owner} while this job "
-                f"ran (it was thought dead); nothing was committed: run the job again")
+                f"ran (it was thought dead); nothing was committed: run the job again"
+            )
 
     def release(self) -> None:
         self._stop.set()
@@ -242,7 +257,8 @@ class Lease:
             f"{str(self.target)!r} is being written by another slem-dask job: "
             f"{self.describe(record)}; wait until it ends (one writer per store), or write "
             f"to another path. A dead job's lease is taken over automatically (at once "
-            f"on its own host, after {LEASE_TTL:.0f} s without a heartbeat otherwise)")
+            f"on its own host, after {LEASE_TTL:.0f} s without a heartbeat otherwise)"
+        )
 
     def __enter__(self) -> Lease:
         return self.acquire()

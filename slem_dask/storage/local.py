@@ -119,8 +119,11 @@ class LocalBackend(Backend):
             names = []
             for folder, _, files in os.walk(src_root):
                 rel = os.path.relpath(folder, src_root)
-                names += [f if rel == "." else f"{rel}/{f}" for f in files
-                          if not f.endswith((".partial", ".tmp"))]
+                names += [
+                    f if rel == "." else f"{rel}/{f}"
+                    for f in files
+                    if not f.endswith((".partial", ".tmp"))
+                ]
         for name in names:
             target = os.path.join(dst_root, name)
             os.makedirs(os.path.dirname(target), exist_ok=True)

@@ -27,8 +27,9 @@ if TYPE_CHECKING:
     from zarr.core.metadata import ArrayV3Metadata
 
 
-def create_output(location: str, shape: tuple[int, int], partition_rows: int, dtype,
-                  meta: dict) -> zarr.Array:
+def create_output(
+    location: str, shape: tuple[int, int], partition_rows: int, dtype, meta: dict
+) -> zarr.Array:
     """Create the output array up front in a draft ``location`` (a version folder of
     :mod:`.versions`), one zarr chunk per dask partition.
 
@@ -47,14 +48,22 @@ def create_output(location: str, shape: tuple[int, int], partition_rows: int, dt
     # Dimension names label it for xarray; a NaN fill value makes a chunk that is not
     # there (a version pruned under a plain zarr reader) read as NaN, never as zeros.
     # (zarr's ArrayConfigParams types every key as required; a partial config is fine)
-    return zarr.create_array(store=zarr_store(location, "w"), shape=shape,
-                             dtype=np.dtype(dtype).newbyteorder("<"),
-                             chunks=(max(1, partition_rows), shape[1]), overwrite=True,
-                             compressors=CHECKSUM, config={"write_empty_chunks": True},  # type: ignore[arg-type]
-                             fill_value=fill_value(dtype), dimension_names=DIMENSIONS,
-                             attributes={ATTR: json_params({
-                                 "kind": "encoding", "complete": False,
-                                 "package_version": __version__, **meta})})
+    return zarr.create_array(
+        store=zarr_store(location, "w"),
+        shape=shape,
+        dtype=np.dtype(dtype).newbyteorder("<"),
+        chunks=(max(1, partition_rows), shape[1]),
+        overwrite=True,
+        compressors=CHECKSUM,
+        config={"write_empty_chunks": True},  # type: ignore[arg-type]
+        fill_value=fill_value(dtype),
+        dimension_names=DIMENSIONS,
+        attributes={
+            ATTR: json_params(
+                {"kind": "encoding", "complete": False, "package_version": __version__, **meta}
+            )
+        },
+    )
 
 
 def output_meta(arr: zarr.Array) -> dict | None:
@@ -93,12 +102,14 @@ def open_existing_output(path, strict: bool = True) -> zarr.Array | None:
 def is_legacy(path) -> bool:
     """Whether ``path`` holds a store that slem-dask 0.2 wrote in place, without versions."""
     path = canonical(path)
-    return (_exists(path) and not versions.VersionedStore(path).has_history()
-            and slem_dask_kind(path) is not None)
+    return (
+        _exists(path)
+        and not versions.VersionedStore(path).has_history()
+        and slem_dask_kind(path) is not None
+    )
 
 
-def write_partition(block: np.ndarray, arr: zarr.Array, index: int,
-                    block_info=None) -> np.ndarray:
+def write_partition(block: np.ndarray, arr: zarr.Array, index: int, block_info=None) -> np.ndarray:
     """Write one partition's rows (its own chunk) and return [[index, crc32c]]: the
     checksum zarr's codec computed from these rows, as this worker reads it back (or as
     the S3 server confirmed it stored). The client compares it with the chunk it reads:
@@ -107,7 +118,8 @@ def write_partition(block: np.ndarray, arr: zarr.Array, index: int,
         raise DraftFencedError(
             f"output {_where(arr)!r}: this job's draft was deleted by another slem-dask job "
             f"that took the store over (this job was fenced); partition {index} was not "
-            f"written")
+            f"written"
+        )
     rows = int(arr.chunks[0])
     lo = index * rows
     block = np.ascontiguousarray(block, dtype=arr.dtype)
@@ -115,14 +127,15 @@ def write_partition(block: np.ndarray, arr: zarr.Array, index: int,
     if not written:
         written, confirmed = _write_s3_chunk(arr, index, block)
     if not written:
-        arr[lo:lo + block.shape[0]] = block
+        arr[lo : lo + block.shape[0]] = block
     # an S3 server that checked the body's crc32c and says so stored exactly these
     # bytes, trailer included: reading the trailer back would tell nothing more
     crc = confirmed if confirmed is not None else stored_crc32c(arr, index)
     if crc is None:
         raise IntegrityError(
             f"output {_where(arr)!r}: partition {index} was written but cannot be read back "
-            f"on this worker; check the storage")
+            f"on this worker; check the storage"
+        )
     return np.array([[index, crc]], dtype=np.int64)
 
 
@@ -175,9 +188,14 @@ def _crc_trailer_layout(arr: zarr.Array, block: np.ndarray) -> bool:
     from zarr.codecs import BytesCodec, Crc32cCodec
 
     codecs = tuple(cast("ArrayV3Metadata", arr.metadata).codecs)  # outputs are zarr v3
-    return (block.shape == tuple(arr.chunks) and len(codecs) == 2
-            and isinstance(codecs[0], BytesCodec) and isinstance(codecs[1], Crc32cCodec)
-            and block.dtype.byteorder in "<=|" and np.little_endian)
+    return (
+        block.shape == tuple(arr.chunks)
+        and len(codecs) == 2
+        and isinstance(codecs[0], BytesCodec)
+        and isinstance(codecs[1], Crc32cCodec)
+        and block.dtype.byteorder in "<=|"
+        and np.little_endian
+    )
 
 
 #: The largest object one PutObject may write (S3's limit, 5 GiB), less the trailer.
@@ -204,20 +222,23 @@ def _write_s3_chunk(arr: zarr.Array, index: int, block: np.ndarray) -> tuple[boo
     from zarr.storage._common import _dereference_path
 
     store = arr.store_path.store
-    if not (isinstance(store, FsspecStore) and "s3" in _protocols(store.fs)
-            and _crc_trailer_layout(arr, block) and block.nbytes < _ONE_PUT_BYTES):
+    if not (
+        isinstance(store, FsspecStore)
+        and "s3" in _protocols(store.fs)
+        and _crc_trailer_layout(arr, block)
+        and block.nbytes < _ONE_PUT_BYTES
+    ):
         return False, None
     raw = block.reshape(-1).view(np.uint8)
     body = bytearray(raw.nbytes + 4)
     view = np.frombuffer(body, np.uint8)
-    view[:raw.nbytes] = raw
-    view[raw.nbytes:] = np.frombuffer(np.array([crc32c(raw)], dtype="<u4").tobytes(), np.uint8)
+    view[: raw.nbytes] = raw
+    view[raw.nbytes :] = np.frombuffer(np.array([crc32c(raw)], dtype="<u4").tobytes(), np.uint8)
     whole = base64.b64encode(crc32c(view).to_bytes(4, "big")).decode()
     path = _dereference_path(store.path, _full_key(arr, (index, 0)))
     # chunksize: one PUT whatever the size (s3fs goes multipart from 2 chunksizes on)
-    answer = sync(store.fs._pipe_file(path, body, chunksize=len(body),
-                                      ChecksumCRC32C=whole))
-    trailer = int(view[raw.nbytes:].view("<u4")[0])
+    answer = sync(store.fs._pipe_file(path, body, chunksize=len(body), ChecksumCRC32C=whole))
+    trailer = int(view[raw.nbytes :].view("<u4")[0])
     return True, trailer if (answer or {}).get("ChecksumCRC32C") == whole else None
 
 
@@ -245,8 +266,15 @@ def mark_complete(arr: zarr.Array, extra: dict | None = None) -> None:
     """Mark an output complete, with a checksum of its metadata: an output whose
     fingerprints or recorded chunk checksums were edited is refused by every reader."""
     meta = dict(cast("dict[str, Any]", arr.attrs[ATTR]))  # zarr types attributes as any JSON
-    meta.update(json_params({**(extra or {}), "complete": True,
-                             "completed": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}))
+    meta.update(
+        json_params(
+            {
+                **(extra or {}),
+                "complete": True,
+                "completed": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            }
+        )
+    )
     meta.pop("metadata_checksum", None)
     arr.attrs[ATTR] = {**meta, "metadata_checksum": metadata_checksum(meta)}
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 import os
 
 
-
 from .errors import DamagedMetadataError
 from .rootmarker import is_root_marker
 from .paths import StorePath, _children, _fs, _read_json, canonical, exists
@@ -43,8 +42,7 @@ def slem_dask_kind(path: StorePath) -> str | None:
 def unreadable_marker(path: StorePath) -> bool:
     """Whether ``path`` has a zarr.json that is not a JSON document: whether
     slem-dask wrote the store cannot be told (see :func:`slem_dask_kind`)."""
-    return (not isinstance(_read_json(path, "zarr.json"), dict)
-            and exists(path.child("zarr.json")))
+    return not isinstance(_read_json(path, "zarr.json"), dict) and exists(path.child("zarr.json"))
 
 
 def _is_empty_dir(path: StorePath) -> bool:
@@ -54,8 +52,7 @@ def _is_empty_dir(path: StorePath) -> bool:
     return fs.isdir(root) and not fs.ls(root)
 
 
-def check_may_replace(path, what: str, flag: str = "--overwrite",
-                      kind: str | None = None) -> None:
+def check_may_replace(path, what: str, flag: str = "--overwrite", kind: str | None = None) -> None:
     """Refuse to delete anything at ``path`` that slem-dask did not write, or (``kind``)
     a slem-dask store of another kind (an output never replaces a model, say)."""
     path = canonical(path)
@@ -65,23 +62,31 @@ def check_may_replace(path, what: str, flag: str = "--overwrite",
     if found == "draft":
         return
     if found is not None and kind is not None and found != kind:
-        names = {"model": "a model", "encoding": "an encoded output",
-                 "search": "a search result", "corpus": "a corpus"}
+        names = {
+            "model": "a model",
+            "encoding": "an encoded output",
+            "search": "a search result",
+            "corpus": "a corpus",
+        }
         raise FileExistsError(
             f"{what} {str(path)!r} holds {names[found]} of slem-dask, not "
             f"{names[kind]}; {flag} replaces only a store of the same kind: choose another "
-            f"path, or delete it yourself if it is really unwanted")
+            f"path, or delete it yourself if it is really unwanted"
+        )
     if found is not None:
         return
     if unreadable_marker(path):
-        whose = ("slem-dask cannot tell who wrote it: its metadata document zarr.json "
-                 "cannot be read (damaged, or not zarr v3)")
+        whose = (
+            "slem-dask cannot tell who wrote it: its metadata document zarr.json "
+            "cannot be read (damaged, or not zarr v3)"
+        )
     else:
         whose = f"was not written by slem-dask (it has no '{ATTR}' marker)"
     raise FileExistsError(
         f"{what} {str(path)!r} exists and {whose}; slem-dask never deletes what it did not "
         f"write, even with {flag}: choose another path, or remove it yourself if it is "
-        f"really unwanted")
+        f"really unwanted"
+    )
 
 
 def remove(path) -> None:
@@ -137,4 +142,5 @@ def damaged_metadata(what: str, path, exc: BaseException) -> DamagedMetadataErro
     return DamagedMetadataError(
         f"{what}: the metadata document {document!r} of {str(path)!r} cannot be read "
         f"({type(exc).__name__}: {exc}); the store is damaged or was not written as "
-        f"zarr v3: restore it from a copy, or write it again")
+        f"zarr v3: restore it from a copy, or write it again"
+    )

@@ -11,7 +11,6 @@ import uuid
 from dataclasses import dataclass
 
 
-
 @dataclass(frozen=True)
 class StorePath:
     """A canonical store address. ``url`` has a protocol (``file:///abs/x.zarr``,
@@ -25,7 +24,7 @@ class StorePath:
 
     @property
     def location(self) -> str:
-        return self.url[len("file://"):] if self.is_local else self.url
+        return self.url[len("file://") :] if self.is_local else self.url
 
     @property
     def key(self) -> str:
@@ -64,7 +63,7 @@ def canonical(path) -> StorePath:
     if text.startswith("file://"):
         from urllib.parse import unquote
 
-        text = unquote(text[len("file://"):])
+        text = unquote(text[len("file://") :])
     if "://" not in text:
         return StorePath("file://" + os.path.realpath(os.path.expanduser(text)))
     protocol, rest = text.split("://", 1)
@@ -77,11 +76,12 @@ def canonical(path) -> StorePath:
 _ALIASES = {"gcs": "gs", "abfs": "az", "abfss": "az"}
 
 
-
 def shown_path(url) -> str | None:
     """A store URL recorded in metadata (or None) as messages show store paths: a plain
     path for a local store."""
     return str(canonical(url)) if url else None
+
+
 def _relation(target: StorePath, source: StorePath) -> str | None:
     t, s = target.key.rstrip("/"), source.key.rstrip("/")
     if t == s:
@@ -110,33 +110,39 @@ def _suggestion(target: StorePath, inputs: list[StorePath]) -> str:
     return str(parent.child(f"slem-output-{uuid.uuid4().hex[:8]}.zarr"))  # pragma: no cover
 
 
-def check_outside_inputs(target, flag: str, inputs: dict[str, object],
-                         outputs: dict[str, object] | None = None,
-                         folders: tuple[str, ...] = ()) -> None:
+def check_outside_inputs(
+    target,
+    flag: str,
+    inputs: dict[str, object],
+    outputs: dict[str, object] | None = None,
+    folders: tuple[str, ...] = (),
+) -> None:
     """Refuse a store to be written that is, contains or sits inside an input
     (replacing it, with --overwrite, would destroy the input) or another output.
     An input may be a list of paths (the files a glob matched); ``folders`` names the
     inputs that are folders of files read by name (a target inside one adds to it)."""
     t = canonical(target)
     sources = [(name, canonical(p)) for name, ps in inputs.items() for p in _listed(ps)]
-    others = [(name, canonical(p)) for name, ps in (outputs or {}).items()
-              for p in _listed(ps)]
+    others = [(name, canonical(p)) for name, ps in (outputs or {}).items() for p in _listed(ps)]
     everything = [s for _, s in sources + others]
     for k, (name, s) in enumerate(sources + others):
         relation = _relation(t, s)
         if relation:
-            why = ("two steps cannot write one store" if k >= len(sources)
-                   else "writing it would add files to that input"
-                   if relation == "is inside" and name in folders
-                   else "writing it would destroy the input")
+            why = (
+                "two steps cannot write one store"
+                if k >= len(sources)
+                else "writing it would add files to that input"
+                if relation == "is inside" and name in folders
+                else "writing it would destroy the input"
+            )
             raise ValueError(
                 f"{flag} {str(t)!r} {relation} the {name} {str(s)!r}; {why}: choose a path "
-                f"outside every input and output, e.g. {_suggestion(t, everything)}")
+                f"outside every input and output, e.g. {_suggestion(t, everything)}"
+            )
 
 
 def _listed(paths) -> list:
-    return [p for p in (paths if isinstance(paths, (list, tuple)) else [paths])
-            if p is not None]
+    return [p for p in (paths if isinstance(paths, (list, tuple)) else [paths]) if p is not None]
 
 
 def _fs(path: StorePath):
@@ -190,5 +196,6 @@ def zarr_store(location, mode: str = "r"):
         return location
     from zarr.storage import FsspecStore
 
-    return FsspecStore.from_url(location, storage_options=dict(ZARR_S3_OPTIONS),
-                                read_only=mode == "r")
+    return FsspecStore.from_url(
+        location, storage_options=dict(ZARR_S3_OPTIONS), read_only=mode == "r"
+    )

@@ -30,15 +30,29 @@ if TYPE_CHECKING:
 
 from . import versions
 from .rootmarker import (  # noqa: F401 - re-exported: where readers of P look
-    MARKER, _json, is_root_marker, mark_after_commit, mark_store_root, root_document)
+    MARKER,
+    _json,
+    is_root_marker,
+    mark_after_commit,
+    mark_store_root,
+    root_document,
+)
 
-__all__ = ["VersionStore", "open_zarr", "open_dataset", "mark_store_root", "is_root_marker",
-           "ENCODINGS", "DIMENSIONS"]
+__all__ = [
+    "VersionStore",
+    "open_zarr",
+    "open_dataset",
+    "mark_store_root",
+    "is_root_marker",
+    "ENCODINGS",
+    "DIMENSIONS",
+]
 
 #: The member under which the group view shows an output's array (xarray needs a group).
 ENCODINGS = "encodings"
 #: Dimension names of an output's rows and columns (zarr v3 ``dimension_names``).
 DIMENSIONS = ("image", "feature")
+
 
 # -- a zarr store pinned to one version ------------------------------------------------------
 def _pinned(path, version: int | None):
@@ -51,20 +65,24 @@ def _pinned(path, version: int | None):
     path = canonical(path)
     location, owner, commit = versions.resolve(path)
     if owner is None and not exists(path):
-        raise FileNotFoundError(f"no store at {str(path)!r}: give the path of a store that "
-                                f"slem-dask wrote (`slem-dask versions PATH` lists them)")
+        raise FileNotFoundError(
+            f"no store at {str(path)!r}: give the path of a store that "
+            f"slem-dask wrote (`slem-dask versions PATH` lists them)"
+        )
     if owner is None:
         raise versions.VersionError(
             f"{str(path)!r} is not a slem-dask versioned store (it has no commit records); "
-            f"open it with zarr itself: zarr.open({str(path)!r}, mode='r')")
+            f"open it with zarr itself: zarr.open({str(path)!r}, mode='r')"
+        )
     assert commit is not None  # resolve gives a commit with every store
-    member = location[len(owner.location(commit.version)):].strip("/")
+    member = location[len(owner.location(commit.version)) :].strip("/")
     if version is not None:
         commit = owner.commit_at(int(version))
         if commit is None:
             raise versions.VersionError(
                 f"{str(owner.path)!r} has no version {version}; list them with "
-                f"`slem-dask versions {owner.path}`")
+                f"`slem-dask versions {owner.path}`"
+            )
     owner.check(commit)  # still there, and the one that was committed
     return owner, commit, member
 
@@ -73,8 +91,12 @@ def _with_dimension_names(data: bytes, names) -> bytes:
     """An array's zarr.json with ``dimension_names`` (``names(ndim)``) where it has none,
     so that xarray labels it; anything else unchanged."""
     doc = _json(data)
-    if not isinstance(doc, dict) or doc.get("node_type") != "array" or \
-            doc.get("dimension_names") or not isinstance(doc.get("shape"), list):
+    if (
+        not isinstance(doc, dict)
+        or doc.get("node_type") != "array"
+        or doc.get("dimension_names")
+        or not isinstance(doc.get("shape"), list)
+    ):
         return data
     doc["dimension_names"] = list(names(len(doc["shape"])))
     return json.dumps(doc, indent=2).encode()
@@ -118,8 +140,11 @@ class VersionStore(Store):
         return state
 
     def __eq__(self, other) -> bool:
-        return isinstance(other, type(self)) and (self._location, self.member, self.group) \
-            == (other._location, other.member, other.group)
+        return isinstance(other, type(self)) and (self._location, self.member, self.group) == (
+            other._location,
+            other.member,
+            other.group,
+        )
 
     def __hash__(self):
         return hash((self._location, self.member, self.group))
@@ -130,8 +155,10 @@ class VersionStore(Store):
 
     def with_read_only(self, read_only: bool = False):
         if not read_only:
-            raise ValueError(f"{self!r} is read only: slem-dask writes versions by its "
-                             f"own commits (`slem-dask export` makes a writable copy)")
+            raise ValueError(
+                f"{self!r} is read only: slem-dask writes versions by its "
+                f"own commits (`slem-dask export` makes a writable copy)"
+            )
         return self
 
     async def _store(self):
@@ -143,8 +170,9 @@ class VersionStore(Store):
         return self._inner
 
     async def _viewed_document(self) -> bytes:
-        value = await (await self._store()).get(f"{self._base}zarr.json",
-                                                prototype=default_buffer_prototype())
+        value = await (await self._store()).get(
+            f"{self._base}zarr.json", prototype=default_buffer_prototype()
+        )
         if value is None:
             raise self._pruned()
         return _with_dimension_names(value.to_bytes(), self._names(f"{self._name}/zarr.json"))
@@ -169,21 +197,36 @@ class VersionStore(Store):
     async def _group_document(self) -> bytes:
         """The view's root group, its member's metadata inline (zarr's consolidated
         metadata: xarray opens it in one read, without a warning)."""
-        return json.dumps({
-            "zarr_format": 3, "node_type": "group",
-            "attributes": {MARKER: {"store": self.path, "version": self.version,
-                                    "folder": self.folder, "kind": self.kind}},
-            "consolidated_metadata": {"kind": "inline", "must_understand": False, "metadata": {
-                self._name: _json(await self._viewed_document())}}}).encode()
+        return json.dumps(
+            {
+                "zarr_format": 3,
+                "node_type": "group",
+                "attributes": {
+                    MARKER: {
+                        "store": self.path,
+                        "version": self.version,
+                        "folder": self.folder,
+                        "kind": self.kind,
+                    }
+                },
+                "consolidated_metadata": {
+                    "kind": "inline",
+                    "must_understand": False,
+                    "metadata": {self._name: _json(await self._viewed_document())},
+                },
+            }
+        ).encode()
 
     def _names(self, key: str):
         """Dimension names for the array whose document is ``key`` of this view, if
         it has none: an output's ("image", "feature"), else unique ones."""
-        if self.kind == "encoding" and not self.member and \
-                key in ("zarr.json", f"{ENCODINGS}/zarr.json"):
-            return lambda ndim: DIMENSIONS if ndim == 2 else \
-                [f"dim_{i}" for i in range(ndim)]
-        prefix = key[:-len("zarr.json")].strip("/").replace("/", "_") or self._name
+        if (
+            self.kind == "encoding"
+            and not self.member
+            and key in ("zarr.json", f"{ENCODINGS}/zarr.json")
+        ):
+            return lambda ndim: DIMENSIONS if ndim == 2 else [f"dim_{i}" for i in range(ndim)]
+        prefix = key[: -len("zarr.json")].strip("/").replace("/", "_") or self._name
         return lambda ndim: [f"{prefix}_dim_{i}" for i in range(ndim)]
 
     def _pruned(self) -> versions.VersionError:
@@ -192,7 +235,8 @@ class VersionStore(Store):
             f"it was read (storage keeps the last {versions.KEEP_VERSIONS} versions, a "
             f"new job's draft included): open the store again for the current version "
             f"(slem_dask.open_zarr({self.path!r})), or pin one that is kept (`slem-dask "
-            f"versions {self.path}`)")
+            f"versions {self.path}`)"
+        )
 
     def _prunable(self) -> bool:
         """Whether enough versions were committed after this one for it to be pruned
@@ -207,15 +251,17 @@ class VersionStore(Store):
             return None  # outside the view, or zarr v2's documents: never written
         if inner_key is None:
             data = await self._group_document()
-            return prototype.buffer.from_bytes(data if byte_range is None else
-                                               _ranged(data, byte_range))
+            return prototype.buffer.from_bytes(
+                data if byte_range is None else _ranged(data, byte_range)
+            )
         store = await self._store()
         if key.endswith("zarr.json") and byte_range is None:
             value = await store.get(inner_key, prototype)
             if value is None:
                 return await self._absent(key, store)
             return prototype.buffer.from_bytes(
-                _with_dimension_names(value.to_bytes(), self._names(key)))
+                _with_dimension_names(value.to_bytes(), self._names(key))
+            )
         value = await store.get(inner_key, prototype, byte_range)
         return value if value is not None else await self._absent(key, store)
 
@@ -238,12 +284,12 @@ class VersionStore(Store):
             raise MissingChunkError(
                 f"{self.path!r}: chunk {key!r} of version {self.version} is missing "
                 f"(every chunk of an output is written): the store is damaged; "
-                f"`slem-dask verify {self.path}` names every missing chunk")
+                f"`slem-dask verify {self.path}` names every missing chunk"
+            )
         return None
 
     async def get_partial_values(self, prototype, key_ranges):
-        return [await self.get(key, prototype, byte_range)
-                for key, byte_range in key_ranges]
+        return [await self.get(key, prototype, byte_range) for key, byte_range in key_ranges]
 
     async def exists(self, key: str) -> bool:
         inner_key = await self._key(key)
@@ -282,12 +328,12 @@ class VersionStore(Store):
             if "zarr.json".startswith(prefix):
                 yield "zarr.json"
             async for key in store.list_prefix(self._base):
-                key = f"{self._name}/{key[len(self._base):]}"
+                key = f"{self._name}/{key[len(self._base) :]}"
                 if key.startswith(prefix):
                     yield key
             return
         async for key in store.list_prefix(self._base + prefix):
-            yield key[len(self._base):]
+            yield key[len(self._base) :]
 
     async def list_dir(self, prefix: str):
         store = await self._store()
@@ -309,38 +355,37 @@ def _ranged(data: bytes, byte_range) -> bytes:
     from zarr.abc.store import OffsetByteRequest, RangeByteRequest, SuffixByteRequest
 
     if isinstance(byte_range, RangeByteRequest):
-        return data[byte_range.start:byte_range.end]
+        return data[byte_range.start : byte_range.end]
     if isinstance(byte_range, OffsetByteRequest):
-        return data[byte_range.offset:]
+        return data[byte_range.offset :]
     if isinstance(byte_range, SuffixByteRequest):
-        return data[-byte_range.suffix:]
+        return data[-byte_range.suffix :]
     return data
 
 
-
-
 # -- one-line opens --------------------------------------------------------------------------
-def open_zarr(path: str | os.PathLike[str], version: int | None = None
-              ) -> zarr.Array | zarr.Group:
+def open_zarr(path: str | os.PathLike[str], version: int | None = None) -> zarr.Array | zarr.Group:
     """The zarr node (read only) of one committed version of the slem-dask store at
     ``path`` (None: the current one): an output is a ``zarr.Array``, a model, search
     result or corpus a ``zarr.Group``. Its arrays carry dimension names."""
     import zarr
 
-    return zarr.open(store=VersionStore(path, version, group=False), mode="r",
-                     zarr_format=3)
+    return zarr.open(store=VersionStore(path, version, group=False), mode="r", zarr_format=3)
 
 
-def open_dataset(path: str | os.PathLike[str], version: int | None = None,
-                 **kwargs: Any) -> xarray.Dataset:
+def open_dataset(
+    path: str | os.PathLike[str], version: int | None = None, **kwargs: Any
+) -> xarray.Dataset:
     """One committed version of the slem-dask store at ``path`` as a lazy (dask-backed)
     ``xarray.Dataset``: an output is its variable ``encodings`` with dimensions
     ``("image", "feature")``. ``kwargs`` go to ``xarray.open_zarr``."""
     try:
         import xarray
     except ImportError:
-        raise ImportError("open_dataset needs xarray; install it with pip install xarray, "
-                          "or read the zarr array: slem_dask.open_zarr(path)") from None
+        raise ImportError(
+            "open_dataset needs xarray; install it with pip install xarray, "
+            "or read the zarr array: slem_dask.open_zarr(path)"
+        ) from None
     store = VersionStore(path, version)
     kwargs.setdefault("consolidated", False)
     return xarray.open_zarr(store, **kwargs)

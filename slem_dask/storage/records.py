@@ -8,8 +8,15 @@ import json
 import re
 from dataclasses import dataclass
 
-__all__ = ["Commit", "VersionError", "DamagedCommitError", "draft_seq", "VERSIONS",
-           "VERSION_NAME", "FORMAT"]
+__all__ = [
+    "Commit",
+    "VersionError",
+    "DamagedCommitError",
+    "draft_seq",
+    "VERSIONS",
+    "VERSION_NAME",
+    "FORMAT",
+]
 
 VERSIONS = "versions"
 FORMAT = 1
@@ -64,7 +71,8 @@ class Commit:
         except (ValueError, KeyError, TypeError) as exc:
             raise DamagedCommitError(
                 f"the commit record {where!r} cannot be read ({exc}); the store's history "
-                f"is damaged: restore that file from a copy") from None
+                f"is damaged: restore that file from a copy"
+            ) from None
         seq = draft_seq(commit.version)
         if seq is None or not isinstance(commit.seq, int) or seq > commit.seq:
             raise DamagedCommitError(
@@ -72,9 +80,9 @@ class Commit:
                 f"{commit.version!r}, which is not a version of this store (expected "
                 f"<sequence number>-<12 hex digits> directly under {VERSIONS}/, numbered "
                 f"at most {commit.seq}); the store's history is damaged: nothing is read "
-                f"through it: restore that file from a copy")
+                f"through it: restore that file from a copy"
+            )
         return commit
-
 
 
 def draft_seq(version) -> int | None:
@@ -83,4 +91,3 @@ def draft_seq(version) -> int | None:
     ``1-notes``): such a folder is never read or deleted as a version."""
     match = VERSION_NAME.fullmatch(version) if isinstance(version, str) else None
     return int(match.group(1)) if match else None
-

@@ -21,7 +21,7 @@ def backend_for(url: str) -> Backend:
     ``gs://bucket/key``, ``az://container/key``, ``memory://…``; other fsspec protocols
     go through :mod:`.fsspec_backend`)."""
     if url.startswith("file://"):
-        return LocalBackend(url[len("file://"):])
+        return LocalBackend(url[len("file://") :])
     if url.startswith(("s3://", "s3a://")):
         return S3Backend(url)
     if url.startswith(("gs://", "gcs://")):

@@ -13,10 +13,12 @@ __all__ = ["MARKER", "root_document", "is_root_marker", "mark_store_root", "mark
 #: Key of the root marker's own document (what slem-dask recognizes as its marker).
 MARKER = "slem_dask_versioned_store"
 
-_HOW = ("this folder is a slem-dask versioned store, not a zarr node: read its current "
-        "version with slem_dask.open_zarr(PATH), zarr.open(slem_dask.storage.VersionStore("
-        "PATH)) or xarray.open_zarr(slem_dask.storage.VersionStore(PATH)), or copy it out "
-        "as plain zarr with `slem-dask export PATH --to OUT.zarr`")
+_HOW = (
+    "this folder is a slem-dask versioned store, not a zarr node: read its current "
+    "version with slem_dask.open_zarr(PATH), zarr.open(slem_dask.storage.VersionStore("
+    "PATH)) or xarray.open_zarr(slem_dask.storage.VersionStore(PATH)), or copy it out "
+    "as plain zarr with `slem-dask export PATH --to OUT.zarr`"
+)
 
 
 def root_document(kind: str) -> bytes:
@@ -24,10 +26,18 @@ def root_document(kind: str) -> bytes:
     before ``zarr_format``: "array" for outputs (``zarr.open_array`` and
     ``dask.array.from_zarr`` then show the sentence), "group" for the rest. (No
     ``.zgroup`` for zarr 2's API: zarr 3 warns about every group that has both.)"""
-    doc = {"zarr_format": _HOW, "node_type": "array" if kind == "encoding" else "group",
-           "attributes": {MARKER: {"kind": kind, "read_with": "slem_dask.open_zarr(PATH)",
-                                   "versions": "slem-dask versions PATH",
-                                   "export": "slem-dask export PATH --to OUT.zarr"}}}
+    doc = {
+        "zarr_format": _HOW,
+        "node_type": "array" if kind == "encoding" else "group",
+        "attributes": {
+            MARKER: {
+                "kind": kind,
+                "read_with": "slem_dask.open_zarr(PATH)",
+                "versions": "slem-dask versions PATH",
+                "export": "slem-dask export PATH --to OUT.zarr",
+            }
+        },
+    }
     return json.dumps(doc, indent=1).encode()
 
 
@@ -47,9 +57,13 @@ def _replaceable(data: bytes | None) -> bool:
     if is_root_marker(doc):
         return True
     empty = {"zarr_format", "node_type", "attributes", "consolidated_metadata"}
-    return (set(doc) <= empty and doc.get("zarr_format") in (2, 3)
-            and doc.get("node_type", "group") == "group" and not doc.get("attributes")
-            and not doc.get("consolidated_metadata"))
+    return (
+        set(doc) <= empty
+        and doc.get("zarr_format") in (2, 3)
+        and doc.get("node_type", "group") == "group"
+        and not doc.get("attributes")
+        and not doc.get("consolidated_metadata")
+    )
 
 
 def _json(data: bytes | None):

@@ -72,17 +72,33 @@ def _lost_reply(exc: BaseException) -> bool:
     timed out once the request may have been sent (not a refusal, not credentials)."""
     from botocore import exceptions as bx
 
-    if isinstance(exc, (bx.NoCredentialsError, bx.PartialCredentialsError,
-                        bx.EndpointConnectionError, bx.ConnectTimeoutError)):
+    if isinstance(
+        exc,
+        (
+            bx.NoCredentialsError,
+            bx.PartialCredentialsError,
+            bx.EndpointConnectionError,
+            bx.ConnectTimeoutError,
+        ),
+    ):
         return False  # nothing reached the store
-    return isinstance(exc, (bx.HTTPClientError, bx.ConnectionError, asyncio.TimeoutError,
-                            ConnectionError, TimeoutError))
+    return isinstance(
+        exc,
+        (
+            bx.HTTPClientError,
+            bx.ConnectionError,
+            asyncio.TimeoutError,
+            ConnectionError,
+            TimeoutError,
+        ),
+    )
 
 
 def _conflict(exc: BaseException) -> bool:
     code, status = _error_code(exc)
     return code in ("ConditionalRequestConflict", "OperationAborted") or (
-        status == 409 and not code)
+        status == 409 and not code
+    )
 
 
 _FILESYSTEMS: dict = {}
@@ -95,18 +111,16 @@ def _filesystem(options: dict):
     keys (a test, a long-lived client) would keep talking to the old store."""
     import fsspec
 
-    env = tuple(sorted((k, v) for k, v in os.environ.items()
-                       if k.startswith(("AWS_", "FSSPEC_"))))
+    env = tuple(sorted((k, v) for k, v in os.environ.items() if k.startswith(("AWS_", "FSSPEC_"))))
     token = (os.getpid(), json.dumps(options, sort_keys=True, default=repr), env)
     with _FILESYSTEMS_LOCK:
         fs = _FILESYSTEMS.get(token)
         if fs is None:
             # every listing goes to the store: another process may have written since
             fs = _FILESYSTEMS[token] = fsspec.filesystem(
-                "s3", skip_instance_cache=True, **{"use_listings_cache": False, **options})
+                "s3", skip_instance_cache=True, **{"use_listings_cache": False, **options}
+            )
         return fs
-
-
 
 
 class S3Backend(Backend):
@@ -149,8 +163,11 @@ class S3Backend(Backend):
         return self.fs.call_s3(method, Bucket=self.bucket, **kwargs)
 
     def _pages(self, prefix: str, delimiter: str | None, start_after: str | None = None):
-        kwargs = {"Prefix": prefix, **({"Delimiter": delimiter} if delimiter else {}),
-                  **({"StartAfter": start_after} if start_after else {})}
+        kwargs = {
+            "Prefix": prefix,
+            **({"Delimiter": delimiter} if delimiter else {}),
+            **({"StartAfter": start_after} if start_after else {}),
+        }
         while True:
             page = self._call("list_objects_v2", **kwargs)
             yield page
@@ -159,8 +176,7 @@ class S3Backend(Backend):
             kwargs["ContinuationToken"] = page["NextContinuationToken"]
 
     def _keys_under(self, folder: str) -> list[str]:
-        return [o["Key"] for page in self._pages(folder, None)
-                for o in page.get("Contents", [])]
+        return [o["Key"] for page in self._pages(folder, None) for o in page.get("Contents", [])]
 
     # -- Backend -------------------------------------------------------------
 
@@ -203,8 +219,9 @@ class S3Backend(Backend):
         extra = dict(getattr(self.fs, "s3_additional_kwargs", None) or {})
         for attempt in range(_CONFLICT_TRIES):
             try:
-                await client.put_object(Bucket=self.bucket, Key=key, Body=data,
-                                        IfNoneMatch="*", **extra)
+                await client.put_object(
+                    Bucket=self.bucket, Key=key, Body=data, IfNoneMatch="*", **extra
+                )
                 return True
             except ClientError as exc:
                 if _precondition_failed(exc):
@@ -217,15 +234,20 @@ class S3Backend(Backend):
             except Exception as exc:  # noqa: BLE001 - sorted by _lost_reply
                 if not _lost_reply(exc):
                     raise
-                return await self._resolve(key, data, exc, OSError(
-                    f"cannot create s3://{self.bucket}/{key}: {type(exc).__name__}: {exc}"))
-            await asyncio.sleep(_CONFLICT_BACKOFF * 2 ** attempt)
+                return await self._resolve(
+                    key,
+                    data,
+                    exc,
+                    OSError(f"cannot create s3://{self.bucket}/{key}: {type(exc).__name__}: {exc}"),
+                )
+            await asyncio.sleep(_CONFLICT_BACKOFF * 2**attempt)
         if await self._holds(key, None):
             return False
         raise translate_boto_error(last) from last
 
-    async def _resolve(self, key: str, data: bytes, cause: BaseException,
-                       error: BaseException) -> bool:
+    async def _resolve(
+        self, key: str, data: bytes, cause: BaseException, error: BaseException
+    ) -> bool:
         """After a PUT whose outcome is unknown: whether ``key`` holds exactly ``data``
         (True) or other bytes (False); ``error`` if it is absent (the caller may create
         it again: the same bytes cannot be created twice)."""
@@ -240,9 +262,11 @@ class S3Backend(Backend):
         try:
             return await self._held(key)
         except Exception as exc:  # noqa: BLE001 - unknown outcome: say so, with the cause
-            raise OSError(f"cannot learn whether s3://{self.bucket}/{key} was created "
-                          f"({type(cause).__name__}: {cause}; reading it back: "
-                          f"{type(exc).__name__}: {exc})") from cause
+            raise OSError(
+                f"cannot learn whether s3://{self.bucket}/{key} was created "
+                f"({type(cause).__name__}: {cause}; reading it back: "
+                f"{type(exc).__name__}: {exc})"
+            ) from cause
 
     async def _held(self, key: str) -> bytes | None:
         try:
@@ -277,9 +301,10 @@ class S3Backend(Backend):
         names: set[str] = set()
         after = folder + start_after if start_after else None
         for page in self._pages(folder, "/", after):
-            names.update(o["Key"][len(folder):] for o in page.get("Contents", []))
-            names.update(p["Prefix"][len(folder):].rstrip("/")
-                         for p in page.get("CommonPrefixes", []))
+            names.update(o["Key"][len(folder) :] for o in page.get("Contents", []))
+            names.update(
+                p["Prefix"][len(folder) :].rstrip("/") for p in page.get("CommonPrefixes", [])
+            )
         names.discard("")  # a folder marker object ("prefix/") is not a name
         return sorted(names)
 
@@ -319,14 +344,17 @@ class S3Backend(Backend):
 
     def _delete_keys(self, keys: builtins.list[str]) -> None:
         for i in range(0, len(keys), _DELETE_BATCH):
-            batch = keys[i:i + _DELETE_BATCH]
-            out = self._call("delete_objects", Delete={
-                "Objects": [{"Key": k} for k in batch], "Quiet": True})
+            batch = keys[i : i + _DELETE_BATCH]
+            out = self._call(
+                "delete_objects", Delete={"Objects": [{"Key": k} for k in batch], "Quiet": True}
+            )
             errors = [e for e in out.get("Errors", []) if e.get("Code") != "NoSuchKey"]
             if errors:
                 e = errors[0]
-                raise OSError(f"cannot delete s3://{self.bucket}/{e.get('Key')}: "
-                              f"{e.get('Code')} {e.get('Message', '')}".strip())
+                raise OSError(
+                    f"cannot delete s3://{self.bucket}/{e.get('Key')}: "
+                    f"{e.get('Code')} {e.get('Message', '')}".strip()
+                )
 
     def copy_tree(self, src: str, dst: str, names: builtins.list[str] | None = None) -> None:
         """Server-side CopyObject of each object (one request each, up to 5 GiB an
@@ -335,26 +363,41 @@ class S3Backend(Backend):
         overwritten."""
         src_folder, dst_folder = self._folder(src), self._folder(dst)
         if names is None:
-            names = [k[len(src_folder):] for k in self._keys_under(src_folder)
-                     if not k.endswith(_PRIVATE_SUFFIXES)]
+            names = [
+                k[len(src_folder) :]
+                for k in self._keys_under(src_folder)
+                if not k.endswith(_PRIVATE_SUFFIXES)
+            ]
         pairs = [(src_folder + n.strip("/"), dst_folder + n.strip("/")) for n in names]
         self._sync(self._copy_all, pairs)
 
     async def _copy_all(self, pairs):
         for i in range(0, len(pairs), _COPY_BATCH):
-            await asyncio.gather(*[
-                self.fs._call_s3("copy_object", Bucket=self.bucket, Key=d,
-                                 CopySource={"Bucket": self.bucket, "Key": s})
-                for s, d in pairs[i:i + _COPY_BATCH]])
+            await asyncio.gather(
+                *[
+                    self.fs._call_s3(
+                        "copy_object",
+                        Bucket=self.bucket,
+                        Key=d,
+                        CopySource={"Bucket": self.bucket, "Key": s},
+                    )
+                    for s, d in pairs[i : i + _COPY_BATCH]
+                ]
+            )
 
     # -- errors --------------------------------------------------------------
 
     def _endpoint(self) -> str:
         client = getattr(self.fs, "_s3", None)
         url = getattr(getattr(client, "meta", None), "endpoint_url", None)
-        return (url or self.storage_options.get("endpoint_url")
-                or os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
-                or os.environ.get("FSSPEC_S3_ENDPOINT_URL") or "AWS S3 (no endpoint set)")
+        return (
+            url
+            or self.storage_options.get("endpoint_url")
+            or os.environ.get("AWS_ENDPOINT_URL_S3")
+            or os.environ.get("AWS_ENDPOINT_URL")
+            or os.environ.get("FSSPEC_S3_ENDPOINT_URL")
+            or "AWS S3 (no endpoint set)"
+        )
 
     def unreachable(self, timeout: float = 3.0) -> str | None:
         """One line if the endpoint does not accept a connection within ``timeout``
@@ -370,9 +413,11 @@ class S3Backend(Backend):
             return None
         except OSError as exc:
             why = exc.strerror or type(exc).__name__
-        return (f"the object store at {endpoint} does not answer ({why}) for {self.root}: "
-                f"start it, or fix AWS_ENDPOINT_URL (or FSSPEC_S3_ENDPOINT_URL); the job's "
-                f"tasks wait for it, no worker needs a restart")
+        return (
+            f"the object store at {endpoint} does not answer ({why}) for {self.root}: "
+            f"start it, or fix AWS_ENDPOINT_URL (or FSSPEC_S3_ENDPOINT_URL); the job's "
+            f"tasks wait for it, no worker needs a restart"
+        )
 
     def describe_error(self, exc: BaseException) -> str | None:
         for e in _chain(exc):
@@ -388,64 +433,96 @@ class S3Backend(Backend):
 
         every_worker = _EVERY_WORKER
         if isinstance(e, (bx.NoCredentialsError, bx.PartialCredentialsError)):
-            return (f"no S3 credentials for {self.root}: set AWS_ACCESS_KEY_ID and "
-                    f"AWS_SECRET_ACCESS_KEY (or AWS_PROFILE) {every_worker}")
-        if isinstance(e, (bx.EndpointConnectionError, bx.ConnectTimeoutError,
-                          bx.ReadTimeoutError)) and self.unreachable() is None:
+            return (
+                f"no S3 credentials for {self.root}: set AWS_ACCESS_KEY_ID and "
+                f"AWS_SECRET_ACCESS_KEY (or AWS_PROFILE) {every_worker}"
+            )
+        if (
+            isinstance(e, (bx.EndpointConnectionError, bx.ConnectTimeoutError, bx.ReadTimeoutError))
+            and self.unreachable() is None
+        ):
             # the failed request was a worker's: "start it" would be untrue
-            return (f"a dask worker could not reach the object store at "
-                    f"{self._endpoint()} for {self.root}, while this client reaches "
-                    "it: check the network between the workers and the store, and "
-                    f"that every worker has this client's AWS_ENDPOINT_URL; then run "
-                    "the same command again")
+            return (
+                f"a dask worker could not reach the object store at "
+                f"{self._endpoint()} for {self.root}, while this client reaches "
+                "it: check the network between the workers and the store, and "
+                f"that every worker has this client's AWS_ENDPOINT_URL; then run "
+                "the same command again"
+            )
         if isinstance(e, (bx.EndpointConnectionError, bx.ConnectTimeoutError)):
-            return (f"cannot reach the object store at {self._endpoint()} for "
-                    f"{self.root}: start it, or fix AWS_ENDPOINT_URL (or "
-                    f"FSSPEC_S3_ENDPOINT_URL) {every_worker}; a store that does not "
-                    "take bucket names in the host name needs path-style addressing, "
-                    "FSSPEC_S3='{\"config_kwargs\": {\"s3\": {\"addressing_style\": "
-                    "\"path\"}}}'")
+            return (
+                f"cannot reach the object store at {self._endpoint()} for "
+                f"{self.root}: start it, or fix AWS_ENDPOINT_URL (or "
+                f"FSSPEC_S3_ENDPOINT_URL) {every_worker}; a store that does not "
+                "take bucket names in the host name needs path-style addressing, "
+                'FSSPEC_S3=\'{"config_kwargs": {"s3": {"addressing_style": '
+                '"path"}}}\''
+            )
         return None
 
     def _response_message(self, code: str | None, status: int | None) -> str | None:
         """What the store's refusal (an S3 error code or HTTP status) means, if it is known."""
         every_worker = _EVERY_WORKER
-        if code in ("SignatureDoesNotMatch", "InvalidAccessKeyId", "InvalidToken",
-                    "ExpiredToken", "InvalidClientTokenId"):
-            return (f"the object store at {self._endpoint()} refused the credentials for "
-                    f"{self.root} ({code}): check AWS_ACCESS_KEY_ID and "
-                    f"AWS_SECRET_ACCESS_KEY {every_worker}")
+        if code in (
+            "SignatureDoesNotMatch",
+            "InvalidAccessKeyId",
+            "InvalidToken",
+            "ExpiredToken",
+            "InvalidClientTokenId",
+        ):
+            return (
+                f"the object store at {self._endpoint()} refused the credentials for "
+                f"{self.root} ({code}): check AWS_ACCESS_KEY_ID and "
+                f"AWS_SECRET_ACCESS_KEY {every_worker}"
+            )
         if code == "403":  # a HEAD's 403 has no body: a wrong secret or no permission
-            return (f"the object store at {self._endpoint()} refused a request on "
-                    f"{self.root} (403 Forbidden): check AWS_ACCESS_KEY_ID and "
-                    "AWS_SECRET_ACCESS_KEY, and that this identity may read, write, list "
-                    f"and delete in bucket {self.bucket!r} {every_worker}")
+            return (
+                f"the object store at {self._endpoint()} refused a request on "
+                f"{self.root} (403 Forbidden): check AWS_ACCESS_KEY_ID and "
+                "AWS_SECRET_ACCESS_KEY, and that this identity may read, write, list "
+                f"and delete in bucket {self.bucket!r} {every_worker}"
+            )
         if code in ("AccessDenied", "AllAccessDisabled", "AccountProblem"):
-            return (f"access denied to {self.root} ({code}): the identity of "
-                    "AWS_ACCESS_KEY_ID needs read, write, list and delete on bucket "
-                    f"{self.bucket!r}, or set the keys of one that has them {every_worker}")
+            return (
+                f"access denied to {self.root} ({code}): the identity of "
+                "AWS_ACCESS_KEY_ID needs read, write, list and delete on bucket "
+                f"{self.bucket!r}, or set the keys of one that has them {every_worker}"
+            )
         if code == "NoSuchBucket":
-            return (f"bucket {self.bucket!r} does not exist at {self._endpoint()}: create "
-                    f"it, or fix the URL {self.root} or AWS_ENDPOINT_URL {every_worker}")
-        if code in ("PermanentRedirect", "AuthorizationHeaderMalformed",
-                    "IllegalLocationConstraintException"):
-            return (f"bucket {self.bucket!r} is in another region ({code}): set "
-                    f"AWS_DEFAULT_REGION to its region {every_worker}")
+            return (
+                f"bucket {self.bucket!r} does not exist at {self._endpoint()}: create "
+                f"it, or fix the URL {self.root} or AWS_ENDPOINT_URL {every_worker}"
+            )
+        if code in (
+            "PermanentRedirect",
+            "AuthorizationHeaderMalformed",
+            "IllegalLocationConstraintException",
+        ):
+            return (
+                f"bucket {self.bucket!r} is in another region ({code}): set "
+                f"AWS_DEFAULT_REGION to its region {every_worker}"
+            )
         if code == "RequestTimeTooSkewed":
-            return (f"the object store at {self._endpoint()} refused the requests for "
-                    f"{self.root} ({code}): this machine's clock differs from the store's by "
-                    "more than S3 allows (15 minutes; requests are signed with the time); "
-                    "set the clock right (NTP: `timedatectl set-ntp true`, or chronyd) on "
-                    f"the client and every dask worker, then run the same command again")
+            return (
+                f"the object store at {self._endpoint()} refused the requests for "
+                f"{self.root} ({code}): this machine's clock differs from the store's by "
+                "more than S3 allows (15 minutes; requests are signed with the time); "
+                "set the clock right (NTP: `timedatectl set-ntp true`, or chronyd) on "
+                f"the client and every dask worker, then run the same command again"
+            )
         if code in ("SlowDown", "ServiceUnavailable", "503") or status == 503:
-            return (f"the object store at {self._endpoint()} answered 503 ({code or status}: "
-                    f"overloaded or unavailable) to every retry for {self.root}; what "
-                    "readers see is as before (a job commits only whole versions): wait, "
-                    "then run the same command again (it resumes); if it persists, check "
-                    "the store's health, or allow more retries (AWS_MAX_ATTEMPTS, on the "
-                    "client and every dask worker)")
+            return (
+                f"the object store at {self._endpoint()} answered 503 ({code or status}: "
+                f"overloaded or unavailable) to every retry for {self.root}; what "
+                "readers see is as before (a job commits only whole versions): wait, "
+                "then run the same command again (it resumes); if it persists, check "
+                "the store's health, or allow more retries (AWS_MAX_ATTEMPTS, on the "
+                "client and every dask worker)"
+            )
         if code == "NotImplemented" or status == 501:
-            return (f"the object store at {self._endpoint()} does not implement a "
-                    f"request slem-dask needs for {self.root} (conditional writes, "
-                    "If-None-Match): use a store that does (AWS S3, SeaweedFS)")
+            return (
+                f"the object store at {self._endpoint()} does not implement a "
+                f"request slem-dask needs for {self.root} (conditional writes, "
+                "If-None-Match): use a store that does (AWS S3, SeaweedFS)"
+            )
         return None

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 
-
-
 from .checksums import self_consistent_crc32c, stored_crc32c
 from . import versions
 from .checksums import _full_key
@@ -27,10 +25,14 @@ def verify(path) -> tuple[str, list[str]]:
     store = versions.VersionedStore(path)
     if not _exists(path):
         if store.has_history():
-            return "unfinished", ["no version was committed (the job that wrote it stopped "
-                                  "part-way): run the same command again"]
-        return "missing", [f"no store at {str(path)!r}: check the path (a job that has not "
-                           f"run yet writes nothing there)"]
+            return "unfinished", [
+                "no version was committed (the job that wrote it stopped "
+                "part-way): run the same command again"
+            ]
+        return "missing", [
+            f"no store at {str(path)!r}: check the path (a job that has not "
+            f"run yet writes nothing there)"
+        ]
     try:
         head = store.head()
     except versions.VersionError as exc:  # a damaged head record: nothing is read through it
@@ -51,11 +53,15 @@ def _verify_current(path) -> tuple[str, list[str]]:
 def _not_marked(path) -> str:
     """Why ``path`` holds nothing slem-dask wrote (no marker)."""
     if unreadable_marker(path):
-        return ("its metadata document 'zarr.json' cannot be read: the store is damaged, "
-                "or is not a zarr v3 store")
+        return (
+            "its metadata document 'zarr.json' cannot be read: the store is damaged, "
+            "or is not a zarr v3 store"
+        )
     if not _exists(path.child("zarr.json")):
-        return (f"{str(path)!r} is not a zarr store (no 'zarr.json' in it): give the path "
-                f"of a model, output, search result or corpus that slem-dask wrote")
+        return (
+            f"{str(path)!r} is not a zarr store (no 'zarr.json' in it): give the path "
+            f"of a model, output, search result or corpus that slem-dask wrote"
+        )
     return f"{str(path)!r} was not written by slem-dask (no '{ATTR}' marker)"
 
 
@@ -91,8 +97,11 @@ def _verify_output(path) -> tuple[str, list[str]]:
         location = versions.resolve(path)[0]
         return "output", [str(damaged_metadata("output", location, exc) or exc)]
     meta = output_meta(arr) or {}
-    problems = [] if meta.get("complete") else ["unfinished (complete: false): re-run the "
-                                                "encode to finish it"]
+    problems = (
+        []
+        if meta.get("complete")
+        else ["unfinished (complete: false): re-run the encode to finish it"]
+    )
     crcs = meta.get("partition_crc32c") or []
     n_parts = -(-arr.shape[0] // int(arr.chunks[0]))
     if meta.get("complete") and len(crcs) != n_parts:
@@ -103,11 +112,15 @@ def _verify_output(path) -> tuple[str, list[str]]:
         crc = self_consistent_crc32c(arr, i)
         if crc is None:
             exists = stored_crc32c(arr, i) is not None
-            problems.append(f"chunk {key!r} (rows {lo}-{hi - 1}) is "
-                            f"{'corrupt or truncated' if exists else 'missing'}")
+            problems.append(
+                f"chunk {key!r} (rows {lo}-{hi - 1}) is "
+                f"{'corrupt or truncated' if exists else 'missing'}"
+            )
         elif i < len(crcs) and crcs[i] is not None and crcs[i] != crc:
-            problems.append(f"chunk {key!r} (rows {lo}-{hi - 1}) is not the chunk that was "
-                            f"written (crc32c {crc:08x}, recorded {crcs[i]:08x})")
+            problems.append(
+                f"chunk {key!r} (rows {lo}-{hi - 1}) is not the chunk that was "
+                f"written (crc32c {crc:08x}, recorded {crcs[i]:08x})"
+            )
     if len(problems) > 12:  # an interrupted output can miss thousands of chunks
         problems = problems[:10] + [f"... and {len(problems) - 10} more"]
     return "output", problems

@@ -60,14 +60,30 @@ from . import gc
 from .backend import Backend, StorageConfigError, check_conditional_writes
 from .errors import IntegrityError
 from .heads import COMMITS, commit_name, commit_names, last_commit_name, write_hint
-from .records import (FORMAT, VERSION_NAME, VERSIONS, Commit, DamagedCommitError,  # noqa: F401
-                      VersionError, _checksum, draft_seq)
+from .records import (
+    FORMAT,  # noqa: F401
+    VERSION_NAME,  # noqa: F401
+    VERSIONS,
+    Commit,
+    DamagedCommitError,  # noqa: F401
+    VersionError,
+    _checksum,
+    draft_seq,
+)
 from .registry import backend_for
 from .rootmarker import mark_after_commit
 
-__all__ = ["Commit", "Draft", "VersionedStore", "CommitConflictError", "VersionError",
-           "DamagedCommitError", "CommitUnknownError", "resolve",
-           "KEEP_VERSIONS"]
+__all__ = [
+    "Commit",
+    "Draft",
+    "VersionedStore",
+    "CommitConflictError",
+    "VersionError",
+    "DamagedCommitError",
+    "CommitUnknownError",
+    "resolve",
+    "KEEP_VERSIONS",
+]
 
 #: suffix of the marker beside each version folder (``versions/<name>.slem-dask``)
 MARKER = ".slem-dask"
@@ -117,8 +133,11 @@ class VersionedStore:
     def has_history(self) -> bool:
         """Whether slem-dask ever wrote here as a versioned store (committed or not):
         a commit record, a version folder begun with its marker, or a draft's fate file."""
-        return (self.is_versioned() or bool(_marked(self.backend.list(VERSIONS)))
-                or any(draft_seq(v) is not None for v in self.backend.list(gc.FATES)))
+        return (
+            self.is_versioned()
+            or bool(_marked(self.backend.list(VERSIONS)))
+            or any(draft_seq(v) is not None for v in self.backend.list(gc.FATES))
+        )
 
     def commits(self) -> list[Commit]:
         """Every commit record (the whole history: one listing of commits/)."""
@@ -160,7 +179,8 @@ class VersionedStore:
             raise DamagedCommitError(
                 f"{str(self.path)!r}: {version!r} is not the name of a version folder "
                 f"(<sequence number>-<12 hex digits> directly under {VERSIONS}/); "
-                f"slem-dask neither reads nor deletes it")
+                f"slem-dask neither reads nor deletes it"
+            )
         return f"{VERSIONS}/{version}"
 
     def _marker(self, version: str) -> str:
@@ -177,13 +197,15 @@ class VersionedStore:
             raise DamagedCommitError(
                 f"{str(self.path)!r}: version {commit.seq} ({commit.version}) has no "
                 f"zarr.json: it was pruned or deleted; read a newer version "
-                f"(`slem-dask versions {self.path}`)")
+                f"(`slem-dask versions {self.path}`)"
+            )
         if _checksum(data) != commit.checksum:
             raise DamagedCommitError(
                 f"{str(self.path)!r}: the metadata document 'zarr.json' of version "
                 f"{commit.seq} does not match its commit record (edited or damaged); roll "
                 f"back to an earlier version "
-                f"(`slem-dask rollback {self.path} --to N`) or write it again")
+                f"(`slem-dask rollback {self.path} --to N`) or write it again"
+            )
         return data
 
     def _where(self, key: str) -> str:
@@ -199,15 +221,25 @@ class VersionedStore:
             raise StorageConfigError(
                 f"{str(self.path)!r}: this storage offers no atomic create-if-absent, so "
                 f"slem-dask cannot commit versions there safely; write to a local path or "
-                f"to s3://, gs:// or az://")
+                f"to s3://, gs:// or az://"
+            )
         self._probe_conditional_writes()
         head = self.head()
         seq = (head.seq if head else 0) + 1
         version = f"{seq:08d}-{uuid.uuid4().hex[:12]}"
         # before anything of the draft: a folder without its marker is never a draft
-        self.backend.put(self._marker(version), json.dumps({
-            "slem_dask": "version folder", "version": version, "seq": seq,
-            "host": socket.gethostname(), "pid": os.getpid()}).encode())
+        self.backend.put(
+            self._marker(version),
+            json.dumps(
+                {
+                    "slem_dask": "version folder",
+                    "version": version,
+                    "seq": seq,
+                    "host": socket.gethostname(),
+                    "pid": os.getpid(),
+                }
+            ).encode(),
+        )
         return Draft(seq, version, self.location(version))
 
     def _probe_conditional_writes(self) -> None:
@@ -258,8 +290,9 @@ class VersionedStore:
         stalled jobs): their chunks may be reused, after checks, never adopted."""
         return [v for v in _marked(self.backend.list(VERSIONS)) if draft_seq(v) == seq]
 
-    def commit(self, draft: Draft, kind: str, job: str, summary: dict | None = None,
-               source: str = "") -> Commit:
+    def commit(
+        self, draft: Draft, kind: str, job: str, summary: dict | None = None, source: str = ""
+    ) -> Commit:
         """Make ``draft`` the head, atomically, or raise :class:`CommitConflictError`
         if another job committed its sequence number first."""
         data = self.backend.read(f"{self._folder(draft.version)}/zarr.json")
@@ -268,14 +301,17 @@ class VersionedStore:
         if data is None and gc.fate_of(self.backend, draft.version) == gc.DEAD:
             raise gc.DraftFencedError(gc.fenced_message(self, draft.version))
         if data is None:
-            raise DamagedCommitError(f"{str(self.path)!r}: the draft {draft.version} has no "
-                                     f"zarr.json; nothing was committed")
+            raise DamagedCommitError(
+                f"{str(self.path)!r}: the draft {draft.version} has no "
+                f"zarr.json; nothing was committed"
+            )
         if gc.claim(self.backend, draft.version, gc.COMMIT) != gc.COMMIT:
             if self.commit_at(draft.seq) is not None:
                 self._raise_conflict(draft.seq)  # the winner deleted this dead draft
             raise gc.DraftFencedError(gc.fenced_message(self, draft.version))
-        commit = self._create(draft.seq, draft.version, kind, job, _checksum(data),
-                              summary or {}, source)
+        commit = self._create(
+            draft.seq, draft.version, kind, job, _checksum(data), summary or {}, source
+        )
         self._clean_after_commit(draft.seq, draft.version)
         return commit
 
@@ -291,9 +327,18 @@ class VersionedStore:
             pass
 
     def _create(self, seq, version, kind, job, checksum, summary, source) -> Commit:
-        record = Commit(seq, version, kind, job, socket.gethostname(), checksum,
-                        time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), summary, source,
-                        token=uuid.uuid4().hex)
+        record = Commit(
+            seq,
+            version,
+            kind,
+            job,
+            socket.gethostname(),
+            checksum,
+            time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            summary,
+            source,
+            token=uuid.uuid4().hex,
+        )
         if not self._publish(seq, record):
             self._raise_conflict(seq)
         write_hint(self.backend, seq)  # where the next head search starts
@@ -329,21 +374,29 @@ class VersionedStore:
                 continue
             if held is not None:
                 return held == data
-        why = f"the storage failed: {failure}" if failure is not None else \
-            f"{key} was never there when read back"
+        why = (
+            f"the storage failed: {failure}"
+            if failure is not None
+            else f"{key} was never there when read back"
+        )
         raise CommitUnknownError(
             f"{str(self.path)!r}: cannot learn whether version {seq} was committed "
             f"({why}); if it was, it is complete and stays: see "
-            f"`slem-dask versions {self.path}`, or run the same command again") from failure
+            f"`slem-dask versions {self.path}`, or run the same command again"
+        ) from failure
 
     def _raise_conflict(self, seq: int):
         winner = self.commit_at(seq)
-        by = f"{winner.job} on host {winner.host}, at {winner.created} by its clock" \
-            if winner else "another job"
+        by = (
+            f"{winner.job} on host {winner.host}, at {winner.created} by its clock"
+            if winner
+            else "another job"
+        )
         raise CommitConflictError(
             f"{str(self.path)!r}: version {seq} was committed by {by} while this job "
             f"ran; this job's writes were never visible and are discarded: run it "
-            f"again to build on that version")
+            f"again to build on that version"
+        )
 
     def abandon(self, draft: Draft) -> None:
         """Delete a draft that will not be committed, unless its commit record names it
@@ -367,9 +420,11 @@ class VersionedStore:
 
     def _history_besides(self, version: str) -> bool:
         """:meth:`has_history`, not counting ``version``'s fate file."""
-        return (self.is_versioned() or bool(_marked(self.backend.list(VERSIONS)))
-                or any(draft_seq(v) is not None and v != version
-                       for v in self.backend.list(gc.FATES)))
+        return (
+            self.is_versioned()
+            or bool(_marked(self.backend.list(VERSIONS)))
+            or any(draft_seq(v) is not None and v != version for v in self.backend.list(gc.FATES))
+        )
 
     def _committed(self, version: str) -> bool:
         """Whether the commit record of the version's own sequence number names it (the
@@ -409,13 +464,14 @@ class VersionedStore:
     def _rollback(self, seq: int, job: str) -> Commit:
         old = self.commit_at(seq)
         if old is None:
-            raise ValueError(f"{str(self.path)!r} has no version {seq}; list them with "
-                             f"`slem-dask versions {self.path}`")
+            raise ValueError(
+                f"{str(self.path)!r} has no version {seq}; list them with "
+                f"`slem-dask versions {self.path}`"
+            )
         head = self.head()
         assert head is not None  # the record of ``old`` was read: the store has a head
         source = f"rollback to {seq}"
-        if head.version == old.version or (head.source == source
-                                           and head.checksum == old.checksum):
+        if head.version == old.version or (head.source == source and head.checksum == old.checksum):
             return head  # a new commit would change nothing but the history
         self.check(old)  # still there, unchanged
         # a copy in a draft of its own, committed as any draft is: a job whose lease was
@@ -428,7 +484,8 @@ class VersionedStore:
                 raise VersionError(
                     f"{str(self.path)!r}: version {seq} was pruned while this rollback "
                     f"copied it; nothing was committed: roll back to a version listed by "
-                    f"`slem-dask versions {self.path}`") from None
+                    f"`slem-dask versions {self.path}`"
+                ) from None
             # deleting a version begins with its zarr.json: if it is still there and
             # unchanged, nothing of the version was deleted while it was copied
             self.check(old)
@@ -447,7 +504,6 @@ class VersionedStore:
         drafts of sequences not committed yet are left: only a lease holder may judge
         their jobs dead)."""
         return gc.collect(self, keep)
-
 
 
 #: errors with which a create was refused before anything was written (a read-only,
@@ -491,12 +547,16 @@ def resolve(path) -> tuple[str, VersionedStore | None, Commit | None]:
                     f"{str(path)!r} is a version folder that was never committed (a draft "
                     f"of a job that failed, was interrupted or lost its race); read the "
                     f"store {str(owner.path)!r} itself, or a version listed by "
-                    f"`slem-dask versions {owner.path}`")
+                    f"`slem-dask versions {owner.path}`"
+                )
             return path.location, owner, commit
     if path.parent.url != path.url:
         parent = VersionedStore(path.parent)
         head = parent.head()
         if head is not None:
-            return parent.path.child(VERSIONS).child(head.version).child(path.name).location, \
-                parent, head
+            return (
+                parent.path.child(VERSIONS).child(head.version).child(path.name).location,
+                parent,
+                head,
+            )
     return path.location, None, None

@@ -7,7 +7,6 @@ from __future__ import annotations
 import hashlib
 
 
-
 from .checksums import _full_key, _store_get
 from .errors import IntegrityError, StorageViewError
 from .paths import canonical
@@ -33,8 +32,11 @@ def store_signature(location: str) -> dict:
         key = _full_key(node, (0,) * node.ndim)
         head = _store_get(node, key, head=_SIGNATURE_BYTES)
         tail = _store_get(node, key, suffix=_SIGNATURE_BYTES)
-        sig["first_chunk"] = None if head is None or tail is None else (
-            f"{_store_size(node, key)}:{hashlib.sha256(head + tail).hexdigest()}")
+        sig["first_chunk"] = (
+            None
+            if head is None or tail is None
+            else (f"{_store_size(node, key)}:{hashlib.sha256(head + tail).hexdigest()}")
+        )
     return sig
 
 
@@ -69,8 +71,9 @@ class WorkerLeftError(IntegrityError):
 _ASK_ROUNDS = 3
 
 
-def ask_workers(client, function, *args, workers: list | None = None,
-                what: str = "the checks before the job") -> dict:
+def ask_workers(
+    client, function, *args, workers: list | None = None, what: str = "the checks before the job"
+) -> dict:
     """``client.run(function, *args)`` on ``workers`` (None: every worker, also one that
     joins while they are asked): {address: answer} of the workers that answered. A
     worker that leaves the cluster meanwhile (distributed's "Address removed.", a
@@ -95,14 +98,16 @@ def ask_workers(client, function, *args, workers: list | None = None,
                 if not isinstance(value, (CommClosedError, OSError, TimeoutError)):
                     raise value
                 failed[address] = value
-        asked = list(failed) if workers is not None else \
-            [a for a in present if a not in answers]  # the failed, and any that joined
+        asked = (
+            list(failed) if workers is not None else [a for a in present if a not in answers]
+        )  # the failed, and any that joined
     address, exc = next(iter(failed.items()))
     raise WorkerLeftError(
         f"worker {address} stopped answering during {what} ({type(exc).__name__}: "
         f"{str(exc).splitlines()[0][:200] if str(exc) else 'no reply'}) while still listed "
         f"by the scheduler, so it is leaving or stuck; the job stopped before its tasks "
-        f"ran: run the same command again (it checks the workers that are there then)")
+        f"ran: run the same command again (it checks the workers that are there then)"
+    )
 
 
 def _current_workers(client) -> list:
@@ -119,13 +124,15 @@ def check_workers_see(client, stores: dict[str, object]) -> None:
     paths = [canonical(stores[n]) for n in names]
     local = [p for p in paths if p.url.startswith("memory://")]
     if local:
-        apart = [w for w in client.scheduler_info().get("workers", {})
-                 if not w.startswith("inproc://")]
+        apart = [
+            w for w in client.scheduler_info().get("workers", {}) if not w.startswith("inproc://")
+        ]
         if apart:
             raise StorageViewError(
                 f"{str(local[0])!r} is a memory:// store: it lives in this process only, "
                 f"and worker {apart[0]} is another process; use a path or URL every worker "
-                f"can reach (a shared file system, s3://...), or an in-process cluster")
+                f"can reach (a shared file system, s3://...), or an in-process cluster"
+            )
     from .versions import resolve
 
     def read_at(p):  # what is read: a versioned store's head; a draft as it is
@@ -136,19 +143,26 @@ def check_workers_see(client, stores: dict[str, object]) -> None:
 
     locations = [read_at(p) for p in paths]
     here = _worker_signatures(locations)
-    seen = ask_workers(client, _worker_signatures, locations,
-                       what="the check that every worker sees the stores")
+    seen = ask_workers(
+        client, _worker_signatures, locations, what="the check that every worker sees the stores"
+    )
     for worker, sigs in seen.items():
         for name, path, mine, theirs in zip(names, paths, here, sigs, strict=True):
             if theirs != mine:
                 what = theirs.get("error") or (
-                    "another metadata document" if theirs.get("metadata") != mine.get("metadata")
-                    else "another first chunk")
+                    "another metadata document"
+                    if theirs.get("metadata") != mine.get("metadata")
+                    else "another first chunk"
+                )
                 # a URL reads the same everywhere: what differs is the worker's variables
-                fix = ("mount it on that worker, or use a URL (s3://...) all can read"
-                       if path.is_local else "the client and every dask worker need the same "
-                       "variables (credentials, endpoint): set them where that worker starts")
+                fix = (
+                    "mount it on that worker, or use a URL (s3://...) all can read"
+                    if path.is_local
+                    else "the client and every dask worker need the same "
+                    "variables (credentials, endpoint): set them where that worker starts"
+                )
                 raise StorageViewError(
                     f"worker {worker} does not see the {name} {str(path)!r} as this client "
                     f"does ({what}); every worker must reach the same storage at the same "
-                    f"path: {fix}")
+                    f"path: {fix}"
+                )

@@ -27,8 +27,12 @@ N, M, D = 300, 70, 12
 
 
 def write_array(path, data, chunk_rows=32):
-    arr = zarr.create_array(store=str(path), shape=data.shape, dtype=data.dtype,
-                            chunks=(max(1, min(chunk_rows, data.shape[0])),) + data.shape[1:])
+    arr = zarr.create_array(
+        store=str(path),
+        shape=data.shape,
+        dtype=data.dtype,
+        chunks=(max(1, min(chunk_rows, data.shape[0])),) + data.shape[1:],
+    )
     arr[...] = data
     return str(path)
 
@@ -39,9 +43,12 @@ def corpus(tmp_path_factory):
     rng = np.random.default_rng(7)
     X = (rng.standard_normal((N, D)) * rng.uniform(0.5, 2, D) + 3.0).astype(np.float32)
     P = (rng.standard_normal((M, D)) + 3.0).astype(np.float32)
-    paths = {"X": X, "P": P,
-             "negatives": write_array(root / "negatives.zarr", X, 64),
-             "positives": write_array(root / "positives.zarr", P, 16)}
+    paths = {
+        "X": X,
+        "P": P,
+        "negatives": write_array(root / "negatives.zarr", X, 64),
+        "positives": write_array(root / "positives.zarr", P, 16),
+    }
     model = root / "model.zarr"
     LinearSLEM(lam=0.01, theta=2.0).fit(X).save(str(model))
     paths["model"] = str(model)
@@ -49,21 +56,54 @@ def corpus(tmp_path_factory):
 
 
 def fit_args(scheduler, negatives, model, *extra):
-    return ("fit", "--negatives", negatives, "--model", model, "--scheduler", scheduler,
-            "--no-progress", *extra)
+    return (
+        "fit",
+        "--negatives",
+        negatives,
+        "--model",
+        model,
+        "--scheduler",
+        scheduler,
+        "--no-progress",
+        *extra,
+    )
 
 
 def encode_args(scheduler, model, positives, out, *extra):
-    return ("encode", "--model", model, "--positives", positives, "--out", out,
-            "--scheduler", scheduler, "--no-progress", *extra)
+    return (
+        "encode",
+        "--model",
+        model,
+        "--positives",
+        positives,
+        "--out",
+        out,
+        "--scheduler",
+        scheduler,
+        "--no-progress",
+        *extra,
+    )
 
 
 # -- round trips ---------------------------------------------------------------
 def test_fit_round_trip(scheduler, corpus, tmp_path, capsys):
     model_path = str(tmp_path / "model.zarr")
-    code, out, err = run(capsys, *fit_args(scheduler, corpus["negatives"], model_path,
-                                           "--lam", "0.01", "--theta", "2", "--partition-rows", "50",
-                                           "--precision", "float64"))
+    code, out, err = run(
+        capsys,
+        *fit_args(
+            scheduler,
+            corpus["negatives"],
+            model_path,
+            "--lam",
+            "0.01",
+            "--theta",
+            "2",
+            "--partition-rows",
+            "50",
+            "--precision",
+            "float64",
+        ),
+    )
     assert code == 0, err
     assert "fit:" in out and "fingerprint" in out
     got = load_model(model_path)
@@ -80,8 +120,12 @@ def test_fit_round_trip(scheduler, corpus, tmp_path, capsys):
 
 def test_encode_round_trip_float32(scheduler, corpus, tmp_path, capsys):
     out_path = str(tmp_path / "codes.zarr")
-    code, out, err = run(capsys, *encode_args(scheduler, corpus["model"], corpus["positives"],
-                                              out_path, "--partition-rows", "20"))
+    code, out, err = run(
+        capsys,
+        *encode_args(
+            scheduler, corpus["model"], corpus["positives"], out_path, "--partition-rows", "20"
+        ),
+    )
     assert code == 0, err
     model = load_model(corpus["model"])
     arr = storage.open_output(out_path)
@@ -99,8 +143,12 @@ def test_encode_round_trip_float32(scheduler, corpus, tmp_path, capsys):
 
 def test_encode_round_trip_float64(scheduler, corpus, tmp_path, capsys):
     out_path = str(tmp_path / "codes.zarr")
-    code, _, err = run(capsys, *encode_args(scheduler, corpus["model"], corpus["positives"],
-                                            out_path, "--dtype", "float64"))
+    code, _, err = run(
+        capsys,
+        *encode_args(
+            scheduler, corpus["model"], corpus["positives"], out_path, "--dtype", "float64"
+        ),
+    )
     assert code == 0, err
     arr = storage.open_output(out_path)
     assert arr.dtype == np.float64
@@ -110,15 +158,28 @@ def test_encode_round_trip_float64(scheduler, corpus, tmp_path, capsys):
 
 def test_overwrite_replaces(scheduler, corpus, tmp_path, capsys):
     out_path = str(tmp_path / "codes.zarr")
-    assert run(capsys, *encode_args(scheduler, corpus["model"], corpus["positives"], out_path))[0] == 0
-    code, _, err = run(capsys, *encode_args(scheduler, corpus["model"], corpus["positives"],
-                                            out_path, "--dtype", "float64", "--overwrite"))
+    assert (
+        run(capsys, *encode_args(scheduler, corpus["model"], corpus["positives"], out_path))[0] == 0
+    )
+    code, _, err = run(
+        capsys,
+        *encode_args(
+            scheduler,
+            corpus["model"],
+            corpus["positives"],
+            out_path,
+            "--dtype",
+            "float64",
+            "--overwrite",
+        ),
+    )
     assert code == 0, err
     assert storage.open_output(out_path).dtype == np.float64
     model_path = str(tmp_path / "model.zarr")
     assert run(capsys, *fit_args(scheduler, corpus["negatives"], model_path))[0] == 0
-    code, _, err = run(capsys, *fit_args(scheduler, corpus["negatives"], model_path,
-                                         "--lam", "0.5", "--overwrite"))
+    code, _, err = run(
+        capsys, *fit_args(scheduler, corpus["negatives"], model_path, "--lam", "0.5", "--overwrite")
+    )
     assert code == 0, err
     assert load_model(model_path).lam == 0.5
     assert sorted(os.listdir(tmp_path)) == ["codes.zarr", "model.zarr"]
@@ -126,9 +187,21 @@ def test_overwrite_replaces(scheduler, corpus, tmp_path, capsys):
 
 def test_cli_starts_its_own_local_cluster(corpus, tmp_path, capsys):
     model_path = str(tmp_path / "model.zarr")
-    code, out, err = run(capsys, "fit", "--negatives", corpus["negatives"], "--model", model_path,
-                         "--workers", "1", "--threads-per-worker", "2", "--lam", "0.01",
-                         "--no-progress")
+    code, out, err = run(
+        capsys,
+        "fit",
+        "--negatives",
+        corpus["negatives"],
+        "--model",
+        model_path,
+        "--workers",
+        "1",
+        "--threads-per-worker",
+        "2",
+        "--lam",
+        "0.01",
+        "--no-progress",
+    )
     assert code == 0, err
     assert "with 1 worker(s)" in out
     # float32 negatives, blocks in float32: the precision contract (1e-5, max relative)
@@ -140,8 +213,9 @@ def test_cli_starts_its_own_local_cluster(corpus, tmp_path, capsys):
     np.testing.assert_allclose(got.mean_, want.mean_, rtol=1e-12)
 
 
-def test_ctrl_c_while_the_cluster_closes_reports_the_finished_job(corpus, tmp_path, capsys,
-                                                                   monkeypatch):
+def test_ctrl_c_while_the_cluster_closes_reports_the_finished_job(
+    corpus, tmp_path, capsys, monkeypatch
+):
     # The job has written its model; a Ctrl-C then, while the cluster shuts down, must
     # not say that nothing was written.
     import contextlib
@@ -158,16 +232,26 @@ def test_ctrl_c_while_the_cluster_closes_reports_the_finished_job(corpus, tmp_pa
 
     monkeypatch.setattr(cluster, "connect", interrupted_on_close)
     model_path = str(tmp_path / "model.zarr")
-    code, out, err = run(capsys, "fit", "--negatives", corpus["negatives"], "--model",
-                         model_path, "--lam", "0.01", "--no-progress")
+    code, out, err = run(
+        capsys,
+        "fit",
+        "--negatives",
+        corpus["negatives"],
+        "--model",
+        model_path,
+        "--lam",
+        "0.01",
+        "--no-progress",
+    )
     assert code == 130
     assert "after the job had finished" in err and "nothing was marked complete" not in err
     assert "fingerprint" in out  # the fit's report is printed
     assert main(["verify", model_path]) == 0
 
 
-def test_ctrl_c_after_an_encode_marked_its_output_complete_says_so(scheduler, corpus, tmp_path,
-                                                                   capsys, monkeypatch):
+def test_ctrl_c_after_an_encode_marked_its_output_complete_says_so(
+    scheduler, corpus, tmp_path, capsys, monkeypatch
+):
     # The interrupt lands after the output is marked complete, before the job returns.
     from slem_dask import pipeline
 
@@ -179,11 +263,14 @@ def test_ctrl_c_after_an_encode_marked_its_output_complete_says_so(scheduler, co
 
     monkeypatch.setattr(pipeline, "encode_job", interrupted_at_return)
     out_path = str(tmp_path / "codes.zarr")
-    code, _, err = run(capsys, *encode_args(scheduler, corpus["model"], corpus["positives"],
-                                            out_path))
+    code, _, err = run(
+        capsys, *encode_args(scheduler, corpus["model"], corpus["positives"], out_path)
+    )
     assert code == 130
-    assert err == (f"slem-dask encode: interrupted after the output was finished: "
-                   f"{out_path!r} is complete (`slem-dask verify {out_path}` checks it again)\n")
+    assert err == (
+        f"slem-dask encode: interrupted after the output was finished: "
+        f"{out_path!r} is complete (`slem-dask verify {out_path}` checks it again)\n"
+    )
     assert main(["verify", out_path]) == 0
 
 
@@ -202,20 +289,37 @@ sys.exit(main(sys.argv[1:]))
 """
 
 
-@pytest.mark.parametrize("module, said", [
-    ("numpy", "slem-dask: interrupted before any job started\n"),  # building the parser
-    ("distributed", "slem-dask fit: interrupted; nothing was marked complete (no model or "
-                    "output was written)\n"),
-])
+@pytest.mark.parametrize(
+    "module, said",
+    [
+        ("numpy", "slem-dask: interrupted before any job started\n"),  # building the parser
+        (
+            "distributed",
+            "slem-dask fit: interrupted; nothing was marked complete (no model or "
+            "output was written)\n",
+        ),
+    ],
+)
 def test_ctrl_c_during_the_first_imports_is_one_line(tmp_path, module, said):
     import subprocess
     import sys
 
     model_path = str(tmp_path / "model.zarr")
-    done = subprocess.run([sys.executable, "-c", _INTERRUPT_IN_IMPORTS.replace(
-                               '"distributed"', repr(module)), "fit", "--negatives",
-                           str(tmp_path / "x.zarr"), "--model", model_path],
-                          capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            _INTERRUPT_IN_IMPORTS.replace('"distributed"', repr(module)),
+            "fit",
+            "--negatives",
+            str(tmp_path / "x.zarr"),
+            "--model",
+            model_path,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 130, done.stderr
     assert done.stderr == said
     assert not os.path.exists(model_path)
@@ -226,16 +330,19 @@ def test_the_package_imports_dask_and_zarr_only_when_used():
     import subprocess
     import sys
 
-    check = ("import sys, slem_dask\n"
-             "heavy = sorted(m for m in ('dask.array', 'zarr', 'scipy.linalg', 'distributed') "
-             "if m in sys.modules)\n"
-             "from slem_dask import LinearSLEM, search\n"
-             "assert all(getattr(slem_dask, n) is not None for n in slem_dask.__all__)\n"
-             "assert set(slem_dask.__all__) <= set(dir(slem_dask))\n"
-             "assert slem_dask.storage.__name__ == 'slem_dask.storage'\n"
-             "print(heavy)\n")
-    done = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True,
-                          timeout=120)
+    check = (
+        "import sys, slem_dask\n"
+        "heavy = sorted(m for m in ('dask.array', 'zarr', 'scipy.linalg', 'distributed') "
+        "if m in sys.modules)\n"
+        "from slem_dask import LinearSLEM, search\n"
+        "assert all(getattr(slem_dask, n) is not None for n in slem_dask.__all__)\n"
+        "assert set(slem_dask.__all__) <= set(dir(slem_dask))\n"
+        "assert slem_dask.storage.__name__ == 'slem_dask.storage'\n"
+        "print(heavy)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", check], capture_output=True, text=True, timeout=120
+    )
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "[]"
 
@@ -247,18 +354,26 @@ def test_the_executable_skips_xarray_and_pandas_which_main_keeps(tmp_path):
     import sys
 
     pytest.importorskip("xarray")
-    run = ("import atexit, sys\n"
-           "atexit.register(lambda: print(sorted(m for m in ('xarray', 'pandas', 'dask.array') "
-           "if m in sys.modules), flush=True))\n"
-           "from slem_dask.cli import main as cli\n"
-           "sys.argv = ['slem-dask'] + sys.argv[1:]\n"
-           "cli.{}()\n")
+    run = (
+        "import atexit, sys\n"
+        "atexit.register(lambda: print(sorted(m for m in ('xarray', 'pandas', 'dask.array') "
+        "if m in sys.modules), flush=True))\n"
+        "from slem_dask.cli import main as cli\n"
+        "sys.argv = ['slem-dask'] + sys.argv[1:]\n"
+        "cli.{}()\n"
+    )
     fit = ["fit", "--negatives", str(tmp_path / "absent.zarr"), "--model", str(tmp_path / "m")]
-    for entry, args, loaded in (("console_main", fit, "['dask.array']"),
-                                ("main", fit, "['dask.array', 'pandas', 'xarray']"),
-                                ("console_main", ["fit", "--help"], "[]")):
-        done = subprocess.run([sys.executable, "-c", run.format(entry), *args],
-                              capture_output=True, text=True, timeout=120)
+    for entry, args, loaded in (
+        ("console_main", fit, "['dask.array']"),
+        ("main", fit, "['dask.array', 'pandas', 'xarray']"),
+        ("console_main", ["fit", "--help"], "[]"),
+    ):
+        done = subprocess.run(
+            [sys.executable, "-c", run.format(entry), *args],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         said = done.stdout.strip().splitlines()
         assert said[-1] == loaded, (entry, args, done.stderr)
         if args is fit:  # the command ran, and failed on its input
@@ -300,25 +415,55 @@ def test_small_inputs_run_on_an_in_process_cluster(corpus, tmp_path, capsys, mon
     monkeypatch.setattr(LocalCluster, "__init__", spy)
     monkeypatch.delenv("DASK_SCHEDULER_ADDRESS", raising=False)
     model_path = str(tmp_path / "model.zarr")
-    code, out, err = run(capsys, "fit", "--negatives", corpus["negatives"], "--model",
-                         model_path, "--lam", "0.01", "--no-progress")
+    code, out, err = run(
+        capsys,
+        "fit",
+        "--negatives",
+        corpus["negatives"],
+        "--model",
+        model_path,
+        "--lam",
+        "0.01",
+        "--no-progress",
+    )
     assert code == 0, err
     assert started == [False]
     assert "in this process" in out and "--local-cluster processes" in out
     want = LinearSLEM(lam=0.01, precision="float64").fit(corpus["X"])
     got = load_model(model_path)
-    assert np.abs(got.covariance_ - want.covariance_).max() <= 1e-5 * np.abs(
-        want.covariance_).max()
+    assert np.abs(got.covariance_ - want.covariance_).max() <= 1e-5 * np.abs(want.covariance_).max()
     # asked for by name: threads even for a large input, processes even for a small one
-    code, out, err = run(capsys, "encode", "--model", model_path, "--positives",
-                         corpus["positives"], "--out", str(tmp_path / "codes.zarr"),
-                         "--local-cluster", "threads", "--no-progress")
+    code, out, err = run(
+        capsys,
+        "encode",
+        "--model",
+        model_path,
+        "--positives",
+        corpus["positives"],
+        "--out",
+        str(tmp_path / "codes.zarr"),
+        "--local-cluster",
+        "threads",
+        "--no-progress",
+    )
     assert code == 0, err
     assert started == [False, False] and "--local-cluster threads" in out
-    code, out, err = run(capsys, "encode", "--model", model_path, "--positives",
-                         corpus["positives"], "--out", str(tmp_path / "codes.zarr"),
-                         "--local-cluster", "processes", "--workers", "1", "--overwrite",
-                         "--no-progress")
+    code, out, err = run(
+        capsys,
+        "encode",
+        "--model",
+        model_path,
+        "--positives",
+        corpus["positives"],
+        "--out",
+        str(tmp_path / "codes.zarr"),
+        "--local-cluster",
+        "processes",
+        "--workers",
+        "1",
+        "--overwrite",
+        "--no-progress",
+    )
     assert code == 0, err
     first = out.splitlines()[0]
     assert started[-1] is True and "(local worker processes: --local-cluster processes)" in first
@@ -330,23 +475,67 @@ def test_installed_executable_round_trip(corpus, tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "DASK_SCHEDULER_ADDRESS"}
     common = ["--workers", "1", "--threads-per-worker", "1", "--no-progress"]
     model_path, out_path = str(tmp_path / "model.zarr"), str(tmp_path / "codes.zarr")
-    fit = subprocess.run([exe, "fit", "--negatives", corpus["negatives"], "--model", model_path,
-                          "--lam", "0.01", "--theta", "2", *common],
-                         capture_output=True, text=True, env=env, timeout=300)
+    fit = subprocess.run(
+        [
+            exe,
+            "fit",
+            "--negatives",
+            corpus["negatives"],
+            "--model",
+            model_path,
+            "--lam",
+            "0.01",
+            "--theta",
+            "2",
+            *common,
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
     assert fit.returncode == 0, fit.stderr
-    enc = subprocess.run([exe, "encode", "--model", model_path, "--positives",
-                          corpus["positives"], "--out", out_path, *common],
-                         capture_output=True, text=True, env=env, timeout=300)
+    enc = subprocess.run(
+        [
+            exe,
+            "encode",
+            "--model",
+            model_path,
+            "--positives",
+            corpus["positives"],
+            "--out",
+            out_path,
+            *common,
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
     assert enc.returncode == 0, enc.stderr
     model = load_model(model_path)
     want = LinearSLEM(lam=0.01, precision="float64").fit(corpus["X"])  # the 1e-5 contract
-    assert np.abs(model.covariance_ - want.covariance_).max() <= 1e-5 * np.abs(
-        want.covariance_).max()
-    np.testing.assert_allclose(storage.open_output(out_path)[...], model.transform(corpus["P"]),
-                               rtol=0, atol=1.5e-7)
-    bad = subprocess.run([exe, "fit", "--negatives", str(tmp_path / "missing.zarr"), "--model",
-                          str(tmp_path / "m2.zarr"), *common],
-                         capture_output=True, text=True, env=env, timeout=300)
+    assert (
+        np.abs(model.covariance_ - want.covariance_).max() <= 1e-5 * np.abs(want.covariance_).max()
+    )
+    np.testing.assert_allclose(
+        storage.open_output(out_path)[...], model.transform(corpus["P"]), rtol=0, atol=1.5e-7
+    )
+    bad = subprocess.run(
+        [
+            exe,
+            "fit",
+            "--negatives",
+            str(tmp_path / "missing.zarr"),
+            "--model",
+            str(tmp_path / "m2.zarr"),
+            *common,
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
     assert bad.returncode != 0 and "no zarr array at" in bad.stderr
     assert not os.path.exists(tmp_path / "m2.zarr")
 
@@ -394,13 +583,18 @@ INPUT_ERRORS = {
 }
 
 
-@pytest.mark.parametrize("kind", list(INPUT_ERRORS) + ["one row", "empty", "no features",
-                                                       "nan", "inf"])
+@pytest.mark.parametrize(
+    "kind", list(INPUT_ERRORS) + ["one row", "empty", "no features", "nan", "inf"]
+)
 def test_fit_bad_negatives(scheduler, bad_inputs, tmp_path, capsys, kind):
-    messages = {**INPUT_ERRORS, "one row": "at least 2 rows", "empty": "has no rows",
-                "no features": r"has no features \(columns\)",
-                "nan": r"2 row\(s\) with NaN or inf \(rows 3, 30\) out of 40",
-                "inf": r"3 row\(s\) with NaN or inf \(rows 5, 6, 7\) out of 40"}
+    messages = {
+        **INPUT_ERRORS,
+        "one row": "at least 2 rows",
+        "empty": "has no rows",
+        "no features": r"has no features \(columns\)",
+        "nan": r"2 row\(s\) with NaN or inf \(rows 3, 30\) out of 40",
+        "inf": r"3 row\(s\) with NaN or inf \(rows 5, 6, 7\) out of 40",
+    }
     model_path = tmp_path / "model.zarr"
     code, _, err = run(capsys, *fit_args(scheduler, bad_inputs[kind], model_path))
     assert code != 0
@@ -415,9 +609,11 @@ def test_fit_bad_negatives(scheduler, bad_inputs, tmp_path, capsys, kind):
 # 0-row positives are no error: their encoding is an empty output (test_operator_messages.py)
 @pytest.mark.parametrize("kind", list(INPUT_ERRORS) + ["no features", "wrong d"])
 def test_encode_bad_positives(scheduler, corpus, bad_inputs, tmp_path, capsys, kind):
-    messages = {**INPUT_ERRORS,
-                "no features": r"has no features \(columns\)",
-                "wrong d": f"{D + 1} features.* fitted on {D}"}
+    messages = {
+        **INPUT_ERRORS,
+        "no features": r"has no features \(columns\)",
+        "wrong d": f"{D + 1} features.* fitted on {D}",
+    }
     out_path = tmp_path / "codes.zarr"
     code, _, err = run(capsys, *encode_args(scheduler, corpus["model"], bad_inputs[kind], out_path))
     assert code != 0
@@ -427,20 +623,23 @@ def test_encode_bad_positives(scheduler, corpus, bad_inputs, tmp_path, capsys, k
 
 
 @pytest.mark.parametrize("kind,rows", [("nan", "2"), ("inf", "3")])
-def test_encode_nonfinite_rows_found_mid_run_leave_no_output(scheduler, bad_inputs, tmp_path,
-                                                             capsys, kind, rows):
+def test_encode_nonfinite_rows_found_mid_run_leave_no_output(
+    scheduler, bad_inputs, tmp_path, capsys, kind, rows
+):
     X = np.random.default_rng(0).standard_normal((50, D))
     model_path = str(tmp_path / "model.zarr")
     LinearSLEM().fit(X).save(model_path)
     out_path = tmp_path / "codes.zarr"
-    code, _, err = run(capsys, *encode_args(scheduler, model_path, bad_inputs[kind], out_path,
-                                            "--partition-rows", "8"))
+    code, _, err = run(
+        capsys,
+        *encode_args(scheduler, model_path, bad_inputs[kind], out_path, "--partition-rows", "8"),
+    )
     assert code != 0
     # named by the store, not by the estimator's parameter ("X has ..."); the first
     # partition found with such rows is reported, so the count may be part of ``rows``
     prefix = f"slem-dask encode: error: positives {str(bad_inputs[kind])!r}: "
     assert err.startswith(prefix), err
-    assert re.match(r"[1-9]\d* row\(s\) with NaN or inf", err[len(prefix):]), err
+    assert re.match(r"[1-9]\d* row\(s\) with NaN or inf", err[len(prefix) :]), err
     assert not out_path.exists()
     assert sorted(os.listdir(tmp_path)) == ["model.zarr"]
 
@@ -456,21 +655,36 @@ def test_nonfinite_rows_error_keeps_its_detail_across_processes():
     assert (str(exc), exc.detail) == ("P has 1 row(s) with NaN or inf", "1 row(s) with NaN or inf")
 
 
-@pytest.mark.parametrize("flag,value", [
-    ("--lam", "abc"), ("--lam", "-1"), ("--lam", "0"), ("--lam", "nan"), ("--lam", "inf"),
-    ("--theta", "-2"), ("--theta", "x"), ("--partition-rows", "0"), ("--partition-rows", "1.5"),
-])
+@pytest.mark.parametrize(
+    "flag,value",
+    [
+        ("--lam", "abc"),
+        ("--lam", "-1"),
+        ("--lam", "0"),
+        ("--lam", "nan"),
+        ("--lam", "inf"),
+        ("--theta", "-2"),
+        ("--theta", "x"),
+        ("--partition-rows", "0"),
+        ("--partition-rows", "1.5"),
+    ],
+)
 def test_fit_bad_numbers(scheduler, corpus, tmp_path, capsys, flag, value):
-    code, _, err = run(capsys, *fit_args(scheduler, corpus["negatives"], tmp_path / "m.zarr",
-                                         flag, value))
+    code, _, err = run(
+        capsys, *fit_args(scheduler, corpus["negatives"], tmp_path / "m.zarr", flag, value)
+    )
     assert code not in (0, None)
     assert f"argument {flag}" in err and repr(value) in err, err
     assert os.listdir(tmp_path) == []
 
 
 def test_encode_bad_dtype(scheduler, corpus, tmp_path, capsys):
-    code, _, err = run(capsys, *encode_args(scheduler, corpus["model"], corpus["positives"],
-                                            tmp_path / "o.zarr", "--dtype", "int8"))
+    code, _, err = run(
+        capsys,
+        *encode_args(
+            scheduler, corpus["model"], corpus["positives"], tmp_path / "o.zarr", "--dtype", "int8"
+        ),
+    )
     assert code not in (0, None) and "argument --dtype" in err
     assert os.listdir(tmp_path) == []
 
@@ -488,8 +702,9 @@ def test_fit_refuses_existing_model(scheduler, corpus, tmp_path, capsys):
 def test_encode_refuses_existing_output(scheduler, corpus, tmp_path, capsys):
     out_path = str(tmp_path / "codes.zarr")
     write_array(out_path, np.zeros((3, 3)))
-    code, _, err = run(capsys, *encode_args(scheduler, corpus["model"], corpus["positives"],
-                                            out_path))
+    code, _, err = run(
+        capsys, *encode_args(scheduler, corpus["model"], corpus["positives"], out_path)
+    )
     assert code != 0 and "already exists" in err and "--overwrite" in err
     np.testing.assert_array_equal(storage.open_node(out_path, mode="r")[...], 0.0)
 
@@ -507,8 +722,9 @@ def test_encode_bad_models(scheduler, corpus, bad_inputs, tmp_path, capsys):
     }
     for model_path, message in cases.items():
         out_path = tmp_path / "codes.zarr"
-        code, _, err = run(capsys, *encode_args(scheduler, model_path, corpus["positives"],
-                                                out_path))
+        code, _, err = run(
+            capsys, *encode_args(scheduler, model_path, corpus["positives"], out_path)
+        )
         assert code != 0
         assert err.startswith("slem-dask encode: error: model"), err
         assert message in err, err
@@ -528,6 +744,8 @@ def test_the_first_line_names_where_the_worker_processes_came_from():
     parser = build_parser()
     from_spec = parser.parse_args(["run", "spec.toml"])
     assert _local_processes(from_spec, None, 2, 1) == (
-        True, "workers/threads_per_worker set in the spec's [cluster]")
+        True,
+        "workers/threads_per_worker set in the spec's [cluster]",
+    )
     given = parser.parse_args(["run", "spec.toml", "--workers", "2"])
     assert _local_processes(given, None, 2, None) == (True, "--workers/--threads-per-worker given")

@@ -29,13 +29,16 @@ def fact(out: str, name: str) -> str:
 # -- a reader that stops early (`slem-dask ... | head -1`) --------------------------------
 def _slem_dask(args, stdout):
     env = {k: v for k, v in os.environ.items() if k != "DASK_SCHEDULER_ADDRESS"}
-    return subprocess.Popen([sys.executable, "-m", "slem_dask", *map(str, args),
-                             "--no-progress"], stdout=stdout, stderr=subprocess.PIPE, env=env)
+    return subprocess.Popen(
+        [sys.executable, "-m", "slem_dask", *map(str, args), "--no-progress"],
+        stdout=stdout,
+        stderr=subprocess.PIPE,
+        env=env,
+    )
 
 
 def _encode_args(corpus, out):
-    return ["encode", "--model", corpus["model"], "--positives", corpus["positives"],
-            "--out", out]
+    return ["encode", "--model", corpus["model"], "--positives", corpus["positives"], "--out", out]
 
 
 def test_a_reader_that_stops_after_the_first_line_ends_a_finished_job_quietly(corpus, capsys):
@@ -57,8 +60,16 @@ def test_a_pipe_closed_before_the_job_ran_stops_it_and_says_what_is_kept(corpus)
         proc = _slem_dask(_encode_args(corpus, corpus["dir"] / "codes.zarr"), write)
         stopped = proc.communicate(timeout=120)[1].decode()
         # a failing job's error still reaches stderr, with its own exit status
-        failed = _slem_dask(["fit", "--negatives", corpus["dir"] / "nothing.zarr", "--model",
-                             corpus["dir"] / "m.zarr"], write)
+        failed = _slem_dask(
+            [
+                "fit",
+                "--negatives",
+                corpus["dir"] / "nothing.zarr",
+                "--model",
+                corpus["dir"] / "m.zarr",
+            ],
+            write,
+        )
         error = failed.communicate(timeout=120)[1].decode()
     finally:
         os.close(write)
@@ -67,21 +78,34 @@ def test_a_pipe_closed_before_the_job_ran_stops_it_and_says_what_is_kept(corpus)
         f"slem-dask encode: stopped: the reader of its output closed it before the job "
         f"finished; nothing was committed and no partition had been written (no output "
         f"exists at {str(corpus['dir'] / 'codes.zarr')!r} for readers): run the same "
-        f"command again to encode"], stopped
+        f"command again to encode"
+    ], stopped
     assert not (corpus["dir"] / "codes.zarr" / "commits").exists()
     assert failed.returncode == 1 and error.startswith(
-        "slem-dask fit: error: negatives: no zarr array at "), error
+        "slem-dask fit: error: negatives: no zarr array at "
+    ), error
 
 
 # -- reports and warnings ------------------------------------------------------------------
 def _kernel_fit(capsys, scheduler, corpus, *extra):
-    return cli(capsys, scheduler, "fit", "--negatives", corpus["negatives"], "--model",
-               corpus["dir"] / "kmodel.zarr", "--kernel", "rbf", *extra)
+    return cli(
+        capsys,
+        scheduler,
+        "fit",
+        "--negatives",
+        corpus["negatives"],
+        "--model",
+        corpus["dir"] / "kmodel.zarr",
+        "--kernel",
+        "rbf",
+        *extra,
+    )
 
 
 def test_the_kernel_fit_report_names_the_seed_by_its_option(capsys, scheduler, corpus):
-    code, out, err = _kernel_fit(capsys, scheduler, corpus, "--rank", "6", "--pivoting",
-                                 "rpcholesky", "--seed", "7")
+    code, out, err = _kernel_fit(
+        capsys, scheduler, corpus, "--rank", "6", "--pivoting", "rpcholesky", "--seed", "7"
+    )
     assert code == 0, err
     assert fact(out, "seed") == "7" and "random_state" not in out
     assert fact(out, "rank") == "6" and fact(out, "pivoting") == "rpcholesky"
@@ -97,18 +121,21 @@ def test_a_kernel_fit_whose_factor_misses_the_kernel_warns_once(capsys, schedule
     said = fact(out, "warning")
     assert said == str(caught[0].message) and "\n" not in said
     value = fact(out, "trace error")
-    assert said.startswith(f"negatives {corpus['negatives']!r}: trace error "
-                           f"{float(value):.4f} (residual trace / trace) is above 0.9"), said
+    assert said.startswith(
+        f"negatives {corpus['negatives']!r}: trace error "
+        f"{float(value):.4f} (residual trace / trace) is above 0.9"
+    ), said
     assert "rbf kernel (gamma 100) with 8 pivots (rank 8)" in said
-    assert "use a smaller gamma (--gamma): at this gamma the kernel matrix is nearly " \
-           "diagonal (the 8 pivots hold" in said
+    assert (
+        "use a smaller gamma (--gamma): at this gamma the kernel matrix is nearly "
+        "diagonal (the 8 pivots hold" in said
+    )
     assert said.endswith("and a larger rank would only add the pivots themselves"), said
 
 
 def test_encode_overwrite_says_it_replaces_the_output(capsys, scheduler, corpus):
     out = corpus["dir"] / "codes.zarr"
-    args = ("encode", "--model", corpus["model"], "--positives", corpus["positives"],
-            "--out", out)
+    args = ("encode", "--model", corpus["model"], "--positives", corpus["positives"], "--out", out)
     code, first, err = cli(capsys, scheduler, *args)
     assert code == 0 and fact(first, "action") == "create", err
     code, again, err = cli(capsys, scheduler, *args, "--overwrite")
@@ -116,16 +143,34 @@ def test_encode_overwrite_says_it_replaces_the_output(capsys, scheduler, corpus)
     assert fact(again, "version") == "2"
 
 
-@pytest.mark.parametrize("kind", [[], ["--kernel", "rbf", "--rank", "4"],
-                                  ["--kernel", "rbf", "--rank", "4", "--kernel-memory",
-                                   "streaming"]], ids=["linear", "kernel", "kernel streaming"])
-def test_nan_rows_are_told_in_one_wording_by_linear_and_kernel_fits(capsys, scheduler,
-                                                                    corpus, kind):
+@pytest.mark.parametrize(
+    "kind",
+    [
+        [],
+        ["--kernel", "rbf", "--rank", "4"],
+        ["--kernel", "rbf", "--rank", "4", "--kernel-memory", "streaming"],
+    ],
+    ids=["linear", "kernel", "kernel streaming"],
+)
+def test_nan_rows_are_told_in_one_wording_by_linear_and_kernel_fits(
+    capsys, scheduler, corpus, kind
+):
     neg = corpus["neg"].copy()
     neg[5, 2], neg[77, 0], neg[200, 1] = np.nan, np.inf, np.nan  # in three partitions
     path = zarr_rows(corpus["dir"] / "bad.zarr", neg)
-    code, out, err = cli(capsys, scheduler, "fit", "--negatives", path, "--model",
-                         corpus["dir"] / "bad-model.zarr", "--partition-rows", "40", *kind)
+    code, out, err = cli(
+        capsys,
+        scheduler,
+        "fit",
+        "--negatives",
+        path,
+        "--model",
+        corpus["dir"] / "bad-model.zarr",
+        "--partition-rows",
+        "40",
+        *kind,
+    )
     assert code == 1 and err == (
         f"slem-dask fit: error: negatives {path!r}: 3 row(s) with NaN or inf (rows 5, 77, "
-        f"200) out of 300; drop or repair those rows before fitting\n"), err
+        f"200) out of 300; drop or repair those rows before fitting\n"
+    ), err

@@ -29,13 +29,29 @@ def corpus(tmp_path_factory):
     return path
 
 
-@pytest.mark.parametrize("flags", [["--gamma", "0.5"], ["--rank", "8"],
-                                   ["--pivoting", "rpcholesky"], ["--tol", "0.01"],
-                                   ["--gamma", "0.5", "--rank", "8"]])
+@pytest.mark.parametrize(
+    "flags",
+    [
+        ["--gamma", "0.5"],
+        ["--rank", "8"],
+        ["--pivoting", "rpcholesky"],
+        ["--tol", "0.01"],
+        ["--gamma", "0.5", "--rank", "8"],
+    ],
+)
 def test_kernel_options_without_kernel_refused(capsys, tmp_path, flags):
     model = tmp_path / "m.zarr"
-    code, _, err = run(capsys, "fit", "--negatives", tmp_path / "none.zarr", "--model", model,
-                       "--scheduler", UNREACHABLE, *flags)
+    code, _, err = run(
+        capsys,
+        "fit",
+        "--negatives",
+        tmp_path / "none.zarr",
+        "--model",
+        model,
+        "--scheduler",
+        UNREACHABLE,
+        *flags,
+    )
     assert code == 2
     assert "only to kernel SLEM models" in err and "--kernel rbf" in err
     assert flags[0] in err and "usage: slem-dask fit" in err
@@ -43,15 +59,26 @@ def test_kernel_options_without_kernel_refused(capsys, tmp_path, flags):
 
 
 def test_p_at_larger_than_k_refused(capsys, corpus):
-    code, _, err = run(capsys, "evaluate", "--corpus", corpus, "--k", "3", "--p-at", "4",
-                       "--scheduler", UNREACHABLE)
+    code, _, err = run(
+        capsys,
+        "evaluate",
+        "--corpus",
+        corpus,
+        "--k",
+        "3",
+        "--p-at",
+        "4",
+        "--scheduler",
+        UNREACHABLE,
+    )
     assert code == 2 and "--p-at 4 is larger than the ranking length --k 3" in err
 
 
 def test_plot_in_missing_folder_refused_before_any_work(capsys, corpus, tmp_path):
     plot = tmp_path / "missing" / "pr.png"
-    code, out, err = run(capsys, "evaluate", "--corpus", corpus, "--plot", plot,
-                         "--scheduler", UNREACHABLE)
+    code, out, err = run(
+        capsys, "evaluate", "--corpus", corpus, "--plot", plot, "--scheduler", UNREACHABLE
+    )
     assert code == 1
     assert "--plot: folder" in err and "does not exist" in err and "mkdir -p" in err
     assert "dask:" not in out  # no cluster was reached
@@ -59,32 +86,54 @@ def test_plot_in_missing_folder_refused_before_any_work(capsys, corpus, tmp_path
 
 def test_demo_with_one_negative_refused_before_writing(capsys, tmp_path):
     workdir = tmp_path / "demo"
-    code, _, err = run(capsys, "demo", "--workdir", workdir, "--negatives", "1",
-                       "--scheduler", UNREACHABLE)
+    code, _, err = run(
+        capsys, "demo", "--workdir", workdir, "--negatives", "1", "--scheduler", UNREACHABLE
+    )
     assert code == 2 and "expected an integer >= 2" in err
     assert not workdir.exists()
 
 
 @pytest.mark.parametrize("text", ["1e-3,", "1e-3,abc", "0,1e-2", "1e-2,1e-2"])
 def test_bad_grids_refused(capsys, corpus, text):
-    code, _, err = run(capsys, "evaluate", "--corpus", corpus, "--lam", text,
-                       "--scheduler", UNREACHABLE)
+    code, _, err = run(
+        capsys, "evaluate", "--corpus", corpus, "--lam", text, "--scheduler", UNREACHABLE
+    )
     assert code == 2 and "--lam" in err
 
 
 def test_python_dash_m():
-    result = subprocess.run([sys.executable, "-m", "slem_dask", "--version"],
-                            capture_output=True, text=True, timeout=120)
+    result = subprocess.run(
+        [sys.executable, "-m", "slem_dask", "--version"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert result.returncode == 0 and result.stdout.startswith("slem-dask ")
 
 
 def test_evaluate_grid_marks_the_best(capsys, corpus, tmp_path):
     plot = tmp_path / "pr.png"
-    code, out, err = run(capsys, "evaluate", "--corpus", corpus, "--methods", "raw,slem,kernel",
-                         "--lam", "1e-4,1e-1", "--gamma", "0.5", "--rank", "8,16",
-                         "--workers", "1", "--no-progress", "--plot", plot)
+    code, out, err = run(
+        capsys,
+        "evaluate",
+        "--corpus",
+        corpus,
+        "--methods",
+        "raw,slem,kernel",
+        "--lam",
+        "1e-4,1e-1",
+        "--gamma",
+        "0.5",
+        "--rank",
+        "8,16",
+        "--workers",
+        "1",
+        "--no-progress",
+        "--plot",
+        plot,
+    )
     assert code == 0, err
-    table = out[out.index("method  setting"):].splitlines()
+    table = out[out.index("method  setting") :].splitlines()
     rows = [line.split() for line in table[2:] if line.strip()]
     by_method = {}
     for r in rows:
@@ -92,8 +141,10 @@ def test_evaluate_grid_marks_the_best(capsys, corpus, tmp_path):
     assert len(by_method["raw"]) == 1
     assert len(by_method["slem"]) == 2 and len(by_method["kernel"]) == 4
     for method, method_rows in by_method.items():
-        maps = [float(next(v for v in r if v.replace(".", "").isdigit() and "." in v))
-                for r in method_rows]
+        maps = [
+            float(next(v for v in r if v.replace(".", "").isdigit() and "." in v))
+            for r in method_rows
+        ]
         starred = [r[-1] == "*" for r in method_rows]
         assert sum(starred) == 1, method
         assert maps[starred.index(True)] == max(maps)
@@ -105,12 +156,20 @@ def test_grid_search_library_matches_evaluate_methods():
 
     c = make_corpus(n_negatives=400, n_instances=40, d=12, seed=5)
     rel = c.relevant()
-    rows, best, _ = grid_search(c.negatives, c.database, c.queries, rel,
-                                {"slem": {"lam": [1e-4, 1e-2, 1.0]}, "raw": {}})
+    rows, best, _ = grid_search(
+        c.negatives, c.database, c.queries, rel, {"slem": {"lam": [1e-4, 1e-2, 1.0]}, "raw": {}}
+    )
     assert [r["setting"] for r in rows] == ["lam=0.0001", "lam=0.01", "lam=1", "defaults"]
     for r, lam in zip(rows[:3], [1e-4, 1e-2, 1.0], strict=True):
-        (ref,), _ = evaluate_methods(c.negatives, c.database, c.queries, rel, ["slem"],
-                                     params={"slem": {"lam": lam}}, curves=False)
+        (ref,), _ = evaluate_methods(
+            c.negatives,
+            c.database,
+            c.queries,
+            rel,
+            ["slem"],
+            params={"slem": {"lam": lam}},
+            curves=False,
+        )
         assert r["mAP"] == ref["mAP"]
     maps = [r["mAP"] for r in rows[:3]]
     assert best["slem"] == {"lam": [1e-4, 1e-2, 1.0][int(np.argmax(maps))]}
@@ -123,22 +182,50 @@ def test_grid_search_library_matches_evaluate_methods():
 
 def _negatives_store(tmp_path, n: int, seed: int) -> None:
     X = np.random.default_rng(seed).standard_normal((n, 6)).astype(np.float32)
-    neg = zarr.create_array(store=str(tmp_path / "neg.zarr"), shape=X.shape, dtype=X.dtype,
-                            chunks=(64, 6))
+    neg = zarr.create_array(
+        store=str(tmp_path / "neg.zarr"), shape=X.shape, dtype=X.dtype, chunks=(64, 6)
+    )
     neg[...] = X
 
 
 def test_kernel_fit_progress(capsys, tmp_path):
     _negatives_store(tmp_path, 300, seed=0)
-    code, out, err = run(capsys, "fit", "--negatives", tmp_path / "neg.zarr", "--model",
-                         tmp_path / "k.zarr", "--kernel", "rbf", "--rank", "20",
-                         "--pivoting", "rpcholesky", "--seed", "0", "--workers", "1",
-                         "--progress")
+    code, out, err = run(
+        capsys,
+        "fit",
+        "--negatives",
+        tmp_path / "neg.zarr",
+        "--model",
+        tmp_path / "k.zarr",
+        "--kernel",
+        "rbf",
+        "--rank",
+        "20",
+        "--pivoting",
+        "rpcholesky",
+        "--seed",
+        "0",
+        "--workers",
+        "1",
+        "--progress",
+    )
     assert code == 0, err
     assert "kernel fit: pass 1," in out and "20 pivots" in out
-    code, out, err = run(capsys, "fit", "--negatives", tmp_path / "neg.zarr", "--model",
-                         tmp_path / "k2.zarr", "--kernel", "rbf", "--rank", "20",
-                         "--workers", "1", "--no-progress")
+    code, out, err = run(
+        capsys,
+        "fit",
+        "--negatives",
+        tmp_path / "neg.zarr",
+        "--model",
+        tmp_path / "k2.zarr",
+        "--kernel",
+        "rbf",
+        "--rank",
+        "20",
+        "--workers",
+        "1",
+        "--no-progress",
+    )
     assert code == 0, err
     assert "kernel fit: pass" not in out
 
@@ -148,59 +235,134 @@ def test_rpcholesky_fits_without_seed_are_reproducible(capsys, tmp_path):
     _negatives_store(tmp_path, 400, seed=1)
     prints = []
     for name in ("a.zarr", "b.zarr"):
-        code, out, err = run(capsys, "fit", "--negatives", tmp_path / "neg.zarr", "--model",
-                             tmp_path / name, "--kernel", "rbf", "--rank", "24",
-                             "--pivoting", "rpcholesky", "--local-cluster", "threads",
-                             "--no-progress")
+        code, out, err = run(
+            capsys,
+            "fit",
+            "--negatives",
+            tmp_path / "neg.zarr",
+            "--model",
+            tmp_path / name,
+            "--kernel",
+            "rbf",
+            "--rank",
+            "24",
+            "--pivoting",
+            "rpcholesky",
+            "--local-cluster",
+            "threads",
+            "--no-progress",
+        )
         assert code == 0, err
         prints.append(storage.open_node(str(tmp_path / name), mode="r").attrs["slem_dask"])
     assert prints[0]["seed"] == 0
     assert prints[0]["fingerprint"] == prints[1]["fingerprint"]
 
 
-def test_an_array_where_a_group_is_expected_and_back_names_the_fix(capsys, corpus, tmp_path,
-                                                                   monkeypatch):
+def test_an_array_where_a_group_is_expected_and_back_names_the_fix(
+    capsys, corpus, tmp_path, monkeypatch
+):
     """A corpus array given as the corpus or the model, the corpus group given as the
     negatives, a missing path: one line each that says what to give instead."""
-    code, _, err = run(capsys, "evaluate", "--corpus", f"{corpus}/negatives", "--k", "3",
-                       "--local-cluster", "threads", "--no-progress")
+    code, _, err = run(
+        capsys,
+        "evaluate",
+        "--corpus",
+        f"{corpus}/negatives",
+        "--k",
+        "3",
+        "--local-cluster",
+        "threads",
+        "--no-progress",
+    )
     assert code == 1 and "is a zarr array, not a corpus group" in err, err
     assert repr(corpus) in err and "ContainsArrayError" not in err
-    code, _, err = run(capsys, "encode", "--model", f"{corpus}/negatives", "--positives",
-                       f"{corpus}/database", "--out", tmp_path / "o.zarr",
-                       "--local-cluster", "threads", "--no-progress")
+    code, _, err = run(
+        capsys,
+        "encode",
+        "--model",
+        f"{corpus}/negatives",
+        "--positives",
+        f"{corpus}/database",
+        "--out",
+        tmp_path / "o.zarr",
+        "--local-cluster",
+        "threads",
+        "--no-progress",
+    )
     assert code == 1 and "is a zarr array, not a model" in err, err
     assert "ContainsArrayError" not in err
-    code, _, err = run(capsys, "fit", "--negatives", corpus, "--model", tmp_path / "m.zarr",
-                       "--local-cluster", "threads", "--no-progress")
+    code, _, err = run(
+        capsys,
+        "fit",
+        "--negatives",
+        corpus,
+        "--model",
+        tmp_path / "m.zarr",
+        "--local-cluster",
+        "threads",
+        "--no-progress",
+    )
     assert code == 1 and f"e.g. {corpus}/negatives" in err, err
-    code, _, err = run(capsys, "search", "--queries", tmp_path / "nope.zarr", "--database",
-                       f"{corpus}/database", "--k", "3", "--out", tmp_path / "s.zarr",
-                       "--local-cluster", "threads", "--no-progress")
+    code, _, err = run(
+        capsys,
+        "search",
+        "--queries",
+        tmp_path / "nope.zarr",
+        "--database",
+        f"{corpus}/database",
+        "--k",
+        "3",
+        "--out",
+        tmp_path / "s.zarr",
+        "--local-cluster",
+        "threads",
+        "--no-progress",
+    )
     assert code == 1 and "e.g. slem-demo/corpus.zarr/queries" in err, err
     (tmp_path / "demo" / "corpus.zarr").mkdir(parents=True)
     monkeypatch.chdir(tmp_path / "demo")  # in the demo's folder the example is relative to it
-    code, _, err = run(capsys, "fit", "--negatives", "corpus.zarr/negative", "--model",
-                       tmp_path / "m.zarr", "--local-cluster", "threads", "--no-progress")
+    code, _, err = run(
+        capsys,
+        "fit",
+        "--negatives",
+        "corpus.zarr/negative",
+        "--model",
+        tmp_path / "m.zarr",
+        "--local-cluster",
+        "threads",
+        "--no-progress",
+    )
     assert code == 1 and "e.g. corpus.zarr/negatives (written" in err, err
 
 
-@pytest.mark.parametrize("option,value", [("--lam", "-1e-3"), ("--theta", "-2"),
-                                          ("--lam", "1e-3,-1e-2")])
+@pytest.mark.parametrize(
+    "option,value", [("--lam", "-1e-3"), ("--theta", "-2"), ("--lam", "1e-3,-1e-2")]
+)
 def test_negative_numbers_reach_the_options_own_check(capsys, tmp_path, option, value):
     """argparse reads '-1e-3' as an option ("expected one argument"); the value's own
     check says what is allowed."""
     command = "evaluate" if "," in value else "fit"
-    args = (["--corpus", tmp_path / "c.zarr"] if command == "evaluate" else
-            ["--negatives", tmp_path / "n.zarr", "--model", tmp_path / "m.zarr"])
+    args = (
+        ["--corpus", tmp_path / "c.zarr"]
+        if command == "evaluate"
+        else ["--negatives", tmp_path / "n.zarr", "--model", tmp_path / "m.zarr"]
+    )
     code, _, err = run(capsys, command, *args, option, value)
     assert code == 2 and f"argument {option}: expected a finite number > 0" in err, err
     assert "expected one argument" not in err
 
 
 def test_a_mistyped_option_is_reported_by_its_command_with_the_closest_one(capsys, tmp_path):
-    code, _, err = run(capsys, "fit", "--negatives", tmp_path / "n.zarr", "--model",
-                       tmp_path / "m.zarr", "--lambda", "1e-3")
+    code, _, err = run(
+        capsys,
+        "fit",
+        "--negatives",
+        tmp_path / "n.zarr",
+        "--model",
+        tmp_path / "m.zarr",
+        "--lambda",
+        "1e-3",
+    )
     assert code == 2
     assert "usage: slem-dask fit" in err, err
     assert "slem-dask fit: error: unrecognized arguments: --lambda 1e-3; did you mean --lam?" in err

@@ -17,13 +17,26 @@ pytestmark = pytest.mark.usefixtures("no_scheduler_env")  # conftest.py
 
 
 def _encode(capsys, scheduler, corpus, out, *extra):
-    return cli(capsys, scheduler, "encode", "--model", corpus["model"], "--positives",
-               corpus["positives"], "--out", out, "--partition-rows", "40", *extra)
+    return cli(
+        capsys,
+        scheduler,
+        "encode",
+        "--model",
+        corpus["model"],
+        "--positives",
+        corpus["positives"],
+        "--out",
+        out,
+        "--partition-rows",
+        "40",
+        *extra,
+    )
 
 
 # -- 2. an interrupt says what exists -------------------------------------------------
 def test_ctrl_c_before_any_partition_was_written_says_nothing_was_written(
-        capsys, scheduler, corpus, monkeypatch):
+    capsys, scheduler, corpus, monkeypatch
+):
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt
 
@@ -31,14 +44,17 @@ def test_ctrl_c_before_any_partition_was_written_says_nothing_was_written(
     out = corpus["dir"] / "codes.zarr"
     code, _, err = _encode(capsys, scheduler, corpus, out)
     assert code == 130
-    assert err == (f"slem-dask encode: interrupted; nothing was committed and no partition "
-                   f"had been written (no output exists at {str(out)!r} for readers): run "
-                   f"the same command again to encode\n")
+    assert err == (
+        f"slem-dask encode: interrupted; nothing was committed and no partition "
+        f"had been written (no output exists at {str(out)!r} for readers): run "
+        f"the same command again to encode\n"
+    )
     assert "resume" not in err and "kept" not in err
 
 
 def test_ctrl_c_after_some_partitions_says_how_many_are_kept_and_where(
-        capsys, scheduler, corpus, monkeypatch):
+    capsys, scheduler, corpus, monkeypatch
+):
     real = pipeline.common._compute
 
     def two_then_interrupted(client, written, progress):
@@ -49,9 +65,12 @@ def test_ctrl_c_after_some_partitions_says_how_many_are_kept_and_where(
     monkeypatch.setattr(pipeline.common, "_compute", two_then_interrupted)
     code, _, err = _encode(capsys, scheduler, corpus, out)
     assert code == 130
-    said = re.fullmatch(r"slem-dask encode: interrupted; nothing was committed \(no output "
-                        r"exists at '(.*)' for readers\); 2 of 5 partitions are kept in the "
-                        r"draft '(.*)': run the same command again to resume\n", err)
+    said = re.fullmatch(
+        r"slem-dask encode: interrupted; nothing was committed \(no output "
+        r"exists at '(.*)' for readers\); 2 of 5 partitions are kept in the "
+        r"draft '(.*)': run the same command again to resume\n",
+        err,
+    )
     assert said and said[1] == str(out), err
     assert said[2].startswith(str(out / "versions" / "00000001-"))
     monkeypatch.undo()
@@ -60,7 +79,8 @@ def test_ctrl_c_after_some_partitions_says_how_many_are_kept_and_where(
 
 
 def test_an_update_interrupted_after_writing_its_changed_partitions_is_committed_on_rerun(
-        capsys, scheduler, corpus, monkeypatch):
+    capsys, scheduler, corpus, monkeypatch
+):
     # The re-run finds every changed partition in the interrupted run's draft, so it has
     # nothing to encode: it must commit them, not call the old head "up to date".
     from helpers import zarr_rows
@@ -108,13 +128,15 @@ def full_disk(monkeypatch):
 
 
 _SIZE = r"[\d.]+ (?:KiB|MiB|GiB)"
-_FULL = re.compile(rf"no space left on the storage of '(?P<path>[^']+)' \(No space left on "
-                   rf"device; this job writes about (?P<need>[\d.]+) (?P<unit>KiB|MiB|GiB) "
-                   rf"there; {_SIZE} free on the file system mounted at "
-                   rf"(?P<mount>/[^)\s;]*)\); "
-                   rf"(?P<kept>[^:]+): free (space|at least {_SIZE}) on (?P=mount) "
-                   r"\(.*`slem-dask versions PATH`.*\), or write to another path, then run "
-                   r"the same command again")
+_FULL = re.compile(
+    rf"no space left on the storage of '(?P<path>[^']+)' \(No space left on "
+    rf"device; this job writes about (?P<need>[\d.]+) (?P<unit>KiB|MiB|GiB) "
+    rf"there; {_SIZE} free on the file system mounted at "
+    rf"(?P<mount>/[^)\s;]*)\); "
+    rf"(?P<kept>[^:]+): free (space|at least {_SIZE}) on (?P=mount) "
+    r"\(.*`slem-dask versions PATH`.*\), or write to another path, then run "
+    r"the same command again"
+)
 
 
 def _said_full(err: str, path, command: str) -> re.Match:
@@ -125,27 +147,35 @@ def _said_full(err: str, path, command: str) -> re.Match:
     return said
 
 
-@pytest.mark.parametrize("kernel", [[], ["--kernel", "rbf", "--rank", "6"]],
-                         ids=["linear", "kernel"])
+@pytest.mark.parametrize(
+    "kernel", [[], ["--kernel", "rbf", "--rank", "6"]], ids=["linear", "kernel"]
+)
 def test_a_full_disk_during_a_fit_names_the_model_and_what_to_free(
-        capsys, scheduler, corpus, full_disk, kernel):
+    capsys, scheduler, corpus, full_disk, kernel
+):
     from slem_dask.storage import versions
 
     path = corpus["dir"] / "m.zarr"
-    code, _, err = cli(capsys, scheduler, "fit", "--negatives", corpus["negatives"],
-                       "--model", path, *kernel)
+    code, _, err = cli(
+        capsys, scheduler, "fit", "--negatives", corpus["negatives"], "--model", path, *kernel
+    )
     assert code == 1 and "[Errno 28]" not in err
     said = _said_full(err, path, "fit")
     assert said["kept"] == f"no model was written ({str(path)!r} is as before)"
     assert float(said["need"]) > 0
     full_disk.undo()
     assert not versions.VersionedStore(str(path)).is_versioned()
-    assert cli(capsys, scheduler, "fit", "--negatives", corpus["negatives"], "--model",
-               path, *kernel)[0] == 0
+    assert (
+        cli(capsys, scheduler, "fit", "--negatives", corpus["negatives"], "--model", path, *kernel)[
+            0
+        ]
+        == 0
+    )
 
 
 def test_a_full_disk_during_a_search_names_the_output_and_the_space_it_needs(
-        capsys, scheduler, corpus, monkeypatch):
+    capsys, scheduler, corpus, monkeypatch
+):
     out = corpus["dir"] / "codes.zarr"
     assert _encode(capsys, scheduler, corpus, out)[0] == 0
     import errno
@@ -158,8 +188,9 @@ def test_a_full_disk_during_a_search_names_the_output_and_the_space_it_needs(
 
     monkeypatch.setattr(LocalStore, "set", full_set)
     hits = corpus["dir"] / "hits.zarr"
-    code, _, err = cli(capsys, scheduler, "search", "--queries", out, "--database", out,
-                       "--out", hits, "--k", "5")
+    code, _, err = cli(
+        capsys, scheduler, "search", "--queries", out, "--database", out, "--out", hits, "--k", "5"
+    )
     assert code == 1
     said = _said_full(err, hits, "search")
     assert said["kept"] == f"nothing was written ({str(hits)!r} is as before)"
@@ -168,7 +199,8 @@ def test_a_full_disk_during_a_search_names_the_output_and_the_space_it_needs(
 
 
 def test_a_full_disk_during_an_encode_says_what_is_kept_and_the_space_still_needed(
-        capsys, scheduler, corpus, monkeypatch):
+    capsys, scheduler, corpus, monkeypatch
+):
     import errno
     import os
 
@@ -187,8 +219,11 @@ def test_a_full_disk_during_an_encode_says_what_is_kept_and_the_space_still_need
     said = _said_full(err, out, "encode")
     # 5 partitions of 40 rows x 8 float32 to write, 2 of them written before the disk filled
     assert said["unit"] == "KiB" and float(said["need"]) == round(5 * 40 * 8 * 4 / 1024, 1)
-    assert re.fullmatch(r"nothing was committed \(no output exists at '.*' for readers\); "
-                        r"2 of 5 partitions are kept in the draft '.*'", said["kept"]), err
+    assert re.fullmatch(
+        r"nothing was committed \(no output exists at '.*' for readers\); "
+        r"2 of 5 partitions are kept in the draft '.*'",
+        said["kept"],
+    ), err
     monkeypatch.undo()
     code, stdout, err = _encode(capsys, scheduler, corpus, out)
     assert code == 0 and re.search(r"partitions +3 encoded of 5", stdout), stdout + err
@@ -207,12 +242,23 @@ def test_empty_positives_encode_to_an_empty_output_with_a_warning(capsys, schedu
 
     empty, out = _empty(corpus["dir"] / "empty.zarr"), corpus["dir"] / "codes.zarr"
     with pytest.warns(UserWarning, match="have no rows") as caught:
-        code, stdout, err = cli(capsys, scheduler, "encode", "--model", corpus["model"],
-                                "--positives", empty, "--out", out)
+        code, stdout, err = cli(
+            capsys,
+            scheduler,
+            "encode",
+            "--model",
+            corpus["model"],
+            "--positives",
+            empty,
+            "--out",
+            out,
+        )
     assert code == 0, err
     said = str(caught[0].message)
-    assert said == (f"positives {empty!r} have no rows (shape (0, 8)): the output is an "
-                    f"empty (0, 8) array; write rows there and run again to encode them")
+    assert said == (
+        f"positives {empty!r} have no rows (shape (0, 8)): the output is an "
+        f"empty (0, 8) array; write rows there and run again to encode them"
+    )
     assert re.search(r"warning +positives .* have no rows", stdout)
     assert storage.read_all(out).shape == (0, 8)
     assert main(["verify", str(out)]) == 0
@@ -220,8 +266,9 @@ def test_empty_positives_encode_to_an_empty_output_with_a_warning(capsys, schedu
     from helpers import zarr_rows
 
     zarr_rows(empty, corpus["pos"])
-    code, stdout, err = cli(capsys, scheduler, "encode", "--model", corpus["model"],
-                            "--positives", empty, "--out", out)
+    code, stdout, err = cli(
+        capsys, scheduler, "encode", "--model", corpus["model"], "--positives", empty, "--out", out
+    )
     assert code == 0 and re.search(r"action +append", stdout), stdout + err
     assert storage.read_all(out).shape == (200, 8)
 
@@ -230,17 +277,17 @@ def _spec(tmp_path, corpus, positives):
     path = tmp_path / "job.toml"
     path.write_text(f"""
 [model]
-path = "{tmp_path / 'm.zarr'}"
+path = "{tmp_path / "m.zarr"}"
 type = "linear"
 lam = 0.01
 [fit]
-negatives = "{corpus['negatives']}"
+negatives = "{corpus["negatives"]}"
 [[encode]]
 positives = "{positives}"
-out = "{tmp_path / 'first.zarr'}"
+out = "{tmp_path / "first.zarr"}"
 [[encode]]
-positives = "{corpus['positives']}"
-out = "{tmp_path / 'second.zarr'}"
+positives = "{corpus["positives"]}"
+out = "{tmp_path / "second.zarr"}"
 """)
     return path
 
@@ -276,23 +323,32 @@ def test_a_fit_on_one_row_chunks_hints_to_rechunk_and_says_to_what(capsys, sched
     rows = np.random.default_rng(1).standard_normal((1500, 8)).astype("float32")
     tiny = zarr_rows(tmp_path / "tiny.zarr", rows, chunks=1)
     with pytest.warns(SmallChunksWarning) as caught:
-        code, out, err = cli(capsys, scheduler, "fit", "--negatives", tiny, "--model",
-                             tmp_path / "m.zarr")
+        code, out, err = cli(
+            capsys, scheduler, "fit", "--negatives", tiny, "--model", tmp_path / "m.zarr"
+        )
     assert code == 0, err
     said = str(caught[0].message)
-    assert said == (f"negatives {tiny!r} are stored in 1,500 chunks of 1 row(s) (32 bytes "
-                    f"each): reaching each chunk (a file or request, a decode) costs more "
-                    f"than reading its data; rechunk to 1,500 rows per chunk (46.9 KiB), e.g. "
-                    f"dask.array.from_zarr(OLD).rechunk((1500, 8)).to_zarr(NEW)")
+    assert said == (
+        f"negatives {tiny!r} are stored in 1,500 chunks of 1 row(s) (32 bytes "
+        f"each): reaching each chunk (a file or request, a decode) costs more "
+        f"than reading its data; rechunk to 1,500 rows per chunk (46.9 KiB), e.g. "
+        f"dask.array.from_zarr(OLD).rechunk((1500, 8)).to_zarr(NEW)"
+    )
     assert re.search(r"^  hint +negatives .* 1,500 chunks of 1 row", out, re.M)
     # chunks of 40 rows (1.2 KiB), 38 of them: no hint
     import warnings
 
     with warnings.catch_warnings():
         warnings.simplefilter("error", SmallChunksWarning)
-        code, out, err = cli(capsys, scheduler, "fit", "--negatives",
-                             zarr_rows(tmp_path / "ok.zarr", rows), "--model",
-                             tmp_path / "m2.zarr")
+        code, out, err = cli(
+            capsys,
+            scheduler,
+            "fit",
+            "--negatives",
+            zarr_rows(tmp_path / "ok.zarr", rows),
+            "--model",
+            tmp_path / "m2.zarr",
+        )
     assert code == 0 and "hint" not in out, err
 
 
@@ -326,28 +382,44 @@ def test_a_worker_restarted_four_times_is_named_once():
     limits = {"tcp://10.0.0.1:4000": 2**30, "tcp://10.0.0.2:5000": 2**30}
     names = {"tcp://10.0.0.1:4000": "w0", "tcp://10.0.0.2:5000": "w1"}
     said = explain(_killed(), events, limits, "nothing was marked complete", names)
-    assert said.startswith("worker(s) tcp://10.0.0.1:4000 (w0) (memory limit 1024.0 MiB) "
-                           "were restarted by their nannies 4 time(s) for exceeding their "
-                           "memory limit; nothing was marked complete: "), said
+    assert said.startswith(
+        "worker(s) tcp://10.0.0.1:4000 (w0) (memory limit 1024.0 MiB) "
+        "were restarted by their nannies 4 time(s) for exceeding their "
+        "memory limit; nothing was marked complete: "
+    ), said
     assert "4001" not in said and "4002" not in said and "4003" not in said
 
 
 def test_a_forced_in_memory_kernel_fit_killed_for_memory_suggests_streaming(
-        capsys, scheduler, corpus, monkeypatch):
+    capsys, scheduler, corpus, monkeypatch
+):
     from slem_dask.models import KernelSLEM
 
     def killed(self, *args, **kwargs):
         raise _killed()
 
     monkeypatch.setattr(KernelSLEM, "fit", killed)
-    code, _, err = cli(capsys, scheduler, "fit", "--negatives", corpus["negatives"], "--model",
-                       corpus["dir"] / "k.zarr", "--kernel", "rbf", "--rank", "6",
-                       "--kernel-memory", "in-memory")
+    code, _, err = cli(
+        capsys,
+        scheduler,
+        "fit",
+        "--negatives",
+        corpus["negatives"],
+        "--model",
+        corpus["dir"] / "k.zarr",
+        "--kernel",
+        "rbf",
+        "--rank",
+        "6",
+        "--kernel-memory",
+        "in-memory",
+    )
     assert code == 1
     lines = err.strip().splitlines()
     assert len(lines) == 1, err
-    assert lines[0].startswith("slem-dask fit: error: 4 workers died running the same task "
-                               "(last: tcp://10.0.0.1:4003; "), err
+    assert lines[0].startswith(
+        "slem-dask fit: error: 4 workers died running the same task (last: tcp://10.0.0.1:4003; "
+    ), err
     from slem_dask.pipeline.common import size_text
     from slem_dask.cluster.workers import kernel_fit_bytes
 
@@ -356,7 +428,8 @@ def test_a_forced_in_memory_kernel_fit_killed_for_memory_suggests_streaming(
         f"nothing was marked complete: the in-memory kernel fit holds all 300 rows and their "
         f"factor rows on the workers (about {need} in all, whatever --partition-rows says): "
         "pass --kernel-memory streaming (or auto), which reads the negatives in partitions "
-        "at each pass, or give the workers more memory"), err
+        "at each pass, or give the workers more memory"
+    ), err
     assert "--partition-rows N" not in err and "a smaller --partition-rows" not in err
 
 
@@ -365,8 +438,16 @@ def test_a_forced_in_memory_kernel_fit_killed_for_memory_suggests_streaming(
 def one_worker():
     from distributed import Client, LocalCluster
 
-    with LocalCluster(n_workers=1, threads_per_worker=1, processes=False, memory_limit="1GiB",
-                      dashboard_address=":0") as cluster, Client(cluster) as client:
+    with (
+        LocalCluster(
+            n_workers=1,
+            threads_per_worker=1,
+            processes=False,
+            memory_limit="1GiB",
+            dashboard_address=":0",
+        ) as cluster,
+        Client(cluster) as client,
+    ):
         worker = cluster.workers[0]
         # the worker runs in this process, whose memory is the whole suite's (past 80% of
         # 1 GiB late in a run, where dask paused it and a test waited forever): what dask's
@@ -413,10 +494,13 @@ def test_a_worker_paused_for_memory_is_named_with_its_memory_and_the_fix(one_wor
     stall = [x for x in lines if x.startswith("slem-dask: no task finished for")]
     assert stall, lines
     # the memory as the scheduler last heard it (this test fakes only the monitor's figure)
-    assert re.search(rf"waiting for workers: {re.escape(worker.address)} \(0\) \(paused by "
-                     rf"dask for memory: its process holds \d+ MiB, \d+% of its 1024 MiB "
-                     rf"memory limit; it takes no task until it holds less\), 1 task\(s\) "
-                     rf"that wait for a worker that is not paused", stall[0]), stall[0]
+    assert re.search(
+        rf"waiting for workers: {re.escape(worker.address)} \(0\) \(paused by "
+        rf"dask for memory: its process holds \d+ MiB, \d+% of its 1024 MiB "
+        rf"memory limit; it takes no task until it holds less\), 1 task\(s\) "
+        rf"that wait for a worker that is not paused",
+        stall[0],
+    ), stall[0]
     assert "give the workers more memory (dask worker --memory-limit)" in stall[0]
     assert "tasks queued on the scheduler" not in stall[0] and "check or restart" not in stall[0]
 
@@ -428,8 +512,10 @@ def test_a_long_task_on_a_worker_that_answers_is_progress_not_a_worker_to_restar
     stall = [x for x in lines if x.startswith("slem-dask: no task finished for")]
     assert stall, lines
     assert "0 of 1 tasks done in" in stall[0] and "none finished yet" in stall[0], stall[0]
-    assert f"1 task running (1 on {worker.address} (0); it answers): long tasks, not a stuck " \
-           f"worker; --task-timeout SECONDS gives up" in stall[0], stall[0]
+    assert (
+        f"1 task running (1 on {worker.address} (0); it answers): long tasks, not a stuck "
+        f"worker; --task-timeout SECONDS gives up" in stall[0]
+    ), stall[0]
     assert all("restart" not in x for x in lines), lines
 
 
@@ -445,8 +531,14 @@ def test_without_a_terminal_a_job_says_its_progress_at_intervals(one_worker):
 
     result, lines = _watched(client, compute, progress_every=0.5, warn_after=5)
     assert result == sum(range(20))
-    said = [re.fullmatch(r"slem-dask: (\d+) of 20 tasks done in \d+ s \([\d.]+/min; about "
-                         r"\d+ s left at that rate\)", x) for x in lines]
+    said = [
+        re.fullmatch(
+            r"slem-dask: (\d+) of 20 tasks done in \d+ s \([\d.]+/min; about "
+            r"\d+ s left at that rate\)",
+            x,
+        )
+        for x in lines
+    ]
     assert lines and all(said), lines
     done = [int(m[1]) for m in said]
     assert done == sorted(done) and 0 < done[0] < 20
@@ -460,23 +552,41 @@ def test_a_stall_while_the_object_store_does_not_answer_names_the_store(one_work
         port = s.getsockname()[1]
     monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{port}")
     client, _ = one_worker
-    _, lines = _watched(client, lambda: client.submit(_sleep, 1.5).result(timeout=30),
-                        stores=["s3://bucket/codes.zarr", "/tmp/local.zarr"])
+    _, lines = _watched(
+        client,
+        lambda: client.submit(_sleep, 1.5).result(timeout=30),
+        stores=["s3://bucket/codes.zarr", "/tmp/local.zarr"],
+    )
     stall = [x for x in lines if x.startswith("slem-dask: no task finished for")]
     assert stall, lines
-    assert re.fullmatch(rf"slem-dask: no task finished for \d+ s: the object store at "
-                        rf"http://127\.0\.0\.1:{port} does not answer \(Connection refused\) "
-                        rf"for s3://bucket/codes\.zarr: start it, or fix AWS_ENDPOINT_URL .*",
-                        stall[0]), stall[0]
+    assert re.fullmatch(
+        rf"slem-dask: no task finished for \d+ s: the object store at "
+        rf"http://127\.0\.0\.1:{port} does not answer \(Connection refused\) "
+        rf"for s3://bucket/codes\.zarr: start it, or fix AWS_ENDPOINT_URL .*",
+        stall[0],
+    ), stall[0]
     assert "check or restart" not in stall[0]
 
 
 def test_search_shows_its_progress_when_asked(capsys, scheduler, corpus):
     out = corpus["dir"] / "codes.zarr"
     assert _encode(capsys, scheduler, corpus, out)[0] == 0
-    code = main(["search", "--queries", str(out), "--database", str(out), "--out",
-                 str(corpus["dir"] / "hits.zarr"), "--k", "5", "--scheduler", scheduler,
-                 "--progress"])
+    code = main(
+        [
+            "search",
+            "--queries",
+            str(out),
+            "--database",
+            str(out),
+            "--out",
+            str(corpus["dir"] / "hits.zarr"),
+            "--k",
+            "5",
+            "--scheduler",
+            scheduler,
+            "--progress",
+        ]
+    )
     stdout, err = capsys.readouterr()
     assert code == 0, err
     assert "100% Completed" in stdout, stdout
@@ -497,9 +607,13 @@ def test_the_default_lambda_follows_the_scale_of_the_data():
     assert unit.lam_ == pytest.approx(0.01 * np.trace(unit.covariance_), rel=1e-12)
     # the same descriptors as integers 0..255 (uint8-like): the same model, to rounding
     raw = LinearSLEM().fit(np.round(neg * 127 + 128))
-    np.testing.assert_allclose(raw.transform(np.round(pos * 127 + 128)),
-                               LinearSLEM().fit(np.round(neg * 127 + 128) / 255)
-                               .transform(np.round(pos * 127 + 128) / 255), atol=1e-9)
+    np.testing.assert_allclose(
+        raw.transform(np.round(pos * 127 + 128)),
+        LinearSLEM()
+        .fit(np.round(neg * 127 + 128) / 255)
+        .transform(np.round(pos * 127 + 128) / 255),
+        atol=1e-9,
+    )
     assert raw.lam_ == pytest.approx(0.01 * np.trace(raw.covariance_), rel=1e-12)
     # a number stays absolute, as it always was
     assert LinearSLEM(lam=3e-3).fit(neg).lam_ == 3e-3
@@ -513,9 +627,12 @@ def test_an_absolute_lambda_far_from_the_datas_scale_warns():
     from slem_dask.core.validation import LambdaScaleWarning
 
     neg = _unit_rows(400)
-    with pytest.warns(LambdaScaleWarning, match=r"lam=0\.001 is [\d.e-]+ times the "
-                      r"negatives' mean variance \(tr\(Sigma\)/d = [\d.e+]+\): it barely "
-                      r"regularizes.*e\.g\. --lam 0\.01x"):
+    with pytest.warns(
+        LambdaScaleWarning,
+        match=r"lam=0\.001 is [\d.e-]+ times the "
+        r"negatives' mean variance \(tr\(Sigma\)/d = [\d.e+]+\): it barely "
+        r"regularizes.*e\.g\. --lam 0\.01x",
+    ):
         LinearSLEM(lam=1e-3).fit(neg * 255 * 40)
     with pytest.warns(LambdaScaleWarning, match="the model barely whitens"):
         LinearSLEM(lam=100.0).fit(neg)
@@ -553,31 +670,74 @@ def test_an_update_with_a_relative_lambda_equals_a_refit_on_all_rows(tmp_path):
     assert report.facts["action"] == "update"
     updated, refit = load_model(model), LinearSLEM().fit(rows)
     assert updated.lam_ == pytest.approx(refit.lam_, rel=1e-6)  # float32 blocks
-    np.testing.assert_allclose(updated.precision_, refit.precision_, rtol=0,
-                               atol=1e-5 * np.abs(refit.precision_).max())  # float32 blocks
+    np.testing.assert_allclose(
+        updated.precision_, refit.precision_, rtol=0, atol=1e-5 * np.abs(refit.precision_).max()
+    )  # float32 blocks
     first = LinearSLEM().fit(rows[:400])
     assert abs(first.lam_ - refit.lam_) > 1e-4 * refit.lam_  # the update did recompute it
 
 
 def test_the_command_line_takes_relative_and_absolute_lambdas(capsys, scheduler, corpus):
-    code, out, err = cli(capsys, scheduler, "fit", "--negatives", corpus["negatives"],
-                         "--model", corpus["dir"] / "a.zarr")
+    code, out, err = cli(
+        capsys,
+        scheduler,
+        "fit",
+        "--negatives",
+        corpus["negatives"],
+        "--model",
+        corpus["dir"] / "a.zarr",
+    )
     assert code == 0, err
     assert re.search(r"^  lam +0\.01x \(= [\d.e-]+: 0\.01 x tr\(Sigma\)\)$", out, re.M), out
-    code, out, err = cli(capsys, scheduler, "fit", "--negatives", corpus["negatives"],
-                         "--model", corpus["dir"] / "b.zarr", "--lam", "0.5")
+    code, out, err = cli(
+        capsys,
+        scheduler,
+        "fit",
+        "--negatives",
+        corpus["negatives"],
+        "--model",
+        corpus["dir"] / "b.zarr",
+        "--lam",
+        "0.5",
+    )
     assert code == 0 and re.search(r"^  lam +0\.5$", out, re.M), out
-    code, _, err = cli(capsys, scheduler, "fit", "--negatives", corpus["negatives"],
-                       "--model", corpus["dir"] / "k.zarr", "--kernel", "rbf", "--lam", "0.01x")
-    assert code == 1 and err.startswith("slem-dask fit: error: lam '0.01x': a lambda "
-                                        "relative to the negatives' total variance applies "
-                                        "to linear SLEM"), err
+    code, _, err = cli(
+        capsys,
+        scheduler,
+        "fit",
+        "--negatives",
+        corpus["negatives"],
+        "--model",
+        corpus["dir"] / "k.zarr",
+        "--kernel",
+        "rbf",
+        "--lam",
+        "0.01x",
+    )
+    assert code == 1 and err.startswith(
+        "slem-dask fit: error: lam '0.01x': a lambda "
+        "relative to the negatives' total variance applies "
+        "to linear SLEM"
+    ), err
     with pytest.raises(SystemExit) as exited:
-        main(["fit", "--negatives", corpus["negatives"], "--model",
-              str(corpus["dir"] / "c.zarr"), "--lam", "big"])
+        main(
+            [
+                "fit",
+                "--negatives",
+                corpus["negatives"],
+                "--model",
+                str(corpus["dir"] / "c.zarr"),
+                "--lam",
+                "big",
+            ]
+        )
     code, err = exited.value.code, capsys.readouterr().err
-    assert code == 2 and "argument --lam: expected a number > 0, got 'big' (a number is " \
-        "absolute; Cx is C times the negatives' total variance, e.g. 0.01x)" in err, err
+    assert (
+        code == 2
+        and "argument --lam: expected a number > 0, got 'big' (a number is "
+        "absolute; Cx is C times the negatives' total variance, e.g. 0.01x)"
+        in err
+    ), err
 
 
 def test_a_spec_takes_a_relative_lambda_for_linear_models_only():
@@ -586,13 +746,20 @@ def test_a_spec_takes_a_relative_lambda_for_linear_models_only():
     spec = parse_spec({"model": {"path": "m", "lam": "0.02x"}, "fit": {"negatives": "n"}})
     assert spec.model.lam == "0.02x"
     assert parse_spec({"model": {"path": "m"}, "fit": {"negatives": "n"}}).model.lam is None
-    with pytest.raises(SpecError, match=r"model.lam = '0.02x': a lambda relative to the "
-                                        r"negatives' total variance applies to type = "
-                                        r"\"linear\""):
-        parse_spec({"model": {"path": "m", "type": "kernel", "lam": "0.02x"},
-                    "fit": {"negatives": "n"}})
-    with pytest.raises(SpecError, match=r"model.lam = 'tiny': expected a number > 0 "
-                                        r"\(absolute\) or a string \"<c>x\""):
+    with pytest.raises(
+        SpecError,
+        match=r"model.lam = '0.02x': a lambda relative to the "
+        r"negatives' total variance applies to type = "
+        r"\"linear\"",
+    ):
+        parse_spec(
+            {"model": {"path": "m", "type": "kernel", "lam": "0.02x"}, "fit": {"negatives": "n"}}
+        )
+    with pytest.raises(
+        SpecError,
+        match=r"model.lam = 'tiny': expected a number > 0 "
+        r"\(absolute\) or a string \"<c>x\"",
+    ):
         parse_spec({"model": {"path": "m", "lam": "tiny"}, "fit": {"negatives": "n"}})
 
 
@@ -605,29 +772,42 @@ def test_an_update_without_lam_keeps_the_models_lambda(capsys, scheduler, tmp_pa
     rows = _unit_rows(600).astype("float32")
     neg = zarr_rows(tmp_path / "neg.zarr", rows[:400])
     model = tmp_path / "m.zarr"
-    assert cli(capsys, scheduler, "fit", "--negatives", neg, "--model", model, "--lam",
-               "1e-3")[0] == 0
+    assert (
+        cli(capsys, scheduler, "fit", "--negatives", neg, "--model", model, "--lam", "1e-3")[0] == 0
+    )
     import zarr
 
     arr = zarr.open_array(neg, mode="r+")
     arr.resize((600, 16))
     arr[400:] = rows[400:]
-    code, out, err = cli(capsys, scheduler, "fit", "--negatives", neg, "--model", model,
-                         "--update")
+    code, out, err = cli(capsys, scheduler, "fit", "--negatives", neg, "--model", model, "--update")
     assert code == 0 and re.search(r"^  action +update$", out, re.M), out + err
     assert load_model(str(model)).lam == 1e-3 and load_model(str(model)).n_samples_ == 600
 
 
 def test_a_full_disk_in_any_other_command_is_one_line_naming_what_it_writes(
-        capsys, scheduler, tmp_path, full_disk):
+    capsys, scheduler, tmp_path, full_disk
+):
     workdir = tmp_path / "demo"
-    code, _, err = cli(capsys, scheduler, "demo", "--workdir", workdir, "--negatives", "60",
-                       "--instances", "5", "--dim", "4")
+    code, _, err = cli(
+        capsys,
+        scheduler,
+        "demo",
+        "--workdir",
+        workdir,
+        "--negatives",
+        "60",
+        "--instances",
+        "5",
+        "--dim",
+        "4",
+    )
     assert code == 1
     lines = err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith(
         f"slem-dask demo: error: no space left on the storage of {str(workdir)!r} (No space "
-        f"left on device; "), err
+        f"left on device; "
+    ), err
     assert "[Errno 28]" not in err and "or write to another path" in err
 
 
@@ -656,17 +836,26 @@ def test_a_fit_on_an_npy_file_gives_no_rechunk_hint(capsys, scheduler, tmp_path)
 
     from slem_dask.storage.chunks import SmallChunksWarning
 
-    np.save(tmp_path / "neg.npy",
-            np.random.default_rng(3).standard_normal((1500, 8)).astype("float32"))
+    np.save(
+        tmp_path / "neg.npy", np.random.default_rng(3).standard_normal((1500, 8)).astype("float32")
+    )
     with warnings.catch_warnings():
         warnings.simplefilter("error", SmallChunksWarning)
-        code, out, err = cli(capsys, scheduler, "fit", "--negatives", tmp_path / "neg.npy",
-                             "--model", tmp_path / "m.zarr")
+        code, out, err = cli(
+            capsys,
+            scheduler,
+            "fit",
+            "--negatives",
+            tmp_path / "neg.npy",
+            "--model",
+            tmp_path / "m.zarr",
+        )
     assert code == 0 and "hint" not in out and "rechunk" not in err, out + err
 
 
 def test_ctrl_c_before_the_job_began_does_not_call_the_old_output_complete(
-        capsys, scheduler, corpus, monkeypatch):
+    capsys, scheduler, corpus, monkeypatch
+):
     out = corpus["dir"] / "codes.zarr"
     assert _encode(capsys, scheduler, corpus, out)[0] == 0  # version 1, complete
 
@@ -677,9 +866,11 @@ def test_ctrl_c_before_the_job_began_does_not_call_the_old_output_complete(
     code, _, err = _encode(capsys, scheduler, corpus, out)
     assert code == 130
     assert "is complete" not in err, err
-    assert err == ("slem-dask encode: interrupted; nothing was committed and no partition "
-                   "had been written (readers still see version 1): run the same command "
-                   "again to encode\n")
+    assert err == (
+        "slem-dask encode: interrupted; nothing was committed and no partition "
+        "had been written (readers still see version 1): run the same command "
+        "again to encode\n"
+    )
 
 
 @pytest.mark.parametrize("fmt", ["npy", "zarr"])

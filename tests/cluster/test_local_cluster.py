@@ -22,8 +22,12 @@ D = 10
 def client():
     from distributed import Client, LocalCluster
 
-    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
-                      dashboard_address=":0") as cluster, Client(cluster) as c:
+    with (
+        LocalCluster(
+            n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0"
+        ) as cluster,
+        Client(cluster) as c,
+    ):
         yield c
 
 
@@ -36,22 +40,27 @@ def data():
 
 
 def write_array(path, data, chunk_rows):
-    arr = zarr.create_array(store=str(path), shape=data.shape, dtype=data.dtype,
-                            chunks=(chunk_rows, data.shape[1]))
+    arr = zarr.create_array(
+        store=str(path), shape=data.shape, dtype=data.dtype, chunks=(chunk_rows, data.shape[1])
+    )
     arr[...] = data
     return str(path)
 
 
 @pytest.mark.cluster
-@pytest.mark.parametrize("chunks,precision", [(7, "float64"), (64, "float64"),
-                                              ((1, 200, 299), "float64"), (64, "auto")])
+@pytest.mark.parametrize(
+    "chunks,precision", [(7, "float64"), (64, "float64"), ((1, 200, 299), "float64"), (64, "auto")]
+)
 def test_fit_and_transform_on_processes_equal_numpy(client, data, chunks, precision):
     X, P = data
     want = LinearSLEM(lam=0.02, theta=3.0, precision="float64").fit(X)
     got = LinearSLEM(lam=0.02, theta=3.0, precision=precision).fit(
-        da.from_array(X, chunks=(chunks, D)))
+        da.from_array(X, chunks=(chunks, D))
+    )
     Pd = da.from_array(P, chunks=(29, D))
-    if precision == "auto":  # float32 inside blocks: the 1e-5 contract (tests/parallel/test_precision.py)
+    if (
+        precision == "auto"
+    ):  # float32 inside blocks: the 1e-5 contract (tests/parallel/test_precision.py)
         cov = want.covariance_
         assert np.abs(got.covariance_ - cov).max() <= 1e-5 * np.abs(cov).max()
         Z = client.compute(got.transform(Pd)).result()
@@ -62,8 +71,9 @@ def test_fit_and_transform_on_processes_equal_numpy(client, data, chunks, precis
         assert np.linalg.norm(a - b) <= 1e-12 * np.linalg.norm(b), name
     Z = got.transform(Pd)
     assert Z.chunks == Pd.chunks
-    np.testing.assert_allclose(client.compute(Z).result(), want.transform(P),
-                               rtol=1e-12, atol=1e-13)
+    np.testing.assert_allclose(
+        client.compute(Z).result(), want.transform(P), rtol=1e-12, atol=1e-13
+    )
     Z32 = client.compute(got.transform(Pd, dtype=np.float32)).result()
     assert Z32.dtype == np.float32
     np.testing.assert_allclose(Z32, want.transform(P), rtol=0, atol=1.5e-7)
@@ -80,8 +90,9 @@ def test_fit_job_and_encode_job_equal_the_library(client, data, tmp_path):
     positives = write_array(tmp_path / "positives.zarr", P, 16)
     model_path = str(tmp_path / "model.zarr")
     out = str(tmp_path / "codes.zarr")
-    fit_job(client, negatives, model_path, lam=0.02, theta=3.0, partition_rows=80,
-            precision="float64")
+    fit_job(
+        client, negatives, model_path, lam=0.02, theta=3.0, partition_rows=80, precision="float64"
+    )
     model = load_model(model_path)
     want = LinearSLEM(lam=0.02, theta=3.0, precision="float64").fit(X)
     for name in ("mean_", "covariance_", "precision_"):
@@ -95,8 +106,9 @@ def test_fit_job_and_encode_job_equal_the_library(client, data, tmp_path):
     # a fit job's model is named by its inputs and parameters (docs/numerics.md)
     assert meta["complete"] is True and meta["model_fingerprint"] == model.identity_
     encode_job(client, model_path, positives, out, dtype="float64", overwrite=True)
-    np.testing.assert_allclose(storage.open_output(out)[...],
-                               want.transform(P, dtype=np.float64), rtol=1e-12, atol=1e-13)
+    np.testing.assert_allclose(
+        storage.open_output(out)[...], want.transform(P, dtype=np.float64), rtol=1e-12, atol=1e-13
+    )
 
 
 @pytest.mark.cluster
@@ -140,20 +152,28 @@ def test_jobs_send_large_model_arrays_to_the_workers_not_in_the_graph(client, tm
     kernel.save(kernel_path)
     positives = write_array(tmp_path / "positives.zarr", P, 20)
     corpus = str(tmp_path / "corpus.zarr")
-    write_corpus(make_corpus(n_negatives=3000, n_instances=10, group_size=2, d=64, seed=1),
-                 corpus, chunk_rows=500)
-    with dask.config.set({"distributed.admin.large-graph-warning-threshold": "1MB"}), \
-            warnings.catch_warnings():
+    write_corpus(
+        make_corpus(n_negatives=3000, n_instances=10, group_size=2, d=64, seed=1),
+        corpus,
+        chunk_rows=500,
+    )
+    with (
+        dask.config.set({"distributed.admin.large-graph-warning-threshold": "1MB"}),
+        warnings.catch_warnings(),
+    ):
         warnings.filterwarnings("error", message="Sending large graph")
-        encode_job(client, model_path, positives, str(tmp_path / "codes.zarr"),
-                   partition_rows=20)
-        encode_job(client, kernel_path, positives, str(tmp_path / "kcodes.zarr"),
-                   partition_rows=20)
+        encode_job(client, model_path, positives, str(tmp_path / "codes.zarr"), partition_rows=20)
+        encode_job(client, kernel_path, positives, str(tmp_path / "kcodes.zarr"), partition_rows=20)
         rows, _, _ = evaluate_job(client, corpus, methods="esvm")
-    np.testing.assert_allclose(storage.open_output(str(tmp_path / "codes.zarr"))[...],
-                               want.transform(P), rtol=0, atol=2e-6)
-    np.testing.assert_allclose(storage.open_output(str(tmp_path / "kcodes.zarr"))[...],
-                               kernel.transform(P), rtol=0, atol=1e-6)
+    np.testing.assert_allclose(
+        storage.open_output(str(tmp_path / "codes.zarr"))[...], want.transform(P), rtol=0, atol=2e-6
+    )
+    np.testing.assert_allclose(
+        storage.open_output(str(tmp_path / "kcodes.zarr"))[...],
+        kernel.transform(P),
+        rtol=0,
+        atol=1e-6,
+    )
     assert 0 < rows[0]["mAP"] <= 1
     deadline = time.monotonic() + 60  # releases reach the scheduler asynchronously
     while client.who_has() and time.monotonic() < deadline:
@@ -208,6 +228,7 @@ def test_connect_limits_blas_threads_on_workers(client):
     from slem_dask.cluster.connect import connect
 
     with connect(client.scheduler.address) as c:
+
         def blas_threads():
             from threadpoolctl import threadpool_info
 
@@ -269,8 +290,17 @@ def _in_process_refusal(monkeypatch, available: int, rows: int = 100_000):
     from slem_dask.cluster.connect import connect
 
     per_row, fixed = workers.encode_task_bytes(None, rows, 512, "float32")
-    plan = workers.Plan("encode", "positives", rows, 512, "float32",
-                        int(fixed + per_row * rows), per_row, fixed, 1000)
+    plan = workers.Plan(
+        "encode",
+        "positives",
+        rows,
+        512,
+        "float32",
+        int(fixed + per_row * rows),
+        per_row,
+        fixed,
+        1000,
+    )
     real = psutil.virtual_memory()
 
     class Tight:
@@ -294,16 +324,26 @@ def test_an_in_process_worker_is_checked_against_the_memory_this_machine_has(mon
     assert "runs in this process" in said and "--partition-rows" in said
 
 
-@pytest.mark.parametrize("available, fix", [
-    (300 * 2**20, r"pass --partition-rows \d+ \(.*\), or free memory on this machine \(the "
-                  r"worker runs in this process\), or run on a cluster with more memory "
-                  r"\(--scheduler\)$"),
-    (2**20, r"even 1000 rows \(one chunk of the positives\) need about \d+ MiB per task: this "
+@pytest.mark.parametrize(
+    "available, fix",
+    [
+        (
+            300 * 2**20,
+            r"pass --partition-rows \d+ \(.*\), or free memory on this machine \(the "
+            r"worker runs in this process\), or run on a cluster with more memory "
+            r"\(--scheduler\)$",
+        ),
+        (
+            2**20,
+            r"even 1000 rows \(one chunk of the positives\) need about \d+ MiB per task: this "
             r"process needs about \d+ MiB: free memory on this machine \(the worker runs in "
             r"this process\), or run on a cluster with more memory \(--scheduler\), or store "
-            r"the positives in smaller chunks$")], ids=["smaller partitions", "no partition"])
-def test_an_in_process_worker_is_told_a_remedy_that_applies_in_process(monkeypatch,
-                                                                        available, fix):
+            r"the positives in smaller chunks$",
+        ),
+    ],
+    ids=["smaller partitions", "no partition"],
+)
+def test_an_in_process_worker_is_told_a_remedy_that_applies_in_process(monkeypatch, available, fix):
     said = _in_process_refusal(monkeypatch, available)
     assert "--memory-limit" not in said and "fewer threads" not in said, said
     assert re.search(fix, said), said
@@ -348,17 +388,24 @@ def test_a_worker_that_leaves_during_the_checks_before_a_job_is_dropped(tmp_path
 
     rng = np.random.default_rng(3)
     write_array(tmp_path / "neg.zarr", rng.standard_normal((300, D)).astype(np.float32), 50)
-    with dask.config.set({"distributed.comm.timeouts.connect": "2s"}), \
-            LocalCluster(n_workers=2, threads_per_worker=1, processes=False, memory_limit=0,
-                         dashboard_address=":0") as cluster, Client(cluster) as client:
+    with (
+        dask.config.set({"distributed.comm.timeouts.connect": "2s"}),
+        LocalCluster(
+            n_workers=2,
+            threads_per_worker=1,
+            processes=False,
+            memory_limit=0,
+            dashboard_address=":0",
+        ) as cluster,
+        Client(cluster) as client,
+    ):
         run, left = client.run, []
 
         def run_after_one_left(function, *args, workers=None, **kw):
             listed = workers or list(client.scheduler_info()["workers"])
             if not left:  # the first check: one worker leaves after the list was taken
                 left.append(listed[0])
-                name = next(k for k, w in cluster.workers.items()
-                            if w.worker_address == listed[0])
+                name = next(k for k, w in cluster.workers.items() if w.worker_address == listed[0])
                 cluster.sync(cluster.workers[name].close)
             return run(function, *args, workers=listed, **kw)
 
@@ -405,8 +452,9 @@ def test_asking_the_workers_drops_one_that_left_and_asks_one_that_joined():
 def test_a_listed_worker_that_never_answers_the_checks_fails_the_job_in_one_line():
     from slem_dask.storage.workers import WorkerLeftError, ask_workers
 
-    fake = _Cluster(["a", "b"], [], lambda a: OSError("Timed out trying to connect to b")
-                    if a == "b" else 1)
+    fake = _Cluster(
+        ["a", "b"], [], lambda a: OSError("Timed out trying to connect to b") if a == "b" else 1
+    )
     with pytest.raises(WorkerLeftError) as info:
         ask_workers(fake, print, what="the check of the workers' memory")
     assert fake.asked == [["a", "b"], ["b"], ["b"]]  # asked again, then given up
@@ -414,14 +462,16 @@ def test_a_listed_worker_that_never_answers_the_checks_fails_the_job_in_one_line
         "worker b stopped answering during the check of the workers' memory (OSError: Timed "
         "out trying to connect to b) while still listed by the scheduler, so it is leaving or "
         "stuck; the job stopped before its tasks ran: run the same command again (it checks "
-        "the workers that are there then)")
+        "the workers that are there then)"
+    )
     fake = _Cluster(["a"], [], lambda a: ValueError("bad input"))  # the check's own error
     with pytest.raises(ValueError, match="bad input"):
         ask_workers(fake, print)
 
 
 def test_a_worker_that_leaves_while_connect_sets_up_the_workers_is_not_the_commands_end(
-        monkeypatch):
+    monkeypatch,
+):
     """connect(ADDRESS) registers the BLAS plugin; the scheduler's broadcast of it fails
     with "Address removed." when a worker leaves meanwhile: it is sent again while the
     scheduler answers, and a worker that never takes it is said in one line."""
@@ -439,8 +489,9 @@ def test_a_worker_that_leaves_while_connect_sets_up_the_workers_is_not_the_comma
         return real(self, plugin, *args, **kwargs)
 
     monkeypatch.setattr(Client, "register_plugin", leaving_once)
-    with LocalCluster(n_workers=2, threads_per_worker=1, processes=False, memory_limit=0,
-                      dashboard_address=":0") as cluster:
+    with LocalCluster(
+        n_workers=2, threads_per_worker=1, processes=False, memory_limit=0, dashboard_address=":0"
+    ) as cluster:
         fail_always = False
         with connect(cluster.scheduler_address) as c:
             plugins = c.run(lambda dask_worker: sorted(dask_worker.plugins))
@@ -453,4 +504,5 @@ def test_a_worker_that_leaves_while_connect_sets_up_the_workers_is_not_the_comma
     assert len(calls) == 3 and str(info.value) == (
         "a worker failed 3 times to take slem-dask's set-up while the scheduler answers "
         "(CommClosedError: Address removed.); no job started: run the same command again "
-        "once the cluster's workers are steady")
+        "once the cluster's workers are steady"
+    )

@@ -28,8 +28,9 @@ def no_scheduler_env(monkeypatch):
 @pytest.fixture
 def inputs(tmp_path):
     rng = np.random.default_rng(3)
-    arr = zarr.create_array(str(tmp_path / "positives.zarr"), shape=(50, 8), dtype="float32",
-                            chunks=(10, 8))
+    arr = zarr.create_array(
+        str(tmp_path / "positives.zarr"), shape=(50, 8), dtype="float32", chunks=(10, 8)
+    )
     arr[...] = rng.standard_normal((50, 8)).astype("float32")
     LinearSLEM().fit(rng.standard_normal((40, 8))).save(str(tmp_path / "model.zarr"))
     return tmp_path
@@ -42,9 +43,17 @@ def _run_with_read_only(folder: Path, args: list) -> subprocess.CompletedProcess
     if os.geteuid() == 0:
         if not can_unshare_mounts():
             pytest.skip("root needs `unshare --mount` to make a folder read-only")
-        cmd = ["unshare", "--mount", "--propagation", "private", "sh", "-c",
-               f'mount --bind "{folder}" "{folder}" && mount -o remount,ro,bind "{folder}" '
-               f'&& exec "$0" "$@"', *cmd]
+        cmd = [
+            "unshare",
+            "--mount",
+            "--propagation",
+            "private",
+            "sh",
+            "-c",
+            f'mount --bind "{folder}" "{folder}" && mount -o remount,ro,bind "{folder}" '
+            f'&& exec "$0" "$@"',
+            *cmd,
+        ]
         return subprocess.run(cmd, capture_output=True, text=True, timeout=120)
     folder.chmod(0o555)
     try:
@@ -58,20 +67,37 @@ def test_a_read_only_output_folder_is_refused_before_any_cluster_starts(inputs, 
     ro = inputs / "ro"
     ro.mkdir()
     if command == "encode":
-        args = ["encode", "--model", inputs / "model.zarr", "--positives",
-                inputs / "positives.zarr", "--out", ro / "codes.zarr", "--scheduler",
-                UNREACHABLE]
+        args = [
+            "encode",
+            "--model",
+            inputs / "model.zarr",
+            "--positives",
+            inputs / "positives.zarr",
+            "--out",
+            ro / "codes.zarr",
+            "--scheduler",
+            UNREACHABLE,
+        ]
         key = "--out"
     elif command == "fit":  # folders still to be made: the nearest existing one is checked
-        args = ["fit", "--negatives", inputs / "positives.zarr", "--model",
-                ro / "new" / "model.zarr", "--scheduler", UNREACHABLE]
+        args = [
+            "fit",
+            "--negatives",
+            inputs / "positives.zarr",
+            "--model",
+            ro / "new" / "model.zarr",
+            "--scheduler",
+            UNREACHABLE,
+        ]
         key = "--model"
     elif command == "run":
         spec = inputs / "job.toml"
-        spec.write_text(f'[cluster]\nscheduler = "{UNREACHABLE}"\n'
-                        f'[model]\npath = "{inputs / "model.zarr"}"\n'
-                        f'[[encode]]\npositives = "{inputs / "positives.zarr"}"\n'
-                        f'out = "{ro / "codes.zarr"}"\n')
+        spec.write_text(
+            f'[cluster]\nscheduler = "{UNREACHABLE}"\n'
+            f'[model]\npath = "{inputs / "model.zarr"}"\n'
+            f'[[encode]]\npositives = "{inputs / "positives.zarr"}"\n'
+            f'out = "{ro / "codes.zarr"}"\n'
+        )
         args, key = ["run", spec], "encode[0].out"
     else:  # no cluster at all: the check comes before anything is written
         args, key = ["export", inputs / "model.zarr", "--to", ro / "copy.zarr"], "--to"
@@ -90,36 +116,61 @@ def test_writable_folders_pass_and_keep_no_probe_file(tmp_path):
     from slem_dask.cluster.preflight import check_writable
 
     (tmp_path / "store.zarr").mkdir()  # an existing output is probed inside as well
-    check_writable({"--out": tmp_path / "store.zarr", "--model": tmp_path / "a" / "b.zarr",
-                    "--plot": None, "--other": "s3://bucket/x.zarr"})  # URLs are skipped
+    check_writable(
+        {
+            "--out": tmp_path / "store.zarr",
+            "--model": tmp_path / "a" / "b.zarr",
+            "--plot": None,
+            "--other": "s3://bucket/x.zarr",
+        }
+    )  # URLs are skipped
     assert sorted(p.name for p in tmp_path.rglob("*")) == ["store.zarr"]
 
 
 @pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="no procfs at /proc")
-@pytest.mark.parametrize("out, folder", [("/proc/codes.zarr", "/proc"),
-                                         ("/proc/1/x", "/proc/1"),
-                                         ("/proc/self/a/foo.zarr", f"/proc/{os.getpid()}")])
-def test_an_output_under_proc_is_said_to_be_no_storage_without_errno(inputs, capsys, out,
-                                                                     folder):
+@pytest.mark.parametrize(
+    "out, folder",
+    [
+        ("/proc/codes.zarr", "/proc"),
+        ("/proc/1/x", "/proc/1"),
+        ("/proc/self/a/foo.zarr", f"/proc/{os.getpid()}"),
+    ],
+)
+def test_an_output_under_proc_is_said_to_be_no_storage_without_errno(inputs, capsys, out, folder):
     # /proc refuses new files with ENOENT: "No such file or directory" of a folder that
     # exists would mislead; the file system's type says why, in one line
-    code = main(["encode", "--model", str(inputs / "model.zarr"), "--positives",
-                 str(inputs / "positives.zarr"), "--out", out, "--scheduler", UNREACHABLE])
+    code = main(
+        [
+            "encode",
+            "--model",
+            str(inputs / "model.zarr"),
+            "--positives",
+            str(inputs / "positives.zarr"),
+            "--out",
+            out,
+            "--scheduler",
+            UNREACHABLE,
+        ]
+    )
     err = capsys.readouterr().err.strip()
     assert code == 1 and err == (
         f"slem-dask encode: error: --out {out!r}: the folder {folder!r} is on a proc file "
         f"system, the kernel's view of the system, not storage: it cannot hold a zarr store; "
-        f"choose an output path in a regular folder"), err
+        f"choose an output path in a regular folder"
+    ), err
 
 
 def test_the_file_system_of_a_folder_is_that_of_its_longest_mount_point(tmp_path):
     from slem_dask.cluster.preflight import _file_system
 
     table = tmp_path / "mounts"
-    table.write_text("/dev/vda / ext4 rw 0 0\nproc /proc proc rw 0 0\nsysfs /sys sysfs rw 0 0\n"
-                     "none /mnt/my\\040disk tmpfs rw 0 0\n")  # a space as the table writes it
-    found = [_file_system(p, str(table)) for p in ("/proc/1", "/sys/x", "/system", "/",
-                                                    "/mnt/my disk/a")]
+    table.write_text(
+        "/dev/vda / ext4 rw 0 0\nproc /proc proc rw 0 0\nsysfs /sys sysfs rw 0 0\n"
+        "none /mnt/my\\040disk tmpfs rw 0 0\n"
+    )  # a space as the table writes it
+    found = [
+        _file_system(p, str(table)) for p in ("/proc/1", "/sys/x", "/system", "/", "/mnt/my disk/a")
+    ]
     assert found == ["proc", "sysfs", "ext4", "ext4", "tmpfs"]
     assert _file_system("/proc", str(tmp_path / "none")) is None  # no table: not known
 
@@ -142,8 +193,7 @@ def test_verify_of_a_path_with_nothing_says_missing_and_what_to_check(tmp_path, 
 
 def test_task_timeout_option_must_be_positive(capsys):
     with pytest.raises(SystemExit) as exc:
-        main(["encode", "--model", "m", "--positives", "p", "--out", "o",
-              "--task-timeout", "0"])
+        main(["encode", "--model", "m", "--positives", "p", "--out", "o", "--task-timeout", "0"])
     assert exc.value.code == 2
     assert "--task-timeout: expected a finite number > 0" in capsys.readouterr().err
 

@@ -29,17 +29,47 @@ def _start_cluster(tmp, worker_args, n_workers):
     """A scheduler and ``n_workers`` single-threaded workers on 127.0.0.1, each in its
     own process group; returns {address, procs, names: {name: address}}."""
     sched_file = tmp / "scheduler.json"
-    procs = [subprocess.Popen(
-        [str(BIN / "dask"), "scheduler", "--host", "127.0.0.1", "--port", "0",
-         "--no-dashboard", "--scheduler-file", str(sched_file)],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)]
+    procs = [
+        subprocess.Popen(
+            [
+                str(BIN / "dask"),
+                "scheduler",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                "0",
+                "--no-dashboard",
+                "--scheduler-file",
+                str(sched_file),
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+    ]
     address = scheduler_address(sched_file)
     for i in range(n_workers):
-        procs.append(subprocess.Popen(
-            [str(BIN / "dask"), "worker", address, "--nthreads", "1", "--no-dashboard",
-             "--host", "127.0.0.1", "--name", f"w{i}", *worker_args],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
-            env={k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")}))
+        procs.append(
+            subprocess.Popen(
+                [
+                    str(BIN / "dask"),
+                    "worker",
+                    address,
+                    "--nthreads",
+                    "1",
+                    "--no-dashboard",
+                    "--host",
+                    "127.0.0.1",
+                    "--name",
+                    f"w{i}",
+                    *worker_args,
+                ],
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                start_new_session=True,
+                env={k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")},
+            )
+        )
     from distributed import Client
 
     with Client(address) as client:
@@ -66,15 +96,20 @@ def _stop_cluster(cluster):
 
 
 def _cli(cluster, *args, env=None, timeout=120):
-    cmd = [str(BIN / "slem-dask"), *map(str, args), "--scheduler", cluster["address"],
-           "--no-progress"]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
-                          env={**os.environ, **(env or {})})
+    cmd = [
+        str(BIN / "slem-dask"),
+        *map(str, args),
+        "--scheduler",
+        cluster["address"],
+        "--no-progress",
+    ]
+    return subprocess.run(
+        cmd, capture_output=True, text=True, timeout=timeout, env={**os.environ, **(env or {})}
+    )
 
 
 def _array(path, rows, d, chunk_rows, seed=0):
-    arr = zarr.create_array(str(path), shape=(rows, d), dtype="float32",
-                            chunks=(chunk_rows, d))
+    arr = zarr.create_array(str(path), shape=(rows, d), dtype="float32", chunks=(chunk_rows, d))
     arr[...] = np.random.default_rng(seed).standard_normal((rows, d)).astype("float32")
     return str(path)
 
@@ -104,8 +139,18 @@ def test_a_partition_too_large_for_the_workers_is_refused_before_computing(small
     c = small_worker
     out = c["tmp"] / "refused.zarr"
     before = _memory_restarts(c)
-    result = _cli(c, "encode", "--model", c["model"], "--positives", c["positives"], "--out",
-                  out, "--partition-rows", 60_000)
+    result = _cli(
+        c,
+        "encode",
+        "--model",
+        c["model"],
+        "--positives",
+        c["positives"],
+        "--out",
+        out,
+        "--partition-rows",
+        60_000,
+    )
     assert result.returncode == 1, result.stderr
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1, result.stderr
@@ -118,8 +163,18 @@ def test_a_partition_too_large_for_the_workers_is_refused_before_computing(small
     assert 0 < suggested < 60_000 and suggested % 1_000 == 0
     assert not out.exists() and _memory_restarts(c) == before  # no worker was tried first
     # the suggested size fits: the same encode with it completes, no worker restarted
-    result = _cli(c, "encode", "--model", c["model"], "--positives", c["positives"], "--out",
-                  out, "--partition-rows", suggested)
+    result = _cli(
+        c,
+        "encode",
+        "--model",
+        c["model"],
+        "--positives",
+        c["positives"],
+        "--out",
+        out,
+        "--partition-rows",
+        suggested,
+    )
     assert result.returncode == 0, result.stderr
     assert storage.marked_complete(str(out)) and _memory_restarts(c) == before
 
@@ -134,25 +189,48 @@ def test_workers_killed_for_memory_are_named_in_one_line(small_worker):
     out = c["tmp"] / "killed.zarr"
     positives = _array(c["tmp"] / "positives-240k.zarr", 240_000, 256, 1_000)
     before = _memory_restarts(c)
-    result = _cli(c, "encode", "--model", c["model"], "--positives", positives, "--out",
-                  out, "--partition-rows", 240_000,
-                  env={"DASK_DISTRIBUTED__WORKER__MEMORY__TERMINATE": "False"})
+    result = _cli(
+        c,
+        "encode",
+        "--model",
+        c["model"],
+        "--positives",
+        positives,
+        "--out",
+        out,
+        "--partition-rows",
+        240_000,
+        env={"DASK_DISTRIBUTED__WORKER__MEMORY__TERMINATE": "False"},
+    )
     assert result.returncode == 1
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1, result.stderr
     line = lines[0]
     assert _memory_restarts(c) > before
-    assert re.search(r"worker\(s\) tcp://127\.0\.0\.1:\d+.* \(memory limit 381\.5 MiB\) were "
-                     r"restarted by their nannies \d+ time\(s\) for exceeding their memory "
-                     r"limit", line), line
+    assert re.search(
+        r"worker\(s\) tcp://127\.0\.0\.1:\d+.* \(memory limit 381\.5 MiB\) were "
+        r"restarted by their nannies \d+ time\(s\) for exceeding their memory "
+        r"limit",
+        line,
+    ), line
     assert "partitions of 240000 rows x 256 float32 (234.4 MiB" in line
     assert "nothing was marked complete" in line
     suggested = re.search(r"pass --partition-rows (\d+000) or less \(", line)
     assert suggested and "--overwrite" not in line, line  # a failed job's draft binds nothing
     assert "KilledWorker" not in line and "Traceback" not in result.stderr
     assert not storage.marked_complete(str(out))
-    result = _cli(c, "encode", "--model", c["model"], "--positives", positives, "--out",
-                  out, "--partition-rows", suggested.group(1))
+    result = _cli(
+        c,
+        "encode",
+        "--model",
+        c["model"],
+        "--positives",
+        positives,
+        "--out",
+        out,
+        "--partition-rows",
+        suggested.group(1),
+    )
     assert result.returncode == 0, result.stderr  # the remedy as written works
     assert storage.marked_complete(str(out))
 
@@ -165,8 +243,7 @@ def test_an_up_to_date_output_is_not_refused_for_partitions_it_need_not_compute(
     c = small_worker
     out = c["tmp"] / "done.zarr"
     encode_job(None, c["model"], c["positives"], str(out), partition_rows=60_000)
-    result = _cli(c, "encode", "--model", c["model"], "--positives", c["positives"], "--out",
-                  out)
+    result = _cli(c, "encode", "--model", c["model"], "--positives", c["positives"], "--out", out)
     assert result.returncode == 0, result.stderr
     assert "up to date" in result.stdout
 
@@ -191,8 +268,9 @@ def _worker_pid(cluster, name):
 TASK_TIMEOUT = 12
 
 
-def _check_stall_messages(stderr, command, worker, timeout,
-                          setting=f"--task-timeout {TASK_TIMEOUT}"):
+def _check_stall_messages(
+    stderr, command, worker, timeout, setting=f"--task-timeout {TASK_TIMEOUT}"
+):
     """One error line, last; before it only the watchdog's own lines, the last of which
     names the stopped worker. Under load (both cores busy) the short warning interval
     also passes before the stop, and tasks then progress again: those lines may come
@@ -219,14 +297,35 @@ def test_a_stopped_worker_is_named_and_encode_gives_up_after_task_timeout(two_wo
     pid = _worker_pid(c, "w0")
     env = {**os.environ, "SLEM_DASK_STALL_WARNING": "2", "SLEM_DASK_WATCH_INTERVAL": "0.2"}
     proc = subprocess.Popen(
-        [str(BIN / "slem-dask"), "encode", "--model", model, "--positives", positives,
-         "--out", str(out), "--partition-rows", "1000", "--task-timeout", str(TASK_TIMEOUT),
-         "--scheduler", c["address"], "--no-progress"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+        [
+            str(BIN / "slem-dask"),
+            "encode",
+            "--model",
+            model,
+            "--positives",
+            positives,
+            "--out",
+            str(out),
+            "--partition-rows",
+            "1000",
+            "--task-timeout",
+            str(TASK_TIMEOUT),
+            "--scheduler",
+            c["address"],
+            "--no-progress",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
     try:
         deadline = time.time() + 60
-        while time.time() < deadline and proc.poll() is None and \
-                len(list(out.glob("versions/*/c/*/*"))) < 10:  # chunks in the job's draft
+        while (
+            time.time() < deadline
+            and proc.poll() is None
+            and len(list(out.glob("versions/*/c/*/*"))) < 10
+        ):  # chunks in the job's draft
             time.sleep(0.01)
         assert proc.poll() is None, "the encode ended before a worker could be stopped"
         os.kill(pid, signal.SIGSTOP)
@@ -251,19 +350,31 @@ def test_a_stopped_worker_mid_fit_gives_up_after_the_spec_task_timeout(two_worke
     c = two_workers
     negatives = _array(c["tmp"] / "negatives.zarr", 200_000, 32, 500)
     spec = c["tmp"] / "job.toml"
-    spec.write_text(f'[cluster]\nscheduler = "{c["address"]}"\ntask_timeout = {TASK_TIMEOUT}\n'
-                    f'[model]\npath = "{c["tmp"] / "model.zarr"}"\n'
-                    f'[fit]\nnegatives = "{negatives}"\npartition_rows = 500\n')
+    spec.write_text(
+        f'[cluster]\nscheduler = "{c["address"]}"\ntask_timeout = {TASK_TIMEOUT}\n'
+        f'[model]\npath = "{c["tmp"] / "model.zarr"}"\n'
+        f'[fit]\nnegatives = "{negatives}"\npartition_rows = 500\n'
+    )
     pid = _worker_pid(c, "w0")
     env = {**os.environ, "SLEM_DASK_STALL_WARNING": "2", "SLEM_DASK_WATCH_INTERVAL": "0.2"}
-    proc = subprocess.Popen([str(BIN / "slem-dask"), "run", str(spec), "--no-progress"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    proc = subprocess.Popen(
+        [str(BIN / "slem-dask"), "run", str(spec), "--no-progress"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
     try:
         with Client(c["address"]) as client:  # stop w0 once the fit's tasks run on it
             deadline = time.time() + 60
-            while time.time() < deadline and proc.poll() is None and not any(
+            while (
+                time.time() < deadline
+                and proc.poll() is None
+                and not any(
                     "slem-statistics" in str(k)
-                    for k in client.processing([c["names"]["w0"]]).get(c["names"]["w0"], ())):
+                    for k in client.processing([c["names"]["w0"]]).get(c["names"]["w0"], ())
+                )
+            ):
                 time.sleep(0.005)
         assert proc.poll() is None, "the fit ended before a worker could be stopped"
         os.kill(pid, signal.SIGSTOP)
@@ -275,9 +386,14 @@ def test_a_stopped_worker_mid_fit_gives_up_after_the_spec_task_timeout(two_worke
     assert proc.returncode == 1, stderr
     # `run` says which steps are complete: none was
     assert "the one under way was not marked complete" in stderr
-    _check_stall_messages(stderr.replace("the steps reported above are complete; the one "
-                                         "under way was not marked complete",
-                                         "nothing was marked complete"),
-                          "run", c["names"]["w0"], TASK_TIMEOUT,
-                          setting=f"[cluster] task_timeout = {TASK_TIMEOUT}")
+    _check_stall_messages(
+        stderr.replace(
+            "the steps reported above are complete; the one under way was not marked complete",
+            "nothing was marked complete",
+        ),
+        "run",
+        c["names"]["w0"],
+        TASK_TIMEOUT,
+        setting=f"[cluster] task_timeout = {TASK_TIMEOUT}",
+    )
     assert not (c["tmp"] / "model.zarr").exists()

@@ -28,7 +28,7 @@ def grid_rows(rng, n, d):
     below 64, so any float64 sum of d <= 16 of them is exact whatever its order (the
     reference's float64 scores are the true ones, bit for bit), while float32 keeps
     only 24 bits of sums up to 1024."""
-    return (rng.integers(-2**23 + 1, 2**23, size=(n, d)) * STEP).astype(np.float32)
+    return (rng.integers(-(2**23) + 1, 2**23, size=(n, d)) * STEP).astype(np.float32)
 
 
 def hard_database(rng, n_base=30, per=30, d=16):
@@ -39,8 +39,9 @@ def hard_database(rng, n_base=30, per=30, d=16):
     near = np.repeat(base, per, axis=0)
     for _ in range(4):
         cols = rng.integers(0, d, len(near))
-        near[np.arange(len(near)), cols] += (rng.integers(-3, 4, len(near)) * STEP) \
-            .astype(np.float32)
+        near[np.arange(len(near)), cols] += (rng.integers(-3, 4, len(near)) * STEP).astype(
+            np.float32
+        )
     rows = np.vstack([base, near, base[:10], near[:20]])
     return rows[rng.permutation(len(rows))]
 
@@ -49,8 +50,9 @@ def hard_database(rng, n_base=30, per=30, d=16):
 def hard():
     rng = np.random.default_rng(30)
     database = hard_database(rng)
-    queries = np.vstack([database[rng.choice(len(database), 60, replace=False)],
-                         grid_rows(rng, 20, 16)])
+    queries = np.vstack(
+        [database[rng.choice(len(database), 60, replace=False)], grid_rows(rng, 20, 16)]
+    )
     return queries, database
 
 
@@ -81,8 +83,12 @@ def test_numpy_kernel_equals_brute_force(hard, k, database_rows):
     queries, database = hard
     k = min(k, len(database))
     stats = {}
-    assert_exact(topk_search(queries, database, k, database_rows=database_rows, stats=stats),
-                 queries, database, k)
+    assert_exact(
+        topk_search(queries, database, k, database_rows=database_rows, stats=stats),
+        queries,
+        database,
+        k,
+    )
     if 2 * k < len(database):  # below a whole ranking, the float32 path serves every row
         assert stats["candidate_rows"] == len(queries) and stats["exact_rows"] == 0
 
@@ -106,7 +112,8 @@ def test_full_mantissa_near_ties_and_duplicates():
     for _ in range(3):
         cols = rng.integers(0, 32, len(near))
         near[np.arange(len(near)), cols] = np.nextafter(
-            near[np.arange(len(near)), cols], np.float32(np.inf))
+            near[np.arange(len(near)), cols], np.float32(np.inf)
+        )
     database = np.vstack([base, near, base[:50]])[rng.permutation(750)]
     queries = np.vstack([rng.standard_normal((20, 32)).astype(np.float32), base[:5]])
     stats = {}
@@ -141,8 +148,7 @@ def test_numpy_search_in_parts_equals_brute_force(monkeypatch):
         assert_exact(search(queries, database, k), queries, database, k)
     bad = database.copy()
     bad[300, 3] = np.nan  # in the third part: named by its global row number
-    with pytest.raises(ValueError,
-                       match=r"database has 1 row\(s\) with NaN or inf \(rows 300\)"):
+    with pytest.raises(ValueError, match=r"database has 1 row\(s\) with NaN or inf \(rows 300\)"):
         search(queries, bad, 5)
 
 
@@ -150,8 +156,12 @@ def test_search_on_a_local_cluster(hard):
     from distributed import Client, LocalCluster
 
     queries, database = hard
-    with LocalCluster(n_workers=2, threads_per_worker=1, processes=False,
-                      dashboard_address=None) as cluster, Client(cluster):
+    with (
+        LocalCluster(
+            n_workers=2, threads_per_worker=1, processes=False, dashboard_address=None
+        ) as cluster,
+        Client(cluster),
+    ):
         db = da.from_array(database, chunks=(200, 16))
         got = dask.compute(*search(queries, db, 12))
     assert_exact(got, queries, database, 12)
@@ -160,6 +170,7 @@ def test_search_on_a_local_cluster(hard):
 def test_float32_path_is_taken(monkeypatch):
     """Random rows: no query falls back to the exact path (it is made to fail), on
     numpy and dask inputs, and few more candidates than k are re-scored."""
+
     def refuse(*args, **kwargs):
         raise AssertionError("the exact path ran")
 
@@ -173,8 +184,9 @@ def test_float32_path_is_taken(monkeypatch):
     np.testing.assert_array_equal(got[1], want[1])
     assert stats == {"candidate_rows": 40, "exact_rows": 0, "candidates": stats["candidates"]}
     assert stats["candidates"] < 40 * 50 * 1.1
-    got = dask.compute(search(queries, da.from_array(database, chunks=(1000, 24)), 50),
-                       scheduler="sync")[0]
+    got = dask.compute(
+        search(queries, da.from_array(database, chunks=(1000, 24)), 50), scheduler="sync"
+    )[0]
     np.testing.assert_array_equal(got[1], want[1])
     np.testing.assert_array_equal(search(queries, database, 50)[1], want[1])
 
@@ -214,8 +226,11 @@ def test_nonfinite_rows_named_by_the_norm_pass():
     q = rng.standard_normal((5, 4)).astype(np.float32)
     db = rng.standard_normal((30_000, 4)).astype(np.float32)
     db[[12, 29_990], 1] = [np.nan, -np.inf]
-    with pytest.raises(ValueError, match=r"database has 2 row\(s\) with NaN or inf "
-                                         r"\(rows 12, 29990\)"):
+    with pytest.raises(
+        ValueError,
+        match=r"database has 2 row\(s\) with NaN or inf "
+        r"\(rows 12, 29990\)",
+    ):
         search(q, db, 3)
     s, i = search(q, da.from_array(db, chunks=(20_000, 4)), 3)
     with pytest.raises(ValueError, match=r"database has 1 row\(s\) .*\(rows 29990\)"):
@@ -228,7 +243,7 @@ def test_rounding_bound_holds_under_cancellation():
     rng = np.random.default_rng(27)
     d = 64
     x = rng.standard_normal((2000, d)).astype(np.float32) * np.float32(1e3)
-    x[:, d // 2:] = -x[:, :d // 2] * (1 + rng.standard_normal((2000, d // 2)) * 1e-4)
+    x[:, d // 2 :] = -x[:, : d // 2] * (1 + rng.standard_normal((2000, d // 2)) * 1e-4)
     q = np.ones((3, d), dtype=np.float32)
     s32 = (q @ x.T).astype(np.float64)
     s64 = q.astype(np.float64) @ x.astype(np.float64).T
@@ -246,8 +261,16 @@ def test_small_chunks_are_merged_into_larger_tasks(hard, monkeypatch):
     scores, indices = search(queries, db, 9)
     topk_layers = [name for name in scores.dask.layers if name.startswith("search-topk")]
     assert len(topk_layers) == 1
-    assert len([key for key in scores.dask.to_dict()
-                if isinstance(key, tuple) and key[0] == topk_layers[0]]) == 4  # 256 rows
+    assert (
+        len(
+            [
+                key
+                for key in scores.dask.to_dict()
+                if isinstance(key, tuple) and key[0] == topk_layers[0]
+            ]
+        )
+        == 4
+    )  # 256 rows
     assert_exact(dask.compute(scores, indices, scheduler="sync"), queries, database, 9)
 
 
@@ -264,7 +287,8 @@ def test_duplicates_score_equal_in_any_block(d):
     want_scores, want = brute_force_topk(queries, database, 8)
     for chunks in (37, 150, 600):
         scores, indices = dask.compute(
-            search(queries, da.from_array(database, chunks=(chunks, d)), 8), scheduler="sync")[0]
+            search(queries, da.from_array(database, chunks=(chunks, d)), 8), scheduler="sync"
+        )[0]
         for row_s, row_i in zip(scores, indices, strict=True):
             for a in range(7):  # equal scores: increasing indices, and copies score equal
                 assert row_s[a] > row_s[a + 1] or row_i[a] < row_i[a + 1]

@@ -76,8 +76,11 @@ def test_empty_blocks_are_neutral():
     empty = block_statistics(np.empty((0, 4)))
     assert empty.count == 0 and empty.mean.shape == (4,) and empty.scatter.shape == (4, 4)
     full = block_statistics(X)
-    for merged in (merge_statistics(empty, full), merge_statistics(full, empty),
-                   merge_many([empty, empty, full, empty])):
+    for merged in (
+        merge_statistics(empty, full),
+        merge_statistics(full, empty),
+        merge_many([empty, empty, full, empty]),
+    ):
         assert merged.count == 10
         np.testing.assert_array_equal(merged.mean, full.mean)
         np.testing.assert_array_equal(merged.scatter, full.scatter)
@@ -90,7 +93,7 @@ def test_empty_blocks_are_neutral():
 def test_merge_order_does_not_matter():
     rng = np.random.default_rng(3)
     X = rng.standard_normal((50, 6))
-    parts = [block_statistics(X[a:a + 10]) for a in range(0, 50, 10)]
+    parts = [block_statistics(X[a : a + 10]) for a in range(0, 50, 10)]
     forward = merge_many(parts)
     backward = merge_many(parts[::-1])
     np.testing.assert_allclose(forward.mean, backward.mean, rtol=1e-13)

@@ -7,8 +7,7 @@ import numpy as np
 import pytest
 
 from slem_dask import ESVM, LinearSLEM, PCAWhitening, RawFeatures, load_model
-from slem_dask.core.esvm import (hinge_objective, optimal_bias, pegasos_exemplars,
-                                 reference_exemplar)
+from slem_dask.core.esvm import hinge_objective, optimal_bias, pegasos_exemplars, reference_exemplar
 from slem_dask.datasets import make_corpus
 
 
@@ -21,14 +20,21 @@ def small():
 
 # -- E-SVM: the optimizer ---------------------------------------------------
 
+
 def test_optimal_bias_is_the_exact_minimizer(rng):
     neg = rng.standard_normal((40, 3))
     w, x0 = rng.standard_normal(3), rng.standard_normal(3)
     for theta in (0.2, 1.0, 3.0):
         b = optimal_bias(w[None], x0[None], neg, theta)[0]
         grid = b + np.linspace(-2, 2, 4001)
-        values = hinge_objective(np.repeat(w[None], grid.size, 0), grid,
-                                 np.repeat(x0[None], grid.size, 0), neg, 0.1, theta)
+        values = hinge_objective(
+            np.repeat(w[None], grid.size, 0),
+            grid,
+            np.repeat(x0[None], grid.size, 0),
+            neg,
+            0.1,
+            theta,
+        )
         best = hinge_objective(w[None], [b], x0[None], neg, 0.1, theta)[0]
         assert best <= values.min() + 1e-12
 
@@ -80,6 +86,7 @@ def test_rows_are_independent_of_their_batch(small):
 
 
 # -- E-SVM: the estimator ---------------------------------------------------
+
 
 def test_esvm_transform_is_normalized_w_and_deterministic(small):
     neg, pos = small
@@ -146,6 +153,7 @@ def test_esvm_bad_input(small):
 
 # -- PCA whitening and raw features ----------------------------------------
 
+
 def test_pca_whitening_whitens_the_negatives(small):
     neg, pos = small
     model = PCAWhitening(eps=1e-12).fit(neg)
@@ -167,8 +175,9 @@ def test_pca_whitening_components_dask_and_persistence(small, tmp_path):
     assert isinstance(lazy, da.Array) and lazy.shape == (len(pos), 5)
     np.testing.assert_allclose(lazy.compute(), model.transform(pos), atol=1e-8)
     model.save(str(tmp_path / "pca.zarr"))
-    np.testing.assert_allclose(load_model(str(tmp_path / "pca.zarr")).transform(pos),
-                               model.transform(pos), atol=1e-12)
+    np.testing.assert_allclose(
+        load_model(str(tmp_path / "pca.zarr")).transform(pos), model.transform(pos), atol=1e-12
+    )
     with pytest.raises(ValueError, match="n_components=17 is larger than"):
         PCAWhitening(n_components=17).fit(neg)
     with pytest.raises(ValueError, match="n_components must be None or an integer"):
@@ -207,9 +216,15 @@ def test_slem_beats_raw_and_esvm_is_comparable_on_the_synthetic_corpus():
     from slem_dask.pipeline.evaluate import evaluate_methods
 
     c = make_corpus(n_negatives=2000, n_instances=60, d=32, seed=1)
-    rows, _ = evaluate_methods(c.negatives, c.database, c.queries, c.relevant(),
-                               ["raw", "esvm", "slem"], curves=False,
-                               params={"esvm": {"n_iter": 300}})
+    rows, _ = evaluate_methods(
+        c.negatives,
+        c.database,
+        c.queries,
+        c.relevant(),
+        ["raw", "esvm", "slem"],
+        curves=False,
+        params={"esvm": {"n_iter": 300}},
+    )
     m = {r["method"]: r["mAP"] for r in rows}
     assert m["slem"] > m["raw"] + 0.1
     assert m["esvm"] > m["raw"] + 0.05

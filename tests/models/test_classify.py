@@ -13,8 +13,9 @@ def _classes(rng, n_per_class=60, k=4, d=12, spread=0.6):
     basis, _ = np.linalg.qr(rng.standard_normal((d, d)))
     scales = np.linspace(2.0, 0.2, d)
     centres = rng.standard_normal((k, d)) * spread
-    X = np.concatenate([c + (rng.standard_normal((n_per_class, d)) * scales) @ basis.T
-                        for c in centres])
+    X = np.concatenate(
+        [c + (rng.standard_normal((n_per_class, d)) * scales) @ basis.T for c in centres]
+    )
     y = np.repeat(np.array(["a", "b", "c", "d"][:k]), n_per_class)
     perm = rng.permutation(len(X))
     return X[perm], y[perm]
@@ -43,8 +44,12 @@ def test_centroid_classifier_beats_nearest_mean_under_shared_covariance(rng):
     rows = {r["method"]: r["accuracy"] for r in compare_classifiers(X, y, Xt, yt)}
     assert rows["SLEM: class-centroid classifiers"] > rows["raw: nearest class mean (cosine)"]
     assert rows["SLEM: class-centroid classifiers"] > 0.8
-    assert set(rows) == {"raw: nearest class mean (cosine)", "raw: multi-class SVM",
-                         "SLEM: class-centroid classifiers", "SLEM vectors: multi-class SVM"}
+    assert set(rows) == {
+        "raw: nearest class mean (cosine)",
+        "raw: multi-class SVM",
+        "SLEM: class-centroid classifiers",
+        "SLEM vectors: multi-class SVM",
+    }
 
 
 def test_multiclass_svm_separates_and_approaches_the_optimum(rng):
@@ -56,8 +61,12 @@ def test_multiclass_svm_separates_and_approaches_the_optimum(rng):
     # R(W) decreases with the number of steps, towards a long run's value
     codes = np.searchsorted(svm.classes_, y)
     Xa = np.hstack([X, np.ones((len(X), 1))])
-    values = [multiclass_hinge_objective(crammer_singer_sgd(Xa, codes, 4, 1e-3, n_iter=n), Xa,
-                                         codes, 1e-3) for n in (30, 300, 3000, 30000)]
+    values = [
+        multiclass_hinge_objective(
+            crammer_singer_sgd(Xa, codes, 4, 1e-3, n_iter=n), Xa, codes, 1e-3
+        )
+        for n in (30, 300, 3000, 30000)
+    ]
     assert values[0] > values[1] > values[2] >= values[3] * 0.999
     assert svm.objective(X, y) <= values[3] * 1.03  # default steps: within 3%
 

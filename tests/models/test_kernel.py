@@ -18,8 +18,14 @@ from slem_dask.core.cholesky import accept_candidates
 from slem_dask.core.kernels import KERNELS, kernel_diagonal, kernel_matrix
 from slem_dask.parallel.kernel import CholeskyConfig, incomplete_cholesky
 
-PARAMS = {"linear": {}, "rbf": {"gamma": 0.5}, "quad": {"gamma": 0.3},
-          "poly": {"gamma": 0.7, "degree": 3}, "intersection": {}, "chi2": {}}
+PARAMS = {
+    "linear": {},
+    "rbf": {"gamma": 0.5},
+    "quad": {"gamma": 0.3},
+    "poly": {"gamma": 0.7, "degree": 3},
+    "intersection": {},
+    "chi2": {},
+}
 
 
 # -- dense references -----------------------------------------------------------
@@ -117,10 +123,15 @@ def histograms(rng, n, d):
 def test_kernel_matrix_and_diagonal_match_formulas(kernel, rng):
     x, y = histograms(rng, 7, 6), histograms(rng, 5, 6)
     kp = PARAMS[kernel]
-    np.testing.assert_allclose(kernel_matrix(x, y, kernel, **kp), dense_kernel(x, y, kernel, **kp),
-                               rtol=1e-12, atol=1e-14)
-    np.testing.assert_allclose(kernel_diagonal(x, kernel, **kp),
-                               np.diag(dense_kernel(x, x, kernel, **kp)), rtol=1e-12, atol=1e-14)
+    np.testing.assert_allclose(
+        kernel_matrix(x, y, kernel, **kp), dense_kernel(x, y, kernel, **kp), rtol=1e-12, atol=1e-14
+    )
+    np.testing.assert_allclose(
+        kernel_diagonal(x, kernel, **kp),
+        np.diag(dense_kernel(x, x, kernel, **kp)),
+        rtol=1e-12,
+        atol=1e-14,
+    )
 
 
 @pytest.mark.parametrize("kernel", KERNELS)
@@ -186,16 +197,18 @@ def test_accept_candidates_partial_cholesky(rng):
     np.testing.assert_allclose(R @ R.T, h[np.ix_(acc, acc)], atol=1e-12)
     np.testing.assert_array_equal(R, np.tril(R))
     # a duplicate candidate is never accepted twice
-    acc, _ = accept_candidates(h[np.ix_([0, 0, 1], [0, 0, 1])], np.diag(h)[[0, 0, 1]],
-                               np.zeros(3), 1e-12, 10)
+    acc, _ = accept_candidates(
+        h[np.ix_([0, 0, 1], [0, 0, 1])], np.diag(h)[[0, 0, 1]], np.zeros(3), 1e-12, 10
+    )
     np.testing.assert_array_equal(acc, [0, 2])
 
 
 def test_rpcholesky_reaches_rank_in_few_passes(rng):
     X = rng.standard_normal((400, 3))
     greedy = KernelSLEM(kernel="rbf", gamma=1.0, rank=60, tol=0).fit(X)
-    rp = KernelSLEM(kernel="rbf", gamma=1.0, rank=60, tol=0, pivoting="rpcholesky",
-                    random_state=3).fit(X)
+    rp = KernelSLEM(
+        kernel="rbf", gamma=1.0, rank=60, tol=0, pivoting="rpcholesky", random_state=3
+    ).fit(X)
     assert rp.rank_ == 60 and len(set(rp.pivots_)) == 60
     assert rp.n_passes_ < greedy.n_passes_ / 5
     # L L^T = K(I, I) in pivot order, and it is lower triangular
@@ -205,19 +218,28 @@ def test_rpcholesky_reaches_rank_in_few_passes(rng):
     K = kernel_matrix(X, X, "rbf", 1.0)
     F = linalg.solve_triangular(rp.pivot_factor_, K[:, rp.pivots_].T, lower=True).T
     assert rp.trace_error_ == pytest.approx((np.trace(K) - np.sum(F**2)) / np.trace(K), rel=1e-8)
-    again = KernelSLEM(kernel="rbf", gamma=1.0, rank=60, tol=0, pivoting="rpcholesky",
-                       random_state=3).fit(X)
+    again = KernelSLEM(
+        kernel="rbf", gamma=1.0, rank=60, tol=0, pivoting="rpcholesky", random_state=3
+    ).fit(X)
     np.testing.assert_array_equal(again.pivots_, rp.pivots_)
 
 
 def test_rpcholesky_robust_to_outliers(rng):
     """Greedy pivoting spends its pivots on outliers; rpcholesky does not."""
     centres = rng.standard_normal((5, 4)) * 4
-    X = np.vstack([centres[rng.integers(0, 5, 600)] + 0.6 * rng.standard_normal((600, 4)),
-                   rng.standard_normal((20, 4)) * 30])
+    X = np.vstack(
+        [
+            centres[rng.integers(0, 5, 600)] + 0.6 * rng.standard_normal((600, 4)),
+            rng.standard_normal((20, 4)) * 30,
+        ]
+    )
     greedy = KernelSLEM(kernel="rbf", gamma=0.5, rank=25, tol=0).fit(X)
-    errs = [KernelSLEM(kernel="rbf", gamma=0.5, rank=25, tol=0, pivoting="rpcholesky",
-                       random_state=s).fit(X).trace_error_ for s in range(3)]
+    errs = [
+        KernelSLEM(kernel="rbf", gamma=0.5, rank=25, tol=0, pivoting="rpcholesky", random_state=s)
+        .fit(X)
+        .trace_error_
+        for s in range(3)
+    ]
     assert np.mean(errs) < greedy.trace_error_
 
 
@@ -263,8 +285,7 @@ def test_lowrank_similarity_is_the_matlab_formula(data):
     Z = m.transform(P)
     np.testing.assert_allclose(Z, beta / N[:, None], atol=1e-9)
     # transform rows: z.z' = s minus the cross term; norms <= 1
-    np.testing.assert_allclose(Z @ Z.T, S - (kpp - V @ V.T) / lam**2 / np.outer(N, N),
-                               atol=1e-9)
+    np.testing.assert_allclose(Z @ Z.T, S - (kpp - V @ V.T) / lam**2 / np.outer(N, N), atol=1e-9)
     assert np.all(np.linalg.norm(Z, axis=1) <= 1 + 1e-12)
     np.testing.assert_allclose(np.diag(m.similarity(P, P)), 1.0)
 
@@ -283,8 +304,9 @@ def test_linear_kernel_reproduces_linear_slem(lam, rng):
     P = rng.standard_normal((6, 8)) + 2.0
     lin = LinearSLEM(lam=lam).fit(X)
     for pivoting, exact in (("greedy", False), ("rpcholesky", False), ("greedy", True)):
-        ker = KernelSLEM(kernel="linear", lam=lam, tol=0, rank=20, pivoting=pivoting,
-                         random_state=0, exact=exact).fit(X)
+        ker = KernelSLEM(
+            kernel="linear", lam=lam, tol=0, rank=20, pivoting=pivoting, random_state=0, exact=exact
+        ).fit(X)
         assert ker.rank_ == 8
         np.testing.assert_allclose(ker.similarity(P, P), lin.similarity(P, P), atol=1e-8)
         Z = ker.transform(P)  # u = 0 here: unit rows, same inner products
@@ -294,8 +316,17 @@ def test_linear_kernel_reproduces_linear_slem(lam, rng):
 def test_save_load_roundtrip(tmp_path, data):
     X, P = data
     for exact in (False, True):
-        m = KernelSLEM(kernel="poly", gamma=0.5, degree=3, rank=7, tol=0, lam=1e-2,
-                       exact=exact, pivoting="rpcholesky", random_state=5).fit(X)
+        m = KernelSLEM(
+            kernel="poly",
+            gamma=0.5,
+            degree=3,
+            rank=7,
+            tol=0,
+            lam=1e-2,
+            exact=exact,
+            pivoting="rpcholesky",
+            random_state=5,
+        ).fit(X)
         path = str(tmp_path / f"m{exact}.zarr")
         fp = m.save(path)
         back = load_model(path)

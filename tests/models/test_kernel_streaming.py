@@ -23,14 +23,16 @@ DASK_CHUNKS = [90, 13, (50, 7, 33)]
 
 
 def _rows(kernel, rng, n=90, d=6):
-    return histograms(rng, n, d) if kernel in ("intersection", "chi2") \
-        else rng.standard_normal((n, d))
+    return (
+        histograms(rng, n, d) if kernel in ("intersection", "chi2") else rng.standard_normal((n, d))
+    )
 
 
 def _cfg(kernel, pivoting, rank=15, seed=11):
     kp = {"gamma": 1.0, "degree": 2, **PARAMS[kernel]}
-    return CholeskyConfig(kernel, kp["gamma"], kp["degree"], pivoting, rank=rank, tol=0.0,
-                          seed=seed)
+    return CholeskyConfig(
+        kernel, kp["gamma"], kp["degree"], pivoting, rank=rank, tol=0.0, seed=seed
+    )
 
 
 def _same(res, ref, rtol=1e-8):
@@ -39,8 +41,9 @@ def _same(res, ref, rtol=1e-8):
     scale = np.abs(ref.pivot_factor).max()
     np.testing.assert_allclose(res.pivot_factor, ref.pivot_factor, rtol=rtol, atol=rtol * scale)
     np.testing.assert_allclose(res.stats.mean, ref.stats.mean, rtol=rtol, atol=rtol * scale)
-    np.testing.assert_allclose(res.stats.scatter, ref.stats.scatter, rtol=rtol,
-                               atol=rtol * np.abs(ref.stats.scatter).max())
+    np.testing.assert_allclose(
+        res.stats.scatter, ref.stats.scatter, rtol=rtol, atol=rtol * np.abs(ref.stats.scatter).max()
+    )
     assert res.stats.count == ref.stats.count
     assert res.trace == pytest.approx(ref.trace, rel=1e-12)
     assert res.residual_trace == pytest.approx(ref.residual_trace, rel=rtol, abs=rtol * ref.trace)
@@ -76,16 +79,16 @@ def test_greedy_streaming_matches_dense_pivoted_cholesky(kernel, rng):
     rank = 5 if kernel == "linear" else 12
     K = dense_kernel(X, X, kernel, **kp)
     piv, F = dense_pivoted_cholesky(K, rank)
-    res = incomplete_cholesky(X, _cfg(kernel, "greedy", rank=rank), block_rows=17,
-                              streaming=True)
+    res = incomplete_cholesky(X, _cfg(kernel, "greedy", rank=rank), block_rows=17, streaming=True)
     np.testing.assert_array_equal(res.pivots, piv)
     np.testing.assert_allclose(res.pivot_factor, F[piv], rtol=1e-10, atol=1e-12)
     np.testing.assert_allclose(res.stats.mean, F.mean(axis=0), atol=1e-12)
     centred = F - F.mean(axis=0)
     np.testing.assert_allclose(res.stats.scatter, centred.T @ centred, atol=1e-10)
     assert res.trace == pytest.approx(np.trace(K), rel=1e-12)
-    assert res.residual_trace == pytest.approx(np.trace(K) - np.sum(F**2), rel=1e-8,
-                                               abs=1e-10 * np.trace(K))
+    assert res.residual_trace == pytest.approx(
+        np.trace(K) - np.sum(F**2), rel=1e-8, abs=1e-10 * np.trace(K)
+    )
 
 
 @pytest.mark.parametrize("kernel", ["rbf", "poly", "chi2"])
@@ -93,8 +96,9 @@ def test_rpcholesky_streaming_factor_is_the_dense_one_of_its_pivots(kernel, rng)
     # Whatever pivots the draws chose: L = chol K(I, I), F = K(:, I) L^-T (docs/math.md#icd).
     X = _rows(kernel, rng, n=80, d=5)
     K = dense_kernel(X, X, kernel, **PARAMS[kernel])
-    res = incomplete_cholesky(X, _cfg(kernel, "rpcholesky", rank=14, seed=5), block_rows=20,
-                              streaming=True)
+    res = incomplete_cholesky(
+        X, _cfg(kernel, "rpcholesky", rank=14, seed=5), block_rows=20, streaming=True
+    )
     piv = res.pivots
     assert len(set(piv.tolist())) == len(piv) == 14
     L = linalg.cholesky(K[np.ix_(piv, piv)], lower=True)
@@ -142,12 +146,19 @@ def test_streaming_on_a_distributed_cluster_equals_in_memory(rng):
 
     X = rng.standard_normal((120, 6))
     Xd = da.from_array(X, chunks=(25, 6))
-    params = dict(kernel="rbf", gamma=0.3, rank=16, tol=0, pivoting="rpcholesky",
-                  random_state=2)
+    params = dict(kernel="rbf", gamma=0.3, rank=16, tol=0, pivoting="rpcholesky", random_state=2)
     with dask.config.set(scheduler="sync"):
         ref = KernelSLEM(strategy="in-memory", **params).fit(Xd)
-    with LocalCluster(n_workers=2, threads_per_worker=1, processes=False,
-                      dashboard_address=":0", memory_limit="2GiB") as cluster, Client(cluster):
+    with (
+        LocalCluster(
+            n_workers=2,
+            threads_per_worker=1,
+            processes=False,
+            dashboard_address=":0",
+            memory_limit="2GiB",
+        ) as cluster,
+        Client(cluster),
+    ):
         for worker in cluster.workers.values():
             cluster.sync(_measure_as_a_fresh_worker, worker)
         model = KernelSLEM(strategy="streaming", **params).fit(Xd)
@@ -161,8 +172,11 @@ def test_streaming_on_a_distributed_cluster_equals_in_memory(rng):
 # -- choosing the path ---------------------------------------------------------------
 def test_strategy_is_checked_and_named():
     X = np.random.default_rng(0).standard_normal((20, 3))
-    with pytest.raises(ValueError, match=r"strategy must be one of 'auto', 'in-memory', "
-                                         r"'streaming', got 'disk'"):
+    with pytest.raises(
+        ValueError,
+        match=r"strategy must be one of 'auto', 'in-memory', "
+        r"'streaming', got 'disk'",
+    ):
         KernelSLEM(strategy="disk").fit(X)
     with pytest.raises(ValueError, match="strategy='streaming' cannot keep .* exact=True"):
         KernelSLEM(strategy="streaming", exact=True).fit(X)
@@ -179,8 +193,10 @@ def test_auto_streams_when_the_estimate_exceeds_the_budget(monkeypatch, rng):
     monkeypatch.setattr(stream, "memory_budget", lambda x: (79_199.0, "a tiny budget"))
     tight = KernelSLEM(**params).fit(X)
     assert tight.strategy_ == "streaming"
-    assert "more than a tiny budget; greedy pivoting makes one pass per pivot" \
+    assert (
+        "more than a tiny budget; greedy pivoting makes one pass per pivot"
         in tight.strategy_reason_
+    )
     np.testing.assert_array_equal(tight.pivots_, roomy.pivots_)
     np.testing.assert_allclose(tight.g_factor_, roomy.g_factor_, rtol=1e-8, atol=1e-12)
     monkeypatch.setattr(stream, "memory_budget", lambda x: (79_200.0, "just enough"))
@@ -191,9 +207,11 @@ def test_a_forced_in_memory_fit_over_the_budget_runs_and_warns(monkeypatch, rng)
     X = rng.standard_normal((100, 6)).astype(np.float32)
     params = dict(kernel="rbf", gamma=0.3, rank=10, tol=0)
     monkeypatch.setattr(stream, "memory_budget", lambda x: (79_199.0, "a tiny budget"))
-    with pytest.warns(stream.KernelMemoryWarning,
-                      match=r"needs about 77.3 KiB .* more than a tiny budget: the workers "
-                            r"may run out of memory; --kernel-memory auto"):
+    with pytest.warns(
+        stream.KernelMemoryWarning,
+        match=r"needs about 77.3 KiB .* more than a tiny budget: the workers "
+        r"may run out of memory; --kernel-memory auto",
+    ):
         forced = KernelSLEM(strategy="in-memory", **params).fit(X)
     assert forced.strategy_ == "in-memory" and forced.strategy_reason_.startswith("forced")
     with pytest.warns(stream.KernelMemoryWarning, match="use exact=False and"):
@@ -228,8 +246,9 @@ def test_the_stored_scatter_of_f_is_not_part_of_the_encoding(rng):
 @pytest.mark.parametrize("pivoting", ["greedy", "rpcholesky"])
 def test_update_merges_the_new_rows_statistics(pivoting, tmp_path, rng):
     X = rng.standard_normal((300, 6))
-    params = dict(kernel="rbf", gamma=0.3, rank=20, tol=0, lam=1e-2, pivoting=pivoting,
-                  random_state=1)
+    params = dict(
+        kernel="rbf", gamma=0.3, rank=20, tol=0, lam=1e-2, pivoting=pivoting, random_state=1
+    )
     model = KernelSLEM(**params).fit(X[:200])
     model.save(str(tmp_path / "m.zarr"))
     loaded = load_model(str(tmp_path / "m.zarr"))
@@ -279,8 +298,12 @@ def test_streaming_on_a_two_process_cluster_equals_local(pivoting, rng):
     params = dict(kernel="rbf", gamma=0.3, rank=15, tol=0, pivoting=pivoting, random_state=4)
     with dask.config.set(scheduler="sync"):
         ref = KernelSLEM(strategy="in-memory", **params).fit(Xd)
-    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
-                      dashboard_address=":0") as cluster, Client(cluster):
+    with (
+        LocalCluster(
+            n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0"
+        ) as cluster,
+        Client(cluster),
+    ):
         model = KernelSLEM(strategy="streaming", **params).fit(Xd)
         model.update(Xd[:30])
         ref.update(X[:30])

@@ -15,24 +15,27 @@ def X(rng):
     return np.abs(rng.standard_normal((30, 4)))
 
 
-@pytest.mark.parametrize("kwargs, exc, words", [
-    ({"kernel": "gaussian"}, ValueError, ["kernel", "'gaussian'", "'rbf'", "'chi2'", "'poly'"]),
-    ({"kernel": None}, ValueError, ["kernel", "None", "'linear'"]),
-    ({"kernel": "rbf", "gamma": 0}, ValueError, ["gamma", "> 0", "rbf"]),
-    ({"kernel": "poly", "gamma": -1.0}, ValueError, ["gamma", "-1.0"]),
-    ({"kernel": "quad", "gamma": float("nan")}, ValueError, ["gamma", "nan"]),
-    ({"kernel": "rbf", "gamma": "1"}, TypeError, ["gamma", "'1'"]),
-    ({"kernel": "poly", "degree": 0}, ValueError, ["degree", ">= 1", "0"]),
-    ({"kernel": "poly", "degree": 1.5}, TypeError, ["degree", "1.5", "integer"]),
-    ({"lam": 0}, ValueError, ["lam", "> 0"]),
-    ({"lam": -1e-3}, ValueError, ["lam", "-0.001"]),
-    ({"rank": 0}, ValueError, ["rank", ">= 1", "0"]),
-    ({"rank": 2.5}, TypeError, ["rank", "2.5"]),
-    ({"tol": 1.0}, ValueError, ["tol", "[0, 1)", "1.0"]),
-    ({"tol": -0.1}, ValueError, ["tol", "-0.1"]),
-    ({"pivoting": "random"}, ValueError, ["pivoting", "'random'", "'greedy'", "'rpcholesky'"]),
-    ({"random_state": "seed"}, TypeError, ["random_state", "'seed'"]),
-])
+@pytest.mark.parametrize(
+    "kwargs, exc, words",
+    [
+        ({"kernel": "gaussian"}, ValueError, ["kernel", "'gaussian'", "'rbf'", "'chi2'", "'poly'"]),
+        ({"kernel": None}, ValueError, ["kernel", "None", "'linear'"]),
+        ({"kernel": "rbf", "gamma": 0}, ValueError, ["gamma", "> 0", "rbf"]),
+        ({"kernel": "poly", "gamma": -1.0}, ValueError, ["gamma", "-1.0"]),
+        ({"kernel": "quad", "gamma": float("nan")}, ValueError, ["gamma", "nan"]),
+        ({"kernel": "rbf", "gamma": "1"}, TypeError, ["gamma", "'1'"]),
+        ({"kernel": "poly", "degree": 0}, ValueError, ["degree", ">= 1", "0"]),
+        ({"kernel": "poly", "degree": 1.5}, TypeError, ["degree", "1.5", "integer"]),
+        ({"lam": 0}, ValueError, ["lam", "> 0"]),
+        ({"lam": -1e-3}, ValueError, ["lam", "-0.001"]),
+        ({"rank": 0}, ValueError, ["rank", ">= 1", "0"]),
+        ({"rank": 2.5}, TypeError, ["rank", "2.5"]),
+        ({"tol": 1.0}, ValueError, ["tol", "[0, 1)", "1.0"]),
+        ({"tol": -0.1}, ValueError, ["tol", "-0.1"]),
+        ({"pivoting": "random"}, ValueError, ["pivoting", "'random'", "'greedy'", "'rpcholesky'"]),
+        ({"random_state": "seed"}, TypeError, ["random_state", "'seed'"]),
+    ],
+)
 def test_bad_parameters(X, kwargs, exc, words):
     with pytest.raises(exc) as info:
         KernelSLEM(**kwargs).fit(X)
@@ -104,8 +107,9 @@ def test_kernel_values_out_of_range_name_gamma_not_the_descriptors():
     with pytest.raises(ValueError, match=r"poly kernel with gamma 1e-300 is zero.*larger gamma"):
         KernelSLEM(kernel="poly", gamma=1e-300, rank=4).fit(x)
     for kernel in ("quad", "poly"):
-        with pytest.raises(ValueError, match=rf"{kernel} kernel \(gamma 1e\+200.*smaller gamma") \
-                as caught:
+        with pytest.raises(
+            ValueError, match=rf"{kernel} kernel \(gamma 1e\+200.*smaller gamma"
+        ) as caught:
             KernelSLEM(kernel=kernel, gamma=1e200, rank=4).fit(x)
         assert "divide the descriptors" not in str(caught.value)
 
@@ -126,8 +130,11 @@ def test_nan_rows_are_counted_over_all_blocks_in_the_linear_slems_words(rng):
         with pytest.raises(ValueError, match=words):
             LinearSLEM().fit(data)
     model = KernelSLEM(rank=3).fit(np.nan_to_num(bad))
-    with pytest.raises(ValueError, match=r"X has 3 row\(s\) with NaN or inf \(rows 103, 117, "
-                                         r"138\) out of 40"):
+    with pytest.raises(
+        ValueError,
+        match=r"X has 3 row\(s\) with NaN or inf \(rows 103, 117, "
+        r"138\) out of 40",
+    ):
         model.update(da.from_array(bad, chunks=(10, 4)), row_offset=100)
 
 
@@ -146,17 +153,24 @@ def test_a_factor_that_misses_the_kernel_warns_once_naming_rank_gamma_and_the_fi
         f"captures almost none of it, and the encodings keep little of the kernel; use a "
         f"smaller gamma (--gamma): at this gamma the kernel matrix is nearly diagonal (the 8 "
         f"pivots hold {captured:.4g} of a trace of 300, about their own k(x, x)), and a "
-        f"larger rank would only add the pivots themselves")
+        f"larger rank would only add the pivots themselves"
+    )
     # quad at a large gamma is (x.y)^2 mostly: rank d(d+1)/2, so more pivots do help
     with pytest.warns(TraceErrorWarning, match=r"use a larger rank \(--rank\), a smaller"):
         KernelSLEM(kernel="quad", gamma=1e6, rank=4).fit(rng.standard_normal((300, 64)))
     unit = rng.standard_normal((300, 64))
     unit /= np.linalg.norm(unit, axis=1, keepdims=True)  # nothing left to normalize
-    with pytest.warns(TraceErrorWarning, match=r"use a larger rank \(--rank\), or a smaller "
-                                               r"gamma \(--gamma\)$"):
+    with pytest.warns(
+        TraceErrorWarning,
+        match=r"use a larger rank \(--rank\), or a smaller "
+        r"gamma \(--gamma\)$",
+    ):
         KernelSLEM(kernel="quad", gamma=1e6, rank=4).fit(unit)
-    with pytest.warns(TraceErrorWarning, match=r"of the linear kernel with 2 pivots \(rank "
-                                               r"2\) .* use a larger rank \(--rank\)$"):
+    with pytest.warns(
+        TraceErrorWarning,
+        match=r"of the linear kernel with 2 pivots \(rank "
+        r"2\) .* use a larger rank \(--rank\)$",
+    ):
         KernelSLEM(kernel="linear", rank=2).fit(rng.standard_normal((300, 64)))  # 2 of 64
     with warnings.catch_warnings():
         warnings.simplefilter("error", TraceErrorWarning)

@@ -18,9 +18,9 @@ CASES = [
     (500, 20, 3.0, 0.1, 0.0),
     (200, 10, 1.0, 1e-3, 0.0),
     (80, 12, 0.05, 1e-2, 0.0),
-    (15, 40, 0.5, 1e-2, 0.0),        # n < d
-    (300, 8, 10.0, 1e-3, 1000.0),    # far from the origin
-    (25, 60, 2.0, 0.05, 1000.0),     # n < d and far from the origin
+    (15, 40, 0.5, 1e-2, 0.0),  # n < d
+    (300, 8, 10.0, 1e-3, 1000.0),  # far from the origin
+    (25, 60, 2.0, 0.05, 1000.0),  # n < d and far from the origin
 ]
 
 
@@ -44,7 +44,8 @@ def test_exemplar_equals_brute_force_minimizer(n, d, theta, lam, offset):
     assert rel(w, w_ref) < 1e-8
     assert abs(nu - nu_ref) <= 1e-8 * max(abs(nu_ref), 1.0)
     assert slem_objective(w, nu, x0, X, theta, lam) <= (
-        slem_objective(w_ref, nu_ref, x0, X, theta, lam) * (1 + 1e-12))
+        slem_objective(w_ref, nu_ref, x0, X, theta, lam) * (1 + 1e-12)
+    )
 
 
 @pytest.mark.parametrize("n,d,theta,lam,offset", CASES)
@@ -103,8 +104,9 @@ def test_fitted_attributes_equal_numpy():
     cov = np.cov(X64, rowvar=False, bias=True)
     np.testing.assert_allclose(model.mean_, X64.mean(axis=0), rtol=1e-14)
     np.testing.assert_allclose(model.covariance_, cov, rtol=1e-12, atol=1e-14)
-    np.testing.assert_allclose(model.precision_, np.linalg.inv(cov + lam * np.eye(9)),
-                               rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(
+        model.precision_, np.linalg.inv(cov + lam * np.eye(9)), rtol=1e-10, atol=1e-12
+    )
     np.testing.assert_array_equal(model.precision_, model.precision_.T)
     np.testing.assert_array_equal(model.covariance_, model.covariance_.T)
     assert model.n_samples_ == 300 and model.n_features_in_ == 9
@@ -142,11 +144,20 @@ def test_lda_direction_at_small_lambda():
 
 
 # -- bad input -----------------------------------------------------------------
-@pytest.mark.parametrize("value,error", [
-    (0, ValueError), (0.0, ValueError), (-1, ValueError), (float("nan"), ValueError),
-    (float("inf"), ValueError), ("abc", TypeError), ("0.1", TypeError), (True, TypeError),
-    (None, TypeError),
-])
+@pytest.mark.parametrize(
+    "value,error",
+    [
+        (0, ValueError),
+        (0.0, ValueError),
+        (-1, ValueError),
+        (float("nan"), ValueError),
+        (float("inf"), ValueError),
+        ("abc", TypeError),
+        ("0.1", TypeError),
+        (True, TypeError),
+        (None, TypeError),
+    ],
+)
 @pytest.mark.parametrize("name", ["lam", "theta"])
 def test_bad_parameters_raise(name, value, error):
     X = np.random.default_rng(0).standard_normal((10, 3))
@@ -164,15 +175,18 @@ def test_bad_parameter_set_after_fit_is_caught_by_exemplar():
         model.exemplar(X[0])
 
 
-@pytest.mark.parametrize("X,message", [
-    (np.ones(5), "2-D"),
-    (np.ones((4, 3, 2)), "2-D"),
-    (np.ones((1, 3)), "at least 2"),
-    (np.ones((0, 3)), "0 rows"),
-    (np.ones((5, 0)), "no features"),
-    (np.array([["a", "b"], ["c", "d"]]), "real numbers"),
-    (np.ones((3, 2), dtype=complex), "real numbers"),
-])
+@pytest.mark.parametrize(
+    "X,message",
+    [
+        (np.ones(5), "2-D"),
+        (np.ones((4, 3, 2)), "2-D"),
+        (np.ones((1, 3)), "at least 2"),
+        (np.ones((0, 3)), "0 rows"),
+        (np.ones((5, 0)), "no features"),
+        (np.array([["a", "b"], ["c", "d"]]), "real numbers"),
+        (np.ones((3, 2), dtype=complex), "real numbers"),
+    ],
+)
 def test_bad_negatives_raise(X, message):
     with pytest.raises((ValueError, TypeError), match=message):
         LinearSLEM().fit(X)
@@ -186,8 +200,11 @@ def test_nonfinite_negatives_raise_with_row_count(bad):
     with pytest.raises(ValueError, match=r"2 row\(s\) with NaN or inf \(rows 2, 7\) out of 20"):
         LinearSLEM().fit(X)
     X = np.vstack([X] * 4)  # 8 bad rows over blocks of 30: counted, the first five named
-    with pytest.raises(ValueError, match=r"8 row\(s\) with NaN or inf \(rows 2, 7, 22, 27, "
-                                         r"42, \.\.\.\) out of 80"):
+    with pytest.raises(
+        ValueError,
+        match=r"8 row\(s\) with NaN or inf \(rows 2, 7, 22, 27, "
+        r"42, \.\.\.\) out of 80",
+    ):
         LinearSLEM().fit(da.from_array(X, chunks=(30, 3)))
 
 
@@ -202,12 +219,15 @@ def test_nonfinite_positives_raise_with_row_count():
         model.exemplar(P[1])
 
 
-@pytest.mark.parametrize("P,message", [
-    (np.ones((4, 5)), "X has 5 features, but LinearSLEM is expecting 3 features.* fitted on 3"),
-    (np.ones(3), "2-D"),
-    (np.ones((2, 3, 1)), "2-D"),
-    (np.ones((0, 3)), "0 rows"),
-])
+@pytest.mark.parametrize(
+    "P,message",
+    [
+        (np.ones((4, 5)), "X has 5 features, but LinearSLEM is expecting 3 features.* fitted on 3"),
+        (np.ones(3), "2-D"),
+        (np.ones((2, 3, 1)), "2-D"),
+        (np.ones((0, 3)), "0 rows"),
+    ],
+)
 def test_bad_positives_raise(P, message):
     model = LinearSLEM().fit(np.random.default_rng(0).standard_normal((20, 3)))
     with pytest.raises(ValueError, match=message):
@@ -224,8 +244,11 @@ def test_bad_exemplar_input_raises():
 
 def test_not_fitted_raises():
     model = LinearSLEM()
-    for call in (lambda: model.transform(np.ones((2, 3))), lambda: model.exemplar(np.ones(3)),
-                 lambda: model.fingerprint_):
+    for call in (
+        lambda: model.transform(np.ones((2, 3))),
+        lambda: model.exemplar(np.ones(3)),
+        lambda: model.fingerprint_,
+    ):
         with pytest.raises(NotFittedError, match="not fitted"):
             call()
 
@@ -274,11 +297,13 @@ def test_factorizations_run_openblas_on_one_thread_when_small_or_large():
     import subprocess
     import sys
 
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS")}
+    env = {
+        k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS")
+    }
     env["OPENBLAS_NUM_THREADS"] = "2"
-    done = subprocess.run([sys.executable, "-c", _THREAD_CHECK], capture_output=True,
-                          text=True, env=env, timeout=120)
+    done = subprocess.run(
+        [sys.executable, "-c", _THREAD_CHECK], capture_output=True, text=True, env=env, timeout=120
+    )
     assert done.returncode == 0, done.stderr
     result = json.loads(done.stdout.strip().splitlines()[-1])
     if not result["before"]:

@@ -16,16 +16,29 @@ from sklearn.pipeline import make_pipeline  # noqa: E402
 from sklearn.preprocessing import Normalizer  # noqa: E402
 from sklearn.utils import get_tags  # noqa: E402
 
-from slem_dask import (ESVM, KernelSLEM, LinearSLEM, NotFittedError, PCAWhitening,  # noqa: E402
-                       RawFeatures, leave_one_out_map, make_map_scorer, map_scorer)
+from slem_dask import (
+    ESVM,
+    KernelSLEM,
+    LinearSLEM,
+    NotFittedError,
+    PCAWhitening,  # noqa: E402
+    RawFeatures,
+    leave_one_out_map,
+    make_map_scorer,
+    map_scorer,
+)
 from slem_dask.models.classify import CentroidSLEMClassifier, MulticlassSVM  # noqa: E402
 from slem_dask.datasets import make_corpus  # noqa: E402
 
 
 def transformers():
-    return [LinearSLEM(lam=1e-2), KernelSLEM(gamma=0.5, rank=16, pivoting="rpcholesky",
-                                             random_state=0),
-            ESVM(n_iter=30, random_state=0), PCAWhitening(n_components=8), RawFeatures()]
+    return [
+        LinearSLEM(lam=1e-2),
+        KernelSLEM(gamma=0.5, rank=16, pivoting="rpcholesky", random_state=0),
+        ESVM(n_iter=30, random_state=0),
+        PCAWhitening(n_components=8),
+        RawFeatures(),
+    ]
 
 
 def classifiers():
@@ -119,8 +132,13 @@ def test_grid_search_with_map_scorer(est, labelled):
     name = type(est).__name__
     grid = {f"{name.lower()}__{k}": v for k, v in GRIDS[name].items()}
     pipe = make_pipeline(Normalizer(), est)
-    search = GridSearchCV(pipe, grid or {"normalizer__norm": ["l2"]}, scoring=map_scorer,
-                          cv=KFold(2, shuffle=True, random_state=0), error_score="raise")
+    search = GridSearchCV(
+        pipe,
+        grid or {"normalizer__norm": ["l2"]},
+        scoring=map_scorer,
+        cv=KFold(2, shuffle=True, random_state=0),
+        error_score="raise",
+    )
     search.fit(X, y)
     n = int(np.prod([len(v) for v in grid.values()])) if grid else 1
     assert len(search.cv_results_["mean_test_score"]) == n
@@ -128,16 +146,22 @@ def test_grid_search_with_map_scorer(est, labelled):
     # the reported score is the scorer's, recomputed by hand for the best setting
     best = clone(pipe).set_params(**search.best_params_)
     folds = list(KFold(2, shuffle=True, random_state=0).split(X))
-    by_hand = np.mean([leave_one_out_map(clone(best).fit(X[tr]).transform(X[te]), y[te])
-                       for tr, te in folds])
+    by_hand = np.mean(
+        [leave_one_out_map(clone(best).fit(X[tr]).transform(X[te]), y[te]) for tr, te in folds]
+    )
     assert search.best_score_ == pytest.approx(by_hand, rel=1e-12)
 
 
 def test_grid_search_picks_a_better_lambda(labelled):
     """On this corpus a tiny lambda hurts (it whitens noise): the search must see it."""
     X, y = labelled
-    search = GridSearchCV(LinearSLEM(), {"lam": [1e-8, 1e-2]}, scoring=make_map_scorer(k=20),
-                          cv=KFold(2, shuffle=True, random_state=0), error_score="raise")
+    search = GridSearchCV(
+        LinearSLEM(),
+        {"lam": [1e-8, 1e-2]},
+        scoring=make_map_scorer(k=20),
+        cv=KFold(2, shuffle=True, random_state=0),
+        error_score="raise",
+    )
     search.fit(X, y)
     scores = search.cv_results_["mean_test_score"]
     assert scores[0] != scores[1]
@@ -185,8 +209,15 @@ def test_leave_one_out_map_by_hand():
 # the array-API check, which scikit-learn skips unless SCIPY_ARRAY_API is set.
 _MAY_SKIP = {"check_array_api_input"}
 
-CHECKED = [LinearSLEM(), KernelSLEM(rank=8, random_state=0), ESVM(n_iter=50), PCAWhitening(),
-           RawFeatures(), CentroidSLEMClassifier(), MulticlassSVM(n_iter=300)]
+CHECKED = [
+    LinearSLEM(),
+    KernelSLEM(rank=8, random_state=0),
+    ESVM(n_iter=50),
+    PCAWhitening(),
+    RawFeatures(),
+    CentroidSLEMClassifier(),
+    MulticlassSVM(n_iter=300),
+]
 
 
 @pytest.mark.parametrize("est", CHECKED, ids=[type(e).__name__ for e in CHECKED])
@@ -210,8 +241,11 @@ def test_feature_count_message_is_sklearns_and_says_how_to_fix(est, labelled):
     fitted = clone(est).fit(X, y)
     method = fitted.predict if is_classifier(est) else fitted.transform
     # the pattern of scikit-learn's check_n_features_in_after_fitting, then our remedy
-    with pytest.raises(ValueError, match=r"X has 3 features, but \w+ is expecting 16 features "
-                                         r"as input.*same dimension as the negatives"):
+    with pytest.raises(
+        ValueError,
+        match=r"X has 3 features, but \w+ is expecting 16 features "
+        r"as input.*same dimension as the negatives",
+    ):
         method(X[:, :3])
 
 
@@ -244,7 +278,9 @@ def test_column_vector_y_is_raveled_with_a_warning(est, labelled):
 
     X, y = labelled
     flat = clone(est).fit(X, y)
-    with pytest.warns(DataConversionWarning, match=rf"column-vector y.*shape \({len(X)}, 1\).*ravel"):
+    with pytest.warns(
+        DataConversionWarning, match=rf"column-vector y.*shape \({len(X)}, 1\).*ravel"
+    ):
         column = clone(est).fit(X, y[:, None])
     np.testing.assert_array_equal(column.predict(X), flat.predict(X))
     with pytest.warns(DataConversionWarning):
@@ -254,8 +290,9 @@ def test_column_vector_y_is_raveled_with_a_warning(est, labelled):
 
 
 def _python(code: str) -> str:
-    out = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True,
-                         text=True, check=True)
+    out = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, check=True
+    )
     return out.stdout.strip()
 
 
@@ -297,5 +334,8 @@ def test_without_sklearn_the_classes_are_slem_dasks_own():
         print([(x.category is DataConversionWarning, issubclass(x.category, UserWarning))
                for x in w])
     """)
-    assert out.splitlines() == ["['ValueError', 'AttributeError', 'RuntimeError']", "True",
-                                "[(True, True)]"]
+    assert out.splitlines() == [
+        "['ValueError', 'AttributeError', 'RuntimeError']",
+        "True",
+        "[(True, True)]",
+    ]

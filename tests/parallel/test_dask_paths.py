@@ -93,8 +93,9 @@ def test_block_statistics_are_fused_with_the_read(tmp_path):
     32 MB blocks would travel to another worker."""
     import zarr
 
-    arr = zarr.create_array(str(tmp_path / "x.zarr"), shape=(100, 3), dtype="float32",
-                            chunks=(10, 3))
+    arr = zarr.create_array(
+        str(tmp_path / "x.zarr"), shape=(100, 3), dtype="float32", chunks=(10, 3)
+    )
     arr[...] = np.random.default_rng(0).random((100, 3))
     stats = scatter_statistics(da.from_zarr(arr, chunks=(20, 3)))
     graph = dict(stats.__dask_graph__())
@@ -148,8 +149,9 @@ def test_model_arrays_enter_the_graph_once(numpy_model):
     Z = model.transform(Pd)
     graph = dict(Z.__dask_graph__())
     input_keys = set(dict(Pd.__dask_graph__()))
-    encode_keys = [k for k in graph if k not in input_keys and isinstance(k, tuple)
-                   and k[0] == Z.name]
+    encode_keys = [
+        k for k in graph if k not in input_keys and isinstance(k, tuple) and k[0] == Z.name
+    ]
     shared_keys = set(graph) - input_keys - set(encode_keys)
     assert len(encode_keys) == n_blocks
     assert len(shared_keys) == 2  # one key for mean_, one for precision_
@@ -211,8 +213,11 @@ def test_nonfinite_dask_negatives_raise_with_row_count(data):
     X = data[0].copy()
     X[[0, 50, 51, 119], 3] = np.nan
     X[60, 0] = np.inf
-    with pytest.raises(ValueError, match=r"5 row\(s\) with NaN or inf \(rows 0, 50, 51, 60, 119\) "
-                                         r"out of 120"):
+    with pytest.raises(
+        ValueError,
+        match=r"5 row\(s\) with NaN or inf \(rows 0, 50, 51, 60, 119\) "
+        r"out of 120",
+    ):
         LinearSLEM().fit(da.from_array(X, chunks=(25, D)))
 
 

@@ -37,8 +37,14 @@ def test_greedy_dask_fit_equals_numpy(data, chunks):
     np.testing.assert_allclose(model.similarity(P, P), ref.similarity(P, P), atol=1e-12)
 
 
-@pytest.mark.parametrize("params", [dict(rank=15, tol=0), dict(rank=80, tol=0.05),
-                                    dict(rank=5, pivoting="rpcholesky", random_state=1)])
+@pytest.mark.parametrize(
+    "params",
+    [
+        dict(rank=15, tol=0),
+        dict(rank=80, tol=0.05),
+        dict(rank=5, pivoting="rpcholesky", random_state=1),
+    ],
+)
 def test_progress_reports_every_pass(data, params):
     # the command line prints these: its last line must agree with the fit's summary
     X, _ = data
@@ -46,7 +52,8 @@ def test_progress_reports_every_pass(data, params):
         seen = []
         with dask.config.set(scheduler="threads"):
             model = KernelSLEM(kernel="rbf", gamma=0.3, **params).fit(
-                x, progress=lambda *a, seen=seen: seen.append(a))
+                x, progress=lambda *a, seen=seen: seen.append(a)
+            )
         assert [p for p, _, _ in seen] == list(range(1, model.n_passes_ + 1))
         assert seen[0][1:] == (0, 1.0)
         assert seen[-1][1] == model.rank_
@@ -88,8 +95,9 @@ def test_transform_and_similarity_dask_equal_numpy(data, chunks):
 def test_exact_mode_dask_fit_gathers_factor(data):
     X, P = data
     ref = KernelSLEM(kernel="rbf", gamma=0.3, rank=10, tol=0, exact=True).fit(X)
-    model = KernelSLEM(kernel="rbf", gamma=0.3, rank=10, tol=0,
-                       exact=True).fit(da.from_array(X, chunks=(17, 6)))
+    model = KernelSLEM(kernel="rbf", gamma=0.3, rank=10, tol=0, exact=True).fit(
+        da.from_array(X, chunks=(17, 6))
+    )
     np.testing.assert_allclose(model.factor_, ref.factor_, atol=1e-12)
     np.testing.assert_array_equal(model.negatives_, X)
     np.testing.assert_allclose(model.similarity(P, P), ref.similarity(P, P), atol=1e-10)
@@ -114,8 +122,12 @@ def test_two_process_cluster_equals_local(data, pivoting):
     Xd = da.from_array(X, chunks=(23, 6))
     with dask.config.set(scheduler="sync"):
         ref = KernelSLEM(**params).fit(Xd)
-    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
-                      dashboard_address=":0") as cluster, Client(cluster):
+    with (
+        LocalCluster(
+            n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0"
+        ) as cluster,
+        Client(cluster),
+    ):
         model = KernelSLEM(**params).fit(Xd)
         S = model.similarity(da.from_array(P, chunks=(4, 6)), P).compute()
         Z = model.transform(da.from_array(P, chunks=(4, 6))).compute()

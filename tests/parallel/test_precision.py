@@ -51,7 +51,7 @@ def max_rel(got, want):
 def test_float32_block_statistics_within_bound(offset_sds, block_rows):
     x = descriptors(20_000, 48, offset_sds, seed=1)
     mean64, cov64 = float64_statistics(x)
-    parts = [block_statistics(x[i:i + block_rows]) for i in range(0, len(x), block_rows)]
+    parts = [block_statistics(x[i : i + block_rows]) for i in range(0, len(x), block_rows)]
     stats = merge_many(parts)
     assert stats.mean.dtype == np.float64 and stats.scatter.dtype == np.float64
     cov = covariance(stats)
@@ -115,8 +115,9 @@ def test_float32_encoding_within_bound_with_float32_partial_norms(offset_sds):
     ref = encode_rows(p.astype(np.float64), model.mean_, model.precision_)
     err = np.abs(model.transform(p) - ref).max()
     assert 0 < err <= BOUND
-    np.testing.assert_allclose(np.linalg.norm(model.transform(p).astype(np.float64), axis=1),
-                               1.0, atol=2e-6)
+    np.testing.assert_allclose(
+        np.linalg.norm(model.transform(p).astype(np.float64), axis=1), 1.0, atol=2e-6
+    )
 
 
 def test_float32_partial_squares_bound_and_their_float64_fallback():
@@ -124,7 +125,7 @@ def test_float32_partial_squares_bound_and_their_float64_fallback():
 
     rng = np.random.default_rng(8)
     v = rng.standard_normal((500, 256)).astype(np.float32)
-    v[1] *= np.float32(1e25)   # its squares overflow float32
+    v[1] *= np.float32(1e25)  # its squares overflow float32
     v[2] *= np.float32(1e-30)  # its squares underflow float32
     v[3, 7] = np.nan
     v[4] = 0.0
@@ -134,8 +135,10 @@ def test_float32_partial_squares_bound_and_their_float64_fallback():
     assert np.abs(got[fine] / exact[fine] - 1).max() <= 64 * 2.0**-24  # the documented bound
     np.testing.assert_array_equal(got[1:3], exact[1:3])  # summed again in float64
     assert np.isnan(got[3]) and got[4] == 0.0
-    np.testing.assert_array_equal(_row_squares(v[:, :100].copy()),  # width not 64k: float64
-                                  np.einsum("ij,ij->i", v[:, :100], v[:, :100], dtype=np.float64))
+    np.testing.assert_array_equal(
+        _row_squares(v[:, :100].copy()),  # width not 64k: float64
+        np.einsum("ij,ij->i", v[:, :100], v[:, :100], dtype=np.float64),
+    )
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
@@ -165,8 +168,7 @@ def test_encoding_piece_by_piece_is_the_whole_block_encoding(monkeypatch, dtype)
     direction = (delta / np.where(scale > 0, scale, 1)) @ precision
     norms = np.linalg.norm(direction, axis=1, keepdims=True)
     brute = np.divide(direction, norms, out=np.zeros_like(direction), where=norms > 0)
-    np.testing.assert_allclose(pieces, brute, rtol=0, atol=1e-5 if dtype == np.float32
-                               else 1e-12)
+    np.testing.assert_allclose(pieces, brute, rtol=0, atol=1e-5 if dtype == np.float32 else 1e-12)
     assert not pieces[700].any() and np.abs(pieces[[3, 517]]).max() > 0.1
 
 
@@ -180,8 +182,11 @@ def test_ill_conditioned_model_encodes_in_float64():
 
 
 def test_precision_parameter_is_checked():
-    with pytest.raises(ValueError, match=r"precision must be one of \('auto', 'float64'\), "
-                                         r"got 'float32'"):
+    with pytest.raises(
+        ValueError,
+        match=r"precision must be one of \('auto', 'float64'\), "
+        r"got 'float32'",
+    ):
         LinearSLEM(precision="float32").fit(np.ones((4, 2)) + np.eye(4, 2))
     model = LinearSLEM().fit(descriptors(50, 3))
     with pytest.raises(ValueError, match="precision must be"):
@@ -294,10 +299,12 @@ def test_dask_tasks_run_with_one_blas_thread(monkeypatch):
     model = LinearSLEM().fit(x)
     z = model.transform(da.from_array(x, chunks=(50, 5)))
     enc = []
-    monkeypatch.setattr(parallel, "encode_rows",
-                        lambda *a, **k: (enc.append(fake.threads), encode_rows(*a, **k))[1])
-    parallel.encode_blocks(da.from_array(x, chunks=(50, 5)), model.mean_, model.precision_,
-                           np.float32).compute(scheduler="threads")
+    monkeypatch.setattr(
+        parallel, "encode_rows", lambda *a, **k: (enc.append(fake.threads), encode_rows(*a, **k))[1]
+    )
+    parallel.encode_blocks(
+        da.from_array(x, chunks=(50, 5)), model.mean_, model.precision_, np.float32
+    ).compute(scheduler="threads")
     assert seen == [1] * 8 and enc == [1] * 8 and fake.threads == 2
     assert z.dtype == np.float32  # dtype in = dtype out
 
@@ -311,13 +318,16 @@ def test_a_float32_encode_task_is_never_widened_to_float64(monkeypatch):
     model = LinearSLEM(lam=0.1).fit(x)
     assert model._encoding_matrix(x.dtype, "auto").dtype == np.float32  # float32 applies
     returned = []
-    monkeypatch.setattr(parallel, "encode_rows",
-                        lambda *a, **k: (returned.append(encode_rows(*a, **k)), returned[-1])[1])
+    monkeypatch.setattr(
+        parallel,
+        "encode_rows",
+        lambda *a, **k: (returned.append(encode_rows(*a, **k)), returned[-1])[1],
+    )
     z = model.transform(da.from_array(x, chunks=(100, 8))).compute(scheduler="sync")
     assert [r.dtype for r in returned] == [np.float32] * 4
     # each task computes what encode_rows computes on its chunk, bit for bit ...
     with single_threaded_blas():
-        chunks = [model.transform(x[i:i + 100]) for i in range(0, 400, 100)]
+        chunks = [model.transform(x[i : i + 100]) for i in range(0, 400, 100)]
     np.testing.assert_array_equal(z, np.vstack(chunks))
     # ... while products of other shapes (one 400-row call) round the last bits in
     # an order of the BLAS's own (OPENBLAS_CORETYPE=Haswell: 69 of 3,200 entries
@@ -331,11 +341,14 @@ def test_a_float32_encode_task_is_never_widened_to_float64(monkeypatch):
 def test_precision_in_job_specs():
     from slem_dask.pipeline.jobspec import SpecError, parse_spec
 
-    spec = parse_spec({"model": {"path": "m", "precision": "float64"},
-                       "encode": [{"positives": "p", "out": "o", "precision": "auto"}]})
+    spec = parse_spec(
+        {
+            "model": {"path": "m", "precision": "float64"},
+            "encode": [{"positives": "p", "out": "o", "precision": "auto"}],
+        }
+    )
     assert spec.model.precision == "float64" and spec.encode[0].precision == "auto"
-    assert parse_spec({"model": {"path": "m"}, "fit": {"negatives": "n"}}).model.precision \
-        == "auto"
+    assert parse_spec({"model": {"path": "m"}, "fit": {"negatives": "n"}}).model.precision == "auto"
     with pytest.raises(SpecError, match="model.precision = 'single': expected one of"):
         parse_spec({"model": {"path": "m", "precision": "single"}})
 
@@ -348,7 +361,7 @@ def test_wide_rows_use_panels_and_stay_exact(monkeypatch):
     monkeypatch.setattr(statistics, "_PANEL_COLUMNS", 7)
     x = descriptors(3_000, 40, 1e4, seed=9)
     _, cov64 = float64_statistics(x)
-    parts = [block_statistics(x[i:i + 500]) for i in range(0, 3_000, 500)]
+    parts = [block_statistics(x[i : i + 500]) for i in range(0, 3_000, 500)]
     cov = covariance(merge_many(parts))
     np.testing.assert_array_equal(cov, cov.T)
     assert max_rel(cov, cov64) <= BOUND
@@ -417,8 +430,13 @@ def _blas_counts_in_a_fresh_process(script: str) -> list:
     import subprocess
     import sys
 
-    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                         timeout=120, env={**os.environ, "OPENBLAS_NUM_THREADS": "2"})
+    out = subprocess.run(
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "OPENBLAS_NUM_THREADS": "2"},
+    )
     assert out.returncode == 0, out.stderr
     return json.loads(out.stdout.strip().splitlines()[-1])
 

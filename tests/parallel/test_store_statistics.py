@@ -45,8 +45,9 @@ def rows():
 
 
 def write(path, x, chunks=CHUNK, **kwargs):
-    arr = zarr.create_array(str(path), shape=x.shape, chunks=(chunks, x.shape[1]),
-                            dtype=x.dtype, **kwargs)
+    arr = zarr.create_array(
+        str(path), shape=x.shape, chunks=(chunks, x.shape[1]), dtype=x.dtype, **kwargs
+    )
     arr[...] = x
     return storage.open_node(str(path), mode="r")
 
@@ -75,8 +76,12 @@ def test_reader_gives_zarrs_values(tmp_path, rows, name, dtype):
     chain = dict({**CHAINS, **ZARR_ONLY}[name])
     x = rows.astype(dtype)
     if "chunks_cols" in chain:
-        arr = zarr.create_array(str(tmp_path / "a"), shape=x.shape,
-                                chunks=(CHUNK, chain.pop("chunks_cols")), dtype=x.dtype)
+        arr = zarr.create_array(
+            str(tmp_path / "a"),
+            shape=x.shape,
+            chunks=(CHUNK, chain.pop("chunks_cols")),
+            dtype=x.dtype,
+        )
         arr[...] = x
         arr = storage.open_node(str(tmp_path / "a"), mode="r")
     else:
@@ -115,7 +120,7 @@ def test_reader_names_damaged_chunks(tmp_path, rows, chain):
         with pytest.raises(storage.CorruptChunkError, match=r"chunk 'c/3/0' \(rows 300-399\)"):
             storage.read_rows(arr, 250, 450)
     # truncated: refused whatever the chain (a zstd frame or the raw size says so)
-    open(victim, "wb").write(bytes(data[:len(data) // 2]))
+    open(victim, "wb").write(bytes(data[: len(data) // 2]))
     with pytest.raises(storage.CorruptChunkError, match=r"c/3/0.*cannot be read"):
         storage.read_rows(arr, 250, 450)
     # missing: refused, never read as fill values
@@ -154,7 +159,7 @@ def test_accumulator_equals_brute_force_in_float64(rows, steps):
     acc = ScatterAccumulator(D)
     start = 0
     for step in steps:
-        acc.add(x[start:start + step])
+        acc.add(x[start : start + step])
         start += step
     stats = acc.result()
     mean, cov = brute_force(x)
@@ -173,7 +178,7 @@ def test_accumulator_float32_within_the_contract(offset_sds, d):
     x = (rng.standard_normal((n, d)) + offset_sds).astype(np.float32)
     acc = ScatterAccumulator(d)
     for a in range(0, n, 256):
-        acc.add(x[a:a + 256])
+        acc.add(x[a : a + 256])
     stats = acc.result()
     mean, cov = brute_force(x)
     assert max_rel(covariance(stats), cov) <= 1e-5
@@ -190,10 +195,11 @@ def test_float32_values_whose_squares_all_underflow(tmp_path, scale):
     mean, cov = brute_force(x)
     acc = ScatterAccumulator(3)
     for a in range(0, len(x), 1000):
-        acc.add(x[a:a + 1000])
+        acc.add(x[a : a + 1000])
     assert max_rel(covariance(acc.result()), cov) <= 1e-5
-    stats = dask.compute(store_statistics(write(tmp_path / "tiny", x, 1000), 1000),
-                         scheduler="threads")[0]
+    stats = dask.compute(
+        store_statistics(write(tmp_path / "tiny", x, 1000), 1000), scheduler="threads"
+    )[0]
     assert max_rel(covariance(stats), cov) <= 1e-5 and max_rel(stats.mean, mean) <= 1e-12
 
 
@@ -207,14 +213,17 @@ def test_a_column_constant_at_1e30_adds_nothing_to_the_covariance(tmp_path, dtyp
     x = np.random.default_rng(4).normal(8000, 80, (9193, 3)).astype(dtype)
     x[:, 1] = dtype(1e30)
     cov = brute_force(x[:, [0, 2]])[1]  # (the two-pass brute force rounds 1e30 too)
-    for stats in (block_statistics(x), dask.compute(store_statistics(
-            write(tmp_path / "c", x, 2641), 1075 if dtype == np.float64 else 2641),
-            scheduler="threads")[0]):
+    for stats in (
+        block_statistics(x),
+        dask.compute(
+            store_statistics(write(tmp_path / "c", x, 2641), 1075 if dtype == np.float64 else 2641),
+            scheduler="threads",
+        )[0],
+    ):
         got = covariance(stats)
         assert stats.mean[1] == np.float64(dtype(1e30))
         assert not got[1].any() and not got[:, 1].any()
-        assert max_rel(got[np.ix_([0, 2], [0, 2])], cov) <= (
-            1e-10 if dtype == np.float64 else 1e-5)
+        assert max_rel(got[np.ix_([0, 2], [0, 2])], cov) <= (1e-10 if dtype == np.float64 else 1e-5)
     model = LinearSLEM(precision="float64").fit(x)
     assert np.isfinite(model.precision_).all()
 
@@ -245,10 +254,10 @@ def test_overwrite_shifts_in_place_with_the_same_result(rows):
     x[:, 3] = np.float32(0.3)  # constant: its mean must be 0.3 exactly, also in place
     plain, in_place = ScatterAccumulator(D), ScatterAccumulator(D)
     for a in range(0, N, 256):
-        assert plain.add(x[a:a + 256])
-        buffer = x[a:a + 256].copy()
+        assert plain.add(x[a : a + 256])
+        buffer = x[a : a + 256].copy()
         assert in_place.add(buffer, overwrite=True)
-        assert not np.array_equal(buffer, x[a:a + 256])  # shifted in place
+        assert not np.array_equal(buffer, x[a : a + 256])  # shifted in place
     want, got = plain.result(), in_place.result()
     np.testing.assert_array_equal(got.scatter, want.scatter)
     np.testing.assert_array_equal(got.mean, want.mean)
@@ -300,8 +309,9 @@ def store(tmp_path_factory, rows):
 @pytest.mark.parametrize("start", [0, 1, 450])
 def test_store_statistics_equal_numpy(store, partition_rows, start):
     x = store[...][start:]
-    stats = dask.compute(store_statistics(store, partition_rows, "auto", start=start),
-                         scheduler="threads")[0]
+    stats = dask.compute(
+        store_statistics(store, partition_rows, "auto", start=start), scheduler="threads"
+    )[0]
     mean, cov = brute_force(x)
     assert stats.count == len(x)
     assert max_rel(stats.mean, mean) <= 1e-13
@@ -356,8 +366,12 @@ def test_statistics_of_dask_rows_stream_the_store_and_derived_arrays_do_not(stor
     names = {k[0] for k in dict(stats.__dask_graph__()) if isinstance(k, tuple)}
     assert any(n.startswith("slem-statistics-") for n in names)
     assert not any(n.startswith("slem-read-") for n in names)
-    for data, rows in ((x, store[...]), (x[:450], store[:450]), (x.rechunk({0: 300}), store[...]),
-                       (x[100:].persist(scheduler="threads"), store[100:])):
+    for data, rows in (
+        (x, store[...]),
+        (x[:450], store[:450]),
+        (x.rechunk({0: 300}), store[...]),
+        (x[100:].persist(scheduler="threads"), store[100:]),
+    ):
         got = dask.compute(scatter_statistics(data), scheduler="threads")[0]
         mean, cov = brute_force(rows)
         assert got.count == len(rows)
@@ -371,8 +385,9 @@ def test_statistics_of_dask_rows_are_its_rows_after_setitem_or_an_append(tmp_pat
     fitted from the store as it stood)."""
     from slem_dask.parallel.blocks import scatter_statistics
 
-    arr = zarr.create_array(str(tmp_path / "grow"), shape=rows.shape, chunks=(CHUNK, D),
-                            dtype=rows.dtype)
+    arr = zarr.create_array(
+        str(tmp_path / "grow"), shape=rows.shape, chunks=(CHUNK, D), dtype=rows.dtype
+    )
     arr[...] = rows
     x = storage.dask_rows(arr, 2 * CHUNK)
     x[x > 1] = 0
@@ -392,8 +407,12 @@ def test_statistics_of_dask_rows_are_its_rows_after_setitem_or_an_append(tmp_pat
 def test_store_statistics_on_worker_processes_equal_numpy(store, workers):
     from distributed import Client, LocalCluster
 
-    with LocalCluster(n_workers=workers, threads_per_worker=1, processes=True,
-                      dashboard_address=":0") as cluster, Client(cluster) as client:
+    with (
+        LocalCluster(
+            n_workers=workers, threads_per_worker=1, processes=True, dashboard_address=":0"
+        ) as cluster,
+        Client(cluster) as client,
+    ):
         stats = client.compute(store_statistics(store, 2 * CHUNK)).result()
     mean, cov = brute_force(store[...])
     assert max_rel(covariance(stats), cov) <= 1e-10 and max_rel(stats.mean, mean) <= 1e-13

@@ -12,9 +12,18 @@ from slem_dask.storage import versions
 from slem_dask import LinearSLEM, search
 from slem_dask.cli.main import main
 from slem_dask.datasets import make_corpus, write_corpus
-from slem_dask.pipeline.evaluate import (METHODS, evaluate_methods, export_faiss, format_table,
-                                  open_search_result, parse_methods, plot_pr_curves, pr_curve,
-                                  relevant_from_labels, search_job)
+from slem_dask.pipeline.evaluate import (
+    METHODS,
+    evaluate_methods,
+    export_faiss,
+    format_table,
+    open_search_result,
+    parse_methods,
+    plot_pr_curves,
+    pr_curve,
+    relevant_from_labels,
+    search_job,
+)
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -22,19 +31,24 @@ PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 @pytest.fixture(scope="module")
 def corpus_path(tmp_path_factory):
     path = tmp_path_factory.mktemp("eval") / "corpus.zarr"
-    write_corpus(make_corpus(n_negatives=600, n_instances=25, group_size=3, d=12, seed=2),
-                 str(path), chunk_rows=128)
+    write_corpus(
+        make_corpus(n_negatives=600, n_instances=25, group_size=3, d=12, seed=2),
+        str(path),
+        chunk_rows=128,
+    )
     return str(path)
 
 
 def _write(path, data):
-    arr = zarr.create_array(store=str(path), shape=data.shape, dtype=data.dtype,
-                            chunks=(16, data.shape[1]))
+    arr = zarr.create_array(
+        store=str(path), shape=data.shape, dtype=data.dtype, chunks=(16, data.shape[1])
+    )
     arr[...] = data
     return str(path)
 
 
 # -- pure functions ---------------------------------------------------------
+
 
 def test_pr_curve_by_hand():
     # relevant {0, 2}; ranking 0, 1, 2: P = 1, 1/2, 2/3 at recall 1/2, 1/2, 1
@@ -45,8 +59,7 @@ def test_pr_curve_by_hand():
     _, precision = pr_curve(np.array([[0, 1, 2]]), [np.array([1, 2])], n_points=3)
     np.testing.assert_allclose(precision, [2 / 3, 2 / 3, 2 / 3])
     # mean over queries
-    _, precision = pr_curve(np.array([[0, 1], [1, 0]]), [np.array([0]), np.array([0])],
-                            n_points=2)
+    _, precision = pr_curve(np.array([[0, 1], [1, 0]]), [np.array([0]), np.array([0])], n_points=2)
     np.testing.assert_allclose(precision, [0.75, 0.75])
     # a relevant item beyond the ranking: recall 1 never reached -> precision 0 there
     _, precision = pr_curve(np.array([[0, 1]]), [np.array([0, 2])], n_points=3)
@@ -59,8 +72,9 @@ def test_relevant_sets_and_method_names():
     with pytest.raises(ValueError, match=r"1 of 2 queries \(indices 1\).*relevant set is empty"):
         relevant_from_labels(np.array([5, 7]), np.array([5, 8]))
     assert parse_methods("raw, SLEM,esvm") == ["raw", "slem", "esvm"]
-    with pytest.raises(ValueError, match="unknown method.*'lda'.*allowed methods are raw, pca, "
-                                         "esvm, slem, kernel"):
+    with pytest.raises(
+        ValueError, match="unknown method.*'lda'.*allowed methods are raw, pca, esvm, slem, kernel"
+    ):
         parse_methods("raw,lda")
     with pytest.raises(ValueError, match="twice"):
         parse_methods("raw,raw")
@@ -68,11 +82,16 @@ def test_relevant_sets_and_method_names():
 
 def test_evaluate_methods_table_plot_and_errors(tmp_path):
     c = make_corpus(n_negatives=800, n_instances=30, d=16, seed=4)
-    rows, curves = evaluate_methods(c.negatives, c.database, c.queries, c.relevant(),
-                                    "raw,pca,slem,esvm", params={"esvm": {"n_iter": 50}})
+    rows, curves = evaluate_methods(
+        c.negatives,
+        c.database,
+        c.queries,
+        c.relevant(),
+        "raw,pca,slem,esvm",
+        params={"esvm": {"n_iter": 50}},
+    )
     assert [r["method"] for r in rows] == ["raw", "pca", "slem", "esvm"]
-    assert set(rows[0]) == {"method", "mAP", "P@4", "fit [s]", "encode/positive [s]",
-                            "total [s]"}
+    assert set(rows[0]) == {"method", "mAP", "P@4", "fit [s]", "encode/positive [s]", "total [s]"}
     for r in rows:
         assert 0 < r["mAP"] <= 1 and r["encode/positive [s]"] > 0
         recall, precision = curves[r["method"]]
@@ -83,8 +102,9 @@ def test_evaluate_methods_table_plot_and_errors(tmp_path):
     assert open(png, "rb").read(8) == PNG_MAGIC
     with pytest.raises(ValueError, match="database has 15 features but negatives have 16"):
         evaluate_methods(c.negatives, c.database[:, :15], c.queries, c.relevant(), "raw")
-    with pytest.raises(ValueError, match="k must be an integer between 1 and the database "
-                                         "size 120"):
+    with pytest.raises(
+        ValueError, match="k must be an integer between 1 and the database size 120"
+    ):
         evaluate_methods(c.negatives, c.database, c.queries, c.relevant(), "raw", k=121)
     rel = c.relevant()
     rel[3] = np.array([], dtype=int)
@@ -95,6 +115,7 @@ def test_evaluate_methods_table_plot_and_errors(tmp_path):
 
 
 # -- search job ---------------------------------------------------------------
+
 
 def test_search_refuses_outputs_of_two_models_naming_them_as_paths(tmp_path, rng):
     from slem_dask.pipeline import encode_job, fit_job
@@ -144,16 +165,32 @@ def test_search_job_writes_a_completed_group(tmp_path, rng):
 
 
 def test_search_rerun_is_up_to_date_searches_changed_inputs_and_refuses_another_search(
-        tmp_path, rng, capsys):
+    tmp_path, rng, capsys
+):
     # a re-run of the same search (a scheduled job) asked for --overwrite, where encode
     # says "up to date" and writes nothing
     q, db = rng.standard_normal((7, 5)), rng.standard_normal((40, 5))
     qp, dbp = _write(tmp_path / "q", q), str(tmp_path / "db.npy")
     np.save(dbp, db)
     out = str(tmp_path / "hits.zarr")
+
     def cli(queries=qp, k="4"):
-        return ["search", "--queries", queries, "--database", dbp, "--k", k, "--out", out,
-                "--workers", "1", "--threads-per-worker", "1", "--no-progress"]
+        return [
+            "search",
+            "--queries",
+            queries,
+            "--database",
+            dbp,
+            "--k",
+            k,
+            "--out",
+            out,
+            "--workers",
+            "1",
+            "--threads-per-worker",
+            "1",
+            "--no-progress",
+        ]
 
     args = cli()
     assert main(args) == 0 and "action             create" in capsys.readouterr().out
@@ -170,19 +207,23 @@ def test_search_rerun_is_up_to_date_searches_changed_inputs_and_refuses_another_
     assert len(versions.VersionedStore(out).commits()) == 2
     # another search to the same --out: refused, saying what differs and the fix
     other = _write(tmp_path / "q2", q[:3])
-    for queries, k, differ in ((qp, 3, "k 4 (now 3)"),
-                               (other, 3, f"queries {qp!r} (now {other!r})")):
+    for queries, k, differ in (
+        (qp, 3, "k 4 (now 3)"),
+        (other, 3, f"queries {qp!r} (now {other!r})"),
+    ):
         assert main(cli(queries, str(k))) == 1
         err = capsys.readouterr().err
-        assert f"--out {out!r} already holds another search: {differ}; pass --overwrite " \
-               f"to replace it" in err, err
-        assert search_job(None, queries, dbp, out, k=k,
-                          overwrite=True).facts["action"] == "replace"
+        assert (
+            f"--out {out!r} already holds another search: {differ}; pass --overwrite "
+            f"to replace it" in err
+        ), err
+        assert search_job(None, queries, dbp, out, k=k, overwrite=True).facts["action"] == "replace"
     # a result with a chunk swapped in from another version is never "up to date" (its
     # crc32c trailer is not the one recorded): refused, --overwrite the fix
     head = versions.VersionedStore(out).head().version
-    chunks = sorted((tmp_path / "hits.zarr").glob("versions/*/indices/c/0/0"),
-                    key=lambda p: head not in str(p))
+    chunks = sorted(
+        (tmp_path / "hits.zarr").glob("versions/*/indices/c/0/0"), key=lambda p: head not in str(p)
+    )
     chunks[0].write_bytes(chunks[1].read_bytes())
     assert main(cli(other, "3")) == 1
     assert "is not the chunk that was written" in capsys.readouterr().err
@@ -192,6 +233,7 @@ def test_search_rerun_is_up_to_date_searches_changed_inputs_and_refuses_another_
 
 # -- command line -------------------------------------------------------------
 
+
 def test_cli_errors_come_before_any_cluster(tmp_path, corpus_path, capsys, monkeypatch):
     import slem_dask.cluster.connect as cluster
 
@@ -200,11 +242,39 @@ def test_cli_errors_come_before_any_cluster(tmp_path, corpus_path, capsys, monke
 
     monkeypatch.setattr(cluster, "connect", no_cluster)
     db = f"{corpus_path}/database"
-    assert main(["search", "--queries", f"{corpus_path}/queries", "--database", db,
-                 "--k", "76", "--out", str(tmp_path / "o.zarr")]) == 1
+    assert (
+        main(
+            [
+                "search",
+                "--queries",
+                f"{corpus_path}/queries",
+                "--database",
+                db,
+                "--k",
+                "76",
+                "--out",
+                str(tmp_path / "o.zarr"),
+            ]
+        )
+        == 1
+    )
     assert "k=76 is larger than the database" in capsys.readouterr().err
-    assert main(["search", "--queries", f"{corpus_path}/queries", "--database",
-                 str(tmp_path / "missing"), "--k", "3", "--out", str(tmp_path / "o.zarr")]) == 1
+    assert (
+        main(
+            [
+                "search",
+                "--queries",
+                f"{corpus_path}/queries",
+                "--database",
+                str(tmp_path / "missing"),
+                "--k",
+                "3",
+                "--out",
+                str(tmp_path / "o.zarr"),
+            ]
+        )
+        == 1
+    )
     assert "no zarr array" in capsys.readouterr().err
     assert main(["evaluate", "--corpus", corpus_path, "--methods", "raw,foo"]) == 1
     err = capsys.readouterr().err
@@ -227,24 +297,52 @@ def test_cli_errors_come_before_any_cluster(tmp_path, corpus_path, capsys, monke
     one = str(tmp_path / "one-query")
     row = group["queries"][0]
     zarr.create_array(one, shape=row.shape, dtype=row.dtype)[...] = row
-    assert main(["search", "--queries", one, "--database", db, "--k", "3",
-                 "--out", str(tmp_path / "o.zarr")]) == 1
+    assert (
+        main(
+            [
+                "search",
+                "--queries",
+                one,
+                "--database",
+                db,
+                "--k",
+                "3",
+                "--out",
+                str(tmp_path / "o.zarr"),
+            ]
+        )
+        == 1
+    )
     assert "x.reshape(1, -1)" in capsys.readouterr().err
     # --plot into a folder that does not exist, --p-at above --k
-    assert main(["evaluate", "--corpus", corpus_path, "--plot",
-                 str(tmp_path / "no-such-dir" / "pr.png")]) == 1
+    assert (
+        main(
+            [
+                "evaluate",
+                "--corpus",
+                corpus_path,
+                "--plot",
+                str(tmp_path / "no-such-dir" / "pr.png"),
+            ]
+        )
+        == 1
+    )
     assert "no-such-dir" in capsys.readouterr().err
     with pytest.raises(SystemExit) as exit_info:
         main(["evaluate", "--corpus", corpus_path, "--k", "3", "--p-at", "5"])
     assert exit_info.value.code == 2 and "--p-at" in capsys.readouterr().err
     # fit and encode: missing negatives, a model of another dimension
-    assert main(["fit", "--negatives", str(tmp_path / "missing"), "--model",
-                 str(tmp_path / "m.zarr")]) == 1
+    assert (
+        main(["fit", "--negatives", str(tmp_path / "missing"), "--model", str(tmp_path / "m.zarr")])
+        == 1
+    )
     assert "no zarr array" in capsys.readouterr().err
     model = str(tmp_path / "model4.zarr")
     LinearSLEM().fit(np.random.default_rng(0).standard_normal((20, 4))).save(model)
-    assert main(["encode", "--model", model, "--positives", db, "--out",
-                 str(tmp_path / "codes.zarr")]) == 1
+    assert (
+        main(["encode", "--model", model, "--positives", db, "--out", str(tmp_path / "codes.zarr")])
+        == 1
+    )
     assert "features" in capsys.readouterr().err
 
 
@@ -256,34 +354,42 @@ def test_evaluate_spells_each_label_input_one_way(tmp_path, corpus_path, capsys,
     monkeypatch.setattr(cluster, "connect", lambda *a, **k: pytest.fail("a cluster started"))
     group = storage.open_node(corpus_path, mode="r")
     own = []
-    for name, flag in (("negatives", "--negatives-from"), ("database", "--database"),
-                       ("queries", "--queries"), ("database_labels", "--database-labels")):
+    for name, flag in (
+        ("negatives", "--negatives-from"),
+        ("database", "--database"),
+        ("queries", "--queries"),
+        ("database_labels", "--database-labels"),
+    ):
         np.save(tmp_path / f"{name}.npy", group[name][...])
         own += [flag, str(tmp_path / f"{name}.npy")]
     labels = group["query_labels"][...]
     np.save(tmp_path / "short.npy", labels[:-1])
     np.save(tmp_path / "unmatched.npy", labels + 1000)
-    for path, said in (("short.npy", "holds 24 labels for 25 rows"),
-                       ("unmatched.npy", "relevant set is empty")):
+    for path, said in (
+        ("short.npy", "holds 24 labels for 25 rows"),
+        ("unmatched.npy", "relevant set is empty"),
+    ):
         assert main(["evaluate", *own, "--query-labels", str(tmp_path / path)]) == 1
         err = capsys.readouterr().err
         assert "error: --query-labels: " in err and said in err, err
     # the descriptors too: by their options, not by a corpus' member names
     for flag, bad, said in (
-            ("--negatives-from", str(tmp_path / "nope.npy"), "--negatives-from: no file"),
-            ("--queries", str(tmp_path / "database_labels.npy"),
-             "--queries: the .npy file")):
+        ("--negatives-from", str(tmp_path / "nope.npy"), "--negatives-from: no file"),
+        ("--queries", str(tmp_path / "database_labels.npy"), "--queries: the .npy file"),
+    ):
         given = [bad if own[j - 1] == flag else a for j, a in enumerate(own)]
         assert main(["evaluate", *given, "--query-labels", str(tmp_path / "short.npy")]) == 1
         err = capsys.readouterr().err
         assert f"error: {said}" in err, err
     np.save(tmp_path / "q7.npy", group["queries"][:, :7])
-    given = [str(tmp_path / "q7.npy") if own[j - 1] == "--queries" else a
-             for j, a in enumerate(own)]
+    given = [
+        str(tmp_path / "q7.npy") if own[j - 1] == "--queries" else a for j, a in enumerate(own)
+    ]
     np.save(tmp_path / "query_labels.npy", labels)
     assert main(["evaluate", *given, "--query-labels", str(tmp_path / "query_labels.npy")]) == 1
-    assert "evaluate: --queries has 7 features but --negatives-from has 12" in \
-        capsys.readouterr().err
+    assert (
+        "evaluate: --queries has 7 features but --negatives-from has 12" in capsys.readouterr().err
+    )
     np.save(tmp_path / "db_short.npy", group["database_labels"][:-1])
     own[-1] = str(tmp_path / "db_short.npy")
     assert main(["evaluate", *own, "--query-labels", str(tmp_path / "short.npy")]) == 1
@@ -295,9 +401,12 @@ def test_hdf5_labels_suggest_only_datasets_that_can_be_the_labels(tmp_path):
     h5py = pytest.importorskip("h5py")
     with h5py.File(tmp_path / "one.h5", "w") as f:
         f["x"] = np.zeros((5, 3), np.float32)
-    with pytest.raises(ValueError, match=r"^--query-labels: '.*one\.h5' is an HDF5 file, and "
-                                         r"none of its datasets can be the labels \(5 "
-                                         r"integers or strings.*/x float32 \(5, 3\)") as err:
+    with pytest.raises(
+        ValueError,
+        match=r"^--query-labels: '.*one\.h5' is an HDF5 file, and "
+        r"none of its datasets can be the labels \(5 "
+        r"integers or strings.*/x float32 \(5, 3\)",
+    ) as err:
         storage.read_labels(str(tmp_path / "one.h5"), "--query-labels", 5)
     assert "one.h5:/dataset" not in str(err.value)
     with h5py.File(tmp_path / "two.h5", "w") as f:
@@ -308,29 +417,71 @@ def test_hdf5_labels_suggest_only_datasets_that_can_be_the_labels(tmp_path):
             storage.read_labels(str(tmp_path / given), "labels", 5)
         names = str(err.value).split("labels: ")[-1].split(" or ")
         assert [n.rsplit(":", 1)[-1] for n in names] == ["/column", "/labels"], str(err.value)
-    np.testing.assert_array_equal(storage.read_labels(f"{tmp_path}/two.h5:/column", "l", 5),
-                                  np.arange(5))
+    np.testing.assert_array_equal(
+        storage.read_labels(f"{tmp_path}/two.h5:/column", "l", 5), np.arange(5)
+    )
 
 
 def test_cli_search_and_evaluate_end_to_end(tmp_path, corpus_path, capsys):
     out = str(tmp_path / "hits.zarr")
     args = ["--workers", "1", "--threads-per-worker", "1", "--no-progress"]
-    assert main(["search", "--queries", f"{corpus_path}/queries", "--database",
-                 f"{corpus_path}/database", "--k", "5", "--out", out, *args]) == 0
+    assert (
+        main(
+            [
+                "search",
+                "--queries",
+                f"{corpus_path}/queries",
+                "--database",
+                f"{corpus_path}/database",
+                "--k",
+                "5",
+                "--out",
+                out,
+                *args,
+            ]
+        )
+        == 0
+    )
     scores, indices = open_search_result(out)
     group = storage.open_node(corpus_path, mode="r")
     exp = search(group["queries"][...], group["database"][...], 5)
     np.testing.assert_array_equal(indices, exp[1])
     capsys.readouterr()
     png = str(tmp_path / "pr.png")
-    assert main(["evaluate", "--corpus", corpus_path, "--methods", "raw,slem,esvm",
-                 "--negatives", "500", "--esvm-iters", "30", "--plot", png, *args]) == 0
+    assert (
+        main(
+            [
+                "evaluate",
+                "--corpus",
+                corpus_path,
+                "--methods",
+                "raw,slem,esvm",
+                "--negatives",
+                "500",
+                "--esvm-iters",
+                "30",
+                "--plot",
+                png,
+                *args,
+            ]
+        )
+        == 0
+    )
     text = capsys.readouterr().out
     lines = text.splitlines()
     header = next(i for i, line in enumerate(lines) if line.startswith("method"))
-    assert lines[header].split() == ["method", "mAP", "P@3", "fit", "[s]",
-                                     "encode/positive", "[s]", "total", "[s]"]
-    assert [line.split()[0] for line in lines[header + 2:header + 5]] == ["raw", "slem", "esvm"]
+    assert lines[header].split() == [
+        "method",
+        "mAP",
+        "P@3",
+        "fit",
+        "[s]",
+        "encode/positive",
+        "[s]",
+        "total",
+        "[s]",
+    ]
+    assert [line.split()[0] for line in lines[header + 2 : header + 5]] == ["raw", "slem", "esvm"]
     assert "negatives          500" in text
     assert open(png, "rb").read(8) == PNG_MAGIC
 
@@ -338,13 +489,47 @@ def test_cli_search_and_evaluate_end_to_end(tmp_path, corpus_path, capsys):
 def test_evaluate_says_which_lam_each_method_used(corpus_path, capsys):
     # --lam 0.01x is linear SLEM's: kernel SLEM ran at its own 1e-3 without a word
     args = ["--workers", "1", "--threads-per-worker", "1", "--no-progress"]
-    assert main(["evaluate", "--corpus", corpus_path, "--lam", "0.01x", "--methods",
-                 "raw,slem,kernel,esvm", "--rank", "8", "--esvm-iters", "5", *args]) == 0
+    assert (
+        main(
+            [
+                "evaluate",
+                "--corpus",
+                corpus_path,
+                "--lam",
+                "0.01x",
+                "--methods",
+                "raw,slem,kernel,esvm",
+                "--rank",
+                "8",
+                "--esvm-iters",
+                "5",
+                *args,
+            ]
+        )
+        == 0
+    )
     lam = [line for line in capsys.readouterr().out.splitlines() if line.startswith("  lam ")]
-    assert lam == ["  lam                slem 0.01x; kernel 0.001; esvm 0.01 (a lam relative to "
-                   "tr(Sigma), Cx, is linear SLEM's only)"], lam
-    assert main(["evaluate", "--corpus", corpus_path, "--lam", "2e-3", "--methods",
-                 "slem,kernel", "--rank", "8", *args]) == 0
+    assert lam == [
+        "  lam                slem 0.01x; kernel 0.001; esvm 0.01 (a lam relative to "
+        "tr(Sigma), Cx, is linear SLEM's only)"
+    ], lam
+    assert (
+        main(
+            [
+                "evaluate",
+                "--corpus",
+                corpus_path,
+                "--lam",
+                "2e-3",
+                "--methods",
+                "slem,kernel",
+                "--rank",
+                "8",
+                *args,
+            ]
+        )
+        == 0
+    )
     out = capsys.readouterr().out
     assert "  lam                slem 0.002; kernel 0.002\n" in out, out
 

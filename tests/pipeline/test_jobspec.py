@@ -1,6 +1,5 @@
 """Job specs (`slem-dask run SPEC.toml`) and scheduled, incremental reprocessing."""
 
-
 import numpy as np
 import pytest
 import zarr
@@ -21,29 +20,50 @@ def test_shipped_specs_parse(spec):
     assert parsed.model.type in ("linear", "kernel") and parsed.encode
 
 
-@pytest.mark.parametrize("data, message", [
-    ({"fit": {"negatives": "x"}}, r"missing section \[model\]"),
-    ({"model": {"path": "m"}, "fitt": {}}, r"unknown section \[fitt\]; allowed: cluster, "),
-    ({"model": {"path": "m", "lamda": 1}}, r"unknown key model.lamda; allowed keys in \[model\]: "
-                                           r"path, type, lam, theta"),
-    ({"model": {"path": "m", "lam": 0}}, r"model.lam = 0: expected a number > 0"),
-    ({"model": {"path": "m", "lam": "big"}}, r"model.lam = 'big': expected a number > 0"),
-    ({"model": {"path": "m", "type": "quadratic"}}, r"model.type = 'quadratic': expected one of "
-                                                    r"'linear', 'kernel'"),
-    ({"model": {"path": "m", "gamma": 0.5}}, r'model.gamma applies to type = "kernel" only'),
-    ({"model": {"path": "m", "type": "kernel", "kernel": "sigmoid"}},
-     r"model.kernel = 'sigmoid': expected one of 'linear', 'rbf', 'quad', 'poly', "),
-    ({"model": {"path": "m", "type": "kernel", "tol": 1.0}}, r"model.tol = 1.0: expected a "
-                                                             r"number in \[0, 1\)"),
-    ({"model": {"lam": 1.0}}, r"missing key model.path"),
-    ({"model": {"path": "m"}, "fit": {"negatives": "n", "update": "yes"}},
-     r"fit.update = 'yes': expected true or false"),
-    ({"model": {"path": "m"}, "encode": [{"positives": "p", "out": "o", "dtype": "f16"}]},
-     r"encode\[0\].dtype = 'f16': expected one of 'float32', 'float64'"),
-    ({"model": {"path": "m"}, "encode": [{"positives": "p"}]}, r"missing key encode\[0\].out"),
-    ({"model": {"path": "m"}, "cluster": {"workers": 0}}, r"cluster.workers = 0: expected an "
-                                                          r"integer >= 1"),
-])
+@pytest.mark.parametrize(
+    "data, message",
+    [
+        ({"fit": {"negatives": "x"}}, r"missing section \[model\]"),
+        ({"model": {"path": "m"}, "fitt": {}}, r"unknown section \[fitt\]; allowed: cluster, "),
+        (
+            {"model": {"path": "m", "lamda": 1}},
+            r"unknown key model.lamda; allowed keys in \[model\]: "
+            r"path, type, lam, theta",
+        ),
+        ({"model": {"path": "m", "lam": 0}}, r"model.lam = 0: expected a number > 0"),
+        ({"model": {"path": "m", "lam": "big"}}, r"model.lam = 'big': expected a number > 0"),
+        (
+            {"model": {"path": "m", "type": "quadratic"}},
+            r"model.type = 'quadratic': expected one of "
+            r"'linear', 'kernel'",
+        ),
+        ({"model": {"path": "m", "gamma": 0.5}}, r'model.gamma applies to type = "kernel" only'),
+        (
+            {"model": {"path": "m", "type": "kernel", "kernel": "sigmoid"}},
+            r"model.kernel = 'sigmoid': expected one of 'linear', 'rbf', 'quad', 'poly', ",
+        ),
+        (
+            {"model": {"path": "m", "type": "kernel", "tol": 1.0}},
+            r"model.tol = 1.0: expected a "
+            r"number in \[0, 1\)",
+        ),
+        ({"model": {"lam": 1.0}}, r"missing key model.path"),
+        (
+            {"model": {"path": "m"}, "fit": {"negatives": "n", "update": "yes"}},
+            r"fit.update = 'yes': expected true or false",
+        ),
+        (
+            {"model": {"path": "m"}, "encode": [{"positives": "p", "out": "o", "dtype": "f16"}]},
+            r"encode\[0\].dtype = 'f16': expected one of 'float32', 'float64'",
+        ),
+        ({"model": {"path": "m"}, "encode": [{"positives": "p"}]}, r"missing key encode\[0\].out"),
+        (
+            {"model": {"path": "m"}, "cluster": {"workers": 0}},
+            r"cluster.workers = 0: expected an "
+            r"integer >= 1",
+        ),
+    ],
+)
 def test_spec_errors_name_the_key_and_allowed_values(data, message):
     with pytest.raises(SpecError, match=message):
         parse_spec(data)
@@ -96,8 +116,12 @@ def _write(tmp_path, neg, pos):
 def _facts(out, step):
     """The 'action' and 'partitions' lines of the report of one step ('fit:' or 'encode:')."""
     lines = out.split(f"\n{step}:\n")[1].splitlines()
-    block = [line for line in lines[:next((i for i, x in enumerate(lines)
-                                           if not x.startswith("  ")), len(lines))]]
+    block = [
+        line
+        for line in lines[
+            : next((i for i, x in enumerate(lines) if not x.startswith("  ")), len(lines))
+        ]
+    ]
     return {line.split()[0]: " ".join(line.split()[1:]) for line in block}
 
 
@@ -129,7 +153,8 @@ def test_scheduled_reprocessing_is_incremental(tmp_path, capsys):
     encoded = storage.open_output(f"{tmp_path}/data.zarr/encoded")[...]
     rows = storage.open_node(f"{tmp_path}/data.zarr/encoded", mode="r").chunks[0]
     np.testing.assert_array_equal(
-        encoded, partitionwise(lambda p: model.transform(p, dtype="float32"), pos, rows))
+        encoded, partitionwise(lambda p: model.transform(p, dtype="float32"), pos, rows)
+    )
 
     # negatives appended: statistics merged (only new rows read), equal to a fit from scratch;
     # the changed model triggers re-encoding of every partition
@@ -156,12 +181,28 @@ def test_scheduled_reprocessing_is_incremental(tmp_path, capsys):
 
 def test_encode_refuses_output_of_another_model_without_overwrite(tmp_path, capsys):
     rng = np.random.default_rng(4)
-    _write(tmp_path, rng.standard_normal((300, 12)).astype("float32"),
-           rng.standard_normal((100, 12)).astype("float32"))
+    _write(
+        tmp_path,
+        rng.standard_normal((300, 12)).astype("float32"),
+        rng.standard_normal((100, 12)).astype("float32"),
+    )
     d = f"{tmp_path}/data.zarr"
     assert main(["fit", "--negatives", f"{d}/negatives", "--model", f"{tmp_path}/a", *CLUSTER]) == 0
-    assert main(["fit", "--negatives", f"{d}/negatives", "--model", f"{tmp_path}/b", "--lam", "0.5",
-                 *CLUSTER]) == 0
+    assert (
+        main(
+            [
+                "fit",
+                "--negatives",
+                f"{d}/negatives",
+                "--model",
+                f"{tmp_path}/b",
+                "--lam",
+                "0.5",
+                *CLUSTER,
+            ]
+        )
+        == 0
+    )
     enc = ["encode", "--positives", f"{d}/positives", "--out", f"{d}/enc"]
     assert main([*enc, "--model", f"{tmp_path}/a", *CLUSTER]) == 0
     before = storage.open_output(f"{d}/enc")[...]
@@ -175,8 +216,9 @@ def test_encode_refuses_output_of_another_model_without_overwrite(tmp_path, caps
 
 def test_kernel_spec_runs_and_rerun_is_up_to_date(tmp_path, capsys):
     rng = np.random.default_rng(5)
-    _write(tmp_path, rng.random((400, 12)).astype("float32"),
-           rng.random((100, 12)).astype("float32"))
+    _write(
+        tmp_path, rng.random((400, 12)).astype("float32"), rng.random((100, 12)).astype("float32")
+    )
     spec = tmp_path / "kernel.toml"
     spec.write_text(f"""
 [model]
@@ -211,16 +253,40 @@ def test_theta_changes_no_encoding_so_outputs_are_kept(tmp_path, capsys):
     """theta scales w* only (docs/math.md#theta): a model refitted with another
     theta encodes identically, and its outputs stay valid."""
     rng = np.random.default_rng(6)
-    _write(tmp_path, rng.standard_normal((300, 12)).astype("float32"),
-           rng.standard_normal((100, 12)).astype("float32"))
+    _write(
+        tmp_path,
+        rng.standard_normal((300, 12)).astype("float32"),
+        rng.standard_normal((100, 12)).astype("float32"),
+    )
     d = f"{tmp_path}/data.zarr"
-    enc = ["encode", "--model", f"{tmp_path}/m", "--positives", f"{d}/positives", "--out",
-           f"{d}/enc", *CLUSTER]
-    assert main(["fit", "--negatives", f"{d}/negatives", "--model", f"{tmp_path}/m",
-                 *CLUSTER]) == 0
+    enc = [
+        "encode",
+        "--model",
+        f"{tmp_path}/m",
+        "--positives",
+        f"{d}/positives",
+        "--out",
+        f"{d}/enc",
+        *CLUSTER,
+    ]
+    assert main(["fit", "--negatives", f"{d}/negatives", "--model", f"{tmp_path}/m", *CLUSTER]) == 0
     assert main(enc) == 0
-    assert main(["fit", "--negatives", f"{d}/negatives", "--model", f"{tmp_path}/m",
-                 "--theta", "5", "--overwrite", *CLUSTER]) == 0
+    assert (
+        main(
+            [
+                "fit",
+                "--negatives",
+                f"{d}/negatives",
+                "--model",
+                f"{tmp_path}/m",
+                "--theta",
+                "5",
+                "--overwrite",
+                *CLUSTER,
+            ]
+        )
+        == 0
+    )
     capsys.readouterr()
     assert main(enc) == 0
     assert _facts(capsys.readouterr().out, "encode")["action"].startswith("up to date")
@@ -231,7 +297,8 @@ def test_theta_changes_no_encoding_so_outputs_are_kept(tmp_path, capsys):
 
 
 def test_an_interrupted_generate_leaves_no_corpus_and_the_next_run_writes_it(
-        tmp_path, capsys, monkeypatch):
+    tmp_path, capsys, monkeypatch
+):
     # The [generate] step writes the corpus only if its path does not exist: a corpus
     # interrupted half-way must not be at the path, or every later run would fail on
     # its missing arrays.
@@ -266,14 +333,21 @@ out = "{corpus}/slem_queries"
     monkeypatch.setattr(zarr.Group, "create_array", interrupted)
     assert main(["run", str(spec), *CLUSTER]) == 130
     assert calls[-1] == "queries"
-    assert "slem-dask run: interrupted; the steps reported above are complete; the one under " \
-           "way was not marked complete" in capsys.readouterr().err
+    assert (
+        "slem-dask run: interrupted; the steps reported above are complete; the one under "
+        "way was not marked complete" in capsys.readouterr().err
+    )
     assert sorted(p.name for p in tmp_path.iterdir()) == ["gen.toml"]  # no corpus, no parts
     monkeypatch.setattr(zarr.Group, "create_array", real_create)
     capsys.readouterr()
     assert main(["run", str(spec), *CLUSTER]) == 0, capsys.readouterr().err
     assert sorted(storage.open_node(str(corpus), mode="r").array_keys()) == [
-        "database", "database_labels", "negatives", "queries", "query_labels"]
+        "database",
+        "database_labels",
+        "negatives",
+        "queries",
+        "query_labels",
+    ]
     assert storage.open_output(f"{corpus}/slem_queries").shape[0] > 0  # a store of its own
     assert main(["verify", f"{corpus}/slem_queries"]) == 0
 
@@ -291,24 +365,54 @@ def _spec_files(tmp_path):
         f["x"] = rng.standard_normal((10, 4))
 
 
-@pytest.mark.parametrize("negatives, model, steps, message", [
-    # a glob input and an output it would match on the next run
-    ("neg", "m.zarr", [("pos/*.npy", "pos/e.npy")],
-     r"encode\[0\].out '.*/pos/e.npy' matches the encode\[0\].positives glob"),
-    ("./neg/*.npy", "neg/m.npy", [], r"model.path '.*/neg/m.npy' matches the fit.negatives glob"),
-    # an HDF5 member's file, given as the output or as a folder above it
-    ("neg", "m.zarr", [("pos.h5:/x", "pos.h5/e.zarr")],
-     r"encode\[0\].out '.*/pos.h5/e.zarr' is inside the encode\[0\].positives '.*/pos.h5'"),
-    # a folder of shards: writing inside it adds a shard to the input
-    ("neg/", "m.zarr", [("pos", "pos/e.zarr")],
-     r"is inside the encode\[0\].positives folder of .npy shards .*would add files"),
-    # two spellings of one output
-    ("neg", "m.zarr", [("pos", "e.zarr"), ("pos.h5:/x", "file://./e.zarr/")],
-     r"encode\[0\].out '.*/e.zarr' is the encode\[1\].out '.*/e.zarr'; two steps cannot"),
-    ("neg", "./x/../m.zarr/", [("pos", "m.zarr")], r"model.path '.*/m.zarr' is the encode\[0\]"),
-])
+@pytest.mark.parametrize(
+    "negatives, model, steps, message",
+    [
+        # a glob input and an output it would match on the next run
+        (
+            "neg",
+            "m.zarr",
+            [("pos/*.npy", "pos/e.npy")],
+            r"encode\[0\].out '.*/pos/e.npy' matches the encode\[0\].positives glob",
+        ),
+        (
+            "./neg/*.npy",
+            "neg/m.npy",
+            [],
+            r"model.path '.*/neg/m.npy' matches the fit.negatives glob",
+        ),
+        # an HDF5 member's file, given as the output or as a folder above it
+        (
+            "neg",
+            "m.zarr",
+            [("pos.h5:/x", "pos.h5/e.zarr")],
+            r"encode\[0\].out '.*/pos.h5/e.zarr' is inside the encode\[0\].positives '.*/pos.h5'",
+        ),
+        # a folder of shards: writing inside it adds a shard to the input
+        (
+            "neg/",
+            "m.zarr",
+            [("pos", "pos/e.zarr")],
+            r"is inside the encode\[0\].positives folder of .npy shards .*would add files",
+        ),
+        # two spellings of one output
+        (
+            "neg",
+            "m.zarr",
+            [("pos", "e.zarr"), ("pos.h5:/x", "file://./e.zarr/")],
+            r"encode\[0\].out '.*/e.zarr' is the encode\[1\].out '.*/e.zarr'; two steps cannot",
+        ),
+        (
+            "neg",
+            "./x/../m.zarr/",
+            [("pos", "m.zarr")],
+            r"model.path '.*/m.zarr' is the encode\[0\]",
+        ),
+    ],
+)
 def test_a_spec_whose_paths_overlap_in_any_spelling_is_refused_before_anything_runs(
-        tmp_path, monkeypatch, capsys, negatives, model, steps, message):
+    tmp_path, monkeypatch, capsys, negatives, model, steps, message
+):
     _spec_files(tmp_path)
     monkeypatch.chdir(tmp_path)
     (tmp_path / "x").mkdir()
@@ -323,19 +427,19 @@ def test_a_spec_whose_paths_overlap_in_any_spelling_is_refused_before_anything_r
     assert sorted(p.name for p in tmp_path.rglob("*")) == before  # nothing ran
 
 
-def test_the_shipped_demo_spec_runs_on_what_slem_dask_demo_wrote(tmp_path, monkeypatch,
-                                                                 capsys, scheduler):
+def test_the_shipped_demo_spec_runs_on_what_slem_dask_demo_wrote(
+    tmp_path, monkeypatch, capsys, scheduler
+):
     """The user guide's order: `slem-dask demo`, then `slem-dask run jobs/demo.toml` on the
     same slem-demo/. The demo fits at the default lambda (0.01x); a spec that gave lam =
     1e-3 was refused ("--update keeps parameters") instead of finding it up to date."""
     monkeypatch.chdir(tmp_path)
     where = ["--scheduler", scheduler, "--no-progress"]
-    assert main(["demo", "--negatives", "2000", "--instances", "40", "--dim", "16",
-                 *where]) == 0
+    assert main(["demo", "--negatives", "2000", "--instances", "40", "--dim", "16", *where]) == 0
     capsys.readouterr()
-    assert main(["run", str(ROOT / "jobs" / "demo.toml"), *where]) == 0, \
-        capsys.readouterr().err
+    assert main(["run", str(ROOT / "jobs" / "demo.toml"), *where]) == 0, capsys.readouterr().err
     out = capsys.readouterr().out
     assert _facts(out, "fit")["action"] == "up to date" and _facts(out, "fit")["lam"] == "0.01x"
-    assert [line for line in out.splitlines() if "action" in line] == \
-        ["  action             up to date"] * 3
+    assert [line for line in out.splitlines() if "action" in line] == [
+        "  action             up to date"
+    ] * 3

@@ -16,15 +16,15 @@ from slem_dask.pipeline.jobspec import SpecError, parse_spec
 from slem_dask.pipeline import fit_job
 from slem_dask.storage import open_node
 
-ARGS = dict(kernel="rbf", gamma=0.2, rank=12, pivoting="rpcholesky", tol=0.0, seed=3,
-            lam=1e-2)
+ARGS = dict(kernel="rbf", gamma=0.2, rank=12, pivoting="rpcholesky", tol=0.0, seed=3, lam=1e-2)
 
 
 @pytest.fixture
 def negatives(tmp_path, rng):
     X = rng.standard_normal((360, 8)).astype(np.float32)
-    arr = zarr.create_array(store=str(tmp_path / "neg.zarr"), shape=(300, 8), dtype="float32",
-                            chunks=(50, 8))
+    arr = zarr.create_array(
+        store=str(tmp_path / "neg.zarr"), shape=(300, 8), dtype="float32", chunks=(50, 8)
+    )
     arr[...] = X[:300]
     return X, str(tmp_path / "neg.zarr")
 
@@ -42,8 +42,14 @@ def test_streaming_fit_job_equals_in_memory_and_says_why(tmp_path, negatives, pi
     args = {**ARGS, "pivoting": pivoting}
     reports = {}
     for memory in ("in-memory", "streaming", "auto"):
-        reports[memory] = fit_job(None, neg, str(tmp_path / f"{memory}.zarr"),
-                                  partition_rows=100, kernel_memory=memory, **args)
+        reports[memory] = fit_job(
+            None,
+            neg,
+            str(tmp_path / f"{memory}.zarr"),
+            partition_rows=100,
+            kernel_memory=memory,
+            **args,
+        )
     first = reports["streaming"].lines()[1:8]
     assert any(line.split() == ["kernel", "memory", "streaming"] for line in first), first
     assert any("forced" in line for line in first), first
@@ -70,8 +76,9 @@ def test_update_job_merges_appended_rows_without_repivoting(tmp_path, negatives)
     np.testing.assert_array_equal(after.pivot_factor_, before.pivot_factor_)
     # dense reference over all 360 rows with the kept pivots (docs/math.md#icd)
     x = X.astype(np.float64)
-    F = linalg.solve_triangular(after.pivot_factor_,
-                                kernel_matrix(x, after.pivot_rows_, "rbf", 0.2).T, lower=True).T
+    F = linalg.solve_triangular(
+        after.pivot_factor_, kernel_matrix(x, after.pivot_rows_, "rbf", 0.2).T, lower=True
+    ).T
     G = F.T @ F / 360 - np.outer(F.mean(0), F.mean(0)) + 1e-2 * np.eye(12)
     assert after.n_samples_ == 360
     np.testing.assert_allclose(after.factor_mean_, F.mean(axis=0), atol=1e-12)
@@ -84,8 +91,15 @@ def test_update_job_merges_appended_rows_without_repivoting(tmp_path, negatives)
     repivot = fit_job(None, neg, path, repivot=True, partition_rows=100, **ARGS)
     assert repivot.facts["action"] == "refit (--repivot)"
     with dask.config.set(scheduler="sync"):
-        ref = KernelSLEM(kernel="rbf", gamma=0.2, rank=12, pivoting="rpcholesky", tol=0.0,
-                         random_state=3, lam=1e-2).fit(da.from_array(X, chunks=(100, 8)))
+        ref = KernelSLEM(
+            kernel="rbf",
+            gamma=0.2,
+            rank=12,
+            pivoting="rpcholesky",
+            tol=0.0,
+            random_state=3,
+            lam=1e-2,
+        ).fit(da.from_array(X, chunks=(100, 8)))
     np.testing.assert_array_equal(load_model(path).pivots_, ref.pivots_)
 
 
@@ -116,15 +130,22 @@ def test_update_of_a_model_without_the_scatter_refits(tmp_path, negatives):
     from slem_dask import storage
 
     arr = open_node(neg)
-    meta_model.save(path, overwrite=True, metadata={
-        "source": storage.canonical(neg).url,
-        "negatives_fingerprint": storage.rows_fingerprint(arr, storage.canonical(neg),
-                                                            "negatives", 300)})
+    meta_model.save(
+        path,
+        overwrite=True,
+        metadata={
+            "source": storage.canonical(neg).url,
+            "negatives_fingerprint": storage.rows_fingerprint(
+                arr, storage.canonical(neg), "negatives", 300
+            ),
+        },
+    )
     assert load_model(path).factor_scatter_ is None
     _append(neg, X[300:])
     report = fit_job(None, neg, path, update=True, partition_rows=100, **ARGS)
-    assert report.facts["action"].startswith("refit (negatives now 360 rows, the model had "
-                                              "300; the model was written by a slem-dask")
+    assert report.facts["action"].startswith(
+        "refit (negatives now 360 rows, the model had 300; the model was written by a slem-dask"
+    )
     assert load_model(path).factor_scatter_ is not None and report.facts["rows read"] == 360
 
 
@@ -133,8 +154,9 @@ def test_an_update_says_it_ignores_a_forced_kernel_memory(tmp_path, negatives):
     model = str(tmp_path / "k.zarr")
     fit_job(None, neg, model, partition_rows=100, **ARGS)
     _append(neg, X[300:])
-    report = fit_job(None, neg, model, partition_rows=100, update=True,
-                     kernel_memory="in-memory", **ARGS)
+    report = fit_job(
+        None, neg, model, partition_rows=100, update=True, kernel_memory="in-memory", **ARGS
+    )
     assert report.facts["kernel memory"] == "streaming"
     assert "'in-memory' applies to a fit from scratch: --repivot" in report.facts["because"]
 
@@ -151,16 +173,20 @@ def test_update_errors_name_the_rows_and_the_right_remedy(tmp_path, negatives):
     _append(neg, bad)
     with pytest.raises(ValueError, match=r"rows 307\b"):
         fit_job(None, neg, model, partition_rows=100, update=True, **ARGS)
-    with pytest.raises(ValueError, match="--kernel rbf --gamma 0.2 .*--update.*--overwrite "
-                                         "would replace it with a linear model"):
+    with pytest.raises(
+        ValueError,
+        match="--kernel rbf --gamma 0.2 .*--update.*--overwrite "
+        "would replace it with a linear model",
+    ):
         fit_job(None, neg, model, partition_rows=100, update=True, lam=1e-2)
     linear = str(tmp_path / "lin.zarr")
     X2 = X[:300]
     clean = str(tmp_path / "clean.zarr")
     zarr.create_array(store=clean, shape=X2.shape, dtype="float32", chunks=(50, 8))[...] = X2
     fit_job(None, clean, linear, lam=1e-2)
-    with pytest.raises(FileExistsError, match="holds a LinearSLEM, not a kernel model; "
-                                              "--repivot keeps"):
+    with pytest.raises(
+        FileExistsError, match="holds a LinearSLEM, not a kernel model; --repivot keeps"
+    ):
         fit_job(None, clean, linear, partition_rows=100, repivot=True, **ARGS)
 
 
@@ -182,9 +208,26 @@ def test_cli_kernel_memory_and_repivot_options(capsys, tmp_path, negatives):
             main(["fit", "--negatives", neg, "--model", model, *flags])
         assert exc.value.code == 2
         assert f"{flags[0]} applies only to kernel SLEM models" in capsys.readouterr().err
-    common = ["fit", "--negatives", neg, "--model", model, "--kernel", "rbf", "--gamma", "0.2",
-              "--rank", "8", "--pivoting", "rpcholesky", "--tol", "0", "--local-cluster",
-              "threads", "--no-progress"]
+    common = [
+        "fit",
+        "--negatives",
+        neg,
+        "--model",
+        model,
+        "--kernel",
+        "rbf",
+        "--gamma",
+        "0.2",
+        "--rank",
+        "8",
+        "--pivoting",
+        "rpcholesky",
+        "--tol",
+        "0",
+        "--local-cluster",
+        "threads",
+        "--no-progress",
+    ]
     assert main([*common, "--kernel-memory", "streaming"]) == 0
     out = capsys.readouterr().out
     assert "kernel memory      streaming" in out and "forced" in out
@@ -196,11 +239,18 @@ def test_cli_kernel_memory_and_repivot_options(capsys, tmp_path, negatives):
 
 
 def test_spec_keys():
-    spec = parse_spec({"model": {"path": "m", "type": "kernel", "kernel_memory": "streaming"},
-                       "fit": {"negatives": "n", "repivot": True}})
+    spec = parse_spec(
+        {
+            "model": {"path": "m", "type": "kernel", "kernel_memory": "streaming"},
+            "fit": {"negatives": "n", "repivot": True},
+        }
+    )
     assert spec.model.kernel_memory == "streaming" and spec.fit.repivot
-    with pytest.raises(SpecError, match=r"model.kernel_memory = 'disk': expected one of 'auto', "
-                                        r"'in-memory', 'streaming'"):
+    with pytest.raises(
+        SpecError,
+        match=r"model.kernel_memory = 'disk': expected one of 'auto', "
+        r"'in-memory', 'streaming'",
+    ):
         parse_spec({"model": {"path": "m", "type": "kernel", "kernel_memory": "disk"}})
     with pytest.raises(SpecError, match=r'model.kernel_memory applies to type = "kernel" only'):
         parse_spec({"model": {"path": "m", "kernel_memory": "streaming"}})
@@ -213,8 +263,11 @@ def test_update_refuses_truncated_negatives(tmp_path, negatives):
     path = str(tmp_path / "m.zarr")
     fit_job(None, neg, path, partition_rows=100, **ARGS)
     open_node(neg, mode="r+").resize((250, 8))
-    with pytest.raises(ValueError, match=r"fitted on 300 rows .* now holds only 250 rows "
-                                         r"\(shape \(250, 8\)\): rows were removed; .* --repivot"):
+    with pytest.raises(
+        ValueError,
+        match=r"fitted on 300 rows .* now holds only 250 rows "
+        r"\(shape \(250, 8\)\): rows were removed; .* --repivot",
+    ):
         fit_job(None, neg, path, update=True, **ARGS)
     assert fit_job(None, neg, path, repivot=True, **ARGS).facts["rows read"] == 250
 
@@ -267,8 +320,7 @@ def test_a_streaming_fit_killed_in_its_final_pass_resumes(tmp_path, negatives, m
     assert "final pass" not in again.facts
 
 
-def test_resume_reuses_only_intact_partitions_of_the_same_fit(tmp_path, negatives,
-                                                             monkeypatch):
+def test_resume_reuses_only_intact_partitions_of_the_same_fit(tmp_path, negatives, monkeypatch):
     from slem_dask.parallel import kernel_stream as stream
 
     X, neg = negatives
@@ -288,8 +340,9 @@ def test_resume_reuses_only_intact_partitions_of_the_same_fit(tmp_path, negative
     assert report.facts["final pass"].startswith("resumed: 1 of 3 partitions reused")
     assert report.facts["fingerprint"] == clean.facts["fingerprint"]
     # other parameters (another seed: other pivots) reuse nothing of the killed run
-    other = fit_job(None, neg, str(tmp_path / "other.zarr"), partition_rows=100,
-                    **{**args, "seed": 4})
+    other = fit_job(
+        None, neg, str(tmp_path / "other.zarr"), partition_rows=100, **{**args, "seed": 4}
+    )
     assert "final pass" not in other.facts
 
 
@@ -301,8 +354,12 @@ def test_resume_on_a_distributed_cluster(tmp_path, negatives, monkeypatch):
     X, neg = negatives
     args = {**ARGS, "kernel_memory": "streaming"}
     clean = fit_job(None, neg, str(tmp_path / "clean.zarr"), partition_rows=100, **args)
-    with LocalCluster(n_workers=1, threads_per_worker=1, processes=False,
-                      dashboard_address=":0") as cluster, Client(cluster) as client:
+    with (
+        LocalCluster(
+            n_workers=1, threads_per_worker=1, processes=False, dashboard_address=":0"
+        ) as cluster,
+        Client(cluster) as client,
+    ):
         original, _ = _kill_final_pass_at(monkeypatch, 3)
         with pytest.raises(RuntimeError, match="killed"):
             fit_job(client, neg, str(tmp_path / "m.zarr"), partition_rows=100, **args)

@@ -14,8 +14,9 @@ N, D = 50_000, 32
 
 
 def write_rows(path, data, chunk_rows):
-    arr = zarr.create_array(store=str(path), shape=data.shape, dtype=data.dtype,
-                            chunks=(chunk_rows, data.shape[1]))
+    arr = zarr.create_array(
+        store=str(path), shape=data.shape, dtype=data.dtype, chunks=(chunk_rows, data.shape[1])
+    )
     arr[...] = data
     return str(path)
 
@@ -24,13 +25,13 @@ def write_rows(path, data, chunk_rows):
 def stores(tmp_path_factory):
     root = tmp_path_factory.mktemp("identity")
     rng = np.random.default_rng(32)
-    negatives = (rng.standard_normal((N, D)) @ rng.standard_normal((D, D)) / 6 + 1.0)
+    negatives = rng.standard_normal((N, D)) @ rng.standard_normal((D, D)) / 6 + 1.0
     positives = rng.standard_normal((300, D)) + 1.0
-    return {"negatives": write_rows(root / "negatives.zarr",
-                                    negatives.astype(np.float32), 1024),
-            "positives": write_rows(root / "positives.zarr",
-                                    positives.astype(np.float32), 100),
-            "root": root}
+    return {
+        "negatives": write_rows(root / "negatives.zarr", negatives.astype(np.float32), 1024),
+        "positives": write_rows(root / "positives.zarr", positives.astype(np.float32), 100),
+        "root": root,
+    }
 
 
 def test_a_refit_in_other_partitions_keeps_outputs_up_to_date(stores, tmp_path):
@@ -82,8 +83,19 @@ def test_a_kernel_model_is_named_by_its_pivots(stores, tmp_path):
     for pivoting in ("greedy", "rpcholesky"):
         for rows in (8192, N):
             model = str(tmp_path / f"{pivoting}{rows}.zarr")
-            fit_job(None, stores["negatives"], model, lam=0.01, partition_rows=rows,
-                    kernel="rbf", gamma=0.01, rank=12, pivoting=pivoting, tol=0.0, seed=0)
+            fit_job(
+                None,
+                stores["negatives"],
+                model,
+                lam=0.01,
+                partition_rows=rows,
+                kernel="rbf",
+                gamma=0.01,
+                rank=12,
+                pivoting=pivoting,
+                tol=0.0,
+                seed=0,
+            )
             ids[pivoting, rows] = load_model(model)
     greedy, other = ids["greedy", 8192], ids["greedy", N]
     np.testing.assert_array_equal(greedy.pivots_, other.pivots_)

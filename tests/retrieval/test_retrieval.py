@@ -42,7 +42,9 @@ def check_search(queries, database, k, q_for_ref=None, db_for_ref=None):
         scores, indices = dask.compute(result, scheduler="sync")[0]
     ref_scores, ref_indices = brute_force_topk(
         queries if q_for_ref is None else q_for_ref,
-        database if db_for_ref is None else db_for_ref, k)
+        database if db_for_ref is None else db_for_ref,
+        k,
+    )
     np.testing.assert_array_equal(indices, ref_indices)
     np.testing.assert_allclose(scores, ref_scores, rtol=1e-12, atol=1e-12)
     assert indices.shape == (len(ref_indices), k)
@@ -52,7 +54,7 @@ def check_search(queries, database, k, q_for_ref=None, db_for_ref=None):
 def test_numpy_search_with_exact_ties(tied, k):
     queries, database = tied
     all_scores, _ = brute_force_topk(queries, database, len(database))
-    assert all(len(np.unique(row[:k + 1])) < k + 1 for row in all_scores[-2:])  # ties at k
+    assert all(len(np.unique(row[: k + 1])) < k + 1 for row in all_scores[-2:])  # ties at k
     check_search(queries, database, k)
 
 
@@ -93,8 +95,7 @@ def test_search_random_float_database(chunks):
     queries = rng.standard_normal((9, 16))
     check_search(queries, database, 25)
     check_search(queries, da.from_array(database, chunks=(chunks, 16)), 25, db_for_ref=database)
-    check_search(queries, database.astype(np.float32), 200,
-                 db_for_ref=database.astype(np.float32))
+    check_search(queries, database.astype(np.float32), 200, db_for_ref=database.astype(np.float32))
 
 
 def test_search_bad_input():
@@ -118,12 +119,12 @@ def test_search_bad_input():
 HAND_MADE = [
     # (ranking, relevant, junk, expected non-interpolated AP)
     ([3, 1, 4, 0, 2], [1, 2], [], (1 / 2 + 2 / 5) / 2),
-    ([3, 1, 4, 0, 2], [1, 2], [4], (1 / 2 + 2 / 4) / 2),          # junk takes no rank
-    ([3, 1, 4, 0, 2], [1, 9], [], (1 / 2) / 2),                  # 9 never retrieved
+    ([3, 1, 4, 0, 2], [1, 2], [4], (1 / 2 + 2 / 4) / 2),  # junk takes no rank
+    ([3, 1, 4, 0, 2], [1, 9], [], (1 / 2) / 2),  # 9 never retrieved
     ([1, 2, 3], [1, 2], [], 1.0),
     ([5, 6, 7], [1], [], 0.0),
-    ([0, 4, 1, 4, 2], [1, 2, 1], [0], (1 / 2 + 2 / 4) / 2),      # duplicate relevant ids
-    ([7, 8, 9, 1], [1], [7, 8, 9], 1.0),                          # all junk before the hit
+    ([0, 4, 1, 4, 2], [1, 2, 1], [0], (1 / 2 + 2 / 4) / 2),  # duplicate relevant ids
+    ([7, 8, 9, 1], [1], [7, 8, 9], 1.0),  # all junk before the hit
 ]
 
 
@@ -137,19 +138,26 @@ def random_cases(seed, n_queries=40, n_db=60, k=25):
     rng = np.random.default_rng(seed)
     rankings = np.array([rng.permutation(n_db)[:k] for _ in range(n_queries)])
     relevant = [rng.choice(n_db, size=rng.integers(1, 8), replace=False) for _ in range(n_queries)]
-    junk = [np.setdiff1d(rng.choice(n_db, size=rng.integers(0, 6), replace=False), rel)
-            for rel in relevant]
+    junk = [
+        np.setdiff1d(rng.choice(n_db, size=rng.integers(0, 6), replace=False), rel)
+        for rel in relevant
+    ]
     return rankings, relevant, junk
 
 
 @pytest.mark.parametrize("seed", range(3))
 def test_mean_average_precision_equals_loop_reference(seed):
     rankings, relevant, junk = random_cases(seed)
-    want = np.mean([average_precision_loop(r, rel, j)
-                    for r, rel, j in zip(rankings, relevant, junk, strict=True)])
+    want = np.mean(
+        [
+            average_precision_loop(r, rel, j)
+            for r, rel, j in zip(rankings, relevant, junk, strict=True)
+        ]
+    )
     assert mean_average_precision(rankings, relevant, junk) == pytest.approx(want, abs=1e-14)
-    want_no_junk = np.mean([average_precision_loop(r, rel)
-                            for r, rel in zip(rankings, relevant, strict=True)])
+    want_no_junk = np.mean(
+        [average_precision_loop(r, rel) for r, rel in zip(rankings, relevant, strict=True)]
+    )
     assert mean_average_precision(rankings, relevant) == pytest.approx(want_no_junk, abs=1e-14)
 
 
@@ -158,9 +166,11 @@ def test_trapezoid_equals_oxford_compute_ap(seed):
     rankings, relevant, junk = random_cases(seed + 10)
     for r, rel, j in zip(rankings, relevant, junk, strict=True):
         assert average_precision(r, rel, j, mode="trapezoid") == pytest.approx(
-            oxford_compute_ap(rel, j, r), abs=1e-14)
-    want = np.mean([oxford_compute_ap(rel, j, r)
-                    for r, rel, j in zip(rankings, relevant, junk, strict=True)])
+            oxford_compute_ap(rel, j, r), abs=1e-14
+        )
+    want = np.mean(
+        [oxford_compute_ap(rel, j, r) for r, rel, j in zip(rankings, relevant, junk, strict=True)]
+    )
     got = mean_average_precision(rankings, relevant, junk, mode="trapezoid")
     assert got == pytest.approx(want, abs=1e-14)
 
@@ -168,7 +178,8 @@ def test_trapezoid_equals_oxford_compute_ap(seed):
 def test_trapezoid_hand_made():
     # hits at ranks 1 and 3 of 2 relevant: 1/2 * (1 + 1)/2 + 1/2 * (1/2 + 2/3)/2
     assert average_precision([1, 5, 2], [1, 2], mode="trapezoid") == pytest.approx(
-        0.5 + 0.5 * (0.5 + 2 / 3) / 2)
+        0.5 + 0.5 * (0.5 + 2 / 3) / 2
+    )
     assert oxford_compute_ap([1, 2], [], [1, 5, 2]) == pytest.approx(0.5 + 0.5 * (0.5 + 2 / 3) / 2)
 
 
@@ -177,8 +188,12 @@ def test_map_of_a_tied_search(tied):
     queries, database = tied
     _, indices = search(queries, database, 20)
     _, ref = brute_force_topk(queries, database, 20)
-    relevant = [np.flatnonzero((database == q).all(axis=1)) if (database == q).all(axis=1).any()
-                else np.array([0, 25]) for q in queries]
+    relevant = [
+        np.flatnonzero((database == q).all(axis=1))
+        if (database == q).all(axis=1).any()
+        else np.array([0, 25])
+        for q in queries
+    ]
     want = np.mean([average_precision_loop(r, rel) for r, rel in zip(ref, relevant, strict=True)])
     assert mean_average_precision(indices, relevant) == pytest.approx(want, abs=1e-14)
 
@@ -205,7 +220,8 @@ def test_precision_recall_at_k_random():
             ps.append(hits / k)
             rs.append(hits / len(set(rel)))
         assert precision_recall_at_k(rankings, relevant, k, junk) == pytest.approx(
-            (np.mean(ps), np.mean(rs)))
+            (np.mean(ps), np.mean(rs))
+        )
 
 
 def test_evaluation_bad_input():
@@ -232,10 +248,15 @@ def test_demo_linear_slem_beats_raw_features(tmp_path):
 
     from slem_dask.pipeline import demo_job
 
-    with LocalCluster(n_workers=1, threads_per_worker=2, processes=False,
-                      dashboard_address=":0") as cluster, Client(cluster) as client:
-        rows, reports = demo_job(client, workdir=str(tmp_path / "demo"), n_negatives=3000,
-                                 n_instances=100, d=32)
+    with (
+        LocalCluster(
+            n_workers=1, threads_per_worker=2, processes=False, dashboard_address=":0"
+        ) as cluster,
+        Client(cluster) as client,
+    ):
+        rows, reports = demo_job(
+            client, workdir=str(tmp_path / "demo"), n_negatives=3000, n_instances=100, d=32
+        )
     by_method = {row["method"]: row for row in rows}
     assert set(by_method) >= {"raw features", "linear SLEM"}
     raw, slem = by_method["raw features"]["mAP"], by_method["linear SLEM"]["mAP"]
@@ -246,6 +267,7 @@ def test_demo_linear_slem_beats_raw_features(tmp_path):
 
 # -- ground truth as any per-query collection; mappings refused -------------------
 
+
 @pytest.mark.parametrize("kind", [list, tuple, set, frozenset, np.array, range])
 def test_ground_truth_collections(kind):
     indices = np.array([[3, 1, 0, 2], [2, 0, 1, 3]])
@@ -255,13 +277,15 @@ def test_ground_truth_collections(kind):
         relevant, junk = [range(1, 3), range(2, 3)], [range(3, 4), range(0)]
     else:
         relevant = [kind(r) for r in as_lists]
-        junk = [kind(j) if kind is not np.array else np.array(j, dtype=np.int64)
-                for j in junk_lists]
+        junk = [
+            kind(j) if kind is not np.array else np.array(j, dtype=np.int64) for j in junk_lists
+        ]
     want = mean_average_precision(indices, as_lists, junk=junk_lists)
     assert want == pytest.approx(np.mean([(1 / 1 + 2 / 3) / 2, 1.0]))
     assert mean_average_precision(indices, relevant, junk=junk) == want
-    assert precision_recall_at_k(indices, relevant, 2, junk=junk) == \
-        precision_recall_at_k(indices, as_lists, 2, junk=junk_lists)
+    assert precision_recall_at_k(indices, relevant, 2, junk=junk) == precision_recall_at_k(
+        indices, as_lists, 2, junk=junk_lists
+    )
 
 
 def test_ground_truth_mapping_refused():
@@ -284,6 +308,7 @@ def test_ground_truth_mapping_refused():
 
 
 # -- search: caller's world, NaN rows, bounded memory ------------------------------
+
 
 def test_search_nan_rows_named():
     rng = np.random.default_rng(0)
@@ -363,10 +388,14 @@ def test_merge_topk_drops_and_restores_padding(tied):
     k = 30
     parts = []
     for lo in range(0, len(database), 7):  # 7-row blocks: each padded to k
-        s, i = block_topk(queries @ database[lo:lo + 7].T, lo, k)
+        s, i = block_topk(queries @ database[lo : lo + 7].T, lo, k)
         pad = k - s.shape[1]
-        parts.append((np.hstack([s, np.full((len(s), pad), -np.inf)]),
-                      np.hstack([i, np.full((len(i), pad), -1)])))
+        parts.append(
+            (
+                np.hstack([s, np.full((len(s), pad), -np.inf)]),
+                np.hstack([i, np.full((len(i), pad), -1)]),
+            )
+        )
     ref_scores, ref_indices = brute_force_topk(queries, database, k)
     scores, indices = merge_topk(parts, k)
     np.testing.assert_array_equal(indices, ref_indices)
@@ -375,8 +404,9 @@ def test_merge_topk_drops_and_restores_padding(tied):
     assert short_scores.shape == short_indices.shape == (len(queries), k)
     np.testing.assert_array_equal(short_indices[:, 14:], -1)
     assert np.isneginf(short_scores[:, 14:]).all()
-    np.testing.assert_array_equal(short_indices[:, :14],
-                                  brute_force_topk(queries, database[:14], 14)[1])
+    np.testing.assert_array_equal(
+        short_indices[:, :14], brute_force_topk(queries, database[:14], 14)[1]
+    )
 
 
 def test_merge_topk_orders_ties_across_lists_by_index():
@@ -384,8 +414,10 @@ def test_merge_topk_orders_ties_across_lists_by_index():
     # between them is out of index order: the merge must still sort it
     from slem_dask.core.ranking import merge_topk
 
-    parts = [(np.array([[5.0, 4.0]]), np.array([[10, 11]])),
-             (np.array([[4.0, 1.0]]), np.array([[3, 4]]))]
+    parts = [
+        (np.array([[5.0, 4.0]]), np.array([[10, 11]])),
+        (np.array([[4.0, 1.0]]), np.array([[3, 4]])),
+    ]
     scores, indices = merge_topk(parts, 3)
     np.testing.assert_array_equal(indices, [[10, 3, 11]])
     np.testing.assert_array_equal(scores, [[5.0, 4.0, 4.0]])

@@ -30,7 +30,7 @@ from . import jobs
 from .server import SimFault
 
 KEEP = versions.KEEP_VERSIONS
-PREFIX = jobs.STORE[len("sim://"):]  # the store's full key
+PREFIX = jobs.STORE[len("sim://") :]  # the store's full key
 LEASE = PREFIX.rsplit("/", 1)[0] + "/." + PREFIX.rsplit("/", 1)[1] + ".slem-dask-lease"
 COMMITS = f"{PREFIX}/commits/"
 VERSIONS = f"{PREFIX}/versions/"
@@ -57,7 +57,7 @@ def records(server) -> dict:
         _PARSED.clear()
         _NODES.clear()
     for key in server.under(COMMITS[:-1]):
-        name = key[len(COMMITS):]
+        name = key[len(COMMITS) :]
         if "/" in name or not name.endswith(".json") or not name[:-5].isdigit():
             continue
         data = server.objects[key]
@@ -99,7 +99,7 @@ def _delete_problem(server, key: str, actor: str) -> str | None:
     if key.startswith(COMMITS):
         return f"{actor} deleted the commit record {key!r}"
     if key.startswith(VERSIONS):
-        name = key[len(VERSIONS):].split("/", 1)[0]
+        name = key[len(VERSIONS) :].split("/", 1)[0]
         folder = name.removesuffix(versions.MARKER)
         recs = records(server)
         seq = kept(recs).get(folder)
@@ -107,13 +107,19 @@ def _delete_problem(server, key: str, actor: str) -> str | None:
             own = ""
             if recs[seq].job.startswith(f"{actor} "):
                 sent = [fault for k, fault in _creates(actor) if k.endswith(f"{seq:08d}.json")]
-                own = (f": its own commit (its create of the record met "
-                       f"{', '.join(f or 'no fault' for f in sent)})")
-            return (f"{actor} deleted {key!r} of version {seq} ({folder}), which the keep "
-                    f"rule keeps (the last {KEEP - 1} versions){own}")
+                own = (
+                    f": its own commit (its create of the record met "
+                    f"{', '.join(f or 'no fault' for f in sent)})"
+                )
+            return (
+                f"{actor} deleted {key!r} of version {seq} ({folder}), which the keep "
+                f"rule keeps (the last {KEEP - 1} versions){own}"
+            )
         if name == folder and not _slem_dasks(server, folder, recs):
-            return (f"{actor} deleted {key!r} from a folder without slem-dask's marker, "
-                    f"fate file or commit record")
+            return (
+                f"{actor} deleted {key!r} from a folder without slem-dask's marker, "
+                f"fate file or commit record"
+            )
     return None
 
 
@@ -122,9 +128,11 @@ def _slem_dasks(server, folder: str, recs: dict) -> bool:
     file was written (``server.writers`` remembers every key ever written: a job that
     saw the proof may delete after another job removed it), or a commit record names
     it (a pruned version)."""
-    return (f"{VERSIONS}{folder}{versions.MARKER}" in server.writers
-            or f"{FATES}{folder}" in server.writers
-            or any(c.version == folder for c in recs.values()))
+    return (
+        f"{VERSIONS}{folder}{versions.MARKER}" in server.writers
+        or f"{FATES}{folder}" in server.writers
+        or any(c.version == folder for c in recs.values())
+    )
 
 
 def _creates(actor: str) -> list:
@@ -154,7 +162,7 @@ def node_problem(server, commit) -> str | None:
 
 def version_folders(server) -> set:
     """The names directly under ``versions/``: folders and markers."""
-    return {k[len(VERSIONS):].split("/", 1)[0] for k in server.under(VERSIONS[:-1])}
+    return {k[len(VERSIONS) :].split("/", 1)[0] for k in server.under(VERSIONS[:-1])}
 
 
 def check_state(world, running_writers: int = 0, bound: bool = False) -> None:
@@ -183,18 +191,28 @@ def _check_drafts(world, running_writers: int, recs: dict) -> None:
     record: they wait for the next commit)."""
     server = world.server
     named = {c.version for c in recs.values()}
-    drafts = {f for f in versions.VersionedStore.listed_versions(list(version_folders(server)))
-              if f not in named}
+    drafts = {
+        f
+        for f in versions.VersionedStore.listed_versions(list(version_folders(server)))
+        if f not in named
+    }
     since = getattr(world, "collected_from", -1)
-    left = sum(1 for a in world.actors if getattr(a, "kind", None) in ("writer", "rollback")
-               and a.done
-               and a.outcome[0] != "ok" and getattr(a, "ended_at", -1) >= since)
+    left = sum(
+        1
+        for a in world.actors
+        if getattr(a, "kind", None) in ("writer", "rollback")
+        and a.done
+        and a.outcome[0] != "ok"
+        and getattr(a, "ended_at", -1) >= since
+    )
     claimed = {f for f in drafts if server.objects.get(f"{FATES}{f}") == gc.COMMIT.encode()}
     if len(drafts - claimed) > running_writers + left:
-        raise Violation(f"{len(drafts - claimed)} uncommitted draft(s) under the store, more "
-                        f"than one per running writer ({running_writers}) and one per writer "
-                        f"that ended without committing since the last collection under the "
-                        f"lease began ({left}): {sorted(drafts - claimed)}")
+        raise Violation(
+            f"{len(drafts - claimed)} uncommitted draft(s) under the store, more "
+            f"than one per running writer ({running_writers}) and one per writer "
+            f"that ended without committing since the last collection under the "
+            f"lease began ({left}): {sorted(drafts - claimed)}"
+        )
 
 
 @contextlib.contextmanager
@@ -226,14 +244,24 @@ def check_bound(world) -> None:
     keep = {recs[s].version for s in recs if s > last - KEEP}
     extra = set(versions.VersionedStore.listed_versions(list(version_folders(server)))) - keep
     if extra:
-        raise Violation(f"after a job committed alone, the store holds {len(extra)} version "
-                        f"folder(s) besides its {KEEP} kept versions: {sorted(extra)}")
+        raise Violation(
+            f"after a job committed alone, the store holds {len(extra)} version "
+            f"folder(s) besides its {KEEP} kept versions: {sorted(extra)}"
+        )
 
 
 #: the kinds of line a job may end with (the CLI prints the message)
-EXPECTED = (SimFault, versions.CommitConflictError, versions.CommitUnknownError,
-            gc.DraftFencedError, versions.VersionError,
-            LeaseHeldError, LeaseLostError, DamagedStoreError, StorageConfigError)
+EXPECTED = (
+    SimFault,
+    versions.CommitConflictError,
+    versions.CommitUnknownError,
+    gc.DraftFencedError,
+    versions.VersionError,
+    LeaseHeldError,
+    LeaseLostError,
+    DamagedStoreError,
+    StorageConfigError,
+)
 
 
 def note_end(world, actor) -> None:
@@ -242,7 +270,8 @@ def note_end(world, actor) -> None:
     job = getattr(actor, "job", None)
     if job:
         actor.committed_at_end = next(
-            (s for s, c in records(world.server).items() if c.job == job), None)
+            (s for s, c in records(world.server).items() if c.job == job), None
+        )
 
 
 def check_outcome(world, actor, job: str | None = None) -> None:
@@ -252,8 +281,9 @@ def check_outcome(world, actor, job: str | None = None) -> None:
         seq, version, _ = value
         record = records(world.server).get(seq)
         if record is None or record.version != version:
-            raise Violation(f"{actor.name} read version {seq} as {version}, which no "
-                            f"commit record names")
+            raise Violation(
+                f"{actor.name} read version {seq} as {version}, which no commit record names"
+            )
     if state != "error":
         return
     exc = value
@@ -266,19 +296,28 @@ def check_outcome(world, actor, job: str | None = None) -> None:
         tb = "".join(traceback.format_exception(exc))
         raise Violation(f"{actor.name} ended with an unexpected {type(exc).__name__}:\n{tb}")
     if isinstance(exc, LeaseHeldError) and getattr(exc, "lease_was", 0) is None:
-        raise Violation(f"{actor.name} said the store is being written by another job, but "
-                        f"the lease was free (released while it watched): {exc}")
+        raise Violation(
+            f"{actor.name} said the store is being written by another job, but "
+            f"the lease was free (released while it watched): {exc}"
+        )
     text = str(exc)
     if not text or "\n" in text:
         raise Violation(f"{actor.name} ended with a message that is not one line: {text!r}")
-    if job and getattr(actor, "committed_at_end", None) \
-            and not isinstance(exc, versions.CommitUnknownError):  # true either way
-        raise Violation(f"{actor.name} ended with {type(exc).__name__} ({text}) though its "
-                        f"commit of version {actor.committed_at_end} was recorded: its "
-                        f"version is what readers see")
+    if (
+        job
+        and getattr(actor, "committed_at_end", None)
+        and not isinstance(exc, versions.CommitUnknownError)
+    ):  # true either way
+        raise Violation(
+            f"{actor.name} ended with {type(exc).__name__} ({text}) though its "
+            f"commit of version {actor.committed_at_end} was recorded: its "
+            f"version is what readers see"
+        )
     if isinstance(exc, versions.CommitConflictError) and job:
         seq = int(text.split("version ", 1)[1].split(" ", 1)[0])
         winner = records(world.server).get(seq)
         if winner is not None and winner.job == job:
-            raise Violation(f"{actor.name} reported version {seq} as committed by another "
-                            f"job, but the record is its own ({job}): {text}")
+            raise Violation(
+                f"{actor.name} reported version {seq} as committed by another "
+                f"job, but the record is its own ({job}): {text}"
+            )

@@ -50,9 +50,15 @@ def chunk(content: str, i: int) -> bytes:
 
 @functools.lru_cache(maxsize=4096)
 def node(content: str, n: int, complete: bool) -> bytes:
-    return json.dumps({"content": content, "n": n, "complete": complete,
-                       "chunks": [sha(chunk(content, i)) for i in range(n)]},
-                      sort_keys=True).encode()
+    return json.dumps(
+        {
+            "content": content,
+            "n": n,
+            "complete": complete,
+            "chunks": [sha(chunk(content, i)) for i in range(n)],
+        },
+        sort_keys=True,
+    ).encode()
 
 
 def head_content(store: versions.VersionedStore, head) -> dict | None:
@@ -91,8 +97,10 @@ def _write(store, draft, content, todo, fenced_check=False):
     b, folder = store.backend, f"versions/{draft.version}"
     for i in todo:
         if fenced_check and not b.exists(f"{folder}/zarr.json"):
-            raise gc.DraftFencedError(f"{STORE}: this job's draft was deleted by another "
-                                      f"slem-dask job; chunk {i} was not written")
+            raise gc.DraftFencedError(
+                f"{STORE}: this job's draft was deleted by another "
+                f"slem-dask job; chunk {i} was not written"
+            )
         b.put(f"{folder}/c/{i}", chunk(content, i))
 
 
@@ -106,8 +114,10 @@ def _check_and_commit(store, draft, content, n, lease, job):
         if b.read(f"{folder}/c/{i}") != chunk(content, i):
             if gc.was_fenced(store, draft.version):
                 raise gc.DraftFencedError(gc.fenced_message(store, draft.version))
-            raise DamagedStoreError(f"{STORE}: chunk {i} of {draft.version} cannot be read "
-                                    f"back; nothing was committed: run the job again")
+            raise DamagedStoreError(
+                f"{STORE}: chunk {i} of {draft.version} cannot be read "
+                f"back; nothing was committed: run the job again"
+            )
     b.put(f"{folder}/zarr.json", node(content, n, True))
     return store.commit(draft, "sim", job)
 
@@ -122,7 +132,8 @@ def _lease(job: str, leased: bool) -> Lease | None:
         return lease.acquire()
     except LeaseHeldError as exc:
         exc.lease_was = world.WORLD.server.objects.get(
-            lease._backend._full(lease._key))  # the harness looks, no request
+            lease._backend._full(lease._key)
+        )  # the harness looks, no request
         raise
 
 
@@ -136,8 +147,10 @@ def _up_to_date(content: str) -> bool:
     meta = head_content(store, head)
     if meta["content"] != content or not meta["complete"]:
         return False
-    return all(store.backend.read(f"versions/{head.version}/c/{i}") == chunk(content, i)
-               for i in range(meta["n"]))
+    return all(
+        store.backend.read(f"versions/{head.version}/c/{i}") == chunk(content, i)
+        for i in range(meta["n"])
+    )
 
 
 def writer_encode(content: str, n: int, job: str, leased: bool = True):
@@ -209,8 +222,10 @@ def reader():
     floor = _committed_head()
     _, store, commit = versions.resolve(STORE)
     if (commit.seq if commit else 0) < floor:  # the head hint is a lower bound, no more
-        raise TornRead(f"read version {commit.seq if commit else None} though version "
-                       f"{floor} was committed before the read began")
+        raise TornRead(
+            f"read version {commit.seq if commit else None} though version "
+            f"{floor} was committed before the read began"
+        )
     if commit is None:
         return None
     meta = json.loads(store.check(commit))
@@ -221,17 +236,18 @@ def reader():
         if data is None:
             raise MissingChunk(f"{STORE}: chunk {i} of version {commit.seq} is missing")
         if sha(data) != meta["chunks"][i] or data != chunk(meta["content"], i):
-            raise TornRead(f"chunk {i} read from version {commit.seq} ({commit.version}) "
-                           f"is not that version's: {data[:30]!r}")
+            raise TornRead(
+                f"chunk {i} read from version {commit.seq} ({commit.version}) "
+                f"is not that version's: {data[:30]!r}"
+            )
     return commit.seq, commit.version, meta["content"]
 
 
 def _committed_head() -> int:
     """The newest commit record on the server now (the harness looks: no request)."""
-    folder = STORE[len("sim://"):] + "/commits/"
-    names = [k[len(folder):] for k in world.WORLD.server.under(folder[:-1])]
-    return max((int(n[:-5]) for n in names if n.endswith(".json") and n[:-5].isdigit()),
-               default=0)
+    folder = STORE[len("sim://") :] + "/commits/"
+    names = [k[len(folder) :] for k in world.WORLD.server.under(folder[:-1])]
+    return max((int(n[:-5]) for n in names if n.endswith(".json") and n[:-5].isdigit()), default=0)
 
 
 def verify():
@@ -248,16 +264,19 @@ def verify():
         for i in range(meta["n"]):
             data = store.backend.read(f"versions/{head.version}/c/{i}")
             if data is None or sha(data) != meta["chunks"][i]:
-                raise MissingChunk(f"{STORE}: chunk {i} of version {head.seq} is "
-                                   f"{'missing' if data is None else 'corrupt'}")
+                raise MissingChunk(
+                    f"{STORE}: chunk {i} of version {head.seq} is "
+                    f"{'missing' if data is None else 'corrupt'}"
+                )
     except (versions.VersionError, MissingChunk) as exc:
         from . import checks
 
         server = world.WORLD.server
         recs = checks.records(server)
         if head.version in checks.kept(recs) and checks.node_problem(server, head) is None:
-            raise TornRead(f"verify reported {exc} while version {head.seq} is kept and "
-                           f"whole") from None
+            raise TornRead(
+                f"verify reported {exc} while version {head.seq} is kept and whole"
+            ) from None
         return [str(exc)]
     return []
 

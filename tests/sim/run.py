@@ -31,14 +31,26 @@ MODES = {
     "crash": Faults(crash=0.02, delay=0.01),
     # a server that ignores If-None-Match (issue 30, item 8)
     "no_conditional": Faults(delay=0.02, ignore_conditional=True),
-    "all": Faults(lost_request=0.01, unavailable=0.01, lost_reply=0.01, twice=0.01,
-                  late=0.01, delay=0.01, crash=0.01),
+    "all": Faults(
+        lost_request=0.01,
+        unavailable=0.01,
+        lost_reply=0.01,
+        twice=0.01,
+        late=0.01,
+        delay=0.01,
+        crash=0.01,
+    ),
 }
 
 WRITERS = {"encode": jobs.writer_encode, "group": jobs.writer_group}
-USER_OBJECTS = ("bucket/data/notes.txt", "bucket/data/P.zarr.backup/zarr.json",
-                "bucket/data/P.zarr/README.md", "bucket/other/x.zarr/zarr.json",
-                "bucket/data/P.zarr/versions/README.md", "bucket/data/P.zarr/commits/notes.txt")
+USER_OBJECTS = (
+    "bucket/data/notes.txt",
+    "bucket/data/P.zarr.backup/zarr.json",
+    "bucket/data/P.zarr/README.md",
+    "bucket/other/x.zarr/zarr.json",
+    "bucket/data/P.zarr/versions/README.md",
+    "bucket/data/P.zarr/commits/notes.txt",
+)
 
 
 class SeedFailed(AssertionError):
@@ -57,8 +69,16 @@ def _history(world: World, n: int) -> None:
                 server.write(f"{checks.VERSIONS}{version}/c/{i}", jobs.chunk(f"H{seq}", i))
             server.write(f"{checks.VERSIONS}{version}/zarr.json", data)
             server.write(f"{checks.VERSIONS}{version}{versions.MARKER}", b"{}")
-        record = versions.Commit(seq, version, "sim", f"history {seq}", "history",
-                                 versions._checksum(data), "2026-01-01T00:00:00Z", {})
+        record = versions.Commit(
+            seq,
+            version,
+            "sim",
+            f"history {seq}",
+            "history",
+            versions._checksum(data),
+            "2026-01-01T00:00:00Z",
+            {},
+        )
         server.write(f"{checks.COMMITS}{seq:08d}.json", record.to_json())
     _hint(world, n)
 
@@ -69,8 +89,11 @@ def _hint(world: World, n: int) -> None:
     deleted and written again): a hint that is wrong in any way must cost requests,
     never a wrong head."""
     choice = world.rng.choice(["head", "stale", "missing", "garbage", "past"])
-    seq = {"head": n, "stale": world.rng.randint(1, max(1, n)), "past": n + world.rng.randint(1, 9)
-           }.get(choice)
+    seq = {
+        "head": n,
+        "stale": world.rng.randint(1, max(1, n)),
+        "past": n + world.rng.randint(1, 9),
+    }.get(choice)
     if choice == "garbage":
         world.server.write(f"{checks.COMMITS}.head", b"{not json")
     elif seq and (n or choice == "past"):
@@ -101,8 +124,9 @@ def _plan(world: World, rollback: bool, gc: bool) -> list:
 
         def command(run, flavour=flavour, content=content, n=n, leased=leased, i=i):
             job = f"writer{i} run {run}"
-            return job, lambda: WRITERS[flavour](content, n, job, leased=leased and run == 0
-                                                 or run > 0)
+            return job, lambda: WRITERS[flavour](
+                content, n, job, leased=leased and run == 0 or run > 0
+            )
 
         plan.append((f"writer{i}", "writer", command, content))
     for i in range(rng.randint(1, 2)):
@@ -113,13 +137,21 @@ def _plan(world: World, rollback: bool, gc: bool) -> list:
         plan.append(("gc", "gc", lambda run: (None, jobs.collect_garbage), None))
     if rollback and rng.random() < 0.5:
         seq = rng.randint(1, 5)
-        plan.append((f"rollback{seq}", "rollback", lambda run: (None, lambda: jobs.rollback(seq)),
-                     seq))
+        plan.append(
+            (f"rollback{seq}", "rollback", lambda run: (None, lambda: jobs.rollback(seq)), seq)
+        )
     return plan
 
 
-def run_seed(seed: int, mode: str, bound: bool = False, rollback: bool = True,
-             gc: bool = True, trace: bool = False, user_draft: bool = False) -> World:
+def run_seed(
+    seed: int,
+    mode: str,
+    bound: bool = False,
+    rollback: bool = True,
+    gc: bool = True,
+    trace: bool = False,
+    user_draft: bool = False,
+) -> World:
     """Run one seed; raise SeedFailed (naming the seed and how to replay it) if an
     invariant breaks."""
     world = World(seed, MODES[mode])
@@ -128,17 +160,24 @@ def run_seed(seed: int, mode: str, bound: bool = False, rollback: bool = True,
         with simulated(world):
             if user_draft:  # a user's folder named like a draft (issue 30, item 5)
                 world.server.seed_user_object(
-                    "bucket/data/P.zarr/versions/00000001-notes/notes.txt")
+                    "bucket/data/P.zarr/versions/00000001-notes/notes.txt"
+                )
             with checks.watching_collections(world):
                 _run(world, bound, rollback, gc)
     except (checks.Violation, Livelock) as exc:
-        flags = "" + (" --bound" if bound else "") + ("" if rollback else " --no-rollback") \
-            + ("" if gc else " --no-gc") + (" --user-draft" if user_draft else "")
+        flags = (
+            ""
+            + (" --bound" if bound else "")
+            + ("" if rollback else " --no-rollback")
+            + ("" if gc else " --no-gc")
+            + (" --user-draft" if user_draft else "")
+        )
         failed = SeedFailed(
             f"seed {seed}, mode {mode}: {exc}\n  replay: SLEM_SIM_SEED={seed} "
             f"SLEM_SIM_MODE={mode} SLEM_SIM_FLAGS='{flags.strip()}' pytest "
             f"tests/system/test_protocol_simulation.py -k replay, or "
-            f"PYTHONPATH=.:tests python -m sim.run --mode {mode} --seed {seed}{flags}")
+            f"PYTHONPATH=.:tests python -m sim.run --mode {mode} --seed {seed}{flags}"
+        )
         failed.trace = world.trace
         raise failed from None
     return world
@@ -183,37 +222,44 @@ def _rerun(world: World, plan: list, bound: bool) -> None:
     succeed and leave its content as the head (one that succeeded: run again too); a
     reader then reads it; storage holds the kept versions, no more."""
     world.after_step = lambda w: checks.check_state(w, 1, bound)
-    failed = [name for name, kind, *_ in plan if kind == "writer"
-              and world_outcome(world, name) != "ok"]
+    failed = [
+        name for name, kind, *_ in plan if kind == "writer" and world_outcome(world, name) != "ok"
+    ]
     if not failed:  # all succeeded: one of them again (up to date, or a new version)
         failed = [world.rng.choice([name for name, kind, *_ in plan if kind == "writer"])]
     for name, kind, command, arg in plan:
         if kind == "writer" and name in failed:
             _, fn = command(1)
             actor = _calm(world, f"{name} again", fn)
-            if world.faults.ignore_conditional and actor.outcome[0] == "error" \
-                    and isinstance(actor.outcome[1], StorageConfigError):
+            if (
+                world.faults.ignore_conditional
+                and actor.outcome[0] == "error"
+                and isinstance(actor.outcome[1], StorageConfigError)
+            ):
                 checks.check_outcome(world, actor)
                 return  # a store without conditional writes refused, in one line: right
             if actor.outcome[0] != "ok":
-                raise checks.Violation(f"{name} run again (no faults) failed: "
-                                       f"{actor.outcome[1]!r}")
+                raise checks.Violation(f"{name} run again (no faults) failed: {actor.outcome[1]!r}")
             got = _calm(world, "reader after", jobs.reader).outcome
             if got[0] != "ok" or got[1] is None or got[1][2] != arg:
-                raise checks.Violation(f"after {name} ran again, a reader got {got!r}, "
-                                       f"not its content {arg}")
+                raise checks.Violation(
+                    f"after {name} ran again, a reader got {got!r}, not its content {arg}"
+                )
         elif kind == "rollback":
             actor = _calm(world, f"{name} again", lambda arg=arg: jobs.rollback(arg))
             checks.check_outcome(world, actor)
             if actor.outcome[0] == "error":
                 recs = checks.records(world.server)
                 if arg in recs and checks.node_problem(world.server, recs[arg]) is None:
-                    raise checks.Violation(f"{name} run again (no faults) failed, though "
-                                           f"version {arg} is whole: {actor.outcome[1]}")
+                    raise checks.Violation(
+                        f"{name} run again (no faults) failed, though "
+                        f"version {arg} is whole: {actor.outcome[1]}"
+                    )
     final = _calm(world, "last writer", lambda: jobs.writer_group("LAST", 1, "last writer"))
     if final.outcome[0] != "ok":
-        raise checks.Violation(f"a last writer, alone and without faults, failed: "
-                               f"{final.outcome[1]!r}")
+        raise checks.Violation(
+            f"a last writer, alone and without faults, failed: {final.outcome[1]!r}"
+        )
     checks.check_state(world, 0, False)
     if bound:
         checks.check_bound(world)
@@ -222,17 +268,29 @@ def _rerun(world: World, plan: list, bound: bool) -> None:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--mode", default="all", choices=sorted(MODES))
-    parser.add_argument("--seed", type=int, required=True,
-                        help="the seed (with --count: the first of the seeds run)")
-    parser.add_argument("--count", type=int, default=1,
-                        help="run this many seeds from --seed; trace the first that fails")
+    parser.add_argument(
+        "--seed",
+        type=int,
+        required=True,
+        help="the seed (with --count: the first of the seeds run)",
+    )
+    parser.add_argument(
+        "--count",
+        type=int,
+        default=1,
+        help="run this many seeds from --seed; trace the first that fails",
+    )
     parser.add_argument("--bound", action="store_true")
     parser.add_argument("--no-rollback", action="store_true")
     parser.add_argument("--no-gc", action="store_true")
     parser.add_argument("--user-draft", action="store_true")
     args = parser.parse_args(argv)
-    options = {"bound": args.bound, "rollback": not args.no_rollback,
-               "gc": not args.no_gc, "user_draft": args.user_draft}
+    options = {
+        "bound": args.bound,
+        "rollback": not args.no_rollback,
+        "gc": not args.no_gc,
+        "user_draft": args.user_draft,
+    }
     for seed in range(args.seed, args.seed + args.count - 1):  # the search, untraced
         try:
             run_seed(seed, args.mode, **options)
@@ -250,8 +308,10 @@ def main(argv=None) -> int:
     except Exception:  # noqa: BLE001
         traceback.print_exc()
         return 2
-    print(f"seed {args.seed}, mode {args.mode}: every invariant held"
-          + (f" (and the {args.count - 1} seeds before it)" if args.count > 1 else ""))
+    print(
+        f"seed {args.seed}, mode {args.mode}: every invariant held"
+        + (f" (and the {args.count - 1} seeds before it)" if args.count > 1 else "")
+    )
     return 0
 
 

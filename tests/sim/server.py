@@ -105,7 +105,7 @@ class SimBackend(Backend):
     def __init__(self, world, url: str):
         self.world = world
         self.root = url.rstrip("/")
-        self._prefix = url[len("sim://"):].strip("/")
+        self._prefix = url[len("sim://") :].strip("/")
 
     def __repr__(self):
         return f"SimBackend({self.root!r})"
@@ -128,8 +128,10 @@ class SimBackend(Backend):
         if fault == "delay":
             world.advance(world.rng.uniform(30, 400))
         elif fault in ("lost_request", "unavailable"):
-            raise SimFault(f"{self.root}/{key}: " + (
-                "503 SlowDown" if fault == "unavailable" else "connection lost (request)"))
+            raise SimFault(
+                f"{self.root}/{key}: "
+                + ("503 SlowDown" if fault == "unavailable" else "connection lost (request)")
+            )
         elif fault == "late":
             world.in_flight(apply)
             raise SimFault(f"{self.root}/{key}: read timeout (the request may still arrive)")
@@ -182,16 +184,21 @@ class SimBackend(Backend):
     def _names(self, prefix: str) -> list[str]:
         folder = self._full(prefix)
         folder = folder + "/" if folder else ""
-        return sorted({k[len(folder):].split("/", 1)[0] for k in self.server.objects
-                       if k.startswith(folder)})
+        return sorted(
+            {k[len(folder) :].split("/", 1)[0] for k in self.server.objects if k.startswith(folder)}
+        )
 
     def list(self, prefix: str) -> list[str]:
         return self._call("list", prefix, lambda: self._names(prefix), False)
 
     def exists(self, key: str) -> bool:
         full = self._full(key)
-        return self._call("exists", key, lambda: full in self.server.objects
-                          or bool(self.server.under(full)), False)
+        return self._call(
+            "exists",
+            key,
+            lambda: full in self.server.objects or bool(self.server.under(full)),
+            False,
+        )
 
     def delete(self, key: str) -> None:
         full, actor = self._full(key), self.world.actor_name()
@@ -200,20 +207,29 @@ class SimBackend(Backend):
     def remove_tree(self, prefix: str) -> None:
         """A listing, then one request per object (a crash may stop it part-way)."""
         full = self._full(prefix)
-        keys = self._call("list", prefix, lambda: self.server.under(full)
-                          + ([full] if full in self.server.objects else []), False)
+        keys = self._call(
+            "list",
+            prefix,
+            lambda: self.server.under(full) + ([full] if full in self.server.objects else []),
+            False,
+        )
         self.world.rng.shuffle(keys)
         actor = self.world.actor_name()
         for k in keys:
-            shown = k[len(self._prefix):].strip("/")
+            shown = k[len(self._prefix) :].strip("/")
             self._call("delete", shown, lambda k=k: self.server.remove(k, actor), True)
 
     def copy_tree(self, src: str, dst: str, names: list[str] | None = None) -> None:
         src_full, dst_full = self._full(src), self._full(dst)
         if names is None:
-            names = self._call("list", src, lambda: [k[len(src_full) + 1:] for k in
-                                                     self.server.under(src_full)], False)
+            names = self._call(
+                "list",
+                src,
+                lambda: [k[len(src_full) + 1 :] for k in self.server.under(src_full)],
+                False,
+            )
         for name in names:
+
             def apply(name=name):
                 data = self.server.objects.get(f"{src_full}/{name}")
                 if data is None:
@@ -230,5 +246,6 @@ class SimListingBackend(SimBackend):
     lists_from_a_name = True
 
     def list_after(self, prefix: str, start_after: str) -> list[str]:
-        return self._call("list_after", prefix, lambda: [
-            n for n in self._names(prefix) if n > start_after], False)
+        return self._call(
+            "list_after", prefix, lambda: [n for n in self._names(prefix) if n > start_after], False
+        )

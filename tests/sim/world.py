@@ -121,8 +121,12 @@ class World:
                 self.now = min(a.wake for a in live)
                 continue
             actor = self.rng.choice(ready)
-            crash = actor.dead or (self.chaos and actor.crashable and actor.wake_reason
-                                   and self.rng.random() < self.faults.crash)
+            crash = actor.dead or (
+                self.chaos
+                and actor.crashable
+                and actor.wake_reason
+                and self.rng.random() < self.faults.crash
+            )
             if crash:
                 self.note(f"{actor.process} killed before {actor.wake_reason}")
                 self.kill_process(actor.process)
@@ -157,7 +161,7 @@ class World:
                     pass
                 sender = item[2] if len(item) > 2 else None  # a test may queue its own
                 if sender is not None and sender.done:  # for storage, its job ran until now:
-                    sender.ended_at = self.step_no      # its draft counts as left from here
+                    sender.ended_at = self.step_no  # its draft counts as left from here
                 if force:
                     return
 
@@ -258,8 +262,9 @@ class SimThread:
     def start(self):
         owner = WORLD.current
         process = owner.process if owner else "harness"
-        self.actor = WORLD.spawn(f"{process}/{self.name}",
-                                 lambda: self.target(*self.args, **self.kwargs), process)
+        self.actor = WORLD.spawn(
+            f"{process}/{self.name}", lambda: self.target(*self.args, **self.kwargs), process
+        )
 
     def join(self, timeout=None):
         end = WORLD.now + (1e9 if timeout is None else timeout)
@@ -281,20 +286,25 @@ def _uuid4():
 def simulated(world: World):
     """Run the protocol code on ``world``: its storage, clock, threads and tokens."""
     global WORLD
-    saved = {(versions, "backend_for"): versions.backend_for,
-             (leases, "backend_for"): leases.backend_for,
-             (leases, "time"): leases.time, (leases, "threading"): leases.threading,
-             (leases, "host_identity"): leases.host_identity,
-             (leases, "_process_start"): leases._process_start,
-             (leases, "uuid"): leases.uuid, (versions, "uuid"): versions.uuid,
-             (versions, "threading"): versions.threading,
-             (versions, "time"): versions.time, (leases, "os"): leases.os,
-             (leases, "LEASE_TTL"): leases.LEASE_TTL,
-             (leases, "LEASE_HEARTBEAT"): leases.LEASE_HEARTBEAT,
-             (backend_module, "_PROBED"): backend_module._PROBED,
-             (backend_module, "_PROBE_LOCK"): backend_module._PROBE_LOCK,
-             (backend_module, "uuid"): backend_module.uuid,
-             (heads, "_HEAD_SEEN"): heads._HEAD_SEEN}
+    saved = {
+        (versions, "backend_for"): versions.backend_for,
+        (leases, "backend_for"): leases.backend_for,
+        (leases, "time"): leases.time,
+        (leases, "threading"): leases.threading,
+        (leases, "host_identity"): leases.host_identity,
+        (leases, "_process_start"): leases._process_start,
+        (leases, "uuid"): leases.uuid,
+        (versions, "uuid"): versions.uuid,
+        (versions, "threading"): versions.threading,
+        (versions, "time"): versions.time,
+        (leases, "os"): leases.os,
+        (leases, "LEASE_TTL"): leases.LEASE_TTL,
+        (leases, "LEASE_HEARTBEAT"): leases.LEASE_HEARTBEAT,
+        (backend_module, "_PROBED"): backend_module._PROBED,
+        (backend_module, "_PROBE_LOCK"): backend_module._PROBE_LOCK,
+        (backend_module, "uuid"): backend_module.uuid,
+        (heads, "_HEAD_SEEN"): heads._HEAD_SEEN,
+    }
     WORLD = world
 
     def backend_for(url):
@@ -307,31 +317,44 @@ def simulated(world: World):
     def clock(*_):  # records show the simulated time: a seed's run is the same bytes
         return _time.gmtime(world.now)
 
-    fake_time = types.SimpleNamespace(monotonic=world.monotonic, sleep=world.sleep,
-                                      time=world.monotonic, strftime=_time.strftime,
-                                      localtime=clock, gmtime=clock)
-    fake_os = types.SimpleNamespace(getpid=world.pid, kill=os.kill, readlink=os.readlink,
-                                    environ=os.environ)
-    patches = {(versions, "backend_for"): backend_for, (leases, "backend_for"): backend_for,
-               (leases, "time"): fake_time, (versions, "time"): fake_time,
-               (leases, "os"): fake_os,
-               (leases, "threading"): types.SimpleNamespace(Thread=SimThread, Event=SimEvent),
-               (versions, "threading"): types.SimpleNamespace(Thread=SimThread),
-               (leases, "host_identity"): lambda: {
-                   "host": WORLD.current.process if WORLD.current else "harness",
-                   "boot": "sim", "pid_ns": "sim"},
-               (leases, "_process_start"): lambda pid: "sim",
-               (leases, "uuid"): types.SimpleNamespace(uuid4=_uuid4),
-               (versions, "uuid"): types.SimpleNamespace(uuid4=_uuid4),
-               (leases, "LEASE_TTL"): 120.0, (leases, "LEASE_HEARTBEAT"): 30.0,
-               # each seed probes the bucket's conditional writes afresh (once per world)
-               (backend_module, "_PROBED"): set(),
-               # one OS thread: a greenlet that waits on a held threading.Lock deadlocks
-               (backend_module, "_PROBE_LOCK"): contextlib.nullcontext(),
-               (backend_module, "uuid"): types.SimpleNamespace(uuid4=_uuid4),
-               # the heads this process saw (a listing's starting point): none, per world,
-               # else a seed's calls depend on the seeds run before it
-               (heads, "_HEAD_SEEN"): {}}
+    fake_time = types.SimpleNamespace(
+        monotonic=world.monotonic,
+        sleep=world.sleep,
+        time=world.monotonic,
+        strftime=_time.strftime,
+        localtime=clock,
+        gmtime=clock,
+    )
+    fake_os = types.SimpleNamespace(
+        getpid=world.pid, kill=os.kill, readlink=os.readlink, environ=os.environ
+    )
+    patches = {
+        (versions, "backend_for"): backend_for,
+        (leases, "backend_for"): backend_for,
+        (leases, "time"): fake_time,
+        (versions, "time"): fake_time,
+        (leases, "os"): fake_os,
+        (leases, "threading"): types.SimpleNamespace(Thread=SimThread, Event=SimEvent),
+        (versions, "threading"): types.SimpleNamespace(Thread=SimThread),
+        (leases, "host_identity"): lambda: {
+            "host": WORLD.current.process if WORLD.current else "harness",
+            "boot": "sim",
+            "pid_ns": "sim",
+        },
+        (leases, "_process_start"): lambda pid: "sim",
+        (leases, "uuid"): types.SimpleNamespace(uuid4=_uuid4),
+        (versions, "uuid"): types.SimpleNamespace(uuid4=_uuid4),
+        (leases, "LEASE_TTL"): 120.0,
+        (leases, "LEASE_HEARTBEAT"): 30.0,
+        # each seed probes the bucket's conditional writes afresh (once per world)
+        (backend_module, "_PROBED"): set(),
+        # one OS thread: a greenlet that waits on a held threading.Lock deadlocks
+        (backend_module, "_PROBE_LOCK"): contextlib.nullcontext(),
+        (backend_module, "uuid"): types.SimpleNamespace(uuid4=_uuid4),
+        # the heads this process saw (a listing's starting point): none, per world,
+        # else a seed's calls depend on the seeds run before it
+        (heads, "_HEAD_SEEN"): {},
+    }
     for (module, name), value in patches.items():
         setattr(module, name, value)
     try:

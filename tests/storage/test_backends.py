@@ -51,10 +51,14 @@ def backend(request, tmp_path):
 
 # -- plain operations --------------------------------------------------------------------
 
+
 def test_backend_for_picks_the_backend_of_the_url(backend, request):
     kind = request.node.callspec.params["backend"]
-    expected = {"local": LocalBackend, "memory": FsspecBackend,
-                **{k: cls for k, (_, cls) in EMULATED.items()}}.get(kind, S3Backend)
+    expected = {
+        "local": LocalBackend,
+        "memory": FsspecBackend,
+        **{k: cls for k, (_, cls) in EMULATED.items()},
+    }.get(kind, S3Backend)
     assert type(backend) is expected
 
 
@@ -163,6 +167,7 @@ def test_a_backend_survives_pickling(backend):
 
 # -- racing creates ----------------------------------------------------------------------
 
+
 def _race_threads(backend, key, n):
     barrier = threading.Barrier(n)
     results = [None] * n
@@ -238,6 +243,7 @@ def test_racing_creates_from_processes_make_one_winner(backend, request):
 
 # -- S3: create's handling of 409 and of a 412 after a resend (a stub client) ------------
 
+
 class _StubClient:
     def __init__(self, outcomes):
         self.outcomes, self.calls = list(outcomes), 0
@@ -254,9 +260,13 @@ class _StubClient:
 def _client_error(code, status, retries=0):
     from botocore.exceptions import ClientError
 
-    return ClientError({"Error": {"Code": code, "Message": code},
-                        "ResponseMetadata": {"HTTPStatusCode": status,
-                                             "RetryAttempts": retries}}, "PutObject")
+    return ClientError(
+        {
+            "Error": {"Code": code, "Message": code},
+            "ResponseMetadata": {"HTTPStatusCode": status, "RetryAttempts": retries},
+        },
+        "PutObject",
+    )
 
 
 @pytest.fixture
@@ -321,8 +331,9 @@ def test_precondition_is_read_from_the_botocore_error_not_from_any_oserror():
 
     from slem_dask.storage.s3 import _precondition_failed
 
-    translated = OSError(errno.EINVAL, "At least one of the pre-conditions you specified "
-                         "did not hold")
+    translated = OSError(
+        errno.EINVAL, "At least one of the pre-conditions you specified did not hold"
+    )
     translated.__cause__ = _client_error("PreconditionFailed", 412)
     assert _precondition_failed(translated)
     assert not _precondition_failed(OSError(errno.EINVAL, "Invalid argument"))
@@ -349,34 +360,51 @@ def test_the_endpoint_and_addressing_variables_are_honoured(seaweedfs_server, tm
     s = seaweedfs_server
     local = s.endpoint.replace("127.0.0.1", "localhost")
     path_style = '{"config_kwargs": {"s3": {"addressing_style": "path"}}}'
-    virtual = ('{"config_kwargs": {"s3": {"addressing_style": "virtual"}, '
-               '"retries": {"max_attempts": 1}}}')  # fail fast
+    virtual = (
+        '{"config_kwargs": {"s3": {"addressing_style": "virtual"}, '
+        '"retries": {"max_attempts": 1}}}'
+    )  # fail fast
     aws_config = tmp_path / "aws-config"
     aws_config.write_text("[default]\nregion = us-east-1\ns3 =\n    addressing_style = path\n")
     credentials = tmp_path / "credentials"
-    credentials.write_text(f"[slem]\naws_access_key_id = {s.key}\n"
-                           f"aws_secret_access_key = {s.secret}\n")
-    profile = {"AWS_PROFILE": "slem", "AWS_SHARED_CREDENTIALS_FILE": str(credentials),
-               "AWS_ACCESS_KEY_ID": None, "AWS_SECRET_ACCESS_KEY": None}
+    credentials.write_text(
+        f"[slem]\naws_access_key_id = {s.key}\naws_secret_access_key = {s.secret}\n"
+    )
+    profile = {
+        "AWS_PROFILE": "slem",
+        "AWS_SHARED_CREDENTIALS_FILE": str(credentials),
+        "AWS_ACCESS_KEY_ID": None,
+        "AWS_SECRET_ACCESS_KEY": None,
+    }
     cases = {  # name: (variables, whether the client reaches the bucket)
         "AWS_ENDPOINT_URL": ({"AWS_ENDPOINT_URL": s.endpoint}, True),
         "AWS_ENDPOINT_URL_S3": ({"AWS_ENDPOINT_URL_S3": s.endpoint}, True),
         "FSSPEC_S3_ENDPOINT_URL": ({"FSSPEC_S3_ENDPOINT_URL": s.endpoint}, True),
-        "FSSPEC_S3_KEY/SECRET": ({"FSSPEC_S3_ENDPOINT_URL": s.endpoint, "FSSPEC_S3_KEY": s.key,
-                                  "FSSPEC_S3_SECRET": s.secret, "AWS_ACCESS_KEY_ID": None,
-                                  "AWS_SECRET_ACCESS_KEY": None}, True),
+        "FSSPEC_S3_KEY/SECRET": (
+            {
+                "FSSPEC_S3_ENDPOINT_URL": s.endpoint,
+                "FSSPEC_S3_KEY": s.key,
+                "FSSPEC_S3_SECRET": s.secret,
+                "AWS_ACCESS_KEY_ID": None,
+                "AWS_SECRET_ACCESS_KEY": None,
+            },
+            True,
+        ),
         "AWS_PROFILE": ({"AWS_ENDPOINT_URL": s.endpoint, **profile}, True),
-        "wrong AWS_PROFILE": ({"AWS_ENDPOINT_URL": s.endpoint, **profile,
-                               "AWS_PROFILE": "other"}, False),
+        "wrong AWS_PROFILE": (
+            {"AWS_ENDPOINT_URL": s.endpoint, **profile, "AWS_PROFILE": "other"},
+            False,
+        ),
         # with a host name, the addressing style decides: bucket.localhost does not resolve
         "host name, default style": ({"AWS_ENDPOINT_URL": local}, True),
         "FSSPEC_S3 path": ({"AWS_ENDPOINT_URL": local, "FSSPEC_S3": path_style}, True),
         "FSSPEC_S3 virtual": ({"AWS_ENDPOINT_URL": local, "FSSPEC_S3": virtual}, False),
-        "AWS_CONFIG_FILE path": ({"AWS_ENDPOINT_URL": local,
-                                  "AWS_CONFIG_FILE": str(aws_config)}, True),
+        "AWS_CONFIG_FILE path": (
+            {"AWS_ENDPOINT_URL": local, "AWS_CONFIG_FILE": str(aws_config)},
+            True,
+        ),
     }
-    base = {k: v for k, v in os.environ.items()
-            if not k.startswith(("AWS_", "FSSPEC_"))} | s.env()
+    base = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "FSSPEC_"))} | s.env()
     del base["AWS_ENDPOINT_URL"]
     url = f"s3://{s.bucket}/{uuid.uuid4().hex}"
     procs = {}
@@ -384,8 +412,12 @@ def test_the_endpoint_and_addressing_variables_are_honoured(seaweedfs_server, tm
         env = {**base, **variables}
         env = {k: v for k, v in env.items() if v is not None}
         procs[name] = subprocess.Popen(
-            [sys.executable, "-c", _CLIENT, url], env=env, text=True,
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+            [sys.executable, "-c", _CLIENT, url],
+            env=env,
+            text=True,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+        )
     outcomes = {}
     for name, proc in procs.items():
         out, _ = proc.communicate(timeout=120)

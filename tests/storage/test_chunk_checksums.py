@@ -36,8 +36,10 @@ def test_a_search_result_chunk_from_another_version_fails_read_and_verify(tmp_pa
     db = zarr_rows(tmp_path / "db.zarr", rng.standard_normal((50, 4)).astype("float32"))
     out = tmp_path / "hits.zarr"
     for seed in (2, 3):  # two searches of other queries: two versions of one shape
-        queries = zarr_rows(tmp_path / f"q{seed}.zarr",
-                            np.random.default_rng(seed).standard_normal((20, 4)).astype("float32"))
+        queries = zarr_rows(
+            tmp_path / f"q{seed}.zarr",
+            np.random.default_rng(seed).standard_normal((20, 4)).astype("float32"),
+        )
         search_job(None, queries, db, str(out), k=5, overwrite=True)
     assert storage.verify(str(out))[1] == []
     _swap(out, "indices/c/0/0")
@@ -52,8 +54,11 @@ def test_a_model_chunk_from_another_version_fails_load_and_verify(tmp_path, caps
     for lam in (0.1, 0.2):
         LinearSLEM(lam=lam).fit(X).save(path, overwrite=True)
     _swap(path, "precision/c/0/0")
-    with pytest.raises(ValueError, match=r"fingerprint \(chunk 'precision/c/0/0' is not "
-                                         r"the chunk that was written"):
+    with pytest.raises(
+        ValueError,
+        match=r"fingerprint \(chunk 'precision/c/0/0' is not "
+        r"the chunk that was written",
+    ):
         load_model(path)
     _verify_fails(path, capsys, "precision/c/0/0")
 
@@ -61,8 +66,11 @@ def test_a_model_chunk_from_another_version_fails_load_and_verify(tmp_path, caps
 def test_a_corpus_chunk_from_another_version_fails_read_and_verify(tmp_path, capsys):
     path = tmp_path / "corpus.zarr"
     for seed in (1, 2):
-        write_corpus(make_corpus(n_negatives=80, n_instances=6, group_size=2, d=6,
-                                 seed=seed), str(path), chunk_rows=20)
+        write_corpus(
+            make_corpus(n_negatives=80, n_instances=6, group_size=2, d=6, seed=seed),
+            str(path),
+            chunk_rows=20,
+        )
     assert storage.verify(str(path))[1] == []
     _swap(path, "negatives/c/1/0")
     with pytest.raises(storage.CorruptChunkError, match=r"c/1/0.*not the chunk"):

@@ -18,6 +18,7 @@ from helpers import ROOT, TESTS, encode_corpus
 
 def _killed_encode(corpus, out, monkeypatch, positives=None, **kw):
     """An encode killed after its workers wrote, before its commit (its draft stays)."""
+
     def killed(*args, **kwargs):
         raise KeyboardInterrupt
 
@@ -47,9 +48,11 @@ class Counting:
     def __getattr__(self, name):
         attr = getattr(self._inner, name)
         if name in self.WRITES:
+
             def counted(*args, **kwargs):
                 self._log.append((name, self._inner.root, args[:1]))
                 return attr(*args, **kwargs)
+
             return counted
         return attr
 
@@ -138,8 +141,9 @@ def test_without_the_lease_only_drafts_of_committed_numbers_are_dead(tmp_path):
     # kept for good) proves it slem-dask's: deleted. A folder with neither is never
     # deleted (issue 30, item 5: it is not taken for a draft)
     assert (Path(store.path.location) / "fates" / loser.version).read_text() == "dead"
-    assert _folders(store.path.location) == sorted([first.version, running.version,
-                                                    users.name, "notes"])
+    assert _folders(store.path.location) == sorted(
+        [first.version, running.version, users.name, "notes"]
+    )
     assert store.commit(running, "model", "two").seq == 2
 
 
@@ -153,14 +157,14 @@ def test_an_up_to_date_encode_writes_nothing(corpus, writes):
     assert writes == [] and _tree(corpus["dir"]) == before
 
 
-@pytest.mark.parametrize("kernel", [{}, {"kernel": "rbf", "gamma": 0.2, "rank": 6}],
-                         ids=["linear", "kernel"])
+@pytest.mark.parametrize(
+    "kernel", [{}, {"kernel": "rbf", "gamma": 0.2, "rank": 6}], ids=["linear", "kernel"]
+)
 def test_an_up_to_date_fit_update_writes_nothing(corpus, writes, kernel):
     model = str(corpus["dir"] / "fitted.zarr")
     pipeline.fit_job(None, corpus["negatives"], model, lam=0.1, **kernel)
     before, writes[:] = _tree(corpus["dir"]), []
-    report = pipeline.fit_job(None, corpus["negatives"], model, lam=0.1, update=True,
-                              **kernel)
+    report = pipeline.fit_job(None, corpus["negatives"], model, lam=0.1, update=True, **kernel)
     assert report.facts["action"] == "up to date"
     assert writes == [] and _tree(corpus["dir"]) == before
 
@@ -198,8 +202,7 @@ def _fenced_midway(corpus, out, monkeypatch, take_over):
     return err.value
 
 
-def test_a_job_whose_draft_a_winner_deleted_says_who_and_never_regrows_it(corpus,
-                                                                         monkeypatch):
+def test_a_job_whose_draft_a_winner_deleted_says_who_and_never_regrows_it(corpus, monkeypatch):
     out = corpus["dir"] / "out.zarr"
 
     def commit_other(store):  # job B committed version 1, deleting A's dead draft
@@ -216,8 +219,12 @@ def test_a_job_whose_draft_was_condemned_says_it_was_fenced(corpus, monkeypatch)
     from slem_dask.storage import gc  # new in this change
 
     out = corpus["dir"] / "out.zarr"
-    error = _fenced_midway(corpus, out, monkeypatch, lambda store: gc.collect(
-        store, versions.KEEP_VERSIONS, leased=True))  # by a job that then died
+    error = _fenced_midway(
+        corpus,
+        out,
+        monkeypatch,
+        lambda store: gc.collect(store, versions.KEEP_VERSIONS, leased=True),
+    )  # by a job that then died
     assert isinstance(error, gc.DraftFencedError) and "this job was fenced" in str(error)
     assert "storage" not in str(error)
     assert _folders(out) == []  # nothing grew back
@@ -229,12 +236,19 @@ def test_a_job_whose_draft_was_condemned_says_it_was_fenced(corpus, monkeypatch)
 def s3(s3_server):
     root = f"s3://{s3_server.bucket}/g-{uuid.uuid4().hex[:8]}"
     rng = np.random.default_rng(8)
-    rows = {"neg": rng.standard_normal((300, 8)), "pos": rng.standard_normal((120, 8)),
-            "other": rng.standard_normal((120, 8))}
+    rows = {
+        "neg": rng.standard_normal((300, 8)),
+        "pos": rng.standard_normal((120, 8)),
+        "other": rng.standard_normal((120, 8)),
+    }
     for name, values in rows.items():
-        arr = zarr.create_array(store=f"{root}/{name}.zarr", shape=values.shape,
-                                dtype="float32", chunks=(40, 8),
-                                config={"write_empty_chunks": True})
+        arr = zarr.create_array(
+            store=f"{root}/{name}.zarr",
+            shape=values.shape,
+            dtype="float32",
+            chunks=(40, 8),
+            config={"write_empty_chunks": True},
+        )
         arr[...] = values.astype("float32")
     return root
 
@@ -250,8 +264,10 @@ def _objects(root) -> dict:
     import s3fs
 
     fs = s3fs.S3FileSystem()
-    return {key: (info.get("ETag"), str(info.get("LastModified")))
-            for key, info in fs.find(root, detail=True).items()}
+    return {
+        key: (info.get("ETag"), str(info.get("LastModified")))
+        for key, info in fs.find(root, detail=True).items()
+    }
 
 
 def test_an_up_to_date_encode_and_fit_write_nothing_on_s3(s3_model, writes):
@@ -259,8 +275,7 @@ def test_an_up_to_date_encode_and_fit_write_nothing_on_s3(s3_model, writes):
     out = f"{s3}/out.zarr"
     pipeline.encode_job(None, f"{s3}/model.zarr", f"{s3}/pos.zarr", out, partition_rows=40)
     before, writes[:] = _objects(s3), []
-    again = pipeline.encode_job(None, f"{s3}/model.zarr", f"{s3}/pos.zarr", out,
-                                partition_rows=40)
+    again = pipeline.encode_job(None, f"{s3}/model.zarr", f"{s3}/pos.zarr", out, partition_rows=40)
     fit = pipeline.fit_job(None, f"{s3}/neg.zarr", f"{s3}/model.zarr", lam=0.1, update=True)
     assert again.facts["action"] == fit.facts["action"] == "up to date"
     assert writes == [] and _objects(s3) == before
@@ -272,8 +287,9 @@ def test_killed_runs_on_s3_leave_at_most_one_draft(s3_model, monkeypatch):
     store = versions.VersionedStore(out)
 
     def encode(positives, **kw):
-        return pipeline.encode_job(None, f"{s3}/model.zarr", f"{s3}/{positives}.zarr", out,
-                                   partition_rows=40, **kw)
+        return pipeline.encode_job(
+            None, f"{s3}/model.zarr", f"{s3}/{positives}.zarr", out, partition_rows=40, **kw
+        )
 
     encode("pos")
     committed = _names(store.backend.list("versions"))
@@ -327,8 +343,9 @@ def test_rollback_of_a_read_only_store_says_so_in_one_line(tmp_path, capsys, mon
     _two_model_versions(path)
 
     def read_only(self, key, data):
-        raise OSError(errno.EROFS, "Read-only file system",
-                      f"{self._path(key)}.{uuid.uuid4().hex}.tmp")
+        raise OSError(
+            errno.EROFS, "Read-only file system", f"{self._path(key)}.{uuid.uuid4().hex}.tmp"
+        )
 
     monkeypatch.setattr(LocalBackend, "_private_copy", read_only)
     err = _one_error_line(capsys, ["rollback", path, "--to", "1"])
@@ -341,20 +358,30 @@ def _s3_error(code: str, status: int):
     from botocore.exceptions import ClientError
     from s3fs.errors import translate_boto_error
 
-    cause = ClientError({"Error": {"Code": code, "Message": f"the server's words ({code})"},
-                         "ResponseMetadata": {"HTTPStatusCode": status}}, "PutObject")
+    cause = ClientError(
+        {
+            "Error": {"Code": code, "Message": f"the server's words ({code})"},
+            "ResponseMetadata": {"HTTPStatusCode": status},
+        },
+        "PutObject",
+    )
     try:
         raise translate_boto_error(cause) from cause
     except Exception as exc:  # noqa: BLE001 - as s3fs raises it
         return exc
 
 
-@pytest.mark.parametrize("code,status,advice", [
-    ("RequestTimeTooSkewed", 403, "set the clock right"),
-    ("SlowDown", 503, "run the same command again"),
-    ("ServiceUnavailable", 503, "run the same command again")])
-def test_a_skewed_clock_or_a_503_on_every_commit_is_one_line(s3, capsys, monkeypatch, code,
-                                                            status, advice):
+@pytest.mark.parametrize(
+    "code,status,advice",
+    [
+        ("RequestTimeTooSkewed", 403, "set the clock right"),
+        ("SlowDown", 503, "run the same command again"),
+        ("ServiceUnavailable", 503, "run the same command again"),
+    ],
+)
+def test_a_skewed_clock_or_a_503_on_every_commit_is_one_line(
+    s3, capsys, monkeypatch, code, status, advice
+):
     from slem_dask.storage.s3 import S3Backend
 
     path = f"{s3}/m.zarr"
@@ -378,9 +405,17 @@ def test_killed_streaming_kernel_fits_leave_one_draft(tmp_path, monkeypatch):
 
     X = np.random.default_rng(0).standard_normal((400, 8)).astype("float32")
     neg, path = zarr_rows(tmp_path / "neg.zarr", X, chunks=100), tmp_path / "m.zarr"
-    args = {"kernel": "rbf", "gamma": 0.2, "rank": 12, "pivoting": "rpcholesky", "tol": 0.0,
-            "seed": 3, "lam": 1e-2,
-            "kernel_memory": "streaming", "partition_rows": 100}
+    args = {
+        "kernel": "rbf",
+        "gamma": 0.2,
+        "rank": 12,
+        "pivoting": "rpcholesky",
+        "tol": 0.0,
+        "seed": 3,
+        "lam": 1e-2,
+        "kernel_memory": "streaming",
+        "partition_rows": 100,
+    }
     original = stream._stream_block
     left: set = set()
     for kill_at in (3, 2):  # each run finishes 2 of the 4 final partitions left to it
@@ -472,12 +507,21 @@ def test_sigkilled_encodes_on_s3_leave_one_draft(s3_model):
     pipeline.encode_job(None, model, f"{s3}/pos.zarr", out, partition_rows=40)
     committed = _names(store.backend.list("versions"))
     code = os.environ.get("PYTHONPATH") or str(ROOT)  # the slem_dask under test
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS), code]),
-           "SLOW_JOB_DELAY": "0.5", "SLOW_JOB_OVERWRITE": "1"}
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(TESTS), code]),
+        "SLOW_JOB_DELAY": "0.5",
+        "SLOW_JOB_OVERWRITE": "1",
+    }
     for _ in range(3):
-        proc = subprocess.Popen([sys.executable, str(TESTS / "_slow_job.py"), "encode", model,
-                                 f"{s3}/other.zarr", out], env=env, stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, text=True, start_new_session=True)
+        proc = subprocess.Popen(
+            [sys.executable, str(TESTS / "_slow_job.py"), "encode", model, f"{s3}/other.zarr", out],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+        )
         for line in proc.stdout:
             if line.startswith("started"):
                 break
@@ -486,8 +530,9 @@ def test_sigkilled_encodes_on_s3_leave_one_draft(s3_model):
         proc.wait(30)
         assert storage.head_seq(out) == 1
         assert len(set(_names(store.backend.list("versions"))) - set(committed)) <= 1
-    report = pipeline.encode_job(None, model, f"{s3}/other.zarr", out, partition_rows=40,
-                                 overwrite=True)
+    report = pipeline.encode_job(
+        None, model, f"{s3}/other.zarr", out, partition_rows=40, overwrite=True
+    )
     assert report.facts["version"] == 2
     assert _names(store.backend.list("versions")) == sorted(committed + [store.head().version])
     assert storage.verify(out)[1] == []

@@ -70,8 +70,16 @@ def _history(path: str, n: int) -> None:
     (which leaves the head hint as every commit does)."""
     os.makedirs(os.path.join(path, "commits"))
     for seq in range(1, n):
-        record = versions.Commit(seq, f"{seq:08d}-{'0' * 12}", "model", f"job {seq}",
-                                 "host", "0" * 64, "2026-01-01T00:00:00Z", {})
+        record = versions.Commit(
+            seq,
+            f"{seq:08d}-{'0' * 12}",
+            "model",
+            f"job {seq}",
+            "host",
+            "0" * 64,
+            "2026-01-01T00:00:00Z",
+            {},
+        )
         with open(os.path.join(path, "commits", f"{seq:08d}.json"), "wb") as f:
             f.write(record.to_json())
     _commit(versions.VersionedStore(path), n)
@@ -89,7 +97,7 @@ def _a_job(path: str, monkeypatch, lists_from_a_name: bool) -> collections.Count
     the garbage collected."""
     counted = _Counted(LocalBackend(path).root)
     cls = _counting(counted, lists_from_a_name)
-    monkeypatch.setattr(versions, "backend_for", lambda url: cls(url[len("file://"):]))
+    monkeypatch.setattr(versions, "backend_for", lambda url: cls(url[len("file://") :]))
     monkeypatch.setattr(heads, "_HEAD_SEEN", {})  # a new process
     monkeypatch.setattr(backend_module, "_PROBED", set())
     _, store, head = versions.resolve(path)
@@ -102,7 +110,8 @@ def _a_job(path: str, monkeypatch, lists_from_a_name: bool) -> collections.Count
 
 @pytest.mark.parametrize("lists_from_a_name", [False, True], ids=["reads", "listing"])
 def test_a_fresh_process_asks_the_same_of_a_store_whatever_its_history(
-        tmp_path, monkeypatch, lists_from_a_name):
+    tmp_path, monkeypatch, lists_from_a_name
+):
     short, long = str(tmp_path / "short.zarr"), str(tmp_path / "long.zarr")
     _history(short, 3)
     _history(long, 2500)  # more than two pages of an S3 listing
@@ -120,7 +129,7 @@ def test_a_stale_hint_costs_a_few_requests_more(tmp_path, monkeypatch, lists_fro
     _write_hint(path, {"head": 1000})  # a slow committer overwrote it with an old number
     counted = _Counted(LocalBackend(path).root)
     cls = _counting(counted, lists_from_a_name)
-    monkeypatch.setattr(versions, "backend_for", lambda url: cls(url[len("file://"):]))
+    monkeypatch.setattr(versions, "backend_for", lambda url: cls(url[len("file://") :]))
     monkeypatch.setattr(heads, "_HEAD_SEEN", {})
     assert versions.VersionedStore(path).head().seq == 2000
     if lists_from_a_name:  # one listing from the hint: the names since, no more
@@ -129,8 +138,19 @@ def test_a_stale_hint_costs_a_few_requests_more(tmp_path, monkeypatch, lists_fro
         assert counted.calls["list"] == 0 and counted.calls["read"] <= 2 + 2 * 11
 
 
-@pytest.mark.parametrize("hint", [None, b"{not json", {"head": "7"}, {"head": True},
-                                  {"head": 0}, {"head": 9}, {"head": 10 ** 6}, {}])
+@pytest.mark.parametrize(
+    "hint",
+    [
+        None,
+        b"{not json",
+        {"head": "7"},
+        {"head": True},
+        {"head": 0},
+        {"head": 9},
+        {"head": 10**6},
+        {},
+    ],
+)
 def test_a_wrong_hint_never_gives_a_wrong_head(tmp_path, monkeypatch, hint):
     path = str(tmp_path / "m.zarr")
     store = versions.VersionedStore(path)
@@ -186,7 +206,7 @@ def test_a_path_without_history_costs_one_listing_per_look(tmp_path, monkeypatch
     zarr.create_array(store=path, shape=(4, 2), dtype="float32")
     counted = _Counted(LocalBackend(path).root)
     cls = _counting(counted, False)
-    monkeypatch.setattr(versions, "backend_for", lambda url: cls(url[len("file://"):]))
+    monkeypatch.setattr(versions, "backend_for", lambda url: cls(url[len("file://") :]))
     monkeypatch.setattr(heads, "_HEAD_SEEN", {})
     for _ in range(5):
         assert not versions.VersionedStore(path).is_versioned()
@@ -206,9 +226,21 @@ def test_a_fresh_process_finds_the_head_on_s3_in_one_short_listing(s3_server, mo
     for n in (3, 1200):
         path = f"s3://{s3_server.bucket}/heads-{uuid.uuid4().hex[:8]}/m.zarr"
         fs, where = fsspec.core.url_to_fs(path)
-        fs.pipe({f"{where}/commits/{seq:08d}.json": versions.Commit(
-            seq, f"{seq:08d}-{'0' * 12}", "model", f"job {seq}", "host", "0" * 64,
-            "2026-01-01T00:00:00Z", {}).to_json() for seq in range(1, n)})
+        fs.pipe(
+            {
+                f"{where}/commits/{seq:08d}.json": versions.Commit(
+                    seq,
+                    f"{seq:08d}-{'0' * 12}",
+                    "model",
+                    f"job {seq}",
+                    "host",
+                    "0" * 64,
+                    "2026-01-01T00:00:00Z",
+                    {},
+                ).to_json()
+                for seq in range(1, n)
+            }
+        )
         _commit(versions.VersionedStore(path), n)  # leaves the hint
         calls, real = collections.Counter(), AioBaseClient._make_api_call
 

@@ -69,10 +69,13 @@ def make_inputs(root, x):
     out["fvecs"] = (write_texmex(root / "x.fvecs", x, "<f4"), x)
     ints = np.rint(np.abs(x) * 40).astype(np.uint8)
     out["bvecs"] = (write_texmex(root / "x.bvecs", ints, "u1"), ints)
-    out["ivecs"] = (write_texmex(root / "x.ivecs", ints.astype(np.int32), "<i4"),
-                    ints.astype(np.int32))
-    v2 = zarr.create_array(str(root / "v2.zarr"), shape=x.shape, chunks=(16, D),
-                           dtype=x.dtype, zarr_format=2)
+    out["ivecs"] = (
+        write_texmex(root / "x.ivecs", ints.astype(np.int32), "<i4"),
+        ints.astype(np.int32),
+    )
+    v2 = zarr.create_array(
+        str(root / "v2.zarr"), shape=x.shape, chunks=(16, D), dtype=x.dtype, zarr_format=2
+    )
     v2[...] = x
     out["zarr v2"] = (str(root / "v2.zarr"), x)
     return out
@@ -83,8 +86,20 @@ def inputs(tmp_path_factory, data):
     return make_inputs(tmp_path_factory.mktemp("formats"), data)
 
 
-KINDS = ["npy", "npy >f8", "npy fortran", "shards", "glob", "hdf5 one", "hdf5 named",
-         "hdf5 no slash", "fvecs", "bvecs", "ivecs", "zarr v2"]
+KINDS = [
+    "npy",
+    "npy >f8",
+    "npy fortran",
+    "shards",
+    "glob",
+    "hdf5 one",
+    "hdf5 named",
+    "hdf5 no slash",
+    "fvecs",
+    "bvecs",
+    "ivecs",
+    "zarr v2",
+]
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -102,8 +117,9 @@ def test_each_format_reads_as_numpy(inputs, kind):
     # what a job records it read: one fingerprint per partition, and of the whole
     parts = fingerprints.partition_fingerprints(arr, path, "negatives", 16)
     assert len(parts) == -(-N // 16) and len(set(parts)) == len(parts)
-    assert storage.read_version(arr, path)["fingerprint"] == \
-        fingerprints.rows_fingerprint(arr, path, "negatives", N)
+    assert storage.read_version(arr, path)["fingerprint"] == fingerprints.rows_fingerprint(
+        arr, path, "negatives", N
+    )
     # what a distributed worker gets: the array pickled, then read there
     again = pickle.loads(pickle.dumps(arr))
     np.testing.assert_array_equal(storage.read_rows(again, 10, 30), want[10:30])
@@ -112,8 +128,12 @@ def test_each_format_reads_as_numpy(inputs, kind):
 def test_shards_in_natural_order(tmp_path):
     rows = np.arange(40, dtype=np.float32).reshape(20, 2)
     folder = write_shards(tmp_path / "s", rows, bounds=(0, 5, 10, 15, 20))
-    assert sorted(os.listdir(folder)) == ["emb_10.npy", "emb_100.npy", "emb_11.npy",
-                                          "emb_2.npy"]  # lexicographic: not row order
+    assert sorted(os.listdir(folder)) == [
+        "emb_10.npy",
+        "emb_100.npy",
+        "emb_11.npy",
+        "emb_2.npy",
+    ]  # lexicographic: not row order
     np.testing.assert_array_equal(storage.read_all(folder, "x"), rows)
 
 
@@ -125,11 +145,13 @@ def test_file_inputs_go_through_statistics_from_the_store(inputs, data):
         stats = scatter_statistics(storage.dask_rows(arr, 16)).compute(scheduler="sync")
         x = data.astype(np.float64)
         np.testing.assert_allclose(stats.mean, x.mean(0), rtol=1e-6)
-        np.testing.assert_allclose(stats.scatter / stats.count, np.cov(x.T, bias=True),
-                                   rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(
+            stats.scatter / stats.count, np.cov(x.T, bias=True), rtol=1e-5, atol=1e-6
+        )
 
 
 # -- fingerprints -----------------------------------------------------------------
+
 
 def test_fingerprints_see_a_rewritten_file(tmp_path, data):
     folder = write_shards(tmp_path / "s", data)
@@ -151,20 +173,29 @@ def test_fingerprints_see_a_rewritten_file(tmp_path, data):
     now = storage.open_input(folder, "negatives")
     changed = fingerprints.partition_fingerprints(now, folder, "negatives", 20)
     assert [a != b for a, b in zip(parts, changed, strict=True)] == [
-        False, True, True, False, False]
+        False,
+        True,
+        True,
+        False,
+        False,
+    ]
     assert fingerprints.rows_fingerprint(now, folder, "negatives", N) != whole
     assert fingerprints.rows_fingerprint(now, folder, "negatives", 7) == first
     os.rename(shard, shard + ".gone")
-    with pytest.raises(FileNotFoundError, match=r"negatives: .*emb_11\.npy' \(rows 20-50 "
-                                                r"of .*\) was removed"):
+    with pytest.raises(
+        FileNotFoundError,
+        match=r"negatives: .*emb_11\.npy' \(rows 20-50 "
+        r"of .*\) was removed",
+    ):
         fingerprints.partition_fingerprints(now, folder, "negatives", 20)
     os.rename(shard + ".gone", shard)
     # a shard appended: the rows before it keep their fingerprint (fit --update)
     np.save(os.path.join(folder, "emb_200.npy"), data[:5])
     grown = storage.open_input(folder, "negatives")
     assert grown.shape == (N + 5, D)
-    assert fingerprints.rows_fingerprint(grown, folder, "negatives", N) == \
-        fingerprints.rows_fingerprint(now, folder, "negatives", N)
+    assert fingerprints.rows_fingerprint(
+        grown, folder, "negatives", N
+    ) == fingerprints.rows_fingerprint(now, folder, "negatives", N)
     # encode: only the partition the new rows extend changes (rows 80-89 -> 80-94)
     longer = fingerprints.partition_fingerprints(grown, folder, "negatives", 20)
     assert longer[:4] == changed[:4] and longer[4] != changed[4]
@@ -175,13 +206,15 @@ def test_a_file_changed_while_read_is_refused(tmp_path, data):
     np.save(path, data)
     arr = storage.open_input(path, "positives")
     np.save(path, data[:10])
-    with pytest.raises(ValueError, match=r"positives: .*x\.npy' changed size while this "
-                                         r"job read it"):
+    with pytest.raises(
+        ValueError,
+        match=r"positives: .*x\.npy' changed size while this "
+        r"job read it",
+    ):
         storage.read_rows(arr, 0, 5, "positives")
 
 
 # -- the command line -------------------------------------------------------------
-
 
 
 def test_cli_fit_encode_search_on_shards_and_fvecs(scheduler, tmp_path, capsys, data):
@@ -191,22 +224,55 @@ def test_cli_fit_encode_search_on_shards_and_fvecs(scheduler, tmp_path, capsys, 
     fvecs = write_texmex(tmp_path / "positives.fvecs", positives, "<f4")
     model, out = tmp_path / "model.zarr", tmp_path / "codes.zarr"
     common = ("--scheduler", scheduler, "--no-progress")
-    code, _, err = run(capsys, "fit", "--negatives", f"{shards}/emb_*.npy", "--model", model,
-                       "--lam", "0.01", "--precision", "float64", *common)
+    code, _, err = run(
+        capsys,
+        "fit",
+        "--negatives",
+        f"{shards}/emb_*.npy",
+        "--model",
+        model,
+        "--lam",
+        "0.01",
+        "--precision",
+        "float64",
+        *common,
+    )
     assert code == 0, err
     want = LinearSLEM(lam=0.01, precision="float64").fit(data)
     got = load_model(str(model))
     np.testing.assert_allclose(got.covariance_, want.covariance_, rtol=1e-9, atol=1e-12)
-    code, _, err = run(capsys, "encode", "--model", model, "--positives", fvecs, "--out", out,
-                       "--partition-rows", "16", *common)
+    code, _, err = run(
+        capsys,
+        "encode",
+        "--model",
+        model,
+        "--positives",
+        fvecs,
+        "--out",
+        out,
+        "--partition-rows",
+        "16",
+        *common,
+    )
     assert code == 0, err
     codes = storage.read_all(str(out))
     assert codes.dtype == np.float32
     np.testing.assert_allclose(codes, want.transform(positives), rtol=1e-5, atol=1e-6)
     # searching the .npy of one's own encodings against the output
     np.save(tmp_path / "q.npy", codes[:5])
-    code, _, err = run(capsys, "search", "--queries", tmp_path / "q.npy", "--database", out,
-                       "--k", "3", "--out", tmp_path / "hits.zarr", *common)
+    code, _, err = run(
+        capsys,
+        "search",
+        "--queries",
+        tmp_path / "q.npy",
+        "--database",
+        out,
+        "--k",
+        "3",
+        "--out",
+        tmp_path / "hits.zarr",
+        *common,
+    )
     assert code == 0, err
     _, arrays = storage.read_search_store(str(tmp_path / "hits.zarr"))
     np.testing.assert_array_equal(arrays["indices"], search(codes[:5], codes, k=3)[1])
@@ -217,8 +283,20 @@ def test_cli_encode_reencodes_a_changed_npy(scheduler, tmp_path, capsys, data):
     LinearSLEM(lam=0.01).fit(data).save(model)
     path, out = str(tmp_path / "p.npy"), tmp_path / "codes.zarr"
     np.save(path, data[:30])
-    args = ("encode", "--model", model, "--positives", path, "--out", out,
-            "--partition-rows", "10", "--scheduler", scheduler, "--no-progress")
+    args = (
+        "encode",
+        "--model",
+        model,
+        "--positives",
+        path,
+        "--out",
+        out,
+        "--partition-rows",
+        "10",
+        "--scheduler",
+        scheduler,
+        "--no-progress",
+    )
     assert run(capsys, *args)[0] == 0
     code, text, err = run(capsys, *args)
     assert code == 0 and "up to date" in text, err
@@ -227,8 +305,9 @@ def test_cli_encode_reencodes_a_changed_npy(scheduler, tmp_path, capsys, data):
     os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns + 10**9))
     code, text, err = run(capsys, *args)
     assert code == 0 and "up to date" not in text, err
-    np.testing.assert_allclose(storage.read_all(str(out)),
-                               load_model(model).transform(data[30:60]), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(
+        storage.read_all(str(out)), load_model(model).transform(data[30:60]), rtol=1e-5, atol=1e-6
+    )
 
 
 def test_cli_integer_descriptors_encode_to_float32(scheduler, tmp_path, capsys, inputs):
@@ -237,8 +316,9 @@ def test_cli_integer_descriptors_encode_to_float32(scheduler, tmp_path, capsys, 
     LinearSLEM(lam=0.01).fit(ints).save(model)
     common = ("--model", model, "--positives", path, "--scheduler", scheduler, "--no-progress")
     assert run(capsys, "encode", "--out", tmp_path / "a.zarr", *common)[0] == 0
-    assert run(capsys, "encode", "--out", tmp_path / "b.zarr", "--dtype", "float64",
-               *common)[0] == 0
+    assert (
+        run(capsys, "encode", "--out", tmp_path / "b.zarr", "--dtype", "float64", *common)[0] == 0
+    )
     a, b = storage.read_all(str(tmp_path / "a.zarr")), storage.read_all(str(tmp_path / "b.zarr"))
     assert a.dtype == np.float32 and b.dtype == np.float64  # an explicit dtype still wins
     np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
@@ -248,8 +328,11 @@ def _maps(text: str) -> dict[str, str]:
     """method -> mAP column of an evaluate table."""
     lines = text.splitlines()
     header = next(i for i, line in enumerate(lines) if line.startswith("method"))
-    return {line.split()[0]: line.split()[1] for line in lines[header + 2:] if line.strip()
-            and line.split()[0] in ("raw", "slem")}
+    return {
+        line.split()[0]: line.split()[1]
+        for line in lines[header + 2 :]
+        if line.strip() and line.split()[0] in ("raw", "slem")
+    }
 
 
 def test_cli_evaluate_on_own_labelled_descriptors(scheduler, tmp_path, capsys):
@@ -260,11 +343,19 @@ def test_cli_evaluate_on_own_labelled_descriptors(scheduler, tmp_path, capsys):
     common = ("--methods", "raw,slem", "--scheduler", scheduler, "--no-progress")
     code, want, err = run(capsys, "evaluate", "--corpus", tmp_path / "corpus.zarr", *common)
     assert code == 0, err
-    own = ("--negatives-from", tmp_path / "negatives.npy", "--database",
-           tmp_path / "database.npy", "--queries", tmp_path / "queries.npy",
-           "--database-labels", tmp_path / "database_labels.npy")
-    code, got, err = run(capsys, "evaluate", *own, "--query-labels",
-                         tmp_path / "query_labels.npy", *common)
+    own = (
+        "--negatives-from",
+        tmp_path / "negatives.npy",
+        "--database",
+        tmp_path / "database.npy",
+        "--queries",
+        tmp_path / "queries.npy",
+        "--database-labels",
+        tmp_path / "database_labels.npy",
+    )
+    code, got, err = run(
+        capsys, "evaluate", *own, "--query-labels", tmp_path / "query_labels.npy", *common
+    )
     assert code == 0, err
     assert _maps(got) == _maps(want) and len(_maps(got)) == 2
     # labels also come from a zarr array (a corpus' member) or an HDF5 dataset
@@ -272,24 +363,29 @@ def test_cli_evaluate_on_own_labelled_descriptors(scheduler, tmp_path, capsys):
     with h5py.File(tmp_path / "labels.h5", "w") as f:
         f["query"] = corpus.query_labels.astype("S8")
     for path in (f"{tmp_path}/corpus.zarr/query_labels", f"{tmp_path}/query_labels.npy"):
-        np.testing.assert_array_equal(storage.read_labels(path, "query labels", 12),
-                                      corpus.query_labels)
-    np.testing.assert_array_equal(storage.read_labels(f"{tmp_path}/labels.h5:/query", "q",
-                                                      12), corpus.query_labels.astype("S8"))
+        np.testing.assert_array_equal(
+            storage.read_labels(path, "query labels", 12), corpus.query_labels
+        )
+    np.testing.assert_array_equal(
+        storage.read_labels(f"{tmp_path}/labels.h5:/query", "q", 12),
+        corpus.query_labels.astype("S8"),
+    )
     # neither, both, or a label file of the wrong length: one line each
     code, _, err = run(capsys, "evaluate", *own, *common)
     assert code == 2 and "missing: --query-labels" in err
-    code, _, err = run(capsys, "evaluate", "--corpus", tmp_path / "corpus.zarr", *own,
-                       *common)
+    code, _, err = run(capsys, "evaluate", "--corpus", tmp_path / "corpus.zarr", *own, *common)
     assert code == 2 and "give one or the other" in err
     np.save(tmp_path / "short.npy", corpus.query_labels[:-1])
-    code, _, err = run(capsys, "evaluate", *own, "--query-labels", tmp_path / "short.npy",
-                       *common)
-    assert code == 1 and re.search(r"--query-labels: .*short\.npy' holds 11 labels for 12 "
-                                   r"rows", err), err
+    code, _, err = run(capsys, "evaluate", *own, "--query-labels", tmp_path / "short.npy", *common)
+    assert code == 1 and re.search(
+        r"--query-labels: .*short\.npy' holds 11 labels for 12 "
+        r"rows",
+        err,
+    ), err
 
 
 # -- what cannot be read: one line, the format and the fix ------------------------
+
 
 def test_unreadable_inputs_say_what_to_do(tmp_path, data, monkeypatch):
     h5py = pytest.importorskip("h5py")
@@ -306,47 +402,57 @@ def test_unreadable_inputs_say_what_to_do(tmp_path, data, monkeypatch):
     (tmp_path / "odd.fvecs").write_bytes(odd.tobytes())
     cases = {
         "notes.txt": r"no zarr array at .*notes\.txt': it is a file of a format slem-dask "
-                     r"does not read .*np\.save",
+        r"does not read .*np\.save",
         "one.npy": r"the \.npy file .*one\.npy' has shape \(6,\) \(1-D\).*reshape\(1, -1\)",
         "objects.npy": r"objects\.npy' is a \.npy file that cannot be memory-mapped .*"
-                       r"numeric array",
+        r"numeric array",
         "mixed": r"the shard .*emb_3\.npy' has 3 columns of float32, the first shard "
-                 r".*emb_2\.npy' 6 of float32",
+        r".*emb_2\.npy' 6 of float32",
         "nothing/*.npy": r"no file matches .*nothing/\*\.npy'",
         "nothing.npy": r"no file at .*nothing\.npy'; check the path",
         "two.h5": r"holds 2 2-D datasets \(datasets: /a, /b\); name one as .*two\.h5:/path",
         "two.h5:/c": r"has no dataset '/c' \(datasets: /a, /b\)",
         "bad.fvecs": r"is not a \.fvecs file: its first row declares dimension 6, and its "
-                     r"size \(14 bytes\)",
+        r"size \(14 bytes\)",
     }
     for name, message in cases.items():
         with pytest.raises((ValueError, FileNotFoundError), match=message) as info:
             storage.open_input(str(tmp_path / name), "negatives")
         text = str(info.value)
         assert text.startswith("negatives: ") and "\n" not in text, (name, text)
-    with pytest.raises(ValueError, match=r"row 2 declares dimension 7, the file's first "
-                                         r"row 6"):
+    with pytest.raises(
+        ValueError,
+        match=r"row 2 declares dimension 7, the file's first "
+        r"row 6",
+    ):
         storage.read_all(str(tmp_path / "odd.fvecs"), "negatives")
-    with pytest.raises(ValueError, match=r"negatives: 's3://bucket/x\.npy' is a npy input on "
-                                         r"remote storage; .*copy it to a local path"):
+    with pytest.raises(
+        ValueError,
+        match=r"negatives: 's3://bucket/x\.npy' is a npy input on "
+        r"remote storage; .*copy it to a local path",
+    ):
         storage.open_input("s3://bucket/x.npy", "negatives")
     monkeypatch.setitem(sys.modules, "h5py", None)  # h5py not installed
-    with pytest.raises(ValueError, match=r"negatives: .*two\.h5' is an HDF5 file and h5py "
-                                         r"is not installed: pip install h5py"):
+    with pytest.raises(
+        ValueError,
+        match=r"negatives: .*two\.h5' is an HDF5 file and h5py "
+        r"is not installed: pip install h5py",
+    ):
         storage.open_input(str(tmp_path / "two.h5:/a"), "negatives")
 
 
 def test_job_spec_updates_from_appended_npy_shards(scheduler, tmp_path, capsys, data):
     """`run`: a fit on a folder of shards, updated when a shard is appended (only its rows
     are read), and an encode of a .npy, then both up to date."""
-    folder = write_shards(tmp_path / "neg", data[:51], bounds=(0, 7, 20, 51),
-                          names=(2, 10, 11))
+    folder = write_shards(tmp_path / "neg", data[:51], bounds=(0, 7, 20, 51), names=(2, 10, 11))
     np.save(tmp_path / "pos.npy", data[:25])
     spec = tmp_path / "job.toml"
-    spec.write_text(f'[model]\npath = "{tmp_path}/model.zarr"\nlam = 0.01\n\n'
-                    f'[fit]\nnegatives = "{folder}"\nupdate = true\n\n'
-                    f'[[encode]]\npositives = "{tmp_path}/pos.npy"\n'
-                    f'out = "{tmp_path}/codes.zarr"\npartition_rows = 10\n')
+    spec.write_text(
+        f'[model]\npath = "{tmp_path}/model.zarr"\nlam = 0.01\n\n'
+        f'[fit]\nnegatives = "{folder}"\nupdate = true\n\n'
+        f'[[encode]]\npositives = "{tmp_path}/pos.npy"\n'
+        f'out = "{tmp_path}/codes.zarr"\npartition_rows = 10\n'
+    )
     args = ("run", spec, "--scheduler", scheduler, "--no-progress")
     code, out, err = run(capsys, *args)
     assert code == 0, err
@@ -360,8 +466,9 @@ def test_job_spec_updates_from_appended_npy_shards(scheduler, tmp_path, capsys, 
     assert code == 0 and re.search(r"action\s+up to date", out.split("\nfit:\n")[1]), out
     assert re.search(r"partitions\s+0 encoded of 3", out.split("\nencode:\n")[1]), out
     want = LinearSLEM(lam=0.01).fit(data)
-    np.testing.assert_allclose(load_model(str(tmp_path / "model.zarr")).covariance_,
-                               want.covariance_, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(
+        load_model(str(tmp_path / "model.zarr")).covariance_, want.covariance_, rtol=1e-5, atol=1e-6
+    )
 
 
 def test_no_output_replaces_or_nests_in_a_file_input(tmp_path, data):
@@ -370,14 +477,20 @@ def test_no_output_replaces_or_nests_in_a_file_input(tmp_path, data):
         f["emb"] = data
     write_shards(tmp_path / "shards", data)
     shard = sorted(os.listdir(tmp_path / "shards"))[0]
-    for source, target in ((f"{tmp_path}/x.h5:/emb", f"{tmp_path}/x.h5"),
-                           (f"{tmp_path}/shards/*.npy", f"{tmp_path}/shards/{shard}"),
-                           (f"{tmp_path}/shards/*.npy", f"{tmp_path}/shards")):
-        with pytest.raises(ValueError, match=r"--out .* the positives .*writing it would "
-                                             r"destroy the input"):
+    for source, target in (
+        (f"{tmp_path}/x.h5:/emb", f"{tmp_path}/x.h5"),
+        (f"{tmp_path}/shards/*.npy", f"{tmp_path}/shards/{shard}"),
+        (f"{tmp_path}/shards/*.npy", f"{tmp_path}/shards"),
+    ):
+        with pytest.raises(
+            ValueError,
+            match=r"--out .* the positives .*writing it would "
+            r"destroy the input",
+        ):
             storage.check_distinct(target, "--out", {"positives": source})
-    storage.check_distinct(f"{tmp_path}/codes.zarr", "--out",
-                           {"positives": f"{tmp_path}/x.h5:/emb"})
+    storage.check_distinct(
+        f"{tmp_path}/codes.zarr", "--out", {"positives": f"{tmp_path}/x.h5:/emb"}
+    )
 
 
 def test_a_glob_input_is_the_files_it_matches(tmp_path, data):
@@ -386,26 +499,44 @@ def test_a_glob_input_is_the_files_it_matches(tmp_path, data):
     write_shards(tmp_path / "shards", data)
     glob_input = {"positives": f"{tmp_path}/shards/*.npy"}
     storage.check_distinct(f"{tmp_path}/shards/codes.zarr", "--out", glob_input)
-    with pytest.raises(ValueError, match=r"--out .*shards/new\.npy' matches the positives "
-                                         r"glob .*a later run would read it"):
+    with pytest.raises(
+        ValueError,
+        match=r"--out .*shards/new\.npy' matches the positives "
+        r"glob .*a later run would read it",
+    ):
         storage.check_distinct(f"{tmp_path}/shards/new.npy", "--out", glob_input)
-    with pytest.raises(ValueError, match=r"is inside the positives folder of \.npy shards "
-                                         r".*writing it would add files to that input"):
-        storage.check_distinct(f"{tmp_path}/shards/codes.zarr", "--out",
-                               {"positives": f"{tmp_path}/shards"})
+    with pytest.raises(
+        ValueError,
+        match=r"is inside the positives folder of \.npy shards "
+        r".*writing it would add files to that input",
+    ):
+        storage.check_distinct(
+            f"{tmp_path}/shards/codes.zarr", "--out", {"positives": f"{tmp_path}/shards"}
+        )
 
 
 def test_a_glob_matching_nothing_says_so_before_any_overlap(tmp_path):
     with pytest.raises(FileNotFoundError, match=r"negatives: no file matches .*nomatch\*"):
-        storage.check_distinct(f"{tmp_path}/model.zarr", "--model",
-                               {"negatives": f"{tmp_path}/nomatch*.npy"})
+        storage.check_distinct(
+            f"{tmp_path}/model.zarr", "--model", {"negatives": f"{tmp_path}/nomatch*.npy"}
+        )
 
 
 def test_file_arrays_index_as_numpy(inputs):
     path, want = inputs["shards"]
     arr = storage.open_input(path, "x")
-    for key in (3, -1, slice(None), slice(5, 40, 3), slice(60, 10, -7), slice(8, 8),
-                Ellipsis, (slice(2, 30), 1), (4, slice(1, 3)), (slice(None), [0, 2])):
+    for key in (
+        3,
+        -1,
+        slice(None),
+        slice(5, 40, 3),
+        slice(60, 10, -7),
+        slice(8, 8),
+        Ellipsis,
+        (slice(2, 30), 1),
+        (4, slice(1, 3)),
+        (slice(None), [0, 2]),
+    ):
         np.testing.assert_array_equal(arr[key], want[key], err_msg=repr(key))
     with pytest.raises(IndexError):
         arr[N]
@@ -414,18 +545,35 @@ def test_file_arrays_index_as_numpy(inputs):
 def test_cli_encodes_a_zarr_v2_array(scheduler, tmp_path, capsys, inputs, data):
     model = str(tmp_path / "model.zarr")
     LinearSLEM(lam=0.01).fit(data).save(model)
-    code, _, err = run(capsys, "encode", "--model", model, "--positives",
-                       inputs["zarr v2"][0], "--out", tmp_path / "codes.zarr",
-                       "--scheduler", scheduler, "--no-progress")
+    code, _, err = run(
+        capsys,
+        "encode",
+        "--model",
+        model,
+        "--positives",
+        inputs["zarr v2"][0],
+        "--out",
+        tmp_path / "codes.zarr",
+        "--scheduler",
+        scheduler,
+        "--no-progress",
+    )
     assert code == 0, err
-    np.testing.assert_allclose(storage.read_all(str(tmp_path / "codes.zarr")),
-                               load_model(model).transform(data), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(
+        storage.read_all(str(tmp_path / "codes.zarr")),
+        load_model(model).transform(data),
+        rtol=1e-5,
+        atol=1e-6,
+    )
 
 
 @pytest.mark.parametrize("content", [b"hello", b"hello, not an array at all"])
 def test_a_corrupt_npy_file_is_named_as_not_a_valid_npy_file(tmp_path, content):
     (tmp_path / "bad.npy").write_bytes(content)
-    with pytest.raises(ValueError, match=r"^positives: '.*bad\.npy' is not a valid \.npy file "
-                                         r"\(.*magic string.*\): write it with np\.save") as info:
+    with pytest.raises(
+        ValueError,
+        match=r"^positives: '.*bad\.npy' is not a valid \.npy file "
+        r"\(.*magic string.*\): write it with np\.save",
+    ) as info:
         storage.open_input(str(tmp_path / "bad.npy"), "positives")
     assert "\n" not in str(info.value)

@@ -30,8 +30,12 @@ from reference import partitionwise
 D = 8
 # each store's server fixture (tests/conftest.py) and its URL scheme
 SCHEMES = {"seaweedfs": "s3", "moto": "s3", "gcs": "gs", "azure": "az"}
-FIXTURES = {"seaweedfs": "seaweedfs_server", "moto": "moto_server",
-            "gcs": "gcs_emulator", "azure": "azure_emulator"}
+FIXTURES = {
+    "seaweedfs": "seaweedfs_server",
+    "moto": "moto_server",
+    "gcs": "gcs_emulator",
+    "azure": "azure_emulator",
+}
 S3, CLOUD = ["seaweedfs", "moto"], ["gcs", "azure"]
 # the emulators are slower: there the longer jobs run with --slow only
 S3_FAST_CLOUD_SLOW = [*S3, *(pytest.param(kind, marks=pytest.mark.slow) for kind in CLOUD)]
@@ -46,13 +50,19 @@ def remote(request, monkeypatch):
     use_server(server, monkeypatch)
     root = f"{SCHEMES[kind]}://{server.bucket}/t-{uuid.uuid4().hex[:8]}"
     rng = np.random.default_rng(21)
-    data = {"neg": rng.standard_normal((300, D)).astype("float32"),
-            "pos": rng.standard_normal((200, D)).astype("float32"),
-            "other": rng.standard_normal((200, D)).astype("float32")}
+    data = {
+        "neg": rng.standard_normal((300, D)).astype("float32"),
+        "pos": rng.standard_normal((200, D)).astype("float32"),
+        "other": rng.standard_normal((200, D)).astype("float32"),
+    }
     for name, rows in data.items():
-        arr = zarr.create_array(store=f"{root}/{name}.zarr", shape=rows.shape,
-                                dtype=rows.dtype, chunks=(40, D),
-                                config={"write_empty_chunks": True})
+        arr = zarr.create_array(
+            store=f"{root}/{name}.zarr",
+            shape=rows.shape,
+            dtype=rows.dtype,
+            chunks=(40, D),
+            config={"write_empty_chunks": True},
+        )
         arr[...] = rows
     yield {"root": root, "server": server, "kind": kind, **data}
     use_server(server, monkeypatch)  # the test may have spoilt its credentials
@@ -71,8 +81,9 @@ def test_fit_encode_search_verify_versions_and_rollback_match_local_disk(remote,
     model, out = f"{root}/model.zarr", f"{root}/out.zarr"
     pipeline.fit_job(None, f"{root}/neg.zarr", model, lam=0.1)
     # the same job on local disk gives the same bytes
-    arr = zarr.create_array(store=str(tmp_path / "neg.zarr"), shape=remote["neg"].shape,
-                            dtype="float32", chunks=(40, D))
+    arr = zarr.create_array(
+        store=str(tmp_path / "neg.zarr"), shape=remote["neg"].shape, dtype="float32", chunks=(40, D)
+    )
     arr[...] = remote["neg"]
     pipeline.fit_job(None, str(tmp_path / "neg.zarr"), str(tmp_path / "model.zarr"), lam=0.1)
     local = load_model(str(tmp_path / "model.zarr"))
@@ -89,8 +100,7 @@ def test_fit_encode_search_verify_versions_and_rollback_match_local_disk(remote,
     again = pipeline.encode_job(None, model, f"{root}/pos.zarr", out, partition_rows=40)
     assert again.facts["action"] == "up to date"
     # a second version from other rows, then back to the first by rollback
-    pipeline.encode_job(None, model, f"{root}/other.zarr", out, partition_rows=40,
-                        overwrite=True)
+    pipeline.encode_job(None, model, f"{root}/other.zarr", out, partition_rows=40, overwrite=True)
     np.testing.assert_array_equal(storage.read_all(out), _expected(model, remote["other"]))
     assert storage.verify(out)[1] == []
     assert [c.seq for c in versions.VersionedStore(out).commits()] == [1, 2]
@@ -138,26 +148,37 @@ def test_a_job_that_lost_its_output_never_changes_it(remote, monkeypatch):
             other["running"] = True
             lease = leases.Lease(out, "x")
             lease._backend.delete(lease._key)  # taken over: the lease is gone
-            other["report"] = pipeline.encode_job(None, f"{root}/model.zarr",
-                                                  f"{root}/other.zarr", out, partition_rows=40)
+            other["report"] = pipeline.encode_job(
+                None, f"{root}/model.zarr", f"{root}/other.zarr", out, partition_rows=40
+            )
         return real_compute(client, obj, progress)
 
     monkeypatch.setattr(pipeline.common, "_compute", stalled)
     monkeypatch.setattr(leases.Lease, "check", lambda self: None)
     with pytest.raises(versions.CommitConflictError, match="version 1 was committed"):
-        pipeline.encode_job(None, f"{root}/model.zarr", f"{root}/pos.zarr", out,
-                            partition_rows=40)
-    np.testing.assert_array_equal(storage.read_all(out),
-                                  _expected(f"{root}/model.zarr", remote["other"]))
+        pipeline.encode_job(None, f"{root}/model.zarr", f"{root}/pos.zarr", out, partition_rows=40)
+    np.testing.assert_array_equal(
+        storage.read_all(out), _expected(f"{root}/model.zarr", remote["other"])
+    )
     assert storage.verify(out)[1] == []
 
 
 def _slow(args, remote, delay):
-    env = {**os.environ, **remote["server"].env(), "PYTHONPATH": script_pythonpath(),
-           "SLOW_JOB_DELAY": str(delay), "SLOW_JOB_OVERWRITE": "1"}
-    proc = subprocess.Popen([sys.executable, str(TESTS / "_slow_job.py"), *args], env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
+    env = {
+        **os.environ,
+        **remote["server"].env(),
+        "PYTHONPATH": script_pythonpath(),
+        "SLOW_JOB_DELAY": str(delay),
+        "SLOW_JOB_OVERWRITE": "1",
+    }
+    proc = subprocess.Popen(
+        [sys.executable, str(TESTS / "_slow_job.py"), *args],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     for line in proc.stdout:
         if line.startswith("started"):
             return proc
@@ -176,15 +197,51 @@ def test_a_job_killed_on_s3_needs_no_manual_step(remote, job):
     LinearSLEM(lam=0.5).fit(remote["neg"]).save(model)
     pipeline.encode_job(None, model, f"{root}/other.zarr", out, partition_rows=40)
     target, args, cli = {
-        "fit": (model, ["fit", f"{root}/neg.zarr", model],
-                ["fit", "--negatives", f"{root}/neg.zarr", "--model", model, "--lam", "0.1",
-                 "--overwrite"]),
-        "encode": (out, ["encode", model, f"{root}/pos.zarr", out],
-                   ["encode", "--model", model, "--positives", f"{root}/pos.zarr", "--out",
-                    out, "--overwrite", "--partition-rows", "40"]),
-        "search": (f"{root}/hits.zarr", ["search", out, out, f"{root}/hits.zarr"],
-                   ["search", "--queries", out, "--database", out, "--k", "3", "--out",
-                    f"{root}/hits.zarr"]),
+        "fit": (
+            model,
+            ["fit", f"{root}/neg.zarr", model],
+            [
+                "fit",
+                "--negatives",
+                f"{root}/neg.zarr",
+                "--model",
+                model,
+                "--lam",
+                "0.1",
+                "--overwrite",
+            ],
+        ),
+        "encode": (
+            out,
+            ["encode", model, f"{root}/pos.zarr", out],
+            [
+                "encode",
+                "--model",
+                model,
+                "--positives",
+                f"{root}/pos.zarr",
+                "--out",
+                out,
+                "--overwrite",
+                "--partition-rows",
+                "40",
+            ],
+        ),
+        "search": (
+            f"{root}/hits.zarr",
+            ["search", out, out, f"{root}/hits.zarr"],
+            [
+                "search",
+                "--queries",
+                out,
+                "--database",
+                out,
+                "--k",
+                "3",
+                "--out",
+                f"{root}/hits.zarr",
+            ],
+        ),
     }[job]
     before = storage.head_seq(target)
     killed = _slow(args, remote, 0.6 if job == "encode" else 30)
@@ -206,8 +263,18 @@ def test_a_wrong_s3_secret_is_one_line(remote, capsys, monkeypatch):
     root = remote["root"]
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "wrong")
     _forget_s3_clients()
-    code = main(["fit", "--negatives", f"{root}/neg.zarr", "--model", f"{root}/m.zarr",
-                 "--local-cluster", "threads", "--no-progress"])
+    code = main(
+        [
+            "fit",
+            "--negatives",
+            f"{root}/neg.zarr",
+            "--model",
+            f"{root}/m.zarr",
+            "--local-cluster",
+            "threads",
+            "--no-progress",
+        ]
+    )
     err = capsys.readouterr().err
     assert code == 1 and len(err.strip().splitlines()) == 1, err
     assert "AWS_SECRET_ACCESS_KEY" in err and "every dask worker" in err
@@ -217,8 +284,18 @@ def test_a_wrong_s3_secret_is_one_line(remote, capsys, monkeypatch):
 def test_a_missing_bucket_is_one_line(remote, capsys):
     scheme = SCHEMES[remote["kind"]]
     missing = f"{scheme}://no-such-bucket-{uuid.uuid4().hex[:6]}/neg.zarr"
-    code = main(["fit", "--negatives", missing, "--model", f"{remote['root']}/m.zarr",
-                 "--local-cluster", "threads", "--no-progress"])
+    code = main(
+        [
+            "fit",
+            "--negatives",
+            missing,
+            "--model",
+            f"{remote['root']}/m.zarr",
+            "--local-cluster",
+            "threads",
+            "--no-progress",
+        ]
+    )
     err = capsys.readouterr().err
     assert code == 1 and len(err.strip().splitlines()) == 1, err
     assert "does not exist" in err and "no-such-bucket" in err and "worker" in err
@@ -226,11 +303,23 @@ def test_a_missing_bucket_is_one_line(remote, capsys):
 
 def test_a_refused_azure_key_is_one_line(azure_emulator, monkeypatch, capsys):
     s = azure_emulator
-    monkeypatch.setenv("AZURE_STORAGE_CONNECTION_STRING",
-                       s.connection_string("d3Jvbmcta2V5LXdyb25nLWtleS13cm9uZy1rZXk="))
+    monkeypatch.setenv(
+        "AZURE_STORAGE_CONNECTION_STRING",
+        s.connection_string("d3Jvbmcta2V5LXdyb25nLWtleS13cm9uZy1rZXk="),
+    )
     root = f"az://{s.bucket}/t-{uuid.uuid4().hex[:8]}"
-    code = main(["fit", "--negatives", f"{root}/neg.zarr", "--model", f"{root}/m.zarr",
-                 "--local-cluster", "threads", "--no-progress"])
+    code = main(
+        [
+            "fit",
+            "--negatives",
+            f"{root}/neg.zarr",
+            "--model",
+            f"{root}/m.zarr",
+            "--local-cluster",
+            "threads",
+            "--no-progress",
+        ]
+    )
     err = capsys.readouterr().err
     assert code == 1 and len(err.strip().splitlines()) == 1, err
     assert "refused the credentials" in err and "AZURE_STORAGE_CONNECTION_STRING" in err
@@ -244,10 +333,27 @@ def test_fit_and_encode_with_worker_processes(remote):
     root = remote["root"]
     model, out = f"{root}/model.zarr", f"{root}/out.zarr"
     common = ["--local-cluster", "processes", "--workers", "2", "--no-progress"]
-    assert main(["fit", "--negatives", f"{root}/neg.zarr", "--model", model, "--lam", "0.1",
-                 *common]) == 0
-    assert main(["encode", "--model", model, "--positives", f"{root}/pos.zarr", "--out", out,
-                 "--partition-rows", "40", *common]) == 0
+    assert (
+        main(["fit", "--negatives", f"{root}/neg.zarr", "--model", model, "--lam", "0.1", *common])
+        == 0
+    )
+    assert (
+        main(
+            [
+                "encode",
+                "--model",
+                model,
+                "--positives",
+                f"{root}/pos.zarr",
+                "--out",
+                out,
+                "--partition-rows",
+                "40",
+                *common,
+            ]
+        )
+        == 0
+    )
     np.testing.assert_array_equal(storage.read_all(out), _expected(model, remote["pos"]))
     assert storage.verify(out)[1] == []
 
@@ -265,12 +371,16 @@ def test_python_reads_leave_nothing_on_stderr_at_exit(remote, tmp_path):
     model, out = str(tmp_path / "model.zarr"), f"{remote['root']}/out.zarr"
     LinearSLEM(lam=0.1).fit(remote["neg"]).save(model)
     pipeline.encode_job(None, model, f"{remote['root']}/pos.zarr", out, partition_rows=40)
-    code = (f"import slem_dask; print(slem_dask.open_zarr({out!r}).shape); "
-            f"print(slem_dask.open_dataset({out!r}).encodings.shape)")
+    code = (
+        f"import slem_dask; print(slem_dask.open_zarr({out!r}).shape); "
+        f"print(slem_dask.open_dataset({out!r}).encodings.shape)"
+    )
     root = os.path.dirname(os.path.dirname(os.path.abspath(slem_dask.__file__)))
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([root, os.environ.get("PYTHONPATH", "")])}
-    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
-                          text=True, timeout=120)
-    assert done.returncode == 0 and done.stdout.split("\n")[:2] == ["(200, 8)", "(200, 8)"], \
+    done = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0 and done.stdout.split("\n")[:2] == ["(200, 8)", "(200, 8)"], (
         done.stderr
+    )
     assert done.stderr == ""

@@ -41,8 +41,9 @@ def _root(server) -> str:
 def test_reading_rows_from_s3_sends_one_get_per_chunk_and_nothing_else(s3_server, calls):
     rows = np.random.default_rng(3).standard_normal((100, D)).astype("float32")
     path = f"{_root(s3_server)}/x.zarr"
-    zarr.create_array(store=path, shape=rows.shape, dtype="float32",
-                      chunks=(20, D))[...] = rows  # zstd: zarr's default codec
+    zarr.create_array(store=path, shape=rows.shape, dtype="float32", chunks=(20, D))[...] = (
+        rows  # zstd: zarr's default codec
+    )
     arr = storage.open_input(path, "x")
     calls.clear()
     np.testing.assert_array_equal(storage.read_rows(arr, 10, 90, "x"), rows[10:90])
@@ -75,8 +76,10 @@ def test_an_output_chunk_on_s3_is_one_put_with_the_crc32c_of_its_body(s3_server,
     # deleted draft again (storage.gc.draft_alive); then the chunk's one PUT
     fence = {"HeadObject": 1}
     assert collections.Counter(op for op, _ in calls) == (
-        {**fence, "PutObject": 1} if s3_server.name == "seaweedfs"
-        else {**fence, "PutObject": 1, "GetObject": 1})
+        {**fence, "PutObject": 1}
+        if s3_server.name == "seaweedfs"
+        else {**fence, "PutObject": 1, "GetObject": 1}
+    )
     puts = [params for op, params in calls if op == "PutObject"]
     assert len(puts) == 1 and puts[0]["Key"].endswith("out.zarr/c/1/0")
     body = bytes(puts[0]["Body"])
@@ -97,7 +100,8 @@ def _commit_many(path: str, n: int) -> versions.VersionedStore:
 
 @pytest.mark.parametrize("s3_server", ["seaweedfs", "moto"], indirect=True)
 def test_finding_the_head_on_s3_lists_from_the_head_seen_not_the_whole_history(
-        s3_server, calls, monkeypatch):
+    s3_server, calls, monkeypatch
+):
     from aiobotocore.client import AioBaseClient
 
     listed = []
@@ -139,8 +143,11 @@ def test_saving_a_model_on_s3_never_asks_for_zarr_v2_names(s3_server, calls):
 
     rows = np.random.default_rng(5).standard_normal((50, D)).astype("float32")
     LinearSLEM(lam=0.1).fit(rows).save(f"{_root(s3_server)}/model.zarr")
-    v2 = [params["Key"] for _, params in calls
-          if params.get("Key", "").endswith((".zgroup", ".zattrs", ".zmetadata", ".zarray"))]
+    v2 = [
+        params["Key"]
+        for _, params in calls
+        if params.get("Key", "").endswith((".zgroup", ".zattrs", ".zmetadata", ".zarray"))
+    ]
     assert v2 == []
 
 
@@ -153,14 +160,18 @@ def test_opening_and_reading_a_store_on_s3_asks_for_no_object_sizes(s3_server, c
 
     rows = np.random.default_rng(6).standard_normal((60, D)).astype("float32")
     root = _root(s3_server)
-    zarr.create_array(store=f"{root}/x.zarr", shape=rows.shape, dtype="float32",
-                      chunks=(20, D))[...] = rows
+    zarr.create_array(store=f"{root}/x.zarr", shape=rows.shape, dtype="float32", chunks=(20, D))[
+        ...
+    ] = rows
     LinearSLEM(lam=0.1).fit(rows).save(f"{root}/model.zarr")
     calls.clear()
     storage.open_input(f"{root}/x.zarr", "x")
     model = load_model(f"{root}/model.zarr")
     np.testing.assert_allclose(model.mean_, rows.astype("float64").mean(axis=0), rtol=1e-6)
-    documents = [p["Key"] for op, p in calls if op == "GetObject"
-                 and not p["Key"].split("/")[-2] == "commits"]
+    documents = [
+        p["Key"]
+        for op, p in calls
+        if op == "GetObject" and not p["Key"].split("/")[-2] == "commits"
+    ]
     sized = [p["Key"] for op, p in calls if op == "HeadObject" and p["Key"] in documents]
     assert documents and sized == []

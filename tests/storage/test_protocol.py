@@ -57,8 +57,7 @@ def _link_whose_reply_is_lost(monkeypatch, suffix):
     monkeypatch.setattr(local.os, "link", link)
 
 
-def test_local_create_after_a_lost_reply_is_true_and_false_for_other_bytes(tmp_path,
-                                                                          monkeypatch):
+def test_local_create_after_a_lost_reply_is_true_and_false_for_other_bytes(tmp_path, monkeypatch):
     b = LocalBackend(str(tmp_path))
     _link_whose_reply_is_lost(monkeypatch, "k")
     assert b.create("k", b"mine") is True and b.read("k") == b"mine"
@@ -90,11 +89,10 @@ class _Flaky(LocalBackend):
         return created
 
 
-@pytest.mark.parametrize("answer", [ConnectionResetError(104, "reset"), TimeoutError(),
-                                    False])
+@pytest.mark.parametrize("answer", [ConnectionResetError(104, "reset"), TimeoutError(), False])
 def test_a_commit_whose_outcome_is_unknown_is_read_back(tmp_path, monkeypatch, answer):
     monkeypatch.setattr(_Flaky, "answer", answer)
-    monkeypatch.setattr(versions, "backend_for", lambda url: _Flaky(url[len("file://"):]))
+    monkeypatch.setattr(versions, "backend_for", lambda url: _Flaky(url[len("file://") :]))
     store = versions.VersionedStore(str(tmp_path / "s.zarr"))
     draft = _draft_with(store, 1.0)
     commit = store.commit(draft, "model", "job one")
@@ -156,8 +154,9 @@ def _lose_replies(monkeypatch, fs, suffix, how):
 
 @pytest.mark.parametrize("how", ["resent", "dropped"])
 @pytest.mark.parametrize("s3_server", ["seaweedfs", "moto"], indirect=True)
-def test_s3_create_after_a_lost_reply_is_true_and_false_for_other_bytes(s3_server,
-                                                                       monkeypatch, how):
+def test_s3_create_after_a_lost_reply_is_true_and_false_for_other_bytes(
+    s3_server, monkeypatch, how
+):
     b = backend_for(f"s3://{s3_server.bucket}/lost-{uuid.uuid4().hex[:8]}")
     wrapped = _lose_replies(monkeypatch, b.fs, "/k", how)
     assert b.create("k", b"mine") is True and b.read("k") == b"mine"
@@ -168,8 +167,9 @@ def test_s3_create_after_a_lost_reply_is_true_and_false_for_other_bytes(s3_serve
 
 
 @pytest.mark.parametrize("how", ["resent", "dropped"])
-def test_an_s3_encode_whose_commit_reply_was_lost_is_committed_and_kept(s3_server, tmp_path,
-                                                                         monkeypatch, how):
+def test_an_s3_encode_whose_commit_reply_was_lost_is_committed_and_kept(
+    s3_server, tmp_path, monkeypatch, how
+):
     """Item 1: the server applies the conditional PUT of commits/00000001.json, the
     reply is lost, the resend gets 412. The job used to call its own commit another
     job's and delete its draft: the committed version."""
@@ -179,20 +179,22 @@ def test_an_s3_encode_whose_commit_reply_was_lost_is_committed_and_kept(s3_serve
     rng = np.random.default_rng(30)
     neg, pos = rng.standard_normal((300, D)), rng.standard_normal((200, D))
     LinearSLEM(lam=0.1).fit(neg).save(f"{root}/model.zarr")
-    arr = zarr.create_array(store=f"{root}/pos.zarr", shape=pos.shape, dtype="float32",
-                            chunks=(40, D))
+    arr = zarr.create_array(
+        store=f"{root}/pos.zarr", shape=pos.shape, dtype="float32", chunks=(40, D)
+    )
     arr[...] = pos
     wrapped = _lose_replies(monkeypatch, S3Backend(f"{root}/out.zarr").fs, COMMIT_1, how)
-    report = pipeline.encode_job(None, f"{root}/model.zarr", f"{root}/pos.zarr",
-                                 f"{root}/out.zarr", partition_rows=40)
+    report = pipeline.encode_job(
+        None, f"{root}/model.zarr", f"{root}/pos.zarr", f"{root}/out.zarr", partition_rows=40
+    )
     assert sum(c.fired for c in wrapped.values()) == 1  # the fault happened
     assert report.facts["version"] == 1
     assert storage.verify(f"{root}/out.zarr")[1] == []
     model = load_model(f"{root}/model.zarr")
     np.testing.assert_array_equal(
         storage.read_all(f"{root}/out.zarr"),
-        partitionwise(lambda p: model.transform(p, dtype="float32"),
-                      pos.astype("float32"), 40))
+        partitionwise(lambda p: model.transform(p, dtype="float32"), pos.astype("float32"), 40),
+    )
 
 
 # -- item 4: a commit record naming a folder outside its store ---------------------------
@@ -298,8 +300,7 @@ class _Unconditional(LocalBackend):
 
 
 def test_a_store_without_conditional_writes_is_refused_in_one_line(tmp_path, monkeypatch):
-    monkeypatch.setattr(versions, "backend_for",
-                        lambda url: _Unconditional(url[len("file://"):]))
+    monkeypatch.setattr(versions, "backend_for", lambda url: _Unconditional(url[len("file://") :]))
     store = versions.VersionedStore(str(tmp_path / "s.zarr"))
     with pytest.raises(StorageConfigError) as info:
         store.begin()
@@ -316,8 +317,9 @@ def test_a_store_without_conditional_writes_is_refused_in_one_line(tmp_path, mon
 def test_conditional_writes_are_probed_once_per_store(tmp_path, monkeypatch):
     calls = []
     real = LocalBackend.create
-    monkeypatch.setattr(LocalBackend, "create",
-                        lambda self, key, data: calls.append(key) or real(self, key, data))
+    monkeypatch.setattr(
+        LocalBackend, "create", lambda self, key, data: calls.append(key) or real(self, key, data)
+    )
     for name in ("a.zarr", "b.zarr"):
         store = versions.VersionedStore(str(tmp_path / name))
         store.commit(_draft_with(store, 1.0), "model", "one")
@@ -356,23 +358,25 @@ def test_an_s3_store_that_ignores_if_none_match_is_refused(s3_server, monkeypatc
     path = f"s3://{s3_server.bucket}/nocond-{uuid.uuid4().hex[:8]}/s.zarr"
     _ignore_conditions(monkeypatch, path)
     store = versions.VersionedStore(path)
-    with pytest.raises(StorageConfigError,
-                       match=rf"^'{path}': bucket s3://{s3_server.bucket} at "
-                             rf"{s3_server.endpoint} does not refuse .*"
-                             rf"{backends.ACCEPT_NO_CONDITIONAL_WRITES}=1$"):
+    with pytest.raises(
+        StorageConfigError,
+        match=rf"^'{path}': bucket s3://{s3_server.bucket} at "
+        rf"{s3_server.endpoint} does not refuse .*"
+        rf"{backends.ACCEPT_NO_CONDITIONAL_WRITES}=1$",
+    ):
         store.begin()
     # the probe key is gone, nothing else written
     assert store.backend.list("") == [] and backend_for(path.rsplit("/", 1)[0]).list("") == []
 
 
 def test_racing_commits_on_an_accepted_unconditional_store_leave_one_whole_version(
-        tmp_path, monkeypatch):
+    tmp_path, monkeypatch
+):
     """Item 8 with the risk accepted: job B commits between job A's create of the
     record and A's read-back. A learns it lost (it used to report success); neither
     deletes the folder that the record names."""
     monkeypatch.setenv(backends.ACCEPT_NO_CONDITIONAL_WRITES, "1")
-    monkeypatch.setattr(versions, "backend_for",
-                        lambda url: _Unconditional(url[len("file://"):]))
+    monkeypatch.setattr(versions, "backend_for", lambda url: _Unconditional(url[len("file://") :]))
     store = versions.VersionedStore(str(tmp_path / "s.zarr"))
     a, b = _draft_with(store, 1.0), _draft_with(store, 2.0)
     real = _Unconditional.create
@@ -391,14 +395,23 @@ def test_racing_commits_on_an_accepted_unconditional_store_leave_one_whole_versi
     assert not Path(a.location).exists()
 
 
-def test_a_fit_to_an_s3_store_without_conditional_writes_is_one_line(s3_server, corpus,
-                                                                      monkeypatch, capsys):
+def test_a_fit_to_an_s3_store_without_conditional_writes_is_one_line(
+    s3_server, corpus, monkeypatch, capsys
+):
     from slem_dask.cli.main import main
 
     model = f"s3://{s3_server.bucket}/nocond-{uuid.uuid4().hex[:8]}/m.zarr"
     _ignore_conditions(monkeypatch, model)
-    args = ["fit", "--negatives", corpus["negatives"], "--model", model,
-            "--local-cluster", "threads", "--no-progress"]
+    args = [
+        "fit",
+        "--negatives",
+        corpus["negatives"],
+        "--model",
+        model,
+        "--local-cluster",
+        "threads",
+        "--no-progress",
+    ]
     assert main(args) == 1
     err = capsys.readouterr().err
     assert len(err.strip().splitlines()) == 1, err
@@ -419,9 +432,8 @@ class _Unreachable(LocalBackend):
         return super().create(key, data)
 
 
-def test_a_commit_whose_outcome_stays_unknown_says_so_and_keeps_the_draft(tmp_path,
-                                                                          monkeypatch):
-    monkeypatch.setattr(versions, "backend_for", lambda url: _Unreachable(url[len("file://"):]))
+def test_a_commit_whose_outcome_stays_unknown_says_so_and_keeps_the_draft(tmp_path, monkeypatch):
+    monkeypatch.setattr(versions, "backend_for", lambda url: _Unreachable(url[len("file://") :]))
     store = versions.VersionedStore(str(tmp_path / "s.zarr"))
     draft = _draft_with(store, 1.0)
     with pytest.raises(versions.CommitUnknownError) as info:

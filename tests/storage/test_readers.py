@@ -42,9 +42,15 @@ def codes(corpus):
 
 
 # -- plain zarr on P ---------------------------------------------------------------------------
-@pytest.mark.parametrize("call", [
-    lambda p: zarr.open(p), lambda p: zarr.open(p, mode="r"), lambda p: zarr.open_array(p),
-    lambda p: da.from_zarr(p)])
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda p: zarr.open(p),
+        lambda p: zarr.open(p, mode="r"),
+        lambda p: zarr.open_array(p),
+        lambda p: da.from_zarr(p),
+    ],
+)
 def test_plain_zarr_on_an_output_writes_nothing_and_names_the_right_call(codes, call):
     before = _files(codes)
     with pytest.raises(Exception, match=re.escape(RIGHT_CALL)):
@@ -52,8 +58,14 @@ def test_plain_zarr_on_an_output_writes_nothing_and_names_the_right_call(codes, 
     assert _files(codes) == before
 
 
-@pytest.mark.parametrize("call", [lambda p: zarr.open(p), lambda p: zarr.open_group(p),
-                                  lambda p: __import__("xarray").open_zarr(p)])
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda p: zarr.open(p),
+        lambda p: zarr.open_group(p),
+        lambda p: __import__("xarray").open_zarr(p),
+    ],
+)
 def test_plain_zarr_on_a_model_writes_nothing_and_names_the_right_call(corpus, call):
     before = _files(corpus["model"])
     with pytest.raises(Exception, match=re.escape(RIGHT_CALL)):
@@ -61,8 +73,9 @@ def test_plain_zarr_on_a_model_writes_nothing_and_names_the_right_call(corpus, c
     assert _files(corpus["model"]) == before
 
 
-@pytest.mark.parametrize("call", [lambda p: zarr.open_group(p),
-                                  lambda p: __import__("xarray").open_zarr(p)])
+@pytest.mark.parametrize(
+    "call", [lambda p: zarr.open_group(p), lambda p: __import__("xarray").open_zarr(p)]
+)
 def test_other_plain_calls_on_an_output_fail_and_write_nothing(codes, call):
     before = _files(codes)
     with pytest.raises(zarr.errors.ContainsArrayError):
@@ -75,11 +88,13 @@ def test_slem_dask_reads_verifies_and_rewrites_a_store_with_its_marker(corpus, c
     assert verify(codes) == ("output, version 1", [])
     assert ownership.slem_dask_kind(ownership.canonical(codes)) == "encoding"
     ownership.check_may_replace(codes, "--out", kind="encoding")  # no refusal
-    np.testing.assert_array_equal(slem_dask.storage.read_all(codes),
-                                  expected_encoding(corpus, corpus["pos"]))
+    np.testing.assert_array_equal(
+        slem_dask.storage.read_all(codes), expected_encoding(corpus, corpus["pos"])
+    )
     encode_corpus(corpus, codes, corpus["others"], overwrite=True)
-    np.testing.assert_array_equal(slem_dask.storage.read_all(codes),
-                                  expected_encoding(corpus, corpus["other"]))
+    np.testing.assert_array_equal(
+        slem_dask.storage.read_all(codes), expected_encoding(corpus, corpus["other"])
+    )
     assert main(["verify", str(codes), corpus["model"]]) == 0
     assert main(["versions", str(codes)]) == 0
     assert main(["rollback", str(codes), "--to", "1"]) == 0
@@ -98,8 +113,9 @@ def test_the_marker_replaces_the_empty_group_plain_zarr_wrote_and_nothing_else(c
     readers.mark_store_root(versions.VersionedStore(str(codes)), "encoding")  # idempotent
     assert root.read_bytes() == marker
 
-    foreign = json.dumps({"zarr_format": 3, "node_type": "group",
-                          "attributes": {"mine": 1}}).encode()
+    foreign = json.dumps(
+        {"zarr_format": 3, "node_type": "group", "attributes": {"mine": 1}}
+    ).encode()
     root.write_bytes(foreign)  # a document somebody else wrote is never replaced
     encode_corpus(corpus, codes, overwrite=True)
     assert root.read_bytes() == foreign
@@ -174,10 +190,12 @@ def test_new_outputs_carry_dimension_names_and_old_ones_get_them_in_the_view(cor
 
 def test_a_pinned_version_stays_and_the_current_one_moves(corpus, codes):
     encode_corpus(corpus, codes, corpus["others"], overwrite=True)
-    np.testing.assert_array_equal(slem_dask.open_zarr(codes, version=1)[...],
-                                  expected_encoding(corpus, corpus["pos"]))
-    np.testing.assert_array_equal(slem_dask.open_zarr(codes)[...],
-                                  expected_encoding(corpus, corpus["other"]))
+    np.testing.assert_array_equal(
+        slem_dask.open_zarr(codes, version=1)[...], expected_encoding(corpus, corpus["pos"])
+    )
+    np.testing.assert_array_equal(
+        slem_dask.open_zarr(codes)[...], expected_encoding(corpus, corpus["other"])
+    )
     with pytest.raises(versions.VersionError, match="has no version 7"):
         VersionStore(codes, version=7)
     with pytest.raises(versions.VersionError, match="not a slem-dask versioned store"):
@@ -201,8 +219,9 @@ def test_a_member_of_a_versioned_group_opens_as_its_array(corpus):
     from slem_dask.storage import write_group
 
     path = str(corpus["dir"] / "corpus.zarr")
-    write_group(path, {"kind": "corpus"}, {"negatives": corpus["neg"],
-                                           "database": corpus["pos"]}, "corpus")
+    write_group(
+        path, {"kind": "corpus"}, {"negatives": corpus["neg"], "database": corpus["pos"]}, "corpus"
+    )
     arr = slem_dask.open_zarr(f"{path}/negatives")
     assert isinstance(arr, zarr.Array)
     np.testing.assert_array_equal(arr[...], corpus["neg"])
@@ -270,8 +289,7 @@ def test_export_to_zarr_and_npy_round_trips(corpus, codes, capsys):
     assert main(["export", str(codes), "--to", str(npy)]) == 0
     assert "version 1 (encoding (200, 8) float32) exported" in capsys.readouterr().out
     plain = zarr.open(str(out), mode="r")  # a plain zarr array: no versions
-    assert isinstance(plain, zarr.Array) and plain.metadata.dimension_names == ("image",
-                                                                                 "feature")
+    assert isinstance(plain, zarr.Array) and plain.metadata.dimension_names == ("image", "feature")
     assert sorted(os.listdir(out)) == ["c", "zarr.json"]
     np.testing.assert_array_equal(plain[...], expected_encoding(corpus, corpus["pos"]))
     np.testing.assert_array_equal(np.load(npy), expected_encoding(corpus, corpus["other"]))
@@ -281,19 +299,22 @@ def test_export_to_zarr_and_npy_round_trips(corpus, codes, capsys):
     assert main(["export", str(codes), "--to", str(out)]) == 1  # exists: --overwrite
     assert "pass --overwrite" in capsys.readouterr().err
     assert main(["export", str(codes), "--to", str(out), "--overwrite"]) == 0
-    np.testing.assert_array_equal(zarr.open(str(out), mode="r")[...],
-                                  expected_encoding(corpus, corpus["other"]))
+    np.testing.assert_array_equal(
+        zarr.open(str(out), mode="r")[...], expected_encoding(corpus, corpus["other"])
+    )
     assert main(["export", str(codes), "--to", str(npy)]) == 1  # a .npy is never replaced
     assert "never replaces" in capsys.readouterr().err
 
 
 def test_export_creates_the_folders_of_a_npy_as_of_a_zarr(corpus, codes, capsys):
     for name in ("sub/dir/x.npy", "sub2/dir/x.zarr"):
-        assert main(["export", str(codes), "--to", str(corpus["dir"] / name)]) == 0, \
+        assert main(["export", str(codes), "--to", str(corpus["dir"] / name)]) == 0, (
             capsys.readouterr().err
-    np.testing.assert_array_equal(np.load(corpus["dir"] / "sub/dir/x.npy"),
-                                  zarr.open(str(corpus["dir"] / "sub2/dir/x.zarr"),
-                                            mode="r")[...])
+        )
+    np.testing.assert_array_equal(
+        np.load(corpus["dir"] / "sub/dir/x.npy"),
+        zarr.open(str(corpus["dir"] / "sub2/dir/x.zarr"), mode="r")[...],
+    )
     assert [f for f in os.listdir(corpus["dir"] / "sub/dir")] == ["x.npy"]  # no .partial
 
 
@@ -310,8 +331,10 @@ def test_export_under_a_file_says_so_in_one_line_naming_to(corpus, codes, capsys
     to = str(corpus["dir"] / "afile" / name)
     assert main(["export", str(codes), "--to", to]) == 1
     err = capsys.readouterr().err.strip()
-    assert err == (f"slem-dask export: error: --to {to!r}: {str(corpus['dir'] / 'afile')!r} is "
-                   f"a file, not a folder; give an output path whose parent is a folder"), err
+    assert err == (
+        f"slem-dask export: error: --to {to!r}: {str(corpus['dir'] / 'afile')!r} is "
+        f"a file, not a folder; give an output path whose parent is a folder"
+    ), err
     assert (corpus["dir"] / "afile").read_text() == "not a folder"
 
 
@@ -319,15 +342,21 @@ def test_export_under_a_file_says_so_in_one_line_naming_to(corpus, codes, capsys
 def test_export_to_a_kernel_file_system_says_so_without_errno(codes, capsys):
     assert main(["export", str(codes), "--to", "/proc/x.npy"]) == 1
     err = capsys.readouterr().err.strip()
-    assert err.startswith("slem-dask export: error: --to '/proc/x.npy': the folder '/proc' is "
-                          "on a proc file system") and "Errno" not in err, err
+    assert (
+        err.startswith(
+            "slem-dask export: error: --to '/proc/x.npy': the folder '/proc' is "
+            "on a proc file system"
+        )
+        and "Errno" not in err
+    ), err
 
 
 def test_export_of_a_model_loads_and_nothing_foreign_is_replaced(corpus, capsys):
     out = corpus["dir"] / "model-plain.zarr"
     assert main(["export", corpus["model"], "--to", str(out)]) == 0
-    np.testing.assert_array_equal(load_model(str(out)).precision_,
-                                  load_model(corpus["model"]).precision_)
+    np.testing.assert_array_equal(
+        load_model(str(out)).precision_, load_model(corpus["model"]).precision_
+    )
     assert main(["export", corpus["model"], "--to", str(corpus["dir"] / "m.npy")]) == 1
     assert "not an array" in capsys.readouterr().err
     assert main(["export", corpus["model"], "--to", corpus["positives"], "--overwrite"]) == 1
@@ -350,8 +379,9 @@ def test_an_unfinished_export_never_looks_valid_and_is_replaced(corpus, codes, m
         zarr.open(str(out), mode="r")
     monkeypatch.undo()
     exporting.export(codes, out)  # the same command finishes it
-    np.testing.assert_array_equal(zarr.open(str(out), mode="r")[...],
-                                  expected_encoding(corpus, corpus["pos"]))
+    np.testing.assert_array_equal(
+        zarr.open(str(out), mode="r")[...], expected_encoding(corpus, corpus["pos"])
+    )
     assert not (out / PARTIAL_MARKER).exists()
 
 
@@ -371,8 +401,9 @@ def test_the_python_examples_of_reading_outputs_md_run(corpus, codes, monkeypatc
     assert index.ntotal == len(expected)
     brute = np.argsort(-(expected[:3] @ expected.T), axis=1, kind="stable")[:, :5]
     scores = expected[:3] @ expected.T
-    np.testing.assert_allclose(np.take_along_axis(scores, ids, 1),
-                               np.take_along_axis(scores, brute, 1), rtol=1e-5)
+    np.testing.assert_allclose(
+        np.take_along_axis(scores, ids, 1), np.take_along_axis(scores, brute, 1), rtol=1e-5
+    )
 
 
 # -- on S3 (SeaweedFS on 127.0.0.1) ----------------------------------------------------------
@@ -393,7 +424,8 @@ def test_marker_version_store_and_export_on_s3(s3_server, tmp_path, corpus):
     expected = expected_encoding(corpus, corpus["pos"])
     np.testing.assert_array_equal(slem_dask.open_zarr(out)[...], expected)
     np.testing.assert_array_equal(
-        da.from_zarr(VersionStore(out), component="encodings").compute(), expected)
+        da.from_zarr(VersionStore(out), component="encodings").compute(), expected
+    )
     assert main(["export", out, "--to", f"{root}/plain.zarr"]) == 0
     np.testing.assert_array_equal(zarr.open(f"{root}/plain.zarr", mode="r")[...], expected)
     assert main(["export", out, "--to", str(tmp_path / "plain.npy")]) == 0

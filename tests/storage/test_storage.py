@@ -20,8 +20,9 @@ def fitted():
 
 
 def write_array(path, data, chunks=None):
-    arr = zarr.create_array(store=str(path), shape=data.shape, dtype=data.dtype,
-                            chunks=chunks or data.shape)
+    arr = zarr.create_array(
+        store=str(path), shape=data.shape, dtype=data.dtype, chunks=chunks or data.shape
+    )
     arr[...] = data
     return arr
 
@@ -50,8 +51,11 @@ def test_open_input_errors(tmp_path):
         "missing.zarr": (FileNotFoundError, "no zarr array at"),
         "plain": (FileNotFoundError, "no zarr array at"),
         "file.txt": (ValueError, "no zarr array at .*a format slem-dask does not read"),
-        "g.zarr": (ValueError, r"is a zarr group, not an array \(arrays in it: negatives\).*"
-                               r"g.zarr/negatives"),
+        "g.zarr": (
+            ValueError,
+            r"is a zarr group, not an array \(arrays in it: negatives\).*"
+            r"g.zarr/negatives",
+        ),
         "one.zarr": (ValueError, r"shape \(3,\) \(1-D\); expected a 2-D array"),
         "three.zarr": (ValueError, r"\(3-D\); expected a 2-D array"),
         "text.zarr": (TypeError, "expected real numbers"),
@@ -154,7 +158,8 @@ def test_load_model_errors(tmp_path, fitted):
     with pytest.raises(FileNotFoundError, match="no zarr store at"):
         load_model(str(tmp_path / "missing.zarr"))
     zarr.open_group(store=str(tmp_path / "foreign.zarr"), mode="w").create_array(
-        "mean", shape=(6,), dtype="f8")
+        "mean", shape=(6,), dtype="f8"
+    )
     with pytest.raises(ValueError, match="not written by slem-dask"):
         load_model(str(tmp_path / "foreign.zarr"))
     write_array(tmp_path / "array.zarr", np.zeros((3, 3)))
@@ -196,11 +201,14 @@ def test_load_model_detects_tampered_params(tmp_path, fitted):
         load_model(path)
 
 
-@pytest.mark.parametrize("change,message", [
-    ({"format_version": 99}, "format_version 99"),
-    ({"model": "NoSuchSLEM"}, "'NoSuchSLEM' model"),
-    ({"kind": "encoding"}, "not written by slem-dask"),
-])
+@pytest.mark.parametrize(
+    "change,message",
+    [
+        ({"format_version": 99}, "format_version 99"),
+        ({"model": "NoSuchSLEM"}, "'NoSuchSLEM' model"),
+        ({"kind": "encoding"}, "not written by slem-dask"),
+    ],
+)
 def test_load_model_refuses_unknown_metadata(tmp_path, fitted, change, message):
     path = str(tmp_path / "model.zarr")
     fitted.save(path)
@@ -251,12 +259,13 @@ def test_write_partition_writes_the_chunk_zarr_writes(tmp_path, dtype):
     ours = storage.create_output(str(tmp_path / "ours.zarr"), (10, 3), 4, dtype, {})
     theirs = storage.create_output(str(tmp_path / "theirs.zarr"), (10, 3), 4, dtype, {})
     for i in range(3):
-        got = storage.write_partition(data[4 * i:4 * i + 4], ours, i)
+        got = storage.write_partition(data[4 * i : 4 * i + 4], ours, i)
         assert got.tolist() == [[i, storage.stored_crc32c(ours, i)]]
     theirs[...] = data
     for key in ("c/0/0", "c/1/0", "c/2/0"):
-        assert (tmp_path / "ours.zarr" / key).read_bytes() == \
-            (tmp_path / "theirs.zarr" / key).read_bytes(), key
+        assert (tmp_path / "ours.zarr" / key).read_bytes() == (
+            tmp_path / "theirs.zarr" / key
+        ).read_bytes(), key
     np.testing.assert_array_equal(zarr.open_array(str(tmp_path / "ours.zarr"))[...], data)
     assert _write_local_chunk(ours, 0, data[:4]) and not _write_local_chunk(ours, 2, data[8:])
     assert not [f for _, _, files in os.walk(tmp_path) for f in files if ".partial" in f]

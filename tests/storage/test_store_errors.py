@@ -34,6 +34,7 @@ def _failure(backend, op):
 
 # -- S3 ------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("op", OPERATIONS)
 def test_describe_error_wrong_secret(s3_server, monkeypatch, op):
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "not-the-secret")
@@ -78,10 +79,13 @@ def test_describe_error_unreachable_endpoint(monkeypatch, tmp_path, op):
 
     closed = f"http://127.0.0.1:{free_port()}"  # nothing listens there
     monkeypatch.setenv("AWS_ENDPOINT_URL", closed)
-    for name, value in {"AWS_ACCESS_KEY_ID": "k", "AWS_SECRET_ACCESS_KEY": "s",
-                        "AWS_EC2_METADATA_DISABLED": "true",
-                        "AWS_CONFIG_FILE": str(tmp_path / "none"),
-                        "AWS_SHARED_CREDENTIALS_FILE": str(tmp_path / "none")}.items():
+    for name, value in {
+        "AWS_ACCESS_KEY_ID": "k",
+        "AWS_SECRET_ACCESS_KEY": "s",
+        "AWS_EC2_METADATA_DISABLED": "true",
+        "AWS_CONFIG_FILE": str(tmp_path / "none"),
+        "AWS_SHARED_CREDENTIALS_FILE": str(tmp_path / "none"),
+    }.items():
         monkeypatch.setenv(name, value)
     # no resends (s3fs and botocore would take 6 s to give up)
     b = S3Backend("s3://bucket/p", config_kwargs={"retries": {"max_attempts": 1}})
@@ -105,8 +109,12 @@ def gcs(gcs_emulator, monkeypatch):
 
 @pytest.fixture
 def azure(azure_emulator, monkeypatch):
-    for name in ("AZURE_STORAGE_ACCOUNT_NAME", "AZURE_STORAGE_ACCOUNT_KEY",
-                 "AZURE_STORAGE_SAS_TOKEN", "AZURE_STORAGE_CLIENT_ID"):
+    for name in (
+        "AZURE_STORAGE_ACCOUNT_NAME",
+        "AZURE_STORAGE_ACCOUNT_KEY",
+        "AZURE_STORAGE_SAS_TOKEN",
+        "AZURE_STORAGE_CLIENT_ID",
+    ):
         monkeypatch.delenv(name, raising=False)
     for name, value in azure_emulator.env().items():
         monkeypatch.setenv(name, value)
@@ -114,6 +122,7 @@ def azure(azure_emulator, monkeypatch):
 
 
 # -- a missing bucket (container) ------------------------------------------------------
+
 
 @pytest.mark.parametrize("op", OPERATIONS)
 def test_gcs_missing_bucket(gcs, op):
@@ -132,13 +141,16 @@ def test_azure_missing_container(azure, op):
 
 
 def test_a_missing_key_in_an_existing_bucket_is_no_error(gcs, azure):
-    for backend in (GCSBackend(f"gs://{gcs.bucket}/{uuid.uuid4().hex}"),
-                    AzureBackend(f"az://{azure.bucket}/{uuid.uuid4().hex}")):
+    for backend in (
+        GCSBackend(f"gs://{gcs.bucket}/{uuid.uuid4().hex}"),
+        AzureBackend(f"az://{azure.bucket}/{uuid.uuid4().hex}"),
+    ):
         assert backend.read("k") is None and backend.list("") == []
         assert not backend.exists("k")
 
 
 # -- credentials -----------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("op", OPERATIONS)
 def test_azure_wrong_key(azure, monkeypatch, op):
@@ -179,6 +191,7 @@ def test_gcs_refused_credentials_and_denials(monkeypatch, tmp_path):
 
 # -- unreachable endpoints ------------------------------------------------------------
 
+
 @pytest.mark.slow  # gcsfs's five resends wait 31 s
 def test_gcs_unreachable_endpoint(monkeypatch):
     from s3server import free_port
@@ -198,20 +211,24 @@ def test_azure_unreachable_endpoint(azure, monkeypatch):
     monkeypatch.setattr(ExponentialRetry, "get_backoff_time", lambda self, settings: 0)
 
     closed = azure.endpoint.rsplit(":", 1)[0] + f":{free_port()}"
-    monkeypatch.setenv("AZURE_STORAGE_CONNECTION_STRING",
-                       azure.connection_string().replace(azure.endpoint, closed))
+    monkeypatch.setenv(
+        "AZURE_STORAGE_CONNECTION_STRING", azure.connection_string().replace(azure.endpoint, closed)
+    )
     message = _failure(AzureBackend(f"az://{azure.bucket}/p"), "read")
     assert closed in message and "AZURE_STORAGE_CONNECTION_STRING" in message
 
 
 # -- create after an ambiguous outcome -----------------------------------------------------
 
+
 def test_create_is_true_when_the_object_already_holds_its_own_bytes(gcs, azure):
     """A create whose first request landed but whose reply was lost is resent by the
     client and refused (412 on GCS, 409 on Azure): the object is read back, and the
     create is True if it holds exactly the bytes written, False otherwise."""
-    for backend in (GCSBackend(f"gs://{gcs.bucket}/{uuid.uuid4().hex}"),
-                    AzureBackend(f"az://{azure.bucket}/{uuid.uuid4().hex}")):
+    for backend in (
+        GCSBackend(f"gs://{gcs.bucket}/{uuid.uuid4().hex}"),
+        AzureBackend(f"az://{azure.bucket}/{uuid.uuid4().hex}"),
+    ):
         backend.put("k", b"mine")  # as if the first request had landed
         assert backend.create("k", b"mine") is True
         assert backend.create("k", b"theirs") is False
@@ -223,8 +240,11 @@ def test_gs_and_az_aliases_name_one_store():
     from slem_dask.storage.paths import canonical
 
     assert canonical("gcs://b/x.zarr/") == canonical("gs://b/x.zarr")
-    assert canonical("abfs://c/x.zarr") == canonical("abfss://c/./x.zarr") \
+    assert (
+        canonical("abfs://c/x.zarr")
+        == canonical("abfss://c/./x.zarr")
         == canonical("az://c/x.zarr")
+    )
 
 
 def test_gcs_refuses_to_commit_on_a_zonal_bucket(gcs, monkeypatch):
@@ -256,11 +276,15 @@ def test_an_abfs_url_with_the_account_in_its_host(azure, monkeypatch):
     assert b.storage_options == {"account_name": "myaccount"}
     again = pickle.loads(pickle.dumps(b))
     assert (again.root, again.bucket, again.storage_options) == (
-        b.root, "data", {"account_name": "myaccount"})
+        b.root,
+        "data",
+        {"account_name": "myaccount"},
+    )
     # on the emulator, whose account is devstoreaccount1
-    local = AzureBackend(f"az://{azure.bucket}@devstoreaccount1.blob.core.windows.net/"
-                         f"{uuid.uuid4().hex}",
-                         connection_string=azure.connection_string())
+    local = AzureBackend(
+        f"az://{azure.bucket}@devstoreaccount1.blob.core.windows.net/{uuid.uuid4().hex}",
+        connection_string=azure.connection_string(),
+    )
     local.put("k", b"v")
     assert local.read("k") == b"v" and local.create("k", b"w") is False
     local.remove_tree("")
@@ -281,5 +305,8 @@ def test_one_probe_scope_per_bucket_and_endpoint(gcs, azure):
     a, b = GCSBackend(f"gs://{gcs.bucket}/x"), GCSBackend(f"gs://{gcs.bucket}/y/z")
     assert a.probe_scope() == b.probe_scope() == f"bucket gs://{gcs.bucket} at {gcs.endpoint}"
     assert GCSBackend("gs://other/x").probe_scope() != a.probe_scope()
-    assert AzureBackend(f"az://{azure.bucket}/p").probe_scope().startswith(
-        f"container az://{azure.bucket} at ")
+    assert (
+        AzureBackend(f"az://{azure.bucket}/p")
+        .probe_scope()
+        .startswith(f"container az://{azure.bucket} at ")
+    )

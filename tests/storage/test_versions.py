@@ -34,8 +34,10 @@ def test_of_two_jobs_from_one_head_one_commits_and_the_other_is_told_who(tmp_pat
     for draft, value in ((first, 1.0), (second, 2.0)):
         zarr.open_group(store=draft.location, mode="w").attrs["value"] = value
     store.commit(second, "model", "job two")
-    with pytest.raises(versions.CommitConflictError,
-                       match=r"version 1 was committed by job two on host .* run it again"):
+    with pytest.raises(
+        versions.CommitConflictError,
+        match=r"version 1 was committed by job two on host .* run it again",
+    ):
         store.commit(first, "model", "job one")
     assert storage.open_node(store.path).attrs["value"] == 2.0
     # the loser's draft is dead (its sequence is taken): the next commit deletes it
@@ -98,14 +100,17 @@ def test_rollback_to_the_version_already_current_commits_nothing(tmp_path, capsy
     store = versions.VersionedStore(path)
     assert store.rollback(2) == store.head() and len(store.commits()) == 2  # the head
     assert main(["rollback", path, "--to", "2"]) == 0
-    assert capsys.readouterr().out == (f"{store.path}: version 2 is already current; nothing "
-                                       f"to roll back, no version committed\n")
+    assert capsys.readouterr().out == (
+        f"{store.path}: version 2 is already current; nothing to roll back, no version committed\n"
+    )
     assert main(["rollback", path, "--to", "1"]) == 0  # a change: a new commit
     assert capsys.readouterr().out == f"{store.path}: version 3 is now current (rollback to 1)\n"
     assert main(["rollback", path, "--to", "1"]) == 0  # version 3 holds version 1 already
-    assert capsys.readouterr().out == (f"{store.path}: version 1 is already current (as "
-                                       f"version 3, rollback to 1); nothing to roll back, no "
-                                       f"version committed\n")
+    assert capsys.readouterr().out == (
+        f"{store.path}: version 1 is already current (as "
+        f"version 3, rollback to 1); nothing to roll back, no "
+        f"version committed\n"
+    )
     assert [c.seq for c in store.commits()] == [1, 2, 3] and load_model(path).lam == 0.1
 
 
@@ -134,8 +139,10 @@ def test_a_job_that_lost_its_output_can_never_change_what_readers_see(corpus, mo
     np.testing.assert_array_equal(storage.read_all(out), expected_encoding(corpus, corpus["other"]))
     assert main(["verify", str(out)]) == 0
     # A's draft gone, with its marker; B's version and its marker stay
-    assert sorted(os.listdir(out / "versions")) == [head(out).name,
-                                                    head(out).name + versions.MARKER]
+    assert sorted(os.listdir(out / "versions")) == [
+        head(out).name,
+        head(out).name + versions.MARKER,
+    ]
 
 
 def test_a_stalled_job_whose_lease_was_taken_over_says_so_first(corpus, monkeypatch):
@@ -145,8 +152,11 @@ def test_a_stalled_job_whose_lease_was_taken_over_says_so_first(corpus, monkeypa
     def stolen(client, obj, progress):
         result = real_compute(client, obj, progress)
         lease_file = Path(str(out.parent / f".{out.name}.slem-dask-lease"))
-        lease_file.write_text(json.dumps({"token": "another", "job": "slem-dask encode",
-                                          "host": "elsewhere", "pid": 7}))
+        lease_file.write_text(
+            json.dumps(
+                {"token": "another", "job": "slem-dask encode", "host": "elsewhere", "pid": 7}
+            )
+        )
         return result
 
     monkeypatch.setattr(pipeline.common, "_compute", stolen)
@@ -208,14 +218,18 @@ def test_a_swapped_chunk_is_not_the_chunk_that_was_written(corpus):
 # -- leases: liveness without comparing clocks ---------------------------------------------
 def _foreign_lease(target, **fields):
     lease = leases.Lease(target, "a job elsewhere")
-    record = {**lease._record(), "pid_ns": "pid:[1]", "host": "other-host",
-              "started": "2031-01-01 00:00:00 UTC", **fields}
+    record = {
+        **lease._record(),
+        "pid_ns": "pid:[1]",
+        "host": "other-host",
+        "started": "2031-01-01 00:00:00 UTC",
+        **fields,
+    }
     lease._backend.create(lease._key, json.dumps(record).encode())
     return lease
 
 
-def test_a_silent_lease_from_another_namespace_is_taken_over_after_the_ttl(tmp_path,
-                                                                         monkeypatch):
+def test_a_silent_lease_from_another_namespace_is_taken_over_after_the_ttl(tmp_path, monkeypatch):
     monkeypatch.setattr(leases, "LEASE_TTL", 1.2)
     target = tmp_path / "out.zarr"
     _foreign_lease(target, pid=os.getpid())  # a live pid here means nothing there

@@ -14,8 +14,14 @@ import compare_bands  # noqa: E402
 
 def test_a_floor_slower_than_its_contender_gives_no_ratio(capsys):
     # the floor's best (0.30 s) is slower than slem-dask's best (0.25 s)
-    out = C.band("fit floor / slem-dask", [0.31, 0.30, 0.33], [0.25, 0.26, 0.27], 0.15,
-                 names=("floor", "slem-dask"), floor=True)
+    out = C.band(
+        "fit floor / slem-dask",
+        [0.31, 0.30, 0.33],
+        [0.25, 0.26, 0.27],
+        0.15,
+        names=("floor", "slem-dask"),
+        floor=True,
+    )
     text = capsys.readouterr().out
     assert out["ratio"] is None and out["not_a_floor"]
     assert "floor slower than slem-dask: not a floor in this run" in text
@@ -46,17 +52,21 @@ def test_one_round_is_checked_between_runs_only():
 
 def _saved(tmp_path, name, ratios):
     path = tmp_path / name
-    path.write_text("".join(
-        f"noise\nBAND {json.dumps({'label': label, 'ratio': r, 'band': 0.15, 'inside': True})}\n"
-        for label, r in ratios.items()))
+    path.write_text(
+        "".join(
+            f"noise\nBAND {json.dumps({'label': label, 'ratio': r, 'band': 0.15, 'inside': True})}\n"
+            for label, r in ratios.items()
+        )
+    )
     return str(path)
 
 
 def test_compare_bands_pairs_two_runs(tmp_path, capsys):
     a = _saved(tmp_path, "a.txt", {"x": 1.00, "y": 2.0})
     b = _saved(tmp_path, "b.txt", {"x": 1.10, "y": 2.5})
-    rows = {r["label"]: r for r in compare_bands.compare(compare_bands.bands(a),
-                                                         compare_bands.bands(b))}
+    rows = {
+        r["label"]: r for r in compare_bands.compare(compare_bands.bands(a), compare_bands.bands(b))
+    }
     assert rows["x"]["between"] and not rows["y"]["between"]
     assert compare_bands.main([a, b]) == 1
     assert compare_bands.main([a, a, "--markdown"]) == 0

@@ -70,8 +70,14 @@ def test_dockerfile_installs_the_package():
 
 def test_slurm_launcher_renders_job_script(tmp_path):
     launcher = _load(DEPLOY / "slurm" / "slurm_run.py")
-    cluster = launcher.make_cluster(cores=8, memory="32GB", walltime="02:00:00",
-                                    queue="normal", account="proj", venv="/opt/venv")
+    cluster = launcher.make_cluster(
+        cores=8,
+        memory="32GB",
+        walltime="02:00:00",
+        queue="normal",
+        account="proj",
+        venv="/opt/venv",
+    )
     try:
         script = cluster.job_script()
     finally:
@@ -98,14 +104,22 @@ def test_slurm_launcher_without_venv_keeps_this_python(tmp_path):
 
 def test_slurm_launcher_print_job_script_cli(tmp_path, capsys):
     launcher = _load(DEPLOY / "slurm" / "slurm_run.py")
-    assert launcher.main([str(ROOT / "jobs" / "corpus_reprocess.toml"), "--cores", "4",
-                          "--print-job-script"]) == 0
+    assert (
+        launcher.main(
+            [str(ROOT / "jobs" / "corpus_reprocess.toml"), "--cores", "4", "--print-job-script"]
+        )
+        == 0
+    )
     assert "#!/usr/bin/env bash" in capsys.readouterr().out
 
 
 def test_systemd_units_are_well_formed():
-    for name in ("dask-scheduler.service", "dask-worker@.service", "slem-reprocess.service",
-                 "slem-reprocess.timer"):
+    for name in (
+        "dask-scheduler.service",
+        "dask-worker@.service",
+        "slem-reprocess.service",
+        "slem-reprocess.timer",
+    ):
         parser = configparser.ConfigParser(interpolation=None, strict=True)
         parser.optionxform = str
         parser.read_string((DEPLOY / "hosts" / name).read_text())
@@ -130,30 +144,74 @@ def test_cli_over_tls_with_generated_certificates(tmp_path):
     certs = _load(DEPLOY / "tls" / "make_certs.py").make_certs(str(tmp_path / "tls"))
     tls = ["--tls-ca-file", certs["ca"], "--tls-cert", certs["cert"], "--tls-key", certs["key"]]
     sched_file = tmp_path / "scheduler.json"
-    procs = [subprocess.Popen(
-        [str(BIN / "dask"), "scheduler", "--protocol", "tls", "--host", "127.0.0.1",
-         "--port", "0", "--no-dashboard", "--scheduler-file", str(sched_file), *tls],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)]
+    procs = [
+        subprocess.Popen(
+            [
+                str(BIN / "dask"),
+                "scheduler",
+                "--protocol",
+                "tls",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                "0",
+                "--no-dashboard",
+                "--scheduler-file",
+                str(sched_file),
+                *tls,
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+    ]
     try:
         address = scheduler_address(sched_file)
         assert address.startswith("tls://")
-        procs.append(subprocess.Popen(
-            [str(BIN / "dask"), "worker", address, "--nthreads", "1", "--no-dashboard",
-             "--host", "127.0.0.1", *tls], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+        procs.append(
+            subprocess.Popen(
+                [
+                    str(BIN / "dask"),
+                    "worker",
+                    address,
+                    "--nthreads",
+                    "1",
+                    "--no-dashboard",
+                    "--host",
+                    "127.0.0.1",
+                    *tls,
+                ],
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
+        )
         x = np.random.default_rng(0).standard_normal((500, 8)).astype("float32")
-        zarr.create_array(str(tmp_path / "neg.zarr"), shape=x.shape, dtype="float32",
-                          chunks=(100, 8))[...] = x
-        cmd = [str(BIN / "slem-dask"), "fit", "--negatives", str(tmp_path / "neg.zarr"),
-               "--model", str(tmp_path / "model.zarr"), "--scheduler", address, "--no-progress"]
+        zarr.create_array(
+            str(tmp_path / "neg.zarr"), shape=x.shape, dtype="float32", chunks=(100, 8)
+        )[...] = x
+        cmd = [
+            str(BIN / "slem-dask"),
+            "fit",
+            "--negatives",
+            str(tmp_path / "neg.zarr"),
+            "--model",
+            str(tmp_path / "model.zarr"),
+            "--scheduler",
+            address,
+            "--no-progress",
+        ]
         plain = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
         assert plain.returncode != 0  # a TLS scheduler refuses a client without certificates
         assert not (tmp_path / "model.zarr").exists()
         done = subprocess.run(cmd + tls, capture_output=True, text=True, timeout=120)
         assert done.returncode == 0, done.stderr
-        got, want = load_model(str(tmp_path / "model.zarr")), LinearSLEM(
-            precision="float64").fit(x)  # float32 negatives: the 1e-5 precision contract
-        assert np.abs(got.covariance_ - want.covariance_).max() <= 1e-5 * np.abs(
-            want.covariance_).max()
+        got, want = (
+            load_model(str(tmp_path / "model.zarr")),
+            LinearSLEM(precision="float64").fit(x),
+        )  # float32 negatives: the 1e-5 precision contract
+        assert (
+            np.abs(got.covariance_ - want.covariance_).max()
+            <= 1e-5 * np.abs(want.covariance_).max()
+        )
     finally:
         for p in procs:
             p.terminate()
@@ -166,6 +224,7 @@ def test_worker_dask_config_matches_local_clusters():
 
     cfg = yaml.safe_load((DEPLOY / "dask" / "slem-workers.yaml").read_text())
     environ = cfg["distributed"]["nanny"]["pre-spawn-environ"]
-    assert {f"distributed.nanny.pre-spawn-environ.{k}": v for k, v in environ.items()} \
-        == WORKER_MALLOC
+    assert {
+        f"distributed.nanny.pre-spawn-environ.{k}": v for k, v in environ.items()
+    } == WORKER_MALLOC
     assert "/etc/dask/slem-workers.yaml" in (DEPLOY / "docker" / "Dockerfile").read_text()

@@ -7,10 +7,16 @@ from helpers import ROOT
 MATH = ROOT / "docs" / "math.md"
 TEXT = {".py", ".md", ".sh", ".toml"}
 # Where the code and the docs cite equations (tests cite them too).
-CITING = [ROOT / "README.md",
-          *(p for folder in ("slem_dask", "benchmarks", "jobs")
-            for p in sorted((ROOT / folder).rglob("*")) if p.suffix in TEXT),
-          *(p for p in sorted((ROOT / "tests").rglob("*.py")) if p.name != "test_docs.py")]
+CITING = [
+    ROOT / "README.md",
+    *(
+        p
+        for folder in ("slem_dask", "benchmarks", "jobs")
+        for p in sorted((ROOT / folder).rglob("*"))
+        if p.suffix in TEXT
+    ),
+    *(p for p in sorted((ROOT / "tests").rglob("*.py")) if p.name != "test_docs.py"),
+]
 CITATION = re.compile(r"docs/math\.md#([A-Za-z0-9_-]+)")
 
 
@@ -46,8 +52,10 @@ def test_code_and_readme_cite_math_md_not_the_papers():
     """The source documents are outside the repository: a clone would have dangling
     references. Cite docs/math.md#label instead."""
     paper = re.compile(r"\w+\.tex\b|shared/papers|papers README|\beq\. \w")
-    offenders = [f"{path.relative_to(ROOT)}:{n}: {line.strip()}"
-                 for path in CITING
-                 for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
-                 if paper.search(line)]
+    offenders = [
+        f"{path.relative_to(ROOT)}:{n}: {line.strip()}"
+        for path in CITING
+        for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
+        if paper.search(line)
+    ]
     assert not offenders, "\n".join(offenders)

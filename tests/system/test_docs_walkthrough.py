@@ -53,11 +53,11 @@ def test_a_worker_without_the_clients_s3_variables_is_told_to_set_them(monkeypat
     assert "mount it" not in message and "\n" not in message
 
 
-@pytest.mark.parametrize("command, option", [("encode", "--out"), ("fit", "--model"),
-                                             ("search", "--out")])
+@pytest.mark.parametrize(
+    "command, option", [("encode", "--out"), ("fit", "--model"), ("search", "--out")]
+)
 @pytest.mark.parametrize("name", ["codes.npy", "codes.h5", "codes.fvecs"])
-def test_a_new_store_named_as_a_file_format_is_refused(command, option, name, tmp_path,
-                                                       capsys):
+def test_a_new_store_named_as_a_file_format_is_refused(command, option, name, tmp_path, capsys):
     # `slem-dask encode ... --out codes.npy` made a folder codes.npy that np.load cannot
     # open; the user wanted a .npy file, which `slem-dask export` writes
     import numpy as np
@@ -68,9 +68,11 @@ def test_a_new_store_named_as_a_file_format_is_refused(command, option, name, tm
     np.save(rows, np.random.default_rng(0).standard_normal((50, 4)))
     if command == "encode":
         LinearSLEM().fit(np.load(rows)).save(str(tmp_path / "m.zarr"))
-    given = {"fit": ["--negatives", str(rows)],
-             "encode": ["--model", str(tmp_path / "m.zarr"), "--positives", str(rows)],
-             "search": ["--queries", str(rows), "--database", str(rows), "--k", "3"]}[command]
+    given = {
+        "fit": ["--negatives", str(rows)],
+        "encode": ["--model", str(tmp_path / "m.zarr"), "--positives", str(rows)],
+        "search": ["--queries", str(rows), "--database", str(rows), "--k", "3"],
+    }[command]
     target = tmp_path / name
     assert main([command, *given, option, str(target)]) == 1
     err = capsys.readouterr().err.strip()
@@ -80,8 +82,7 @@ def test_a_new_store_named_as_a_file_format_is_refused(command, option, name, tm
 
 
 @pytest.mark.parametrize("given", ["model", "search result"])
-def test_a_model_or_search_result_given_as_descriptors_is_named_as_such(given, tmp_path,
-                                                                         capsys):
+def test_a_model_or_search_result_given_as_descriptors_is_named_as_such(given, tmp_path, capsys):
     # `slem-dask search --database model.zarr` said "give the path of an array inside it,
     # e.g. model.zarr/covariance": searching a covariance matrix is never what was meant
     import numpy as np
@@ -93,12 +94,40 @@ def test_a_model_or_search_result_given_as_descriptors_is_named_as_such(given, t
     LinearSLEM().fit(rows).save(model)
     hits = str(tmp_path / "hits.zarr")
     np.save(tmp_path / "q.npy", rows)
-    assert main(["search", "--queries", str(tmp_path / "q.npy"), "--database",
-                 str(tmp_path / "q.npy"), "--k", "3", "--out", hits]) == 0
+    assert (
+        main(
+            [
+                "search",
+                "--queries",
+                str(tmp_path / "q.npy"),
+                "--database",
+                str(tmp_path / "q.npy"),
+                "--k",
+                "3",
+                "--out",
+                hits,
+            ]
+        )
+        == 0
+    )
     capsys.readouterr()
     wrong = {"model": model, "search result": hits}[given]
-    assert main(["search", "--queries", str(tmp_path / "q.npy"), "--database", wrong,
-                 "--k", "3", "--out", str(tmp_path / "h2.zarr")]) == 1
+    assert (
+        main(
+            [
+                "search",
+                "--queries",
+                str(tmp_path / "q.npy"),
+                "--database",
+                wrong,
+                "--k",
+                "3",
+                "--out",
+                str(tmp_path / "h2.zarr"),
+            ]
+        )
+        == 1
+    )
     err = capsys.readouterr().err.strip()
     assert "\n" not in err and f"database: {wrong!r} is a slem-dask {given}" in err
     assert "covariance" not in err and "indices" not in err and "slem-dask encode" in err
@@ -118,14 +147,37 @@ def test_a_chunk_missing_from_an_output_says_to_run_the_encode_again(tmp_path, c
     np.save(tmp_path / "p.npy", rows)
     model, out = str(tmp_path / "m.zarr"), str(tmp_path / "codes.zarr")
     LinearSLEM().fit(rows).save(model)
-    encode = ["encode", "--model", model, "--positives", str(tmp_path / "p.npy"),
-              "--out", out, "--partition-rows", "10"]
+    encode = [
+        "encode",
+        "--model",
+        model,
+        "--positives",
+        str(tmp_path / "p.npy"),
+        "--out",
+        out,
+        "--partition-rows",
+        "10",
+    ]
     assert main(encode) == 0
     (chunk,) = glob.glob(f"{out}/versions/*/c/2/0")
     os.remove(chunk)
     capsys.readouterr()
-    assert main(["search", "--queries", str(tmp_path / "p.npy"), "--database", out,
-                 "--k", "3", "--out", str(tmp_path / "hits.zarr")]) == 1
+    assert (
+        main(
+            [
+                "search",
+                "--queries",
+                str(tmp_path / "p.npy"),
+                "--database",
+                out,
+                "--k",
+                "3",
+                "--out",
+                str(tmp_path / "hits.zarr"),
+            ]
+        )
+        == 1
+    )
     err = capsys.readouterr().err.strip()
     assert "\n" not in err and "chunk 'c/2/0' (rows 20-29) is missing" in err
     assert "write_empty_chunks" not in err and "zeros" not in err

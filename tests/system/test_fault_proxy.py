@@ -29,8 +29,13 @@ D = 8
 def proxy(seaweedfs_server, monkeypatch):
     """SeaweedFS behind a fault proxy: the S3 variables name the proxy."""
     with FaultProxy(seaweedfs_server.endpoint) as proxy:
-        for name in ("AWS_PROFILE", "AWS_DEFAULT_PROFILE", "AWS_SESSION_TOKEN",
-                     "AWS_ENDPOINT_URL_S3", "AWS_REGION"):
+        for name in (
+            "AWS_PROFILE",
+            "AWS_DEFAULT_PROFILE",
+            "AWS_SESSION_TOKEN",
+            "AWS_ENDPOINT_URL_S3",
+            "AWS_REGION",
+        ):
             monkeypatch.delenv(name, raising=False)
         for name, value in seaweedfs_server.env().items():
             monkeypatch.setenv(name, value)
@@ -43,19 +48,27 @@ def proxy(seaweedfs_server, monkeypatch):
 
 def _inputs(root: str) -> dict:
     rng = np.random.default_rng(5)
-    data = {name: rng.standard_normal((160, D)).astype("float32")
-            for name in ("neg", "pos", "other")}
+    data = {
+        name: rng.standard_normal((160, D)).astype("float32") for name in ("neg", "pos", "other")
+    }
     for name, rows in data.items():
-        arr = zarr.create_array(store=f"{root}/{name}.zarr", shape=rows.shape,
-                                dtype=rows.dtype, chunks=(40, D),
-                                config={"write_empty_chunks": True})
+        arr = zarr.create_array(
+            store=f"{root}/{name}.zarr",
+            shape=rows.shape,
+            dtype=rows.dtype,
+            chunks=(40, D),
+            config={"write_empty_chunks": True},
+        )
         arr[...] = rows
     return data
 
 
 def _run(command: list, capsys) -> tuple[int, str]:
-    code = main([*command, "--local-cluster", "threads", "--no-progress"]
-                if command[0] != "rollback" else command)
+    code = main(
+        [*command, "--local-cluster", "threads", "--no-progress"]
+        if command[0] != "rollback"
+        else command
+    )
     return code, capsys.readouterr().err
 
 
@@ -63,11 +76,30 @@ def _commands(root: str) -> list:
     model, out, hits = f"{root}/model.zarr", f"{root}/out.zarr", f"{root}/hits.zarr"
     return [
         ["fit", "--negatives", f"{root}/neg.zarr", "--model", model, "--lam", "0.1"],
-        ["encode", "--model", model, "--positives", f"{root}/other.zarr", "--out", out,
-         "--partition-rows", "40"],
+        [
+            "encode",
+            "--model",
+            model,
+            "--positives",
+            f"{root}/other.zarr",
+            "--out",
+            out,
+            "--partition-rows",
+            "40",
+        ],
         ["search", "--queries", out, "--database", out, "--k", "3", "--out", hits],
-        ["encode", "--model", model, "--positives", f"{root}/pos.zarr", "--out", out,
-         "--partition-rows", "40", "--overwrite"],
+        [
+            "encode",
+            "--model",
+            model,
+            "--positives",
+            f"{root}/pos.zarr",
+            "--out",
+            out,
+            "--partition-rows",
+            "40",
+            "--overwrite",
+        ],
         ["rollback", out, "--to", "1"],
     ]
 
@@ -93,8 +125,7 @@ FAULTS = {
 def test_jobs_through_the_fault_proxy_keep_every_invariant(proxy, fault, capsys):
     root = f"s3://{proxy.bucket}/fp-{uuid.uuid4().hex[:8]}"
     data = _inputs(root)
-    rule = Rule(**{k: v for k, v in vars(FAULTS[fault]).items()
-                   if k not in ("fired", "_keys")})
+    rule = Rule(**{k: v for k, v in vars(FAULTS[fault]).items() if k not in ("fired", "_keys")})
     failures = []
     for command in _commands(root):
         proxy.rules = [rule]
@@ -104,8 +135,10 @@ def test_jobs_through_the_fault_proxy_keep_every_invariant(proxy, fault, capsys)
             assert len(err.strip().splitlines()) == 1, err
             failures.append(err.strip())
             code, err = _run(command, capsys)
-            assert code == 0, (f"{command[0]} run again without the fault failed: {err} "
-                               f"(its first run: {failures[-1]}; proxy: {proxy.fired})")
+            assert code == 0, (
+                f"{command[0]} run again without the fault failed: {err} "
+                f"(its first run: {failures[-1]}; proxy: {proxy.fired})"
+            )
     assert rule.fired > 0, f"the fault {fault} never fired"
     _check_stores(root, data)
     print(f"{fault}: fired {rule.fired} times; jobs that failed first: {failures}")
@@ -120,11 +153,12 @@ def _check_stores(root: str, data: dict) -> None:
         store = versions.VersionedStore(path)
         head = store.head()
         store.check(head)  # the head's folder is there and matches its record
-        for commit in store.commits()[-(versions.KEEP_VERSIONS - 1):]:
+        for commit in store.commits()[-(versions.KEEP_VERSIONS - 1) :]:
             store.check(commit)  # kept versions readable
     model = load_model(f"{root}/model.zarr")
     encoded = storage.read_all(f"{root}/out.zarr")  # rolled back to version 1: "other"
-    np.testing.assert_allclose(encoded, model.transform(data["other"], dtype="float32"),
-                               rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(
+        encoded, model.transform(data["other"], dtype="float32"), rtol=1e-5, atol=1e-6
+    )
     _, indices = open_search_result(f"{root}/hits.zarr")
     assert indices.shape == (len(data["other"]), 3)

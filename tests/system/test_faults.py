@@ -40,9 +40,14 @@ def _env(**extra):
 def _start(args, prefix=(), **env):
     """A slowed job (tests/_slow_job.py) in a session of its own; returns once it has
     started writing its draft."""
-    proc = subprocess.Popen([*prefix, sys.executable, str(TESTS / "_slow_job.py"), *args],
-                            env=_env(**env), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, start_new_session=True)
+    proc = subprocess.Popen(
+        [*prefix, sys.executable, str(TESTS / "_slow_job.py"), *args],
+        env=_env(**env),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     started = threading.Event()
     lines = []
 
@@ -62,24 +67,40 @@ def _wait_for_a_draft_chunk(out: Path, proc, timeout: float = 120) -> None:
     """Until the job's draft holds a chunk (not a time guessed for it: under load the
     job's first write may come late)."""
     deadline = time.monotonic() + timeout
-    while not any(p.is_file() and not p.name.endswith((".partial", ".tmp"))
-                  for p in out.glob("versions/*/c/**/*")):
+    while not any(
+        p.is_file() and not p.name.endswith((".partial", ".tmp"))
+        for p in out.glob("versions/*/c/**/*")
+    ):
         assert proc.poll() is None, f"the job ended first: {proc.stderr.read()}"
         assert time.monotonic() < deadline, "no chunk was written to the draft"
         time.sleep(0.02)
 
 
 def _cli(*args, prefix=(), **env):
-    return subprocess.run([*prefix, sys.executable, "-m", "slem_dask", *map(str, args),
-                           "--local-cluster", "threads", "--no-progress"],
-                          env=_env(**env), capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [
+            *prefix,
+            sys.executable,
+            "-m",
+            "slem_dask",
+            *map(str, args),
+            "--local-cluster",
+            "threads",
+            "--no-progress",
+        ],
+        env=_env(**env),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 def _other_pid_namespace():
     if shutil.which("unshare") is None or os.geteuid() != 0:
         pytest.skip("needs unshare(1) and root for a PID namespace")
-    probe = subprocess.run(["unshare", "--pid", "--fork", "--mount-proc", "true"],
-                           capture_output=True)
+    probe = subprocess.run(
+        ["unshare", "--pid", "--fork", "--mount-proc", "true"], capture_output=True
+    )
     if probe.returncode:
         pytest.skip(f"unshare --pid fails here: {probe.stderr.decode().strip()}")
     return ("unshare", "--pid", "--fork", "--mount-proc")
@@ -98,12 +119,25 @@ def test_a_stalled_job_in_another_pid_namespace_is_fenced(corpus):
     fails naming what happened. Readers see B's output, whole."""
     pidns, skew = _other_pid_namespace(), _clock_a_day_ahead()
     out = corpus["dir"] / "out.zarr"
-    a = _start(["encode", corpus["model"], corpus["positives"], str(out)], prefix=pidns,
-               SLOW_JOB_DELAY="0.4")
+    a = _start(
+        ["encode", corpus["model"], corpus["positives"], str(out)],
+        prefix=pidns,
+        SLOW_JOB_DELAY="0.4",
+    )
     os.killpg(a.pid, signal.SIGSTOP)
     try:
-        b = _cli("encode", "--model", corpus["model"], "--positives", corpus["others"],
-                 "--out", out, "--partition-rows", "40", prefix=skew)
+        b = _cli(
+            "encode",
+            "--model",
+            corpus["model"],
+            "--positives",
+            corpus["others"],
+            "--out",
+            out,
+            "--partition-rows",
+            "40",
+            prefix=skew,
+        )
         assert b.returncode == 0, b.stderr
     finally:
         os.killpg(a.pid, signal.SIGCONT)
@@ -120,10 +154,21 @@ def test_a_clock_a_day_ahead_does_not_take_a_live_lease(corpus):
     namespace: no pid to check) as alive, because its lease keeps changing."""
     pidns, skew = _other_pid_namespace(), _clock_a_day_ahead()
     out = corpus["dir"] / "out.zarr"
-    a = _start(["encode", corpus["model"], corpus["positives"], str(out)], prefix=pidns,
-               SLOW_JOB_DELAY="4")
-    b = _cli("encode", "--model", corpus["model"], "--positives", corpus["others"],
-             "--out", out, "--partition-rows", "40", prefix=skew)
+    a = _start(
+        ["encode", corpus["model"], corpus["positives"], str(out)], prefix=pidns, SLOW_JOB_DELAY="4"
+    )
+    b = _cli(
+        "encode",
+        "--model",
+        corpus["model"],
+        "--positives",
+        corpus["others"],
+        "--out",
+        out,
+        "--partition-rows",
+        "40",
+        prefix=skew,
+    )
     a.wait(120)
     assert b.returncode == 1 and "being written by another slem-dask job" in b.stderr, b.stderr
     assert a.returncode == 0, a.stderr.read()
@@ -145,8 +190,9 @@ def test_a_fit_killed_during_its_save_leaves_the_old_model_and_the_rerun_succeed
     assert load_model(model).n_samples_ == 300
     # the killed draft is gone, with its marker: two versions and their markers are left
     left = sorted(os.listdir(Path(model, "versions")))
-    assert len(left) == 4 and all(m == v + ".slem-dask"
-                                  for v, m in zip(left[::2], left[1::2], strict=True))
+    assert len(left) == 4 and all(
+        m == v + ".slem-dask" for v, m in zip(left[::2], left[1::2], strict=True)
+    )
 
 
 def test_a_first_fit_killed_during_its_save_is_written_by_the_same_command(corpus):
@@ -163,14 +209,22 @@ def test_a_first_fit_killed_during_its_save_is_written_by_the_same_command(corpu
 
 def test_an_encode_killed_mid_way_resumes_from_its_draft(corpus):
     out = corpus["dir"] / "out.zarr"
-    a = _start(["encode", corpus["model"], corpus["positives"], str(out)],
-               SLOW_JOB_DELAY="1.0")
+    a = _start(["encode", corpus["model"], corpus["positives"], str(out)], SLOW_JOB_DELAY="1.0")
     _wait_for_a_draft_chunk(out, a)  # the first partitions written, not all
     os.killpg(a.pid, signal.SIGKILL)
     a.wait(30)
     assert not versions.VersionedStore(str(out)).is_versioned()
-    done = _cli("encode", "--model", corpus["model"], "--positives", corpus["positives"],
-                "--out", out, "--partition-rows", "40")
+    done = _cli(
+        "encode",
+        "--model",
+        corpus["model"],
+        "--positives",
+        corpus["positives"],
+        "--out",
+        out,
+        "--partition-rows",
+        "40",
+    )
     assert done.returncode == 0, done.stderr
     assert "resume" in done.stdout
     encoded = int(done.stdout.split("partitions")[1].split()[0])

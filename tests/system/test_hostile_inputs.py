@@ -24,8 +24,12 @@ D = 16
 
 
 def write_array(path, data, chunk_rows=500):
-    arr = zarr.create_array(store=str(path), shape=data.shape, dtype=data.dtype,
-                            chunks=(min(chunk_rows, data.shape[0]), data.shape[1]))
+    arr = zarr.create_array(
+        store=str(path),
+        shape=data.shape,
+        dtype=data.dtype,
+        chunks=(min(chunk_rows, data.shape[0]), data.shape[1]),
+    )
     arr[...] = data
     return str(path)
 
@@ -35,8 +39,18 @@ def fit(capsys, scheduler, negatives, model, *extra):
 
 
 def encode(capsys, scheduler, model, positives, out, *extra):
-    return cli(capsys, scheduler, "encode", "--model", model, "--positives", positives,
-               "--out", out, *extra)
+    return cli(
+        capsys,
+        scheduler,
+        "encode",
+        "--model",
+        model,
+        "--positives",
+        positives,
+        "--out",
+        out,
+        *extra,
+    )
 
 
 def edit_metadata(path, **changes):
@@ -57,9 +71,13 @@ def stores(tmp_path_factory):
     rng = np.random.default_rng(18)
     neg = rng.standard_normal((3000, D)).astype(np.float32)
     pos = rng.standard_normal((100, D)).astype(np.float32)
-    return {"root": root, "neg": neg, "pos": pos,
-            "negatives": write_array(root / "neg.zarr", neg),
-            "positives": write_array(root / "pos.zarr", pos, 50)}
+    return {
+        "root": root,
+        "neg": neg,
+        "pos": pos,
+        "negatives": write_array(root / "neg.zarr", neg),
+        "positives": write_array(root / "pos.zarr", pos, 50),
+    }
 
 
 def edited_copy(stores, tmp_path, **changes):
@@ -70,17 +88,25 @@ def edited_copy(stores, tmp_path, **changes):
 
 
 # -- item 3: metadata that cannot be right is refused before any work -------------------
-@pytest.mark.parametrize("changes, said", [
-    ({"chunk_shape": [0, D]}, "declares chunk shape (0, 16) for shape (3000, 16)"),
-    ({"chunk_shape": [500, 0]}, "declares chunk shape (500, 0) for shape (3000, 16)"),
-    ({"shape": [10**30, D]}, f"declares shape ({10**30}, 16) of float32, 6.4e+31 bytes; "
-                             f"at most 2**63 - 1 bytes"),
-    ({"shape": [2**62, D]}, f"declares shape ({2**62}, 16) of float32, 2.95e+20 bytes"),
-    ({"chunk_shape": [10**15, D]}, f"declares chunks of shape ({10**15}, 16), 6.4e+16 bytes "
-                                   f"each"),
-])
-def test_impossible_metadata_is_refused_before_any_work(stores, tmp_path, scheduler, capsys,
-                                                       changes, said):
+@pytest.mark.parametrize(
+    "changes, said",
+    [
+        ({"chunk_shape": [0, D]}, "declares chunk shape (0, 16) for shape (3000, 16)"),
+        ({"chunk_shape": [500, 0]}, "declares chunk shape (500, 0) for shape (3000, 16)"),
+        (
+            {"shape": [10**30, D]},
+            f"declares shape ({10**30}, 16) of float32, 6.4e+31 bytes; at most 2**63 - 1 bytes",
+        ),
+        ({"shape": [2**62, D]}, f"declares shape ({2**62}, 16) of float32, 2.95e+20 bytes"),
+        (
+            {"chunk_shape": [10**15, D]},
+            f"declares chunks of shape ({10**15}, 16), 6.4e+16 bytes each",
+        ),
+    ],
+)
+def test_impossible_metadata_is_refused_before_any_work(
+    stores, tmp_path, scheduler, capsys, changes, said
+):
     from slem_dask import LinearSLEM
 
     path = edited_copy(stores, tmp_path, **changes)
@@ -94,8 +120,10 @@ def test_impossible_metadata_is_refused_before_any_work(stores, tmp_path, schedu
     if not os.path.exists(model):
         LinearSLEM().fit(stores["neg"]).save(model)
     before = sorted(os.listdir(tmp_path))
-    for code, _, err in (fit(capsys, scheduler, path, tmp_path / "m.zarr"),
-                         encode(capsys, scheduler, model, path, tmp_path / "o.zarr")):
+    for code, _, err in (
+        fit(capsys, scheduler, path, tmp_path / "m.zarr"),
+        encode(capsys, scheduler, model, path, tmp_path / "o.zarr"),
+    ):
         assert code == 1 and len(err.strip().splitlines()) == 1, err
         assert said in err, err
     assert sorted(os.listdir(tmp_path)) == before  # nothing written
@@ -124,37 +152,42 @@ def key_budget(monkeypatch):
 def test_a_declared_size_beyond_the_store_is_refused_fast(stores, tmp_path, key_budget):
     path = edited_copy(stores, tmp_path, shape=[10**15, D])
     arr = storage.open_input(path, "negatives")  # 64 PB of float32 is no metadata error
-    for call in (lambda: storage.rows_fingerprint(arr, path, "negatives", arr.shape[0]),
-                 lambda: storage.partition_fingerprints(arr, path, "positives",
-                                                          storage.row_partition(arr))):
+    for call in (
+        lambda: storage.rows_fingerprint(arr, path, "negatives", arr.shape[0]),
+        lambda: storage.partition_fingerprints(arr, path, "positives", storage.row_partition(arr)),
+    ):
         t0 = time.perf_counter()
         with pytest.raises(storage.MissingChunkError) as info:
             call()
         assert time.perf_counter() - t0 < 0.5
         assert "chunk 'c/6/0' (rows 3000-3499) is missing" in str(info.value)
-        assert "declares shape (1000000000000000, 16): 2000000000000 chunk(s) of 500 x 16, " \
-               "and the store holds 6 object(s)" in str(info.value)
+        assert (
+            "declares shape (1000000000000000, 16): 2000000000000 chunk(s) of 500 x 16, "
+            "and the store holds 6 object(s)" in str(info.value)
+        )
     assert len(key_budget) < 100
 
 
-def test_fit_and_encode_of_a_declared_size_beyond_the_store_exit_1(stores, tmp_path, scheduler,
-                                                                  capsys, key_budget):
+def test_fit_and_encode_of_a_declared_size_beyond_the_store_exit_1(
+    stores, tmp_path, scheduler, capsys, key_budget
+):
     from slem_dask import LinearSLEM
 
     path = edited_copy(stores, tmp_path, shape=[10**15, D])
     model = str(stores["root"] / "model4.zarr")
     LinearSLEM().fit(stores["neg"]).save(model)
     before = sorted(os.listdir(tmp_path))
-    for code, _, err in (fit(capsys, scheduler, path, tmp_path / "m.zarr"),
-                         encode(capsys, scheduler, model, path, tmp_path / "o.zarr")):
+    for code, _, err in (
+        fit(capsys, scheduler, path, tmp_path / "m.zarr"),
+        encode(capsys, scheduler, model, path, tmp_path / "o.zarr"),
+    ):
         assert code == 1 and len(err.strip().splitlines()) == 1, err
         assert "chunk 'c/6/0' (rows 3000-3499) is missing" in err, err
     assert sorted(os.listdir(tmp_path)) == before
 
 
 # -- item 5: narrow float input gives float32 output, in the library and the job --------
-def test_float16_positives_give_float32_encodings_everywhere(stores, tmp_path, scheduler,
-                                                            capsys):
+def test_float16_positives_give_float32_encodings_everywhere(stores, tmp_path, scheduler, capsys):
     import dask.array as da
 
     from slem_dask import LinearSLEM, RawFeatures, load_model
@@ -175,8 +208,9 @@ def test_float16_positives_give_float32_encodings_everywhere(stores, tmp_path, s
     assert RawFeatures().fit(pos16).transform(pos16).dtype == np.float32
     np.testing.assert_allclose(written[...], want, rtol=0, atol=2e-7)
     # an explicit --dtype still decides
-    code, _, err = encode(capsys, scheduler, model_path, positives, tmp_path / "o64.zarr",
-                          "--dtype", "float64")
+    code, _, err = encode(
+        capsys, scheduler, model_path, positives, tmp_path / "o64.zarr", "--dtype", "float64"
+    )
     assert code == 0 and storage.open_output(str(tmp_path / "o64.zarr")).dtype == np.float64
 
 
@@ -219,8 +253,9 @@ def test_cli_fit_and_encode_of_float32_values_of_1e30(stores, tmp_path, schedule
     # the command line's default lambda (relative to tr(Sigma): 1e-3 absolute would be
     # nothing at this scale, and warns)
     want = reference_fit(stores["neg"] * np.float32(1e30), lam=DEFAULT_LAM)
-    assert np.abs(model.covariance_ - want.covariance_).max() <= \
-        1e-12 * np.abs(want.covariance_).max()  # was inf
+    assert (
+        np.abs(model.covariance_ - want.covariance_).max() <= 1e-12 * np.abs(want.covariance_).max()
+    )  # was inf
     code, _, err = encode(capsys, scheduler, model_path, positives, out_path)
     assert code == 0, err
     z = storage.open_output(out_path)[...]
@@ -235,8 +270,10 @@ def test_cli_fit_of_float64_values_of_1e200_is_one_line(stores, tmp_path, schedu
     code, _, err = fit(capsys, scheduler, negatives, tmp_path / "model.zarr")
     assert code == 1 and len(err.strip().splitlines()) == 1, err
     assert err.startswith(f"slem-dask fit: error: negatives {negatives!r}: values up to "), err
-    assert "e+200 in magnitude, beyond the 1e+100" in err and "divide the descriptors by " \
-        "a common factor, e.g. 1e200, or L2-normalize them" in err, err
+    assert (
+        "e+200 in magnitude, beyond the 1e+100" in err
+        and "divide the descriptors by a common factor, e.g. 1e200, or L2-normalize them" in err
+    ), err
     assert sorted(os.listdir(tmp_path)) == before  # no model
 
 
@@ -288,8 +325,9 @@ def test_encodings_whose_norm_underflows_are_still_unit_rows(stores):
         assert np.abs(z - ref).max() <= 1e-9
 
 
-def test_a_model_with_nonfinite_arrays_is_never_fitted_saved_or_loaded(stores, tmp_path,
-                                                                      scheduler, capsys):
+def test_a_model_with_nonfinite_arrays_is_never_fitted_saved_or_loaded(
+    stores, tmp_path, scheduler, capsys
+):
     from slem_dask import LinearSLEM, load_model
 
     with pytest.raises(ValueError, match=r"lam=1e-320 is too small .* increase lam"):
@@ -297,24 +335,29 @@ def test_a_model_with_nonfinite_arrays_is_never_fitted_saved_or_loaded(stores, t
     model = LinearSLEM().fit(stores["neg"])
     model.precision_ = model.precision_.copy()
     model.precision_[0, 0] = np.inf
-    with pytest.raises(ValueError, match=r"has NaN or inf in its array 'precision' "
-                                         r"\(1 of 256 entries\)"):
+    with pytest.raises(
+        ValueError,
+        match=r"has NaN or inf in its array 'precision' "
+        r"\(1 of 256 entries\)",
+    ):
         model.save(str(tmp_path / "saved.zarr"))
     assert not os.path.exists(tmp_path / "saved.zarr")
     # a store written with such arrays (an older slem-dask did): refused by every reader
     path = str(tmp_path / "bad.zarr")
     info, arrays = model._state()
     storage.write_model_store(path, "LinearSLEM", model.get_params(), arrays, info)
-    with pytest.raises(ValueError, match=r"bad.zarr' holds a LinearSLEM that has NaN or inf "
-                                         r"in its array 'precision'"):
+    with pytest.raises(
+        ValueError,
+        match=r"bad.zarr' holds a LinearSLEM that has NaN or inf "
+        r"in its array 'precision'",
+    ):
         load_model(path)
     code, _, err = encode(capsys, scheduler, path, stores["positives"], tmp_path / "o.zarr")
     assert code == 1 and "has NaN or inf in its array 'precision'" in err, err
     assert not os.path.exists(tmp_path / "o.zarr")
 
 
-def test_an_all_zero_encoding_row_is_never_marked_complete(stores, tmp_path, scheduler,
-                                                           capsys):
+def test_an_all_zero_encoding_row_is_never_marked_complete(stores, tmp_path, scheduler, capsys):
     from slem_dask import LinearSLEM
 
     model = LinearSLEM(lam=0.1).fit(stores["neg"])
@@ -328,8 +371,9 @@ def test_an_all_zero_encoding_row_is_never_marked_complete(stores, tmp_path, sch
     before = sorted(os.listdir(tmp_path))
     code, _, err = encode(capsys, scheduler, model_path, positives, tmp_path / "codes.zarr")
     assert code == 1 and len(err.strip().splitlines()) == 1, err
-    assert f"positives {positives!r}: 2 row(s) whose encoding is all zeros (rows 7, 61): " \
-        in err, err
+    assert f"positives {positives!r}: 2 row(s) whose encoding is all zeros (rows 7, 61): " in err, (
+        err
+    )
     assert "equal to the mean of the negatives the model was fitted on" in err
     assert sorted(os.listdir(tmp_path)) == before  # nothing written, nothing committed
 
@@ -343,7 +387,8 @@ def test_check_encoded_rows_names_zero_and_nonfinite_rows():
     assert info.value.detail == (
         "1 row(s) whose encoding is all zeros (rows 101): why; 2 row(s) whose encoding is "
         "NaN or inf (rows 102, 104): their values overflow float64 in the encoding: divide "
-        "the descriptors by a common factor or L2-normalize them")
+        "the descriptors by a common factor or L2-normalize them"
+    )
     check_encoded_rows(z[[0, 3]])  # a tiny but nonzero row has a direction
 
 
@@ -352,8 +397,9 @@ def test_check_encoded_rows_float32_squares_that_leave_float32_are_not_errors():
     underflow there (finite, nonzero) must pass, and bad rows among them still be named."""
     from slem_dask.core.validation import DegenerateEncodingsError, check_encoded_rows
 
-    z = np.array([[3e30, 4e30], [1e-30, 0.0], [0.6, 0.8], [0.0, 0.0], [np.nan, 1e30]],
-                 dtype=np.float32)
+    z = np.array(
+        [[3e30, 4e30], [1e-30, 0.0], [0.6, 0.8], [0.0, 0.0], [np.nan, 1e30]], dtype=np.float32
+    )
     check_encoded_rows(z[:3])
     with pytest.raises(DegenerateEncodingsError) as info:
         check_encoded_rows(z)
@@ -390,18 +436,29 @@ def test_cli_warnings_are_one_line_like_its_errors(tmp_path):
 
     negatives = write_array(tmp_path / "neg.zarr", np.full((300, D), 0.3, dtype=np.float32))
     exe = os.path.join(os.path.dirname(sys.executable), "slem-dask")
-    done = subprocess.run([exe, "fit", "--negatives", negatives, "--model",
-                           str(tmp_path / "m.zarr"), "--no-progress"],
-                          capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [
+            exe,
+            "fit",
+            "--negatives",
+            negatives,
+            "--model",
+            str(tmp_path / "m.zarr"),
+            "--no-progress",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 0, done.stderr
     assert done.stderr.splitlines() == [
         f"slem-dask fit: warning: negatives {negatives!r}: all 300 rows are identical "
-        + done.stderr.split("all 300 rows are identical ", 1)[1].rstrip("\n")], done.stderr
+        + done.stderr.split("all 300 rows are identical ", 1)[1].rstrip("\n")
+    ], done.stderr
     assert "DegenerateNegativesWarning" not in done.stderr
 
 
-def test_cli_identical_negatives_warn_and_their_encoding_is_refused(tmp_path, scheduler,
-                                                                    capsys):
+def test_cli_identical_negatives_warn_and_their_encoding_is_refused(tmp_path, scheduler, capsys):
     negatives = write_array(tmp_path / "neg.zarr", np.full((3000, D), 0.3, dtype=np.float32))
     model_path = str(tmp_path / "model.zarr")
     with pytest.warns(UserWarning, match="all 3000 rows are identical"):
@@ -409,20 +466,30 @@ def test_cli_identical_negatives_warn_and_their_encoding_is_refused(tmp_path, sc
     assert code == 0, err
     assert f"warning            negatives {negatives!r}: all 3000 rows are identical" in out
     code, _, err = encode(capsys, scheduler, model_path, negatives, tmp_path / "codes.zarr")
-    assert code == 1 and "3000 row(s) whose encoding is all zeros (rows 0, 1, 2, 3, 4, ...)" \
-        in err, err
+    assert (
+        code == 1 and "3000 row(s) whose encoding is all zeros (rows 0, 1, 2, 3, 4, ...)" in err
+    ), err
     assert not os.path.exists(tmp_path / "codes.zarr")
 
 
-def test_cli_kernel_encodings_lost_in_the_residual_name_rank_and_gamma(tmp_path, scheduler,
-                                                                       capsys):
+def test_cli_kernel_encodings_lost_in_the_residual_name_rank_and_gamma(tmp_path, scheduler, capsys):
     rows = np.random.default_rng(5).standard_normal((1000, D)).astype(np.float32)
     rows /= np.linalg.norm(rows, axis=1, keepdims=True)
     negatives = write_array(tmp_path / "neg.zarr", rows)
     model_path = str(tmp_path / "model.zarr")
     with pytest.warns(UserWarning, match="trace error"):  # gamma 1e60 dwarfs lam
-        code, _, err = fit(capsys, scheduler, negatives, model_path, "--kernel", "quad",
-                           "--gamma", "1e60", "--rank", "8")
+        code, _, err = fit(
+            capsys,
+            scheduler,
+            negatives,
+            model_path,
+            "--kernel",
+            "quad",
+            "--gamma",
+            "1e60",
+            "--rank",
+            "8",
+        )
     assert code == 0, err
     code, _, err = encode(capsys, scheduler, model_path, negatives, tmp_path / "codes.zarr")
     assert code == 1 and "whose encoding is all zeros" in err, err

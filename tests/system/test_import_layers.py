@@ -18,9 +18,13 @@ LAYERS = {
     "storage": 3,
     "parallel": 4,
     "models": 5,
-    "retrieval": 6, "cluster": 6, "datasets": 6,
+    "retrieval": 6,
+    "cluster": 6,
+    "datasets": 6,
     "pipeline": 7,
-    "cli": 8, "__main__": 8, "__init__": 8,
+    "cli": 8,
+    "__main__": 8,
+    "__init__": 8,
 }
 
 
@@ -45,7 +49,7 @@ def _imports(name: str, path: Path, modules) -> set[str]:
         elif isinstance(node, ast.ImportFrom):
             base = node.module or ""
             if node.level:
-                anchor = package.split(".")[:len(package.split(".")) - (node.level - 1)]
+                anchor = package.split(".")[: len(package.split(".")) - (node.level - 1)]
                 base = ".".join(anchor + ([node.module] if node.module else []))
             if base not in modules:
                 continue
@@ -66,14 +70,18 @@ def _layer(name: str) -> int:
     top = name.split(".")[1] if "." in name else "__init__"
     assert top in LAYERS, (
         f"slem_dask.{top} is in no import layer: place it in LAYERS here and in "
-        f"docs/architecture.md's 'Import layers' table")
+        f"docs/architecture.md's 'Import layers' table"
+    )
     return LAYERS[top]
 
 
 def test_no_module_imports_a_higher_layer():
-    upward = [f"{a} (layer {_layer(a)}) imports {b} (layer {_layer(b)})"
-              for a, targets in _graph().items() for b in sorted(targets)
-              if _layer(b) > _layer(a)]
+    upward = [
+        f"{a} (layer {_layer(a)}) imports {b} (layer {_layer(b)})"
+        for a, targets in _graph().items()
+        for b in sorted(targets)
+        if _layer(b) > _layer(a)
+    ]
     assert not upward, "\n".join(upward)
 
 
@@ -111,9 +119,14 @@ def _circles(graph: dict[str, set[str]]) -> list[list[str]]:
 def test_no_import_circles_outside_storage():
     # storage/'s own modules keep their order in that package (reworked in its own step
     # of issue 33): only its imports of and by the rest of the package are checked here
-    graph = {a: {b for b in targets
-                 if not (a.startswith("slem_dask.storage") and b.startswith("slem_dask.storage"))}
-             for a, targets in _graph().items()}
+    graph = {
+        a: {
+            b
+            for b in targets
+            if not (a.startswith("slem_dask.storage") and b.startswith("slem_dask.storage"))
+        }
+        for a, targets in _graph().items()
+    }
     assert not _circles(graph), _circles(graph)
 
 

@@ -26,14 +26,23 @@ D = 8
 
 @pytest.fixture(scope="module")
 def client():
-    with LocalCluster(n_workers=1, threads_per_worker=2, processes=False,
-                      dashboard_address=":0") as cluster, Client(cluster) as c:
+    with (
+        LocalCluster(
+            n_workers=1, threads_per_worker=2, processes=False, dashboard_address=":0"
+        ) as cluster,
+        Client(cluster) as c,
+    ):
         yield c
 
 
 def _array(path, data, chunks=40):
-    arr = zarr.create_array(store=str(path), shape=data.shape, dtype=data.dtype,
-                            chunks=(chunks, data.shape[1]), overwrite=True)
+    arr = zarr.create_array(
+        store=str(path),
+        shape=data.shape,
+        dtype=data.dtype,
+        chunks=(chunks, data.shape[1]),
+        overwrite=True,
+    )
     arr[...] = data
     return arr
 
@@ -46,8 +55,14 @@ def corpus(tmp_path):
     _array(tmp_path / "neg.zarr", neg)
     _array(tmp_path / "pos.zarr", pos)
     LinearSLEM(lam=0.1).fit(neg).save(str(tmp_path / "model.zarr"))
-    return {"dir": tmp_path, "neg": neg, "pos": pos, "model": str(tmp_path / "model.zarr"),
-            "negatives": str(tmp_path / "neg.zarr"), "positives": str(tmp_path / "pos.zarr")}
+    return {
+        "dir": tmp_path,
+        "neg": neg,
+        "pos": pos,
+        "model": str(tmp_path / "model.zarr"),
+        "negatives": str(tmp_path / "neg.zarr"),
+        "positives": str(tmp_path / "pos.zarr"),
+    }
 
 
 def _cli(capsys, client, *args):
@@ -67,8 +82,9 @@ def _expected(corpus, pos=None, like=None):
     of the output ``like``)."""
     model = load_model(corpus["model"])
     rows = 40 if like is None else storage.open_node(str(like), mode="r").chunks[0]
-    return partitionwise(lambda p: model.transform(p, dtype="float32"),
-                         corpus["pos"] if pos is None else pos, rows)
+    return partitionwise(
+        lambda p: model.transform(p, dtype="float32"), corpus["pos"] if pos is None else pos, rows
+    )
 
 
 def _chunk(path, i):
@@ -84,8 +100,16 @@ def test_missing_input_chunk_is_refused_not_read_as_zeros(corpus, client, capsys
         encode_corpus(corpus, corpus["dir"] / "out.zarr")
     assert not (corpus["dir"] / "out.zarr").exists()
     os.remove(_chunk(corpus["negatives"], 3))
-    code, _, err = _cli(capsys, client, "fit", "--negatives", corpus["negatives"], "--model",
-                        corpus["dir"] / "m2", "--no-progress")
+    code, _, err = _cli(
+        capsys,
+        client,
+        "fit",
+        "--negatives",
+        corpus["negatives"],
+        "--model",
+        corpus["dir"] / "m2",
+        "--no-progress",
+    )
     assert code == 1 and "c/3/0" in err and "missing" in err
     assert not (corpus["dir"] / "m2").exists()
 
@@ -128,24 +152,27 @@ def test_racing_encodes_to_one_output_leave_one_right_output(corpus):
     encodings of the source it records."""
     other = corpus["pos"][::-1].copy()
     _array(corpus["dir"] / "other.zarr", other)
-    sources = {canonical(corpus["positives"]).url: _expected(corpus),
-               canonical(corpus["dir"] / "other.zarr").url: _expected(corpus, other)}
+    sources = {
+        canonical(corpus["positives"]).url: _expected(corpus),
+        canonical(corpus["dir"] / "other.zarr").url: _expected(corpus, other),
+    }
     for trial in range(20):
         out = corpus["dir"] / f"race{trial}.zarr"
         results = [None, None]
 
         def run(i, positives, out=out, results=results):
             try:
-                pipeline.encode_job(None, corpus["model"], positives, str(out),
-                                    partition_rows=40)
+                pipeline.encode_job(None, corpus["model"], positives, str(out), partition_rows=40)
                 results[i] = "ok"
             except FileExistsError as exc:  # lease held, or the other source's output
                 results[i] = type(exc).__name__
             except BaseException as exc:  # noqa: BLE001 - reported by the assertion
                 results[i] = repr(exc)
 
-        threads = [threading.Thread(target=run, args=(0, corpus["positives"])),
-                   threading.Thread(target=run, args=(1, str(corpus["dir"] / "other.zarr")))]
+        threads = [
+            threading.Thread(target=run, args=(0, corpus["positives"])),
+            threading.Thread(target=run, args=(1, str(corpus["dir"] / "other.zarr"))),
+        ]
         for t in threads:
             t.start()
         for t in threads:
@@ -182,8 +209,9 @@ def test_a_job_whose_lease_was_taken_over_does_not_mark_complete(corpus, monkeyp
     original_check = storage.Lease.check
 
     def stolen(self):
-        Path(self.file.location).write_text('{"token": "someone else", "pid": 1, '
-                                            '"host": "elsewhere", "heartbeat": 1e12}')
+        Path(self.file.location).write_text(
+            '{"token": "someone else", "pid": 1, "host": "elsewhere", "heartbeat": 1e12}'
+        )
         return original_check(self)
 
     monkeypatch.setattr(storage.Lease, "check", stolen)
@@ -206,8 +234,15 @@ def test_overwrite_never_deletes_what_slem_dask_did_not_write(corpus, client, ca
     for target in (docs, foreign):
         for extra in ([], ["--overwrite"]):
             if flag == "--out":
-                args = ["encode", "--model", corpus["model"], "--positives",
-                        corpus["positives"], "--out", target]
+                args = [
+                    "encode",
+                    "--model",
+                    corpus["model"],
+                    "--positives",
+                    corpus["positives"],
+                    "--out",
+                    target,
+                ]
             else:
                 args = ["fit", "--negatives", corpus["negatives"], "--model", target]
             code, _, err = _cli(capsys, client, *args, *extra)
@@ -218,25 +253,28 @@ def test_overwrite_never_deletes_what_slem_dask_did_not_write(corpus, client, ca
     np.testing.assert_array_equal(storage.open_node(str(foreign))[...], 1)
 
 
-def test_spec_steps_are_checked_against_each_other_before_anything_runs(corpus, client,
-                                                                        capsys):
+def test_spec_steps_are_checked_against_each_other_before_anything_runs(corpus, client, capsys):
     """Item 4: an encode output that is another step's input, or a model path that contains
     one, is refused before any step runs, with or without --overwrite."""
     d = corpus["dir"]
     cases = {
-        "out_is_negatives": (f'{d}/m.zarr', corpus["negatives"]),
-        "model_contains_positives": (f'{d}', f'{d}/enc.zarr'),
+        "out_is_negatives": (f"{d}/m.zarr", corpus["negatives"]),
+        "model_contains_positives": (f"{d}", f"{d}/enc.zarr"),
     }
     for name, (model, out) in cases.items():
         spec = d / f"{name}.toml"
-        spec.write_text(f'[model]\npath = "{model}"\n[fit]\nnegatives = "{corpus["negatives"]}"'
-                        f'\n[[encode]]\npositives = "{corpus["positives"]}"\nout = "{out}"\n')
+        spec.write_text(
+            f'[model]\npath = "{model}"\n[fit]\nnegatives = "{corpus["negatives"]}"'
+            f'\n[[encode]]\npositives = "{corpus["positives"]}"\nout = "{out}"\n'
+        )
         for extra in ([], ["--overwrite"]):
             code, out_text, err = _cli(capsys, client, "run", spec, *extra)
             assert code == 1 and "destroy the input" in err, (name, err)
             assert "dask:" not in out_text  # refused before the cluster was used
     assert not (d / "m.zarr").exists()
-    np.testing.assert_array_equal(zarr.open_array(corpus["negatives"], mode="r+")[...], corpus["neg"])
+    np.testing.assert_array_equal(
+        zarr.open_array(corpus["negatives"], mode="r+")[...], corpus["neg"]
+    )
 
 
 def test_overlap_refusal_suggests_a_path_outside_every_input(corpus):
@@ -255,11 +293,13 @@ def test_fit_overwrite_update_refits_from_scratch(corpus):
     model = str(corpus["dir"] / "m.zarr")
     pipeline.fit_job(None, corpus["negatives"], model, lam=0.1)
     zarr.open_array(corpus["negatives"], mode="r+")[...] = changed
-    report = pipeline.fit_job(None, corpus["negatives"], model, lam=0.1, overwrite=True,
-                              update=True)
+    report = pipeline.fit_job(
+        None, corpus["negatives"], model, lam=0.1, overwrite=True, update=True
+    )
     assert report.facts["action"] == "fit"
-    np.testing.assert_allclose(load_model(model).covariance_,
-                               LinearSLEM(lam=0.1).fit(changed).covariance_, rtol=1e-5)
+    np.testing.assert_allclose(
+        load_model(model).covariance_, LinearSLEM(lam=0.1).fit(changed).covariance_, rtol=1e-5
+    )
 
 
 # -- 7. inputs changed in place --------------------------------------------------------
@@ -310,10 +350,13 @@ def test_fit_update_refuses_when_merged_rows_changed(corpus, change):
     arr = zarr.open_array(corpus["negatives"], mode="r+")
     arr.resize((400, D))
     arr[300:] = corpus["neg"][300:]
-    assert pipeline.fit_job(None, corpus["negatives"], model, lam=0.1,
-                            update=True).facts["action"] == "update"
-    np.testing.assert_allclose(load_model(model).covariance_,
-                               LinearSLEM(lam=0.1).fit(corpus["neg"]).covariance_, rtol=1e-5)
+    assert (
+        pipeline.fit_job(None, corpus["negatives"], model, lam=0.1, update=True).facts["action"]
+        == "update"
+    )
+    np.testing.assert_allclose(
+        load_model(model).covariance_, LinearSLEM(lam=0.1).fit(corpus["neg"]).covariance_, rtol=1e-5
+    )
 
 
 def test_fit_update_of_a_moved_store_or_other_width_says_which(corpus, tmp_path):
@@ -324,12 +367,15 @@ def test_fit_update_of_a_moved_store_or_other_width_says_which(corpus, tmp_path)
     pipeline.fit_job(None, corpus["negatives"], model, lam=0.1)
     moved = str(tmp_path / "moved.zarr")
     shutil.copytree(corpus["negatives"], moved)
-    with pytest.raises(ValueError, match=r"fitted on \d+ rows of '.*neg.zarr', not of "
-                                         r"'.*moved.zarr': an update appends .*moved or copied "
-                                         r"elsewhere counts as another one\); fit from scratch "
-                                         r"with --overwrite"):
+    with pytest.raises(
+        ValueError,
+        match=r"fitted on \d+ rows of '.*neg.zarr', not of "
+        r"'.*moved.zarr': an update appends .*moved or copied "
+        r"elsewhere counts as another one\); fit from scratch "
+        r"with --overwrite",
+    ):
         pipeline.fit_job(None, moved, model, lam=0.1, update=True)
-    _array(corpus["negatives"], corpus["neg"][:, :D - 1])
+    _array(corpus["negatives"], corpus["neg"][:, : D - 1])
     with pytest.raises(ValueError, match=rf"with {D} features; that store now has {D - 1} "):
         pipeline.fit_job(None, corpus["negatives"], model, lam=0.1, update=True)
 
@@ -339,9 +385,22 @@ def test_cli_update_refusals_come_before_any_cluster_starts(corpus, capsys):
 
     model = str(corpus["dir"] / "m.zarr")
     pipeline.fit_job(None, corpus["negatives"], model, lam=0.1)
-    _array(corpus["negatives"], corpus["neg"][:, :D - 1])
-    code = main(["fit", "--negatives", corpus["negatives"], "--model", model, "--lam", "0.1",
-                 "--update", "--local-cluster", "threads", "--no-progress"])
+    _array(corpus["negatives"], corpus["neg"][:, : D - 1])
+    code = main(
+        [
+            "fit",
+            "--negatives",
+            corpus["negatives"],
+            "--model",
+            model,
+            "--lam",
+            "0.1",
+            "--update",
+            "--local-cluster",
+            "threads",
+            "--no-progress",
+        ]
+    )
     out, err = capsys.readouterr()
     assert code != 0 and f"that store now has {D - 1}" in err, err
     assert "fit from scratch with --overwrite" in err and "file://" not in err, err
@@ -366,8 +425,16 @@ def test_model_n_samples_edited_by_hand_is_refused(corpus, client, capsys):
     group = storage.open_node(corpus["model"], mode="r+")
     meta = dict(group.attrs[storage.ATTR])
     group.attrs[storage.ATTR] = {**meta, "n_samples": 10}
-    code, _, err = _cli(capsys, client, "fit", "--negatives", corpus["negatives"], "--model",
-                        corpus["model"], "--update")
+    code, _, err = _cli(
+        capsys,
+        client,
+        "fit",
+        "--negatives",
+        corpus["negatives"],
+        "--model",
+        corpus["model"],
+        "--update",
+    )
     assert code == 1 and "does not match its commit record" in err
 
 
@@ -384,8 +451,7 @@ def test_deleted_output_chunk_is_not_up_to_date(corpus, client, capsys):
     assert _verify(capsys, out)[0] == 0
 
 
-def test_flipped_byte_in_an_output_chunk_fails_every_read_naming_the_chunk(corpus, client,
-                                                                         capsys):
+def test_flipped_byte_in_an_output_chunk_fails_every_read_naming_the_chunk(corpus, client, capsys):
     out = corpus["dir"] / "out.zarr"
     encode_corpus(corpus, out)
     chunk = _chunk(out, 2)
@@ -397,8 +463,19 @@ def test_flipped_byte_in_an_output_chunk_fails_every_read_naming_the_chunk(corpu
     code, text, _ = _verify(capsys, out)
     assert code == 1 and "c/2/0" in text and "corrupt" in text
     # reading it as an input of another job names it too
-    code, _, err = _cli(capsys, client, "search", "--queries", out, "--database", out, "--k",
-                        "3", "--out", corpus["dir"] / "s.zarr")
+    code, _, err = _cli(
+        capsys,
+        client,
+        "search",
+        "--queries",
+        out,
+        "--database",
+        out,
+        "--k",
+        "3",
+        "--out",
+        corpus["dir"] / "s.zarr",
+    )
     assert code == 1 and "c/2/0" in err and "crc32c" in err
     assert not (corpus["dir"] / "s.zarr").exists()
 
@@ -415,8 +492,17 @@ def test_corrupt_model_chunk_gives_one_clear_line(corpus, client, capsys):
     data = bytearray(chunk.read_bytes())
     data[40] ^= 1
     chunk.write_bytes(bytes(data))
-    code, _, err = _cli(capsys, client, "encode", "--model", corpus["model"], "--positives",
-                        corpus["positives"], "--out", corpus["dir"] / "o.zarr")
+    code, _, err = _cli(
+        capsys,
+        client,
+        "encode",
+        "--model",
+        corpus["model"],
+        "--positives",
+        corpus["positives"],
+        "--out",
+        corpus["dir"] / "o.zarr",
+    )
     assert code == 1 and len(err.strip().splitlines()) == 1
     assert "'precision'" in err and "crc32c" in err
     code, text, _ = _verify(capsys, corpus["model"])
@@ -428,8 +514,11 @@ def _damage_document(path, how):
     text = doc.read_text()
     # truncated JSON, or valid JSON that zarr cannot read
     assert '"zarr_format": 3' in text
-    doc.write_text(text[:len(text) // 2] if how == "truncated"
-                   else text.replace('"zarr_format": 3', '"zarr_format": 4'))
+    doc.write_text(
+        text[: len(text) // 2]
+        if how == "truncated"
+        else text.replace('"zarr_format": 3', '"zarr_format": 4')
+    )
 
 
 @pytest.mark.parametrize("how", ["truncated", "unknown-format"])
@@ -442,8 +531,17 @@ def test_damaged_metadata_documents_are_named_by_every_reader(corpus, client, ca
     _damage_document(head(corpus["model"]) / "precision", how)
     code, text, _ = _verify(capsys, corpus["model"])
     assert code == 1 and "'precision/zarr.json'" in text and "damaged" in text, text
-    code, _, err = _cli(capsys, client, "encode", "--model", corpus["model"], "--positives",
-                        corpus["positives"], "--out", corpus["dir"] / "o.zarr")
+    code, _, err = _cli(
+        capsys,
+        client,
+        "encode",
+        "--model",
+        corpus["model"],
+        "--positives",
+        corpus["positives"],
+        "--out",
+        corpus["dir"] / "o.zarr",
+    )
     assert code == 1 and len(err.strip().splitlines()) == 1, err
     assert "'precision/zarr.json'" in err and "damaged" in err
     with pytest.raises(storage.DamagedMetadataError, match="precision/zarr.json"):
@@ -452,8 +550,19 @@ def test_damaged_metadata_documents_are_named_by_every_reader(corpus, client, ca
     _damage_document(head(out), how)
     code, text, _ = _verify(capsys, out)
     assert code == 1 and "zarr.json" in text and "damaged" in text, text
-    code, _, err = _cli(capsys, client, "search", "--queries", out, "--database", out,
-                        "--k", "3", "--out", corpus["dir"] / "s.zarr")
+    code, _, err = _cli(
+        capsys,
+        client,
+        "search",
+        "--queries",
+        out,
+        "--database",
+        out,
+        "--k",
+        "3",
+        "--out",
+        corpus["dir"] / "s.zarr",
+    )
     assert code == 1 and "queries" in err and "'zarr.json'" in err and "damaged" in err, err
 
     _damage_document(head(corpus["model"]), how)
@@ -470,8 +579,19 @@ def test_damaged_metadata_documents_are_named_by_every_reader(corpus, client, ca
 def test_verify_passes_on_good_stores_and_fails_on_foreign_ones(corpus, client, capsys):
     out = corpus["dir"] / "out.zarr"
     encode_corpus(corpus, out)
-    code, text, _ = _cli(capsys, client, "search", "--queries", out, "--database", out,
-                         "--k", "3", "--out", corpus["dir"] / "s.zarr")
+    code, text, _ = _cli(
+        capsys,
+        client,
+        "search",
+        "--queries",
+        out,
+        "--database",
+        out,
+        "--k",
+        "3",
+        "--out",
+        corpus["dir"] / "s.zarr",
+    )
     assert code == 0, text
     for path in (out, corpus["model"], corpus["dir"] / "s.zarr"):
         code, text, _ = _verify(capsys, path)
@@ -484,8 +604,16 @@ def test_tls_options_with_a_tcp_address_or_without_a_scheduler_are_refused(corpu
     pem = corpus["dir"] / "x.pem"
     pem.write_text("")
     tls = ["--tls-ca-file", pem, "--tls-cert", pem, "--tls-key", pem]
-    args = ["encode", "--model", corpus["model"], "--positives", corpus["positives"], "--out",
-            corpus["dir"] / "o.zarr", *tls]
+    args = [
+        "encode",
+        "--model",
+        corpus["model"],
+        "--positives",
+        corpus["positives"],
+        "--out",
+        corpus["dir"] / "o.zarr",
+        *tls,
+    ]
     assert main([*map(str, args), "--scheduler", "tcp://127.0.0.1:1"]) == 1
     assert "not a TLS address" in capsys.readouterr().err
     assert main([*map(str, args)]) == 1
@@ -497,9 +625,12 @@ def test_the_same_array_spelled_differently_is_the_same_store(corpus, monkeypatc
     monkeypatch.chdir(corpus["dir"])
     os.mkdir("sub")
     encode_corpus(corpus, "out.zarr")
-    for positives, out in (("./pos.zarr", "out.zarr/"), ("sub/../pos.zarr", "./out.zarr"),
-                           (corpus["positives"], str(corpus["dir"] / "out.zarr")),
-                           (f"file://{corpus['positives']}", "sub/../out.zarr")):
+    for positives, out in (
+        ("./pos.zarr", "out.zarr/"),
+        ("sub/../pos.zarr", "./out.zarr"),
+        (corpus["positives"], str(corpus["dir"] / "out.zarr")),
+        (f"file://{corpus['positives']}", "sub/../out.zarr"),
+    ):
         report = pipeline.encode_job(None, corpus["model"], positives, out)
         assert report.facts["action"] == "up to date", (positives, out)
     kernel = KernelSLEM(kernel="rbf", gamma=0.5, rank=20)
@@ -546,8 +677,7 @@ def test_disk_full_keeps_finished_partitions_and_resumes(corpus, monkeypatch):
     monkeypatch.setattr(os, "writev", full_writev)
     out = corpus["dir"] / "out.zarr"
     with pytest.raises(pipeline.JobFailed, match="no space left.*kept"):
-        pipeline.encode_job(None, corpus["model"], corpus["positives"], str(out),
-                            partition_rows=40)
+        pipeline.encode_job(None, corpus["model"], corpus["positives"], str(out), partition_rows=40)
     monkeypatch.undo()
     assert not versions.VersionedStore(str(out)).is_versioned()  # nothing visible
     kept = len([p for p in Path(out, "versions").rglob("c/*/*") if p.is_file()])
@@ -560,33 +690,65 @@ def test_disk_full_keeps_finished_partitions_and_resumes(corpus, monkeypatch):
 # -- issue 10 items that touch storage and the jobs ------------------------------------
 def test_file_urls_work_for_every_input_and_output(corpus, client, capsys):
     d = corpus["dir"]
-    code, _, err = _cli(capsys, client, "encode", "--model", f"file://{corpus['model']}",
-                        "--positives", f"file://{corpus['positives']}",
-                        "--out", f"file://{d}/url.zarr")
+    code, _, err = _cli(
+        capsys,
+        client,
+        "encode",
+        "--model",
+        f"file://{corpus['model']}",
+        "--positives",
+        f"file://{corpus['positives']}",
+        "--out",
+        f"file://{d}/url.zarr",
+    )
     assert code == 0, err
-    np.testing.assert_array_equal(storage.read_all(d / "url.zarr"),
-                                  _expected(corpus, like=d / "url.zarr"))
-    code, _, err = _cli(capsys, client, "search", "--queries", f"file://{d}/url.zarr",
-                        "--database", f"{d}/url.zarr", "--k", "2",
-                        "--out", f"file://{d}/search.zarr")
+    np.testing.assert_array_equal(
+        storage.read_all(d / "url.zarr"), _expected(corpus, like=d / "url.zarr")
+    )
+    code, _, err = _cli(
+        capsys,
+        client,
+        "search",
+        "--queries",
+        f"file://{d}/url.zarr",
+        "--database",
+        f"{d}/url.zarr",
+        "--k",
+        "2",
+        "--out",
+        f"file://{d}/search.zarr",
+    )
     assert code == 0, err
     assert _verify(capsys, d / "search.zarr")[0] == 0
 
 
-def test_memory_urls_are_refused_by_the_command_line_and_separate_workers(corpus, client,
-                                                                        capsys):
-    code, _, err = _cli(capsys, client, "encode", "--model", corpus["model"], "--positives",
-                        corpus["positives"], "--out", "memory://x.zarr")
+def test_memory_urls_are_refused_by_the_command_line_and_separate_workers(corpus, client, capsys):
+    code, _, err = _cli(
+        capsys,
+        client,
+        "encode",
+        "--model",
+        corpus["model"],
+        "--positives",
+        corpus["positives"],
+        "--out",
+        "memory://x.zarr",
+    )
     assert code == 1 and "memory://" in err and "vanish" in err
-    with LocalCluster(n_workers=1, threads_per_worker=1, processes=True,
-                      dashboard_address=":0") as cluster, Client(cluster) as c:
+    with (
+        LocalCluster(
+            n_workers=1, threads_per_worker=1, processes=True, dashboard_address=":0"
+        ) as cluster,
+        Client(cluster) as c,
+    ):
         with pytest.raises(storage.StorageViewError, match="memory:// store"):
             pipeline.encode_job(c, corpus["model"], corpus["positives"], "memory://x.zarr")
     # in one process (the threaded scheduler) it is a fine scratch store
     report = pipeline.encode_job(None, corpus["model"], corpus["positives"], "memory://y.zarr")
     assert report.facts["action"] == "create"
-    np.testing.assert_array_equal(storage.read_all("memory://y.zarr"),
-                                  _expected(corpus, like="memory://y.zarr"))
+    np.testing.assert_array_equal(
+        storage.read_all("memory://y.zarr"), _expected(corpus, like="memory://y.zarr")
+    )
 
 
 def test_search_refuses_encodings_of_different_models_unless_forced(corpus, client, capsys):
@@ -595,8 +757,17 @@ def test_search_refuses_encodings_of_different_models_unless_forced(corpus, clie
     other = str(d / "other_model.zarr")
     LinearSLEM(lam=1.0).fit(corpus["neg"]).save(other)
     pipeline.encode_job(None, other, corpus["positives"], str(d / "db.zarr"))
-    args = ["search", "--queries", d / "q.zarr", "--database", d / "db.zarr", "--k", "3",
-            "--out", d / "s.zarr"]
+    args = [
+        "search",
+        "--queries",
+        d / "q.zarr",
+        "--database",
+        d / "db.zarr",
+        "--k",
+        "3",
+        "--out",
+        d / "s.zarr",
+    ]
     code, _, err = _cli(capsys, client, *args)
     assert code == 1 and "different models" in err and "--force" in err
     assert _cli(capsys, client, *args, "--force")[0] == 0
@@ -605,10 +776,12 @@ def test_search_refuses_encodings_of_different_models_unless_forced(corpus, clie
 def test_run_prints_each_step_as_it_finishes_and_update_false_reruns(corpus, client, capsys):
     d = corpus["dir"]
     spec = d / "spec.toml"
-    spec.write_text(f'[model]\npath = "{d}/m.zarr"\n[fit]\nnegatives = "{corpus["negatives"]}"'
-                    f'\nupdate = false\n[[encode]]\npositives = "{corpus["positives"]}"\n'
-                    f'out = "{d}/e.zarr"\n[[encode]]\npositives = "{d}/missing.zarr"\n'
-                    f'out = "{d}/e2.zarr"\n')
+    spec.write_text(
+        f'[model]\npath = "{d}/m.zarr"\n[fit]\nnegatives = "{corpus["negatives"]}"'
+        f'\nupdate = false\n[[encode]]\npositives = "{corpus["positives"]}"\n'
+        f'out = "{d}/e.zarr"\n[[encode]]\npositives = "{d}/missing.zarr"\n'
+        f'out = "{d}/e2.zarr"\n'
+    )
     _array(d / "missing.zarr", corpus["pos"])
     code, out, err = _cli(capsys, client, "run", spec)
     assert code == 0, err
@@ -619,11 +792,17 @@ def test_run_prints_each_step_as_it_finishes_and_update_false_reruns(corpus, cli
     assert "action             fit" in out  # update = false: refitted, not refused
 
 
-def test_rerun_keeps_the_outputs_dtype_and_refuses_other_partition_rows(corpus, client,
-                                                                      capsys):
+def test_rerun_keeps_the_outputs_dtype_and_refuses_other_partition_rows(corpus, client, capsys):
     d = corpus["dir"]
-    base = ["encode", "--model", corpus["model"], "--positives", corpus["positives"],
-            "--out", d / "o.zarr"]
+    base = [
+        "encode",
+        "--model",
+        corpus["model"],
+        "--positives",
+        corpus["positives"],
+        "--out",
+        d / "o.zarr",
+    ]
     assert _cli(capsys, client, *base, "--dtype", "float64", "--partition-rows", "40")[0] == 0
     code, out, err = _cli(capsys, client, *base)
     assert code == 0 and "up to date" in out, err
@@ -662,17 +841,25 @@ def test_listing_fingerprints_of_url_stores_are_stable_across_processes(tmp_path
     import subprocess
     import sys
 
-    code = ("import zarr, numpy as np\n"
-            "from slem_dask import storage\n"
-            "a = zarr.create_array(store='memory://fp.zarr', shape=(10, 2), dtype='f4',"
-            " chunks=(4, 2))\n"
-            "a[...] = 1\n"
-            "info = storage.fingerprints._listing(a, storage.canonical('memory://fp.zarr'))\n"
-            "print(sorted((k, v[0]) for k, v in info.items()), "
-            "type(list(info.values())[0][1]).__name__)\n")
-    runs = {subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                           env={**os.environ, "PYTHONHASHSEED": seed}).stdout
-            for seed in ("1", "2")}
+    code = (
+        "import zarr, numpy as np\n"
+        "from slem_dask import storage\n"
+        "a = zarr.create_array(store='memory://fp.zarr', shape=(10, 2), dtype='f4',"
+        " chunks=(4, 2))\n"
+        "a[...] = 1\n"
+        "info = storage.fingerprints._listing(a, storage.canonical('memory://fp.zarr'))\n"
+        "print(sorted((k, v[0]) for k, v in info.items()), "
+        "type(list(info.values())[0][1]).__name__)\n"
+    )
+    runs = {
+        subprocess.run(
+            [sys.executable, "-c", code],
+            capture_output=True,
+            text=True,
+            env={**os.environ, "PYTHONHASHSEED": seed},
+        ).stdout
+        for seed in ("1", "2")
+    }
     assert len(runs) == 1 and "str" in runs.pop()
 
 
@@ -681,11 +868,22 @@ def test_overwrite_replaces_only_a_store_of_the_same_kind(corpus, client, capsys
     encode_corpus(corpus, out)
     other_model = str(corpus["dir"] / "other_model.zarr")
     LinearSLEM().fit(corpus["neg"]).save(other_model)
-    code, _, err = _cli(capsys, client, "encode", "--model", corpus["model"], "--positives",
-                        corpus["positives"], "--out", other_model, "--overwrite")
+    code, _, err = _cli(
+        capsys,
+        client,
+        "encode",
+        "--model",
+        corpus["model"],
+        "--positives",
+        corpus["positives"],
+        "--out",
+        other_model,
+        "--overwrite",
+    )
     assert code == 1 and "holds a model of slem-dask, not an encoded output" in err
-    code, _, err = _cli(capsys, client, "fit", "--negatives", corpus["negatives"], "--model",
-                        out, "--overwrite")
+    code, _, err = _cli(
+        capsys, client, "fit", "--negatives", corpus["negatives"], "--model", out, "--overwrite"
+    )
     assert code == 1 and "holds an encoded output of slem-dask, not a model" in err
     assert load_model(other_model).n_features_in_ == D
     assert storage.output_meta(storage.open_node(str(out)))["complete"] is True
@@ -699,8 +897,12 @@ def test_overlap_suggestions_are_next_to_the_input(corpus):
         suggested = str(info.value).rsplit("e.g. ", 1)[1]
         assert suggested == str(corpus["dir"] / "pos-slem.zarr"), suggested
     with pytest.raises(ValueError, match="two steps cannot write one store"):
-        storage.check_outside_inputs(corpus["dir"] / "a.zarr", "encode[0].out", {},
-                                       {"encode[1].out": corpus["dir"] / "a.zarr"})
+        storage.check_outside_inputs(
+            corpus["dir"] / "a.zarr",
+            "encode[0].out",
+            {},
+            {"encode[1].out": corpus["dir"] / "a.zarr"},
+        )
 
 
 def test_empty_spec_is_refused(tmp_path):
@@ -715,8 +917,9 @@ def test_kernel_encode_warns_on_positives_of_another_scale(corpus):
     pipeline.fit_job(None, corpus["negatives"], model, kernel="rbf", gamma=0.5, rank=20)
     _array(corpus["dir"] / "big.zarr", corpus["pos"] * 100)
     with pytest.warns(UserWarning, match="normalize both the same way"):
-        report = pipeline.encode_job(None, model, str(corpus["dir"] / "big.zarr"),
-                                     str(corpus["dir"] / "kb.zarr"))
+        report = pipeline.encode_job(
+            None, model, str(corpus["dir"] / "big.zarr"), str(corpus["dir"] / "kb.zarr")
+        )
     assert "median norm" in report.facts["warning"]
 
 

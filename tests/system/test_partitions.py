@@ -29,21 +29,24 @@ pytestmark = [pytest.mark.slow, pytest.mark.cluster]
 
 BIN = Path(sys.executable).parent
 S3_IP, SCHED_IP = "10.213.1.10", "10.213.0.2"
-ROWS, DIM, CHUNK = 960, 16, 40         # 24 partitions of 40 rows
+ROWS, DIM, CHUNK = 960, 16, 40  # 24 partitions of 40 rows
 BUCKET = "slem-ns"
 KEY, SECRET = "slem-ns-key", "slem-ns-secret"
 S3_ENV = {
-    "AWS_ENDPOINT_URL": f"http://{S3_IP}:8333", "AWS_ACCESS_KEY_ID": KEY,
-    "AWS_SECRET_ACCESS_KEY": SECRET, "AWS_DEFAULT_REGION": "us-east-1",
-    "AWS_EC2_METADATA_DISABLED": "true", "AWS_CONFIG_FILE": "/nonexistent",
+    "AWS_ENDPOINT_URL": f"http://{S3_IP}:8333",
+    "AWS_ACCESS_KEY_ID": KEY,
+    "AWS_SECRET_ACCESS_KEY": SECRET,
+    "AWS_DEFAULT_REGION": "us-east-1",
+    "AWS_EC2_METADATA_DISABLED": "true",
+    "AWS_CONFIG_FILE": "/nonexistent",
     "AWS_SHARED_CREDENTIALS_FILE": "/nonexistent",
     # what an operator sets where a lost link must not hold a request for botocore's
     # default 60 s (times its retries)
     "FSSPEC_S3": '{"config_kwargs": {"connect_timeout": 3, "read_timeout": 10, '
-                 '"retries": {"max_attempts": 2}}}',
+    '"retries": {"max_attempts": 2}}}',
 }
 ADDRESS = f"tcp://{SCHED_IP}:8786"
-MODEL = f"s3://{BUCKET}/model.zarr"      # fitted once, with every link up
+MODEL = f"s3://{BUCKET}/model.zarr"  # fitted once, with every link up
 
 
 def _why_not() -> str | None:
@@ -60,17 +63,39 @@ def _why_not() -> str | None:
 def _start_s3(hosts: hostns.Hosts) -> None:
     config = os.path.join(hosts.base, "s3.json")
     with open(config, "w") as f:
-        json.dump({"identities": [{"name": "slem",
-                                   "credentials": [{"accessKey": KEY, "secretKey": SECRET}],
-                                   "actions": ["Admin", "Read", "Write", "List", "Tagging"]}]},
-                  f)
+        json.dump(
+            {
+                "identities": [
+                    {
+                        "name": "slem",
+                        "credentials": [{"accessKey": KEY, "secretKey": SECRET}],
+                        "actions": ["Admin", "Read", "Write", "List", "Tagging"],
+                    }
+                ]
+            },
+            f,
+        )
     weed = shutil.which("weed", path=str(BIN)) or shutil.which("weed")
     data = os.path.join(hosts.base, "s3-data")
     os.makedirs(data)
-    hosts.start("s3", [weed, "mini", f"-dir={data}", f"-ip={S3_IP}", f"-ip.bind={S3_IP}",
-                       f"-s3.config={config}", "-s3.port.iceberg=0", "-s3.port.lance=0",
-                       "-webdav=false", "-admin.ui=false", "-master.telemetry=false",
-                       "-s3.autoCreateBucket=false", "-master.volumeSizeLimitMB=64"])
+    hosts.start(
+        "s3",
+        [
+            weed,
+            "mini",
+            f"-dir={data}",
+            f"-ip={S3_IP}",
+            f"-ip.bind={S3_IP}",
+            f"-s3.config={config}",
+            "-s3.port.iceberg=0",
+            "-s3.port.lance=0",
+            "-webdav=false",
+            "-admin.ui=false",
+            "-master.telemetry=false",
+            "-s3.autoCreateBucket=false",
+            "-master.volumeSizeLimitMB=64",
+        ],
+    )
     make_bucket = (
         "import time, botocore.session\n"
         "from botocore.config import Config\n"
@@ -83,7 +108,8 @@ def _start_s3(hosts: hostns.Hosts) -> None:
         "    except Exception as e:\n"
         "        if 'BucketAlready' in str(e): break\n"
         "        time.sleep(0.2)\n"
-        "else: raise SystemExit('no bucket')\n")
+        "else: raise SystemExit('no bucket')\n"
+    )
     done = hosts.run("client", [sys.executable, "-c", make_bucket], env=S3_ENV, timeout=120)
     assert done.returncode == 0, (done.stderr, _log(hosts, "s3"))
 
@@ -98,23 +124,59 @@ def _log(hosts, name) -> str:
 def _start_dask(hosts: hostns.Hosts) -> None:
     sched_file = os.path.join(hosts.base, "scheduler.json")
     # a worker cut off from the scheduler is given up after 10 s, not distributed's 5 min
-    hosts.start("scheduler", [str(BIN / "dask"), "scheduler", "--host", SCHED_IP, "--port",
-                              "8786", "--no-dashboard", "--scheduler-file", sched_file],
-                env={"DASK_DISTRIBUTED__SCHEDULER__WORKER_TTL": "10s"})
+    hosts.start(
+        "scheduler",
+        [
+            str(BIN / "dask"),
+            "scheduler",
+            "--host",
+            SCHED_IP,
+            "--port",
+            "8786",
+            "--no-dashboard",
+            "--scheduler-file",
+            sched_file,
+        ],
+        env={"DASK_DISTRIBUTED__SCHEDULER__WORKER_TTL": "10s"},
+    )
     hostns.wait_for(lambda: os.path.exists(sched_file), 60, "the scheduler's address file")
-    env = {**S3_ENV, "SLEM_NS_PROGRESS": hosts.progress, "SLEM_NS_DELAY": "0.2",
-           "PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")])}
+    env = {
+        **S3_ENV,
+        "SLEM_NS_PROGRESS": hosts.progress,
+        "SLEM_NS_DELAY": "0.2",
+        "PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")]),
+    }
     # as deployed (deploy/hosts/dask-worker@.service: Restart=always): a worker whose
     # scheduler connection broke closes, nanny and all, and is started again, joining
     # once the link is back
     for name in ("w1", "w2"):
         ip = hosts.hosts[name].addresses["ctl"]
-        hosts.start(name, ["sh", "-c", 'while :; do "$@"; sleep 2; done', "restart-always",
-                           str(BIN / "dask"), "worker", ADDRESS, "--host", ip, "--nthreads",
-                           "1", "--no-dashboard", "--name", name,
-                           "--preload", str(TESTS / "_ns_preload.py")], env=env)
-    wait = ("from distributed import Client\n"
-            f"with Client('{ADDRESS}', timeout=60) as c: c.wait_for_workers(2, timeout=60)\n")
+        hosts.start(
+            name,
+            [
+                "sh",
+                "-c",
+                'while :; do "$@"; sleep 2; done',
+                "restart-always",
+                str(BIN / "dask"),
+                "worker",
+                ADDRESS,
+                "--host",
+                ip,
+                "--nthreads",
+                "1",
+                "--no-dashboard",
+                "--name",
+                name,
+                "--preload",
+                str(TESTS / "_ns_preload.py"),
+            ],
+            env=env,
+        )
+    wait = (
+        "from distributed import Client\n"
+        f"with Client('{ADDRESS}', timeout=60) as c: c.wait_for_workers(2, timeout=60)\n"
+    )
     done = hosts.run("client", [sys.executable, "-c", wait], timeout=120)
     assert done.returncode == 0, (done.stderr, _log(hosts, "w1"), _log(hosts, "w2"))
 
@@ -155,8 +217,9 @@ for name in ("neg", "pos"):
 
 
 def _cluster_logs(hosts) -> str:
-    return "".join(f"\n--- {name} ---\n{_log(hosts, name)[-2500:]}"
-                   for name in ("scheduler", "w1", "w2"))
+    return "".join(
+        f"\n--- {name} ---\n{_log(hosts, name)[-2500:]}" for name in ("scheduler", "w1", "w2")
+    )
 
 
 def _client_py(hosts, code: str) -> str:
@@ -166,8 +229,12 @@ def _client_py(hosts, code: str) -> str:
 
 
 def _slem(hosts, args: list[str], timeout: float = 240) -> tuple[int, str]:
-    done = hosts.run("client", [str(BIN / "slem-dask"), *args, "--scheduler", ADDRESS,
-                                "--no-progress"], env=S3_ENV, timeout=timeout)
+    done = hosts.run(
+        "client",
+        [str(BIN / "slem-dask"), *args, "--scheduler", ADDRESS, "--no-progress"],
+        env=S3_ENV,
+        timeout=timeout,
+    )
     return done.returncode, done.stderr
 
 
@@ -176,9 +243,11 @@ def _progress(hosts) -> int:
 
 
 def _check(hosts, kind: str, store: str, *extra: str) -> None:
-    done = hosts.run("client", [sys.executable, str(TESTS / "_ns_check.py"), kind, store,
-                                *extra],
-                     env={**S3_ENV, "PYTHONPATH": os.pathsep.join([str(TESTS), str(ROOT)])})
+    done = hosts.run(
+        "client",
+        [sys.executable, str(TESTS / "_ns_check.py"), kind, store, *extra],
+        env={**S3_ENV, "PYTHONPATH": os.pathsep.join([str(TESTS), str(ROOT)])},
+    )
     assert done.returncode == 0 and done.stdout.startswith("ok"), done.stdout + done.stderr
 
 
@@ -187,16 +256,18 @@ def _workers_back(hosts) -> None:
     back (restarted, as deployed, once its link is up), both workers joined."""
     # two workers that answer (a worker the scheduler has not yet given up would be
     # counted by wait_for_workers, and vanish under the next job: "Address removed.")
-    wait = ("import time\nfrom distributed import Client\n"
-            f"with Client('{ADDRESS}', timeout=60) as c:\n"
-            "    for _ in range(120):\n"
-            "        try:\n"
-            "            if len(c.run(lambda: 1, wait=True)) == 2:\n"
-            "                time.sleep(12)  # past the scheduler's 10 s worker TTL\n"
-            "                if len(c.run(lambda: 1)) == 2: break\n"
-            "        except Exception: pass\n"
-            "        time.sleep(1)\n"
-            "    else: raise SystemExit('workers not back')\n")
+    wait = (
+        "import time\nfrom distributed import Client\n"
+        f"with Client('{ADDRESS}', timeout=60) as c:\n"
+        "    for _ in range(120):\n"
+        "        try:\n"
+        "            if len(c.run(lambda: 1, wait=True)) == 2:\n"
+        "                time.sleep(12)  # past the scheduler's 10 s worker TTL\n"
+        "                if len(c.run(lambda: 1)) == 2: break\n"
+        "        except Exception: pass\n"
+        "        time.sleep(1)\n"
+        "    else: raise SystemExit('workers not back')\n"
+    )
     done = hosts.run("client", [sys.executable, "-c", wait], timeout=200)
     assert done.returncode == 0, done.stderr + _cluster_logs(hosts)
 
@@ -215,11 +286,13 @@ def _job_with_a_cut(hosts, args, host, net, heal_after=None):
 
     result = {}
     start = _progress(hosts)
-    job = threading.Thread(target=lambda: result.update(zip(("code", "err"),
-                                                            _slem(hosts, args), strict=True)))
+    job = threading.Thread(
+        target=lambda: result.update(zip(("code", "err"), _slem(hosts, args), strict=True))
+    )
     job.start()
-    hostns.wait_for(lambda: _progress(hosts) >= start + 6 or not job.is_alive(), 120,
-                    "the job to get under way")
+    hostns.wait_for(
+        lambda: _progress(hosts) >= start + 6 or not job.is_alive(), 120, "the job to get under way"
+    )
     assert job.is_alive(), f"the job ended before the cut: {result}"
     hosts.cut(host, net)
     try:
@@ -230,30 +303,58 @@ def _job_with_a_cut(hosts, args, host, net, heal_after=None):
         assert not job.is_alive(), "the job neither finished nor failed within 300 s"
     finally:
         hosts.heal_all()
-    print(f"{' '.join(args[:1])} with {host} cut off {net}: exit {result['code']}; "
-          f"stderr: {result['err'].strip()!r}")
+    print(
+        f"{' '.join(args[:1])} with {host} cut off {net}: exit {result['code']}; "
+        f"stderr: {result['err'].strip()!r}"
+    )
     return result["code"], result["err"]
 
 
 def _fit(hosts, model):
-    code, err = _slem(hosts, ["fit", "--negatives", f"s3://{BUCKET}/neg.zarr", "--model",
-                              model, "--lam", "0.1", "--partition-rows", str(CHUNK)])
+    code, err = _slem(
+        hosts,
+        [
+            "fit",
+            "--negatives",
+            f"s3://{BUCKET}/neg.zarr",
+            "--model",
+            model,
+            "--lam",
+            "0.1",
+            "--partition-rows",
+            str(CHUNK),
+        ],
+    )
     assert code == 0, err
     return model
 
 
-@pytest.mark.parametrize("host,net", [("w1", "ctl"), ("w1", "s3")],
-                         ids=["worker-scheduler", "worker-s3"])
+@pytest.mark.parametrize(
+    "host,net", [("w1", "ctl"), ("w1", "s3")], ids=["worker-scheduler", "worker-s3"]
+)
 def test_encode_with_a_worker_cut_off_mid_job(hosts, host, net):
     model = MODEL
     out = f"s3://{BUCKET}/enc-{host}-{net}.zarr"
-    args = ["encode", "--model", model, "--positives", f"s3://{BUCKET}/pos.zarr", "--out",
-            out, "--partition-rows", str(CHUNK), "--dtype", "float32", "--task-timeout", "15"]
+    args = [
+        "encode",
+        "--model",
+        model,
+        "--positives",
+        f"s3://{BUCKET}/pos.zarr",
+        "--out",
+        out,
+        "--partition-rows",
+        str(CHUNK),
+        "--dtype",
+        "float32",
+        "--task-timeout",
+        "15",
+    ]
     code, err = _job_with_a_cut(hosts, args, host, net)
     _one_line_or_success(code, err)
     if code != 0:
         _workers_back(hosts)
-        code, err = _slem(hosts, args)          # the same command, the link back
+        code, err = _slem(hosts, args)  # the same command, the link back
         assert code == 0, err
     _check(hosts, "encode", out, model, f"s3://{BUCKET}/pos.zarr", str(CHUNK))
 
@@ -261,8 +362,21 @@ def test_encode_with_a_worker_cut_off_mid_job(hosts, host, net):
 def test_encode_with_the_client_cut_off_from_s3_mid_job(hosts):
     model = MODEL
     out = f"s3://{BUCKET}/enc-client.zarr"
-    args = ["encode", "--model", model, "--positives", f"s3://{BUCKET}/pos.zarr", "--out",
-            out, "--partition-rows", str(CHUNK), "--dtype", "float32", "--task-timeout", "15"]
+    args = [
+        "encode",
+        "--model",
+        model,
+        "--positives",
+        f"s3://{BUCKET}/pos.zarr",
+        "--out",
+        out,
+        "--partition-rows",
+        str(CHUNK),
+        "--dtype",
+        "float32",
+        "--task-timeout",
+        "15",
+    ]
     code, err = _job_with_a_cut(hosts, args, "client", "s3", heal_after=15)
     _one_line_or_success(code, err)
     if code != 0:
@@ -274,8 +388,19 @@ def test_encode_with_the_client_cut_off_from_s3_mid_job(hosts):
 
 def test_fit_with_a_worker_cut_off_from_s3_mid_job(hosts):
     model = f"s3://{BUCKET}/model-fit-cut.zarr"
-    args = ["fit", "--negatives", f"s3://{BUCKET}/neg.zarr", "--model", model, "--lam",
-            "0.1", "--partition-rows", str(CHUNK), "--task-timeout", "15"]
+    args = [
+        "fit",
+        "--negatives",
+        f"s3://{BUCKET}/neg.zarr",
+        "--model",
+        model,
+        "--lam",
+        "0.1",
+        "--partition-rows",
+        str(CHUNK),
+        "--task-timeout",
+        "15",
+    ]
     code, err = _job_with_a_cut(hosts, args, "w2", "s3")
     _one_line_or_success(code, err)
     if code != 0:
@@ -288,13 +413,39 @@ def test_fit_with_a_worker_cut_off_from_s3_mid_job(hosts):
 def test_search_with_a_worker_cut_off_from_the_scheduler_mid_job(hosts):
     model = MODEL
     enc = f"s3://{BUCKET}/enc-search.zarr"
-    code, err = _slem(hosts, ["encode", "--model", model, "--positives",
-                              f"s3://{BUCKET}/pos.zarr", "--out", enc, "--partition-rows",
-                              str(CHUNK), "--dtype", "float32"])
+    code, err = _slem(
+        hosts,
+        [
+            "encode",
+            "--model",
+            model,
+            "--positives",
+            f"s3://{BUCKET}/pos.zarr",
+            "--out",
+            enc,
+            "--partition-rows",
+            str(CHUNK),
+            "--dtype",
+            "float32",
+        ],
+    )
     assert code == 0, err
     hits = f"s3://{BUCKET}/hits.zarr"
-    args = ["search", "--queries", enc, "--database", enc, "--k", "5", "--out", hits,
-            "--partition-rows", str(4 * CHUNK), "--task-timeout", "15"]
+    args = [
+        "search",
+        "--queries",
+        enc,
+        "--database",
+        enc,
+        "--k",
+        "5",
+        "--out",
+        hits,
+        "--partition-rows",
+        str(4 * CHUNK),
+        "--task-timeout",
+        "15",
+    ]
     code, err = _job_with_a_cut(hosts, args, "w2", "ctl")
     _one_line_or_success(code, err)
     if code != 0:

@@ -30,22 +30,35 @@ XFAIL_SEEDS = int(os.environ.get("SLEM_SIM_XFAIL_SEEDS", "2000"))
 
 #: mode -> (options, what it adds): every fault kind, alone and at once
 SWEEPS = {
-    "interleave": ({"rollback": True}, "writers with and without the lease, readers, "
-                   "garbage collection, verify and a rollback, with slow calls that make "
-                   "leases go stale and be taken over"),
+    "interleave": (
+        {"rollback": True},
+        "writers with and without the lease, readers, "
+        "garbage collection, verify and a rollback, with slow calls that make "
+        "leases go stale and be taken over",
+    ),
     "crash": ({"rollback": True}, "processes killed between any two storage calls"),
     "errors": ({"rollback": True}, "lost requests and 503s"),
-    "lost_reply": ({"rollback": True}, "replies lost after the server applied the call "
-                   "(issue 30 item 1)"),
-    "twice": ({"rollback": True}, "calls applied twice (a retry of an applied create: "
-              "412; issue 30 item 1)"),
-    "late": ({"rollback": True}, "requests that time out and land later, after the "
-             "caller's next calls"),
-    "no_conditional": ({"rollback": True}, "a server that ignores If-None-Match (issue 30 "
-                       "item 8): refused in one line by the probe"),
+    "lost_reply": (
+        {"rollback": True},
+        "replies lost after the server applied the call (issue 30 item 1)",
+    ),
+    "twice": (
+        {"rollback": True},
+        "calls applied twice (a retry of an applied create: 412; issue 30 item 1)",
+    ),
+    "late": (
+        {"rollback": True},
+        "requests that time out and land later, after the caller's next calls",
+    ),
+    "no_conditional": (
+        {"rollback": True},
+        "a server that ignores If-None-Match (issue 30 item 8): refused in one line by the probe",
+    ),
     "all": ({"rollback": True}, "every fault at once"),
-    "user_draft": ({"rollback": True, "user_draft": True}, "a user's folder named like a "
-                   "draft (issue 30 item 5)"),
+    "user_draft": (
+        {"rollback": True, "user_draft": True},
+        "a user's folder named like a draft (issue 30 item 5)",
+    ),
 }
 
 
@@ -96,8 +109,11 @@ def test_the_checks_catch_a_wrong_delete(monkeypatch):
         return []
 
     monkeypatch.setattr(versions.VersionedStore, "collect_garbage", delete_everything)
-    with pytest.raises(sim.SeedFailed, match=r"seed \d+, mode interleave: .*deleted.*\n"
-                                             r"  replay: SLEM_SIM_SEED="):
+    with pytest.raises(
+        sim.SeedFailed,
+        match=r"seed \d+, mode interleave: .*deleted.*\n"
+        r"  replay: SLEM_SIM_SEED=",
+    ):
         _sweep("interleave", 50, rollback=False)
 
 
@@ -114,6 +130,7 @@ def test_a_lease_released_while_another_job_watches_it_is_taken():
 
     world = World(0, Faults())
     with simulated(world):
+
         def holder():
             with Lease(jobs.STORE, "holder"):
                 world.sleep(20)  # ends before its first heartbeat (30 s)
@@ -169,8 +186,9 @@ def test_one_failed_heartbeat_read_does_not_stop_the_heartbeat(monkeypatch):
     real_read, failed = SimBackend.read, []
 
     def read(self, key):
-        if key.endswith(".slem-dask-lease") and "/" in self.world.actor_name() \
-                and not failed:  # the heartbeat thread's first read
+        if (
+            key.endswith(".slem-dask-lease") and "/" in self.world.actor_name() and not failed
+        ):  # the heartbeat thread's first read
             failed.append(key)
             raise SimFault(f"{self.root}/{key}: 503 SlowDown")
         return real_read(self, key)
@@ -178,6 +196,7 @@ def test_one_failed_heartbeat_read_does_not_stop_the_heartbeat(monkeypatch):
     monkeypatch.setattr(SimBackend, "read", read)
     world = World(0, Faults())
     with simulated(world):
+
         def owner():
             with Lease(jobs.STORE, "owner") as lease:
                 world.sleep(400)  # a long job
@@ -214,7 +233,7 @@ def test_a_commit_that_lands_after_the_job_gave_up_names_a_whole_version(monkeyp
             return real_create(self, key, data)
         full = self._full(key)
         # in flight until the job has ended (then the world lands what is pending)
-        self.world.pending.append([10 ** 9, lambda: self.server.objects.setdefault(full, data)])
+        self.world.pending.append([10**9, lambda: self.server.objects.setdefault(full, data)])
         raise SimFault(f"{self.root}/{key}: read timeout (the request may still arrive)")
 
     monkeypatch.setattr(SimBackend, "create", create)
@@ -231,6 +250,7 @@ def test_a_commit_that_lands_after_the_job_gave_up_names_a_whole_version(monkeyp
 
 # -- the bound on garbage (docs/guarantees-garbage.md) -------------------------------------
 
+
 def test_garbage_stays_within_the_bound_when_killed():
     """A fenced writer that regrows its deleted draft, then is killed, leaves nothing
     that the next job cannot prove slem-dask's (seed 321 before the fix)."""
@@ -245,13 +265,20 @@ def test_garbage_stays_within_the_bound_under_every_fault():
 
 # -- replay ------------------------------------------------------------------------------
 
-@pytest.mark.skipif("SLEM_SIM_SEED" not in os.environ,
-                    reason="replays one seed: SLEM_SIM_SEED=N [SLEM_SIM_MODE=mode]")
+
+@pytest.mark.skipif(
+    "SLEM_SIM_SEED" not in os.environ,
+    reason="replays one seed: SLEM_SIM_SEED=N [SLEM_SIM_MODE=mode]",
+)
 def test_replay(capsys):
     """Replay one seed with its trace of every storage call, fault and job's end."""
-    args = ["--seed", os.environ["SLEM_SIM_SEED"],
-            "--mode", os.environ.get("SLEM_SIM_MODE", "all"),
-            *shlex.split(os.environ.get("SLEM_SIM_FLAGS", ""))]
+    args = [
+        "--seed",
+        os.environ["SLEM_SIM_SEED"],
+        "--mode",
+        os.environ.get("SLEM_SIM_MODE", "all"),
+        *shlex.split(os.environ.get("SLEM_SIM_FLAGS", "")),
+    ]
     code = sim.main(args)
     with capsys.disabled():
         print(capsys.readouterr().out)

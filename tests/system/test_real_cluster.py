@@ -23,12 +23,17 @@ from reference import partitionwise
 pytestmark = pytest.mark.cluster
 
 BIN = Path(sys.executable).parent
-N_ROWS, DIM, PART = 120_000, 64, 1_000   # 120 partitions: long enough to interrupt
+N_ROWS, DIM, PART = 120_000, 64, 1_000  # 120 partitions: long enough to interrupt
 
 
 def _start(args, prefix=(), **kw):
-    return subprocess.Popen([*prefix, str(BIN / "dask"), *args], stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL, start_new_session=True, **kw)
+    return subprocess.Popen(
+        [*prefix, str(BIN / "dask"), *args],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+        **kw,
+    )
 
 
 def _start_cluster(tmp, n_workers=2, extra_worker_prefix=None):
@@ -41,15 +46,35 @@ def _start_cluster(tmp, n_workers=2, extra_worker_prefix=None):
     sched_file = tmp / "scheduler.json"
     if sched_file.exists():
         sched_file.unlink()
-    scheduler = _start(["scheduler", "--host", "127.0.0.1", "--port", "0", "--no-dashboard",
-                        "--scheduler-file", str(sched_file)], cwd=elsewhere)
+    scheduler = _start(
+        [
+            "scheduler",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            "0",
+            "--no-dashboard",
+            "--scheduler-file",
+            str(sched_file),
+        ],
+        cwd=elsewhere,
+    )
     address = scheduler_address(sched_file)
-    args = ["worker", address, "--nthreads", "1", "--no-nanny", "--no-dashboard",
-            "--host", "127.0.0.1"]
+    args = [
+        "worker",
+        address,
+        "--nthreads",
+        "1",
+        "--no-nanny",
+        "--no-dashboard",
+        "--host",
+        "127.0.0.1",
+    ]
     workers = [_start([*args, "--name", f"w{i}"], cwd=elsewhere) for i in range(n_workers)]
     if extra_worker_prefix:
-        workers.append(_start([*args, "--name", "unmounted"], prefix=extra_worker_prefix,
-                              cwd=elsewhere))
+        workers.append(
+            _start([*args, "--name", "unmounted"], prefix=extra_worker_prefix, cwd=elsewhere)
+        )
     from distributed import Client
 
     with Client(address) as client:
@@ -86,14 +111,29 @@ def corpus(cluster):
         arr[...] = (rng.standard_normal((n, DIM)) * rng.uniform(0.1, 3, DIM)).astype("float32")
     path = str(tmp / "corpus.zarr")
     _cli(cluster, "fit", "--negatives", f"{path}/negatives", "--model", f"{path}/model")
-    _cli(cluster, "encode", "--model", f"{path}/model", "--positives", f"{path}/positives",
-         "--out", f"{path}/clean", "--partition-rows", str(PART))
+    _cli(
+        cluster,
+        "encode",
+        "--model",
+        f"{path}/model",
+        "--positives",
+        f"{path}/positives",
+        "--out",
+        f"{path}/clean",
+        "--partition-rows",
+        str(PART),
+    )
     return path
 
 
 def _cli(cluster, *args, check=True, **kw):
-    cmd = [str(BIN / "slem-dask"), *map(str, args), "--scheduler", cluster["address"],
-           "--no-progress"]
+    cmd = [
+        str(BIN / "slem-dask"),
+        *map(str, args),
+        "--scheduler",
+        cluster["address"],
+        "--no-progress",
+    ]
     result = subprocess.run(cmd, capture_output=True, text=True, timeout=300, **kw)
     if check:
         assert result.returncode == 0, result.stderr
@@ -106,8 +146,11 @@ def _root(path):
     if versions.VersionedStore(str(path)).is_versioned():
         return head(path)
     # version folders only: slem-dask's marker file sorts after its folder
-    drafts = sorted(p for p in Path(path, "versions").glob("*") if p.is_dir()) \
-        if Path(path, "versions").is_dir() else []
+    drafts = (
+        sorted(p for p in Path(path, "versions").glob("*") if p.is_dir())
+        if Path(path, "versions").is_dir()
+        else []
+    )
     return drafts[-1] if drafts else Path(path)
 
 
@@ -156,17 +199,34 @@ def test_cli_against_real_scheduler_equals_library(cluster, corpus):
     model = load_model(f"{corpus}/model")
     positives = storage.open_node(f"{corpus}/positives")[...]
     arr = storage.open_output(f"{corpus}/clean")
-    np.testing.assert_array_equal(arr[...], partitionwise(
-        lambda p: model.transform(p, dtype="float32"), positives, arr.chunks[0]))
+    np.testing.assert_array_equal(
+        arr[...],
+        partitionwise(lambda p: model.transform(p, dtype="float32"), positives, arr.chunks[0]),
+    )
 
 
 def test_worker_killed_mid_encode_job_completes_identically(cluster, corpus):
     out = f"{corpus}/worker_killed"
     proc = subprocess.Popen(
-        [str(BIN / "slem-dask"), "encode", "--model", f"{corpus}/model", "--positives",
-         f"{corpus}/positives", "--out", out, "--partition-rows", str(PART),
-         "--scheduler", cluster["address"], "--no-progress"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        [
+            str(BIN / "slem-dask"),
+            "encode",
+            "--model",
+            f"{corpus}/model",
+            "--positives",
+            f"{corpus}/positives",
+            "--out",
+            out,
+            "--partition-rows",
+            str(PART),
+            "--scheduler",
+            cluster["address"],
+            "--no-progress",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     assert _wait_for_chunks(out, 10, proc), "encode ended before it could be interrupted"
     victim = cluster["workers"][0]
     os.kill(victim.pid, signal.SIGKILL)
@@ -181,11 +241,22 @@ def test_worker_killed_mid_encode_job_completes_identically(cluster, corpus):
 
 def test_client_killed_mid_encode_rerun_resumes_identically(cluster, corpus):
     out = f"{corpus}/client_killed"
-    args = ["encode", "--model", f"{corpus}/model", "--positives", f"{corpus}/positives",
-            "--out", out, "--partition-rows", str(PART)]
-    proc = subprocess.Popen([str(BIN / "slem-dask"), *args, "--scheduler", cluster["address"],
-                             "--no-progress"], stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
+    args = [
+        "encode",
+        "--model",
+        f"{corpus}/model",
+        "--positives",
+        f"{corpus}/positives",
+        "--out",
+        out,
+        "--partition-rows",
+        str(PART),
+    ]
+    proc = subprocess.Popen(
+        [str(BIN / "slem-dask"), *args, "--scheduler", cluster["address"], "--no-progress"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     assert _wait_for_chunks(out, 10, proc), "encode ended before it could be interrupted"
     proc.send_signal(signal.SIGKILL)
     proc.wait(timeout=30)
@@ -203,20 +274,46 @@ def test_client_killed_mid_encode_rerun_resumes_identically(cluster, corpus):
 
 def test_two_concurrent_encodes_equal_sequential(cluster, corpus):
     outs = [f"{corpus}/concurrent_a", f"{corpus}/concurrent_b"]
-    procs = [subprocess.Popen(
-        [str(BIN / "slem-dask"), "encode", "--model", f"{corpus}/model", "--positives",
-         f"{corpus}/{src}", "--out", out, "--scheduler", cluster["address"], "--no-progress"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        for src, out in zip(("positives", "others"), outs, strict=True)]
+    procs = [
+        subprocess.Popen(
+            [
+                str(BIN / "slem-dask"),
+                "encode",
+                "--model",
+                f"{corpus}/model",
+                "--positives",
+                f"{corpus}/{src}",
+                "--out",
+                out,
+                "--scheduler",
+                cluster["address"],
+                "--no-progress",
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for src, out in zip(("positives", "others"), outs, strict=True)
+    ]
     for p in procs:
         _, err = p.communicate(timeout=300)
         assert p.returncode == 0, err
-    _cli(cluster, "encode", "--model", f"{corpus}/model", "--positives", f"{corpus}/others",
-         "--out", f"{corpus}/sequential_b")
-    np.testing.assert_array_equal(storage.open_output(outs[0])[...],
-                                  storage.open_output(f"{corpus}/clean")[...])
-    np.testing.assert_array_equal(storage.open_output(outs[1])[...],
-                                  storage.open_output(f"{corpus}/sequential_b")[...])
+    _cli(
+        cluster,
+        "encode",
+        "--model",
+        f"{corpus}/model",
+        "--positives",
+        f"{corpus}/others",
+        "--out",
+        f"{corpus}/sequential_b",
+    )
+    np.testing.assert_array_equal(
+        storage.open_output(outs[0])[...], storage.open_output(f"{corpus}/clean")[...]
+    )
+    np.testing.assert_array_equal(
+        storage.open_output(outs[1])[...], storage.open_output(f"{corpus}/sequential_b")[...]
+    )
 
 
 def test_relative_paths_with_workers_in_another_directory(cluster, corpus):
@@ -224,64 +321,117 @@ def test_relative_paths_with_workers_in_another_directory(cluster, corpus):
     workers started elsewhere (they used to write zeros, marked complete)."""
     tmp = cluster["tmp"]
     rel = os.path.relpath(corpus, tmp)
-    _cli(cluster, "encode", "--model", f"{rel}/model", "--positives", f"{rel}/others",
-         "--out", f"{rel}/relative", cwd=tmp)
-    _cli(cluster, "fit", "--negatives", f"{rel}/negatives", "--model", f"{rel}/model_rel",
-         cwd=tmp)
+    _cli(
+        cluster,
+        "encode",
+        "--model",
+        f"{rel}/model",
+        "--positives",
+        f"{rel}/others",
+        "--out",
+        f"{rel}/relative",
+        cwd=tmp,
+    )
+    _cli(cluster, "fit", "--negatives", f"{rel}/negatives", "--model", f"{rel}/model_rel", cwd=tmp)
     model = load_model(f"{corpus}/model")
-    np.testing.assert_array_equal(storage.read_all(f"{corpus}/relative"),
-                                  model.transform(storage.open_node(f"{corpus}/others")[...],
-                                                  dtype="float32"))
-    np.testing.assert_allclose(load_model(f"{corpus}/model_rel").covariance_,
-                               model.covariance_, rtol=1e-12)
+    np.testing.assert_array_equal(
+        storage.read_all(f"{corpus}/relative"),
+        model.transform(storage.open_node(f"{corpus}/others")[...], dtype="float32"),
+    )
+    np.testing.assert_allclose(
+        load_model(f"{corpus}/model_rel").covariance_, model.covariance_, rtol=1e-12
+    )
     assert not (tmp / "elsewhere" / rel).exists()
 
 
 def test_racing_cli_encodes_on_a_shared_scheduler(cluster, corpus):
     """Issue 8, item 2: concurrent `slem-dask encode` of different positives to one --out."""
     model = load_model(f"{corpus}/model")
-    want = {"positives": model.transform(storage.open_node(f"{corpus}/positives")[...],
-                                         dtype="float32"),
-            "others": model.transform(storage.open_node(f"{corpus}/others")[...],
-                                      dtype="float32")}
+    want = {
+        "positives": model.transform(
+            storage.open_node(f"{corpus}/positives")[...], dtype="float32"
+        ),
+        "others": model.transform(storage.open_node(f"{corpus}/others")[...], dtype="float32"),
+    }
     for trial in range(3):
         out = f"{corpus}/race{trial}"
-        procs = [subprocess.Popen(
-            [str(BIN / "slem-dask"), "encode", "--model", f"{corpus}/model", "--positives",
-             f"{corpus}/{src}", "--out", out, "--scheduler", cluster["address"],
-             "--no-progress"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-            for src in ("positives", "others")]
+        procs = [
+            subprocess.Popen(
+                [
+                    str(BIN / "slem-dask"),
+                    "encode",
+                    "--model",
+                    f"{corpus}/model",
+                    "--positives",
+                    f"{corpus}/{src}",
+                    "--out",
+                    out,
+                    "--scheduler",
+                    cluster["address"],
+                    "--no-progress",
+                ],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+            for src in ("positives", "others")
+        ]
         results = [p.communicate(timeout=300) + (p.returncode,) for p in procs]
         codes = [r[2] for r in results]
         assert 0 in codes, results
         for _, err, code in results:
-            assert code == 0 or "being written by another slem-dask job" in err \
-                or "cannot be resumed" in err, err
+            assert (
+                code == 0
+                or "being written by another slem-dask job" in err
+                or "cannot be resumed" in err
+            ), err
         meta = storage.output_meta(storage.open_node(out))
         assert meta["complete"] is True
-        np.testing.assert_array_equal(storage.read_all(out),
-                                      want[meta["source"].rsplit("/", 1)[1]])
+        np.testing.assert_array_equal(storage.read_all(out), want[meta["source"].rsplit("/", 1)[1]])
 
 
 def test_racing_cli_encodes_with_separate_local_clusters(cluster, corpus):
     """Issue 8, item 2, without a shared scheduler: each process starts its own LocalCluster."""
     out = f"{corpus}/race_local"
-    procs = [subprocess.Popen(
-        [str(BIN / "slem-dask"), "encode", "--model", f"{corpus}/model", "--positives",
-         f"{corpus}/{src}", "--out", out, "--workers", "1", "--no-progress"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        for src in ("positives", "others")]
+    procs = [
+        subprocess.Popen(
+            [
+                str(BIN / "slem-dask"),
+                "encode",
+                "--model",
+                f"{corpus}/model",
+                "--positives",
+                f"{corpus}/{src}",
+                "--out",
+                out,
+                "--workers",
+                "1",
+                "--no-progress",
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for src in ("positives", "others")
+    ]
     results = [p.communicate(timeout=300) + (p.returncode,) for p in procs]
     assert [r[2] for r in results].count(0) >= 1, results
     for _, err, code in results:
-        assert code == 0 or "being written by another slem-dask job" in err \
-            or "cannot be resumed" in err, err
+        assert (
+            code == 0
+            or "being written by another slem-dask job" in err
+            or "cannot be resumed" in err
+        ), err
     meta = storage.output_meta(storage.open_node(out))
     model = load_model(f"{corpus}/model")
-    source = storage.open_node(meta["source"][len("file://"):])[...]
+    source = storage.open_node(meta["source"][len("file://") :])[...]
     assert meta["complete"] is True
-    np.testing.assert_array_equal(storage.read_all(out), partitionwise(
-        lambda p: model.transform(p, dtype="float32"), source, storage.open_node(out).chunks[0]))
+    np.testing.assert_array_equal(
+        storage.read_all(out),
+        partitionwise(
+            lambda p: model.transform(p, dtype="float32"), source, storage.open_node(out).chunks[0]
+        ),
+    )
 
 
 def test_worker_without_the_mount_is_refused_before_anything_is_written(tmp_path):
@@ -293,23 +443,47 @@ def test_worker_without_the_mount_is_refused_before_anything_is_written(tmp_path
     data.mkdir()
     rng = np.random.default_rng(2)
     for name, n in (("negatives", 4000), ("positives", 6000)):
-        arr = zarr.create_array(str(data / name), shape=(n, DIM), dtype="float32",
-                                chunks=(PART, DIM))
+        arr = zarr.create_array(
+            str(data / name), shape=(n, DIM), dtype="float32", chunks=(PART, DIM)
+        )
         arr[...] = rng.standard_normal((n, DIM)).astype("float32")
     LinearSLEM().fit(storage.open_node(str(data / "negatives"))[...]).save(str(data / "model"))
-    hide = ["unshare", "--mount", "--propagation", "private", "sh", "-c",
-            f'mount -t tmpfs none "{data}" && exec "$0" "$@"']
+    hide = [
+        "unshare",
+        "--mount",
+        "--propagation",
+        "private",
+        "sh",
+        "-c",
+        f'mount -t tmpfs none "{data}" && exec "$0" "$@"',
+    ]
     cluster = _start_cluster(tmp_path, n_workers=1, extra_worker_prefix=hide)
     try:
-        enc = _cli(cluster, "encode", "--model", data / "model", "--positives",
-                   data / "positives", "--out", data / "out", check=False)
+        enc = _cli(
+            cluster,
+            "encode",
+            "--model",
+            data / "model",
+            "--positives",
+            data / "positives",
+            "--out",
+            data / "out",
+            check=False,
+        )
         assert enc.returncode == 1
         assert "does not see the positives" in enc.stderr and "unmounted" not in enc.stdout
         assert len(enc.stderr.strip().splitlines()) == 1
         with pytest.raises(ValueError, match="unfinished"):
             storage.open_output(str(data / "out"))
-        fit = _cli(cluster, "fit", "--negatives", data / "negatives", "--model",
-                   data / "model2", check=False)
+        fit = _cli(
+            cluster,
+            "fit",
+            "--negatives",
+            data / "negatives",
+            "--model",
+            data / "model2",
+            check=False,
+        )
         assert fit.returncode == 1 and "does not see the negatives" in fit.stderr
         assert not (data / "model2").exists()
     finally:
@@ -320,8 +494,9 @@ def test_scheduler_killed_mid_encode_keeps_finished_partitions(tmp_path):
     """Issue 8, item 6: one clear line, finished partitions kept, the re-run resumes."""
     data = tmp_path / "data"
     rng = np.random.default_rng(4)
-    arr = zarr.create_array(str(data / "positives"), shape=(N_ROWS, DIM), dtype="float32",
-                            chunks=(PART, DIM))
+    arr = zarr.create_array(
+        str(data / "positives"), shape=(N_ROWS, DIM), dtype="float32", chunks=(PART, DIM)
+    )
     arr[...] = rng.standard_normal((N_ROWS, DIM)).astype("float32")
     model = LinearSLEM().fit(rng.standard_normal((3000, DIM)))
     model.save(str(data / "model"))
@@ -329,10 +504,25 @@ def test_scheduler_killed_mid_encode_keeps_finished_partitions(tmp_path):
     cluster = _start_cluster(tmp_path)
     try:
         proc = subprocess.Popen(
-            [str(BIN / "slem-dask"), "encode", "--model", str(data / "model"), "--positives",
-             str(data / "positives"), "--out", str(out), "--partition-rows", str(PART),
-             "--scheduler", cluster["address"], "--no-progress"],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            [
+                str(BIN / "slem-dask"),
+                "encode",
+                "--model",
+                str(data / "model"),
+                "--positives",
+                str(data / "positives"),
+                "--out",
+                str(out),
+                "--partition-rows",
+                str(PART),
+                "--scheduler",
+                cluster["address"],
+                "--no-progress",
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         assert _wait_for_chunks(out, 10, proc), "encode ended before it could be interrupted"
         cluster["scheduler"].kill()
         _, err = proc.communicate(timeout=120)
@@ -347,15 +537,24 @@ def test_scheduler_killed_mid_encode_keeps_finished_partitions(tmp_path):
         storage.open_output(str(out))
     cluster = _start_cluster(tmp_path)
     try:
-        rerun = _cli(cluster, "encode", "--model", data / "model", "--positives",
-                     data / "positives", "--out", out, "--partition-rows", str(PART))
+        rerun = _cli(
+            cluster,
+            "encode",
+            "--model",
+            data / "model",
+            "--positives",
+            data / "positives",
+            "--out",
+            out,
+            "--partition-rows",
+            str(PART),
+        )
     finally:
         _stop_cluster(cluster)
     assert "resume" in rerun.stdout
     encoded = int(rerun.stdout.split("partitions")[1].split("encoded")[0])
     assert encoded <= N_ROWS // PART - kept + 2  # at most the chunks in flight at the kill
-    np.testing.assert_array_equal(storage.read_all(out),
-                                  model.transform(arr[...], dtype="float32"))
+    np.testing.assert_array_equal(storage.read_all(out), model.transform(arr[...], dtype="float32"))
 
 
 def test_disk_full_on_a_real_filesystem(cluster, corpus, tmp_path):
@@ -363,12 +562,25 @@ def test_disk_full_on_a_real_filesystem(cluster, corpus, tmp_path):
     wrote, and resumes once there is space."""
     mnt = tmp_path / "small"
     mnt.mkdir()
-    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "none", str(mnt)],
-                      capture_output=True).returncode != 0:
+    if (
+        subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", "size=2m", "none", str(mnt)], capture_output=True
+        ).returncode
+        != 0
+    ):
         pytest.skip("needs permission to mount a tmpfs")
     try:
-        args = ["encode", "--model", f"{corpus}/model", "--positives", f"{corpus}/others",
-                "--out", mnt / "out", "--partition-rows", str(PART)]
+        args = [
+            "encode",
+            "--model",
+            f"{corpus}/model",
+            "--positives",
+            f"{corpus}/others",
+            "--out",
+            mnt / "out",
+            "--partition-rows",
+            str(PART),
+        ]
         full = _cli(cluster, *args, check=False)
         assert full.returncode == 1 and "no space left" in full.stderr, full.stderr
         assert len(full.stderr.strip().splitlines()) == 1
@@ -379,6 +591,7 @@ def test_disk_full_on_a_real_filesystem(cluster, corpus, tmp_path):
         model = load_model(f"{corpus}/model")
         np.testing.assert_array_equal(
             storage.read_all(mnt / "out"),
-            model.transform(storage.open_node(f"{corpus}/others")[...], dtype="float32"))
+            model.transform(storage.open_node(f"{corpus}/others")[...], dtype="float32"),
+        )
     finally:
         subprocess.run(["umount", "-l", str(mnt)], capture_output=True)

@@ -10,7 +10,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 
-USER_CODE = '''
+USER_CODE = """
 import numpy as np
 from slem_dask import (KernelSLEM, LinearSLEM, load_model, mean_average_precision, open_zarr,
                        precision_recall_at_k, search)
@@ -24,7 +24,7 @@ reveal_type(search(X, X, 3))
 reveal_type(mean_average_precision(np.zeros((2, 3), int), [[1], {2}]))
 reveal_type(precision_recall_at_k(np.zeros((2, 3), int), [[1], [2]], k=2))
 reveal_type(open_zarr("encodings.zarr"))
-'''
+"""
 
 # what each line reveals, as parts (numpy's and zarr's own spelling varies by version)
 ARRAY = ("numpy.ndarray[", "dask.array.core.Array")
@@ -50,12 +50,30 @@ def test_users_type_checker_sees_the_public_annotations(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     env.pop("MYPYPATH", None)
     done = subprocess.run(
-        [sys.executable, "-m", "mypy", "--no-incremental", "--cache-dir", str(tmp_path / "c"),
-         "--python-executable", sys.executable, "--no-error-summary", str(script)],
-        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+        [
+            sys.executable,
+            "-m",
+            "mypy",
+            "--no-incremental",
+            "--cache-dir",
+            str(tmp_path / "c"),
+            "--python-executable",
+            sys.executable,
+            "--no-error-summary",
+            str(script),
+        ],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     lines = done.stdout.splitlines()
-    revealed = [line.split('Revealed type is "', 1)[1].rstrip('"') for line in lines
-                if "Revealed type is" in line]
+    revealed = [
+        line.split('Revealed type is "', 1)[1].rstrip('"')
+        for line in lines
+        if "Revealed type is" in line
+    ]
     errors = [line for line in lines if ": error:" in line]
     assert not errors, "\n".join(errors)
     assert len(revealed) == len(EXPECTED), done.stdout + done.stderr
