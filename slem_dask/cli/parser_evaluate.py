@@ -1,0 +1,125 @@
+"""The options of ``evaluate``: what to evaluate on, the methods and the grids of their
+parameters."""
+
+from __future__ import annotations
+
+import argparse
+
+from .parser_groups import _add_cluster_args, _add_partition_arg
+from .parser_types import _grid, _lam, _positive_float, _positive_int
+
+
+def _add_evaluate_command(sub) -> None:
+    """``evaluate``: the methods compared on a corpus or one's own descriptors."""
+    p = sub.add_parser(
+        "evaluate",
+        help="compare raw, PCA-whitening, E-SVM and SLEM on a "
+        "corpus: results table and precision-recall plot",
+    )
+    p.add_argument(
+        "--corpus",
+        metavar="PATH",
+        help="zarr group with negatives, database, queries, database_labels, "
+        "query_labels (datasets.write_corpus; `demo` writes WORKDIR/corpus.zarr)",
+    )
+    _add_own_descriptors(p)
+    _add_method_options(p)
+    _add_parameter_grids(p)
+    _add_partition_arg(p)
+    _add_cluster_args(p)
+
+
+def _add_own_descriptors(p: argparse.ArgumentParser) -> None:
+    """One's own labelled descriptors, the alternative to --corpus (a group of their own)."""
+    own = p.add_argument_group(
+        "one's own labelled descriptors, instead of --corpus (descriptors: zarr, .npy, "
+        ".npy shards, HDF5, .fvecs/.bvecs/.ivecs; labels: 1-D .npy, zarr or HDF5)"
+    )
+    own.add_argument("--negatives-from", metavar="PATH", help="descriptors to fit on")
+    own.add_argument("--database", metavar="PATH", help="descriptors searched")
+    own.add_argument("--queries", metavar="PATH", help="query descriptors")
+    own.add_argument("--database-labels", metavar="PATH", help="one label per database row")
+    own.add_argument(
+        "--query-labels",
+        metavar="PATH",
+        help="one label per query row (relevant: database rows of its label)",
+    )
+
+
+def _add_method_options(p: argparse.ArgumentParser) -> None:
+    """The methods compared, how many negatives they fit on, and how they are scored."""
+    p.add_argument(
+        "--methods",
+        default="raw,pca,esvm,slem",
+        metavar="LIST",
+        help="comma-separated methods among raw, pca, esvm, slem, kernel "
+        "(kernel: rbf, gamma 0.5, rank 256, rpcholesky) "
+        "(default: raw,pca,esvm,slem)",
+    )
+    p.add_argument(
+        "--negatives",
+        type=_positive_int,
+        metavar="N",
+        help="fit on the first N negatives (default: all)",
+    )
+    p.add_argument(
+        "--k",
+        type=_positive_int,
+        metavar="K",
+        help="ranking length for mAP (default: the database, up to 10000)",
+    )
+    p.add_argument(
+        "--p-at",
+        type=_positive_int,
+        metavar="K",
+        help="k of the P@k column (default: median number of relevant items)",
+    )
+    p.add_argument("--plot", metavar="PNG", help="save precision-recall curves to this PNG")
+
+
+def _add_parameter_grids(p: argparse.ArgumentParser) -> None:
+    """The methods' parameters, each one value or a grid of them (a group of their own)."""
+    g = p.add_argument_group(
+        "parameters (each takes one value or a comma-separated grid, e.g. --lam 1e-3,1e-2,1e-1:"
+        " every setting gets a row, and the best per method is marked *)"
+    )
+    g.add_argument(
+        "--lam",
+        type=_grid(_lam),
+        metavar="LAM[,LAM...]",
+        help="ridge lambda of linear SLEM (absolute, or Cx: C times tr(Sigma); "
+        "default: 0.01x) and of kernel SLEM (a number; default: 1e-3)",
+    )
+    g.add_argument(
+        "--gamma",
+        type=_grid(_positive_float),
+        metavar="G[,G...]",
+        help="kernel SLEM rbf gamma (default: 0.5)",
+    )
+    g.add_argument(
+        "--rank",
+        type=_grid(_positive_int),
+        metavar="R[,R...]",
+        help="kernel SLEM rank (default: 256)",
+    )
+    g.add_argument(
+        "--esvm-lam",
+        type=_grid(_positive_float),
+        default=[1e-2],
+        metavar="LAM[,LAM...]",
+        help="E-SVM ridge lambda (default: 1e-2)",
+    )
+    g.add_argument(
+        "--esvm-iters",
+        type=_grid(_positive_int),
+        default=[1000],
+        metavar="T[,T...]",
+        help="E-SVM stochastic sub-gradient steps per positive (default: 1000)",
+    )
+    g.add_argument(
+        "--pca-eps",
+        type=_grid(_positive_float),
+        default=[1e-6],
+        metavar="EPS[,EPS...]",
+        help="PCA whitening regularizer added to the variances (default: 1e-6)",
+    )

@@ -1,0 +1,133 @@
+"""Option groups that several commands share: the cluster's, the kernel SLEM's and
+--partition-rows."""
+
+from __future__ import annotations
+
+import argparse
+
+from .parser_types import _fraction, _positive_float, _positive_int
+
+
+def _add_cluster_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("cluster")
+    g.add_argument(
+        "--scheduler",
+        metavar="ADDRESS",
+        help="address of a running dask scheduler, e.g. tcp://host:8786 "
+        "(default: $DASK_SCHEDULER_ADDRESS, else a LocalCluster on this machine)",
+    )
+    g.add_argument(
+        "--workers",
+        type=_positive_int,
+        metavar="N",
+        help="LocalCluster workers (default: worker processes, one per core; "
+        "with --local-cluster threads, one in this process)",
+    )
+    g.add_argument(
+        "--threads-per-worker",
+        type=_positive_int,
+        metavar="N",
+        help="LocalCluster threads per worker (default: 1; with --local-cluster "
+        "threads, the cores shared among the workers)",
+    )
+    g.add_argument(
+        "--local-cluster",
+        choices=("auto", "processes", "threads"),
+        default="auto",
+        help="without --scheduler: a LocalCluster of worker processes, or one "
+        "worker in this process with a thread per core (starts in a fraction "
+        "of the time); auto (default): threads for a linear fit or encode "
+        "and a kernel fit of any size, and for other inputs under 256 MiB, "
+        "unless --workers or --threads-per-worker is given",
+    )
+    g.add_argument(
+        "--task-timeout",
+        type=_positive_float,
+        metavar="SECONDS",
+        help="give up (exit 1) when no task of the job finishes for SECONDS, "
+        "naming the workers it waits for (default: wait; a line is printed "
+        "after every 60 s without progress, $SLEM_DASK_STALL_WARNING)",
+    )
+    g.add_argument(
+        "--progress",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="show progress bars (default: when the output is a terminal)",
+    )
+    g.add_argument(
+        "--performance-report",
+        metavar="HTML",
+        help="save Dask's performance report of the run to this HTML file",
+    )
+    g.add_argument("--tls-ca-file", metavar="PEM", help="CA certificate, for a TLS scheduler")
+    g.add_argument("--tls-cert", metavar="PEM", help="client certificate, for a TLS scheduler")
+    g.add_argument("--tls-key", metavar="PEM", help="client private key, for a TLS scheduler")
+
+
+def _add_kernel_args(p: argparse.ArgumentParser) -> None:
+    from ..core.kernels import KERNELS
+
+    g = p.add_argument_group("kernel SLEM (with --kernel; without it, a linear SLEM)")
+    g.add_argument(
+        "--kernel",
+        choices=KERNELS,
+        help="fit a KernelSLEM with this kernel (intersection, chi2: non-negative "
+        "histograms only; linear: the linear kernel's low-rank factor, where "
+        "no --kernel fits the linear SLEM on the exact d x d covariance)",
+    )
+    g.add_argument(
+        "--gamma",
+        type=_positive_float,
+        help="gamma of the rbf, quad and poly kernels (default: 0.1)",
+    )
+    g.add_argument("--degree", type=_positive_int, help="degree of the poly kernel (default: 2)")
+    g.add_argument(
+        "--rank",
+        type=_positive_int,
+        metavar="R",
+        help="maximum number of pivots of the incomplete Cholesky factor "
+        "(default: no limit, stop on --tol)",
+    )
+    g.add_argument(
+        "--pivoting",
+        choices=("greedy", "rpcholesky"),
+        help="greedy: one pass over the negatives per pivot; rpcholesky: "
+        "randomly pivoted, many pivots per pass (default: greedy)",
+    )
+    g.add_argument(
+        "--tol",
+        type=_fraction,
+        help="stop when the residual trace is below TOL x the trace (default: 1e-3)",
+    )
+    g.add_argument(
+        "--seed",
+        type=int,
+        metavar="N",
+        help="random seed of rpcholesky (default 0, as in job specs: reruns give the same model)",
+    )
+    g.add_argument(
+        "--kernel-memory",
+        choices=("auto", "in-memory", "streaming"),
+        help="in-memory: the workers hold the negatives' rows and factor rows for "
+        "the whole fit (fast while they fit); streaming: every pass reads the "
+        "negatives again, memory independent of their number; auto: in-memory "
+        "if its estimate fits in 60%% of the workers' memory limits (default: "
+        "auto; the report says which and why)",
+    )
+    g.add_argument(
+        "--repivot",
+        action="store_true",
+        default=None,
+        help="with --update (implied): refit the kernel model's pivots on all rows "
+        "instead of merging the appended rows into the stored statistics",
+    )
+
+
+def _add_partition_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--partition-rows",
+        type=_positive_int,
+        metavar="N",
+        help="rows per dask partition, rounded up to whole zarr chunks/shards "
+        "(default: about 64 MiB of float64 per partition)",
+    )
