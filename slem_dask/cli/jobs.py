@@ -7,90 +7,111 @@ from .checks import _evaluate_arrays
 
 def _jobs(args, client, spec, progress: bool):
     """Run the command's job(s) on ``client``: (reports, rows of a results table)."""
+    run = _COMMAND_JOBS.get(args.command, _demo_job)
+    return run(args, client, spec, progress)
+
+
+def _run_job(args, client, spec, progress: bool):
+    """``run``: the job spec's steps, each report printed as its step finishes."""
+    from ..pipeline.jobspec import run_spec
+
+    run_spec(
+        client,
+        spec,
+        overwrite=args.overwrite,
+        progress=progress,
+        on_report=lambda r: print("\n".join(r.lines()), flush=True),
+    )
+    return [], None  # printed as each step finished
+
+
+def _fit_job(args, client, spec, progress: bool):
     from .. import pipeline
 
-    rows = None
-    if args.command == "run":
-        from ..pipeline.jobspec import run_spec
+    report = pipeline.fit_job(
+        client,
+        args.negatives,
+        args.model,
+        options=_fit_options(args, progress),
+        **_model_keywords(args),
+    )
+    return [report], None
 
-        run_spec(
-            client,
-            spec,
-            overwrite=args.overwrite,
-            progress=progress,
-            on_report=lambda r: print("\n".join(r.lines()), flush=True),
-        )
-        reports = []  # printed as each step finished
-    elif args.command == "fit":
-        reports = [
-            pipeline.fit_job(
-                client,
-                args.negatives,
-                args.model,
-                options=_fit_options(args, progress),
-                **_model_keywords(args),
-            )
-        ]
-    elif args.command == "search":
-        from ..pipeline.options import SearchOptions
 
-        reports = [
-            pipeline.search_job(
-                client,
-                args.queries,
-                args.database,
-                args.out,
-                options=SearchOptions(
-                    k=args.k,
-                    partition_rows=args.partition_rows,
-                    overwrite=args.overwrite,
-                    force=args.force,
-                    progress=progress,
-                ),
-            )
-        ]
-    elif args.command == "evaluate":
-        from ..pipeline import evaluate as evaluation
+def _search_job(args, client, spec, progress: bool):
+    from .. import pipeline
+    from ..pipeline.options import SearchOptions
 
-        rows, _, report = evaluation.evaluate_job(
-            client,
-            args.corpus,
-            args.methods,
-            n_negatives=args.negatives,
-            k=args.k,
-            p_at=args.p_at,
-            plot=args.plot,
-            grids=_evaluate_grids(args),
-            partition_rows=args.partition_rows,
-            arrays=_evaluate_arrays(args),
-        )
-        reports = [report]
-    elif args.command == "encode":
-        from ..storage import head_seq
+    options = SearchOptions(
+        k=args.k,
+        partition_rows=args.partition_rows,
+        overwrite=args.overwrite,
+        force=args.force,
+        progress=progress,
+    )
+    return [
+        pipeline.search_job(client, args.queries, args.database, args.out, options=options)
+    ], None
 
-        args.head_before = head_seq(args.out)  # what an interrupt says is committed
-        reports = [
-            pipeline.encode_job(
-                client,
-                args.model,
-                args.positives,
-                args.out,
-                options=_encode_options(args, progress),
-                model=getattr(args, "loaded_model", None),
-            )
-        ]
-    else:
-        rows, reports = pipeline.demo_job(
-            client,
-            workdir=args.workdir,
-            n_negatives=args.negatives,
-            n_instances=args.instances,
-            d=args.dim,
-            lam=args.lam,
-            seed=args.seed,
-            progress=progress,
-        )
+
+def _evaluate_job(args, client, spec, progress: bool):
+    from ..pipeline import evaluate as evaluation
+
+    rows, _, report = evaluation.evaluate_job(
+        client,
+        args.corpus,
+        args.methods,
+        n_negatives=args.negatives,
+        k=args.k,
+        p_at=args.p_at,
+        plot=args.plot,
+        grids=_evaluate_grids(args),
+        partition_rows=args.partition_rows,
+        arrays=_evaluate_arrays(args),
+    )
+    return [report], rows
+
+
+def _encode_job(args, client, spec, progress: bool):
+    from .. import pipeline
+    from ..storage import head_seq
+
+    args.head_before = head_seq(args.out)  # what an interrupt says is committed
+    report = pipeline.encode_job(
+        client,
+        args.model,
+        args.positives,
+        args.out,
+        options=_encode_options(args, progress),
+        model=getattr(args, "loaded_model", None),
+    )
+    return [report], None
+
+
+def _demo_job(args, client, spec, progress: bool):
+    from .. import pipeline
+
+    rows, reports = pipeline.demo_job(
+        client,
+        workdir=args.workdir,
+        n_negatives=args.negatives,
+        n_instances=args.instances,
+        d=args.dim,
+        lam=args.lam,
+        seed=args.seed,
+        progress=progress,
+    )
     return reports, rows
+
+
+#: command -> the function that runs its job(s); any other command (demo) runs the demo
+_COMMAND_JOBS = {
+    "run": _run_job,
+    "fit": _fit_job,
+    "search": _search_job,
+    "evaluate": _evaluate_job,
+    "encode": _encode_job,
+}
 
 
 def _print_results(args, reports, rows) -> None:
