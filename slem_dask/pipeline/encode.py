@@ -205,7 +205,7 @@ def _start_report(model, model_path, positives, out, plan: EncodePlan, job: _Dra
     )
     if scale:
         report.facts["warning"] = scale
-        warnings.warn(scale, stacklevel=3)  # where encode_job was called
+        warnings.warn(scale, stacklevel=4)  # where encode_job was called (via _encode_under_lease)
     if job.todo:
         common.hint_small_chunks(report, arr, "positives", positives)
     report.facts.update(
