@@ -242,9 +242,10 @@ def full_disk_said(path, needed=None, what_is_kept: str = "nothing was written")
         raise JobFailed(out_of_space_line(exc, path, size, kept)) from None
 
 
-def hint_small_chunks(report: JobReport, arr, name: str, path) -> None:
+def hint_small_chunks(report: JobReport, arr, name: str, path, stacklevel: int = 3) -> None:
     """Say once (a warning, kept in the report) that ``arr`` is stored in chunks so
-    small that reaching them costs more than their data, and what to rechunk to."""
+    small that reaching them costs more than their data, and what to rechunk to
+    (``stacklevel``: the warning's, counted from this function)."""
     import warnings
 
     from ..storage.chunks import SmallChunksWarning, small_chunks_hint
@@ -252,4 +253,4 @@ def hint_small_chunks(report: JobReport, arr, name: str, path) -> None:
     hint = small_chunks_hint(arr, name, path)
     if hint:
         report.facts["hint"] = hint
-        warnings.warn(hint, SmallChunksWarning, stacklevel=3)
+        warnings.warn(hint, SmallChunksWarning, stacklevel=stacklevel)

@@ -85,11 +85,8 @@ def encode_job(
     model_path, positives, out = canonical(model_path), canonical(positives), canonical(out)
     model = model if model is not None else load_model(model_path)
     storage.check_distinct(out, "--out", {"positives": positives, "model": model_path})
-    current = (
-        None if options.overwrite else up_to_date_report(model, model_path, positives, out, options)
-    )
+    current = _current_report(model, model_path, positives, out, options, t0)
     if current is not None:  # decided from the committed head: no lease, nothing written
-        current.timings["total"] = time.perf_counter() - t0
         return current
     head_before = storage.head_seq(out)  # a full disk before the draft is known says it
     with (
@@ -100,32 +97,51 @@ def encode_job(
         ),
         storage.Lease(out, "slem-dask encode") as lease,
     ):
-        plan = plan_encode(model, model_path, positives, out, options)
-        if plan.head is None:  # a new output: before anything is written
-            workers.check_memory(client, plan.memory, plan.n_parts, common.TASK_MODULES)
-        storage.replace_legacy(out, "output")  # only reached with --overwrite
-        job = _begin_draft(model, model_path, positives, out, plan)
-        t1 = time.perf_counter()
-        report = _start_report(model, model_path, positives, out, plan, job)
-        if _kept_as_it_is(report, model, plan, job):
-            job.store.abandon(job.draft)  # nothing to write: the head stays as it is
-            report.timings["total"] = time.perf_counter() - t0
-            return report
-        if plan.head is not None and job.todo:  # only what this update computes must fit
-            _check_update_memory(client, plan, job)
-        with _draft_failures(job, plan, positives, out):
-            _encode_and_commit(
-                client,
-                model,
-                model_path,
-                positives,
-                plan,
-                job,
-                lease,
-                report,
-                options.progress,
-                (t0, t1),
-            )
+        return _encode_under_lease(client, model, model_path, positives, out, options, lease, t0)
+
+
+def _current_report(model, model_path, positives, out, options: EncodeOptions, t0: float):
+    """The report of an output already up to date (read from its committed head, before
+    any lease), with the job's total time; None when the job has work (or --overwrite)."""
+    if options.overwrite:
+        return None
+    current = up_to_date_report(model, model_path, positives, out, options)
+    if current is not None:
+        current.timings["total"] = time.perf_counter() - t0
+    return current
+
+
+def _encode_under_lease(
+    client, model, model_path, positives, out, options: EncodeOptions, lease, t0: float
+) -> JobReport:
+    """The job once it holds ``out``'s lease: plan, check memory, begin the draft, then
+    keep the head as it is or encode what the plan needs and commit."""
+    plan = plan_encode(model, model_path, positives, out, options)
+    if plan.head is None:  # a new output: before anything is written
+        workers.check_memory(client, plan.memory, plan.n_parts, common.TASK_MODULES)
+    storage.replace_legacy(out, "output")  # only reached with --overwrite
+    job = _begin_draft(model, model_path, positives, out, plan)
+    t1 = time.perf_counter()
+    report = _start_report(model, model_path, positives, out, plan, job)
+    if _kept_as_it_is(report, model, plan, job):
+        job.store.abandon(job.draft)  # nothing to write: the head stays as it is
+        report.timings["total"] = time.perf_counter() - t0
+        return report
+    if plan.head is not None and job.todo:  # only what this update computes must fit
+        _check_update_memory(client, plan, job)
+    with _draft_failures(job, plan, positives, out):
+        _encode_and_commit(
+            client,
+            model,
+            model_path,
+            positives,
+            plan,
+            job,
+            lease,
+            report,
+            options.progress,
+            (t0, t1),
+        )
     return report
 
 
@@ -189,7 +205,7 @@ def _start_report(model, model_path, positives, out, plan: EncodePlan, job: _Dra
     )
     if scale:
         report.facts["warning"] = scale
-        warnings.warn(scale, stacklevel=3)  # where encode_job was called
+        warnings.warn(scale, stacklevel=4)  # where encode_job was called (via _encode_under_lease)
     if job.todo:
         common.hint_small_chunks(report, arr, "positives", positives)
     report.facts.update(

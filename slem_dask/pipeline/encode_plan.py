@@ -79,19 +79,7 @@ def plan_encode(model, model_path, positives, out, options: EncodeOptions) -> En
         partition_rows = int(existing.chunks[0])  # a rebuild keeps the chunking
     rows = int(head.chunks[0]) if head is not None else storage.row_partition(arr, partition_rows)
     n_rows = int(arr.shape[0])
-    per_row, fixed = workers.encode_task_bytes(model, rows, arr.shape[1], arr.dtype)
-    memory = workers.Plan(
-        "encode",
-        "positives",
-        rows,
-        int(arr.shape[1]),
-        str(arr.dtype),
-        int(fixed + per_row * rows),
-        per_row,
-        fixed,
-        storage.unit_rows(arr),
-        resumed=head is not None,
-    )
+    memory = _task_memory(model, arr, rows, resumed=head is not None)
     return EncodePlan(
         arr,
         out_dtype,
@@ -104,6 +92,23 @@ def plan_encode(model, model_path, positives, out, options: EncodeOptions) -> En
         -(-n_rows // rows),
         storage.partition_fingerprints(arr, positives, "positives", rows),
         memory,
+    )
+
+
+def _task_memory(model, arr, rows: int, resumed: bool) -> workers.Plan:
+    """What one encode task of ``rows`` positives needs, for the workers' memory check."""
+    per_row, fixed = workers.encode_task_bytes(model, rows, arr.shape[1], arr.dtype)
+    return workers.Plan(
+        "encode",
+        "positives",
+        rows,
+        int(arr.shape[1]),
+        str(arr.dtype),
+        int(fixed + per_row * rows),
+        per_row,
+        fixed,
+        storage.unit_rows(arr),
+        resumed=resumed,
     )
 
 
@@ -161,15 +166,21 @@ def up_to_date_report(
         )
     ):
         return None
+    return _up_to_date_facts(model, model_path, positives, out, arr, existing, n_parts)
+
+
+def _up_to_date_facts(model, model_path, positives, out, arr, existing, n_parts) -> JobReport:
+    """The report of an output found up to date (with the positives' scale warning)."""
     report = JobReport("encode")
     scale = _scale_mismatch(model, arr)
     if scale:
         report.facts["warning"] = scale
-        warnings.warn(scale, stacklevel=3)
+        # the caller of encode_job (via _current_report and up_to_date_report)
+        warnings.warn(scale, stacklevel=5)
     report.facts.update(
         {
             "positives": str(positives),
-            "rows": n_rows,
+            "rows": int(arr.shape[0]),
             "features": arr.shape[1],
             "partitions": f"0 encoded of {n_parts}",
             "action": "up to date",
@@ -265,16 +276,8 @@ def check_encode_inputs(
     out_dtype = np.dtype(dtype) if dtype is not None else output_dtype(arr.dtype)
     if not np.issubdtype(out_dtype, np.floating):
         raise ValueError(f"dtype must be a float dtype (float32 or float64), got {dtype!r}")
-    if (
-        partition_rows is not None
-        and kept is not None
-        and storage.row_partition(arr, partition_rows) != int(kept.chunks[0])
-    ):
-        raise ValueError(
-            f"--partition-rows {partition_rows}: the output {str(out)!r} is written in "
-            f"partitions of {kept.chunks[0]} rows (one chunk each), and a re-run continues "
-            f"it that way; omit --partition-rows, or pass --overwrite to rebuild it"
-        )
+    if partition_rows is not None and kept is not None:
+        _check_same_partitions(arr, partition_rows, kept, out)
     width = int(getattr(model, "rank_", arr.shape[1]))  # a KernelSLEM writes r columns
     if not leased:
         storage.Lease(out, "slem-dask encode").check_free()
@@ -291,6 +294,16 @@ def check_encode_inputs(
         _effective_precision(model, precision),
     )
     return arr, out_dtype, width
+
+
+def _check_same_partitions(arr, partition_rows: int, kept, out) -> None:
+    """Refuse a --partition-rows that differs from the partitions of the output kept."""
+    if storage.row_partition(arr, partition_rows) != int(kept.chunks[0]):
+        raise ValueError(
+            f"--partition-rows {partition_rows}: the output {str(out)!r} is written in "
+            f"partitions of {kept.chunks[0]} rows (one chunk each), and a re-run continues "
+            f"it that way; omit --partition-rows, or pass --overwrite to rebuild it"
+        )
 
 
 def _plan_output(
@@ -339,6 +352,21 @@ def _plan_output(
             f"{str(meta.get('encoding_fingerprint'))[:16]}, now {encoding[:16]}); pass "
             f"--overwrite to re-encode it with the current model"
         )
+    problems = _resume_problems(meta, existing, arr, positives, (width, out_dtype, precision))
+    if problems:
+        raise FileExistsError(
+            f"output {str(out)!r} cannot be resumed: {'; '.join(problems)}; pass --overwrite "
+            f"to rebuild it"
+        )
+    if arr.shape[0] > existing.shape[0]:
+        return existing, "append"
+    return existing, "resume" if not meta.get("complete") else "update"
+
+
+def _resume_problems(meta, existing, arr, positives, written) -> list[str]:
+    """Why the output ``existing`` (its metadata ``meta``) cannot be continued by a run
+    that writes ``written`` (width, dtype, precision) from these positives; [] if it can."""
+    width, out_dtype, precision = written
     problems = []
     if meta.get("source") != positives.url:
         problems.append(f"it encodes {shown_path(meta.get('source'))!r}, not {str(positives)!r}")
@@ -354,11 +382,4 @@ def _plan_output(
             f"it was encoded with precision {meta.get('precision')!r}, this run "
             f"uses {precision!r} (give --precision {meta.get('precision')})"
         )
-    if problems:
-        raise FileExistsError(
-            f"output {str(out)!r} cannot be resumed: {'; '.join(problems)}; pass --overwrite "
-            f"to rebuild it"
-        )
-    if arr.shape[0] > existing.shape[0]:
-        return existing, "append"
-    return existing, "resume" if not meta.get("complete") else "update"
+    return problems

@@ -224,33 +224,10 @@ def evaluate_job(
     database = storage.dask_rows(db, partition_rows)
     queries = storage.dask_rows(q, partition_rows)
     grids = {m: {**(params or {}).get(m, {}), **(grids or {}).get(m, {})} for m in methods}
-    with scatter_large_arrays(client):  # E-SVM's negatives: once to the workers
-        if all(len(parameter_grid(g)) == 1 for g in grids.values()):
-            rows, curves = evaluate_methods(
-                negatives,
-                database,
-                queries,
-                relevant,
-                methods,
-                k=k,
-                p_at=p_at,
-                params={m: parameter_grid(g)[0] for m, g in grids.items()},
-            )
-        else:
-            rows, _, curves = grid_search(
-                negatives, database, queries, relevant, grids, k=k, p_at=p_at, curves=True
-            )
-    report = JobReport("evaluate")
-    report.facts.update(
-        {
-            **source,
-            "negatives": negatives.shape[0],
-            "database": db.shape[0],
-            "queries": q.shape[0],
-            "features": db.shape[1],
-            "methods": ",".join(methods),
-        }
+    rows, curves = _run_methods(
+        client, (negatives, database, queries, relevant), methods, grids, k, p_at
     )
+    report = _evaluate_report(source, negatives.shape[0], db, q, methods)
     lams = _lams_used(methods, grids)
     if lams:
         report.facts["lam"] = lams
@@ -265,6 +242,44 @@ def evaluate_job(
         report.facts["plot"] = str(plot)
     report.timings["total"] = time.perf_counter() - t0
     return rows, curves, report
+
+
+def _run_methods(client, data, methods, grids, k, p_at):
+    """(rows, curves) of ``methods`` on ``data`` (negatives, database, queries,
+    relevant): one setting each, or a grid search where a method has several."""
+    negatives, database, queries, relevant = data
+    with scatter_large_arrays(client):  # E-SVM's negatives: once to the workers
+        if all(len(parameter_grid(g)) == 1 for g in grids.values()):
+            return evaluate_methods(
+                negatives,
+                database,
+                queries,
+                relevant,
+                methods,
+                k=k,
+                p_at=p_at,
+                params={m: parameter_grid(g)[0] for m, g in grids.items()},
+            )
+        rows, _, curves = grid_search(
+            negatives, database, queries, relevant, grids, k=k, p_at=p_at, curves=True
+        )
+        return rows, curves
+
+
+def _evaluate_report(source: dict, n_negatives: int, db, q, methods) -> JobReport:
+    """The report's facts on what was evaluated."""
+    report = JobReport("evaluate")
+    report.facts.update(
+        {
+            **source,
+            "negatives": n_negatives,
+            "database": db.shape[0],
+            "queries": q.shape[0],
+            "features": db.shape[1],
+            "methods": ",".join(methods),
+        }
+    )
+    return report
 
 
 def _lams_used(methods, grids: dict[str, dict]) -> str:

@@ -104,7 +104,21 @@ def fit_job(
     only); None: the model's default ("0.01x" linear, 1e-3 kernel; an update keeps the
     stored model's).
     """
-    options = options_from(
+    options = _fit_options(options, partition_rows, overwrite, update, repivot, progress)
+    negatives, model_path = canonical(negatives), canonical(model_path)
+    keywords = _model_keywords(
+        lam, theta, kernel, gamma, degree, rank, pivoting, tol, seed, precision, kernel_memory
+    )
+    if estimator is None:
+        estimator = estimator_from(model_path, options, **keywords)
+    else:
+        _check_no_model_keywords(estimator, keywords)
+    return fit_model(client, negatives, model_path, estimator, options)
+
+
+def _fit_options(options, partition_rows, overwrite, update, repivot, progress) -> FitOptions:
+    """``options``, or the FitOptions that :func:`fit_job`'s keywords build."""
+    return options_from(
         FitOptions,
         options,
         partition_rows=partition_rows,
@@ -113,8 +127,13 @@ def fit_job(
         repivot=repivot,
         progress=progress,
     )
-    negatives, model_path = canonical(negatives), canonical(model_path)
-    keywords = {
+
+
+def _model_keywords(
+    lam, theta, kernel, gamma, degree, rank, pivoting, tol, seed, precision, kernel_memory
+) -> dict:
+    """:func:`fit_job`'s keywords that build (or would conflict with) the estimator."""
+    return {
         "lam": lam,
         "theta": theta,
         "kernel": kernel,
@@ -127,11 +146,6 @@ def fit_job(
         "precision": precision,
         "kernel_memory": kernel_memory,
     }
-    if estimator is None:
-        estimator = estimator_from(model_path, options, **keywords)
-    else:
-        _check_no_model_keywords(estimator, keywords)
-    return fit_model(client, negatives, model_path, estimator, options)
 
 
 def estimator_from(

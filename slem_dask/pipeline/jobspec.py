@@ -180,6 +180,31 @@ def parse_spec(data: dict, source: str = "<spec>") -> JobSpec:
         encode = [encode]
     if not isinstance(encode, list):
         raise SpecError(f"{source}: [[encode]] must be an array of tables")
+    _check_model_type_keys(data, source)
+    try:
+        spec = JobSpec(
+            model=_build(ModelSpec, data["model"], "model"),
+            fit=_build(FitSpec, data["fit"], "fit") if "fit" in data else None,
+            encode=tuple(_build(EncodeSpec, e, f"encode[{i}]") for i, e in enumerate(encode)),
+            cluster=_build(ClusterSpec, data.get("cluster", {}), "cluster"),
+            generate=_build(GenerateSpec, data["generate"], "generate")
+            if "generate" in data
+            else None,
+            source=source,
+        )
+    except SpecError as exc:
+        raise SpecError(f"{source}: {exc}") from None
+    if spec.fit is None and not spec.encode:
+        raise SpecError(
+            f"{source}: the spec has no [fit] and no [[encode]] step, so it "
+            f"would do nothing; add a [fit] section (negatives = PATH) and/or "
+            f"[[encode]] sections (positives = PATH, out = PATH), see jobs/demo.toml"
+        )
+    return spec
+
+
+def _check_model_type_keys(data: dict, source: str) -> None:
+    """Refuse model and fit keys that apply to the other model type (kernel or linear)."""
     kernel_keys = (
         sorted(
             set(data["model"])
@@ -214,26 +239,6 @@ def parse_spec(data: dict, source: str = "<spec>") -> JobSpec:
             f'{source}: fit.repivot applies to type = "kernel" only (a linear '
             f"update merges the appended rows exactly); remove it"
         )
-    try:
-        spec = JobSpec(
-            model=_build(ModelSpec, data["model"], "model"),
-            fit=_build(FitSpec, data["fit"], "fit") if "fit" in data else None,
-            encode=tuple(_build(EncodeSpec, e, f"encode[{i}]") for i, e in enumerate(encode)),
-            cluster=_build(ClusterSpec, data.get("cluster", {}), "cluster"),
-            generate=_build(GenerateSpec, data["generate"], "generate")
-            if "generate" in data
-            else None,
-            source=source,
-        )
-    except SpecError as exc:
-        raise SpecError(f"{source}: {exc}") from None
-    if spec.fit is None and not spec.encode:
-        raise SpecError(
-            f"{source}: the spec has no [fit] and no [[encode]] step, so it "
-            f"would do nothing; add a [fit] section (negatives = PATH) and/or "
-            f"[[encode]] sections (positives = PATH, out = PATH), see jobs/demo.toml"
-        )
-    return spec
 
 
 def load_spec(path: str) -> JobSpec:

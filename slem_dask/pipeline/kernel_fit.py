@@ -78,13 +78,9 @@ def _fit_kernel_job(client, negatives, model_path, model, options) -> JobReport:
     update = options.update or repivot
     arr, exists = _open_negatives(negatives, model_path, overwrite, update, repivot)
     n = int(arr.shape[0])
-    if (
-        exists
-        and update
-        and not (overwrite or repivot)
-        and _kernel_up_to_date(model_path, negatives, arr, model)
-    ):
-        return _up_to_date_report(negatives, n, model_path, t0)  # no lease, nothing written
+    if exists and update and not (overwrite or repivot):  # read-only, before any lease
+        if _kernel_up_to_date(model_path, negatives, arr, model):
+            return _up_to_date_report(negatives, n, model_path, t0)  # nothing written
     with (
         full_disk_said(
             model_path,
@@ -94,65 +90,85 @@ def _fit_kernel_job(client, negatives, model_path, model, options) -> JobReport:
         storage.Lease(model_path, "slem-dask fit") as lease,
     ):
         seen = storage.rows_fingerprint(arr, negatives, "negatives", n)
-        found = (
-            _stored_kernel_model(model_path, model, negatives, arr, seen, repivot)
-            if exists and update and not overwrite
-            else (None, "fit")
-        )
+        found = (None, "fit")
+        if exists and update and not overwrite:
+            found = _stored_kernel_model(model_path, model, negatives, arr, seen, repivot)
         if found is None:
             return _up_to_date_report(negatives, n, model_path, t0)
         old, action = found
         storage.check_workers_see(client, {"negatives": negatives})
         x = storage.dask_rows(arr, options.partition_rows, name="negatives")
         start = old.n_samples_ if old is not None else 0
-        report = JobReport("fit")
-        report.facts.update(
-            {
-                "negatives": str(negatives),
-                "rows": n,
-                "features": arr.shape[1],
-                "dtype": str(arr.dtype),
-                "action": action,
-            }
+        report, strategy, why = _kernel_plan_report(
+            client, negatives, arr, model, x, old, n - start, action
         )
-        hint_small_chunks(report, arr, "negatives", negatives)
-        strategy, why = _kernel_strategy(client, model, x, old, n - start)
-        report.facts.update({"kernel memory": strategy, "because": why})
-        if strategy == "in-memory":  # its partitions do not bound what a worker holds
-            note_memory_remedy(_in_memory_remedy(model, arr))
         if options.progress:  # the choice, before the passes start
             print("\n".join(report.lines()), flush=True)
-        checkpoint = (
-            _final_pass_checkpoint(model_path, model, seen, x)
-            if old is None and strategy == "streaming"
-            else None
-        )
+        checkpoint = _streaming_checkpoint(model_path, model, seen, x, old, strategy)
         t1 = time.perf_counter()
-        with (
-            _fit_errors(negatives, model_path),
-            _warnings_naming(negatives, report, TraceErrorWarning),
-        ):
-            model = _factor(client, model, x, old, start, strategy, checkpoint, options.progress)
+        model = _run_factor(
+            client,
+            negatives,
+            model_path,
+            (model, x, old, start),
+            (strategy, why),
+            checkpoint,
+            report,
+            options.progress,
+        )
         t2 = time.perf_counter()
-        model.strategy_, model.strategy_reason_ = strategy, why
-        if checkpoint is not None and checkpoint.reused:
-            report.facts["final pass"] = (
-                f"resumed: {checkpoint.reused} of "
-                f"{x.numblocks[0]} partitions reused from an "
-                f"interrupted run's draft"
-            )
         fp = _save_fitted(model, arr, negatives, model_path, seen, lease)
-    _kernel_report(
-        report,
-        model,
-        model_path,
-        fp,
-        x[start:].numblocks[0],
-        n - start,
-        old is None,
-        (t0, t1, t2, time.perf_counter()),
-    )
+    _kernel_report(report, model, model_path, fp, (x, start, old is None), (t0, t1, t2))
     return report
+
+
+def _kernel_plan_report(client, negatives, arr, model, x, old, appended: int, action: str):
+    """(the job's report with its inputs and the memory strategy, strategy, why): chosen
+    before any pass; an in-memory fit notes its remedy for workers that die for memory."""
+    report = JobReport("fit")
+    report.facts.update(
+        {
+            "negatives": str(negatives),
+            "rows": int(arr.shape[0]),
+            "features": arr.shape[1],
+            "dtype": str(arr.dtype),
+            "action": action,
+        }
+    )
+    # the warning points where it did before this step was split out: _fit_kernel_job's caller
+    hint_small_chunks(report, arr, "negatives", negatives, stacklevel=4)
+    strategy, why = _kernel_strategy(client, model, x, old, appended)
+    report.facts.update({"kernel memory": strategy, "because": why})
+    if strategy == "in-memory":  # its partitions do not bound what a worker holds
+        note_memory_remedy(_in_memory_remedy(model, arr))
+    return report, strategy, why
+
+
+def _streaming_checkpoint(model_path, model, seen: str, x, old, strategy: str):
+    """The final pass's checkpoint of a streaming fit from scratch, else None."""
+    if old is None and strategy == "streaming":
+        return _final_pass_checkpoint(model_path, model, seen, x)
+    return None
+
+
+def _run_factor(client, negatives, model_path, fitting, chosen, checkpoint, report, progress):
+    """The fitted (or updated) model, with its strategy noted: ``fitting`` is (model, x,
+    old, start); a streaming fit from scratch resumes from its ``checkpoint``."""
+    model, x, old, start = fitting
+    strategy, why = chosen
+    with (
+        _fit_errors(negatives, model_path),
+        _warnings_naming(negatives, report, TraceErrorWarning),
+    ):
+        model = _factor(client, model, x, old, start, strategy, checkpoint, progress)
+    model.strategy_, model.strategy_reason_ = strategy, why
+    if checkpoint is not None and checkpoint.reused:
+        report.facts["final pass"] = (
+            f"resumed: {checkpoint.reused} of "
+            f"{x.numblocks[0]} partitions reused from an "
+            f"interrupted run's draft"
+        )
+    return model
 
 
 def _stored_kernel_model(model_path, model, negatives, arr, seen: str, repivot: bool):
@@ -219,13 +235,16 @@ def _kernel_report(
     model,
     model_path,
     fp: str,
-    partitions: int,
-    rows_read: int,
-    from_scratch: bool,
+    read,
     times,
 ) -> None:
-    """The facts and timings of a finished kernel fit, added to ``report``."""
-    t0, t1, t2, t3 = times
+    """The facts and timings of a finished kernel fit, added to ``report``: ``read`` is
+    (the rows as dask, the first row read, whether fitted from scratch); ``times`` the
+    job's start, and the ends of its open and factor steps."""
+    x, start, from_scratch = read
+    t0, t1, t2 = times
+    t3 = time.perf_counter()
+    partitions, rows_read = x[start:].numblocks[0], int(x.shape[0]) - start
     params = model.get_params()
     unused = unused_params(model.kernel)
     report.facts.update(

@@ -101,41 +101,58 @@ def search_job(
         full_disk_said(out, 16 * n_queries * k, f"nothing was written ({str(out)!r} is as before)"),
         storage.Lease(out, "slem-dask search") as lease,
     ):
-        # what is read: a versioned input stays the version opened here, whatever commits
-        # meanwhile; a plain one is fingerprinted before and after
-        q_arr, db_arr = check_search_inputs(str(queries), str(database), k, force=force)
-        if action.startswith("search again"):  # what another job may have committed since
-            _committed_search(out, queries, database, k)
-        seen = _inputs_now(q_arr, db_arr, queries, database)
-        storage.check_workers_see(client, {"database": database})
-        db = storage.dask_rows(db_arr, options.partition_rows, name="database")
-        q = storage.dask_rows(q_arr, options.partition_rows, name="queries")
-        t1 = time.perf_counter()
-        scores, indices = _compute(client, search(q, db, k), progress=options.progress)
-        t2 = time.perf_counter()
-        read = _inputs_now(q_arr, db_arr, queries, database)
-        if read != seen:
-            raise ValueError(
-                f"the queries or the database changed while they were searched "
-                f"({seen} -> {read}); nothing was written: run the search again"
-            )
-        storage.write_group(
-            out,
-            _result_meta(queries, database, k, seen, q_arr, db_arr),
-            {"scores": scores.astype(np.float64), "indices": indices.astype(np.int64)},
-            "search result",
-            overwrite=True,
-            lease=lease,
+        rows, partitions, times = _search_and_write(
+            client, (queries, database, out), k, options, lease, action
         )
-        t3 = time.perf_counter()
+    return _search_report(queries, database, out, k, action, (rows, partitions), (t0, *times))
+
+
+def _search_and_write(client, paths, k: int, options: SearchOptions, lease, action: str):
+    """Under ``out``'s lease: reopen the inputs, search, check that they did not change
+    while read, write the result. ("q x db" rows, database partitions, (t1, t2, t3))."""
+    queries, database, out = paths
+    # what is read: a versioned input stays the version opened here, whatever commits
+    # meanwhile; a plain one is fingerprinted before and after
+    q_arr, db_arr = check_search_inputs(str(queries), str(database), k, force=options.force)
+    if action.startswith("search again"):  # what another job may have committed since
+        _committed_search(out, queries, database, k)
+    seen = _inputs_now(q_arr, db_arr, queries, database)
+    storage.check_workers_see(client, {"database": database})
+    db = storage.dask_rows(db_arr, options.partition_rows, name="database")
+    q = storage.dask_rows(q_arr, options.partition_rows, name="queries")
+    t1 = time.perf_counter()
+    scores, indices = _compute(client, search(q, db, k), progress=options.progress)
+    t2 = time.perf_counter()
+    read = _inputs_now(q_arr, db_arr, queries, database)
+    if read != seen:
+        raise ValueError(
+            f"the queries or the database changed while they were searched "
+            f"({seen} -> {read}); nothing was written: run the search again"
+        )
+    storage.write_group(
+        out,
+        _result_meta(queries, database, k, seen, q_arr, db_arr),
+        {"scores": scores.astype(np.float64), "indices": indices.astype(np.int64)},
+        "search result",
+        overwrite=True,
+        lease=lease,
+    )
+    return f"{q.shape[0]} x {db_arr.shape[0]}", db.numblocks[0], (t1, t2, time.perf_counter())
+
+
+def _search_report(queries, database, out, k: int, action: str, sizes, times) -> JobReport:
+    """The report of a search that wrote its result: ``sizes`` (rows, partitions),
+    ``times`` (start, searched from, written from, done)."""
+    rows, partitions = sizes
+    t0, t1, t2, t3 = times
     report = JobReport("search")
     report.facts.update(
         {
             "queries": str(queries),
             "database": str(database),
-            "rows": f"{q.shape[0]} x {db_arr.shape[0]}",
+            "rows": rows,
             "k": k,
-            "partitions": db.numblocks[0],
+            "partitions": partitions,
             "action": action,
             "out": str(out),
         }
