@@ -29,6 +29,7 @@ from .kernel_messages import (
     TraceErrorWarning,
     large_kernel_values as _large_kernel_values,
     nonfinite_rows as _nonfinite_rows,
+    normalized_pivots,
     weak_factor_message,
 )
 
@@ -326,6 +327,10 @@ class KernelSLEM(SLEMEstimator):
                 "the scatter of F's rows (factor_scatter); refit it on all rows "
                 "(slem-dask fit --update --repivot, or fit())"
             )
+
+    def _normalized_pivots(self) -> bool:
+        """Whether the pivots are unit rows (:func:`.kernel_messages.normalized_pivots`)."""
+        return normalized_pivots(self)
 
     def _warn_if_weak(self) -> None:
         """One :class:`TraceErrorWarning` if ``trace_error_`` > :data:`TRACE_ERROR_WARNING`."""

@@ -20,6 +20,7 @@ __all__ = [
     "TraceErrorWarning",
     "large_kernel_values",
     "nonfinite_rows",
+    "normalized_pivots",
     "weak_factor_message",
 ]
 
@@ -33,7 +34,7 @@ class TraceErrorWarning(UserWarning):
     :data:`TRACE_ERROR_WARNING`): gamma too large for the descriptors, or rank too small."""
 
 
-def _normalized_pivots(model) -> bool:
+def normalized_pivots(model) -> bool:
     """Whether the pivots are unit rows (the descriptors are L2-normalized already:
     advice to normalize them would send the user the wrong way)."""
     norms = np.linalg.norm(np.asarray(model.pivot_rows_, dtype=np.float64), axis=1)
@@ -54,7 +55,7 @@ def weak_factor_message(model) -> str | None:
     if gamma:
         fix += (
             ", or a smaller gamma (--gamma)"
-            if _normalized_pivots(model)
+            if normalized_pivots(model)
             else ", a smaller gamma (--gamma) or L2-normalized descriptors"
         )
     captured = model.trace_ - model.residual_trace_
