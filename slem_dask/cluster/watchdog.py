@@ -67,18 +67,11 @@ def progress_line_seconds() -> float:
     return _env_seconds("SLEM_DASK_PROGRESS_LINES", DEFAULT_PROGRESS_LINES)
 
 
-def _probe_function():
-    """The function run on the scheduler: defined here so that cloudpickle ships it by
-    value (a scheduler without slem-dask installed can run it)."""
+def _task_walker():
+    """What a client waits for, and what that still needs, walked on the scheduler: a
+    closure, shipped by value with :func:`_probe_function`'s probe."""
 
-    beats = SILENT_HEARTBEATS
-
-    def probe(client_id, dask_scheduler=None):
-        from time import time
-
-        cs = dask_scheduler.clients.get(client_id)
-        if cs is None:
-            return None
+    def walk(cs):
         done = ("memory", "erred", "forgotten")
         stack = [ts for ts in cs.wants_what if ts.state not in done]
         seen, processing, inputs, no_worker = set(), {}, {}, 0
@@ -96,6 +89,25 @@ def _probe_function():
             elif ts.state == "no-worker":
                 no_worker += 1
             stack.extend(d for d in ts.dependencies if d.state not in done and d.key not in seen)
+        return seen, processing, inputs, no_worker
+
+    return walk
+
+
+def _probe_function():
+    """The function run on the scheduler: defined here so that cloudpickle ships it by
+    value (a scheduler without slem-dask installed can run it)."""
+
+    beats = SILENT_HEARTBEATS
+    walk = _task_walker()
+
+    def probe(client_id, dask_scheduler=None):
+        from time import time
+
+        cs = dask_scheduler.clients.get(client_id)
+        if cs is None:
+            return None
+        seen, processing, inputs, no_worker = walk(cs)
         try:
             from distributed.scheduler import heartbeat_interval
 

@@ -216,6 +216,15 @@ def candidate_topk(
         + _underflow_term(d)
         + 2.0**-140 * np.sqrt(d) * (q_norms + x_norm + 1)
     )
+    return _search_blocks(
+        queries, q32, database, margin, k, offset, block_bytes, rows_per_block, stats
+    )
+
+
+def _search_blocks(queries, q32, database, margin, k, offset, block_bytes, rows_per_block, stats):
+    """:func:`candidate_topk`'s float32 path: the candidates of a group of queries at a
+    time (within ``margin`` of their k-th bound), then their float64 ranking."""
+    q = len(queries)
     group = max(1, min(q, block_bytes // (4 * rows_per_block)))
     scores = np.empty((q, k))
     indices = np.empty((q, k), dtype=np.int64)

@@ -297,6 +297,12 @@ class ScatterAccumulator:
                 self._add_shifted(values, shift, squares, rows)
         if dtype == np.float64:  # float32 (and narrower, and integer) input cannot reach it
             _check_magnitude(values, shift, squares)
+        self._merge(mean, shift, squares, m)
+        return True
+
+    def _merge(self, mean: np.ndarray, shift: np.ndarray, squares: np.ndarray, m: int) -> None:
+        """Fold a block of ``m`` rows, whose products about ``shift`` are in the scatter
+        already, into the running mean and scatter (Chan's merge, in float64)."""
         residual = mean - shift.astype(np.float64)
         if _significant(residual, m, squares):
             _add_outer(self._scatter, residual, -float(m))
@@ -308,7 +314,6 @@ class ScatterAccumulator:
         else:
             self.mean = mean
         self.count += m
-        return True
 
     def _add_shifted(
         self, values: np.ndarray, shift: np.ndarray, squares: np.ndarray, rows: int

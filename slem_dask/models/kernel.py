@@ -2,34 +2,36 @@
 
 from __future__ import annotations
 
-import math
-import numbers
 import warnings
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-import dask
 import numpy as np
 
 from ..core.cholesky import g_cholesky
-from ..core.kernels import _USES_GAMMA, check_kernel_params
-from ..parallel.blocks import locate_nonfinite_rows, shared
 from ..core.statistics import ScatterStats, merge_statistics
 from ..parallel.kernel import CholeskyConfig, incomplete_cholesky
-from ..parallel.kernel_stream import check_strategy, choose_strategy, factor_statistics
+from ..parallel.kernel_stream import choose_strategy, factor_statistics
 from ..core.validation import (
-    MAX_ABS_VALUE,
     Array,
     LargeValuesError,
     NonFiniteRowsError,
     Rows,
-    check_positive_float,
     check_rows,
     is_dask_array,
-    nonfinite_rows_error,
 )
 from .base import SLEMEstimator, fresh_seed
 from .kernel_blocks import _encode_block, _Encoder, _packed_block, _similarity_block
+from .kernel_lazy import lazy_encode, lazy_similarity
+from .kernel_params import PIVOTING, check_params
+from .kernel_messages import (
+    TRACE_ERROR_WARNING,
+    TraceErrorWarning,
+    large_kernel_values as _large_kernel_values,
+    nonfinite_rows as _nonfinite_rows,
+    normalized_pivots,
+    weak_factor_message,
+)
 
 if TYPE_CHECKING:
     from numpy.typing import DTypeLike
@@ -39,7 +41,6 @@ if TYPE_CHECKING:
 
 __all__ = ["KernelSLEM", "PIVOTING", "TRACE_ERROR_WARNING", "TraceErrorWarning"]
 
-PIVOTING = ("greedy", "rpcholesky")
 #: Rows per block when fitting on an in-memory numpy array (at most).
 _NUMPY_BLOCK_BYTES = 64 * 2**20
 #: A numpy input of more than one block is split into a multiple of this many blocks of
@@ -48,14 +49,6 @@ _NUMPY_BLOCK_BYTES = 64 * 2**20
 #: A constant, not the core count: the blocks, hence the rpcholesky pivots, do not
 #: depend on the machine.
 _NUMPY_BLOCK_MULTIPLE = 4
-#: A fit (or update) whose factor leaves more than this fraction of the kernel's trace
-#: (``trace_error_``) warns: its encodings keep almost nothing of the kernel.
-TRACE_ERROR_WARNING = 0.9
-
-
-class TraceErrorWarning(UserWarning):
-    """The incomplete Cholesky factor captures almost none of the kernel (see
-    :data:`TRACE_ERROR_WARNING`): gamma too large for the descriptors, or rank too small."""
 
 
 def _numpy_block_rows(n: int, d: int) -> int:
@@ -67,19 +60,6 @@ def _numpy_block_rows(n: int, d: int) -> int:
         return rows
     blocks = -(-blocks // _NUMPY_BLOCK_MULTIPLE) * _NUMPY_BLOCK_MULTIPLE
     return -(-n // blocks)
-
-
-def _check_int_or_none(value, name: str, hint: str = ""):
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise TypeError(
-            f"{name} must be an integer >= 1 or None, got {value!r} of type "
-            f"{type(value).__name__}{hint}"
-        )
-    if value < 1:
-        raise ValueError(f"{name} must be an integer >= 1 or None, got {value!r}{hint}")
-    return int(value)
 
 
 class KernelSLEM(SLEMEstimator):
@@ -198,39 +178,7 @@ class KernelSLEM(SLEMEstimator):
         self.strategy = strategy
 
     def _check_params(self):
-        kernel, gamma, degree = check_kernel_params(self.kernel, self.gamma, self.degree)
-        lam = check_positive_float(
-            self.lam, "lam", "; typical values are 1e-4 to 1e-1 for L2-normalized descriptors"
-        )
-        rank = _check_int_or_none(
-            self.rank, "rank", "; the number of pivots of the incomplete Cholesky factor, e.g. 256"
-        )
-        if self.pivoting not in PIVOTING:
-            raise ValueError(
-                f"pivoting must be one of {', '.join(map(repr, PIVOTING))}; got {self.pivoting!r}"
-            )
-        if (
-            isinstance(self.tol, bool)
-            or not isinstance(self.tol, numbers.Real)
-            or not (0 <= float(self.tol) < 1)
-            or math.isnan(float(self.tol))
-        ):
-            raise ValueError(
-                f"tol must be a number in [0, 1), the residual trace fraction at "
-                f"which the factorization stops, got {self.tol!r}; e.g. 1e-3 "
-                f"(0: stop on rank only)"
-            )
-        seed = self.random_state
-        if seed is not None and (
-            isinstance(seed, bool) or not isinstance(seed, numbers.Integral) or seed < 0
-        ):
-            raise TypeError(f"random_state must be a non-negative integer or None, got {seed!r}")
-        if not isinstance(self.exact, (bool, np.bool_)):
-            raise TypeError(f"exact must be True or False, got {self.exact!r}")
-        check_strategy(self.strategy)
-        if self.strategy == "streaming" and self.exact:
-            choose_strategy(self.strategy, None, None, True)  # raises, naming the fix
-        return kernel, gamma, degree, lam, rank
+        return check_params(self)
 
     # -- fit ----------------------------------------------------------
     def fit(
@@ -282,6 +230,14 @@ class KernelSLEM(SLEMEstimator):
             raise _nonfinite_rows(X) from None
         except LargeValuesError as exc:
             raise _large_kernel_values(exc, kernel, gamma, degree) from None
+        self._keep_factor(res, X, lam, seed)
+        self.strategy_, self.strategy_reason_ = strategy, reason
+        self._warn_if_weak()
+        return self
+
+    def _keep_factor(self, res, X, lam: float, seed: int) -> None:
+        """The fitted attributes of a factorization ``res`` of the negatives ``X``."""
+        n, d = X.shape
         r = len(res.pivots)
         self.pivots_ = res.pivots
         self.pivot_rows_ = res.pivot_rows
@@ -294,7 +250,6 @@ class KernelSLEM(SLEMEstimator):
         self.residual_trace_ = res.residual_trace
         self.trace_error_ = res.residual_trace / res.trace
         self.n_passes_ = res.rounds
-        self.strategy_, self.strategy_reason_ = strategy, reason
         self.seed_ = seed
         self.n_samples_ = int(n)
         self.n_features_in_ = int(d)
@@ -302,8 +257,6 @@ class KernelSLEM(SLEMEstimator):
         if self.exact:
             self.negatives_ = res.rows
             self.factor_ = res.factor
-        self._warn_if_weak()
-        return self
 
     def update(self, X: Rows, row_offset: int = 0) -> Self:
         """Add the negatives ``X`` (n_new, d) to a fitted model without re-pivoting.
@@ -319,18 +272,7 @@ class KernelSLEM(SLEMEstimator):
         be updated: refit it. ``row_offset``: the index of ``X``'s first row among all the
         negatives (messages about bad rows name rows by it).
         """
-        self._check_fitted()
-        if self.exact:
-            raise ValueError(
-                "update: an exact=True model keeps all negatives and the n x r "
-                "factor; refit it on all rows (fit) instead"
-            )
-        if getattr(self, "factor_scatter_", None) is None:
-            raise ValueError(
-                "update: this model was saved by a slem-dask that did not keep "
-                "the scatter of F's rows (factor_scatter); refit it on all rows "
-                "(slem-dask fit --update --repivot, or fit())"
-            )
+        self._check_updatable()
         kernel, gamma, degree, lam, _ = self._check_params()
         X = check_rows(X, "X", min_rows=1)
         if X.shape[1] != self.n_features_in_:
@@ -370,48 +312,31 @@ class KernelSLEM(SLEMEstimator):
         self._warn_if_weak()
         return self
 
+    def _check_updatable(self) -> None:
+        """Refuse :meth:`update` of a model it cannot extend (not fitted, exact, or saved
+        without the scatter of F's rows)."""
+        self._check_fitted()
+        if self.exact:
+            raise ValueError(
+                "update: an exact=True model keeps all negatives and the n x r "
+                "factor; refit it on all rows (fit) instead"
+            )
+        if getattr(self, "factor_scatter_", None) is None:
+            raise ValueError(
+                "update: this model was saved by a slem-dask that did not keep "
+                "the scatter of F's rows (factor_scatter); refit it on all rows "
+                "(slem-dask fit --update --repivot, or fit())"
+            )
+
     def _normalized_pivots(self) -> bool:
-        """Whether the pivots are unit rows (the descriptors are L2-normalized already:
-        advice to normalize them would send the user the wrong way)."""
-        norms = np.linalg.norm(np.asarray(self.pivot_rows_, dtype=np.float64), axis=1)
-        return bool(norms.size) and bool(np.all(np.abs(norms - 1.0) <= 1e-3))
+        """Whether the pivots are unit rows (:func:`.kernel_messages.normalized_pivots`)."""
+        return normalized_pivots(self)
 
     def _warn_if_weak(self) -> None:
         """One :class:`TraceErrorWarning` if ``trace_error_`` > :data:`TRACE_ERROR_WARNING`."""
-        if not self.trace_error_ > TRACE_ERROR_WARNING:
-            return
-        gamma = self.kernel in _USES_GAMMA
-        fix = (
-            "a larger rank (--rank)"
-            if self.rank is not None
-            else f"a smaller tol (--tol, now {self.tol})"
-        )
-        if gamma:
-            fix += (
-                ", or a smaller gamma (--gamma)"
-                if self._normalized_pivots()
-                else ", a smaller gamma (--gamma) or L2-normalized descriptors"
-            )
-        captured = self.trace_ - self.residual_trace_
-        if gamma and captured <= 1.05 * self.rank_ * self.trace_ / self.n_samples_:
-            # each pivot took little more than its own k(x, x): K is nearly diagonal, and
-            # more pivots would only add themselves
-            fix = (
-                f"a smaller gamma (--gamma): at this gamma the kernel matrix is nearly "
-                f"diagonal (the {self.rank_} pivots hold {captured:.4g} of a trace of "
-                f"{self.trace_:.4g}, about their own k(x, x)), and a larger rank would "
-                f"only add the pivots themselves"
-            )
-        warnings.warn(
-            TraceErrorWarning(
-                f"trace error {self.trace_error_:.4f} (residual trace / trace) is above "
-                f"{TRACE_ERROR_WARNING}: the incomplete Cholesky factor of the {self.kernel} kernel"
-                f"{f' (gamma {self.gamma:g})' if gamma else ''} with {self.rank_} pivots (rank "
-                f"{self.rank if self.rank is not None else 'unlimited'}) captures almost none of "
-                f"it, and the encodings keep little of the kernel; use {fix}"
-            ),
-            stacklevel=3,
-        )
+        message = weak_factor_message(self)
+        if message is not None:
+            warnings.warn(TraceErrorWarning(message), stacklevel=3)
 
     # -- encode -------------------------------------------------------
     def _encoder(self) -> _Encoder:
@@ -480,20 +405,7 @@ class KernelSLEM(SLEMEstimator):
         enc = self._encoder()
         unit = normalize == "unit"
         if is_dask_array(X):
-            r = self.rank_
-            # type: ignore: dask types Array.map_blocks as the module's map_blocks, whose
-            # first argument is the function, so it takes _encode_block for an array
-            return X.map_blocks(
-                _encode_block,  # type: ignore[arg-type]
-                shared(enc),
-                "X",
-                dtype,
-                unit,
-                dtype=dtype,
-                chunks=(X.chunks[0], (r,)),
-                meta=np.empty((0, r), dtype=dtype),
-                name="kslem-encode-" + dask.base.tokenize(X, self.fingerprint_, dtype, unit),
-            )
+            return lazy_encode(X, enc, self.rank_, self.fingerprint_, dtype, unit)
         return _encode_block(X, enc, "X", dtype, unit)
 
     def similarity(self, P: Rows, Q: Rows) -> Array:
@@ -511,43 +423,7 @@ class KernelSLEM(SLEMEstimator):
             return _similarity_block(
                 _packed_block(P, enc, "P"), P, _packed_block(Q, enc, "Q"), Q, enc
             )
-        import dask.array as da
-
-        lazy_p, lazy_q = da.asarray(P), da.asarray(Q)
-        width = 2 * self.rank_ + 1
-        token = self.fingerprint_
-        enc_d = shared(enc)
-        # type: ignore: as in transform, dask's typing of Array.map_blocks
-        packed = [
-            arr.map_blocks(
-                _packed_block,
-                enc_d,
-                name,  # type: ignore[arg-type]
-                dtype=np.float64,
-                chunks=(arr.chunks[0], (width,)),
-                meta=np.empty((0, width)),
-                name=f"kslem-parts-{name}-" + dask.base.tokenize(arr, token),
-            )
-            for arr, name in ((lazy_p, "P"), (lazy_q, "Q"))
-        ]
-        return da.blockwise(
-            _similarity_block,
-            "ij",
-            packed[0],
-            "ia",
-            lazy_p,
-            "ib",
-            packed[1],
-            "ja",
-            lazy_q,
-            "jb",
-            enc_d,
-            None,
-            dtype=np.float64,
-            concatenate=True,
-            meta=np.empty((0, 0)),
-            name="kslem-similarity-" + dask.base.tokenize(lazy_p, lazy_q, token),
-        )
+        return lazy_similarity(P, Q, enc, self.rank_, self.fingerprint_)
 
     # -- persistence --------------------------------------------------
     _ARRAYS = ("pivots", "pivot_rows", "pivot_factor", "factor_mean", "g_factor")
@@ -594,37 +470,3 @@ class KernelSLEM(SLEMEstimator):
         self.n_samples_ = int(info["n_samples"])
         self.n_features_in_ = int(info["n_features"])
         self.input_dtype_ = info["input_dtype"]
-
-
-#: k(x, x) of the kernels whose values grow with gamma, as the messages write it.
-_SELF_SIMILARITY = {
-    "quad": "|x|^2 + gamma |x|^4",
-    "poly": "(c + sqrt(gamma) |x|^2)^degree - c^degree",
-}
-
-
-def _large_kernel_values(
-    exc: LargeValuesError, kernel: str, gamma: float, degree: int
-) -> LargeValuesError:
-    """A factor of the quad or poly kernel beyond MAX_ABS_VALUE names gamma, not the
-    descriptors: with L2-normalized rows only gamma makes it so large."""
-    if kernel not in _SELF_SIMILARITY:
-        return exc
-    params = f"gamma {gamma:g}" + (f", degree {degree}" if kernel == "poly" else "")
-    return LargeValuesError(
-        exc.name,
-        (
-            f"values of the {kernel} kernel ({params}) beyond what slem-dask computes with: the "
-            f"entries of its factor exceed {MAX_ABS_VALUE:.0e} (k(x, x) = "
-            f"{_SELF_SIMILARITY[kernel]} reaches their square); use a smaller gamma (--gamma), "
-            f"and L2-normalize the descriptors if their norms are large"
-        ),
-    )
-
-
-def _nonfinite_rows(X, row_offset: int = 0) -> NonFiniteRowsError:
-    """NaN or inf rows met by a block task (which saw its block only), counted over all
-    of ``X`` (whole rows per block: checked by check_rows) as LinearSLEM counts them: a
-    second pass, on this error path only."""
-    count, shown = locate_nonfinite_rows(X, row_offset=row_offset)
-    return nonfinite_rows_error("X", count, shown, int(X.shape[0]))

@@ -89,21 +89,7 @@ def write_group(
         draft = store.begin()
         try:
             group = zarr.open_group(store=zarr_store(draft.location, "w"), mode="w", zarr_format=3)
-            for key, value in arrays.items():
-                value = np.asarray(value)
-                rows = _group_chunk_rows(value)
-                # zarr takes chunks=None (a 0-d array: one chunk); its annotation does not
-                arr = group.create_array(
-                    key,
-                    shape=value.shape,
-                    dtype=value.dtype,
-                    chunks=(rows, *value.shape[1:]) if value.ndim else None,  # type: ignore[arg-type]
-                    compressors=CHECKSUM,
-                )
-                if not value.ndim:
-                    arr[...] = value
-                for start in range(0, len(value) if value.ndim else 0, rows):
-                    arr[start : start + rows] = value[start : start + rows]
+            _write_arrays(group, arrays)
             # every chunk's crc32c, in the checksummed metadata: a chunk swapped in from
             # another version (itself self-consistent) is told from the one written here
             meta = {**meta, CHUNK_CRC32C: {key: chunk_trailers(arr) for key, arr in group.arrays()}}
@@ -125,6 +111,26 @@ def write_group(
     finally:
         if own:
             lease.release()
+
+
+def _write_arrays(group: zarr.Group, arrays: dict[str, np.ndarray]) -> None:
+    """Each array into ``group``, in chunks of :func:`_group_chunk_rows` rows, every chunk
+    with its crc32c."""
+    for key, value in arrays.items():
+        value = np.asarray(value)
+        rows = _group_chunk_rows(value)
+        # zarr takes chunks=None (a 0-d array: one chunk); its annotation does not
+        arr = group.create_array(
+            key,
+            shape=value.shape,
+            dtype=value.dtype,
+            chunks=(rows, *value.shape[1:]) if value.ndim else None,  # type: ignore[arg-type]
+            compressors=CHECKSUM,
+        )
+        if not value.ndim:
+            arr[...] = value
+        for start in range(0, len(value) if value.ndim else 0, rows):
+            arr[start : start + rows] = value[start : start + rows]
 
 
 #: Bytes per chunk of the arrays of a model or search result: writing and checking a

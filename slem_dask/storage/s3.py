@@ -26,12 +26,13 @@ import threading
 
 from .backend import Backend
 from .cloud import chain as _chain  # an exception and those it was raised from
+from .s3_messages import EVERY_WORKER as _EVERY_WORKER
+from .s3_messages import response_message
 
 __all__ = ["S3Backend"]
 
 # names a writer keeps private until it renames them (as LocalBackend skips them)
 _PRIVATE_SUFFIXES = (".partial", ".tmp")
-_EVERY_WORKER = "(the client and every dask worker need the same variables)"
 _CONFLICT_TRIES = 6  # 409 ConditionalRequestConflict: another conditional write in flight
 _CONFLICT_BACKOFF = 0.05  # seconds, doubled at each try
 _COPY_BATCH = 64
@@ -425,7 +426,7 @@ class S3Backend(Backend):
             if said:
                 return said
         code, status = _error_code(exc)
-        return self._response_message(code, status)
+        return response_message(self._endpoint(), self.root, self.bucket, code, status)
 
     def _connection_message(self, e: BaseException) -> str | None:
         """What a client-side failure (no credentials, no connection) means, if it is one."""
@@ -457,72 +458,5 @@ class S3Backend(Backend):
                 "take bucket names in the host name needs path-style addressing, "
                 'FSSPEC_S3=\'{"config_kwargs": {"s3": {"addressing_style": '
                 '"path"}}}\''
-            )
-        return None
-
-    def _response_message(self, code: str | None, status: int | None) -> str | None:
-        """What the store's refusal (an S3 error code or HTTP status) means, if it is known."""
-        every_worker = _EVERY_WORKER
-        if code in (
-            "SignatureDoesNotMatch",
-            "InvalidAccessKeyId",
-            "InvalidToken",
-            "ExpiredToken",
-            "InvalidClientTokenId",
-        ):
-            return (
-                f"the object store at {self._endpoint()} refused the credentials for "
-                f"{self.root} ({code}): check AWS_ACCESS_KEY_ID and "
-                f"AWS_SECRET_ACCESS_KEY {every_worker}"
-            )
-        if code == "403":  # a HEAD's 403 has no body: a wrong secret or no permission
-            return (
-                f"the object store at {self._endpoint()} refused a request on "
-                f"{self.root} (403 Forbidden): check AWS_ACCESS_KEY_ID and "
-                "AWS_SECRET_ACCESS_KEY, and that this identity may read, write, list "
-                f"and delete in bucket {self.bucket!r} {every_worker}"
-            )
-        if code in ("AccessDenied", "AllAccessDisabled", "AccountProblem"):
-            return (
-                f"access denied to {self.root} ({code}): the identity of "
-                "AWS_ACCESS_KEY_ID needs read, write, list and delete on bucket "
-                f"{self.bucket!r}, or set the keys of one that has them {every_worker}"
-            )
-        if code == "NoSuchBucket":
-            return (
-                f"bucket {self.bucket!r} does not exist at {self._endpoint()}: create "
-                f"it, or fix the URL {self.root} or AWS_ENDPOINT_URL {every_worker}"
-            )
-        if code in (
-            "PermanentRedirect",
-            "AuthorizationHeaderMalformed",
-            "IllegalLocationConstraintException",
-        ):
-            return (
-                f"bucket {self.bucket!r} is in another region ({code}): set "
-                f"AWS_DEFAULT_REGION to its region {every_worker}"
-            )
-        if code == "RequestTimeTooSkewed":
-            return (
-                f"the object store at {self._endpoint()} refused the requests for "
-                f"{self.root} ({code}): this machine's clock differs from the store's by "
-                "more than S3 allows (15 minutes; requests are signed with the time); "
-                "set the clock right (NTP: `timedatectl set-ntp true`, or chronyd) on "
-                f"the client and every dask worker, then run the same command again"
-            )
-        if code in ("SlowDown", "ServiceUnavailable", "503") or status == 503:
-            return (
-                f"the object store at {self._endpoint()} answered 503 ({code or status}: "
-                f"overloaded or unavailable) to every retry for {self.root}; what "
-                "readers see is as before (a job commits only whole versions): wait, "
-                "then run the same command again (it resumes); if it persists, check "
-                "the store's health, or allow more retries (AWS_MAX_ATTEMPTS, on the "
-                "client and every dask worker)"
-            )
-        if code == "NotImplemented" or status == 501:
-            return (
-                f"the object store at {self._endpoint()} does not implement a "
-                f"request slem-dask needs for {self.root} (conditional writes, "
-                "If-None-Match): use a store that does (AWS S3, SeaweedFS)"
             )
         return None

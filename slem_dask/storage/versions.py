@@ -47,7 +47,6 @@ committed and a third job begins writing; pruned versions' records stay, for the
 from __future__ import annotations
 
 import contextlib
-import errno
 import json
 import os
 import socket
@@ -57,8 +56,7 @@ import uuid
 from dataclasses import dataclass
 
 from . import gc
-from .backend import Backend, StorageConfigError, check_conditional_writes
-from .errors import IntegrityError
+from .backend import Backend, check_conditional_writes
 from .heads import COMMITS, commit_name, commit_names, last_commit_name, write_hint
 from .records import (
     FORMAT,  # noqa: F401
@@ -70,7 +68,9 @@ from .records import (
     _checksum,
     draft_seq,
 )
+from .publish import CommitConflictError, CommitUnknownError, publish
 from .registry import backend_for
+from .rollback import rollback_to
 from .rootmarker import mark_after_commit
 
 __all__ = [
@@ -87,18 +87,7 @@ __all__ = [
 
 #: suffix of the marker beside each version folder (``versions/<name>.slem-dask``)
 MARKER = ".slem-dask"
-_PUBLISH_TRIES = 3  # creates of one commit record whose outcome stayed unknown
 KEEP_VERSIONS = max(2, int(os.environ.get("SLEM_DASK_KEEP_VERSIONS", "3")))
-
-
-class CommitConflictError(IntegrityError):
-    """Another job committed the version this job meant to commit; nothing of this job
-    is visible to readers."""
-
-
-class CommitUnknownError(IntegrityError):
-    """Whether a commit record landed could not be learnt (the storage failed on the
-    create and on reading it back); the draft is kept."""
 
 
 @dataclass(frozen=True)
@@ -354,36 +343,7 @@ class VersionedStore:
         accepted. If it is absent the same bytes are created again, which cannot commit
         anything twice."""
         self._probe_conditional_writes()
-        key, data = f"{COMMITS}/{seq:08d}.json", record.to_json()
-        failure: OSError | None = None
-        for _ in range(_PUBLISH_TRIES):
-            try:
-                self.backend.create(key, data)  # its answer alone is not trusted
-            except (StorageConfigError, PermissionError, FileNotFoundError):
-                raise  # refused: nothing was written
-            except OSError as exc:  # a lost reply, a timeout: it may have landed
-                if exc.errno in _REFUSED:
-                    raise  # a read-only or full file system: nothing was written
-                failure = exc
-            try:
-                held = self.backend.read(key)
-            except (PermissionError, StorageConfigError):
-                raise
-            except OSError as exc:  # the read-back failed too: the outcome is still unknown
-                failure = exc
-                continue
-            if held is not None:
-                return held == data
-        why = (
-            f"the storage failed: {failure}"
-            if failure is not None
-            else f"{key} was never there when read back"
-        )
-        raise CommitUnknownError(
-            f"{str(self.path)!r}: cannot learn whether version {seq} was committed "
-            f"({why}); if it was, it is complete and stays: see "
-            f"`slem-dask versions {self.path}`, or run the same command again"
-        ) from failure
+        return publish(self.backend, self.path, seq, record.to_json())
 
     def _raise_conflict(self, seq: int):
         winner = self.commit_at(seq)
@@ -459,44 +419,7 @@ class VersionedStore:
         from .leases import Lease
 
         with Lease(self.path, job):
-            return self._rollback(seq, job)
-
-    def _rollback(self, seq: int, job: str) -> Commit:
-        old = self.commit_at(seq)
-        if old is None:
-            raise ValueError(
-                f"{str(self.path)!r} has no version {seq}; list them with "
-                f"`slem-dask versions {self.path}`"
-            )
-        head = self.head()
-        assert head is not None  # the record of ``old`` was read: the store has a head
-        source = f"rollback to {seq}"
-        if head.version == old.version or (head.source == source and head.checksum == old.checksum):
-            return head  # a new commit would change nothing but the history
-        self.check(old)  # still there, unchanged
-        # a copy in a draft of its own, committed as any draft is: a job whose lease was
-        # taken over may still prune the old folder, never a draft that a record names
-        draft = self.begin()
-        try:
-            try:
-                self.backend.copy_tree(self._folder(old.version), self._folder(draft.version))
-            except FileNotFoundError:
-                raise VersionError(
-                    f"{str(self.path)!r}: version {seq} was pruned while this rollback "
-                    f"copied it; nothing was committed: roll back to a version listed by "
-                    f"`slem-dask versions {self.path}`"
-                ) from None
-            # deleting a version begins with its zarr.json: if it is still there and
-            # unchanged, nothing of the version was deleted while it was copied
-            self.check(old)
-            record = self.commit(draft, old.kind, job, old.summary, source)
-        except CommitUnknownError:
-            raise  # its record may still land, naming the draft: it stays
-        except BaseException:
-            self.abandon(draft)
-            raise
-        self.collect_garbage()
-        return record
+            return rollback_to(self, seq, job)
 
     def collect_garbage(self, keep: int = KEEP_VERSIONS) -> list[str]:
         """Delete dead drafts and versions older than the last ``keep`` commits (unless
@@ -504,11 +427,6 @@ class VersionedStore:
         drafts of sequences not committed yet are left: only a lease holder may judge
         their jobs dead)."""
         return gc.collect(self, keep)
-
-
-#: errors with which a create was refused before anything was written (a read-only,
-#: forbidden or full file system): not an ambiguous outcome
-_REFUSED = frozenset({errno.EROFS, errno.EACCES, errno.EPERM, errno.ENOSPC, errno.EDQUOT})
 
 
 def _listed(names: list[str]) -> list[str]:

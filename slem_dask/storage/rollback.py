@@ -1,0 +1,51 @@
+"""Rolling a versioned store back: the content of an old version committed again as
+the new head, through a draft of its own (:meth:`.versions.VersionedStore.rollback`,
+which holds the store's lease around it)."""
+
+from __future__ import annotations
+
+from .publish import CommitUnknownError
+from .records import Commit, VersionError
+
+__all__ = ["rollback_to"]
+
+
+def rollback_to(store, seq: int, job: str) -> Commit:
+    """Commit version ``seq``'s content again as ``store``'s head (the head itself if it
+    already holds that content); the caller holds the store's lease. ``store`` is a
+    :class:`.versions.VersionedStore` (not imported: versions imports this module)."""
+    old = store.commit_at(seq)
+    if old is None:
+        raise ValueError(
+            f"{str(store.path)!r} has no version {seq}; list them with "
+            f"`slem-dask versions {store.path}`"
+        )
+    head = store.head()
+    assert head is not None  # the record of ``old`` was read: the store has a head
+    source = f"rollback to {seq}"
+    if head.version == old.version or (head.source == source and head.checksum == old.checksum):
+        return head  # a new commit would change nothing but the history
+    store.check(old)  # still there, unchanged
+    # a copy in a draft of its own, committed as any draft is: a job whose lease was
+    # taken over may still prune the old folder, never a draft that a record names
+    draft = store.begin()
+    try:
+        try:
+            store.backend.copy_tree(store._folder(old.version), store._folder(draft.version))
+        except FileNotFoundError:
+            raise VersionError(
+                f"{str(store.path)!r}: version {seq} was pruned while this rollback "
+                f"copied it; nothing was committed: roll back to a version listed by "
+                f"`slem-dask versions {store.path}`"
+            ) from None
+        # deleting a version begins with its zarr.json: if it is still there and
+        # unchanged, nothing of the version was deleted while it was copied
+        store.check(old)
+        record = store.commit(draft, old.kind, job, old.summary, source)
+    except CommitUnknownError:
+        raise  # its record may still land, naming the draft: it stays
+    except BaseException:
+        store.abandon(draft)
+        raise
+    store.collect_garbage()
+    return record
