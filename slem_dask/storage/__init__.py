@@ -5,9 +5,12 @@ mean "right". One concern per module:
 ``paths``          canonical store paths; nothing written over or inside an input
 ``backend``        one interface to the bytes under a path (atomic create-if-absent), with
                    ``local`` (POSIX), ``s3`` (S3 through s3fs), ``gcs`` and ``azure`` (through
-                   gcsfs, adlfs; ``cloud`` what they share) and ``fsspec_backend`` (other);
+                   gcsfs, adlfs; ``cloud`` what they share; ``s3_messages`` S3's refusals
+                   in one line) and ``fsspec_backend`` (other);
                    ``registry`` picks the backend of a URL
 ``versions``       versioned stores: drafts, atomic commits, snapshot reads, history, rollback
+``records``        the commit record's format; ``heads`` finding the head from ``commits/.head``
+``publish``        creating a commit record and reading it back; ``rollback`` its copy-and-commit
 ``gc``             what is garbage under a store, settled by fate files, and its deletion
 ``rootmarker``     ``P/zarr.json``: what plain zarr finds at a store's own path
 ``leases``         one writer per store, liveness judged without comparing hosts' clocks
@@ -20,7 +23,8 @@ mean "right". One concern per module:
 ``outputs``        encoded outputs (one chunk per partition)
 ``readers``        zarr, xarray and dask readers of one committed version
 ``export``         ``slem-dask export``: a plain copy of one version
-``formats``        descriptors that are not zarr (``.npy``, shards, HDF5, TEXMEX)
+``formats``        descriptors that are not zarr (``.npy``, shards, HDF5, TEXMEX);
+                   ``formats_detect`` which format a path holds
 ``workers``        checking that every worker sees the stores as the client does
 ``verify``         ``slem-dask verify``
 ``errors``         the errors by which a guarantee is kept
