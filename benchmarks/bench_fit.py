@@ -5,7 +5,8 @@ All contenders read the same zarr store of n x d float32 negatives, in the same
 run. Each scheduler has its own phase, in which its contenders alternate (a change
 in machine load hits them all) and outside of which its cluster does not exist (an
 idle LocalCluster uses about a tenth of a core, and runs its scheduler in this very
-process, beside a threaded contender); the numpy contender runs in the first phase:
+process, beside a threaded contender); the numpy contender takes its turn in every
+phase, so that each phase's numpy / slem-dask ratio pairs runs made side by side:
 
 * slem-dask: ``pipeline.fit_job(client, store, model, lam)`` (open, statistics,
   Cholesky + save of the model); ``client=None`` for the threaded scheduler (what
@@ -236,7 +237,7 @@ def main(argv=None) -> int:  # noqa: C901 - a driver: options, then each contend
         profile_partition(path, rows, x.numblocks[0])
 
     slem = {s: [] for s in schedulers}
-    numpy_runs = []
+    numpy_runs = {s: [] for s in schedulers}  # numpy runs in every phase: paired ratios
     # where each naive Dask contender runs, by the label its results are printed under
     naive_on = {
         "threads": "threads",
@@ -281,8 +282,7 @@ def main(argv=None) -> int:  # noqa: C901 - a driver: options, then each contend
                     for label in naive_labels[sched]:
                         with contexts[naive_on[label]]():
                             naive_dask(path, rows)
-                if sched == schedulers[0]:  # numpy is warmed up alike (it had no untimed run)
-                    numpy_reference(path)
+                numpy_reference(path)  # numpy is warmed up alike
             print(f"warm-up on {sched} (not counted): {t.seconds:.3f} s")
             for r in range(args.repeat):
                 C.settle()  # no contender pays for another's spinning BLAS threads
@@ -310,34 +310,38 @@ def main(argv=None) -> int:  # noqa: C901 - a driver: options, then each contend
                         fl = C.fit_floor(x)
                     floor[sched].append(fl)
                     print(f"run {r + 1}: floor [{sched}] {fl['total']:.3f} s | {C.load_line()}")
-                if sched == schedulers[0]:  # numpy runs in the first phase's rounds
-                    x_last = gram = None
-                    C.settle()
-                    nt, mean32, gram, x_last = numpy_reference(path)
-                    numpy_runs.append(nt)
-                    print(
-                        f"run {r + 1}: numpy     {nt['total']:.3f} s (read {nt['read']:.3f}, "
-                        f"compute {nt['compute']:.3f}) | {C.load_line()}"
-                    )
+                # numpy takes its turn in every phase's rounds, so that each phase's
+                # numpy / slem-dask ratio compares runs made under the same conditions
+                x_last = gram = None
+                C.settle()
+                nt, mean32, gram, x_last = numpy_reference(path)
+                numpy_runs[sched].append(nt)
+                print(
+                    f"run {r + 1}: numpy [{sched}] {nt['total']:.3f} s (read {nt['read']:.3f}, "
+                    f"compute {nt['compute']:.3f}) | {C.load_line()}"
+                )
                 sys.stdout.flush()
 
     med = C.statistics.median
-    best_np = min(t["total"] for t in numpy_runs)
-    med_np = med([t["total"] for t in numpy_runs])
     print()
-    print(
-        f"numpy read+compute  : {C.spread(t['total'] for t in numpy_runs)}  runs {C.runs_line(t['total'] for t in numpy_runs)}"
-    )
-    print(f"  of which read     : {C.spread(t['read'] for t in numpy_runs)}")
-    print(f"  of which compute  : {C.spread(t['compute'] for t in numpy_runs)}")
+    all_numpy = [t["total"] for sched in schedulers for t in numpy_runs[sched]]
     result = {
         "n": args.n,
         "d": args.d,
         "precision": args.precision,
-        "numpy_best": best_np,
-        "numpy_runs": [t["total"] for t in numpy_runs],
+        "numpy_best": min(all_numpy),
+        "numpy_runs": all_numpy,
     }
     for sched in schedulers:
+        np_totals = [t["total"] for t in numpy_runs[sched]]
+        best_np, med_np = min(np_totals), med(np_totals)
+        print(
+            f"[{sched}] numpy read+compute  : {C.spread(np_totals)}  runs {C.runs_line(np_totals)}"
+        )
+        print(f"[{sched}]   of which read     : {C.spread(t['read'] for t in numpy_runs[sched])}")
+        print(
+            f"[{sched}]   of which compute  : {C.spread(t['compute'] for t in numpy_runs[sched])}"
+        )
         totals = [t["total"] for t in slem[sched]]
         print(f"[{sched}] slem-dask fit total : {C.spread(totals)}  runs {C.runs_line(totals)}")
         if "statistics" in slem[sched][0]:
@@ -358,7 +362,7 @@ def main(argv=None) -> int:  # noqa: C901 - a driver: options, then each contend
         )
         C.band(
             f"fit [{sched}] numpy / slem-dask",
-            [t["total"] for t in numpy_runs],
+            np_totals,
             totals,
             args.band,
             names=("numpy", "slem-dask"),

@@ -242,6 +242,13 @@ def report(results: dict, args, mode: str = UNPINNED) -> None:
             f"  {job:6s} RATIO s3_time / local_time = {min(s3) / min(local):.2f} (best), "
             f"{med(s3) / med(local):.2f} (medians); goal <= 1.5"
         )
+        C.band(
+            f"{job}{'' if mode == UNPINNED else ' ' + mode}: S3 (SeaweedFS) / local disk",
+            s3,
+            local,
+            args.band,
+            names=("S3 (SeaweedFS)", "local disk"),
+        )
         print(
             f"  {job:6s} CPU seconds (job + S3 server): local {med(cpu_local):.2f}, "
             f"S3 {med(cpu_s3):.2f} of which the server {med(server_s3):.2f} (medians); RATIO s3_cpu / local_cpu = "
@@ -287,6 +294,12 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     C.add_common_args(parser, default_n=400_000)
     C.add_run_args(parser, repeat=3)
+    C.add_band_arg(
+        parser,
+        0.25,
+        "local and S3 alternate in every round, but the S3 server shares the cores "
+        "with the job (unless --pin) and its MD5 work moves with the load",
+    )
     parser.add_argument(
         "--history",
         type=int,

@@ -114,6 +114,32 @@ def test_evaluate_methods_table_plot_and_errors(tmp_path):
         evaluate_methods(c.negatives, c.database, c.queries, c.relevant(), "raw,svm")
 
 
+class _CountingEncoder:
+    """An encoder whose first transform is slower than ``min_time`` (a cold run)."""
+
+    def __init__(self):
+        self.transforms = 0
+
+    def transform(self, x):
+        self.transforms += 1
+        return x
+
+
+def test_benchmark_timings_give_a_slow_encoder_three_runs_like_a_fast_one():
+    from slem_dask.pipeline.evaluation import _fastest_encode
+
+    model, db, q = _CountingEncoder(), np.ones((3, 2)), np.ones((2, 2))
+    # first run (done by the caller) took 1 s, over min_time: still two more runs, so a
+    # slow encoder's time is a best of three like the fast ones', not one cold run
+    best = _fastest_encode(model, db, q, first=1.0, min_time=0.2)
+    assert model.transforms == 2 * 2  # two more runs of database + queries
+    assert best < 1.0
+    # without min_time (the library's default) one run is all
+    model = _CountingEncoder()
+    assert _fastest_encode(model, db, q, first=1.0, min_time=0.0) == 1.0
+    assert model.transforms == 0
+
+
 # -- search job ---------------------------------------------------------------
 
 
