@@ -1,6 +1,8 @@
-"""Pure numpy math of SLEM: no dask, no zarr, no I/O.
+"""Pure numpy math of SLEM, and the checks of its inputs: no zarr, no I/O.
 
-Every function here works on in-memory arrays and is what the dask layer
-(:mod:`slem_dask.parallel.blocks`) maps over blocks. Equations are cited by their label
-in docs/math.md (errata of the source documents applied).
+Every function of the math works on in-memory arrays and is what the dask layer
+(:mod:`slem_dask.parallel`) maps over blocks. Dask appears only in the input checks
+(:mod:`.validation` recognizes a dask array and checks its chunks, importing dask only
+then). Equations are cited by their label in docs/math.md (errata of the source
+documents applied).
 """

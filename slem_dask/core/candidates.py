@@ -24,21 +24,17 @@ from __future__ import annotations
 
 import numpy as np
 
+from .dots import _U64, _gamma  # gamma_n(u) and float64's unit roundoff: one definition
 from .ranking import exact_topk_search, rescore_and_rank
 
 __all__ = ["topk_search", "candidate_topk", "score_error_factor", "row_norm_bounds"]
 
 _U32 = 2.0**-24  # unit roundoff of float32
-_U64 = 2.0**-53
 #: Bytes of float32 scores one step holds (its comparison mask is a quarter of that).
 SCORE_BLOCK_BYTES = 16 * 2**20
 #: Largest float32 magnitude any partial sum may reach for the bound to hold (no
 #: overflow): float32's largest finite value is just under 2**128.
 _NO_OVERFLOW = 2.0**126
-
-
-def _gamma(n: int, u: float) -> float:
-    return n * u / (1 - n * u)
 
 
 def score_error_factor(d: int) -> float:

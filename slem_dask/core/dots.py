@@ -28,6 +28,8 @@ RESCORE_ELEMENTS = 2**21
 
 
 def _gamma(n: int, u: float) -> float:
+    """Higham's gamma_n(u) = n u / (1 - n u): how far (relative to the sum of the
+    magnitudes) n operations at unit roundoff u may move a sum; also candidates.py's."""
     return n * u / (1 - n * u)
 
 

@@ -35,6 +35,7 @@ __all__ = [
     "merge_statistics",
     "merge_many",
     "merge_into",
+    "array_statistics",
     "mirror_upper",
     "covariance",
     "check_precision",
@@ -451,6 +452,19 @@ def merge_into(total: ScatterStats, part: ScatterStats) -> ScatterStats:
     scatter += part.scatter
     _add_outer(scatter, delta, total.count * part.count / n)
     return ScatterStats(n, mean, scatter, total.nonfinite + part.nonfinite)
+
+
+def array_statistics(
+    x: np.ndarray, precision: str = "auto", block_bytes: int = 64 * 2**20
+) -> ScatterStats:
+    """Statistics of all rows of an in-memory array: blocks of about ``block_bytes`` of
+    float64 rows (at least d rows), each merged into the total as it comes, so one d x d
+    partial besides the total is held, whatever n (512 MiB each at d = 8192)."""
+    rows = max(1, block_bytes // (8 * x.shape[1]), x.shape[1])
+    total = block_statistics(x[:rows], precision)
+    for start in range(rows, len(x), rows):
+        total = merge_into(total, block_statistics(x[start : start + rows], precision))
+    return total
 
 
 def merge_many(parts) -> ScatterStats:

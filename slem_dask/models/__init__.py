@@ -1,4 +1,6 @@
-"""The estimators: one module per model, sharing :mod:`.base`."""
+"""The estimators: one module per model, sharing :mod:`.base` (and its scikit-learn
+protocol, :mod:`._estimator`); the kernel model's block tasks, dask graphs, parameter
+checks and messages in its ``kernel_*`` sibling modules; classifiers in :mod:`.classify`."""
 
 from typing import TYPE_CHECKING
 
@@ -25,9 +27,8 @@ __all__ = [
 ]
 
 
-def __getattr__(
-    name: str,
-):  # NotFittedError is built on first use (see slem_dask.models._estimator)
+def __getattr__(name: str):
+    # NotFittedError is built on first use (see slem_dask.models._estimator)
     if name == "NotFittedError":
         from . import _estimator
 

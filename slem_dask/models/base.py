@@ -28,9 +28,8 @@ if TYPE_CHECKING:
 __all__ = ["SLEMEstimator", "load_model", "MODEL_CLASSES", "NotFittedError"]
 
 
-def __getattr__(
-    name: str,
-):  # NotFittedError is built on first use (see slem_dask.models._estimator)
+def __getattr__(name: str):
+    # NotFittedError is built on first use (see slem_dask.models._estimator)
     if name == "NotFittedError":
         return _estimator.NotFittedError
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
@@ -44,7 +43,9 @@ IDENTITY_VERSION = 1
 
 
 class SLEMEstimator(EstimatorProtocol):
-    """Base class. Subclasses set ``_param_names``, ``_array_names`` and ``_input_name``.
+    """Base class. Subclasses set ``_param_names`` (their ``__init__`` arguments, in the
+    order ``repr`` shows them) and define ``fit``, ``transform``, and ``_state`` /
+    ``_set_state`` (what :meth:`save` writes and :func:`load_model` reads back).
 
     ``__init__`` stores parameters only; everything learned ends in ``_`` and
     is set by ``fit`` or by :func:`load_model`. The scikit-learn protocol
@@ -53,7 +54,6 @@ class SLEMEstimator(EstimatorProtocol):
     """
 
     _param_names: tuple[str, ...] = ()
-    _array_names: tuple[str, ...] = ()
     #: Parameters that change exemplar() only, never transform() (LinearSLEM's theta).
     _exemplar_only_params: tuple[str, ...] = ()
     #: Parameters that choose the arithmetic, not the model (LinearSLEM's precision):

@@ -145,7 +145,9 @@ class ESVM(SLEMEstimator):
 
         numpy in, numpy out; dask in, lazy dask out (one task per row block,
         the negatives entering the graph once through :func:`parallel.shared`).
-        ``dtype``: of the result (default: the input's, float32 stays float32; computed in float64).
+        ``dtype``: of the result (default: float64 for float64 rows, float32 for any other
+        dtype, float16 and integers included: :func:`~slem_dask.core.validation.output_dtype`;
+        computed in float64).
         """
         self._check_params()
         X = self._check_positives(X)

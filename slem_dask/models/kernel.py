@@ -28,7 +28,7 @@ from .kernel_messages import (
     TRACE_ERROR_WARNING,
     TraceErrorWarning,
     large_kernel_values as _large_kernel_values,
-    nonfinite_rows as _nonfinite_rows,
+    located_nonfinite_rows_error,
     normalized_pivots,
     weak_factor_message,
 )
@@ -41,7 +41,7 @@ if TYPE_CHECKING:
 
 __all__ = ["KernelSLEM", "PIVOTING", "TRACE_ERROR_WARNING", "TraceErrorWarning"]
 
-#: Rows per block when fitting on an in-memory numpy array (at most).
+#: Bytes of float64 rows per block when fitting on an in-memory numpy array (at most).
 _NUMPY_BLOCK_BYTES = 64 * 2**20
 #: A numpy input of more than one block is split into a multiple of this many blocks of
 #: equal size (to a row): its blocks run on a thread per core, and 3 full blocks and a
@@ -113,7 +113,7 @@ class KernelSLEM(SLEMEstimator):
         and recomputes F = K(X, X_I) L^-T (:mod:`slem_dask.parallel.kernel_stream`):
         memory independent of n, more compute per pass. Both give the same
         pivots and model (to rounding). "auto" (default): in-memory while
-        :func:`slem_dask.cluster.workers.kernel_fit_bytes` fits in 60% of the workers'
+        :func:`slem_dask.parallel.task_memory.kernel_fit_bytes` fits in 60% of the workers'
         memory limits (else of this machine's available memory), streaming
         otherwise; ``strategy_`` and ``strategy_reason_`` say what was chosen
         and why. It does not change the model (not part of its encoding
@@ -227,7 +227,7 @@ class KernelSLEM(SLEMEstimator):
                 checkpoint=checkpoint if streaming else None,
             )
         except NonFiniteRowsError:
-            raise _nonfinite_rows(X) from None
+            raise located_nonfinite_rows_error(X) from None
         except LargeValuesError as exc:
             raise _large_kernel_values(exc, kernel, gamma, degree) from None
         self._keep_factor(res, X, lam, seed)
@@ -296,7 +296,7 @@ class KernelSLEM(SLEMEstimator):
             )
             out = out.compute() if is_dask_array(X) else out
         except NonFiniteRowsError:
-            raise _nonfinite_rows(X, int(row_offset)) from None
+            raise located_nonfinite_rows_error(X, int(row_offset)) from None
         except LargeValuesError as exc:
             raise _large_kernel_values(exc, kernel, gamma, degree) from None
         new, trace, residual = out
@@ -393,7 +393,9 @@ class KernelSLEM(SLEMEstimator):
         experiment above, 0.72 and 0.98).
 
         numpy in, numpy out; dask in, lazy dask out with the row chunks of ``X``.
-        ``dtype``: of the result (default: the input's, float32 stays float32; computed in float64).
+        ``dtype``: of the result (default: float64 for float64 rows, float32 for any other
+        dtype, float16 and integers included: :func:`~slem_dask.core.validation.output_dtype`;
+        computed in float64).
         """
         if normalize not in ("h", "unit"):
             raise ValueError(

@@ -19,7 +19,7 @@ __all__ = [
     "TRACE_ERROR_WARNING",
     "TraceErrorWarning",
     "large_kernel_values",
-    "nonfinite_rows",
+    "located_nonfinite_rows_error",
     "normalized_pivots",
     "weak_factor_message",
 ]
@@ -103,7 +103,7 @@ def large_kernel_values(
     )
 
 
-def nonfinite_rows(X, row_offset: int = 0) -> NonFiniteRowsError:
+def located_nonfinite_rows_error(X, row_offset: int = 0) -> NonFiniteRowsError:
     """NaN or inf rows met by a block task (which saw its block only), counted over all
     of ``X`` (whole rows per block: checked by check_rows) as LinearSLEM counts them: a
     second pass, on this error path only."""

@@ -18,7 +18,7 @@ __all__ = ["PIVOTING", "check_params"]
 PIVOTING = ("greedy", "rpcholesky")
 
 
-def check_int_or_none(value, name: str, hint: str = ""):
+def _check_int_or_none(value, name: str, hint: str = ""):
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
@@ -38,7 +38,7 @@ def check_params(model):
     lam = check_positive_float(
         model.lam, "lam", "; typical values are 1e-4 to 1e-1 for L2-normalized descriptors"
     )
-    rank = check_int_or_none(
+    rank = _check_int_or_none(
         model.rank, "rank", "; the number of pivots of the incomplete Cholesky factor, e.g. 256"
     )
     if model.pivoting not in PIVOTING:

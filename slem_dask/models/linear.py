@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import functools
 import warnings
 from typing import TYPE_CHECKING
 
@@ -18,11 +17,10 @@ from ..core.linear import (
 )
 from ..core.statistics import (
     ScatterStats,
-    block_statistics,
+    array_statistics,
     check_precision,
     compute_dtype,
     covariance,
-    merge_statistics,
 )
 from ..parallel.blocks import encode_blocks, locate_nonfinite_rows, scatter_statistics, shared
 from ..core.validation import (
@@ -47,7 +45,8 @@ if TYPE_CHECKING:
 
 __all__ = ["LinearSLEM"]
 
-#: Rows per block when fitting on an in-memory numpy array (bounds the float64 copy).
+#: Bytes of float64 rows per block when fitting on an in-memory numpy array (bounds the
+#: float64 copy; at least d rows: core.statistics.array_statistics).
 _NUMPY_BLOCK_BYTES = 64 * 2**20
 
 
@@ -118,13 +117,7 @@ class LinearSLEM(SLEMEstimator):
         if is_dask_array(X):
             (stats,) = dask.compute(scatter_statistics(X, precision=self.precision))
         else:
-            # Blocks of at least d rows, folded one at a time: one d x d partial in
-            # memory besides the running total, whatever n (512 MiB each at d = 8192).
-            rows = max(1, _NUMPY_BLOCK_BYTES // (8 * X.shape[1]), X.shape[1])
-            stats = functools.reduce(
-                merge_statistics,
-                (block_statistics(X[i : i + rows], self.precision) for i in range(0, len(X), rows)),
-            )
+            stats = array_statistics(X, self.precision, _NUMPY_BLOCK_BYTES)
         return self._fit_statistics(stats, X.dtype, lambda: locate_nonfinite_rows(X)[1])
 
     def _fit_statistics(self, stats: ScatterStats, dtype, bad_rows=None) -> Self:

@@ -39,7 +39,9 @@ class RawFeatures(SLEMEstimator):
     def transform(self, X: Rows, dtype: DTypeLike | None = None) -> Array:
         """Each row of ``X`` divided by its L2 norm (numpy in/out, or lazy dask).
 
-        ``dtype``: of the result (default: the input's, float32 stays float32; computed in float64).
+        ``dtype``: of the result (default: float64 for float64 rows, float32 for any other
+        dtype, float16 and integers included: :func:`~slem_dask.core.validation.output_dtype`;
+        computed in float64).
         """
         X = self._check_positives(X)
         dtype = self._output_dtype(X, dtype)

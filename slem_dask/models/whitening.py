@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 import dask
 import numpy as np
 
-from ..core.statistics import block_statistics, covariance, merge_many
+from ..core.statistics import array_statistics, covariance
 from ..core.whitening import pca_whitening, whiten_rows
 from ..parallel.blocks import locate_nonfinite_rows, map_rows, scatter_statistics, shared
 from ..core.validation import (
@@ -28,6 +28,7 @@ if TYPE_CHECKING:
 
 __all__ = ["PCAWhitening"]
 
+#: Bytes of float64 rows per block of a numpy fit (core.statistics.array_statistics).
 _NUMPY_BLOCK_BYTES = 64 * 2**20
 
 
@@ -80,8 +81,7 @@ class PCAWhitening(SLEMEstimator):
         if is_dask_array(X):
             (stats,) = dask.compute(scatter_statistics(X))
         else:
-            rows = max(1, _NUMPY_BLOCK_BYTES // (8 * X.shape[1]))
-            stats = merge_many(block_statistics(X[i : i + rows]) for i in range(0, len(X), rows))
+            stats = array_statistics(X, block_bytes=_NUMPY_BLOCK_BYTES)
         if stats.nonfinite:
             raise nonfinite_rows_error(
                 "X", stats.nonfinite, locate_nonfinite_rows(X)[1], stats.count + stats.nonfinite
@@ -102,7 +102,9 @@ class PCAWhitening(SLEMEstimator):
     def transform(self, X: Rows, dtype: DTypeLike | None = None) -> Array:
         """Whitened, L2-normalized rows (n_p, n_components_); numpy or lazy dask.
 
-        ``dtype``: of the result (default: the input's, float32 stays float32; computed in float64).
+        ``dtype``: of the result (default: float64 for float64 rows, float32 for any other
+        dtype, float16 and integers included: :func:`~slem_dask.core.validation.output_dtype`;
+        computed in float64).
         """
         X = self._check_positives(X)
         dtype = self._output_dtype(X, dtype)

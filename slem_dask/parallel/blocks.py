@@ -1,7 +1,8 @@
 """Dask orchestration: the pure math of :mod:`slem_dask.core` mapped over row blocks.
 
-Nothing here computes: every function takes dask arrays and returns lazy dask
-arrays or Delayed objects. The caller (an estimator's ``fit``, a job) decides
+Nothing here computes but :func:`locate_nonfinite_rows` (a second pass over the rows,
+on a fit's error path only): every other function takes dask arrays and returns lazy
+dask arrays or Delayed objects. The caller (an estimator's ``fit``, a job) decides
 when to compute, and on which client.
 """
 
@@ -68,7 +69,7 @@ def single_threaded_blas():
     :class:`core.blas_threads.TaskThreadsController` (OpenBLAS ignores threadpoolctl's
     setting from threads other than the first that made one). In the main thread (the
     synchronous scheduler, numpy input) BLAS keeps all its threads. Worker
-    processes are limited once for all by ``cluster.SingleThreadedBLAS``.
+    processes are limited once for all by ``slem_dask.cluster.connect.SingleThreadedBLAS``.
     """
     global _blas_users, _blas_limit, _blas_controller
     if threading.current_thread() is threading.main_thread():

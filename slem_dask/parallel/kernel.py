@@ -41,7 +41,8 @@ A third backend, :class:`.kernel_stream.StreamingRounds`
 (``incomplete_cholesky(..., streaming=True)``), keeps no block state: every
 pass reads the rows again and recomputes their rows of F from the pivots so
 far (F = K(x, I) L^-T), then proposes and summarizes with the same functions
-(:mod:`slem_dask.parallel.kernel_rounds`, the pieces both backends share), so the driver and the pivots are the same and worker memory does not grow with n.
+(:mod:`slem_dask.parallel.kernel_rounds`, the pieces both backends share), so the
+driver and the pivots are the same and worker memory does not grow with n.
 
 The same round functions run without dask on a list of numpy blocks
 (:func:`incomplete_cholesky` with ``x`` a numpy array), so the numpy and dask

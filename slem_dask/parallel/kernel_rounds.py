@@ -20,7 +20,7 @@ from ..core.blas_threads import one_blas_thread, usable_cores
 from ..core.statistics import ScatterStats, block_statistics, merge_many
 from ..core.validation import is_dask_array
 
-#: How many partial summaries one merge task combines (as in :mod:`parallel`).
+#: How many partial summaries one merge task combines (as in :mod:`.blocks`).
 SPLIT_EVERY = 8
 
 

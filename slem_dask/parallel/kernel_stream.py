@@ -182,7 +182,7 @@ class StreamingRounds:
 
     def _pass(self, cfg, count: int, round_no: int, final: bool, first: bool = False):
         folder, done = None, {}
-        if final and self.checkpoint is not None:  # the final pass resumes (see above)
+        if final and self.checkpoint is not None:  # the final pass resumes (kernel_checkpoint)
             tag = self.checkpoint.tag(self.pivots.rows, self.pivots.lower)
             folder = self.checkpoint.folder(tag)
             done = self.checkpoint.finished(tag, self.sizes)

@@ -7,8 +7,8 @@ imports nothing of slem_dask, so both can import it.
 
 Bytes one task needs, measured with ``benchmarks/bench_task_memory.py``: the
 growth of a fresh worker's peak resident set, once it has imported the tasks'
-modules (what :func:`slem_dask.cluster.workers.check_memory` counts as in use), while it runs a job of one
-partition of rows x d (d = 128, 512, 2048; 2,000 to 100,000 rows):
+modules (what :func:`slem_dask.cluster.workers.check_memory` counts as in use), while
+it runs a job of one partition of rows x d (d = 128, 512, 2048; 2,000 to 100,000 rows):
 
 - linear encode (read, finite check, centred rows, product, zarr's encoded
   chunk): 16 MiB plus 21 bytes per value for float32 input (5.0-5.6 x the

@@ -10,7 +10,7 @@ import numpy as np
 
 from ..core.ranking import as_id_array, average_precision
 from ..core.validation import Rows, check_rows, is_dask_array
-from .topk import search
+from .topk import check_k, search
 
 if TYPE_CHECKING:
     import numpy.typing as npt
@@ -101,6 +101,8 @@ def precision_recall_at_k(
     indices: npt.ArrayLike, relevant: PerQuery, k: int, junk: PerQuery | None = None
 ) -> tuple[float, float]:
     """Mean precision@k and recall@k over queries (junk removed before cutting at k)."""
+    # k = 0 divided by zero and a negative k cut from the end: refused, as search does
+    k = check_k(k, " (the rank at which precision and recall are counted)")
     indices, relevant, junk = _per_query(indices, relevant, junk)
     precisions, recalls = [], []
     for ranking, rel, j in zip(indices, relevant, junk, strict=True):
@@ -130,7 +132,12 @@ def leave_one_out_map(
             f"labels must be 1-D with one label per row ({len(z)} rows), got shape {labels.shape}"
         )
     n = len(z)
-    k = min(n - 1, 10_000) if k is None else int(k)
+    # a given k is checked, not truncated: int(2.5) or int(True) would rank another length
+    k = (
+        min(n - 1, 10_000)
+        if k is None
+        else check_k(k, " (the ranking length), or None for every other row")
+    )
     if n < 2 or k < 1:
         raise ValueError(
             f"leave-one-out mAP needs at least 2 rows and k >= 1 (got {n} rows, k={k})"

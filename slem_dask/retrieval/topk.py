@@ -188,6 +188,14 @@ def _row_ids(x):  # -> dask.array.Array
     return da.arange(x.shape[0], chunks=(x.chunks[0],), dtype=np.int64)
 
 
+def check_k(k, meaning: str = "") -> int:
+    """A rank count ``k`` as an int >= 1; anything else (0, a negative, a float, a bool,
+    text) is one ValueError naming it, ``meaning`` saying what it counts."""
+    if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1:
+        raise ValueError(f"k must be an integer >= 1{meaning}, got {k!r}")
+    return int(k)
+
+
 def search(queries: Rows, database: Rows, k: int = 100) -> tuple[Array, Array]:
     """Exact top-k by inner product (cosine for L2-normalized rows), best first.
 
@@ -215,9 +223,7 @@ def search(queries: Rows, database: Rows, k: int = 100) -> tuple[Array, Array]:
             f"queries have {queries.shape[1]} features but database rows have "
             f"{database.shape[1]}; encode both with the same model"
         )
-    if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1:
-        raise ValueError(f"k must be an integer >= 1, got {k!r}")
-    k = int(k)
+    k = check_k(k)
     if k > database.shape[0]:
         raise ValueError(
             f"k={k} is larger than the database ({database.shape[0]} rows); use "

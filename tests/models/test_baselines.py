@@ -184,6 +184,29 @@ def test_pca_whitening_components_dask_and_persistence(small, tmp_path):
         PCAWhitening(n_components=0).fit(neg)
 
 
+def test_pca_whitening_numpy_fit_holds_one_partial_at_a_time(monkeypatch):
+    """A numpy fit merges each block's statistics into the total as it comes (as
+    LinearSLEM's does): it held every block's d x d scatter until the last was made."""
+    import tracemalloc
+
+    from slem_dask.models import whitening
+
+    d = 128
+    X = np.random.default_rng(0).standard_normal((100 * d, d))
+    one_block = PCAWhitening().fit(X)
+    monkeypatch.setattr(whitening, "_NUMPY_BLOCK_BYTES", 8 * d * d)  # 100 blocks of d rows
+    tracemalloc.start()
+    try:
+        model = PCAWhitening().fit(X)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    scatter = 8 * d * d
+    assert peak < 20 * scatter, f"peak {peak / scatter:.1f} d x d scatters"
+    np.testing.assert_allclose(model.mean_, one_block.mean_, rtol=0, atol=1e-14)
+    np.testing.assert_allclose(model.explained_variance_, one_block.explained_variance_, rtol=1e-10)
+
+
 def test_full_pca_whitening_is_one_power_of_A_from_slem(small):
     """Cosine after full whitening with eps = lam uses A^-1; SLEM's uses A^-2."""
     neg, pos = small

@@ -224,6 +224,27 @@ def test_precision_recall_at_k_random():
         )
 
 
+@pytest.mark.parametrize("k", [0, -1, 2.5, True, "3"])
+def test_precision_recall_at_k_refuses_a_bad_k(k):
+    """k = 0 divided by zero, a negative k cut the ranking from its end (a negative
+    precision), a float or text failed inside numpy: each is one line naming k."""
+    indices = np.array([[1, 2, 3], [3, 2, 1]])
+    with pytest.raises(ValueError, match=r"^k must be an integer >= 1 \(the rank at which"):
+        precision_recall_at_k(indices, [[1], [2]], k)
+    assert precision_recall_at_k(indices, [[1], [2]], np.int64(2)) == (0.5, 1.0)
+
+
+@pytest.mark.parametrize("k", [0, 2.5, True])
+def test_leave_one_out_map_refuses_a_bad_k(k):
+    """A given k is checked, not truncated (int(2.5) ranked 2 rows, int(True) 1)."""
+    from slem_dask import leave_one_out_map
+
+    z = np.eye(4)[[0, 0, 1, 1]] + 0.1
+    with pytest.raises(ValueError, match=r"^k must be an integer >= 1 \(the ranking length\)"):
+        leave_one_out_map(z, [0, 0, 1, 1], k=k)
+    assert leave_one_out_map(z, [0, 0, 1, 1], k=np.int64(1)) == 1.0
+
+
 def test_evaluation_bad_input():
     indices = np.array([[0, 1], [1, 0]])
     with pytest.raises(ValueError, match=r"relevant\[1\] is empty"):
