@@ -31,8 +31,8 @@ mean "right". One concern per module:
 =================  =========================================================================
 
 Layout and contracts: docs/operations.md ("Versioned stores", "Integrity guarantees",
-"Zarr layout"), docs/guarantees-protocol.md and docs/guarantees-garbage.md. The names below are this package's interface; the jobs use them as
-``storage.NAME``.
+"Zarr layout"), docs/guarantees-protocol.md and docs/guarantees-garbage.md. The names below
+are this package's interface; the jobs use them as ``storage.NAME``.
 """
 
 from __future__ import annotations
@@ -80,7 +80,6 @@ from .groups import (  # noqa: F401
     GROUP_CHUNK_BYTES,
     MODEL_FORMAT_VERSION,
     _check_written,
-    _remove,
     read_group_arrays,
     read_model_meta,
     read_model_store,

@@ -180,8 +180,8 @@ class _RowChunkCodecs:
     then copies it into the result; here each chunk is decompressed straight into
     its rows of the result (a 20,000 x 512 float32 chunk: 50 ms instead of 75 ms
     on one core), which is most of the cost of a fit at d = 512 (issue 9). The
-    steps are zarr's own, in its order (tests/storage/test_storage.py compares both
-    readers on every supported codec chain, and the fallback on the others).
+    steps are zarr's own, in its order (tests/parallel/test_store_statistics.py compares
+    both readers on every supported codec chain, and the fallback on the others).
     """
 
     steps: tuple[str, ...]  # bytes-to-bytes decode steps, outermost first

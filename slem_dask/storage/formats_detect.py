@@ -47,10 +47,9 @@ def _is_zarr_folder(folder: str) -> bool:
 
 
 def file_format(location: str) -> str | None:
-    """The format this module reads at ``location`` (a local path), or None for a zarr
-    store (or nothing): decided by a file's magic bytes, else its suffix."""
-    file, dataset = split_hdf5(location)
-    if dataset is not None:
+    """The format :mod:`.formats` reads at ``location`` (a local path), or None for a
+    zarr store (or nothing): decided by a file's magic bytes, else its suffix."""
+    if split_hdf5(location)[1] is not None:  # FILE.h5:/dataset
         return "hdf5"
     if any(c in location for c in GLOB_CHARS) and not os.path.exists(location):
         return "npy shards"

@@ -27,6 +27,7 @@ nor is a folder that any kept commit names.
 from __future__ import annotations
 
 from .errors import IntegrityError
+from .records import VERSIONS
 
 __all__ = [
     "FATES",
@@ -44,7 +45,6 @@ __all__ = [
     "after_commit",
 ]
 
-VERSIONS = "versions"
 #: The folder of fate files: ``fates/<version folder>`` settles, once, whether that
 #: draft is committed or deleted (outside the draft: no zarr reader ever lists it).
 FATES = "fates"

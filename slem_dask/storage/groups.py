@@ -24,7 +24,8 @@ from .chunks import _reason
 from .errors import CorruptChunkError, DamagedStoreError, IntegrityError
 from .inputs import _exists, open_node
 from .leases import Lease
-from .ownership import ATTR, check_may_replace, damaged_metadata, remove, slem_dask_kind
+from .outputs import is_legacy
+from .ownership import ATTR, check_may_replace, damaged_metadata, remove
 from .paths import canonical, zarr_store
 
 
@@ -43,20 +44,11 @@ def _check_overwrite(path, overwrite: bool, what: str, flag: str, kind: str | No
         )
 
 
-def _remove(path) -> None:
-    remove(path)
-
-
 def replace_legacy(path, what: str) -> None:
     """Remove a store that slem-dask 0.2 wrote in place at ``path`` (no versions), so
     that a versioned store can take its place (only with --overwrite or --update)."""
-    path = canonical(path)
-    if (
-        _exists(path)
-        and not versions.VersionedStore(path).has_history()
-        and slem_dask_kind(path) is not None
-    ):
-        _remove(path)
+    if is_legacy(path):
+        remove(path)
 
 
 def write_group(

@@ -213,8 +213,8 @@ def _write_s3_chunk(arr: zarr.Array, index: int, block: np.ndarray) -> tuple[boo
     Returns (written, confirmed): confirmed is the trailer's crc32c if the server
     answered with the body's checksum it checked (the object is then these bytes),
     else None; (False, None), writing nothing, for anything but an S3 output of this
-    layout (the caller writes through zarr). tests/storage/test_object_store_requests.py checks what is sent and that
-    zarr reads it back."""
+    layout (the caller writes through zarr). tests/storage/test_object_store_requests.py
+    checks what is sent and that zarr reads it back."""
     import base64
 
     from zarr.core.sync import sync

@@ -8,7 +8,7 @@ import errno
 
 from .backend import Backend, StorageConfigError
 from .errors import IntegrityError
-from .heads import COMMITS
+from .heads import COMMITS, commit_name
 
 __all__ = ["CommitConflictError", "CommitUnknownError", "publish"]
 
@@ -33,7 +33,7 @@ def publish(backend: Backend, path, seq: int, data: bytes) -> bool:
     once it holds exactly these bytes, False once it holds another record; raises
     :class:`CommitUnknownError` when the outcome cannot be learnt
     (:meth:`.versions.VersionedStore._publish`)."""
-    key = f"{COMMITS}/{seq:08d}.json"
+    key = f"{COMMITS}/{commit_name(seq)}"
     failure: OSError | None = None
     for _ in range(_PUBLISH_TRIES):
         try:

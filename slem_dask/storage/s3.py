@@ -20,13 +20,11 @@ from __future__ import annotations
 import builtins  # `list` in a backend class is its method: annotations say builtins.list
 import asyncio
 import functools
-import json
 import os
-import threading
 
 from .backend import Backend
+from .cloud import EVERY_WORKER, cached_filesystem
 from .cloud import chain as _chain  # an exception and those it was raised from
-from .s3_messages import EVERY_WORKER as _EVERY_WORKER
 from .s3_messages import response_message
 
 __all__ = ["S3Backend"]
@@ -102,26 +100,11 @@ def _conflict(exc: BaseException) -> bool:
     )
 
 
-_FILESYSTEMS: dict = {}
-_FILESYSTEMS_LOCK = threading.Lock()
-
-
 def _filesystem(options: dict):
-    """One S3FileSystem per process, options and environment. fsspec's own instance
-    cache ignores the environment, so a process that changes AWS_ENDPOINT_URL or the
-    keys (a test, a long-lived client) would keep talking to the old store."""
-    import fsspec
-
-    env = tuple(sorted((k, v) for k, v in os.environ.items() if k.startswith(("AWS_", "FSSPEC_"))))
-    token = (os.getpid(), json.dumps(options, sort_keys=True, default=repr), env)
-    with _FILESYSTEMS_LOCK:
-        fs = _FILESYSTEMS.get(token)
-        if fs is None:
-            # every listing goes to the store: another process may have written since
-            fs = _FILESYSTEMS[token] = fsspec.filesystem(
-                "s3", skip_instance_cache=True, **{"use_listings_cache": False, **options}
-            )
-        return fs
+    """One S3FileSystem per process, options and environment (AWS_ and FSSPEC_
+    variables: the endpoint, the keys), every listing sent to the store
+    (:func:`.cloud.cached_filesystem`)."""
+    return cached_filesystem("s3", options, ("AWS_", "FSSPEC_"))
 
 
 class S3Backend(Backend):
@@ -204,9 +187,9 @@ class S3Backend(Backend):
         True if it holds exactly ``data`` (this call's resent request, or an earlier
         call whose reply was lost, created it), else False. A lost reply, a timeout or
         a 5xx left after botocore's retries (the PUT may have landed) reads the key
-        back too: True or False as above, and the error (OSError) if it is absent. A 409 (another conditional write to the key in flight) is
-        retried, and False once the key exists. Racing writers must write distinct
-        bytes (a token of their own)."""
+        back too: True or False as above, and the error (OSError) if it is absent. A
+        409 (another conditional write to the key in flight) is retried, and False once
+        the key exists. Racing writers must write distinct bytes (a token of their own)."""
         return self._sync(self._create, self._key(key), bytes(data))
 
     async def _create(self, key: str, data: bytes) -> bool:
@@ -432,11 +415,10 @@ class S3Backend(Backend):
         """What a client-side failure (no credentials, no connection) means, if it is one."""
         from botocore import exceptions as bx
 
-        every_worker = _EVERY_WORKER
         if isinstance(e, (bx.NoCredentialsError, bx.PartialCredentialsError)):
             return (
                 f"no S3 credentials for {self.root}: set AWS_ACCESS_KEY_ID and "
-                f"AWS_SECRET_ACCESS_KEY (or AWS_PROFILE) {every_worker}"
+                f"AWS_SECRET_ACCESS_KEY (or AWS_PROFILE) {EVERY_WORKER}"
             )
         if (
             isinstance(e, (bx.EndpointConnectionError, bx.ConnectTimeoutError, bx.ReadTimeoutError))
@@ -454,7 +436,7 @@ class S3Backend(Backend):
             return (
                 f"cannot reach the object store at {self._endpoint()} for "
                 f"{self.root}: start it, or fix AWS_ENDPOINT_URL (or "
-                f"FSSPEC_S3_ENDPOINT_URL) {every_worker}; a store that does not "
+                f"FSSPEC_S3_ENDPOINT_URL) {EVERY_WORKER}; a store that does not "
                 "take bucket names in the host name needs path-style addressing, "
                 'FSSPEC_S3=\'{"config_kwargs": {"s3": {"addressing_style": '
                 '"path"}}}\''

@@ -3,9 +3,9 @@ split from :mod:`slem_dask.storage.s3` so the backend keeps to its requests."""
 
 from __future__ import annotations
 
-__all__ = ["EVERY_WORKER", "response_message"]
+from .cloud import EVERY_WORKER
 
-EVERY_WORKER = "(the client and every dask worker need the same variables)"
+__all__ = ["response_message"]
 
 _BAD_CREDENTIALS = (
     "SignatureDoesNotMatch",
@@ -32,35 +32,34 @@ def response_message(
 
 def _identity_message(endpoint: str, root: str, bucket: str, code: str | None) -> str | None:
     """Refusals of who asks or of where: credentials, permissions, bucket, region."""
-    every_worker = EVERY_WORKER
     if code in _BAD_CREDENTIALS:
         return (
             f"the object store at {endpoint} refused the credentials for "
             f"{root} ({code}): check AWS_ACCESS_KEY_ID and "
-            f"AWS_SECRET_ACCESS_KEY {every_worker}"
+            f"AWS_SECRET_ACCESS_KEY {EVERY_WORKER}"
         )
     if code == "403":  # a HEAD's 403 has no body: a wrong secret or no permission
         return (
             f"the object store at {endpoint} refused a request on "
             f"{root} (403 Forbidden): check AWS_ACCESS_KEY_ID and "
             "AWS_SECRET_ACCESS_KEY, and that this identity may read, write, list "
-            f"and delete in bucket {bucket!r} {every_worker}"
+            f"and delete in bucket {bucket!r} {EVERY_WORKER}"
         )
     if code in ("AccessDenied", "AllAccessDisabled", "AccountProblem"):
         return (
             f"access denied to {root} ({code}): the identity of "
             "AWS_ACCESS_KEY_ID needs read, write, list and delete on bucket "
-            f"{bucket!r}, or set the keys of one that has them {every_worker}"
+            f"{bucket!r}, or set the keys of one that has them {EVERY_WORKER}"
         )
     if code == "NoSuchBucket":
         return (
             f"bucket {bucket!r} does not exist at {endpoint}: create "
-            f"it, or fix the URL {root} or AWS_ENDPOINT_URL {every_worker}"
+            f"it, or fix the URL {root} or AWS_ENDPOINT_URL {EVERY_WORKER}"
         )
     if code in _OTHER_REGION:
         return (
             f"bucket {bucket!r} is in another region ({code}): set "
-            f"AWS_DEFAULT_REGION to its region {every_worker}"
+            f"AWS_DEFAULT_REGION to its region {EVERY_WORKER}"
         )
     return None
 

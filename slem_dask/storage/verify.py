@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-
-from .checksums import self_consistent_crc32c, stored_crc32c
 from . import versions
-from .checksums import _full_key
+from .checksums import _full_key, self_consistent_crc32c, stored_crc32c
 from .groups import _open_group, read_group_arrays, read_model_store, read_search_store
 from .inputs import _exists, open_node
 from .outputs import output_meta

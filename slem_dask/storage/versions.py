@@ -122,11 +122,7 @@ class VersionedStore:
     def has_history(self) -> bool:
         """Whether slem-dask ever wrote here as a versioned store (committed or not):
         a commit record, a version folder begun with its marker, or a draft's fate file."""
-        return (
-            self.is_versioned()
-            or bool(_marked(self.backend.list(VERSIONS)))
-            or any(draft_seq(v) is not None for v in self.backend.list(gc.FATES))
-        )
+        return self._history_besides(None)
 
     def commits(self) -> list[Commit]:
         """Every commit record (the whole history: one listing of commits/)."""
@@ -243,7 +239,7 @@ class VersionedStore:
         ``keep - 1`` versions. The oldest kept version goes before the new one is
         written, not after its commit: storage then holds ``keep`` versions at most,
         the draft included, and a local write reuses the memory and disk that version
-        held (README, "What the integrity guarantees cost"). A job that finds nothing
+        held (benchmarks/results/history.md, "Integrity overhead"). A job that finds nothing
         to write never calls it, so re-runs do not thin the history. The caller holds
         the store's lease: drafts of killed or fenced jobs, but ``mine`` (the caller's
         own draft, once it reused their chunks), are deleted too (:mod:`.gc`)."""
@@ -309,10 +305,11 @@ class VersionedStore:
         stands whatever happens here: a storage failure leaves that garbage to the next
         job that writes (:func:`.gc.collect`), and must not fail a job whose version
         readers already see (the job would report a failure, and a job that abandons
-        its draft on failure would try to)."""
+        its draft on failure would try to). Any failure, as for the head hint and the
+        root marker: botocore's own errors (an endpoint gone) are no OSError."""
         try:
             gc.after_commit(self, seq, version)
-        except OSError:
+        except Exception:  # noqa: BLE001 - the commit stands: its job succeeds
             pass
 
     def _create(self, seq, version, kind, job, checksum, summary, source) -> Commit:
@@ -378,8 +375,8 @@ class VersionedStore:
             self.backend.delete(f"{gc.FATES}/{draft.version}")
             self.backend.prune_empty()
 
-    def _history_besides(self, version: str) -> bool:
-        """:meth:`has_history`, not counting ``version``'s fate file."""
+    def _history_besides(self, version: str | None) -> bool:
+        """:meth:`has_history`, not counting ``version``'s fate file (None: counting all)."""
         return (
             self.is_versioned()
             or bool(_marked(self.backend.list(VERSIONS)))

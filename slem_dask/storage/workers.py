@@ -75,11 +75,12 @@ def ask_workers(
     client, function, *args, workers: list | None = None, what: str = "the checks before the job"
 ) -> dict:
     """``client.run(function, *args)`` on ``workers`` (None: every worker, also one that
-    joins while they are asked): {address: answer} of the workers that answered. A
-    worker that leaves the cluster meanwhile (distributed's "Address removed.", a
-    connection timed out) is dropped; one that fails to answer but is still listed is
-    asked again, and after a few rounds the job fails in one line. An error raised by
-    ``function`` itself on a worker that is still there is raised as it is."""
+    joins while they are asked, but during the last round: as one joining after them):
+    {address: answer} of the workers that answered. A worker that leaves the cluster
+    meanwhile (distributed's "Address removed.", a connection timed out) is dropped; one
+    that fails to answer but is still listed is asked again, and after a few rounds the
+    job fails in one line. An error raised by ``function`` itself on a worker that is
+    still there is raised as it is."""
     from distributed.comm.core import CommClosedError
 
     answers: dict = {}
@@ -101,6 +102,8 @@ def ask_workers(
         asked = (
             list(failed) if workers is not None else [a for a in present if a not in answers]
         )  # the failed, and any that joined
+    if not failed:  # the last round's all answered (one joining during it: as after it)
+        return answers
     address, exc = next(iter(failed.items()))
     raise WorkerLeftError(
         f"worker {address} stopped answering during {what} ({type(exc).__name__}: "

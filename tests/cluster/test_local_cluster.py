@@ -449,6 +449,30 @@ def test_asking_the_workers_drops_one_that_left_and_asks_one_that_joined():
     assert ask_workers(fake, print, workers=["a", "b"]) == {"a": "A"}
 
 
+def test_a_worker_that_answers_in_the_last_round_or_joins_during_it_is_no_error():
+    """The rounds end with every worker asked answering: a worker that failed to answer
+    twice answers the third time, or workers keep joining (a cluster scaling up). The
+    answers are returned (a bare StopIteration was raised)."""
+    from slem_dask.storage.workers import ask_workers
+
+    slow = []
+
+    def answer(a):
+        if a == "b" and len(slow) < 2:
+            slow.append(a)
+            return OSError("Timed out trying to connect to b")
+        return a.upper()
+
+    for workers in (None, ["a", "b"]):
+        slow.clear()
+        fake = _Cluster(["a", "b"], [], answer)
+        assert ask_workers(fake, print, workers=workers) == {"a": "A", "b": "B"}
+        assert fake.asked == [["a", "b"], ["b"], ["b"]]
+    fake = _Cluster(["a"], [["a", "b"], ["a", "b", "c"], ["a", "b", "c", "d"]], str.upper)
+    assert ask_workers(fake, print) == {"a": "A", "b": "B", "c": "C"}
+    assert fake.asked == [["a"], ["b"], ["c"]]  # d joined after the last round
+
+
 def test_a_listed_worker_that_never_answers_the_checks_fails_the_job_in_one_line():
     from slem_dask.storage.workers import WorkerLeftError, ask_workers
 

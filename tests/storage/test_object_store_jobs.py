@@ -130,6 +130,7 @@ def test_racing_commits_have_one_winner(remote):
         t.start()
     for t in threads:
         t.join()
+    assert len(results) == len(drafts)  # no commit died of another error, unseen
     winners = [r for r in results if "committed by" not in r]
     assert len(winners) == 1 and len(store.commits()) == 1
     assert storage.open_node(store.path).attrs["who"] == winners[0]

@@ -105,6 +105,34 @@ def test_a_commit_whose_outcome_is_unknown_is_read_back(tmp_path, monkeypatch, a
         store.commit(other, "model", "job two")
 
 
+def test_a_clean_up_failing_with_botocores_own_error_does_not_fail_the_commit(tmp_path):
+    """The record landed, then deleting the committed draft's fate file failed with an
+    error of botocore's own (no OSError: s3fs passes a lost endpoint on as it is):
+    readers see the job's version, so the job succeeds, and the next collection settles
+    the fate file."""
+    from botocore.exceptions import EndpointConnectionError
+
+    from slem_dask.storage import gc
+
+    store = versions.VersionedStore(str(tmp_path / "s.zarr"))
+    real = store.backend.delete
+
+    def delete(key):
+        if key.startswith(f"{gc.FATES}/"):
+            raise EndpointConnectionError(endpoint_url="http://127.0.0.1:9")
+        return real(key)
+
+    store.backend.delete = delete
+    draft = _draft_with(store, 1.0)
+    commit = store.commit(draft, "model", "job")
+    assert commit.seq == 1 and commit.version == draft.version and store.head() == commit
+    assert storage.open_node(store.path).attrs["value"] == 1.0
+    assert store.backend.list(gc.FATES) == [draft.version]  # left to the next collection
+    store.backend.delete = real
+    store.collect_garbage()
+    assert store.backend.list(gc.FATES) == [] and store.head() == commit
+
+
 def test_abandon_never_deletes_a_draft_that_its_commit_names(tmp_path):
     store = versions.VersionedStore(str(tmp_path / "s.zarr"))
     draft = _draft_with(store, 1.0)
