@@ -206,8 +206,8 @@ def _start_report(model, model_path, positives, out, plan: EncodePlan, job: _Dra
     if scale:
         report.facts["warning"] = scale
         warnings.warn(scale, stacklevel=4)  # where encode_job was called (via _encode_under_lease)
-    if job.todo:
-        common.hint_small_chunks(report, arr, "positives", positives)
+    if job.todo:  # the warning points at encode_job's caller, as the one above
+        common.hint_small_chunks(report, arr, "positives", positives, stacklevel=5)
     report.facts.update(
         {
             "positives": str(positives),

@@ -281,11 +281,12 @@ def _fit_linear(client, negatives, model_path, model: LinearSLEM, options: FitOp
             and start == n
             and load_model(model_path).get_params() == model.get_params()
         ):
-            return _linear_up_to_date(negatives, arr, model, model_path, t0, "update")
+            return _linear_up_to_date(negatives, arr, model, model_path, t0)
         report = _fit_report(
             negatives, arr, model, "update" if previous is not None else "fit", n - start
         )
-        common.hint_small_chunks(report, arr, "negatives", negatives)
+        # the warning points at fit_job's caller (via fit_model and _fit_linear)
+        common.hint_small_chunks(report, arr, "negatives", negatives, stacklevel=5)
         seen = storage.rows_fingerprint(arr, negatives, "negatives", n)
         storage.check_workers_see(client, {"negatives": negatives})
         plan = plan_statistics(
@@ -345,12 +346,9 @@ def _fit_from_statistics(
     return t2
 
 
-def _linear_up_to_date(
-    negatives, arr, model, model_path, t0: float, action: str = "up to date"
-) -> JobReport:
+def _linear_up_to_date(negatives, arr, model, model_path, t0: float) -> JobReport:
     """The report of an update with nothing to write."""
-    report = _fit_report(negatives, arr, model, action, 0)
-    report.facts["action"] = "up to date"
+    report = _fit_report(negatives, arr, model, "up to date", 0)
     report.facts["model"] = str(model_path)
     report.timings["total"] = time.perf_counter() - t0
     return report
