@@ -159,6 +159,12 @@ def test_statistics_plan_is_the_partitioning_of_the_store(corpus):
             "EncodeOptions.precision must be one of ('auto', 'float64') or None",
         ),
         (lambda: EncodeOptions(overwrite=1), TypeError, "EncodeOptions.overwrite must be True"),
+        (
+            lambda: EncodeOptions(dtype="int8"),
+            ValueError,
+            "EncodeOptions.dtype must be a float dtype (float32 or float64) or None",
+        ),
+        (lambda: EncodeOptions(dtype="f8x"), ValueError, "EncodeOptions.dtype must be a float"),
         (lambda: FitOptions().replace(repivot=None), TypeError, "FitOptions.repivot must be"),
     ],
 )
