@@ -178,15 +178,27 @@ def estimator_from(
     return LinearSLEM(lam=lam, theta=theta, precision=precision)
 
 
+#: :func:`fit_job`'s model keywords that the estimators name otherwise.
+ESTIMATOR_PARAMS = {"seed": "random_state", "kernel_memory": "strategy"}
+
+
 def _check_no_model_keywords(estimator, keywords: dict) -> None:
-    """With ``estimator`` given, the model keywords must be at their defaults."""
+    """With ``estimator`` given, the model keywords must be at their defaults; the fix
+    names the estimator's own parameter, or says that it has none of that kind."""
+    kind = type(estimator).__name__
     for name, value in keywords.items():
-        if value != MODEL_KEYWORDS[name]:
+        if value == MODEL_KEYWORDS[name]:
+            continue
+        param = ESTIMATOR_PARAMS.get(name, name)
+        if param not in estimator.get_params():
             raise ValueError(
-                f"{name}={value!r} was given beside estimator={type(estimator).__name__}"
-                f"(...): set it on the estimator (e.g. {type(estimator).__name__}"
-                f"(..., {name}=...)), or give keywords without estimator="
+                f"{name}={value!r} was given beside estimator={kind}(...), which takes no "
+                f"{param}: drop it"
             )
+        raise ValueError(
+            f"{name}={value!r} was given beside estimator={kind}(...): set it on the "
+            f"estimator (e.g. {kind}(..., {param}=...)), or give keywords without estimator="
+        )
 
 
 def fit_model(
@@ -204,10 +216,10 @@ def fit_model(
             f"estimator must be a LinearSLEM or a KernelSLEM, got "
             f"{estimator!r} of type {type(estimator).__name__}"
         )
-    if options.repivot:
+    if options.repivot:  # the keyword form said so already (estimator_from): an estimator
         raise ValueError(
-            "repivot applies to kernel models only (give kernel=...), not to "
-            "a linear SLEM, whose fit always streams its negatives"
+            "repivot applies to kernel models only (estimator=KernelSLEM(...)), not to "
+            "a linear SLEM, whose fit always streams its negatives: drop it from the FitOptions"
         )
     return _fit_linear(client, negatives, model_path, estimator, options)
 
