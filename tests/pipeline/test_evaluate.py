@@ -545,6 +545,16 @@ def test_export_faiss_matches_exact_search(tmp_path, rng):
     assert faiss.read_index(str(tmp_path / "index.faiss")).ntotal == 40
 
 
+@pytest.mark.parametrize("name", ["n_negatives", "n_instances", "group_size", "d"])
+def test_a_corpus_size_below_one_is_refused_naming_it_and_its_value(name):
+    with pytest.raises(ValueError) as caught:
+        make_corpus(**{name: 0})
+    assert str(caught.value) == (
+        f"make_corpus: {name}=0; expected an integer >= 1 (a corpus holds at least one row "
+        f"of each kind, of at least one feature): give {name}=1 or more"
+    )
+
+
 def test_method_names_cover_the_paper_rows():
     assert list(METHODS) == ["raw", "pca", "esvm", "slem", "kernel"]
 
