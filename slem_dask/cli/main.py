@@ -30,7 +30,7 @@ from .endings import (
     EXIT_BROKEN_PIPE,  # noqa: F401
     _flush_stdout,
     _interrupted,
-    _not_complete,  # noqa: F401
+    _not_complete,
     _paths_of,
     _reader_gone,
     _spec_paths,

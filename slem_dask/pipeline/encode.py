@@ -26,11 +26,9 @@ from . import common
 from .common import JobFailed, JobReport, _LOST, _detail, _lost_cluster
 from .encode_plan import (
     EncodePlan,
-    _effective_precision,  # noqa: F401
-    _output_bytes,  # noqa: F401
-    _plan_output,  # noqa: F401
+    _output_bytes,
     _scale_mismatch,
-    check_encode_inputs,  # noqa: F401
+    check_encode_inputs,  # noqa: F401 - the pipeline package exports it from here
     plan_encode,
     up_to_date_report,
 )
