@@ -97,8 +97,18 @@ def make_corpus(
     dtype=np.float32,
 ) -> Corpus:
     """Generate negatives, a database of near-duplicate groups, and queries."""
-    if min(n_negatives, n_instances, group_size, d) < 1:
-        raise ValueError("n_negatives, n_instances, group_size and d must all be >= 1")
+    sizes = {
+        "n_negatives": n_negatives,
+        "n_instances": n_instances,
+        "group_size": group_size,
+        "d": d,
+    }
+    for name, value in sizes.items():
+        if value < 1:
+            raise ValueError(
+                f"make_corpus: {name}={value!r}; expected an integer >= 1 (a corpus holds "
+                f"at least one row of each kind, of at least one feature): give {name}=1 or more"
+            )
     bg = _Background(d, seed)
     rng = np.random.default_rng([seed, 2])
     negatives = background_rows(n_negatives, d, seed, dtype=dtype)

@@ -46,16 +46,25 @@ def _security(args):
 
 
 def _performance_report(path):
+    """Dask's performance report of the run, written to ``path`` when the block ends (a
+    path checked before any cluster starts, by :func:`_check_report_path`)."""
     import contextlib
 
     if not path:
         return contextlib.nullcontext()
-    parent = os.path.dirname(os.path.abspath(path))
-    if not os.path.isdir(parent):
-        raise FileNotFoundError(f"--performance-report: folder {parent!r} does not exist")
     from distributed import performance_report
 
     return performance_report(filename=path)
+
+
+def _check_report_path(args) -> None:
+    """--performance-report: distributed writes it only once the job has run, so a folder
+    that does not exist, or a folder given as the file, is refused before any cluster."""
+    from ..cluster.preflight import check_output_file
+
+    check_output_file(
+        "--performance-report", getattr(args, "performance_report", None), "report.html"
+    )
 
 
 def _check_inputs(args, spec) -> None:

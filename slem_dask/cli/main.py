@@ -19,7 +19,8 @@ from .parser import _check_option_combinations, _glue_negative_values, _parse, b
 from .checks import (
     STORE_COMMANDS,
     _check_inputs,
-    _evaluate_arrays,  # noqa: F401
+    _check_report_path,
+    _evaluate_arrays,
     _local_processes,
     _performance_report,
     _security,
@@ -29,7 +30,7 @@ from .endings import (
     EXIT_BROKEN_PIPE,  # noqa: F401
     _flush_stdout,
     _interrupted,
-    _not_complete,  # noqa: F401
+    _not_complete,
     _paths_of,
     _reader_gone,
     _spec_paths,
@@ -118,6 +119,7 @@ def _check_before_cluster(args, spec):
     from ..cluster.preflight import check_writable, output_paths
 
     check_writable(output_paths(args, spec))  # so do read-only output folders
+    _check_report_path(args)  # and a report file that could not be written at the end
     if args.command == "search":
         from ..pipeline.search import check_search_inputs
 

@@ -85,8 +85,8 @@ def default_local_cluster_kwargs(
         "n_workers": workers,
         "threads_per_worker": threads,
         "processes": True,
-        "dashboard_address": ":0",
-    }  # a free port: never clash with another cluster
+        "dashboard_address": ":0",  # a free port: never clash with another cluster
+    }
 
 
 #: Inputs below this size run on an in-process LocalCluster (one worker, a thread

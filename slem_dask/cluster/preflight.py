@@ -16,7 +16,7 @@ import os
 import re
 import uuid
 
-__all__ = ["check_writable", "output_paths"]
+__all__ = ["check_writable", "check_output_file", "output_paths"]
 
 #: File systems that are the kernel's view of processes, devices and settings, not storage:
 #: they refuse new files (with ENOENT on /proc, EACCES on /sys, even for root).
@@ -144,6 +144,29 @@ def check_writable(paths: dict[str, object]) -> None:
             )
             error.errno = exc.errno  # kept for callers; not in the message ("[Errno 2] ...")
             raise error
+
+
+def check_output_file(option: str, path, example: str) -> None:
+    """A file that a command writes when it ends (``--plot PNG``, ``--performance-report
+    HTML``), checked before any cluster starts: its folder exists and is writable, and it
+    is no folder (``example``: a file name to suggest inside one). None: nothing to check."""
+    if path is None or path == "":
+        return
+    folder = os.path.dirname(os.path.abspath(str(path)))
+    if not os.path.isdir(folder):
+        raise FileNotFoundError(
+            f"{option}: folder {folder!r} does not exist; create it first "
+            f"(mkdir -p {folder}) or give another path for {str(path)!r}"
+        )
+    if not os.access(folder, os.W_OK):
+        raise PermissionError(
+            f"{option}: folder {folder!r} is not writable; give another path for {str(path)!r}"
+        )
+    if os.path.isdir(str(path)):
+        raise IsADirectoryError(
+            f"{option}: {str(path)!r} is a folder; give a file name such as "
+            f"{os.path.join(str(path), example)}"
+        )
 
 
 def output_paths(args, spec=None) -> dict[str, object]:

@@ -49,7 +49,6 @@ import numpy as np
 from ..storage import IntegrityError
 from ..storage.workers import ask_workers
 from ..parallel.task_memory import (
-    KERNEL_FIT_ROW_OVERHEAD,  # noqa: F401
     MiB,
     encode_task_bytes,  # noqa: F401
     fit_task_bytes,

@@ -52,15 +52,16 @@ def demo_job(
     reports = [_generate_corpus(corpus_path, params)]
     # rbf kernel SLEM: gamma 0.5 suits these L2-normalized rows (median squared
     # distance between negatives ~0.5); 256 rpcholesky pivots take a few passes.
+    # It takes --lam when that is a number: a relative one ("0.01x") is linear SLEM's only.
     kernel = KernelSLEM(
         kernel="rbf",
         gamma=0.5,
         rank=min(256, n_negatives),
-        lam=lam if isinstance(lam, (int, float)) else KERNEL_LAM,  # "0.01x":
+        lam=lam if isinstance(lam, (int, float)) else KERNEL_LAM,
         pivoting="rpcholesky",
         tol=0.0,
         random_state=seed,
-    )  # linear only
+    )
     for estimator, name, prefix in (
         (LinearSLEM(lam=DEFAULT_LAM if lam is None else lam), "model.zarr", "slem"),
         (kernel, "kernel_model.zarr", "kslem"),

@@ -26,11 +26,9 @@ from . import common
 from .common import JobFailed, JobReport, _LOST, _detail, _lost_cluster
 from .encode_plan import (
     EncodePlan,
-    _effective_precision,  # noqa: F401
-    _output_bytes,  # noqa: F401
-    _plan_output,  # noqa: F401
+    _output_bytes,
     _scale_mismatch,
-    check_encode_inputs,  # noqa: F401
+    check_encode_inputs,  # noqa: F401 - the pipeline package exports it from here
     plan_encode,
     up_to_date_report,
 )
@@ -206,8 +204,8 @@ def _start_report(model, model_path, positives, out, plan: EncodePlan, job: _Dra
     if scale:
         report.facts["warning"] = scale
         warnings.warn(scale, stacklevel=4)  # where encode_job was called (via _encode_under_lease)
-    if job.todo:
-        common.hint_small_chunks(report, arr, "positives", positives)
+    if job.todo:  # the warning points at encode_job's caller, as the one above
+        common.hint_small_chunks(report, arr, "positives", positives, stacklevel=5)
     report.facts.update(
         {
             "positives": str(positives),

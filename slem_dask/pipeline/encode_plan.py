@@ -24,7 +24,7 @@ from .options import EncodeOptions
 @dataclass(frozen=True, eq=False)
 class EncodePlan:
     """An encode's plan: computed under the output's lease by :func:`plan_encode` (which
-    reads and writes nothing), then executed by the job."""
+    reads metadata and listings only, no rows, and writes nothing), then executed by the job."""
 
     arr: Any  # the positives (a zarr array)
     out_dtype: np.dtype

@@ -88,25 +88,9 @@ def _open_corpus(path: str):
 
 def check_plot_path(plot: str | None) -> None:
     """A PNG path whose folder exists and is writable, checked before any computation."""
-    if plot is None:
-        return
-    import os
+    from ..cluster.preflight import check_output_file
 
-    folder = os.path.dirname(os.path.abspath(str(plot)))
-    if not os.path.isdir(folder):
-        raise FileNotFoundError(
-            f"--plot: folder {folder!r} does not exist; create it first "
-            f"(mkdir -p {folder}) or give another path for {plot!r}"
-        )
-    if not os.access(folder, os.W_OK):
-        raise PermissionError(
-            f"--plot: folder {folder!r} is not writable; give another path for {plot!r}"
-        )
-    if os.path.isdir(str(plot)):
-        raise IsADirectoryError(
-            f"--plot: {plot!r} is a folder; give a file name such as "
-            f"{os.path.join(str(plot), 'pr.png')}"
-        )
+    check_output_file("--plot", plot, "pr.png")
 
 
 #: What ``evaluate`` reads: a corpus group's members, or one's own paths (``arrays``).

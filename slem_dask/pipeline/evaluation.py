@@ -348,7 +348,8 @@ def grid_search(
 
 
 def format_table(rows: list[dict]) -> str:
-    """Aligned text table; floats with 4 significant digits."""
+    """Aligned text table; floats with 4 decimals, or with 4 significant digits in
+    scientific notation below 1e-3 and from 1e4."""
     cols = list(rows[0])
 
     def fmt(v):

@@ -178,15 +178,27 @@ def estimator_from(
     return LinearSLEM(lam=lam, theta=theta, precision=precision)
 
 
+#: :func:`fit_job`'s model keywords that the estimators name otherwise.
+ESTIMATOR_PARAMS = {"seed": "random_state", "kernel_memory": "strategy"}
+
+
 def _check_no_model_keywords(estimator, keywords: dict) -> None:
-    """With ``estimator`` given, the model keywords must be at their defaults."""
+    """With ``estimator`` given, the model keywords must be at their defaults; the fix
+    names the estimator's own parameter, or says that it has none of that kind."""
+    kind = type(estimator).__name__
     for name, value in keywords.items():
-        if value != MODEL_KEYWORDS[name]:
+        if value == MODEL_KEYWORDS[name]:
+            continue
+        param = ESTIMATOR_PARAMS.get(name, name)
+        if param not in estimator.get_params():
             raise ValueError(
-                f"{name}={value!r} was given beside estimator={type(estimator).__name__}"
-                f"(...): set it on the estimator (e.g. {type(estimator).__name__}"
-                f"(..., {name}=...)), or give keywords without estimator="
+                f"{name}={value!r} was given beside estimator={kind}(...), which takes no "
+                f"{param}: drop it"
             )
+        raise ValueError(
+            f"{name}={value!r} was given beside estimator={kind}(...): set it on the "
+            f"estimator (e.g. {kind}(..., {param}=...)), or give keywords without estimator="
+        )
 
 
 def fit_model(
@@ -204,10 +216,10 @@ def fit_model(
             f"estimator must be a LinearSLEM or a KernelSLEM, got "
             f"{estimator!r} of type {type(estimator).__name__}"
         )
-    if options.repivot:
+    if options.repivot:  # the keyword form said so already (estimator_from): an estimator
         raise ValueError(
-            "repivot applies to kernel models only (give kernel=...), not to "
-            "a linear SLEM, whose fit always streams its negatives"
+            "repivot applies to kernel models only (estimator=KernelSLEM(...)), not to "
+            "a linear SLEM, whose fit always streams its negatives: drop it from the FitOptions"
         )
     return _fit_linear(client, negatives, model_path, estimator, options)
 
@@ -281,11 +293,12 @@ def _fit_linear(client, negatives, model_path, model: LinearSLEM, options: FitOp
             and start == n
             and load_model(model_path).get_params() == model.get_params()
         ):
-            return _linear_up_to_date(negatives, arr, model, model_path, t0, "update")
+            return _linear_up_to_date(negatives, arr, model, model_path, t0)
         report = _fit_report(
             negatives, arr, model, "update" if previous is not None else "fit", n - start
         )
-        common.hint_small_chunks(report, arr, "negatives", negatives)
+        # the warning points at fit_job's caller (via fit_model and _fit_linear)
+        common.hint_small_chunks(report, arr, "negatives", negatives, stacklevel=5)
         seen = storage.rows_fingerprint(arr, negatives, "negatives", n)
         storage.check_workers_see(client, {"negatives": negatives})
         plan = plan_statistics(
@@ -345,12 +358,9 @@ def _fit_from_statistics(
     return t2
 
 
-def _linear_up_to_date(
-    negatives, arr, model, model_path, t0: float, action: str = "up to date"
-) -> JobReport:
+def _linear_up_to_date(negatives, arr, model, model_path, t0: float) -> JobReport:
     """The report of an update with nothing to write."""
-    report = _fit_report(negatives, arr, model, action, 0)
-    report.facts["action"] = "up to date"
+    report = _fit_report(negatives, arr, model, "up to date", 0)
     report.facts["model"] = str(model_path)
     report.timings["total"] = time.perf_counter() - t0
     return report

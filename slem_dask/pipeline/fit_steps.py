@@ -69,7 +69,9 @@ def _warnings_naming(negatives, report, category):
         if issubclass(warning.category, category):
             warning.message = f"negatives {str(negatives)!r}: {warning.message}"
             report.facts["warning"] = warning.message
-        warnings.warn(warning.message, warning.category, stacklevel=3)
+        # at fit_job's caller: this generator, contextlib's __exit__, the step with the
+        # block, the linear or kernel fit, fit_model, fit_job
+        warnings.warn(warning.message, warning.category, stacklevel=7)
 
 
 def _save_fitted(model, arr, negatives, model_path, seen: str, lease) -> str:

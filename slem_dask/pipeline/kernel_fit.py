@@ -135,8 +135,8 @@ def _kernel_plan_report(client, negatives, arr, model, x, old, appended: int, ac
             "action": action,
         }
     )
-    # the warning points where it did before this step was split out: _fit_kernel_job's caller
-    hint_small_chunks(report, arr, "negatives", negatives, stacklevel=4)
+    # the warning points at fit_job's caller (via fit_model, _fit_kernel_job and this step)
+    hint_small_chunks(report, arr, "negatives", negatives, stacklevel=6)
     strategy, why = _kernel_strategy(client, model, x, old, appended)
     report.facts.update({"kernel memory": strategy, "because": why})
     if strategy == "in-memory":  # its partitions do not bound what a worker holds

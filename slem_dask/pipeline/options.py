@@ -18,6 +18,8 @@ import dataclasses
 import numbers
 from dataclasses import dataclass
 
+import numpy as np
+
 from ..core.statistics import PRECISIONS
 
 __all__ = ["FitOptions", "EncodeOptions", "SearchOptions", "ON_MODEL_CHANGE", "options_from"]
@@ -34,6 +36,21 @@ def _check_flags(options, names: tuple[str, ...]) -> None:
                 f"{type(options).__name__}.{name} must be True or False, got "
                 f"{value!r} of type {type(value).__name__}"
             )
+
+
+def _check_dtype(options) -> None:
+    value = options.dtype
+    if value is None:
+        return
+    try:
+        floating = np.issubdtype(np.dtype(value), np.floating)
+    except TypeError:  # not a dtype at all, e.g. "f8x"
+        floating = False
+    if not floating:
+        raise ValueError(
+            f"{type(options).__name__}.dtype must be a float dtype (float32 or float64) or "
+            f"None (the positives', or an existing output's), got {value!r}"
+        )
 
 
 def _check_partition_rows(options) -> None:
@@ -98,6 +115,7 @@ class EncodeOptions:
             raise ValueError(
                 f"on_model_change must be 'fail' or 'reencode', got {self.on_model_change!r}"
             )
+        _check_dtype(self)
         _check_partition_rows(self)
         _check_flags(self, ("overwrite", "progress"))
         if self.precision is not None and self.precision not in PRECISIONS:

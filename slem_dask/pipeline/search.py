@@ -11,7 +11,7 @@ from .. import storage
 from .._version import __version__
 from ..retrieval.topk import search
 from ..storage.paths import shown_path
-from .common import JobReport, _compute, _detail, full_disk_said
+from .common import JobFailed, JobReport, _compute, _detail, full_disk_said
 from .options import SearchOptions, options_from
 
 __all__ = ["check_search_inputs", "check_search_out", "search_job", "open_search_result"]
@@ -124,10 +124,13 @@ def _search_and_write(client, paths, k: int, options: SearchOptions, lease, acti
     scores, indices = _compute(client, search(q, db, k), progress=options.progress)
     t2 = time.perf_counter()
     read = _inputs_now(q_arr, db_arr, queries, database)
-    if read != seen:
-        raise ValueError(
-            f"the queries or the database changed while they were searched "
-            f"({seen} -> {read}); nothing was written: run the search again"
+    if read != seen:  # not a bad input: a writer's, as a fit's or an encode's JobFailed
+        named = {"queries": queries, "database": database}
+        changed = " and the ".join(f"{n} {str(named[n])!r}" for n in seen if seen[n] != read[n])
+        raise JobFailed(
+            f"the {changed} changed while this search read them; nothing was written "
+            f"({str(out)!r} is as before): run the search again once they are no longer "
+            f"being written"
         )
     storage.write_group(
         out,

@@ -84,6 +84,39 @@ def test_plot_in_missing_folder_refused_before_any_work(capsys, corpus, tmp_path
     assert "dask:" not in out  # no cluster was reached
 
 
+@pytest.mark.parametrize(
+    "where, said",
+    [
+        ("missing/report.html", "--performance-report: folder {folder!r} does not exist; "),
+        (".", "--performance-report: {path!r} is a folder; give a file name such as "),
+    ],
+    ids=["missing folder", "a folder"],
+)
+def test_a_performance_report_that_could_not_be_written_is_refused_before_any_cluster(
+    capsys, corpus, tmp_path, where, said
+):
+    # distributed writes the report when the job has run: a folder given as the file
+    # failed the command after the model was written, a missing folder after connecting
+    path = str(tmp_path / where) if where != "." else str(tmp_path)
+    model = tmp_path / "m.zarr"
+    code, out, err = run(
+        capsys,
+        "fit",
+        "--negatives",
+        f"{corpus}/negatives",
+        "--model",
+        model,
+        "--performance-report",
+        path,
+        "--scheduler",
+        UNREACHABLE,
+    )
+    assert code == 1 and "dask:" not in out  # no cluster was reached
+    expected = said.format(folder=str(tmp_path / "missing"), path=path)
+    assert err.startswith(f"slem-dask fit: error: {expected}") and err.count("\n") == 1, err
+    assert not model.exists()
+
+
 def test_demo_with_one_negative_refused_before_writing(capsys, tmp_path):
     workdir = tmp_path / "demo"
     code, _, err = run(

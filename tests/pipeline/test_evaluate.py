@@ -190,6 +190,33 @@ def test_search_job_writes_a_completed_group(tmp_path, rng):
         search_job(None, bad, dbp, str(tmp_path / "y.zarr"), k=3)
 
 
+def test_a_database_rewritten_while_it_is_searched_fails_the_job_and_writes_nothing(
+    tmp_path, rng, monkeypatch
+):
+    # like a fit's or an encode's negatives or positives: a JobFailed naming the input
+    # that changed, not a ValueError (the inputs were valid) that printed both records
+    import slem_dask.pipeline.search as searching
+    from slem_dask.pipeline import JobFailed
+
+    qp = _write(tmp_path / "q", rng.standard_normal((7, 5)))
+    dbp = _write(tmp_path / "db", rng.standard_normal((50, 5)))
+    real_compute = searching._compute
+
+    def rewritten_meanwhile(client, obj, progress):
+        zarr.open_array(dbp, mode="r+")[...] = rng.standard_normal((50, 5))  # another writer
+        return real_compute(client, obj, progress)
+
+    monkeypatch.setattr(searching, "_compute", rewritten_meanwhile)
+    out = str(tmp_path / "hits.zarr")
+    with pytest.raises(JobFailed) as caught:
+        search_job(None, qp, dbp, out, k=5)
+    assert str(caught.value) == (
+        f"the database {dbp!r} changed while this search read them; nothing was written "
+        f"({out!r} is as before): run the search again once they are no longer being written"
+    )
+    assert not (tmp_path / "hits.zarr").exists()
+
+
 def test_search_rerun_is_up_to_date_searches_changed_inputs_and_refuses_another_search(
     tmp_path, rng, capsys
 ):
@@ -569,6 +596,16 @@ def test_export_faiss_matches_exact_search(tmp_path, rng):
     _, ids = index.search(q.astype(np.float32), 3)
     np.testing.assert_array_equal(ids, search(q, db, 3)[1])
     assert faiss.read_index(str(tmp_path / "index.faiss")).ntotal == 40
+
+
+@pytest.mark.parametrize("name", ["n_negatives", "n_instances", "group_size", "d"])
+def test_a_corpus_size_below_one_is_refused_naming_it_and_its_value(name):
+    with pytest.raises(ValueError) as caught:
+        make_corpus(**{name: 0})
+    assert str(caught.value) == (
+        f"make_corpus: {name}=0; expected an integer >= 1 (a corpus holds at least one row "
+        f"of each kind, of at least one feature): give {name}=1 or more"
+    )
 
 
 def test_method_names_cover_the_paper_rows():

@@ -159,6 +159,12 @@ def test_statistics_plan_is_the_partitioning_of_the_store(corpus):
             "EncodeOptions.precision must be one of ('auto', 'float64') or None",
         ),
         (lambda: EncodeOptions(overwrite=1), TypeError, "EncodeOptions.overwrite must be True"),
+        (
+            lambda: EncodeOptions(dtype="int8"),
+            ValueError,
+            "EncodeOptions.dtype must be a float dtype (float32 or float64) or None",
+        ),
+        (lambda: EncodeOptions(dtype="f8x"), ValueError, "EncodeOptions.dtype must be a float"),
         (lambda: FitOptions().replace(repivot=None), TypeError, "FitOptions.repivot must be"),
     ],
 )
@@ -186,7 +192,7 @@ def test_loose_keywords_beside_the_objects_are_refused(corpus, tmp_path):
         pipeline.encode_job(None, corpus["model"], corpus["positives"], model, options=FitOptions())
     with pytest.raises(TypeError, match=r"^estimator must be a LinearSLEM or a KernelSLEM"):
         pipeline.fit_job(None, corpus["negatives"], model, estimator="linear")
-    with pytest.raises(ValueError, match=r"^repivot applies to kernel models only"):
+    with pytest.raises(ValueError) as caught:
         pipeline.fit_job(
             None,
             corpus["negatives"],
@@ -194,7 +200,53 @@ def test_loose_keywords_beside_the_objects_are_refused(corpus, tmp_path):
             estimator=LinearSLEM(),
             options=FitOptions(repivot=True),
         )
+    assert str(caught.value) == (  # the fix of an estimator's caller, not kernel=...
+        "repivot applies to kernel models only (estimator=KernelSLEM(...)), not to a linear "
+        "SLEM, whose fit always streams its negatives: drop it from the FitOptions"
+    )
     assert not (tmp_path / "m.zarr").exists()  # every refusal before anything was written
+
+
+@pytest.mark.parametrize(
+    "keywords, estimator, said",
+    [
+        (
+            {"seed": 3},
+            KernelSLEM(),
+            "seed=3 was given beside estimator=KernelSLEM(...): set it on the estimator "
+            "(e.g. KernelSLEM(..., random_state=...)), or give keywords without estimator=",
+        ),
+        (
+            {"kernel_memory": "streaming"},
+            KernelSLEM(),
+            "kernel_memory='streaming' was given beside estimator=KernelSLEM(...): set it on "
+            "the estimator (e.g. KernelSLEM(..., strategy=...)), or give keywords without "
+            "estimator=",
+        ),
+        (
+            {"gamma": 0.5},
+            LinearSLEM(),
+            "gamma=0.5 was given beside estimator=LinearSLEM(...), which takes no gamma: drop it",
+        ),
+        (
+            {"precision": "float64"},
+            KernelSLEM(),
+            "precision='float64' was given beside estimator=KernelSLEM(...), which takes no "
+            "precision: drop it",
+        ),
+    ],
+    ids=["seed", "kernel_memory", "gamma of a linear model", "precision of a kernel model"],
+)
+def test_a_keyword_beside_an_estimator_is_refused_with_a_fix_the_estimator_takes(
+    corpus, tmp_path, keywords, estimator, said
+):
+    # the fix named parameters the estimators do not have (KernelSLEM(..., seed=...))
+    with pytest.raises(ValueError) as caught:
+        pipeline.fit_job(
+            None, corpus["negatives"], str(tmp_path / "m.zarr"), estimator=estimator, **keywords
+        )
+    assert str(caught.value) == said
+    assert not (tmp_path / "m.zarr").exists()
 
 
 def test_search_with_options_equals_the_keyword_form(corpus, tmp_path):
