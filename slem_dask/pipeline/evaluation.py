@@ -176,6 +176,9 @@ def evaluate_methods(
         raise ValueError(f"k must be an integer between 1 and the database size {n_db}, got {k!r}")
     if p_at is None:
         p_at = max(1, int(np.median([len(r) for r in relevant])))
+    elif isinstance(p_at, bool) or not isinstance(p_at, (int, np.integer)) or p_at < 1:
+        # checked before any method is fitted, and named as the caller spelled it
+        raise ValueError(f"p_at (the k of P@k) must be an integer >= 1, got {p_at!r}")
     params = params or {}
     rows, pr = [], {}
     for name in methods:

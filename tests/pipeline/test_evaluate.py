@@ -112,6 +112,9 @@ def test_evaluate_methods_table_plot_and_errors(tmp_path):
         evaluate_methods(c.negatives, c.database, c.queries, rel, "raw")
     with pytest.raises(ValueError, match="allowed methods"):
         evaluate_methods(c.negatives, c.database, c.queries, c.relevant(), "raw,svm")
+    for bad in (0, -2, 2.5, True):
+        with pytest.raises(ValueError, match=r"p_at \(the k of P@k\) must be an integer >= 1"):
+            evaluate_methods(c.negatives, c.database, c.queries, c.relevant(), "raw", p_at=bad)
 
 
 class _CountingEncoder:
