@@ -578,3 +578,58 @@ def band(
         )
     emit_json("BAND", out)
     return out
+
+
+# -- summaries of bench_fit and bench_encode: a contender against slem-dask -----------
+
+#: What a contender is called in a summary's RATIO line and its BAND line.
+CONTENDER_NAMES = {"numpy": "numpy", "naive": "naive Dask"}
+
+
+def ratio_summary(result, bench, label, contender, times, totals, args, *, key=None, goal=None):
+    """The ``RATIO`` line of ``contender``'s ``times`` over slem-dask's ``totals`` on
+    ``label`` (best against best, of ``args.repeat`` runs; medians), kept in ``result``
+    as ``{key}_ratio_{contender}_best`` and ``_median`` (``key``: the label), then its
+    BAND line (:func:`band` with ``args.band``); returns what :func:`band` returns."""
+    name, med = CONTENDER_NAMES[contender], statistics.median
+    best, median = min(times) / min(totals), med(times) / med(totals)
+    print(
+        f"[{label}] RATIO {contender}_time / slem_time = {best:.3f} (best of {args.repeat}); "
+        f"{median:.3f} (medians)" + (f"  [{goal}]" if goal else "")
+    )
+    key = label if key is None else key
+    result.update(
+        {f"{key}_ratio_{contender}_best": best, f"{key}_ratio_{contender}_median": median}
+    )
+    return band(
+        f"{bench} [{label}] {name} / slem-dask", times, totals, args.band, names=(name, "slem-dask")
+    )
+
+
+def floor_summary(result, bench, sched, heading, times, totals, args) -> None:
+    """The floor's times against slem-dask's ``totals`` on ``sched``: ``heading`` names
+    what the floor does; its BAND line first (a floor slower than slem-dask gives no
+    ratio), then the RATIO line, and both ratios kept in ``result``."""
+    med = statistics.median
+    print(f"[{sched}] {heading}: {spread(times)}  runs {runs_line(times)}")
+    fb = band(
+        f"{bench} [{sched}] floor / slem-dask",
+        times,
+        totals,
+        args.band,
+        names=("floor", "slem-dask"),
+        floor=True,
+    )
+    if fb["ratio"] is not None:
+        print(
+            f"[{sched}] RATIO floor_time / slem_time = {fb['ratio']:.3f} (best); "
+            f"{med(times) / med(totals):.3f} (medians)  [goal >= 1/1.15 = 0.870; 1.0: "
+            f"slem-dask does no work beyond the floor]"
+        )
+    result.update(
+        {
+            f"{sched}_floor_runs": times,
+            f"{sched}_ratio_floor_best": min(times) / min(totals),
+            f"{sched}_ratio_floor_median": med(times) / med(totals),
+        }
+    )

@@ -368,87 +368,38 @@ def main(argv=None) -> int:  # noqa: C901 - a driver: options, then each contend
                 )
                 sys.stdout.flush()
 
-    med = C.statistics.median
     print()
     result = {"n": args.n, "d": args.d, "precision": args.precision}
+    np_totals = [t["total"] for t in numpy_runs]
     if numpy_runs:
-        best_np = min(t["total"] for t in numpy_runs)
-        med_np = med([t["total"] for t in numpy_runs])
-        print(
-            f"numpy total           : {C.spread(t['total'] for t in numpy_runs)}  runs "
-            f"{C.runs_line(t['total'] for t in numpy_runs)}"
-        )
+        print(f"numpy total           : {C.spread(np_totals)}  runs {C.runs_line(np_totals)}")
         for part in ("read", "compute", "write"):
             print(f"  of which {part:<12}: {C.spread(t[part] for t in numpy_runs)}")
-        result.update({"numpy_best": best_np, "numpy_runs": [t["total"] for t in numpy_runs]})
+        result.update({"numpy_best": min(np_totals), "numpy_runs": np_totals})
     for sched in schedulers:
         totals = [t["total"] for t in slem[sched]]
         print(f"[{sched}] slem-dask encode total: {C.spread(totals)}  runs {C.runs_line(totals)}")
         result[f"{sched}_slem_runs"] = totals
         if numpy_runs:
-            ratio, ratio_med = best_np / min(totals), med_np / med(totals)
-            print(
-                f"[{sched}] RATIO numpy_time / slem_time = {ratio:.3f} (best of "
-                f"{args.repeat}); {ratio_med:.3f} (medians)  [>= 1.0: slem-dask no slower]"
-            )
-            result.update(
-                {f"{sched}_ratio_numpy_best": ratio, f"{sched}_ratio_numpy_median": ratio_med}
-            )
-            C.band(
-                f"encode [{sched}] numpy / slem-dask",
-                [t["total"] for t in numpy_runs],
-                totals,
-                args.band,
-                names=("numpy", "slem-dask"),
+            no_slower = ">= 1.0: slem-dask no slower"
+            C.ratio_summary(
+                result, "encode", sched, "numpy", np_totals, totals, args, goal=no_slower
             )
         if naive[sched]:
             nts = [t["total"] for t in naive[sched]]
             print(f"[{sched}] naive Dask total      : {C.spread(nts)}  runs {C.runs_line(nts)}")
-            nr, nr_med = min(nts) / min(totals), med(nts) / med(totals)
-            print(
-                f"[{sched}] RATIO naive_time / slem_time = {nr:.3f} (best of {args.repeat}); "
-                f"{nr_med:.3f} (medians)"
-            )
-            result.update(
-                {
-                    f"{sched}_naive_runs": nts,
-                    f"{sched}_ratio_naive_best": nr,
-                    f"{sched}_ratio_naive_median": nr_med,
-                }
-            )
-            C.band(
-                f"encode [{sched}] naive Dask / slem-dask",
-                nts,
-                totals,
-                args.band,
-                names=("naive Dask", "slem-dask"),
-            )
+            result[f"{sched}_naive_runs"] = nts
+            C.ratio_summary(result, "encode", sched, "naive", nts, totals, args)
         if floor[sched]:
             fts = [t["total"] for t in floor[sched]]
-            print(
-                f"[{sched}] floor (read, product, normalize, write): {C.spread(fts)}  runs "
-                f"{C.runs_line(fts)}"
-            )
-            fb = C.band(
-                f"encode [{sched}] floor / slem-dask",
+            C.floor_summary(
+                result,
+                "encode",
+                sched,
+                "floor (read, product, normalize, write)",
                 fts,
                 totals,
-                args.band,
-                names=("floor", "slem-dask"),
-                floor=True,
-            )
-            if fb["ratio"] is not None:
-                print(
-                    f"[{sched}] RATIO floor_time / slem_time = {fb['ratio']:.3f} (best); "
-                    f"{med(fts) / med(totals):.3f} (medians)  [goal >= 1/1.15 = 0.870; "
-                    f"1.0: slem-dask does no work beyond the floor]"
-                )
-            result.update(
-                {
-                    f"{sched}_floor_runs": fts,
-                    f"{sched}_ratio_floor_best": min(fts) / min(totals),
-                    f"{sched}_ratio_floor_median": med(fts) / med(totals),
-                }
+                args,
             )
     print("uptime: " + subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip())
 

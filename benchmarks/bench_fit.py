@@ -322,20 +322,17 @@ def main(argv=None) -> int:  # noqa: C901 - a driver: options, then each contend
                 sys.stdout.flush()
 
     med = C.statistics.median
-    best_np = min(t["total"] for t in numpy_runs)
-    med_np = med([t["total"] for t in numpy_runs])
+    np_totals = [t["total"] for t in numpy_runs]
     print()
-    print(
-        f"numpy read+compute  : {C.spread(t['total'] for t in numpy_runs)}  runs {C.runs_line(t['total'] for t in numpy_runs)}"
-    )
+    print(f"numpy read+compute  : {C.spread(np_totals)}  runs {C.runs_line(np_totals)}")
     print(f"  of which read     : {C.spread(t['read'] for t in numpy_runs)}")
     print(f"  of which compute  : {C.spread(t['compute'] for t in numpy_runs)}")
     result = {
         "n": args.n,
         "d": args.d,
         "precision": args.precision,
-        "numpy_best": best_np,
-        "numpy_runs": [t["total"] for t in numpy_runs],
+        "numpy_best": min(np_totals),
+        "numpy_runs": np_totals,
     }
     for sched in schedulers:
         totals = [t["total"] for t in slem[sched]]
@@ -344,73 +341,19 @@ def main(argv=None) -> int:  # noqa: C901 - a driver: options, then each contend
             print(
                 f"[{sched}]   of which statistics: {C.spread(t['statistics'] for t in slem[sched])}"
             )
-        ratio, ratio_med = best_np / min(totals), med_np / med(totals)
-        print(
-            f"[{sched}] RATIO numpy_time / slem_time = {ratio:.3f} (best of {args.repeat}); "
-            f"{ratio_med:.3f} (medians)  [>= 1.0: slem-dask no slower]"
-        )
-        result.update(
-            {
-                f"{sched}_slem_runs": totals,
-                f"{sched}_ratio_numpy_best": ratio,
-                f"{sched}_ratio_numpy_median": ratio_med,
-            }
-        )
-        C.band(
-            f"fit [{sched}] numpy / slem-dask",
-            [t["total"] for t in numpy_runs],
-            totals,
-            args.band,
-            names=("numpy", "slem-dask"),
-        )
+        result[f"{sched}_slem_runs"] = totals
+        no_slower = ">= 1.0: slem-dask no slower"
+        C.ratio_summary(result, "fit", sched, "numpy", np_totals, totals, args, goal=no_slower)
         for label in naive_labels[sched] if not args.no_naive else ():
             nts = [t["total"] for t in naive[label]]
             goal = "goal >= 1.3" if label == sched else "for comparison"
             print(f"[{label}] naive Dask total    : {C.spread(nts)}  runs {C.runs_line(nts)}")
-            nr, nr_med = min(nts) / min(totals), med(nts) / med(totals)
-            print(
-                f"[{label}] RATIO naive_time / slem_time = {nr:.3f} (best of {args.repeat}); "
-                f"{nr_med:.3f} (medians)  [{goal}]"
-            )
             key = label.replace(", slem-dask's workers", "_slem_workers")
-            result.update(
-                {
-                    f"{key}_naive_runs": nts,
-                    f"{key}_ratio_naive_best": nr,
-                    f"{key}_ratio_naive_median": nr_med,
-                }
-            )
-            C.band(
-                f"fit [{label}] naive Dask / slem-dask",
-                nts,
-                totals,
-                args.band,
-                names=("naive Dask", "slem-dask"),
-            )
+            result[f"{key}_naive_runs"] = nts
+            C.ratio_summary(result, "fit", label, "naive", nts, totals, args, key=key, goal=goal)
         if args.floor:
             fts = [t["total"] for t in floor[sched]]
-            print(f"[{sched}] floor (read + X^T X) : {C.spread(fts)}  runs {C.runs_line(fts)}")
-            fb = C.band(
-                f"fit [{sched}] floor / slem-dask",
-                fts,
-                totals,
-                args.band,
-                names=("floor", "slem-dask"),
-                floor=True,
-            )
-            if fb["ratio"] is not None:
-                print(
-                    f"[{sched}] RATIO floor_time / slem_time = {fb['ratio']:.3f} (best); "
-                    f"{med(fts) / med(totals):.3f} (medians)  [goal >= 1/1.15 = 0.870; 1.0: "
-                    f"slem-dask does no work beyond the floor]"
-                )
-            result.update(
-                {
-                    f"{sched}_floor_runs": fts,
-                    f"{sched}_ratio_floor_best": min(fts) / min(totals),
-                    f"{sched}_ratio_floor_median": med(fts) / med(totals),
-                }
-            )
+            C.floor_summary(result, "fit", sched, "floor (read + X^T X) ", fts, totals, args)
             if not args.no_naive:
                 nts = [t["total"] for t in naive[sched]]
                 print(
