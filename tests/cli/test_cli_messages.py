@@ -135,7 +135,7 @@ def test_a_kernel_fit_whose_factor_misses_the_kernel_warns_once(capsys, schedule
 
 def test_encode_overwrite_says_it_replaces_the_output(capsys, scheduler, corpus):
     out = corpus["dir"] / "codes.zarr"
-    args = ("encode", "--model", corpus["model"], "--positives", corpus["positives"], "--out", out)
+    args = _encode_args(corpus, out)
     code, first, err = cli(capsys, scheduler, *args)
     assert code == 0 and fact(first, "action") == "create", err
     code, again, err = cli(capsys, scheduler, *args, "--overwrite")
