@@ -24,17 +24,6 @@ from slem_dask.storage import versions
 D = 8
 
 
-@pytest.fixture(scope="module")
-def client():
-    with (
-        LocalCluster(
-            n_workers=1, threads_per_worker=2, processes=False, dashboard_address=":0"
-        ) as cluster,
-        Client(cluster) as c,
-    ):
-        yield c
-
-
 @pytest.fixture
 def corpus(tmp_path):
     rng = np.random.default_rng(5)
