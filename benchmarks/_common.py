@@ -118,6 +118,25 @@ def add_run_args(parser: argparse.ArgumentParser, repeat: int = 3) -> None:
     parser.add_argument("--lam", type=float, default=1e-3, help="ridge lambda (default 1e-3)")
 
 
+def add_scheduler_args(parser: argparse.ArgumentParser) -> None:
+    """--schedulers and --no-naive, of the scripts that time slem-dask against numpy and
+    naive Dask on each scheduler (bench_fit, bench_encode): see :func:`chosen_schedulers`."""
+    parser.add_argument(
+        "--schedulers",
+        default="threads,cluster",
+        help="comma-separated: threads (no Client), cluster (LocalCluster); default both",
+    )
+    parser.add_argument("--no-naive", action="store_true", help="skip the naive Dask contender")
+
+
+def chosen_schedulers(parser: argparse.ArgumentParser, args) -> list[str]:
+    """The schedulers --schedulers names, in its order; any other name is a usage error."""
+    schedulers = [s for s in args.schedulers.split(",") if s]
+    if not set(schedulers) <= {"threads", "cluster"}:
+        parser.error(f"--schedulers: expected threads and/or cluster, got {args.schedulers!r}")
+    return schedulers
+
+
 def resolve_sizes(args) -> None:
     if getattr(args, "n", "absent") is None:
         args.n = min(QUICK_N, args.default_n) if args.quick else args.default_n

@@ -145,12 +145,7 @@ def main(argv=None) -> int:  # noqa: C901 - a driver: options, then each contend
         default="auto",
         help="slem-dask's precision for the encoding (default auto)",
     )
-    parser.add_argument(
-        "--schedulers",
-        default="threads,cluster",
-        help="comma-separated: threads (no Client), cluster (LocalCluster); default both",
-    )
-    parser.add_argument("--no-naive", action="store_true", help="skip the naive Dask contender")
+    C.add_scheduler_args(parser)
     parser.add_argument(
         "--no-numpy",
         action="store_true",
@@ -186,9 +181,7 @@ def main(argv=None) -> int:  # noqa: C901 - a driver: options, then each contend
     if args.kernel_rank:
         args.no_naive = True
     C.resolve_sizes(args)
-    schedulers = [s for s in args.schedulers.split(",") if s]
-    if not set(schedulers) <= {"threads", "cluster"}:
-        parser.error(f"--schedulers: expected threads and/or cluster, got {args.schedulers!r}")
+    schedulers = C.chosen_schedulers(parser, args)
 
     import subprocess
 

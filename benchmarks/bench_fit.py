@@ -187,18 +187,13 @@ def main(argv=None) -> int:  # noqa: C901 - a driver: options, then each contend
         default="job",
         help="time pipeline.fit_job (default) or LinearSLEM().fit on dask_rows",
     )
-    parser.add_argument(
-        "--schedulers",
-        default="threads,cluster",
-        help="comma-separated: threads (no Client), cluster (LocalCluster); default both",
-    )
+    C.add_scheduler_args(parser)
     parser.add_argument(
         "--precision",
         choices=("auto", "float64"),
         default="auto",
         help="slem-dask's precision parameter (default auto)",
     )
-    parser.add_argument("--no-naive", action="store_true", help="skip the naive Dask contender")
     parser.add_argument(
         "--floor",
         action="store_true",
@@ -213,9 +208,7 @@ def main(argv=None) -> int:  # noqa: C901 - a driver: options, then each contend
     parser.add_argument("--no-check", action="store_true", help="skip the float64 covariance check")
     args = parser.parse_args(argv)
     C.resolve_sizes(args)
-    schedulers = [s for s in args.schedulers.split(",") if s]
-    if not set(schedulers) <= {"threads", "cluster"}:
-        parser.error(f"--schedulers: expected threads and/or cluster, got {args.schedulers!r}")
+    schedulers = C.chosen_schedulers(parser, args)
 
     from slem_dask import storage
     from slem_dask.models import load_model
