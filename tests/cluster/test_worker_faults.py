@@ -108,6 +108,22 @@ def _cli(cluster, *args, env=None, timeout=120):
     )
 
 
+def _encode(worker, positives, out, *extra, **kw):
+    """`slem-dask encode` with the model of the ``small_worker`` fixture."""
+    return _cli(
+        worker,
+        "encode",
+        "--model",
+        worker["model"],
+        "--positives",
+        positives,
+        "--out",
+        out,
+        *extra,
+        **kw,
+    )
+
+
 def _array(path, rows, d, chunk_rows, seed=0):
     arr = zarr.create_array(str(path), shape=(rows, d), dtype="float32", chunks=(chunk_rows, d))
     arr[...] = np.random.default_rng(seed).standard_normal((rows, d)).astype("float32")
@@ -139,18 +155,7 @@ def test_a_partition_too_large_for_the_workers_is_refused_before_computing(small
     c = small_worker
     out = c["tmp"] / "refused.zarr"
     before = _memory_restarts(c)
-    result = _cli(
-        c,
-        "encode",
-        "--model",
-        c["model"],
-        "--positives",
-        c["positives"],
-        "--out",
-        out,
-        "--partition-rows",
-        60_000,
-    )
+    result = _encode(c, c["positives"], out, "--partition-rows", 60_000)
     assert result.returncode == 1, result.stderr
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1, result.stderr
@@ -163,18 +168,7 @@ def test_a_partition_too_large_for_the_workers_is_refused_before_computing(small
     assert 0 < suggested < 60_000 and suggested % 1_000 == 0
     assert not out.exists() and _memory_restarts(c) == before  # no worker was tried first
     # the suggested size fits: the same encode with it completes, no worker restarted
-    result = _cli(
-        c,
-        "encode",
-        "--model",
-        c["model"],
-        "--positives",
-        c["positives"],
-        "--out",
-        out,
-        "--partition-rows",
-        suggested,
-    )
+    result = _encode(c, c["positives"], out, "--partition-rows", suggested)
     assert result.returncode == 0, result.stderr
     assert storage.marked_complete(str(out)) and _memory_restarts(c) == before
 
@@ -189,14 +183,9 @@ def test_workers_killed_for_memory_are_named_in_one_line(small_worker):
     out = c["tmp"] / "killed.zarr"
     positives = _array(c["tmp"] / "positives-240k.zarr", 240_000, 256, 1_000)
     before = _memory_restarts(c)
-    result = _cli(
+    result = _encode(
         c,
-        "encode",
-        "--model",
-        c["model"],
-        "--positives",
         positives,
-        "--out",
         out,
         "--partition-rows",
         240_000,
@@ -219,18 +208,7 @@ def test_workers_killed_for_memory_are_named_in_one_line(small_worker):
     assert suggested and "--overwrite" not in line, line  # a failed job's draft binds nothing
     assert "KilledWorker" not in line and "Traceback" not in result.stderr
     assert not storage.marked_complete(str(out))
-    result = _cli(
-        c,
-        "encode",
-        "--model",
-        c["model"],
-        "--positives",
-        positives,
-        "--out",
-        out,
-        "--partition-rows",
-        suggested.group(1),
-    )
+    result = _encode(c, positives, out, "--partition-rows", suggested.group(1))
     assert result.returncode == 0, result.stderr  # the remedy as written works
     assert storage.marked_complete(str(out))
 
@@ -243,7 +221,7 @@ def test_an_up_to_date_output_is_not_refused_for_partitions_it_need_not_compute(
     c = small_worker
     out = c["tmp"] / "done.zarr"
     encode_job(None, c["model"], c["positives"], str(out), partition_rows=60_000)
-    result = _cli(c, "encode", "--model", c["model"], "--positives", c["positives"], "--out", out)
+    result = _encode(c, c["positives"], out)
     assert result.returncode == 0, result.stderr
     assert "up to date" in result.stdout
 
