@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from helpers import scheduler_address
+from helpers import local_worker_args, start_dask, start_local_scheduler, wait_for_workers
 import zarr
 
 from slem_dask import LinearSLEM, storage
@@ -28,54 +28,14 @@ BIN = Path(sys.executable).parent
 def _start_cluster(tmp, worker_args, n_workers):
     """A scheduler and ``n_workers`` single-threaded workers on 127.0.0.1, each in its
     own process group; returns {address, procs, names: {name: address}}."""
-    sched_file = tmp / "scheduler.json"
-    procs = [
-        subprocess.Popen(
-            [
-                str(BIN / "dask"),
-                "scheduler",
-                "--host",
-                "127.0.0.1",
-                "--port",
-                "0",
-                "--no-dashboard",
-                "--scheduler-file",
-                str(sched_file),
-            ],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-            start_new_session=True,
-        )
+    scheduler, address = start_local_scheduler(tmp / "scheduler.json")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")}
+    workers = [
+        start_dask(local_worker_args(address, f"w{i}", *worker_args), env=env)
+        for i in range(n_workers)
     ]
-    address = scheduler_address(sched_file)
-    for i in range(n_workers):
-        procs.append(
-            subprocess.Popen(
-                [
-                    str(BIN / "dask"),
-                    "worker",
-                    address,
-                    "--nthreads",
-                    "1",
-                    "--no-dashboard",
-                    "--host",
-                    "127.0.0.1",
-                    "--name",
-                    f"w{i}",
-                    *worker_args,
-                ],
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL,
-                start_new_session=True,
-                env={k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")},
-            )
-        )
-    from distributed import Client
-
-    with Client(address) as client:
-        client.wait_for_workers(n_workers, timeout=60)
-        names = {w["name"]: a for a, w in client.scheduler_info()["workers"].items()}
-    return {"address": address, "procs": procs, "names": names}
+    names = wait_for_workers(address, n_workers)
+    return {"address": address, "procs": [scheduler, *workers], "names": names}
 
 
 def _stop_cluster(cluster):

@@ -14,7 +14,14 @@ import numpy as np
 import pytest
 import zarr
 
-from helpers import can_unshare_mounts, head, scheduler_address
+from helpers import (
+    can_unshare_mounts,
+    head,
+    local_worker_args,
+    start_dask,
+    start_local_scheduler,
+    wait_for_workers,
+)
 from slem_dask.storage import versions
 
 from slem_dask import LinearSLEM, load_model, storage
@@ -26,16 +33,6 @@ BIN = Path(sys.executable).parent
 N_ROWS, DIM, PART = 120_000, 64, 1_000  # 120 partitions: long enough to interrupt
 
 
-def _start(args, prefix=(), **kw):
-    return subprocess.Popen(
-        [*prefix, str(BIN / "dask"), *args],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
-        **kw,
-    )
-
-
 def _start_cluster(tmp, n_workers=2, extra_worker_prefix=None):
     """A scheduler and single-threaded workers without nannies (a killed worker stays
     dead), all started in ``tmp/elsewhere``: not the client's working directory.
@@ -43,42 +40,15 @@ def _start_cluster(tmp, n_workers=2, extra_worker_prefix=None):
     namespace, say)."""
     elsewhere = tmp / "elsewhere"
     elsewhere.mkdir(exist_ok=True)
-    sched_file = tmp / "scheduler.json"
-    if sched_file.exists():
-        sched_file.unlink()
-    scheduler = _start(
-        [
-            "scheduler",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            "0",
-            "--no-dashboard",
-            "--scheduler-file",
-            str(sched_file),
-        ],
-        cwd=elsewhere,
-    )
-    address = scheduler_address(sched_file)
-    args = [
-        "worker",
-        address,
-        "--nthreads",
-        "1",
-        "--no-nanny",
-        "--no-dashboard",
-        "--host",
-        "127.0.0.1",
+    scheduler, address = start_local_scheduler(tmp / "scheduler.json", cwd=elsewhere)
+    workers = [
+        start_dask(local_worker_args(address, f"w{i}", "--no-nanny"), cwd=elsewhere)
+        for i in range(n_workers)
     ]
-    workers = [_start([*args, "--name", f"w{i}"], cwd=elsewhere) for i in range(n_workers)]
     if extra_worker_prefix:
-        workers.append(
-            _start([*args, "--name", "unmounted"], prefix=extra_worker_prefix, cwd=elsewhere)
-        )
-    from distributed import Client
-
-    with Client(address) as client:
-        client.wait_for_workers(len(workers), timeout=60)
+        unmounted = local_worker_args(address, "unmounted", "--no-nanny")
+        workers.append(start_dask(unmounted, prefix=extra_worker_prefix, cwd=elsewhere))
+    wait_for_workers(address, len(workers))
     return {"address": address, "scheduler": scheduler, "workers": workers, "tmp": tmp}
 
 
