@@ -124,6 +124,21 @@ def encode_corpus(corpus: dict, out, positives=None, **kw):
     )
 
 
+def encode_command(corpus: dict, out, *extra) -> list:
+    """The arguments of `slem-dask encode` of the corpus's positives with its model into
+    ``out``, then ``extra`` (encode_corpus's 40-row partitions: "--partition-rows", 40)."""
+    return [
+        "encode",
+        "--model",
+        corpus["model"],
+        "--positives",
+        corpus["positives"],
+        "--out",
+        out,
+        *extra,
+    ]
+
+
 def expected_encoding(corpus: dict, rows=None) -> np.ndarray:
     """What encode_corpus writes for ``rows`` (the corpus's positives by default): the
     model's float32 transform, one product per partition of 40 rows."""

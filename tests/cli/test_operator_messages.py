@@ -11,7 +11,7 @@ import pytest
 from slem_dask import pipeline
 from slem_dask.cli.main import main
 
-from helpers import cli
+from helpers import cli, encode_command
 
 pytestmark = pytest.mark.usefixtures("no_scheduler_env")  # conftest.py
 
@@ -21,20 +21,7 @@ def _fit(capsys, scheduler, negatives, model, *extra):
 
 
 def _encode(capsys, scheduler, corpus, out, *extra):
-    return cli(
-        capsys,
-        scheduler,
-        "encode",
-        "--model",
-        corpus["model"],
-        "--positives",
-        corpus["positives"],
-        "--out",
-        out,
-        "--partition-rows",
-        "40",
-        *extra,
-    )
+    return cli(capsys, scheduler, *encode_command(corpus, out, "--partition-rows", "40", *extra))
 
 
 # -- 2. an interrupt says what exists -------------------------------------------------

@@ -18,7 +18,7 @@ from slem_dask import LinearSLEM, KernelSLEM, load_model, pipeline, storage
 from slem_dask.cli.main import main
 from slem_dask.storage import canonical
 from reference import partitionwise
-from helpers import cli, encode_corpus, head, zarr_rows
+from helpers import cli, encode_command, encode_corpus, head, zarr_rows
 from slem_dask.storage import versions
 
 D = 8
@@ -50,20 +50,6 @@ def _verify(capsys, *paths):
     code = main(["verify", *map(str, paths)])
     out, err = capsys.readouterr()
     return code, out, err
-
-
-def _encode_args(corpus, out, *extra):
-    """`slem-dask encode` of the corpus's positives with its model into ``out``."""
-    return [
-        "encode",
-        "--model",
-        corpus["model"],
-        "--positives",
-        corpus["positives"],
-        "--out",
-        out,
-        *extra,
-    ]
 
 
 def _search_args(queries, database, out, k=3):
@@ -227,7 +213,7 @@ def test_overwrite_never_deletes_what_slem_dask_did_not_write(corpus, client, ca
     for target in (docs, foreign):
         for extra in ([], ["--overwrite"]):
             if flag == "--out":
-                args = _encode_args(corpus, target)
+                args = encode_command(corpus, target)
             else:
                 args = ["fit", "--negatives", corpus["negatives"], "--model", target]
             code, _, err = _cli(capsys, client, *args, *extra)
@@ -465,7 +451,7 @@ def test_corrupt_model_chunk_gives_one_clear_line(corpus, client, capsys):
     data = bytearray(chunk.read_bytes())
     data[40] ^= 1
     chunk.write_bytes(bytes(data))
-    code, _, err = _cli(capsys, client, *_encode_args(corpus, corpus["dir"] / "o.zarr"))
+    code, _, err = _cli(capsys, client, *encode_command(corpus, corpus["dir"] / "o.zarr"))
     assert code == 1 and len(err.strip().splitlines()) == 1
     assert "'precision'" in err and "crc32c" in err
     code, text, _ = _verify(capsys, corpus["model"])
@@ -494,7 +480,7 @@ def test_damaged_metadata_documents_are_named_by_every_reader(corpus, client, ca
     _damage_document(head(corpus["model"]) / "precision", how)
     code, text, _ = _verify(capsys, corpus["model"])
     assert code == 1 and "'precision/zarr.json'" in text and "damaged" in text, text
-    code, _, err = _cli(capsys, client, *_encode_args(corpus, corpus["dir"] / "o.zarr"))
+    code, _, err = _cli(capsys, client, *encode_command(corpus, corpus["dir"] / "o.zarr"))
     assert code == 1 and len(err.strip().splitlines()) == 1, err
     assert "'precision/zarr.json'" in err and "damaged" in err
     with pytest.raises(storage.DamagedMetadataError, match="precision/zarr.json"):
@@ -533,7 +519,7 @@ def test_tls_options_with_a_tcp_address_or_without_a_scheduler_are_refused(corpu
     pem = corpus["dir"] / "x.pem"
     pem.write_text("")
     tls = ["--tls-ca-file", pem, "--tls-cert", pem, "--tls-key", pem]
-    args = _encode_args(corpus, corpus["dir"] / "o.zarr", *tls)
+    args = encode_command(corpus, corpus["dir"] / "o.zarr", *tls)
     assert main([*map(str, args), "--scheduler", "tcp://127.0.0.1:1"]) == 1
     assert "not a TLS address" in capsys.readouterr().err
     assert main([*map(str, args)]) == 1
@@ -634,7 +620,7 @@ def test_file_urls_work_for_every_input_and_output(corpus, client, capsys):
 
 
 def test_memory_urls_are_refused_by_the_command_line_and_separate_workers(corpus, client, capsys):
-    code, _, err = _cli(capsys, client, *_encode_args(corpus, "memory://x.zarr"))
+    code, _, err = _cli(capsys, client, *encode_command(corpus, "memory://x.zarr"))
     assert code == 1 and "memory://" in err and "vanish" in err
     with (
         LocalCluster(
@@ -685,7 +671,7 @@ def test_run_prints_each_step_as_it_finishes_and_update_false_reruns(corpus, cli
 
 def test_rerun_keeps_the_outputs_dtype_and_refuses_other_partition_rows(corpus, client, capsys):
     d = corpus["dir"]
-    base = _encode_args(corpus, d / "o.zarr")
+    base = encode_command(corpus, d / "o.zarr")
     assert _cli(capsys, client, *base, "--dtype", "float64", "--partition-rows", "40")[0] == 0
     code, out, err = _cli(capsys, client, *base)
     assert code == 0 and "up to date" in out, err
@@ -751,7 +737,7 @@ def test_overwrite_replaces_only_a_store_of_the_same_kind(corpus, client, capsys
     encode_corpus(corpus, out)
     other_model = str(corpus["dir"] / "other_model.zarr")
     LinearSLEM().fit(corpus["neg"]).save(other_model)
-    code, _, err = _cli(capsys, client, *_encode_args(corpus, other_model, "--overwrite"))
+    code, _, err = _cli(capsys, client, *encode_command(corpus, other_model, "--overwrite"))
     assert code == 1 and "holds a model of slem-dask, not an encoded output" in err
     code, _, err = _cli(
         capsys, client, "fit", "--negatives", corpus["negatives"], "--model", out, "--overwrite"
