@@ -199,9 +199,10 @@ def start_dask(args, prefix=(), **popen):
     )
 
 
-def start_local_scheduler(sched_file: Path, **popen):
-    """A `dask scheduler` on 127.0.0.1 (a free port, no dashboard) that writes its address
-    to ``sched_file`` (an earlier scheduler's file is removed first): (process, address)."""
+def start_local_scheduler(sched_file: Path, *extra, **popen):
+    """A `dask scheduler` on 127.0.0.1 (a free port, no dashboard; ``extra`` arguments)
+    that writes its address to ``sched_file`` (an earlier scheduler's file is removed
+    first): (process, address); stopped again if its address does not come."""
     Path(sched_file).unlink(missing_ok=True)
     scheduler = start_dask(
         [
@@ -213,10 +214,16 @@ def start_local_scheduler(sched_file: Path, **popen):
             "--no-dashboard",
             "--scheduler-file",
             str(sched_file),
+            *extra,
         ],
         **popen,
     )
-    return scheduler, scheduler_address(sched_file)
+    try:
+        return scheduler, scheduler_address(sched_file)
+    except BaseException:
+        scheduler.kill()
+        scheduler.wait()
+        raise
 
 
 def local_worker_args(address: str, name: str, *extra) -> list:
