@@ -118,6 +118,25 @@ def add_run_args(parser: argparse.ArgumentParser, repeat: int = 3) -> None:
     parser.add_argument("--lam", type=float, default=1e-3, help="ridge lambda (default 1e-3)")
 
 
+def add_scheduler_args(parser: argparse.ArgumentParser) -> None:
+    """--schedulers and --no-naive, of the scripts that time slem-dask against numpy and
+    naive Dask on each scheduler (bench_fit, bench_encode): see :func:`chosen_schedulers`."""
+    parser.add_argument(
+        "--schedulers",
+        default="threads,cluster",
+        help="comma-separated: threads (no Client), cluster (LocalCluster); default both",
+    )
+    parser.add_argument("--no-naive", action="store_true", help="skip the naive Dask contender")
+
+
+def chosen_schedulers(parser: argparse.ArgumentParser, args) -> list[str]:
+    """The schedulers --schedulers names, in its order; any other name is a usage error."""
+    schedulers = [s for s in args.schedulers.split(",") if s]
+    if not set(schedulers) <= {"threads", "cluster"}:
+        parser.error(f"--schedulers: expected threads and/or cluster, got {args.schedulers!r}")
+    return schedulers
+
+
 def resolve_sizes(args) -> None:
     if getattr(args, "n", "absent") is None:
         args.n = min(QUICK_N, args.default_n) if args.quick else args.default_n
@@ -578,3 +597,58 @@ def band(
         )
     emit_json("BAND", out)
     return out
+
+
+# -- summaries of bench_fit and bench_encode: a contender against slem-dask -----------
+
+#: What a contender is called in a summary's RATIO line and its BAND line.
+CONTENDER_NAMES = {"numpy": "numpy", "naive": "naive Dask"}
+
+
+def ratio_summary(result, bench, label, contender, times, totals, args, *, key=None, goal=None):
+    """The ``RATIO`` line of ``contender``'s ``times`` over slem-dask's ``totals`` on
+    ``label`` (best against best, of ``args.repeat`` runs; medians), kept in ``result``
+    as ``{key}_ratio_{contender}_best`` and ``_median`` (``key``: the label), then its
+    BAND line (:func:`band` with ``args.band``); returns what :func:`band` returns."""
+    name, med = CONTENDER_NAMES[contender], statistics.median
+    best, median = min(times) / min(totals), med(times) / med(totals)
+    print(
+        f"[{label}] RATIO {contender}_time / slem_time = {best:.3f} (best of {args.repeat}); "
+        f"{median:.3f} (medians)" + (f"  [{goal}]" if goal else "")
+    )
+    key = label if key is None else key
+    result.update(
+        {f"{key}_ratio_{contender}_best": best, f"{key}_ratio_{contender}_median": median}
+    )
+    return band(
+        f"{bench} [{label}] {name} / slem-dask", times, totals, args.band, names=(name, "slem-dask")
+    )
+
+
+def floor_summary(result, bench, sched, heading, times, totals, args) -> None:
+    """The floor's times against slem-dask's ``totals`` on ``sched``: ``heading`` names
+    what the floor does; its BAND line first (a floor slower than slem-dask gives no
+    ratio), then the RATIO line, and both ratios kept in ``result``."""
+    med = statistics.median
+    print(f"[{sched}] {heading}: {spread(times)}  runs {runs_line(times)}")
+    fb = band(
+        f"{bench} [{sched}] floor / slem-dask",
+        times,
+        totals,
+        args.band,
+        names=("floor", "slem-dask"),
+        floor=True,
+    )
+    if fb["ratio"] is not None:
+        print(
+            f"[{sched}] RATIO floor_time / slem_time = {fb['ratio']:.3f} (best); "
+            f"{med(times) / med(totals):.3f} (medians)  [goal >= 1/1.15 = 0.870; 1.0: "
+            f"slem-dask does no work beyond the floor]"
+        )
+    result.update(
+        {
+            f"{sched}_floor_runs": times,
+            f"{sched}_ratio_floor_best": min(times) / min(totals),
+            f"{sched}_ratio_floor_median": med(times) / med(totals),
+        }
+    )

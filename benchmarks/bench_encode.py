@@ -145,12 +145,7 @@ def main(argv=None) -> int:  # noqa: C901 - a driver: options, then each contend
         default="auto",
         help="slem-dask's precision for the encoding (default auto)",
     )
-    parser.add_argument(
-        "--schedulers",
-        default="threads,cluster",
-        help="comma-separated: threads (no Client), cluster (LocalCluster); default both",
-    )
-    parser.add_argument("--no-naive", action="store_true", help="skip the naive Dask contender")
+    C.add_scheduler_args(parser)
     parser.add_argument(
         "--no-numpy",
         action="store_true",
@@ -186,9 +181,7 @@ def main(argv=None) -> int:  # noqa: C901 - a driver: options, then each contend
     if args.kernel_rank:
         args.no_naive = True
     C.resolve_sizes(args)
-    schedulers = [s for s in args.schedulers.split(",") if s]
-    if not set(schedulers) <= {"threads", "cluster"}:
-        parser.error(f"--schedulers: expected threads and/or cluster, got {args.schedulers!r}")
+    schedulers = C.chosen_schedulers(parser, args)
 
     import subprocess
 
@@ -370,7 +363,6 @@ def main(argv=None) -> int:  # noqa: C901 - a driver: options, then each contend
                 )
                 sys.stdout.flush()
 
-    med = C.statistics.median
     print()
     result = {"n": args.n, "d": args.d, "precision": args.precision}
     all_numpy = [t["total"] for sched in schedulers for t in numpy_runs[sched]]
@@ -382,7 +374,6 @@ def main(argv=None) -> int:  # noqa: C901 - a driver: options, then each contend
         result[f"{sched}_slem_runs"] = totals
         if numpy_runs[sched]:
             np_totals = [t["total"] for t in numpy_runs[sched]]
-            best_np, med_np = min(np_totals), med(np_totals)
             print(
                 f"[{sched}] numpy total           : {C.spread(np_totals)}  runs "
                 f"{C.runs_line(np_totals)}"
@@ -392,69 +383,25 @@ def main(argv=None) -> int:  # noqa: C901 - a driver: options, then each contend
                     f"[{sched}]   of which {part:<12}: "
                     f"{C.spread(t[part] for t in numpy_runs[sched])}"
                 )
-            ratio, ratio_med = best_np / min(totals), med_np / med(totals)
-            print(
-                f"[{sched}] RATIO numpy_time / slem_time = {ratio:.3f} (best of "
-                f"{args.repeat}); {ratio_med:.3f} (medians)  [>= 1.0: slem-dask no slower]"
-            )
-            result.update(
-                {f"{sched}_ratio_numpy_best": ratio, f"{sched}_ratio_numpy_median": ratio_med}
-            )
-            C.band(
-                f"encode [{sched}] numpy / slem-dask",
-                np_totals,
-                totals,
-                args.band,
-                names=("numpy", "slem-dask"),
+            no_slower = ">= 1.0: slem-dask no slower"
+            C.ratio_summary(
+                result, "encode", sched, "numpy", np_totals, totals, args, goal=no_slower
             )
         if naive[sched]:
             nts = [t["total"] for t in naive[sched]]
             print(f"[{sched}] naive Dask total      : {C.spread(nts)}  runs {C.runs_line(nts)}")
-            nr, nr_med = min(nts) / min(totals), med(nts) / med(totals)
-            print(
-                f"[{sched}] RATIO naive_time / slem_time = {nr:.3f} (best of {args.repeat}); "
-                f"{nr_med:.3f} (medians)"
-            )
-            result.update(
-                {
-                    f"{sched}_naive_runs": nts,
-                    f"{sched}_ratio_naive_best": nr,
-                    f"{sched}_ratio_naive_median": nr_med,
-                }
-            )
-            C.band(
-                f"encode [{sched}] naive Dask / slem-dask",
-                nts,
-                totals,
-                args.band,
-                names=("naive Dask", "slem-dask"),
-            )
+            result[f"{sched}_naive_runs"] = nts
+            C.ratio_summary(result, "encode", sched, "naive", nts, totals, args)
         if floor[sched]:
             fts = [t["total"] for t in floor[sched]]
-            print(
-                f"[{sched}] floor (read, product, normalize, write): {C.spread(fts)}  runs "
-                f"{C.runs_line(fts)}"
-            )
-            fb = C.band(
-                f"encode [{sched}] floor / slem-dask",
+            C.floor_summary(
+                result,
+                "encode",
+                sched,
+                "floor (read, product, normalize, write)",
                 fts,
                 totals,
-                args.band,
-                names=("floor", "slem-dask"),
-                floor=True,
-            )
-            if fb["ratio"] is not None:
-                print(
-                    f"[{sched}] RATIO floor_time / slem_time = {fb['ratio']:.3f} (best); "
-                    f"{med(fts) / med(totals):.3f} (medians)  [goal >= 1/1.15 = 0.870; "
-                    f"1.0: slem-dask does no work beyond the floor]"
-                )
-            result.update(
-                {
-                    f"{sched}_floor_runs": fts,
-                    f"{sched}_ratio_floor_best": min(fts) / min(totals),
-                    f"{sched}_ratio_floor_median": med(fts) / med(totals),
-                }
+                args,
             )
     print("uptime: " + subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip())
 

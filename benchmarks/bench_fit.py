@@ -188,18 +188,13 @@ def main(argv=None) -> int:  # noqa: C901 - a driver: options, then each contend
         default="job",
         help="time pipeline.fit_job (default) or LinearSLEM().fit on dask_rows",
     )
-    parser.add_argument(
-        "--schedulers",
-        default="threads,cluster",
-        help="comma-separated: threads (no Client), cluster (LocalCluster); default both",
-    )
+    C.add_scheduler_args(parser)
     parser.add_argument(
         "--precision",
         choices=("auto", "float64"),
         default="auto",
         help="slem-dask's precision parameter (default auto)",
     )
-    parser.add_argument("--no-naive", action="store_true", help="skip the naive Dask contender")
     parser.add_argument(
         "--floor",
         action="store_true",
@@ -214,9 +209,7 @@ def main(argv=None) -> int:  # noqa: C901 - a driver: options, then each contend
     parser.add_argument("--no-check", action="store_true", help="skip the float64 covariance check")
     args = parser.parse_args(argv)
     C.resolve_sizes(args)
-    schedulers = [s for s in args.schedulers.split(",") if s]
-    if not set(schedulers) <= {"threads", "cluster"}:
-        parser.error(f"--schedulers: expected threads and/or cluster, got {args.schedulers!r}")
+    schedulers = C.chosen_schedulers(parser, args)
 
     from slem_dask import storage
     from slem_dask.models import load_model
@@ -334,7 +327,6 @@ def main(argv=None) -> int:  # noqa: C901 - a driver: options, then each contend
     }
     for sched in schedulers:
         np_totals = [t["total"] for t in numpy_runs[sched]]
-        best_np, med_np = min(np_totals), med(np_totals)
         print(
             f"[{sched}] numpy read+compute  : {C.spread(np_totals)}  runs {C.runs_line(np_totals)}"
         )
@@ -348,73 +340,19 @@ def main(argv=None) -> int:  # noqa: C901 - a driver: options, then each contend
             print(
                 f"[{sched}]   of which statistics: {C.spread(t['statistics'] for t in slem[sched])}"
             )
-        ratio, ratio_med = best_np / min(totals), med_np / med(totals)
-        print(
-            f"[{sched}] RATIO numpy_time / slem_time = {ratio:.3f} (best of {args.repeat}); "
-            f"{ratio_med:.3f} (medians)  [>= 1.0: slem-dask no slower]"
-        )
-        result.update(
-            {
-                f"{sched}_slem_runs": totals,
-                f"{sched}_ratio_numpy_best": ratio,
-                f"{sched}_ratio_numpy_median": ratio_med,
-            }
-        )
-        C.band(
-            f"fit [{sched}] numpy / slem-dask",
-            np_totals,
-            totals,
-            args.band,
-            names=("numpy", "slem-dask"),
-        )
+        result[f"{sched}_slem_runs"] = totals
+        no_slower = ">= 1.0: slem-dask no slower"
+        C.ratio_summary(result, "fit", sched, "numpy", np_totals, totals, args, goal=no_slower)
         for label in naive_labels[sched] if not args.no_naive else ():
             nts = [t["total"] for t in naive[label]]
             goal = "goal >= 1.3" if label == sched else "for comparison"
             print(f"[{label}] naive Dask total    : {C.spread(nts)}  runs {C.runs_line(nts)}")
-            nr, nr_med = min(nts) / min(totals), med(nts) / med(totals)
-            print(
-                f"[{label}] RATIO naive_time / slem_time = {nr:.3f} (best of {args.repeat}); "
-                f"{nr_med:.3f} (medians)  [{goal}]"
-            )
             key = label.replace(", slem-dask's workers", "_slem_workers")
-            result.update(
-                {
-                    f"{key}_naive_runs": nts,
-                    f"{key}_ratio_naive_best": nr,
-                    f"{key}_ratio_naive_median": nr_med,
-                }
-            )
-            C.band(
-                f"fit [{label}] naive Dask / slem-dask",
-                nts,
-                totals,
-                args.band,
-                names=("naive Dask", "slem-dask"),
-            )
+            result[f"{key}_naive_runs"] = nts
+            C.ratio_summary(result, "fit", label, "naive", nts, totals, args, key=key, goal=goal)
         if args.floor:
             fts = [t["total"] for t in floor[sched]]
-            print(f"[{sched}] floor (read + X^T X) : {C.spread(fts)}  runs {C.runs_line(fts)}")
-            fb = C.band(
-                f"fit [{sched}] floor / slem-dask",
-                fts,
-                totals,
-                args.band,
-                names=("floor", "slem-dask"),
-                floor=True,
-            )
-            if fb["ratio"] is not None:
-                print(
-                    f"[{sched}] RATIO floor_time / slem_time = {fb['ratio']:.3f} (best); "
-                    f"{med(fts) / med(totals):.3f} (medians)  [goal >= 1/1.15 = 0.870; 1.0: "
-                    f"slem-dask does no work beyond the floor]"
-                )
-            result.update(
-                {
-                    f"{sched}_floor_runs": fts,
-                    f"{sched}_ratio_floor_best": min(fts) / min(totals),
-                    f"{sched}_ratio_floor_median": med(fts) / med(totals),
-                }
-            )
+            C.floor_summary(result, "fit", sched, "floor (read + X^T X) ", fts, totals, args)
             if not args.no_naive:
                 nts = [t["total"] for t in naive[sched]]
                 print(

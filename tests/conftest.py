@@ -131,6 +131,21 @@ def scheduler():
         yield cluster.scheduler_address
 
 
+@pytest.fixture(scope="module")
+def client():
+    """A client of an in-process cluster (one worker, two threads), for jobs run through
+    the library or, at ``client.scheduler.address``, the command line."""
+    from distributed import Client, LocalCluster
+
+    with (
+        LocalCluster(
+            n_workers=1, threads_per_worker=2, processes=False, dashboard_address=":0"
+        ) as cluster,
+        Client(cluster) as c,
+    ):
+        yield c
+
+
 @pytest.fixture
 def no_scheduler_env(monkeypatch):
     """A DASK_SCHEDULER_ADDRESS in the caller's shell must not send the command line's

@@ -124,6 +124,21 @@ def encode_corpus(corpus: dict, out, positives=None, **kw):
     )
 
 
+def encode_command(corpus: dict, out, *extra) -> list:
+    """The arguments of `slem-dask encode` of the corpus's positives with its model into
+    ``out``, then ``extra`` (encode_corpus's 40-row partitions: "--partition-rows", 40)."""
+    return [
+        "encode",
+        "--model",
+        corpus["model"],
+        "--positives",
+        corpus["positives"],
+        "--out",
+        out,
+        *extra,
+    ]
+
+
 def expected_encoding(corpus: dict, rows=None) -> np.ndarray:
     """What encode_corpus writes for ``rows`` (the corpus's positives by default): the
     model's float32 transform, one product per partition of 40 rows."""
@@ -163,3 +178,75 @@ def scheduler_address(sched_file: Path, timeout: float = 60.0) -> str:
                     f"no scheduler address in {sched_file} after {timeout:.0f} s"
                 ) from None
             time.sleep(0.1)
+
+
+# -- `dask scheduler` and `dask worker` processes on 127.0.0.1, for the cluster tests
+
+
+def start_dask(args, prefix=(), **popen):
+    """`dask ARGS` of this interpreter's environment, started in a session of its own
+    (a signal to the test's group does not reach it) with its output discarded;
+    ``prefix``: a command that runs it (in another mount namespace, say)."""
+    import subprocess
+    import sys
+
+    return subprocess.Popen(
+        [*prefix, str(Path(sys.executable).parent / "dask"), *args],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+        **popen,
+    )
+
+
+def start_local_scheduler(sched_file: Path, *extra, **popen):
+    """A `dask scheduler` on 127.0.0.1 (a free port, no dashboard; ``extra`` arguments)
+    that writes its address to ``sched_file`` (an earlier scheduler's file is removed
+    first): (process, address); stopped again if its address does not come."""
+    Path(sched_file).unlink(missing_ok=True)
+    scheduler = start_dask(
+        [
+            "scheduler",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            "0",
+            "--no-dashboard",
+            "--scheduler-file",
+            str(sched_file),
+            *extra,
+        ],
+        **popen,
+    )
+    try:
+        return scheduler, scheduler_address(sched_file)
+    except BaseException:
+        scheduler.kill()
+        scheduler.wait()
+        raise
+
+
+def local_worker_args(address: str, name: str, *extra) -> list:
+    """The arguments of `dask` for a single-threaded worker ``name`` on 127.0.0.1 that
+    joins the scheduler at ``address`` (no dashboard), then ``extra``."""
+    return [
+        "worker",
+        address,
+        "--nthreads",
+        "1",
+        "--no-dashboard",
+        "--host",
+        "127.0.0.1",
+        "--name",
+        name,
+        *extra,
+    ]
+
+
+def wait_for_workers(address: str, n: int) -> dict:
+    """{name: address} of the workers of the scheduler at ``address``, once ``n`` joined."""
+    from distributed import Client
+
+    with Client(address) as client:
+        client.wait_for_workers(n, timeout=60)
+        return {w["name"]: a for a, w in client.scheduler_info()["workers"].items()}

@@ -83,43 +83,45 @@ def _add_parameter_grids(p: argparse.ArgumentParser) -> None:
         "parameters (each takes one value or a comma-separated grid, e.g. --lam 1e-3,1e-2,1e-1:"
         " every setting gets a row, and the best per method is marked *)"
     )
-    g.add_argument(
+    _add_grid(
+        g,
         "--lam",
-        type=_grid(_lam),
-        metavar="LAM[,LAM...]",
-        help="ridge lambda of linear SLEM (absolute, or Cx: C times tr(Sigma); "
+        _lam,
+        "LAM",
+        "ridge lambda of linear SLEM (absolute, or Cx: C times tr(Sigma); "
         "default: 0.01x) and of kernel SLEM (a number; default: 1e-3)",
     )
-    g.add_argument(
-        "--gamma",
-        type=_grid(_positive_float),
-        metavar="G[,G...]",
-        help="kernel SLEM rbf gamma (default: 0.5)",
-    )
-    g.add_argument(
-        "--rank",
-        type=_grid(_positive_int),
-        metavar="R[,R...]",
-        help="kernel SLEM rank (default: 256)",
-    )
-    g.add_argument(
+    _add_grid(g, "--gamma", _positive_float, "G", "kernel SLEM rbf gamma (default: 0.5)")
+    _add_grid(g, "--rank", _positive_int, "R", "kernel SLEM rank (default: 256)")
+    _add_grid(
+        g,
         "--esvm-lam",
-        type=_grid(_positive_float),
+        _positive_float,
+        "LAM",
+        "E-SVM ridge lambda (default: 1e-2)",
         default=[1e-2],
-        metavar="LAM[,LAM...]",
-        help="E-SVM ridge lambda (default: 1e-2)",
     )
-    g.add_argument(
+    _add_grid(
+        g,
         "--esvm-iters",
-        type=_grid(_positive_int),
+        _positive_int,
+        "T",
+        "E-SVM stochastic sub-gradient steps per positive (default: 1000)",
         default=[1000],
-        metavar="T[,T...]",
-        help="E-SVM stochastic sub-gradient steps per positive (default: 1000)",
     )
-    g.add_argument(
+    _add_grid(
+        g,
         "--pca-eps",
-        type=_grid(_positive_float),
+        _positive_float,
+        "EPS",
+        "PCA whitening regularizer added to the variances (default: 1e-6)",
         default=[1e-6],
-        metavar="EPS[,EPS...]",
-        help="PCA whitening regularizer added to the variances (default: 1e-6)",
+    )
+
+
+def _add_grid(group, flag: str, convert, name: str, text: str, *, default=None) -> None:
+    """``flag``, which takes one value or a comma-separated grid of them (``convert``
+    parses each), shown as NAME[,NAME...] in --help, which says ``text``."""
+    group.add_argument(
+        flag, type=_grid(convert), default=default, metavar=f"{name}[,{name}...]", help=text
     )

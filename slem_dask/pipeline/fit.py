@@ -30,6 +30,7 @@ from .fit_steps import (
     _save_fitted,
     _warnings_naming,
     check_same_params,
+    fit_report,
     model_bytes,
     nothing_written,
 )
@@ -367,21 +368,17 @@ def _linear_up_to_date(negatives, arr, model, model_path, t0: float) -> JobRepor
 
 
 def _fit_report(negatives, arr, model, action: str, rows_read: int) -> JobReport:
-    report = JobReport("fit")
-    report.facts.update(
+    return fit_report(
+        negatives,
+        arr,
         {
-            "negatives": str(negatives),
-            "rows": int(arr.shape[0]),
-            "features": arr.shape[1],
-            "dtype": str(arr.dtype),
             "lam": model.lam,
             "theta": model.theta,
             "precision": model.precision,
             "action": action,
             "rows read": rows_read,
-        }
+        },
     )
-    return report
 
 
 def _up_to_date(model_path, negatives, arr, model) -> bool:

@@ -13,7 +13,7 @@ from .. import storage
 from ..storage import canonical
 
 from . import common
-from .common import JobFailed, _LOST, _detail, _lost_cluster
+from .common import JobFailed, JobReport, _LOST, _detail, _lost_cluster
 
 #: KernelSLEM parameters as `slem-dask fit` names them (--seed sets random_state): reports
 #: and remedies speak the command line's names, the library keeps its own.
@@ -43,6 +43,22 @@ def _fit_errors(negatives, model_path):
         raise _lost_cluster(
             exc, f"{nothing_written(model_path)}: run the same command again"
         ) from None
+
+
+def fit_report(negatives, arr, facts: dict) -> JobReport:
+    """A fit job's report (linear or kernel): its negatives, their rows, features and
+    dtype first, then ``facts``."""
+    report = JobReport("fit")
+    report.facts.update(
+        {
+            "negatives": str(negatives),
+            "rows": int(arr.shape[0]),
+            "features": arr.shape[1],
+            "dtype": str(arr.dtype),
+            **facts,
+        }
+    )
+    return report
 
 
 def nothing_written(model_path) -> str:

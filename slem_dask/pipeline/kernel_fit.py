@@ -25,6 +25,7 @@ from .fit_steps import (
     _save_fitted,
     _warnings_naming,
     check_same_params,
+    fit_report,
     model_bytes,
     nothing_written,
 )
@@ -125,16 +126,7 @@ def _fit_kernel_job(client, negatives, model_path, model, options) -> JobReport:
 def _kernel_plan_report(client, negatives, arr, model, x, old, appended: int, action: str):
     """(the job's report with its inputs and the memory strategy, strategy, why): chosen
     before any pass; an in-memory fit notes its remedy for workers that die for memory."""
-    report = JobReport("fit")
-    report.facts.update(
-        {
-            "negatives": str(negatives),
-            "rows": int(arr.shape[0]),
-            "features": arr.shape[1],
-            "dtype": str(arr.dtype),
-            "action": action,
-        }
-    )
+    report = fit_report(negatives, arr, {"action": action})
     # the warning points at fit_job's caller (via fit_model, _fit_kernel_job and this step)
     hint_small_chunks(report, arr, "negatives", negatives, stacklevel=6)
     strategy, why = _kernel_strategy(client, model, x, old, appended)

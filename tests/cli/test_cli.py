@@ -56,20 +56,14 @@ def corpus(tmp_path_factory):
 
 
 def fit_args(scheduler, negatives, model, *extra):
-    return (
-        "fit",
-        "--negatives",
-        negatives,
-        "--model",
-        model,
-        "--scheduler",
-        scheduler,
-        "--no-progress",
-        *extra,
-    )
+    """`fit` on ``scheduler`` (None: on the LocalCluster the command starts)."""
+    on = ("--scheduler", scheduler) if scheduler else ()
+    return ("fit", "--negatives", negatives, "--model", model, *on, "--no-progress", *extra)
 
 
 def encode_args(scheduler, model, positives, out, *extra):
+    """`encode` on ``scheduler`` (None: on the LocalCluster the command starts)."""
+    on = ("--scheduler", scheduler) if scheduler else ()
     return (
         "encode",
         "--model",
@@ -78,8 +72,7 @@ def encode_args(scheduler, model, positives, out, *extra):
         positives,
         "--out",
         out,
-        "--scheduler",
-        scheduler,
+        *on,
         "--no-progress",
         *extra,
     )
@@ -189,18 +182,17 @@ def test_cli_starts_its_own_local_cluster(corpus, tmp_path, capsys):
     model_path = str(tmp_path / "model.zarr")
     code, out, err = run(
         capsys,
-        "fit",
-        "--negatives",
-        corpus["negatives"],
-        "--model",
-        model_path,
-        "--workers",
-        "1",
-        "--threads-per-worker",
-        "2",
-        "--lam",
-        "0.01",
-        "--no-progress",
+        *fit_args(
+            None,
+            corpus["negatives"],
+            model_path,
+            "--workers",
+            "1",
+            "--threads-per-worker",
+            "2",
+            "--lam",
+            "0.01",
+        ),
     )
     assert code == 0, err
     assert "with 1 worker(s)" in out
@@ -232,17 +224,7 @@ def test_ctrl_c_while_the_cluster_closes_reports_the_finished_job(
 
     monkeypatch.setattr(cluster, "connect", interrupted_on_close)
     model_path = str(tmp_path / "model.zarr")
-    code, out, err = run(
-        capsys,
-        "fit",
-        "--negatives",
-        corpus["negatives"],
-        "--model",
-        model_path,
-        "--lam",
-        "0.01",
-        "--no-progress",
-    )
+    code, out, err = run(capsys, *fit_args(None, corpus["negatives"], model_path, "--lam", "0.01"))
     assert code == 130
     assert "after the job had finished" in err and "nothing was marked complete" not in err
     assert "fingerprint" in out  # the fit's report is printed
@@ -415,17 +397,7 @@ def test_small_inputs_run_on_an_in_process_cluster(corpus, tmp_path, capsys, mon
     monkeypatch.setattr(LocalCluster, "__init__", spy)
     monkeypatch.delenv("DASK_SCHEDULER_ADDRESS", raising=False)
     model_path = str(tmp_path / "model.zarr")
-    code, out, err = run(
-        capsys,
-        "fit",
-        "--negatives",
-        corpus["negatives"],
-        "--model",
-        model_path,
-        "--lam",
-        "0.01",
-        "--no-progress",
-    )
+    code, out, err = run(capsys, *fit_args(None, corpus["negatives"], model_path, "--lam", "0.01"))
     assert code == 0, err
     assert started == [False]
     assert "in this process" in out and "--local-cluster processes" in out
@@ -433,36 +405,26 @@ def test_small_inputs_run_on_an_in_process_cluster(corpus, tmp_path, capsys, mon
     got = load_model(model_path)
     assert np.abs(got.covariance_ - want.covariance_).max() <= 1e-5 * np.abs(want.covariance_).max()
     # asked for by name: threads even for a large input, processes even for a small one
+    codes = str(tmp_path / "codes.zarr")
     code, out, err = run(
         capsys,
-        "encode",
-        "--model",
-        model_path,
-        "--positives",
-        corpus["positives"],
-        "--out",
-        str(tmp_path / "codes.zarr"),
-        "--local-cluster",
-        "threads",
-        "--no-progress",
+        *encode_args(None, model_path, corpus["positives"], codes, "--local-cluster", "threads"),
     )
     assert code == 0, err
     assert started == [False, False] and "--local-cluster threads" in out
     code, out, err = run(
         capsys,
-        "encode",
-        "--model",
-        model_path,
-        "--positives",
-        corpus["positives"],
-        "--out",
-        str(tmp_path / "codes.zarr"),
-        "--local-cluster",
-        "processes",
-        "--workers",
-        "1",
-        "--overwrite",
-        "--no-progress",
+        *encode_args(
+            None,
+            model_path,
+            corpus["positives"],
+            codes,
+            "--local-cluster",
+            "processes",
+            "--workers",
+            "1",
+            "--overwrite",
+        ),
     )
     assert code == 0, err
     first = out.splitlines()[0]
@@ -473,45 +435,17 @@ def test_small_inputs_run_on_an_in_process_cluster(corpus, tmp_path, capsys, mon
 def test_installed_executable_round_trip(corpus, tmp_path):
     exe = os.path.join(os.path.dirname(sys.executable), "slem-dask")
     env = {k: v for k, v in os.environ.items() if k != "DASK_SCHEDULER_ADDRESS"}
-    common = ["--workers", "1", "--threads-per-worker", "1", "--no-progress"]
+    common = ["--workers", "1", "--threads-per-worker", "1"]
+
+    def run_exe(*args):
+        return subprocess.run([exe, *args], capture_output=True, text=True, env=env, timeout=300)
+
     model_path, out_path = str(tmp_path / "model.zarr"), str(tmp_path / "codes.zarr")
-    fit = subprocess.run(
-        [
-            exe,
-            "fit",
-            "--negatives",
-            corpus["negatives"],
-            "--model",
-            model_path,
-            "--lam",
-            "0.01",
-            "--theta",
-            "2",
-            *common,
-        ],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=300,
+    fit = run_exe(
+        *fit_args(None, corpus["negatives"], model_path, "--lam", "0.01", "--theta", "2", *common)
     )
     assert fit.returncode == 0, fit.stderr
-    enc = subprocess.run(
-        [
-            exe,
-            "encode",
-            "--model",
-            model_path,
-            "--positives",
-            corpus["positives"],
-            "--out",
-            out_path,
-            *common,
-        ],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=300,
-    )
+    enc = run_exe(*encode_args(None, model_path, corpus["positives"], out_path, *common))
     assert enc.returncode == 0, enc.stderr
     model = load_model(model_path)
     want = LinearSLEM(lam=0.01, precision="float64").fit(corpus["X"])  # the 1e-5 contract
@@ -521,20 +455,8 @@ def test_installed_executable_round_trip(corpus, tmp_path):
     np.testing.assert_allclose(
         storage.open_output(out_path)[...], model.transform(corpus["P"]), rtol=0, atol=1.5e-7
     )
-    bad = subprocess.run(
-        [
-            exe,
-            "fit",
-            "--negatives",
-            str(tmp_path / "missing.zarr"),
-            "--model",
-            str(tmp_path / "m2.zarr"),
-            *common,
-        ],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=300,
+    bad = run_exe(
+        *fit_args(None, str(tmp_path / "missing.zarr"), str(tmp_path / "m2.zarr"), *common)
     )
     assert bad.returncode != 0 and "no zarr array at" in bad.stderr
     assert not os.path.exists(tmp_path / "m2.zarr")

@@ -14,7 +14,7 @@ import pytest
 from slem_dask.cli.main import EXIT_BROKEN_PIPE, main
 from slem_dask.models.kernel import TraceErrorWarning
 
-from helpers import cli, zarr_rows
+from helpers import cli, encode_command, zarr_rows
 
 pytestmark = pytest.mark.usefixtures("no_scheduler_env")  # conftest.py
 
@@ -37,13 +37,9 @@ def _slem_dask(args, stdout):
     )
 
 
-def _encode_args(corpus, out):
-    return ["encode", "--model", corpus["model"], "--positives", corpus["positives"], "--out", out]
-
-
 def test_a_reader_that_stops_after_the_first_line_ends_a_finished_job_quietly(corpus, capsys):
     out = corpus["dir"] / "codes.zarr"
-    proc = _slem_dask(_encode_args(corpus, out), subprocess.PIPE)
+    proc = _slem_dask(encode_command(corpus, out), subprocess.PIPE)
     first = proc.stdout.readline()  # `| head -1`: one line, then the pipe is closed
     proc.stdout.close()
     err = proc.stderr.read().decode()
@@ -57,7 +53,7 @@ def test_a_pipe_closed_before_the_job_ran_stops_it_and_says_what_is_kept(corpus)
     read, write = os.pipe()
     os.close(read)  # `| true`: nobody reads
     try:
-        proc = _slem_dask(_encode_args(corpus, corpus["dir"] / "codes.zarr"), write)
+        proc = _slem_dask(encode_command(corpus, corpus["dir"] / "codes.zarr"), write)
         stopped = proc.communicate(timeout=120)[1].decode()
         # a failing job's error still reaches stderr, with its own exit status
         failed = _slem_dask(
@@ -135,7 +131,7 @@ def test_a_kernel_fit_whose_factor_misses_the_kernel_warns_once(capsys, schedule
 
 def test_encode_overwrite_says_it_replaces_the_output(capsys, scheduler, corpus):
     out = corpus["dir"] / "codes.zarr"
-    args = ("encode", "--model", corpus["model"], "--positives", corpus["positives"], "--out", out)
+    args = encode_command(corpus, out)
     code, first, err = cli(capsys, scheduler, *args)
     assert code == 0 and fact(first, "action") == "create", err
     code, again, err = cli(capsys, scheduler, *args, "--overwrite")

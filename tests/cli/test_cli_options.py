@@ -15,6 +15,7 @@ from slem_dask.datasets import make_corpus, write_corpus
 from helpers import run_cli as run  # (exit code, stdout, stderr) of the CLI in-process
 
 UNREACHABLE = "tcp://127.0.0.1:1"  # a check that ran after connecting would fail on this
+IN_THREADS = ("--local-cluster", "threads", "--no-progress")  # a cluster in this process
 
 
 @pytest.fixture(autouse=True)
@@ -221,19 +222,30 @@ def _negatives_store(tmp_path, n: int, seed: int) -> None:
     neg[...] = X
 
 
-def test_kernel_fit_progress(capsys, tmp_path):
-    _negatives_store(tmp_path, 300, seed=0)
-    code, out, err = run(
+def _kernel_fit(capsys, tmp_path, model: str, rank: int, *extra):
+    """`fit --kernel rbf --rank RANK` of the _negatives_store into tmp_path/MODEL."""
+    return run(
         capsys,
         "fit",
         "--negatives",
         tmp_path / "neg.zarr",
         "--model",
-        tmp_path / "k.zarr",
+        tmp_path / model,
         "--kernel",
         "rbf",
         "--rank",
-        "20",
+        rank,
+        *extra,
+    )
+
+
+def test_kernel_fit_progress(capsys, tmp_path):
+    _negatives_store(tmp_path, 300, seed=0)
+    code, out, err = _kernel_fit(
+        capsys,
+        tmp_path,
+        "k.zarr",
+        20,
         "--pivoting",
         "rpcholesky",
         "--seed",
@@ -244,21 +256,7 @@ def test_kernel_fit_progress(capsys, tmp_path):
     )
     assert code == 0, err
     assert "kernel fit: pass 1," in out and "20 pivots" in out
-    code, out, err = run(
-        capsys,
-        "fit",
-        "--negatives",
-        tmp_path / "neg.zarr",
-        "--model",
-        tmp_path / "k2.zarr",
-        "--kernel",
-        "rbf",
-        "--rank",
-        "20",
-        "--workers",
-        "1",
-        "--no-progress",
-    )
+    code, out, err = _kernel_fit(capsys, tmp_path, "k2.zarr", 20, "--workers", "1", "--no-progress")
     assert code == 0, err
     assert "kernel fit: pass" not in out
 
@@ -268,22 +266,8 @@ def test_rpcholesky_fits_without_seed_are_reproducible(capsys, tmp_path):
     _negatives_store(tmp_path, 400, seed=1)
     prints = []
     for name in ("a.zarr", "b.zarr"):
-        code, out, err = run(
-            capsys,
-            "fit",
-            "--negatives",
-            tmp_path / "neg.zarr",
-            "--model",
-            tmp_path / name,
-            "--kernel",
-            "rbf",
-            "--rank",
-            "24",
-            "--pivoting",
-            "rpcholesky",
-            "--local-cluster",
-            "threads",
-            "--no-progress",
+        code, out, err = _kernel_fit(
+            capsys, tmp_path, name, 24, "--pivoting", "rpcholesky", *IN_THREADS
         )
         assert code == 0, err
         prints.append(storage.open_node(str(tmp_path / name), mode="r").attrs["slem_dask"])
@@ -303,9 +287,7 @@ def test_an_array_where_a_group_is_expected_and_back_names_the_fix(
         f"{corpus}/negatives",
         "--k",
         "3",
-        "--local-cluster",
-        "threads",
-        "--no-progress",
+        *IN_THREADS,
     )
     assert code == 1 and "is a zarr array, not a corpus group" in err, err
     assert repr(corpus) in err and "ContainsArrayError" not in err
@@ -318,9 +300,7 @@ def test_an_array_where_a_group_is_expected_and_back_names_the_fix(
         f"{corpus}/database",
         "--out",
         tmp_path / "o.zarr",
-        "--local-cluster",
-        "threads",
-        "--no-progress",
+        *IN_THREADS,
     )
     assert code == 1 and "is a zarr array, not a model" in err, err
     assert "ContainsArrayError" not in err
@@ -331,9 +311,7 @@ def test_an_array_where_a_group_is_expected_and_back_names_the_fix(
         corpus,
         "--model",
         tmp_path / "m.zarr",
-        "--local-cluster",
-        "threads",
-        "--no-progress",
+        *IN_THREADS,
     )
     assert code == 1 and f"e.g. {corpus}/negatives" in err, err
     code, _, err = run(
@@ -347,9 +325,7 @@ def test_an_array_where_a_group_is_expected_and_back_names_the_fix(
         "3",
         "--out",
         tmp_path / "s.zarr",
-        "--local-cluster",
-        "threads",
-        "--no-progress",
+        *IN_THREADS,
     )
     assert code == 1 and "e.g. slem-demo/corpus.zarr/queries" in err, err
     (tmp_path / "demo" / "corpus.zarr").mkdir(parents=True)
@@ -361,9 +337,7 @@ def test_an_array_where_a_group_is_expected_and_back_names_the_fix(
         "corpus.zarr/negative",
         "--model",
         tmp_path / "m.zarr",
-        "--local-cluster",
-        "threads",
-        "--no-progress",
+        *IN_THREADS,
     )
     assert code == 1 and "e.g. corpus.zarr/negatives (written" in err, err
 

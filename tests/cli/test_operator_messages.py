@@ -11,26 +11,17 @@ import pytest
 from slem_dask import pipeline
 from slem_dask.cli.main import main
 
-from helpers import cli
+from helpers import cli, encode_command
 
 pytestmark = pytest.mark.usefixtures("no_scheduler_env")  # conftest.py
 
 
+def _fit(capsys, scheduler, negatives, model, *extra):
+    return cli(capsys, scheduler, "fit", "--negatives", negatives, "--model", model, *extra)
+
+
 def _encode(capsys, scheduler, corpus, out, *extra):
-    return cli(
-        capsys,
-        scheduler,
-        "encode",
-        "--model",
-        corpus["model"],
-        "--positives",
-        corpus["positives"],
-        "--out",
-        out,
-        "--partition-rows",
-        "40",
-        *extra,
-    )
+    return cli(capsys, scheduler, *encode_command(corpus, out, "--partition-rows", "40", *extra))
 
 
 # -- 2. an interrupt says what exists -------------------------------------------------
@@ -156,21 +147,14 @@ def test_a_full_disk_during_a_fit_names_the_model_and_what_to_free(
     from slem_dask.storage import versions
 
     path = corpus["dir"] / "m.zarr"
-    code, _, err = cli(
-        capsys, scheduler, "fit", "--negatives", corpus["negatives"], "--model", path, *kernel
-    )
+    code, _, err = _fit(capsys, scheduler, corpus["negatives"], path, *kernel)
     assert code == 1 and "[Errno 28]" not in err
     said = _said_full(err, path, "fit")
     assert said["kept"] == f"no model was written ({str(path)!r} is as before)"
     assert float(said["need"]) > 0
     full_disk.undo()
     assert not versions.VersionedStore(str(path)).is_versioned()
-    assert (
-        cli(capsys, scheduler, "fit", "--negatives", corpus["negatives"], "--model", path, *kernel)[
-            0
-        ]
-        == 0
-    )
+    assert _fit(capsys, scheduler, corpus["negatives"], path, *kernel)[0] == 0
 
 
 def test_a_full_disk_during_a_search_names_the_output_and_the_space_it_needs(
@@ -323,9 +307,7 @@ def test_a_fit_on_one_row_chunks_hints_to_rechunk_and_says_to_what(capsys, sched
     rows = np.random.default_rng(1).standard_normal((1500, 8)).astype("float32")
     tiny = zarr_rows(tmp_path / "tiny.zarr", rows, chunks=1)
     with pytest.warns(SmallChunksWarning) as caught:
-        code, out, err = cli(
-            capsys, scheduler, "fit", "--negatives", tiny, "--model", tmp_path / "m.zarr"
-        )
+        code, out, err = _fit(capsys, scheduler, tiny, tmp_path / "m.zarr")
     assert code == 0, err
     said = str(caught[0].message)
     assert said == (
@@ -340,14 +322,8 @@ def test_a_fit_on_one_row_chunks_hints_to_rechunk_and_says_to_what(capsys, sched
 
     with warnings.catch_warnings():
         warnings.simplefilter("error", SmallChunksWarning)
-        code, out, err = cli(
-            capsys,
-            scheduler,
-            "fit",
-            "--negatives",
-            zarr_rows(tmp_path / "ok.zarr", rows),
-            "--model",
-            tmp_path / "m2.zarr",
+        code, out, err = _fit(
+            capsys, scheduler, zarr_rows(tmp_path / "ok.zarr", rows), tmp_path / "m2.zarr"
         )
     assert code == 0 and "hint" not in out, err
 
@@ -399,13 +375,10 @@ def test_a_forced_in_memory_kernel_fit_killed_for_memory_suggests_streaming(
         raise _killed()
 
     monkeypatch.setattr(KernelSLEM, "fit", killed)
-    code, _, err = cli(
+    code, _, err = _fit(
         capsys,
         scheduler,
-        "fit",
-        "--negatives",
         corpus["negatives"],
-        "--model",
         corpus["dir"] / "k.zarr",
         "--kernel",
         "rbf",
@@ -678,36 +651,17 @@ def test_an_update_with_a_relative_lambda_equals_a_refit_on_all_rows(tmp_path):
 
 
 def test_the_command_line_takes_relative_and_absolute_lambdas(capsys, scheduler, corpus):
-    code, out, err = cli(
-        capsys,
-        scheduler,
-        "fit",
-        "--negatives",
-        corpus["negatives"],
-        "--model",
-        corpus["dir"] / "a.zarr",
-    )
+    code, out, err = _fit(capsys, scheduler, corpus["negatives"], corpus["dir"] / "a.zarr")
     assert code == 0, err
     assert re.search(r"^  lam +0\.01x \(= [\d.e-]+: 0\.01 x tr\(Sigma\)\)$", out, re.M), out
-    code, out, err = cli(
-        capsys,
-        scheduler,
-        "fit",
-        "--negatives",
-        corpus["negatives"],
-        "--model",
-        corpus["dir"] / "b.zarr",
-        "--lam",
-        "0.5",
+    code, out, err = _fit(
+        capsys, scheduler, corpus["negatives"], corpus["dir"] / "b.zarr", "--lam", "0.5"
     )
     assert code == 0 and re.search(r"^  lam +0\.5$", out, re.M), out
-    code, _, err = cli(
+    code, _, err = _fit(
         capsys,
         scheduler,
-        "fit",
-        "--negatives",
         corpus["negatives"],
-        "--model",
         corpus["dir"] / "k.zarr",
         "--kernel",
         "rbf",
@@ -772,15 +726,13 @@ def test_an_update_without_lam_keeps_the_models_lambda(capsys, scheduler, tmp_pa
     rows = _unit_rows(600).astype("float32")
     neg = zarr_rows(tmp_path / "neg.zarr", rows[:400])
     model = tmp_path / "m.zarr"
-    assert (
-        cli(capsys, scheduler, "fit", "--negatives", neg, "--model", model, "--lam", "1e-3")[0] == 0
-    )
+    assert _fit(capsys, scheduler, neg, model, "--lam", "1e-3")[0] == 0
     import zarr
 
     arr = zarr.open_array(neg, mode="r+")
     arr.resize((600, 16))
     arr[400:] = rows[400:]
-    code, out, err = cli(capsys, scheduler, "fit", "--negatives", neg, "--model", model, "--update")
+    code, out, err = _fit(capsys, scheduler, neg, model, "--update")
     assert code == 0 and re.search(r"^  action +update$", out, re.M), out + err
     assert load_model(str(model)).lam == 1e-3 and load_model(str(model)).n_samples_ == 600
 
@@ -841,15 +793,7 @@ def test_a_fit_on_an_npy_file_gives_no_rechunk_hint(capsys, scheduler, tmp_path)
     )
     with warnings.catch_warnings():
         warnings.simplefilter("error", SmallChunksWarning)
-        code, out, err = cli(
-            capsys,
-            scheduler,
-            "fit",
-            "--negatives",
-            tmp_path / "neg.npy",
-            "--model",
-            tmp_path / "m.zarr",
-        )
+        code, out, err = _fit(capsys, scheduler, tmp_path / "neg.npy", tmp_path / "m.zarr")
     assert code == 0 and "hint" not in out and "rechunk" not in err, out + err
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from helpers import scheduler_address
+from helpers import local_worker_args, start_dask, start_local_scheduler, wait_for_workers
 import zarr
 
 from slem_dask import LinearSLEM, storage
@@ -28,54 +28,14 @@ BIN = Path(sys.executable).parent
 def _start_cluster(tmp, worker_args, n_workers):
     """A scheduler and ``n_workers`` single-threaded workers on 127.0.0.1, each in its
     own process group; returns {address, procs, names: {name: address}}."""
-    sched_file = tmp / "scheduler.json"
-    procs = [
-        subprocess.Popen(
-            [
-                str(BIN / "dask"),
-                "scheduler",
-                "--host",
-                "127.0.0.1",
-                "--port",
-                "0",
-                "--no-dashboard",
-                "--scheduler-file",
-                str(sched_file),
-            ],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-            start_new_session=True,
-        )
+    scheduler, address = start_local_scheduler(tmp / "scheduler.json")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")}
+    workers = [
+        start_dask(local_worker_args(address, f"w{i}", *worker_args), env=env)
+        for i in range(n_workers)
     ]
-    address = scheduler_address(sched_file)
-    for i in range(n_workers):
-        procs.append(
-            subprocess.Popen(
-                [
-                    str(BIN / "dask"),
-                    "worker",
-                    address,
-                    "--nthreads",
-                    "1",
-                    "--no-dashboard",
-                    "--host",
-                    "127.0.0.1",
-                    "--name",
-                    f"w{i}",
-                    *worker_args,
-                ],
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL,
-                start_new_session=True,
-                env={k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")},
-            )
-        )
-    from distributed import Client
-
-    with Client(address) as client:
-        client.wait_for_workers(n_workers, timeout=60)
-        names = {w["name"]: a for a, w in client.scheduler_info()["workers"].items()}
-    return {"address": address, "procs": procs, "names": names}
+    names = wait_for_workers(address, n_workers)
+    return {"address": address, "procs": [scheduler, *workers], "names": names}
 
 
 def _stop_cluster(cluster):
@@ -105,6 +65,22 @@ def _cli(cluster, *args, env=None, timeout=120):
     ]
     return subprocess.run(
         cmd, capture_output=True, text=True, timeout=timeout, env={**os.environ, **(env or {})}
+    )
+
+
+def _encode(worker, positives, out, *extra, **kw):
+    """`slem-dask encode` with the model of the ``small_worker`` fixture."""
+    return _cli(
+        worker,
+        "encode",
+        "--model",
+        worker["model"],
+        "--positives",
+        positives,
+        "--out",
+        out,
+        *extra,
+        **kw,
     )
 
 
@@ -139,18 +115,7 @@ def test_a_partition_too_large_for_the_workers_is_refused_before_computing(small
     c = small_worker
     out = c["tmp"] / "refused.zarr"
     before = _memory_restarts(c)
-    result = _cli(
-        c,
-        "encode",
-        "--model",
-        c["model"],
-        "--positives",
-        c["positives"],
-        "--out",
-        out,
-        "--partition-rows",
-        60_000,
-    )
+    result = _encode(c, c["positives"], out, "--partition-rows", 60_000)
     assert result.returncode == 1, result.stderr
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1, result.stderr
@@ -163,18 +128,7 @@ def test_a_partition_too_large_for_the_workers_is_refused_before_computing(small
     assert 0 < suggested < 60_000 and suggested % 1_000 == 0
     assert not out.exists() and _memory_restarts(c) == before  # no worker was tried first
     # the suggested size fits: the same encode with it completes, no worker restarted
-    result = _cli(
-        c,
-        "encode",
-        "--model",
-        c["model"],
-        "--positives",
-        c["positives"],
-        "--out",
-        out,
-        "--partition-rows",
-        suggested,
-    )
+    result = _encode(c, c["positives"], out, "--partition-rows", suggested)
     assert result.returncode == 0, result.stderr
     assert storage.marked_complete(str(out)) and _memory_restarts(c) == before
 
@@ -189,14 +143,9 @@ def test_workers_killed_for_memory_are_named_in_one_line(small_worker):
     out = c["tmp"] / "killed.zarr"
     positives = _array(c["tmp"] / "positives-240k.zarr", 240_000, 256, 1_000)
     before = _memory_restarts(c)
-    result = _cli(
+    result = _encode(
         c,
-        "encode",
-        "--model",
-        c["model"],
-        "--positives",
         positives,
-        "--out",
         out,
         "--partition-rows",
         240_000,
@@ -219,18 +168,7 @@ def test_workers_killed_for_memory_are_named_in_one_line(small_worker):
     assert suggested and "--overwrite" not in line, line  # a failed job's draft binds nothing
     assert "KilledWorker" not in line and "Traceback" not in result.stderr
     assert not storage.marked_complete(str(out))
-    result = _cli(
-        c,
-        "encode",
-        "--model",
-        c["model"],
-        "--positives",
-        positives,
-        "--out",
-        out,
-        "--partition-rows",
-        suggested.group(1),
-    )
+    result = _encode(c, positives, out, "--partition-rows", suggested.group(1))
     assert result.returncode == 0, result.stderr  # the remedy as written works
     assert storage.marked_complete(str(out))
 
@@ -243,7 +181,7 @@ def test_an_up_to_date_output_is_not_refused_for_partitions_it_need_not_compute(
     c = small_worker
     out = c["tmp"] / "done.zarr"
     encode_job(None, c["model"], c["positives"], str(out), partition_rows=60_000)
-    result = _cli(c, "encode", "--model", c["model"], "--positives", c["positives"], "--out", out)
+    result = _encode(c, c["positives"], out)
     assert result.returncode == 0, result.stderr
     assert "up to date" in result.stdout
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from helpers import ROOT, scheduler_address
+from helpers import ROOT, local_worker_args, start_dask, start_local_scheduler
 import yaml
 import zarr
 
@@ -143,47 +143,13 @@ def test_tls_config_is_dask_config():
 def test_cli_over_tls_with_generated_certificates(tmp_path):
     certs = _load(DEPLOY / "tls" / "make_certs.py").make_certs(str(tmp_path / "tls"))
     tls = ["--tls-ca-file", certs["ca"], "--tls-cert", certs["cert"], "--tls-key", certs["key"]]
-    sched_file = tmp_path / "scheduler.json"
-    procs = [
-        subprocess.Popen(
-            [
-                str(BIN / "dask"),
-                "scheduler",
-                "--protocol",
-                "tls",
-                "--host",
-                "127.0.0.1",
-                "--port",
-                "0",
-                "--no-dashboard",
-                "--scheduler-file",
-                str(sched_file),
-                *tls,
-            ],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-    ]
+    scheduler, address = start_local_scheduler(
+        tmp_path / "scheduler.json", "--protocol", "tls", *tls
+    )
+    procs = [scheduler]
     try:
-        address = scheduler_address(sched_file)
         assert address.startswith("tls://")
-        procs.append(
-            subprocess.Popen(
-                [
-                    str(BIN / "dask"),
-                    "worker",
-                    address,
-                    "--nthreads",
-                    "1",
-                    "--no-dashboard",
-                    "--host",
-                    "127.0.0.1",
-                    *tls,
-                ],
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL,
-            )
-        )
+        procs.append(start_dask(local_worker_args(address, "w0", *tls)))
         x = np.random.default_rng(0).standard_normal((500, 8)).astype("float32")
         zarr.create_array(
             str(tmp_path / "neg.zarr"), shape=x.shape, dtype="float32", chunks=(100, 8)

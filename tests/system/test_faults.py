@@ -19,7 +19,7 @@ from slem_dask import load_model, storage
 from slem_dask.cli.main import main
 from slem_dask.storage import versions
 
-from helpers import TESTS, expected_encoding, script_pythonpath, small_corpus
+from helpers import TESTS, encode_command, expected_encoding, script_pythonpath, small_corpus
 
 pytestmark = pytest.mark.slow
 
@@ -214,17 +214,7 @@ def test_an_encode_killed_mid_way_resumes_from_its_draft(corpus):
     os.killpg(a.pid, signal.SIGKILL)
     a.wait(30)
     assert not versions.VersionedStore(str(out)).is_versioned()
-    done = _cli(
-        "encode",
-        "--model",
-        corpus["model"],
-        "--positives",
-        corpus["positives"],
-        "--out",
-        out,
-        "--partition-rows",
-        "40",
-    )
+    done = _cli(*encode_command(corpus, out, "--partition-rows", 40))
     assert done.returncode == 0, done.stderr
     assert "resume" in done.stdout
     encoded = int(done.stdout.split("partitions")[1].split()[0])

@@ -18,33 +18,10 @@ from slem_dask import LinearSLEM, KernelSLEM, load_model, pipeline, storage
 from slem_dask.cli.main import main
 from slem_dask.storage import canonical
 from reference import partitionwise
-from helpers import encode_corpus, head
+from helpers import cli, encode_command, encode_corpus, head, zarr_rows
 from slem_dask.storage import versions
 
 D = 8
-
-
-@pytest.fixture(scope="module")
-def client():
-    with (
-        LocalCluster(
-            n_workers=1, threads_per_worker=2, processes=False, dashboard_address=":0"
-        ) as cluster,
-        Client(cluster) as c,
-    ):
-        yield c
-
-
-def _array(path, data, chunks=40):
-    arr = zarr.create_array(
-        store=str(path),
-        shape=data.shape,
-        dtype=data.dtype,
-        chunks=(chunks, data.shape[1]),
-        overwrite=True,
-    )
-    arr[...] = data
-    return arr
 
 
 @pytest.fixture
@@ -52,8 +29,8 @@ def corpus(tmp_path):
     rng = np.random.default_rng(5)
     neg = rng.standard_normal((400, D)).astype("float32")
     pos = rng.standard_normal((200, D)).astype("float32")
-    _array(tmp_path / "neg.zarr", neg)
-    _array(tmp_path / "pos.zarr", pos)
+    zarr_rows(tmp_path / "neg.zarr", neg)
+    zarr_rows(tmp_path / "pos.zarr", pos)
     LinearSLEM(lam=0.1).fit(neg).save(str(tmp_path / "model.zarr"))
     return {
         "dir": tmp_path,
@@ -66,15 +43,17 @@ def corpus(tmp_path):
 
 
 def _cli(capsys, client, *args):
-    code = main([*map(str, args), "--scheduler", client.scheduler.address, "--no-progress"])
-    out, err = capsys.readouterr()
-    return code, out, err
+    return cli(capsys, client.scheduler.address, *args)
 
 
 def _verify(capsys, *paths):
     code = main(["verify", *map(str, paths)])
     out, err = capsys.readouterr()
     return code, out, err
+
+
+def _search_args(queries, database, out, k=3):
+    return ["search", "--queries", queries, "--database", database, "--k", k, "--out", out]
 
 
 def _expected(corpus, pos=None, like=None):
@@ -151,7 +130,7 @@ def test_racing_encodes_to_one_output_leave_one_right_output(corpus):
     either finishes or is refused; the complete output always holds exactly the
     encodings of the source it records."""
     other = corpus["pos"][::-1].copy()
-    _array(corpus["dir"] / "other.zarr", other)
+    zarr_rows(corpus["dir"] / "other.zarr", other)
     sources = {
         canonical(corpus["positives"]).url: _expected(corpus),
         canonical(corpus["dir"] / "other.zarr").url: _expected(corpus, other),
@@ -230,19 +209,11 @@ def test_overwrite_never_deletes_what_slem_dask_did_not_write(corpus, client, ca
     docs.mkdir()
     (docs / "thesis.txt").write_text("years of work")
     foreign = corpus["dir"] / "foreign.zarr"
-    _array(foreign, np.ones((3, D), dtype="float32"))
+    zarr_rows(foreign, np.ones((3, D), dtype="float32"))
     for target in (docs, foreign):
         for extra in ([], ["--overwrite"]):
             if flag == "--out":
-                args = [
-                    "encode",
-                    "--model",
-                    corpus["model"],
-                    "--positives",
-                    corpus["positives"],
-                    "--out",
-                    target,
-                ]
+                args = encode_command(corpus, target)
             else:
                 args = ["fit", "--negatives", corpus["negatives"], "--model", target]
             code, _, err = _cli(capsys, client, *args, *extra)
@@ -320,7 +291,7 @@ def test_positives_replaced_by_a_longer_array_are_not_an_append(corpus):
     out = corpus["dir"] / "out.zarr"
     encode_corpus(corpus, out)
     longer = np.random.default_rng(9).standard_normal((260, D)).astype("float32")
-    _array(corpus["positives"], longer)
+    zarr_rows(corpus["positives"], longer)
     report = encode_corpus(corpus, out)
     assert report.facts["partitions"] == "7 encoded of 7"
     np.testing.assert_array_equal(storage.read_all(out), _expected(corpus, longer))
@@ -345,7 +316,7 @@ def test_fit_update_refuses_when_merged_rows_changed(corpus, change):
     with pytest.raises(ValueError, match="changed since .* refit with --overwrite"):
         pipeline.fit_job(None, corpus["negatives"], model, lam=0.1, update=True)
     # appending only (no old row touched) merges, equal to a fit from scratch
-    _array(corpus["negatives"], corpus["neg"][:300])
+    zarr_rows(corpus["negatives"], corpus["neg"][:300])
     pipeline.fit_job(None, corpus["negatives"], model, lam=0.1, overwrite=True)
     arr = zarr.open_array(corpus["negatives"], mode="r+")
     arr.resize((400, D))
@@ -375,7 +346,7 @@ def test_fit_update_of_a_moved_store_or_other_width_says_which(corpus, tmp_path)
         r"with --overwrite",
     ):
         pipeline.fit_job(None, moved, model, lam=0.1, update=True)
-    _array(corpus["negatives"], corpus["neg"][:, : D - 1])
+    zarr_rows(corpus["negatives"], corpus["neg"][:, : D - 1])
     with pytest.raises(ValueError, match=rf"with {D} features; that store now has {D - 1} "):
         pipeline.fit_job(None, corpus["negatives"], model, lam=0.1, update=True)
 
@@ -385,7 +356,7 @@ def test_cli_update_refusals_come_before_any_cluster_starts(corpus, capsys):
 
     model = str(corpus["dir"] / "m.zarr")
     pipeline.fit_job(None, corpus["negatives"], model, lam=0.1)
-    _array(corpus["negatives"], corpus["neg"][:, : D - 1])
+    zarr_rows(corpus["negatives"], corpus["neg"][:, : D - 1])
     code = main(
         [
             "fit",
@@ -409,7 +380,7 @@ def test_cli_update_refusals_come_before_any_cluster_starts(corpus, capsys):
 
 def test_fit_update_names_bad_appended_rows_by_their_row_in_the_store(corpus):
     model = str(corpus["dir"] / "m.zarr")
-    _array(corpus["negatives"], corpus["neg"][:300])
+    zarr_rows(corpus["negatives"], corpus["neg"][:300])
     pipeline.fit_job(None, corpus["negatives"], model, lam=0.1)
     arr = zarr.open_array(corpus["negatives"], mode="r+")
     arr.resize((400, D))
@@ -463,19 +434,7 @@ def test_flipped_byte_in_an_output_chunk_fails_every_read_naming_the_chunk(corpu
     code, text, _ = _verify(capsys, out)
     assert code == 1 and "c/2/0" in text and "corrupt" in text
     # reading it as an input of another job names it too
-    code, _, err = _cli(
-        capsys,
-        client,
-        "search",
-        "--queries",
-        out,
-        "--database",
-        out,
-        "--k",
-        "3",
-        "--out",
-        corpus["dir"] / "s.zarr",
-    )
+    code, _, err = _cli(capsys, client, *_search_args(out, out, corpus["dir"] / "s.zarr"))
     assert code == 1 and "c/2/0" in err and "crc32c" in err
     assert not (corpus["dir"] / "s.zarr").exists()
 
@@ -492,17 +451,7 @@ def test_corrupt_model_chunk_gives_one_clear_line(corpus, client, capsys):
     data = bytearray(chunk.read_bytes())
     data[40] ^= 1
     chunk.write_bytes(bytes(data))
-    code, _, err = _cli(
-        capsys,
-        client,
-        "encode",
-        "--model",
-        corpus["model"],
-        "--positives",
-        corpus["positives"],
-        "--out",
-        corpus["dir"] / "o.zarr",
-    )
+    code, _, err = _cli(capsys, client, *encode_command(corpus, corpus["dir"] / "o.zarr"))
     assert code == 1 and len(err.strip().splitlines()) == 1
     assert "'precision'" in err and "crc32c" in err
     code, text, _ = _verify(capsys, corpus["model"])
@@ -531,17 +480,7 @@ def test_damaged_metadata_documents_are_named_by_every_reader(corpus, client, ca
     _damage_document(head(corpus["model"]) / "precision", how)
     code, text, _ = _verify(capsys, corpus["model"])
     assert code == 1 and "'precision/zarr.json'" in text and "damaged" in text, text
-    code, _, err = _cli(
-        capsys,
-        client,
-        "encode",
-        "--model",
-        corpus["model"],
-        "--positives",
-        corpus["positives"],
-        "--out",
-        corpus["dir"] / "o.zarr",
-    )
+    code, _, err = _cli(capsys, client, *encode_command(corpus, corpus["dir"] / "o.zarr"))
     assert code == 1 and len(err.strip().splitlines()) == 1, err
     assert "'precision/zarr.json'" in err and "damaged" in err
     with pytest.raises(storage.DamagedMetadataError, match="precision/zarr.json"):
@@ -550,19 +489,7 @@ def test_damaged_metadata_documents_are_named_by_every_reader(corpus, client, ca
     _damage_document(head(out), how)
     code, text, _ = _verify(capsys, out)
     assert code == 1 and "zarr.json" in text and "damaged" in text, text
-    code, _, err = _cli(
-        capsys,
-        client,
-        "search",
-        "--queries",
-        out,
-        "--database",
-        out,
-        "--k",
-        "3",
-        "--out",
-        corpus["dir"] / "s.zarr",
-    )
+    code, _, err = _cli(capsys, client, *_search_args(out, out, corpus["dir"] / "s.zarr"))
     assert code == 1 and "queries" in err and "'zarr.json'" in err and "damaged" in err, err
 
     _damage_document(head(corpus["model"]), how)
@@ -579,19 +506,7 @@ def test_damaged_metadata_documents_are_named_by_every_reader(corpus, client, ca
 def test_verify_passes_on_good_stores_and_fails_on_foreign_ones(corpus, client, capsys):
     out = corpus["dir"] / "out.zarr"
     encode_corpus(corpus, out)
-    code, text, _ = _cli(
-        capsys,
-        client,
-        "search",
-        "--queries",
-        out,
-        "--database",
-        out,
-        "--k",
-        "3",
-        "--out",
-        corpus["dir"] / "s.zarr",
-    )
+    code, text, _ = _cli(capsys, client, *_search_args(out, out, corpus["dir"] / "s.zarr"))
     assert code == 0, text
     for path in (out, corpus["model"], corpus["dir"] / "s.zarr"):
         code, text, _ = _verify(capsys, path)
@@ -604,16 +519,7 @@ def test_tls_options_with_a_tcp_address_or_without_a_scheduler_are_refused(corpu
     pem = corpus["dir"] / "x.pem"
     pem.write_text("")
     tls = ["--tls-ca-file", pem, "--tls-cert", pem, "--tls-key", pem]
-    args = [
-        "encode",
-        "--model",
-        corpus["model"],
-        "--positives",
-        corpus["positives"],
-        "--out",
-        corpus["dir"] / "o.zarr",
-        *tls,
-    ]
+    args = encode_command(corpus, corpus["dir"] / "o.zarr", *tls)
     assert main([*map(str, args), "--scheduler", "tcp://127.0.0.1:1"]) == 1
     assert "not a TLS address" in capsys.readouterr().err
     assert main([*map(str, args)]) == 1
@@ -705,35 +611,16 @@ def test_file_urls_work_for_every_input_and_output(corpus, client, capsys):
     np.testing.assert_array_equal(
         storage.read_all(d / "url.zarr"), _expected(corpus, like=d / "url.zarr")
     )
+    url = f"file://{d}/url.zarr"
     code, _, err = _cli(
-        capsys,
-        client,
-        "search",
-        "--queries",
-        f"file://{d}/url.zarr",
-        "--database",
-        f"{d}/url.zarr",
-        "--k",
-        "2",
-        "--out",
-        f"file://{d}/search.zarr",
+        capsys, client, *_search_args(url, f"{d}/url.zarr", f"file://{d}/search.zarr", k=2)
     )
     assert code == 0, err
     assert _verify(capsys, d / "search.zarr")[0] == 0
 
 
 def test_memory_urls_are_refused_by_the_command_line_and_separate_workers(corpus, client, capsys):
-    code, _, err = _cli(
-        capsys,
-        client,
-        "encode",
-        "--model",
-        corpus["model"],
-        "--positives",
-        corpus["positives"],
-        "--out",
-        "memory://x.zarr",
-    )
+    code, _, err = _cli(capsys, client, *encode_command(corpus, "memory://x.zarr"))
     assert code == 1 and "memory://" in err and "vanish" in err
     with (
         LocalCluster(
@@ -757,17 +644,7 @@ def test_search_refuses_encodings_of_different_models_unless_forced(corpus, clie
     other = str(d / "other_model.zarr")
     LinearSLEM(lam=1.0).fit(corpus["neg"]).save(other)
     pipeline.encode_job(None, other, corpus["positives"], str(d / "db.zarr"))
-    args = [
-        "search",
-        "--queries",
-        d / "q.zarr",
-        "--database",
-        d / "db.zarr",
-        "--k",
-        "3",
-        "--out",
-        d / "s.zarr",
-    ]
+    args = _search_args(d / "q.zarr", d / "db.zarr", d / "s.zarr")
     code, _, err = _cli(capsys, client, *args)
     assert code == 1 and "different models" in err and "--force" in err
     assert _cli(capsys, client, *args, "--force")[0] == 0
@@ -782,7 +659,7 @@ def test_run_prints_each_step_as_it_finishes_and_update_false_reruns(corpus, cli
         f'out = "{d}/e.zarr"\n[[encode]]\npositives = "{d}/missing.zarr"\n'
         f'out = "{d}/e2.zarr"\n'
     )
-    _array(d / "missing.zarr", corpus["pos"])
+    zarr_rows(d / "missing.zarr", corpus["pos"])
     code, out, err = _cli(capsys, client, "run", spec)
     assert code == 0, err
     os.remove(_chunk(d / "missing.zarr", 1))  # the second encode step now fails
@@ -794,15 +671,7 @@ def test_run_prints_each_step_as_it_finishes_and_update_false_reruns(corpus, cli
 
 def test_rerun_keeps_the_outputs_dtype_and_refuses_other_partition_rows(corpus, client, capsys):
     d = corpus["dir"]
-    base = [
-        "encode",
-        "--model",
-        corpus["model"],
-        "--positives",
-        corpus["positives"],
-        "--out",
-        d / "o.zarr",
-    ]
+    base = encode_command(corpus, d / "o.zarr")
     assert _cli(capsys, client, *base, "--dtype", "float64", "--partition-rows", "40")[0] == 0
     code, out, err = _cli(capsys, client, *base)
     assert code == 0 and "up to date" in out, err
@@ -868,18 +737,7 @@ def test_overwrite_replaces_only_a_store_of_the_same_kind(corpus, client, capsys
     encode_corpus(corpus, out)
     other_model = str(corpus["dir"] / "other_model.zarr")
     LinearSLEM().fit(corpus["neg"]).save(other_model)
-    code, _, err = _cli(
-        capsys,
-        client,
-        "encode",
-        "--model",
-        corpus["model"],
-        "--positives",
-        corpus["positives"],
-        "--out",
-        other_model,
-        "--overwrite",
-    )
+    code, _, err = _cli(capsys, client, *encode_command(corpus, other_model, "--overwrite"))
     assert code == 1 and "holds a model of slem-dask, not an encoded output" in err
     code, _, err = _cli(
         capsys, client, "fit", "--negatives", corpus["negatives"], "--model", out, "--overwrite"
@@ -915,7 +773,7 @@ def test_empty_spec_is_refused(tmp_path):
 def test_kernel_encode_warns_on_positives_of_another_scale(corpus):
     model = str(corpus["dir"] / "k.zarr")
     pipeline.fit_job(None, corpus["negatives"], model, kernel="rbf", gamma=0.5, rank=20)
-    _array(corpus["dir"] / "big.zarr", corpus["pos"] * 100)
+    zarr_rows(corpus["dir"] / "big.zarr", corpus["pos"] * 100)
     with pytest.warns(UserWarning, match="normalize both the same way"):
         report = pipeline.encode_job(
             None, model, str(corpus["dir"] / "big.zarr"), str(corpus["dir"] / "kb.zarr")
@@ -927,7 +785,7 @@ def test_an_output_of_other_positives_is_refused_for_that_reason_only(corpus):
     """Another, shorter source: the output encodes other rows; it did not shrink."""
     out = corpus["dir"] / "out.zarr"
     encode_corpus(corpus, out)
-    _array(corpus["dir"] / "short.zarr", corpus["pos"][:50])
+    zarr_rows(corpus["dir"] / "short.zarr", corpus["pos"][:50])
     with pytest.raises(FileExistsError) as info:
         pipeline.encode_job(None, corpus["model"], str(corpus["dir"] / "short.zarr"), str(out))
     assert "cannot be resumed: it encodes" in str(info.value)

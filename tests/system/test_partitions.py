@@ -310,85 +310,9 @@ def _job_with_a_cut(hosts, args, host, net, heal_after=None):
     return result["code"], result["err"]
 
 
-def _fit(hosts, model):
-    code, err = _slem(
-        hosts,
-        [
-            "fit",
-            "--negatives",
-            f"s3://{BUCKET}/neg.zarr",
-            "--model",
-            model,
-            "--lam",
-            "0.1",
-            "--partition-rows",
-            str(CHUNK),
-        ],
-    )
-    assert code == 0, err
-    return model
-
-
-@pytest.mark.parametrize(
-    "host,net", [("w1", "ctl"), ("w1", "s3")], ids=["worker-scheduler", "worker-s3"]
-)
-def test_encode_with_a_worker_cut_off_mid_job(hosts, host, net):
-    model = MODEL
-    out = f"s3://{BUCKET}/enc-{host}-{net}.zarr"
-    args = [
-        "encode",
-        "--model",
-        model,
-        "--positives",
-        f"s3://{BUCKET}/pos.zarr",
-        "--out",
-        out,
-        "--partition-rows",
-        str(CHUNK),
-        "--dtype",
-        "float32",
-        "--task-timeout",
-        "15",
-    ]
-    code, err = _job_with_a_cut(hosts, args, host, net)
-    _one_line_or_success(code, err)
-    if code != 0:
-        _workers_back(hosts)
-        code, err = _slem(hosts, args)  # the same command, the link back
-        assert code == 0, err
-    _check(hosts, "encode", out, model, f"s3://{BUCKET}/pos.zarr", str(CHUNK))
-
-
-def test_encode_with_the_client_cut_off_from_s3_mid_job(hosts):
-    model = MODEL
-    out = f"s3://{BUCKET}/enc-client.zarr"
-    args = [
-        "encode",
-        "--model",
-        model,
-        "--positives",
-        f"s3://{BUCKET}/pos.zarr",
-        "--out",
-        out,
-        "--partition-rows",
-        str(CHUNK),
-        "--dtype",
-        "float32",
-        "--task-timeout",
-        "15",
-    ]
-    code, err = _job_with_a_cut(hosts, args, "client", "s3", heal_after=15)
-    _one_line_or_success(code, err)
-    if code != 0:
-        _workers_back(hosts)
-        code, err = _slem(hosts, args)
-        assert code == 0, err
-    _check(hosts, "encode", out, model, f"s3://{BUCKET}/pos.zarr", str(CHUNK))
-
-
-def test_fit_with_a_worker_cut_off_from_s3_mid_job(hosts):
-    model = f"s3://{BUCKET}/model-fit-cut.zarr"
-    args = [
+def _fit_args(model: str, *extra: str) -> list[str]:
+    """`slem-dask fit` of the negatives into ``model``, a partition a chunk."""
+    return [
         "fit",
         "--negatives",
         f"s3://{BUCKET}/neg.zarr",
@@ -398,37 +322,67 @@ def test_fit_with_a_worker_cut_off_from_s3_mid_job(hosts):
         "0.1",
         "--partition-rows",
         str(CHUNK),
-        "--task-timeout",
-        "15",
+        *extra,
     ]
-    code, err = _job_with_a_cut(hosts, args, "w2", "s3")
+
+
+def _fit(hosts, model):
+    code, err = _slem(hosts, _fit_args(model))
+    assert code == 0, err
+    return model
+
+
+def _encode_args(out: str, *extra: str) -> list[str]:
+    """`slem-dask encode` of the positives with MODEL into ``out``, a partition a chunk."""
+    return [
+        "encode",
+        "--model",
+        MODEL,
+        "--positives",
+        f"s3://{BUCKET}/pos.zarr",
+        "--out",
+        out,
+        "--partition-rows",
+        str(CHUNK),
+        "--dtype",
+        "float32",
+        *extra,
+    ]
+
+
+def _cut_then_again(hosts, args, host, net, heal_after=None) -> None:
+    """``args`` run with ``host`` cut off ``net`` (see _job_with_a_cut) succeed or fail in
+    one line; after a failure, the same command succeeds with the link back."""
+    code, err = _job_with_a_cut(hosts, args, host, net, heal_after)
     _one_line_or_success(code, err)
     if code != 0:
         _workers_back(hosts)
-        code, err = _slem(hosts, args)
-        assert code == 0, err
+        code, err = _slem(hosts, args)  # the same command, the link back
+        assert code == 0, err + _cluster_logs(hosts)
+
+
+@pytest.mark.parametrize(
+    "host,net,heal_after",
+    [("w1", "ctl", None), ("w1", "s3", None), ("client", "s3", 15)],
+    ids=["worker-scheduler", "worker-s3", "client-s3"],
+)
+def test_encode_with_a_host_cut_off_mid_job(hosts, host, net, heal_after):
+    """A worker cut off the scheduler or S3 until the job ends, or the client cut off S3
+    for 15 s."""
+    out = f"s3://{BUCKET}/enc-{host}-{net}.zarr"
+    _cut_then_again(hosts, _encode_args(out, "--task-timeout", "15"), host, net, heal_after)
+    _check(hosts, "encode", out, MODEL, f"s3://{BUCKET}/pos.zarr", str(CHUNK))
+
+
+def test_fit_with_a_worker_cut_off_from_s3_mid_job(hosts):
+    model = f"s3://{BUCKET}/model-fit-cut.zarr"
+    _cut_then_again(hosts, _fit_args(model, "--task-timeout", "15"), "w2", "s3")
     _check(hosts, "fit", model)
 
 
 def test_search_with_a_worker_cut_off_from_the_scheduler_mid_job(hosts):
-    model = MODEL
     enc = f"s3://{BUCKET}/enc-search.zarr"
-    code, err = _slem(
-        hosts,
-        [
-            "encode",
-            "--model",
-            model,
-            "--positives",
-            f"s3://{BUCKET}/pos.zarr",
-            "--out",
-            enc,
-            "--partition-rows",
-            str(CHUNK),
-            "--dtype",
-            "float32",
-        ],
-    )
+    code, err = _slem(hosts, _encode_args(enc))
     assert code == 0, err
     hits = f"s3://{BUCKET}/hits.zarr"
     args = [
@@ -446,10 +400,5 @@ def test_search_with_a_worker_cut_off_from_the_scheduler_mid_job(hosts):
         "--task-timeout",
         "15",
     ]
-    code, err = _job_with_a_cut(hosts, args, "w2", "ctl")
-    _one_line_or_success(code, err)
-    if code != 0:
-        _workers_back(hosts)
-        code, err = _slem(hosts, args)
-        assert code == 0, err + _cluster_logs(hosts)
+    _cut_then_again(hosts, args, "w2", "ctl")
     _check(hosts, "search", hits)

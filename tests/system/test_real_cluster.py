@@ -14,7 +14,14 @@ import numpy as np
 import pytest
 import zarr
 
-from helpers import can_unshare_mounts, head, scheduler_address
+from helpers import (
+    can_unshare_mounts,
+    head,
+    local_worker_args,
+    start_dask,
+    start_local_scheduler,
+    wait_for_workers,
+)
 from slem_dask.storage import versions
 
 from slem_dask import LinearSLEM, load_model, storage
@@ -26,16 +33,6 @@ BIN = Path(sys.executable).parent
 N_ROWS, DIM, PART = 120_000, 64, 1_000  # 120 partitions: long enough to interrupt
 
 
-def _start(args, prefix=(), **kw):
-    return subprocess.Popen(
-        [*prefix, str(BIN / "dask"), *args],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
-        **kw,
-    )
-
-
 def _start_cluster(tmp, n_workers=2, extra_worker_prefix=None):
     """A scheduler and single-threaded workers without nannies (a killed worker stays
     dead), all started in ``tmp/elsewhere``: not the client's working directory.
@@ -43,42 +40,15 @@ def _start_cluster(tmp, n_workers=2, extra_worker_prefix=None):
     namespace, say)."""
     elsewhere = tmp / "elsewhere"
     elsewhere.mkdir(exist_ok=True)
-    sched_file = tmp / "scheduler.json"
-    if sched_file.exists():
-        sched_file.unlink()
-    scheduler = _start(
-        [
-            "scheduler",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            "0",
-            "--no-dashboard",
-            "--scheduler-file",
-            str(sched_file),
-        ],
-        cwd=elsewhere,
-    )
-    address = scheduler_address(sched_file)
-    args = [
-        "worker",
-        address,
-        "--nthreads",
-        "1",
-        "--no-nanny",
-        "--no-dashboard",
-        "--host",
-        "127.0.0.1",
+    scheduler, address = start_local_scheduler(tmp / "scheduler.json", cwd=elsewhere)
+    workers = [
+        start_dask(local_worker_args(address, f"w{i}", "--no-nanny"), cwd=elsewhere)
+        for i in range(n_workers)
     ]
-    workers = [_start([*args, "--name", f"w{i}"], cwd=elsewhere) for i in range(n_workers)]
     if extra_worker_prefix:
-        workers.append(
-            _start([*args, "--name", "unmounted"], prefix=extra_worker_prefix, cwd=elsewhere)
-        )
-    from distributed import Client
-
-    with Client(address) as client:
-        client.wait_for_workers(len(workers), timeout=60)
+        unmounted = local_worker_args(address, "unmounted", "--no-nanny")
+        workers.append(start_dask(unmounted, prefix=extra_worker_prefix, cwd=elsewhere))
+    wait_for_workers(address, len(workers))
     return {"address": address, "scheduler": scheduler, "workers": workers, "tmp": tmp}
 
 
@@ -113,15 +83,9 @@ def corpus(cluster):
     _cli(cluster, "fit", "--negatives", f"{path}/negatives", "--model", f"{path}/model")
     _cli(
         cluster,
-        "encode",
-        "--model",
-        f"{path}/model",
-        "--positives",
-        f"{path}/positives",
-        "--out",
-        f"{path}/clean",
-        "--partition-rows",
-        str(PART),
+        *_encode_args(
+            f"{path}/model", f"{path}/positives", f"{path}/clean", "--partition-rows", PART
+        ),
     )
     return path
 
@@ -138,6 +102,32 @@ def _cli(cluster, *args, check=True, **kw):
     if check:
         assert result.returncode == 0, result.stderr
     return result
+
+
+def _encode_args(model, positives, out, *extra):
+    return ["encode", "--model", model, "--positives", positives, "--out", out, *extra]
+
+
+def _spawn(*args, cluster=None, **kw):
+    """`slem-dask ARGS` started, not waited for: on ``cluster``'s scheduler, else on the
+    LocalCluster its options start; stdout and stderr piped as text unless ``kw`` says."""
+    on = ["--scheduler", cluster["address"]] if cluster else []
+    cmd = [str(BIN / "slem-dask"), *map(str, args), *on, "--no-progress"]
+    return subprocess.Popen(
+        cmd, **{"stdout": subprocess.PIPE, "stderr": subprocess.PIPE, "text": True, **kw}
+    )
+
+
+def _assert_one_won(procs):
+    """Racing encodes of one --out: at least one finished, any other was refused."""
+    results = [p.communicate(timeout=300) + (p.returncode,) for p in procs]
+    assert 0 in [code for _, _, code in results], results
+    for _, err, code in results:
+        assert (
+            code == 0
+            or "being written by another slem-dask job" in err
+            or "cannot be resumed" in err
+        ), err
 
 
 def _root(path):
@@ -207,26 +197,8 @@ def test_cli_against_real_scheduler_equals_library(cluster, corpus):
 
 def test_worker_killed_mid_encode_job_completes_identically(cluster, corpus):
     out = f"{corpus}/worker_killed"
-    proc = subprocess.Popen(
-        [
-            str(BIN / "slem-dask"),
-            "encode",
-            "--model",
-            f"{corpus}/model",
-            "--positives",
-            f"{corpus}/positives",
-            "--out",
-            out,
-            "--partition-rows",
-            str(PART),
-            "--scheduler",
-            cluster["address"],
-            "--no-progress",
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    args = _encode_args(f"{corpus}/model", f"{corpus}/positives", out, "--partition-rows", PART)
+    proc = _spawn(*args, cluster=cluster)
     assert _wait_for_chunks(out, 10, proc), "encode ended before it could be interrupted"
     victim = cluster["workers"][0]
     os.kill(victim.pid, signal.SIGKILL)
@@ -241,22 +213,8 @@ def test_worker_killed_mid_encode_job_completes_identically(cluster, corpus):
 
 def test_client_killed_mid_encode_rerun_resumes_identically(cluster, corpus):
     out = f"{corpus}/client_killed"
-    args = [
-        "encode",
-        "--model",
-        f"{corpus}/model",
-        "--positives",
-        f"{corpus}/positives",
-        "--out",
-        out,
-        "--partition-rows",
-        str(PART),
-    ]
-    proc = subprocess.Popen(
-        [str(BIN / "slem-dask"), *args, "--scheduler", cluster["address"], "--no-progress"],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
+    args = _encode_args(f"{corpus}/model", f"{corpus}/positives", out, "--partition-rows", PART)
+    proc = _spawn(*args, cluster=cluster, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     assert _wait_for_chunks(out, 10, proc), "encode ended before it could be interrupted"
     proc.send_signal(signal.SIGKILL)
     proc.wait(timeout=30)
@@ -275,39 +233,13 @@ def test_client_killed_mid_encode_rerun_resumes_identically(cluster, corpus):
 def test_two_concurrent_encodes_equal_sequential(cluster, corpus):
     outs = [f"{corpus}/concurrent_a", f"{corpus}/concurrent_b"]
     procs = [
-        subprocess.Popen(
-            [
-                str(BIN / "slem-dask"),
-                "encode",
-                "--model",
-                f"{corpus}/model",
-                "--positives",
-                f"{corpus}/{src}",
-                "--out",
-                out,
-                "--scheduler",
-                cluster["address"],
-                "--no-progress",
-            ],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
+        _spawn(*_encode_args(f"{corpus}/model", f"{corpus}/{src}", out), cluster=cluster)
         for src, out in zip(("positives", "others"), outs, strict=True)
     ]
     for p in procs:
         _, err = p.communicate(timeout=300)
         assert p.returncode == 0, err
-    _cli(
-        cluster,
-        "encode",
-        "--model",
-        f"{corpus}/model",
-        "--positives",
-        f"{corpus}/others",
-        "--out",
-        f"{corpus}/sequential_b",
-    )
+    _cli(cluster, *_encode_args(f"{corpus}/model", f"{corpus}/others", f"{corpus}/sequential_b"))
     np.testing.assert_array_equal(
         storage.open_output(outs[0])[...], storage.open_output(f"{corpus}/clean")[...]
     )
@@ -321,17 +253,7 @@ def test_relative_paths_with_workers_in_another_directory(cluster, corpus):
     workers started elsewhere (they used to write zeros, marked complete)."""
     tmp = cluster["tmp"]
     rel = os.path.relpath(corpus, tmp)
-    _cli(
-        cluster,
-        "encode",
-        "--model",
-        f"{rel}/model",
-        "--positives",
-        f"{rel}/others",
-        "--out",
-        f"{rel}/relative",
-        cwd=tmp,
-    )
+    _cli(cluster, *_encode_args(f"{rel}/model", f"{rel}/others", f"{rel}/relative"), cwd=tmp)
     _cli(cluster, "fit", "--negatives", f"{rel}/negatives", "--model", f"{rel}/model_rel", cwd=tmp)
     model = load_model(f"{corpus}/model")
     np.testing.assert_array_equal(
@@ -356,35 +278,10 @@ def test_racing_cli_encodes_on_a_shared_scheduler(cluster, corpus):
     for trial in range(3):
         out = f"{corpus}/race{trial}"
         procs = [
-            subprocess.Popen(
-                [
-                    str(BIN / "slem-dask"),
-                    "encode",
-                    "--model",
-                    f"{corpus}/model",
-                    "--positives",
-                    f"{corpus}/{src}",
-                    "--out",
-                    out,
-                    "--scheduler",
-                    cluster["address"],
-                    "--no-progress",
-                ],
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                text=True,
-            )
+            _spawn(*_encode_args(f"{corpus}/model", f"{corpus}/{src}", out), cluster=cluster)
             for src in ("positives", "others")
         ]
-        results = [p.communicate(timeout=300) + (p.returncode,) for p in procs]
-        codes = [r[2] for r in results]
-        assert 0 in codes, results
-        for _, err, code in results:
-            assert (
-                code == 0
-                or "being written by another slem-dask job" in err
-                or "cannot be resumed" in err
-            ), err
+        _assert_one_won(procs)
         meta = storage.output_meta(storage.open_node(out))
         assert meta["complete"] is True
         np.testing.assert_array_equal(storage.read_all(out), want[meta["source"].rsplit("/", 1)[1]])
@@ -394,34 +291,10 @@ def test_racing_cli_encodes_with_separate_local_clusters(cluster, corpus):
     """Issue 8, item 2, without a shared scheduler: each process starts its own LocalCluster."""
     out = f"{corpus}/race_local"
     procs = [
-        subprocess.Popen(
-            [
-                str(BIN / "slem-dask"),
-                "encode",
-                "--model",
-                f"{corpus}/model",
-                "--positives",
-                f"{corpus}/{src}",
-                "--out",
-                out,
-                "--workers",
-                "1",
-                "--no-progress",
-            ],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
+        _spawn(*_encode_args(f"{corpus}/model", f"{corpus}/{src}", out, "--workers", 1))
         for src in ("positives", "others")
     ]
-    results = [p.communicate(timeout=300) + (p.returncode,) for p in procs]
-    assert [r[2] for r in results].count(0) >= 1, results
-    for _, err, code in results:
-        assert (
-            code == 0
-            or "being written by another slem-dask job" in err
-            or "cannot be resumed" in err
-        ), err
+    _assert_one_won(procs)
     meta = storage.output_meta(storage.open_node(out))
     model = load_model(f"{corpus}/model")
     source = storage.open_node(meta["source"][len("file://") :])[...]
@@ -460,15 +333,7 @@ def test_worker_without_the_mount_is_refused_before_anything_is_written(tmp_path
     cluster = _start_cluster(tmp_path, n_workers=1, extra_worker_prefix=hide)
     try:
         enc = _cli(
-            cluster,
-            "encode",
-            "--model",
-            data / "model",
-            "--positives",
-            data / "positives",
-            "--out",
-            data / "out",
-            check=False,
+            cluster, *_encode_args(data / "model", data / "positives", data / "out"), check=False
         )
         assert enc.returncode == 1
         assert "does not see the positives" in enc.stderr and "unmounted" not in enc.stdout
@@ -503,26 +368,8 @@ def test_scheduler_killed_mid_encode_keeps_finished_partitions(tmp_path):
     out = data / "out"
     cluster = _start_cluster(tmp_path)
     try:
-        proc = subprocess.Popen(
-            [
-                str(BIN / "slem-dask"),
-                "encode",
-                "--model",
-                str(data / "model"),
-                "--positives",
-                str(data / "positives"),
-                "--out",
-                str(out),
-                "--partition-rows",
-                str(PART),
-                "--scheduler",
-                cluster["address"],
-                "--no-progress",
-            ],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
+        args = _encode_args(data / "model", data / "positives", out, "--partition-rows", PART)
+        proc = _spawn(*args, cluster=cluster)
         assert _wait_for_chunks(out, 10, proc), "encode ended before it could be interrupted"
         cluster["scheduler"].kill()
         _, err = proc.communicate(timeout=120)
@@ -537,18 +384,7 @@ def test_scheduler_killed_mid_encode_keeps_finished_partitions(tmp_path):
         storage.open_output(str(out))
     cluster = _start_cluster(tmp_path)
     try:
-        rerun = _cli(
-            cluster,
-            "encode",
-            "--model",
-            data / "model",
-            "--positives",
-            data / "positives",
-            "--out",
-            out,
-            "--partition-rows",
-            str(PART),
-        )
+        rerun = _cli(cluster, *args)
     finally:
         _stop_cluster(cluster)
     assert "resume" in rerun.stdout
@@ -570,17 +406,9 @@ def test_disk_full_on_a_real_filesystem(cluster, corpus, tmp_path):
     ):
         pytest.skip("needs permission to mount a tmpfs")
     try:
-        args = [
-            "encode",
-            "--model",
-            f"{corpus}/model",
-            "--positives",
-            f"{corpus}/others",
-            "--out",
-            mnt / "out",
-            "--partition-rows",
-            str(PART),
-        ]
+        args = _encode_args(
+            f"{corpus}/model", f"{corpus}/others", mnt / "out", "--partition-rows", PART
+        )
         full = _cli(cluster, *args, check=False)
         assert full.returncode == 1 and "no space left" in full.stderr, full.stderr
         assert len(full.stderr.strip().splitlines()) == 1

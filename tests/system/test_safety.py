@@ -7,21 +7,11 @@ import pytest
 import zarr
 
 from slem_dask.storage import versions
-from distributed import Client, LocalCluster
 
 from slem_dask import KernelSLEM, LinearSLEM, load_model, pipeline, storage
 from slem_dask.cli.main import main
 
-
-@pytest.fixture(scope="module")
-def client():
-    with (
-        LocalCluster(
-            n_workers=1, threads_per_worker=2, processes=False, dashboard_address=":0"
-        ) as cluster,
-        Client(cluster) as c,
-    ):
-        yield c
+from helpers import cli
 
 
 @pytest.fixture
@@ -36,9 +26,7 @@ def corpus(tmp_path):
 
 
 def _cli(capsys, client, *args):
-    code = main([*map(str, args), "--scheduler", client.scheduler.address, "--no-progress"])
-    out, err = capsys.readouterr()
-    return code, out, err
+    return cli(capsys, client.scheduler.address, *args)
 
 
 @pytest.mark.parametrize(
