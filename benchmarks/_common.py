@@ -7,21 +7,37 @@ it in memory. It is written with zarr's default codecs (for a float32 array in
 zarr-python 3: ``BytesCodec`` + ``ZstdCodec(level=0)``) and reused by every
 script while its shape, dtype, chunking and seed match; an attribute written
 last marks it complete, so a write that was interrupted is redone.
+
+The report side (spreads, ``RATIO`` summaries, bands) lives in ``_report`` and is
+re-exported here, so that a script imports one module.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import os
 import platform
 import shutil
-import statistics
+import statistics  # noqa: F401 - the scripts call C.statistics.median
 import sys
 import time
 
 import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _report import (  # noqa: E402,F401 - re-exported: the scripts call C.band, C.spread...
+    CONTENDER_NAMES,
+    add_band_arg,
+    alternate,
+    band,
+    emit_json,
+    floor_summary,
+    ratio_summary,
+    round_ratios,
+    runs_line,
+    spread,
+)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 DEFAULT_WORKDIR = os.path.join(HERE, "_data")
@@ -239,20 +255,6 @@ class Timer:
         self.seconds = time.perf_counter() - self.t0
 
 
-def spread(values) -> str:
-    values = list(values)
-    if not values:
-        return "n/a"
-    return (
-        f"best {min(values):.3f} s, median {statistics.median(values):.3f} s, "
-        f"worst {max(values):.3f} s over {len(values)}"
-    )
-
-
-def runs_line(values) -> str:
-    return "[" + ", ".join(f"{v:.3f}" for v in values) + "]"
-
-
 def _blas_owner(path: str) -> str:
     """The Python package that ships a BLAS library file (numpy.libs/... -> numpy)."""
     parts = os.path.normpath(path).split(os.sep)
@@ -380,12 +382,6 @@ def scheduler_contexts(args, schedulers, plain_cluster: bool = False):
         yield clients, contexts
 
 
-def emit_json(tag: str, payload: dict) -> None:
-    """One machine-readable line, e.g. for collecting results from run_all.sh logs."""
-    print(f"{tag} {json.dumps(payload, sort_keys=True)}")
-    sys.stdout.flush()
-
-
 def cluster_cpu_seconds(client) -> float:
     """CPU seconds (user + system) used so far by this process and every worker of
     ``client``: a cost that the load of other processes on the machine barely changes,
@@ -486,169 +482,3 @@ def encode_floor(x, matrix: np.ndarray, folder: str, client=None) -> dict:
 # and so do all rounds but one in five (a round stalled by another process on the
 # shared machine is forgiven, and counted in the line).
 # benchmarks/compare_bands.py compares two runs' BAND lines.
-
-
-def add_band_arg(parser: argparse.ArgumentParser, band: float, why: str) -> None:
-    """``band``: the script's promised relative spread of its headline ratio between
-    two runs (0.15: +-15%); ``why``: what sets it (stated in --help)."""
-    parser.add_argument(
-        "--band",
-        type=float,
-        default=band,
-        help=f"promised relative spread of the headline ratio between two "
-        f"runs (default {band:g}, i.e. +-{band * 100:.0f}%%: {why})",
-    )
-
-
-def alternate(contenders: dict, repeat: int) -> dict[str, list[float]]:
-    """{name: seconds of each of ``repeat`` rounds}: one untimed call of every contender
-    first (all warmed up alike), then rounds in which the contenders take turns (a change
-    of the machine's load hits them all, and each round is a pair for :func:`band`)."""
-    for fn in contenders.values():
-        fn()
-    runs = {name: [] for name in contenders}
-    for _ in range(repeat):
-        for name, fn in contenders.items():
-            t0 = time.perf_counter()
-            fn()
-            runs[name].append(time.perf_counter() - t0)
-    return runs
-
-
-def round_ratios(numerators, denominators) -> list[float]:
-    """Ratio of each round's pair (rounds in which either side is missing are left out)."""
-    # strict=False: a contender that stopped early has fewer rounds; the pairs it has count
-    return [a / b for a, b in zip(numerators, denominators, strict=False) if a and b]
-
-
-def band(
-    label: str,
-    numerators,
-    denominators,
-    promised: float,
-    *,
-    names: tuple[str, str] = ("reference", "slem-dask"),
-    floor: bool = False,
-) -> dict:
-    """Print, and emit as a ``BAND {json}`` line, the headline ratio
-    ``min(numerators) / min(denominators)`` (best against best), the per-round ratios'
-    min / median / max and whether the run is inside its band (see above).
-
-    ``floor=True``: the numerators are a floor's times, which bound the denominators'
-    from below: the floor's best is the min over its runs; if that is still slower than
-    the contender's best, the floor was not a floor in this run, and the line says so
-    instead of giving a ratio (a floor / slem-dask ratio above 1 is no result)."""
-    numerators, denominators = [float(v) for v in numerators], [float(v) for v in denominators]
-    rounds = round_ratios(numerators, denominators)
-    out = {
-        "label": label,
-        "numerator": names[0],
-        "denominator": names[1],
-        "band": promised,
-        "floor": floor,
-        "rounds": len(rounds),
-    }
-    if not rounds:
-        print(f"BAND {label}: no complete round of {names[0]} and {names[1]}: no ratio")
-        out.update(ratio=None, inside=False)
-        emit_json("BAND", out)
-        return out
-    best_num, best_den = min(numerators), min(denominators)
-    ratio = best_num / best_den
-    mid = statistics.median(rounds)
-    lo, hi = min(rounds), max(rounds)
-    spread_ = max(hi / mid - 1.0, 1.0 - lo / mid)
-    outside = sum(abs(r / mid - 1.0) > promised for r in rounds)
-    # one round says nothing about the spread: the band is then checked between runs only
-    inside = (
-        abs(ratio / mid - 1.0) <= promised and outside <= len(rounds) // 5
-        if len(rounds) > 1
-        else None
-    )
-    out.update(
-        ratio=ratio,
-        round_min=lo,
-        round_median=mid,
-        round_max=hi,
-        spread=spread_,
-        rounds_outside=outside,
-        inside=inside,
-    )
-    verdict = (
-        "inside"
-        if inside
-        else "OUTSIDE (repeat more, or the machine is busy)"
-        if inside is not None
-        else "one round: checked only between two runs (compare_bands.py)"
-    )
-    if floor and best_num > best_den:
-        out.update(ratio=None, not_a_floor=True, floor_best=best_num, contender_best=best_den)
-        print(
-            f"BAND {label}: floor slower than {names[1]}: not a floor in this run "
-            f"(floor best {best_num:.3f} s over {len(numerators)} runs > {names[1]} best "
-            f"{best_den:.3f} s); no ratio"
-        )
-    else:
-        print(
-            f"BAND {label}: {names[0]} / {names[1]} = {ratio:.3f} (best / best); per round "
-            f"min {lo:.3f}, median {mid:.3f}, max {hi:.3f} over {len(rounds)} rounds: "
-            f"{outside} outside +-{promised:.0%} of the median (one in five allowed): "
-            f"{verdict}"
-        )
-    emit_json("BAND", out)
-    return out
-
-
-# -- summaries of bench_fit and bench_encode: a contender against slem-dask -----------
-
-#: What a contender is called in a summary's RATIO line and its BAND line.
-CONTENDER_NAMES = {"numpy": "numpy", "naive": "naive Dask"}
-
-
-def ratio_summary(result, bench, label, contender, times, totals, args, *, key=None, goal=None):
-    """The ``RATIO`` line of ``contender``'s ``times`` over slem-dask's ``totals`` on
-    ``label`` (best against best, of ``args.repeat`` runs; medians), kept in ``result``
-    as ``{key}_ratio_{contender}_best`` and ``_median`` (``key``: the label), then its
-    BAND line (:func:`band` with ``args.band``); returns what :func:`band` returns."""
-    name, med = CONTENDER_NAMES[contender], statistics.median
-    best, median = min(times) / min(totals), med(times) / med(totals)
-    print(
-        f"[{label}] RATIO {contender}_time / slem_time = {best:.3f} (best of {args.repeat}); "
-        f"{median:.3f} (medians)" + (f"  [{goal}]" if goal else "")
-    )
-    key = label if key is None else key
-    result.update(
-        {f"{key}_ratio_{contender}_best": best, f"{key}_ratio_{contender}_median": median}
-    )
-    return band(
-        f"{bench} [{label}] {name} / slem-dask", times, totals, args.band, names=(name, "slem-dask")
-    )
-
-
-def floor_summary(result, bench, sched, heading, times, totals, args) -> None:
-    """The floor's times against slem-dask's ``totals`` on ``sched``: ``heading`` names
-    what the floor does; its BAND line first (a floor slower than slem-dask gives no
-    ratio), then the RATIO line, and both ratios kept in ``result``."""
-    med = statistics.median
-    print(f"[{sched}] {heading}: {spread(times)}  runs {runs_line(times)}")
-    fb = band(
-        f"{bench} [{sched}] floor / slem-dask",
-        times,
-        totals,
-        args.band,
-        names=("floor", "slem-dask"),
-        floor=True,
-    )
-    if fb["ratio"] is not None:
-        print(
-            f"[{sched}] RATIO floor_time / slem_time = {fb['ratio']:.3f} (best); "
-            f"{med(times) / med(totals):.3f} (medians)  [goal >= 1/1.15 = 0.870; 1.0: "
-            f"slem-dask does no work beyond the floor]"
-        )
-    result.update(
-        {
-            f"{sched}_floor_runs": times,
-            f"{sched}_ratio_floor_best": min(times) / min(totals),
-            f"{sched}_ratio_floor_median": med(times) / med(totals),
-        }
-    )
