@@ -184,3 +184,58 @@ def test_a_chunk_missing_from_an_output_says_to_run_the_encode_again(tmp_path, c
     assert f"slem-dask verify {out}" in err and "run the command that wrote it again" in err
     assert main(encode) == 0  # as it says: the encode restores the partition
     assert main(["verify", out]) == 0
+
+
+_INTERRUPT_INSIDE_AN_IMPORT = """
+import sys
+
+class Interrupt:  # one Ctrl-C while yaml (imported by dask) runs its own imports
+    done = False
+
+    def find_spec(self, name, path=None, target=None):
+        if name == "yaml.reader" and not Interrupt.done:
+            Interrupt.done = True
+            raise KeyboardInterrupt
+        return None
+
+sys.meta_path.insert(0, Interrupt())
+from slem_dask.cli import main as cli
+cli._EXECUTABLE = True  # the executable's import of dask.array, which the Ctrl-C cuts short
+sys.exit(cli.main(sys.argv[1:]))
+"""
+
+
+def test_ctrl_c_inside_the_first_import_of_dask_is_one_line_for_an_encode(tmp_path):
+    # docs/operations.md: Ctrl-C at any moment after Python's start-up gives one line and
+    # status 130. Ctrl-C 0.3 s into `slem-dask encode` left yaml half-imported; saying what
+    # the encode kept imported the jobs (and dask) again: an AttributeError's traceback
+    import subprocess
+    import sys
+
+    import numpy as np
+
+    rows = np.random.default_rng(0).standard_normal((40, 4))
+    np.save(tmp_path / "p.npy", rows)
+    LinearSLEM().fit(rows).save(str(tmp_path / "m.zarr"))
+    out = tmp_path / "codes.zarr"
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            _INTERRUPT_INSIDE_AN_IMPORT,
+            "encode",
+            "--model",
+            str(tmp_path / "m.zarr"),
+            "--positives",
+            str(tmp_path / "p.npy"),
+            "--out",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 130, done.stderr
+    assert done.stderr.count("\n") == 1 and "Traceback" not in done.stderr, done.stderr
+    assert done.stderr.startswith("slem-dask encode: interrupted; nothing was")
+    assert not out.exists()
