@@ -239,3 +239,25 @@ def test_ctrl_c_inside_the_first_import_of_dask_is_one_line_for_an_encode(tmp_pa
     assert done.stderr.count("\n") == 1 and "Traceback" not in done.stderr, done.stderr
     assert done.stderr.startswith("slem-dask encode: interrupted; nothing was")
     assert not out.exists()
+
+
+@pytest.mark.parametrize("command", [["versions"], ["rollback", "--to", "1"]])
+@pytest.mark.parametrize("inside", ["member", "version folder"])
+def test_versions_of_a_path_inside_a_store_name_that_store(command, inside, demo_dir, capsys):
+    # docs/reading-outputs.md: commands take `corpus.zarr/negatives`; `slem-dask versions`
+    # of it said "it was not written by this slem-dask", of a corpus slem-dask wrote
+    from slem_dask.cli.main import main
+    from slem_dask.storage import versions
+
+    corpus = str(demo_dir / "slem-demo" / "corpus.zarr")
+    head = versions.VersionedStore(corpus).head()
+    path = {
+        "member": f"{corpus}/negatives",
+        "version folder": f"{corpus}/versions/{head.version}",
+    }[inside]
+    capsys.readouterr()
+    assert main([command[0], path, *command[1:]]) == 1
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and f"part of the slem-dask store {corpus!r}" in err, err
+    assert f"slem-dask {command[0]} {corpus}" in err and "not written" not in err
+    assert versions.VersionedStore(corpus).head() == head  # nothing was committed
