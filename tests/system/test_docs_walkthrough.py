@@ -261,3 +261,20 @@ def test_versions_of_a_path_inside_a_store_name_that_store(command, inside, demo
     assert "\n" not in err and f"part of the slem-dask store {corpus!r}" in err, err
     assert f"slem-dask {command[0]} {corpus}" in err and "not written" not in err
     assert versions.VersionedStore(corpus).head() == head  # nothing was committed
+
+
+def test_a_demo_workdir_that_is_a_file_is_refused_before_a_cluster_starts(tmp_path, capsys):
+    # docs/operations.md: an output whose place is a file is refused in one line before
+    # anything runs; `slem-dask demo --workdir queries.npy` started a cluster, then said
+    # "[Errno 17] File exists: 'queries.npy'"
+    from slem_dask.cli.main import main
+
+    afile = tmp_path / "queries.npy"
+    afile.write_bytes(b"not a folder")
+    assert main(["demo", "--workdir", str(afile), "--negatives", "50"]) == 1
+    captured = capsys.readouterr()
+    assert captured.out == ""  # no "dask: ..." line: no cluster was started
+    err = captured.err.strip()
+    assert "\n" not in err and f"--workdir {str(afile)!r}" in err and "is a file" in err
+    assert "Errno" not in err
+    assert afile.read_bytes() == b"not a folder"
