@@ -278,3 +278,35 @@ def test_a_demo_workdir_that_is_a_file_is_refused_before_a_cluster_starts(tmp_pa
     assert "\n" not in err and f"--workdir {str(afile)!r}" in err and "is a file" in err
     assert "Errno" not in err
     assert afile.read_bytes() == b"not a folder"
+
+
+_EXIT_IMPORTS = """
+import atexit, sys
+
+# registered first, so it runs last: after slem-dask's own exit handlers
+atexit.register(lambda: print(sorted(m for m in ("gcsfs", "adlfs") if m in sys.modules)))
+import slem_dask.storage.azure, slem_dask.storage.gcs  # what every command imports
+"""
+
+
+def test_a_local_command_does_not_import_the_cloud_sdks_at_exit(tmp_path):
+    # Ctrl-C just after `slem-dask run` finished printed an import's traceback (gcsfs,
+    # grpc) and exited 0: the exit handlers that close gs:// and az:// clients imported
+    # gcsfs and adlfs (0.3 s at every exit) when no such client could exist
+    import importlib.util
+    import subprocess
+    import sys
+
+    for sdk in ("gcsfs", "adlfs"):  # installed, or the check below would prove nothing
+        if importlib.util.find_spec(sdk) is None:
+            pytest.skip(f"{sdk} is not installed (pip install 'slem-dask[test]')")
+    done = subprocess.run(
+        [sys.executable, "-c", _EXIT_IMPORTS],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+        env={**__import__("os").environ, "PYTHONPATH": str(ROOT)},
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]", done.stdout + done.stderr
