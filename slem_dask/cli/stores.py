@@ -108,5 +108,8 @@ def export(args) -> None:
 
     check_writable({"--to": args.to})  # a file as its parent, a read-only folder: one line
     facts = copy_out(args.path, args.to, args.export_version, args.overwrite)
-    what = f"{facts['kind']}" + (f" {facts['shape']} {facts['dtype']}" if "shape" in facts else "")
+    kind = facts["kind"]
+    if facts.get("member"):  # corpus.zarr/negatives: that array, not the whole corpus
+        kind = f"{facts['member']!r} of the {kind}"
+    what = kind + (f" {facts['shape']} {facts['dtype']}" if "shape" in facts else "")
     print(f"{facts['path']}: version {facts['version']} ({what}) exported to {facts['to']}")

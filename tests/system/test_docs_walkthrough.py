@@ -310,3 +310,22 @@ def test_a_local_command_does_not_import_the_cloud_sdks_at_exit(tmp_path):
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "[]", done.stdout + done.stderr
+
+
+def test_export_of_a_corpus_member_names_that_member(demo_dir, tmp_path, capsys):
+    # README: `slem-dask export P --to OUT.npy`; of corpus.zarr/negatives it said
+    # "corpus.zarr: version 1 (corpus (600, 16) float32)": the corpus is no such array
+    import numpy as np
+
+    from slem_dask import storage
+    from slem_dask.cli.main import main
+
+    corpus = str(demo_dir / "slem-demo" / "corpus.zarr")
+    out = tmp_path / "neg.npy"
+    capsys.readouterr()
+    assert main(["export", f"{corpus}/negatives", "--to", str(out)]) == 0
+    said = capsys.readouterr().out.strip()
+    assert said == f"{corpus}: version 1 ('negatives' of the corpus (600, 16) float32) " + (
+        f"exported to {out}"
+    )
+    np.testing.assert_array_equal(np.load(out), storage.read_all(f"{corpus}/negatives"))
