@@ -329,3 +329,21 @@ def test_export_of_a_corpus_member_names_that_member(demo_dir, tmp_path, capsys)
         f"exported to {out}"
     )
     np.testing.assert_array_equal(np.load(out), storage.read_all(f"{corpus}/negatives"))
+
+
+def test_the_rechunk_hint_for_an_hdf5_input_gives_code_that_reads_hdf5(tmp_path):
+    # docs/troubleshooting.md "Tiny chunks": said for HDF5 datasets stored in chunks too,
+    # with dask.array.from_zarr(OLD) as the fix, which cannot open an HDF5 file
+    h5py = pytest.importorskip("h5py")
+    import numpy as np
+
+    from slem_dask import storage
+    from slem_dask.storage.chunks import small_chunks_hint
+
+    rows = np.random.default_rng(2).standard_normal((1500, 8)).astype("float32")
+    with h5py.File(tmp_path / "neg.h5", "w") as f:
+        f.create_dataset("tiny", data=rows, chunks=(1, 8))
+    tiny = storage.open_input(str(tmp_path / "neg.h5:/tiny"), "negatives")
+    said = small_chunks_hint(tiny, "negatives", tmp_path / "neg.h5")
+    assert "1,500 chunks of 1 row(s)" in said and "from_zarr" not in said
+    assert "create_dataset(NAME, data=old_dataset[...], chunks=(1500, 8))" in said
