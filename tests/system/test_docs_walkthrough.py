@@ -347,3 +347,24 @@ def test_the_rechunk_hint_for_an_hdf5_input_gives_code_that_reads_hdf5(tmp_path)
     said = small_chunks_hint(tiny, "negatives", tmp_path / "neg.h5")
     assert "1,500 chunks of 1 row(s)" in said and "from_zarr" not in said
     assert "create_dataset(NAME, data=old_dataset[...], chunks=(1500, 8))" in said
+
+
+def test_an_unquoted_glob_of_shards_is_told_to_be_quoted(tmp_path, monkeypatch, capsys):
+    # docs/your-data.md: a glob of shards must be quoted, else the shell expands it; the
+    # expanded one said only "unrecognized arguments: database/emb_1.npy ..."
+    import numpy as np
+
+    from slem_dask.cli.main import main
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "database").mkdir()
+    for i in range(3):
+        np.save(tmp_path / "database" / f"emb_{i}.npy", np.ones((2, 4)))
+    shards = [f"database/emb_{i}.npy" for i in range(3)]  # as the shell expands the glob
+    with pytest.raises(SystemExit) as exited:
+        main(["encode", "--model", "m.zarr", "--positives", *shards, "--out", "x.zarr"])
+    assert exited.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err.startswith("slem-dask encode: error: --positives takes one PATH")
+    assert "'dir/*.npy'" in err and "quote" in err and "database/emb_2.npy" in err
+    assert not (tmp_path / "x.zarr").exists()
