@@ -128,8 +128,13 @@ def _not_complete(args, short: bool = False, advice: bool = True) -> str:
             else "nothing was marked complete"
         )
     if args.command == "encode":  # what the storage holds now, not what a job may leave
-        from ..pipeline.encode import what_is_kept
-
+        try:
+            from ..pipeline.encode import what_is_kept
+        except Exception:  # noqa: BLE001 - an import cut short by Ctrl-C left modules
+            # half-imported (dask's yaml): the job, in that module, cannot have begun
+            return "nothing was written (the encode had not started)" + (
+                ": run the same command again" if advice else ""
+            )
         return what_is_kept(args.out, getattr(args, "head_before", None), advice=advice)
     # demo and run write several stores one after the other: the ones they had
     # finished are complete (and verified), only the one under way is not

@@ -7,6 +7,7 @@ run, search), ``parser_evaluate``, ``parser_stores``; the option groups they sha
 from __future__ import annotations
 
 import argparse
+import os
 
 from .._version import __version__
 from .parser_evaluate import _add_evaluate_command
@@ -63,6 +64,7 @@ def _parse(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespa
     args, unknown = parser.parse_known_args(argv)
     if unknown:
         command = parser.commands[args.command]
+        _check_expanded_glob(command, argv, unknown)
         options = [o for action in command._actions for o in action.option_strings]
         close = difflib.get_close_matches(unknown[0].split("=")[0], options, n=1)
         command.error(
@@ -70,6 +72,25 @@ def _parse(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespa
             + (f"; did you mean {close[0]}?" if close else "")
         )
     return args
+
+
+def _check_expanded_glob(command: argparse.ArgumentParser, argv: list[str], unknown) -> None:
+    """`--positives database/*.npy` unquoted: the shell gave the option the first file and
+    left the others as unrecognized arguments; say to quote the glob (usage error)."""
+    i = argv.index(unknown[0]) if unknown[0] in argv else -1
+    if unknown[0].startswith("-") or i < 2:
+        return
+    action = command._option_string_actions.get(argv[i - 2])
+    if action is None or action.metavar != "PATH" or argv[i - 1].startswith("-"):
+        return
+    files = [argv[i - 1], *unknown]
+    if not all(os.path.exists(f) for f in files):  # what a shell's glob gives exists
+        return
+    command.error(
+        f"{argv[i - 2]} takes one PATH, but the shell gave it {len(files)} "
+        f"({' '.join(files[:3])}{' ...' if len(files) > 3 else ''}): quote a glob of .npy "
+        f"shards ('dir/*.npy') so that it reaches slem-dask whole, or give their folder"
+    )
 
 
 #: `evaluate`'s options for one's own labelled descriptors (instead of --corpus)

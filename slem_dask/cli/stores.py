@@ -48,11 +48,7 @@ def versions(args) -> None:
 
     store = versioned.VersionedStore(args.path)
     if not store.has_history():
-        raise ValueError(
-            f"{str(store.path)!r} has no versions: it was not written by this "
-            f"slem-dask (or not at all); `slem-dask verify {args.path}` says what "
-            f"it is"
-        )
+        raise _no_history(store, args)
     if args.command == "rollback":
         before = store.head()
         commit = _rollback(store, args.to)
@@ -80,6 +76,31 @@ def versions(args) -> None:
         print(f"{store.path}: no committed version (an unfinished first write)")
 
 
+def _no_history(store, args) -> ValueError:
+    """The error of `versions P` / `rollback P` for a ``P`` without a history of its own:
+    a member or a version folder of a store names that store; anything else is no store."""
+    from ..storage import versions as versioned
+
+    try:
+        owner = versioned.resolve(args.path)[1]
+    except Exception:  # noqa: BLE001 - a damaged store around it: say what is sure
+        owner = None
+    if owner is not None and str(owner.path) != str(store.path):
+        fix = (
+            f"roll that store back: slem-dask rollback {owner.path} --to {args.to}"
+            if args.command == "rollback"
+            else f"list them with `slem-dask versions {owner.path}`"
+        )
+        return ValueError(
+            f"{str(store.path)!r} is part of the slem-dask store {str(owner.path)!r} and "
+            f"has no versions of its own: the store's versions hold it; {fix}"
+        )
+    return ValueError(
+        f"{str(store.path)!r} has no versions: it was not written by this slem-dask (or "
+        f"not at all); `slem-dask verify {args.path}` says what it is"
+    )
+
+
 def export(args) -> None:
     """`export PATH --to OUT`: one committed version copied out as plain zarr or .npy."""
     from ..cluster.preflight import check_writable
@@ -87,5 +108,8 @@ def export(args) -> None:
 
     check_writable({"--to": args.to})  # a file as its parent, a read-only folder: one line
     facts = copy_out(args.path, args.to, args.export_version, args.overwrite)
-    what = f"{facts['kind']}" + (f" {facts['shape']} {facts['dtype']}" if "shape" in facts else "")
+    kind = facts["kind"]
+    if facts.get("member"):  # corpus.zarr/negatives: that array, not the whole corpus
+        kind = f"{facts['member']!r} of the {kind}"
+    what = kind + (f" {facts['shape']} {facts['dtype']}" if "shape" in facts else "")
     print(f"{facts['path']}: version {facts['version']} ({what}) exported to {facts['to']}")

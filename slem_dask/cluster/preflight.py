@@ -107,6 +107,11 @@ def check_writable(paths: dict[str, object]) -> None:
             continue
         target = where.location
         _check_store_name(key, path, target)
+        if key == "--workdir" and os.path.exists(target) and not os.path.isdir(target):
+            raise NotADirectoryError(  # the demo makes it a folder: os.makedirs' errno 17
+                f"--workdir {str(path)!r}: {target!r} is a file, not a folder; give a "
+                f"folder (new or existing) for the demo's corpus and models"
+            )
         folder = os.path.dirname(target.rstrip("/")) or "/"
         while not os.path.isdir(folder) and os.path.dirname(folder) != folder:
             if os.path.exists(folder):  # a file where a folder must go

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import os
 import re
+import sys
 import weakref
 
 from .cloud import EVERY_WORKER, BucketBackend, at_exit_before_zarr, chain
@@ -30,10 +31,10 @@ def _close_clients_at_exit() -> None:
     """Run adlfs's finalizers (which close each file system's Azure client through its
     event loop) before zarr's exit handler stops zarr's loop: run after it, each printed
     a 'Loop is not running' traceback at the end of every command on az://. Python
-    keeps the finalizers in a private registry: if it is not there, nothing is done."""
-    try:
-        from adlfs import AzureBlobFileSystem
-    except ImportError:  # no adlfs: no finalizers of its own to run
+    keeps the finalizers in a private registry: if it is not there, nothing is done.
+    Without adlfs imported there is no such file system, and nothing to import."""
+    AzureBlobFileSystem = getattr(sys.modules.get("adlfs"), "AzureBlobFileSystem", None)
+    if AzureBlobFileSystem is None:  # never imported: no finalizers of its own to run
         return
 
     for finalizer, info in list(getattr(weakref.finalize, "_registry", {}).items()):

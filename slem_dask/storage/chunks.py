@@ -444,12 +444,17 @@ def small_chunks_hint(arr, name: str, path) -> str | None:
     if units <= MANY_UNITS or rows * row_bytes >= SMALL_UNIT_BYTES:
         return None
     better = int(min(n, max(rows, SUGGESTED_UNIT_BYTES // row_bytes)))
+    how = (  # dask.array.from_zarr cannot open an HDF5 file
+        f"h5py's new_file.create_dataset(NAME, data=old_dataset[...], chunks=({better}, {d}))"
+        f", or save the rows as .npy (read by row ranges, no chunks)"
+        if getattr(arr, "format", None) == "hdf5"
+        else f"dask.array.from_zarr(OLD).rechunk(({better}, {d})).to_zarr(NEW)"
+    )
     return (
         f"{name} {str(path)!r} are stored in {units:,} chunks of {rows} row(s) "
         f"({_bytes(rows * row_bytes)} each): reaching each chunk (a file or request, a "
         f"decode) costs more than reading its data; rechunk to {better:,} rows per "
-        f"chunk ({_bytes(better * row_bytes)}), e.g. "
-        f"dask.array.from_zarr(OLD).rechunk(({better}, {d})).to_zarr(NEW)"
+        f"chunk ({_bytes(better * row_bytes)}), e.g. {how}"
     )
 
 

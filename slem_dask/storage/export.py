@@ -52,6 +52,7 @@ def export(path, to, version: int | None = None, overwrite: bool = False) -> dic
         "version": source.version,
         "folder": source.folder,
         "kind": source.kind,
+        "member": source.member,  # a corpus' array (corpus.zarr/negatives), or None
         "to": str(target),
     }
     if isinstance(node, zarr.Array):

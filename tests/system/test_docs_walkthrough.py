@@ -184,3 +184,187 @@ def test_a_chunk_missing_from_an_output_says_to_run_the_encode_again(tmp_path, c
     assert f"slem-dask verify {out}" in err and "run the command that wrote it again" in err
     assert main(encode) == 0  # as it says: the encode restores the partition
     assert main(["verify", out]) == 0
+
+
+_INTERRUPT_INSIDE_AN_IMPORT = """
+import sys
+
+class Interrupt:  # one Ctrl-C while yaml (imported by dask) runs its own imports
+    done = False
+
+    def find_spec(self, name, path=None, target=None):
+        if name == "yaml.reader" and not Interrupt.done:
+            Interrupt.done = True
+            raise KeyboardInterrupt
+        return None
+
+sys.meta_path.insert(0, Interrupt())
+from slem_dask.cli import main as cli
+cli._EXECUTABLE = True  # the executable's import of dask.array, which the Ctrl-C cuts short
+sys.exit(cli.main(sys.argv[1:]))
+"""
+
+
+def test_ctrl_c_inside_the_first_import_of_dask_is_one_line_for_an_encode(tmp_path):
+    # docs/operations.md: Ctrl-C at any moment after Python's start-up gives one line and
+    # status 130. Ctrl-C 0.3 s into `slem-dask encode` left yaml half-imported; saying what
+    # the encode kept imported the jobs (and dask) again: an AttributeError's traceback
+    import subprocess
+    import sys
+
+    import numpy as np
+
+    rows = np.random.default_rng(0).standard_normal((40, 4))
+    np.save(tmp_path / "p.npy", rows)
+    LinearSLEM().fit(rows).save(str(tmp_path / "m.zarr"))
+    out = tmp_path / "codes.zarr"
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            _INTERRUPT_INSIDE_AN_IMPORT,
+            "encode",
+            "--model",
+            str(tmp_path / "m.zarr"),
+            "--positives",
+            str(tmp_path / "p.npy"),
+            "--out",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 130, done.stderr
+    assert done.stderr.count("\n") == 1 and "Traceback" not in done.stderr, done.stderr
+    assert done.stderr.startswith("slem-dask encode: interrupted; nothing was")
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("command", [["versions"], ["rollback", "--to", "1"]])
+@pytest.mark.parametrize("inside", ["member", "version folder"])
+def test_versions_of_a_path_inside_a_store_name_that_store(command, inside, demo_dir, capsys):
+    # docs/reading-outputs.md: commands take `corpus.zarr/negatives`; `slem-dask versions`
+    # of it said "it was not written by this slem-dask", of a corpus slem-dask wrote
+    from slem_dask.cli.main import main
+    from slem_dask.storage import versions
+
+    corpus = str(demo_dir / "slem-demo" / "corpus.zarr")
+    head = versions.VersionedStore(corpus).head()
+    path = {
+        "member": f"{corpus}/negatives",
+        "version folder": f"{corpus}/versions/{head.version}",
+    }[inside]
+    capsys.readouterr()
+    assert main([command[0], path, *command[1:]]) == 1
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and f"part of the slem-dask store {corpus!r}" in err, err
+    assert f"slem-dask {command[0]} {corpus}" in err and "not written" not in err
+    assert versions.VersionedStore(corpus).head() == head  # nothing was committed
+
+
+def test_a_demo_workdir_that_is_a_file_is_refused_before_a_cluster_starts(tmp_path, capsys):
+    # docs/operations.md: an output whose place is a file is refused in one line before
+    # anything runs; `slem-dask demo --workdir queries.npy` started a cluster, then said
+    # "[Errno 17] File exists: 'queries.npy'"
+    from slem_dask.cli.main import main
+
+    afile = tmp_path / "queries.npy"
+    afile.write_bytes(b"not a folder")
+    assert main(["demo", "--workdir", str(afile), "--negatives", "50"]) == 1
+    captured = capsys.readouterr()
+    assert captured.out == ""  # no "dask: ..." line: no cluster was started
+    err = captured.err.strip()
+    assert "\n" not in err and f"--workdir {str(afile)!r}" in err and "is a file" in err
+    assert "Errno" not in err
+    assert afile.read_bytes() == b"not a folder"
+
+
+_EXIT_IMPORTS = """
+import atexit, sys
+
+# registered first, so it runs last: after slem-dask's own exit handlers
+atexit.register(lambda: print(sorted(m for m in ("gcsfs", "adlfs") if m in sys.modules)))
+import slem_dask.storage.azure, slem_dask.storage.gcs  # what every command imports
+"""
+
+
+def test_a_local_command_does_not_import_the_cloud_sdks_at_exit(tmp_path):
+    # Ctrl-C just after `slem-dask run` finished printed an import's traceback (gcsfs,
+    # grpc) and exited 0: the exit handlers that close gs:// and az:// clients imported
+    # gcsfs and adlfs (0.3 s at every exit) when no such client could exist
+    import importlib.util
+    import subprocess
+    import sys
+
+    for sdk in ("gcsfs", "adlfs"):  # installed, or the check below would prove nothing
+        if importlib.util.find_spec(sdk) is None:
+            pytest.skip(f"{sdk} is not installed (pip install 'slem-dask[test]')")
+    done = subprocess.run(
+        [sys.executable, "-c", _EXIT_IMPORTS],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+        env={**__import__("os").environ, "PYTHONPATH": str(ROOT)},
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]", done.stdout + done.stderr
+
+
+def test_export_of_a_corpus_member_names_that_member(demo_dir, tmp_path, capsys):
+    # README: `slem-dask export P --to OUT.npy`; of corpus.zarr/negatives it said
+    # "corpus.zarr: version 1 (corpus (600, 16) float32)": the corpus is no such array
+    import numpy as np
+
+    from slem_dask import storage
+    from slem_dask.cli.main import main
+
+    corpus = str(demo_dir / "slem-demo" / "corpus.zarr")
+    out = tmp_path / "neg.npy"
+    capsys.readouterr()
+    assert main(["export", f"{corpus}/negatives", "--to", str(out)]) == 0
+    said = capsys.readouterr().out.strip()
+    assert said == f"{corpus}: version 1 ('negatives' of the corpus (600, 16) float32) " + (
+        f"exported to {out}"
+    )
+    np.testing.assert_array_equal(np.load(out), storage.read_all(f"{corpus}/negatives"))
+
+
+def test_the_rechunk_hint_for_an_hdf5_input_gives_code_that_reads_hdf5(tmp_path):
+    # docs/troubleshooting.md "Tiny chunks": said for HDF5 datasets stored in chunks too,
+    # with dask.array.from_zarr(OLD) as the fix, which cannot open an HDF5 file
+    h5py = pytest.importorskip("h5py")
+    import numpy as np
+
+    from slem_dask import storage
+    from slem_dask.storage.chunks import small_chunks_hint
+
+    rows = np.random.default_rng(2).standard_normal((1500, 8)).astype("float32")
+    with h5py.File(tmp_path / "neg.h5", "w") as f:
+        f.create_dataset("tiny", data=rows, chunks=(1, 8))
+    tiny = storage.open_input(str(tmp_path / "neg.h5:/tiny"), "negatives")
+    said = small_chunks_hint(tiny, "negatives", tmp_path / "neg.h5")
+    assert "1,500 chunks of 1 row(s)" in said and "from_zarr" not in said
+    assert "create_dataset(NAME, data=old_dataset[...], chunks=(1500, 8))" in said
+
+
+def test_an_unquoted_glob_of_shards_is_told_to_be_quoted(tmp_path, monkeypatch, capsys):
+    # docs/your-data.md: a glob of shards must be quoted, else the shell expands it; the
+    # expanded one said only "unrecognized arguments: database/emb_1.npy ..."
+    import numpy as np
+
+    from slem_dask.cli.main import main
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "database").mkdir()
+    for i in range(3):
+        np.save(tmp_path / "database" / f"emb_{i}.npy", np.ones((2, 4)))
+    shards = [f"database/emb_{i}.npy" for i in range(3)]  # as the shell expands the glob
+    with pytest.raises(SystemExit) as exited:
+        main(["encode", "--model", "m.zarr", "--positives", *shards, "--out", "x.zarr"])
+    assert exited.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err.startswith("slem-dask encode: error: --positives takes one PATH")
+    assert "'dir/*.npy'" in err and "quote" in err and "database/emb_2.npy" in err
+    assert not (tmp_path / "x.zarr").exists()
