@@ -107,6 +107,12 @@ SMALL_INPUT_BYTES = 256 * 2**20
 GIL_FREE_JOBS = ("linear fit", "linear encode", "linear fit and encode", "kernel fit")
 
 
+def _mib(size: int) -> str:
+    """A size in MiB that a small input does not print as "0 MiB"."""
+    mib = size / 2**20
+    return f"{mib:.0f} MiB" if mib >= 10 else f"{mib:.2g} MiB"
+
+
 def local_cluster_kind(job: str, input_bytes: int | None) -> tuple[bool, str]:
     """``--local-cluster auto``: (worker processes?, why) for ``job`` (a name such as
     "linear fit", "kernel fit", "search") reading ``input_bytes`` (None: not known
@@ -120,10 +126,9 @@ def local_cluster_kind(job: str, input_bytes: int | None) -> tuple[bool, str]:
     if input_bytes is None:
         return True, "input size not known before the run"
     if input_bytes >= SMALL_INPUT_BYTES:
-        return True, f"input {input_bytes / 2**20:.0f} MiB >= {limit}"
+        return True, f"input {_mib(input_bytes)} >= {limit}"
     return False, (
-        f"input {input_bytes / 2**20:.0f} MiB < {limit}; "
-        f"--local-cluster processes for worker processes"
+        f"input {_mib(input_bytes)} < {limit}; --local-cluster processes for worker processes"
     )
 
 

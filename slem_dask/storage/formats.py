@@ -31,6 +31,14 @@ from .formats_detect import (  # noqa: F401 (re-exported: callers import them fr
 )
 from .paths import StorePath
 
+#: How a message names each format file_format returns.
+_FORMAT_NAMES = {
+    "npy": ".npy file",
+    "npy shards": ".npy shards",
+    "hdf5": "HDF5 file",
+    **{f"{kind}vecs": f".{kind}vecs file" for kind in "fbi"},
+}
+
 SUPPORTED = (
     "a zarr array (v2 or v3), a .npy file, a folder or quoted glob of .npy "
     "shards, an HDF5 dataset (FILE.h5 or FILE.h5:/dataset), or a .fvecs/.bvecs/"
@@ -250,8 +258,9 @@ def open_file_input(path: StorePath, name: str) -> FileArray | None:
         if fmt is None:
             return None
         raise FormatError(
-            f"{name}: {path.url!r} is a {fmt} input on remote storage; slem-dask reads "
-            f".npy, HDF5 and .fvecs/.bvecs/.ivecs files from local or mounted disk only: "
+            f"{name}: {path.url!r} ({_FORMAT_NAMES.get(fmt, fmt)}) is on remote storage; "
+            f"slem-dask reads .npy, HDF5 and .fvecs/.bvecs/.ivecs files from local or "
+            f"mounted disk only: "
             f"copy it to a local path every worker sees, or convert it to a zarr array"
         )
     location = path.location
@@ -303,11 +312,7 @@ def _open_npy(path: StorePath, files: list[str], name: str, fmt: str) -> FileArr
         try:
             a = np.load(file, mmap_mode="r", allow_pickle=False)
         except ValueError as exc:
-            raise FormatError(
-                f"{name}: {file!r} is a .npy file that cannot be memory-"
-                f"mapped ({exc}); save it as a numeric array "
-                f"(np.save(path, rows.astype(np.float32)))"
-            ) from None
+            raise FormatError(_unmappable_npy(file, name, exc)) from None
         if a.ndim != 2:
             raise FormatError(
                 f"{name}: the .npy file {file!r} has shape {a.shape} ({a.ndim}-D); expected "
@@ -329,6 +334,33 @@ def _open_npy(path: StorePath, files: list[str], name: str, fmt: str) -> FileArr
     assert first is not None  # set with parts[0]: parts[-1] above exists
     return FileArray(
         fmt, path.url, tuple(parts), (n, int(first.shape[1])), first.dtype.newbyteorder("=")
+    )
+
+
+def _unmappable_npy(file: str, name: str, exc: ValueError) -> str:
+    """Why a .npy file cannot be memory-mapped: shorter than its header says (a copy or a
+    write cut off: saving it as numbers would not help), or not numbers (objects)."""
+    fmt = np.lib.format
+    headers = {(1, 0): fmt.read_array_header_1_0, (2, 0): fmt.read_array_header_2_0}
+    needed = None
+    with open(file, "rb") as f:
+        try:
+            read_header = headers.get(fmt.read_magic(f))
+            if read_header is not None:
+                shape, _, dtype = read_header(f)
+                if not dtype.hasobject:
+                    needed = f.tell() + int(np.prod(shape)) * dtype.itemsize
+        except (ValueError, TypeError):
+            pass
+    size = os.path.getsize(file)
+    if needed is not None and size < needed:
+        return (
+            f"{name}: the .npy file {file!r} is truncated: {size:,} bytes where its header "
+            f"({shape}, {dtype}) needs {needed:,}; copy or save it again"
+        )
+    return (
+        f"{name}: {file!r} is a .npy file that cannot be memory-mapped ({exc}); save it as "
+        f"a numeric array (np.save(path, rows.astype(np.float32)))"
     )
 
 

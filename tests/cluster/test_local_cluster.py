@@ -261,6 +261,10 @@ def test_auto_runs_linear_jobs_and_kernel_fits_in_this_process_whatever_their_si
         assert local_cluster_kind(job, SMALL_INPUT_BYTES)[0]
         assert not local_cluster_kind(job, SMALL_INPUT_BYTES - 1)[0]
         assert local_cluster_kind(job, None) == (True, "input size not known before the run")
+    # the reason names a small input's size as it is, not "0 MiB"
+    assert local_cluster_kind("search", 2**18)[1].startswith("input 0.25 MiB < ")
+    assert local_cluster_kind("search", 3 * 2**20)[1].startswith("input 3 MiB < ")
+    assert local_cluster_kind("search", 600 * 2**20)[1] == "input 600 MiB >= 256 MiB"
 
 
 def test_the_in_process_cluster_starts_no_dashboard():

@@ -392,6 +392,9 @@ def test_unreadable_inputs_say_what_to_do(tmp_path, data, monkeypatch):
     (tmp_path / "notes.txt").write_text("not descriptors")
     np.save(tmp_path / "one.npy", data[0])
     np.save(tmp_path / "objects.npy", np.array([{"a": 1}], dtype=object), allow_pickle=True)
+    np.save(tmp_path / "cut.npy", data)
+    with open(tmp_path / "cut.npy", "r+b") as f:  # a copy cut off: the header says more rows
+        f.truncate(os.path.getsize(tmp_path / "cut.npy") - 8)
     write_shards(tmp_path / "mixed", data)
     np.save(tmp_path / "mixed" / "emb_3.npy", data[:4, :3])
     with h5py.File(tmp_path / "two.h5", "w") as f:
@@ -406,6 +409,8 @@ def test_unreadable_inputs_say_what_to_do(tmp_path, data, monkeypatch):
         "one.npy": r"the \.npy file .*one\.npy' has shape \(6,\) \(1-D\).*reshape\(1, -1\)",
         "objects.npy": r"objects\.npy' is a \.npy file that cannot be memory-mapped .*"
         r"numeric array",
+        "cut.npy": r"the \.npy file .*cut\.npy' is truncated: \d[\d,]* bytes where its header "
+        r"\(\(\d+, 6\), float32\) needs [\d,]+; copy or save it again",
         "mixed": r"the shard .*emb_3\.npy' has 3 columns of float32, the first shard "
         r".*emb_2\.npy' 6 of float32",
         "nothing/*.npy": r"no file matches .*nothing/\*\.npy'",
@@ -428,8 +433,8 @@ def test_unreadable_inputs_say_what_to_do(tmp_path, data, monkeypatch):
         storage.read_all(str(tmp_path / "odd.fvecs"), "negatives")
     with pytest.raises(
         ValueError,
-        match=r"negatives: 's3://bucket/x\.npy' is a npy input on "
-        r"remote storage; .*copy it to a local path",
+        match=r"negatives: 's3://bucket/x\.npy' \(\.npy file\) is on remote storage; "
+        r".*copy it to a local path",
     ):
         storage.open_input("s3://bucket/x.npy", "negatives")
     monkeypatch.setitem(sys.modules, "h5py", None)  # h5py not installed
