@@ -227,7 +227,19 @@ class MulticlassSVM(_Classifier):
     def objective(self, X, y) -> float:
         """R(W) of the fitted model on (X, y) (with the intercept as a feature)."""
         self._check_fitted()
-        codes = np.searchsorted(self.classes_, np.asarray(y))
+        X = np.asarray(check_rows(X, "X"))
+        check_n_features(X, self.coef_.shape[1], "X", fitted_on=type(self).__name__)
+        check_finite_rows(X, "X")
+        y = _check_target(y, len(X), "X")
+        # searchsorted maps a label the model never saw to a neighbour's code: refuse it
+        unseen = np.setdiff1d(y, self.classes_)
+        if unseen.size:
+            raise ValueError(
+                f"y holds {unseen.size} label(s) this model was not fitted on "
+                f"(first: {unseen[0]!r}; its classes: {list(self.classes_)}); give labels of "
+                f"the fitted classes"
+            )
+        codes = np.searchsorted(self.classes_, y)
         W = np.hstack([self.coef_, self.intercept_[:, None]]) if self.fit_intercept else self.coef_
         return multiclass_hinge_objective(W, self._augment(np.asarray(X)), codes, float(self.lam))
 

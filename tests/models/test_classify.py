@@ -69,6 +69,13 @@ def test_multiclass_svm_separates_and_approaches_the_optimum(rng):
     ]
     assert values[0] > values[1] > values[2] >= values[3] * 0.999
     assert svm.objective(X, y) <= values[3] * 1.03  # default steps: within 3%
+    # a label the model never saw would be scored as a neighbouring class: refused
+    unseen = y.astype(object)
+    unseen[0] = "a label it never saw"
+    with pytest.raises(ValueError, match=r"y holds 1 label\(s\) this model was not fitted on"):
+        svm.objective(X, unseen)
+    with pytest.raises(ValueError, match=r"has 3 features"):
+        svm.objective(X[:, :3], y)
 
 
 def test_multiclass_svm_is_deterministic_and_validates(rng):
