@@ -74,6 +74,7 @@ def band(
     *,
     names: tuple[str, str] = ("reference", "slem-dask"),
     floor: bool = False,
+    shortest: float = 0.0,
 ) -> dict:
     """Print, and emit as a ``BAND {json}`` line, the headline ratio
     ``min(numerators) / min(denominators)`` (best against best), the per-round ratios'
@@ -82,7 +83,11 @@ def band(
     ``floor=True``: the numerators are a floor's times, which bound the denominators'
     from below: the floor's best is the min over its runs; if that is still slower than
     the contender's best, the floor was not a floor in this run, and the line says so
-    instead of giving a ratio (a floor / slem-dask ratio above 1 is no result)."""
+    instead of giving a ratio (a floor / slem-dask ratio above 1 is no result).
+
+    ``shortest``: seconds the best run of each side must take for the ratio to be banded;
+    a shorter one moves by more than any band between runs, so the line says so and no
+    ``BAND`` line is printed."""
     numerators, denominators = [float(v) for v in numerators], [float(v) for v in denominators]
     rounds = round_ratios(numerators, denominators)
     out = {
@@ -93,6 +98,14 @@ def band(
         "floor": floor,
         "rounds": len(rounds),
     }
+    quickest = min(numerators + denominators, default=0.0)
+    if rounds and quickest < shortest:
+        print(
+            f"{label}: no BAND line: a best run of {quickest:.3f} s is shorter than "
+            f"{shortest:g} s, too short to time steadily"
+        )
+        out.update(ratio=None, inside=None)
+        return out
     if not rounds:
         print(f"BAND {label}: no complete round of {names[0]} and {names[1]}: no ratio")
         out.update(ratio=None, inside=False)

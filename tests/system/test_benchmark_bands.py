@@ -46,6 +46,16 @@ def test_inside_needs_the_rounds_and_the_headline_within_the_band():
     assert not lucky["inside"]
 
 
+def test_runs_too_short_to_time_get_no_band_line(capsys):
+    out = C.band("short", [0.04, 0.05], [0.02, 0.03], 0.2, shortest=0.05)
+    text = capsys.readouterr().out
+    assert out["ratio"] is None and "BAND {" not in text and not text.startswith("BAND")
+    assert "short: no BAND line: a best run of 0.020 s is shorter than 0.05 s" in text
+    # long enough on both sides: banded as usual
+    assert C.band("long", [0.4, 0.5], [0.2, 0.3], 0.2, shortest=0.05)["ratio"] == 2.0
+    assert "BAND long:" in capsys.readouterr().out
+
+
 def test_one_round_is_checked_between_runs_only():
     assert C.band("once", [1.0], [2.0], 0.0)["inside"] is None
 
