@@ -195,9 +195,44 @@ def main(argv=None) -> int:
         import distributed  # noqa: F401 - its import sets its loggers' levels: override after
 
         logging.getLogger("distributed.client").setLevel(logging.CRITICAL)
-        from ..storage import IntegrityError
+        from .. import storage  # noqa: F401 - imported here, where an interrupt is said
     except KeyboardInterrupt:
         return _interrupted(args)
+    if args.command == "run":
+        if len(args.spec) > 1:
+            return _run_specs(args)
+        args.spec = args.spec[0]
+    return _run_reported(args)
+
+
+def _run_specs(args) -> int:
+    """``run A.toml B.toml ...``: each spec as if run alone, in order, each with its own
+    report; the first that fails (or is interrupted) stops the rest, and says so."""
+    import copy
+
+    specs = list(args.spec)
+    for i, path in enumerate(specs, 1):
+        print(f"slem-dask run: {path} ({i} of {len(specs)})", flush=True)
+        one = copy.copy(args)
+        one.spec = path
+        code = _run_reported(one)
+        if code != 0:
+            rest = specs[i:]
+            if rest:
+                print(
+                    f"slem-dask run: {path} did not finish, so {len(rest)} later spec(s) "
+                    f"were not run ({' '.join(rest[:3])}{' ...' if len(rest) > 3 else ''}); "
+                    f"the specs before it are complete",
+                    file=sys.stderr,
+                )
+            return code
+    return 0
+
+
+def _run_reported(args) -> int:
+    """One command (one spec of ``run``), ended in one line whatever happens."""
+    from ..storage import IntegrityError
+
     formatted, warnings.formatwarning = warnings.formatwarning, _warning_line(args.command)
     try:
         return _run(args)

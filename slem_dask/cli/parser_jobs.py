@@ -139,9 +139,17 @@ def _add_encode_command(sub) -> None:
 
 
 def _add_run_command(sub) -> None:
-    """``run``: a job spec."""
-    p = sub.add_parser("run", help="run a job spec (TOML): fit and encode steps, re-runnable")
-    p.add_argument("spec", metavar="SPEC.toml", help="job spec, e.g. jobs/demo.toml")
+    """``run``: job specs, one after the other."""
+    p = sub.add_parser(
+        "run", help="run job specs (TOML): fit and encode steps, re-runnable, in the order given"
+    )
+    p.add_argument(
+        "spec",
+        metavar="SPEC.toml",
+        nargs="+",
+        help="job spec, e.g. jobs/demo.toml; several (jobs/*.toml) run one after the other, "
+        "each with its own report, and the first that fails stops the rest",
+    )
     p.add_argument(
         "--overwrite",
         action="store_true",

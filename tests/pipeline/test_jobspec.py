@@ -443,3 +443,30 @@ def test_the_shipped_demo_spec_runs_on_what_slem_dask_demo_wrote(
     assert [line for line in out.splitlines() if "action" in line] == [
         "  action             up to date"
     ] * 3
+
+
+def test_run_takes_several_specs_in_order_and_stops_at_the_first_that_fails(tmp_path, capsys):
+    """`slem-dask run jobs/*.toml` (the README's table invites it): each spec runs as if
+    alone, with its own report; one that fails stops the later ones, which are named."""
+    rng = np.random.default_rng(5)
+    specs = []
+    for name in ("a", "b"):
+        folder = tmp_path / name
+        folder.mkdir()
+        _write(folder, rng.standard_normal((300, 12)), rng.standard_normal((100, 12)))
+        specs.append(_spec(folder))
+    assert main(["run", *specs, *CLUSTER]) == 0
+    captured = capsys.readouterr()
+    assert f"slem-dask run: {specs[0]} (1 of 2)" in captured.out
+    assert f"slem-dask run: {specs[1]} (2 of 2)" in captured.out
+    assert captured.out.count("\nfit:\n") == 2 and captured.out.count("\nencode:\n") == 2
+    for name in ("a", "b"):
+        assert storage.open_output(f"{tmp_path}/{name}/data.zarr/encoded").shape == (100, 12)
+
+    bad = tmp_path / "bad.toml"
+    bad.write_text('[model]\npath = "m.zarr"\nlam = -1\n')
+    assert main(["run", specs[0], str(bad), specs[1], *CLUSTER]) == 1
+    captured = capsys.readouterr()
+    assert "model.lam = -1: expected a number > 0" in captured.err
+    assert f"{bad} did not finish, so 1 later spec(s) were not run ({specs[1]})" in captured.err
+    assert f"{specs[1]} (3 of 3)" not in captured.out
