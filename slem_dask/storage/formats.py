@@ -29,6 +29,12 @@ from .formats_detect import (  # noqa: F401 (re-exported: callers import them fr
     remote_format,
     split_hdf5,
 )
+from .format_messages import (
+    _no_single_2d_dataset,
+    _reshape_hint,
+    _unmappable_npy,
+    _whole_rows_agree,
+)
 from .paths import StorePath
 
 #: How a message names each format file_format returns.
@@ -337,33 +343,6 @@ def _open_npy(path: StorePath, files: list[str], name: str, fmt: str) -> FileArr
     )
 
 
-def _unmappable_npy(file: str, name: str, exc: ValueError) -> str:
-    """Why a .npy file cannot be memory-mapped: shorter than its header says (a copy or a
-    write cut off: saving it as numbers would not help), or not numbers (objects)."""
-    fmt = np.lib.format
-    headers = {(1, 0): fmt.read_array_header_1_0, (2, 0): fmt.read_array_header_2_0}
-    needed = None
-    with open(file, "rb") as f:
-        try:
-            read_header = headers.get(fmt.read_magic(f))
-            if read_header is not None:
-                shape, _, dtype = read_header(f)
-                if not dtype.hasobject:
-                    needed = f.tell() + int(np.prod(shape)) * dtype.itemsize
-        except (ValueError, TypeError):
-            pass
-    size = os.path.getsize(file)
-    if needed is not None and size < needed:
-        return (
-            f"{name}: the .npy file {file!r} is truncated: {size:,} bytes where its header "
-            f"({shape}, {dtype}) needs {needed:,}; copy or save it again"
-        )
-    return (
-        f"{name}: {file!r} is a .npy file that cannot be memory-mapped ({exc}); save it as "
-        f"a numeric array (np.save(path, rows.astype(np.float32)))"
-    )
-
-
 def _check_npy_magic(file: str, name: str) -> None:
     with open(file, "rb") as f:
         try:
@@ -412,12 +391,7 @@ def _open_hdf5(path: StorePath, file: str, dataset: str | None, name: str) -> Fi
             found = _datasets(f)
             two_d = [k for k in found if f[k].ndim == 2]
             if len(two_d) != 1:
-                shown = ", ".join(found[:6]) + (" ..." if len(found) > 6 else "")
-                raise FormatError(
-                    f"{name}: the HDF5 file {file!r} holds "
-                    f"{len(two_d) or 'no'} 2-D datasets (datasets: {shown or 'none'}); "
-                    f"name one as {file}:/path/to/dataset"
-                )
+                raise FormatError(_no_single_2d_dataset(f, file, found, two_d, name))
             dataset = two_d[0]
         node = f.get(dataset)
         if not isinstance(node, h5py.Dataset):
@@ -428,7 +402,7 @@ def _open_hdf5(path: StorePath, file: str, dataset: str | None, name: str) -> Fi
         if node.ndim != 2:
             raise FormatError(
                 f"{name}: the HDF5 dataset {file}:{dataset} has shape "
-                f"{node.shape}; expected 2-D rows (n_rows, n_features)"
+                f"{node.shape}; expected 2-D rows (n_rows, n_features){_reshape_hint(node)}"
             )
         if node.shape[0]:
             try:
@@ -461,6 +435,14 @@ def _open_texmex(path: StorePath, file: str, fmt: str, name: str) -> FileArray:
     with open(file, "rb") as f:
         d = int(np.frombuffer(f.read(4), "<i4")[0])
     width = 4 + d * kind.itemsize
+    if d >= 1 and size % width and _whole_rows_agree(file, d, width, size):
+        rows = size // width
+        raise FormatError(
+            f"{name}: the .{fmt} file {file!r} is cut short: its rows are 4 + {d} x "
+            f"{kind.itemsize} bytes (dimension {d}), and it holds {rows} whole rows and "
+            f"{size % width} bytes of one more (a copy or write that stopped early); "
+            f"copy it again, or keep its whole rows (truncate -s {rows * width} FILE)"
+        )
     if d < 1 or size % width:
         raise FormatError(
             f"{name}: {file!r} is not a .{fmt} file: its first row declares dimension {d}, "

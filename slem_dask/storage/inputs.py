@@ -85,7 +85,8 @@ def _open_zarr_input(path: str, name: str):
                 f"may be relative to another folder)"
             ) from None
         raise FileNotFoundError(
-            f"{name}: no zarr array at {path!r} (nor a descriptor file); give "
+            _folder_without_input(path, name)
+            or f"{name}: no zarr array at {path!r} (nor a descriptor file); give "
             f"{formats.SUPPORTED}, e.g. {_demo_example(name)} (written by "
             f"`slem-dask demo`)"
         ) from None
@@ -94,6 +95,26 @@ def _open_zarr_input(path: str, name: str):
             f"{name}: {path!r} is not a readable zarr store ({type(exc).__name__}: {exc}); "
             f"give the path of a zarr array (v2 or v3)"
         ) from None
+
+
+def _folder_without_input(path: str, name: str) -> str | None:
+    """What a local folder that holds neither a zarr array nor .npy shards holds (an
+    empty one is a folder of shards not yet written, not a missing path), or None."""
+    local = path[len("file://") :] if path.startswith("file://") else path
+    if "://" in local or not os.path.isdir(local):
+        return None
+    names = sorted(os.listdir(local))
+    held = (
+        "it is empty"
+        if not names
+        else f"it holds {len(names)} other entr{'y' if len(names) == 1 else 'ies'}, "
+        f"e.g. {names[0]!r}"
+    )
+    return (
+        f"{name}: the folder {path!r} holds no .npy shards and no zarr array ({held}); "
+        f"put the shards there (.npy files of one width, read in natural name order), "
+        f"or give the folder or quoted glob ('dir/*.npy') that holds them"
+    )
 
 
 def open_input(path: str, name: str, empty_ok: bool = False):

@@ -403,6 +403,13 @@ def test_unreadable_inputs_say_what_to_do(tmp_path, data, monkeypatch):
     odd = np.concatenate([np.full((3, 1), D, np.int32), data[:3].view(np.int32)], axis=1)
     odd[2, 0] = D + 1
     (tmp_path / "odd.fvecs").write_bytes(odd.tobytes())
+    whole = np.concatenate([np.full((5, 1), D, np.int32), data[:5].view(np.int32)], axis=1)
+    (tmp_path / "cut.fvecs").write_bytes(whole.tobytes()[:-10])  # a copy cut short
+    with h5py.File(tmp_path / "cube.h5", "w") as f:
+        f["images"] = np.zeros((4, 5, D), "float32")
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "notes").mkdir()
+    (tmp_path / "notes" / "a.txt").write_text("")
     cases = {
         "notes.txt": r"no zarr array at .*notes\.txt': it is a file of a format slem-dask "
         r"does not read .*np\.save",
@@ -419,6 +426,17 @@ def test_unreadable_inputs_say_what_to_do(tmp_path, data, monkeypatch):
         "two.h5:/c": r"has no dataset '/c' \(datasets: /a, /b\)",
         "bad.fvecs": r"is not a \.fvecs file: its first row declares dimension 6, and its "
         r"size \(14 bytes\)",
+        "cut.fvecs": r"the \.fvecs file .*cut\.fvecs' is cut short: its rows are 4 \+ 6 x 4 "
+        r"bytes \(dimension 6\), and it holds 4 whole rows and 18 bytes of one more .*"
+        r"copy it again, or keep its whole rows \(truncate -s 112 FILE\)",
+        "cube.h5": r"cube\.h5' holds no 2-D dataset \(datasets: /images; /images has shape "
+        r"\(4, 5, 6\)\); descriptors are one 2-D dataset .*reshape\(-1, 6\)",
+        "cube.h5:/images": r"cube\.h5:/images has shape \(4, 5, 6\); expected 2-D rows "
+        r"\(n_rows, n_features\): write its rows as one, e\.g\. .*reshape\(-1, 6\)",
+        "empty": r"the folder .*empty' holds no \.npy shards and no zarr array \(it is "
+        r"empty\); put the shards there",
+        "notes": r"the folder .*notes' holds no \.npy shards and no zarr array \(it holds 1 "
+        r"other entry, e\.g\. 'a\.txt'\)",
     }
     for name, message in cases.items():
         with pytest.raises((ValueError, FileNotFoundError), match=message) as info:
