@@ -13,20 +13,39 @@ def _add_store_commands(sub) -> None:
         help="check a model, output or search result written by "
         "slem-dask end to end (checksums, completeness); exit 1 on any problem",
     )
-    p.add_argument("paths", nargs="+", metavar="PATH", help="stores to check")
+    p.add_argument(
+        "paths",
+        nargs="+",
+        metavar="PATH",
+        help="stores slem-dask wrote (a model, an output, a search result, a corpus), as "
+        "local paths or URLs (s3://, gs://, az://)",
+    )
 
     p = sub.add_parser(
         "versions",
         help="list the committed versions of a store written by "
         "slem-dask (newest last), with the folder each can be read from",
     )
-    p.add_argument("path", metavar="PATH")
+    p.add_argument(
+        "path",
+        metavar="PATH",
+        help="the store whose versions to list (a path or URL, as given to the command that wrote it)",
+    )
+    _add_rollback_and_export(sub)
+
+
+def _add_rollback_and_export(sub) -> None:
+    """``rollback`` and ``export``: a version of a store made current, or copied out."""
     p = sub.add_parser(
         "rollback",
         help="make an earlier version of a store the current one "
         "(a new commit; the history is kept)",
     )
-    p.add_argument("path", metavar="PATH")
+    p.add_argument(
+        "path",
+        metavar="PATH",
+        help="the store to roll back (a path or URL, as given to the command that wrote it)",
+    )
     p.add_argument(
         "--to",
         type=int,
@@ -40,7 +59,11 @@ def _add_store_commands(sub) -> None:
         "slem-dask out as plain zarr, or an output as .npy, for tools that "
         "need a plain path",
     )
-    p.add_argument("path", metavar="PATH")
+    p.add_argument(
+        "path",
+        metavar="PATH",
+        help="the store to copy out (a path or URL, as given to the command that wrote it)",
+    )
     p.add_argument(
         "--to",
         required=True,

@@ -252,9 +252,11 @@ class RowsError(ValueError):
     input themselves (the jobs: "positives 'pos.zarr': 1 row(s) with NaN or inf ...").
     Built from its args only, so it pickles (it travels back from workers)."""
 
-    def __init__(self, name: str, detail: str):
-        super().__init__(name, detail)
+    def __init__(self, name: str, detail: str, rows: tuple[int, ...] = ()):
+        super().__init__(name, detail, rows)
         self.name, self.detail = name, detail
+        #: the row numbers the message shows (so a job can say which file holds them)
+        self.rows = tuple(rows)
 
     def __str__(self) -> str:
         return f"{self.name} has {self.detail}"
@@ -359,9 +361,18 @@ def check_finite_model(arrays: dict, what: str) -> None:
             )
 
 
-def rows_text(rows, count: int) -> str:
+class RowsText(str):
+    """Row numbers as text ("3, 7, ..."), keeping the numbers it shows in ``rows``."""
+
+    rows: tuple[int, ...] = ()
+
+
+def rows_text(rows, count: int) -> RowsText:
     """The first five of ``rows`` as text, with ", ..." when ``count`` says there are more."""
-    return ", ".join(str(int(i)) for i in rows[:5]) + (", ..." if count > 5 else "")
+    shown = tuple(int(i) for i in rows[:5])
+    text = RowsText(", ".join(map(str, shown)) + (", ..." if count > 5 else ""))
+    text.rows = shown
+    return text
 
 
 def nonfinite_rows(x: np.ndarray, row_offset: int = 0) -> tuple[int, str]:
@@ -381,7 +392,11 @@ def nonfinite_rows_error(
     first five (``shown``, if known), out of how many rows (``total``, if counted), the fix."""
     rows = f" (rows {shown})" if shown is not None else ""
     out_of = f" out of {total}" if total is not None else ""
-    return NonFiniteRowsError(name, f"{count} row(s) with NaN or inf{rows}{out_of}; {remedy}")
+    return NonFiniteRowsError(
+        name,
+        f"{count} row(s) with NaN or inf{rows}{out_of}; {remedy}",
+        getattr(shown, "rows", ()),
+    )
 
 
 def check_finite_rows(

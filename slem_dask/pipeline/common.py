@@ -34,9 +34,30 @@ class JobReport:
         return out
 
 
-def _detail(exc: ValueError) -> str:
-    """An input's error without the library's parameter name (the job names the store)."""
-    return exc.detail if isinstance(exc, RowsError) else str(exc)
+def _detail(exc: ValueError, path=None) -> str:
+    """An input's error without the library's parameter name (the job names the store);
+    rows of an input read from several files (``path``: .npy shards) are also named by
+    file and row there."""
+    if not isinstance(exc, RowsError):
+        return str(exc)
+    where = _rows_in_files(path, exc.rows) if exc.rows and path is not None else None
+    if not where or "(rows " not in exc.detail:
+        return exc.detail
+    end = exc.detail.index(")", exc.detail.index("(rows "))  # after the rows it shows
+    return f"{exc.detail[:end]}: {where}{exc.detail[end:]}"
+
+
+def _rows_in_files(path, rows) -> str | None:
+    """Where ``rows`` of the input at ``path`` are, by file and row ("emb_2.npy row 7"),
+    if it is read from several files; None otherwise (or if it cannot be opened)."""
+    from .. import storage
+
+    try:
+        arr = storage.open_input(str(path), "input")
+    except Exception:  # noqa: BLE001 - the message stands without it
+        return None
+    locate = getattr(arr, "locate_rows", None)
+    return locate(rows) if locate is not None else None
 
 
 def _compute(client, obj, progress: bool):

@@ -378,7 +378,7 @@ def _draft_failures(job: _Draft, plan: EncodePlan, positives, out):
         raise
     except ValueError as exc:  # e.g. NaN rows found by a worker: say where
         store.abandon(draft)  # once no task writes any more
-        raise ValueError(f"positives {str(positives)!r}: {_detail(exc)}") from None
+        raise ValueError(f"positives {str(positives)!r}: {_detail(exc, positives)}") from None
     except _LOST as exc:
         raise _lost_cluster(exc, what_is_kept(out, draft.seq - 1)) from None
     except OSError as exc:

@@ -93,6 +93,7 @@ def relevant_from_labels(
             f"labels must be 1-D, got {names[0]} shape {database_labels.shape} and "
             f"{names[1]} shape {query_labels.shape}"
         )
+    _check_label_kinds(database_labels, query_labels, names)
     order = np.argsort(database_labels, kind="stable")
     sorted_labels = database_labels[order]
     starts = np.searchsorted(sorted_labels, query_labels, "left")
@@ -106,6 +107,23 @@ def relevant_from_labels(
             f"their AP undefined; drop those queries or add their matches to the database"
         )
     return [np.sort(order[s:e]) for s, e in zip(starts, ends, strict=True)]
+
+
+def _check_label_kinds(database_labels, query_labels, names) -> None:
+    """Numbers on one side and text on the other never compare equal (or compare by
+    numpy's casting): one line naming both dtypes, instead of empty relevant sets."""
+    numeric = [labels.dtype.kind in "biuf" for labels in (database_labels, query_labels)]
+    if numeric[0] == numeric[1]:
+        return
+    shown = [
+        f"{name} are {'numbers' if kind else 'text'} ({labels.dtype}"
+        + (f", e.g. {labels.flat[0].item()!r})" if labels.size else ")")
+        for name, labels, kind in zip(names, (database_labels, query_labels), numeric, strict=True)
+    ]
+    raise ValueError(
+        f"{shown[0]} but {shown[1]}: labels match by value, so numbers and text never "
+        f"match; save both as numbers or both as text (e.g. np.save(path, labels.astype(str)))"
+    )
 
 
 def pr_curve(indices, relevant, n_points: int = 101) -> tuple[np.ndarray, np.ndarray]:

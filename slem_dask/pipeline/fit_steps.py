@@ -38,7 +38,7 @@ def _fit_errors(negatives, model_path):
     except storage.DamagedStoreError:
         raise
     except ValueError as exc:  # e.g. NaN rows, negative histogram values: say which input
-        raise ValueError(f"negatives {str(negatives)!r}: {_detail(exc)}") from None
+        raise ValueError(f"negatives {str(negatives)!r}: {_detail(exc, negatives)}") from None
     except _LOST as exc:
         raise _lost_cluster(
             exc, f"{nothing_written(model_path)}: run the same command again"

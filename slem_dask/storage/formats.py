@@ -117,6 +117,20 @@ class FileArray:
     def __repr__(self) -> str:
         return f"<{self.format} input {self.location!r} shape={self.shape} dtype={self.dtype}>"
 
+    def locate_rows(self, rows) -> str | None:
+        """``rows`` (of the whole input) by file and row within it ("emb_2.npy rows 0,
+        7; emb_3.npy row 1"), for an input read from several files; else None."""
+        if len(self.parts) < 2:
+            return None
+        by_file: dict[str, list[int]] = {}
+        for row in rows:
+            part = next(p for p in self.parts if p.start <= row < p.start + p.rows)
+            by_file.setdefault(os.path.basename(part.file), []).append(row - part.start)
+        return "; ".join(
+            f"{file} row{'s' if len(r) > 1 else ''} {', '.join(map(str, r))}"
+            for file, r in by_file.items()
+        )
+
     def read(
         self, lo: int, hi: int, name: str = "input", out: np.ndarray | None = None
     ) -> np.ndarray:

@@ -69,6 +69,12 @@ def _pinned(path, version: int | None):
             f"no store at {str(path)!r}: give the path of a store that "
             f"slem-dask wrote (`slem-dask versions PATH` lists them)"
         )
+    if owner is None and versions.VersionedStore(path).has_history():
+        raise versions.VersionError(
+            f"{str(path)!r} has no committed version yet: the run that writes it stopped "
+            f"before its first commit (Ctrl-C, a full disk, a lost worker), and readers "
+            f"never see a draft; run the same command again to finish it (it resumes)"
+        )
     if owner is None:
         raise versions.VersionError(
             f"{str(path)!r} is not a slem-dask versioned store (it has no commit records); "
