@@ -4,7 +4,8 @@
 
 Each output partition (encode) or the read-back of a model or search result sleeps
 ``SLOW_JOB_DELAY`` seconds, so that a test can stop or kill the job at a known
-moment; the job prints ``started`` once its draft is being written.
+moment; the job prints ``started`` once its draft is being written (and, with
+``SLOW_JOB_SAY_PRUNED=1``, ``pruned`` once it has deleted older versions and drafts).
 """
 
 import os
@@ -27,6 +28,15 @@ def main() -> int:
             return real(block, arr, index)
 
         storage.write_partition = slow
+        if os.environ.get("SLOW_JOB_SAY_PRUNED"):  # the older drafts' clean-up is over
+            real_room = storage.versions.VersionedStore.make_room
+
+            def room(self, mine=None):
+                pruned = real_room(self, mine)
+                print("pruned", flush=True)
+                return pruned
+
+            storage.versions.VersionedStore.make_room = room
         model, positives, out = paths
         report = pipeline.encode_job(
             None,

@@ -499,7 +499,6 @@ def test_sigkilled_encodes_on_s3_leave_one_draft(s3_model):
     import signal
     import subprocess
     import sys
-    import time
 
     s3 = s3_model
     out, model = f"{s3}/out.zarr", f"{s3}/model.zarr"
@@ -510,8 +509,9 @@ def test_sigkilled_encodes_on_s3_leave_one_draft(s3_model):
     env = {
         **os.environ,
         "PYTHONPATH": os.pathsep.join([str(TESTS), code]),
-        "SLOW_JOB_DELAY": "0.5",
+        "SLOW_JOB_DELAY": "30",  # each partition: the run is killed long before its end
         "SLOW_JOB_OVERWRITE": "1",
+        "SLOW_JOB_SAY_PRUNED": "1",
     }
     for _ in range(3):
         proc = subprocess.Popen(
@@ -522,10 +522,12 @@ def test_sigkilled_encodes_on_s3_leave_one_draft(s3_model):
             text=True,
             start_new_session=True,
         )
-        for line in proc.stdout:
-            if line.startswith("started"):
+        said = set()
+        for line in proc.stdout:  # killed once it writes its draft and has cleaned up
+            said.add(line.strip())  # (not a time guessed for them: load delays both)
+            if {"started", "pruned"} <= said:
                 break
-        time.sleep(0.3)  # a partition written into its draft
+        assert {"started", "pruned"} <= said, proc.stderr.read()
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait(30)
         assert storage.head_seq(out) == 1
