@@ -48,6 +48,7 @@ def _search_job(args, client, spec, progress: bool):
         overwrite=args.overwrite,
         force=args.force,
         progress=progress,
+        metric=args.metric,
     )
     return [
         pipeline.search_job(client, args.queries, args.database, args.out, options=options)
