@@ -69,6 +69,7 @@ def _evaluate_job(args, client, spec, progress: bool):
         grids=_evaluate_grids(args),
         partition_rows=args.partition_rows,
         arrays=_evaluate_arrays(args),
+        ground_truth=args.ground_truth,
     )
     return [report], rows
 
