@@ -238,10 +238,8 @@ def evaluate_job(
     ``grids``: method -> {parameter: [values]}; a method with a grid of more than
     one setting gets one row per setting (columns "setting" and "best", see
     :func:`grid_search`), and the plot shows its best setting.
-    ``ground_truth``: the path of each query's true nearest database rows (ids, nearest
-    first: ``.ivecs``, ann-benchmarks HDF5 ``neighbors``, ``.npy`` or zarr of shape
-    (queries, k)): the rows also hold 1-R@1, R@10 and 10-R@10, and the labels of
-    ``arrays`` may be left out.
+    ``ground_truth``: the path of each query's nearest database rows (:mod:`.ground_truth`):
+    the rows also hold 1-R@1, R@10 and 10-R@10; the labels of ``arrays`` may be left out.
     Returns (rows, curves, report).
     """
     t0 = time.perf_counter()
@@ -260,7 +258,7 @@ def evaluate_job(
         client, (negatives, database, queries, relevant, truth), methods, grids, k, p_at
     )
     report = _evaluate_report(source, negatives.shape[0], db, q, methods)
-    if ground_truth:
+    if ground_truth:  # with how many neighbours: 10-R@10 needs 10
         report.facts["ground truth"] = f"{ground_truth} ({truth.shape[1]} neighbours per query)"
     lams = _lams_used(methods, grids)
     if lams:

@@ -188,16 +188,9 @@ def evaluate_methods(
     if ground_truth is not None:
         ground_truth = check_neighbors(ground_truth, queries.shape[0], database.shape[0])
     k = _ranking_length(k, database.shape[0], relevant is None, ground_truth is not None)
-    if p_at is None and relevant is not None:
-        p_at = max(1, int(np.median([len(r) for r in relevant])))
-    elif p_at is not None and (
-        isinstance(p_at, bool) or not isinstance(p_at, (int, np.integer)) or p_at < 1
-    ):
-        # checked before any method is fitted, and named as the caller spelled it
-        raise ValueError(f"p_at (the k of P@k) must be an integer >= 1, got {p_at!r}")
     params = params or {}
     rows, pr = [], {}
-    scoring = (relevant, p_at, ground_truth)
+    scoring = (relevant, _checked_p_at(p_at, relevant), ground_truth)
     for name in methods:
         row, indices = _measure(
             name,
@@ -213,6 +206,18 @@ def evaluate_methods(
         if curves and relevant is not None:
             pr[name] = pr_curve(indices, relevant)
     return rows, pr
+
+
+def _checked_p_at(p_at, relevant) -> int | None:
+    """The k of P@k: ``p_at``, checked, or the median size of the relevant sets."""
+    if p_at is None and relevant is not None:
+        return max(1, int(np.median([len(r) for r in relevant])))
+    if p_at is not None and (
+        isinstance(p_at, bool) or not isinstance(p_at, (int, np.integer)) or p_at < 1
+    ):
+        # checked before any method is fitted, and named as the caller spelled it
+        raise ValueError(f"p_at (the k of P@k) must be an integer >= 1, got {p_at!r}")
+    return p_at
 
 
 def _ranking_length(k, n_db: int, unlabelled: bool, recalls: bool) -> int:
