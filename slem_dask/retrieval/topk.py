@@ -247,7 +247,8 @@ def search(queries: Rows, database: Rows, k: int = 100, metric: str = "ip") -> t
             return _numpy_search(queries, database, k)
         _check_finite(queries, "queries")
         _check_finite(database, "database")
-        scores, indices = _numpy_search(*prepared_pair(queries, database, metric), k)
+        prepared_queries, prepared_database = prepared_pair(queries, database, metric)
+        scores, indices = _numpy_search(prepared_queries, prepared_database, k)
         return to_scores(scores, queries, metric), indices
     return _dask_search(queries, database, k, metric)
 
