@@ -8,6 +8,7 @@ BLAS thread per task, only.
 
 from .metrics import (
     ann_recalls,
+    distance_recall,
     intersection_recall,
     leave_one_out_map,
     make_map_scorer,
@@ -28,4 +29,5 @@ __all__ = [
     "recall_at",
     "intersection_recall",
     "ann_recalls",
+    "distance_recall",
 ]

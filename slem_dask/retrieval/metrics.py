@@ -30,6 +30,7 @@ __all__ = [
     "recall_at",
     "intersection_recall",
     "ann_recalls",
+    "distance_recall",
 ]
 
 
@@ -283,3 +284,27 @@ def ann_recalls(indices: npt.ArrayLike, neighbors: npt.ArrayLike) -> dict[str, f
         if gt.ndim == 2 and gt.shape[1] >= 10:
             out["10-R@10"] = intersection_recall(indices, gt, 10)
     return out
+
+
+def distance_recall(
+    distances: npt.ArrayLike, true_distances: npt.ArrayLike, k: int = 10, epsilon: float = 1e-3
+) -> float:
+    """ann-benchmarks' k-nn recall: the mean over queries of the fraction of the first
+    ``k`` results whose distance is at most the k-th true distance plus ``epsilon``
+    (its ``knn_threshold``). Both in the benchmark's distance: for its euclidean sets
+    the L2 distance, not squared (``np.sqrt`` of ``search(..., metric="l2")``'s scores),
+    against the file's ``distances``. Unlike :func:`intersection_recall`, a result tied
+    with a true neighbour at equal distance counts, whatever its id."""
+    k = check_k(k, " (the number of results counted)")
+    got, true = np.asarray(distances, dtype=np.float64), np.asarray(true_distances)
+    if got.ndim != 2 or true.ndim != 2 or len(got) != len(true):
+        raise ValueError(
+            f"distances {got.shape} and true_distances {true.shape} must be 2-D, one row per query"
+        )
+    if got.shape[1] < k or true.shape[1] < k:
+        raise ValueError(
+            f"distance_recall at k={k} needs {k} results and {k} true distances per query, "
+            f"got {got.shape[1]} and {true.shape[1]}"
+        )
+    threshold = true[:, k - 1 : k].astype(np.float64) + epsilon
+    return float(np.mean(np.sum(got[:, :k] <= threshold, axis=1) / k))

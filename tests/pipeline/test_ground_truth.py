@@ -191,3 +191,16 @@ def test_search_job_warns_raw_queries_against_encodings(tmp_path, rng):
     encode_job(None, str(tmp_path / "m.zarr"), neg, str(tmp_path / "codes.zarr"))
     with pytest.warns(UserWarning, match=r"the database are slem-dask encodings but the queries"):
         search_job(None, neg, str(tmp_path / "codes.zarr"), str(tmp_path / "h.zarr"), k=3)
+
+
+def test_evaluate_job_on_a_corpus_with_ground_truth(tmp_path):
+    from slem_dask.datasets import make_corpus, write_corpus
+
+    path = str(tmp_path / "corpus.zarr")
+    write_corpus(make_corpus(n_negatives=300, n_instances=12, group_size=3, d=8, seed=1), path)
+    group = storage.open_node(path, mode="r")
+    q, db = group["queries"][...], group["database"][...]
+    d2 = ((q[:, None, :] - db[None, :, :]) ** 2).sum(axis=2)
+    np.save(tmp_path / "gt.npy", np.argsort(d2, axis=1, kind="stable")[:, :10])
+    rows, curves, _ = evaluate_job(None, path, "raw", ground_truth=str(tmp_path / "gt.npy"))
+    assert {"mAP", "1-R@1", "R@10", "10-R@10"} <= set(rows[0]) and set(curves) == {"raw"}

@@ -105,3 +105,31 @@ def test_recall_refuses_short_rankings():
         recall_at(np.zeros((2, 5), int), gt, 10)
     with pytest.raises(ValueError, match="ground truth holds 3 neighbours.*at least 10"):
         intersection_recall(np.zeros((2, 10), int), gt[:, :3], 10)
+
+
+def ann_benchmarks_knn(dataset_distances, run_distances, count, epsilon=1e-3):
+    """ann-benchmarks' plotting/metrics.py get_recall_values with knn_threshold, as a loop."""
+    recalls = np.zeros(len(run_distances))
+    for i in range(len(run_distances)):
+        t = dataset_distances[i][count - 1] + epsilon
+        recalls[i] = sum(1 for d in run_distances[i][:count] if d <= t)
+    return np.mean(recalls) / float(count)
+
+
+def test_distance_recall_is_ann_benchmarks_knn_and_counts_ties(data):
+    from slem_dask.retrieval import distance_recall
+
+    queries, database = data
+    q, x = queries.astype(np.float64), database.astype(np.float64)
+    true = np.sort(np.sqrt(((q[:, None, :] - x[None, :, :]) ** 2).sum(axis=2)), axis=1)[:, :100]
+    _, indices = search(queries, database, 20, metric="cosine")
+    run = np.sqrt(((q[:, None, :] - x[indices]) ** 2).sum(axis=2))
+    for k in (1, 10):
+        assert distance_recall(run, true, k) == pytest.approx(ann_benchmarks_knn(true, run, k))
+    exact, _ = search(queries, database, 10, metric="l2")
+    assert distance_recall(np.sqrt(exact), true, 10) == 1.0
+    # a result at a true neighbour's distance with another id counts here, not by ids
+    tied = np.array([[1.0, 2.0]])
+    assert distance_recall(tied, tied, 2) == 1.0
+    with pytest.raises(ValueError, match="needs 10 results and 10 true distances"):
+        distance_recall(run[:, :5], true, 10)
