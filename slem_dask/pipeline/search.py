@@ -131,12 +131,14 @@ def search_input_warnings(q_arr, db_arr, queries: str, database: str, options) -
     said = []
     mq, mdb = storage.output_meta(q_arr), storage.output_meta(db_arr)
     if bool(mq) != bool(mdb):
-        encoded, raw = ("queries", "database") if mq else ("database", "queries")
+        encoded, raw = (
+            ("the queries are slem-dask encodings", f"the database ({database!r}) is not")
+            if mq
+            else ("the database is a slem-dask encoding", f"the queries ({queries!r}) are not")
+        )
         said.append(
-            f"the {encoded} are slem-dask encodings but the {raw} "
-            f"({queries if raw == 'queries' else database!r}) are not (raw descriptors?): "
-            f"their scores mean little; encode both with the same model "
-            f"(`slem-dask encode`)"
+            f"{encoded} but {raw} (raw descriptors?): their scores mean little; encode "
+            f"both with the same model (`slem-dask encode`)"
         )
     elif mq and mdb and mq.get("encoding_fingerprint") != mdb.get("encoding_fingerprint"):
         said.append(

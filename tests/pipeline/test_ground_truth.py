@@ -189,7 +189,10 @@ def test_search_job_warns_raw_queries_against_encodings(tmp_path, rng):
     np.save(neg, rng.standard_normal((200, 6)).astype(np.float32))
     fit_job(None, neg, str(tmp_path / "m.zarr"), lam=0.1)
     encode_job(None, str(tmp_path / "m.zarr"), neg, str(tmp_path / "codes.zarr"))
-    with pytest.warns(UserWarning, match=r"the database are slem-dask encodings but the queries"):
+    with pytest.warns(
+        UserWarning,
+        match=r"the database is a slem-dask encoding but the queries \('.*neg.npy'\) are not",
+    ):
         search_job(None, neg, str(tmp_path / "codes.zarr"), str(tmp_path / "h.zarr"), k=3)
 
 
