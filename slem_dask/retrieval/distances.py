@@ -80,9 +80,10 @@ def _unit_rows(x, name: str, row_offset: int) -> np.ndarray:
     return np.asarray(x, dtype=np.float64) / norms[:, None]
 
 
-def _l2_scale(database) -> float:
-    """A power of two near the largest row norm (1 for zero or non-finite rows)."""
-    largest = float(np.sqrt(row_squares(database).max(initial=0.0)))
+def _l2_scale(squares: np.ndarray) -> float:
+    """A power of two near the largest row norm, from the rows' sums of squares (1 for
+    zero or non-finite rows)."""
+    largest = float(np.sqrt(squares.max(initial=0.0)))
     if not np.isfinite(largest) or largest == 0:
         return 1.0
     return float(2.0 ** np.clip(np.round(np.log2(largest)), -500, 500))
@@ -98,12 +99,11 @@ def prepared_pair(queries, database, metric: str, q_offset: int = 0, db_offset: 
             _unit_rows(queries, "queries", q_offset),
             _unit_rows(database, "database", db_offset),
         )
-    c = _l2_scale(database)
+    squares = row_squares(database)
+    c = _l2_scale(squares)
     with np.errstate(over="ignore", invalid="ignore"):  # non-finite rows: named by search
         q = np.hstack([np.asarray(queries, dtype=np.float64), np.full((len(queries), 1), c)])
-        x = np.hstack(
-            [np.asarray(database, dtype=np.float64), (-0.5 / c * row_squares(database))[:, None]]
-        )
+        x = np.hstack([np.asarray(database, dtype=np.float64), (-0.5 / c * squares)[:, None]])
     return q, x
 
 
