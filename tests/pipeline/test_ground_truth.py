@@ -207,3 +207,16 @@ def test_evaluate_job_on_a_corpus_with_ground_truth(tmp_path):
     np.save(tmp_path / "gt.npy", np.argsort(d2, axis=1, kind="stable")[:, :10])
     rows, curves, _ = evaluate_job(None, path, "raw", ground_truth=str(tmp_path / "gt.npy"))
     assert {"mAP", "1-R@1", "R@10", "10-R@10"} <= set(rows[0]) and set(curves) == {"raw"}
+
+
+def test_grid_search_without_labels_marks_the_best_recall(sift):
+    from slem_dask.pipeline.evaluation import grid_search
+
+    _, _, (learn, base, query, gt) = sift
+    grids = {"slem": {"lam": [1e-4, 1.0, 1e4]}}
+    rows, best, curves = grid_search(learn, base, query, None, grids, ground_truth=gt)
+    scores = [r["10-R@10"] for r in rows]
+    top = scores.index(max(scores))  # ties to the first
+    assert [r["best"] for r in rows] == ["*" if i == top else "" for i in range(3)]
+    assert best["slem"] == {"lam": grids["slem"]["lam"][top]}
+    assert curves == {} and all("mAP" not in r for r in rows)
