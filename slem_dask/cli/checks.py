@@ -106,7 +106,7 @@ def _check_inputs(args, spec) -> None:
     elif args.command == "search":  # an up-to-date re-run is the job's to say
         from ..pipeline.search import check_search_out
 
-        check_search_out(args.queries, args.database, args.out, args.k, args.overwrite)
+        check_search_out(args.queries, args.database, args.out, args.k, args.overwrite, args.metric)
     elif args.command == "encode":
         from ..models import load_model
         from ..pipeline import check_encode_inputs

@@ -48,6 +48,7 @@ def _search_job(args, client, spec, progress: bool):
         overwrite=args.overwrite,
         force=args.force,
         progress=progress,
+        metric=args.metric,
     )
     return [
         pipeline.search_job(client, args.queries, args.database, args.out, options=options)
@@ -68,6 +69,7 @@ def _evaluate_job(args, client, spec, progress: bool):
         grids=_evaluate_grids(args),
         partition_rows=args.partition_rows,
         arrays=_evaluate_arrays(args),
+        ground_truth=args.ground_truth,
     )
     return [report], rows
 

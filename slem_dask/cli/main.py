@@ -128,7 +128,13 @@ def _check_before_cluster(args, spec):
         from ..pipeline.evaluate import check_evaluate_inputs
 
         check_evaluate_inputs(
-            args.corpus, args.methods, args.negatives, args.k, args.plot, _evaluate_arrays(args)
+            args.corpus,
+            args.methods,
+            args.negatives,
+            args.k,
+            args.plot,
+            _evaluate_arrays(args),
+            args.ground_truth,
         )
     return security
 

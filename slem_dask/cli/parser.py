@@ -119,11 +119,18 @@ def _check_option_combinations(parser: argparse.ArgumentParser, args) -> None:
         args.update = args.update or args.repivot  # --repivot: an update that refits
     if args.command == "evaluate":
         own = {name: getattr(args, name.replace("-", "_")) for name in EVALUATE_OWN}
-        if args.corpus is None and not all(own.values()):
-            missing = [f"--{n}" for n, v in own.items() if not v]
+        # with nearest-neighbour ground truth the labels may be left out (both of them)
+        needed = (
+            EVALUATE_OWN[:3]
+            if args.ground_truth and not any(own[n] for n in own if "labels" in n)
+            else own
+        )
+        if args.corpus is None and not all(own[n] for n in needed):
+            missing = [f"--{n}" for n in needed if not own[n]]
             sub.error(
                 f"give --corpus, or one's own labelled descriptors with "
                 f"{', '.join(f'--{n}' for n in own)} (missing: {', '.join(missing)})"
+                + ("" if args.ground_truth else "; with --ground-truth the labels may be left out")
             )
         if args.corpus is not None and any(own.values()):
             sub.error(

@@ -44,6 +44,14 @@ def _add_own_descriptors(p: argparse.ArgumentParser) -> None:
         metavar="PATH",
         help="one label per query row (relevant: database rows of its label)",
     )
+    p.add_argument(
+        "--ground-truth",
+        metavar="PATH",
+        help="ids of each query's nearest database rows, nearest first, shape (queries, k): "
+        ".ivecs (TEXMEX, e.g. sift_groundtruth.ivecs), ann-benchmarks HDF5 (FILE.hdf5 or "
+        "FILE.hdf5:/neighbors), .npy or zarr; adds 1-R@1, R@10 and 10-R@10 to the table "
+        "(docs/your-data.md), and the labels may then be left out",
+    )
 
 
 def _add_method_options(p: argparse.ArgumentParser) -> None:

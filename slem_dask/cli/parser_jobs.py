@@ -186,6 +186,14 @@ def _add_search_command(sub) -> None:
         help="results per query, at most the database size (default: 100)",
     )
     p.add_argument(
+        "--metric",
+        choices=("ip", "cosine", "l2"),
+        default="ip",
+        help="ranking: ip (inner product, highest first; cosine for unit rows such as "
+        "encodings), cosine (cosine similarity) or l2 (nearest first; scores are squared "
+        "L2 distances) (default: ip)",
+    )
+    p.add_argument(
         "--out",
         required=True,
         metavar="PATH",

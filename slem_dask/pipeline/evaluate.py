@@ -16,6 +16,7 @@ import time
 from .. import storage
 from ..parallel.blocks import scatter_large_arrays
 from . import JobReport
+from .ground_truth import GROUND_TRUTH_OPTION, read_ground_truth
 from .search import check_search_inputs, open_search_result, search_job  # noqa: F401
 from .evaluation import (
     METHODS,
@@ -111,27 +112,53 @@ def _input_names(corpus) -> dict[str, str]:
     return {n: n for n in EVALUATE_INPUTS} if corpus is not None else OWN_OPTIONS
 
 
-def _open_evaluate_arrays(corpus, arrays: dict | None):
+def _open_evaluate_arrays(corpus, arrays: dict | None, ground_truth: str | None = None):
     """(negatives, database, queries, relevant): from the corpus group, or from
-    ``arrays`` (name -> path of descriptors in any input format, and of labels)."""
+    ``arrays`` (name -> path of descriptors in any input format, and of labels; the
+    labels may be left out when a ``ground_truth`` scores the rankings: relevant None)."""
     if arrays is None:
         group = _open_corpus(corpus)
         arrays = {n: f"{str(corpus).rstrip('/')}/{n}" for n in EVALUATE_INPUTS[:3]}
         labels = (group["database_labels"][...], group["query_labels"][...])
-    elif [n for n in EVALUATE_INPUTS if not arrays.get(n)]:
-        raise ValueError(
-            f"evaluate: give {', '.join(EVALUATE_INPUTS)} (missing: "
-            f"{', '.join(n for n in EVALUATE_INPUTS if not arrays.get(n))})"
-        )
+    else:
+        _check_own_arrays_given(arrays, ground_truth)
     said = _input_names(corpus)
     neg, db, q = (storage.open_input(arrays[n], said[n]) for n in EVALUATE_INPUTS[:3])
     names = (said["database_labels"], said["query_labels"])
     if corpus is None:
+        if not arrays.get("database_labels"):  # scored by the ground truth alone
+            return neg, db, q, None
         labels = (
             storage.read_labels(arrays["database_labels"], names[0], db.shape[0]),
             storage.read_labels(arrays["query_labels"], names[1], q.shape[0]),
         )
     return neg, db, q, relevant_from_labels(*labels, names=names)
+
+
+def _check_own_arrays_given(arrays: dict, ground_truth: str | None) -> None:
+    """Every one of :data:`EVALUATE_INPUTS` is given, or (with a ground truth) the three
+    descriptors and both labels or neither."""
+    missing = [n for n in EVALUATE_INPUTS if not arrays.get(n)]
+    labels = [n for n in EVALUATE_INPUTS[3:] if arrays.get(n)]
+    if ground_truth:
+        if len(labels) == 1:
+            other = next(n for n in EVALUATE_INPUTS[3:] if n != labels[0])
+            raise ValueError(
+                f"evaluate: {OWN_OPTIONS[labels[0]]} was given without {OWN_OPTIONS[other]}; "
+                f"give both labels (mAP beside the recalls) or neither ({GROUND_TRUTH_OPTION} "
+                f"alone)"
+            )
+        missing = [n for n in missing if n in EVALUATE_INPUTS[:3]]
+    if missing:
+        hint = (
+            f"; or give {GROUND_TRUTH_OPTION} (nearest-neighbour ids) instead of the labels"
+            if not ground_truth and set(missing) <= set(EVALUATE_INPUTS[3:])
+            else ""
+        )
+        raise ValueError(
+            f"evaluate: give {', '.join(OWN_OPTIONS[n] for n in EVALUATE_INPUTS)} (missing: "
+            f"{', '.join(OWN_OPTIONS[n] for n in missing)}){hint}"
+        )
 
 
 def check_evaluate_inputs(
@@ -141,13 +168,28 @@ def check_evaluate_inputs(
     k: int | None,
     plot: str | None = None,
     arrays: dict | None = None,
+    ground_truth: str | None = None,
 ):
     """Validate everything the evaluate job can check from metadata, before any compute.
     ``arrays``: one's own labelled descriptors instead of a corpus (``corpus`` None):
-    paths by the names of :data:`EVALUATE_INPUTS`."""
+    paths by the names of :data:`EVALUATE_INPUTS`. ``ground_truth``: the path of
+    nearest-neighbour ids (:func:`.ground_truth.read_ground_truth`), read and checked."""
     check_plot_path(plot)
     methods = parse_methods(methods)
-    neg, db, q, relevant = _open_evaluate_arrays(corpus, arrays)
+    neg, db, q, relevant = _open_evaluate_arrays(corpus, arrays, ground_truth)
+    if ground_truth:
+        read_ground_truth(ground_truth, q.shape[0], db.shape[0])
+        if k is not None and k < min(10, db.shape[0]):
+            raise ValueError(
+                f"--k {k} is shorter than the 10 results that R@10 and 10-R@10 count "
+                f"({GROUND_TRUTH_OPTION}); use --k 10 or more, or leave --k out"
+            )
+    if relevant is None and plot:
+        raise ValueError(
+            f"--plot draws precision-recall curves, which need labels "
+            f"(--database-labels and --query-labels); {GROUND_TRUTH_OPTION} alone gives "
+            f"recalls, no curves: drop --plot or give the labels"
+        )
     where = "corpus" if arrays is None else "evaluate"
     said = _input_names(corpus if arrays is None else None)
     for name, arr in (("database", db), ("queries", q)):
@@ -184,6 +226,7 @@ def evaluate_job(
     partition_rows: int | None = None,
     grids: dict[str, dict] | None = None,
     arrays: dict | None = None,
+    ground_truth: str | None = None,
 ):
     """Results table (and optionally a PR plot) of ``methods`` on a corpus zarr group,
     or on one's own labelled descriptors (``arrays``, ``corpus`` None: see
@@ -195,12 +238,15 @@ def evaluate_job(
     ``grids``: method -> {parameter: [values]}; a method with a grid of more than
     one setting gets one row per setting (columns "setting" and "best", see
     :func:`grid_search`), and the plot shows its best setting.
+    ``ground_truth``: the path of each query's nearest database rows (:mod:`.ground_truth`):
+    the rows also hold 1-R@1, R@10 and 10-R@10; the labels of ``arrays`` may be left out.
     Returns (rows, curves, report).
     """
     t0 = time.perf_counter()
     methods, neg, db, q, relevant = check_evaluate_inputs(
-        corpus, methods, n_negatives, k, plot, arrays
+        corpus, methods, n_negatives, k, plot, arrays, ground_truth
     )
+    truth = read_ground_truth(ground_truth, q.shape[0], db.shape[0]) if ground_truth else None
     source = {"corpus": str(corpus)} if arrays is None else {"from": "own descriptors"}
     negatives = storage.dask_rows(neg, partition_rows)
     if n_negatives is not None:
@@ -209,9 +255,11 @@ def evaluate_job(
     queries = storage.dask_rows(q, partition_rows)
     grids = {m: {**(params or {}).get(m, {}), **(grids or {}).get(m, {})} for m in methods}
     rows, curves = _run_methods(
-        client, (negatives, database, queries, relevant), methods, grids, k, p_at
+        client, (negatives, database, queries, relevant, truth), methods, grids, k, p_at
     )
     report = _evaluate_report(source, negatives.shape[0], db, q, methods)
+    if ground_truth:  # with how many neighbours: 10-R@10 needs 10
+        report.facts["ground truth"] = f"{ground_truth} ({truth.shape[1]} neighbours per query)"
     lams = _lams_used(methods, grids)
     if lams:
         report.facts["lam"] = lams
@@ -230,8 +278,9 @@ def evaluate_job(
 
 def _run_methods(client, data, methods, grids, k, p_at):
     """(rows, curves) of ``methods`` on ``data`` (negatives, database, queries,
-    relevant): one setting each, or a grid search where a method has several."""
-    negatives, database, queries, relevant = data
+    relevant, ground truth): one setting each, or a grid search where a method has
+    several."""
+    negatives, database, queries, relevant, truth = data
     with scatter_large_arrays(client):  # E-SVM's negatives: once to the workers
         if all(len(parameter_grid(g)) == 1 for g in grids.values()):
             return evaluate_methods(
@@ -243,9 +292,18 @@ def _run_methods(client, data, methods, grids, k, p_at):
                 k=k,
                 p_at=p_at,
                 params={m: parameter_grid(g)[0] for m, g in grids.items()},
+                ground_truth=truth,
             )
         rows, _, curves = grid_search(
-            negatives, database, queries, relevant, grids, k=k, p_at=p_at, curves=True
+            negatives,
+            database,
+            queries,
+            relevant,
+            grids,
+            k=k,
+            p_at=p_at,
+            curves=relevant is not None,
+            ground_truth=truth,
         )
         return rows, curves
 

@@ -18,7 +18,12 @@ import time
 import dask
 import numpy as np
 
-from ..retrieval.metrics import mean_average_precision, precision_recall_at_k
+from ..retrieval.metrics import (
+    ann_recalls,
+    check_neighbors,
+    mean_average_precision,
+    precision_recall_at_k,
+)
 from ..retrieval.topk import search
 from ..core.validation import check_rows, is_dask_array, rows_text
 
@@ -34,6 +39,8 @@ METHODS = {
 
 #: Longest full ranking kept for mAP and PR curves when k is not given.
 _FULL_RANKING_MAX = 10_000
+#: Results the recall figures count (R@10, 10-R@10): the ranking length without labels.
+_RECALL_RESULTS = 10
 
 
 def parse_methods(text) -> list[str]:
@@ -169,6 +176,7 @@ def evaluate_methods(
     params: dict[str, dict] | None = None,
     curves: bool = True,
     min_time: float = 0.0,
+    ground_truth=None,
 ):
     """Fit each method on ``negatives``, encode database and queries, search, score.
 
@@ -181,24 +189,26 @@ def evaluate_methods(
     least 3 and at most 50 runs) and the fastest run is reported: steadier timings
     (benchmarks). Total time counts one run of each step.
 
+    ``ground_truth``: (n_queries, k') ids of each query's true nearest database rows,
+    nearest first (e.g. :func:`slem_dask.pipeline.ground_truth.read_ground_truth`):
+    the rows then also hold 1-R@1, R@10 and 10-R@10
+    (:func:`slem_dask.retrieval.metrics.ann_recalls`), and ``relevant`` may be None
+    (no mAP, P@k or curves; the ranking is then 10 long unless ``k`` says otherwise).
+
     Returns (rows, curves): rows are dicts with method, mAP, P@k, fit time,
     encode time per positive and total time; curves maps method -> (recall,
     precision) from :func:`pr_curve`.
     """
     methods = parse_methods(methods)
-    negatives, database, queries, relevant = _checked_arrays(negatives, database, queries, relevant)
-    n_db = database.shape[0]
-    if k is None:
-        k = min(n_db, _FULL_RANKING_MAX)
-    if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1 or k > n_db:
-        raise ValueError(f"k must be an integer between 1 and the database size {n_db}, got {k!r}")
-    if p_at is None:
-        p_at = max(1, int(np.median([len(r) for r in relevant])))
-    elif isinstance(p_at, bool) or not isinstance(p_at, (int, np.integer)) or p_at < 1:
-        # checked before any method is fitted, and named as the caller spelled it
-        raise ValueError(f"p_at (the k of P@k) must be an integer >= 1, got {p_at!r}")
+    negatives, database, queries, relevant = _checked_arrays(
+        negatives, database, queries, relevant, ground_truth is not None
+    )
+    if ground_truth is not None:
+        ground_truth = check_neighbors(ground_truth, queries.shape[0], database.shape[0])
+    k = _ranking_length(k, database.shape[0], relevant is None, ground_truth is not None)
     params = params or {}
     rows, pr = [], {}
+    scoring = (relevant, _checked_p_at(p_at, relevant), ground_truth)
     for name in methods:
         row, indices = _measure(
             name,
@@ -206,20 +216,47 @@ def evaluate_methods(
             negatives,
             database,
             queries,
-            relevant,
+            scoring,
             k,
-            p_at,
             min_time,
         )
         rows.append(row)
-        if curves:
+        if curves and relevant is not None:
             pr[name] = pr_curve(indices, relevant)
     return rows, pr
 
 
-def _checked_arrays(negatives, database, queries, relevant):
+def _checked_p_at(p_at, relevant) -> int | None:
+    """The k of P@k: ``p_at``, checked, or the median size of the relevant sets."""
+    if p_at is None and relevant is not None:
+        return max(1, int(np.median([len(r) for r in relevant])))
+    if p_at is not None and (
+        isinstance(p_at, bool) or not isinstance(p_at, (int, np.integer)) or p_at < 1
+    ):
+        # checked before any method is fitted, and named as the caller spelled it
+        raise ValueError(f"p_at (the k of P@k) must be an integer >= 1, got {p_at!r}")
+    return p_at
+
+
+def _ranking_length(k, n_db: int, unlabelled: bool, recalls: bool) -> int:
+    """The ranking length: ``k``, checked, or the default (the whole database up to
+    10,000 for mAP; 10 for the recall figures alone); at least 10 for R@10."""
+    if k is None:
+        k = min(n_db, _RECALL_RESULTS if unlabelled else _FULL_RANKING_MAX)
+    if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1 or k > n_db:
+        raise ValueError(f"k must be an integer between 1 and the database size {n_db}, got {k!r}")
+    if recalls and k < min(n_db, _RECALL_RESULTS):
+        raise ValueError(
+            f"k={k} is shorter than the {_RECALL_RESULTS} results that R@10 and 10-R@10 "
+            f"count; use k >= {_RECALL_RESULTS} (--k {_RECALL_RESULTS}), or leave k out"
+        )
+    return int(k)
+
+
+def _checked_arrays(negatives, database, queries, relevant, unlabelled_ok: bool = False):
     """The three arrays and the relevant sets, checked (rows, features, one non-empty
-    relevant set per query)."""
+    relevant set per query); ``relevant`` None is allowed with ``unlabelled_ok`` (a
+    ground truth scores the rankings instead)."""
     negatives = check_rows(negatives, "negatives", min_rows=2)
     database = check_rows(database, "database")
     queries = check_rows(queries, "queries")
@@ -231,6 +268,13 @@ def _checked_arrays(negatives, database, queries, relevant):
             )
     from ..retrieval.metrics import _check_per_query
 
+    if relevant is None:
+        if not unlabelled_ok:
+            raise ValueError(
+                "relevant is None: give the relevant database rows of each query "
+                "(relevant_from_labels), or a nearest-neighbour ground truth"
+            )
+        return negatives, database, queries, None
     relevant = _check_per_query(relevant, "relevant", queries.shape[0])
     for i, rel in enumerate(relevant):
         if rel.size == 0:
@@ -240,11 +284,9 @@ def _checked_arrays(negatives, database, queries, relevant):
     return negatives, database, queries, relevant
 
 
-def _measure(
-    name: str, model, negatives, database, queries, relevant, k: int, p_at: int, min_time: float
-):
+def _measure(name: str, model, negatives, database, queries, scoring, k: int, min_time: float):
     """One method's row of the table (``model`` fitted, its encodings searched and
-    scored) and its ranking."""
+    scored by ``scoring``: relevant sets, the k of P@k, ground truth) and its ranking."""
     n_positives = database.shape[0] + queries.shape[0]
     t0 = time.perf_counter()
     model.fit(negatives)
@@ -257,15 +299,25 @@ def _measure(
     _, indices = search(q, db, k)
     t3 = time.perf_counter()
     total = (t2 - t0) + (t3 - t_search)  # one fit, one encode, one search
-    p, _ = precision_recall_at_k(indices, relevant, p_at)
     return {
         "method": name,
-        "mAP": mean_average_precision(indices, relevant),
-        f"P@{p_at}": p,
+        **_ranking_scores(indices, *scoring),
         "fit [s]": t1 - t0,
         "encode/positive [s]": best / n_positives,
         "total [s]": total,
     }, indices
+
+
+def _ranking_scores(indices, relevant, p_at, ground_truth) -> dict:
+    """mAP and P@k where there are relevant sets, and the ANN recall figures where there
+    is a ground truth."""
+    row = {}
+    if relevant is not None:
+        row["mAP"] = mean_average_precision(indices, relevant)
+        row[f"P@{p_at}"] = precision_recall_at_k(indices, relevant, p_at)[0]
+    if ground_truth is not None:
+        row.update(ann_recalls(indices, ground_truth))
+    return row
 
 
 def _fastest_encode(model, database, queries, first: float, min_time: float) -> float:
@@ -319,6 +371,7 @@ def grid_search(
     p_at: int | None = None,
     curves: bool = False,
     min_time: float = 0.0,
+    ground_truth=None,
 ):
     """Evaluate every setting of each method's parameter grid on a retrieval corpus.
 
@@ -330,7 +383,8 @@ def grid_search(
 
     Returns (rows, best, curves): rows as :func:`evaluate_methods`'s plus
     "setting" (the parameters, as text) and "best" ("*" on the setting of highest
-    mAP of each method; ties to the first); ``best`` maps method -> its best
+    mAP of each method, or without relevant sets of highest 10-R@10, else 1-R@1;
+    ties to the first); ``best`` maps method -> its best
     parameters; ``curves`` maps method -> the PR curve of its best setting (empty
     unless ``curves=True``).
     """
@@ -351,6 +405,7 @@ def grid_search(
                 params={method: params},
                 curves=curves,
                 min_time=min_time,
+                ground_truth=ground_truth,
             )
             row = {
                 "method": method,
@@ -359,13 +414,18 @@ def grid_search(
                 "best": "",
             }
             scored.append((row, params, pr.get(method)))
-        top = max(range(len(scored)), key=lambda i: (scored[i][0]["mAP"], -i))
+        top = max(range(len(scored)), key=lambda i: (_best_by(scored[i][0]), -i))
         scored[top][0]["best"] = "*"
         best[method] = scored[top][1]
         if curves:
             best_curves[method] = scored[top][2]
         rows += [r for r, _, _ in scored]
     return rows, best, best_curves
+
+
+def _best_by(row: dict) -> float:
+    """What a grid's best setting maximizes: mAP, or else the finest recall figure."""
+    return next(row[key] for key in ("mAP", "10-R@10", "R@10", "1-R@1") if key in row)
 
 
 def format_table(rows: list[dict]) -> str:

@@ -135,7 +135,8 @@ class SearchOptions:
 
     ``k``: results per query (at most the database's rows); ``partition_rows``: rows
     per partition (None: from the store); ``overwrite``: replace a search result;
-    ``force``: search encodings of different models; ``progress``: a progress bar.
+    ``force``: search encodings of different models; ``progress``: a progress bar;
+    ``metric``: "ip" (inner product), "cosine" or "l2" (squared distance, nearest first).
     """
 
     k: int = 100
@@ -143,6 +144,7 @@ class SearchOptions:
     overwrite: bool = False
     force: bool = False
     progress: bool = False
+    metric: str = "ip"
 
     def __post_init__(self):
         if isinstance(self.k, bool) or not isinstance(self.k, numbers.Integral) or self.k < 1:
@@ -151,6 +153,11 @@ class SearchOptions:
             )
         _check_partition_rows(self)
         _check_flags(self, ("overwrite", "force", "progress"))
+        if self.metric not in ("ip", "cosine", "l2"):
+            raise ValueError(
+                f"SearchOptions.metric must be 'ip', 'cosine' or 'l2' (inner product, cosine "
+                f"similarity, squared L2 distance), got {self.metric!r}"
+            )
 
     def replace(self, **changes) -> SearchOptions:
         """A copy with ``changes`` (checked again)."""

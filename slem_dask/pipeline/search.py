@@ -4,17 +4,28 @@ written to a zarr group (``slem-dask search``)."""
 from __future__ import annotations
 
 import time
+import warnings
 
 import numpy as np
 
 from .. import storage
 from .._version import __version__
+from ..retrieval.distances import SCORE_NAMES, unit_norm_warning
 from ..retrieval.topk import search
 from ..storage.paths import shown_path
 from .common import JobFailed, JobReport, _compute, _detail, full_disk_said
 from .options import SearchOptions, options_from
 
-__all__ = ["check_search_inputs", "check_search_out", "search_job", "open_search_result"]
+__all__ = [
+    "check_search_inputs",
+    "check_search_out",
+    "search_input_warnings",
+    "search_job",
+    "open_search_result",
+]
+
+#: Rows of each input whose norms decide the unit-norm warning.
+_NORM_SAMPLE_ROWS = 1000
 
 
 def check_search_inputs(queries: str, database: str, k: int, force: bool = False):
@@ -65,6 +76,7 @@ def search_job(
     force: bool = False,
     progress: bool = False,
     options: SearchOptions | None = None,
+    metric: str = "ip",
 ) -> JobReport:
     """Exact top-k of every query row against the database rows; write a zarr group.
 
@@ -73,7 +85,9 @@ def search_job(
 
     ``out`` gets arrays ``scores`` (float64) and ``indices`` (int64), each
     (n_queries, k), best first, ties to the lower database index, and the
-    group attribute ``slem_dask`` = {kind: "search", complete: true}. The group
+    group attribute ``slem_dask`` = {kind: "search", complete: true, metric,
+    score}. ``metric``: "ip", "cosine" or "l2" (:func:`slem_dask.search`); for
+    "l2" the scores are squared L2 distances, ascending (``score`` says which). The group
     is written beside ``out`` and renamed into place (local stores), under a
     lease, with a crc32c on every chunk. ``progress``: show a progress bar.
     """
@@ -85,12 +99,15 @@ def search_job(
         overwrite=overwrite,
         force=force,
         progress=progress,
+        metric=metric,
     )
     k, force = options.k, options.force
     t0 = time.perf_counter()
     queries, database, out = map(storage.canonical, (queries, database, out))
-    committed = check_search_out(queries, database, out, k, options.overwrite)
+    committed = check_search_out(queries, database, out, k, options.overwrite, options.metric)
     q_arr, db_arr = check_search_inputs(str(queries), str(database), k, force=force)
+    for warning in search_input_warnings(q_arr, db_arr, str(queries), str(database), options):
+        warnings.warn(warning, stacklevel=2)
     action = "replace" if options.overwrite and storage._exists(out) else "create"
     if committed is not None:  # this search again: up to date, or its inputs changed
         if committed["inputs"] == _inputs_now(q_arr, db_arr, queries, database):
@@ -107,6 +124,35 @@ def search_job(
     return _search_report(queries, database, out, k, action, (rows, partitions), (t0, *times))
 
 
+def search_input_warnings(q_arr, db_arr, queries: str, database: str, options) -> list[str]:
+    """One-line warnings on what a search of these inputs means: inner product of rows
+    far from unit norm, raw descriptors against slem-dask encodings, or (with --force)
+    encodings of two models."""
+    said = []
+    mq, mdb = storage.output_meta(q_arr), storage.output_meta(db_arr)
+    if bool(mq) != bool(mdb):
+        encoded, raw = (
+            ("the queries are slem-dask encodings", f"the database ({database!r}) is not")
+            if mq
+            else ("the database is a slem-dask encoding", f"the queries ({queries!r}) are not")
+        )
+        said.append(
+            f"{encoded} but {raw} (raw descriptors?): their scores mean little; encode "
+            f"both with the same model (`slem-dask encode`)"
+        )
+    elif mq and mdb and mq.get("encoding_fingerprint") != mdb.get("encoding_fingerprint"):
+        said.append(
+            "queries and database are encodings of different models (searched anyway: "
+            "--force); their scores are not comparable"
+        )
+    sample = {
+        name: storage.read_rows(arr, 0, min(_NORM_SAMPLE_ROWS, arr.shape[0]), name)
+        for name, arr in (("queries", q_arr), ("database", db_arr))
+    }
+    norms = unit_norm_warning(sample, options.metric)
+    return said + ([norms] if norms else [])
+
+
 def _search_and_write(client, paths, k: int, options: SearchOptions, lease, action: str):
     """Under ``out``'s lease: reopen the inputs, search, check that they did not change
     while read, write the result. ("q x db" rows, database partitions, (t1, t2, t3))."""
@@ -115,13 +161,15 @@ def _search_and_write(client, paths, k: int, options: SearchOptions, lease, acti
     # meanwhile; a plain one is fingerprinted before and after
     q_arr, db_arr = check_search_inputs(str(queries), str(database), k, force=options.force)
     if action.startswith("search again"):  # what another job may have committed since
-        _committed_search(out, queries, database, k)
+        _committed_search(out, queries, database, k, options.metric)
     seen = _inputs_now(q_arr, db_arr, queries, database)
     storage.check_workers_see(client, {"database": database})
     db = storage.dask_rows(db_arr, options.partition_rows, name="database")
     q = storage.dask_rows(q_arr, options.partition_rows, name="queries")
     t1 = time.perf_counter()
-    scores, indices = _compute(client, search(q, db, k), progress=options.progress)
+    scores, indices = _compute(
+        client, search(q, db, k, metric=options.metric), progress=options.progress
+    )
     t2 = time.perf_counter()
     read = _inputs_now(q_arr, db_arr, queries, database)
     if read != seen:  # not a bad input: a writer's, as a fit's or an encode's JobFailed
@@ -134,7 +182,7 @@ def _search_and_write(client, paths, k: int, options: SearchOptions, lease, acti
         )
     storage.write_group(
         out,
-        _result_meta(queries, database, k, seen, q_arr, db_arr),
+        _result_meta(queries, database, k, seen, q_arr, db_arr, options.metric),
         {"scores": scores.astype(np.float64), "indices": indices.astype(np.int64)},
         "search result",
         overwrite=True,
@@ -164,7 +212,9 @@ def _search_report(queries, database, out, k: int, action: str, sizes, times) ->
     return report
 
 
-def check_search_out(queries, database, out, k: int, overwrite: bool) -> dict | None:
+def check_search_out(
+    queries, database, out, k: int, overwrite: bool, metric: str = "ip"
+) -> dict | None:
     """Check ``out`` before any cluster starts: apart from the inputs, and never a store
     that slem-dask did not write or of another kind. Without ``overwrite``, an existing
     result must be this search (:func:`_committed_search`): its metadata is returned,
@@ -174,7 +224,7 @@ def check_search_out(queries, database, out, k: int, overwrite: bool) -> dict | 
     if not storage._exists(out):
         return None
     storage.check_may_replace(out, "search result", kind="search")
-    return None if overwrite else _committed_search(out, queries, database, k)
+    return None if overwrite else _committed_search(out, queries, database, k, metric)
 
 
 def _inputs_now(q_arr, db_arr, queries, database) -> dict:
@@ -185,9 +235,9 @@ def _inputs_now(q_arr, db_arr, queries, database) -> dict:
     }
 
 
-def _committed_search(out, queries, database, k: int) -> dict:
+def _committed_search(out, queries, database, k: int, metric: str = "ip") -> dict:
     """The metadata of the search result committed at ``out``, if it is this search
-    (these queries and database paths, this k), which a re-run without --overwrite may
+    (these queries and database paths, this k and metric), which a re-run without --overwrite may
     find up to date or search again; else the refusal that says what it holds."""
     replace = (
         "pass --overwrite to replace it with this search (a new version: `slem-dask "
@@ -200,11 +250,12 @@ def _committed_search(out, queries, database, k: int) -> dict:
             f"--out {str(out)!r} already exists and cannot be read as a "
             f"search result ({_detail(exc)}); {replace}"
         ) from None
-    said = {"queries": str(queries), "database": str(database), "k": int(k)}
+    said = {"queries": str(queries), "database": str(database), "k": int(k), "metric": metric}
     held = {
         "queries": shown_path(meta.get("queries")),  # recorded as URLs
         "database": shown_path(meta.get("database")),
         "k": meta.get("k"),
+        "metric": meta.get("metric", "ip"),  # results written before metrics were inner product
     }
     if held != said or not isinstance(meta.get("inputs"), dict):
         differ = (
@@ -237,12 +288,14 @@ def _up_to_date_report(queries, database, out, q_arr, db_arr, k: int, t0: float)
     return report
 
 
-def _result_meta(queries, database, k: int, seen: dict, q_arr, db_arr) -> dict:
+def _result_meta(queries, database, k: int, seen: dict, q_arr, db_arr, metric: str) -> dict:
     """The search result's ``slem_dask`` attribute: complete, and what it was read from."""
     return {
         "kind": "search",
         "complete": True,
         "k": int(k),
+        "metric": metric,
+        "score": SCORE_NAMES[metric],
         "queries": queries.url,
         "database": database.url,
         "inputs": seen,

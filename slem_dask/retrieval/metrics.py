@@ -1,4 +1,5 @@
-"""Scores of rankings: mAP, precision/recall@k, leave-one-out mAP and its scikit-learn scorer."""
+"""Scores of rankings: mAP, precision/recall@k, leave-one-out mAP and its scikit-learn scorer,
+and the nearest-neighbour recall figures of the ANN world (1-R@1, R@10, 10-R@10)."""
 
 from __future__ import annotations
 
@@ -25,6 +26,11 @@ __all__ = [
     "leave_one_out_map",
     "make_map_scorer",
     "map_scorer",
+    "check_neighbors",
+    "recall_at",
+    "intersection_recall",
+    "ann_recalls",
+    "distance_recall",
 ]
 
 
@@ -192,3 +198,113 @@ def make_map_scorer(
 
 #: :func:`make_map_scorer` with its defaults (whole ranking, non-interpolated AP).
 map_scorer = make_map_scorer()
+
+
+def check_neighbors(
+    neighbors: npt.ArrayLike,
+    n_queries: int,
+    n_database: int,
+    name: str = "ground_truth",
+    fix: str = "",
+) -> np.ndarray:
+    """Nearest-neighbour ground truth as an int64 (n_queries, k) array of database ids,
+    nearest first; a wrong shape, dtype or id is one ValueError naming ``name``, with
+    ``fix`` (how the caller's user gives another) appended."""
+    gt = np.asarray(neighbors)
+    fix = f"; {fix}" if fix else ""
+    if gt.ndim != 2 or gt.shape[0] != n_queries or gt.shape[1] < 1:
+        hint = " (one id per query: reshape it to (n_queries, 1))" if gt.ndim == 1 else ""
+        raise ValueError(
+            f"{name} has shape {gt.shape}; expected ({n_queries}, k): the ids of each of the "
+            f"{n_queries} queries' k nearest database rows, nearest first{hint}{fix}"
+        )
+    if gt.dtype.kind not in "iu":
+        raise ValueError(
+            f"{name} holds {gt.dtype}; expected integer database ids (0-based row numbers), "
+            f"e.g. saved with np.save(path, ids.astype(np.int64)){fix}"
+        )
+    gt = gt.astype(np.int64)
+    bad = (gt < 0) | (gt >= n_database)
+    if bad.any():
+        row, col = (int(i[0]) for i in np.nonzero(bad))
+        based = (
+            " (they look 1-based: subtract 1)" if gt.min() >= 1 and gt.max() == n_database else ""
+        )
+        raise ValueError(
+            f"{name} holds {int(bad.sum())} ids outside [0, {n_database}) (query {row}, "
+            f"column {col}: {int(gt[row, col])}){based}; the ids must be rows of this "
+            f"database (0-based){fix}"
+        )
+    return gt
+
+
+def _checked_pair(indices, neighbors, r: int, needed: int) -> tuple[np.ndarray, np.ndarray]:
+    indices = np.asarray(indices)
+    if indices.ndim != 2:
+        raise ValueError(f"indices must be 2-D (n_queries, k), got shape {indices.shape}")
+    check_k(r, " (the number of results counted)")
+    if indices.shape[1] < r:
+        raise ValueError(
+            f"indices hold {indices.shape[1]} results per query, fewer than the {r} counted; "
+            f"search with k >= {r}"
+        )
+    gt = check_neighbors(neighbors, len(indices), np.iinfo(np.int64).max)
+    if gt.shape[1] < needed:
+        raise ValueError(
+            f"the ground truth holds {gt.shape[1]} neighbours per query, fewer than the "
+            f"{needed} counted; give a ground truth of at least {needed} columns"
+        )
+    return indices, gt
+
+
+def recall_at(indices: npt.ArrayLike, neighbors: npt.ArrayLike, r: int) -> float:
+    """FAISS's 1-recall@r ("R@r"): the fraction of queries whose true nearest neighbour
+    (``neighbors[:, 0]``) is among their first ``r`` results (``indices[:, :r]``).
+    ``recall_at(I, gt, 1)`` is 1-R@1."""
+    indices, gt = _checked_pair(indices, neighbors, r, 1)
+    return float(np.mean((indices[:, :r] == gt[:, :1]).any(axis=1)))
+
+
+def intersection_recall(indices: npt.ArrayLike, neighbors: npt.ArrayLike, k: int) -> float:
+    """k-recall@k ("10-R@10" for k = 10; FAISS's knn_intersection_measure, ann-benchmarks'
+    recall by ids): the mean over queries of |first k results ∩ k true nearest| / k."""
+    indices, gt = _checked_pair(indices, neighbors, k, k)
+    found = [np.intersect1d(i[:k], g[:k]).size for i, g in zip(indices, gt, strict=True)]
+    return float(np.sum(found) / (k * len(indices))) if len(indices) else float("nan")
+
+
+def ann_recalls(indices: npt.ArrayLike, neighbors: npt.ArrayLike) -> dict[str, float]:
+    """{"1-R@1", "R@10", "10-R@10"} of a ranking against nearest-neighbour ground truth:
+    those its lengths allow (R@10 and 10-R@10 need 10 results, 10-R@10 ten true
+    neighbours per query; docs/your-data.md defines them)."""
+    indices, gt = np.asarray(indices), np.asarray(neighbors)
+    out = {"1-R@1": recall_at(indices, gt, 1)}
+    if indices.ndim == 2 and indices.shape[1] >= 10:
+        out["R@10"] = recall_at(indices, gt, 10)
+        if gt.ndim == 2 and gt.shape[1] >= 10:
+            out["10-R@10"] = intersection_recall(indices, gt, 10)
+    return out
+
+
+def distance_recall(
+    distances: npt.ArrayLike, true_distances: npt.ArrayLike, k: int = 10, epsilon: float = 1e-3
+) -> float:
+    """ann-benchmarks' k-nn recall: the mean over queries of the fraction of the first
+    ``k`` results whose distance is at most the k-th true distance plus ``epsilon``
+    (its ``knn_threshold``). Both in the benchmark's distance: for its euclidean sets
+    the L2 distance, not squared (``np.sqrt`` of ``search(..., metric="l2")``'s scores),
+    against the file's ``distances``. Unlike :func:`intersection_recall`, a result tied
+    with a true neighbour at equal distance counts, whatever its id."""
+    k = check_k(k, " (the number of results counted)")
+    got, true = np.asarray(distances, dtype=np.float64), np.asarray(true_distances)
+    if got.ndim != 2 or true.ndim != 2 or len(got) != len(true):
+        raise ValueError(
+            f"distances {got.shape} and true_distances {true.shape} must be 2-D, one row per query"
+        )
+    if got.shape[1] < k or true.shape[1] < k:
+        raise ValueError(
+            f"distance_recall at k={k} needs {k} results and {k} true distances per query, "
+            f"got {got.shape[1]} and {true.shape[1]}"
+        )
+    threshold = true[:, k - 1 : k].astype(np.float64) + epsilon
+    return float(np.mean(np.sum(got[:, :k] <= threshold, axis=1) / k))

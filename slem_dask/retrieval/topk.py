@@ -1,4 +1,5 @@
-"""Exact top-k search by inner product, numpy or dask, ties broken by database index."""
+"""Exact top-k search (inner product, cosine or L2: :mod:`.distances`), numpy or dask, ties
+broken by database index."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from ..core.blas_threads import usable_cores
 from ..core.candidates import topk_search
 from ..core.ranking import merge_topk, settled_ranking
 from ..core.validation import Array, Rows, check_finite_rows, check_rows, is_dask_array
+from .distances import check_metric, prepared_pair, to_scores
 
 __all__ = ["search"]
 
@@ -96,7 +98,7 @@ def _numpy_whole_ranking(queries, database, k: int):
     return scores, indices
 
 
-def _topk_packed(queries, database, q_offset, db_offset, k):
+def _topk_packed(queries, database, q_offset, db_offset, k, metric="ip"):
     """Top-min(k, block rows) of one query block against one database block, as
     (score, index) pairs interleaved in float64 columns (width 2 min(k, rows)): no
     padding, so a block shorter than k ships only its own rows, and blocks
@@ -105,6 +107,10 @@ def _topk_packed(queries, database, q_offset, db_offset, k):
     from ..parallel.blocks import single_threaded_blas
 
     q0, d0 = int(q_offset[0]), int(db_offset[0])
+    if metric != "ip":  # named as given, before a norm of NaN makes them all NaN
+        _check_finite(queries, "queries", q0)
+        _check_finite(database, "database", d0)
+        queries, database = prepared_pair(queries, database, metric, q0, d0)
     with single_threaded_blas():
         scores, indices = topk_search(
             queries, database, k, offset=d0, on_nonfinite=_finite_check(q0, d0)
@@ -125,19 +131,20 @@ def _merge_packed(x, axis, keepdims, k):
     return _interleave(top, idx)
 
 
-def _rank_whole(queries, database, q_offset, k):
+def _rank_whole(queries, database, q_offset, k, metric="ip"):
     """The first k of the whole ranking of one query block against all database rows
     (float64, as one block), as interleaved (score, index) pairs."""
     _check_finite(queries, "queries", int(q_offset[0]))
     _check_finite(database, "database")
     from ..parallel.blocks import single_threaded_blas
 
+    queries, database = prepared_pair(queries, database, metric, int(q_offset[0]))
     with single_threaded_blas():
         top, indices = settled_ranking(queries, database, k)
     return _interleave(top, indices)
 
 
-def _whole_ranking(queries, database, k):
+def _whole_ranking(queries, database, k, metric="ip"):
     # When k is at least half the database, sorting each query's whole row of scores
     # once is cheaper than a top-k per database block and merges of lists that long
     # (1000 queries x 20,000 rows on 2 cores: 1.55 s instead of 10.7 s, bench_search.py).
@@ -147,7 +154,7 @@ def _whole_ranking(queries, database, k):
     rows = max(1, min(_WHOLE_RANKING_BYTES // (8 * n_db), -(-n_q // _WHOLE_RANKING_TASKS)))
     queries = queries.rechunk({0: rows, 1: -1})
     database = database.astype(np.float64).rechunk({1: -1})
-    token = dask.base.tokenize(queries, database, k)
+    token = dask.base.tokenize(queries, database, k, metric)
     ranked = da.blockwise(
         _rank_whole,
         "ij",
@@ -158,13 +165,14 @@ def _whole_ranking(queries, database, k):
         _row_ids(queries),
         "i",
         k=k,
+        metric=metric,
         new_axes={"j": 2 * k},
         concatenate=True,
         dtype=np.float64,
         meta=np.empty((0, 0), dtype=np.float64),
         name="search-whole-" + token,
     )
-    return ranked[:, 0::2], ranked[:, 1::2].astype(np.int64)
+    return _dask_scores(ranked[:, 0::2], queries, metric), ranked[:, 1::2].astype(np.int64)
 
 
 def _larger_row_blocks(database):
@@ -196,8 +204,11 @@ def check_k(k, meaning: str = "") -> int:
     return int(k)
 
 
-def search(queries: Rows, database: Rows, k: int = 100) -> tuple[Array, Array]:
-    """Exact top-k by inner product (cosine for L2-normalized rows), best first.
+def search(queries: Rows, database: Rows, k: int = 100, metric: str = "ip") -> tuple[Array, Array]:
+    """Exact top-k, best first: by inner product (``metric="ip"``, cosine for
+    L2-normalized rows), cosine similarity (``"cosine"``) or squared L2 distance
+    (``"l2"``, nearest first; the scores are squared distances), as
+    :mod:`slem_dask.retrieval.distances` defines them.
 
     Returns ``(scores, indices)``, each (n_queries, k), float64 and int64; ties
     go to the lower database index. numpy (or xarray) inputs give numpy
@@ -214,7 +225,8 @@ def search(queries: Rows, database: Rows, k: int = 100) -> tuple[Array, Array]:
     database of at most 512 MiB as float64,
     each task instead holds the whole database and ranks a block of queries
     against it with one sort per row. Rows with NaN or inf on either side are
-    an error that names the side and the rows.
+    an error that names the side and the rows. ``cosine`` and ``l2`` search float64
+    copies of each block (``l2``: one column more), about twice a float32 block.
     """
     queries = check_rows(queries, "queries")
     database = check_rows(database, "database")
@@ -224,17 +236,24 @@ def search(queries: Rows, database: Rows, k: int = 100) -> tuple[Array, Array]:
             f"{database.shape[1]}; encode both with the same model"
         )
     k = check_k(k)
+    metric = check_metric(metric)
     if k > database.shape[0]:
         raise ValueError(
             f"k={k} is larger than the database ({database.shape[0]} rows); use "
             f"k <= {database.shape[0]}"
         )
     if not is_dask_array(database) and not is_dask_array(queries):
-        return _numpy_search(queries, database, k)
-    return _dask_search(queries, database, k)
+        if metric == "ip":
+            return _numpy_search(queries, database, k)
+        _check_finite(queries, "queries")
+        _check_finite(database, "database")
+        prepared_queries, prepared_database = prepared_pair(queries, database, metric)
+        scores, indices = _numpy_search(prepared_queries, prepared_database, k)
+        return to_scores(scores, queries, metric), indices
+    return _dask_search(queries, database, k, metric)
 
 
-def _dask_search(queries, database, k: int):
+def _dask_search(queries, database, k: int, metric: str = "ip"):
     """:func:`search` once checked, when either side is a dask array (lazy results)."""
     import dask.array as da
 
@@ -245,9 +264,9 @@ def _dask_search(queries, database, k: int):
         2 * k >= database.shape[0]
         and 8 * database.shape[0] * database.shape[1] <= _WHOLE_RANKING_DATABASE_BYTES
     ):
-        return _whole_ranking(queries, database, k)
+        return _whole_ranking(queries, database, k, metric)
     database = _larger_row_blocks(database)
-    token = dask.base.tokenize(queries, database, k)
+    token = dask.base.tokenize(queries, database, k, metric)
     packed = da.blockwise(
         _topk_packed,
         "ij",
@@ -260,6 +279,7 @@ def _dask_search(queries, database, k: int):
         _row_ids(database),
         "j",
         k=k,
+        metric=metric,
         adjust_chunks={"j": lambda rows: 2 * min(k, rows)},
         concatenate=True,
         dtype=np.float64,
@@ -280,4 +300,25 @@ def _dask_search(queries, database, k: int):
         meta=np.empty((0, 0), dtype=np.float64),
         name="search-merge-" + token,
     )
-    return merged[:, 0::2], merged[:, 1::2].astype(np.int64)
+    return _dask_scores(merged[:, 0::2], queries, metric), merged[:, 1::2].astype(np.int64)
+
+
+def _dask_scores(inner, queries, metric: str):
+    """The stored scores of ``metric`` from the prepared rows' inner products, block by
+    block of query rows (:func:`.distances.to_scores`)."""
+    import dask.array as da
+
+    if metric != "l2":
+        return inner
+    return da.blockwise(
+        to_scores,
+        "ij",
+        inner,
+        "ij",
+        queries,
+        "ia",
+        metric=metric,
+        concatenate=True,
+        dtype=np.float64,
+        meta=np.empty((0, 0), dtype=np.float64),
+    )
