@@ -323,6 +323,12 @@ def _plan_output(
     if existing is None:
         if not storage._exists(out):
             return None, "create"
+        if not overwrite and storage.slem_dask_kind(storage.canonical(out)) == "encoding":
+            raise FileExistsError(  # a copy `slem-dask export` wrote: a group, not versioned
+                f"output {str(out)!r} already exists: a plain copy of an output (`slem-dask "
+                f"export`); pass --overwrite to replace it with this encoding, or choose "
+                f"another path"
+            )
         if not overwrite:
             raise FileExistsError(
                 f"output {str(out)!r} already exists and is not a zarr array; choose another path"

@@ -15,7 +15,7 @@ from slem_dask.cli.main import main
 from slem_dask.datasets import make_corpus, write_corpus
 from slem_dask.storage import VersionStore, read_model_store, read_search_store
 
-from helpers import encode_corpus, head, recommit
+from helpers import encode_command, encode_corpus, head, recommit
 
 xr = pytest.importorskip("xarray")
 
@@ -147,7 +147,7 @@ def test_every_export_opens_by_its_path_and_round_trips(stores, tmp_path):
         _netcdf_round_trip(ds, tmp_path / f"{kind}-plain.nc", expected)
 
 
-def test_an_exported_output_is_a_group_slem_dask_still_reads(stores, tmp_path, capsys):
+def test_an_exported_output_is_a_group_slem_dask_still_reads(corpus, stores, tmp_path, capsys):
     path, _, read = stores["output"]
     plain = str(tmp_path / "plain.zarr")
     assert main(["export", path, "--to", plain]) == 0
@@ -161,6 +161,15 @@ def test_an_exported_output_is_a_group_slem_dask_still_reads(stores, tmp_path, c
         read_search_store(out)[1]["indices"], read_search_store(stores["search"][0])[1]["indices"]
     )
     assert main(["export", path, "--to", plain, "--overwrite"]) == 0  # it is slem-dask's
+    capsys.readouterr()
+    assert main(encode_command(corpus, plain)) == 1  # an encode's --out: said, not "no array"
+    assert capsys.readouterr().err.strip() == (
+        f"slem-dask encode: error: output {plain!r} already exists: a plain copy of an output "
+        f"(`slem-dask export`); pass --overwrite to replace it with this encoding, or choose "
+        f"another path"
+    )
+    assert main(encode_command(corpus, plain, "--overwrite", "--partition-rows", "40")) == 0
+    np.testing.assert_array_equal(slem_dask.open_zarr(plain)[...], read()["encodings"])
 
 
 def test_stores_written_before_dimension_names_get_them_by_meaning(stores):
