@@ -162,6 +162,7 @@ def _write_group(corpus: Corpus, location: str, chunk_rows: int, attrs: dict | N
 
     from .storage import CHECKSUM, metadata_checksum
     from .storage.checksums import chunk_trailers, corpus_array_meta
+    from .storage.dimensions import dimension_names
     from .storage.groups import CHUNK_CRC32C
     from .storage.ownership import ATTR
 
@@ -174,6 +175,7 @@ def _write_group(corpus: Corpus, location: str, chunk_rows: int, attrs: dict | N
             dtype=data.dtype,
             chunks=(min(chunk_rows, max(1, len(data))), data.shape[1]),
             compressors=CHECKSUM,
+            dimension_names=dimension_names(name, 2),
         )
         arr[...] = data
     for name in ("database_labels", "query_labels"):
@@ -184,6 +186,7 @@ def _write_group(corpus: Corpus, location: str, chunk_rows: int, attrs: dict | N
             dtype=data.dtype,
             chunks=(max(1, len(data)),),
             compressors=CHECKSUM,
+            dimension_names=dimension_names(name, 1),
         )
         arr[...] = data
     # every chunk's crc32c: in each array's metadata (for its readers) and in the

@@ -14,6 +14,8 @@ import inspect
 import threading
 from typing import TYPE_CHECKING
 
+from . import _output
+
 __all__ = ["EstimatorProtocol", "NotFittedError", "DataConversionWarning"]
 
 if TYPE_CHECKING:  # built on first use by __getattr__ below; declared for type checkers
@@ -82,6 +84,11 @@ class EstimatorProtocol:
 
     #: "transformer" or "classifier": the scikit-learn estimator type.
     _estimator_type = "transformer"
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        if "fit" in cls.__dict__:  # feature_names_in_ from a DataFrame's columns
+            cls.fit = _output.recording_feature_names(cls.__dict__["fit"])  # type: ignore[attr-defined]
 
     @classmethod
     def _get_param_names(cls) -> list[str]:

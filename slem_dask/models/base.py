@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, cast
 import numpy as np
 
 from .. import storage
-from . import _estimator
+from . import _estimator, _output
 from ._estimator import EstimatorProtocol
 from ..core.validation import (
     Array,
@@ -72,6 +72,12 @@ class SLEMEstimator(EstimatorProtocol):
     _fitted_on: tuple[str, tuple] | None = None
     #: Learned by ``fit`` (an annotation only: its absence means "not fitted").
     n_features_in_: int
+    #: The fitted attribute that counts the outputs (PCAWhitening: n_components_).
+    _n_outputs_attribute = "n_features_in_"
+    #: Output j is input j, rescaled (RawFeatures): the outputs keep the inputs' names.
+    _outputs_are_inputs = False
+    #: scikit-learn's mark of a transformer whose output set_output configures.
+    _sklearn_auto_wrap_output_keys = frozenset({"transform"})
 
     if TYPE_CHECKING:  # every model defines them; declared here for the type checker
 
@@ -82,6 +88,8 @@ class SLEMEstimator(EstimatorProtocol):
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
         MODEL_CLASSES[cls.__name__] = cls
+        if "transform" in cls.__dict__:  # as scikit-learn's _SetOutputMixin does
+            cls.transform = _output.wrapping_output(cls.__dict__["transform"])  # type: ignore[method-assign]
 
     def __repr__(self) -> str:
         args = ", ".join(f"{k}={getattr(self, k)!r}" for k in self._param_names)
@@ -90,6 +98,46 @@ class SLEMEstimator(EstimatorProtocol):
     def fit_transform(self, X: Rows, y: object = None) -> Array:
         """``fit(X).transform(X)``: the encodings of the negatives themselves."""
         return self.fit(X, y).transform(X)
+
+    # -- scikit-learn's output API -----------------------------------
+    def get_feature_names_out(self, input_features=None) -> np.ndarray:
+        """Names of the outputs of :meth:`transform`, an object array of strings.
+
+        The class name in lower case and the output's index: ``linearslem0``,
+        ``linearslem1``, ... (``kernelslem0`` ... ``kernelslem{rank_ - 1}``,
+        ``pcawhitening0`` ..., ``esvm0`` ...), as scikit-learn names the outputs of PCA;
+        :class:`RawFeatures` keeps the input names (output j is input j, normalized).
+        ``input_features``: the names of the inputs, checked against
+        ``feature_names_in_`` (default: those, else ``x0``, ``x1``, ...).
+        """
+        self._check_fitted()
+        names = _output.input_feature_names(self, input_features)
+        if self._outputs_are_inputs:
+            return names
+        prefix = type(self).__name__.lower()
+        n_out = int(getattr(self, self._n_outputs_attribute))
+        return np.asarray([f"{prefix}{i}" for i in range(n_out)], dtype=object)
+
+    def set_output(self, *, transform: str | None = None) -> Self:
+        """Choose the container :meth:`transform` returns for numpy or DataFrame input:
+        ``"default"`` (numpy), ``"pandas"`` or ``"polars"`` (a DataFrame with the columns
+        of :meth:`get_feature_names_out` and, for pandas input, its index); ``None``
+        leaves it unchanged. Dask input always gives a lazy dask array. Returns self.
+
+        scikit-learn's ``set_output`` API: a ``Pipeline``'s ``set_output`` and
+        ``sklearn.set_config(transform_output=...)`` reach it too.
+        """
+        if transform is None:
+            return self
+        _output.check_output_name(transform)
+        config = dict(getattr(self, _output.CONFIG_ATTRIBUTE, {}))
+        config["transform"] = transform
+        setattr(self, _output.CONFIG_ATTRIBUTE, config)
+        return self
+
+    def _transform_array(self, X: Rows, **kwargs) -> Array:
+        """:meth:`transform`'s array, whatever :meth:`set_output` chose."""
+        return type(self).transform.__wrapped__(self, X, **kwargs)  # type: ignore[attr-defined]
 
     # -- fitted state -------------------------------------------------
     def _check_fitted(self) -> None:
@@ -219,8 +267,8 @@ class SLEMEstimator(EstimatorProtocol):
             rows = self._check_positives(rows, name)
             if not is_dask_array(rows):
                 check_finite_rows(np.asarray(rows), name)
-        zp = self.transform(p, dtype=np.float64)
-        zq = self.transform(q, dtype=np.float64)
+        zp = self._transform_array(p, dtype=np.float64)
+        zq = self._transform_array(q, dtype=np.float64)
         if is_dask_array(zp) or is_dask_array(zq):
             import dask.array as da
 

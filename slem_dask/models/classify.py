@@ -22,7 +22,7 @@ import warnings
 
 import numpy as np
 
-from . import _estimator
+from . import _estimator, _output
 from ._estimator import EstimatorProtocol
 from ..core.linear import exemplar_solution
 from ..core.multiclass import crammer_singer_sgd, multiclass_hinge_objective
@@ -101,6 +101,7 @@ class _Classifier(EstimatorProtocol):
 
     def _scores(self, X) -> np.ndarray:
         self._check_fitted()
+        _output.check_feature_names(self, X)
         X = np.asarray(check_rows(X, "X"))
         check_n_features(X, self.coef_.shape[1], "X", fitted_on=type(self).__name__)
         check_finite_rows(X, "X")

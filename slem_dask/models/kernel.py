@@ -135,6 +135,7 @@ class KernelSLEM(SLEMEstimator):
     negatives_ (n, d), factor_ (n, r) : only with ``exact=True``.
     """
 
+    _n_outputs_attribute = "rank_"  # outputs kernelslem0 ... (get_feature_names_out)
     _param_names = (
         "kernel",
         "gamma",

@@ -26,6 +26,7 @@ class RawFeatures(SLEMEstimator):
     """
 
     _param_names = ()
+    _outputs_are_inputs = True  # get_feature_names_out: the input names
 
     def fit(self, X: Rows, y: object = None) -> Self:
         X = check_rows(X, "X")

@@ -51,6 +51,7 @@ class PCAWhitening(SLEMEstimator):
     """
 
     _param_names = ("n_components", "eps")
+    _n_outputs_attribute = "n_components_"  # outputs pcawhitening0 ... (get_feature_names_out)
 
     def __init__(self, n_components: int | None = None, eps: float = 1e-6):
         self.n_components = n_components

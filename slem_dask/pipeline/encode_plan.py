@@ -306,6 +306,19 @@ def _check_same_partitions(arr, partition_rows: int, kept, out) -> None:
         )
 
 
+def _exists_error(out) -> FileExistsError:
+    """What to say of an existing ``out`` that is no versioned output, without --overwrite."""
+    if storage.slem_dask_kind(storage.canonical(out)) == "encoding":
+        return FileExistsError(  # a copy `slem-dask export` wrote: a group, not versioned
+            f"output {str(out)!r} already exists: a plain copy of an output (`slem-dask "
+            f"export`); pass --overwrite to replace it with this encoding, or choose "
+            f"another path"
+        )
+    return FileExistsError(
+        f"output {str(out)!r} already exists and is not a zarr array; choose another path"
+    )
+
+
 def _plan_output(
     out,
     existing,
@@ -324,9 +337,7 @@ def _plan_output(
         if not storage._exists(out):
             return None, "create"
         if not overwrite:
-            raise FileExistsError(
-                f"output {str(out)!r} already exists and is not a zarr array; choose another path"
-            )
+            raise _exists_error(out)
         storage.check_may_replace(out, "output", kind="encoding")
         return None, "replace"
     if storage.is_legacy(out) and not overwrite:

@@ -19,9 +19,9 @@ import uuid
 
 import numpy as np
 
-from .ownership import check_may_replace, remove
+from .ownership import ATTR, check_may_replace, remove
 from .paths import canonical, check_outside_inputs, exists
-from .readers import VersionStore
+from .readers import MARKER, VersionStore
 
 __all__ = ["export"]
 
@@ -59,8 +59,8 @@ def export(path, to, version: int | None = None, overwrite: bool = False) -> dic
         facts.update(shape=tuple(node.shape), dtype=str(node.dtype))
     if str(to).endswith(".npy"):
         _to_npy(node, source, target)
-    else:
-        _to_zarr(source, target, overwrite, facts)
+    else:  # an array as the member of a group (xarray opens groups only), as VersionStore shows it
+        _to_zarr(VersionStore(path, source.version), target, overwrite, facts)
     return facts
 
 
@@ -167,9 +167,16 @@ async def _copy(source, target, facts: dict) -> None:
 
 def _with_provenance(data: bytes, facts: dict) -> bytes:
     """The root document, with where the copy came from (the stored metadata kept as it
-    is: an exported model or output is read by slem-dask like one it wrote)."""
+    is: an exported model or output is read by slem-dask like one it wrote). The root
+    group of an exported array (an output's ``encodings``) is marked as slem-dask's of
+    that kind, naming the array; its members' documents are inline (consolidated), as
+    VersionStore serves them, so xarray opens the copy by its path without a warning."""
     doc = json.loads(data)
     attrs = doc.setdefault("attributes", {})
+    attrs.pop(MARKER, None)  # the versioned store's: the export's own says where from
+    if ATTR not in attrs:  # a group VersionStore made around an array
+        members = sorted((doc.get("consolidated_metadata") or {}).get("metadata") or {})
+        attrs[ATTR] = {"kind": facts["kind"], "array": members[0] if members else None}
     attrs[EXPORT_ATTR] = {
         "store": facts["path"],
         "version": facts["version"],

@@ -29,6 +29,8 @@ def _listing(arr, path: StorePath) -> dict[str, tuple]:
     from .versions import resolve
 
     path = canonical(resolve(path)[0])  # a versioned store: the version that was opened
+    if arr.path and not path.location.rstrip("/").endswith(f"/{arr.path}"):
+        path = path.child(arr.path)  # a member of the group at path (an exported output)
     prefix = f"{arr.path}/" if arr.path else ""
     root = path.location
     # ``path`` names the array itself: strip the array's own prefix from the keys

@@ -21,6 +21,7 @@ from .checksums import (
     metadata_checksum,
 )
 from .chunks import _reason
+from .dimensions import dimension_names
 from .errors import CorruptChunkError, DamagedStoreError, IntegrityError
 from .inputs import _exists, open_node
 from .leases import Lease
@@ -118,6 +119,7 @@ def _write_arrays(group: zarr.Group, arrays: dict[str, np.ndarray]) -> None:
             dtype=value.dtype,
             chunks=(rows, *value.shape[1:]) if value.ndim else None,  # type: ignore[arg-type]
             compressors=CHECKSUM,
+            dimension_names=dimension_names(key, value.ndim),  # by meaning, for xarray
         )
         if not value.ndim:
             arr[...] = value

@@ -5,7 +5,7 @@ one, a plain zarr array (v3 or v2), or descriptors in a file of another format
 from __future__ import annotations
 
 import os
-from typing import Literal
+from typing import Any, Literal, NoReturn
 
 import numpy as np
 
@@ -124,14 +124,14 @@ def open_input(path: str, name: str, empty_ok: bool = False):
     ``empty_ok``: an array of 0 rows is valid (positives: their encoding is empty)."""
     where = canonical(path)
     path = str(where)
-    node = formats.open_file_input(where, name)
+    node: Any = formats.open_file_input(where, name)
     if node is None:
         node = _open_zarr_input(path, name)
         kind = "zarr array"
     else:
         kind = f"{node.format} input"
     if isinstance(node, zarr.Group):
-        _refuse_group(node, path, name)
+        node = _exported_output(node) or _refuse_group(node, path, name)
     _check_shape_and_dtype(node, path, name, kind, empty_ok)
     if isinstance(node, formats.FileArray):
         return node  # its shape and dtype are the files' own; it has no metadata
@@ -140,7 +140,19 @@ def open_input(path: str, name: str, empty_ok: bool = False):
     return node
 
 
-def _refuse_group(node, path: str, name: str) -> None:
+def _exported_output(node) -> zarr.Array | None:
+    """The array of an output that ``slem-dask export`` copied out (a group marked as an
+    output's, the array its member ``encodings``), else None."""
+    from .readers import ENCODINGS
+
+    meta = node.attrs.get("slem_dask")
+    if isinstance(meta, dict) and meta.get("kind") == "encoding" and ENCODINGS in node:
+        member = node[ENCODINGS]
+        return member if isinstance(member, zarr.Array) else None
+    return None
+
+
+def _refuse_group(node, path: str, name: str) -> NoReturn:
     """A zarr group given where rows are expected: name what it is and the array to give."""
     meta = node.attrs.get("slem_dask")
     written = {"model": "model", "search": "search result"}.get(

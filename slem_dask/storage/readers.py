@@ -29,6 +29,7 @@ if TYPE_CHECKING:
     import zarr
 
 from . import versions
+from .dimensions import DIMENSIONS, dimension_names
 from .rootmarker import (  # noqa: F401 - re-exported: where readers of P look
     MARKER,
     _json,
@@ -50,8 +51,6 @@ __all__ = [
 
 #: The member under which the group view shows an output's array (xarray needs a group).
 ENCODINGS = "encodings"
-#: Dimension names of an output's rows and columns (zarr v3 ``dimension_names``).
-DIMENSIONS = ("image", "feature")
 
 
 # -- a zarr store pinned to one version ------------------------------------------------------
@@ -232,8 +231,8 @@ class VersionStore(Store):
             and key in ("zarr.json", f"{ENCODINGS}/zarr.json")
         ):
             return lambda ndim: DIMENSIONS if ndim == 2 else [f"dim_{i}" for i in range(ndim)]
-        prefix = key[: -len("zarr.json")].strip("/").replace("/", "_") or self._name
-        return lambda ndim: [f"{prefix}_dim_{i}" for i in range(ndim)]
+        name = key[: -len("zarr.json")].strip("/") or self._name
+        return lambda ndim: dimension_names(name, ndim)  # by meaning (storage.dimensions)
 
     def _pruned(self) -> versions.VersionError:
         return versions.VersionError(
@@ -265,9 +264,10 @@ class VersionStore(Store):
             value = await store.get(inner_key, prototype)
             if value is None:
                 return await self._absent(key, store)
-            return prototype.buffer.from_bytes(
-                _with_dimension_names(value.to_bytes(), self._names(key))
-            )
+            data = _with_dimension_names(value.to_bytes(), self._names(key))
+            if key == "zarr.json":  # a group's members inline: xarray opens it without a warning
+                data = await _consolidated(data, store, self._base, self._names)
+            return prototype.buffer.from_bytes(data)
         value = await store.get(inner_key, prototype, byte_range)
         return value if value is not None else await self._absent(key, store)
 
@@ -357,6 +357,33 @@ class VersionStore(Store):
             yield key
 
 
+async def _consolidated(data: bytes, store, base: str, names) -> bytes:
+    """A group's ``zarr.json`` with its members' documents inline (zarr's consolidated
+    metadata, as the group view of an output has), dimension names included; unchanged
+    if it is no group, already has them, or a member's document cannot be read (zarr
+    then reads the members one by one, and says what is wrong)."""
+    doc = _json(data)
+    if not isinstance(doc, dict) or doc.get("node_type") != "group":
+        return data
+    if doc.get("consolidated_metadata"):
+        return data
+    members = {}
+    prototype = default_buffer_prototype()
+    async for key in store.list_prefix(base):
+        inner = key[len(base) :]
+        if not inner.endswith("/zarr.json"):
+            continue
+        value = await store.get(key, prototype)
+        member = _json(value.to_bytes()) if value is not None else None
+        if not isinstance(member, dict):
+            return data
+        members[inner[: -len("/zarr.json")]] = _json(
+            _with_dimension_names(json.dumps(member).encode(), names(inner))
+        )
+    doc["consolidated_metadata"] = {"kind": "inline", "must_understand": False, "metadata": members}
+    return json.dumps(doc, indent=2).encode()
+
+
 def _ranged(data: bytes, byte_range) -> bytes:
     from zarr.abc.store import OffsetByteRequest, RangeByteRequest, SuffixByteRequest
 
@@ -384,7 +411,11 @@ def open_dataset(
 ) -> xarray.Dataset:
     """One committed version of the slem-dask store at ``path`` as a lazy (dask-backed)
     ``xarray.Dataset``: an output is its variable ``encodings`` with dimensions
-    ``("image", "feature")``. ``kwargs`` go to ``xarray.open_zarr``."""
+    ``("image", "feature")``, the other arrays are named by their meaning
+    (:mod:`slem_dask.storage.dimensions`). ``path`` may also be a plain copy that
+    ``slem-dask export`` wrote (``version`` None). slem-dask's metadata attributes
+    (dicts in zarr) are JSON strings here (``json.loads`` reads them), so that the
+    Dataset writes to netCDF as it is. ``kwargs`` go to ``xarray.open_zarr``."""
     try:
         import xarray
     except ImportError:
@@ -392,9 +423,11 @@ def open_dataset(
             "open_dataset needs xarray; install it with pip install xarray, "
             "or read the zarr array: slem_dask.open_zarr(path)"
         ) from None
-    store = VersionStore(path, version)
+    from .xarrays import dataset_store, json_attributes
+
+    store = dataset_store(path, version, VersionStore)
     kwargs.setdefault("consolidated", False)
-    return xarray.open_zarr(store, **kwargs)
+    return json_attributes(xarray.open_zarr(store, **kwargs))
 
 
 def fill_value(dtype):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import zarr
+
 from . import versions
 from .checksums import _full_key, self_consistent_crc32c, stored_crc32c
 from .groups import _open_group, read_group_arrays, read_model_store, read_search_store
@@ -9,6 +11,7 @@ from .inputs import _exists, open_node
 from .outputs import output_meta
 from .ownership import ATTR, damaged_metadata, slem_dask_kind, unreadable_marker
 from .paths import canonical
+from .readers import ENCODINGS
 
 
 def verify(path) -> tuple[str, list[str]]:
@@ -94,6 +97,8 @@ def _verify_output(path) -> tuple[str, list[str]]:
     except Exception as exc:  # noqa: BLE001 - its marker was read, zarr cannot read the rest
         location = versions.resolve(path)[0]
         return "output", [str(damaged_metadata("output", location, exc) or exc)]
+    if isinstance(arr, zarr.Group) and ENCODINGS in arr:  # `slem-dask export` of an output
+        arr = arr[ENCODINGS]
     meta = output_meta(arr) or {}
     problems = (
         []

@@ -339,3 +339,38 @@ def test_without_sklearn_the_classes_are_slem_dasks_own():
         "True",
         "[(True, True)]",
     ]
+
+
+# scikit-learn's checks of the output API (feature names, set_output): its own test suite
+# runs them on its transformers, but check_estimator and parametrize_with_checks do not
+# yield them, so they are named here. The polars ones skip (SkipTest) without polars.
+_OUTPUT_API_CHECKS = [
+    "check_dataframe_column_names_consistency",
+    "check_transformer_get_feature_names_out",
+    "check_transformer_get_feature_names_out_pandas",
+    "check_get_feature_names_out_error",
+    "check_set_output_transform",
+    "check_set_output_transform_pandas",
+    "check_global_output_transform_pandas",
+    "check_set_output_transform_polars",
+    "check_global_set_output_transform_polars",
+]
+_OUTPUT_CASES = [
+    (est, check)
+    for est in CHECKED
+    for check in _OUTPUT_API_CHECKS
+    if not is_classifier(est) or check == "check_dataframe_column_names_consistency"
+]
+
+
+@pytest.mark.parametrize(
+    "est, check", _OUTPUT_CASES, ids=[f"{type(e).__name__}-{c}" for e, c in _OUTPUT_CASES]
+)
+def test_sklearn_output_api_checks_pass(est, check):
+    from sklearn.utils import estimator_checks
+
+    if check.endswith("polars"):
+        pytest.importorskip("polars")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # as in the checks above
+        getattr(estimator_checks, check)(type(est).__name__, clone(est))

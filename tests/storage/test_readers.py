@@ -288,19 +288,20 @@ def test_export_to_zarr_and_npy_round_trips(corpus, codes, capsys):
     assert main(["export", str(codes), "--to", str(out), "--version", "1"]) == 0
     assert main(["export", str(codes), "--to", str(npy)]) == 0
     assert "version 1 (encoding (200, 8) float32) exported" in capsys.readouterr().out
-    plain = zarr.open(str(out), mode="r")  # a plain zarr array: no versions
+    group = zarr.open(str(out), mode="r")  # a plain zarr group: no versions
+    plain = group["encodings"]  # the array, as VersionStore shows it (xarray opens groups)
     assert isinstance(plain, zarr.Array) and plain.metadata.dimension_names == ("image", "feature")
-    assert sorted(os.listdir(out)) == ["c", "zarr.json"]
+    assert sorted(os.listdir(out)) == ["encodings", "zarr.json"]
     np.testing.assert_array_equal(plain[...], expected_encoding(corpus, corpus["pos"]))
     np.testing.assert_array_equal(np.load(npy), expected_encoding(corpus, corpus["other"]))
-    assert plain.attrs["slem_dask_export"]["version"] == 1
+    assert group.attrs["slem_dask_export"]["version"] == 1
     assert verify(out) == ("output", [])  # slem-dask reads it like one it wrote
 
     assert main(["export", str(codes), "--to", str(out)]) == 1  # exists: --overwrite
     assert "pass --overwrite" in capsys.readouterr().err
     assert main(["export", str(codes), "--to", str(out), "--overwrite"]) == 0
     np.testing.assert_array_equal(
-        zarr.open(str(out), mode="r")[...], expected_encoding(corpus, corpus["other"])
+        zarr.open(str(out), mode="r")["encodings"][...], expected_encoding(corpus, corpus["other"])
     )
     assert main(["export", str(codes), "--to", str(npy)]) == 1  # a .npy is never replaced
     assert "never replaces" in capsys.readouterr().err
@@ -313,7 +314,7 @@ def test_export_creates_the_folders_of_a_npy_as_of_a_zarr(corpus, codes, capsys)
         )
     np.testing.assert_array_equal(
         np.load(corpus["dir"] / "sub/dir/x.npy"),
-        zarr.open(str(corpus["dir"] / "sub2/dir/x.zarr"), mode="r")[...],
+        zarr.open(str(corpus["dir"] / "sub2/dir/x.zarr"), mode="r")["encodings"][...],
     )
     assert [f for f in os.listdir(corpus["dir"] / "sub/dir")] == ["x.npy"]  # no .partial
 
@@ -380,7 +381,7 @@ def test_an_unfinished_export_never_looks_valid_and_is_replaced(corpus, codes, m
     monkeypatch.undo()
     exporting.export(codes, out)  # the same command finishes it
     np.testing.assert_array_equal(
-        zarr.open(str(out), mode="r")[...], expected_encoding(corpus, corpus["pos"])
+        zarr.open(str(out), mode="r")["encodings"][...], expected_encoding(corpus, corpus["pos"])
     )
     assert not (out / PARTIAL_MARKER).exists()
 
@@ -427,6 +428,8 @@ def test_marker_version_store_and_export_on_s3(s3_server, tmp_path, corpus):
         da.from_zarr(VersionStore(out), component="encodings").compute(), expected
     )
     assert main(["export", out, "--to", f"{root}/plain.zarr"]) == 0
-    np.testing.assert_array_equal(zarr.open(f"{root}/plain.zarr", mode="r")[...], expected)
+    np.testing.assert_array_equal(
+        zarr.open(f"{root}/plain.zarr", mode="r")["encodings"][...], expected
+    )
     assert main(["export", out, "--to", str(tmp_path / "plain.npy")]) == 0
     np.testing.assert_array_equal(np.load(tmp_path / "plain.npy"), expected)
