@@ -27,6 +27,7 @@ nor is a folder that any kept commit names.
 from __future__ import annotations
 
 from .errors import IntegrityError
+from .markers import check_own_folders, is_link, marked, proves, trusted
 from .records import VERSIONS
 
 __all__ = [
@@ -59,13 +60,16 @@ class DraftFencedError(IntegrityError):
 def is_slem_dask_draft(store, version: str, names: list[str] | None = None) -> bool:
     """Whether ``versions/<version>`` is a folder that slem-dask began, and so one that
     garbage collection may delete: its name is a version's (``<seq>-<12 hex>``) and
-    slem-dask's marker is beside it (written before anything of the draft), or its fate
-    file exists (stray chunks a fenced job's worker wrote after its draft, marker
-    included, was deleted). ``names``: a listing of ``versions/`` already made."""
-    if store.seq_of(version) is None:
+    slem-dask's marker for it, naming this store, is beside it (written before anything
+    of the draft; trusted by its content: :func:`.markers.proves`), or its fate file
+    exists (stray chunks a fenced job's worker wrote after its draft, marker included,
+    was deleted). Never a symbolic link. ``names``: a listing of ``versions/`` made."""
+    if store.seq_of(version) is None or is_link(store, version):
         return False
     names = store.backend.list(VERSIONS) if names is None else names
-    return version in store.marked_versions(names) or fate_of(store.backend, version) is not None
+    if version in marked(names) and proves(store, version):
+        return True
+    return fate_of(store.backend, version) in (COMMIT, DEAD)
 
 
 def claim(backend, version: str, fate: str) -> str:
@@ -124,7 +128,9 @@ def collect(store, keep: int, mine: str | None = None, leased: bool = False) -> 
     """Delete what is dead under ``store`` (see the module docstring) and return the
     folders deleted or condemned. ``leased``: the caller holds the store's lease, so the
     drafts of sequences not committed yet, but ``mine``, are condemned. Reads only the
-    commit records of the last ``keep`` versions and of the folders present."""
+    commit records of the last ``keep`` versions and of the folders present. Refused,
+    deleting nothing, where a folder of the store is a link (:func:`.markers.check_own_folders`)."""
+    check_own_folders(store)
     last = store.head_seq()  # a few requests, not a listing of the whole history
     seqs = range(max(1, last - keep + 1), last + 1)  # the records run unbroken to it
     records: dict = {}
@@ -160,8 +166,8 @@ def after_commit(store, seq: int, winner: str) -> None:
     """After ``winner`` was committed as ``seq``: the other drafts of ``seq`` are dead
     (one listing), and the fate files of sequences up to ``seq`` settled."""
     names = store.backend.list(VERSIONS)
-    for version in store.marked_versions(names):  # marked drafts only
-        if store.seq_of(version) == seq and version != winner:
+    for version in trusted(store, names, seq):  # drafts of this store's, by their marker
+        if version != winner:
             remove_dead(store, version)
     _forget_settled_fates(store, range(seq, seq + 1), store.commit_at, names)
 

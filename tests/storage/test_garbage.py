@@ -11,7 +11,7 @@ import pytest
 import zarr
 
 from slem_dask import pipeline, storage
-from slem_dask.storage import leases, versions
+from slem_dask.storage import leases, markers, versions
 
 from helpers import ROOT, TESTS, encode_corpus
 
@@ -86,7 +86,8 @@ def test_killed_runs_leave_at_most_one_draft_and_the_next_job_removes_it(corpus,
     dead = Path(out) / "versions" / f"00000001-{uuid.uuid4().hex[:12]}"
     dead.mkdir()
     (dead / "zarr.json").write_text("{}")
-    dead.with_name(dead.name + versions.MARKER).write_text("{}")  # begun by slem-dask
+    marker = markers.marker_document(versions.VersionedStore(str(out)), dead.name)
+    dead.with_name(dead.name + versions.MARKER).write_bytes(marker)  # begun by slem-dask
     for _ in range(4):  # four killed re-encodes (with other positives: they must write)
         _killed_encode(corpus, out, monkeypatch, corpus["others"], overwrite=True)
         left = [v for v in _folders(out) if v not in committed]

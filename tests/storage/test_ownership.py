@@ -3,6 +3,7 @@ provably wrote, by content, never by a name a user can make; never a folder that
 stores share or that a symbolic link leads to."""
 
 import json
+import os
 from pathlib import Path
 
 import numpy as np
@@ -11,6 +12,7 @@ import pytest
 from slem_dask import LinearSLEM, storage
 from slem_dask.cli.main import main
 from slem_dask.storage.export import PARTIAL_MARKER
+from slem_dask.storage.markers import SharedFolderError
 
 
 def _model(path, lam: float = 0.1) -> str:
@@ -80,3 +82,102 @@ def test_an_unfinished_export_of_slem_dasks_is_still_replaced(tmp_path, monkeypa
         storage.read_model_store(str(out))[1]["precision"],
         storage.read_model_store(model)[1]["precision"],
     )
+
+
+# -- stores sharing a folder, folders reached through links ---------------------------------
+def _versions(path) -> dict[str, bytes]:
+    return _tree(Path(path) / "versions")
+
+
+def test_two_stores_sharing_one_versions_folder_never_delete_each_others_versions(tmp_path, capsys):
+    """issue 38 item 5: B's versions/ made a link to A's (a user tidying disks): a job
+    on A deleted B's current version (B's folders looked like A's dead drafts)."""
+    a, b = _model(tmp_path / "a.zarr"), _model(tmp_path / "b.zarr", lam=0.5)
+    _model(b, lam=0.7)  # B: two versions
+    for entry in (Path(b) / "versions").iterdir():
+        entry.rename(Path(a) / "versions" / entry.name)
+    (Path(b) / "versions").rmdir()
+    os.symlink(Path(a) / "versions", Path(b) / "versions")
+    b_before = storage.read_model_store(b)[1]["precision"]
+    for lam in (0.2, 0.3, 0.4):  # jobs on A: each prunes and collects A's garbage
+        _model(a, lam)
+    assert storage.verify(a)[1] == []
+    np.testing.assert_array_equal(storage.read_model_store(b)[1]["precision"], b_before)
+    assert storage.verify(b)[1] == []
+    # a job on B (whose folder is the link) is refused before it writes or deletes
+    shared = _versions(a)
+    capsys.readouterr()
+    assert main(["rollback", b, "--to", "1"]) == 1
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "'versions' is a symbolic link" in err, err
+    with pytest.raises(SharedFolderError, match="replace the link by a folder"):
+        _model(b, lam=0.9)
+    with pytest.raises(SharedFolderError):
+        storage.versions.VersionedStore(b).collect_garbage()
+    assert _versions(a) == shared
+
+
+@pytest.mark.parametrize("folder", ["commits", "fates"])
+def test_a_store_whose_own_folder_is_a_link_is_refused_before_anything_is_written(tmp_path, folder):
+    path = _model(tmp_path / "m.zarr")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "keep.txt").write_text("someone's")
+    if (Path(path) / folder).exists():
+        for entry in (Path(path) / folder).iterdir():
+            entry.rename(elsewhere / entry.name)
+        (Path(path) / folder).rmdir()
+    os.symlink(elsewhere, Path(path) / folder)
+    before, linked = _tree(path), _tree(elsewhere)
+    with pytest.raises(SharedFolderError, match=f"its folder '{folder}' is a symbolic link"):
+        _model(path, lam=0.3)
+    assert _tree(path) == before and _tree(elsewhere) == linked
+
+
+def test_a_version_folder_that_is_a_link_is_never_deleted_nor_anything_through_it(tmp_path):
+    path = _model(tmp_path / "m.zarr")
+    first = storage.versions.VersionedStore(path).head().version
+    moved = tmp_path / "other-disk" / first
+    (Path(path) / "versions" / first).rename(moved.parent.mkdir() or moved)
+    os.symlink(moved, Path(path) / "versions" / first)  # version 1, kept elsewhere
+    linked = _tree(moved)
+    for lam in (0.2, 0.3, 0.4, 0.5):  # version 1 falls out of the kept ones
+        _model(path, lam)
+    assert _tree(moved) == linked and os.path.islink(Path(path) / "versions" / first)
+    assert storage.verify(path)[1] == []
+
+
+# -- a user's folder is never taken for a store by a name it holds ---------------------------
+@pytest.mark.parametrize(
+    "planted",
+    [
+        ("versions/00000001-0123456789ab.slem-dask", b""),
+        ("versions/00000001-0123456789ab.slem-dask", b"{}"),
+        ("commits/00000001.json", b""),
+        ("fates/00000001-0123456789ab", b"notes"),
+    ],
+    ids=["empty-marker", "blank-marker", "empty-record", "fate-named-file"],
+)
+def test_a_users_folder_holding_names_like_slem_dasks_is_never_taken_for_a_store(
+    tmp_path, capsys, planted
+):
+    """issue 38 item 7: an empty `versions/<seq>-<hex>.slem-dask` made a user's folder a
+    store (commits/, fates/, versions/, zarr.json written into it); an unreadable
+    commit record made it one that --overwrite deletes whole."""
+    users = tmp_path / "mine.zarr"
+    (users / "data").mkdir(parents=True)
+    (users / "data" / "notes.txt").write_text("mine")
+    name, content = planted
+    (users / name).parent.mkdir(parents=True, exist_ok=True)
+    (users / name).write_bytes(content)
+    before = _tree(users)
+    assert not storage.versions.VersionedStore(str(users)).has_history()
+    with pytest.raises(FileExistsError, match="was not written by slem-dask"):
+        _model(users)
+    assert _tree(users) == before and sorted(os.listdir(users)) == sorted(
+        {"data", name.split("/")[0]}
+    )
+    capsys.readouterr()
+    assert main(["verify", str(users)]) == 1
+    out = capsys.readouterr().out
+    assert ": unknown: 1 problem(s)" in out and "versioned" not in out, out
