@@ -16,9 +16,12 @@ never from clocks:
   commits its draft only after creating the same file with ``commit`` (:func:`claim`);
   of the two creates exactly one wins, so a condemned draft is never committed, and a
   draft whose job won is never deleted. The fate file of a committed draft goes once
-  its number is committed; that of a draft never committed (a few bytes) is kept for
-  good: it is the proof that lets a later collection delete what a fenced job's late
-  write regrows under that folder name (:func:`_forget_settled_fates`).
+  its number is committed; that of a draft never committed (a few bytes) is kept until
+  :data:`FATE_HORIZON` newer numbers are committed: it is the proof that lets a later
+  collection delete what a fenced job's late write regrows under that folder name
+  (:func:`_forget_settled_fates`). After that it goes too (:func:`_forget_old_fates`),
+  so ``fates/`` stays bounded; a write landing later still regrows a folder that
+  nothing proves slem-dask's, which is then left, never deleted.
 
 A folder that is not a slem-dask draft (:func:`is_slem_dask_draft`) is never touched,
 nor is a folder that any kept commit names.
@@ -50,6 +53,10 @@ __all__ = [
 #: draft is committed or deleted (outside the draft: no zarr reader ever lists it).
 FATES = "fates"
 COMMIT, DEAD = "commit", "dead"
+#: Fate files are kept until this many newer sequence numbers are committed, then
+#: deleted (:func:`_forget_old_fates`): ``fates/`` holds the drafts that failed since
+#: the number ``head - FATE_HORIZON``, whatever the length of the history.
+FATE_HORIZON = 8
 
 
 class DraftFencedError(IntegrityError):
@@ -159,6 +166,7 @@ def collect(store, keep: int, mine: str | None = None, leased: bool = False) -> 
             removed.append(version)
     settled = range(max(1, last - max(keep, 1) + 1), last + 1)  # the newest at least
     _forget_settled_fates(store, settled, record, names)  # committed numbers
+    _forget_old_fates(store, last - FATE_HORIZON, record, names)  # fates/ stays bounded
     return removed
 
 
@@ -176,11 +184,12 @@ def _forget_settled_fates(store, seqs: range, record, names: list[str]) -> None:
     """Settle the fate files of the committed numbers ``seqs`` (``record``: seq ->
     its commit record). The fate file of a draft that was committed is deleted: its
     commit record is the proof now. The fate file of a draft that never was
-    (condemned, abandoned, or beaten to its number) is KEPT, for good: a write of its
-    job that was in flight when the draft was deleted (a slow or timed-out request, a
-    worker's task still running) may land at any later time and regrow the folder,
-    without a marker; that file is then the only proof that slem-dask wrote it, and
-    :func:`collect` deletes the regrown folder. One listed again now (``names``: a
+    (condemned, abandoned, or beaten to its number) is KEPT, for
+    :data:`FATE_HORIZON` commits (:func:`_forget_old_fates`): a write of its job that
+    was in flight when the draft was deleted (a slow or timed-out request, a worker's
+    task still running) may land later and regrow the folder, without a marker; that
+    file is then the only proof that slem-dask wrote it, and :func:`collect` deletes
+    the regrown folder. One listed again now (``names``: a
     listing of ``versions/``) goes here. Only ``seqs`` are read, so the cost of a
     collection does not grow with the fate files kept."""
     listed = set(store.listed_versions(names))
@@ -192,6 +201,26 @@ def _forget_settled_fates(store, seqs: range, record, names: list[str]) -> None:
             store.backend.delete(f"{FATES}/{version}")  # committed: its record proves it
         elif version in listed:
             remove_dead(store, version, settled=True)  # regrown: dead
+
+
+def _forget_old_fates(store, through: int, record, names: list[str]) -> None:
+    """Delete the fate files of sequence numbers up to ``through`` (committed
+    :data:`FATE_HORIZON` numbers ago or more), each read once: a folder of theirs still
+    listed, regrown by a late write, goes first unless its record names it. What keeps
+    ``fates/`` bounded (docs/guarantees-garbage.md, "What stays bounded"): such a number
+    is taken, so a fenced job's commit claim can no longer commit anything (its record's
+    create fails), and the proof against a late write is kept for that many commits."""
+    if through < 1:
+        return
+    listed = set(store.listed_versions(names))
+    for version in store.backend.list(FATES):
+        seq = store.seq_of(version)
+        if seq is None or seq > through:
+            continue  # not a fate file's name (left), or still within the horizon
+        committed = record(seq) is not None and record(seq).version == version
+        if version in listed and not committed:
+            remove_dead(store, version, settled=True)  # regrown: dead
+        store.backend.delete(f"{FATES}/{version}")
 
 
 def fenced_message(store, version: str) -> str:

@@ -537,3 +537,45 @@ def test_sigkilled_encodes_on_s3_leave_one_draft(s3_model):
     assert report.facts["version"] == 2
     assert _names(store.backend.list("versions")) == sorted(committed + [store.head().version])
     assert storage.verify(out)[1] == []
+
+
+# -- issue 38 item 7: fates/ and commits/ stay bounded over a long history -------------------
+def test_fates_and_commits_stay_bounded_over_a_long_history_of_failed_drafts(tmp_path):
+    """Each failed draft left a fate file for good: fates/ grew by one per draft that
+    never committed, forever. Now a fate file goes once FATE_HORIZON newer numbers are
+    committed, and commits/ holds one record per commit (and the head hint) whatever
+    failed: both bounded however long the history."""
+    from slem_dask.storage import gc
+
+    store = versions.VersionedStore(str(tmp_path / "s.zarr"))
+    root = Path(store.path.location)
+    per_commit, rounds = 3, gc.FATE_HORIZON + 12
+    bound = (gc.FATE_HORIZON + 1) * per_commit
+    regrown = None
+    for n in range(1, rounds + 1):
+        for i in range(per_commit):  # failed drafts: one abandoned, the others killed
+            draft = store.begin()
+            zarr.open_group(store=draft.location, mode="w").attrs["try"] = i
+            if i == 0:
+                store.abandon(draft)
+        draft = store.begin()  # a job that commits: condemns the killed ones first
+        store.make_room(mine=draft.version)
+        if regrown is not None:  # a late write regrew a condemned draft: still deleted
+            assert not regrown.exists()
+        zarr.open_group(store=draft.location, mode="w").attrs["n"] = n
+        assert store.commit(draft, "model", f"job {n}").seq == n
+        fates = os.listdir(root / gc.FATES)
+        assert len(fates) <= bound, (n, len(fates))
+        dead = [f for f in fates if (root / gc.FATES / f).read_text() == gc.DEAD]
+        regrown = root / "versions" / dead[-1]
+        (regrown / "c").mkdir(parents=True)  # a fenced job's chunk, landing late
+        (regrown / "c" / "0").write_bytes(b"late")
+        assert sorted(os.listdir(root / "commits")) == [
+            ".head",
+            *(f"{s:08d}.json" for s in range(1, n + 1)),
+        ]
+    assert rounds * per_commit > 2 * bound  # the history is longer than the bound
+    assert len(os.listdir(root / gc.FATES)) <= bound
+    assert store.head().seq == rounds
+    kept = [c.version for c in store.commits()[-versions.KEEP_VERSIONS :]]
+    assert _folders(root) == sorted(kept + [regrown.name])  # the last late write: next job's
