@@ -579,3 +579,31 @@ def test_fates_and_commits_stay_bounded_over_a_long_history_of_failed_drafts(tmp
     assert store.head().seq == rounds
     kept = [c.version for c in store.commits()[-versions.KEEP_VERSIONS :]]
     assert _folders(root) == sorted(kept + [regrown.name])  # the last late write: next job's
+
+
+def test_an_encode_refused_because_a_worker_cannot_see_a_store_leaves_no_draft(corpus, monkeypatch):
+    """issue 40 item 4: an encode refused by the check that every worker sees its stores
+    left its draft, and `verify` said "no version was committed (the job that wrote it
+    stopped part-way): run the same command again"; a refusal leaves nothing that looks
+    like an unfinished job."""
+
+    def refused(client, stores):
+        raise storage.StorageViewError(
+            "worker tcp://10.0.0.9:40000 does not see the output as this client does"
+        )
+
+    out = corpus["dir"] / "out.zarr"
+    with monkeypatch.context() as m:
+        m.setattr(storage, "check_workers_see", refused)
+        with pytest.raises(storage.StorageViewError, match="does not see"):
+            encode_corpus(corpus, out)
+    assert not out.exists()
+    assert storage.verify(str(out))[0] == "missing"
+    encode_corpus(corpus, out)  # an output that exists: its head is left as it is
+    committed = _folders(out)
+    with monkeypatch.context() as m:
+        m.setattr(storage, "check_workers_see", refused)
+        with pytest.raises(storage.StorageViewError, match="does not see"):
+            encode_corpus(corpus, out, corpus["others"], overwrite=True)
+    assert _folders(out) == committed
+    assert storage.verify(str(out))[1] == []
