@@ -340,7 +340,7 @@ def test_worker_without_the_mount_is_refused_before_anything_is_written(tmp_path
         assert len(enc.stderr.strip().splitlines()) == 1
         # refused before any task ran: no draft that `verify` would call unfinished
         # (issue 40 item 4: it said "run the same command again")
-        assert not (data / "out").exists()
+        assert not (data / "out").exists(), sorted(str(p) for p in (data / "out").rglob("*"))
         assert storage.verify(str(data / "out"))[0] == "missing"
         fit = _cli(
             cluster,
