@@ -26,6 +26,7 @@ import os
 import socket
 
 from .errors import IntegrityError
+from .paths import canonical
 from .records import VERSIONS, draft_seq
 
 __all__ = [
@@ -92,17 +93,13 @@ def _shared(store, named: str, version: str) -> bool:
     """Whether the store ``named`` reaches ``store``'s marker of ``version`` as the very
     same file (a folder the two share). Object stores share no objects between paths:
     a marker naming another path there was copied or moved with its store."""
-    from .paths import canonical
+    from .registry import backend_for
 
     other = canonical(named)
-    if not (store.path.is_local and other.is_local):
-        return False
-    mine = os.path.join(store.path.location, VERSIONS, version + MARKER)
-    theirs = os.path.join(other.location, VERSIONS, version + MARKER)
-    try:
-        return os.path.samefile(mine, theirs)
-    except OSError:  # nothing there: the store was moved or renamed
-        return False
+    if other.url.split("://")[0] != store.path.url.split("://")[0]:
+        return False  # another kind of storage: nothing shared
+    key = f"{VERSIONS}/{version}{MARKER}"
+    return store.backend.same_file(key, backend_for(other.url))
 
 
 def listed(names: list[str]) -> list[str]:
@@ -129,27 +126,23 @@ def trusted(store, names: list[str], seq: int | None = None) -> list[str]:
 
 
 def is_link(store, version: str) -> bool:
-    """Whether ``versions/<version>`` of a local store is a symbolic link (never deleted,
-    nor anything through it: what it leads to is not the store's)."""
-    return store.path.is_local and os.path.islink(
-        os.path.join(store.path.location, VERSIONS, version)
-    )
+    """Whether ``versions/<version>`` is a symbolic link (never deleted, nor anything
+    through it: what it leads to is not the store's)."""
+    return store.backend.link_target(f"{VERSIONS}/{version}") is not None
 
 
 def check_own_folders(store) -> None:
-    """Refuse a local store whose ``commits/``, ``versions/`` or ``fates/`` is a symbolic
-    link, before anything is written or deleted in it, in one line naming the link and
-    the fix. (Object stores have no links; their paths share nothing.)"""
-    if not store.path.is_local:
-        return
+    """Refuse a store whose ``commits/``, ``versions/`` or ``fates/`` is a symbolic link,
+    before anything is written or deleted in it, in one line naming the link and the
+    fix. (Object stores have no links; their paths share nothing.)"""
     for name in OWN_FOLDERS:
-        folder = os.path.join(store.path.location, name)
-        if os.path.islink(folder):
+        target = store.backend.link_target(name)
+        if target is not None:
             raise SharedFolderError(
                 f"{str(store.path)!r}: its folder {name!r} is a symbolic link (to "
-                f"{os.path.realpath(folder)!r}), and a versioned store's {', '.join(OWN_FOLDERS)} "
-                f"must be its own: through a link, this store would delete what another "
-                f"store sharing that folder wrote. Nothing was written: replace the link by "
-                f"a folder of this store's own (a copy of what it leads to), or link the "
+                f"{target!r}), and a versioned store's {', '.join(OWN_FOLDERS)} must be "
+                f"its own: through a link, this store would delete what another store "
+                f"sharing that folder wrote. Nothing was written: replace the link by a "
+                f"folder of this store's own (a copy of what it leads to), or link the "
                 f"store's whole folder instead (a link to a store is fine)"
             )

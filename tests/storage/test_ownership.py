@@ -181,3 +181,26 @@ def test_a_users_folder_holding_names_like_slem_dasks_is_never_taken_for_a_store
     assert main(["verify", str(users)]) == 1
     out = capsys.readouterr().out
     assert ": unknown: 1 problem(s)" in out and "versioned" not in out, out
+
+
+@pytest.mark.parametrize("how", ["moved", "copied"])
+def test_a_store_moved_or_copied_still_collects_the_drafts_its_markers_name_elsewhere(
+    tmp_path, how
+):
+    """A marker names the store that began the draft; a store moved or copied (its
+    folders its own) still proves and deletes its killed jobs' drafts."""
+    import shutil
+
+    import zarr
+
+    old = tmp_path / "old.zarr"
+    store = storage.versions.VersionedStore(_model(old))
+    killed = store.begin()  # a job killed after it began writing
+    zarr.open_group(store=killed.location, mode="w")
+    new = tmp_path / "new.zarr"
+    (shutil.move if how == "moved" else shutil.copytree)(old, new)
+    moved = storage.versions.VersionedStore(str(new))
+    assert moved.drafts(killed.seq) == [killed.version]
+    _model(new, lam=0.3)  # a job on the new path: the killed draft is its garbage
+    assert not (new / "versions" / killed.version).exists()
+    assert moved.head().seq == 2
