@@ -270,12 +270,16 @@ class BucketBackend(Backend):
                 ),
                 None,
             )
+            what = None
             if status is not None and (status >= 500 and status != 501 or status == 429):
+                what = f"answered {status} (unavailable or overloaded) to every retry"
+            elif isinstance(e, self.client_exceptions()) and self.outcome_kind(e) is UNKNOWN:
+                what = f"lost the connection ({type(e).__name__}: {e})".replace("\n", " ")
+            if what:
                 where = f"{self.bucket}/{self.prefix}".rstrip("/")
                 named = any(where in str(x) for x in chain(exc))
                 return (
-                    f"{self.service} at {self._endpoint()} answered {status} "
-                    f"(unavailable or overloaded) to every retry"
+                    f"{self.service} at {self._endpoint()} {what}"
                     f"{f' for {self.root}' if named else ''}; what readers see is as "
                     "before (a job commits only whole versions): wait, then run the same "
                     "command again (it resumes); if it persists, check the store's health"

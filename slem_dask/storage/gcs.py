@@ -151,7 +151,7 @@ class GCSBackend(BucketBackend):
 
         key_file = os.environ.get("GOOGLE_APPLICATION_CREDENTIALS")
         for e in chain(exc):
-            if isinstance(e, (aiohttp.ClientConnectionError, ConnectionError)):
+            if isinstance(e, (aiohttp.ClientConnectorError, ConnectionRefusedError)):
                 return (
                     f"cannot reach Google Cloud Storage at {self._endpoint()} for "
                     f"{self.root}: start it, or fix STORAGE_EMULATOR_HOST (unset for "

@@ -174,6 +174,46 @@ def test_a_commit_record_that_lands_late_never_names_a_deleted_folder(root, faul
     assert groups.read_search_store(path)[1]["x"].tolist() == [2.0] * 4
 
 
+def test_fit_whose_record_lands_late_says_so_in_one_line(root, faults, corpus, capsys):
+    """Issue 38's first finding, through the command: `fit --overwrite` whose commit
+    record lands late while every retry gets 503 exits 1 with one line, and the model
+    it names afterwards verifies (a 100-line traceback and a model pointing at a
+    deleted folder, on the code before)."""
+    from slem_dask import storage
+    from slem_dask.cli.main import main
+
+    kind, path = root
+    model = f"{path}/m.zarr"
+    args = ["fit", "--negatives", corpus["negatives"], "--model", model]
+    args += ["--local-cluster", "threads", "--no-progress"]
+    assert main(args) == 0, capsys.readouterr().err
+    fs, late = _fs(path), []
+
+    def create_lands_later(p, args, kwargs):
+        if not late:
+            late.append((p, args[0] if args else kwargs["value"]))
+            return lost_reply(kind)
+        return unavailable(kind)
+
+    real_pipe = _faults_on(faults, fs, "pipe_file", lambda p: "/commits/0" in p, create_lands_later)
+    _faults_on(
+        faults,
+        fs,
+        "cat_file",
+        lambda p: bool(late) and "/commits/0" in p,
+        lambda *_: unavailable(kind),
+    )
+    assert main([*args, "--overwrite"]) == 1
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1, err
+    assert "cannot learn whether version 2 was committed" in err, err
+    faults.undo()
+    for p, data in late:  # the create lands now
+        real_pipe(p, data)
+    assert versions.VersionedStore(model).head().seq == 2
+    assert storage.verify(model)[1] == []
+
+
 # -- item 2: a lost reply followed by 503s ---------------------------------------------
 
 
