@@ -275,7 +275,11 @@ class BucketBackend(Backend):
             what = None
             if status is not None and (status >= 500 and status != 501 or status == 429):
                 what = f"answered {status} (unavailable or overloaded) to every retry"
-            elif isinstance(e, self.client_exceptions()) and self.outcome_kind(e) is UNKNOWN:
+            elif (
+                isinstance(e, self.client_exceptions())
+                and isinstance(e, Exception)
+                and self.outcome_kind(e) is UNKNOWN
+            ):
                 what = f"lost the connection ({type(e).__name__}: {e})".replace("\n", " ")
             if what:
                 where = f"{self.bucket}/{self.prefix}".rstrip("/")

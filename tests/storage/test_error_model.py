@@ -445,3 +445,19 @@ def test_s3_client_failures_are_sorted_into_the_kinds():
         translated = translate_boto_error(error) if isinstance(error, bx.ClientError) else None
         if translated is not None:  # s3fs's OSError, the ClientError its cause
             assert s3.outcome_kind(translated) is kind, (translated, kind)
+
+
+def test_a_rollback_whose_clean_up_fails_after_its_commit_succeeds(tmp_path, monkeypatch):
+    """The rollback is committed, then its garbage collection meets a 503: readers see
+    the rolled-back version, so the rollback succeeds (on the code before it failed,
+    and the CLI's line said readers saw what they saw before: untrue)."""
+    path = str(tmp_path / "s.zarr")
+    _write(path, 1.0)
+    _write(path, 2.0, overwrite=True)
+
+    def unavailable_store(self, keep=versions.KEEP_VERSIONS):
+        raise OutcomeUnknownError(f"list {self.path}/versions: 503 SlowDown")
+
+    monkeypatch.setattr(versions.VersionedStore, "collect_garbage", unavailable_store)
+    record = versions.VersionedStore(path).rollback(1)
+    assert versions.VersionedStore(path).head() == record and record.seq == 3
