@@ -164,6 +164,7 @@ def _write_group(corpus: Corpus, location: str, chunk_rows: int, attrs: dict | N
     from .storage.checksums import chunk_trailers, corpus_array_meta
     from .storage.groups import CHUNK_CRC32C
     from .storage.ownership import ATTR
+    from .storage.readers import fill_value
 
     group = zarr.open_group(store=location, mode="w", zarr_format=3)
     for name in ("negatives", "database", "queries"):
@@ -174,6 +175,7 @@ def _write_group(corpus: Corpus, location: str, chunk_rows: int, attrs: dict | N
             dtype=data.dtype,
             chunks=(min(chunk_rows, max(1, len(data))), data.shape[1]),
             compressors=CHECKSUM,
+            fill_value=fill_value(data.dtype),  # a chunk not there reads NaN or -1
         )
         arr[...] = data
     for name in ("database_labels", "query_labels"):
@@ -184,6 +186,7 @@ def _write_group(corpus: Corpus, location: str, chunk_rows: int, attrs: dict | N
             dtype=data.dtype,
             chunks=(max(1, len(data)),),
             compressors=CHECKSUM,
+            fill_value=fill_value(data.dtype),  # a chunk not there reads NaN or -1
         )
         arr[...] = data
     # every chunk's crc32c: in each array's metadata (for its readers) and in the
