@@ -189,10 +189,8 @@ class VersionStore(CheckedReads, Store):
         """The version folder's own zarr store (read only), opened on first use; a
         folder that is gone (local disk) was pruned."""
         if self._inner is None:
-            from zarr.storage._common import make_store_path
-
             try:
-                self._inner = (await make_store_path(self._location, mode="r")).store
+                self._inner = await _read_only_store(self._location)
             except FileNotFoundError:
                 raise self._pruned() from None
         return self._inner
@@ -351,6 +349,20 @@ class VersionStore(CheckedReads, Store):
             yield key
 
     async def list_prefix(self, prefix: str):
+        async for key in self._list_prefix(prefix):
+            yield key
+        await self._still_there()  # else the listing may be a pruned version's remains
+
+    async def list_dir(self, prefix: str):
+        async for key in self._list_dir(prefix):
+            yield key
+        await self._still_there()
+
+    async def _still_there(self) -> None:
+        if not await (await self._store()).exists("zarr.json"):
+            raise self._pruned()
+
+    async def _list_prefix(self, prefix: str):
         store = await self._store()
         if await self._group_view():
             if "zarr.json".startswith(prefix):
@@ -363,7 +375,7 @@ class VersionStore(CheckedReads, Store):
         async for key in store.list_prefix(self._base + prefix):
             yield key[len(self._base) :]
 
-    async def list_dir(self, prefix: str):
+    async def _list_dir(self, prefix: str):
         store = await self._store()
         prefix = prefix.strip("/")
         if await self._group_view():
@@ -377,6 +389,24 @@ class VersionStore(CheckedReads, Store):
             return
         async for key in store.list_dir((self._base + prefix).strip("/")):
             yield key
+
+
+async def _read_only_store(location: str) -> Store:
+    """A read-only zarr store of a version folder. An object store's listings are not
+    cached: a listing or an ``exists`` answered from a listing cached before a pruning
+    (fsspec shares its clients, and their caches, between equal arguments) would show
+    a version that is gone."""
+    if "://" not in location:
+        from zarr.storage._common import make_store_path
+
+        return (await make_store_path(location, mode="r")).store
+    from zarr.storage import FsspecStore
+
+    from .paths import ZARR_S3_OPTIONS
+
+    options = dict(ZARR_S3_OPTIONS) if location.startswith(("s3://", "s3a://")) else {}
+    options["use_listings_cache"] = False
+    return FsspecStore.from_url(location, storage_options=options, read_only=True)
 
 
 class NotAnArrayError(NodeTypeValidationError):
