@@ -82,12 +82,13 @@ class _VersionStoreContract(StoreTests[VersionStore, cpu.Buffer]):
     backend = "local"
 
     @pytest.fixture(scope="class")
-    def copied(self, request, tmp_path_factory):
+    @classmethod
+    def copied(cls, request, tmp_path_factory):
         """A copy of the template's stores for this class (its tests tamper with it, and
         :meth:`undo` puts back what each wrote)."""
-        name = VIEWS[self.view][0].split("/")[0]
-        if self.backend == "local":
-            root = tmp_path_factory.mktemp(self.view)
+        name = VIEWS[cls.view][0].split("/")[0]
+        if cls.backend == "local":
+            root = tmp_path_factory.mktemp(cls.view)
             shutil.copytree(f"{request.getfixturevalue('local_template')}/{name}", root / name)
             return str(root)
         template = request.getfixturevalue("s3_template")
@@ -98,20 +99,19 @@ class _VersionStoreContract(StoreTests[VersionStore, cpu.Buffer]):
         return root
 
     @pytest.fixture
-    def store_kwargs(self, request, copied, undo):
-        if self.backend == "s3":
-            request.getfixturevalue("s3_server")  # its variables, for this test
+    def store_kwargs(self, copied, undo):
         name, kwargs = VIEWS[self.view]
         return {"path": f"{copied}/{name}", **kwargs}
 
     @pytest.fixture
-    async def undo(self):
+    async def undo(self, request):
         """After each test, every key its ``set`` wrote gets its bytes back (or goes)."""
+        if self.backend == "s3":  # its variables, for this test and until this undo ends
+            request.getfixturevalue("s3_server")
         self._written: dict = {}
-        self._folders: dict = {}
         yield
         for (location, key), before in self._written.items():
-            folder = self._folders[location]
+            folder = self._folder_store(location)
             if before is None:
                 await folder.delete(key)
             else:
@@ -131,19 +131,21 @@ class _VersionStoreContract(StoreTests[VersionStore, cpu.Buffer]):
             )
         return inner
 
-    async def _folder_store(self, store: VersionStore):
-        """The version folder's own store, writable (what StoreTests' helpers bypass to)."""
-        if "://" not in store._location:
-            return zarr.storage.LocalStore(store._location)
-        return zarr.storage.FsspecStore.from_url(store._location)
+    @staticmethod
+    def _folder_store(location: str):
+        """A version folder's own store, writable (what StoreTests' helpers bypass to): a
+        client of its own, as the helpers run in zarr's event loop or in the test's."""
+        if "://" not in location:
+            return zarr.storage.LocalStore(location)
+        options = {"skip_instance_cache": True, "use_listings_cache": False}
+        return zarr.storage.FsspecStore.from_url(location, storage_options=options)
 
     async def set(self, store, key, value) -> None:
         inner = await self._version_key(store, key)
-        folder = await self._folder_store(store)
+        folder = self._folder_store(store._location)
         if (store._location, inner) not in self._written:
             before = await folder.get(inner, default_buffer_prototype())
             self._written[(store._location, inner)] = before
-            self._folders[store._location] = folder
         try:
             await folder.set(inner, value)
         except (IsADirectoryError, NotADirectoryError):
@@ -154,7 +156,7 @@ class _VersionStoreContract(StoreTests[VersionStore, cpu.Buffer]):
 
     async def get(self, store, key):
         inner = await self._version_key(store, key)
-        return await (await self._folder_store(store)).get(inner, default_buffer_prototype())
+        return await self._folder_store(store._location).get(inner, default_buffer_prototype())
 
     def test_store_repr(self, store) -> None:
         assert repr(store).startswith(f"VersionStore({store.path!r}, version=")
@@ -234,9 +236,12 @@ class _VersionStoreContract(StoreTests[VersionStore, cpu.Buffer]):
     async def test_list_dir(self) -> None: ...
 
 
-# one class per view and backend (pytest collects them by name); S3 with --slow
+# one class per view and backend (pytest collects them by name). On S3 (with --slow, as CI
+# runs: some 2 s a test on a loaded 2-core machine) the views issue 40 names: the rest
+# differ from them in the key mapping only, which local disk covers
+S3_VIEWS = ("group", "array", "pinned")
 for _view in VIEWS:
-    for _backend in ("local", "s3"):
+    for _backend in ("local", "s3") if _view in S3_VIEWS else ("local",):
         _name = f"TestVersionStore_{_view.replace('-', '_')}_{_backend}"
         _class = type(_name, (_VersionStoreContract,), {"view": _view, "backend": _backend})
         if _backend == "s3":
