@@ -165,6 +165,7 @@ def _write_group(corpus: Corpus, location: str, chunk_rows: int, attrs: dict | N
     from .storage.dimensions import dimension_names
     from .storage.groups import CHUNK_CRC32C
     from .storage.ownership import ATTR
+    from .storage.readers import fill_value
 
     group = zarr.open_group(store=location, mode="w", zarr_format=3)
     for name in ("negatives", "database", "queries"):
@@ -176,6 +177,7 @@ def _write_group(corpus: Corpus, location: str, chunk_rows: int, attrs: dict | N
             chunks=(min(chunk_rows, max(1, len(data))), data.shape[1]),
             compressors=CHECKSUM,
             dimension_names=dimension_names(name, 2),
+            fill_value=fill_value(data.dtype),  # a chunk not there reads NaN or -1
         )
         arr[...] = data
     for name in ("database_labels", "query_labels"):
@@ -187,6 +189,7 @@ def _write_group(corpus: Corpus, location: str, chunk_rows: int, attrs: dict | N
             chunks=(max(1, len(data)),),
             compressors=CHECKSUM,
             dimension_names=dimension_names(name, 1),
+            fill_value=fill_value(data.dtype),  # a chunk not there reads NaN or -1
         )
         arr[...] = data
     # every chunk's crc32c: in each array's metadata (for its readers) and in the

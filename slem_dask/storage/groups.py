@@ -30,12 +30,14 @@ from .ownership import ATTR, check_may_replace, damaged_metadata, remove
 from .paths import canonical, zarr_store
 from .registry import is_storage_failure
 from .rollback import abandon_after_failure
+from .readers import fill_value
+from .recorded import CHUNK_CRC32C
 
 
 MODEL_FORMAT_VERSION = 2
-#: The metadata field of a group written by :func:`write_group` (and of a corpus) that
-#: records each array's chunk checksums (:func:`.checksums.chunk_trailers`).
-CHUNK_CRC32C = "chunk_crc32c"
+# CHUNK_CRC32C: the metadata field of a group written by :func:`write_group` (and of a
+# corpus) that records each array's chunk checksums (:func:`.checksums.chunk_trailers`);
+# its readers check every chunk against it (:mod:`.recorded`)
 
 
 def _check_overwrite(path, overwrite: bool, what: str, flag: str, kind: str | None = None) -> None:
@@ -122,6 +124,9 @@ def _write_arrays(group: zarr.Group, arrays: dict[str, np.ndarray]) -> None:
             chunks=(rows, *value.shape[1:]) if value.ndim else None,  # type: ignore[arg-type]
             compressors=CHECKSUM,
             dimension_names=dimension_names(key, value.ndim),  # by meaning, for xarray
+            # a chunk that is not there (a version pruned under a plain zarr reader) reads
+            # as NaN or -1, never as plausible zeros
+            fill_value=fill_value(value.dtype),
         )
         if not value.ndim:
             arr[...] = value

@@ -23,6 +23,7 @@ import numpy as np
 
 from zarr.abc.store import Store
 from zarr.core.buffer import default_buffer_prototype
+from zarr.errors import NodeTypeValidationError
 
 if TYPE_CHECKING:
     import xarray
@@ -30,6 +31,7 @@ if TYPE_CHECKING:
 
 from . import versions
 from .dimensions import DIMENSIONS, dimension_names
+from .recorded import NOT_A_CHUNK, CheckedReads, ChunkLookup, _check_byte_range, _ranged
 from .rootmarker import (  # noqa: F401 - re-exported: where readers of P look
     MARKER,
     _json,
@@ -55,10 +57,11 @@ ENCODINGS = "encodings"
 
 # -- a zarr store pinned to one version ------------------------------------------------------
 def _pinned(path, version: int | None):
-    """(versioned store, commit, member) of ``path`` at ``version`` (None: the current
-    one): ``P``, ``P/member`` (a member of a versioned group, such as a corpus'
-    ``negatives``) or a listed version folder ``P/versions/<N>-<token>``. The version's
-    zarr.json is checked against its commit record."""
+    """(versioned store, commit, member, the version's root zarr.json) of ``path`` at
+    ``version`` (None: the current one): ``P``, ``P/member`` (a member of a versioned
+    group, such as a corpus' ``negatives``) or a listed version folder
+    ``P/versions/<N>-<token>``. The version's zarr.json is checked against its commit
+    record (the chunks' checksums that it records are then the committed ones)."""
     from .paths import canonical, exists
 
     path = canonical(path)
@@ -88,8 +91,8 @@ def _pinned(path, version: int | None):
                 f"{str(owner.path)!r} has no version {version}; list them with "
                 f"`slem-dask versions {owner.path}`"
             )
-    owner.check(commit)  # still there, and the one that was committed
-    return owner, commit, member
+    root = owner.check(commit)  # still there, and the one that was committed
+    return owner, commit, member, root
 
 
 def _with_dimension_names(data: bytes, names) -> bytes:
@@ -111,7 +114,7 @@ _ELSEWHERE = "<not in this view>"  # what the group view's keys outside it map t
 _V2_DOCUMENTS = (".zarray", ".zattrs", ".zgroup", ".zmetadata")
 
 
-class VersionStore(Store):
+class VersionStore(CheckedReads, Store):
     """A read-only zarr store holding one committed version of the slem-dask store at
     ``path`` (``version``: its number, see ``slem-dask versions P``; None: the current
     one, resolved once, here). Give it to ``zarr.open``, ``xarray.open_zarr`` or
@@ -124,12 +127,25 @@ class VersionStore(Store):
     without dimension names are given some in what this store serves.
 
     A version pruned while it is read (storage keeps the last few) raises
-    :class:`~slem_dask.storage.versions.VersionError` saying so, never zeros.
+    :class:`~slem_dask.storage.versions.VersionError` saying so, never zeros; so does
+    a store unpickled on a dask worker after the pruning. Every chunk read is checked
+    against the crc32c its commit recorded (:mod:`.recorded`): a chunk missing, or not
+    the one written, raises :class:`~slem_dask.storage.errors.MissingChunkError` or
+    :class:`~slem_dask.storage.errors.CorruptChunkError` naming it; a key that no
+    written chunk could be reads as None, like any zarr store's.
+
+    ``read_only``: True only (zarr's ``Store`` argument; versions are written by
+    slem-dask's commits, never through a store).
     """
 
-    def __init__(self, path, version: int | None = None, *, group: bool = True):
+    def __init__(
+        self, path, version: int | None = None, *, group: bool = True, read_only: bool = True
+    ):
         super().__init__(read_only=True)
-        owner, commit, member = _pinned(path, version)
+        if not read_only:
+            raise self._not_writable()
+        owner, commit, member, root = _pinned(path, version)
+        self._chunks = ChunkLookup(root)
         self.path, self.version, self.folder = str(owner.path), commit.seq, commit.version
         self.kind, self.member, self.group = commit.kind, member, group
         self._location = owner.location(commit.version)
@@ -160,18 +176,28 @@ class VersionStore(Store):
 
     def with_read_only(self, read_only: bool = False):
         if not read_only:
-            raise ValueError(
-                f"{self!r} is read only: slem-dask writes versions by its "
-                f"own commits (`slem-dask export` makes a writable copy)"
-            )
+            raise self._not_writable()
         return self
 
-    async def _store(self):
-        """The version folder's own zarr store (read only), opened on first use."""
-        if self._inner is None:
-            from zarr.storage._common import make_store_path
+    def _not_writable(self) -> NotImplementedError:
+        # zarr's own words first: its StoreTests and callers look for them
+        return NotImplementedError(
+            f"with_read_only is not implemented for the {type(self)} store type. A "
+            f"VersionStore is read only: slem-dask writes versions by its own commits "
+            f"(`slem-dask export` makes a writable copy)"
+        )
 
-            self._inner = (await make_store_path(self._location, mode="r")).store
+    async def set_if_not_exists(self, key, value) -> None:
+        self._check_writable()
+
+    async def _store(self):
+        """The version folder's own zarr store (read only), opened on first use; a
+        folder that is gone (local disk) was pruned."""
+        if self._inner is None:
+            try:
+                self._inner = await _read_only_store(self._location)
+            except FileNotFoundError:
+                raise self._pruned() from None
         return self._inner
 
     async def _viewed_document(self) -> bytes:
@@ -251,48 +277,49 @@ class VersionStore(Store):
 
     async def get(self, key, prototype=None, byte_range=None):
         prototype = prototype or default_buffer_prototype()
+        _check_byte_range(byte_range)
         inner_key = await self._key(key)
+        if key == ".zarray" and await self._shows_group():
+            # zarr.open_array's probe (zarr.open tries it, then opens the group)
+            raise NotAnArrayError(await self._open_array_hint())
         if inner_key is _ELSEWHERE or key.rsplit("/", 1)[-1] in _V2_DOCUMENTS:
             return None  # outside the view, or zarr v2's documents: never written
         if inner_key is None:
             data = await self._group_document()
-            return prototype.buffer.from_bytes(
-                data if byte_range is None else _ranged(data, byte_range)
-            )
+            return prototype.buffer.from_bytes(_ranged(data, byte_range))
         store = await self._store()
-        if key.endswith("zarr.json") and byte_range is None:
+        if key.endswith("zarr.json"):  # served with dimension names: ranges of what is served
             value = await store.get(inner_key, prototype)
             if value is None:
-                return await self._absent(key, store)
+                return await self._absent(inner_key, store, NOT_A_CHUNK)
+            self._chunks.remember(inner_key, value.to_bytes())
             data = _with_dimension_names(value.to_bytes(), self._names(key))
             if key == "zarr.json":  # a group's members inline: xarray opens it without a warning
                 data = await _consolidated(data, store, self._base, self._names)
-            return prototype.buffer.from_bytes(data)
+            return prototype.buffer.from_bytes(_ranged(data, byte_range))
         value = await store.get(inner_key, prototype, byte_range)
-        return value if value is not None else await self._absent(key, store)
+        return await self._checked(inner_key, value, byte_range, store)
 
-    async def _absent(self, key: str, store):
-        """None (zarr's fill value) only where slem-dask may have left a chunk out, in a
-        version that is still there; a version pruned (or being pruned) under this
-        reader raises, and so does a missing chunk of an output (every chunk of an
-        output is written, zeros included)."""
-        import asyncio
+    async def _shows_group(self) -> bool:
+        """Whether this view's root is a group (see the class)."""
+        await self._group_view()
+        return self.group or not self._bare_array
 
-        if not await store.exists("zarr.json"):
-            raise self._pruned()
-        if key.endswith("zarr.json"):
-            return None
-        if await asyncio.to_thread(self._prunable):  # its deletion is under way
-            raise self._pruned()
-        if self.kind == "encoding":
-            from .errors import MissingChunkError
-
-            raise MissingChunkError(
-                f"{self.path!r}: chunk {key!r} of version {self.version} is missing "
-                f"(every chunk of an output is written): the store is damaged; "
-                f"`slem-dask verify {self.path}` names every missing chunk"
-            )
-        return None
+    async def _open_array_hint(self) -> str:
+        names = []
+        if not await self._group_view():
+            async for name in (await self._store()).list_dir(self._base.strip("/")):
+                if name != "zarr.json":
+                    names.append(name)
+        else:
+            names = [self._name]
+        example = f"path={names[0]!r}" if names else "path=NAME"
+        alternative = ", or VersionStore(..., group=False)" if self._bare_array else ""
+        return (
+            f"{self!r} shows a zarr group (arrays in it: {', '.join(sorted(names)) or 'none'}),"
+            f" not an array: give zarr.open_array the array's name ({example}){alternative}, "
+            f"or open the group with zarr.open_group"
+        )
 
     async def get_partial_values(self, prototype, key_ranges):
         return [await self.get(key, prototype, byte_range) for key, byte_range in key_ranges]
@@ -329,6 +356,20 @@ class VersionStore(Store):
             yield key
 
     async def list_prefix(self, prefix: str):
+        async for key in self._list_prefix(prefix):
+            yield key
+        await self._still_there()  # else the listing may be a pruned version's remains
+
+    async def list_dir(self, prefix: str):
+        async for key in self._list_dir(prefix):
+            yield key
+        await self._still_there()
+
+    async def _still_there(self) -> None:
+        if not await (await self._store()).exists("zarr.json"):
+            raise self._pruned()
+
+    async def _list_prefix(self, prefix: str):
         store = await self._store()
         if await self._group_view():
             if "zarr.json".startswith(prefix):
@@ -341,7 +382,7 @@ class VersionStore(Store):
         async for key in store.list_prefix(self._base + prefix):
             yield key[len(self._base) :]
 
-    async def list_dir(self, prefix: str):
+    async def _list_dir(self, prefix: str):
         store = await self._store()
         prefix = prefix.strip("/")
         if await self._group_view():
@@ -384,16 +425,26 @@ async def _consolidated(data: bytes, store, base: str, names) -> bytes:
     return json.dumps(doc, indent=2).encode()
 
 
-def _ranged(data: bytes, byte_range) -> bytes:
-    from zarr.abc.store import OffsetByteRequest, RangeByteRequest, SuffixByteRequest
+async def _read_only_store(location: str) -> Store:
+    """A read-only zarr store of a version folder. An object store's listings are not
+    cached: a listing or an ``exists`` answered from a listing cached before a pruning
+    (fsspec shares its clients, and their caches, between equal arguments) would show
+    a version that is gone."""
+    if "://" not in location:
+        from zarr.storage._common import make_store_path
 
-    if isinstance(byte_range, RangeByteRequest):
-        return data[byte_range.start : byte_range.end]
-    if isinstance(byte_range, OffsetByteRequest):
-        return data[byte_range.offset :]
-    if isinstance(byte_range, SuffixByteRequest):
-        return data[-byte_range.suffix :]
-    return data
+        return (await make_store_path(location, mode="r")).store
+    from zarr.storage import FsspecStore
+
+    from .paths import ZARR_S3_OPTIONS
+
+    options = dict(ZARR_S3_OPTIONS) if location.startswith(("s3://", "s3a://")) else {}
+    options["use_listings_cache"] = False
+    return FsspecStore.from_url(location, storage_options=options, read_only=True)
+
+
+class NotAnArrayError(NodeTypeValidationError):
+    """zarr.open_array given a view whose root is a group (its message says what to pass)."""
 
 
 # -- one-line opens --------------------------------------------------------------------------
@@ -431,6 +482,13 @@ def open_dataset(
 
 
 def fill_value(dtype):
-    """The fill value of new outputs: NaN for floats, so that a chunk that is not there
-    (a version pruned under a plain zarr reader) reads as NaN, never as finite zeros."""
-    return np.nan if np.issubdtype(np.dtype(dtype), np.floating) else 0
+    """The fill value of the arrays slem-dask writes: what a chunk that is not there (a
+    version pruned under a plain zarr reader) reads as, never plausible data: NaN for
+    floats, -1 for signed integers (search indices, labels: no row is -1), the largest
+    value for unsigned ones; None (zarr's default) for anything else."""
+    kind = np.dtype(dtype).kind
+    if kind == "f":
+        return np.nan
+    if kind == "i":
+        return -1
+    return np.iinfo(np.dtype(dtype)).max if kind == "u" else None

@@ -175,6 +175,12 @@ class VersionedStore:
         """The version's zarr.json, after checking it is the one that was committed."""
         key = f"{self._folder(commit.version)}/zarr.json"
         data = self.backend.read(key)
+        if data is None and self.head_seq() - commit.seq >= KEEP_VERSIONS - 1:
+            raise VersionError(  # not damage: what storage does to old versions
+                f"{str(self.path)!r}: version {commit.seq} ({commit.version}) was pruned "
+                f"(storage keeps the last {KEEP_VERSIONS} versions, a new job's draft "
+                f"included); read a version that is kept (`slem-dask versions {self.path}`)"
+            )
         if data is None:
             raise DamagedCommitError(
                 f"{str(self.path)!r}: version {commit.seq} ({commit.version}) has no "
