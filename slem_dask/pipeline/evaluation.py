@@ -13,6 +13,7 @@ numbers out; the ``slem-dask evaluate`` job that reads a corpus is :mod:`.evalua
 
 from __future__ import annotations
 
+import contextlib
 import time
 
 import dask
@@ -182,21 +183,35 @@ def evaluate_methods(
     params = params or {}
     rows, pr = [], {}
     for name in methods:
-        row, indices = _measure(
-            name,
-            make_estimator(name, params.get(name)),
-            negatives,
-            database,
-            queries,
-            relevant,
-            k,
-            p_at,
-            min_time,
-        )
+        with _rows_kept_on_failure(rows, name):
+            row, indices = _measure(
+                name,
+                make_estimator(name, params.get(name)),
+                negatives,
+                database,
+                queries,
+                relevant,
+                k,
+                p_at,
+                min_time,
+            )
         rows.append(row)
         if curves:
             pr[name] = pr_curve(indices, relevant)
     return rows, pr
+
+
+@contextlib.contextmanager
+def _rows_kept_on_failure(rows: list[dict], method: str):
+    """On a failure of ``method``, the rows of the table computed before it travel with
+    the exception (``exc.evaluated_rows``, ``exc.failed_method``), so that the caller can
+    still show them: an hour of fits is not lost to the last method's error."""
+    try:
+        yield
+    except Exception as exc:
+        if len(rows) >= len(getattr(exc, "evaluated_rows", ())):  # a grid's rows too
+            exc.evaluated_rows, exc.failed_method = list(rows), method  # type: ignore[attr-defined]
+        raise
 
 
 def _checked_arrays(negatives, database, queries, relevant):
@@ -322,18 +337,19 @@ def grid_search(
         settings = parameter_grid(grids[method])
         scored = []
         for params in settings:
-            (row,), pr = evaluate_methods(
-                negatives,
-                database,
-                queries,
-                relevant,
-                [method],
-                k=k,
-                p_at=p_at,
-                params={method: params},
-                curves=curves,
-                min_time=min_time,
-            )
+            with _rows_kept_on_failure(rows + [r for r, _, _ in scored], method):
+                (row,), pr = evaluate_methods(
+                    negatives,
+                    database,
+                    queries,
+                    relevant,
+                    [method],
+                    k=k,
+                    p_at=p_at,
+                    params={method: params},
+                    curves=curves,
+                    min_time=min_time,
+                )
             row = {
                 "method": method,
                 "setting": _format_setting(params),
