@@ -64,17 +64,8 @@ def make_estimator(name: str, params: dict | None = None):
             from ..models import KernelSLEM
         except ImportError:  # pragma: no cover - depends on the installed version
             raise ValueError("methods: this slem-dask has no kernel SLEM model") from None
-        # The demo's kernel settings: rank-256 rbf by randomly pivoted Cholesky (a few
-        # passes over the negatives), gamma ~ 1 / median squared distance of unit rows.
-        defaults = {
-            "kernel": "rbf",
-            "gamma": 0.5,
-            "rank": 256,
-            "pivoting": "rpcholesky",
-            "tol": 0.0,
-            "random_state": 0,
-        }
-        return KernelSLEM(**{**defaults, **params})
+        # the library's defaults (models.kernel_defaults), as fit --kernel has them
+        return KernelSLEM(**params)
     classes = {"raw": RawFeatures, "pca": PCAWhitening, "esvm": ESVM, "slem": LinearSLEM}
     if name not in classes:
         parse_methods([name])
