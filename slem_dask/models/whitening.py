@@ -123,17 +123,18 @@ class PCAWhitening(SLEMEstimator):
         it, an n x n eigendecomposition, n d r for the components, instead of n d^2
         and a d x d one (d = 8192, n = 3,000: minutes to seconds)."""
         n = X.shape[0]
-        rows = X.astype(np.float64)
-        mean = _as_numpy(rows.mean(axis=0))
+        # n x d <= d x d: the rows in this process take no more memory than the
+        # covariance would (a dask graph would ship U, n x n, to every task)
+        rows = np.array(_as_numpy(X), dtype=np.float64, copy=True)
+        mean = rows.mean(axis=0)
         if not np.all(np.isfinite(mean)):  # a NaN or inf in any row reaches the mean
             count, shown = locate_nonfinite_rows(X)
             if count:
                 raise nonfinite_rows_error("X", count, shown, n)
             return self._fit_covariance(X)  # finite rows whose sum overflows
-        centred = rows - mean
-        gram = _as_numpy(centred @ centred.T)
-        variances, vectors = gram_eigen(gram, n, self.n_components)
-        product = _as_numpy(centred.T @ vectors)
+        rows -= mean
+        variances, vectors = gram_eigen(rows @ rows.T, n, self.n_components)
+        product = rows.T @ vectors
         return mean, components_from_gram(product, variances, n, float(self.eps))
 
     def transform(self, X: Rows, dtype: DTypeLike | None = None) -> Array:
