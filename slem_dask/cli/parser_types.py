@@ -38,7 +38,7 @@ def _gamma(text: str):
     except argparse.ArgumentTypeError as exc:
         raise argparse.ArgumentTypeError(
             f"{exc} (a number is absolute; Cx is C over the negatives' median squared "
-            f"distance, e.g. 0.25x)"
+            f"distance, e.g. 0.0625x)"
         ) from None
     return f"{value:g}x" if relative else value
 

@@ -77,7 +77,7 @@ class KernelSLEM(SLEMEstimator):
         Kernel parameter of rbf, quad and poly; ignored by the other kernels. A number
         is absolute; "<c>x" is c over the negatives' median squared distance (rbf) or
         median squared norm (quad, poly), measured at fit time (``gamma_``). Default
-        "0.25x" (was 0.1 absolute; :mod:`.kernel_defaults`, measured in
+        "0.0625x" (was 0.1 absolute; :mod:`.kernel_defaults`, measured in
         docs/benchmarks.md). An absolute gamma far from that scale warns
         (:class:`~.kernel_defaults.GammaScaleWarning`).
     degree : int >= 1

@@ -31,9 +31,9 @@ __all__ = [
     "fitted_gamma",
 ]
 
-#: gamma relative to the negatives' scale: 1/4 of 1 / (median squared distance).
+#: gamma relative to the negatives' scale: 1/16 of 1 / (median squared distance).
 #: Measured in docs/benchmarks.md ("Kernel SLEM's defaults").
-DEFAULT_GAMMA = "0.25x"
+DEFAULT_GAMMA = "0.0625x"
 
 #: The one set of kernel SLEM's defaults (library, CLI, job specs, evaluate, demo).
 #: rank: at most 1024 pivots, fewer once the factor keeps 1 - tol (99.9%) of the kernel
@@ -63,7 +63,7 @@ class GammaScaleWarning(UserWarning):
 
 def parse_gamma(value) -> tuple[float, bool]:
     """(c, relative) of a gamma: a number > 0 is absolute; a text "<c>x" is c over the
-    negatives' scale (:func:`data_scale`), e.g. "0.25x"."""
+    negatives' scale (:func:`data_scale`), e.g. "0.0625x"."""
     if isinstance(value, str) and value.strip().lower().endswith("x"):
         text = value.strip().lower()
         try:

@@ -207,7 +207,8 @@ def test_gamma_relative_to_the_negatives_scale_and_a_warning_when_far_from_it(rn
     assert len(caught) == 1
     text = str(caught[0].message)
     assert text.startswith(f"gamma=0.5 is {0.5 * median:.3g} times 1 / the negatives' median")
-    assert f"e.g. --gamma {DEFAULT_GAMMA} (= {0.25 / median:.3g} here)" in text
+    relative = float(DEFAULT_GAMMA[:-1])
+    assert f"e.g. --gamma {DEFAULT_GAMMA} (= {relative / median:.3g} here)" in text
     with pytest.raises(TypeError, match=r"gamma must be a real number > 0, got '0.5y'.* 'Cx'"):
         KernelSLEM(gamma="0.5y").fit(X)
     with pytest.raises(
