@@ -19,7 +19,7 @@ from .parser_jobs import (
     _add_search_command,
 )
 from .parser_stores import _add_store_commands
-from ..models.kernel_defaults import KERNEL_DEFAULTS as MODEL_DEFAULTS
+from ..core.kernel_defaults import KERNEL_DEFAULTS as MODEL_DEFAULTS
 
 #: Kernel options of `fit` and their defaults, applied only with --kernel.
 KERNEL_DEFAULTS = {

@@ -7,7 +7,7 @@ import argparse
 
 from .parser_groups import _add_cluster_args, _add_partition_arg
 from .parser_types import _gamma, _grid, _lam, _positive_float, _positive_int
-from ..models.kernel_defaults import KERNEL_DEFAULTS
+from ..core.kernel_defaults import KERNEL_DEFAULTS
 
 
 def _add_evaluate_command(sub) -> None:

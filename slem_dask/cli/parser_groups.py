@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 
 from .parser_types import _fraction, _gamma, _positive_float, _positive_int
-from ..models.kernel_defaults import KERNEL_DEFAULTS
+from ..core.kernel_defaults import KERNEL_DEFAULTS
 
 
 def _add_cluster_args(p: argparse.ArgumentParser) -> None:

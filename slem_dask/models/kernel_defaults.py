@@ -20,6 +20,7 @@ import warnings
 
 import numpy as np
 
+from ..core.kernel_defaults import DEFAULT_GAMMA, KERNEL_DEFAULTS
 from ..core.validation import check_positive_float, is_dask_array
 
 __all__ = [
@@ -30,25 +31,6 @@ __all__ = [
     "data_scale",
     "fitted_gamma",
 ]
-
-#: gamma relative to the negatives' scale: 1/16 of 1 / (median squared distance).
-#: Measured in docs/benchmarks.md ("Kernel SLEM's defaults").
-DEFAULT_GAMMA = "0.0625x"
-
-#: The one set of kernel SLEM's defaults (library, CLI, job specs, evaluate, demo).
-#: rank: at most 1024 pivots, fewer once the factor keeps 1 - tol (99.9%) of the kernel
-#: matrix's trace; rpcholesky (many pivots per pass) with a fixed seed: reruns give the
-#: same model.
-KERNEL_DEFAULTS: dict = {
-    "kernel": "rbf",
-    "gamma": DEFAULT_GAMMA,
-    "degree": 2,
-    "lam": 1e-3,
-    "rank": 1024,
-    "pivoting": "rpcholesky",
-    "tol": 1e-3,
-    "random_state": 0,
-}
 
 #: Rows of the negatives whose pairwise squared distances give the scale (the first ones:
 #: one block of a dask array, read once).

@@ -13,7 +13,7 @@ import math
 import sys
 from dataclasses import MISSING, dataclass, field, fields
 
-from ..models.kernel_defaults import KERNEL_DEFAULTS
+from ..core.kernel_defaults import KERNEL_DEFAULTS
 
 if sys.version_info >= (3, 11):
     import tomllib
