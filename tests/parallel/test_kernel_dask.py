@@ -81,7 +81,9 @@ def test_rpcholesky_dask_equals_numpy_with_same_blocks(data, chunks):
 def test_transform_and_similarity_dask_equal_numpy(data, chunks):
     X, P = data
     for exact in (False, True):
-        model = KernelSLEM(kernel="rbf", gamma=0.3, rank=12, tol=0, exact=exact, pivoting="greedy").fit(X)
+        model = KernelSLEM(
+            kernel="rbf", gamma=0.3, rank=12, tol=0, exact=exact, pivoting="greedy"
+        ).fit(X)
         Pd = da.from_array(P, chunks=(chunks, 6))
         Z = model.transform(Pd, dtype=np.float32)
         assert Z.dtype == np.float32 and Z.chunks[0] == Pd.chunks[0]
@@ -107,7 +109,9 @@ def test_fit_from_float32_dask(data):
     X, P = data
     x32 = X.astype(np.float32)
     ref = KernelSLEM(kernel="rbf", gamma=0.3, rank=10, tol=0, pivoting="greedy").fit(x32)
-    model = KernelSLEM(kernel="rbf", gamma=0.3, rank=10, tol=0, pivoting="greedy").fit(da.from_array(x32, chunks=20))
+    model = KernelSLEM(kernel="rbf", gamma=0.3, rank=10, tol=0, pivoting="greedy").fit(
+        da.from_array(x32, chunks=20)
+    )
     _same_model(model, ref)
     assert model.input_dtype_ == "float32"
 
