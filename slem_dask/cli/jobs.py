@@ -58,20 +58,37 @@ def _search_job(args, client, spec, progress: bool):
 def _evaluate_job(args, client, spec, progress: bool):
     from ..pipeline import evaluate as evaluation
 
-    rows, _, report = evaluation.evaluate_job(
-        client,
-        args.corpus,
-        args.methods,
-        n_negatives=args.negatives,
-        k=args.k,
-        p_at=args.p_at,
-        plot=args.plot,
-        grids=_evaluate_grids(args),
-        partition_rows=args.partition_rows,
-        arrays=_evaluate_arrays(args),
-        ground_truth=args.ground_truth,
-    )
+    try:
+        rows, _, report = evaluation.evaluate_job(
+            client,
+            args.corpus,
+            args.methods,
+            n_negatives=args.negatives,
+            k=args.k,
+            p_at=args.p_at,
+            plot=args.plot,
+            grids=_evaluate_grids(args),
+            partition_rows=args.partition_rows,
+            arrays=_evaluate_arrays(args),
+            ground_truth=args.ground_truth,
+        )
+    except Exception as exc:
+        _print_rows_before_failure(exc)
+        raise
     return [report], rows
+
+
+def _print_rows_before_failure(exc: Exception) -> None:
+    """The rows an evaluation computed before one method failed (its error line follows)."""
+    from ..pipeline.evaluate import format_table
+
+    done = getattr(exc, "evaluated_rows", None)
+    if done:
+        print(
+            f"evaluate: {exc.failed_method} failed (the error follows); "  # type: ignore[attr-defined]
+            f"the {len(done)} row(s) computed before it:"
+        )
+        print(format_table(done), flush=True)
 
 
 def _encode_job(args, client, spec, progress: bool):

@@ -19,15 +19,12 @@ from .parser_jobs import (
     _add_search_command,
 )
 from .parser_stores import _add_store_commands
+from ..core.kernel_defaults import KERNEL_DEFAULTS as MODEL_DEFAULTS
 
 #: Kernel options of `fit` and their defaults, applied only with --kernel.
 KERNEL_DEFAULTS = {
-    "gamma": 0.1,
-    "degree": 2,
-    "rank": None,
-    "pivoting": "greedy",
-    "tol": 1e-3,
-    "seed": 0,
+    **{name: MODEL_DEFAULTS[name] for name in ("gamma", "degree", "rank", "pivoting", "tol")},
+    "seed": MODEL_DEFAULTS["random_state"],
     "kernel_memory": "auto",
     "repivot": False,
 }

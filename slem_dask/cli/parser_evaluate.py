@@ -6,7 +6,8 @@ from __future__ import annotations
 import argparse
 
 from .parser_groups import _add_cluster_args, _add_partition_arg
-from .parser_types import _grid, _lam, _positive_float, _positive_int
+from .parser_types import _gamma, _grid, _lam, _positive_float, _positive_int
+from ..core.kernel_defaults import KERNEL_DEFAULTS
 
 
 def _add_evaluate_command(sub) -> None:
@@ -61,7 +62,8 @@ def _add_method_options(p: argparse.ArgumentParser) -> None:
         default="raw,pca,esvm,slem",
         metavar="LIST",
         help="comma-separated methods among raw, pca, esvm, slem, kernel "
-        "(kernel: rbf, gamma 0.5, rank 256, rpcholesky) "
+        f"(kernel: rbf, gamma {KERNEL_DEFAULTS['gamma']}, rank <= {KERNEL_DEFAULTS['rank']}, "
+        f"{KERNEL_DEFAULTS['pivoting']}) "
         "(default: raw,pca,esvm,slem)",
     )
     p.add_argument(
@@ -99,8 +101,17 @@ def _add_parameter_grids(p: argparse.ArgumentParser) -> None:
         "ridge lambda of linear SLEM (absolute, or Cx: C times tr(Sigma); "
         "default: 0.01x) and of kernel SLEM (a number; default: 1e-3)",
     )
-    _add_grid(g, "--gamma", _positive_float, "G", "kernel SLEM rbf gamma (default: 0.5)")
-    _add_grid(g, "--rank", _positive_int, "R", "kernel SLEM rank (default: 256)")
+    _add_grid(
+        g,
+        "--gamma",
+        _gamma,
+        "G",
+        "kernel SLEM rbf gamma: a number, or Cx, C over the negatives' median squared "
+        f"distance (default: {KERNEL_DEFAULTS['gamma']})",
+    )
+    _add_grid(
+        g, "--rank", _positive_int, "R", f"kernel SLEM rank (default: {KERNEL_DEFAULTS['rank']})"
+    )
     _add_grid(
         g,
         "--esvm-lam",

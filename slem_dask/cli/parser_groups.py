@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import argparse
 
-from .parser_types import _fraction, _positive_float, _positive_int
+from .parser_types import _fraction, _gamma, _positive_float, _positive_int
+from ..core.kernel_defaults import KERNEL_DEFAULTS
 
 
 def _add_cluster_args(p: argparse.ArgumentParser) -> None:
@@ -77,8 +78,10 @@ def _add_kernel_args(p: argparse.ArgumentParser) -> None:
     )
     g.add_argument(
         "--gamma",
-        type=_positive_float,
-        help="gamma of the rbf, quad and poly kernels (default: 0.1)",
+        type=_gamma,
+        help="gamma of the rbf, quad and poly kernels: a number, or Cx, C over the "
+        "negatives' median squared distance (rbf; quad, poly: squared norm) "
+        f"(default: {KERNEL_DEFAULTS['gamma']})",
     )
     g.add_argument("--degree", type=_positive_int, help="degree of the poly kernel (default: 2)")
     g.add_argument(
@@ -86,25 +89,32 @@ def _add_kernel_args(p: argparse.ArgumentParser) -> None:
         type=_positive_int,
         metavar="R",
         help="maximum number of pivots of the incomplete Cholesky factor "
-        "(default: no limit, stop on --tol)",
+        f"(default: {KERNEL_DEFAULTS['rank']}, fewer once --tol is reached)",
     )
     g.add_argument(
         "--pivoting",
         choices=("greedy", "rpcholesky"),
         help="greedy: one pass over the negatives per pivot; rpcholesky: "
-        "randomly pivoted, many pivots per pass (default: greedy)",
+        f"randomly pivoted, many pivots per pass (default: {KERNEL_DEFAULTS['pivoting']})",
     )
     g.add_argument(
         "--tol",
         type=_fraction,
-        help="stop when the residual trace is below TOL x the trace (default: 1e-3)",
+        help="stop when the residual trace is below TOL x the trace "
+        f"(default: {KERNEL_DEFAULTS['tol']:g})",
     )
     g.add_argument(
         "--seed",
         type=int,
         metavar="N",
-        help="random seed of rpcholesky (default 0, as in job specs: reruns give the same model)",
+        help=f"random seed of rpcholesky (default {KERNEL_DEFAULTS['random_state']}, as in the "
+        "library and job specs: reruns give the same model)",
     )
+    _add_kernel_run_args(g)
+
+
+def _add_kernel_run_args(g) -> None:
+    """How a kernel fit runs: its memory strategy, and re-pivoting on an update."""
     g.add_argument(
         "--kernel-memory",
         choices=("auto", "in-memory", "streaming"),

@@ -29,6 +29,20 @@ def _lam(text: str):
     return f"{value:g}x" if relative else value
 
 
+def _gamma(text: str):
+    """--gamma: a number > 0 (absolute) or "<c>x" (c over the negatives' median squared
+    distance)."""
+    relative = text.strip().lower().endswith("x")
+    try:
+        value = _positive_float(text.strip()[:-1] if relative else text)
+    except argparse.ArgumentTypeError as exc:
+        raise argparse.ArgumentTypeError(
+            f"{exc} (a number is absolute; Cx is C over the negatives' median squared "
+            f"distance, e.g. 0.0625x)"
+        ) from None
+    return f"{value:g}x" if relative else value
+
+
 #: What --lam means, for the help texts.
 _LAM_HELP = (
     "ridge lambda of linear SLEM: a number > 0 is absolute (the data's squared "

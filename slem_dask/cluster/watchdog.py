@@ -25,6 +25,7 @@ import sys
 import threading
 import time
 
+from ..core.steps import current_step
 from ..storage import IntegrityError
 
 __all__ = ["watch", "TaskTimeout", "stall_warning_seconds", "progress_line_seconds"]
@@ -334,6 +335,7 @@ class _Watch:
         probe = _probe_function()
         last, since, warned = None, time.monotonic(), 0
         said_at = since  # the last progress line (without a terminal)
+        step_said: tuple = (None, 0)  # (the step said, how many times)
         while not self._stop.wait(self.interval):
             try:
                 state = self.client.run_on_scheduler(probe, self.client.id)
@@ -346,6 +348,8 @@ class _Watch:
                 if not state or not state["remaining"]
                 else (state["remaining"], state["signature"])
             )
+            if key is None:  # no task waited for: a step of this process may run long
+                step_said = self._say_long_step(now, step_said)
             if key is None or key != last:  # something finished (or nothing to wait for)
                 if warned and key is not None:
                     self._say(f"tasks progress again after {now - since:.0f} s")
@@ -366,6 +370,24 @@ class _Watch:
                 warned += 1
                 said_at = now
                 self._say(self._stall_line(state, stalled, now))
+
+    def _say_long_step(self, now: float, said: tuple) -> tuple:
+        """One line each ``warn_after`` seconds that this process computes a long step
+        of its own (no dask task is waited for then): which, for how long; returns what
+        was said so far, (step, times)."""
+        step = current_step()
+        if step is None:
+            return (None, 0)
+        what, started = step
+        times = said[1] if said[0] == step else 0
+        took = now - started
+        if took >= self.warn_after * (times + 1):
+            self._say(
+                f"this process computes {what} for {_duration(took)} so far (no dask "
+                f"task runs meanwhile: the workers wait for it, they are not stuck)"
+            )
+            times += 1
+        return (step, times)
 
     def _stall_line(self, state: dict, stalled: float, now: float) -> str:
         """What the job waits for after ``stalled`` seconds without a finished task."""

@@ -22,6 +22,8 @@ from scipy import linalg
 from scipy.linalg import blas
 
 from .blas_threads import factorization_threads
+from .lapack import cholesky_lower
+from .steps import long_step
 
 __all__ = [
     "new_columns",
@@ -115,8 +117,9 @@ def g_cholesky(scatter: np.ndarray, count: int, lam: float) -> np.ndarray:
     g = scatter / count
     g = (g + g.T) * 0.5
     g[np.diag_indices_from(g)] += lam
-    with factorization_threads(len(g)):
-        return linalg.cholesky(g, lower=True, check_finite=False)
+    r = len(g)
+    with factorization_threads(r), long_step(f"the Cholesky factor of G ({r} x {r})"):
+        return cholesky_lower(g)  # the GIL released: workers of this process keep running
 
 
 def _project(k_piv: np.ndarray, k_self: np.ndarray, pivot_factor: np.ndarray):

@@ -8,9 +8,10 @@ covariance ``Sigma``; ``A = Sigma + lam I`` (docs/math.md#woodbury);
 from __future__ import annotations
 
 import numpy as np
-from scipy import linalg
 
 from .blas_threads import factorization_threads
+from .lapack import cholesky_inverse_in_place
+from .steps import long_step
 from .statistics import mirror_upper
 
 __all__ = [
@@ -42,25 +43,25 @@ def precision_matrix(cov: np.ndarray, lam: float) -> np.ndarray:
     relies on A^-1 = A^-T).
     """
     a = regularized_covariance(cov, lam)
-    with factorization_threads(a.shape[0]):
+    d = a.shape[0]
+    with factorization_threads(d), long_step(f"the Cholesky inverse of A ({d} x {d})"):
         return _cholesky_inverse(a, lam)
 
 
 def _cholesky_inverse(a: np.ndarray, lam: float) -> np.ndarray:
-    # a is C-ordered and symmetric: LAPACK sees a.T, whose lower triangle is a's upper.
-    factor, info = linalg.lapack.dpotrf(a.T, lower=True, clean=False, overwrite_a=True)
-    if info > 0:  # pragma: no cover - only for lam ~ -min eig
+    # LAPACK potrf then potri in place, with the GIL released (core.lapack: at d = 8192
+    # they take tens of seconds, which must not silence the dask workers of this process).
+    factor_info, inverse_info = cholesky_inverse_in_place(a)
+    if factor_info > 0:  # pragma: no cover - only for lam ~ -min eig
         raise np.linalg.LinAlgError(
             f"A = Sigma + lam*I is not positive definite for lam={lam!r}; increase lam"
         )
-    if info < 0:  # pragma: no cover
-        raise ValueError(f"LAPACK dpotrf: illegal argument {-info}")
-    inverse, info = linalg.lapack.dpotri(factor, lower=True, overwrite_c=True)
-    if info != 0:  # pragma: no cover
-        raise np.linalg.LinAlgError(f"LAPACK dpotri failed (info={info}) for lam={lam!r}")
-    inverse = inverse.T  # back to C order: the upper triangle holds A^-1
-    mirror_upper(inverse)
-    return inverse
+    if factor_info < 0:  # pragma: no cover
+        raise ValueError(f"LAPACK dpotrf: illegal argument {-factor_info}")
+    if inverse_info != 0:  # pragma: no cover
+        raise np.linalg.LinAlgError(f"LAPACK dpotri failed (info={inverse_info}) for lam={lam!r}")
+    mirror_upper(a)  # the upper triangle holds A^-1
+    return a
 
 
 def encode_rows(

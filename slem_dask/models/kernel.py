@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ..core.cholesky import g_cholesky
+from ..core.kernels import _USES_GAMMA as USES_GAMMA
 from ..core.statistics import ScatterStats, merge_statistics
 from ..parallel.kernel import CholeskyConfig, incomplete_cholesky
 from ..parallel.kernel_stream import choose_strategy, factor_statistics
@@ -23,6 +24,7 @@ from ..core.validation import (
 from .base import SLEMEstimator, fresh_seed
 from .kernel_blocks import _encode_block, _Encoder, _packed_block, _similarity_block
 from .kernel_lazy import lazy_encode, lazy_similarity
+from .kernel_defaults import KERNEL_DEFAULTS, fitted_gamma
 from .kernel_params import PIVOTING, check_params
 from .kernel_messages import (
     TRACE_ERROR_WARNING,
@@ -71,17 +73,21 @@ class KernelSLEM(SLEMEstimator):
         See :mod:`slem_dask.core.kernels` (chi2 is the additive chi-squared
         kernel sum 2 x y / (x + y) with 0/0 := 0; both histogram kernels need
         non-negative features).
-    gamma : float > 0
-        Kernel parameter of rbf, quad and poly (default 0.1, as in the authors'
-        code); ignored by the other kernels.
+    gamma : float > 0, or str "<c>x"
+        Kernel parameter of rbf, quad and poly; ignored by the other kernels. A number
+        is absolute; "<c>x" is c over the negatives' median squared distance (rbf) or
+        median squared norm (quad, poly), measured at fit time (``gamma_``). Default
+        "0.0625x" (was 0.1 absolute; :mod:`.kernel_defaults`, measured in
+        docs/benchmarks.md). An absolute gamma far from that scale warns
+        (:class:`~.kernel_defaults.GammaScaleWarning`).
     degree : int >= 1
         Degree of the poly kernel; ignored by the others.
     lam : float > 0
         Ridge parameter lambda.
     rank : int >= 1 or None
-        Maximum number of pivots r. None: stop on ``tol`` only (which may take
-        up to n pivots, i.e. O(n^3) time: give a rank for large n).
-    pivoting : "greedy" or "rpcholesky"
+        Maximum number of pivots r (default 1024). None: stop on ``tol`` only (which
+        may take up to n pivots, i.e. O(n^3) time: give a rank for large n).
+    pivoting : "rpcholesky" (default) or "greedy"
         greedy: the largest residual diagonal at every step (the rule of
         docs/math.md#icd); one pass over the negatives per pivot.
         rpcholesky: accelerated randomly pivoted Cholesky (Chen, Epperly, Tropp
@@ -90,9 +96,10 @@ class KernelSLEM(SLEMEstimator):
         accepted or rejected with a small Cholesky of their residual block, so
         one pass takes many pivots. It is robust to outliers, which greedy pivoting picks first.
     tol : float in [0, 1)
-        Stop when the residual trace tr(K - F F^T) <= tol tr(K).
+        Stop when the residual trace tr(K - F F^T) <= tol tr(K) (default 1e-3: the
+        factor keeps 99.9% of the trace, within ``rank``).
     random_state : int or None
-        Seed of rpcholesky (None: a fresh seed, recorded in ``seed_``). The
+        Seed of rpcholesky (default 0; None: a fresh seed, recorded in ``seed_``). The
         pivots depend on the seed and on the row chunking of the negatives.
     exact : bool
         False (default): the low-rank model of the authors' code, per-positive
@@ -156,14 +163,14 @@ class KernelSLEM(SLEMEstimator):
 
     def __init__(
         self,
-        kernel: str = "rbf",
-        gamma: float = 0.1,
-        degree: int = 2,
-        lam: float = 1e-3,
-        rank: int | None = None,
-        pivoting: str = "greedy",
-        tol: float = 1e-3,
-        random_state: int | None = None,
+        kernel: str = KERNEL_DEFAULTS["kernel"],
+        gamma: float | str = KERNEL_DEFAULTS["gamma"],
+        degree: int = KERNEL_DEFAULTS["degree"],
+        lam: float = KERNEL_DEFAULTS["lam"],
+        rank: int | None = KERNEL_DEFAULTS["rank"],
+        pivoting: str = KERNEL_DEFAULTS["pivoting"],
+        tol: float = KERNEL_DEFAULTS["tol"],
+        random_state: int | None = KERNEL_DEFAULTS["random_state"],
         exact: bool = False,
         strategy: str = "auto",
     ):
@@ -203,6 +210,7 @@ class KernelSLEM(SLEMEstimator):
         kernel, gamma, degree, lam, rank = self._check_params()
         X = check_rows(X, "X", min_rows=2)
         n, d = X.shape
+        gamma = self.gamma_ = fitted_gamma(self.gamma, X, kernel, kernel in USES_GAMMA)
         seed = int(self.random_state) if self.random_state is not None else fresh_seed()
         cfg = CholeskyConfig(
             kernel=kernel,
@@ -274,7 +282,8 @@ class KernelSLEM(SLEMEstimator):
         negatives (messages about bad rows name rows by it).
         """
         self._check_updatable()
-        kernel, gamma, degree, lam, _ = self._check_params()
+        kernel, _, degree, lam, _ = self._check_params()
+        gamma = self.gamma_
         X = check_rows(X, "X", min_rows=1)
         if X.shape[1] != self.n_features_in_:
             raise ValueError(
@@ -342,10 +351,10 @@ class KernelSLEM(SLEMEstimator):
     # -- encode -------------------------------------------------------
     def _encoder(self) -> _Encoder:
         self._check_fitted()
-        kernel, gamma, degree, lam, _ = self._check_params()
+        kernel, _, degree, lam, _ = self._check_params()
         return _Encoder(
             kernel,
-            gamma,
+            self.gamma_,
             degree,
             lam,
             bool(self.exact),
@@ -443,6 +452,7 @@ class KernelSLEM(SLEMEstimator):
             "n_passes": self.n_passes_,
             "seed": self.seed_,
             "strategy": getattr(self, "strategy_", None),
+            "gamma_": self.gamma_,
         }
         arrays = {name: getattr(self, name + "_") for name in self._ARRAYS}
         if getattr(self, "factor_scatter_", None) is not None:
@@ -460,6 +470,8 @@ class KernelSLEM(SLEMEstimator):
             self.negatives_ = arrays["negatives"]
             self.factor_ = arrays["factor"]
         self.rank_ = int(info["rank"])
+        # a store written before gamma could be relative: its gamma was absolute
+        self.gamma_ = float(info["gamma_"] if "gamma_" in info else self.gamma)
         self.trace_ = float(info["trace"])
         self.trace_error_ = float(info["trace_error"])
         # Stores written before these were kept: no factor_scatter (update refuses),

@@ -71,7 +71,7 @@ def weak_factor_message(model) -> str | None:
     return (
         f"trace error {model.trace_error_:.4f} (residual trace / trace) is above "
         f"{TRACE_ERROR_WARNING}: the incomplete Cholesky factor of the {model.kernel} kernel"
-        f"{f' (gamma {model.gamma:g})' if gamma else ''} with {model.rank_} pivots (rank "
+        f"{f' (gamma {model.gamma_:g})' if gamma else ''} with {model.rank_} pivots (rank "
         f"{model.rank if model.rank is not None else 'unlimited'}) captures almost none of "
         f"it, and the encodings keep little of the kernel; use {fix}"
     )

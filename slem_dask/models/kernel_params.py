@@ -12,6 +12,7 @@ import numpy as np
 from ..core.kernels import check_kernel_params
 from ..core.validation import check_positive_float
 from ..parallel.kernel_stream import check_strategy, choose_strategy
+from .kernel_defaults import parse_gamma
 
 __all__ = ["PIVOTING", "check_params"]
 
@@ -33,8 +34,14 @@ def _check_int_or_none(value, name: str, hint: str = ""):
 
 def check_params(model):
     """(kernel, gamma, degree, lam, rank) of a :class:`~.kernel.KernelSLEM`, checked;
-    raises on the first bad parameter, in the order of the constructor's."""
-    kernel, gamma, degree = check_kernel_params(model.kernel, model.gamma, model.degree)
+    raises on the first bad parameter, in the order of the constructor's. gamma is None
+    when it is relative to the negatives' scale ("<c>x"; the fitted one is ``gamma_``)."""
+    relative = isinstance(model.gamma, str)
+    if relative:  # "<c>x": resolved against the negatives at fit time (gamma_)
+        parse_gamma(model.gamma)
+    kernel, gamma, degree = check_kernel_params(
+        model.kernel, 1.0 if relative else model.gamma, model.degree
+    )
     lam = check_positive_float(
         model.lam, "lam", "; typical values are 1e-4 to 1e-1 for L2-normalized descriptors"
     )
@@ -66,4 +73,4 @@ def check_params(model):
     check_strategy(model.strategy)
     if model.strategy == "streaming" and model.exact:
         choose_strategy(model.strategy, None, None, True)  # raises, naming the fix
-    return kernel, gamma, degree, lam, rank
+    return kernel, (None if relative else gamma), degree, lam, rank

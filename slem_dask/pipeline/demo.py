@@ -10,6 +10,7 @@ import numpy as np
 
 from .. import storage
 from ..models import KernelSLEM, LinearSLEM, RawFeatures
+from ..models.kernel_defaults import KERNEL_DEFAULTS
 from ..core.validation import DEFAULT_LAM
 
 from .common import JobReport
@@ -50,16 +51,12 @@ def demo_job(
         "seed": seed,
     }
     reports = [_generate_corpus(corpus_path, params)]
-    # rbf kernel SLEM: gamma 0.5 suits these L2-normalized rows (median squared
-    # distance between negatives ~0.5); 256 rpcholesky pivots take a few passes.
-    # It takes --lam when that is a number: a relative one ("0.01x") is linear SLEM's only.
+    # kernel SLEM at the library's defaults (models.kernel_defaults: gamma relative to
+    # the negatives' median squared distance, rpcholesky), seeded by --seed. It takes
+    # --lam when that is a number: a relative one ("0.01x") is linear SLEM's only.
     kernel = KernelSLEM(
-        kernel="rbf",
-        gamma=0.5,
-        rank=min(256, n_negatives),
+        rank=min(KERNEL_DEFAULTS["rank"], n_negatives),
         lam=lam if isinstance(lam, (int, float)) else KERNEL_LAM,
-        pivoting="rpcholesky",
-        tol=0.0,
         random_state=seed,
     )
     for estimator, name, prefix in (

@@ -108,7 +108,7 @@ def _zero_reason(model) -> str:
             "equal to them): drop those rows, or fit on negatives that vary"
         )
     if isinstance(model, KernelSLEM):  # z = beta / sqrt(|beta|^2 + u^2 / lam^2) -> 0
-        gamma = f" or a smaller gamma (now {model.gamma:g})" if model.kernel in _USES_GAMMA else ""
+        gamma = f" or a smaller gamma (now {model.gamma_:g})" if model.kernel in _USES_GAMMA else ""
         normalize = (
             ""
             if model._normalized_pivots()

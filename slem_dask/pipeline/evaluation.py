@@ -13,6 +13,7 @@ numbers out; the ``slem-dask evaluate`` job that reads a corpus is :mod:`.evalua
 
 from __future__ import annotations
 
+import contextlib
 import time
 
 import dask
@@ -70,17 +71,8 @@ def make_estimator(name: str, params: dict | None = None):
             from ..models import KernelSLEM
         except ImportError:  # pragma: no cover - depends on the installed version
             raise ValueError("methods: this slem-dask has no kernel SLEM model") from None
-        # The demo's kernel settings: rank-256 rbf by randomly pivoted Cholesky (a few
-        # passes over the negatives), gamma ~ 1 / median squared distance of unit rows.
-        defaults = {
-            "kernel": "rbf",
-            "gamma": 0.5,
-            "rank": 256,
-            "pivoting": "rpcholesky",
-            "tol": 0.0,
-            "random_state": 0,
-        }
-        return KernelSLEM(**{**defaults, **params})
+        # the library's defaults (models.kernel_defaults), as fit --kernel has them
+        return KernelSLEM(**params)
     classes = {"raw": RawFeatures, "pca": PCAWhitening, "esvm": ESVM, "slem": LinearSLEM}
     if name not in classes:
         parse_methods([name])
@@ -210,20 +202,34 @@ def evaluate_methods(
     rows, pr = [], {}
     scoring = (relevant, _checked_p_at(p_at, relevant), ground_truth)
     for name in methods:
-        row, indices = _measure(
-            name,
-            make_estimator(name, params.get(name)),
-            negatives,
-            database,
-            queries,
-            scoring,
-            k,
-            min_time,
-        )
+        with _rows_kept_on_failure(rows, name):
+            row, indices = _measure(
+                name,
+                make_estimator(name, params.get(name)),
+                negatives,
+                database,
+                queries,
+                scoring,
+                k,
+                min_time,
+            )
         rows.append(row)
         if curves and relevant is not None:
             pr[name] = pr_curve(indices, relevant)
     return rows, pr
+
+
+@contextlib.contextmanager
+def _rows_kept_on_failure(rows: list[dict], method: str):
+    """On a failure of ``method``, the rows of the table computed before it travel with
+    the exception (``exc.evaluated_rows``, ``exc.failed_method``), so that the caller can
+    still show them: an hour of fits is not lost to the last method's error."""
+    try:
+        yield
+    except Exception as exc:
+        if len(rows) >= len(getattr(exc, "evaluated_rows", ())):  # a grid's rows too
+            exc.evaluated_rows, exc.failed_method = list(rows), method  # type: ignore[attr-defined]
+        raise
 
 
 def _checked_p_at(p_at, relevant) -> int | None:
@@ -394,19 +400,20 @@ def grid_search(
         settings = parameter_grid(grids[method])
         scored = []
         for params in settings:
-            (row,), pr = evaluate_methods(
-                negatives,
-                database,
-                queries,
-                relevant,
-                [method],
-                k=k,
-                p_at=p_at,
-                params={method: params},
-                curves=curves,
-                min_time=min_time,
-                ground_truth=ground_truth,
-            )
+            with _rows_kept_on_failure(rows + [r for r, _, _ in scored], method):
+                (row,), pr = evaluate_methods(
+                    negatives,
+                    database,
+                    queries,
+                    relevant,
+                    [method],
+                    k=k,
+                    p_at=p_at,
+                    params={method: params},
+                    curves=curves,
+                    min_time=min_time,
+                    ground_truth=ground_truth,
+                )
             row = {
                 "method": method,
                 "setting": _format_setting(params),

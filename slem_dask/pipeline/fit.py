@@ -10,6 +10,7 @@ from .. import storage
 from ..cluster import workers
 from ..storage import canonical
 from ..models import KernelSLEM, LinearSLEM, load_model
+from ..models.kernel_defaults import KERNEL_DEFAULTS
 from ..core.kernels import unused_params
 from ..core.statistics import ScatterStats, merge_statistics
 from ..parallel.blocks import (
@@ -44,12 +45,8 @@ MODEL_KEYWORDS = {
     "lam": None,
     "theta": 1.0,
     "kernel": None,
-    "gamma": 0.1,
-    "degree": 2,
-    "rank": None,
-    "pivoting": "greedy",
-    "tol": 1e-3,
-    "seed": None,
+    **{name: KERNEL_DEFAULTS[name] for name in ("gamma", "degree", "rank", "pivoting", "tol")},
+    "seed": KERNEL_DEFAULTS["random_state"],
     "precision": "auto",
     "kernel_memory": "auto",
 }
@@ -66,12 +63,12 @@ def fit_job(
     progress: bool = False,
     update: bool = False,
     kernel: str | None = None,
-    gamma: float = 0.1,
-    degree: int = 2,
-    rank: int | None = None,
-    pivoting: str = "greedy",
-    tol: float = 1e-3,
-    seed: int | None = None,
+    gamma: float | str = KERNEL_DEFAULTS["gamma"],
+    degree: int = KERNEL_DEFAULTS["degree"],
+    rank: int | None = KERNEL_DEFAULTS["rank"],
+    pivoting: str = KERNEL_DEFAULTS["pivoting"],
+    tol: float = KERNEL_DEFAULTS["tol"],
+    seed: int | None = KERNEL_DEFAULTS["random_state"],
     precision: str = "auto",
     kernel_memory: str = "auto",
     repivot: bool = False,

@@ -13,6 +13,8 @@ import math
 import sys
 from dataclasses import MISSING, dataclass, field, fields
 
+from ..core.kernel_defaults import KERNEL_DEFAULTS
+
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover
@@ -53,12 +55,12 @@ class ModelSpec:
     precision: str = "auto"  # type = "linear" only
     # type = "kernel" only (see KernelSLEM):
     kernel: str = "rbf"
-    gamma: float = 0.1
-    degree: int = 2
-    rank: int | None = None
-    pivoting: str = "greedy"
-    tol: float = 1e-3
-    seed: int = 0
+    gamma: float | str = KERNEL_DEFAULTS["gamma"]  # a number, or "<c>x": c / median sq. distance
+    degree: int = KERNEL_DEFAULTS["degree"]
+    rank: int | None = KERNEL_DEFAULTS["rank"]
+    pivoting: str = KERNEL_DEFAULTS["pivoting"]
+    tol: float = KERNEL_DEFAULTS["tol"]
+    seed: int = KERNEL_DEFAULTS["random_state"]
     kernel_memory: str = "auto"  # KernelSLEM's strategy: "auto" | "in-memory" | "streaming"
 
 
@@ -120,8 +122,8 @@ def _build(cls, table, where: str):
             continue
         value = table[name]
         kind = str(f.type)
-        if name == "lam":
-            values[name] = _lam_value(value, f"{where}.{name}")
+        if name in ("lam", "gamma"):
+            values[name] = _relative_value(value, f"{where}.{name}", name)
             continue
         if "bool" in kind:
             ok = isinstance(value, bool)
@@ -151,19 +153,25 @@ def _build(cls, table, where: str):
     return cls(**values)
 
 
-def _lam_value(value, where: str):
-    """A spec's lam: a number > 0 (absolute) or "<c>x" (c times the negatives' tr(Sigma))."""
+def _relative_value(value, where: str, name: str):
+    """A spec's lam or gamma: a number > 0 (absolute) or "<c>x" (lam: c times the
+    negatives' tr(Sigma); gamma: c over their median squared distance)."""
     from ..core.validation import parse_lam
+    from ..models.kernel_defaults import parse_gamma
 
     try:
         if isinstance(value, bool):
             raise TypeError
-        c, relative = parse_lam(value, where)
+        c, relative = parse_lam(value, where) if name == "lam" else parse_gamma(value)
     except (TypeError, ValueError):
+        what = (
+            'c times the negatives\' total variance tr(Sigma), e.g. "0.01x", the default'
+            if name == "lam"
+            else "c over the negatives' median squared distance, e.g. "
+            f'"{KERNEL_DEFAULTS["gamma"]}", the default'
+        )
         raise SpecError(
-            f"{where} = {value!r}: expected a number > 0 (absolute) or a "
-            f'string "<c>x" (c times the negatives\' total variance '
-            f'tr(Sigma), e.g. "0.01x", the default)'
+            f'{where} = {value!r}: expected a number > 0 (absolute) or a string "<c>x" ({what})'
         ) from None
     return f"{c:g}x" if relative else c
 

@@ -239,11 +239,14 @@ def _kernel_report(
     partitions, rows_read = x[start:].numblocks[0], int(x.shape[0]) - start
     params = model.get_params()
     unused = unused_params(model.kernel)
+    said = {flag: params[key] for key, flag in KERNEL_OPTIONS.items() if key not in unused}
+    if isinstance(said.get("gamma"), str):  # relative: the value it meant for these rows
+        said["gamma"] = f"{said['gamma']} (= {model.gamma_:.4g} for these negatives' scale)"
     report.facts.update(
         {
             "partitions": partitions,
             "rows read": rows_read,
-            **{flag: params[key] for key, flag in KERNEL_OPTIONS.items() if key not in unused},
+            **said,
             "pivots": model.rank_,
             "trace error": f"{model.trace_error_:.4g}",
             "passes": model.n_passes_ if from_scratch else 1,

@@ -373,3 +373,24 @@ def test_a_mistyped_option_is_reported_by_its_command_with_the_closest_one(capsy
     assert code == 2
     assert "usage: slem-dask fit" in err, err
     assert "slem-dask fit: error: unrecognized arguments: --lambda 1e-3; did you mean --lam?" in err
+
+
+def test_kernel_defaults_have_one_source():
+    # the library (gamma 0.1, random seed), fit --kernel (seed 0), job specs and evaluate
+    # (gamma 0.5, rank 256, rpcholesky) each had their own kernel defaults (issue 39)
+    from slem_dask import KernelSLEM
+    from slem_dask.cli.parser import KERNEL_DEFAULTS as CLI
+    from slem_dask.models.kernel_defaults import KERNEL_DEFAULTS
+    from slem_dask.pipeline.evaluation import make_estimator
+    from slem_dask.pipeline.fit import MODEL_KEYWORDS
+    from slem_dask.pipeline.jobspec import ModelSpec
+
+    library = KernelSLEM().get_params()
+    assert {name: library[name] for name in KERNEL_DEFAULTS} == KERNEL_DEFAULTS
+    assert make_estimator("kernel").get_params() == library
+    names = ("gamma", "degree", "rank", "pivoting", "tol")
+    expected = [library[n] for n in names] + [library["random_state"]]
+    spec = ModelSpec(path="m.zarr", type="kernel")
+    assert [getattr(spec, n) for n in names] + [spec.seed] == expected
+    assert [CLI[n] for n in names] + [CLI["seed"]] == expected
+    assert [MODEL_KEYWORDS[n] for n in names] + [MODEL_KEYWORDS["seed"]] == expected

@@ -543,6 +543,38 @@ def test_a_stall_while_the_object_store_does_not_answer_names_the_store(one_work
     assert "check or restart" not in stall[0]
 
 
+def test_a_long_step_of_this_process_is_named_while_no_task_runs(one_worker):
+    # a fit's d x d factorization at d = 8192 ran for minutes in the client, no task
+    # pending, and nothing was said (issue 39): the watchdog names the step and its time
+    import io
+    import threading
+
+    from slem_dask.cluster import watchdog
+    from slem_dask.core.steps import long_step
+
+    client, _ = one_worker
+    out, said = io.StringIO(), threading.Event()
+
+    class Out(io.StringIO):
+        def write(self, text):
+            out.write(text)
+            if "this process computes" in out.getvalue():
+                said.set()
+            return len(text)
+
+    with watchdog.watch(client, out=Out(), warn_after=0.6, interval=0.1):
+        with long_step("the Cholesky inverse of A (8192 x 8192)"):
+            assert said.wait(60), out.getvalue()  # a test that waits, never one that hangs
+    line = next(x for x in out.getvalue().splitlines() if "this process computes" in x)
+    assert re.fullmatch(
+        r"slem-dask: this process computes the Cholesky inverse of A \(8192 x 8192\) for "
+        r"\d+ s so far \(no dask task runs meanwhile: the workers wait for it, they are "
+        r"not stuck\)",
+        line,
+    ), line
+    assert "check or restart" not in out.getvalue()
+
+
 def test_search_shows_its_progress_when_asked(capsys, scheduler, corpus):
     out = corpus["dir"] / "codes.zarr"
     assert _encode(capsys, scheduler, corpus, out)[0] == 0

@@ -220,6 +220,50 @@ def test_full_pca_whitening_is_one_power_of_A_from_slem(small):
     np.testing.assert_allclose(pca.similarity(pos, pos), expected, atol=1e-8)
 
 
+def _cosines(z):
+    return z @ z.T
+
+
+@pytest.mark.parametrize("dask_input", [False, True])
+def test_pca_whitening_with_fewer_negatives_than_features_works_on_their_gram_matrix(
+    dask_input, monkeypatch, tmp_path
+):
+    # d > n: the d x d eigendecomposition (minutes at d = 8192, issue 39) is replaced by
+    # an n x n one of the Gram matrix; the cosines are those of whitening every
+    # direction of Sigma's eigenbasis, its null space included (scaled by eps^-1/2)
+    from slem_dask.core import whitening as core_whitening
+
+    rng = np.random.default_rng(3)
+    n, d, eps = 40, 120, 1e-4
+    neg = rng.standard_normal((n, d)) + 2.0
+    pos = rng.standard_normal((9, d)) + 2.0
+    sizes = []
+    real = core_whitening.symmetric_eigh
+    monkeypatch.setattr(core_whitening, "symmetric_eigh", lambda a: sizes.append(len(a)) or real(a))
+    X = da.from_array(neg, chunks=(15, d)) if dask_input else neg
+    model = PCAWhitening(eps=eps).fit(X)
+    assert sizes == [n]  # never d x d
+    assert model.n_components_ == d and model.components_.shape == (d, n - 1)
+    mu = neg.mean(0)
+    values, vectors = np.linalg.eigh(np.cov(neg.T, bias=True))
+    full = ((pos - mu) @ vectors) / np.sqrt(np.maximum(values, 0) + eps)
+    full /= np.linalg.norm(full, axis=1, keepdims=True)
+    z = model.transform(pos)
+    assert z.shape == (9, d)
+    np.testing.assert_allclose(_cosines(z), _cosines(full), atol=1e-9)
+    lazy = model.transform(da.from_array(pos, chunks=(4, d)))
+    np.testing.assert_allclose(lazy.compute(), z, atol=1e-12)
+    model.save(str(tmp_path / "pca.zarr"))
+    np.testing.assert_allclose(load_model(str(tmp_path / "pca.zarr")).transform(pos), z, atol=1e-12)
+    # a few components: the leading eigenvectors, as the covariance path gives them
+    top = PCAWhitening(n_components=5, eps=eps).fit(X)
+    assert sizes == [n, n]
+    np.testing.assert_allclose(top.explained_variance_, values[::-1][:5], rtol=1e-9)
+    np.testing.assert_allclose(
+        np.abs(top.components_.T @ vectors[:, ::-1][:, :5]), np.eye(5), atol=1e-8
+    )
+
+
 def test_raw_features(small, tmp_path):
     neg, pos = small
     model = RawFeatures().fit(neg)

@@ -156,7 +156,7 @@ def test_greedy_matches_dense_pivoted_cholesky(kernel, rng):
     kp = PARAMS[kernel]
     K = dense_kernel(X, X, kernel, **kp)
     ref_piv, F = dense_pivoted_cholesky(K, 12)
-    model = KernelSLEM(kernel=kernel, rank=12, tol=0, lam=1e-2, **kp).fit(X)
+    model = KernelSLEM(kernel=kernel, rank=12, tol=0, lam=1e-2, pivoting="greedy", **kp).fit(X)
     np.testing.assert_array_equal(model.pivots_, ref_piv)
     np.testing.assert_allclose(model.pivot_factor_, F[ref_piv], rtol=1e-10, atol=1e-12)
     np.testing.assert_allclose(model.pivot_rows_, X[ref_piv])
@@ -176,7 +176,7 @@ def test_tol_stops_at_first_rank_below_tol(rng):
     K = dense_kernel(X, X, "rbf", gamma=0.2)
     _, F = dense_pivoted_cholesky(K, 80)
     errors = (np.trace(K) - np.cumsum(np.sum(F**2, axis=0))) / np.trace(K)
-    model = KernelSLEM(kernel="rbf", gamma=0.2, tol=0.01).fit(X)
+    model = KernelSLEM(kernel="rbf", gamma=0.2, tol=0.01, rank=None, pivoting="greedy").fit(X)
     r = model.rank_
     assert model.trace_error_ <= 0.01 < errors[r - 2]
     assert model.trace_error_ == pytest.approx(errors[r - 1], rel=1e-8)
@@ -205,7 +205,7 @@ def test_accept_candidates_partial_cholesky(rng):
 
 def test_rpcholesky_reaches_rank_in_few_passes(rng):
     X = rng.standard_normal((400, 3))
-    greedy = KernelSLEM(kernel="rbf", gamma=1.0, rank=60, tol=0).fit(X)
+    greedy = KernelSLEM(kernel="rbf", gamma=1.0, rank=60, tol=0, pivoting="greedy").fit(X)
     rp = KernelSLEM(
         kernel="rbf", gamma=1.0, rank=60, tol=0, pivoting="rpcholesky", random_state=3
     ).fit(X)

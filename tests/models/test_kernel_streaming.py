@@ -185,7 +185,7 @@ def test_strategy_is_checked_and_named():
 
 def test_auto_streams_when_the_estimate_exceeds_the_budget(monkeypatch, rng):
     X = rng.standard_normal((100, 6)).astype(np.float32)
-    params = dict(kernel="rbf", gamma=0.3, rank=10, tol=0)
+    params = dict(kernel="rbf", gamma=0.3, rank=10, tol=0, pivoting="greedy")
     roomy = KernelSLEM(**params).fit(X)
     assert roomy.strategy_ == "in-memory"
     # 100 rows x (6 x 4 + 16 x 10 + 8 + 600) bytes = 79,200 bytes

@@ -105,12 +105,12 @@ def test_kernel_values_out_of_range_name_gamma_not_the_descriptors():
     x = np.random.default_rng(0).standard_normal((40, 4))
     x /= np.linalg.norm(x, axis=1, keepdims=True)  # nothing wrong with the rows
     with pytest.raises(ValueError, match=r"poly kernel with gamma 1e-300 is zero.*larger gamma"):
-        KernelSLEM(kernel="poly", gamma=1e-300, rank=4).fit(x)
+        KernelSLEM(kernel="poly", gamma=1e-300, rank=4, pivoting="greedy").fit(x)
     for kernel in ("quad", "poly"):
         with pytest.raises(
             ValueError, match=rf"{kernel} kernel \(gamma 1e\+200.*smaller gamma"
         ) as caught:
-            KernelSLEM(kernel=kernel, gamma=1e200, rank=4).fit(x)
+            KernelSLEM(kernel=kernel, gamma=1e200, rank=4, pivoting="greedy").fit(x)
         assert "divide the descriptors" not in str(caught.value)
 
 
@@ -140,14 +140,17 @@ def test_nan_rows_are_counted_over_all_blocks_in_the_linear_slems_words(rng):
 
 def test_a_factor_that_misses_the_kernel_warns_once_naming_rank_gamma_and_the_fix(rng):
     from slem_dask.models.kernel import TRACE_ERROR_WARNING, TraceErrorWarning
+    from slem_dask.models.kernel_defaults import GammaScaleWarning
 
     X = rng.standard_normal((300, 8))  # gamma 100: K is nearly I, 8 pivots leave 97%
     with pytest.warns(TraceErrorWarning) as caught:
         model = KernelSLEM(gamma=100, rank=8).fit(X)
-    assert [w.category for w in caught] == [TraceErrorWarning]
+    # gamma 100 is also far from these rows' scale (median squared distance 16): said
+    # first, with the scale-relative value (issue 39)
+    assert [w.category for w in caught] == [GammaScaleWarning, TraceErrorWarning]
     assert model.trace_error_ > TRACE_ERROR_WARNING == 0.9
     captured = model.trace_ - model.residual_trace_
-    assert str(caught[0].message) == (
+    assert str(caught[1].message) == (
         f"trace error {model.trace_error_:.4f} (residual trace / trace) is above 0.9: the "
         f"incomplete Cholesky factor of the rbf kernel (gamma 100) with 8 pivots (rank 8) "
         f"captures almost none of it, and the encodings keep little of the kernel; use a "
@@ -175,3 +178,40 @@ def test_a_factor_that_misses_the_kernel_warns_once_naming_rank_gamma_and_the_fi
     with warnings.catch_warnings():
         warnings.simplefilter("error", TraceErrorWarning)
         assert KernelSLEM(gamma=0.1, rank=8).fit(X).trace_error_ < 0.9  # 0.72: no warning
+
+
+def test_gamma_relative_to_the_negatives_scale_and_a_warning_when_far_from_it(rng, tmp_path):
+    # an absolute gamma means nothing without the rows' scale: 0.5 gave 0.865 mAP at
+    # 8192-D, 0.097 below raw features, without a word (issue 39)
+    from slem_dask import load_model
+    from slem_dask.models.kernel_defaults import DEFAULT_GAMMA, GammaScaleWarning
+
+    X = 3.0 * rng.standard_normal((200, 6))
+    sq = ((X[:, None, :] - X[None, :, :]) ** 2).sum(-1)[np.triu_indices(200, k=1)]
+    median = float(np.median(sq))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", GammaScaleWarning)
+        model = KernelSLEM(gamma="0.5x", rank=20).fit(X)
+        assert model.gamma_ == pytest.approx(0.5 / median, rel=1e-9)
+        scaled = KernelSLEM(gamma="0.5x", rank=20).fit(10.0 * X)  # the same model, rescaled
+        np.testing.assert_array_equal(scaled.pivots_, model.pivots_)
+        assert scaled.gamma_ == pytest.approx(model.gamma_ / 100, rel=1e-9)
+        assert KernelSLEM().gamma == DEFAULT_GAMMA
+        KernelSLEM(gamma=0.5 / median, rank=20).fit(X)  # on the scale: no warning
+    model.save(str(tmp_path / "k.zarr"))
+    loaded = load_model(str(tmp_path / "k.zarr"))
+    assert loaded.gamma == "0.5x" and loaded.gamma_ == model.gamma_
+    np.testing.assert_allclose(loaded.transform(X[:5]), model.transform(X[:5]), atol=1e-12)
+    with pytest.warns(GammaScaleWarning) as caught:
+        KernelSLEM(gamma=0.5, rank=20).fit(X)  # 0.5 x 108: every pair nearly orthogonal
+    assert len(caught) == 1
+    text = str(caught[0].message)
+    assert text.startswith(f"gamma=0.5 is {0.5 * median:.3g} times 1 / the negatives' median")
+    relative = float(DEFAULT_GAMMA[:-1])
+    assert f"e.g. --gamma {DEFAULT_GAMMA} (= {relative / median:.3g} here)" in text
+    with pytest.raises(TypeError, match=r"gamma must be a real number > 0, got '0.5y'.* 'Cx'"):
+        KernelSLEM(gamma="0.5y").fit(X)
+    with pytest.raises(
+        ValueError, match=r"gamma must be a finite number > 0, got -1.0 \(in '-1x'\)"
+    ):
+        KernelSLEM(gamma="-1x").fit(X)

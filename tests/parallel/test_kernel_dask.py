@@ -29,7 +29,7 @@ def _same_model(a, b, atol=1e-12):
 @pytest.mark.parametrize("chunks", CHUNKINGS)
 def test_greedy_dask_fit_equals_numpy(data, chunks):
     X, P = data
-    params = dict(kernel="rbf", gamma=0.3, rank=15, tol=0, lam=1e-2)
+    params = dict(kernel="rbf", gamma=0.3, rank=15, tol=0, lam=1e-2, pivoting="greedy")
     ref = KernelSLEM(**params).fit(X)
     with dask.config.set(scheduler="threads"):
         model = KernelSLEM(**params).fit(da.from_array(X, chunks=(chunks, 6)))
@@ -81,7 +81,9 @@ def test_rpcholesky_dask_equals_numpy_with_same_blocks(data, chunks):
 def test_transform_and_similarity_dask_equal_numpy(data, chunks):
     X, P = data
     for exact in (False, True):
-        model = KernelSLEM(kernel="rbf", gamma=0.3, rank=12, tol=0, exact=exact).fit(X)
+        model = KernelSLEM(
+            kernel="rbf", gamma=0.3, rank=12, tol=0, exact=exact, pivoting="greedy"
+        ).fit(X)
         Pd = da.from_array(P, chunks=(chunks, 6))
         Z = model.transform(Pd, dtype=np.float32)
         assert Z.dtype == np.float32 and Z.chunks[0] == Pd.chunks[0]
@@ -94,8 +96,8 @@ def test_transform_and_similarity_dask_equal_numpy(data, chunks):
 
 def test_exact_mode_dask_fit_gathers_factor(data):
     X, P = data
-    ref = KernelSLEM(kernel="rbf", gamma=0.3, rank=10, tol=0, exact=True).fit(X)
-    model = KernelSLEM(kernel="rbf", gamma=0.3, rank=10, tol=0, exact=True).fit(
+    ref = KernelSLEM(kernel="rbf", gamma=0.3, rank=10, tol=0, exact=True, pivoting="greedy").fit(X)
+    model = KernelSLEM(kernel="rbf", gamma=0.3, rank=10, tol=0, exact=True, pivoting="greedy").fit(
         da.from_array(X, chunks=(17, 6))
     )
     np.testing.assert_allclose(model.factor_, ref.factor_, atol=1e-12)
@@ -106,8 +108,10 @@ def test_exact_mode_dask_fit_gathers_factor(data):
 def test_fit_from_float32_dask(data):
     X, P = data
     x32 = X.astype(np.float32)
-    ref = KernelSLEM(kernel="rbf", gamma=0.3, rank=10, tol=0).fit(x32)
-    model = KernelSLEM(kernel="rbf", gamma=0.3, rank=10, tol=0).fit(da.from_array(x32, chunks=20))
+    ref = KernelSLEM(kernel="rbf", gamma=0.3, rank=10, tol=0, pivoting="greedy").fit(x32)
+    model = KernelSLEM(kernel="rbf", gamma=0.3, rank=10, tol=0, pivoting="greedy").fit(
+        da.from_array(x32, chunks=20)
+    )
     _same_model(model, ref)
     assert model.input_dtype_ == "float32"
 

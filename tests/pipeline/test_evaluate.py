@@ -644,3 +644,46 @@ def test_a_search_result_the_store_did_not_answer_for_is_not_called_unreadable(m
     with pytest.raises(storage.OutcomeUnknownError) as info:
         search_job._committed_search("gs://b/hits.zarr", "q.zarr", "d.zarr", 3)
     assert info.value is failure
+
+
+def test_a_failing_method_still_prints_the_rows_computed_before_it(
+    corpus_path, capsys, monkeypatch
+):
+    # evaluate at d = 8192 lost its worker in the last method and printed no table: an
+    # hour of fits gone (issue 39). The rows computed before the failure come first.
+    from slem_dask.pipeline import evaluation
+
+    real = evaluation.make_estimator
+
+    class Failing:
+        def fit(self, X, y=None):
+            raise ValueError("esvm: the worker went away")
+
+    monkeypatch.setattr(
+        evaluation,
+        "make_estimator",
+        lambda name, params=None: Failing() if name == "esvm" else real(name, params),
+    )
+    args = ["--workers", "1", "--threads-per-worker", "1", "--no-progress"]
+    code = main(["evaluate", "--corpus", corpus_path, "--methods", "raw,slem,esvm", *args])
+    out, err = capsys.readouterr()
+    assert code == 1
+    assert "esvm: the worker went away" in err
+    lines = out.splitlines()
+    said = next(i for i, line in enumerate(lines) if "computed before it" in line)
+    assert lines[said].startswith("evaluate: esvm failed")
+    assert [line.split()[0] for line in lines[said + 3 : said + 5]] == ["raw", "slem"]
+    # a grid keeps the settings computed before the failing one too
+    code = main(
+        ["evaluate", "--corpus", corpus_path, "--methods", "slem,esvm", "--lam", "1e-3,1e-2",
+         *args]
+    )  # fmt: skip
+    out, err = capsys.readouterr()
+    assert code == 1
+    lines = out.splitlines()
+    said = next(i for i, line in enumerate(lines) if "computed before it" in line)
+    assert "the 2 row(s)" in lines[said]
+    assert [line.split()[:2] for line in lines[said + 3 : said + 5]] == [
+        ["slem", "lam=0.001"],
+        ["slem", "lam=0.01"],
+    ]

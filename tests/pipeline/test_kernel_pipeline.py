@@ -35,7 +35,16 @@ def test_a_kernel_fit_without_progress_bars_prints_where_it_stands(
 
     monkeypatch.setattr(kernel_fit, "ROUND_LINE_SECONDS", 0.0)
     X, P, neg, pos = stores
-    fit_job(None, neg, str(tmp_path / "m.zarr"), kernel="rbf", gamma=0.2, tol=0.3, progress=False)
+    fit_job(
+        None,
+        neg,
+        str(tmp_path / "m.zarr"),
+        kernel="rbf",
+        gamma=0.2,
+        rank=None,  # the default is 1024 now (issue 39): the case of no rank at all
+        tol=0.3,
+        progress=False,
+    )
     lines = capsys.readouterr().out.splitlines()
     assert len(lines) >= 2 and lines[0].startswith("kernel fit: pass 1, 0 pivots")
     assert all(
@@ -194,7 +203,12 @@ def test_demo_has_a_kernel_row(tmp_path):
     by_method = {row["method"]: row["mAP"] for row in rows}
     assert by_method["rbf kernel SLEM"] > by_method["raw features"] + 0.05, by_method
     fits = [r for r in reports if r.name == "fit"]
-    assert fits[-1].facts["kernel"] == "rbf" and fits[-1].facts["pivots"] == 256
+    from slem_dask.models.kernel_defaults import DEFAULT_GAMMA, KERNEL_DEFAULTS
+
+    # the library's defaults (issue 39): gamma relative to the negatives, rank <= 1024
+    assert fits[-1].facts["kernel"] == "rbf"
+    assert fits[-1].facts["pivots"] <= KERNEL_DEFAULTS["rank"]
+    assert fits[-1].facts["gamma"].startswith(f"{DEFAULT_GAMMA} (= ")
 
 
 def test_a_forced_in_memory_fit_over_budget_warns_once(tmp_path, stores, monkeypatch):
