@@ -265,8 +265,17 @@ EXPECTED = (
 
 
 def note_end(world, actor) -> None:
-    """As a job ends: the version it committed, if a record names it as the job."""
+    """As a job ends: the version it committed, if a record names it as the job. A
+    thread of a job (its lease's heartbeat) that dies of an error while its job runs
+    is a violation: the job's lease then goes stale, and another host fences a live
+    job (issue 38, item 3)."""
     actor.ended_at = world.step_no
+    state, value = actor.outcome or (None, None)
+    if actor.process != actor.name and state == "error" and not isinstance(value, Violation):
+        world.server.violation = world.server.violation or (
+            f"{actor.name}, a thread of a running job, died of "
+            f"{type(value).__name__}: {str(value)[:200]}"
+        )
     job = getattr(actor, "job", None)
     if job:
         actor.committed_at_end = next(
@@ -290,7 +299,10 @@ def check_outcome(world, actor, job: str | None = None) -> None:
     if isinstance(exc, (Violation, jobs.TornRead)):
         raise Violation(f"{actor.name}: {exc}")
     rollback_refused = type(exc) is ValueError and "rollback" in actor.name  # no version N
-    if not isinstance(exc, EXPECTED) and not rollback_refused:
+    # a real backend's storage failure, as an OSError: the client library's own errors
+    # that are none (botocore's, gcsfs's HttpError, azure-core's) are not expected
+    storage = world.backend_kind != "sim" and isinstance(exc, OSError)
+    if not isinstance(exc, EXPECTED) and not rollback_refused and not storage:
         import traceback
 
         tb = "".join(traceback.format_exception(exc))

@@ -17,7 +17,7 @@ import traceback
 from slem_dask.storage import versions
 from slem_dask.storage.backend import StorageConfigError
 
-from . import checks, jobs
+from . import backends, checks, jobs
 from .server import Faults
 from .world import Livelock, World, simulated
 
@@ -28,6 +28,8 @@ MODES = {
     "lost_reply": Faults(lost_reply=0.04, delay=0.01),
     "twice": Faults(twice=0.04, delay=0.01),
     "late": Faults(late=0.03, delay=0.01),
+    # a late request overwrites what its own client's retry (or a later request) wrote
+    "late_overtakes": Faults(late=0.03, delay=0.01, late_overtakes=True),
     "crash": Faults(crash=0.02, delay=0.01),
     # a server that ignores If-None-Match (issue 30, item 8)
     "no_conditional": Faults(delay=0.02, ignore_conditional=True),
@@ -39,6 +41,26 @@ MODES = {
         late=0.01,
         delay=0.01,
         crash=0.01,
+    ),
+    # bursts of 5xx (every request for 20-240 s), with requests that land late while the
+    # client is told 5xx or times out (issue 38, items 1-3, 7)
+    "burst": Faults(burst=0.002, late=0.01, late_5xx=0.03, lost_reply=0.01, delay=0.01),
+    # requests that are never answered: each client call ends at its deadline (item 4)
+    "hang": Faults(silence=0.002, hang=0.005, delay=0.01),
+    # a whole process (heartbeat thread included) stopped for longer than the lease TTL
+    "pause": Faults(pause=0.01, delay=0.005),
+    # every fault of the transport at once
+    "transport": Faults(
+        lost_request=0.01,
+        unavailable=0.01,
+        lost_reply=0.01,
+        twice=0.01,
+        late=0.01,
+        late_5xx=0.01,
+        delay=0.01,
+        crash=0.01,
+        burst=0.002,
+        pause=0.002,
     ),
 }
 
@@ -151,10 +173,11 @@ def run_seed(
     gc: bool = True,
     trace: bool = False,
     user_draft: bool = False,
+    backend: str = "sim",
 ) -> World:
     """Run one seed; raise SeedFailed (naming the seed and how to replay it) if an
     invariant breaks."""
-    world = World(seed, MODES[mode])
+    world = World(seed, MODES[mode], backend)
     world.tracing = trace
     try:
         with simulated(world):
@@ -171,6 +194,7 @@ def run_seed(
             + ("" if rollback else " --no-rollback")
             + ("" if gc else " --no-gc")
             + (" --user-draft" if user_draft else "")
+            + (f" --backend {backend}" if backend != "sim" else "")
         )
         failed = SeedFailed(
             f"seed {seed}, mode {mode}: {exc}\n  replay: SLEM_SIM_SEED={seed} "
@@ -284,8 +308,10 @@ def main(argv=None) -> int:
     parser.add_argument("--no-rollback", action="store_true")
     parser.add_argument("--no-gc", action="store_true")
     parser.add_argument("--user-draft", action="store_true")
+    parser.add_argument("--backend", default="sim", choices=backends.KINDS)
     args = parser.parse_args(argv)
     options = {
+        "backend": args.backend,
         "bound": args.bound,
         "rollback": not args.no_rollback,
         "gc": not args.no_gc,
