@@ -61,8 +61,14 @@ def _filesystem(world):
 @contextlib.contextmanager
 def clients(world):
     """Put the fake client libraries where the real backends find theirs."""
-    if world.backend_kind in ("sim", "local"):
+    if world.backend_kind == "sim":
         yield
+        return
+    if world.backend_kind == "local":
+        from . import disk
+
+        with _patched(disk.patches(world)):
+            yield
         return
     import fsspec.asyn
     import s3fs.core
@@ -80,11 +86,23 @@ def clients(world):
         (cloud, "cached_filesystem"): _filesystem(world),
         (s3, "cached_filesystem"): _filesystem(world),
     }
-    saved = {target: getattr(*target) for target in patches}
+    with _patched(patches):
+        yield
+
+
+_ABSENT = object()
+
+
+@contextlib.contextmanager
+def _patched(patches: dict):
+    saved = {target: getattr(*target, _ABSENT) for target in patches}
     for (module, name), value in patches.items():
         setattr(module, name, value)
     try:
         yield
     finally:
         for (module, name), value in saved.items():
-            setattr(module, name, value)
+            if value is _ABSENT:
+                delattr(module, name)
+            else:
+                setattr(module, name, value)

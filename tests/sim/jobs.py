@@ -29,8 +29,14 @@ from slem_dask.storage.leases import Lease, LeaseHeldError
 from . import world
 
 STORE = "sim://bucket/data/P.zarr"
-#: the server's key of the store's lease file
-LEASE_KEY = "bucket/data/.P.zarr.slem-dask-lease"
+#: a second store beside it (local disk: its versions/ a symlink to P's, issue 38 item 5)
+OTHER = "sim://bucket/data/Q.zarr"
+
+
+def lease_key(store: str) -> str:
+    """The server's key of ``store``'s lease file."""
+    parent, name = store[len("sim://") :].rsplit("/", 1)
+    return f"{parent}/.{name}.slem-dask-lease"
 
 
 class MissingChunk(DamagedStoreError):
@@ -124,16 +130,16 @@ def _check_and_commit(store, draft, content, n, lease, job):
     return store.commit(draft, "sim", job)
 
 
-def _lease(job: str, leased: bool) -> Lease | None:
+def _lease(job: str, leased: bool, path: str = STORE) -> Lease | None:
     """The store's lease (None for a writer that lost it and goes on); a refusal keeps
     what the lease file held at that moment, for the checks."""
     if not leased:
         return None
-    lease = Lease(STORE, job)
+    lease = Lease(path, job)
     try:
         return lease.acquire()
     except LeaseHeldError as exc:
-        exc.lease_was = world.WORLD.server.objects.get(LEASE_KEY)  # the harness looks
+        exc.lease_was = world.WORLD.server.objects.get(lease_key(path))  # the harness looks
         raise
 
 
@@ -193,12 +199,12 @@ def writer_encode(content: str, n: int, job: str, leased: bool = True):
             lease.release()
 
 
-def writer_group(content: str, n: int, job: str, leased: bool = True):
+def writer_group(content: str, n: int, job: str, leased: bool = True, path: str = STORE):
     """storage/groups.write_group: under the lease, make room, begin, write, read back,
     commit; any failure abandons the draft (small: nothing worth resuming)."""
-    lease = _lease(job, leased)
+    lease = _lease(job, leased, path)
     try:
-        store = versions.VersionedStore(STORE)
+        store = versions.VersionedStore(path)
         store.make_room()  # always commits: the oldest version goes first
         draft = store.begin()
         try:

@@ -68,6 +68,8 @@ class Faults:
     #: a request that lands late overwrites what a newer request wrote meanwhile (else,
     #: as a store that orders writes by when they began, the newer one stays)
     late_overtakes: bool = False
+    #: local disk: the faults of NFS too (replies lost, requests retransmitted)
+    nfs: bool = False
     #: per step: the whole process (its heartbeat thread too) stops for longer than the
     #: lease's TTL (SIGSTOP, a VM paused, a laptop's lid shut)
     pause: float = 0.0

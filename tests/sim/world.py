@@ -82,7 +82,12 @@ class World:
         self.backend_kind = backend  # backends.KINDS: what the protocol code writes to
         self.rng = random.Random(seed)
         self.faults = faults
-        self.server = SimServer()
+        if backend == "local":
+            from .disk import make_server
+
+            self.server = make_server(self)
+        else:
+            self.server = SimServer()
         self.now = 1000.0
         self.step_no = 0
         self.actors: list[Actor] = []
@@ -381,3 +386,5 @@ def simulated(world: World):
         for (module, name), value in saved.items():
             setattr(module, name, value)
         WORLD = None
+        if getattr(world, "tmp", None) is not None:
+            world.tmp.cleanup()
