@@ -209,9 +209,9 @@ def fake_asyncio(world):
         for i, aw in enumerate(aws):
             try:
                 out.append(await aw)
-            except Exception as exc:
-                if not return_exceptions:
-                    for rest in aws[i + 1 :]:  # as cancelled: never sent
+            except BaseException as exc:  # a Crash too: the others are never sent
+                if not return_exceptions or not isinstance(exc, Exception):
+                    for rest in aws[i + 1 :]:
                         getattr(rest, "close", lambda: None)()
                     raise
                 out.append(exc)
