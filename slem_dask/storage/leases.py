@@ -26,8 +26,9 @@ import threading
 import time
 import uuid
 
-from .registry import backend_for
 from .errors import IntegrityError
+from .outcomes import FAILED
+from .registry import backend_for
 
 __all__ = ["Lease", "LeaseHeldError", "LeaseLostError", "LEASE_TTL", "host_identity"]
 
@@ -207,15 +208,15 @@ class Lease:
         while not self._stop.wait(LEASE_HEARTBEAT):
             try:
                 record = self.read()
-            except OSError:
+            except FAILED:
                 continue  # one failed read (a 503) must not stop the heartbeat for good
             if not record or record.get("token") != self.token:
                 return  # taken over: check() will refuse the commit
             self._beat_no += 1
             try:
                 self._backend.put(self._key, json.dumps(self._record()).encode())
-            except OSError:
-                pass
+            except FAILED:
+                pass  # the next beat writes a higher counter: it is seen to change
 
     def held(self) -> bool:
         record = self.read()
@@ -237,7 +238,7 @@ class Lease:
         try:
             if self.held():
                 self._backend.delete(self._key)
-        except OSError:
+        except FAILED:
             # the job's outcome stands (a version it committed is committed): the lease
             # is left as a killed job's is, and the next job takes it over
             pass
