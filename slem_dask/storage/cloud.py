@@ -17,11 +17,13 @@ import os
 import threading
 import weakref
 
+from . import deadlines
 from .backend import Backend
 
 __all__ = ["BucketBackend", "cached_filesystem"]
 
 _PRIVATE_SUFFIXES = (".partial", ".tmp")  # a writer's temporaries (as LocalBackend skips)
+deadlines.install()  # in every process that imports the storage layer: zarr's too
 _FILESYSTEMS: dict = {}
 _FILESYSTEMS_LOCK = threading.Lock()
 EVERY_WORKER = "(the client and every dask worker need the same variables)"
@@ -30,10 +32,13 @@ EVERY_WORKER = "(the client and every dask worker need the same variables)"
 def cached_filesystem(protocol: str, options: dict, env_prefixes: tuple[str, ...]):
     """One file system per process, protocol, options and environment: fsspec's own
     instance cache ignores the environment, so a process that changed its endpoint or
-    keys (a test, a long-lived client) would keep talking to the old store."""
+    keys (a test, a long-lived client) would keep talking to the old store. Every one
+    has the deadlines of :mod:`.deadlines` (``SLEM_DASK_STORAGE_`` variables)."""
     import fsspec
 
-    env = tuple(sorted((k, v) for k, v in os.environ.items() if k.startswith(env_prefixes)))
+    deadlines.install()
+    prefixes = (*env_prefixes, "SLEM_DASK_STORAGE_")
+    env = tuple(sorted((k, v) for k, v in os.environ.items() if k.startswith(prefixes)))
     token = (protocol, os.getpid(), json.dumps(options, sort_keys=True, default=repr), env)
     with _FILESYSTEMS_LOCK:
         fs = _FILESYSTEMS.get(token)
