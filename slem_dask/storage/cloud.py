@@ -95,6 +95,18 @@ class BucketBackend(Backend):
     def _endpoint(self) -> str:
         raise NotImplementedError
 
+    endpoint_variable = ""  # what sets the endpoint, for a message's fix
+
+    def unreachable(self, timeout: float | None = None) -> str | None:
+        """One line if the endpoint does not answer a request within ``timeout`` seconds
+        (the connect deadline): down, or stopped (whose kernel still accepts
+        connections), so the job's tasks wait on it; None if it answers."""
+        endpoint = self._endpoint()
+        why = deadlines.silent_endpoint(endpoint, timeout) if "://" in endpoint else None
+        if why is None:
+            return None
+        return deadlines.silent_line(endpoint, self.root, why, self.endpoint_variable)
+
     def _path(self, key: str) -> str:
         return "/".join([self.bucket, *[p for p in [self.prefix, *key.split("/")] if p]])
 
@@ -220,6 +232,8 @@ class BucketBackend(Backend):
                     f"{self.root} needs {self.client}, which is not installed: pip "
                     f"install 'slem-dask[{self.extra}]' (on every dask worker too)"
                 )
+        if deadlines.is_timeout(exc):
+            return deadlines.timeout_line(self._endpoint(), self.root)
         try:
             return self._describe_error(exc)
         except ImportError:  # the client is not installed: nothing more to say

@@ -12,9 +12,8 @@ win):
 * ``timeout``: seconds a request waits for the store's next bytes (the read timeout):
   ``$SLEM_DASK_STORAGE_TIMEOUT`` (or ``--storage-timeout``), default :data:`DEFAULT_TIMEOUT`;
 * ``attempts``: tries of one request (``$SLEM_DASK_STORAGE_ATTEMPTS``, default
-  :data:`DEFAULT_ATTEMPTS`) where the client lets them be set (botocore, azure-core);
-  gcsfs tries :data:`GCSFS_TRIES` times, s3fs tries botocore's attempts
-  :data:`S3FS_TRIES` times for a timeout.
+  :data:`DEFAULT_ATTEMPTS`) in botocore, gcsfs and azure-core; s3fs tries botocore's
+  attempts :data:`S3FS_TRIES` times for a timeout (fixed in s3fs).
 
 :meth:`Deadlines.request_bound` is the most one request can take before it raises, per
 store kind; a job whose store is silent ends after a few of those (docs/object-stores.md,
@@ -47,10 +46,6 @@ DEFAULT_TIMEOUT = 30.0
 DEFAULT_ATTEMPTS = 3
 #: The most seconds to open a connection (a store that accepts none is down).
 CONNECT_CAP = 10.0
-#: Tries of gcsfs (fixed in gcsfs), and its waits between them (1 + 2 + 4 + 8 + 16 s,
-#: each up to 1 s more).
-GCSFS_TRIES = 6
-GCSFS_BACKOFF = 36.0
 #: s3fs retries botocore's whole call this many times after a timeout (fixed in s3fs),
 #: waiting up to 0.1 * 1.7**i s between them.
 S3FS_TRIES = 5
@@ -79,8 +74,8 @@ class Deadlines:
         """The most seconds one request to a store of ``kind`` ('s3', 'gcs', 'azure')
         takes before it raises, retries and waits between them included."""
         one = self.connect + self.timeout
-        if kind == "gcs":
-            return GCSFS_TRIES * one + GCSFS_BACKOFF
+        if kind == "gcs":  # gcsfs waits up to 1 + 2**(i-1) s before its i-th retry
+            return self.attempts * one + sum(1 + 2 ** (i - 1) for i in range(1, self.attempts))
         if kind == "azure":
             waits = sum(
                 AZURE_BACKOFF_START + (AZURE_BACKOFF_BASE**i if i else 0) + AZURE_JITTER
@@ -92,10 +87,8 @@ class Deadlines:
 
     def said(self) -> str:
         """The policy as a user sets it, for messages."""
-        return (
-            f"{ENV_TIMEOUT}={self.timeout:g} s (--storage-timeout), "
-            f"{ENV_ATTEMPTS}={self.attempts}"
-        )
+        tries = f"{self.attempts} tr{'y' if self.attempts == 1 else 'ies'}"
+        return f"{self.timeout:g} s a try, {tries}: ${ENV_TIMEOUT}, ${ENV_ATTEMPTS}"
 
     # -- each client's options ---------------------------------------------
 
@@ -233,3 +226,45 @@ def silent_endpoint(url: str, seconds: float | None = None) -> str | None:
         return exc.strerror or type(exc).__name__
     finally:
         sock.close()
+
+
+#: Timeouts that are not a TimeoutError: botocore's, azure-core's, fsspec's.
+_TIMEOUT_NAMES = {
+    "ReadTimeoutError",
+    "ConnectTimeoutError",
+    "ServiceResponseTimeoutError",
+    "ServiceRequestTimeoutError",
+    "FSTimeoutError",
+}
+
+
+def is_timeout(exc: BaseException | None) -> bool:
+    """Whether ``exc``, or an exception it was raised from or during, is a request
+    that met its deadline: the store did not answer (the request's outcome is unknown)."""
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if isinstance(exc, TimeoutError) or type(exc).__name__ in _TIMEOUT_NAMES:
+            return True
+        exc = exc.__cause__ or exc.__context__
+    return False
+
+
+def timeout_line(endpoint: str, root: str) -> str:
+    """The one line of a job whose request to the store at ``endpoint`` met its
+    deadline (true whether the store is stopped, overloaded or cut off)."""
+    return (
+        f"the object store at {endpoint} did not answer a request for {root} within its "
+        f"deadline ({current().said()}): it is stopped, overloaded or cut off from this "
+        f"host or a worker; once it answers, run the same command again (a longer "
+        f"--storage-timeout waits longer for a slow store)"
+    )
+
+
+def silent_line(endpoint: str, root: str, why: str, fix: str) -> str:
+    """The line of a store that does not answer now (:func:`silent_endpoint`)."""
+    return (
+        f"the object store at {endpoint} does not answer ({why}) for {root}: start or "
+        f"resume it, or fix {fix}; the job's tasks wait for it (each request gives up "
+        f"after its deadline, {current().said()}), no worker needs a restart"
+    )

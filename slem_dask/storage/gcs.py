@@ -57,6 +57,7 @@ class GCSBackend(BucketBackend):
     protocols = ("gs", "gcs")
     env_prefixes = ("GOOGLE_", "STORAGE_EMULATOR_HOST", "GCSFS_", "CLOUDSDK_", "NO_GCE_CHECK")
     client, extra = "gcsfs", "gcs"
+    endpoint_variable = "STORAGE_EMULATOR_HOST (unset for GCS itself)"
 
     _zonal: bool | None = None
 

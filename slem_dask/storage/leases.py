@@ -11,6 +11,14 @@ is judged without comparing clocks of two hosts:
   record keeps changing: a record that this observer sees unchanged for
   ``LEASE_TTL`` seconds of its own monotonic clock is stale and may be taken over.
 
+An owner trusts its own lease only while it renewed it less than ``LEASE_TTL -
+LEASE_HEARTBEAT`` seconds ago (counted from the start of the renewal that succeeded, on
+its monotonic clock): an observer judges it stale no sooner than ``LEASE_TTL`` after
+that renewal landed. A heartbeat that cannot reach the store (a store that stopped
+answering: each request ends at its deadline, :mod:`.deadlines`) therefore stops
+claiming the lease once that time is up, and the job's :meth:`Lease.check` refuses the
+commit, as it does for a lease taken over.
+
 A lease only keeps two jobs from doing the same work at once. What readers see is
 protected by :mod:`.versions`: a job whose lease was taken over, and which goes on
 writing (a stalled client, a late worker), writes only into its own uncommitted
@@ -108,6 +116,7 @@ class Lease:
         self.token = uuid.uuid4().hex
         self.took_over: dict | None = None
         self._beat_no = 0
+        self._renewed_at: float | None = None  # monotonic start of the last renewal
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -124,7 +133,18 @@ class Lease:
         }
 
     def _create(self) -> bool:
-        return self._backend.create(self._key, json.dumps(self._record()).encode())
+        started = time.monotonic()
+        created = self._backend.create(self._key, json.dumps(self._record()).encode())
+        if created:
+            self._renewed_at = started
+        return created
+
+    def trusted_for(self) -> float:
+        """Seconds this job may still count on its lease without renewing it (<= 0:
+        not at all; see the module)."""
+        if self._renewed_at is None:
+            return 0.0
+        return self._renewed_at + LEASE_TTL - LEASE_HEARTBEAT - time.monotonic()
 
     def _raw(self) -> bytes | None:
         return self._backend.read(self._key)
@@ -205,23 +225,40 @@ class Lease:
 
     def _beat(self) -> None:
         while not self._stop.wait(LEASE_HEARTBEAT):
+            if self.trusted_for() <= 0:
+                return  # not renewed in time: another job may own it; never claim it again
             try:
                 record = self.read()
             except OSError:
                 continue  # one failed read (a 503) must not stop the heartbeat for good
             if not record or record.get("token") != self.token:
                 return  # taken over: check() will refuse the commit
+            if self.trusted_for() <= 0:
+                return  # the read outlived the lease (a silent store): do not write
             self._beat_no += 1
+            started = time.monotonic()
             try:
                 self._backend.put(self._key, json.dumps(self._record()).encode())
             except OSError:
-                pass
+                continue
+            self._renewed_at = started
 
     def held(self) -> bool:
+        """Whether this job holds the lease: renewed in time (asked first, without a
+        request), and its token in the record."""
+        if self.trusted_for() <= 0:
+            return False
         record = self.read()
         return record is not None and bool(record) and record.get("token") == self.token
 
     def check(self) -> None:
+        if self._renewed_at is not None and self.trusted_for() <= 0:
+            raise LeaseLostError(
+                f"the lease of {str(self.target)!r} was not renewed for "
+                f"{time.monotonic() - self._renewed_at:.0f} s (its store did not answer, "
+                f"or this process was paused), so another job may have taken it over; "
+                f"nothing was committed: run the job again once the store answers"
+            )
         if not self.held():
             record = self.read()
             owner = f" by {self.describe(record)}" if record else ""
