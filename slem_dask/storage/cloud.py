@@ -233,7 +233,7 @@ class BucketBackend(Backend):
                     f"install 'slem-dask[{self.extra}]' (on every dask worker too)"
                 )
         if deadlines.is_timeout(exc):
-            return deadlines.timeout_line(self._endpoint(), self.root)
+            return deadlines.timeout_line(self._endpoint(), f"{self.protocol}://{self.bucket}")
         try:
             return self._describe_error(exc)
         except ImportError:  # the client is not installed: nothing more to say

@@ -12,8 +12,8 @@ win):
 * ``timeout``: seconds a request waits for the store's next bytes (the read timeout):
   ``$SLEM_DASK_STORAGE_TIMEOUT`` (or ``--storage-timeout``), default :data:`DEFAULT_TIMEOUT`;
 * ``attempts``: tries of one request (``$SLEM_DASK_STORAGE_ATTEMPTS``, default
-  :data:`DEFAULT_ATTEMPTS`) in botocore, gcsfs and azure-core; s3fs tries botocore's
-  attempts :data:`S3FS_TRIES` times for a timeout (fixed in s3fs).
+  :data:`DEFAULT_ATTEMPTS`) in botocore, gcsfs and azure-core (s3fs's own loop, which
+  tried botocore's whole call 5 times more, is set to once).
 
 :meth:`Deadlines.request_bound` is the most one request can take before it raises, per
 store kind; a job whose store is silent ends after a few of those (docs/object-stores.md,
@@ -41,15 +41,11 @@ __all__ = [
 ENV_TIMEOUT = "SLEM_DASK_STORAGE_TIMEOUT"
 ENV_ATTEMPTS = "SLEM_DASK_STORAGE_ATTEMPTS"
 #: Seconds a request waits for the store's answer (its next bytes) before it fails.
-DEFAULT_TIMEOUT = 30.0
+DEFAULT_TIMEOUT = 20.0
 #: Tries of one request (the first and the retries) where the client lets them be set.
-DEFAULT_ATTEMPTS = 3
+DEFAULT_ATTEMPTS = 5
 #: The most seconds to open a connection (a store that accepts none is down).
 CONNECT_CAP = 10.0
-#: s3fs retries botocore's whole call this many times after a timeout (fixed in s3fs),
-#: waiting up to 0.1 * 1.7**i s between them.
-S3FS_TRIES = 5
-S3FS_BACKOFF = 2.0
 #: azure-storage-blob's waits between tries as set here: 1 s, then 1 + 2**i s, each
 #: up to AZURE_JITTER s more.
 AZURE_BACKOFF_START = 1.0
@@ -82,8 +78,7 @@ class Deadlines:
                 for i in range(self.attempts - 1)
             )
             return self.attempts * one + waits
-        botocore = self.attempts * one + (self.attempts - 1) * BOTOCORE_BACKOFF_CAP
-        return S3FS_TRIES * botocore + (S3FS_TRIES - 1) * S3FS_BACKOFF
+        return self.attempts * one + (self.attempts - 1) * BOTOCORE_BACKOFF_CAP
 
     def said(self) -> str:
         """The policy as a user sets it, for messages."""
@@ -148,6 +143,8 @@ def current() -> Deadlines:
 
 
 _CLASSES = {
+    "s3": "slem_dask.storage.s3_client.DeadlineS3FileSystem",
+    "s3a": "slem_dask.storage.s3_client.DeadlineS3FileSystem",
     "gs": "slem_dask.storage.gcs_client.DeadlineGCSFileSystem",
     "gcs": "slem_dask.storage.gcs_client.DeadlineGCSFileSystem",
     "az": "slem_dask.storage.azure_client.DeadlineAzureBlobFileSystem",
@@ -160,9 +157,10 @@ _installed: Deadlines | None = None
 def install() -> Deadlines:
     """Give every file system made in this process for s3://, gs:// and az:// (by
     slem-dask, by zarr from a URL, by a user's own fsspec call) the current deadlines:
-    s3fs's as fsspec's default options (keys a user set in ``FSSPEC_S3`` or passes
-    explicitly win), gcsfs's and adlfs's by their classes in fsspec's registry
-    (:mod:`.gcs_client`, :mod:`.azure_client`, named, not imported). Run when
+    botocore's as fsspec's default s3 options (keys a user set in ``FSSPEC_S3`` or
+    passes explicitly win), and the file-system classes of :mod:`.s3_client`,
+    :mod:`.gcs_client` and :mod:`.azure_client` in fsspec's registry (named, not
+    imported). Run when
     slem_dask.storage is imported (in every process that runs its tasks) and whenever
     a backend makes a file system (the variables may have changed)."""
     global _installed
@@ -250,11 +248,12 @@ def is_timeout(exc: BaseException | None) -> bool:
     return False
 
 
-def timeout_line(endpoint: str, root: str) -> str:
-    """The one line of a job whose request to the store at ``endpoint`` met its
-    deadline (true whether the store is stopped, overloaded or cut off)."""
+def timeout_line(endpoint: str, bucket: str) -> str:
+    """The one line of a job whose request to ``bucket`` (``gs://name``) at
+    ``endpoint`` met its deadline: true whether the store is stopped, overloaded or
+    cut off, and whichever of the job's paths in that bucket the request was for."""
     return (
-        f"the object store at {endpoint} did not answer a request for {root} within its "
+        f"the object store at {endpoint} ({bucket}) did not answer a request within its "
         f"deadline ({current().said()}): it is stopped, overloaded or cut off from this "
         f"host or a worker; once it answers, run the same command again (a longer "
         f"--storage-timeout waits longer for a slow store)"

@@ -42,6 +42,8 @@ __all__ = ["Lease", "LeaseHeldError", "LeaseLostError", "LEASE_TTL", "host_ident
 #: A lease whose record an observer sees unchanged this many seconds is stale.
 LEASE_TTL = float(os.environ.get("SLEM_DASK_LEASE_TTL", "120"))
 LEASE_HEARTBEAT = max(0.2, min(30.0, LEASE_TTL / 4))
+#: The most seconds an interrupted job waits to delete its lease.
+INTERRUPTED_RELEASE_WAIT = 3.0
 
 
 class LeaseHeldError(FileExistsError):
@@ -229,8 +231,8 @@ class Lease:
                 return  # not renewed in time: another job may own it; never claim it again
             try:
                 record = self.read()
-            except OSError:
-                continue  # one failed read (a 503) must not stop the heartbeat for good
+            except Exception:  # noqa: BLE001 - a 503, a deadline met: not renewed this
+                continue  # time (trusted_for() says how long that may go on)
             if not record or record.get("token") != self.token:
                 return  # taken over: check() will refuse the commit
             if self.trusted_for() <= 0:
@@ -239,7 +241,7 @@ class Lease:
             started = time.monotonic()
             try:
                 self._backend.put(self._key, json.dumps(self._record()).encode())
-            except OSError:
+            except Exception:  # noqa: BLE001 - as above: the lease stays unrenewed
                 continue
             self._renewed_at = started
 
@@ -267,16 +269,28 @@ class Lease:
                 f"ran (it was thought dead); nothing was committed: run the job again"
             )
 
-    def release(self) -> None:
+    def release(self, wait: float | None = None) -> None:
+        """Stop renewing the lease, and delete it if this job still holds it; ``wait``:
+        the most seconds to wait for that (an interrupted job must end within seconds
+        even when its store does not answer: the lease is then left as a killed job's
+        is, and the next job takes it over)."""
         self._stop.set()
         if self._thread is not None:
-            self._thread.join(timeout=5)
+            self._thread.join(timeout=5 if wait is None else min(5, wait))
+        if wait is None:
+            self._delete_if_held()
+            return
+        deleting = threading.Thread(target=self._delete_if_held, daemon=True, name="lease-release")
+        deleting.start()
+        deleting.join(timeout=wait)
+
+    def _delete_if_held(self) -> None:
         try:
             if self.held():
                 self._backend.delete(self._key)
-        except OSError:
-            # the job's outcome stands (a version it committed is committed): the lease
-            # is left as a killed job's is, and the next job takes it over
+        except Exception:  # noqa: BLE001 - a 503, a deadline met: the job's outcome
+            # stands (a version it committed is committed): the lease is left as a
+            # killed job's is, and the next job takes it over
             pass
 
     def check_free(self) -> None:
@@ -300,5 +314,6 @@ class Lease:
     def __enter__(self) -> Lease:
         return self.acquire()
 
-    def __exit__(self, *exc) -> None:
-        self.release()
+    def __exit__(self, kind, *exc) -> None:
+        # an interrupt (Ctrl-C) ends the job within seconds, answered or not
+        self.release(wait=INTERRUPTED_RELEASE_WAIT if kind is KeyboardInterrupt else None)

@@ -400,7 +400,8 @@ class S3Backend(Backend):
 
     def describe_error(self, exc: BaseException) -> str | None:
         if deadlines.is_timeout(exc):
-            return deadlines.timeout_line(self._endpoint(), self.root)
+            scheme = self.root.partition("://")[0]
+            return deadlines.timeout_line(self._endpoint(), f"{scheme}://{self.bucket}")
         for e in _chain(exc):
             said = self._connection_message(e)
             if said:
