@@ -247,6 +247,32 @@ class FaultProxy:
 
         threading.Thread(target=later, daemon=True, name="faultproxy-late").start()
 
+    def _without_upstream(self, rule, client, head: bytes, body: bytes) -> str | None:
+        """Apply a rule that does not forward the request now: "close" (the client's
+        connection is to be closed), "answered" (503), or None (forward it)."""
+        action = rule.action if rule is not None else None
+        if action == "lost_request":
+            return "close"
+        if action == "silent":
+            self._hold(client)
+            return "close"
+        if action == "late":
+            self._forward_late(head, body, rule.delay)
+            return "close"
+        if action == "unavailable":
+            client.sendall(
+                _head_bytes(
+                    b"HTTP/1.1 503 Slow Down\r\n",
+                    [
+                        ("Content-Type", "application/xml"),
+                        ("Content-Length", str(len(_SLOW_DOWN))),
+                    ],
+                )
+                + _SLOW_DOWN
+            )
+            return "answered"
+        return None
+
     def _serve(self, client: socket.socket) -> None:
         upstream = None
         cin = client.makefile("rb")
@@ -264,25 +290,10 @@ class FaultProxy:
                     headers = [(k, v) for k, v in headers if k.lower() != "expect"]
                 body = _read_body(cin, headers)
                 rule = self._rule_for(method, _names(target, body), before_body=False)
-                if rule is not None and rule.action == "lost_request":
+                done = self._without_upstream(rule, client, _head_bytes(line, headers), body)
+                if done == "close":
                     return
-                if rule is not None and rule.action == "silent":
-                    self._hold(client)
-                    return
-                if rule is not None and rule.action == "late":
-                    self._forward_late(_head_bytes(line, headers), body, rule.delay)
-                    return
-                if rule is not None and rule.action == "unavailable":
-                    client.sendall(
-                        _head_bytes(
-                            b"HTTP/1.1 503 Slow Down\r\n",
-                            [
-                                ("Content-Type", "application/xml"),
-                                ("Content-Length", str(len(_SLOW_DOWN))),
-                            ],
-                        )
-                        + _SLOW_DOWN
-                    )
+                if done == "answered":
                     continue
                 if rule is not None and rule.action == "delay":
                     time.sleep(rule.delay)

@@ -170,9 +170,10 @@ def install() -> Deadlines:
     import fsspec
     from fsspec.config import conf
 
-    for protocol in ("s3", "s3a"):
-        previous = _installed.s3fs_options() if _installed is not None else {}
-        _merge(conf.setdefault(protocol, {}), policy.s3fs_options(), previous)
+    # under "s3" only: fsspec applies the entries of each of the class's protocols in
+    # turn ("s3", then "s3a"), so a second copy would override a user's FSSPEC_S3
+    previous = _installed.s3fs_options() if _installed is not None else {}
+    _merge(conf.setdefault("s3", {}), policy.s3fs_options(), previous)
     if _installed is None:
         for protocol, path in _CLASSES.items():
             fsspec.register_implementation(protocol, path, clobber=True)

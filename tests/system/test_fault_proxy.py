@@ -16,7 +16,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import threading
 import time
 import uuid
 
@@ -34,7 +33,11 @@ from slem_dask.storage import deadlines, versions
 
 D = 8
 # each store: its server fixture (tests/conftest.py) and its URL scheme
-STORES = {"s3": ("seaweedfs_server", "s3"), "gcs": ("gcs_emulator", "gs"), "azure": ("azure_emulator", "az")}
+STORES = {
+    "s3": ("seaweedfs_server", "s3"),
+    "gcs": ("gcs_emulator", "gs"),
+    "azure": ("azure_emulator", "az"),
+}
 WRITES = {"PUT", "POST"}  # a GCS upload is a POST
 
 
@@ -237,7 +240,15 @@ def _silenced_at_first_chunk(proxy, command: list) -> tuple[int, str]:
     proxy.rules = [first]
     env = {**os.environ, "PYTHONPATH": script_pythonpath()}
     job = subprocess.Popen(
-        [sys.executable, "-m", "slem_dask", *command, "--local-cluster", "threads", "--no-progress"],
+        [
+            sys.executable,
+            "-m",
+            "slem_dask",
+            *command,
+            "--local-cluster",
+            "threads",
+            "--no-progress",
+        ],
         env=env,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
