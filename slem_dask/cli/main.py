@@ -187,6 +187,9 @@ def main(argv=None) -> int:
     # Interrupting a run leaves asyncio tasks of the closing client behind; their
     # "Task exception was never retrieved" tracebacks say nothing to a user.
     logging.getLogger("asyncio").setLevel(logging.CRITICAL)
+    # gcsfs logs each request it gave up on with its traceback, then raises it: the
+    # command says it once, in one line (storage.deadlines: a request met its deadline)
+    logging.getLogger("gcsfs").setLevel(logging.CRITICAL)
     try:  # the first imports of dask, distributed and zarr: an interrupt may come here
         if _EXECUTABLE:  # after the parsing: --help and argument errors import no dask
             _import_dask_array_without_xarray()
