@@ -40,6 +40,42 @@ def backend_for(world, url: str):
     return cls(SCHEMES[kind] + url[len("sim://") :])
 
 
+def configured(protocol: str, options: dict) -> dict:
+    """The options the real file system of ``protocol`` would run with: fsspec's
+    defaults for it (``fsspec.config.conf``, where slem-dask's deadlines put botocore's)
+    under the options given, and ``deadlines`` (timeout, attempts) where fsspec's
+    registry holds a slem-dask class for it that applies them itself."""
+    import fsspec
+    from fsspec.config import conf
+
+    merged = _deep_merge(conf.get(protocol, {}), options)
+    from fsspec.registry import known_implementations
+
+    registered = fsspec.registry.get(protocol)
+    name = (
+        registered.__module__
+        if registered is not None
+        else known_implementations.get(protocol, {}).get("class", "")
+    )
+    if name.startswith("slem_dask."):
+        from slem_dask.storage import deadlines
+
+        policy = deadlines.current()
+        merged["deadlines"] = (policy.timeout, policy.attempts)
+    return merged
+
+
+def _deep_merge(base: dict, over: dict) -> dict:
+    out = dict(base)
+    for key, value in over.items():
+        out[key] = (
+            _deep_merge(out[key], value)
+            if isinstance(value, dict) and isinstance(out.get(key), dict)
+            else value
+        )
+    return out
+
+
 def _filesystem(world):
     """``cloud.cached_filesystem`` under the simulation: one fake per world, protocol
     and options (the options the backend gives its library, timeouts included)."""
@@ -52,7 +88,7 @@ def _filesystem(world):
         token = (protocol, json.dumps(options, sort_keys=True, default=repr))
         if token not in made:
             cls = {"s3": FakeS3FileSystem, "gs": FakeGCSFileSystem, "az": FakeAzureFileSystem}
-            made[token] = cls[protocol](world, dict(options))
+            made[token] = cls[protocol](world, configured(protocol, dict(options)))
         return made[token]
 
     return cached_filesystem

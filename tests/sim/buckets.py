@@ -203,7 +203,11 @@ class FakeGCSFileSystem(FakeBucketFS):
 
     def __init__(self, world, options: dict):
         super().__init__(world, options)
-        self.timeout = options.get("requests_timeout") or 300.0  # aiohttp's total default
+        self.timeout = 300.0  # aiohttp's total default: gcsfs sets no timeout of its own
+        if "deadlines" in options:  # slem-dask's gcsfs class: a read timeout, its tries
+            self.timeout, self.attempts = options["deadlines"]
+        elif options.get("requests_timeout"):
+            self.timeout = float(options["requests_timeout"])
 
     def error(self, failure):
         return _gcs_error(failure)
@@ -224,6 +228,9 @@ class FakeAzureFileSystem(FakeBucketFS):
         super().__init__(world, options)
         self.timeout = options.get("read_timeout") or 300.0  # azure-core's default
         self.attempts = int(options.get("retry_total", 3)) + 1
+        self.deadlines = "deadlines" in options
+        if self.deadlines:  # slem-dask's adlfs class: its timeouts, tries and waits
+            self.timeout, self.attempts = options["deadlines"]
         self.service_client = _ServiceClient(self)
 
     def error(self, failure):
@@ -233,6 +240,8 @@ class FakeAzureFileSystem(FakeBucketFS):
         return _azure_retryable(exc)
 
     def backoff(self, i):
+        if self.deadlines:  # deadlines.AZURE_BACKOFF_*: 1 s, then 1 + 2**i s, + jitter
+            return 1 + (2**i if i else 0) + self.world.rng.uniform(0, 0.5)
         return 15 + 3**i * self.world.rng.uniform(0.8, 1.2)
 
 

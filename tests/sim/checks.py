@@ -335,10 +335,9 @@ def check_outcome(world, actor, job: str | None = None) -> None:
     if isinstance(exc, (Violation, jobs.TornRead)):
         raise Violation(f"{actor.name}: {exc}")
     rollback_refused = type(exc) is ValueError and "rollback" in actor.name  # no version N
-    # a real backend's storage failure, as an OSError: the client library's own errors
-    # that are none (botocore's, gcsfs's HttpError, azure-core's) are not expected
-    storage = world.backend_kind != "sim" and isinstance(exc, OSError)
-    if not isinstance(exc, EXPECTED) and not rollback_refused and not storage:
+    # a real backend's failures arrive as the outcome kinds (StorageError): a client
+    # library's own errors (botocore's, gcsfs's HttpError, azure-core's) are unexpected
+    if not isinstance(exc, EXPECTED) and not rollback_refused:
         import traceback
 
         tb = "".join(traceback.format_exception(exc))

@@ -195,7 +195,9 @@ class FakeS3FileSystem:
         self.options = options
         self.s3_additional_kwargs: dict = {}
         self._s3 = FakeS3Client(world, options)
-        self.retries = int(options.get("retries", self.retries))
+        # slem-dask's s3fs class tries botocore's whole call once (deadlines)
+        default = 1 if "deadlines" in options else self.retries
+        self.retries = int(options.get("retries", default))
 
     async def set_session(self, *_, **__):
         return self._s3

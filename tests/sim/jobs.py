@@ -109,7 +109,19 @@ def _write(store, draft, content, todo, fenced_check=False):
                 f"{STORE}: this job's draft was deleted by another "
                 f"slem-dask job; chunk {i} was not written"
             )
-        b.put(f"{folder}/c/{i}", chunk(content, i))
+        _put_in_draft(store, draft, f"c/{i}", chunk(content, i))
+
+
+def _put_in_draft(store, draft, name: str, data: bytes) -> None:
+    """A write into the draft. On local disk a job whose draft another job deleted
+    meanwhile (zarr's store would make the folder again; LocalBackend's private file
+    went with it) fails FileNotFoundError: told as encode tells a failed task."""
+    try:
+        store.backend.put(f"versions/{draft.version}/{name}", data)
+    except FileNotFoundError:
+        if gc.was_fenced(store, draft.version):
+            raise gc.DraftFencedError(gc.fenced_message(store, draft.version)) from None
+        raise
 
 
 def _check_and_commit(store, draft, content, n, lease, job):
@@ -126,7 +138,7 @@ def _check_and_commit(store, draft, content, n, lease, job):
                 f"{STORE}: chunk {i} of {draft.version} cannot be read "
                 f"back; nothing was committed: run the job again"
             )
-    b.put(f"{folder}/zarr.json", node(content, n, True))
+    _put_in_draft(store, draft, "zarr.json", node(content, n, True))
     return store.commit(draft, "sim", job)
 
 
@@ -169,7 +181,7 @@ def writer_encode(content: str, n: int, job: str, leased: bool = True):
         store = versions.VersionedStore(STORE)
         head = store.head()
         draft = store.begin()
-        store.backend.put(f"versions/{draft.version}/zarr.json", node(content, n, False))
+        _put_in_draft(store, draft, "zarr.json", node(content, n, False))
         todo = _reuse(store, draft, head, content, n)
         meta = head_content(store, head)
         if meta is not None and meta["content"] == content and meta["complete"] and not todo:
@@ -208,7 +220,7 @@ def writer_group(content: str, n: int, job: str, leased: bool = True, path: str 
         store.make_room()  # always commits: the oldest version goes first
         draft = store.begin()
         try:
-            store.backend.put(f"versions/{draft.version}/zarr.json", node(content, n, False))
+            _put_in_draft(store, draft, "zarr.json", node(content, n, False))
             _write(store, draft, content, range(n))
             commit = _check_and_commit(store, draft, content, n, lease, job)
         except versions.CommitUnknownError:
