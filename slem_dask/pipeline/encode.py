@@ -376,6 +376,9 @@ def _draft_failures(job: _Draft, plan: EncodePlan, positives, out):
         raise gc.DraftFencedError(gc.fenced_message(store, draft.version)) from None
     except storage.DamagedStoreError:
         raise
+    except storage.StorageViewError:  # refused before any task ran: nothing to resume
+        store.abandon(draft)  # a first write leaves no store, a later one its head
+        raise
     except ValueError as exc:  # e.g. NaN rows found by a worker: say where
         store.abandon(draft)  # once no task writes any more
         raise ValueError(f"positives {str(positives)!r}: {_detail(exc)}") from None

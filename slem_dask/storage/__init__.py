@@ -13,6 +13,7 @@ mean "right". One concern per module:
 ``records``        the commit record's format; ``heads`` finding the head from ``commits/.head``
 ``publish``        creating a commit record and reading it back; ``rollback`` its copy-and-commit
 ``gc``             what is garbage under a store, settled by fate files, and its deletion
+``markers``        whose a version folder is (its marker, trusted by content); no shared folder
 ``rootmarker``     ``P/zarr.json``: what plain zarr finds at a store's own path
 ``leases``         one writer per store, liveness judged without comparing hosts' clocks
 ``ownership``      what slem-dask wrote and may replace; nothing else is deleted

@@ -175,6 +175,17 @@ class Backend(abc.ABC):
         None when ``exc`` is not one."""
         return None
 
+    def link_target(self, key: str) -> str | None:
+        """Where ``key`` leads when it is a symbolic link, else None (:mod:`.markers`:
+        nothing is deleted through a link). Object stores have no links."""
+        return None
+
+    def same_file(self, key: str, other: Backend) -> bool:
+        """Whether ``key`` here and ``key`` under ``other`` are one file (a folder two
+        stores share through a link or a bind mount). Object stores share no objects
+        between paths."""
+        return False
+
 
 _PROBED: set[str] = set()  # scopes whose conditional writes were seen to work
 _PROBE_LOCK = threading.Lock()

@@ -200,13 +200,18 @@ def chunk_trailers(arr) -> list:
     return trailers
 
 
-def changed_chunk(arr, recorded: list) -> str | None:
-    """The key of the first chunk of ``arr`` whose crc32c trailer differs from
-    ``recorded`` (a chunk swapped in from another version, or lost), else None."""
+def chunk_change(arr, recorded: list) -> tuple[str, str] | None:
+    """The first chunk of ``arr`` that is not the one ``recorded``, and what is wrong
+    with it: (key, "missing") when no chunk is stored there, (key, "truncated") when
+    one too short to end in a crc32c is, (key, "changed") when its crc32c differs;
+    None when all match."""
     # strict=False: a record of another length is itself a change, reported below
     for i, (stored, crc) in enumerate(zip(chunk_trailers(arr), recorded, strict=False)):
         if stored != crc:
-            return _full_key(arr, tuple(np.unravel_index(i, arr.cdata_shape)))
+            key = _full_key(arr, tuple(np.unravel_index(i, arr.cdata_shape)))
+            if stored is not None or crc is None:
+                return key, "changed"
+            return key, "missing" if _store_get(arr, key) is None else "truncated"
     if len(recorded) != int(np.prod(arr.cdata_shape)):
-        return f"{arr.path or '.'} (it records {len(recorded)} chunks)"
+        return f"{arr.path or '.'} (it records {len(recorded)} chunks)", "changed"
     return None

@@ -20,7 +20,7 @@ import uuid
 import numpy as np
 
 from .ownership import check_may_replace, remove
-from .paths import canonical, check_outside_inputs, exists
+from .paths import _read_json, canonical, check_outside_inputs, exists
 from .readers import VersionStore
 
 __all__ = ["export"]
@@ -118,7 +118,7 @@ def _clear_target(target, overwrite: bool, kind: str) -> None:
     (removed), or with ``overwrite`` a finished one of the same kind (removed)."""
     if not exists(target):
         return
-    if exists(target.child(PARTIAL_MARKER)) and not exists(target.child("zarr.json")):
+    if _own_unfinished(target) and not exists(target.child("zarr.json")):
         _remove_unfinished(target)
         return
     check_may_replace(target, "--to", "--overwrite", kind)  # never what slem-dask did not write
@@ -128,6 +128,19 @@ def _clear_target(target, overwrite: bool, kind: str) -> None:
             f"replace it, or choose another path"
         )
     remove(target)
+
+
+def _own_unfinished(target) -> bool:
+    """Whether ``target`` holds the marker of an unfinished export to ``target``, by its
+    content (the facts an export writes into it, naming this very path), never by its
+    name alone: a file of that name that a user made, or copied from elsewhere, proves
+    nothing, and the folder is then someone else's (:func:`check_may_replace`)."""
+    facts = _read_json(target, PARTIAL_MARKER)
+    return (
+        isinstance(facts, dict)
+        and facts.get("to") == str(target)
+        and {"path", "version", "folder", "kind"} <= set(facts)
+    )
 
 
 def _remove_unfinished(target) -> None:

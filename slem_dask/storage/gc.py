@@ -16,9 +16,12 @@ never from clocks:
   commits its draft only after creating the same file with ``commit`` (:func:`claim`);
   of the two creates exactly one wins, so a condemned draft is never committed, and a
   draft whose job won is never deleted. The fate file of a committed draft goes once
-  its number is committed; that of a draft never committed (a few bytes) is kept for
-  good: it is the proof that lets a later collection delete what a fenced job's late
-  write regrows under that folder name (:func:`_forget_settled_fates`).
+  its number is committed; that of a draft never committed (a few bytes) is kept until
+  :data:`FATE_HORIZON` newer numbers are committed: it is the proof that lets a later
+  collection delete what a fenced job's late write regrows under that folder name
+  (:func:`_forget_settled_fates`). After that it goes too (:func:`_forget_old_fates`),
+  so ``fates/`` stays bounded; a write landing later still regrows a folder that
+  nothing proves slem-dask's, which is then left, never deleted.
 
 A folder that is not a slem-dask draft (:func:`is_slem_dask_draft`) is never touched,
 nor is a folder that any kept commit names.
@@ -27,6 +30,7 @@ nor is a folder that any kept commit names.
 from __future__ import annotations
 
 from .errors import IntegrityError
+from .markers import check_own_folders, is_link, marked, proves, trusted
 from .records import VERSIONS
 
 __all__ = [
@@ -49,6 +53,10 @@ __all__ = [
 #: draft is committed or deleted (outside the draft: no zarr reader ever lists it).
 FATES = "fates"
 COMMIT, DEAD = "commit", "dead"
+#: Fate files are kept until this many newer sequence numbers are committed, then
+#: deleted (:func:`_forget_old_fates`): ``fates/`` holds the drafts that failed since
+#: the number ``head - FATE_HORIZON``, whatever the length of the history.
+FATE_HORIZON = 8
 
 
 class DraftFencedError(IntegrityError):
@@ -59,13 +67,16 @@ class DraftFencedError(IntegrityError):
 def is_slem_dask_draft(store, version: str, names: list[str] | None = None) -> bool:
     """Whether ``versions/<version>`` is a folder that slem-dask began, and so one that
     garbage collection may delete: its name is a version's (``<seq>-<12 hex>``) and
-    slem-dask's marker is beside it (written before anything of the draft), or its fate
-    file exists (stray chunks a fenced job's worker wrote after its draft, marker
-    included, was deleted). ``names``: a listing of ``versions/`` already made."""
-    if store.seq_of(version) is None:
+    slem-dask's marker for it, naming this store, is beside it (written before anything
+    of the draft; trusted by its content: :func:`.markers.proves`), or its fate file
+    exists (stray chunks a fenced job's worker wrote after its draft, marker included,
+    was deleted). Never a symbolic link. ``names``: a listing of ``versions/`` made."""
+    if store.seq_of(version) is None or is_link(store, version):
         return False
     names = store.backend.list(VERSIONS) if names is None else names
-    return version in store.marked_versions(names) or fate_of(store.backend, version) is not None
+    if version in marked(names) and proves(store, version):
+        return True
+    return fate_of(store.backend, version) in (COMMIT, DEAD)
 
 
 def claim(backend, version: str, fate: str) -> str:
@@ -124,7 +135,9 @@ def collect(store, keep: int, mine: str | None = None, leased: bool = False) -> 
     """Delete what is dead under ``store`` (see the module docstring) and return the
     folders deleted or condemned. ``leased``: the caller holds the store's lease, so the
     drafts of sequences not committed yet, but ``mine``, are condemned. Reads only the
-    commit records of the last ``keep`` versions and of the folders present."""
+    commit records of the last ``keep`` versions and of the folders present. Refused,
+    deleting nothing, where a folder of the store is a link (:func:`.markers.check_own_folders`)."""
+    check_own_folders(store)
     last = store.head_seq()  # a few requests, not a listing of the whole history
     seqs = range(max(1, last - keep + 1), last + 1)  # the records run unbroken to it
     records: dict = {}
@@ -153,6 +166,7 @@ def collect(store, keep: int, mine: str | None = None, leased: bool = False) -> 
             removed.append(version)
     settled = range(max(1, last - max(keep, 1) + 1), last + 1)  # the newest at least
     _forget_settled_fates(store, settled, record, names)  # committed numbers
+    _forget_old_fates(store, last - FATE_HORIZON, record, names)  # fates/ stays bounded
     return removed
 
 
@@ -160,8 +174,8 @@ def after_commit(store, seq: int, winner: str) -> None:
     """After ``winner`` was committed as ``seq``: the other drafts of ``seq`` are dead
     (one listing), and the fate files of sequences up to ``seq`` settled."""
     names = store.backend.list(VERSIONS)
-    for version in store.marked_versions(names):  # marked drafts only
-        if store.seq_of(version) == seq and version != winner:
+    for version in trusted(store, names, seq):  # drafts of this store's, by their marker
+        if version != winner:
             remove_dead(store, version)
     _forget_settled_fates(store, range(seq, seq + 1), store.commit_at, names)
 
@@ -170,11 +184,12 @@ def _forget_settled_fates(store, seqs: range, record, names: list[str]) -> None:
     """Settle the fate files of the committed numbers ``seqs`` (``record``: seq ->
     its commit record). The fate file of a draft that was committed is deleted: its
     commit record is the proof now. The fate file of a draft that never was
-    (condemned, abandoned, or beaten to its number) is KEPT, for good: a write of its
-    job that was in flight when the draft was deleted (a slow or timed-out request, a
-    worker's task still running) may land at any later time and regrow the folder,
-    without a marker; that file is then the only proof that slem-dask wrote it, and
-    :func:`collect` deletes the regrown folder. One listed again now (``names``: a
+    (condemned, abandoned, or beaten to its number) is KEPT, for
+    :data:`FATE_HORIZON` commits (:func:`_forget_old_fates`): a write of its job that
+    was in flight when the draft was deleted (a slow or timed-out request, a worker's
+    task still running) may land later and regrow the folder, without a marker; that
+    file is then the only proof that slem-dask wrote it, and :func:`collect` deletes
+    the regrown folder. One listed again now (``names``: a
     listing of ``versions/``) goes here. Only ``seqs`` are read, so the cost of a
     collection does not grow with the fate files kept."""
     listed = set(store.listed_versions(names))
@@ -186,6 +201,26 @@ def _forget_settled_fates(store, seqs: range, record, names: list[str]) -> None:
             store.backend.delete(f"{FATES}/{version}")  # committed: its record proves it
         elif version in listed:
             remove_dead(store, version, settled=True)  # regrown: dead
+
+
+def _forget_old_fates(store, through: int, record, names: list[str]) -> None:
+    """Delete the fate files of sequence numbers up to ``through`` (committed
+    :data:`FATE_HORIZON` numbers ago or more), each read once: a folder of theirs still
+    listed, regrown by a late write, goes first unless its record names it. What keeps
+    ``fates/`` bounded (docs/guarantees-garbage.md, "What stays bounded"): such a number
+    is taken, so a fenced job's commit claim can no longer commit anything (its record's
+    create fails), and the proof against a late write is kept for that many commits."""
+    if through < 1:
+        return
+    listed = set(store.listed_versions(names))
+    for version in store.backend.list(FATES):
+        seq = store.seq_of(version)
+        if seq is None or seq > through:
+            continue  # not a fate file's name (left), or still within the horizon
+        committed = record(seq) is not None and record(seq).version == version
+        if version in listed and not committed:
+            remove_dead(store, version, settled=True)  # regrown: dead
+        store.backend.delete(f"{FATES}/{version}")
 
 
 def fenced_message(store, version: str) -> str:

@@ -14,7 +14,7 @@ from .._version import __version__
 from . import versions
 from .checksums import (
     CHECKSUM,
-    changed_chunk,
+    chunk_change,
     chunk_trailers,
     fingerprint,
     json_params,
@@ -201,12 +201,24 @@ def write_model_store(
 
 
 def _changed_member_chunk(group, key: str, arr) -> str | None:
-    """The first chunk of member ``key`` whose crc32c is not the one recorded at the
-    group's commit (None: all match, or the group records none: written before)."""
+    """What is wrong with the first chunk of member ``key`` that is not the one
+    recorded at the group's commit, as a sentence naming it (None: all match, or the
+    group records none: written before)."""
     recorded = (group.attrs.get(ATTR) or {}).get(CHUNK_CRC32C)
     if not isinstance(recorded, dict):
         return None
-    return changed_chunk(arr, recorded.get(key) or [])
+    change = chunk_change(arr, recorded.get(key) or [])
+    if change is None:
+        return None
+    chunk, what = change
+    if what == "missing":
+        return f"chunk {chunk!r} is missing (deleted, or lost by the storage)"
+    if what == "truncated":
+        return f"chunk {chunk!r} is truncated (too short to end in its crc32c)"
+    return (
+        f"chunk {chunk!r} is not the chunk that was written (its crc32c differs from "
+        f"the one recorded at its commit: swapped in from another version, or damaged)"
+    )
 
 
 def read_group_arrays(
@@ -227,9 +239,7 @@ def read_group_arrays(
         changed = _changed_member_chunk(group, key, arr) if recorded else None
         if changed is not None:
             raise CorruptChunkError(
-                f"{what}: chunk {changed!r} of {str(path)!r} is not the chunk that was "
-                f"written (its crc32c differs from the one recorded at its commit: swapped "
-                f"in from another version, or damaged); the store was modified: write it "
+                f"{what} {str(path)!r}: {changed}; the store was modified: write it "
                 f"again, or roll back (`slem-dask rollback {path} --to N`)"
             )
         if not read:
@@ -295,12 +305,7 @@ def read_model_store(path: str | os.PathLike[str]) -> tuple[dict, dict[str, np.n
             for c in (_changed_member_chunk(group, k, a) for k, a in group.arrays())
             if c is not None
         ]
-        which = (
-            f" (chunk {changed[0]!r} is not the chunk that was written: its crc32c "
-            f"differs from the one recorded at its commit)"
-            if changed
-            else ""
-        )
+        which = f" ({changed[0]})" if changed else ""
         raise ValueError(
             f"model: the arrays in {path!r} do not match its recorded fingerprint{which}; "
             f"the store was modified or damaged, refit the model (or roll back: "

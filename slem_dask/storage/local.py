@@ -111,6 +111,18 @@ class LocalBackend(Backend):
         elif os.path.lexists(path):
             os.remove(path)
 
+    def link_target(self, key: str) -> str | None:
+        path = self._path(key)
+        return os.path.realpath(path) if os.path.islink(path) else None
+
+    def same_file(self, key: str, other: Backend) -> bool:
+        if not isinstance(other, LocalBackend):
+            return False
+        try:
+            return os.path.samefile(self._path(key), other._path(key))
+        except OSError:  # absent there (a store moved or renamed), or here
+            return False
+
     def prune_empty(self) -> None:
         for folder, _, _ in sorted(os.walk(self.root), key=lambda t: -len(t[0])):
             try:

@@ -47,7 +47,6 @@ committed and a third job begins writing; pruned versions' records stay, for the
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import socket
 import threading
@@ -68,6 +67,7 @@ from .records import (
     _checksum,
     draft_seq,
 )
+from .markers import MARKER, check_own_folders, is_link, listed, marker_document, trusted
 from .publish import CommitConflictError, CommitUnknownError, publish
 from .registry import backend_for
 from .rollback import rollback_to
@@ -85,8 +85,6 @@ __all__ = [
     "KEEP_VERSIONS",
 ]
 
-#: suffix of the marker beside each version folder (``versions/<name>.slem-dask``)
-MARKER = ".slem-dask"
 KEEP_VERSIONS = max(2, int(os.environ.get("SLEM_DASK_KEEP_VERSIONS", "3")))
 
 
@@ -104,8 +102,7 @@ class VersionedStore:
 
     # for :mod:`.gc`, which does not import this module
     seq_of = staticmethod(draft_seq)
-    listed_versions = staticmethod(lambda names: _listed(names))
-    marked_versions = staticmethod(lambda names: _marked(names))
+    listed_versions = staticmethod(listed)
 
     def __init__(self, path):
         from .paths import canonical
@@ -208,23 +205,13 @@ class VersionedStore:
                 f"slem-dask cannot commit versions there safely; write to a local path or "
                 f"to s3://, gs:// or az://"
             )
+        check_own_folders(self)  # no folder that another store may share
         self._probe_conditional_writes()
         head = self.head()
         seq = (head.seq if head else 0) + 1
         version = f"{seq:08d}-{uuid.uuid4().hex[:12]}"
         # before anything of the draft: a folder without its marker is never a draft
-        self.backend.put(
-            self._marker(version),
-            json.dumps(
-                {
-                    "slem_dask": "version folder",
-                    "version": version,
-                    "seq": seq,
-                    "host": socket.gethostname(),
-                    "pid": os.getpid(),
-                }
-            ).encode(),
-        )
+        self.backend.put(self._marker(version), marker_document(self, version))
         return Draft(seq, version, self.location(version))
 
     def _probe_conditional_writes(self) -> None:
@@ -273,7 +260,7 @@ class VersionedStore:
     def drafts(self, seq: int) -> list[str]:
         """Other drafts that may still be committed as ``seq`` (left by killed or
         stalled jobs): their chunks may be reused, after checks, never adopted."""
-        return [v for v in _marked(self.backend.list(VERSIONS)) if draft_seq(v) == seq]
+        return trusted(self, self.backend.list(VERSIONS), seq)
 
     def commit(
         self, draft: Draft, kind: str, job: str, summary: dict | None = None, source: str = ""
@@ -384,12 +371,39 @@ class VersionedStore:
             self.backend.prune_empty()
 
     def _history_besides(self, version: str | None) -> bool:
-        """:meth:`has_history`, not counting ``version``'s fate file (None: counting all)."""
+        """:meth:`has_history`, not counting ``version``'s fate file (None: counting all).
+        Trusted by content only, never by a name that a user's folder can hold: a commit
+        record that reads back whole, a marker that names its folder and this store
+        (:func:`.markers.proves`), a fate file holding a fate."""
         return (
-            self.is_versioned()
-            or bool(_marked(self.backend.list(VERSIONS)))
-            or any(draft_seq(v) is not None and v != version for v in self.backend.list(gc.FATES))
+            self._a_record_reads()
+            or bool(trusted(self, self.backend.list(VERSIONS)))
+            or any(
+                draft_seq(v) is not None
+                and v != version
+                and gc.fate_of(self.backend, v) in (gc.COMMIT, gc.DEAD)
+                for v in self.backend.list(gc.FATES)
+            )
         )
+
+    def _a_record_reads(self) -> bool:
+        """Whether a commit record of this store reads back whole (its checksum holds):
+        the head's, or where that one is damaged, any other."""
+        name, listing = last_commit_name(self.backend, self._seen_key())
+        if name is None:
+            return False
+        try:
+            self._read_commit(name)
+            return True
+        except DamagedCommitError:  # rare: then the others, newest first
+            others = reversed(listing or commit_names(self.backend))
+        for other in others:
+            try:
+                self._read_commit(other)
+                return True
+            except DamagedCommitError:
+                continue
+        return False
 
     def _committed(self, version: str) -> bool:
         """Whether the commit record of the version's own sequence number names it (the
@@ -409,6 +423,8 @@ class VersionedStore:
         crash leaves a marker that the next collection removes, never an unmarked
         remnant."""
         folder = self._folder(version)
+        if is_link(self, version):
+            return  # a user's link: neither it nor what it leads to is the store's
         self.backend.delete(f"{folder}/zarr.json")
         self.backend.remove_tree(folder)
         self.backend.delete(self._marker(version))
@@ -432,18 +448,6 @@ class VersionedStore:
         drafts of sequences not committed yet are left: only a lease holder may judge
         their jobs dead)."""
         return gc.collect(self, keep)
-
-
-def _listed(names: list[str]) -> list[str]:
-    """The version folders that a listing of ``versions/`` shows, by their folder or
-    their marker (valid names only)."""
-    found = {n.removesuffix(MARKER) for n in names}
-    return sorted(v for v in found if draft_seq(v) is not None)
-
-
-def _marked(names: list[str]) -> list[str]:
-    """The version folders that slem-dask began (their marker is listed)."""
-    return [v for v in _listed(names) if v + MARKER in names]
 
 
 def resolve(path) -> tuple[str, VersionedStore | None, Commit | None]:

@@ -76,3 +76,28 @@ def test_a_corpus_chunk_from_another_version_fails_read_and_verify(tmp_path, cap
     with pytest.raises(storage.CorruptChunkError, match=r"c/1/0.*not the chunk"):
         storage.read_all(str(path / "negatives"), "negatives")
     _verify_fails(path, capsys, "negatives/c/1/0")
+
+
+@pytest.mark.parametrize("kind", ["model", "search", "corpus"])
+def test_a_deleted_chunk_is_reported_missing_not_changed(kind, tmp_path, capsys):
+    """issue 38 item 7: a chunk deleted from a model, search result or corpus was reported
+    as "not the chunk that was written (its crc32c differs)"; it is missing."""
+    rng = np.random.default_rng(1)
+    path = tmp_path / f"{kind}.zarr"
+    if kind == "model":
+        LinearSLEM(lam=0.1).fit(rng.standard_normal((60, 4))).save(str(path))
+        chunk = "precision/c/0/0"
+    elif kind == "search":
+        db = zarr_rows(tmp_path / "db.zarr", rng.standard_normal((50, 4)).astype("float32"))
+        queries = zarr_rows(tmp_path / "q.zarr", rng.standard_normal((20, 4)).astype("float32"))
+        search_job(None, queries, db, str(path), k=5)
+        chunk = "indices/c/0/0"
+    else:
+        write_corpus(make_corpus(80, 6, 2, d=6, seed=1), str(path), chunk_rows=20)
+        chunk = "negatives/c/1/0"
+    store = versions.VersionedStore(str(path))
+    (Path(store.location(store.head().version)) / chunk).unlink()
+    capsys.readouterr()
+    assert main(["verify", str(path)]) == 1
+    out = capsys.readouterr().out
+    assert f"chunk {chunk!r} is missing" in out and "not the chunk" not in out, out

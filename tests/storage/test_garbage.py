@@ -11,7 +11,7 @@ import pytest
 import zarr
 
 from slem_dask import pipeline, storage
-from slem_dask.storage import leases, versions
+from slem_dask.storage import leases, markers, versions
 
 from helpers import ROOT, TESTS, encode_corpus
 
@@ -86,7 +86,8 @@ def test_killed_runs_leave_at_most_one_draft_and_the_next_job_removes_it(corpus,
     dead = Path(out) / "versions" / f"00000001-{uuid.uuid4().hex[:12]}"
     dead.mkdir()
     (dead / "zarr.json").write_text("{}")
-    dead.with_name(dead.name + versions.MARKER).write_text("{}")  # begun by slem-dask
+    marker = markers.marker_document(versions.VersionedStore(str(out)), dead.name)
+    dead.with_name(dead.name + versions.MARKER).write_bytes(marker)  # begun by slem-dask
     for _ in range(4):  # four killed re-encodes (with other positives: they must write)
         _killed_encode(corpus, out, monkeypatch, corpus["others"], overwrite=True)
         left = [v for v in _folders(out) if v not in committed]
@@ -536,3 +537,73 @@ def test_sigkilled_encodes_on_s3_leave_one_draft(s3_model):
     assert report.facts["version"] == 2
     assert _names(store.backend.list("versions")) == sorted(committed + [store.head().version])
     assert storage.verify(out)[1] == []
+
+
+# -- issue 38 item 7: fates/ and commits/ stay bounded over a long history -------------------
+def test_fates_and_commits_stay_bounded_over_a_long_history_of_failed_drafts(tmp_path):
+    """Each failed draft left a fate file for good: fates/ grew by one per draft that
+    never committed, forever. Now a fate file goes once FATE_HORIZON newer numbers are
+    committed, and commits/ holds one record per commit (and the head hint) whatever
+    failed: both bounded however long the history."""
+    from slem_dask.storage import gc
+
+    store = versions.VersionedStore(str(tmp_path / "s.zarr"))
+    root = Path(store.path.location)
+    per_commit, rounds = 3, gc.FATE_HORIZON + 12
+    bound = (gc.FATE_HORIZON + 1) * per_commit
+    regrown = None
+    for n in range(1, rounds + 1):
+        for i in range(per_commit):  # failed drafts: one abandoned, the others killed
+            draft = store.begin()
+            zarr.open_group(store=draft.location, mode="w").attrs["try"] = i
+            if i == 0:
+                store.abandon(draft)
+        draft = store.begin()  # a job that commits: condemns the killed ones first
+        store.make_room(mine=draft.version)
+        if regrown is not None:  # a late write regrew a condemned draft: still deleted
+            assert not regrown.exists()
+        zarr.open_group(store=draft.location, mode="w").attrs["n"] = n
+        assert store.commit(draft, "model", f"job {n}").seq == n
+        fates = os.listdir(root / gc.FATES)
+        assert len(fates) <= bound, (n, len(fates))
+        dead = [f for f in fates if (root / gc.FATES / f).read_text() == gc.DEAD]
+        regrown = root / "versions" / dead[-1]
+        (regrown / "c").mkdir(parents=True)  # a fenced job's chunk, landing late
+        (regrown / "c" / "0").write_bytes(b"late")
+        assert sorted(os.listdir(root / "commits")) == [
+            ".head",
+            *(f"{s:08d}.json" for s in range(1, n + 1)),
+        ]
+    assert rounds * per_commit > 2 * bound  # the history is longer than the bound
+    assert len(os.listdir(root / gc.FATES)) <= bound
+    assert store.head().seq == rounds
+    kept = [c.version for c in store.commits()[-versions.KEEP_VERSIONS :]]
+    assert _folders(root) == sorted(kept + [regrown.name])  # the last late write: next job's
+
+
+def test_an_encode_refused_because_a_worker_cannot_see_a_store_leaves_no_draft(corpus, monkeypatch):
+    """issue 40 item 4: an encode refused by the check that every worker sees its stores
+    left its draft, and `verify` said "no version was committed (the job that wrote it
+    stopped part-way): run the same command again"; a refusal leaves nothing that looks
+    like an unfinished job."""
+
+    def refused(client, stores):
+        raise storage.StorageViewError(
+            "worker tcp://10.0.0.9:40000 does not see the output as this client does"
+        )
+
+    out = corpus["dir"] / "out.zarr"
+    with monkeypatch.context() as m:
+        m.setattr(storage, "check_workers_see", refused)
+        with pytest.raises(storage.StorageViewError, match="does not see"):
+            encode_corpus(corpus, out)
+    assert not out.exists()
+    assert storage.verify(str(out))[0] == "missing"
+    encode_corpus(corpus, out)  # an output that exists: its head is left as it is
+    committed = _folders(out)
+    with monkeypatch.context() as m:
+        m.setattr(storage, "check_workers_see", refused)
+        with pytest.raises(storage.StorageViewError, match="does not see"):
+            encode_corpus(corpus, out, corpus["others"], overwrite=True)
+    assert _folders(out) == committed
+    assert storage.verify(str(out))[1] == []

@@ -338,8 +338,10 @@ def test_worker_without_the_mount_is_refused_before_anything_is_written(tmp_path
         assert enc.returncode == 1
         assert "does not see the positives" in enc.stderr and "unmounted" not in enc.stdout
         assert len(enc.stderr.strip().splitlines()) == 1
-        with pytest.raises(ValueError, match="unfinished"):
-            storage.open_output(str(data / "out"))
+        # refused before any task ran: no draft that `verify` would call unfinished
+        # (issue 40 item 4: it said "run the same command again")
+        assert not (data / "out").exists(), sorted(str(p) for p in (data / "out").rglob("*"))
+        assert storage.verify(str(data / "out"))[0] == "missing"
         fit = _cli(
             cluster,
             "fit",
