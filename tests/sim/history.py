@@ -1,7 +1,7 @@
 """A long history in one world: round after round of writers under faults (killed,
 failed, fenced), each round closed by a writer alone without faults. Storage beside
 the versions must stay bounded (issue 38): ``fates/`` holds no fate file of a draft
-older than the last ``FATE_HORIZON`` numbers once a writer committed alone, and
+more than ``FATE_HORIZON + 1`` numbers below the head once a writer committed alone, and
 ``commits/`` holds one record per committed number and the head hint, nothing more.
 
 Replay one seed::
@@ -28,11 +28,12 @@ def check_history_bound(world) -> None:
     recs = checks.records(server)
     head = max(recs)
     fates = [k[len(checks.FATES) :] for k in server.under(checks.FATES[:-1])]
-    stale = sorted(f for f in fates if (versions.draft_seq(f) or 0) <= head - FATE_HORIZON)
+    # the last collection ran before the head's commit: through head - 1 - FATE_HORIZON
+    stale = sorted(f for f in fates if (versions.draft_seq(f) or 0) < head - FATE_HORIZON)
     if stale:
         raise checks.Violation(
             f"fates/ holds {len(fates)} files after {head} commits, {len(stale)} of them "
-            f"for drafts more than {FATE_HORIZON} numbers below the head ({stale[0]}...): "
+            f"for drafts more than {FATE_HORIZON + 1} numbers below the head ({stale[0]}...): "
             f"it grows with every draft that never committed, without bound"
         )
     records = {f"{seq:08d}.json" for seq in recs} | {".head"}

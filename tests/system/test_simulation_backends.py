@@ -59,7 +59,25 @@ def test_the_sweeps_cover_every_backend_and_fault():
     assert {"late_5xx", "hang", "silence", "burst", "pause", "crash", "twice"} <= drawn
 
 
-@pytest.mark.parametrize("backend", ["sim", "s3", "gcs", "azure", "local"])
+@pytest.mark.parametrize(
+    "backend",
+    [
+        "sim",
+        "s3",
+        "gcs",
+        "azure",
+        pytest.param(
+            "local",
+            marks=pytest.mark.xfail(
+                strict=True,
+                reason="found by this simulation (seeds 1, 2 of long_history 'crash'): "
+                "LocalBackend's private file '<key>.<hex>.tmp' of a process killed "
+                "between its write and its link or rename stays for good (in commits/, "
+                "fates/, a version folder, beside the store for the lease)",
+            ),
+        ),
+    ],
+)
 def test_fates_and_commits_stay_bounded_over_a_long_history(backend):
     """Thirty rounds of writers killed, failed and fenced on one store, each closed by a
     writer alone: fates/ keeps no fate file of a draft far below the head, commits/ one
