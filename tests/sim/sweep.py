@@ -45,19 +45,44 @@ def seeds_of(backend: str, total: int) -> int:
     return share if backend != "local" else -(-share // LOCAL_COST)
 
 
-def sweep(backend: str, mode: str, seeds: int) -> tuple[str, str, int, str | None]:
-    """Run ``seeds`` seeds; (backend, mode, seeds run, the first failure or None)."""
+def sweep(
+    backend: str, mode: str, seeds: int, start: int = 0, **options
+) -> tuple[str, str, int, str | None]:
+    """Run seeds ``start`` to ``start + seeds`` (``options``: of :func:`.run.run_seed`);
+    (backend, mode, seeds run, the first failure or None)."""
     from . import run
 
     shared = mode.startswith("shared")
     if shared:
         mode = mode.removeprefix("shared").lstrip("_") or "interleave"
-    for seed in range(seeds):
+        options = {**options, "shared": True}
+    for seed in range(start, start + seeds):
         try:
-            run.run_seed(seed, mode, backend=backend, shared=shared)
+            run.run_seed(seed, mode, backend=backend, **options)
         except run.SeedFailed as failed:
-            return backend, mode, seed + 1, str(failed)
+            return backend, mode, seed - start + 1, str(failed)
     return backend, mode, seeds, None
+
+
+def pool() -> ProcessPoolExecutor:
+    """Processes for the sweeps: one per core (spawned: no fork of a process with
+    threads)."""
+    return ProcessPoolExecutor(
+        max_workers=workers(), mp_context=multiprocessing.get_context("spawn")
+    )
+
+
+def run_split(executor, backend: str, mode: str, seeds: int, **options) -> str | None:
+    """Seeds 0 to ``seeds`` of one sweep, split between the processes of ``executor``;
+    the failure of the lowest seed that failed, or None."""
+    parts = workers()
+    size = -(-seeds // parts)
+    jobs = [
+        executor.submit(sweep, backend, mode, min(size, seeds - start), start, **options)
+        for start in range(0, seeds, size)
+    ]
+    failures = [job.result()[3] for job in jobs]
+    return next((f for f in failures if f), None)
 
 
 def workers() -> int:
@@ -68,7 +93,6 @@ def workers() -> int:
 def run_all(sweeps: list, total: int) -> list:
     """Every sweep of ``sweeps`` ((backend, mode) pairs) with its share of ``total``
     seeds, on :func:`workers` processes; their results, in order."""
-    context = multiprocessing.get_context("spawn")  # no fork of a process with threads
-    with ProcessPoolExecutor(max_workers=workers(), mp_context=context) as pool:
-        jobs = [pool.submit(sweep, b, m, seeds_of(b, total)) for b, m in sweeps]
+    with pool() as executor:
+        jobs = [executor.submit(sweep, b, m, seeds_of(b, total)) for b, m in sweeps]
         return [job.result() for job in jobs]
