@@ -308,30 +308,8 @@ def _uuid4():
     return types.SimpleNamespace(hex=WORLD.token())
 
 
-@contextlib.contextmanager
-def simulated(world: World):
-    """Run the protocol code on ``world``: its storage, clock, threads and tokens."""
-    global WORLD
-    saved = {
-        (versions, "backend_for"): versions.backend_for,
-        (leases, "backend_for"): leases.backend_for,
-        (leases, "time"): leases.time,
-        (leases, "threading"): leases.threading,
-        (leases, "host_identity"): leases.host_identity,
-        (leases, "_process_start"): leases._process_start,
-        (leases, "uuid"): leases.uuid,
-        (versions, "uuid"): versions.uuid,
-        (versions, "threading"): versions.threading,
-        (versions, "time"): versions.time,
-        (leases, "os"): leases.os,
-        (leases, "LEASE_TTL"): leases.LEASE_TTL,
-        (leases, "LEASE_HEARTBEAT"): leases.LEASE_HEARTBEAT,
-        (backend_module, "_PROBED"): backend_module._PROBED,
-        (backend_module, "_PROBE_LOCK"): backend_module._PROBE_LOCK,
-        (backend_module, "uuid"): backend_module.uuid,
-        (heads, "_HEAD_SEEN"): heads._HEAD_SEEN,
-    }
-    WORLD = world
+def _patches(world: World) -> dict:
+    """What :func:`simulated` puts in place: (module, name) -> the world's."""
 
     def backend_for(url):
         return backends.backend_for(world, url)
@@ -377,6 +355,17 @@ def simulated(world: World):
         # else a seed's calls depend on the seeds run before it
         (heads, "_HEAD_SEEN"): {},
     }
+    return patches
+
+
+@contextlib.contextmanager
+def simulated(world: World):
+    """Run the protocol code on ``world``: its storage, clock, threads and tokens."""
+    global WORLD
+    WORLD = world
+
+    patches = _patches(world)
+    saved = {target: getattr(*target) for target in patches}
     for (module, name), value in patches.items():
         setattr(module, name, value)
     try:
