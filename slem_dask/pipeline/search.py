@@ -195,6 +195,8 @@ def _committed_search(out, queries, database, k: int) -> dict:
     )
     try:
         meta, _ = storage.read_search_store(out, arrays=False)  # unfinished, damaged: refused
+    except storage.StorageError:
+        raise  # the store did not answer: what it holds is unknown, not refused
     except (ValueError, OSError) as exc:
         raise FileExistsError(
             f"--out {str(out)!r} already exists and cannot be read as a "

@@ -7,7 +7,8 @@ mean "right". One concern per module:
                    ``local`` (POSIX), ``s3`` (S3 through s3fs), ``gcs`` and ``azure`` (through
                    gcsfs, adlfs; ``cloud`` what they share; ``s3_messages`` S3's refusals
                    in one line) and ``fsspec_backend`` (other);
-                   ``registry`` picks the backend of a URL
+                   ``registry`` picks the backend of a URL; ``outcomes`` the few kinds
+                   of failure every backend raises (its client's exceptions mapped)
 ``versions``       versioned stores: drafts, atomic commits, snapshot reads, history, rollback
 ``records``        the commit record's format; ``heads`` finding the head from ``commits/.head``
 ``publish``        creating a commit record and reading it back; ``rollback`` its copy-and-commit
@@ -97,6 +98,13 @@ from .inputs import (  # noqa: F401
     open_output,
     read_all,
     read_labels,
+)
+from .outcomes import (  # noqa: F401
+    AccessRefusedError,
+    OutcomeUnknownError,
+    StorageError,
+    StorageRefusedError,
+    StoreUnreachableError,
 )
 from .leases import LEASE_TTL, Lease, LeaseHeldError, LeaseLostError  # noqa: F401
 from .outputs import (  # noqa: F401

@@ -19,7 +19,8 @@ import re
 import sys
 import weakref
 
-from .cloud import EVERY_WORKER, BucketBackend, at_exit_before_zarr, chain
+from .cloud import EVERY_WORKER, BucketBackend, at_exit_before_zarr, chain, http_kind
+from .outcomes import UNKNOWN, UNREACHABLE, AccessRefusedError
 
 __all__ = ["AzureBackend"]
 
@@ -53,6 +54,8 @@ class AzureBackend(BucketBackend):
 
     protocols = ("az", "abfs", "abfss")
     env_prefixes = ("AZURE_",)
+    service = "Azure Blob Storage"
+    client_modules = (("aiohttp", "ClientError"), ("azure.core.exceptions", "AzureError"))
     client, extra = "adlfs", "azure"
     bucket_word = "container"
     endpoint_variable = "the BlobEndpoint of AZURE_STORAGE_CONNECTION_STRING"
@@ -133,6 +136,25 @@ class AzureBackend(BucketBackend):
             )
 
     # -- errors --------------------------------------------------------------
+
+    def _client_kind(self, exc: Exception) -> type[OSError] | None:
+        """azure-core's failures, as the outcome kinds (the one place that knows them):
+        ``ServiceRequestError`` sent nothing (unreachable), ``ServiceResponseError``
+        sent the request and lost the reply (unknown), ``HttpResponseError`` by its
+        status (a 503 left after the SDK's retries may have been applied)."""
+        from azure.core import exceptions as ax
+
+        if isinstance(exc, ax.ServiceRequestError):
+            return UNREACHABLE
+        if isinstance(exc, ax.ServiceResponseError):
+            return UNKNOWN
+        if isinstance(exc, ax.ClientAuthenticationError):
+            return AccessRefusedError
+        if isinstance(exc, ax.HttpResponseError):
+            return http_kind(exc.status_code) or UNKNOWN
+        if isinstance(exc, ax.AzureError):
+            return UNKNOWN
+        return None
 
     def _endpoint(self) -> str:
         url = getattr(self._fs, "account_url", None)

@@ -31,6 +31,8 @@ import os
 import threading
 import uuid
 
+from .outcomes import UNKNOWN, StorageRefusedError, at_the_boundary, os_error_kind
+
 __all__ = [
     "Backend",
     "StorageConfigError",
@@ -43,13 +45,52 @@ __all__ = [
 ACCEPT_NO_CONDITIONAL_WRITES = "SLEM_DASK_ACCEPT_NO_CONDITIONAL_WRITES"
 
 
-class StorageConfigError(OSError):
+class StorageConfigError(StorageRefusedError):
     """The storage cannot be used as configured (credentials, bucket, endpoint); the
-    message names the path and the fix."""
+    message names the path and the fix. Refused: nothing was written."""
+
+
+#: the methods through which the protocol reaches storage: each subclass's own are
+#: wrapped so that they raise only the kinds of :mod:`.outcomes`
+BOUNDARY = (
+    "read",
+    "create",
+    "put",
+    "list",
+    "list_after",
+    "exists",
+    "delete",
+    "remove_tree",
+    "copy_tree",
+    "prune_empty",
+)
 
 
 class Backend(abc.ABC):
-    """Bytes under one root (a local folder, an S3 prefix)."""
+    """Bytes under one root (a local folder, an S3 prefix).
+
+    Every method of :data:`BOUNDARY` that a subclass defines raises only the outcome
+    kinds of :mod:`.outcomes`: its client's exceptions are sorted by the subclass's
+    :meth:`outcome_kind`, the one place per backend that knows them."""
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        for name in BOUNDARY:
+            if name in cls.__dict__:
+                setattr(cls, name, at_the_boundary(cls.__dict__[name]))
+
+    @classmethod
+    def client_exceptions(cls) -> tuple[type[BaseException], ...]:
+        """The base types of its client library's own exceptions (those of modules not
+        imported yet cannot have been raised: none are imported here)."""
+        return ()
+
+    def outcome_kind(self, exc: Exception) -> type[OSError]:
+        """What became of a request that raised ``exc`` (a kind of :mod:`.outcomes`):
+        an ``OSError`` by its type and errno, anything unrecognised UNKNOWN (it may
+        have been applied: read back). Backends whose clients raise other types
+        override this, and only this."""
+        return os_error_kind(exc) or UNKNOWN
 
     #: the root as a user writes it (a path, or a URL)
     root: str
@@ -73,11 +114,14 @@ class Backend(abc.ABC):
         Idempotent: when the storage answers "exists" (an S3 412, ``EEXIST``) the key is
         read back, and the call is True if it holds exactly ``data`` (a resent request,
         or an earlier call whose reply was lost, created it). Racing writers must
-        therefore write distinct bytes. An outcome the backend cannot learn (the
-        storage unreachable afterwards) raises OSError; callers then read the key back
-        themselves (:meth:`slem_dask.storage.versions.VersionedStore.commit`).
-        PermissionError, FileNotFoundError and :class:`StorageConfigError` mean
-        nothing was written."""
+        therefore write distinct bytes. A request whose outcome is unknown (a 5xx, a
+        lost reply) is settled by reading the key back (:func:`.outcomes.settle_create`);
+        an outcome the backend cannot learn (the key absent, or the storage failing
+        on the read too) raises :class:`.outcomes.OutcomeUnknownError`; callers then
+        read the key back themselves (:func:`.publish.publish`).
+        :class:`.outcomes.StorageRefusedError` (:class:`StorageConfigError` among them),
+        :class:`.outcomes.StoreUnreachableError` and FileNotFoundError mean nothing
+        was written."""
 
     @abc.abstractmethod
     def put(self, key: str, data: bytes) -> None:

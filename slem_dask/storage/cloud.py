@@ -19,6 +19,15 @@ import weakref
 
 from . import deadlines
 from .backend import Backend
+from .outcomes import (
+    NOT_FOUND,
+    REFUSED,
+    UNKNOWN,
+    UNREACHABLE,
+    AccessRefusedError,
+    os_error_kind,
+    settle_create,
+)
 
 __all__ = ["BucketBackend", "cached_filesystem"]
 
@@ -151,8 +160,13 @@ class BucketBackend(Backend):
         writers should write distinct bytes (a token of their own). Any other failure
         raises: the outcome is then unknown."""
         path, data = self._path(key), bytes(data)
-        if self._create(path, data):
-            return True
+        try:
+            if self._create(path, data):
+                return True
+        except Exception as exc:  # noqa: BLE001 - sorted by outcome_kind
+            if self.outcome_kind(exc) is not UNKNOWN:
+                raise  # refused, unreachable, not found: nothing was written
+            return settle_create(self, key, data, exc)  # a 5xx, a lost reply: read back
         return self.read(key) == data
 
     def put(self, key: str, data: bytes) -> None:
@@ -226,6 +240,27 @@ class BucketBackend(Backend):
 
     # -- errors --------------------------------------------------------------
 
+    def outcome_kind(self, exc: Exception) -> type[OSError]:
+        """The outcome of a request that raised ``exc``, from its HTTP status where it
+        has one (:func:`http_kind`), else its transport (:func:`transport_kind`);
+        subclasses add their client's own types (:meth:`_client_kind`)."""
+        return (
+            self._client_kind(exc)
+            or transport_kind(exc)
+            or (REFUSED if isinstance(exc, ValueError) else None)  # a request refused
+            or os_error_kind(exc)  # before it was sent (no credentials, a 400)
+            or UNKNOWN
+        )
+
+    def _client_kind(self, exc: Exception) -> type[OSError] | None:
+        return None
+
+    client_modules: tuple[tuple[str, str], ...] = (("aiohttp", "ClientError"),)
+
+    @classmethod
+    def client_exceptions(cls) -> tuple[type[BaseException], ...]:
+        return imported_types(cls.client_modules)
+
     client = extra = ""  # the fsspec package of the store, and slem-dask's extra for it
 
     def describe_error(self, exc: BaseException) -> str | None:
@@ -238,9 +273,40 @@ class BucketBackend(Backend):
         if deadlines.is_timeout(exc):
             return deadlines.timeout_line(self._endpoint(), f"{self.protocol}://{self.bucket}")
         try:
-            return self._describe_error(exc)
+            return self._describe_error(exc) or self._unavailable_line(exc)
         except ImportError:  # the client is not installed: nothing more to say
             return None
+
+    service = ""  # the store's name, in words
+
+    def _unavailable_line(self, exc: BaseException) -> str | None:
+        """The line for a 5xx (or 429) left after the client's retries: what is kept, and
+        to run again. The store's root is named only where the failure names it (an
+        encode's output on the same store as its model must not blame the model)."""
+        for e in chain(exc):
+            status = next(
+                (
+                    v
+                    for v in (getattr(e, n, None) for n in ("status_code", "code", "status"))
+                    if isinstance(v, int) and not isinstance(v, bool)
+                ),
+                None,
+            )
+            what = None
+            if status is not None and (status >= 500 and status != 501 or status == 429):
+                what = f"answered {status} (unavailable or overloaded) to every retry"
+            elif isinstance(e, self.client_exceptions()) and self.outcome_kind(e) is UNKNOWN:
+                what = f"lost the connection ({type(e).__name__}: {e})".replace("\n", " ")
+            if what:
+                where = f"{self.bucket}/{self.prefix}".rstrip("/")
+                named = any(where in str(x) for x in chain(exc))
+                return (
+                    f"{self.service} at {self._endpoint()} {what}"
+                    f"{f' for {self.root}' if named else ''}; what readers see is as "
+                    "before (a job commits only whole versions): wait, then run the same "
+                    "command again (it resumes); if it persists, check the store's health"
+                )
+        return None
 
     def _describe_error(self, exc: BaseException) -> str | None:
         return None
@@ -263,6 +329,46 @@ class BucketBackend(Backend):
                 f"fix the URL {self.root} or {fix} {EVERY_WORKER}"
             )
         return None
+
+
+def http_kind(status) -> type[OSError] | None:
+    """The outcome of an HTTP answer ``status`` (None: no status): a 5xx, 408 or 429
+    after the client's retries may have been applied; any other 4xx was refused."""
+    if not isinstance(status, int) or status < 400:
+        return None
+    if status in (401, 403):
+        return AccessRefusedError
+    if status == 404:
+        return NOT_FOUND
+    if status >= 500 and status != 501 or status in (408, 429):
+        return UNKNOWN
+    return REFUSED  # 400, 405, 409, 411, 412 not taken as "exists", 501 not implemented
+
+
+def transport_kind(exc: BaseException) -> type[OSError] | None:
+    """The outcome of an aiohttp (or socket) failure: a connection that was never made
+    reached nothing; one lost or timed out once made may have been applied."""
+    import asyncio
+
+    (connector,) = imported_types([("aiohttp", "ClientConnectorError")]) or (None,)
+    (client,) = imported_types([("aiohttp", "ClientError")]) or (None,)
+    if connector is not None and isinstance(exc, connector):
+        return UNREACHABLE
+    if isinstance(exc, ConnectionRefusedError):
+        return UNREACHABLE
+    if isinstance(exc, (asyncio.TimeoutError, TimeoutError, ConnectionError)):
+        return UNKNOWN
+    if client is not None and isinstance(exc, client):
+        return UNKNOWN  # a server that disconnected, a payload cut short
+    return None
+
+
+def imported_types(names) -> tuple[type[BaseException], ...]:
+    """The classes ``(module, name)`` of the modules already imported."""
+    import sys
+
+    found = (getattr(sys.modules.get(module), name, None) for module, name in names)
+    return tuple(t for t in found if isinstance(t, type))
 
 
 def chain(exc: BaseException | None):

@@ -16,6 +16,7 @@ import functools
 import threading
 
 from .backend import Backend, StorageConfigError
+from .outcomes import UNKNOWN, settle_create
 
 __all__ = ["FsspecBackend"]
 
@@ -69,7 +70,12 @@ class FsspecBackend(Backend):
         with _LOCK:  # the file system is in this process: the lock serialises writers
             if self.fs.exists(path):
                 return self.fs.cat_file(path) == bytes(data)  # idempotent (Backend.create)
-            self.fs.pipe_file(path, bytes(data))
+            try:
+                self.fs.pipe_file(path, bytes(data))
+            except Exception as exc:  # noqa: BLE001 - sorted by outcome_kind
+                if self.outcome_kind(exc) is not UNKNOWN:
+                    raise
+                return settle_create(self, key, data, exc)  # it may have landed: read back
             return True
 
     def put(self, key: str, data: bytes) -> None:

@@ -19,7 +19,8 @@ import os
 import sys
 import weakref
 
-from .cloud import EVERY_WORKER, BucketBackend, at_exit_before_zarr, chain
+from .cloud import EVERY_WORKER, BucketBackend, at_exit_before_zarr, chain, http_kind
+from .outcomes import REFUSED, UNREACHABLE, AccessRefusedError
 
 __all__ = ["GCSBackend"]
 
@@ -56,6 +57,12 @@ class GCSBackend(BucketBackend):
 
     protocols = ("gs", "gcs")
     env_prefixes = ("GOOGLE_", "STORAGE_EMULATOR_HOST", "GCSFS_", "CLOUDSDK_", "NO_GCE_CHECK")
+    service = "Google Cloud Storage"
+    client_modules = (
+        ("aiohttp", "ClientError"),
+        ("gcsfs.retry", "HttpError"),
+        ("google.auth.exceptions", "GoogleAuthError"),
+    )
     client, extra = "gcsfs", "gcs"
     endpoint_variable = "STORAGE_EMULATOR_HOST (unset for GCS itself)"
 
@@ -111,6 +118,27 @@ class GCSBackend(BucketBackend):
 
     # -- errors --------------------------------------------------------------
 
+    def _client_kind(self, exc: Exception) -> type[OSError] | None:
+        """gcsfs's and google-auth's failures, as the outcome kinds (the one place that
+        knows them): an ``HttpError`` by its status (a 503 left after gcsfs's retries
+        may have been applied), a 403 (an ``OSError("Forbidden: ...")``) refused, a
+        502 (a ``requests`` ProxyError) unknown, credentials that cannot be had refused
+        before any request, a token server that cannot be reached unreachable."""
+        from gcsfs.retry import HttpError
+        from google.auth import exceptions as gx
+
+        if isinstance(exc, HttpError):
+            return http_kind(exc.code if isinstance(exc.code, int) else None)
+        if isinstance(exc, OSError) and str(exc).startswith("Forbidden"):
+            return AccessRefusedError
+        if isinstance(exc, gx.TransportError):
+            return UNREACHABLE  # the token was not had: no request reached the store
+        if isinstance(exc, (gx.RefreshError, gx.DefaultCredentialsError)):
+            return AccessRefusedError
+        if isinstance(exc, gx.GoogleAuthError):
+            return REFUSED
+        return None
+
     def _endpoint(self) -> str:
         return (
             self.storage_options.get("endpoint_url")
@@ -124,7 +152,7 @@ class GCSBackend(BucketBackend):
 
         key_file = os.environ.get("GOOGLE_APPLICATION_CREDENTIALS")
         for e in chain(exc):
-            if isinstance(e, (aiohttp.ClientConnectionError, ConnectionError)):
+            if isinstance(e, (aiohttp.ClientConnectorError, ConnectionRefusedError)):
                 return (
                     f"cannot reach Google Cloud Storage at {self._endpoint()} for "
                     f"{self.root}: start it, or fix STORAGE_EMULATOR_HOST (unset for "

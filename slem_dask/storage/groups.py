@@ -27,6 +27,8 @@ from .leases import Lease
 from .outputs import is_legacy
 from .ownership import ATTR, check_may_replace, damaged_metadata, remove
 from .paths import canonical, zarr_store
+from .registry import is_storage_failure
+from .rollback import abandon_after_failure
 
 
 MODEL_FORMAT_VERSION = 2
@@ -97,7 +99,7 @@ def write_group(
         except versions.CommitUnknownError:
             raise  # its record may still land, naming the draft: it stays
         except BaseException:
-            store.abandon(draft)  # small: nothing worth resuming
+            abandon_after_failure(store, draft)  # small: nothing worth resuming
             raise
         return commit
     finally:
@@ -261,6 +263,8 @@ def read_search_store(path, arrays: bool = True) -> tuple[dict, dict[str, np.nda
     except FileNotFoundError:
         raise FileNotFoundError(f"search result: no zarr group at {path!r}") from None
     except Exception as exc:  # noqa: BLE001
+        if is_storage_failure(exc):
+            raise  # the store did not answer: no word on what it holds
         raise damaged_metadata("search result", path, exc) or ValueError(
             f"search result: {path!r} is not a zarr group ({type(exc).__name__}: {exc})"
         ) from None
@@ -327,6 +331,8 @@ def _read_model_meta(path: str) -> tuple[dict, zarr.Group]:
             f"the path written by `slem-dask fit --model PATH` or model.save(PATH)"
         ) from None
     except Exception as exc:
+        if is_storage_failure(exc):
+            raise  # the store did not answer: no word on what it holds
         raise damaged_metadata("model", path, exc) or ValueError(
             f"model: {path!r} is not a zarr group ({type(exc).__name__}: {exc}); give "
             f"the path written by `slem-dask fit --model PATH` or model.save(PATH)"

@@ -34,8 +34,9 @@ import threading
 import time
 import uuid
 
-from .registry import backend_for
 from .errors import IntegrityError
+from .outcomes import FAILED
+from .registry import backend_for
 
 __all__ = ["Lease", "LeaseHeldError", "LeaseLostError", "LEASE_TTL", "host_identity"]
 
@@ -231,8 +232,8 @@ class Lease:
                 return  # not renewed in time: another job may own it; never claim it again
             try:
                 record = self.read()
-            except Exception:  # noqa: BLE001 - a 503, a deadline met: not renewed this
-                continue  # time (trusted_for() says how long that may go on)
+            except FAILED:  # a 503, a deadline met: not renewed this time (trusted_for()
+                continue  # says how long that may go on); the heartbeat goes on
             if not record or record.get("token") != self.token:
                 return  # taken over: check() will refuse the commit
             if self.trusted_for() <= 0:
@@ -241,8 +242,8 @@ class Lease:
             started = time.monotonic()
             try:
                 self._backend.put(self._key, json.dumps(self._record()).encode())
-            except Exception:  # noqa: BLE001 - as above: the lease stays unrenewed
-                continue
+            except FAILED:
+                continue  # as above: unrenewed; the next beat writes a higher counter
             self._renewed_at = started
 
     def held(self) -> bool:
@@ -288,9 +289,9 @@ class Lease:
         try:
             if self.held():
                 self._backend.delete(self._key)
-        except Exception:  # noqa: BLE001 - a 503, a deadline met: the job's outcome
-            # stands (a version it committed is committed): the lease is left as a
-            # killed job's is, and the next job takes it over
+        except FAILED:  # a 503, a deadline met: the job's outcome stands (a version it
+            # committed is committed): the lease is left as a killed job's is, and the
+            # next job takes it over
             pass
 
     def check_free(self) -> None:

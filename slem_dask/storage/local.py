@@ -16,6 +16,7 @@ import shutil
 import uuid
 
 from .backend import Backend
+from .outcomes import UNKNOWN, os_error_kind, settle_create
 
 __all__ = ["LocalBackend"]
 
@@ -54,6 +55,10 @@ class LocalBackend(Backend):
             return True
         except FileExistsError:
             return self._holds(tmp, key, data)
+        except OSError as exc:
+            if os_error_kind(exc) is not UNKNOWN:
+                raise  # refused (read-only, full), or the folder vanished: not linked
+            return settle_create(self, key, data, exc)  # EIO, ESTALE over NFS: read back
         finally:
             os.remove(tmp)
 

@@ -131,6 +131,12 @@ def write_partition(block: np.ndarray, arr: zarr.Array, index: int, block_info=N
     # an S3 server that checked the body's crc32c and says so stored exactly these
     # bytes, trailer included: reading the trailer back would tell nothing more
     crc = confirmed if confirmed is not None else stored_crc32c(arr, index)
+    if crc is None and not draft_alive(arr):  # deleted beneath the write: fenced
+        raise DraftFencedError(
+            f"output {_where(arr)!r}: this job's draft was deleted by another slem-dask job "
+            f"that took the store over while partition {index} was written (this job was "
+            f"fenced); nothing it wrote is visible to readers"
+        )
     if crc is None:
         raise IntegrityError(
             f"output {_where(arr)!r}: partition {index} was written but cannot be read back "

@@ -4,18 +4,17 @@ ambiguous (a lost reply, a retry's 412, a timeout), with the errors a commit rai
 
 from __future__ import annotations
 
-import errno
+import time
 
-from .backend import Backend, StorageConfigError
+from .backend import Backend
 from .errors import IntegrityError
 from .heads import COMMITS, commit_name
+from .outcomes import StorageError, StorageRefusedError, StoreUnreachableError
 
 __all__ = ["CommitConflictError", "CommitUnknownError", "publish"]
 
 _PUBLISH_TRIES = 3  # creates of one commit record whose outcome stayed unknown
-#: errors with which a create was refused before anything was written (a read-only,
-#: forbidden or full file system): not an ambiguous outcome
-_REFUSED = frozenset({errno.EROFS, errno.EACCES, errno.EPERM, errno.ENOSPC, errno.EDQUOT})
+_PUBLISH_BACKOFF = 0.5  # seconds before the second try, doubled for each next one
 
 
 class CommitConflictError(IntegrityError):
@@ -32,34 +31,42 @@ def publish(backend: Backend, path, seq: int, data: bytes) -> bool:
     """Create ``commits/<seq>.json`` of the store at ``path`` holding ``data``: True
     once it holds exactly these bytes, False once it holds another record; raises
     :class:`CommitUnknownError` when the outcome cannot be learnt
-    (:meth:`.versions.VersionedStore._publish`)."""
+    (:meth:`.versions.VersionedStore._publish`), and the store's refusal (nothing
+    written) when the first create is refused. Reasons only in the outcome kinds of
+    :mod:`.outcomes`: the backend raises no other storage error."""
     key = f"{COMMITS}/{commit_name(seq)}"
-    failure: OSError | None = None
-    for _ in range(_PUBLISH_TRIES):
+    failure: StorageError | None = None
+    sent = False  # whether a create may have reached the store (then it may land)
+    for attempt in range(_PUBLISH_TRIES):
+        if attempt:
+            time.sleep(_PUBLISH_BACKOFF * 2 ** (attempt - 1))  # a burst of 5xx may pass
         try:
             backend.create(key, data)  # its answer alone is not trusted
-        except (StorageConfigError, PermissionError, FileNotFoundError):
-            raise  # refused: nothing was written
-        except OSError as exc:  # a lost reply, a timeout: it may have landed
-            if exc.errno in _REFUSED:
-                raise  # a read-only or full file system: nothing was written
+            sent = True
+        except (StorageRefusedError, FileNotFoundError):
+            if not sent:
+                raise  # refused before any create could have landed: nothing written
+        except StoreUnreachableError as exc:  # this one reached nothing
             failure = exc
+        except StorageError as exc:  # unknown: it may land
+            failure, sent = exc, True
         try:
             held = backend.read(key)
-        except (PermissionError, StorageConfigError):
-            raise
-        except OSError as exc:  # the read-back failed too: the outcome is still unknown
+        except StorageRefusedError:
+            if not sent:
+                raise
+            continue  # an earlier create may still land: the outcome stays unknown
+        except StorageError as exc:  # the read-back failed too: the outcome is unknown
             failure = exc
             continue
         if held is not None:
             return held == data
-    why = (
-        f"the storage failed: {failure}"
-        if failure is not None
-        else f"{key} was never there when read back"
-    )
+    if not sent and failure is not None:
+        raise failure  # no create reached the store: nothing was committed
+    why = f"the storage failed: {failure}" if failure else f"{key} was never there when read back"
     raise CommitUnknownError(
-        f"{str(path)!r}: cannot learn whether version {seq} was committed "
-        f"({why}); if it was, it is complete and stays: see "
-        f"`slem-dask versions {path}`, or run the same command again"
+        f"{str(path)!r}: cannot learn whether version {seq} was committed ({why}); "
+        f"this job's version is kept as it is: if its record landed it is complete "
+        f"and stays. See `slem-dask versions {path}` (it reads the store again), or "
+        f"run the same command again"
     ) from failure

@@ -13,7 +13,7 @@ from .gcs import GCSBackend
 from .local import LocalBackend
 from .s3 import S3Backend
 
-__all__ = ["backend_for", "describe_storage_error"]
+__all__ = ["backend_for", "describe_storage_error", "is_storage_failure"]
 
 
 def backend_for(url: str) -> Backend:
@@ -31,14 +31,52 @@ def backend_for(url: str) -> Backend:
     return FsspecBackend(url)
 
 
+def is_storage_failure(exc: BaseException) -> bool:
+    """Whether ``exc`` (or one it was raised from) is a failure of a storage request: one
+    of the outcome kinds a backend raises, or a client library's own exception raised
+    where zarr reached the store itself. A reader must not call it damage ("not a zarr
+    group"): the store did not answer, the data may be right."""
+    from .outcomes import StorageError
+
+    types = (StorageError,) + tuple(
+        t
+        for cls in (S3Backend, GCSBackend, AzureBackend, LocalBackend, FsspecBackend)
+        for t in cls.client_exceptions()
+    )
+    seen: set[int] = set()
+    cause: BaseException | None = exc
+    while cause is not None and id(cause) not in seen:
+        seen.add(id(cause))
+        if isinstance(cause, types):
+            return True
+        cause = cause.__cause__ or cause.__context__
+    return False
+
+
 def describe_storage_error(exc: BaseException, paths) -> str | None:
     """One line for an object store's failure (credentials, bucket, endpoint) met while
-    a command worked on ``paths``, naming the path and the fix; None for any other error."""
-    for path in paths:
-        if "://" not in str(path) or str(path).startswith(("file://", "memory://")):
+    a command worked on ``paths``, naming the path and the fix; None for any other error,
+    and for a commit whose outcome is unknown (its own message says what is kept). The
+    paths that the failure names are asked first: a failure of an encode's output is
+    not the model's."""
+    from .publish import CommitUnknownError
+
+    if isinstance(exc, CommitUnknownError):
+        return None
+    texts = []
+    seen: set[int] = set()
+    cause: BaseException | None = exc
+    while cause is not None and id(cause) not in seen:
+        seen.add(id(cause))
+        texts.append(str(cause))
+        cause = cause.__cause__ or cause.__context__
+    urls = [str(p) for p in paths if "://" in str(p)]
+    named = [u for u in urls if any(u.split("://", 1)[1].rstrip("/") in t for t in texts)]
+    for path in named + [u for u in urls if u not in named]:
+        if path.startswith(("file://", "memory://")):
             continue
         try:
-            backend = backend_for(str(path))
+            backend = backend_for(path)
         except Exception:  # noqa: BLE001 - no such backend installed: nothing to say
             continue
         line = backend.describe_error(exc)

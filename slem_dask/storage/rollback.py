@@ -4,10 +4,22 @@ which holds the store's lease around it)."""
 
 from __future__ import annotations
 
+from .outcomes import FAILED
 from .publish import CommitUnknownError
 from .records import Commit, VersionError
 
-__all__ = ["rollback_to"]
+__all__ = ["rollback_to", "abandon_after_failure"]
+
+
+def abandon_after_failure(store, draft) -> None:
+    """Abandon ``draft`` after its job failed, best effort: the job's own error is the
+    one to report, and a storage that fails here too (a burst of 503s) leaves the draft
+    to the next job that writes (:mod:`.gc`). :meth:`~.versions.VersionedStore.abandon`
+    itself keeps a draft whose commit outcome is unknown."""
+    try:
+        store.abandon(draft)
+    except FAILED:
+        pass
 
 
 def rollback_to(store, seq: int, job: str) -> Commit:
@@ -45,7 +57,7 @@ def rollback_to(store, seq: int, job: str) -> Commit:
     except CommitUnknownError:
         raise  # its record may still land, naming the draft: it stays
     except BaseException:
-        store.abandon(draft)
+        abandon_after_failure(store, draft)  # kept if its commit's outcome is unknown
         raise
     store.collect_garbage()
     return record

@@ -24,8 +24,16 @@ import os
 
 from . import deadlines
 from .backend import Backend
-from .cloud import EVERY_WORKER, cached_filesystem
+from .cloud import EVERY_WORKER, cached_filesystem, http_kind, transport_kind
 from .cloud import chain as _chain  # an exception and those it was raised from
+from .outcomes import (
+    NOT_FOUND,
+    UNKNOWN,
+    UNREACHABLE,
+    AccessRefusedError,
+    OutcomeUnknownError,
+    os_error_kind,
+)
 from .s3_messages import response_message
 
 __all__ = ["S3Backend"]
@@ -67,31 +75,43 @@ def _precondition_failed(exc: BaseException) -> bool:
     return code == "PreconditionFailed" or status == 412
 
 
-def _lost_reply(exc: BaseException) -> bool:
-    """Whether ``exc`` leaves a request's outcome unknown: the connection dropped or
-    timed out once the request may have been sent (not a refusal, not credentials)."""
+_CREDENTIALS = (
+    "SignatureDoesNotMatch",
+    "InvalidAccessKeyId",
+    "InvalidToken",
+    "ExpiredToken",
+    "InvalidClientTokenId",
+    "AccessDenied",
+    "AllAccessDisabled",
+    "AccountProblem",
+)
+
+
+def outcome_kind(exc: BaseException) -> type[OSError]:
+    """botocore's, aiobotocore's and s3fs's failures as the outcome kinds (the one place
+    that knows them): credentials that cannot be had refused before any request, a
+    connection never made unreachable, a response by its code and status (a 5xx left
+    after botocore's retries may have been applied), a connection dropped or timed
+    out once the request may have been sent unknown."""
     from botocore import exceptions as bx
 
-    if isinstance(
-        exc,
-        (
-            bx.NoCredentialsError,
-            bx.PartialCredentialsError,
-            bx.EndpointConnectionError,
-            bx.ConnectTimeoutError,
-        ),
-    ):
-        return False  # nothing reached the store
-    return isinstance(
-        exc,
-        (
-            bx.HTTPClientError,
-            bx.ConnectionError,
-            asyncio.TimeoutError,
-            ConnectionError,
-            TimeoutError,
-        ),
-    )
+    if isinstance(exc, (bx.NoCredentialsError, bx.PartialCredentialsError)):
+        return AccessRefusedError
+    if isinstance(exc, (bx.EndpointConnectionError, bx.ConnectTimeoutError)):
+        return UNREACHABLE  # nothing reached the store
+    code, status = _error_code(exc)
+    if code in _CREDENTIALS:
+        return AccessRefusedError
+    if code in ("NoSuchKey", "NoSuchBucket"):
+        return NOT_FOUND
+    if code in ("SlowDown", "ServiceUnavailable", "InternalError", "RequestTimeout"):
+        return UNKNOWN
+    kind = http_kind(status)
+    if kind is not None:
+        return kind
+    if isinstance(exc, (bx.HTTPClientError, bx.ConnectionError)):
+        return UNKNOWN  # a reply lost, a read timed out: it may have landed
+    return transport_kind(exc) or os_error_kind(exc) or UNKNOWN
 
 
 def _conflict(exc: BaseException) -> bool:
@@ -211,34 +231,31 @@ class S3Backend(Backend):
             except ClientError as exc:
                 if _precondition_failed(exc):
                     return await self._holds(key, data)
-                if _error_code(exc)[1] >= 500:  # botocore's retries failed: it may have landed
-                    return await self._resolve(key, data, exc, translate_boto_error(exc))
-                if not _conflict(exc):
+                if _conflict(exc):
+                    last = exc
+                elif outcome_kind(exc) is UNKNOWN:  # a 5xx after botocore's retries
+                    return await self._resolve(key, data, exc)
+                else:
                     raise translate_boto_error(exc) from exc
-                last = exc
-            except Exception as exc:  # noqa: BLE001 - sorted by _lost_reply
-                if not _lost_reply(exc):
+            except Exception as exc:  # noqa: BLE001 - sorted by outcome_kind
+                if outcome_kind(exc) is not UNKNOWN:
                     raise
-                return await self._resolve(
-                    key,
-                    data,
-                    exc,
-                    OSError(f"cannot create s3://{self.bucket}/{key}: {type(exc).__name__}: {exc}"),
-                )
+                return await self._resolve(key, data, exc)  # a lost reply, a timeout
             await asyncio.sleep(_CONFLICT_BACKOFF * 2**attempt)
         if await self._holds(key, None):
             return False
         raise translate_boto_error(last) from last
 
-    async def _resolve(
-        self, key: str, data: bytes, cause: BaseException, error: BaseException
-    ) -> bool:
+    async def _resolve(self, key: str, data: bytes, cause: BaseException) -> bool:
         """After a PUT whose outcome is unknown: whether ``key`` holds exactly ``data``
-        (True) or other bytes (False); ``error`` if it is absent (the caller may create
-        it again: the same bytes cannot be created twice)."""
+        (True) or other bytes (False); OutcomeUnknownError if it is absent (it may still
+        land; the caller may create it again: the same bytes cannot be created twice)."""
         held = await self._read_back(key, cause)
         if held is None:
-            raise error from cause
+            raise OutcomeUnknownError(
+                f"create s3://{self.bucket}/{key}: {type(cause).__name__}: {cause}; not "
+                f"there when read back (it may still land)"
+            ) from cause
         return held == data
 
     async def _read_back(self, key: str, cause: BaseException) -> bytes | None:
@@ -247,7 +264,7 @@ class S3Backend(Backend):
         try:
             return await self._held(key)
         except Exception as exc:  # noqa: BLE001 - unknown outcome: say so, with the cause
-            raise OSError(
+            raise OutcomeUnknownError(
                 f"cannot learn whether s3://{self.bucket}/{key} was created "
                 f"({type(cause).__name__}: {cause}; reading it back: "
                 f"{type(exc).__name__}: {exc})"
@@ -371,6 +388,18 @@ class S3Backend(Backend):
             )
 
     # -- errors --------------------------------------------------------------
+
+    def outcome_kind(self, exc: Exception) -> type[OSError]:
+        return outcome_kind(exc)
+
+    @classmethod
+    def client_exceptions(cls) -> tuple[type[BaseException], ...]:
+        from .cloud import imported_types
+
+        return imported_types(
+            [("botocore.exceptions", n) for n in ("BotoCoreError", "ClientError")]
+            + [("aiohttp", "ClientError")]
+        )
 
     def _endpoint(self) -> str:
         client = getattr(self.fs, "_s3", None)

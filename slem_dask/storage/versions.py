@@ -366,10 +366,18 @@ class VersionedStore:
         the next collection deletes it (:mod:`.gc`).
 
         Except for a store's first draft, when nothing else is there: a failed first
-        write leaves no store at all (its fate file goes, then the empty folders)."""
+        write leaves no store at all (its fate file goes, then the empty folders).
+
+        A draft whose job claimed its commit (fate ``commit``) is kept while no record
+        of its number names another: the outcome of its commit is unknown (its record
+        may land late), and only that commit's sequence number, once another draft
+        takes it, makes it dead (:func:`.gc.collect`)."""
         if self._committed(draft.version):
             return
-        gc.claim(self.backend, draft.version, gc.DEAD)  # either fate proves it ours
+        if gc.claim(self.backend, draft.version, gc.DEAD) == gc.COMMIT:
+            record = self.commit_at(draft.seq)  # this job began its commit: unless
+            if record is None:  # another draft took the number, its record may land
+                return  # late (a lost reply, a 5xx after it was applied): kept
         self.delete_version(draft.version)
         if not self._history_besides(draft.version):
             self.backend.delete(f"{gc.FATES}/{draft.version}")

@@ -25,6 +25,7 @@ from slem_dask.storage import gc, versions
 from slem_dask.storage.backend import StorageConfigError
 from slem_dask.storage.errors import DamagedStoreError
 from slem_dask.storage.leases import LeaseHeldError, LeaseLostError
+from slem_dask.storage.outcomes import StorageError
 
 from . import jobs
 from .server import SimFault
@@ -253,6 +254,7 @@ def check_bound(world) -> None:
 #: the kinds of line a job may end with (the CLI prints the message)
 EXPECTED = (
     SimFault,
+    StorageError,  # what a backend raises: the kinds of slem_dask/storage/outcomes.py
     versions.CommitConflictError,
     versions.CommitUnknownError,
     gc.DraftFencedError,
