@@ -247,7 +247,7 @@ class FaultProxy:
 
         threading.Thread(target=later, daemon=True, name="faultproxy-late").start()
 
-    def _without_upstream(self, rule, client, head: bytes, body: bytes) -> str | None:
+    def _without_upstream(self, rule, client, head: bytes, body: bytes, method: str):
         """Apply a rule that does not forward the request now: "close" (the client's
         connection is to be closed), "answered" (503), or None (forward it)."""
         action = rule.action if rule is not None else None
@@ -268,7 +268,7 @@ class FaultProxy:
                         ("Content-Length", str(len(_SLOW_DOWN))),
                     ],
                 )
-                + _SLOW_DOWN
+                + (b"" if method == "HEAD" else _SLOW_DOWN)  # a HEAD's answer has no body
             )
             return "answered"
         return None
@@ -290,7 +290,9 @@ class FaultProxy:
                     headers = [(k, v) for k, v in headers if k.lower() != "expect"]
                 body = _read_body(cin, headers)
                 rule = self._rule_for(method, _names(target, body), before_body=False)
-                done = self._without_upstream(rule, client, _head_bytes(line, headers), body)
+                done = self._without_upstream(
+                    rule, client, _head_bytes(line, headers), body, method
+                )
                 if done == "close":
                     return
                 if done == "answered":

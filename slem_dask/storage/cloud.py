@@ -32,7 +32,10 @@ from .outcomes import (
 __all__ = ["BucketBackend", "cached_filesystem"]
 
 _PRIVATE_SUFFIXES = (".partial", ".tmp")  # a writer's temporaries (as LocalBackend skips)
-deadlines.install()  # in every process that imports the storage layer: zarr's too
+try:  # in every process that imports the storage layer: zarr's file systems too
+    deadlines.install()
+except ValueError:  # a bad $SLEM_DASK_STORAGE_TIMEOUT: said where a file system is made
+    pass
 _FILESYSTEMS: dict = {}
 _FILESYSTEMS_LOCK = threading.Lock()
 EVERY_WORKER = "(the client and every dask worker need the same variables)"

@@ -232,8 +232,8 @@ class Lease:
                 return  # not renewed in time: another job may own it; never claim it again
             try:
                 record = self.read()
-            except FAILED:  # a 503, a deadline met: not renewed this time
-                continue  # (trusted_for() says how long that may go on)
+            except FAILED:  # a 503, a deadline met: not renewed this time (trusted_for()
+                continue  # says how long that may go on); the heartbeat goes on
             if not record or record.get("token") != self.token:
                 return  # taken over: check() will refuse the commit
             if self.trusted_for() <= 0:
@@ -242,8 +242,8 @@ class Lease:
             started = time.monotonic()
             try:
                 self._backend.put(self._key, json.dumps(self._record()).encode())
-            except FAILED:  # as above: the lease stays unrenewed (the next beat
-                continue  # writes a higher counter: it is seen to change)
+            except FAILED:
+                continue  # as above: unrenewed; the next beat writes a higher counter
             self._renewed_at = started
 
     def held(self) -> bool:

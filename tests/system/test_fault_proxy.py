@@ -14,6 +14,7 @@ ends on its own, within a bound set by the deadlines of its requests
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -232,10 +233,12 @@ def _encode(root: str, source: str = "pos") -> list:
     ]
 
 
-def _silenced_at_first_chunk(proxy, command: list) -> tuple[int, str]:
+def _silenced_at_first_chunk(proxy, command: list, interrupt_after: float | None = None):
     """Run ``command`` in its own process; its store stops answering when the job writes
-    its first chunk (every request from then on is held unanswered). Its exit status and
-    stderr, once it ended on its own (a test that waits, never one that hangs)."""
+    its first chunk (every request from then on is held unanswered); ``interrupt_after``:
+    seconds after which it gets SIGINT (Ctrl-C). Its exit status, stderr, and the seconds
+    it took from then on, once it ended on its own (a test that waits, never one that
+    hangs)."""
     first = Rule("chunk", "silent", WRITES)
     proxy.rules = [first]
     env = {**os.environ, "PYTHONPATH": script_pythonpath()}
@@ -260,12 +263,16 @@ def _silenced_at_first_chunk(proxy, command: list) -> tuple[int, str]:
             time.sleep(0.2)
         assert first.fired, f"the job wrote no chunk: {job.poll()}, proxy: {proxy.fired[-5:]}"
         proxy.rules = [first, Rule("any", "silent")]  # the whole store stops answering
+        if interrupt_after is not None:
+            time.sleep(interrupt_after)
+            job.send_signal(signal.SIGINT)
+        since = time.monotonic()
         _, err = job.communicate(timeout=_silent_bound(proxy.kind))
     except BaseException:
         job.kill()
         job.communicate()
         raise
-    return job.returncode, err
+    return job.returncode, err, time.monotonic() - since
 
 
 @pytest.mark.slow
@@ -280,7 +287,7 @@ def test_a_job_whose_store_stops_answering_ends_in_one_line_and_a_rerun_complete
     root = proxy.root
     data = _inputs(root)
     assert _run(_commands(root)[0], capsys)[0] == 0  # fit
-    code, err = _silenced_at_first_chunk(proxy, _encode(root))
+    code, err, _ = _silenced_at_first_chunk(proxy, _encode(root))
     lines = err.strip().splitlines()
     assert code != 0 and len(lines) == 1, err
     assert f"the object store at {proxy.endpoint}" in lines[0], lines[0]
@@ -302,3 +309,24 @@ def _model_transform(root: str, rows):
     from slem_dask import load_model
 
     return load_model(f"{root}/model.zarr").transform(rows, dtype="float32")
+
+
+#: An interrupted job ends within this many seconds, answered or not: generous (a loaded
+#: machine, a cluster to close), and far below one request's deadline by default.
+INTERRUPT_BOUND = 60.0
+
+
+@pytest.mark.slow
+def test_ctrl_c_ends_a_job_whose_store_stopped_answering_within_seconds(proxy, capsys):
+    """It ignored Ctrl-C for 10 s and more (issue 38, 4): its cleanup asked the silent
+    store, each request until its deadline (minutes by default, as here)."""
+    assert deadlines.current().request_bound(proxy.kind) > 2 * INTERRUPT_BOUND
+    root = proxy.root
+    _inputs(root)
+    assert _run(_commands(root)[0], capsys)[0] == 0  # fit
+    code, err, took = _silenced_at_first_chunk(proxy, _encode(root), interrupt_after=2.0)
+    lines = err.strip().splitlines()
+    assert code == 130 and len(lines) == 1, err
+    assert lines[0].startswith("slem-dask encode: interrupted"), lines[0]
+    assert took < INTERRUPT_BOUND, (took, lines[0])
+    print(f"{proxy.kind}: ended {took:.1f} s after Ctrl-C: {lines[0]}")
