@@ -1,5 +1,6 @@
-"""A fault-injecting HTTP proxy on 127.0.0.1, between an S3 client and a real server
-(tests/s3server.py), for the jobs' fault tests (docs/testing-faults.md).
+"""A fault-injecting HTTP proxy on 127.0.0.1, between an object store's client (S3, GCS,
+Azure) and a real server or emulator (tests/s3server.py, tests/emulators.py), for the
+jobs' fault tests (docs/testing-faults.md).
 
 Each request is read whole and matched against the rules; the first rule that
 matches and still fires decides what happens to it:
@@ -9,10 +10,17 @@ matches and still fires decides what happens to it:
 * ``lost_request``: dropped unforwarded, the connection closed;
 * ``drop``: the connection closed before the request's body is read;
 * ``unavailable``: answered ``503 SlowDown`` without forwarding;
-* ``delay``: forwarded after ``delay`` seconds.
+* ``delay``: forwarded after ``delay`` seconds;
+* ``late``: the client's connection closed at once, the request forwarded ``delay``
+  seconds later (it lands after the client gave up on it: a late create);
+* ``silent``: a black hole: the request is read and never answered, its connection
+  held open (a stopped store, whose kernel still accepts connections) until
+  :meth:`FaultProxy.resume` or the proxy's end closes it.
 
 What a rule matches: ``kind`` ``commit`` (keys under ``commits/``), ``lease`` (the
-``.slem-dask-lease`` files), ``chunk`` (zarr chunk keys ``…/c/…``) or ``any``; the
+``.slem-dask-lease`` files), ``chunk`` (zarr chunk keys ``…/c/…``) or ``any``, in the
+object's name wherever the request carries it (the path; GCS's ``name=`` parameter or
+its upload's metadata); the
 HTTP ``methods``; ``once_per_key`` (the first such request for each key only, so
 that the client's retry gets through); ``limit`` (how many times in all). Every
 firing is recorded in :attr:`FaultProxy.fired` (method, path, action).
@@ -24,12 +32,13 @@ firing is recorded in :attr:`FaultProxy.fired` (method, path, action).
 
 from __future__ import annotations
 
+import json
 import re
 import socket
 import threading
 import time
 from dataclasses import dataclass, field
-from urllib.parse import urlsplit
+from urllib.parse import parse_qs, unquote, urlsplit
 
 KINDS = {
     "commit": re.compile(r"/commits/\d+\.json$"),
@@ -37,7 +46,8 @@ KINDS = {
     "chunk": re.compile(r"/c(/\d+)+$"),
     "any": re.compile(r""),
 }
-ACTIONS = ("lost_reply", "lost_request", "drop", "unavailable", "delay")
+ACTIONS = ("lost_reply", "lost_request", "drop", "unavailable", "delay", "late", "silent")
+_BEFORE_BODY = ("drop",)  # decided on the head alone
 _SLOW_DOWN = (
     b'<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>SlowDown</Code>'
     b"<Message>Please reduce your request rate.</Message></Error>"
@@ -59,11 +69,12 @@ class Rule:
         if self.kind not in KINDS or self.action not in ACTIONS:
             raise ValueError(f"rule: kind in {sorted(KINDS)}, action in {ACTIONS}")
 
-    def take(self, method: str, path: str) -> bool:
-        """Whether this rule fires for the request (and count it)."""
+    def take(self, method: str, names: list[str]) -> bool:
+        """Whether this rule fires for a request for the objects ``names`` (and count it)."""
         if self.methods and method not in self.methods:
             return False
-        if not KINDS[self.kind].search(path):
+        path = next((n for n in names if KINDS[self.kind].search(n)), None)
+        if path is None:
             return False
         if self.limit is not None and self.fired >= self.limit:
             return False
@@ -125,6 +136,23 @@ def _read_body(stream, headers, until_close: bool = False) -> bytes:
     return stream.read() if until_close else b""
 
 
+def _names(target: str, body: bytes = b"") -> list[str]:
+    """The object names a request carries: its path, GCS's ``name`` parameter, and the
+    ``name`` of a GCS multipart upload's metadata (each decoded, with a leading /)."""
+    parts = urlsplit(target)
+    names = [unquote(parts.path)]
+    names += ["/" + n for n in parse_qs(parts.query).get("name", [])]
+    if body.startswith(b"--") and b'"name"' in body[:4096]:  # multipart/related metadata
+        for line in body[:4096].split(b"\n"):
+            try:
+                meta = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(meta, dict) and isinstance(meta.get("name"), str):
+                names.append("/" + meta["name"])
+    return names
+
+
 def _head_bytes(line: bytes, headers) -> bytes:
     return line + b"".join(f"{k}: {v}\r\n".encode("latin-1") for k, v in headers) + b"\r\n"
 
@@ -143,6 +171,7 @@ class FaultProxy:
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         self._conns: set = set()
+        self._held: set = set()  # connections of black-holed requests
 
     def __enter__(self) -> FaultProxy:
         thread = threading.Thread(target=self._accept, name="faultproxy", daemon=True)
@@ -152,6 +181,15 @@ class FaultProxy:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+    def resume(self) -> None:
+        """End the black hole: the held connections are closed (their clients have given
+        up by their deadlines) and rules no longer apply: the store answers again."""
+        with self._lock:
+            self.rules = []
+            held, self._held = list(self._held), set()
+        for conn in held:
+            _close(conn)
 
     def close(self) -> None:
         self._stop.set()
@@ -176,12 +214,63 @@ class FaultProxy:
                 target=self._serve, args=(client,), daemon=True, name="faultproxy-conn"
             ).start()
 
-    def _rule_for(self, method: str, path: str) -> Rule | None:
+    def _rule_for(self, method: str, names: list[str], before_body: bool) -> Rule | None:
         with self._lock:
             for rule in self.rules:
-                if rule.take(method, path):
-                    self.fired.append((method, path, rule.action))
+                if (rule.action in _BEFORE_BODY) != before_body:
+                    continue
+                if rule.take(method, names):
+                    self.fired.append((method, names[0], rule.action))
                     return rule
+        return None
+
+    def _hold(self, client: socket.socket) -> None:
+        """Answer nothing: wait until :meth:`resume` or :meth:`close` closes the socket."""
+        with self._lock:
+            self._held.add(client)
+        try:
+            while client.recv(65536):
+                pass  # a client that sends more is not answered either
+        except OSError:
+            pass
+
+    def _forward_late(self, head: bytes, body: bytes, delay: float) -> None:
+        def later():
+            time.sleep(delay)
+            try:
+                with socket.create_connection(self.upstream) as upstream:
+                    upstream.sendall(head + body)
+                    upstream.settimeout(30)
+                    upstream.recv(65536)  # the server's answer, dropped
+            except OSError:
+                pass
+
+        threading.Thread(target=later, daemon=True, name="faultproxy-late").start()
+
+    def _without_upstream(self, rule, client, head: bytes, body: bytes, method: str):
+        """Apply a rule that does not forward the request now: "close" (the client's
+        connection is to be closed), "answered" (503), or None (forward it)."""
+        action = rule.action if rule is not None else None
+        if action == "lost_request":
+            return "close"
+        if action == "silent":
+            self._hold(client)
+            return "close"
+        if action == "late":
+            self._forward_late(head, body, rule.delay)
+            return "close"
+        if action == "unavailable":
+            client.sendall(
+                _head_bytes(
+                    b"HTTP/1.1 503 Slow Down\r\n",
+                    [
+                        ("Content-Type", "application/xml"),
+                        ("Content-Length", str(len(_SLOW_DOWN))),
+                    ],
+                )
+                + (b"" if method == "HEAD" else _SLOW_DOWN)  # a HEAD's answer has no body
+            )
+            return "answered"
         return None
 
     def _serve(self, client: socket.socket) -> None:
@@ -194,27 +283,19 @@ class FaultProxy:
                     return
                 line, headers = head
                 method, target = line.decode("latin-1").split(" ", 2)[:2]
-                path = urlsplit(target).path
-                rule = self._rule_for(method, path)
-                if rule is not None and rule.action == "drop":
-                    return
+                if self._rule_for(method, _names(target), before_body=True) is not None:
+                    return  # drop: closed before the body is read
                 if (_header(headers, "expect") or "").lower() == "100-continue":
                     client.sendall(b"HTTP/1.1 100 Continue\r\n\r\n")
                     headers = [(k, v) for k, v in headers if k.lower() != "expect"]
                 body = _read_body(cin, headers)
-                if rule is not None and rule.action == "lost_request":
+                rule = self._rule_for(method, _names(target, body), before_body=False)
+                done = self._without_upstream(
+                    rule, client, _head_bytes(line, headers), body, method
+                )
+                if done == "close":
                     return
-                if rule is not None and rule.action == "unavailable":
-                    client.sendall(
-                        _head_bytes(
-                            b"HTTP/1.1 503 Slow Down\r\n",
-                            [
-                                ("Content-Type", "application/xml"),
-                                ("Content-Length", str(len(_SLOW_DOWN))),
-                            ],
-                        )
-                        + _SLOW_DOWN
-                    )
+                if done == "answered":
                     continue
                 if rule is not None and rule.action == "delay":
                     time.sleep(rule.delay)

@@ -104,17 +104,51 @@ def _interrupted(args) -> int:
     # the interrupt may come after the job committed its output: complete only if this
     # job's commit moved the head past the one it began from (unknown: not begun)
     if args.command == "encode" and head_before is not None:
-        from ..storage import marked_complete
-
-        if marked_complete(args.out, after=head_before):
+        finished = _finished_within(args.out, head_before, INTERRUPTED_LOOK_SECONDS)
+        if finished:
             print(
                 f"slem-dask encode: interrupted after the output was finished: "
                 f"{args.out!r} is complete (`slem-dask verify {args.out}` checks it again)",
                 file=sys.stderr,
             )
             return 130
+        if finished is None:  # its store did not answer in time: say what is known
+            print(
+                f"slem-dask encode: interrupted; whether {args.out!r} was finished is "
+                f"unknown: its store did not answer within {INTERRUPTED_LOOK_SECONDS:g} s "
+                f"(`slem-dask verify {args.out}` tells once it answers; if it was not, "
+                f"the same command resumes it)",
+                file=sys.stderr,
+            )
+            return 130
     print(f"slem-dask {args.command}: interrupted; {_not_complete(args)}", file=sys.stderr)
     return 130
+
+
+#: The most seconds an interrupted encode waits to learn whether its output was finished.
+INTERRUPTED_LOOK_SECONDS = 5.0
+
+
+def _finished_within(out, head_before, seconds: float) -> bool | None:
+    """Whether the encode's commit moved the head of ``out`` past ``head_before``; None
+    if its store did not answer within ``seconds`` (Ctrl-C ends a job within seconds,
+    whether its store answers or not)."""
+    import threading
+
+    from ..storage import marked_complete
+
+    answer: dict = {}
+
+    def look():
+        try:
+            answer["finished"] = marked_complete(out, after=head_before)
+        except Exception:  # noqa: BLE001 - unreadable: not known to be finished
+            answer["finished"] = False
+
+    thread = threading.Thread(target=look, daemon=True, name="slem-dask-interrupted")
+    thread.start()
+    thread.join(seconds)
+    return answer.get("finished")
 
 
 def _not_complete(args, short: bool = False, advice: bool = True) -> str:

@@ -10,6 +10,7 @@ LocalCluster sized to this machine and closes it at the end.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import sys
@@ -39,6 +40,26 @@ from .endings import (
 
 #: Exit status of a command that failed (its one-line error on stderr).
 EXIT_ERROR = 1
+
+
+@contextlib.contextmanager
+def _storage_timeout(seconds: float | None):
+    """--storage-timeout: $SLEM_DASK_STORAGE_TIMEOUT while the command runs (a local
+    cluster's workers inherit it; storage.deadlines reads it), as it was afterwards."""
+    from ..storage import deadlines
+
+    if seconds is None:
+        yield
+        return
+    before = os.environ.get(deadlines.ENV_TIMEOUT)
+    os.environ[deadlines.ENV_TIMEOUT] = f"{seconds:g}"
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(deadlines.ENV_TIMEOUT, None)
+        else:
+            os.environ[deadlines.ENV_TIMEOUT] = before
 
 
 def _run(args) -> int:
@@ -193,6 +214,9 @@ def main(argv=None) -> int:
     # Interrupting a run leaves asyncio tasks of the closing client behind; their
     # "Task exception was never retrieved" tracebacks say nothing to a user.
     logging.getLogger("asyncio").setLevel(logging.CRITICAL)
+    # gcsfs logs each request it gave up on with its traceback, then raises it: the
+    # command says it once, in one line (storage.deadlines: a request met its deadline)
+    logging.getLogger("gcsfs").setLevel(logging.CRITICAL)
     try:  # the first imports of dask, distributed and zarr: an interrupt may come here
         if _EXECUTABLE:  # after the parsing: --help and argument errors import no dask
             _import_dask_array_without_xarray()
@@ -241,7 +265,8 @@ def _run_reported(args) -> int:
 
     formatted, warnings.formatwarning = warnings.formatwarning, _warning_line(args.command)
     try:
-        return _run(args)
+        with _storage_timeout(getattr(args, "storage_timeout", None)):
+            return _run(args)
     except KeyboardInterrupt:
         return _interrupted(args)
     except Exception as exc:  # noqa: BLE001 - an object store's failures are not OSErrors

@@ -50,6 +50,15 @@ def _add_cluster_args(p: argparse.ArgumentParser) -> None:
         "after every 60 s without progress, $SLEM_DASK_STALL_WARNING)",
     )
     g.add_argument(
+        "--storage-timeout",
+        type=_positive_float,
+        metavar="SECONDS",
+        help="seconds any request to an object store waits for its answer before it "
+        "is tried again (default 20, $SLEM_DASK_STORAGE_TIMEOUT; $SLEM_DASK_STORAGE_ATTEMPTS "
+        "tries, default 5): a job whose store stops answering ends after a few minutes; "
+        "workers of --scheduler need the variable",
+    )
+    g.add_argument(
         "--progress",
         action=argparse.BooleanOptionalAction,
         default=None,

@@ -72,8 +72,12 @@ def _compute(client, obj, progress: bool):
         sys.stdout.write("\n")
     try:
         return client.gather(future)
-    except BaseException:
-        _settle(client, future)
+    except BaseException as exc:
+        # Ctrl-C ends a job within seconds, even when its tasks wait on a store that does
+        # not answer (they end at their requests' deadlines); an interrupted job removes
+        # nothing its tasks may still write into (its draft stays, for a re-run)
+        interrupted = isinstance(exc, KeyboardInterrupt)
+        _settle(client, future, timeout=INTERRUPTED_SETTLE if interrupted else 60.0)
         raise
 
 
@@ -82,6 +86,10 @@ def _threads(client) -> int:
     if client is None:
         return int(dask.config.get("num_workers", None) or os.cpu_count() or 1)
     return max(1, sum(client.nthreads().values()))
+
+
+#: The most seconds an interrupted job waits for its running tasks to end.
+INTERRUPTED_SETTLE = 3.0
 
 
 def _settle(client, future, timeout: float = 60.0) -> None:

@@ -9,6 +9,9 @@ mean "right". One concern per module:
                    in one line) and ``fsspec_backend`` (other);
                    ``registry`` picks the backend of a URL; ``outcomes`` the few kinds
                    of failure every backend raises (its client's exceptions mapped)
+``deadlines``      the connect and read timeouts and bounded tries of every object-store
+                   request (``s3_client``, ``gcs_client``, ``azure_client``: the clients'
+                   file systems that carry them, whoever makes them)
 ``versions``       versioned stores: drafts, atomic commits, snapshot reads, history, rollback
 ``records``        the commit record's format; ``heads`` finding the head from ``commits/.head``
 ``publish``        creating a commit record and reading it back; ``rollback`` its copy-and-commit

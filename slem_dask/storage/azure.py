@@ -58,6 +58,7 @@ class AzureBackend(BucketBackend):
     client_modules = (("aiohttp", "ClientError"), ("azure.core.exceptions", "AzureError"))
     client, extra = "adlfs", "azure"
     bucket_word = "container"
+    endpoint_variable = "the BlobEndpoint of AZURE_STORAGE_CONNECTION_STRING"
 
     def __init__(self, url: str, **storage_options):
         super().__init__(url, **storage_options)

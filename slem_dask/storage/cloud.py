@@ -17,6 +17,7 @@ import os
 import threading
 import weakref
 
+from . import deadlines
 from .backend import Backend
 from .outcomes import (
     NOT_FOUND,
@@ -31,6 +32,10 @@ from .outcomes import (
 __all__ = ["BucketBackend", "cached_filesystem"]
 
 _PRIVATE_SUFFIXES = (".partial", ".tmp")  # a writer's temporaries (as LocalBackend skips)
+try:  # in every process that imports the storage layer: zarr's file systems too
+    deadlines.install()
+except ValueError:  # a bad $SLEM_DASK_STORAGE_TIMEOUT: said where a file system is made
+    pass
 _FILESYSTEMS: dict = {}
 _FILESYSTEMS_LOCK = threading.Lock()
 EVERY_WORKER = "(the client and every dask worker need the same variables)"
@@ -39,10 +44,13 @@ EVERY_WORKER = "(the client and every dask worker need the same variables)"
 def cached_filesystem(protocol: str, options: dict, env_prefixes: tuple[str, ...]):
     """One file system per process, protocol, options and environment: fsspec's own
     instance cache ignores the environment, so a process that changed its endpoint or
-    keys (a test, a long-lived client) would keep talking to the old store."""
+    keys (a test, a long-lived client) would keep talking to the old store. Every one
+    has the deadlines of :mod:`.deadlines` (``SLEM_DASK_STORAGE_`` variables)."""
     import fsspec
 
-    env = tuple(sorted((k, v) for k, v in os.environ.items() if k.startswith(env_prefixes)))
+    deadlines.install()
+    prefixes = (*env_prefixes, "SLEM_DASK_STORAGE_")
+    env = tuple(sorted((k, v) for k, v in os.environ.items() if k.startswith(prefixes)))
     token = (protocol, os.getpid(), json.dumps(options, sort_keys=True, default=repr), env)
     with _FILESYSTEMS_LOCK:
         fs = _FILESYSTEMS.get(token)
@@ -98,6 +106,18 @@ class BucketBackend(Backend):
 
     def _endpoint(self) -> str:
         raise NotImplementedError
+
+    endpoint_variable = ""  # what sets the endpoint, for a message's fix
+
+    def unreachable(self, timeout: float | None = None) -> str | None:
+        """One line if the endpoint does not answer a request within ``timeout`` seconds
+        (the connect deadline): down, or stopped (whose kernel still accepts
+        connections), so the job's tasks wait on it; None if it answers."""
+        endpoint = self._endpoint()
+        why = deadlines.silent_endpoint(endpoint, timeout) if "://" in endpoint else None
+        if why is None:
+            return None
+        return deadlines.silent_line(endpoint, self.root, why, self.endpoint_variable)
 
     def _path(self, key: str) -> str:
         return "/".join([self.bucket, *[p for p in [self.prefix, *key.split("/")] if p]])
@@ -252,6 +272,8 @@ class BucketBackend(Backend):
                     f"{self.root} needs {self.client}, which is not installed: pip "
                     f"install 'slem-dask[{self.extra}]' (on every dask worker too)"
                 )
+        if deadlines.is_timeout(exc):
+            return deadlines.timeout_line(self._endpoint(), f"{self.protocol}://{self.bucket}")
         try:
             return self._describe_error(exc) or self._unavailable_line(exc)
         except ImportError:  # the client is not installed: nothing more to say

@@ -64,6 +64,7 @@ class GCSBackend(BucketBackend):
         ("google.auth.exceptions", "GoogleAuthError"),
     )
     client, extra = "gcsfs", "gcs"
+    endpoint_variable = "STORAGE_EMULATOR_HOST (unset for GCS itself)"
 
     _zonal: bool | None = None
 

@@ -11,6 +11,14 @@ is judged without comparing clocks of two hosts:
   record keeps changing: a record that this observer sees unchanged for
   ``LEASE_TTL`` seconds of its own monotonic clock is stale and may be taken over.
 
+An owner trusts its own lease only while it renewed it less than ``LEASE_TTL -
+LEASE_HEARTBEAT`` seconds ago (counted from the start of the renewal that succeeded, on
+its monotonic clock): an observer judges it stale no sooner than ``LEASE_TTL`` after
+that renewal landed. A heartbeat that cannot reach the store (a store that stopped
+answering: each request ends at its deadline, :mod:`.deadlines`) therefore stops
+claiming the lease once that time is up, and the job's :meth:`Lease.check` refuses the
+commit, as it does for a lease taken over.
+
 A lease only keeps two jobs from doing the same work at once. What readers see is
 protected by :mod:`.versions`: a job whose lease was taken over, and which goes on
 writing (a stalled client, a late worker), writes only into its own uncommitted
@@ -35,6 +43,8 @@ __all__ = ["Lease", "LeaseHeldError", "LeaseLostError", "LEASE_TTL", "host_ident
 #: A lease whose record an observer sees unchanged this many seconds is stale.
 LEASE_TTL = float(os.environ.get("SLEM_DASK_LEASE_TTL", "120"))
 LEASE_HEARTBEAT = max(0.2, min(30.0, LEASE_TTL / 4))
+#: The most seconds an interrupted job waits to delete its lease.
+INTERRUPTED_RELEASE_WAIT = 3.0
 
 
 class LeaseHeldError(FileExistsError):
@@ -109,6 +119,7 @@ class Lease:
         self.token = uuid.uuid4().hex
         self.took_over: dict | None = None
         self._beat_no = 0
+        self._renewed_at: float | None = None  # monotonic start of the last renewal
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -125,7 +136,18 @@ class Lease:
         }
 
     def _create(self) -> bool:
-        return self._backend.create(self._key, json.dumps(self._record()).encode())
+        started = time.monotonic()
+        created = self._backend.create(self._key, json.dumps(self._record()).encode())
+        if created:
+            self._renewed_at = started
+        return created
+
+    def trusted_for(self) -> float:
+        """Seconds this job may still count on its lease without renewing it (<= 0:
+        not at all; see the module)."""
+        if self._renewed_at is None:
+            return 0.0
+        return self._renewed_at + LEASE_TTL - LEASE_HEARTBEAT - time.monotonic()
 
     def _raw(self) -> bytes | None:
         return self._backend.read(self._key)
@@ -206,23 +228,40 @@ class Lease:
 
     def _beat(self) -> None:
         while not self._stop.wait(LEASE_HEARTBEAT):
+            if self.trusted_for() <= 0:
+                return  # not renewed in time: another job may own it; never claim it again
             try:
                 record = self.read()
-            except FAILED:
-                continue  # one failed read (a 503) must not stop the heartbeat for good
+            except FAILED:  # a 503, a deadline met: not renewed this time (trusted_for()
+                continue  # says how long that may go on); the heartbeat goes on
             if not record or record.get("token") != self.token:
                 return  # taken over: check() will refuse the commit
+            if self.trusted_for() <= 0:
+                return  # the read outlived the lease (a silent store): do not write
             self._beat_no += 1
+            started = time.monotonic()
             try:
                 self._backend.put(self._key, json.dumps(self._record()).encode())
             except FAILED:
-                pass  # the next beat writes a higher counter: it is seen to change
+                continue  # as above: unrenewed; the next beat writes a higher counter
+            self._renewed_at = started
 
     def held(self) -> bool:
+        """Whether this job holds the lease: renewed in time (asked first, without a
+        request), and its token in the record."""
+        if self.trusted_for() <= 0:
+            return False
         record = self.read()
         return record is not None and bool(record) and record.get("token") == self.token
 
     def check(self) -> None:
+        if self._renewed_at is not None and self.trusted_for() <= 0:
+            raise LeaseLostError(
+                f"the lease of {str(self.target)!r} was not renewed for "
+                f"{time.monotonic() - self._renewed_at:.0f} s (its store did not answer, "
+                f"or this process was paused), so another job may have taken it over; "
+                f"nothing was committed: run the job again once the store answers"
+            )
         if not self.held():
             record = self.read()
             owner = f" by {self.describe(record)}" if record else ""
@@ -231,16 +270,28 @@ class Lease:
                 f"ran (it was thought dead); nothing was committed: run the job again"
             )
 
-    def release(self) -> None:
+    def release(self, wait: float | None = None) -> None:
+        """Stop renewing the lease, and delete it if this job still holds it; ``wait``:
+        the most seconds to wait for that (an interrupted job must end within seconds
+        even when its store does not answer: the lease is then left as a killed job's
+        is, and the next job takes it over)."""
         self._stop.set()
         if self._thread is not None:
-            self._thread.join(timeout=5)
+            self._thread.join(timeout=5 if wait is None else min(5, wait))
+        if wait is None:
+            self._delete_if_held()
+            return
+        deleting = threading.Thread(target=self._delete_if_held, daemon=True, name="lease-release")
+        deleting.start()
+        deleting.join(timeout=wait)
+
+    def _delete_if_held(self) -> None:
         try:
             if self.held():
                 self._backend.delete(self._key)
-        except FAILED:
-            # the job's outcome stands (a version it committed is committed): the lease
-            # is left as a killed job's is, and the next job takes it over
+        except FAILED:  # a 503, a deadline met: the job's outcome stands (a version it
+            # committed is committed): the lease is left as a killed job's is, and the
+            # next job takes it over
             pass
 
     def check_free(self) -> None:
@@ -264,5 +315,6 @@ class Lease:
     def __enter__(self) -> Lease:
         return self.acquire()
 
-    def __exit__(self, *exc) -> None:
-        self.release()
+    def __exit__(self, kind, *exc) -> None:
+        # an interrupt (Ctrl-C) ends the job within seconds, answered or not
+        self.release(wait=INTERRUPTED_RELEASE_WAIT if kind is KeyboardInterrupt else None)

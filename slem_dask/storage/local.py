@@ -40,9 +40,16 @@ class LocalBackend(Backend):
 
     def _private_copy(self, key: str, data: bytes) -> str:
         path = self._path(key)
-        os.makedirs(os.path.dirname(path), exist_ok=True)
         tmp = f"{path}.{uuid.uuid4().hex}.tmp"
-        with open(tmp, "wb") as f:
+        for tries_left in reversed(range(3)):
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            try:
+                f = open(tmp, "wb")
+                break
+            except FileNotFoundError:  # the folder, still empty, was pruned meanwhile
+                if not tries_left:  # (another job's prune_empty): made again
+                    raise
+        with f:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())  # the name must never point at bytes a crash can lose

@@ -22,6 +22,7 @@ import asyncio
 import functools
 import os
 
+from . import deadlines
 from .backend import Backend
 from .cloud import EVERY_WORKER, cached_filesystem, http_kind, transport_kind
 from .cloud import chain as _chain  # an exception and those it was raised from
@@ -412,27 +413,24 @@ class S3Backend(Backend):
             or "AWS S3 (no endpoint set)"
         )
 
-    def unreachable(self, timeout: float = 3.0) -> str | None:
-        """One line if the endpoint does not accept a connection within ``timeout``
-        seconds (a job's tasks then wait in retries); None if it does."""
-        import socket
-        from urllib.parse import urlsplit
-
+    def unreachable(self, timeout: float | None = None) -> str | None:
+        """One line if the endpoint does not answer a request within ``timeout`` seconds
+        (the connect deadline): down, or stopped (whose kernel still accepts
+        connections), so the job's tasks wait on it; None if it answers."""
         endpoint = self._endpoint()
-        parts = urlsplit(endpoint if "://" in endpoint else "https://s3.amazonaws.com")
-        try:
-            port = parts.port or (443 if parts.scheme == "https" else 80)
-            socket.create_connection((parts.hostname, port), timeout=timeout).close()
+        why = deadlines.silent_endpoint(
+            endpoint if "://" in endpoint else "https://s3.amazonaws.com", timeout
+        )
+        if why is None:
             return None
-        except OSError as exc:
-            why = exc.strerror or type(exc).__name__
-        return (
-            f"the object store at {endpoint} does not answer ({why}) for {self.root}: "
-            f"start it, or fix AWS_ENDPOINT_URL (or FSSPEC_S3_ENDPOINT_URL); the job's "
-            f"tasks wait for it, no worker needs a restart"
+        return deadlines.silent_line(
+            endpoint, self.root, why, "AWS_ENDPOINT_URL (or FSSPEC_S3_ENDPOINT_URL)"
         )
 
     def describe_error(self, exc: BaseException) -> str | None:
+        if deadlines.is_timeout(exc):
+            scheme = self.root.partition("://")[0]
+            return deadlines.timeout_line(self._endpoint(), f"{scheme}://{self.bucket}")
         for e in _chain(exc):
             said = self._connection_message(e)
             if said:

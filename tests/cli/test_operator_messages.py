@@ -537,7 +537,7 @@ def test_a_stall_while_the_object_store_does_not_answer_names_the_store(one_work
     assert re.fullmatch(
         rf"slem-dask: no task finished for \d+ s: the object store at "
         rf"http://127\.0\.0\.1:{port} does not answer \(Connection refused\) "
-        rf"for s3://bucket/codes\.zarr: start it, or fix AWS_ENDPOINT_URL .*",
+        rf"for s3://bucket/codes\.zarr: start or resume it, or fix AWS_ENDPOINT_URL .*",
         stall[0],
     ), stall[0]
     assert "check or restart" not in stall[0]
@@ -573,6 +573,34 @@ def test_a_long_step_of_this_process_is_named_while_no_task_runs(one_worker):
         line,
     ), line
     assert "check or restart" not in out.getvalue()
+
+
+@pytest.mark.parametrize("url", ["s3://bucket/codes.zarr", "gs://bucket/codes.zarr"])
+def test_a_stall_while_the_object_store_is_silent_names_the_store(one_worker, monkeypatch, url):
+    """A stopped store's kernel still accepts connections: the watchdog said "long tasks,
+    not a stuck worker" while every task waited on it (issue 38, 4). It now asks the
+    store for an answer, within the connect deadline."""
+    import socket
+
+    listener = socket.create_server(("127.0.0.1", 0))  # accepts (its backlog), never answers
+    endpoint = f"http://127.0.0.1:{listener.getsockname()[1]}"
+    monkeypatch.setenv("AWS_ENDPOINT_URL", endpoint)
+    monkeypatch.setenv("STORAGE_EMULATOR_HOST", endpoint)
+    monkeypatch.setenv("SLEM_DASK_STORAGE_TIMEOUT", "1")
+    client, _ = one_worker
+    with listener:
+        _, lines = _watched(
+            client, lambda: client.submit(_sleep, 4).result(timeout=60), stores=[url]
+        )
+    stall = [x for x in lines if x.startswith("slem-dask: no task finished for")]
+    assert stall, lines
+    assert re.fullmatch(
+        rf"slem-dask: no task finished for \d+ s: the object store at {re.escape(endpoint)} "
+        rf"does not answer \(accepted a connection but sent nothing for 1 s\) for "
+        rf"{re.escape(url)}: start or resume it, .*no worker needs a restart",
+        stall[0],
+    ), stall[0]
+    assert "long tasks" not in " ".join(lines)
 
 
 def test_search_shows_its_progress_when_asked(capsys, scheduler, corpus):

@@ -25,6 +25,7 @@ from slem_dask.storage import gc, versions
 from slem_dask.storage.backend import StorageConfigError
 from slem_dask.storage.errors import DamagedStoreError
 from slem_dask.storage.leases import LeaseHeldError, LeaseLostError
+from slem_dask.storage.markers import SharedFolderError
 from slem_dask.storage.outcomes import StorageError
 
 from . import jobs
@@ -40,6 +41,10 @@ FATES = f"{PREFIX}/fates/"
 PROBE = PREFIX.rsplit("/", 1)[0] + "/.slem-dask-probe-"
 
 
+#: the kinds of actor that write drafts (Q's writer: into P's versions/, shared)
+WRITING = ("writer", "rollback", "other writer")
+
+
 class Violation(AssertionError):
     """An invariant broke."""
 
@@ -48,17 +53,19 @@ _NODES: dict = {}  # zarr.json bytes -> its content
 _PARSED: dict = {}  # record bytes -> Commit (records are immutable: parse each once)
 
 
-def records(server) -> dict:
-    """seq -> Commit, from the server's objects."""
-    cached = getattr(server, "_records", None)
+def records(server, commits: str = COMMITS) -> dict:
+    """seq -> Commit, from the server's objects (of the store whose records are under
+    ``commits``)."""
+    cache = server.__dict__.setdefault("_records", {})
+    cached = cache.get(commits)
     if cached and cached[0] == server.record_changes:
         return cached[1]
     out = {}
     if len(_PARSED) > 10000 or len(_NODES) > 10000:
         _PARSED.clear()
         _NODES.clear()
-    for key in server.under(COMMITS[:-1]):
-        name = key[len(COMMITS) :]
+    for key in server.under(commits[:-1]):
+        name = key[len(commits) :]
         if "/" in name or not name.endswith(".json") or not name[:-5].isdigit():
             continue
         data = server.objects[key]
@@ -68,8 +75,14 @@ def records(server) -> dict:
             except versions.DamagedCommitError as exc:
                 raise Violation(f"a commit record cannot be read: {exc}") from None
         out[int(name[:-5])] = _PARSED[data]
-    server._records = (server.record_changes, out)
+    cache[commits] = (server.record_changes, out)
     return out
+
+
+def other_stores(server) -> list[str]:
+    """The commits/ folders of the stores besides P (``shared`` worlds: Q, whose
+    versions/ is P's, through a symlink)."""
+    return getattr(server, "others", [])
 
 
 def kept(recs: dict) -> dict:
@@ -95,6 +108,14 @@ def _delete_problem(server, key: str, actor: str) -> str | None:
         return f"{actor} deleted {key!r}, which slem-dask did not write"
     if key == LEASE or key.startswith(PROBE) or key.startswith(FATES):
         return None
+    if key.endswith(".tmp") and server.writers.get(key) == "slem-dask":
+        return None  # a local write's private file, before or instead of its link
+    for commits in other_stores(server):
+        other = commits[: -len("/commits/")]
+        if key.startswith(other + "/") and not key.startswith(commits):
+            return None  # the other store's own lease, fates, probe (its versions are P's)
+        if key == f"{other.rsplit('/', 1)[0]}/.{other.rsplit('/', 1)[1]}.slem-dask-lease":
+            return None
     if not key.startswith(PREFIX + "/"):
         return f"{actor} deleted {key!r}, outside the store {PREFIX!r}"
     if key.startswith(COMMITS):
@@ -116,6 +137,14 @@ def _delete_problem(server, key: str, actor: str) -> str | None:
                 f"{actor} deleted {key!r} of version {seq} ({folder}), which the keep "
                 f"rule keeps (the last {KEEP - 1} versions){own}"
             )
+        for commits in other_stores(server):
+            theirs = kept(records(server, commits)).get(folder)
+            if theirs is not None:
+                return (
+                    f"{actor} deleted {key!r} of version {theirs} ({folder}) of the store "
+                    f"{commits[: -len('/commits/')]!r}, which shares this versions/ folder "
+                    f"(a symlink), and whose keep rule keeps it"
+                )
         if name == folder and not _slem_dasks(server, folder, recs):
             return (
                 f"{actor} deleted {key!r} from a folder without slem-dask's marker, "
@@ -173,6 +202,12 @@ def check_state(world, running_writers: int = 0, bound: bool = False) -> None:
     if getattr(world, "_checked", None) == server.mutations:
         return  # nothing changed since the last check
     world._checked = server.mutations
+    for commits in other_stores(server):  # their versions lie in P's versions/ folder
+        theirs = records(server, commits)
+        for seq in kept(theirs).values():
+            problem = node_problem(server, theirs[seq])
+            if problem:
+                raise Violation(f"{commits[: -len('/commits/')]}: a kept version: {problem}")
     recs = records(server)
     for seq in kept(recs).values():
         problem = node_problem(server, recs[seq])
@@ -201,7 +236,7 @@ def _check_drafts(world, running_writers: int, recs: dict) -> None:
     left = sum(
         1
         for a in world.actors
-        if getattr(a, "kind", None) in ("writer", "rollback")
+        if getattr(a, "kind", None) in WRITING
         and a.done
         and a.outcome[0] != "ok"
         and getattr(a, "ended_at", -1) >= since
@@ -263,12 +298,22 @@ EXPECTED = (
     LeaseLostError,
     DamagedStoreError,
     StorageConfigError,
+    SharedFolderError,  # a store whose versions/ is a link: refused, one line (item 5)
 )
 
 
 def note_end(world, actor) -> None:
-    """As a job ends: the version it committed, if a record names it as the job."""
+    """As a job ends: the version it committed, if a record names it as the job. A
+    thread of a job (its lease's heartbeat) that dies of an error while its job runs
+    is a violation: the job's lease then goes stale, and another host fences a live
+    job (issue 38, item 3)."""
     actor.ended_at = world.step_no
+    state, value = actor.outcome or (None, None)
+    if actor.process != actor.name and state == "error" and not isinstance(value, Violation):
+        world.server.violation = world.server.violation or (
+            f"{actor.name}, a thread of a running job, died of "
+            f"{type(value).__name__}: {str(value)[:200]}"
+        )
     job = getattr(actor, "job", None)
     if job:
         actor.committed_at_end = next(
@@ -292,6 +337,8 @@ def check_outcome(world, actor, job: str | None = None) -> None:
     if isinstance(exc, (Violation, jobs.TornRead)):
         raise Violation(f"{actor.name}: {exc}")
     rollback_refused = type(exc) is ValueError and "rollback" in actor.name  # no version N
+    # a real backend's failures arrive as the outcome kinds (StorageError): a client
+    # library's own errors (botocore's, gcsfs's HttpError, azure-core's) are unexpected
     if not isinstance(exc, EXPECTED) and not rollback_refused:
         import traceback
 

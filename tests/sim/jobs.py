@@ -29,6 +29,14 @@ from slem_dask.storage.leases import Lease, LeaseHeldError
 from . import world
 
 STORE = "sim://bucket/data/P.zarr"
+#: a second store beside it (local disk: its versions/ a symlink to P's, issue 38 item 5)
+OTHER = "sim://bucket/data/Q.zarr"
+
+
+def lease_key(store: str) -> str:
+    """The server's key of ``store``'s lease file."""
+    parent, name = store[len("sim://") :].rsplit("/", 1)
+    return f"{parent}/.{name}.slem-dask-lease"
 
 
 class MissingChunk(DamagedStoreError):
@@ -101,7 +109,19 @@ def _write(store, draft, content, todo, fenced_check=False):
                 f"{STORE}: this job's draft was deleted by another "
                 f"slem-dask job; chunk {i} was not written"
             )
-        b.put(f"{folder}/c/{i}", chunk(content, i))
+        _put_in_draft(store, draft, f"c/{i}", chunk(content, i))
+
+
+def _put_in_draft(store, draft, name: str, data: bytes) -> None:
+    """A write into the draft. On local disk a job whose draft another job deleted
+    meanwhile (zarr's store would make the folder again; LocalBackend's private file
+    went with it) fails FileNotFoundError: told as encode tells a failed task."""
+    try:
+        store.backend.put(f"versions/{draft.version}/{name}", data)
+    except FileNotFoundError:
+        if gc.was_fenced(store, draft.version):
+            raise gc.DraftFencedError(gc.fenced_message(store, draft.version)) from None
+        raise
 
 
 def _check_and_commit(store, draft, content, n, lease, job):
@@ -118,22 +138,20 @@ def _check_and_commit(store, draft, content, n, lease, job):
                 f"{STORE}: chunk {i} of {draft.version} cannot be read "
                 f"back; nothing was committed: run the job again"
             )
-    b.put(f"{folder}/zarr.json", node(content, n, True))
+    _put_in_draft(store, draft, "zarr.json", node(content, n, True))
     return store.commit(draft, "sim", job)
 
 
-def _lease(job: str, leased: bool) -> Lease | None:
+def _lease(job: str, leased: bool, path: str = STORE) -> Lease | None:
     """The store's lease (None for a writer that lost it and goes on); a refusal keeps
     what the lease file held at that moment, for the checks."""
     if not leased:
         return None
-    lease = Lease(STORE, job)
+    lease = Lease(path, job)
     try:
         return lease.acquire()
     except LeaseHeldError as exc:
-        exc.lease_was = world.WORLD.server.objects.get(
-            lease._backend._full(lease._key)
-        )  # the harness looks, no request
+        exc.lease_was = world.WORLD.server.objects.get(lease_key(path))  # the harness looks
         raise
 
 
@@ -163,7 +181,7 @@ def writer_encode(content: str, n: int, job: str, leased: bool = True):
         store = versions.VersionedStore(STORE)
         head = store.head()
         draft = store.begin()
-        store.backend.put(f"versions/{draft.version}/zarr.json", node(content, n, False))
+        _put_in_draft(store, draft, "zarr.json", node(content, n, False))
         todo = _reuse(store, draft, head, content, n)
         meta = head_content(store, head)
         if meta is not None and meta["content"] == content and meta["complete"] and not todo:
@@ -193,16 +211,16 @@ def writer_encode(content: str, n: int, job: str, leased: bool = True):
             lease.release()
 
 
-def writer_group(content: str, n: int, job: str, leased: bool = True):
+def writer_group(content: str, n: int, job: str, leased: bool = True, path: str = STORE):
     """storage/groups.write_group: under the lease, make room, begin, write, read back,
     commit; any failure abandons the draft (small: nothing worth resuming)."""
-    lease = _lease(job, leased)
+    lease = _lease(job, leased, path)
     try:
-        store = versions.VersionedStore(STORE)
+        store = versions.VersionedStore(path)
         store.make_room()  # always commits: the oldest version goes first
         draft = store.begin()
         try:
-            store.backend.put(f"versions/{draft.version}/zarr.json", node(content, n, False))
+            _put_in_draft(store, draft, "zarr.json", node(content, n, False))
             _write(store, draft, content, range(n))
             commit = _check_and_commit(store, draft, content, n, lease, job)
         except versions.CommitUnknownError:

@@ -17,7 +17,7 @@ import traceback
 from slem_dask.storage import versions
 from slem_dask.storage.backend import StorageConfigError
 
-from . import checks, jobs
+from . import backends, checks, jobs
 from .server import Faults
 from .world import Livelock, World, simulated
 
@@ -28,6 +28,10 @@ MODES = {
     "lost_reply": Faults(lost_reply=0.04, delay=0.01),
     "twice": Faults(twice=0.04, delay=0.01),
     "late": Faults(late=0.03, delay=0.01),
+    # local disk over NFS: replies lost, requests retransmitted (EEXIST, ENOENT)
+    "nfs": Faults(lost_reply=0.02, twice=0.02, delay=0.01, nfs=True),
+    # a late request overwrites what its own client's retry (or a later request) wrote
+    "late_overtakes": Faults(late=0.03, delay=0.01, late_overtakes=True),
     "crash": Faults(crash=0.02, delay=0.01),
     # a server that ignores If-None-Match (issue 30, item 8)
     "no_conditional": Faults(delay=0.02, ignore_conditional=True),
@@ -39,6 +43,26 @@ MODES = {
         late=0.01,
         delay=0.01,
         crash=0.01,
+    ),
+    # bursts of 5xx (every request for 20-240 s), with requests that land late while the
+    # client is told 5xx or times out (issue 38, items 1-3, 7)
+    "burst": Faults(burst=0.002, late=0.01, late_5xx=0.03, lost_reply=0.01, delay=0.01),
+    # requests that are never answered: each client call ends at its deadline (item 4)
+    "hang": Faults(silence=0.002, hang=0.005, delay=0.01),
+    # a whole process (heartbeat thread included) stopped for longer than the lease TTL
+    "pause": Faults(pause=0.01, delay=0.005),
+    # every fault of the transport at once
+    "transport": Faults(
+        lost_request=0.01,
+        unavailable=0.01,
+        lost_reply=0.01,
+        twice=0.01,
+        late=0.01,
+        late_5xx=0.01,
+        delay=0.01,
+        crash=0.01,
+        burst=0.002,
+        pause=0.002,
     ),
 }
 
@@ -57,9 +81,10 @@ class SeedFailed(AssertionError):
     pass
 
 
-def _history(world: World, n: int) -> None:
+def _history(world: World, n: int, commits: str = checks.COMMITS) -> None:
     """``n`` versions committed before the run (written straight to the server, as a
-    quiet writer would have left them: the last ``KEEP`` versions, every record)."""
+    quiet writer would have left them: the last ``KEEP`` versions, every record);
+    ``commits``: the store's commits/ folder (its versions are under P's versions/)."""
     server = world.server
     for seq in range(1, n + 1):
         version = f"{seq:08d}-{world.token(12)}"
@@ -79,11 +104,11 @@ def _history(world: World, n: int) -> None:
             "2026-01-01T00:00:00Z",
             {},
         )
-        server.write(f"{checks.COMMITS}{seq:08d}.json", record.to_json())
-    _hint(world, n)
+        server.write(f"{commits}{seq:08d}.json", record.to_json())
+    _hint(world, n, commits)
 
 
-def _hint(world: World, n: int) -> None:
+def _hint(world: World, n: int, commits: str) -> None:
     """The head hint the history left: up to date, stale (a slow committer's older
     number, or a crash before the hint), missing, garbage, or past the head (a store
     deleted and written again): a hint that is wrong in any way must cost requests,
@@ -95,9 +120,9 @@ def _hint(world: World, n: int) -> None:
         "past": n + world.rng.randint(1, 9),
     }.get(choice)
     if choice == "garbage":
-        world.server.write(f"{checks.COMMITS}.head", b"{not json")
+        world.server.write(f"{commits}.head", b"{not json")
     elif seq and (n or choice == "past"):
-        world.server.write(f"{checks.COMMITS}.head", heads_json(seq))
+        world.server.write(f"{commits}.head", heads_json(seq))
 
 
 def heads_json(seq: int) -> bytes:
@@ -151,10 +176,12 @@ def run_seed(
     gc: bool = True,
     trace: bool = False,
     user_draft: bool = False,
+    backend: str = "sim",
+    shared: bool = False,
 ) -> World:
     """Run one seed; raise SeedFailed (naming the seed and how to replay it) if an
     invariant breaks."""
-    world = World(seed, MODES[mode])
+    world = World(seed, MODES[mode], backend)
     world.tracing = trace
     try:
         with simulated(world):
@@ -163,7 +190,7 @@ def run_seed(
                     "bucket/data/P.zarr/versions/00000001-notes/notes.txt"
                 )
             with checks.watching_collections(world):
-                _run(world, bound, rollback, gc)
+                _run(world, bound, rollback, gc, shared)
     except (checks.Violation, Livelock) as exc:
         flags = (
             ""
@@ -171,6 +198,8 @@ def run_seed(
             + ("" if rollback else " --no-rollback")
             + ("" if gc else " --no-gc")
             + (" --user-draft" if user_draft else "")
+            + (f" --backend {backend}" if backend != "sim" else "")
+            + (" --shared" if shared else "")
         )
         failed = SeedFailed(
             f"seed {seed}, mode {mode}: {exc}\n  replay: SLEM_SIM_SEED={seed} "
@@ -183,20 +212,24 @@ def run_seed(
     return world
 
 
-def _run(world: World, bound: bool, rollback: bool, gc: bool) -> None:
+def _run(world: World, bound: bool, rollback: bool, gc: bool, shared: bool = False) -> None:
     for key in USER_OBJECTS:
         world.server.seed_user_object(key)
     world.server.judge = checks.judge_delete
     world.on_end = checks.note_end
+    if shared:  # before P's history: Q's versions, through its symlink, are P's too
+        from . import shared as shared_stores
+
+        others = shared_stores.setup(world, _history)
     _history(world, world.rng.randint(0, 5))
-    plan = _plan(world, rollback, gc)
+    plan = _plan(world, rollback, gc) + (others if shared else [])
     writers = {}
     for name, kind, command, _arg in plan:
         job, fn = command(0)
         actor = world.spawn(name, fn)
         actor.wake = world.now + world.rng.uniform(0, 60)
         actor.job, actor.kind = job, kind
-        if kind in ("writer", "rollback"):  # a rollback commits a draft of its own
+        if kind in checks.WRITING:  # a rollback commits a draft of its own
             writers[actor.process] = actor
 
     def after_step(w):
@@ -284,12 +317,16 @@ def main(argv=None) -> int:
     parser.add_argument("--no-rollback", action="store_true")
     parser.add_argument("--no-gc", action="store_true")
     parser.add_argument("--user-draft", action="store_true")
+    parser.add_argument("--shared", action="store_true")
+    parser.add_argument("--backend", default="sim", choices=backends.KINDS)
     args = parser.parse_args(argv)
     options = {
+        "backend": args.backend,
         "bound": args.bound,
         "rollback": not args.no_rollback,
         "gc": not args.no_gc,
         "user_draft": args.user_draft,
+        "shared": args.shared,
     }
     for seed in range(args.seed, args.seed + args.count - 1):  # the search, untraced
         try:

@@ -28,7 +28,17 @@ from dataclasses import dataclass, field
 
 from slem_dask.storage.backend import Backend
 
-FAULTS = ("lost_request", "unavailable", "lost_reply", "twice", "late", "delay")
+FAULTS = (
+    "lost_request",
+    "unavailable",
+    "lost_reply",
+    "twice",
+    "late",
+    "delay",
+    # appended (a seed of the modes above draws as before): the real clients' transport
+    "late_5xx",
+    "hang",
+)
 
 
 class SimFault(OSError):
@@ -47,6 +57,22 @@ class Faults:
     late: float = 0.0
     delay: float = 0.0
     crash: float = 0.0
+    #: the request reaches the server later while the client is answered 503 now
+    late_5xx: float = 0.0
+    #: the request is never answered: the client waits until its own deadline
+    hang: float = 0.0
+    #: per call: the store answers every request with 503 for a while (a burst)
+    burst: float = 0.0
+    #: per call: the store stops answering (SIGSTOP) for 5-30 minutes
+    silence: float = 0.0
+    #: a request that lands late overwrites what a newer request wrote meanwhile (else,
+    #: as a store that orders writes by when they began, the newer one stays)
+    late_overtakes: bool = False
+    #: local disk: the faults of NFS too (replies lost, requests retransmitted)
+    nfs: bool = False
+    #: per step: the whole process (its heartbeat thread too) stops for longer than the
+    #: lease's TTL (SIGSTOP, a VM paused, a laptop's lid shut)
+    pause: float = 0.0
     #: a server that ignores If-None-Match: every create overwrites (issue 30, item 8)
     ignore_conditional: bool = False
 
@@ -71,6 +97,7 @@ class Deletion:
 class SimServer:
     objects: dict = field(default_factory=dict)  # full key -> bytes
     writers: dict = field(default_factory=dict)  # full key -> "slem-dask" or "user"
+    stamps: dict = field(default_factory=dict)  # full key -> writes and deletes of it
     mutations: int = 0
     record_changes: int = 0  # changes under a commits/ folder (for the checks' cache)
     judge: object = None  # called as judge(server, full_key, actor) before a delete
@@ -80,7 +107,13 @@ class SimServer:
         self.objects[key] = data
         self.writers[key] = "user"
 
+    def stamp(self, key: str) -> int:
+        """How many times ``key`` was written or deleted (a late request's landing
+        compares it with the count when it was sent)."""
+        return self.stamps.get(key, 0)
+
     def write(self, key: str, data: bytes) -> None:
+        self.stamps[key] = self.stamps.get(key, 0) + 1
         self.objects[key] = bytes(data)
         self.writers.setdefault(key, "slem-dask")
         self.mutations += 1
@@ -88,6 +121,7 @@ class SimServer:
 
     def remove(self, key: str, actor: str) -> None:
         if key in self.objects:
+            self.stamps[key] = self.stamps.get(key, 0) + 1
             if self.judge is not None:
                 self.judge(self, key, actor)
             del self.objects[key]

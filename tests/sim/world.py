@@ -27,7 +27,8 @@ from greenlet import getcurrent, greenlet
 from slem_dask.storage import backend as backend_module
 from slem_dask.storage import heads, leases, versions
 
-from .server import Faults, SimBackend, SimListingBackend, SimServer
+from . import backends
+from .server import Faults, SimServer
 
 
 class Crash(BaseException):
@@ -44,6 +45,7 @@ class Actor:
         self.crashable = crashable
         self.wake = world.now
         self.wake_reason = None  # "call" or "sleep" once it waits: where a crash may hit
+        self.paused_until = 0.0  # its process is stopped (SIGSTOP) until then
         self.done = False
         self.dead = False
         self.outcome = None  # ("ok", value) | ("error", exc) | ("crash", None)
@@ -75,11 +77,17 @@ class World:
 
     MAX_STEPS = 20000
 
-    def __init__(self, seed: int, faults: Faults):
+    def __init__(self, seed: int, faults: Faults, backend: str = "sim"):
         self.seed = seed
+        self.backend_kind = backend  # backends.KINDS: what the protocol code writes to
         self.rng = random.Random(seed)
         self.faults = faults
-        self.server = SimServer()
+        if backend == "local":
+            from .disk import make_server
+
+            self.server = make_server(self)
+        else:
+            self.server = SimServer()
         self.now = 1000.0
         self.step_no = 0
         self.actors: list[Actor] = []
@@ -121,6 +129,8 @@ class World:
                 self.now = min(a.wake for a in live)
                 continue
             actor = self.rng.choice(ready)
+            if self._pauses(actor):
+                continue
             crash = actor.dead or (
                 self.chaos
                 and actor.crashable
@@ -142,6 +152,21 @@ class World:
             self._land_in_flight(force=True)
             if self.after_step:
                 self.after_step(self)
+
+    def _pauses(self, actor: Actor) -> bool:
+        """Whether the process of ``actor`` stops now, every thread of it, for longer
+        than a lease's TTL (a fault of ``Faults.pause``)."""
+        if not (self.chaos and self.faults.pause and actor.crashable and actor.wake_reason):
+            return False
+        if self.rng.random() >= self.faults.pause:
+            return False
+        until = self.now + self.rng.uniform(150.0, 600.0)
+        self.note(f"{actor.process} paused until t={until:.1f}")
+        for a in self.actors:
+            if a.process == actor.process and not a.done:
+                a.paused_until = until
+                a.wake = max(a.wake, until)
+        return True
 
     def _resume(self, actor: Actor, cmd: str) -> None:
         self.current = actor
@@ -198,8 +223,9 @@ class World:
             self.note(f"  fault: {fault}")
         return fault
 
-    def in_flight(self, apply) -> None:
-        self.pending.append([self.rng.randint(1, 12), apply, self.current])
+    def in_flight(self, apply, most: int = 12) -> None:
+        """``apply`` lands after 1 to ``most`` steps."""
+        self.pending.append([self.rng.randint(1, most), apply, self.current])
 
     def advance(self, seconds: float) -> None:
         """The current call takes ``seconds``: its actor sleeps that long."""
@@ -231,7 +257,7 @@ class SimEvent:
         self._set = True
         for a in WORLD.actors:
             if getattr(a, "waiting_on", None) is self:
-                a.wake = min(a.wake, WORLD.now)
+                a.wake = min(a.wake, max(WORLD.now, a.paused_until))
 
     def clear(self):
         self._set = False
@@ -282,37 +308,11 @@ def _uuid4():
     return types.SimpleNamespace(hex=WORLD.token())
 
 
-@contextlib.contextmanager
-def simulated(world: World):
-    """Run the protocol code on ``world``: its storage, clock, threads and tokens."""
-    global WORLD
-    saved = {
-        (versions, "backend_for"): versions.backend_for,
-        (leases, "backend_for"): leases.backend_for,
-        (leases, "time"): leases.time,
-        (leases, "threading"): leases.threading,
-        (leases, "host_identity"): leases.host_identity,
-        (leases, "_process_start"): leases._process_start,
-        (leases, "uuid"): leases.uuid,
-        (versions, "uuid"): versions.uuid,
-        (versions, "threading"): versions.threading,
-        (versions, "time"): versions.time,
-        (leases, "os"): leases.os,
-        (leases, "LEASE_TTL"): leases.LEASE_TTL,
-        (leases, "LEASE_HEARTBEAT"): leases.LEASE_HEARTBEAT,
-        (backend_module, "_PROBED"): backend_module._PROBED,
-        (backend_module, "_PROBE_LOCK"): backend_module._PROBE_LOCK,
-        (backend_module, "uuid"): backend_module.uuid,
-        (heads, "_HEAD_SEEN"): heads._HEAD_SEEN,
-    }
-    WORLD = world
+def _patches(world: World) -> dict:
+    """What :func:`simulated` puts in place: (module, name) -> the world's."""
 
     def backend_for(url):
-        if not url.startswith("sim://"):
-            raise AssertionError(f"the simulation reached real storage: {url}")
-        # half the seeds on a store that lists from a name (as S3 does): both ways of
-        # finding the head from its hint (storage.heads) meet every fault
-        return (SimListingBackend if world.seed % 2 else SimBackend)(world, url)
+        return backends.backend_for(world, url)
 
     def clock(*_):  # records show the simulated time: a seed's run is the same bytes
         return _time.gmtime(world.now)
@@ -355,11 +355,25 @@ def simulated(world: World):
         # else a seed's calls depend on the seeds run before it
         (heads, "_HEAD_SEEN"): {},
     }
+    return patches
+
+
+@contextlib.contextmanager
+def simulated(world: World):
+    """Run the protocol code on ``world``: its storage, clock, threads and tokens."""
+    global WORLD
+    WORLD = world
+
+    patches = _patches(world)
+    saved = {target: getattr(*target) for target in patches}
     for (module, name), value in patches.items():
         setattr(module, name, value)
     try:
-        yield world
+        with backends.clients(world):
+            yield world
     finally:
         for (module, name), value in saved.items():
             setattr(module, name, value)
         WORLD = None
+        if getattr(world, "tmp", None) is not None:
+            world.tmp.cleanup()

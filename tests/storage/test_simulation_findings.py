@@ -196,3 +196,28 @@ def test_a_group_whose_commit_outcome_is_unknown_keeps_its_draft(tmp_path, monke
     assert real(backend, key, data)  # the first request lands
     store = versions.VersionedStore(path)
     assert store.check(store.head())  # the head's version is there, whole
+
+
+def test_a_local_write_whose_empty_folder_is_pruned_meanwhile_makes_it_again(tmp_path, monkeypatch):
+    """Another job's prune_empty (a failed first write leaves no store) removes the
+    folder a local write just made, still empty, before the write opens its private
+    file: the write makes it again, rather than failing FileNotFoundError (found by the
+    simulation through the real LocalBackend: local interleave seed 14)."""
+    import os
+
+    from slem_dask.storage import local
+    from slem_dask.storage.local import LocalBackend
+
+    real_makedirs, pruned = os.makedirs, []
+
+    def makedirs(path, exist_ok=False):
+        real_makedirs(path, exist_ok=exist_ok)
+        if not pruned and path.endswith("0123456789ab"):  # another job's rmdir, right after
+            pruned.append(path)
+            os.rmdir(path)
+
+    monkeypatch.setattr(local.os, "makedirs", makedirs)
+    backend = LocalBackend(str(tmp_path / "P.zarr"))
+    backend.put("versions/00000001-0123456789ab/zarr.json", b"{}")
+    assert pruned
+    assert backend.read("versions/00000001-0123456789ab/zarr.json") == b"{}"
