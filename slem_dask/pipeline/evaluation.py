@@ -26,7 +26,8 @@ from ..retrieval.metrics import (
     precision_recall_at_k,
 )
 from ..retrieval.topk import search
-from ..core.validation import check_rows, is_dask_array, rows_text
+from ..core.validation import check_rows, is_dask_array
+from .labels import relevant_from_labels  # noqa: F401 - re-exported: its callers import it here
 
 
 #: Method name -> description, in the order of the paper's tables.
@@ -77,52 +78,6 @@ def make_estimator(name: str, params: dict | None = None):
     if name not in classes:
         parse_methods([name])
     return classes[name](**params)
-
-
-def relevant_from_labels(
-    database_labels, query_labels, names=("database_labels", "query_labels")
-) -> list[np.ndarray]:
-    """Database indices sharing each query's label; an error names queries with none.
-    ``names``: the two labels as the caller's user knows them (a corpus' members, or
-    the command's options), so that every message spells them one way."""
-    database_labels = np.asarray(database_labels)
-    query_labels = np.asarray(query_labels)
-    if database_labels.ndim != 1 or query_labels.ndim != 1:
-        raise ValueError(
-            f"labels must be 1-D, got {names[0]} shape {database_labels.shape} and "
-            f"{names[1]} shape {query_labels.shape}"
-        )
-    _check_label_kinds(database_labels, query_labels, names)
-    order = np.argsort(database_labels, kind="stable")
-    sorted_labels = database_labels[order]
-    starts = np.searchsorted(sorted_labels, query_labels, "left")
-    ends = np.searchsorted(sorted_labels, query_labels, "right")
-    empty = np.flatnonzero(ends == starts)
-    if empty.size:
-        shown = rows_text(empty, empty.size)
-        raise ValueError(
-            f"{names[1]}: {empty.size} of {len(query_labels)} queries (indices {shown}) "
-            f"have a label that no database row has, so their relevant set is empty and "
-            f"their AP undefined; drop those queries or add their matches to the database"
-        )
-    return [np.sort(order[s:e]) for s, e in zip(starts, ends, strict=True)]
-
-
-def _check_label_kinds(database_labels, query_labels, names) -> None:
-    """Numbers on one side and text on the other never compare equal (or compare by
-    numpy's casting): one line naming both dtypes, instead of empty relevant sets."""
-    numeric = [labels.dtype.kind in "biuf" for labels in (database_labels, query_labels)]
-    if numeric[0] == numeric[1]:
-        return
-    shown = [
-        f"{name} are {'numbers' if kind else 'text'} ({labels.dtype}"
-        + (f", e.g. {labels.flat[0].item()!r})" if labels.size else ")")
-        for name, labels, kind in zip(names, (database_labels, query_labels), numeric, strict=True)
-    ]
-    raise ValueError(
-        f"{shown[0]} but {shown[1]}: labels match by value, so numbers and text never "
-        f"match; save both as numbers or both as text (e.g. np.save(path, labels.astype(str)))"
-    )
 
 
 def pr_curve(indices, relevant, n_points: int = 101) -> tuple[np.ndarray, np.ndarray]:
@@ -390,9 +345,8 @@ def grid_search(
     Returns (rows, best, curves): rows as :func:`evaluate_methods`'s plus
     "setting" (the parameters, as text) and "best" ("*" on the setting of highest
     mAP of each method, or without relevant sets of highest 10-R@10, else 1-R@1;
-    ties to the first); ``best`` maps method -> its best
-    parameters; ``curves`` maps method -> the PR curve of its best setting (empty
-    unless ``curves=True``).
+    ties to the first); ``best`` maps method -> its best parameters; ``curves`` maps
+    method -> the PR curve of its best setting (empty unless ``curves=True``).
     """
     methods = parse_methods(list(grids))
     rows, best, best_curves = [], {}, {}
