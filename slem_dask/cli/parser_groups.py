@@ -58,6 +58,12 @@ def _add_cluster_args(p: argparse.ArgumentParser) -> None:
         "tries, default 5): a job whose store stops answering ends after a few minutes; "
         "workers of --scheduler need the variable",
     )
+    _add_report_and_tls_args(g)
+
+
+def _add_report_and_tls_args(g) -> None:
+    """What the run shows (progress, a performance report), and the client's
+    certificates for a scheduler that speaks TLS."""
     g.add_argument(
         "--progress",
         action=argparse.BooleanOptionalAction,
@@ -69,11 +75,6 @@ def _add_cluster_args(p: argparse.ArgumentParser) -> None:
         metavar="HTML",
         help="save Dask's performance report of the run to this HTML file",
     )
-    _add_tls_args(g)
-
-
-def _add_tls_args(g) -> None:
-    """The client's certificates, for a scheduler that speaks TLS."""
     g.add_argument("--tls-ca-file", metavar="PEM", help="CA certificate, for a TLS scheduler")
     g.add_argument("--tls-cert", metavar="PEM", help="client certificate, for a TLS scheduler")
     g.add_argument("--tls-key", metavar="PEM", help="client private key, for a TLS scheduler")
