@@ -209,9 +209,9 @@ def _forget_old_fates(store, through: int, record, names: list[str]) -> None:
     listed, regrown by a late write, goes first unless its record names it. What keeps
     ``fates/`` bounded (docs/guarantees-garbage.md, "What stays bounded"): such a number
     is taken, so a fenced job's commit claim can no longer commit anything (its record's
-    create fails), and the proof against a late write is kept for that many commits."""
-    if through < 1:
-        return
+    create fails), and the proof against a late write is kept for that many commits.
+    ``fates/`` is listed even while no number is that old: a collection then asks the
+    same of a store whatever the length of its history (tests/storage/test_heads.py)."""
     listed = set(store.listed_versions(names))
     for version in store.backend.list(FATES):
         seq = store.seq_of(version)

@@ -111,7 +111,7 @@ def _folder_without_input(path: str, name: str) -> str | None:
         f"e.g. {names[0]!r}"
     )
     return (
-        f"{name}: the folder {path!r} holds no .npy shards and no zarr array ({held}); "
+        f"{name}: no zarr array at {path!r}, and no .npy shards in that folder ({held}); "
         f"put the shards there (.npy files of one width, read in natural name order), "
         f"or give the folder or quoted glob ('dir/*.npy') that holds them"
     )

@@ -433,10 +433,10 @@ def test_unreadable_inputs_say_what_to_do(tmp_path, data, monkeypatch):
         r"\(4, 5, 6\)\); descriptors are one 2-D dataset .*reshape\(-1, 6\)",
         "cube.h5:/images": r"cube\.h5:/images has shape \(4, 5, 6\); expected 2-D rows "
         r"\(n_rows, n_features\): write its rows as one, e\.g\. .*reshape\(-1, 6\)",
-        "empty": r"the folder .*empty' holds no \.npy shards and no zarr array \(it is "
+        "empty": r"no zarr array at .*empty', and no \.npy shards in that folder \(it is "
         r"empty\); put the shards there",
-        "notes": r"the folder .*notes' holds no \.npy shards and no zarr array \(it holds 1 "
-        r"other entry, e\.g\. 'a\.txt'\)",
+        "notes": r"no zarr array at .*notes', and no \.npy shards in that folder \(it holds "
+        r"1 other entry, e\.g\. 'a\.txt'\)",
     }
     for name, message in cases.items():
         with pytest.raises((ValueError, FileNotFoundError), match=message) as info:
