@@ -281,9 +281,17 @@ class Lease:
         if wait is None:
             self._delete_if_held()
             return
-        deleting = threading.Thread(target=self._delete_if_held, daemon=True, name="lease-release")
+        deleting = threading.Thread(target=self._delete_quietly, daemon=True, name="lease-release")
         deleting.start()
         deleting.join(timeout=wait)
+
+    def _delete_quietly(self) -> None:
+        """:meth:`_delete_if_held` in a thread that may outlive the job: the interpreter
+        may be exiting while it waits (its client's loop gone), with nothing to tell."""
+        try:
+            self._delete_if_held()
+        except BaseException:  # noqa: BLE001 - see above
+            pass
 
     def _delete_if_held(self) -> None:
         try:
