@@ -232,9 +232,8 @@ def main(argv=None) -> int:
         if isinstance(exc, BrokenPipeError) and _stdout_is_gone():
             return _reader_gone(args)
         from ..storage import is_out_of_space
-        from ..storage.registry import describe_storage_error
 
-        line = describe_storage_error(exc, _paths_of(args))
+        line = _storage_line(exc, args)
         written = (
             exc.filename
             if isinstance(exc, OSError) and exc.filename
@@ -260,6 +259,18 @@ def main(argv=None) -> int:
         return EXIT_ERROR
     finally:
         warnings.formatwarning = formatted
+
+
+def _storage_line(exc: BaseException, args) -> str | None:
+    """One line for a storage failure: the backend's own (credentials, bucket,
+    endpoint, a 5xx burst), else a client library's exception as one line (never a
+    traceback); None for any other error."""
+    from ..storage.registry import describe_storage_error, is_storage_failure
+
+    line = describe_storage_error(exc, _paths_of(args))
+    if line is None and not isinstance(exc, OSError) and is_storage_failure(exc):
+        line = " ".join(f"{type(exc).__name__}: {exc}".split())
+    return line
 
 
 def _warning_line(command: str):

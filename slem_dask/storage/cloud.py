@@ -157,8 +157,10 @@ class BucketBackend(Backend):
         """A create-only write. When the store refuses it (the object exists) the
         object is read back: True if it holds ``data`` (the client resent a request
         whose first copy landed, or a racing writer wrote the same bytes), so racing
-        writers should write distinct bytes (a token of their own). Any other failure
-        raises: the outcome is then unknown."""
+        writers should write distinct bytes (a token of their own). A failure whose
+        outcome is unknown (a 5xx after the client's retries, a lost reply) reads the
+        object back too (:func:`.outcomes.settle_create`): True, False, or
+        OutcomeUnknownError if it is absent (it may still land); a refusal raises."""
         path, data = self._path(key), bytes(data)
         try:
             if self._create(path, data):
@@ -295,7 +297,11 @@ class BucketBackend(Backend):
             what = None
             if status is not None and (status >= 500 and status != 501 or status == 429):
                 what = f"answered {status} (unavailable or overloaded) to every retry"
-            elif isinstance(e, self.client_exceptions()) and self.outcome_kind(e) is UNKNOWN:
+            elif (
+                isinstance(e, self.client_exceptions())
+                and isinstance(e, Exception)
+                and self.outcome_kind(e) is UNKNOWN
+            ):
                 what = f"lost the connection ({type(e).__name__}: {e})".replace("\n", " ")
             if what:
                 where = f"{self.bucket}/{self.prefix}".rstrip("/")

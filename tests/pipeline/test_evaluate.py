@@ -626,3 +626,21 @@ def test_bench_retrieval_quick_runs(capsys):
     assert bench.main(["--quick", "--sizes", "1000", "--no-digits", "--instances", "20"]) == 0
     out = capsys.readouterr().out
     assert "RATIO synthetic n=1000" in out and "E-SVM solver vs exact optimum" in out
+
+
+def test_a_search_result_the_store_did_not_answer_for_is_not_called_unreadable(monkeypatch):
+    """A re-run of search whose --out cannot be read because the store failed (a 503
+    burst: an OutcomeUnknownError of the backend) says that failure, not "already
+    exists and cannot be read as a search result ...; pass --overwrite" (issue 38, on
+    the code before)."""
+    from slem_dask.pipeline import search as search_job
+
+    failure = storage.OutcomeUnknownError("read gs://b/hits.zarr/commits/00000001.json: 503")
+
+    def unavailable(*args, **kwargs):
+        raise failure
+
+    monkeypatch.setattr(storage, "read_search_store", unavailable)
+    with pytest.raises(storage.OutcomeUnknownError) as info:
+        search_job._committed_search("gs://b/hits.zarr", "q.zarr", "d.zarr", 3)
+    assert info.value is failure

@@ -413,3 +413,51 @@ def test_a_failure_is_told_of_the_store_it_names_not_the_model():
     assert "503" in line and "\n" not in line
     bare = describe_storage_error(cause, ["gs://b/model.zarr", "gs://b/out.zarr"])
     assert bare is not None and "503" in bare and "model" not in bare, bare
+
+
+def test_s3_client_failures_are_sorted_into_the_kinds():
+    """botocore's types, OSErrors or not, and s3fs's translations of them."""
+    from botocore import exceptions as bx
+    from s3fs.errors import translate_boto_error
+
+    from slem_dask.storage import s3
+    from slem_dask.storage.outcomes import UNKNOWN, UNREACHABLE, StorageRefusedError
+
+    def client_error(code: str, status: int) -> Exception:
+        response = {"Error": {"Code": code}, "ResponseMetadata": {"HTTPStatusCode": status}}
+        return bx.ClientError(response, "PutObject")
+
+    url = "http://127.0.0.1:1"
+    cases = [
+        (client_error("SlowDown", 503), UNKNOWN),
+        (client_error("InternalError", 500), UNKNOWN),
+        (bx.ReadTimeoutError(endpoint_url=url), UNKNOWN),
+        (bx.ConnectionClosedError(endpoint_url=url), UNKNOWN),
+        (bx.EndpointConnectionError(endpoint_url=url), UNREACHABLE),
+        (bx.ConnectTimeoutError(endpoint_url=url), UNREACHABLE),
+        (bx.NoCredentialsError(), AccessRefusedError),
+        (client_error("AccessDenied", 403), AccessRefusedError),
+        (client_error("NoSuchBucket", 404), FileNotFoundError),
+        (client_error("NotImplemented", 501), StorageRefusedError),
+    ]
+    for error, kind in cases:
+        assert s3.outcome_kind(error) is kind, (error, kind)
+        translated = translate_boto_error(error) if isinstance(error, bx.ClientError) else None
+        if translated is not None:  # s3fs's OSError, the ClientError its cause
+            assert s3.outcome_kind(translated) is kind, (translated, kind)
+
+
+def test_a_rollback_whose_clean_up_fails_after_its_commit_succeeds(tmp_path, monkeypatch):
+    """The rollback is committed, then its garbage collection meets a 503: readers see
+    the rolled-back version, so the rollback succeeds (on the code before it failed,
+    and the CLI's line said readers saw what they saw before: untrue)."""
+    path = str(tmp_path / "s.zarr")
+    _write(path, 1.0)
+    _write(path, 2.0, overwrite=True)
+
+    def unavailable_store(self, keep=versions.KEEP_VERSIONS):
+        raise OutcomeUnknownError(f"list {self.path}/versions: 503 SlowDown")
+
+    monkeypatch.setattr(versions.VersionedStore, "collect_garbage", unavailable_store)
+    record = versions.VersionedStore(path).rollback(1)
+    assert versions.VersionedStore(path).head() == record and record.seq == 3
