@@ -67,11 +67,22 @@ def proxy(request, monkeypatch):
     with FaultProxy(server.endpoint) as proxy:
         for name, value in _through(server, proxy, kind).items():
             monkeypatch.setenv(name, value)
-        _forget_s3_clients()
+        _forget_clients()
         proxy.kind, proxy.bucket = kind, server.bucket
         proxy.root = f"{scheme}://{server.bucket}/fp-{uuid.uuid4().hex[:8]}"
         yield proxy
+    _forget_clients()
+
+
+def _forget_clients() -> None:
+    """Forget the file systems fsspec keeps by their arguments: adlfs and gcsfs read the
+    endpoint from the environment, so one made for the last test's proxy (closed) would
+    be given to zarr again."""
+    import fsspec
+
     _forget_s3_clients()
+    for protocol in ("gs", "az"):
+        fsspec.get_filesystem_class(protocol).clear_instance_cache()
 
 
 def _inputs(root: str) -> dict:
