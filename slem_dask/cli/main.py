@@ -202,6 +202,15 @@ def _import_dask_array_without_xarray() -> None:
             del sys.modules["xarray"]
 
 
+def _quiet_client_loggers() -> None:
+    """Interrupting a run leaves asyncio tasks of the closing client behind; their "Task
+    exception was never retrieved" tracebacks say nothing to a user. gcsfs logs each
+    request it gave up on with its traceback, then raises it: the command says it once,
+    in one line (storage.deadlines: a request met its deadline)."""
+    logging.getLogger("asyncio").setLevel(logging.CRITICAL)
+    logging.getLogger("gcsfs").setLevel(logging.CRITICAL)
+
+
 def main(argv=None) -> int:
     try:  # building the parser imports numpy (the kernels' names): a Ctrl-C may come here
         parser = build_parser()
@@ -211,12 +220,7 @@ def main(argv=None) -> int:
         print("slem-dask: interrupted before any job started", file=sys.stderr)
         return 130
     _check_option_combinations(parser, args)
-    # Interrupting a run leaves asyncio tasks of the closing client behind; their
-    # "Task exception was never retrieved" tracebacks say nothing to a user.
-    logging.getLogger("asyncio").setLevel(logging.CRITICAL)
-    # gcsfs logs each request it gave up on with its traceback, then raises it: the
-    # command says it once, in one line (storage.deadlines: a request met its deadline)
-    logging.getLogger("gcsfs").setLevel(logging.CRITICAL)
+    _quiet_client_loggers()
     try:  # the first imports of dask, distributed and zarr: an interrupt may come here
         if _EXECUTABLE:  # after the parsing: --help and argument errors import no dask
             _import_dask_array_without_xarray()

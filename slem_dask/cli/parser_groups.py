@@ -49,15 +49,7 @@ def _add_cluster_args(p: argparse.ArgumentParser) -> None:
         "naming the workers it waits for (default: wait; a line is printed "
         "after every 60 s without progress, $SLEM_DASK_STALL_WARNING)",
     )
-    g.add_argument(
-        "--storage-timeout",
-        type=_positive_float,
-        metavar="SECONDS",
-        help="seconds any request to an object store waits for its answer before it "
-        "is tried again (default 20, $SLEM_DASK_STORAGE_TIMEOUT; $SLEM_DASK_STORAGE_ATTEMPTS "
-        "tries, default 5): a job whose store stops answering ends after a few minutes; "
-        "workers of --scheduler need the variable",
-    )
+    _add_storage_timeout(g)
     _add_report_and_tls_args(g)
 
 
@@ -78,6 +70,18 @@ def _add_report_and_tls_args(g) -> None:
     g.add_argument("--tls-ca-file", metavar="PEM", help="CA certificate, for a TLS scheduler")
     g.add_argument("--tls-cert", metavar="PEM", help="client certificate, for a TLS scheduler")
     g.add_argument("--tls-key", metavar="PEM", help="client private key, for a TLS scheduler")
+
+
+def _add_storage_timeout(g) -> None:
+    g.add_argument(
+        "--storage-timeout",
+        type=_positive_float,
+        metavar="SECONDS",
+        help="seconds any request to an object store waits for its answer before it "
+        "is tried again (default 20, $SLEM_DASK_STORAGE_TIMEOUT; $SLEM_DASK_STORAGE_ATTEMPTS "
+        "tries, default 5): a job whose store stops answering ends after a few minutes; "
+        "workers of --scheduler need the variable",
+    )
 
 
 def _add_kernel_args(p: argparse.ArgumentParser) -> None:

@@ -32,6 +32,7 @@ __all__ = [
     "current",
     "install",
     "silent_endpoint",
+    "is_timeout",
     "ENV_TIMEOUT",
     "ENV_ATTEMPTS",
     "DEFAULT_TIMEOUT",
@@ -68,7 +69,8 @@ class Deadlines:
 
     def request_bound(self, kind: str) -> float:
         """The most seconds one request to a store of ``kind`` ('s3', 'gcs', 'azure')
-        takes before it raises, retries and waits between them included."""
+        that answers nothing takes before it raises, retries and waits between them
+        included (a store that trickles bytes resets the read timeout at each)."""
         one = self.connect + self.timeout
         if kind == "gcs":  # gcsfs waits up to 1 + 2**(i-1) s before its i-th retry
             return self.attempts * one + sum(1 + 2 ** (i - 1) for i in range(1, self.attempts))

@@ -11,8 +11,8 @@ is judged without comparing clocks of two hosts:
   record keeps changing: a record that this observer sees unchanged for
   ``LEASE_TTL`` seconds of its own monotonic clock is stale and may be taken over.
 
-An owner trusts its own lease only while it renewed it less than ``LEASE_TTL -
-LEASE_HEARTBEAT`` seconds ago (counted from the start of the renewal that succeeded, on
+An owner trusts its own lease only while it renewed it less than ``TRUSTED_PART * LEASE_TTL``
+seconds ago (3/4 of it; counted from the start of the renewal that succeeded, on
 its monotonic clock): an observer judges it stale no sooner than ``LEASE_TTL`` after
 that renewal landed. A heartbeat that cannot reach the store (a store that stopped
 answering: each request ends at its deadline, :mod:`.deadlines`) therefore stops
@@ -43,6 +43,10 @@ __all__ = ["Lease", "LeaseHeldError", "LeaseLostError", "LEASE_TTL", "host_ident
 #: A lease whose record an observer sees unchanged this many seconds is stale.
 LEASE_TTL = float(os.environ.get("SLEM_DASK_LEASE_TTL", "120"))
 LEASE_HEARTBEAT = max(0.2, min(30.0, LEASE_TTL / 4))
+#: The part of LEASE_TTL an owner trusts its lease after renewing it: an observer takes
+#: it over no sooner than LEASE_TTL after that renewal landed; the rest is a margin for
+#: two clocks' rates (three heartbeats may fail before the owner stops trusting it).
+TRUSTED_PART = 0.75
 #: The most seconds an interrupted job waits to delete its lease.
 INTERRUPTED_RELEASE_WAIT = 3.0
 
@@ -147,7 +151,7 @@ class Lease:
         not at all; see the module)."""
         if self._renewed_at is None:
             return 0.0
-        return self._renewed_at + LEASE_TTL - LEASE_HEARTBEAT - time.monotonic()
+        return self._renewed_at + LEASE_TTL * TRUSTED_PART - time.monotonic()
 
     def _raw(self) -> bytes | None:
         return self._backend.read(self._key)
@@ -281,9 +285,17 @@ class Lease:
         if wait is None:
             self._delete_if_held()
             return
-        deleting = threading.Thread(target=self._delete_if_held, daemon=True, name="lease-release")
+        deleting = threading.Thread(target=self._delete_quietly, daemon=True, name="lease-release")
         deleting.start()
         deleting.join(timeout=wait)
+
+    def _delete_quietly(self) -> None:
+        """:meth:`_delete_if_held` in a thread that may outlive the job: the interpreter
+        may be exiting while it waits (its client's loop gone), with nothing to tell."""
+        try:
+            self._delete_if_held()
+        except BaseException:  # noqa: BLE001 - see above
+            pass
 
     def _delete_if_held(self) -> None:
         try:

@@ -184,3 +184,21 @@ def test_a_lease_that_could_not_be_renewed_is_not_trusted_nor_claimed_again(sile
         lease.release()
     assert lease.read() is not None  # not deleted: this job no longer knows it holds it
     backend_for(silent_s3.root).remove_tree("")
+
+
+def test_the_storage_timeout_option_sets_the_policy_while_the_command_runs(monkeypatch):
+    """--storage-timeout: the variable the policy (and a local cluster's workers) read,
+    for the command's run only."""
+    import os
+
+    from slem_dask.cli.main import _storage_timeout
+    from slem_dask.cli.parser import build_parser
+
+    args = build_parser().parse_args(
+        ["encode", "--model", "m", "--positives", "p", "--out", "o", "--storage-timeout", "3"]
+    )
+    assert args.storage_timeout == 3.0
+    monkeypatch.delenv(deadlines.ENV_TIMEOUT, raising=False)
+    with _storage_timeout(args.storage_timeout):
+        assert deadlines.current().timeout == 3.0
+    assert deadlines.ENV_TIMEOUT not in os.environ
