@@ -22,13 +22,12 @@ import numpy as np
 from .ownership import ATTR, check_may_replace, remove
 from .paths import _read_json, canonical, check_outside_inputs, exists
 from .readers import MARKER, VersionStore
+from .rootmarker import EXPORT_ATTR
 
 __all__ = ["export"]
 
 #: Written first into a zarr export, removed last: an unfinished export of slem-dask's.
 PARTIAL_MARKER = ".slem-dask-export-unfinished"
-#: Attribute naming where an export came from.
-EXPORT_ATTR = "slem_dask_export"
 _CONCURRENT_COPIES = 4
 
 

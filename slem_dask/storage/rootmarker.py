@@ -12,6 +12,9 @@ __all__ = ["MARKER", "root_document", "is_root_marker", "mark_store_root", "mark
 
 #: Key of the root marker's own document (what slem-dask recognizes as its marker).
 MARKER = "slem_dask_versioned_store"
+#: The root attribute of a plain copy that ``slem-dask export`` wrote: where it came from
+#: (:mod:`.export` writes it; :mod:`.xarrays` opens such a copy by path).
+EXPORT_ATTR = "slem_dask_export"
 
 _HOW = (
     "this folder is a slem-dask versioned store, not a zarr node: read its current "

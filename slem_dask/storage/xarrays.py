@@ -13,7 +13,7 @@ def dataset_store(path, version, version_store):
     """What xarray opens for ``path``: ``version_store(path, version)`` for a versioned
     store, the path itself for a plain zarr group that ``slem-dask export`` wrote."""
     from . import versions
-    from .export import EXPORT_ATTR
+    from .rootmarker import EXPORT_ATTR
     from .paths import _read_json, canonical
 
     where = canonical(path)
