@@ -232,11 +232,13 @@ def main(argv=None) -> int:
         from .. import storage  # noqa: F401 - imported here, where an interrupt is said
     except KeyboardInterrupt:
         return _interrupted(args)
-    if args.command == "run":
-        if len(args.spec) > 1:
-            return _run_specs(args)
-        args.spec = args.spec[0]
-    return _run_reported(args)
+    # the command's deadlines hold until its last line: its error names them
+    with _storage_timeout(getattr(args, "storage_timeout", None)):
+        if args.command == "run":
+            if len(args.spec) > 1:
+                return _run_specs(args)
+            args.spec = args.spec[0]
+        return _run_reported(args)
 
 
 def _run_specs(args) -> int:
@@ -269,8 +271,7 @@ def _run_reported(args) -> int:
 
     formatted, warnings.formatwarning = warnings.formatwarning, _warning_line(args.command)
     try:
-        with _storage_timeout(getattr(args, "storage_timeout", None)):
-            return _run(args)
+        return _run(args)
     except KeyboardInterrupt:
         return _interrupted(args)
     except Exception as exc:  # noqa: BLE001 - an object store's failures are not OSErrors

@@ -202,3 +202,28 @@ def test_the_storage_timeout_option_sets_the_policy_while_the_command_runs(monke
     with _storage_timeout(args.storage_timeout):
         assert deadlines.current().timeout == 3.0
     assert deadlines.ENV_TIMEOUT not in os.environ
+
+
+def test_the_line_of_a_job_that_met_its_deadline_names_the_deadline_it_was_given(
+    monkeypatch, capsys
+):
+    """`encode --storage-timeout 3` on a stopped store said "(20 s a try, ...)": the
+    line was made after the option's setting had been undone (seen by SIGSTOP of
+    fake-gcs-server mid-encode). It names the deadline the job ran with."""
+    from slem_dask.cli import main as cli_main
+
+    monkeypatch.delenv(deadlines.ENV_TIMEOUT, raising=False)
+
+    def stalled(args):
+        raise TimeoutError("a request met its deadline")
+
+    # the line is made where the command's error is handled, as the backends make it
+    monkeypatch.setattr(cli_main, "_run", stalled)
+    monkeypatch.setattr(
+        cli_main, "_storage_line", lambda exc, args: deadlines.timeout_line("http://h:9", "gs://b")
+    )
+    argv = ["encode", "--model", "m.zarr", "--positives", "p.npy", "--out", "o.zarr"]
+    assert cli_main.main([*argv, "--storage-timeout", "3"]) == 1
+    err = capsys.readouterr().err
+    assert "(3 s a try, " in err and "20 s a try" not in err, err
+    assert deadlines.ENV_TIMEOUT not in __import__("os").environ  # undone after the command
