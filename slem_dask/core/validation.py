@@ -65,6 +65,21 @@ DEFAULT_LAM = "0.01x"
 LAM_SCALE_LIMITS = (1e-6, 1e3)
 
 
+def caller_stacklevel() -> int:
+    """The ``stacklevel`` of a warning raised here that points at the first line outside
+    slem_dask (the user's call), however many of slem_dask's frames are between (a
+    wrapper such as the scikit-learn output API's adds one): called in the argument list
+    of ``warnings.warn`` by the function that warns."""
+    import os
+    import sys
+
+    package = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+    frame, level = sys._getframe(1), 1
+    while frame is not None and frame.f_code.co_filename.startswith(package):
+        frame, level = frame.f_back, level + 1
+    return level
+
+
 class LambdaScaleWarning(UserWarning):
     """An absolute lambda that the negatives' scale makes meaningless."""
 
@@ -117,7 +132,7 @@ def effective_lam(value, cov: np.ndarray, name: str = "lam") -> float:
                     f"their scale, e.g. --lam {DEFAULT_LAM} ({DEFAULT_LAM[:-1]} x tr(Sigma) = "
                     f"{float(DEFAULT_LAM[:-1]) * total:.3g})"
                 ),
-                stacklevel=4,
+                stacklevel=caller_stacklevel(),
             )
     return c
 

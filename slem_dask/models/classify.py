@@ -28,12 +28,18 @@ from ..core.linear import exemplar_solution
 from ..core.multiclass import crammer_singer_sgd, multiclass_hinge_objective
 from ..core.whitening import normalize_rows
 from .linear import LinearSLEM
-from ..core.validation import check_finite_rows, check_n_features, check_positive_float, check_rows
+from ..core.validation import (
+    caller_stacklevel,
+    check_finite_rows,
+    check_n_features,
+    check_positive_float,
+    check_rows,
+)
 
 __all__ = ["CentroidSLEMClassifier", "MulticlassSVM", "compare_classifiers"]
 
 
-def _check_target(y, n_rows: int, name: str = "X", stacklevel: int = 3) -> np.ndarray:
+def _check_target(y, n_rows: int, name: str = "X") -> np.ndarray:
     """y as a 1-D array of n_rows labels; a column vector (n, 1) is raveled with a
     DataConversionWarning, as scikit-learn's estimators do."""
     y = np.asarray(y)
@@ -45,7 +51,7 @@ def _check_target(y, n_rows: int, name: str = "X", stacklevel: int = 3) -> np.nd
                 f"{y.shape}, read as one label per row of {name}; pass y.ravel() to silence "
                 f"this warning"
             ),
-            stacklevel=stacklevel,
+            stacklevel=caller_stacklevel(),
         )
         y = y.ravel()
     if y.ndim != 1 or len(y) != n_rows:
@@ -63,7 +69,7 @@ def _check_labelled(X, y, name="X"):
             "this classifier requires y to be passed, but the target y is None; "
             "give one class label per row of X"
         )
-    y = _check_target(y, len(X), name, stacklevel=4)  # warn at the caller of fit
+    y = _check_target(y, len(X), name)  # warns at the caller of fit
     if (
         y.dtype.kind == "f"
         and not np.all(np.mod(y[np.isfinite(y)], 1) == 0)

@@ -14,6 +14,7 @@ from ..core.statistics import ScatterStats, merge_statistics
 from ..parallel.kernel import CholeskyConfig, incomplete_cholesky
 from ..parallel.kernel_stream import choose_strategy, factor_statistics
 from ..core.validation import (
+    caller_stacklevel,
     Array,
     LargeValuesError,
     NonFiniteRowsError,
@@ -346,7 +347,7 @@ class KernelSLEM(SLEMEstimator):
         """One :class:`TraceErrorWarning` if ``trace_error_`` > :data:`TRACE_ERROR_WARNING`."""
         message = weak_factor_message(self)
         if message is not None:
-            warnings.warn(TraceErrorWarning(message), stacklevel=3)
+            warnings.warn(TraceErrorWarning(message), stacklevel=caller_stacklevel())
 
     # -- encode -------------------------------------------------------
     def _encoder(self) -> _Encoder:

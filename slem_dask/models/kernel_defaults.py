@@ -21,7 +21,7 @@ import warnings
 import numpy as np
 
 from ..core.kernel_defaults import DEFAULT_GAMMA, KERNEL_DEFAULTS
-from ..core.validation import check_positive_float, is_dask_array
+from ..core.validation import caller_stacklevel, check_positive_float, is_dask_array
 
 __all__ = [
     "KERNEL_DEFAULTS",
@@ -106,6 +106,6 @@ def fitted_gamma(gamma, X, kernel: str, uses_gamma: bool) -> float:
                 f"({scale:.3g}): {effect}; give it relative to their scale, e.g. "
                 f"--gamma {DEFAULT_GAMMA} (= {parse_gamma(DEFAULT_GAMMA)[0] / scale:.3g} here)"
             ),
-            stacklevel=3,
+            stacklevel=caller_stacklevel(),
         )
     return c

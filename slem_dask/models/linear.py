@@ -24,6 +24,7 @@ from ..core.statistics import (
 )
 from ..parallel.blocks import encode_blocks, locate_nonfinite_rows, scatter_statistics, shared
 from ..core.validation import (
+    caller_stacklevel,
     DEFAULT_LAM,
     Array,
     DegenerateNegativesWarning,
@@ -153,7 +154,7 @@ class LinearSLEM(SLEMEstimator):
                     f"has no encoding (all zeros); fit on negatives that vary (descriptors of "
                     f"other images)"
                 ),
-                stacklevel=3,
+                stacklevel=caller_stacklevel(),
             )
         self.mean_, self.covariance_, self.precision_ = mean, cov, precision
         self.lam_ = lam
