@@ -248,11 +248,10 @@ def evaluate_job(
     )
     truth = read_ground_truth(ground_truth, q.shape[0], db.shape[0]) if ground_truth else None
     source = {"corpus": str(corpus)} if arrays is None else {"from": "own descriptors"}
-    negatives = storage.dask_rows(neg, partition_rows)
-    if n_negatives is not None:
-        negatives = negatives[:n_negatives]
+    negatives = storage.dask_rows(neg, partition_rows)[:n_negatives]  # None: all
     database = storage.dask_rows(db, partition_rows)
     queries = storage.dask_rows(q, partition_rows)
+    _check_finite(client, (negatives, database, queries), corpus, arrays)
     grids = {m: {**(params or {}).get(m, {}), **(grids or {}).get(m, {})} for m in methods}
     rows, curves = _run_methods(
         client, (negatives, database, queries, relevant, truth), methods, grids, k, p_at
@@ -274,6 +273,27 @@ def evaluate_job(
         report.facts["plot"] = str(plot)
     report.timings["total"] = time.perf_counter() - t0
     return rows, curves, report
+
+
+def _check_finite(client, data, corpus, arrays) -> None:
+    """Rows with NaN or inf in any input, named before any method runs, by the option
+    (or corpus member) and path that gave them, and by file and row for .npy shards: a
+    model's own error would name its parameter X, after the methods before it ran."""
+    from ..core.validation import nonfinite_rows_error
+    from ..parallel.blocks import locate_nonfinite_rows
+    from .common import _detail
+
+    for member, x in zip(("negatives", "database", "queries"), data, strict=True):
+        count, shown = locate_nonfinite_rows(x, client)
+        if not count:
+            continue
+        if arrays is None:
+            name, path = f"the corpus' {member}", f"{str(corpus).rstrip('/')}/{member}"
+        else:
+            name = "--negatives-from" if member == "negatives" else f"--{member}"
+            path = arrays[member]
+        error = nonfinite_rows_error(name, count, shown, remedy="drop or repair those rows")
+        raise ValueError(f"{name} {str(path)!r}: {_detail(error, path)}")
 
 
 def _run_methods(client, data, methods, grids, k, p_at):

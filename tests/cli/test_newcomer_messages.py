@@ -66,3 +66,27 @@ def test_every_store_command_says_what_path_is(command, capsys):
         main([command, "--help"])
     help_text = " ".join(capsys.readouterr().out.split())
     assert "PATH store" in help_text or "PATH the store" in help_text, help_text
+
+
+def test_evaluate_names_the_option_and_shard_of_nan_rows_before_any_method_runs(tmp_path, capsys):
+    """It said "X has 1 row(s) with NaN or inf (rows 203) ... before running SLEM", after
+    the methods before the failing one had run (the walkthrough of issue 40's fixes)."""
+    rng = np.random.default_rng(1)
+    database = _shards(tmp_path / "db", rng, bad_row=3)
+    for name, data in {
+        "neg.npy": rng.standard_normal((100, 6)).astype("float32"),
+        "q.npy": rng.standard_normal((4, 6)).astype("float32"),
+        "dbl.npy": np.arange(60) % 4,
+        "ql.npy": np.arange(4),
+    }.items():
+        np.save(tmp_path / name, data)
+    args = ["--negatives-from", str(tmp_path / "neg.npy"), "--database", database]
+    args += ["--database-labels", str(tmp_path / "dbl.npy"), "--queries", str(tmp_path / "q.npy")]
+    args += ["--query-labels", str(tmp_path / "ql.npy"), "--methods", "raw,slem"]
+    assert main(["evaluate", *args, *CLUSTER]) == 1
+    out, err = capsys.readouterr()
+    assert err == (
+        f"slem-dask evaluate: error: --database {database!r}: 1 row(s) with NaN or inf "
+        f"(rows 33: emb_2.npy row 3); drop or repair those rows\n"
+    )
+    assert "raw" not in out  # no method ran
