@@ -84,21 +84,31 @@ class LambdaScaleWarning(UserWarning):
     """An absolute lambda that the negatives' scale makes meaningless."""
 
 
+def parse_relative(value, name: str, expected: str) -> float | None:
+    """c of a value given relative to the data as a text "<c>x" (checked > 0), or None
+    for any other value; ``expected``: what the value may be, for the error."""
+    if not (isinstance(value, str) and value.strip().lower().endswith("x")):
+        return None
+    try:
+        number = float(value.strip().lower()[:-1])
+    except ValueError:
+        raise ValueError(f"{name}={value!r}: expected {expected}") from None
+    return check_positive_float(number, name, f" (in {value!r})")
+
+
 def parse_lam(value, name: str = "lam") -> tuple[float, bool]:
     """(c, relative) of a lambda: a number > 0 is absolute (in the data's squared units);
     a text "<c>x" is c times the negatives' total variance tr(Sigma) (e.g. "0.01x"); any
     other text is a TypeError, as it always was (a number given as text is ambiguous)."""
-    if isinstance(value, str) and value.strip().lower().endswith("x"):
-        text = value.strip().lower()
-        try:
-            number = float(text[:-1])
-        except ValueError:
-            raise ValueError(
-                f"{name}={value!r}: expected a number > 0 (absolute, in the data's squared "
-                f"units) or a number followed by 'x' (that many times the negatives' total "
-                f"variance tr(Sigma), e.g. '{DEFAULT_LAM}', the default)"
-            ) from None
-        return check_positive_float(number, name, f" (in {value!r})"), True
+    relative = parse_relative(
+        value,
+        name,
+        f"a number > 0 (absolute, in the data's squared units) or a number followed by 'x' "
+        f"(that many times the negatives' total variance tr(Sigma), e.g. '{DEFAULT_LAM}', "
+        f"the default)",
+    )
+    if relative is not None:
+        return relative, True
     return check_positive_float(
         value,
         name,

@@ -21,7 +21,12 @@ import warnings
 import numpy as np
 
 from ..core.kernel_defaults import DEFAULT_GAMMA, KERNEL_DEFAULTS
-from ..core.validation import caller_stacklevel, check_positive_float, is_dask_array
+from ..core.validation import (
+    caller_stacklevel,
+    check_positive_float,
+    is_dask_array,
+    parse_relative,
+)
 
 __all__ = [
     "KERNEL_DEFAULTS",
@@ -46,17 +51,14 @@ class GammaScaleWarning(UserWarning):
 def parse_gamma(value) -> tuple[float, bool]:
     """(c, relative) of a gamma: a number > 0 is absolute; a text "<c>x" is c over the
     negatives' scale (:func:`data_scale`), e.g. "0.0625x"."""
-    if isinstance(value, str) and value.strip().lower().endswith("x"):
-        text = value.strip().lower()
-        try:
-            number = float(text[:-1])
-        except ValueError:
-            raise ValueError(
-                f"gamma={value!r}: expected a number > 0 or a number followed by 'x' (that "
-                f"many times 1 / the negatives' median squared distance, e.g. "
-                f"'{DEFAULT_GAMMA}', the default)"
-            ) from None
-        return check_positive_float(number, "gamma", f" (in {value!r})"), True
+    relative = parse_relative(
+        value,
+        "gamma",
+        f"a number > 0 or a number followed by 'x' (that many times 1 / the negatives' "
+        f"median squared distance, e.g. '{DEFAULT_GAMMA}', the default)",
+    )
+    if relative is not None:
+        return relative, True
     hint = (
         f"; or a text 'Cx', C over the negatives' median squared distance (e.g. '{DEFAULT_GAMMA}')"
     )
