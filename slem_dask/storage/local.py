@@ -21,6 +21,17 @@ from .outcomes import UNKNOWN, os_error_kind, settle_create
 __all__ = ["LocalBackend"]
 
 
+def _discard(tmp: str) -> None:
+    """Remove a private file once linked (or not). NFS: a retransmitted unlink whose
+    first reply was lost answers ENOENT although the file is gone: read back (the name
+    is absent) rather than fail a create that succeeded."""
+    try:
+        os.remove(tmp)
+    except FileNotFoundError:
+        if os.path.lexists(tmp):
+            raise
+
+
 class LocalBackend(Backend):
     def __init__(self, root: str):
         self.root = root.rstrip("/") or "/"
@@ -67,7 +78,7 @@ class LocalBackend(Backend):
                 raise  # refused (read-only, full), or the folder vanished: not linked
             return settle_create(self, key, data, exc)  # EIO, ESTALE over NFS: read back
         finally:
-            os.remove(tmp)
+            _discard(tmp)
 
     def _holds(self, tmp: str, key: str, data: bytes) -> bool:
         """After EEXIST: whether the name is this call's own file (a retransmitted link
@@ -91,7 +102,14 @@ class LocalBackend(Backend):
             return self.root
 
     def put(self, key: str, data: bytes) -> None:
-        os.replace(self._private_copy(key, data), self._path(key))
+        tmp = self._private_copy(key, data)
+        try:
+            os.replace(tmp, self._path(key))
+        except FileNotFoundError:
+            # NFS: a retransmitted rename whose first reply was lost answers ENOENT;
+            # read back: applied if the private file is gone and the name holds `data`
+            if os.path.lexists(tmp) or self.read(key) != data:
+                raise
 
     def list(self, prefix: str) -> list[str]:
         try:

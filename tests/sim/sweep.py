@@ -29,7 +29,16 @@ OBJECT_MODES = (
 )
 #: the modes of the real LocalBackend (``shared``: a store sharing P's versions/
 #: folder through a symlink, and a user's symlink inside P, under ``interleave``)
-LOCAL_MODES = ("interleave", "crash", "errors", "all", "pause", "shared", "shared_crash")
+LOCAL_MODES = (
+    "interleave",
+    "crash",
+    "errors",
+    "all",
+    "pause",
+    "nfs",
+    "shared",
+    "shared_crash",
+)
 SWEEPS = [(b, m) for b in ("s3", "gcs", "azure") for m in OBJECT_MODES] + [
     ("local", m) for m in LOCAL_MODES
 ]

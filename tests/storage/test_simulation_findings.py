@@ -221,3 +221,35 @@ def test_a_local_write_whose_empty_folder_is_pruned_meanwhile_makes_it_again(tmp
     backend.put("versions/00000001-0123456789ab/zarr.json", b"{}")
     assert pruned
     assert backend.read("versions/00000001-0123456789ab/zarr.json") == b"{}"
+
+
+def _retransmitted(real):
+    """An NFS call whose first reply was lost: done, then resent, and the resent one
+    answers ENOENT (the name is already gone)."""
+
+    def call(*args):
+        real(*args)
+        real(*args)  # FileNotFoundError, as the server answers the retransmission
+
+    return call
+
+
+def test_a_retransmitted_unlink_of_the_private_file_does_not_fail_a_create(
+    tmp_path, monkeypatch
+):
+    """NFS: LocalBackend.create linked its record, then the unlink of its private file
+    answered ENOENT (a retransmission): the create succeeded and says so (found with
+    seed 4, now 2, of mode nfs on local disk: the commit was reported failed)."""
+    from slem_dask.storage import local
+
+    backend = local.LocalBackend(str(tmp_path))
+    fake_os = type(local.os)("os")
+    fake_os.__dict__.update(vars(local.os))
+    fake_os.remove = _retransmitted(local.os.remove)
+    monkeypatch.setattr(local, "os", fake_os)
+    assert backend.create("commits/00000001.json", b"record") is True
+    assert backend.read("commits/00000001.json") == b"record"
+    assert sorted(p.name for p in (tmp_path / "commits").iterdir()) == ["00000001.json"]
+    fake_os.replace = _retransmitted(local.os.replace)
+    backend.put("versions/v/zarr.json", b"meta")  # a resent rename: ENOENT as well
+    assert backend.read("versions/v/zarr.json") == b"meta"
