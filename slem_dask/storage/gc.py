@@ -30,8 +30,8 @@ nor is a folder that any kept commit names.
 from __future__ import annotations
 
 from .errors import IntegrityError
-from .markers import check_own_folders, is_link, marked, proves, trusted
-from .records import VERSIONS
+from .markers import MARKER, check_own_folders, is_link, marked, proves, trusted
+from .records import VERSIONS, draft_seq, private_copy_of
 
 __all__ = [
     "FATES",
@@ -167,6 +167,7 @@ def collect(store, keep: int, mine: str | None = None, leased: bool = False) -> 
     settled = range(max(1, last - max(keep, 1) + 1), last + 1)  # the newest at least
     _forget_settled_fates(store, settled, record, names)  # committed numbers
     _forget_old_fates(store, last - FATE_HORIZON, record, names)  # fates/ stays bounded
+    _forget_private_copies(store, last, last - FATE_HORIZON, names)
     return removed
 
 
@@ -178,6 +179,7 @@ def after_commit(store, seq: int, winner: str) -> None:
         if version != winner:
             remove_dead(store, version)
     _forget_settled_fates(store, range(seq, seq + 1), store.commit_at, names)
+    _forget_private_copies(store, seq, None, names)  # a killed create of this record's
 
 
 def _forget_settled_fates(store, seqs: range, record, names: list[str]) -> None:
@@ -221,6 +223,41 @@ def _forget_old_fates(store, through: int, record, names: list[str]) -> None:
         if version in listed and not committed:
             remove_dead(store, version, settled=True)  # regrown: dead
         store.backend.delete(f"{FATES}/{version}")
+
+
+def _forget_private_copies(store, last: int, through: int | None, names: list[str]) -> None:
+    """Delete the private files (``<name>.<32 hex>.tmp``, :func:`.records.private_copy_of`)
+    that a local write killed before its link or rename left in the store's own folders
+    (:func:`.markers.check_own_folders`: no links), once no write of theirs can matter:
+    a commit record's, or the head hint's, once that number is committed (``last``; a
+    create of it can only fail, a put of the hint is best effort); a fate file's or a
+    marker's, once its draft's number is ``through`` or older, as the fate files
+    themselves (:func:`_forget_old_fates`). A write still under way whose private file
+    goes here fails as it would have: LocalBackend reads its key back. Only backends
+    that write such files (``Backend.private_copies``) are listed: ``commits/`` grows
+    with the history (docs/guarantees-garbage.md, "What stays bounded")."""
+    if not getattr(store.backend, "private_copies", False):
+        return
+    for name in store.backend.list("commits"):
+        target = private_copy_of(name)
+        seq = _record_seq(target) if target is not None else None
+        if target == ".head" or (seq is not None and seq <= last):
+            store.backend.delete(f"commits/{name}")
+    if through is None:
+        return
+    for folder, listing in ((FATES, store.backend.list(FATES)), (VERSIONS, names)):
+        for name in listing:
+            target = private_copy_of(name)
+            if target is not None and folder == VERSIONS:
+                target = target.removesuffix(MARKER) if target.endswith(MARKER) else None
+            seq = draft_seq(target) if target is not None else None
+            if seq is not None and seq <= through:
+                store.backend.delete(f"{folder}/{name}")
+
+
+def _record_seq(name: str) -> int | None:
+    stem = name.removesuffix(".json")
+    return int(stem) if stem != name and stem.isdigit() else None
 
 
 def fenced_message(store, version: str) -> str:

@@ -36,6 +36,7 @@ import uuid
 
 from .errors import IntegrityError
 from .outcomes import FAILED
+from .records import private_copy_of
 from .registry import backend_for
 
 __all__ = ["Lease", "LeaseHeldError", "LeaseLostError", "LEASE_TTL", "host_identity"]
@@ -223,12 +224,39 @@ class Lease:
             self._backend.delete(self._key)  # then race for it like everyone else
         else:  # pragma: no cover - five lost races in a row
             raise LeaseHeldError(f"could not take the lease of {str(self.target)!r}; retry")
+        self._forget_private_copies()
         self._stop.clear()
         self._thread = threading.Thread(
             target=self._beat, daemon=True, name=f"slem-dask-lease-{self.target.name}"
         )
         self._thread.start()
         return self
+
+    def _forget_private_copies(self) -> None:
+        """Delete the private files of this store's lease (``<lease>.<32 hex>.tmp``)
+        that a local write killed before its link or rename left beside the store: the
+        lease is ours, so their writers lost it (fenced). Each is trusted by its content
+        alone, a whole lease record of this store with another token, as a marker is;
+        anything else (an empty file of a process killed before its write) is left. Best
+        effort: the lease is taken either way (docs/guarantees-garbage.md)."""
+        if not getattr(self._backend, "private_copies", False):
+            return
+        try:
+            for name in self._backend.list(""):
+                if private_copy_of(name) != self._key:
+                    continue
+                try:
+                    record = json.loads(self._backend.read(name) or b"")
+                except ValueError:
+                    continue  # not a whole record: nothing proves it slem-dask's
+                if (
+                    isinstance(record, dict)
+                    and record.get("store") == self.target.url
+                    and record.get("token") not in (None, self.token)
+                ):
+                    self._backend.delete(name)
+        except Exception:  # noqa: BLE001 - garbage: left to the next job that takes it
+            pass
 
     def _beat(self) -> None:
         while not self._stop.wait(LEASE_HEARTBEAT):

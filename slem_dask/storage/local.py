@@ -33,6 +33,10 @@ def _discard(tmp: str) -> None:
 
 
 class LocalBackend(Backend):
+    #: writes leave ``<key>.<32 hex>.tmp`` when killed before the link or rename: the
+    #: garbage collection deletes those of settled keys (:func:`.gc._forget_private_copies`)
+    private_copies = True
+
     def __init__(self, root: str):
         self.root = root.rstrip("/") or "/"
 
@@ -73,6 +77,15 @@ class LocalBackend(Backend):
             return True
         except FileExistsError:
             return self._holds(tmp, key, data)
+        except FileNotFoundError:
+            if os.path.lexists(tmp):
+                raise  # the folder of ``key`` is gone: not linked
+            # the private file was collected (gc._forget_private_copies: only once
+            # ``key`` is settled, e.g. its number committed): read back
+            held = self.read(key)
+            if held is None:
+                raise
+            return held == data
         except OSError as exc:
             if os_error_kind(exc) is not UNKNOWN:
                 raise  # refused (read-only, full), or the folder vanished: not linked

@@ -13,6 +13,7 @@ __all__ = [
     "VersionError",
     "DamagedCommitError",
     "draft_seq",
+    "private_copy_of",
     "VERSIONS",
     "VERSION_NAME",
     "FORMAT",
@@ -22,6 +23,9 @@ VERSIONS = "versions"
 FORMAT = 1
 #: a version folder's name: its sequence number, then the token of the job attempt
 VERSION_NAME = re.compile(r"([0-9]{8,})-[0-9a-f]{12}")
+#: the private file that a local write fills before it links or renames it to ``<name>``
+#: (:class:`~.local.LocalBackend`): ``<name>.<32 hex digits>.tmp``
+PRIVATE_COPY = re.compile(r"(.+)\.[0-9a-f]{32}\.tmp")
 
 
 class VersionError(ValueError):
@@ -91,3 +95,11 @@ def draft_seq(version) -> int | None:
     ``1-notes``): such a folder is never read or deleted as a version."""
     match = VERSION_NAME.fullmatch(version) if isinstance(version, str) else None
     return int(match.group(1)) if match else None
+
+
+def private_copy_of(name: str) -> str | None:
+    """The name whose private copy ``name`` is (``<name>.<32 hex digits>.tmp``, what a
+    local write of ``<name>`` leaves when its process is killed before the link or
+    rename), or None."""
+    match = PRIVATE_COPY.fullmatch(name)
+    return match.group(1) if match else None

@@ -11,7 +11,10 @@ Replay one seed::
 
 from __future__ import annotations
 
+import json
+
 from slem_dask.storage import gc, versions
+from slem_dask.storage.records import private_copy_of
 
 from . import checks, jobs
 from .run import MODES, SeedFailed, USER_OBJECTS
@@ -22,19 +25,43 @@ from .world import Livelock, World, simulated
 FATE_HORIZON = getattr(gc, "FATE_HORIZON", 8)
 
 
-def check_history_bound(world) -> None:
-    """fates/ and commits/ after a writer committed alone (see the module docstring)."""
+def _lease_copies(server, alone: str) -> list:
+    """The private copies of the store's lease beside it (local disk: ``<lease>.<32
+    hex>.tmp``) but those of the writer alone, whose heartbeat may be cut as its job
+    ends: the next job that takes the lease deletes them."""
+    lease = jobs.lease_key(jobs.STORE)
+    copies = []
+    for key in sorted(k for k in server.objects if private_copy_of(k) == lease):
+        try:
+            with open(server.path(key), "rb") as f:  # the file as it is now
+                record = json.loads(f.read())
+        except (OSError, ValueError):
+            record = None
+        if not (isinstance(record, dict) and record.get("job") == alone):
+            copies.append(key)
+    return copies
+
+
+def check_history_bound(world, alone: str = "") -> None:
+    """fates/ and commits/ after a writer committed alone (see the module docstring),
+    and no private copy of the lease beside the store but the job ``alone``'s."""
     server = world.server
     recs = checks.records(server)
     head = max(recs)
     fates = [k[len(checks.FATES) :] for k in server.under(checks.FATES[:-1])]
     # the last collection ran before the head's commit: through head - 1 - FATE_HORIZON
-    stale = sorted(f for f in fates if (versions.draft_seq(f) or 0) < head - FATE_HORIZON)
+    stale = sorted(f for f in fates if _fate_seq(f) < head - FATE_HORIZON)
     if stale:
         raise checks.Violation(
             f"fates/ holds {len(fates)} files after {head} commits, {len(stale)} of them "
             f"for drafts more than {FATE_HORIZON + 1} numbers below the head ({stale[0]}...): "
             f"it grows with every draft that never committed, without bound"
+        )
+    copies = _lease_copies(server, alone)
+    if copies:
+        raise checks.Violation(
+            f"beside the store, {len(copies)} private copies of its lease stay after a "
+            f"writer took it alone ({copies[0]}...): one more per job killed while writing it"
         )
     records = {f"{seq:08d}.json" for seq in recs} | {".head"}
     extra = sorted(
@@ -47,6 +74,14 @@ def check_history_bound(world) -> None:
             f"commits/ holds more than one record per committed number and the head "
             f"hint after {head} commits: {extra[:3] or sorted(recs)[:3]}"
         )
+
+
+def _fate_seq(name: str) -> int:
+    """The number of the draft whose fate file ``name`` is, or whose fate file's private
+    copy (a local write killed before its link: judged by the same bound); 0 for any
+    other name (always stale)."""
+    target = private_copy_of(name) or name
+    return versions.draft_seq(target) or 0
 
 
 def _round(world, r: int) -> None:
@@ -73,7 +108,7 @@ def _round(world, r: int) -> None:
     if last.outcome[0] != "ok":
         raise checks.Violation(f"a writer alone, without faults, failed: {last.outcome[1]!r}")
     checks.check_state(world, 0, False)
-    check_history_bound(world)
+    check_history_bound(world, f"alone {r}")
 
 
 def long_history(seed: int, mode: str, backend: str = "sim", rounds: int = 30) -> World:

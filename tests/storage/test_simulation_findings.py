@@ -2,6 +2,7 @@
 docs/testing-faults.md), each as a plain test on a local store; the simulation's
 sweeps (tests/system/test_protocol_simulation.py) are their regression tests under faults."""
 
+import json
 from pathlib import Path
 
 import pytest
@@ -234,9 +235,7 @@ def _retransmitted(real):
     return call
 
 
-def test_a_retransmitted_unlink_of_the_private_file_does_not_fail_a_create(
-    tmp_path, monkeypatch
-):
+def test_a_retransmitted_unlink_of_the_private_file_does_not_fail_a_create(tmp_path, monkeypatch):
     """NFS: LocalBackend.create linked its record, then the unlink of its private file
     answered ENOENT (a retransmission): the create succeeded and says so (found with
     seed 4, now 2, of mode nfs on local disk: the commit was reported failed)."""
@@ -253,3 +252,83 @@ def test_a_retransmitted_unlink_of_the_private_file_does_not_fail_a_create(
     fake_os.replace = _retransmitted(local.os.replace)
     backend.put("versions/v/zarr.json", b"meta")  # a resent rename: ENOENT as well
     assert backend.read("versions/v/zarr.json") == b"meta"
+
+
+def _plant(folder: Path, name: str, data: bytes = b"x") -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / name).write_bytes(data)
+    return folder / name
+
+
+def test_private_files_of_killed_local_writes_are_deleted_once_settled(tmp_path):
+    """A local write killed between its private file and its link leaves
+    ``<name>.<32 hex>.tmp``: in commits/ it goes once that number is committed, in fates/
+    and versions/ once its number is 8 commits old; nothing else named like it goes
+    (found by the long history on local disk, crash seeds 1 and 2: they stayed for good)."""
+    store = versions.VersionedStore(str(tmp_path / "s.zarr"))
+    _committed(store, 1.0)
+    root, hex32 = tmp_path / "s.zarr", "0123456789abcdef" * 2
+    doomed = [
+        _plant(root / "commits", f"00000002.json.{hex32}.tmp"),
+        _plant(root / "commits", f".head.{hex32}.tmp"),
+        _plant(root / "fates", f"00000002-0123456789ab.{hex32}.tmp"),
+        _plant(root / "versions", f"00000002-0123456789ab.slem-dask.{hex32}.tmp"),
+    ]
+    kept = [
+        _plant(root / "commits", f"00000099.json.{hex32}.tmp"),  # not committed yet
+        _plant(root / "commits", "notes.txt"),
+        _plant(root / "commits", "00000002.json.tmp"),  # not a private file's name
+        _plant(root / "fates", f"00000099-0123456789ab.{hex32}.tmp"),
+        _plant(root / "versions", f"00000002-notes.{hex32}.tmp"),
+    ]
+    _committed(store, 2.0)  # commits number 2: its record's private files go
+    assert not doomed[0].exists() and doomed[2].exists() and doomed[3].exists()
+    for value in range(3, 12):
+        _committed(store, float(value))
+    store.collect_garbage()
+    assert [p.exists() for p in doomed] == [False] * 4
+    assert all(p.exists() for p in kept)
+
+
+def test_private_files_of_the_lease_are_deleted_by_its_next_holder_by_their_content(tmp_path):
+    """Beside the store (the user's folder) a private copy of the lease goes only when it
+    holds a whole lease record of this store from another job."""
+    from slem_dask.storage.leases import Lease
+
+    target, hex32 = tmp_path / "s.zarr", "0123456789abcdef" * 2
+    lease = Lease(str(target), "old job")
+    name = f".s.zarr.slem-dask-lease.{hex32}.tmp"
+    old = _plant(tmp_path, name, json.dumps(lease._record()).encode())
+    other = json.dumps({**lease._record(), "store": "file:///elsewhere.zarr"}).encode()
+    kept = [
+        _plant(tmp_path, name.replace("0123", "4567"), b""),  # empty: proves nothing
+        _plant(tmp_path, name.replace("0123", "89ab"), other),  # another store's
+        _plant(tmp_path, f"notes.{hex32}.tmp", old.read_bytes()),  # not the lease's
+    ]
+    taken = Lease(str(target), "new job").acquire()
+    try:
+        assert not old.exists() and all(p.exists() for p in kept)
+    finally:
+        taken.release()
+
+
+def test_a_create_whose_private_file_was_collected_reads_its_name_back(tmp_path, monkeypatch):
+    """A stalled create of a record whose number was committed meanwhile, its private
+    file deleted by a collection before its link: not created (the record is another's),
+    said as a lost race, never a missing file."""
+    from slem_dask.storage import local
+
+    backend = local.LocalBackend(str(tmp_path))
+    assert backend.create("commits/00000001.json", b"the winner's")
+    fake_os = type(local.os)("os")
+    fake_os.__dict__.update(vars(local.os))
+
+    def collected_then_link(src, dst):
+        local.os.remove(src)  # gc._forget_private_copies, between the write and the link
+        local.os.link(src, dst)
+
+    fake_os.link = collected_then_link
+    monkeypatch.setattr(local, "os", fake_os)
+    assert backend.create("commits/00000001.json", b"a stalled job's") is False
+    with pytest.raises(FileNotFoundError):
+        backend.create("commits/00000002.json", b"nothing there: not guessed")

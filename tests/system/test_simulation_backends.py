@@ -66,23 +66,16 @@ def test_the_sweeps_cover_every_backend_and_fault():
         "s3",
         "gcs",
         "azure",
-        pytest.param(
-            "local",
-            marks=pytest.mark.xfail(
-                strict=True,
-                reason="found by this simulation (seeds 1, 2 of long_history 'crash'): "
-                "LocalBackend's private file '<key>.<hex>.tmp' of a process killed "
-                "between its write and its link or rename stays for good (in commits/, "
-                "fates/, a version folder, beside the store for the lease)",
-            ),
-        ),
+        "local",
     ],
 )
 def test_fates_and_commits_stay_bounded_over_a_long_history(backend):
     """Thirty rounds of writers killed, failed and fenced on one store, each closed by a
     writer alone: fates/ keeps no fate file of a draft far below the head, commits/ one
     record per number (issue 38: fates/ grew by one file per draft that never
-    committed, forever)."""
+    committed, forever); on local disk, no private file of a write killed before its
+    link or rename below that bound, nor one of the lease beside the store (seeds 1 and 2
+    failed before: they stayed for good)."""
     for seed in range(3):
         history.long_history(seed, "crash", backend)
 
