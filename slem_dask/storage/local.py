@@ -71,27 +71,33 @@ class LocalBackend(Backend):
         return tmp
 
     def create(self, key: str, data: bytes) -> bool:
-        tmp = self._private_copy(key, data)
+        for tries_left in reversed(range(3)):
+            tmp = self._private_copy(key, data)
+            try:
+                return self._link(tmp, key, data)
+            except FileNotFoundError:
+                if os.path.lexists(tmp) or not tries_left:
+                    raise
+                # the private file went before its link: another job's collection
+                # (gc._forget_private_copies, Lease._forget_private_copies) or its
+                # folder pruned: read back; absent, nothing was linked: again
+                held = self.read(key)
+                if held is not None:
+                    return held == data
+            finally:
+                _discard(tmp)
+        raise AssertionError("unreachable: the last try returns or raises")
+
+    def _link(self, tmp: str, key: str, data: bytes) -> bool:
         try:
             os.link(tmp, self._path(key))
             return True
         except FileExistsError:
             return self._holds(tmp, key, data)
-        except FileNotFoundError:
-            if os.path.lexists(tmp):
-                raise  # the folder of ``key`` is gone: not linked
-            # the private file was collected (gc._forget_private_copies: only once
-            # ``key`` is settled, e.g. its number committed): read back
-            held = self.read(key)
-            if held is None:
-                raise
-            return held == data
         except OSError as exc:
             if os_error_kind(exc) is not UNKNOWN:
                 raise  # refused (read-only, full), or the folder vanished: not linked
             return settle_create(self, key, data, exc)  # EIO, ESTALE over NFS: read back
-        finally:
-            _discard(tmp)
 
     def _holds(self, tmp: str, key: str, data: bytes) -> bool:
         """After EEXIST: whether the name is this call's own file (a retransmitted link

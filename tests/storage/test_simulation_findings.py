@@ -313,22 +313,28 @@ def test_private_files_of_the_lease_are_deleted_by_its_next_holder_by_their_cont
 
 
 def test_a_create_whose_private_file_was_collected_reads_its_name_back(tmp_path, monkeypatch):
-    """A stalled create of a record whose number was committed meanwhile, its private
-    file deleted by a collection before its link: not created (the record is another's),
-    said as a lost race, never a missing file."""
+    """A create whose private file another job's collection deleted before its link: a
+    stalled create of a record whose number was committed meanwhile is a lost race,
+    never a missing file; a create racing for a lease that another job took and
+    released meanwhile tries again (found by the local sweep, interleave seed 18, while
+    this fix was made: the job failed with FileNotFoundError)."""
     from slem_dask.storage import local
 
     backend = local.LocalBackend(str(tmp_path))
     assert backend.create("commits/00000001.json", b"the winner's")
     fake_os = type(local.os)("os")
     fake_os.__dict__.update(vars(local.os))
+    collections, real = [], local.os
 
     def collected_then_link(src, dst):
-        local.os.remove(src)  # gc._forget_private_copies, between the write and the link
-        local.os.link(src, dst)
+        if len(collections) < 2:  # gc._forget_private_copies, before the link
+            collections.append(src)
+            real.remove(src)
+        real.link(src, dst)
 
     fake_os.link = collected_then_link
     monkeypatch.setattr(local, "os", fake_os)
     assert backend.create("commits/00000001.json", b"a stalled job's") is False
-    with pytest.raises(FileNotFoundError):
-        backend.create("commits/00000002.json", b"nothing there: not guessed")
+    assert backend.create(".s.zarr.slem-dask-lease", b"a racer's") is True
+    assert backend.read(".s.zarr.slem-dask-lease") == b"a racer's" and len(collections) == 2
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".s.zarr.slem-dask-lease", "commits"]
