@@ -165,9 +165,11 @@ def collect(store, keep: int, mine: str | None = None, leased: bool = False) -> 
             remove_dead(store, version)  # its number was taken by another folder
             removed.append(version)
     settled = range(max(1, last - max(keep, 1) + 1), last + 1)  # the newest at least
-    _forget_settled_fates(store, settled, record, names)  # committed numbers
+    # a fate file of a committed draft that its own job did not forget: that job died
+    # or failed between its record and its end (a private file of the hint, perhaps)
+    died = _forget_settled_fates(store, settled, record, names)  # committed numbers
     _forget_old_fates(store, last - FATE_HORIZON, record, names)  # fates/ stays bounded
-    _forget_private_copies(store, last, last - FATE_HORIZON, names)
+    _forget_private_copies(store, last - FATE_HORIZON, names, bool(removed) or died)
     return removed
 
 
@@ -175,14 +177,15 @@ def after_commit(store, seq: int, winner: str) -> None:
     """After ``winner`` was committed as ``seq``: the other drafts of ``seq`` are dead
     (one listing), and the fate files of sequences up to ``seq`` settled."""
     names = store.backend.list(VERSIONS)
-    for version in trusted(store, names, seq):  # drafts of this store's, by their marker
-        if version != winner:
-            remove_dead(store, version)
+    others = [v for v in trusted(store, names, seq) if v != winner]  # by their marker
+    for version in others:
+        remove_dead(store, version)
     _forget_settled_fates(store, range(seq, seq + 1), store.commit_at, names)
-    _forget_private_copies(store, seq, None, names)  # a killed create of this record's
+    if others:  # a job of this number failed or died: a private file of its record?
+        _forget_private_copies(store, None, names, True)
 
 
-def _forget_settled_fates(store, seqs: range, record, names: list[str]) -> None:
+def _forget_settled_fates(store, seqs: range, record, names: list[str]) -> bool:
     """Settle the fate files of the committed numbers ``seqs`` (``record``: seq ->
     its commit record). The fate file of a draft that was committed is deleted: its
     commit record is the proof now. The fate file of a draft that never was
@@ -193,16 +196,19 @@ def _forget_settled_fates(store, seqs: range, record, names: list[str]) -> None:
     file is then the only proof that slem-dask wrote it, and :func:`collect` deletes
     the regrown folder. One listed again now (``names``: a
     listing of ``versions/``) goes here. Only ``seqs`` are read, so the cost of a
-    collection does not grow with the fate files kept."""
-    listed = set(store.listed_versions(names))
+    collection does not grow with the fate files kept. True if the fate file of a
+    committed draft was among them."""
+    listed, committed = set(store.listed_versions(names)), False
     for version in store.backend.list(FATES):
         seq = store.seq_of(version)
         if seq not in seqs:
             continue  # not committed yet, or settled when it was among the kept
         if record(seq) is not None and record(seq).version == version:
             store.backend.delete(f"{FATES}/{version}")  # committed: its record proves it
+            committed = True
         elif version in listed:
             remove_dead(store, version, settled=True)  # regrown: dead
+    return committed
 
 
 def _forget_old_fates(store, through: int, record, names: list[str]) -> None:
@@ -225,23 +231,24 @@ def _forget_old_fates(store, through: int, record, names: list[str]) -> None:
         store.backend.delete(f"{FATES}/{version}")
 
 
-def _forget_private_copies(store, last: int, through: int | None, names: list[str]) -> None:
+def _forget_private_copies(store, through: int | None, names: list[str], commits: bool) -> None:
     """Delete the private files (``<name>.<32 hex>.tmp``, :func:`.records.private_copy_of`)
     that a local write killed before its link or rename left in the store's own folders
-    (:func:`.markers.check_own_folders`: no links), once no write of theirs can matter:
-    a commit record's, or the head hint's, once that number is committed (``last``; a
-    create of it can only fail, a put of the hint is best effort); a fate file's or a
-    marker's, once its draft's number is ``through`` or older, as the fate files
-    themselves (:func:`_forget_old_fates`). A write still under way whose private file
-    goes here fails as it would have: LocalBackend reads its key back. Only backends
-    that write such files (``Backend.private_copies``) are listed: ``commits/`` grows
-    with the history (docs/guarantees-garbage.md, "What stays bounded")."""
+    (:func:`.markers.check_own_folders`: no links): a fate file's or a marker's once its
+    draft's number is ``through`` or older, as the fate files (:func:`_forget_old_fates`);
+    with ``commits``, those of commit records and of the head hint. ``commits/`` grows
+    with the history, so it is listed only where a job is known to have failed or died
+    (a draft of it deleted, or its fate file left after its commit): the cost of a
+    collection does not grow with the history otherwise (tests/storage/test_heads.py).
+    Safe while a write is under way: ``LocalBackend.create`` whose private file went
+    makes it again (the create alone decides), a put of the hint is best effort. Only
+    backends that write such files (``Backend.private_copies``) are asked
+    (docs/guarantees-garbage.md, "What stays bounded")."""
     if not getattr(store.backend, "private_copies", False):
         return
-    for name in store.backend.list("commits"):
+    for name in store.backend.list("commits") if commits else ():
         target = private_copy_of(name)
-        seq = _record_seq(target) if target is not None else None
-        if target == ".head" or (seq is not None and seq <= last):
+        if target is not None and (target == ".head" or _record_seq(target) is not None):
             store.backend.delete(f"commits/{name}")
     if through is None:
         return

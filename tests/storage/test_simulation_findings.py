@@ -262,27 +262,29 @@ def _plant(folder: Path, name: str, data: bytes = b"x") -> Path:
 
 def test_private_files_of_killed_local_writes_are_deleted_once_settled(tmp_path):
     """A local write killed between its private file and its link leaves
-    ``<name>.<32 hex>.tmp``: in commits/ it goes once that number is committed, in fates/
-    and versions/ once its number is 8 commits old; nothing else named like it goes
-    (found by the long history on local disk, crash seeds 1 and 2: they stayed for good)."""
+    ``<name>.<32 hex>.tmp``: a job killed as it created its commit record leaves its draft
+    too, and the job that deletes that draft deletes the record's private file; in fates/
+    and versions/ they go once their number is 8 commits old; nothing else named like
+    them goes (found by the long history on local disk, crash seeds 1 and 2: they
+    stayed for good)."""
     store = versions.VersionedStore(str(tmp_path / "s.zarr"))
     _committed(store, 1.0)
+    killed = store.begin()  # number 2: killed as it created commits/00000002.json
     root, hex32 = tmp_path / "s.zarr", "0123456789abcdef" * 2
     doomed = [
         _plant(root / "commits", f"00000002.json.{hex32}.tmp"),
         _plant(root / "commits", f".head.{hex32}.tmp"),
-        _plant(root / "fates", f"00000002-0123456789ab.{hex32}.tmp"),
-        _plant(root / "versions", f"00000002-0123456789ab.slem-dask.{hex32}.tmp"),
+        _plant(root / "fates", f"{killed.version}.{hex32}.tmp"),
+        _plant(root / "versions", f"{killed.version}.slem-dask.{hex32}.tmp"),
     ]
     kept = [
-        _plant(root / "commits", f"00000099.json.{hex32}.tmp"),  # not committed yet
         _plant(root / "commits", "notes.txt"),
         _plant(root / "commits", "00000002.json.tmp"),  # not a private file's name
         _plant(root / "fates", f"00000099-0123456789ab.{hex32}.tmp"),
         _plant(root / "versions", f"00000002-notes.{hex32}.tmp"),
     ]
-    _committed(store, 2.0)  # commits number 2: its record's private files go
-    assert not doomed[0].exists() and doomed[2].exists() and doomed[3].exists()
+    _committed(store, 2.0)  # number 2 by another job: the killed draft goes, and with it
+    assert [p.exists() for p in doomed] == [False, False, True, True]  # its record's
     for value in range(3, 12):
         _committed(store, float(value))
     store.collect_garbage()
