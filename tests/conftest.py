@@ -29,6 +29,34 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
+#: seeds of the simulation's sweeps (tests/sim/): CI's whole suite (--slow) runs the
+#: issue's 10,000; the fast suite a fifth, to stay well under 10 minutes on 2 cores
+SIM_SEEDS = {"slow": 10_000, "fast": 2_000}
+#: seeds of each garbage-bound sweep (longer runs each: rollbacks and kills)
+SIM_GARBAGE_SEEDS = {"slow": 2_000, "fast": 400}
+
+
+def _sim_count(config, variable: str, defaults: dict) -> int:
+    """``variable`` from the environment if set, else the default of this suite."""
+    if os.environ.get(variable):
+        return int(os.environ[variable])
+    return defaults["slow" if config.getoption("--slow") else "fast"]
+
+
+@pytest.fixture(scope="session")
+def sim_seeds(request) -> int:
+    """Seeds shared by the sweeps of one simulation test: ``SLEM_SIM_SEEDS``, else
+    10,000 with --slow and 2,000 without."""
+    return _sim_count(request.config, "SLEM_SIM_SEEDS", SIM_SEEDS)
+
+
+@pytest.fixture(scope="session")
+def sim_garbage_seeds(request) -> int:
+    """Seeds of each garbage-bound sweep: ``SLEM_SIM_XFAIL_SEEDS``, else 2,000 with
+    --slow and 400 without."""
+    return _sim_count(request.config, "SLEM_SIM_XFAIL_SEEDS", SIM_GARBAGE_SEEDS)
+
+
 @pytest.fixture
 def rng():
     return np.random.default_rng(12345)

@@ -111,7 +111,9 @@ def search_job(
     action = "replace" if options.overwrite and storage._exists(out) else "create"
     if committed is not None:  # this search again: up to date, or its inputs changed
         if committed["inputs"] == _inputs_now(q_arr, db_arr, queries, database):
-            return _up_to_date_report(queries, database, out, q_arr, db_arr, k, t0)
+            return _up_to_date_report(
+                queries, database, out, q_arr, db_arr, (k, options.metric), t0
+            )
         action = "search again (inputs changed)"
     n_queries = int(q_arr.shape[0])  # scores float64 and indices int64, k of each
     with (
@@ -121,7 +123,9 @@ def search_job(
         rows, partitions, times = _search_and_write(
             client, (queries, database, out), k, options, lease, action
         )
-    return _search_report(queries, database, out, k, action, (rows, partitions), (t0, *times))
+    return _search_report(
+        queries, database, out, (k, options.metric), action, (rows, partitions), (t0, *times)
+    )
 
 
 def search_input_warnings(q_arr, db_arr, queries: str, database: str, options) -> list[str]:
@@ -191,10 +195,11 @@ def _search_and_write(client, paths, k: int, options: SearchOptions, lease, acti
     return f"{q.shape[0]} x {db_arr.shape[0]}", db.numblocks[0], (t1, t2, time.perf_counter())
 
 
-def _search_report(queries, database, out, k: int, action: str, sizes, times) -> JobReport:
-    """The report of a search that wrote its result: ``sizes`` (rows, partitions),
-    ``times`` (start, searched from, written from, done)."""
+def _search_report(queries, database, out, asked, action: str, sizes, times) -> JobReport:
+    """The report of a search that wrote its result: ``asked`` (k, metric), ``sizes``
+    (rows, partitions), ``times`` (start, searched from, written from, done)."""
     rows, partitions = sizes
+    k, metric = asked
     t0, t1, t2, t3 = times
     report = JobReport("search")
     report.facts.update(
@@ -203,6 +208,7 @@ def _search_report(queries, database, out, k: int, action: str, sizes, times) ->
             "database": str(database),
             "rows": rows,
             "k": k,
+            "metric": metric,
             "partitions": partitions,
             "action": action,
             "out": str(out),
@@ -273,8 +279,10 @@ def _committed_search(out, queries, database, k: int, metric: str = "ip") -> dic
     return meta
 
 
-def _up_to_date_report(queries, database, out, q_arr, db_arr, k: int, t0: float) -> JobReport:
-    """The report of a re-run that found its committed result current: nothing written."""
+def _up_to_date_report(queries, database, out, q_arr, db_arr, asked, t0: float) -> JobReport:
+    """The report of a re-run that found its committed result current: nothing written.
+    ``asked``: (k, metric)."""
+    k, metric = asked
     report = JobReport("search")
     report.facts.update(
         {
@@ -282,6 +290,7 @@ def _up_to_date_report(queries, database, out, q_arr, db_arr, k: int, t0: float)
             "database": str(database),
             "rows": f"{q_arr.shape[0]} x {db_arr.shape[0]}",
             "k": k,
+            "metric": metric,
             "action": "up to date",
             "out": str(out),
         }

@@ -124,6 +124,9 @@ def unit_norm_warning(rows: dict, metric: str, tolerance: float = 0.1) -> str | 
     far = {}
     for name, x in rows.items():
         norms = np.sqrt(row_squares(x))
+        # non-finite rows are search's own error, named by row; here they would make
+        # the range read "nan to nan"
+        norms = norms[np.isfinite(norms)]
         if norms.size and np.any(np.abs(norms - 1.0) > tolerance):
             far[name] = (float(norms.min()), float(np.median(norms)), float(norms.max()))
     if not far:

@@ -176,9 +176,10 @@ def test_search_job_writes_a_completed_group(tmp_path, rng):
     np.testing.assert_allclose(scores, exp_scores)
     meta = storage.open_node(out, mode="r").attrs["slem_dask"]
     assert meta["complete"] is True and meta["kind"] == "search" and meta["k"] == 6
-    assert "search" in report.timings
+    assert "search" in report.timings and report.facts["metric"] == "ip"
     # the same search again finds it up to date (test_search_rerun_... for the rest)
-    assert search_job(None, qp, dbp, out, k=6).facts["action"] == "up to date"
+    again = search_job(None, qp, dbp, out, k=6).facts
+    assert again["action"] == "up to date" and again["metric"] == "ip"
     # an unfinished group is refused
     storage.open_node(out, mode="r+").attrs["slem_dask"] = {**meta, "complete": False}
     with pytest.raises(ValueError, match="commit record"):

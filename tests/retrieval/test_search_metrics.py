@@ -159,6 +159,17 @@ def test_unit_norm_warning():
     assert unit_norm_warning({"database": 30 * unit}, "l2") is None
 
 
+def test_unit_norm_warning_names_the_finite_rows_only():
+    """A NaN row among long rows: the warning gives the finite rows' range, never
+    "nan to nan" (search then names the NaN row in its own error); NaN rows alone give
+    no warning."""
+    rows = np.full((4, 3), 30.0 / np.sqrt(3))
+    rows[1] = np.nan
+    said = unit_norm_warning({"database": rows}, "ip")
+    assert said is not None and "database norms 30 to 30 (median 30)" in said
+    assert unit_norm_warning({"database": np.full((2, 3), np.nan)}, "ip") is None
+
+
 def other_blas(queries, database):
     """Another BLAS: each entry summed forward, backward or pairwise, at random."""
     products = np.asarray(queries, np.float64)[:, None, :] * np.asarray(database, np.float64)

@@ -7,7 +7,8 @@ mode at every storage call; the invariants are checked after every step, and eve
 failed or killed writer's command is run again without faults and must succeed. A
 failure names its seed and how to replay it (``SLEM_SIM_SEED``).
 
-``SLEM_SIM_SEEDS`` (default 10,000) seeds are shared between the modes of ``SWEEPS``.
+``SLEM_SIM_SEEDS`` seeds (10,000 with --slow, as CI runs it; 2,000 in the fast suite:
+tests/conftest.py) are shared between the modes of ``SWEEPS``.
 What today's code still gets wrong is marked xfail(strict), with the seed that shows
 it, so that it fails loudly once fixed (remove the mark).
 """
@@ -25,10 +26,6 @@ from sim import run as sim
 
 from slem_dask.storage.outcomes import at_the_boundary
 
-#: seeds in all of the default suite's sweeps, shared between its modes (10,000)
-SEEDS = int(os.environ.get("SLEM_SIM_SEEDS", "10000"))
-#: seeds tried by a sweep that is expected to fail (it stops at the first failure)
-XFAIL_SEEDS = int(os.environ.get("SLEM_SIM_XFAIL_SEEDS", "2000"))
 
 #: mode -> (options, what it adds): every fault kind, alone and at once
 SWEEPS = {
@@ -81,7 +78,7 @@ def processes():
 
 
 @pytest.mark.parametrize("mode", sorted(SWEEPS))
-def test_every_invariant_holds(mode, processes):
+def test_every_invariant_holds(mode, processes, sim_seeds):
     """Writers, readers, garbage collection, verify and rollback against one store,
     call by call in every order the seeds give, under the faults of ``mode``
     (``SWEEPS``): every invariant of tests/sim/checks.py holds after every step, and
@@ -91,7 +88,7 @@ def test_every_invariant_holds(mode, processes):
 
     options = dict(SWEEPS[mode][0])
     run_mode = "interleave" if mode == "user_draft" else mode
-    failure = sweep.run_split(processes, "sim", run_mode, -(-SEEDS // len(SWEEPS)), **options)
+    failure = sweep.run_split(processes, "sim", run_mode, -(-sim_seeds // len(SWEEPS)), **options)
     assert failure is None, failure
 
 
@@ -270,16 +267,16 @@ def test_a_commit_that_lands_after_the_job_gave_up_names_a_whole_version(monkeyp
 # -- the bound on garbage (docs/guarantees-garbage.md) -------------------------------------
 
 
-def test_garbage_stays_within_the_bound_when_killed():
+def test_garbage_stays_within_the_bound_when_killed(sim_garbage_seeds):
     """A fenced writer that regrows its deleted draft, then is killed, leaves nothing
     that the next job cannot prove slem-dask's (seed 321 before the fix)."""
-    _sweep("crash", XFAIL_SEEDS, rollback=True, bound=True)
+    _sweep("crash", sim_garbage_seeds, rollback=True, bound=True)
 
 
-def test_garbage_stays_within_the_bound_under_every_fault():
+def test_garbage_stays_within_the_bound_under_every_fault(sim_garbage_seeds):
     """The same under every fault at once: a write in flight (timed out, or slow) that
     lands after the draft was deleted, by its own job or another (seeds 1, 34 before)."""
-    _sweep("all", XFAIL_SEEDS, rollback=True, bound=True)
+    _sweep("all", sim_garbage_seeds, rollback=True, bound=True)
 
 
 # -- replay ------------------------------------------------------------------------------

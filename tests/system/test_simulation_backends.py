@@ -4,14 +4,14 @@ that retry and fail as s3fs/botocore, gcsfs/aiohttp and adlfs/azure-core do (the
 exception types, most no OSError), and over the real LocalBackend on a folder of files
 with faults at its os calls (tests/sim/backends.py, docs/testing-faults.md).
 
-``SLEM_SIM_SEEDS`` (default 10,000) seeds are shared between the sweeps of
+``SLEM_SIM_SEEDS`` seeds (10,000 with --slow, as CI runs it; 2,000 in the fast suite:
+tests/conftest.py) are shared between the sweeps of
 ``sim.sweep.SWEEPS``, run on every core. What today's code still gets wrong is listed
 in ``KNOWN`` with the seed that shows it, so that the sweep fails loudly once fixed.
 """
 
 from __future__ import annotations
 
-import os
 
 import pytest
 
@@ -23,20 +23,18 @@ pytest.importorskip("adlfs")
 from sim import history, sweep
 from sim import run as sim
 
-#: seeds of all the sweeps through the real backends together (10,000)
-SEEDS = int(os.environ.get("SLEM_SIM_SEEDS", "10000"))
 
 #: (backend, mode) -> what still fails there, and the seed that showed it first
 KNOWN: dict = {}
 
 
-def test_every_invariant_holds_on_the_real_backends():
+def test_every_invariant_holds_on_the_real_backends(sim_seeds):
     """Every mode on every backend (``sim.sweep.SWEEPS``), its share of the seeds each:
     every invariant of tests/sim/checks.py holds after every step; every failed or
     killed writer's command, run again, succeeds; every job ends in success or one line
     of an expected kind."""
     failures, fixed = [], []
-    for backend, mode, ran, failure in sweep.run_all(sweep.SWEEPS, SEEDS):
+    for backend, mode, ran, failure in sweep.run_all(sweep.SWEEPS, sim_seeds):
         label = f"{backend} {mode}"
         if failure and (backend, mode) not in KNOWN:
             failures.append(f"{label} ({ran} seeds): {failure}")
