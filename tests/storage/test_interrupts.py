@@ -1,0 +1,151 @@
+"""Ctrl-C ends every job that writes a versioned store within seconds, even when the
+store has stopped answering (issue 38, "Deadlines everywhere"): the clean-up an
+interrupt runs (abandoning the draft, releasing the lease, the pruning beside the
+draft) is waited for a few seconds at most, the lease's heartbeat stops, and the
+same job completes once the store answers again.
+
+A store that stopped answering is simulated on local disk: once the job is
+interrupted, every call of :class:`~slem_dask.storage.local.LocalBackend` blocks until
+the test ends (a request that never answers; the object stores' own, through the
+fault proxy's black hole, are in tests/system/test_fault_proxy.py)."""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+
+from slem_dask.storage import groups, leases, versions
+from slem_dask.storage.local import LocalBackend
+
+#: A test waits this long for an interrupted call to return, never forever: generous
+#: (a loaded machine), and far below "never" (the old code's bound with a silent store).
+RETURN_WITHIN = 120.0
+CALLS = ("read", "create", "put", "list", "exists", "delete", "remove_tree", "copy_tree")
+
+
+@pytest.fixture
+def silent(monkeypatch):
+    """``silent.stop()``: from then on every LocalBackend call blocks until the test
+    ends (or ``silent.resume()``)."""
+
+    class Silent:
+        stopped = False
+        answer = threading.Event()
+
+        def stop(self):
+            self.stopped = True
+
+        def resume(self):
+            self.stopped = False
+            self.answer.set()
+
+    state = Silent()
+    for name in CALLS:
+        original = getattr(LocalBackend, name)
+
+        def blocking(self, *args, _original=original, **kwargs):
+            if state.stopped:
+                state.answer.wait()
+            return _original(self, *args, **kwargs)
+
+        monkeypatch.setattr(LocalBackend, name, blocking)
+    yield state
+    state.resume()  # the threads the job left waiting end with the test
+    for thread in threading.enumerate():
+        if thread.name in ("slem-dask-abandon", "lease-release"):
+            thread.join(RETURN_WITHIN)
+
+
+def _interrupted_within_bound(call) -> None:
+    """Run ``call`` (which gets a KeyboardInterrupt) in a thread: it must raise it and
+    return within RETURN_WITHIN seconds, its lease's heartbeat stopped."""
+    raised: list[BaseException] = []
+
+    def run():
+        try:
+            call()
+        except BaseException as exc:  # noqa: BLE001 - handed to the test
+            raised.append(exc)
+
+    job = threading.Thread(target=run, daemon=True)
+    job.start()
+    job.join(RETURN_WITHIN)
+    assert not job.is_alive(), "the interrupted job still waits on its silent store"
+    assert raised and isinstance(raised[0], KeyboardInterrupt), raised
+    beating = [t.name for t in threading.enumerate() if t.name.startswith("slem-dask-lease-")]
+    assert not beating, f"the lease is still renewed: {beating}"
+
+
+ARRAYS = {"w": np.arange(12, dtype="float64").reshape(3, 4)}
+
+
+def test_an_interrupted_write_group_ends_with_its_store_silent(tmp_path, silent, monkeypatch):
+    """write_group abandoned its draft on Ctrl-C as on any failure, and released its
+    lease: each waited for the silent store (minutes a request by default)."""
+    path = tmp_path / "model.zarr"
+    write_arrays = groups._write_arrays
+
+    def interrupted(group, arrays):
+        silent.stop()
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(groups, "_write_arrays", interrupted)
+    _interrupted_within_bound(lambda: groups.write_group(path, {"kind": "t"}, ARRAYS, "test"))
+    silent.resume()
+    monkeypatch.setattr(groups, "_write_arrays", write_arrays)
+    for thread in threading.enumerate():  # what the interrupt left to finish
+        if thread.name in ("slem-dask-abandon", "lease-release"):
+            thread.join(RETURN_WITHIN)
+    commit = groups.write_group(path, {"kind": "t"}, ARRAYS, "test")  # the same job again
+    assert commit.seq == 1 and versions.VersionedStore(path).head() == commit
+
+
+def _two_versions(path) -> None:
+    for i in range(2):
+        groups.write_group(path, {"kind": "t"}, {"w": ARRAYS["w"] + i}, "test", overwrite=True)
+
+
+def test_an_interrupted_rollback_ends_with_its_store_silent(tmp_path, silent, monkeypatch):
+    """rollback_to abandoned its draft on Ctrl-C, waiting for the silent store."""
+    path = tmp_path / "model.zarr"
+    _two_versions(path)
+    copy_tree = LocalBackend.copy_tree
+
+    def interrupted(self, *args, **kwargs):
+        silent.stop()
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(LocalBackend, "copy_tree", interrupted)
+    store = versions.VersionedStore(path)
+    _interrupted_within_bound(lambda: store.rollback(1))
+    silent.resume()
+    monkeypatch.setattr(LocalBackend, "copy_tree", copy_tree)
+    for thread in threading.enumerate():
+        if thread.name in ("slem-dask-abandon", "lease-release"):
+            thread.join(RETURN_WITHIN)
+    commit = versions.VersionedStore(path).rollback(1)  # the same job again
+    assert commit.seq == 3 and commit.source == "rollback to 1"
+
+
+def test_an_interrupted_heartbeat_does_not_renew_the_lease(tmp_path, monkeypatch):
+    """A heartbeat whose read outlived the job's end (an interrupt while it waited on a
+    silent store) wrote the lease once more: renewed by a job that had ended."""
+    monkeypatch.setattr(leases, "LEASE_HEARTBEAT", 0.05)
+    lease = leases.Lease(tmp_path / "out.zarr", "test").acquire()
+    reading, answer = threading.Event(), threading.Event()
+    read = lease.read
+
+    def slow_read():
+        reading.set()
+        answer.wait()
+        return read()
+
+    monkeypatch.setattr(lease, "read", slow_read)
+    assert reading.wait(RETURN_WITHIN)  # the heartbeat waits on its read
+    lease._stop.set()  # the job ends (release() does this first)
+    before = read()
+    answer.set()
+    lease._thread.join(RETURN_WITHIN)
+    assert not lease._thread.is_alive() and read() == before
