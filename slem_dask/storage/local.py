@@ -16,11 +16,13 @@ import shutil
 import uuid
 
 from .backend import Backend
+from .local_deadline import with_deadlines
 from .outcomes import UNKNOWN, os_error_kind, settle_create
 
 __all__ = ["LocalBackend"]
 
 
+@with_deadlines  # a hung network mount blocks a call for ever: local_deadline
 class LocalBackend(Backend):
     def __init__(self, root: str):
         self.root = root.rstrip("/") or "/"

@@ -11,12 +11,14 @@ fault proxy's black hole, are in tests/system/test_fault_proxy.py)."""
 
 from __future__ import annotations
 
+import os
 import threading
+import time
 
 import numpy as np
 import pytest
 
-from slem_dask.storage import groups, leases, versions
+from slem_dask.storage import deadlines, groups, leases, local_deadline, outcomes, versions
 from slem_dask.storage.local import LocalBackend
 
 #: A test waits this long for an interrupted call to return, never forever: generous
@@ -149,3 +151,96 @@ def test_an_interrupted_heartbeat_does_not_renew_the_lease(tmp_path, monkeypatch
     answer.set()
     lease._thread.join(RETURN_WITHIN)
     assert not lease._thread.is_alive() and read() == before
+
+
+# -- a local disk that stops answering (a hung NFS mount): the protocol's calls have a
+# deadline too (slem_dask/storage/local_deadline.py)
+
+
+@pytest.fixture
+def short_local_deadline(monkeypatch):
+    monkeypatch.setenv(deadlines.ENV_TIMEOUT, "0.5")
+    monkeypatch.setenv(deadlines.ENV_ATTEMPTS, "2")
+    assert local_deadline.local_bound() == 1.0
+
+
+@pytest.fixture
+def hung_link(monkeypatch):
+    """``os.link`` to a name under ``commits/`` blocks until ``.set()`` (a hung mount),
+    then makes the link (a request that lands late)."""
+    answer = threading.Event()
+    link = os.link
+
+    def hung(src, dst, *args, **kwargs):
+        if "/commits/" in str(dst):
+            answer.wait()
+        return link(src, dst, *args, **kwargs)
+
+    monkeypatch.setattr(os, "link", hung)
+    yield answer
+    answer.set()
+
+
+def _within_bound(call):
+    answer: list = []
+
+    def run():
+        try:
+            answer.append(call())
+        except BaseException as exc:  # noqa: BLE001 - handed to the test
+            answer.append(exc)
+
+    job = threading.Thread(target=run, daemon=True)
+    job.start()
+    job.join(RETURN_WITHIN)
+    assert not job.is_alive(), "the call still waits on a local disk that does not answer"
+    return answer[0]
+
+
+def test_a_local_call_that_never_returns_meets_its_deadline(
+    tmp_path, short_local_deadline, hung_link
+):
+    """A hung mount held a local call for ever: now it raises, as unknown (it may land
+    later), in one line naming the file and the deadline's variables."""
+    backend = LocalBackend(str(tmp_path))
+    raised = _within_bound(lambda: backend.create("commits/1.json", b"x"))
+    assert isinstance(raised, outcomes.OutcomeUnknownError), raised
+    assert deadlines.is_timeout(raised)
+    line = str(raised)
+    assert "\n" not in line and f"{tmp_path}/commits/1.json" in line, line
+    assert "within 1 s" in line and deadlines.ENV_TIMEOUT in line, line
+    assert backend.read("other") is None  # the disk's other calls still answer
+    hung_link.set()  # the hung call lands late: what a read-back then sees
+    _within_bound(lambda: _until(lambda: backend.read("commits/1.json") == b"x"))
+
+
+def _until(condition) -> bool:
+    while not condition():
+        time.sleep(0.05)
+    return True
+
+
+def test_a_commit_whose_local_create_never_returns_is_settled_by_reading_back(
+    tmp_path, short_local_deadline, hung_link
+):
+    """The commit record's create on a hung mount: the job ends, its outcome unknown
+    (its draft kept, as on an object store); once the mount answers and the create
+    lands, the store reads back that version, whole."""
+    path = tmp_path / "model.zarr"
+    raised = _within_bound(lambda: groups.write_group(path, {"kind": "t"}, ARRAYS, "test"))
+    assert isinstance(raised, versions.CommitUnknownError), raised
+    assert "\n" not in str(raised), raised
+    beating = [t.name for t in threading.enumerate() if t.name.startswith("slem-dask-lease-")]
+    assert not beating, beating
+    hung_link.set()
+    store = versions.VersionedStore(path)
+    _within_bound(lambda: _until(lambda: store.head() is not None))
+    assert store.head().seq == 1
+    store.check(store.head())  # its folder was kept: the version reads whole
+    assert np.array_equal(groups.read_group_arrays(_group(path), path, "t")["w"], ARRAYS["w"])
+
+
+def _group(path):
+    from slem_dask.storage.groups import _open_group
+
+    return _open_group(path)

@@ -102,10 +102,13 @@ def _inputs(root: str) -> dict:
     return data
 
 
+WITHOUT_CLUSTER = ("rollback", "export")  # commands of stores, that start no cluster
+
+
 def _run(command: list, capsys) -> tuple[int, str]:
     code = main(
         [*command, "--local-cluster", "threads", "--no-progress"]
-        if command[0] != "rollback"
+        if command[0] not in WITHOUT_CLUSTER
         else command
     )
     return code, capsys.readouterr().err
@@ -262,7 +265,9 @@ def _silenced_at_first_chunk(
     first = Rule("chunk", "silent", WRITES)
     proxy.rules = [first]
     env = {**os.environ, "PYTHONPATH": script_pythonpath()}
-    cluster = [] if command[0] == "rollback" else ["--local-cluster", "threads", "--no-progress"]
+    cluster = (
+        [] if command[0] in WITHOUT_CLUSTER else ["--local-cluster", "threads", "--no-progress"]
+    )
     job = subprocess.Popen(
         [sys.executable, "-m", "slem_dask", *command, *cluster],
         env=env,
@@ -363,6 +368,7 @@ def _jobs_that_write(root: str) -> dict:
         ],
         "search": [*_commands(root)[2], "--overwrite"],
         "rollback": ["rollback", f"{root}/out.zarr", "--to", "1"],
+        "export": ["export", f"{root}/out.zarr", "--to", f"{root}/exported.zarr"],
     }
 
 
