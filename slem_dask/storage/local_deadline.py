@@ -26,6 +26,7 @@ killable), and a call not yet started when its caller gave up is never run.
 from __future__ import annotations
 
 import functools
+import os
 import queue
 import threading
 
@@ -68,6 +69,16 @@ class _Call:
 _idle: list[queue.SimpleQueue] = []  # workers waiting for a call
 _idle_lock = threading.Lock()
 _on_worker = threading.local()
+
+
+def _forget_workers() -> None:
+    """In a forked child: the workers' threads did not come along."""
+    global _idle_lock
+    _idle.clear()
+    _idle_lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forget_workers)
 
 
 def _serve(calls: queue.SimpleQueue) -> None:

@@ -244,3 +244,22 @@ def _group(path):
     from slem_dask.storage.groups import _open_group
 
     return _open_group(path)
+
+
+def test_a_forked_child_starts_its_own_disk_workers(tmp_path):
+    """A child forked after a bounded call inherited the idle workers' queues, not
+    their threads: its every local call would have waited for its deadline."""
+    import multiprocessing
+
+    backend = LocalBackend(str(tmp_path))
+    backend.put("k", b"v")  # a worker now waits for the next call
+    child = multiprocessing.get_context("fork").Process(target=_read_or_fail, args=(str(tmp_path),))
+    child.start()
+    child.join(RETURN_WITHIN)
+    assert child.exitcode == 0, child.exitcode
+
+
+def _read_or_fail(root: str) -> None:
+    os.environ[deadlines.ENV_TIMEOUT] = "30"
+    os.environ[deadlines.ENV_ATTEMPTS] = "1"
+    os._exit(0 if LocalBackend(root).read("k") == b"v" else 1)
