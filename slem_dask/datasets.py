@@ -142,6 +142,7 @@ def write_corpus(
     """
     from . import storage
     from .storage import versions
+    from .storage.rollback import abandon_after_failure
 
     where = storage.canonical(path)
     with storage.Lease(where, "write corpus") as lease:
@@ -152,6 +153,9 @@ def write_corpus(
             _write_group(corpus, draft.location, chunk_rows, attrs)
             lease.check()
             store.commit(draft, "corpus", "write corpus", {"n_instances": int(len(corpus.queries))})
+        except KeyboardInterrupt:  # within seconds, answered or not
+            abandon_after_failure(store, draft, interrupted=True)
+            raise
         except BaseException:
             store.abandon(draft)  # quick to write again: nothing worth resuming
             raise

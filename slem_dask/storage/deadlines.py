@@ -17,8 +17,9 @@ win):
 
 :meth:`Deadlines.request_bound` is the most one request can take before it raises, per
 store kind; a job whose store is silent ends after a few of those (docs/object-stores.md,
-"When a store stops answering"). Local disk has no deadline: a hung NFS mount is the
-kernel's to time out (mount with ``soft,timeo=``).
+"When a store stops answering"). On local disk the protocol's own calls get
+``timeout`` x ``attempts`` seconds (:mod:`.local_deadline`: a hung NFS mount), zarr's
+chunk I/O and the bulk calls none (mount with ``soft,timeo=`` for those).
 """
 
 from __future__ import annotations

@@ -3,6 +3,7 @@ versioned store, read back before they are committed, and read with every check.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 
@@ -73,41 +74,43 @@ def write_group(
     under ``lease`` (taken here if not given).
     """
     path = canonical(path)
-    own = lease is None
-    lease = lease or Lease(path, f"write {what}").acquire()
+    with contextlib.ExitStack() as held:
+        if lease is None:  # its exit ends an interrupted job within seconds, answered or not
+            lease = held.enter_context(Lease(path, f"write {what}"))
+        return _write_group_leased(path, meta, arrays, what, overwrite, lease, job)
+
+
+def _write_group_leased(
+    path, meta: dict, arrays: dict[str, np.ndarray], what: str, overwrite: bool, lease, job
+) -> versions.Commit:
+    """:func:`write_group` under ``lease``."""
+    # under the lease: what is at the path stays as checked until it is replaced
+    _check_overwrite(path, overwrite, what, "overwrite=True (CLI: --overwrite)", meta.get("kind"))
+    replace_legacy(path, what)
+    store = versions.VersionedStore(path)
+    store.make_room()  # always commits: the oldest version goes first
+    draft = store.begin()
     try:
-        # under the lease: what is at the path stays as checked until it is replaced
-        _check_overwrite(
-            path, overwrite, what, "overwrite=True (CLI: --overwrite)", meta.get("kind")
+        group = zarr.open_group(store=zarr_store(draft.location, "w"), mode="w", zarr_format=3)
+        _write_arrays(group, arrays)
+        # every chunk's crc32c, in the checksummed metadata: a chunk swapped in from
+        # another version (itself self-consistent) is told from the one written here
+        meta = {**meta, CHUNK_CRC32C: {key: chunk_trailers(arr) for key, arr in group.arrays()}}
+        group.attrs[ATTR] = {**meta, "metadata_checksum": metadata_checksum(meta)}
+        _check_written(draft.location, arrays, what)
+        lease.check()  # no other job took the store over meanwhile
+        commit = store.commit(
+            draft,
+            meta.get("kind", "group"),
+            job or f"write {what}",
+            {k: meta[k] for k in ("model", "k") if k in meta},
         )
-        replace_legacy(path, what)
-        store = versions.VersionedStore(path)
-        store.make_room()  # always commits: the oldest version goes first
-        draft = store.begin()
-        try:
-            group = zarr.open_group(store=zarr_store(draft.location, "w"), mode="w", zarr_format=3)
-            _write_arrays(group, arrays)
-            # every chunk's crc32c, in the checksummed metadata: a chunk swapped in from
-            # another version (itself self-consistent) is told from the one written here
-            meta = {**meta, CHUNK_CRC32C: {key: chunk_trailers(arr) for key, arr in group.arrays()}}
-            group.attrs[ATTR] = {**meta, "metadata_checksum": metadata_checksum(meta)}
-            _check_written(draft.location, arrays, what)
-            lease.check()  # no other job took the store over meanwhile
-            commit = store.commit(
-                draft,
-                meta.get("kind", "group"),
-                job or f"write {what}",
-                {k: meta[k] for k in ("model", "k") if k in meta},
-            )
-        except versions.CommitUnknownError:
-            raise  # its record may still land, naming the draft: it stays
-        except BaseException:
-            abandon_after_failure(store, draft)  # small: nothing worth resuming
-            raise
-        return commit
-    finally:
-        if own:
-            lease.release()
+    except versions.CommitUnknownError:
+        raise  # its record may still land, naming the draft: it stays
+    except BaseException as exc:  # small: nothing worth resuming; Ctrl-C: within seconds
+        abandon_after_failure(store, draft, interrupted=isinstance(exc, KeyboardInterrupt))
+        raise
+    return commit
 
 
 def _write_arrays(group: zarr.Group, arrays: dict[str, np.ndarray]) -> None:

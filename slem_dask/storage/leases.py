@@ -268,8 +268,9 @@ class Lease:
                 continue  # says how long that may go on); the heartbeat goes on
             if not record or record.get("token") != self.token:
                 return  # taken over: check() will refuse the commit
-            if self.trusted_for() <= 0:
-                return  # the read outlived the lease (a silent store): do not write
+            if self.trusted_for() <= 0 or self._stop.is_set():
+                return  # the read outlived the lease (a silent store), or the job ended
+                # while it waited (an interrupt): do not write
             self._beat_no += 1
             started = time.monotonic()
             try:

@@ -16,6 +16,7 @@ import shutil
 import uuid
 
 from .backend import Backend
+from .local_deadline import with_deadlines
 from .outcomes import UNKNOWN, os_error_kind, settle_create
 
 __all__ = ["LocalBackend"]
@@ -32,6 +33,7 @@ def _discard(tmp: str) -> None:
             raise
 
 
+@with_deadlines  # a hung network mount blocks a call for ever: local_deadline
 class LocalBackend(Backend):
     #: writes leave ``<key>.<32 hex>.tmp`` when killed before the link or rename: the
     #: garbage collection deletes those of settled keys (:func:`.gc._forget_private_copies`)

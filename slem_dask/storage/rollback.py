@@ -4,22 +4,47 @@ which holds the store's lease around it)."""
 
 from __future__ import annotations
 
+import threading
+
 from .outcomes import FAILED
 from .publish import CommitUnknownError
 from .records import Commit, VersionError
 
-__all__ = ["rollback_to", "abandon_after_failure"]
+__all__ = ["rollback_to", "abandon_after_failure", "INTERRUPTED_ABANDON_WAIT"]
+
+#: The most seconds an interrupted job (Ctrl-C) waits for its draft to be abandoned.
+INTERRUPTED_ABANDON_WAIT = 3.0
 
 
-def abandon_after_failure(store, draft) -> None:
+def abandon_after_failure(store, draft, interrupted: bool = False) -> None:
     """Abandon ``draft`` after its job failed, best effort: the job's own error is the
     one to report, and a storage that fails here too (a burst of 503s) leaves the draft
     to the next job that writes (:mod:`.gc`). :meth:`~.versions.VersionedStore.abandon`
-    itself keeps a draft whose commit outcome is unknown."""
+    itself keeps a draft whose commit outcome is unknown.
+
+    ``interrupted`` (Ctrl-C): the job ends within seconds even when its store does not
+    answer (each request would wait for its deadline, minutes by default): the abandon
+    runs in a thread waited for :data:`INTERRUPTED_ABANDON_WAIT` s at most, and a draft
+    it did not finish deleting is left as a killed job's is, to the next job that
+    writes (a kill may come at any step of an abandon: each is safe to stop after)."""
+    if not interrupted:
+        _abandon_quietly(store, draft)
+        return
+    thread = threading.Thread(
+        target=_abandon_quietly, args=(store, draft, True), daemon=True, name="slem-dask-abandon"
+    )
+    thread.start()
+    thread.join(INTERRUPTED_ABANDON_WAIT)
+
+
+def _abandon_quietly(store, draft, in_thread: bool = False) -> None:
     try:
         store.abandon(draft)
     except FAILED:
         pass
+    except BaseException:  # noqa: BLE001 - a thread that may outlive the job: the
+        if not in_thread:  # interpreter may be exiting while it waits (its client's
+            raise  # loop gone), with nothing left to tell
 
 
 def rollback_to(store, seq: int, job: str) -> Commit:
@@ -56,8 +81,8 @@ def rollback_to(store, seq: int, job: str) -> Commit:
         record = store.commit(draft, old.kind, job, old.summary, source)
     except CommitUnknownError:
         raise  # its record may still land, naming the draft: it stays
-    except BaseException:
-        abandon_after_failure(store, draft)  # kept if its commit's outcome is unknown
+    except BaseException as exc:  # kept if its commit's outcome is unknown
+        abandon_after_failure(store, draft, interrupted=isinstance(exc, KeyboardInterrupt))
         raise
     try:
         store.collect_garbage()

@@ -70,7 +70,7 @@ from .records import (
 from .markers import MARKER, check_own_folders, is_link, listed, marker_document, trusted
 from .publish import CommitConflictError, CommitUnknownError, publish
 from .registry import backend_for
-from .rollback import rollback_to
+from .rollback import INTERRUPTED_ABANDON_WAIT, rollback_to
 from .rootmarker import mark_after_commit
 
 __all__ = [
@@ -256,10 +256,14 @@ class VersionedStore:
 
         thread = threading.Thread(target=prune, name="slem-dask-make-room", daemon=True)
         thread.start()
+        interrupted = False
         try:
             yield
+        except KeyboardInterrupt:  # Ctrl-C ends the job within seconds, answered or not
+            interrupted = True  # (it prunes only what no reader or draft needs)
+            raise
         finally:
-            thread.join()
+            thread.join(INTERRUPTED_ABANDON_WAIT if interrupted else None)
         if failure:
             raise failure[0]
 

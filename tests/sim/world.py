@@ -25,7 +25,7 @@ import types
 from greenlet import getcurrent, greenlet
 
 from slem_dask.storage import backend as backend_module
-from slem_dask.storage import heads, leases, versions
+from slem_dask.storage import heads, leases, local_deadline, versions
 
 from . import backends
 from .server import Faults, SimServer
@@ -351,6 +351,9 @@ def _patches(world: World) -> dict:
         # one OS thread: a greenlet that waits on a held threading.Lock deadlocks
         (backend_module, "_PROBE_LOCK"): contextlib.nullcontext(),
         (backend_module, "uuid"): types.SimpleNamespace(uuid4=_uuid4),
+        # local disk's calls in this thread, on the world's clock (greenlets: one OS
+        # thread); a deadline's own test blocks a real call (tests/storage/test_interrupts)
+        (local_deadline, "call_within"): lambda function, seconds, what: function(),
         # the heads this process saw (a listing's starting point): none, per world,
         # else a seed's calls depend on the seeds run before it
         (heads, "_HEAD_SEEN"): {},

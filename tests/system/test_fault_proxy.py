@@ -102,10 +102,13 @@ def _inputs(root: str) -> dict:
     return data
 
 
+WITHOUT_CLUSTER = ("rollback", "export")  # commands of stores, that start no cluster
+
+
 def _run(command: list, capsys) -> tuple[int, str]:
     code = main(
         [*command, "--local-cluster", "threads", "--no-progress"]
-        if command[0] != "rollback"
+        if command[0] not in WITHOUT_CLUSTER
         else command
     )
     return code, capsys.readouterr().err
@@ -251,25 +254,22 @@ def _encode(root: str, source: str = "pos") -> list:
     ]
 
 
-def _silenced_at_first_chunk(proxy, command: list, interrupt_after: float | None = None):
+def _silenced_at_first_chunk(
+    proxy, command: list, interrupt_after: float | None = None, within: float | None = None
+):
     """Run ``command`` in its own process; its store stops answering when the job writes
     its first chunk (every request from then on is held unanswered); ``interrupt_after``:
     seconds after which it gets SIGINT (Ctrl-C). Its exit status, stderr, and the seconds
     it took from then on, once it ended on its own (a test that waits, never one that
-    hangs)."""
+    hangs: ``within`` seconds at most, else it fails)."""
     first = Rule("chunk", "silent", WRITES)
     proxy.rules = [first]
     env = {**os.environ, "PYTHONPATH": script_pythonpath()}
+    cluster = (
+        [] if command[0] in WITHOUT_CLUSTER else ["--local-cluster", "threads", "--no-progress"]
+    )
     job = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "slem_dask",
-            *command,
-            "--local-cluster",
-            "threads",
-            "--no-progress",
-        ],
+        [sys.executable, "-m", "slem_dask", *command, *cluster],
         env=env,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
@@ -285,7 +285,10 @@ def _silenced_at_first_chunk(proxy, command: list, interrupt_after: float | None
             time.sleep(interrupt_after)
             job.send_signal(signal.SIGINT)
         since = time.monotonic()
-        _, err = job.communicate(timeout=_silent_bound(proxy.kind))
+        try:
+            _, err = job.communicate(timeout=within or _silent_bound(proxy.kind))
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"{command[0]} had not ended {within:g} s after its store went silent")
     except BaseException:
         job.kill()
         job.communicate()
@@ -348,3 +351,49 @@ def test_ctrl_c_ends_a_job_whose_store_stopped_answering_within_seconds(proxy, c
     assert lines[0].startswith("slem-dask encode: interrupted"), lines[0]
     assert took < INTERRUPT_BOUND, (took, lines[0])
     print(f"{proxy.kind}: ended {took:.1f} s after Ctrl-C: {lines[0]}")
+
+
+def _jobs_that_write(root: str) -> dict:
+    """Each command that writes a store (the store it writes exists already), and the
+    store: its first chunk written is where the store stops answering."""
+    return {
+        "fit": [*_commands(root)[0], "--overwrite"],
+        "fit --kernel rbf": [
+            *_commands(root)[0][:4],
+            f"{root}/kernel.zarr",
+            "--kernel",
+            "rbf",
+            "--rank",
+            "16",
+        ],
+        "search": [*_commands(root)[2], "--overwrite"],
+        "rollback": ["rollback", f"{root}/out.zarr", "--to", "1"],
+        "export": ["export", f"{root}/out.zarr", "--to", f"{root}/exported.zarr"],
+    }
+
+
+@pytest.mark.slow
+def test_ctrl_c_ends_every_job_that_writes_a_store_that_stopped_answering(proxy, capsys):
+    """Only encode ended within seconds: fit, search and rollback abandoned their draft
+    on Ctrl-C as on any failure (write_group, rollback_to), each request of it waiting
+    for its deadline (minutes by default, as here). Each now ends within seconds, in
+    one line, and the same command completes once the store answers again."""
+    assert deadlines.current().request_bound(proxy.kind) > 2 * INTERRUPT_BOUND
+    root = proxy.root
+    _inputs(root)
+    for command in _commands(root)[:4]:  # a model, an output of 2 versions, a search
+        assert _run(command, capsys)[0] == 0, command
+    for name, command in _jobs_that_write(root).items():
+        code, err, took = _silenced_at_first_chunk(
+            proxy, command, interrupt_after=2.0, within=2 * INTERRUPT_BOUND
+        )
+        lines = err.strip().splitlines()
+        assert code == 130 and len(lines) == 1, (name, err)
+        assert lines[0].startswith(f"slem-dask {command[0]}: interrupted"), lines[0]
+        assert took < INTERRUPT_BOUND, (name, took, lines[0])
+        print(f"{proxy.kind} {name}: ended {took:.1f} s after Ctrl-C: {lines[0]}")
+        proxy.resume()
+        code, err = _run(command, capsys)
+        assert code == 0, (name, err)
+    for name in ("model.zarr", "kernel.zarr", "out.zarr", "hits.zarr"):
+        assert storage.verify(f"{root}/{name}")[1] == [], name
