@@ -111,9 +111,7 @@ def search_job(
     action = "replace" if options.overwrite and storage._exists(out) else "create"
     if committed is not None:  # this search again: up to date, or its inputs changed
         if committed["inputs"] == _inputs_now(q_arr, db_arr, queries, database):
-            return _up_to_date_report(
-                queries, database, out, q_arr, db_arr, (k, options.metric), t0
-            )
+            return _up_to_date_report(queries, database, out, (q_arr, db_arr), options, t0)
         action = "search again (inputs changed)"
     n_queries = int(q_arr.shape[0])  # scores float64 and indices int64, k of each
     with (
@@ -279,10 +277,10 @@ def _committed_search(out, queries, database, k: int, metric: str = "ip") -> dic
     return meta
 
 
-def _up_to_date_report(queries, database, out, q_arr, db_arr, asked, t0: float) -> JobReport:
+def _up_to_date_report(queries, database, out, arrays, options, t0: float) -> JobReport:
     """The report of a re-run that found its committed result current: nothing written.
-    ``asked``: (k, metric)."""
-    k, metric = asked
+    ``arrays``: (queries, database) as read."""
+    (q_arr, db_arr), k, metric = arrays, options.k, options.metric
     report = JobReport("search")
     report.facts.update(
         {
