@@ -26,6 +26,7 @@ import time
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _physical import physical_floor, physical_summary  # noqa: E402,F401 - re-exported
 from _report import (  # noqa: E402,F401 - re-exported: the scripts call C.band, C.spread...
     CONTENDER_NAMES,
     add_band_arg,
@@ -397,13 +398,17 @@ def cluster_cpu_seconds(client) -> float:
     return own() + sum(workers.values())
 
 
-def settle(seconds: float = 0.3) -> None:
+def settle(seconds: float = 0.3, outputs=(), inputs=(), client=None) -> None:
     """Before a timed contender: flush the dirty pages earlier contenders wrote (an
     encode writes n x d floats; their writeback would be paid by whoever runs next)
     and wait for idle OpenBLAS threads to stop spinning (they spin for about 100 ms
-    of a core after a multi-threaded call, such as the numpy contender's product)."""
-    os.sync()
-    time.sleep(seconds)
+    of a core after a multi-threaded call, such as the numpy contender's product).
+    With ``outputs``, ``inputs`` or ``client``: also the rest of
+    :func:`_physical.same_start` (the outputs' pages dropped, the inputs cached, garbage
+    collected), so that no contender's time depends on which ran before it."""
+    from _physical import same_start
+
+    same_start(outputs, inputs, client, pause=seconds)
 
 
 def _gram_trace(block: np.ndarray) -> np.ndarray:

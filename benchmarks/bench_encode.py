@@ -30,6 +30,15 @@ rows at once: the kernel against the pivots, a triangular solve, one product
   reader, one float32 product with A^-1, an L2 normalization and one plain file
   write of the rows (no centring, checks, checksums, metadata or commit).
   ``RATIO floor_time / slem_time``: 1.0 would mean slem-dask does nothing beyond it.
+  Beside it, the physical floor (``_physical.physical_floor``): the CPU seconds of
+  decoding every input chunk, of the product at the BLAS's measured single-thread rate
+  (one partition @ A^-1) and of writing n x d floats (measured in the same run), over
+  the cores; ``RATIO physical_floor / slem_time`` (above 1.0: the floor is wrong).
+
+Every timed contender starts from the same state (``_physical.same_start``: no dirty
+pages, the outputs out of the page cache, the input in it, garbage collected, BLAS
+threads idle), so that a ratio does not depend on which other contenders ran
+(``--no-same-start``: only sync and pause, as before issue 42).
 
 ``--schedulers threads,cluster`` as in bench_fit: one phase per scheduler, its
 cluster alive only then; the numpy contender takes its turn in every phase. Contenders alternate; every
@@ -175,6 +184,12 @@ def main(argv=None) -> int:  # noqa: C901 - a driver: options, then each contend
         help="also time the floor (linear models): read, one float32 product, "
         "normalize, plain write per partition; prints floor/slem",
     )
+    parser.add_argument(
+        "--no-same-start",
+        action="store_true",
+        help="before each contender only sync and pause, as before issue 42 (the "
+        "other contenders' outputs stay in the page cache): shows what carries over",
+    )
     args = parser.parse_args(argv)
     if args.floor and args.kernel_rank:
         parser.error("--floor: the floor is defined for linear models; omit --kernel-rank")
@@ -260,6 +275,10 @@ def main(argv=None) -> int:  # noqa: C901 - a driver: options, then each contend
         "one phase per scheduler: its cluster lives only during its own phase (an idle "
         "LocalCluster costs about a tenth of a core and runs its scheduler in this process)"
     )
+    phys = None
+    if args.floor:
+        matrix = model._encoding_matrix(arr.dtype, args.precision)
+        phys = C.physical_floor(x, lambda b: b @ matrix, args.n * args.d * 4, args.workdir)
     for sched in schedulers:
         print()
         with C.scheduler_contexts(args, [sched]) as (clients, contexts):
@@ -299,11 +318,22 @@ def main(argv=None) -> int:  # noqa: C901 - a driver: options, then each contend
                         )
                 t.seconds += tn.seconds
             print(f"warm-up on {sched} (not counted): {t.seconds:.3f} s")
+            # every contender starts alike: outputs out of the page cache, the input in
+            # it, garbage collected (here and in the workers), no dirty pages
+            state = (
+                {}
+                if args.no_same_start
+                else {
+                    "outputs": [out_slem, out_np, out_naive, out_floor],
+                    "inputs": [path],
+                    "client": clients[sched],
+                }
+            )
             for r in range(args.repeat):
                 with contexts[sched]():
                     # every contender writes n x d floats: none pays for another's
                     # writeback (or spinning BLAS threads)
-                    C.settle()
+                    C.settle(**state)
                     with C.Timer() as t:  # from outside: its commit and pruning included
                         report = encode_job(
                             clients[sched],
@@ -322,7 +352,7 @@ def main(argv=None) -> int:  # noqa: C901 - a driver: options, then each contend
                         f"{C.load_line()}"
                     )
                     if not args.no_naive:
-                        C.settle()
+                        C.settle(**state)
                         nv = naive_dask(path, out_naive, model.mean_, model.precision_, rows)
                         naive[sched].append(nv)
                         print(
@@ -330,7 +360,7 @@ def main(argv=None) -> int:  # noqa: C901 - a driver: options, then each contend
                             f"{C.load_line()}"
                         )
                     if args.floor:
-                        C.settle()
+                        C.settle(**state)
                         fl = C.encode_floor(
                             x,
                             model._encoding_matrix(arr.dtype, args.precision),
@@ -343,7 +373,7 @@ def main(argv=None) -> int:  # noqa: C901 - a driver: options, then each contend
                     continue
                 # numpy takes its turn in every phase's rounds, so that each phase's
                 # numpy / slem-dask ratio compares runs made under the same conditions
-                C.settle()
+                C.settle(**state)
                 if args.kernel_rank:
                     nt = kernel_numpy_reference(path, out_np, model, rows)
                 else:
@@ -403,6 +433,7 @@ def main(argv=None) -> int:  # noqa: C901 - a driver: options, then each contend
                 totals,
                 args,
             )
+            C.physical_summary(result, "encode", sched, phys, totals)
     print("uptime: " + subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip())
 
     zs = storage.open_output(out_slem)

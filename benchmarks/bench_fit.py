@@ -25,7 +25,11 @@ phase, so that each phase's numpy / slem-dask ratio pairs runs made side by side
   the fastest here) and one float32 ``X.T @ X``, nothing else (no mean, no
   merge, no partial sent anywhere, no model). ``RATIO naive_time / floor_time``
   is then the most any implementation could gain over naive Dask on this
-  machine and BLAS.
+  machine and BLAS. Beside it, the physical floor (``_physical.physical_floor``):
+  the CPU seconds of decoding every chunk and of ``X.T @ X`` at the BLAS's measured
+  single-thread rate (one partition), over the cores; ``RATIO physical_floor /
+  slem_time`` (above 1.0: the floor is wrong). Every timed contender starts from the
+  same state (``_physical.same_start``).
 * numpy pipeline: ``X = arr[...]`` then ``X.T @ X`` in float32 (numpy's BLAS on
   every core) and ``X.mean(axis=0, dtype=float64)``.
 
@@ -260,6 +264,12 @@ def main(argv=None) -> int:  # noqa: C901 - a driver: options, then each contend
         "LocalCluster costs about a tenth of a core and runs its scheduler in this process)"
     )
     x_last = gram = mean32 = None
+    # the physical floor: decode of every chunk + X^T X at the measured BLAS rate per core
+    phys = (
+        C.physical_floor(x, lambda b: b.T @ b, 0, args.workdir, flops_per_row=float(args.d) ** 2)
+        if args.floor
+        else None
+    )
     for sched in schedulers:
         print()
         with C.scheduler_contexts(args, [sched], plain_cluster=not args.no_naive) as (
@@ -277,8 +287,11 @@ def main(argv=None) -> int:  # noqa: C901 - a driver: options, then each contend
                             naive_dask(path, rows)
                 numpy_reference(path)  # numpy is warmed up alike
             print(f"warm-up on {sched} (not counted): {t.seconds:.3f} s")
+            # every contender starts alike (no dirty pages, the store cached, garbage
+            # collected, no spinning BLAS threads): see _physical.same_start
+            state = {"outputs": [model_path], "inputs": [path], "client": clients[sched]}
             for r in range(args.repeat):
-                C.settle()  # no contender pays for another's spinning BLAS threads
+                C.settle(**state)
                 with contexts[sched]():
                     timings, facts = slem_run(clients[sched], args, path, model_path)
                 slem[sched].append(timings)
@@ -289,7 +302,7 @@ def main(argv=None) -> int:  # noqa: C901 - a driver: options, then each contend
                 )
                 if not args.no_naive:
                     for label in naive_labels[sched]:
-                        C.settle()
+                        C.settle(**state)
                         with contexts[naive_on[label]]():
                             nv = naive_dask(path, rows)
                         naive[label].append(nv)
@@ -298,7 +311,7 @@ def main(argv=None) -> int:  # noqa: C901 - a driver: options, then each contend
                             f"{C.load_line()}"
                         )
                 if args.floor:
-                    C.settle()
+                    C.settle(**state)
                     with contexts[sched]():
                         fl = C.fit_floor(x)
                     floor[sched].append(fl)
@@ -306,7 +319,7 @@ def main(argv=None) -> int:  # noqa: C901 - a driver: options, then each contend
                 # numpy takes its turn in every phase's rounds, so that each phase's
                 # numpy / slem-dask ratio compares runs made under the same conditions
                 x_last = gram = None
-                C.settle()
+                C.settle(**state)
                 nt, mean32, gram, x_last = numpy_reference(path)
                 numpy_runs[sched].append(nt)
                 print(
@@ -353,6 +366,7 @@ def main(argv=None) -> int:  # noqa: C901 - a driver: options, then each contend
         if args.floor:
             fts = [t["total"] for t in floor[sched]]
             C.floor_summary(result, "fit", sched, "floor (read + X^T X) ", fts, totals, args)
+            C.physical_summary(result, "fit", sched, phys, totals)
             if not args.no_naive:
                 nts = [t["total"] for t in naive[sched]]
                 print(

@@ -182,7 +182,9 @@ class LinearSLEM(SLEMEstimator):
             X.dtype, self.precision if precision is None else check_precision(precision)
         )
         if is_dask_array(X):
-            return encode_blocks(X, shared(self.mean_), shared(matrix), dtype, "X")
+            return encode_blocks(
+                X, shared(self.mean_), shared(matrix, self._matrix_token(matrix)), dtype, "X"
+            )
         check_finite_rows(X, "X")
         return encode_rows(X, self.mean_, matrix, dtype=dtype)
 
@@ -201,6 +203,18 @@ class LinearSLEM(SLEMEstimator):
             cache = (self.precision_, float32_matrix(self.precision_) if ok else None)
             self._float32_cache = cache
         return self.precision_ if cache[1] is None else cache[1]
+
+    def _matrix_token(self, matrix: np.ndarray) -> str:
+        """dask's token of the encoding matrix, kept with it: a lazy ``transform`` hashed
+        A^-1 on every call (0.17 CPU s at d = 8192). Recomputed when the matrix is
+        another object (fitted, loaded or the precision changed since)."""
+        from dask.base import tokenize
+
+        cache = getattr(self, "_token_cache", None)
+        if cache is None or cache[0] is not matrix:
+            cache = (matrix, tokenize(matrix))
+            self._token_cache = cache
+        return cache[1]
 
     def exemplar(self, x0):
         """Exact unnormalized minimizer (w*, nu*) of J(w, nu) for one positive ``x0`` (d,)."""

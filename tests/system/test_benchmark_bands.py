@@ -81,3 +81,46 @@ def test_compare_bands_pairs_two_runs(tmp_path, capsys):
     assert compare_bands.main([a, b]) == 1
     assert compare_bands.main([a, a, "--markdown"]) == 0
     assert "| x | 1.000 | 1.000 | +-15% | yes | yes/yes |" in capsys.readouterr().out
+
+
+def test_a_physical_floor_slower_than_slem_dask_is_called_wrong(capsys):
+    phys = {
+        "total": 2.0,
+        "decode_cpu": 1.0,
+        "product_cpu": 3.0,
+        "gflops_per_core": 50.0,
+        "write_cpu": 0.0,
+        "write_gbps": 0.0,
+        "disk_gbps": 0.0,
+        "cores": 2,
+    }
+    result = {}
+    C.physical_summary(result, "fit", "threads", phys, [1.5, 1.6])
+    assert "WRONG FLOOR" in capsys.readouterr().out
+    C.physical_summary(result, "fit", "threads", phys, [2.5, 2.6])
+    text = capsys.readouterr().out
+    assert "WRONG FLOOR" not in text and "RATIO physical_floor / slem_time = 0.800" in text
+    assert result["threads_ratio_physical_best"] == 0.8
+
+
+def test_the_physical_floor_adds_decode_product_and_write_over_the_cores(tmp_path):
+    import dask.array as da
+    import numpy as np
+
+    x = da.from_array(np.ones((64, 8), dtype=np.float32), chunks=(16, 8))
+    phys = C.physical_floor(x, lambda b: b @ np.eye(8, dtype=np.float32), 64 * 8 * 4, tmp_path)
+    parts = phys["decode_cpu"] + phys["product_cpu"] + phys["write_cpu"]
+    assert phys["total"] == parts / phys["cores"]
+    assert phys["write_cpu"] > 0 and not list(tmp_path.iterdir())  # its probe file removed
+
+
+def test_same_start_reads_the_inputs_and_keeps_every_file(tmp_path):
+    import _physical
+
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "chunk").write_bytes(b"x" * 5000)
+    (tmp_path / "in.bin").write_bytes(b"y" * 7000)
+    _physical.same_start([tmp_path / "out"], [tmp_path / "in.bin"], pause=0)
+    assert (tmp_path / "out" / "chunk").read_bytes() == b"x" * 5000  # dropped from cache only
+    assert _physical.read_through([tmp_path / "in.bin"]) == 7000
+    assert _physical.drop_cached([tmp_path / "out"]) == 5000

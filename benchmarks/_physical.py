@@ -1,0 +1,192 @@
+"""What every contender of a benchmark starts from, and the physical floor of a job.
+
+* :func:`same_start`: the state each timed contender starts from, whatever ran before
+  it (issue 42: bench_encode's floor / slem-dask moved by 0.17 with the set of other
+  contenders in the run). Carried over between contenders, and undone here: dirty pages
+  of earlier writes (``os.sync``), the page cache the earlier contenders' outputs hold
+  (dropped file by file with ``posix_fadvise(DONTNEED)`` once they are on disk: at
+  1e6 x 512 the numpy, naive, floor and slem-dask outputs hold 8 GB of a 23 GB
+  machine's memory, and the kernel evicts the input's pages, which everyone reads,
+  to make room for the next writer), the input's pages themselves (read once more, so
+  that every contender reads a cached input), Python garbage (``gc.collect`` here and
+  in every worker of a cluster) and spinning OpenBLAS threads (a pause).
+* :func:`physical_floor`: the least any implementation must spend on this machine
+  for a job over the rows ``x``: the CPU seconds of decoding every input chunk, of
+  the product at the BLAS's measured single-thread peak for that shape (measured here
+  on one partition), and of writing the output's bytes (measured here), all divided
+  by the cores, as if they overlapped perfectly. CPU time (``time.process_time``) is
+  what is measured, so that other processes on a shared machine inflate it little;
+  wall times of contenders on a loaded machine are compared with it all the same.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import time
+
+import numpy as np
+
+
+def _files(paths) -> list[str]:
+    found = []
+    for path in paths:
+        if os.path.isfile(path):
+            found.append(path)
+        for root, _, names in os.walk(path):
+            found.extend(os.path.join(root, name) for name in names)
+    return found
+
+
+def drop_cached(paths) -> int:
+    """Drop the clean page-cache pages of every file under ``paths`` (call after
+    ``os.sync``: dirty pages are not dropped); the bytes of the files."""
+    total = 0
+    for name in _files(paths):
+        try:
+            fd = os.open(name, os.O_RDONLY)
+        except OSError:  # deleted meanwhile (a version pruned)
+            continue
+        try:
+            total += os.fstat(fd).st_size
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+    return total
+
+
+def read_through(paths, block: int = 1 << 24) -> int:
+    """Read every file under ``paths`` once (into the page cache); the bytes read."""
+    buf = bytearray(block)
+    total = 0
+    for name in _files(paths):
+        with open(name, "rb", buffering=0) as f:
+            while n := f.readinto(buf):
+                total += n
+    return total
+
+
+def same_start(outputs=(), inputs=(), client=None, pause: float = 0.3) -> None:
+    """Bring the machine to the state every timed contender starts from (module doc):
+    ``outputs``: folders the contenders write (their pages are dropped from the cache),
+    ``inputs``: folders they read (read once, so they are cached for all), ``client``:
+    a cluster whose workers collect their garbage too."""
+    gc.collect()
+    if client is not None:
+        client.run(gc.collect)
+    os.sync()
+    drop_cached(outputs)
+    read_through(inputs)
+    time.sleep(pause)
+
+
+def _cpu(func) -> float:
+    t0 = time.process_time()
+    func()
+    return time.process_time() - t0
+
+
+def _best_cpu(func, repeat: int) -> float:
+    return min(_cpu(func) for _ in range(repeat))
+
+
+def physical_floor(
+    x, product, out_bytes: int, scratch: str, repeat: int = 3, flops_per_row: float | None = None
+) -> dict:
+    """The physical floor of a job over the dask rows ``x`` (module doc): ``product``
+    maps one partition (numpy) to its product (one BLAS thread: the rate per core);
+    ``out_bytes``: the bytes the job writes (0: none), through plain writes of a file in
+    the folder ``scratch`` (as the contenders write: into the page cache, not waiting
+    for the disk; the disk's own bandwidth, with fsync, is printed beside it).
+    ``flops_per_row``: of the product, for its GFLOP/s (default 2 d^2: a product with
+    a d x d matrix; X^T X, a symmetric rank-k update, is d^2)."""
+    from threadpoolctl import threadpool_limits
+
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    cores = cores or 1
+    # decode: every chunk read and decoded in this process (zarr's I/O and codec
+    # threads included in the process's CPU time), on the synchronous scheduler
+    decode = sum(
+        _cpu(lambda i=i: x.blocks[i].compute(scheduler="sync")) for i in range(x.numblocks[0])
+    )
+    sizes = x.chunks[0]
+    block = x.blocks[int(np.argmax(sizes))].compute(scheduler="sync")
+    with threadpool_limits(limits=1, user_api="blas"):
+        product(block)  # the BLAS's buffers and kernels warmed up
+        per_block = _best_cpu(lambda: product(block), repeat)
+    product_cpu = per_block * x.shape[0] / block.shape[0]
+    flops = flops_per_row if flops_per_row is not None else 2.0 * block.shape[1] ** 2
+    write_cpu = disk_bw = 0.0
+    if out_bytes:
+        write_cpu, disk_bw = _write_costs(out_bytes, scratch, repeat)
+    total = (decode + product_cpu + write_cpu) / cores
+    return {
+        "total": total,
+        "decode_cpu": decode,
+        "product_cpu": product_cpu,
+        "gflops_per_core": block.shape[0] * flops / per_block / 1e9,
+        "write_cpu": write_cpu,
+        "write_gbps": out_bytes / write_cpu / 1e9 if write_cpu else 0.0,
+        "disk_gbps": disk_bw,
+        "cores": cores,
+    }
+
+
+def _write_costs(out_bytes: int, scratch: str, repeat: int) -> tuple[float, float]:
+    """(CPU s of plain writes of ``out_bytes``, the disk's GB/s with fsync) measured with
+    a file of at most 256 MiB in ``scratch``, scaled to ``out_bytes``."""
+    size = min(out_bytes, 1 << 28)
+    data = np.ones(size // 4, dtype=np.float32)
+    path = os.path.join(scratch, "physical-floor-write-probe")
+
+    def write(sync: bool) -> None:
+        with open(path, "wb", buffering=0) as f:
+            f.write(memoryview(data.view(np.uint8)))
+            if sync:
+                os.fsync(f.fileno())
+
+    try:
+        best = 1e9
+        for _ in range(repeat):
+            os.sync()
+            if os.path.exists(path):
+                os.remove(path)
+            os.sync()
+            best = min(best, _cpu(lambda: write(False)))
+        os.remove(path)
+        os.sync()
+        t0 = time.perf_counter()
+        write(True)
+        disk = data.nbytes / (time.perf_counter() - t0) / 1e9
+    finally:
+        if os.path.exists(path):
+            os.remove(path)
+    return best * out_bytes / data.nbytes, disk
+
+
+def physical_summary(result: dict, bench: str, sched: str, phys: dict, totals) -> None:
+    """Print the physical floor beside slem-dask's best on ``sched`` and their ratio; a
+    physical floor slower than slem-dask is wrong, and is said to be."""
+    best = min(totals)
+    ratio = phys["total"] / best
+    write = (
+        f", write {phys['write_cpu']:.2f} CPU s ({phys['write_gbps']:.2f} GB/s into the page "
+        f"cache; the disk with fsync: {phys['disk_gbps']:.2f} GB/s)"
+        if phys["write_cpu"]
+        else ""
+    )
+    print(
+        f"[{sched}] physical floor: {phys['total']:.3f} s = (decode {phys['decode_cpu']:.2f} "
+        f"CPU s, product {phys['product_cpu']:.2f} CPU s at {phys['gflops_per_core']:.1f} "
+        f"GFLOP/s per core{write}) / {phys['cores']} cores"
+    )
+    print(
+        f"[{sched}] RATIO physical_floor / slem_time = {ratio:.3f} (best {best:.3f} s)"
+        + (
+            "  WRONG FLOOR: slower than the slem-dask run it bounds"
+            if ratio > 1.0
+            else "  [1.0: slem-dask at this machine's physical limit]"
+        )
+    )
+    result[f"{sched}_physical_floor"] = phys
+    result[f"{sched}_ratio_physical_best"] = ratio
