@@ -110,12 +110,17 @@ _plan = contextvars.ContextVar("slem_dask_partition_plan", default=None)
 #: What helps a job whose workers die for memory when its partitions do not matter (a
 #: kernel fit held in memory: --kernel-memory streaming), set by the job.
 _remedy = contextvars.ContextVar("slem_dask_memory_remedy", default=None)
+#: True inside an :func:`explain_failures` block: outside one, nothing reads the plan or
+#: the remedy, and a value set there would outlive its job in the caller's context (a
+#: notebook's next failure would describe an earlier job's partitions)
+_explaining = contextvars.ContextVar("slem_dask_explaining", default=False)
 
 
 def note_memory_remedy(text: str) -> None:
     """Say what helps if this job's workers die for memory (:func:`explain_failures`
     says it instead of a partition size); kept until explain_failures' block ends."""
-    _remedy.set(text)
+    if _explaining.get():
+        _remedy.set(text)
 
 
 def _terminate_fraction() -> float | None:
@@ -181,7 +186,8 @@ def check_memory(client, plan: Plan, n_tasks: int, task_modules: tuple = ()) -> 
     """Refuse a job whose tasks cannot fit in its workers (see the module); record
     ``plan`` for :func:`explain_failures`. ``task_modules``: the names of the modules
     the job's tasks import, imported on each worker before its memory is measured."""
-    _plan.set(plan)
+    if _explaining.get():
+        _plan.set(plan)
     fraction = _terminate_fraction()
     if client is None or n_tasks <= 0:
         return
@@ -392,6 +398,7 @@ def explain_failures(client, what_is_kept: str = "nothing was marked complete"):
     limits = _worker_limits(client)
     names = {a: str(n) for a, n in _worker_limits(client, "name").items()}
     token, remedy = _plan.set(None), _remedy.set(None)
+    explaining = _explaining.set(True)
     try:
         yield
     except Exception as exc:
@@ -405,3 +412,4 @@ def explain_failures(client, what_is_kept: str = "nothing was marked complete"):
     finally:
         _plan.reset(token)
         _remedy.reset(remedy)
+        _explaining.reset(explaining)

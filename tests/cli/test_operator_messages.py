@@ -368,6 +368,20 @@ def test_a_worker_restarted_four_times_is_named_once():
     assert "4001" not in said and "4002" not in said and "4003" not in said
 
 
+def test_a_job_run_without_a_client_leaves_no_plan_for_a_later_failure(corpus):
+    """A library job with no client (dask's default scheduler) checks its memory and
+    notes its remedy outside any explain_failures block: neither may outlive it in the
+    caller's context, where a later job's failure would describe this job's partitions
+    (the test above failed after an encode_job(None, ...) of another test)."""
+    from slem_dask.cluster import workers
+    from slem_dask.pipeline import encode_job
+
+    encode_job(None, corpus["model"], corpus["positives"], corpus["dir"] / "library.zarr")
+    workers.note_memory_remedy("pass --kernel-memory streaming")
+    assert workers._plan.get() is None and workers._remedy.get() is None
+    test_a_worker_restarted_four_times_is_named_once()
+
+
 def test_a_forced_in_memory_kernel_fit_killed_for_memory_suggests_streaming(
     capsys, scheduler, corpus, monkeypatch
 ):
