@@ -386,9 +386,9 @@ def test_s3_heartbeat_and_release_outlive_botocore_errors(s3_server, monkeypatch
         while lease._thread.is_alive() and (burst or lease._beat_no < beat + 2):
             time.sleep(0.02)  # until the burst is over and two beats followed it
         assert lease._thread.is_alive(), "the heartbeat died in the burst"
-        burst.append(EndpointConnectionError(endpoint_url=s3_server.endpoint))
-        lease._stop.set()  # no beat takes the release's fault
+        lease._stop.set()  # no beat takes the release's fault: the heartbeat ends first
         lease._thread.join()
+        burst.append(EndpointConnectionError(endpoint_url=s3_server.endpoint))
         faults.setattr(fs, "call_s3", call_s3)
         lease.release()  # its delete fails: the job's outcome stands
     assert not burst and lease.held()  # left as a killed job's lease is
