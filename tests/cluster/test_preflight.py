@@ -133,10 +133,11 @@ def test_writable_folders_pass_and_keep_no_probe_file(tmp_path):
     [
         ("/proc/codes.zarr", "/proc"),
         ("/proc/1/x", "/proc/1"),
-        ("/proc/self/a/foo.zarr", f"/proc/{os.getpid()}"),
+        ("/proc/self/a/foo.zarr", "/proc/{pid}"),  # this process's: known when it runs
     ],
 )
 def test_an_output_under_proc_is_said_to_be_no_storage_without_errno(inputs, capsys, out, folder):
+    folder = folder.format(pid=os.getpid())
     # /proc refuses new files with ENOENT: "No such file or directory" of a folder that
     # exists would mislead; the file system's type says why, in one line
     code = main(
