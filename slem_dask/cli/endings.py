@@ -121,8 +121,67 @@ def _interrupted(args) -> int:
                 file=sys.stderr,
             )
             return 130
+    if args.command in WRITTEN and head_before is not None:
+        said = _committed_line(args, getattr(args, WRITTEN[args.command]), head_before)
+        if said:
+            print(said, file=sys.stderr)
+            return 130
     print(f"slem-dask {args.command}: interrupted; {_not_complete(args)}", file=sys.stderr)
     return 130
+
+
+#: command -> the option naming the store it commits (encode's ending is its own)
+WRITTEN = {"fit": "model", "search": "out", "rollback": "path"}
+
+
+def _committed_line(args, path, head_before: int) -> str | None:
+    """The line of a fit, search or rollback interrupted after its commit (the head of
+    ``path`` moved past ``head_before``) or whose store did not say; else None (then
+    nothing was committed: the usual line is true)."""
+    # a store that fails to answer, like one that is silent, leaves it unknown
+    moved = _within(lambda: head_seq_after(path, head_before), INTERRUPTED_LOOK_SECONDS)
+    verify = f"`slem-dask verify {path}` checks it"
+    if moved:
+        return (
+            f"slem-dask {args.command}: interrupted after its commit: {path!r} holds the "
+            f"new version {moved} ({verify}; `slem-dask versions {path}` lists it)"
+        )
+    if moved is None:
+        return (
+            f"slem-dask {args.command}: interrupted; whether it committed a version of "
+            f"{path!r} is unknown: its store did not tell within "
+            f"{INTERRUPTED_LOOK_SECONDS:g} s (`slem-dask versions {path}` tells once it "
+            f"answers; if it did not, run the same command again)"
+        )
+    return None
+
+
+def head_seq_after(path, head_before: int) -> int:
+    """The head's sequence number of ``path`` if past ``head_before``, else 0."""
+    from ..storage.versions import VersionedStore
+
+    seq = VersionedStore(path).head_seq()  # raises where the store cannot say
+    return seq if seq > head_before else 0
+
+
+def _within(look, seconds: float, failed=None):
+    """``look()``'s answer, ``failed`` if it raised, or None if it gave none within
+    ``seconds`` (its thread is left to finish: Ctrl-C ends a job within seconds,
+    whether its store answers or not)."""
+    import threading
+
+    answer: dict = {}
+
+    def run():
+        try:
+            answer["value"] = look()
+        except Exception:  # noqa: BLE001 - the store could not say
+            answer["value"] = failed
+
+    thread = threading.Thread(target=run, daemon=True, name="slem-dask-interrupted")
+    thread.start()
+    thread.join(seconds)
+    return answer.get("value")
 
 
 #: The most seconds an interrupted encode waits to learn whether its output was finished.
@@ -133,22 +192,10 @@ def _finished_within(out, head_before, seconds: float) -> bool | None:
     """Whether the encode's commit moved the head of ``out`` past ``head_before``; None
     if its store did not answer within ``seconds`` (Ctrl-C ends a job within seconds,
     whether its store answers or not)."""
-    import threading
-
     from ..storage import marked_complete
 
-    answer: dict = {}
-
-    def look():
-        try:
-            answer["finished"] = marked_complete(out, after=head_before)
-        except Exception:  # noqa: BLE001 - unreadable: not known to be finished
-            answer["finished"] = False
-
-    thread = threading.Thread(target=look, daemon=True, name="slem-dask-interrupted")
-    thread.start()
-    thread.join(seconds)
-    return answer.get("finished")
+    # unreadable: not known to be finished
+    return _within(lambda: marked_complete(out, after=head_before), seconds, failed=False)
 
 
 def _not_complete(args, short: bool = False, advice: bool = True) -> str:

@@ -27,7 +27,9 @@ def _run_job(args, client, spec, progress: bool):
 
 def _fit_job(args, client, spec, progress: bool):
     from .. import pipeline
+    from ..storage import head_seq
 
+    args.head_before = head_seq(args.model)  # what an interrupt says is committed
     report = pipeline.fit_job(
         client,
         args.negatives,
@@ -41,6 +43,9 @@ def _fit_job(args, client, spec, progress: bool):
 def _search_job(args, client, spec, progress: bool):
     from .. import pipeline
     from ..pipeline.options import SearchOptions
+    from ..storage import head_seq
+
+    args.head_before = head_seq(args.out)  # what an interrupt says is committed
 
     options = SearchOptions(
         k=args.k,

@@ -51,6 +51,7 @@ def versions(args) -> None:
         raise _no_history(store, args)
     if args.command == "rollback":
         before = store.head()
+        args.head_before = before.seq if before else 0  # what an interrupt says is committed
         commit = _rollback(store, args.to)
         if commit.seq == before.seq:  # the current version already holds version N
             held = f" (as version {commit.seq}, {commit.source})" if commit.seq != args.to else ""

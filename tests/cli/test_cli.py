@@ -256,6 +256,76 @@ def test_ctrl_c_after_an_encode_marked_its_output_complete_says_so(
     assert main(["verify", out_path]) == 0
 
 
+def _interrupted_after(monkeypatch, module, name):
+    """``module.name`` made to run whole, then meet a Ctrl-C before it returns."""
+    real = getattr(module, name)
+
+    def interrupted_at_return(*args, **kwargs):
+        real(*args, **kwargs)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(module, name, interrupted_at_return)
+
+
+def test_ctrl_c_after_a_fit_search_or_rollback_committed_says_so(
+    scheduler, corpus, tmp_path, capsys, monkeypatch
+):
+    """The interrupt lands after the job's commit, before it returns: its line names
+    the version committed (they said "nothing was marked complete (no model or output
+    was written)", as encode did before it looked); before the commit it says that."""
+    from slem_dask import pipeline
+    from slem_dask.storage import versions
+
+    model = str(tmp_path / "model.zarr")
+    with monkeypatch.context() as patch:
+        _interrupted_after(patch, pipeline, "fit_job")
+        code, _, err = run(capsys, *fit_args(scheduler, corpus["negatives"], model))
+    assert code == 130 and err == (
+        f"slem-dask fit: interrupted after its commit: {model!r} holds the new version 1 "
+        f"(`slem-dask verify {model}` checks it; `slem-dask versions {model}` lists it)\n"
+    ), err
+    assert main(["verify", model]) == 0
+    capsys.readouterr()
+    hits = str(tmp_path / "hits.zarr")
+    search = ("search", "--queries", corpus["positives"], "--database", corpus["positives"])
+    with monkeypatch.context() as patch:
+        _interrupted_after(patch, pipeline, "search_job")
+        code, _, err = run(capsys, *search, "--k", "5", "--out", hits, "--scheduler", scheduler)
+    assert (
+        code == 130 and f"interrupted after its commit: {hits!r} holds the new version 1" in err
+    ), err
+    assert (
+        run(
+            capsys,
+            "fit",
+            "--negatives",
+            corpus["negatives"],
+            "--model",
+            model,
+            "--overwrite",
+            "--lam",
+            "0.5",
+            "--scheduler",
+            scheduler,
+        )[0]
+        == 0
+    )
+    with monkeypatch.context() as patch:
+        _interrupted_after(patch, versions.VersionedStore, "rollback")
+        code, _, err = run(capsys, "rollback", model, "--to", "1")
+    assert code == 130 and f"interrupted after its commit: {model!r} holds the new version 3" in err
+    with monkeypatch.context() as patch:  # interrupted before its commit: as before
+        patch.setattr(pipeline, "fit_job", _raise_interrupt)
+        code, _, err = run(capsys, *fit_args(scheduler, corpus["negatives"], model, "--overwrite"))
+    assert code == 130 and err.endswith(
+        "interrupted; nothing was marked complete (no model or output was written)\n"
+    ), err
+
+
+def _raise_interrupt(*args, **kwargs):
+    raise KeyboardInterrupt
+
+
 _INTERRUPT_IN_IMPORTS = """
 import sys
 
