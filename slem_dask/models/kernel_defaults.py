@@ -73,14 +73,17 @@ def data_scale(X, kernel: str) -> float:
     if is_dask_array(sample):
         sample = sample.compute()
     rows = np.asarray(sample, dtype=np.float64)
-    squares = np.einsum("ij,ij->i", rows, rows)
-    if kernel == "rbf":
-        upper = np.triu_indices(len(rows), k=1)
-        values = (squares[:, None] + squares[None, :] - 2.0 * rows @ rows.T)[upper]
-        values = np.maximum(values, 0.0)
-    else:
-        values = squares
-    scale = float(np.median(values)) if values.size else 0.0
+    # non-finite rows are the fit's own error, named by row; here they only make the
+    # scale non-finite (then 1.0), without numpy's RuntimeWarning of inf - inf
+    with np.errstate(invalid="ignore", over="ignore"):
+        squares = np.einsum("ij,ij->i", rows, rows)
+        if kernel == "rbf":
+            upper = np.triu_indices(len(rows), k=1)
+            values = (squares[:, None] + squares[None, :] - 2.0 * rows @ rows.T)[upper]
+            values = np.maximum(values, 0.0)
+        else:
+            values = squares
+        scale = float(np.median(values)) if values.size else 0.0
     return scale if scale > 0 and np.isfinite(scale) else 1.0
 
 

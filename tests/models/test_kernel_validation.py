@@ -82,6 +82,17 @@ def test_nan_rows_are_rejected(X):
         model.transform(bad[:6])
 
 
+def test_inf_rows_are_rejected_in_one_error_without_numpy_warnings(X):
+    """An inf row: the fit's one error naming it, and no RuntimeWarning of inf - inf
+    from the negatives' scale computed before (scikit-learn's checks showed one)."""
+    bad = X.copy()
+    bad[2, 1] = np.inf
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        with pytest.raises(ValueError, match=r"X has 1 row\(s\) with NaN or inf \(rows 2\)"):
+            KernelSLEM(rank=3).fit(bad)
+
+
 def test_shapes(X):
     with pytest.raises(ValueError, match="2-D"):
         KernelSLEM().fit(X[0])
