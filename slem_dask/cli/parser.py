@@ -30,8 +30,19 @@ KERNEL_DEFAULTS = {
 }
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """argparse, but a malformed command line is said in one line, like every other error
+    (argparse printed its usage block of 8-13 lines first): the command, what is wrong
+    (the option, the value, what it takes) and where its options are listed. The
+    commands' parsers are of this class too (argparse makes them of their parent's)."""
+
+    def error(self, message: str):  # type: ignore[override]
+        listed = "the commands" if " " not in self.prog else "the options"
+        self.exit(2, f"{self.prog}: error: {message} (`{self.prog} --help` lists {listed})\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         prog="slem-dask",
         description="Square-loss exemplar machines for image retrieval, on Dask. "
         "PATH arguments are descriptors as zarr v3 or v2 arrays, .npy files or folders of "
