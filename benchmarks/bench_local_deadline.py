@@ -14,8 +14,9 @@ import time
 
 import numpy as np
 
-from slem_dask.storage import groups, local_deadline
-from slem_dask.storage.local import LocalBackend
+from slem_dask.storage.nodes import groups
+from slem_dask.storage.backends import local_deadline
+from slem_dask.storage.backends.local import LocalBackend
 
 
 def _per_call(function, calls: int) -> float:

@@ -377,7 +377,7 @@ def main(argv=None) -> int:
 def lengthen_history(path: str, commits: int) -> None:
     """``commits`` more commit records of ``path``, each a rollback to the version
     before the head (the data stays, the history grows), as years of nightly runs."""
-    from slem_dask.storage import versions
+    from slem_dask.storage.versioning import versions
 
     store = versions.VersionedStore(path)
     for _ in range(commits):

@@ -28,7 +28,7 @@ if _TYPE_CHECKING:  # what the lazy names below are, for type checkers (py.typed
         precision_recall_at_k,
         search,
     )
-    from .storage.readers import open_dataset, open_zarr
+    from .storage.nodes.readers import open_dataset, open_zarr
 
 # The names below are imported on first use (PEP 562), not with the package: dask,
 # zarr and scipy take most of a second to import, which `slem-dask --help` need not
@@ -58,7 +58,7 @@ _LAZY = {
         ),
         ".retrieval",
     ),
-    **dict.fromkeys(("open_zarr", "open_dataset"), ".storage.readers"),
+    **dict.fromkeys(("open_zarr", "open_dataset"), ".storage.nodes.readers"),
 }
 
 

@@ -135,14 +135,14 @@ def write_corpus(
     """Write a corpus as a zarr group: negatives, database, queries and labels.
 
     Under a lease, as a new version of a versioned store
-    (:mod:`slem_dask.storage.versions`): readers see the previous corpus or the whole
+    (:mod:`slem_dask.storage.versioning.versions`): readers see the previous corpus or the whole
     new one, and an interrupted write is never taken for a corpus (a later
     ``[generate]`` step would take it for the whole). ``attrs`` are added to the
     group's attributes.
     """
     from . import storage
-    from .storage import versions
-    from .storage.rollback import abandon_after_failure
+    from .storage.versioning import versions
+    from .storage.versioning.rollback import abandon_after_failure
 
     where = storage.canonical(path)
     with storage.Lease(where, "write corpus") as lease:
@@ -165,11 +165,11 @@ def _write_group(corpus: Corpus, location: str, chunk_rows: int, attrs: dict | N
     import zarr
 
     from .storage import CHECKSUM, metadata_checksum
-    from .storage.checksums import chunk_trailers, corpus_array_meta
-    from .storage.dimensions import dimension_names
-    from .storage.groups import CHUNK_CRC32C
-    from .storage.ownership import ATTR
-    from .storage.readers import fill_value
+    from .storage.nodes.checksums import chunk_trailers, corpus_array_meta
+    from .storage.nodes.dimensions import dimension_names
+    from .storage.nodes.groups import CHUNK_CRC32C
+    from .storage.versioning.ownership import ATTR
+    from .storage.nodes.readers import fill_value
 
     group = zarr.open_group(store=location, mode="w", zarr_format=3)
     for name in ("negatives", "database", "queries"):

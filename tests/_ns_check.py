@@ -11,7 +11,7 @@ import sys
 import numpy as np
 
 from slem_dask import load_model, storage
-from slem_dask.storage import versions
+from slem_dask.storage.versioning import versions
 
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
 from reference import partitionwise  # noqa: E402

@@ -47,14 +47,14 @@ def main() -> int:
             overwrite=bool(os.environ.get("SLOW_JOB_OVERWRITE")),
         )
     else:  # fit or search: their model or result is read back before the commit
-        real_check = storage.groups._check_written
+        real_check = storage.nodes.groups._check_written
 
         def slow_check(location, arrays, what):
             print("started", flush=True)
             time.sleep(DELAY)
             return real_check(location, arrays, what)
 
-        storage.groups._check_written = slow_check
+        storage.nodes.groups._check_written = slow_check
         if kind == "search":
             from slem_dask.pipeline.evaluate import search_job
 

@@ -1,4 +1,4 @@
-"""Helpers for tests that reach inside versioned stores (slem_dask.storage.versions)."""
+"""Helpers for tests that reach inside versioned stores (slem_dask.storage.versioning.versions)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import zarr
 
-from slem_dask.storage import versions
+from slem_dask.storage.versioning import versions
 
 # tests/, where the support modules and scripts live (the test files sit in sub-folders
 # mirroring the package), and the repository's root

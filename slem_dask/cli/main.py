@@ -46,7 +46,7 @@ EXIT_ERROR = 1
 def _storage_timeout(seconds: float | None):
     """--storage-timeout: $SLEM_DASK_STORAGE_TIMEOUT while the command runs (a local
     cluster's workers inherit it; storage.deadlines reads it), as it was afterwards."""
-    from ..storage import deadlines
+    from ..storage.backends import deadlines
 
     if seconds is None:
         yield
@@ -311,7 +311,8 @@ def _storage_line(exc: BaseException, args) -> str | None:
     """One line for a storage failure: the backend's own (credentials, bucket,
     endpoint, a 5xx burst), else a client library's exception as one line (never a
     traceback); None for any other error."""
-    from ..storage.registry import describe_storage_error, is_storage_failure
+    from ..storage.backends.registry import is_storage_failure
+    from ..storage.versioning.publish import describe_storage_error
 
     line = describe_storage_error(exc, _paths_of(args))
     if line is None and not isinstance(exc, OSError) and is_storage_failure(exc):

@@ -77,7 +77,7 @@ def _check_store_name(key: str, path, target: str) -> None:
     """Refuse a new store named as a file format slem-dask reads (``codes.npy``): it would
     be a folder that ``np.load`` or h5py cannot open, and a user who typed it wanted that
     file; ``slem-dask export`` writes one."""
-    from ..storage.formats import HDF5_SUFFIXES, TEXMEX
+    from ..storage.formats.formats import HDF5_SUFFIXES, TEXMEX
 
     suffix = os.path.splitext(target.rstrip("/"))[1].lower()
     if (

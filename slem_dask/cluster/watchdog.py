@@ -291,8 +291,8 @@ def _running(state: dict) -> str:
 def _unreachable_store(stores) -> str | None:
     """The first of ``stores`` (paths or URLs) whose object store does not answer, said
     as its backend says it; None when all answer (or cannot be asked)."""
-    from ..storage.registry import backend_for
-    from ..storage.paths import canonical
+    from ..storage.backends.registry import backend_for
+    from ..storage.backends.paths import canonical
 
     for path in stores:
         try:

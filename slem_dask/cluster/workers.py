@@ -47,7 +47,7 @@ import dataclasses
 import numpy as np
 
 from ..storage import IntegrityError
-from ..storage.workers import ask_workers
+from ..storage.nodes.workers import ask_workers
 from ..parallel.task_memory import (
     MiB,
     encode_task_bytes,  # noqa: F401

@@ -27,7 +27,7 @@ from ..core.statistics import (
     merge_into,
     product_rows,
 )
-from ..storage.chunks import STORE_ROWS, array_token
+from ..storage.nodes.chunks import STORE_ROWS, array_token
 from ..core.validation import check_finite_rows
 
 __all__ = [

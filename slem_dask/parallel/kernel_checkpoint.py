@@ -5,13 +5,13 @@ computes, for every partition of the negatives, the Chan statistics of its rows
 of F (count, mean, scatter) and its residual trace. Each final-pass task writes
 them, packed in one small float64 array with a crc32c, into this job's draft of
 the model store (``<model>/versions/<draft>/kernel-fit/<tag>/p<j>``; a draft is
-never visible to readers, :mod:`slem_dask.storage.versions`). A fit killed in
+never visible to readers, :mod:`slem_dask.storage.versioning.versions`). A fit killed in
 its final pass leaves that draft behind; the same command again recomputes the
 pivot rounds (the pivots do not depend on the run: same seed, same chunking),
 then finds in the drafts left for the same version, under the same tag,
 the partitions already done, reads them back through their checksums and
 computes only the others. What it reused it first writes into its own draft, then
-deletes the other drafts (:mod:`slem_dask.storage.gc`): one draft holds every
+deletes the other drafts (:mod:`slem_dask.storage.versioning.gc`): one draft holds every
 partition done so far, however many runs were killed. The model's save commits
 another draft, and the store's garbage collection deletes this job's.
 
@@ -57,7 +57,7 @@ def write_partition(location: str, j: int, summary) -> None:
     """Write one partition's packed statistics (run inside the final-pass task)."""
     import zarr
 
-    from ..storage.checksums import CHECKSUM
+    from ..storage.nodes.checksums import CHECKSUM
 
     values = pack(summary)
     arr = zarr.create_array(

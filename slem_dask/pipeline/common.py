@@ -15,7 +15,7 @@ import dask
 from distributed.comm.core import CommClosedError
 
 from .. import storage
-from ..storage.paths import shown_path
+from ..storage.backends.paths import shown_path
 from ..core.validation import RowsError
 
 
@@ -277,7 +277,7 @@ def hint_small_chunks(report: JobReport, arr, name: str, path, stacklevel: int =
     (``stacklevel``: the warning's, counted from this function)."""
     import warnings
 
-    from ..storage.chunks import SmallChunksWarning, small_chunks_hint
+    from ..storage.nodes.chunks import SmallChunksWarning, small_chunks_hint
 
     hint = small_chunks_hint(arr, name, path)
     if hint:

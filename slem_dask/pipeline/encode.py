@@ -16,7 +16,8 @@ import numpy as np
 
 from .. import storage
 from ..cluster import workers
-from ..storage import gc, versions
+from ..storage.versioning import gc
+from ..storage.versioning import versions
 from .._version import __version__
 from ..storage import canonical
 from ..models import load_model

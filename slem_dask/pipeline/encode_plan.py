@@ -13,7 +13,7 @@ import numpy as np
 from .. import storage
 from ..cluster import workers
 from ..storage import canonical
-from ..storage.paths import shown_path
+from ..storage.backends.paths import shown_path
 from ..models import LinearSLEM
 from ..core.validation import check_n_features, output_dtype
 

@@ -8,8 +8,8 @@ import numpy as np
 import zarr
 
 from .. import storage
-from ..storage import versions
-from ..storage.paths import shown_path
+from ..storage.versioning import versions
+from ..storage.backends.paths import shown_path
 from ..core.kernels import _USES_GAMMA
 from ..models import KernelSLEM, LinearSLEM
 from ..core.validation import check_encoded_rows, rows_text
@@ -174,7 +174,7 @@ def reuse_partitions(store, draft, target, head, inputs: list[str], n_parts: int
             )
             if crc is not None:
                 crcs[i] = crc
-                names.append(storage.checksums._full_key(old, (i, 0)))
+                names.append(storage.nodes.checksums._full_key(old, (i, 0)))
         if names:
             store.backend.copy_tree(_relative(store, old), _relative(store, target), names)
     return [i for i, crc in enumerate(crcs) if crc is None], crcs

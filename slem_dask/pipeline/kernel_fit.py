@@ -10,7 +10,7 @@ import time
 import warnings
 
 from .. import storage
-from ..storage import versions
+from ..storage.versioning import versions
 from ..models import load_model
 from ..models.kernel import TraceErrorWarning
 from ..core.kernels import unused_params

@@ -12,7 +12,7 @@ from .. import storage
 from .._version import __version__
 from ..retrieval.distances import SCORE_NAMES, unit_norm_warning
 from ..retrieval.topk import search
-from ..storage.paths import shown_path
+from ..storage.backends.paths import shown_path
 from .common import JobFailed, JobReport, _compute, _detail, full_disk_said
 from .options import SearchOptions, options_from
 

@@ -6,7 +6,7 @@ import pytest
 import slem_dask
 from slem_dask.cli.main import main
 from slem_dask.pipeline.evaluation import relevant_from_labels
-from slem_dask.storage import versions
+from slem_dask.storage.versioning import versions
 
 CLUSTER = ["--local-cluster", "threads", "--no-progress"]
 

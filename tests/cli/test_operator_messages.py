@@ -146,7 +146,7 @@ def _said_full(err: str, path, command: str) -> re.Match:
 def test_a_full_disk_during_a_fit_names_the_model_and_what_to_free(
     capsys, scheduler, corpus, full_disk, kernel
 ):
-    from slem_dask.storage import versions
+    from slem_dask.storage.versioning import versions
 
     path = corpus["dir"] / "m.zarr"
     code, _, err = _fit(capsys, scheduler, corpus["negatives"], path, *kernel)
@@ -304,7 +304,7 @@ def test_a_spec_names_a_bad_input_once(capsys, scheduler, corpus, tmp_path):
 # -- 8. tiny chunks: a hint naming the chunk size and what to rechunk to ----------------
 def test_a_fit_on_one_row_chunks_hints_to_rechunk_and_says_to_what(capsys, scheduler, tmp_path):
     from helpers import zarr_rows
-    from slem_dask.storage.chunks import SmallChunksWarning
+    from slem_dask.storage.nodes.chunks import SmallChunksWarning
 
     rows = np.random.default_rng(1).standard_normal((1500, 8)).astype("float32")
     tiny = zarr_rows(tmp_path / "tiny.zarr", rows, chunks=1)
@@ -333,7 +333,7 @@ def test_a_fit_on_one_row_chunks_hints_to_rechunk_and_says_to_what(capsys, sched
 def test_the_rechunk_hint_suggests_chunks_of_about_4_mib_in_whole_rows():
     import zarr
 
-    from slem_dask.storage.chunks import small_chunks_hint
+    from slem_dask.storage.nodes.chunks import small_chunks_hint
 
     arr = zarr.create_array(store={}, shape=(2_000_000, 128), dtype="uint8", chunks=(16, 128))
     said = small_chunks_hint(arr, "positives", "/data/p.zarr")
@@ -843,7 +843,7 @@ def test_a_full_disk_in_any_other_command_is_one_line_naming_what_it_writes(
 def test_inputs_read_by_row_ranges_get_no_rechunk_hint_and_chunked_hdf5_does(tmp_path):
     h5py = pytest.importorskip("h5py")
     from slem_dask import storage
-    from slem_dask.storage.chunks import small_chunks_hint
+    from slem_dask.storage.nodes.chunks import small_chunks_hint
 
     rows = np.random.default_rng(2).standard_normal((1500, 8)).astype("float32")
     np.save(tmp_path / "neg.npy", rows)
@@ -862,7 +862,7 @@ def test_inputs_read_by_row_ranges_get_no_rechunk_hint_and_chunked_hdf5_does(tmp
 def test_a_fit_on_an_npy_file_gives_no_rechunk_hint(capsys, scheduler, tmp_path):
     import warnings
 
-    from slem_dask.storage.chunks import SmallChunksWarning
+    from slem_dask.storage.nodes.chunks import SmallChunksWarning
 
     np.save(
         tmp_path / "neg.npy", np.random.default_rng(3).standard_normal((1500, 8)).astype("float32")

@@ -441,7 +441,7 @@ class _Cluster:
 def test_asking_the_workers_drops_one_that_left_and_asks_one_that_joined():
     from distributed.comm.core import CommClosedError
 
-    from slem_dask.storage.workers import ask_workers
+    from slem_dask.storage.nodes.workers import ask_workers
 
     def answer(a):
         return CommClosedError("Address removed.") if a == "b" else a.upper()
@@ -457,7 +457,7 @@ def test_a_worker_that_answers_in_the_last_round_or_joins_during_it_is_no_error(
     """The rounds end with every worker asked answering: a worker that failed to answer
     twice answers the third time, or workers keep joining (a cluster scaling up). The
     answers are returned (a bare StopIteration was raised)."""
-    from slem_dask.storage.workers import ask_workers
+    from slem_dask.storage.nodes.workers import ask_workers
 
     slow = []
 
@@ -478,7 +478,7 @@ def test_a_worker_that_answers_in_the_last_round_or_joins_during_it_is_no_error(
 
 
 def test_a_listed_worker_that_never_answers_the_checks_fails_the_job_in_one_line():
-    from slem_dask.storage.workers import WorkerLeftError, ask_workers
+    from slem_dask.storage.nodes.workers import WorkerLeftError, ask_workers
 
     fake = _Cluster(
         ["a", "b"], [], lambda a: OSError("Timed out trying to connect to b") if a == "b" else 1

@@ -7,7 +7,7 @@ import zarr
 from helpers import ROOT, recommit
 
 from slem_dask import storage
-from slem_dask.storage import versions
+from slem_dask.storage.versioning import versions
 
 from slem_dask import LinearSLEM, search
 from slem_dask.cli.main import main

@@ -9,8 +9,8 @@ import pytest
 from slem_dask import pipeline
 from slem_dask.core.validation import LambdaScaleWarning
 from slem_dask.models.kernel import TraceErrorWarning
-from slem_dask.storage import chunks
-from slem_dask.storage.chunks import SmallChunksWarning
+from slem_dask.storage.nodes import chunks
+from slem_dask.storage.nodes.chunks import SmallChunksWarning
 
 from helpers import small_corpus
 

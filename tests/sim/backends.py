@@ -4,7 +4,7 @@
 an OSError); ``s3``, ``gcs``, ``azure``: the real backend classes of
 :mod:`slem_dask.storage` over the fake client libraries of :mod:`.clients` and
 :mod:`.buckets` (the backends' own code, their libraries' exception types); ``local``:
-the real :class:`~slem_dask.storage.local.LocalBackend` on a temporary folder, with
+the real :class:`~slem_dask.storage.backends.local.LocalBackend` on a temporary folder, with
 faults at the ``os`` calls it makes (:mod:`.disk`).
 """
 
@@ -32,9 +32,9 @@ def backend_for(world, url: str):
         from . import disk
 
         return disk.backend(world, url)
-    from slem_dask.storage.azure import AzureBackend
-    from slem_dask.storage.gcs import GCSBackend
-    from slem_dask.storage.s3 import S3Backend
+    from slem_dask.storage.backends.azure import AzureBackend
+    from slem_dask.storage.backends.gcs import GCSBackend
+    from slem_dask.storage.backends.s3 import S3Backend
 
     cls = {"s3": S3Backend, "gcs": GCSBackend, "azure": AzureBackend}[kind]
     return cls(SCHEMES[kind] + url[len("sim://") :])
@@ -58,7 +58,7 @@ def configured(protocol: str, options: dict) -> dict:
         else known_implementations.get(protocol, {}).get("class", "")
     )
     if name.startswith("slem_dask."):
-        from slem_dask.storage import deadlines
+        from slem_dask.storage.backends import deadlines
 
         policy = deadlines.current()
         merged["deadlines"] = (policy.timeout, policy.attempts)
@@ -109,7 +109,9 @@ def clients(world):
     import fsspec.asyn
     import s3fs.core
 
-    from slem_dask.storage import azure, cloud, s3
+    from slem_dask.storage.backends import azure
+    from slem_dask.storage.backends import cloud
+    from slem_dask.storage.backends import s3
 
     from . import transport
 

@@ -1,5 +1,5 @@
 """Fake gcsfs and adlfs file systems under the real
-:class:`~slem_dask.storage.gcs.GCSBackend` and :class:`~slem_dask.storage.azure.AzureBackend`.
+:class:`~slem_dask.storage.backends.gcs.GCSBackend` and :class:`~slem_dask.storage.backends.azure.AzureBackend`.
 
 Each stands where the library's file system stands (``cat_file``, ``pipe_file``, ``ls``,
 ``info``, ``rm_file``, ``find``, ``rm``, ``copy``; Azure's ``service_client`` for Copy

@@ -21,12 +21,13 @@ from __future__ import annotations
 import contextlib
 import json
 
-from slem_dask.storage import gc, versions
-from slem_dask.storage.backend import StorageConfigError
-from slem_dask.storage.errors import DamagedStoreError
-from slem_dask.storage.leases import LeaseHeldError, LeaseLostError
-from slem_dask.storage.markers import SharedFolderError
-from slem_dask.storage.outcomes import StorageError
+from slem_dask.storage.versioning import gc
+from slem_dask.storage.versioning import versions
+from slem_dask.storage.backends.backend import StorageConfigError
+from slem_dask.storage.versioning.errors import DamagedStoreError
+from slem_dask.storage.versioning.leases import LeaseHeldError, LeaseLostError
+from slem_dask.storage.versioning.markers import SharedFolderError
+from slem_dask.storage.backends.outcomes import StorageError
 
 from . import jobs
 from .server import SimFault
@@ -289,7 +290,7 @@ def check_bound(world) -> None:
 #: the kinds of line a job may end with (the CLI prints the message)
 EXPECTED = (
     SimFault,
-    StorageError,  # what a backend raises: the kinds of slem_dask/storage/outcomes.py
+    StorageError,  # what a backend raises: the kinds of slem_dask/storage/backends/outcomes.py
     versions.CommitConflictError,
     versions.CommitUnknownError,
     gc.DraftFencedError,

@@ -1,4 +1,4 @@
-"""A fake S3 client library under the real :class:`slem_dask.storage.s3.S3Backend`.
+"""A fake S3 client library under the real :class:`slem_dask.storage.backends.s3.S3Backend`.
 
 :class:`FakeS3FileSystem` stands where ``s3fs.S3FileSystem`` stands: ``call_s3`` and
 ``_call_s3`` go through s3fs's own retry wrapper (``s3fs.core._error_wrapper``: its

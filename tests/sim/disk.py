@@ -1,10 +1,10 @@
-"""The real :class:`~slem_dask.storage.local.LocalBackend` on a temporary folder, with
+"""The real :class:`~slem_dask.storage.backends.local.LocalBackend` on a temporary folder, with
 faults at the ``os`` calls it makes.
 
 :class:`DiskServer` is the folder (``<tmp>/bucket/...``, the keys of the object-store
 worlds) seen as a :class:`.server.SimServer` by the checks: its ``objects`` are the
 files, by their physical path (a file reached through a symlink is judged where it
-lies). The module ``os``, ``shutil`` and ``open`` of :mod:`slem_dask.storage.local` are
+lies). The module ``os``, ``shutil`` and ``open`` of :mod:`slem_dask.storage.backends.local` are
 replaced by wrappers that yield to the scheduler before every system call that reads,
 lists or changes the folder (a crash between any two), and may fail it:
 
@@ -208,13 +208,13 @@ def make_server(world) -> DiskServer:
 
 
 def backend(world, url: str):
-    from slem_dask.storage.local import LocalBackend
+    from slem_dask.storage.backends.local import LocalBackend
 
     return LocalBackend(world.server.path(url[len("sim://") :]))
 
 
 def patches(world) -> dict:
-    from slem_dask.storage import local
+    from slem_dask.storage.backends import local
 
     disk = Disk(world, world.server)
     uuid = types.SimpleNamespace(uuid4=lambda: types.SimpleNamespace(hex=world.token()))

@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import json
 
-from slem_dask.storage import gc, versions
-from slem_dask.storage.records import private_copy_of
+from slem_dask.storage.versioning import gc
+from slem_dask.storage.versioning import versions
+from slem_dask.storage.versioning.records import private_copy_of
 
 from . import checks, jobs
 from .run import MODES, SeedFailed, USER_OBJECTS

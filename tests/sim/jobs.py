@@ -1,5 +1,5 @@
 """The commands the simulated actors run, written the way slem-dask's jobs use the
-protocol (:mod:`slem_dask.storage.versions`, :mod:`slem_dask.storage.leases`).
+protocol (:mod:`slem_dask.storage.versioning.versions`, :mod:`slem_dask.storage.versioning.leases`).
 
 A version's node is a small stand-in for a zarr node: ``zarr.json`` (the content's
 name, whether it is complete, the sha256 of each chunk) and chunks ``c/<i>``. The
@@ -22,9 +22,10 @@ import functools
 import hashlib
 import json
 
-from slem_dask.storage import gc, versions
-from slem_dask.storage.errors import DamagedStoreError
-from slem_dask.storage.leases import Lease, LeaseHeldError
+from slem_dask.storage.versioning import gc
+from slem_dask.storage.versioning import versions
+from slem_dask.storage.versioning.errors import DamagedStoreError
+from slem_dask.storage.versioning.leases import Lease, LeaseHeldError
 
 from . import world
 

@@ -14,8 +14,8 @@ import json
 import sys
 import traceback
 
-from slem_dask.storage import versions
-from slem_dask.storage.backend import StorageConfigError
+from slem_dask.storage.versioning import versions
+from slem_dask.storage.backends.backend import StorageConfigError
 
 from . import backends, checks, jobs
 from .server import Faults

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from slem_dask.storage.backend import Backend
+from slem_dask.storage.backends.backend import Backend
 
 FAULTS = (
     "lost_request",

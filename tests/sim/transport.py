@@ -1,7 +1,7 @@
 """The transport under the real backends: one request of a client library (one HTTP
 attempt) at a time, on the world's server, under the seed's faults.
 
-The real backend classes (:mod:`slem_dask.storage.s3`, ``gcs``, ``azure``) run
+The real backend classes (:mod:`slem_dask.storage.backends.s3`, ``gcs``, ``azure``) run
 unchanged over fake file systems (:mod:`.clients`, :mod:`.buckets`) that stand where
 s3fs, gcsfs and adlfs stand. Each fake makes its library's requests through
 :func:`attempt`, retries them as that library does (on the simulated clock), and turns

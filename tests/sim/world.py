@@ -8,8 +8,8 @@ lease's heartbeat): a crash kills them together, between two storage calls, with
 clean-up reaching storage (as SIGKILL would).
 
 Lease code reads the clock of this world: ``time.monotonic`` and ``time.sleep`` in
-:mod:`slem_dask.storage.leases`, its threads and events (and ``making_room``'s thread
-in :mod:`slem_dask.storage.versions`), and its host identity (each
+:mod:`slem_dask.storage.versioning.leases`, its threads and events (and ``making_room``'s thread
+in :mod:`slem_dask.storage.versioning.versions`), and its host identity (each
 process a host of its own, so liveness is judged by watching the lease, as between
 hosts). Draft and lease tokens come from the seed.
 """
@@ -24,8 +24,11 @@ import types
 
 from greenlet import getcurrent, greenlet
 
-from slem_dask.storage import backend as backend_module
-from slem_dask.storage import heads, leases, local_deadline, versions
+from slem_dask.storage.backends import backend as backend_module
+from slem_dask.storage.versioning import heads
+from slem_dask.storage.versioning import leases
+from slem_dask.storage.backends import local_deadline
+from slem_dask.storage.versioning import versions
 
 from . import backends
 from .server import Faults, SimServer

@@ -1,4 +1,4 @@
-"""The Backend contract (slem_dask/storage/backend.py), run against every backend:
+"""The Backend contract (slem_dask/storage/backends/backend.py), run against every backend:
 a local folder, memory://, S3 on two real servers on 127.0.0.1 (SeaweedFS's
 `weed` and moto's server, tests/s3server.py), Google Cloud Storage on fake-gcs-server
 and Azure Blob on Azurite (tests/emulators.py)."""
@@ -14,12 +14,12 @@ import uuid
 
 import pytest
 
-from slem_dask.storage.azure import AzureBackend
-from slem_dask.storage.registry import backend_for
-from slem_dask.storage.fsspec_backend import FsspecBackend
-from slem_dask.storage.gcs import GCSBackend
-from slem_dask.storage.local import LocalBackend
-from slem_dask.storage.s3 import S3Backend
+from slem_dask.storage.backends.azure import AzureBackend
+from slem_dask.storage.backends.registry import backend_for
+from slem_dask.storage.backends.fsspec_backend import FsspecBackend
+from slem_dask.storage.backends.gcs import GCSBackend
+from slem_dask.storage.backends.local import LocalBackend
+from slem_dask.storage.backends.s3 import S3Backend
 
 S3_KINDS = ["seaweedfs", "moto"]
 EMULATED = {"gcs": ("gs", GCSBackend), "azure": ("az", AzureBackend)}
@@ -273,7 +273,7 @@ def _client_error(code, status, retries=0):
 def stubbed_s3(monkeypatch):
     """An S3Backend whose client is a stub (a private file system: the endpoint is
     never contacted) and whose key holds ``state["held"]``."""
-    import slem_dask.storage.s3 as s3
+    import slem_dask.storage.backends.s3 as s3
 
     monkeypatch.setattr(s3, "_CONFLICT_BACKOFF", 0.0)
     b = S3Backend("s3://bucket/p", endpoint_url=f"http://127.0.0.1:9/{uuid.uuid4().hex}")
@@ -329,7 +329,7 @@ def test_s3_create_raises_other_errors(stubbed_s3):
 def test_precondition_is_read_from_the_botocore_error_not_from_any_oserror():
     import errno
 
-    from slem_dask.storage.s3 import _precondition_failed
+    from slem_dask.storage.backends.s3 import _precondition_failed
 
     translated = OSError(
         errno.EINVAL, "At least one of the pre-conditions you specified did not hold"
@@ -346,8 +346,8 @@ def test_precondition_is_read_from_the_botocore_error_not_from_any_oserror():
 
 _CLIENT = """
 import sys
-from slem_dask.storage.azure import AzureBackend
-from slem_dask.storage.registry import backend_for
+from slem_dask.storage.backends.azure import AzureBackend
+from slem_dask.storage.backends.registry import backend_for
 b = backend_for(sys.argv[1])
 b.put("env/probe", b"seen")
 assert b.read("env/probe") == b"seen"

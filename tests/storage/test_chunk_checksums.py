@@ -11,7 +11,7 @@ from slem_dask import LinearSLEM, load_model, storage
 from slem_dask.cli.main import main
 from slem_dask.datasets import make_corpus, write_corpus
 from slem_dask.pipeline.evaluate import open_search_result, search_job
-from slem_dask.storage import versions
+from slem_dask.storage.versioning import versions
 
 from helpers import zarr_rows
 

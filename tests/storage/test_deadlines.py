@@ -1,4 +1,4 @@
-"""Every storage request has a deadline (slem_dask/storage/deadlines.py, issue 38): each
+"""Every storage request has a deadline (slem_dask/storage/backends/deadlines.py, issue 38): each
 client's file system, whoever makes it (a backend, zarr from a URL), has the connect and
 read timeouts and the bounded tries of one policy, set by $SLEM_DASK_STORAGE_TIMEOUT and
 $SLEM_DASK_STORAGE_ATTEMPTS; a server that accepts connections and never answers is
@@ -16,8 +16,9 @@ import uuid
 
 import pytest
 
-from slem_dask.storage import deadlines, leases
-from slem_dask.storage.registry import backend_for
+from slem_dask.storage.backends import deadlines
+from slem_dask.storage.versioning import leases
+from slem_dask.storage.backends.registry import backend_for
 
 from conftest import use_server
 from faultproxy import FaultProxy, Rule

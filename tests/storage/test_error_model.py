@@ -1,4 +1,4 @@
-"""One error model at the backend boundary (issue 38, slem_dask/storage/outcomes.py): the
+"""One error model at the backend boundary (issue 38, slem_dask/storage/backends/outcomes.py): the
 real clients' own exception types (gcsfs's HttpError and aiohttp's errors, azure-core's
 HttpResponseError and ServiceResponseError, botocore's errors), raised through the real
 backend classes on the emulators, reach the commit protocol only as the few outcome
@@ -12,10 +12,13 @@ import uuid
 import numpy as np
 import pytest
 
-from slem_dask.storage import groups, leases, publish, versions
-from slem_dask.storage.azure import AzureBackend
-from slem_dask.storage.gcs import GCSBackend
-from slem_dask.storage.outcomes import (
+from slem_dask.storage.nodes import groups
+from slem_dask.storage.versioning import leases
+from slem_dask.storage.versioning import publish
+from slem_dask.storage.versioning import versions
+from slem_dask.storage.backends.azure import AzureBackend
+from slem_dask.storage.backends.gcs import GCSBackend
+from slem_dask.storage.backends.outcomes import (
     AccessRefusedError,
     OutcomeUnknownError,
     StoreUnreachableError,
@@ -330,7 +333,8 @@ def test_a_fenced_partition_write_says_fenced(tmp_path, monkeypatch):
     "cannot be read back on this worker; check the storage")."""
     import zarr
 
-    from slem_dask.storage import gc, outputs
+    from slem_dask.storage.versioning import gc
+    from slem_dask.storage.nodes import outputs
 
     store = versions.VersionedStore(str(tmp_path / "o.zarr"))
     draft = store.begin()
@@ -399,7 +403,7 @@ def test_a_failure_is_told_of_the_store_it_names_not_the_model():
     told of the output (it named the model's path, on the code before)."""
     from gcsfs.retry import HttpError
 
-    from slem_dask.storage.registry import describe_storage_error
+    from slem_dask.storage.versioning.publish import describe_storage_error
 
     cause = HttpError({"code": 503, "message": "Service Unavailable"})
     try:
@@ -420,8 +424,8 @@ def test_s3_client_failures_are_sorted_into_the_kinds():
     from botocore import exceptions as bx
     from s3fs.errors import translate_boto_error
 
-    from slem_dask.storage import s3
-    from slem_dask.storage.outcomes import UNKNOWN, UNREACHABLE, StorageRefusedError
+    from slem_dask.storage.backends import s3
+    from slem_dask.storage.backends.outcomes import UNKNOWN, UNREACHABLE, StorageRefusedError
 
     def client_error(code: str, status: int) -> Exception:
         response = {"Error": {"Code": code}, "ResponseMetadata": {"HTTPStatusCode": status}}

@@ -11,7 +11,9 @@ import pytest
 import zarr
 
 from slem_dask import pipeline, storage
-from slem_dask.storage import leases, markers, versions
+from slem_dask.storage.versioning import leases
+from slem_dask.storage.versioning import markers
+from slem_dask.storage.versioning import versions
 
 from helpers import ROOT, TESTS, encode_corpus
 
@@ -105,7 +107,7 @@ def test_killed_runs_leave_at_most_one_draft_and_the_next_job_removes_it(corpus,
 
 
 def test_a_condemned_draft_is_never_committed_and_a_claimed_one_never_deleted(tmp_path):
-    from slem_dask.storage import gc  # new in this change
+    from slem_dask.storage.versioning import gc  # new in this change
 
     store = versions.VersionedStore(str(tmp_path / "s.zarr"))
     stalled, committing = store.begin(), store.begin()
@@ -217,7 +219,7 @@ def test_a_job_whose_draft_a_winner_deleted_says_who_and_never_regrows_it(corpus
 
 
 def test_a_job_whose_draft_was_condemned_says_it_was_fenced(corpus, monkeypatch):
-    from slem_dask.storage import gc  # new in this change
+    from slem_dask.storage.versioning import gc  # new in this change
 
     out = corpus["dir"] / "out.zarr"
     error = _fenced_midway(
@@ -338,7 +340,7 @@ def _one_error_line(capsys, argv) -> str:
 def test_rollback_of_a_read_only_store_says_so_in_one_line(tmp_path, capsys, monkeypatch):
     import errno
 
-    from slem_dask.storage.local import LocalBackend
+    from slem_dask.storage.backends.local import LocalBackend
 
     path = str(tmp_path / "m.zarr")
     _two_model_versions(path)
@@ -383,7 +385,7 @@ def _s3_error(code: str, status: int):
 def test_a_skewed_clock_or_a_503_on_every_commit_is_one_line(
     s3, capsys, monkeypatch, code, status, advice
 ):
-    from slem_dask.storage.s3 import S3Backend
+    from slem_dask.storage.backends.s3 import S3Backend
 
     path = f"{s3}/m.zarr"
     _two_model_versions(path)
@@ -450,7 +452,7 @@ def _race_commit_and_condemnation(root: str, rounds: int) -> None:
     that was deleted, and a deleted draft is never committed."""
     import threading
 
-    from slem_dask.storage import gc  # new in this change
+    from slem_dask.storage.versioning import gc  # new in this change
 
     outcomes = set()
     for i in range(rounds):
@@ -547,7 +549,7 @@ def test_fates_and_commits_stay_bounded_over_a_long_history_of_failed_drafts(tmp
     never committed, forever. Now a fate file goes once FATE_HORIZON newer numbers are
     committed, and commits/ holds one record per commit (and the head hint) whatever
     failed: both bounded however long the history."""
-    from slem_dask.storage import gc
+    from slem_dask.storage.versioning import gc
 
     store = versions.VersionedStore(str(tmp_path / "s.zarr"))
     root = Path(store.path.location)

@@ -1,4 +1,4 @@
-"""Finding the head of a versioned store (slem_dask.storage.heads): what a fresh process
+"""Finding the head of a versioned store (slem_dask.storage.versioning.heads): what a fresh process
 (every command, every worker) asks of the storage does not grow with the length of the
 store's history, and a head hint that is wrong in any way costs requests, never a
 wrong head."""
@@ -10,9 +10,10 @@ import os
 import pytest
 import zarr
 
-from slem_dask.storage import backend as backend_module
-from slem_dask.storage import heads, versions
-from slem_dask.storage.local import LocalBackend
+from slem_dask.storage.backends import backend as backend_module
+from slem_dask.storage.versioning import heads
+from slem_dask.storage.versioning import versions
+from slem_dask.storage.backends.local import LocalBackend
 
 
 class _Counted:

@@ -1,4 +1,4 @@
-"""Descriptors in every input format (storage/formats.py): each read through open_input
+"""Descriptors in every input format (storage/formats/formats.py): each read through open_input
 equals numpy at several partitionings, fit/encode/search/evaluate take them from the
 command line, their fingerprints see a rewritten file, and a file that cannot be read
 gets one line naming its format and the fix."""
@@ -14,7 +14,7 @@ import zarr
 
 from slem_dask import LinearSLEM, load_model, search, storage
 from slem_dask.datasets import make_corpus, write_corpus
-from slem_dask.storage import fingerprints
+from slem_dask.storage.nodes import fingerprints
 
 from helpers import run_cli as run  # (exit code, stdout, stderr) of the CLI in-process
 

@@ -5,7 +5,7 @@ draft) is waited for a few seconds at most, the lease's heartbeat stops, and the
 same job completes once the store answers again.
 
 A store that stopped answering is simulated on local disk: once the job is
-interrupted, every call of :class:`~slem_dask.storage.local.LocalBackend` blocks until
+interrupted, every call of :class:`~slem_dask.storage.backends.local.LocalBackend` blocks until
 the test ends (a request that never answers; the object stores' own, through the
 fault proxy's black hole, are in tests/system/test_fault_proxy.py)."""
 
@@ -18,8 +18,13 @@ import time
 import numpy as np
 import pytest
 
-from slem_dask.storage import deadlines, groups, leases, local_deadline, outcomes, versions
-from slem_dask.storage.local import LocalBackend
+from slem_dask.storage.backends import deadlines
+from slem_dask.storage.nodes import groups
+from slem_dask.storage.versioning import leases
+from slem_dask.storage.backends import local_deadline
+from slem_dask.storage.backends import outcomes
+from slem_dask.storage.versioning import versions
+from slem_dask.storage.backends.local import LocalBackend
 
 #: A test waits this long for an interrupted call to return, never forever: generous
 #: (a loaded machine), and far below "never" (the old code's bound with a silent store).
@@ -154,7 +159,7 @@ def test_an_interrupted_heartbeat_does_not_renew_the_lease(tmp_path, monkeypatch
 
 
 # -- a local disk that stops answering (a hung NFS mount): the protocol's calls have a
-# deadline too (slem_dask/storage/local_deadline.py)
+# deadline too (slem_dask/storage/backends/local_deadline.py)
 
 
 @pytest.fixture
@@ -241,7 +246,7 @@ def test_a_commit_whose_local_create_never_returns_is_settled_by_reading_back(
 
 
 def _group(path):
-    from slem_dask.storage.groups import _open_group
+    from slem_dask.storage.nodes.groups import _open_group
 
     return _open_group(path)
 

@@ -20,8 +20,9 @@ from slem_dask import LinearSLEM, load_model, pipeline, storage
 from slem_dask.cli.main import main
 from slem_dask.pipeline.evaluate import open_search_result, search_job
 from slem_dask.retrieval import search
-from slem_dask.storage import leases, versions
-from slem_dask.storage.registry import backend_for
+from slem_dask.storage.versioning import leases
+from slem_dask.storage.versioning import versions
+from slem_dask.storage.backends.registry import backend_for
 
 from conftest import _forget_s3_clients, use_server
 from helpers import TESTS, script_pythonpath

@@ -11,8 +11,8 @@ import pytest
 import zarr
 
 from slem_dask import storage
-from slem_dask.storage import versions
-from slem_dask.storage.checksums import crc32c
+from slem_dask.storage.versioning import versions
+from slem_dask.storage.nodes.checksums import crc32c
 
 D = 16
 
@@ -73,7 +73,7 @@ def test_an_output_chunk_on_s3_is_one_put_with_the_crc32c_of_its_body(s3_server,
     # SeaweedFS checks the body's crc32c and says so: the trailer needs no read-back;
     # moto does not: the worker reads it back
     # one HEAD of the draft's zarr.json first: a fenced job's late task must not grow a
-    # deleted draft again (storage.gc.draft_alive); then the chunk's one PUT
+    # deleted draft again (storage.versioning.gc.draft_alive); then the chunk's one PUT
     fence = {"HeadObject": 1}
     assert collections.Counter(op for op, _ in calls) == (
         {**fence, "PutObject": 1}

@@ -11,8 +11,8 @@ import pytest
 
 from slem_dask import LinearSLEM, storage
 from slem_dask.cli.main import main
-from slem_dask.storage.export import PARTIAL_MARKER
-from slem_dask.storage.markers import SharedFolderError
+from slem_dask.storage.nodes.export import PARTIAL_MARKER
+from slem_dask.storage.versioning.markers import SharedFolderError
 
 
 def _model(path, lam: float = 0.1) -> str:
@@ -64,7 +64,7 @@ def test_export_never_deletes_a_users_folder_that_holds_a_file_named_like_its_ma
 
 
 def test_an_unfinished_export_of_slem_dasks_is_still_replaced(tmp_path, monkeypatch):
-    from slem_dask.storage import export as exporting
+    from slem_dask.storage.nodes import export as exporting
 
     model, out = _model(tmp_path / "m.zarr"), tmp_path / "plain.zarr"
 

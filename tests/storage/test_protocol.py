@@ -15,11 +15,12 @@ from helpers import encode_corpus, expected_encoding, small_corpus
 from reference import partitionwise
 
 from slem_dask import LinearSLEM, load_model, pipeline, storage
-from slem_dask.storage import backend as backends
-from slem_dask.storage import local, versions
-from slem_dask.storage.backend import StorageConfigError
-from slem_dask.storage.registry import backend_for
-from slem_dask.storage.local import LocalBackend
+from slem_dask.storage.backends import backend as backends
+from slem_dask.storage.backends import local
+from slem_dask.storage.versioning import versions
+from slem_dask.storage.backends.backend import StorageConfigError
+from slem_dask.storage.backends.registry import backend_for
+from slem_dask.storage.backends.local import LocalBackend
 
 D = 8
 COMMIT_1 = "commits/00000001.json"
@@ -112,7 +113,7 @@ def test_a_clean_up_failing_with_botocores_own_error_does_not_fail_the_commit(tm
     the fate file."""
     from botocore.exceptions import EndpointConnectionError
 
-    from slem_dask.storage import gc
+    from slem_dask.storage.versioning import gc
 
     store = versions.VersionedStore(str(tmp_path / "s.zarr"))
     real = store.backend.delete
@@ -201,7 +202,7 @@ def test_an_s3_encode_whose_commit_reply_was_lost_is_committed_and_kept(
     """Item 1: the server applies the conditional PUT of commits/00000001.json, the
     reply is lost, the resend gets 412. The job used to call its own commit another
     job's and delete its draft: the committed version."""
-    from slem_dask.storage.s3 import S3Backend
+    from slem_dask.storage.backends.s3 import S3Backend
 
     root = f"s3://{s3_server.bucket}/t-{uuid.uuid4().hex[:8]}"
     rng = np.random.default_rng(30)
@@ -370,7 +371,7 @@ class _IgnoresCondition:
 
 
 def _ignore_conditions(monkeypatch, path):
-    from slem_dask.storage.s3 import S3Backend
+    from slem_dask.storage.backends.s3 import S3Backend
 
     fs = S3Backend(path).fs
     real = fs.get_s3

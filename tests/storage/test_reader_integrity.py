@@ -17,8 +17,9 @@ import zarr
 import slem_dask
 from slem_dask import LinearSLEM
 from slem_dask.pipeline.search import search_job
-from slem_dask.storage import VersionStore, versions, write_group
-from slem_dask.storage.errors import CorruptChunkError, MissingChunkError
+from slem_dask.storage import VersionStore, write_group
+from slem_dask.storage.versioning import versions
+from slem_dask.storage.versioning.errors import CorruptChunkError, MissingChunkError
 
 from helpers import encode_corpus
 

@@ -17,8 +17,11 @@ import zarr
 import slem_dask
 from slem_dask import load_model
 from slem_dask.cli.main import main
-from slem_dask.storage import VersionStore, ownership, readers, versions, verify
-from slem_dask.storage.export import PARTIAL_MARKER
+from slem_dask.storage import VersionStore, verify
+from slem_dask.storage.versioning import ownership
+from slem_dask.storage.nodes import readers
+from slem_dask.storage.versioning import versions
+from slem_dask.storage.nodes.export import PARTIAL_MARKER
 
 from helpers import ROOT, encode_corpus, expected_encoding, head, recommit
 
@@ -365,7 +368,7 @@ def test_export_of_a_model_loads_and_nothing_foreign_is_replaced(corpus, capsys)
 
 
 def test_an_unfinished_export_never_looks_valid_and_is_replaced(corpus, codes, monkeypatch):
-    from slem_dask.storage import export as exporting
+    from slem_dask.storage.nodes import export as exporting
 
     out = corpus["dir"] / "plain.zarr"
 
@@ -433,3 +436,35 @@ def test_marker_version_store_and_export_on_s3(s3_server, tmp_path, corpus):
     )
     assert main(["export", out, "--to", str(tmp_path / "plain.npy")]) == 0
     np.testing.assert_array_equal(np.load(tmp_path / "plain.npy"), expected)
+
+
+# -- the flat module paths of before storage/ was split (issue 41) ---------------------------
+def test_a_version_store_pickled_under_its_old_module_path_still_reads(codes):
+    """A client of the flat layout pickled ``slem_dask.storage.readers.VersionStore``;
+    a worker of this one unpickles it (pickle protocol 0 names the class as text)."""
+    store = VersionStore(codes)
+    pickled = pickle.dumps(store, protocol=0)
+    assert b"slem_dask.storage.nodes.readers" in pickled
+    old = pickled.replace(b"slem_dask.storage.nodes.readers", b"slem_dask.storage.readers")
+    again = pickle.loads(old)
+    assert type(again) is VersionStore
+    read = zarr.open_group(again, mode="r")["encodings"][:]
+    assert read.shape[0] > 0 and np.array_equal(
+        read, zarr.open_group(store, mode="r")["encodings"][:]
+    )
+
+
+def test_the_old_module_paths_import_as_the_new_modules():
+    import importlib
+
+    from slem_dask.storage.moved import MOVED
+
+    for name, subpackage in MOVED.items():
+        old = importlib.import_module(f"slem_dask.storage.{name}")
+        assert old is importlib.import_module(f"slem_dask.storage.{subpackage}.{name}"), name
+    from slem_dask.storage.formats import FileArray, file_format  # the module's names
+    from slem_dask.storage.versions import VersionedStore  # as docs/operations.md had it
+
+    assert FileArray.__module__ == "slem_dask.storage.formats.formats" and file_format
+    assert VersionedStore is versions.VersionedStore
+    assert callable(slem_dask.storage.verify)  # the function, not the module

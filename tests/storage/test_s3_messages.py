@@ -2,7 +2,7 @@
 that cannot reach a store this client reaches is not told to "start it" (found by
 tests/system/test_partitions.py, a worker's link to S3 cut mid-fit)."""
 
-from slem_dask.storage.s3 import S3Backend
+from slem_dask.storage.backends.s3 import S3Backend
 
 
 def _connection_error(endpoint):

@@ -9,7 +9,8 @@ import pytest
 import zarr
 
 from slem_dask import storage
-from slem_dask.storage import gc, versions
+from slem_dask.storage.versioning import gc
+from slem_dask.storage.versioning import versions
 
 
 def _committed(store, value, job="job"):
@@ -43,7 +44,7 @@ def test_a_failed_read_back_of_the_record_is_tried_again(tmp_path):
     resolved by trying again, not reported as the read's error (seed 1 of mode all)."""
     import types
 
-    from slem_dask.storage.outcomes import at_the_boundary
+    from slem_dask.storage.backends.outcomes import at_the_boundary
 
     store = versions.VersionedStore(str(tmp_path / "s.zarr"))
     real, failed = store.backend.read, []
@@ -176,9 +177,9 @@ def test_a_group_whose_commit_outcome_is_unknown_keeps_its_draft(tmp_path, monke
     deleted: found by tests/system/test_protocol_simulation.py's late-landing test)."""
     import numpy as np
 
-    from slem_dask.storage import groups
-    from slem_dask.storage.local import LocalBackend
-    from slem_dask.storage.outcomes import at_the_boundary
+    from slem_dask.storage.nodes import groups
+    from slem_dask.storage.backends.local import LocalBackend
+    from slem_dask.storage.backends.outcomes import at_the_boundary
 
     path, sent, real = str(tmp_path / "m.zarr"), [], LocalBackend.create
 
@@ -206,8 +207,8 @@ def test_a_local_write_whose_empty_folder_is_pruned_meanwhile_makes_it_again(tmp
     simulation through the real LocalBackend: local interleave seed 14)."""
     import os
 
-    from slem_dask.storage import local
-    from slem_dask.storage.local import LocalBackend
+    from slem_dask.storage.backends import local
+    from slem_dask.storage.backends.local import LocalBackend
 
     real_makedirs, pruned = os.makedirs, []
 
@@ -239,7 +240,7 @@ def test_a_retransmitted_unlink_of_the_private_file_does_not_fail_a_create(tmp_p
     """NFS: LocalBackend.create linked its record, then the unlink of its private file
     answered ENOENT (a retransmission): the create succeeded and says so (found with
     seed 4, now 2, of mode nfs on local disk: the commit was reported failed)."""
-    from slem_dask.storage import local
+    from slem_dask.storage.backends import local
 
     backend = local.LocalBackend(str(tmp_path))
     fake_os = type(local.os)("os")
@@ -295,7 +296,7 @@ def test_private_files_of_killed_local_writes_are_deleted_once_settled(tmp_path)
 def test_private_files_of_the_lease_are_deleted_by_its_next_holder_by_their_content(tmp_path):
     """Beside the store (the user's folder) a private copy of the lease goes only when it
     holds a whole lease record of this store from another job."""
-    from slem_dask.storage.leases import Lease
+    from slem_dask.storage.versioning.leases import Lease
 
     target, hex32 = tmp_path / "s.zarr", "0123456789abcdef" * 2
     lease = Lease(str(target), "old job")
@@ -320,7 +321,7 @@ def test_a_create_whose_private_file_was_collected_reads_its_name_back(tmp_path,
     never a missing file; a create racing for a lease that another job took and
     released meanwhile tries again (found by the local sweep, interleave seed 18, while
     this fix was made: the job failed with FileNotFoundError)."""
-    from slem_dask.storage import local
+    from slem_dask.storage.backends import local
 
     backend = local.LocalBackend(str(tmp_path))
     assert backend.create("commits/00000001.json", b"the winner's")

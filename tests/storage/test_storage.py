@@ -252,7 +252,7 @@ def test_write_partition_writes_the_chunk_zarr_writes(tmp_path, dtype):
     """Whole local chunks are written by slem-dask's own gathered write (rows, then
     their crc32c): the file must be byte for byte zarr's, read back by zarr, and leave
     no temporary file; the short last chunk goes through zarr (it pads it)."""
-    from slem_dask.storage.outputs import _write_local_chunk
+    from slem_dask.storage.nodes.outputs import _write_local_chunk
 
     rng = np.random.default_rng(1)
     data = rng.standard_normal((10, 3)).astype(dtype)
@@ -280,7 +280,7 @@ def test_open_output_accepts_plain_arrays(tmp_path):
 def test_large_model_arrays_are_written_and_checked_in_chunks(tmp_path, fitted, monkeypatch):
     # a d x d array at d = 8192 is 512 MiB: written and read back in row chunks of at
     # most GROUP_CHUNK_BYTES, so that saving copies one chunk at a time, never the array
-    monkeypatch.setattr(storage.groups, "GROUP_CHUNK_BYTES", 100)  # 6 float64 columns: 2 rows
+    monkeypatch.setattr(storage.nodes.groups, "GROUP_CHUNK_BYTES", 100)  # 6 float64 columns: 2 rows
     path = tmp_path / "model.zarr"
     fitted.save(str(path))
     group = storage.open_node(str(path), mode="r")
@@ -299,7 +299,7 @@ def test_large_model_arrays_are_written_and_checked_in_chunks(tmp_path, fitted, 
 
 def test_save_refuses_a_model_that_reads_back_wrong(tmp_path, fitted, monkeypatch):
     # a chunk that the storage changes between write and read-back: nothing is put in place
-    monkeypatch.setattr(storage.groups, "GROUP_CHUNK_BYTES", 100)
+    monkeypatch.setattr(storage.nodes.groups, "GROUP_CHUNK_BYTES", 100)
     real = zarr.Array.__setitem__
 
     def lossy(self, key, value):
@@ -319,7 +319,7 @@ def test_save_refuses_a_model_that_reads_back_wrong(tmp_path, fitted, monkeypatc
 def test_crc32c_matches_google_crc32c_on_every_buffer_kind(size):
     import google_crc32c
 
-    from slem_dask.storage.checksums import crc32c
+    from slem_dask.storage.nodes.checksums import crc32c
 
     data = np.random.default_rng(size).integers(0, 256, size, dtype=np.uint8).tobytes()
     want = google_crc32c.value(data)
@@ -335,7 +335,7 @@ def test_large_checksums_run_without_the_gil():
     # function of a CDLL, i.e. unless the function is flagged as using Python's API.
     import ctypes
 
-    from slem_dask.storage.checksums import _unlocked_crc32c
+    from slem_dask.storage.nodes.checksums import _unlocked_crc32c
 
     function = _unlocked_crc32c()
     assert function is not None, "google_crc32c's C library was not found next to it"

@@ -23,8 +23,9 @@ from zarr.testing.store import StoreTests
 
 import slem_dask
 from slem_dask import LinearSLEM
-from slem_dask.storage import VersionStore, readers, write_group
-from slem_dask.storage.recorded import NOT_A_CHUNK
+from slem_dask.storage import VersionStore, write_group
+from slem_dask.storage.nodes import readers
+from slem_dask.storage.nodes.recorded import NOT_A_CHUNK
 
 from conftest import use_server
 from helpers import encode_corpus, small_corpus

@@ -1,5 +1,5 @@
 """One line for each misconfiguration of s3://, gs:// and az:// stores
-(slem_dask/storage/s3.py, gcs.py, azure.py): a missing bucket or container, wrong or
+(slem_dask/storage/backends/s3.py, gcs.py, azure.py): a missing bucket or container, wrong or
 missing credentials, an identity that may not write, an endpoint that does not answer;
 S3 on SeaweedFS and moto (tests/s3server.py), the others on the emulators where they can
 show it (tests/emulators.py)."""
@@ -8,9 +8,9 @@ import uuid
 
 import pytest
 
-from slem_dask.storage.azure import AzureBackend
-from slem_dask.storage.gcs import GCSBackend
-from slem_dask.storage.s3 import S3Backend
+from slem_dask.storage.backends.azure import AzureBackend
+from slem_dask.storage.backends.gcs import GCSBackend
+from slem_dask.storage.backends.s3 import S3Backend
 
 S3_KINDS = ["seaweedfs", "moto"]
 
@@ -237,7 +237,7 @@ def test_create_is_true_when_the_object_already_holds_its_own_bytes(gcs, azure):
 
 
 def test_gs_and_az_aliases_name_one_store():
-    from slem_dask.storage.paths import canonical
+    from slem_dask.storage.backends.paths import canonical
 
     assert canonical("gcs://b/x.zarr/") == canonical("gs://b/x.zarr")
     assert (
@@ -250,7 +250,7 @@ def test_gs_and_az_aliases_name_one_store():
 def test_gcs_refuses_to_commit_on_a_zonal_bucket(gcs, monkeypatch):
     """On a zonal bucket gcsfs's create-only upload overwrites (gcsfs 2026.10): the
     backend says it cannot create atomically, and its create refuses to write."""
-    from slem_dask.storage.backend import StorageConfigError
+    from slem_dask.storage.backends.backend import StorageConfigError
 
     b = GCSBackend(f"gs://{gcs.bucket}/{uuid.uuid4().hex}")
     assert b.atomic_create  # the emulator's bucket is a standard one

@@ -1,4 +1,4 @@
-"""Versioned stores (slem_dask.storage.versions) and leases judged without clocks:
+"""Versioned stores (slem_dask.storage.versioning.versions) and leases judged without clocks:
 fencing, snapshot reads, atomic publish, history, checksummed output metadata."""
 
 import json
@@ -14,7 +14,8 @@ from slem_dask import LinearSLEM, load_model, pipeline, storage
 from slem_dask.cli.main import main
 from slem_dask.pipeline.evaluate import open_search_result, search_job
 from slem_dask.retrieval import search
-from slem_dask.storage import leases, versions
+from slem_dask.storage.versioning import leases
+from slem_dask.storage.versioning import versions
 
 from helpers import encode_corpus, expected_encoding, head, small_corpus
 

@@ -32,7 +32,9 @@ def test_shipped_demo_specs_continue_the_demo_stores(name, demo_dir, monkeypatch
 def test_a_worker_without_the_clients_s3_variables_is_told_to_set_them(monkeypatch):
     # README's cluster example with workers started without AWS_* said "mount it on that
     # worker, or use a URL (s3://...)": the path already was such a URL
-    from slem_dask.storage import StorageViewError, versions, workers
+    from slem_dask.storage import StorageViewError
+    from slem_dask.storage.versioning import versions
+    from slem_dask.storage.nodes import workers
 
     here = [{"metadata": "digest"}]
     monkeypatch.setattr(workers, "_worker_signatures", lambda locations: here)
@@ -247,7 +249,7 @@ def test_versions_of_a_path_inside_a_store_name_that_store(command, inside, demo
     # docs/reading-outputs.md: commands take `corpus.zarr/negatives`; `slem-dask versions`
     # of it said "it was not written by this slem-dask", of a corpus slem-dask wrote
     from slem_dask.cli.main import main
-    from slem_dask.storage import versions
+    from slem_dask.storage.versioning import versions
 
     corpus = str(demo_dir / "slem-demo" / "corpus.zarr")
     head = versions.VersionedStore(corpus).head()
@@ -285,7 +287,7 @@ import atexit, sys
 
 # registered first, so it runs last: after slem-dask's own exit handlers
 atexit.register(lambda: print(sorted(m for m in ("gcsfs", "adlfs") if m in sys.modules)))
-import slem_dask.storage.azure, slem_dask.storage.gcs  # what every command imports
+import slem_dask.storage.backends.azure, slem_dask.storage.backends.gcs  # what every command imports
 """
 
 
@@ -338,7 +340,7 @@ def test_the_rechunk_hint_for_an_hdf5_input_gives_code_that_reads_hdf5(tmp_path)
     import numpy as np
 
     from slem_dask import storage
-    from slem_dask.storage.chunks import small_chunks_hint
+    from slem_dask.storage.nodes.chunks import small_chunks_hint
 
     rows = np.random.default_rng(2).standard_normal((1500, 8)).astype("float32")
     with h5py.File(tmp_path / "neg.h5", "w") as f:

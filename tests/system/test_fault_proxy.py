@@ -8,7 +8,7 @@ Each job ends in success or one line; the same command then succeeds without the
 fault; afterwards every store verifies, its head is the version its record names, and
 the results are the ones computed without faults. A job whose store stops answering
 ends on its own, within a bound set by the deadlines of its requests
-(slem_dask.storage.deadlines), with one line naming the store's endpoint.
+(slem_dask.storage.backends.deadlines), with one line naming the store's endpoint.
 """
 
 from __future__ import annotations
@@ -30,7 +30,8 @@ from helpers import script_pythonpath
 from slem_dask import storage
 from slem_dask.cli.main import main
 from slem_dask.pipeline.evaluate import open_search_result
-from slem_dask.storage import deadlines, versions
+from slem_dask.storage.backends import deadlines
+from slem_dask.storage.versioning import versions
 
 D = 8
 # each store: its server fixture (tests/conftest.py) and its URL scheme

@@ -17,7 +17,7 @@ import pytest
 
 from slem_dask import load_model, storage
 from slem_dask.cli.main import main
-from slem_dask.storage import versions
+from slem_dask.storage.versioning import versions
 
 from helpers import TESTS, encode_command, expected_encoding, script_pythonpath, small_corpus
 

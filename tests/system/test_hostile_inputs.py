@@ -135,7 +135,7 @@ def key_budget(monkeypatch):
     """Fail (instead of hanging and eating memory) if more chunk keys are generated than
     a store of a few chunks can justify: the old code listed all 2e12 keys first."""
     calls = []
-    from slem_dask.storage import chunks
+    from slem_dask.storage.nodes import chunks
 
     original = chunks._full_key
 

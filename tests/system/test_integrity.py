@@ -19,7 +19,7 @@ from slem_dask.cli.main import main
 from slem_dask.storage import canonical
 from reference import partitionwise
 from helpers import cli, encode_command, encode_corpus, head, zarr_rows
-from slem_dask.storage import versions
+from slem_dask.storage.versioning import versions
 
 D = 8
 
@@ -254,7 +254,10 @@ def test_overlap_refusal_suggests_a_path_outside_every_input(corpus):
     with pytest.raises(ValueError, match="is inside the positives") as info:
         encode_corpus(corpus, inner)
     suggested = str(info.value).rsplit("e.g. ", 1)[1]
-    assert storage.paths._relation(canonical(suggested), canonical(corpus["positives"])) is None
+    assert (
+        storage.backends.paths._relation(canonical(suggested), canonical(corpus["positives"]))
+        is None
+    )
 
 
 # -- 5. --overwrite --update refits ---------------------------------------------------
@@ -716,7 +719,7 @@ def test_listing_fingerprints_of_url_stores_are_stable_across_processes(tmp_path
         "a = zarr.create_array(store='memory://fp.zarr', shape=(10, 2), dtype='f4',"
         " chunks=(4, 2))\n"
         "a[...] = 1\n"
-        "info = storage.fingerprints._listing(a, storage.canonical('memory://fp.zarr'))\n"
+        "info = storage.nodes.fingerprints._listing(a, storage.canonical('memory://fp.zarr'))\n"
         "print(sorted((k, v[0]) for k, v in info.items()), "
         "type(list(info.values())[0][1]).__name__)\n"
     )

@@ -24,7 +24,7 @@ pytest.importorskip("greenlet")
 
 from sim import run as sim
 
-from slem_dask.storage.outcomes import at_the_boundary
+from slem_dask.storage.backends.outcomes import at_the_boundary
 
 
 #: mode -> (options, what it adds): every fault kind, alone and at once
@@ -114,7 +114,7 @@ def test_a_seed_replays_exactly():
 def test_the_checks_catch_a_wrong_delete(monkeypatch):
     """The simulation is not blind: a collector that deletes every version folder is
     caught, with its seed and a replay command."""
-    from slem_dask.storage import versions
+    from slem_dask.storage.versioning import versions
 
     def delete_everything(self, keep=versions.KEEP_VERSIONS):
         for version in self.backend.list(versions.VERSIONS):
@@ -139,7 +139,7 @@ def test_a_lease_released_while_another_job_watches_it_is_taken():
     from sim.server import Faults
     from sim.world import World, simulated
 
-    from slem_dask.storage.leases import Lease
+    from slem_dask.storage.versioning.leases import Lease
 
     world = World(0, Faults())
     with simulated(world):
@@ -195,7 +195,7 @@ def test_one_failed_heartbeat_read_does_not_stop_the_heartbeat(monkeypatch):
     from sim.server import Faults, SimBackend, SimFault
     from sim.world import World, simulated
 
-    from slem_dask.storage.leases import Lease, LeaseHeldError
+    from slem_dask.storage.versioning.leases import Lease, LeaseHeldError
 
     real_read, failed = SimBackend.read, []
 
@@ -239,7 +239,7 @@ def test_a_commit_that_lands_after_the_job_gave_up_names_a_whole_version(monkeyp
     from sim.server import Faults, SimBackend, SimFault
     from sim.world import World, simulated
 
-    from slem_dask.storage import versions
+    from slem_dask.storage.versioning import versions
 
     real_create = SimBackend.create
 

@@ -22,7 +22,7 @@ from helpers import (
     start_local_scheduler,
     wait_for_workers,
 )
-from slem_dask.storage import versions
+from slem_dask.storage.versioning import versions
 
 from slem_dask import LinearSLEM, load_model, storage
 from reference import partitionwise

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import zarr
 
-from slem_dask.storage import versions
+from slem_dask.storage.versioning import versions
 
 from slem_dask import KernelSLEM, LinearSLEM, load_model, pipeline, storage
 from slem_dask.cli.main import main

@@ -1,0 +1,373 @@
+"""Stores of small arrays (models, search results) written as one version of a
+versioned store, read back before they are committed, and read with every check."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+
+import numpy as np
+
+import zarr
+
+from ..._version import __version__
+from ..versioning import versions
+from .checksums import (
+    CHECKSUM,
+    chunk_change,
+    chunk_trailers,
+    fingerprint,
+    json_params,
+    metadata_checksum,
+)
+from .chunks import _reason
+from .dimensions import dimension_names
+from ..versioning.errors import CorruptChunkError, DamagedStoreError, IntegrityError
+from .inputs import _exists, open_node
+from ..versioning.leases import Lease
+from .outputs import is_legacy
+from ..versioning.ownership import ATTR, check_may_replace, damaged_metadata, remove
+from ..backends.paths import canonical, zarr_store
+from ..backends.registry import is_storage_failure
+from ..versioning.rollback import abandon_after_failure
+from .readers import fill_value
+from .recorded import CHUNK_CRC32C
+
+
+MODEL_FORMAT_VERSION = 2
+# CHUNK_CRC32C: the metadata field of a group written by :func:`write_group` (and of a
+# corpus) that records each array's chunk checksums (:func:`.checksums.chunk_trailers`);
+# its readers check every chunk against it (:mod:`.recorded`)
+
+
+def _check_overwrite(path, overwrite: bool, what: str, flag: str, kind: str | None = None) -> None:
+    check_may_replace(path, what, flag, kind)  # first: never suggest replacing
+    if _exists(path) and not overwrite:
+        raise FileExistsError(
+            f"{what} {str(canonical(path))!r} already exists; pass {flag} to replace it, or "
+            f"choose another path"
+        )
+
+
+def replace_legacy(path, what: str) -> None:
+    """Remove a store that slem-dask 0.2 wrote in place at ``path`` (no versions), so
+    that a versioned store can take its place (only with --overwrite or --update)."""
+    if is_legacy(path):
+        remove(path)
+
+
+def write_group(
+    path,
+    meta: dict,
+    arrays: dict[str, np.ndarray],
+    what: str,
+    overwrite: bool = False,
+    lease: Lease | None = None,
+    job: str | None = None,
+) -> versions.Commit:
+    """Write a zarr group of small arrays (a model, a search result, a corpus) as a new
+    version of the versioned store at ``path`` (:mod:`.versions`), and commit it.
+
+    Readers see the previous version until the commit, then the whole new one. Every
+    chunk carries a crc32c, and the group is read back before it is committed. Written
+    under ``lease`` (taken here if not given).
+    """
+    path = canonical(path)
+    with contextlib.ExitStack() as held:
+        if lease is None:  # its exit ends an interrupted job within seconds, answered or not
+            lease = held.enter_context(Lease(path, f"write {what}"))
+        return _write_group_leased(path, meta, arrays, what, overwrite, lease, job)
+
+
+def _write_group_leased(
+    path, meta: dict, arrays: dict[str, np.ndarray], what: str, overwrite: bool, lease, job
+) -> versions.Commit:
+    """:func:`write_group` under ``lease``."""
+    # under the lease: what is at the path stays as checked until it is replaced
+    _check_overwrite(path, overwrite, what, "overwrite=True (CLI: --overwrite)", meta.get("kind"))
+    replace_legacy(path, what)
+    store = versions.VersionedStore(path)
+    store.make_room()  # always commits: the oldest version goes first
+    draft = store.begin()
+    try:
+        group = zarr.open_group(store=zarr_store(draft.location, "w"), mode="w", zarr_format=3)
+        _write_arrays(group, arrays)
+        # every chunk's crc32c, in the checksummed metadata: a chunk swapped in from
+        # another version (itself self-consistent) is told from the one written here
+        meta = {**meta, CHUNK_CRC32C: {key: chunk_trailers(arr) for key, arr in group.arrays()}}
+        group.attrs[ATTR] = {**meta, "metadata_checksum": metadata_checksum(meta)}
+        _check_written(draft.location, arrays, what)
+        lease.check()  # no other job took the store over meanwhile
+        commit = store.commit(
+            draft,
+            meta.get("kind", "group"),
+            job or f"write {what}",
+            {k: meta[k] for k in ("model", "k") if k in meta},
+        )
+    except versions.CommitUnknownError:
+        raise  # its record may still land, naming the draft: it stays
+    except BaseException as exc:  # small: nothing worth resuming; Ctrl-C: within seconds
+        abandon_after_failure(store, draft, interrupted=isinstance(exc, KeyboardInterrupt))
+        raise
+    return commit
+
+
+def _write_arrays(group: zarr.Group, arrays: dict[str, np.ndarray]) -> None:
+    """Each array into ``group``, in chunks of :func:`_group_chunk_rows` rows, every chunk
+    with its crc32c."""
+    for key, value in arrays.items():
+        value = np.asarray(value)
+        rows = _group_chunk_rows(value)
+        # zarr takes chunks=None (a 0-d array: one chunk); its annotation does not
+        arr = group.create_array(
+            key,
+            shape=value.shape,
+            dtype=value.dtype,
+            chunks=(rows, *value.shape[1:]) if value.ndim else None,  # type: ignore[arg-type]
+            compressors=CHECKSUM,
+            dimension_names=dimension_names(key, value.ndim),  # by meaning, for xarray
+            # a chunk that is not there (a version pruned under a plain zarr reader) reads
+            # as NaN or -1, never as plausible zeros
+            fill_value=fill_value(value.dtype),
+        )
+        if not value.ndim:
+            arr[...] = value
+        for start in range(0, len(value) if value.ndim else 0, rows):
+            arr[start : start + rows] = value[start : start + rows]
+
+
+#: Bytes per chunk of the arrays of a model or search result: writing and checking a
+#: chunk copies it once or twice, so a d x d array at d = 8192 (512 MiB) is written
+#: in 16 chunks rather than as one.
+GROUP_CHUNK_BYTES = 32 * 2**20
+
+
+def _group_chunk_rows(value: np.ndarray) -> int:
+    if not value.ndim or not value.size:
+        return max(1, len(value) if value.ndim else 1)
+    row_bytes = value[0].nbytes or 1
+    return int(max(1, min(len(value), GROUP_CHUNK_BYTES // row_bytes)))
+
+
+def _check_written(location: str, arrays: dict[str, np.ndarray], what: str) -> None:
+    """Read a group back (through its checksums), chunk by chunk, before it is put in
+    place: what is marked complete is what was computed."""
+    # zarr_format: it was just written as v3; else zarr asks for v2's three names first
+    group = zarr.open_group(store=zarr_store(location), mode="r", zarr_format=3)
+    stored = dict(group.arrays())
+    for key, value in arrays.items():
+        value = np.asarray(value)
+        same = key in stored and stored[key].shape == value.shape
+        try:
+            if same and not value.ndim:
+                same = np.array_equal(stored[key][...], value, equal_nan=True)
+            rows = stored[key].chunks[0] if same and value.ndim else 1
+            for start in range(0, len(value) if same and value.ndim else 0, rows):
+                if not np.array_equal(
+                    stored[key][start : start + rows], value[start : start + rows], equal_nan=True
+                ):
+                    same = False
+                    break
+        except Exception as exc:  # noqa: BLE001 - a chunk that cannot be read back
+            raise CorruptChunkError(
+                f"{what}: array {key!r} of {location!r} cannot be read back "
+                f"({_reason(exc)}); nothing was replaced: check the storage and write it "
+                f"again"
+            ) from None
+        if not same:
+            raise IntegrityError(
+                f"{what}: array {key!r} read back from {location!r} differs from what was "
+                f"written; nothing was replaced: check the storage and write it again"
+            )
+
+
+def write_model_store(
+    path,
+    model_name: str,
+    params: dict,
+    arrays: dict[str, np.ndarray],
+    info: dict,
+    overwrite: bool = False,
+    lease: Lease | None = None,
+) -> str:
+    """Write a model group; return its fingerprint (see :func:`write_group`)."""
+    params = json_params(params)
+    fp = fingerprint(arrays, params)
+    meta = json_params(
+        {
+            "kind": "model",
+            "format_version": MODEL_FORMAT_VERSION,
+            "model": model_name,
+            "params": params,
+            "fingerprint": fp,
+            "package_version": __version__,
+            "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            **info,
+        }
+    )
+    write_group(path, meta, arrays, "model store", overwrite=overwrite, lease=lease)
+    return fp
+
+
+def _changed_member_chunk(group, key: str, arr) -> str | None:
+    """What is wrong with the first chunk of member ``key`` that is not the one
+    recorded at the group's commit, as a sentence naming it (None: all match, or the
+    group records none: written before)."""
+    recorded = (group.attrs.get(ATTR) or {}).get(CHUNK_CRC32C)
+    if not isinstance(recorded, dict):
+        return None
+    change = chunk_change(arr, recorded.get(key) or [])
+    if change is None:
+        return None
+    chunk, what = change
+    if what == "missing":
+        return f"chunk {chunk!r} is missing (deleted, or lost by the storage)"
+    if what == "truncated":
+        return f"chunk {chunk!r} is truncated (too short to end in its crc32c)"
+    return (
+        f"chunk {chunk!r} is not the chunk that was written (its crc32c differs from "
+        f"the one recorded at its commit: swapped in from another version, or damaged)"
+    )
+
+
+def read_group_arrays(
+    group, path, what: str, recorded: bool = True, read: bool = True
+) -> dict[str, np.ndarray]:
+    """Every array of a group written by :func:`write_group`, corrupt chunks named, and
+    (``recorded``) each chunk checked against the crc32c recorded at its commit; with
+    ``read`` False, only checked (a re-run deciding that it is up to date): {}."""
+    arrays = {}
+    try:
+        members = list(group.arrays())
+    except Exception as exc:  # noqa: BLE001 - a member's zarr.json that cannot be parsed
+        raise damaged_metadata(what, path, exc) or DamagedStoreError(
+            f"{what}: the arrays of {str(path)!r} cannot be listed ({_reason(exc)}); the "
+            f"store is damaged: write it again"
+        ) from None
+    for key, arr in members:
+        changed = _changed_member_chunk(group, key, arr) if recorded else None
+        if changed is not None:
+            raise CorruptChunkError(
+                f"{what} {str(path)!r}: {changed}; the store was modified: write it "
+                f"again, or roll back (`slem-dask rollback {path} --to N`)"
+            )
+        if not read:
+            continue
+        try:
+            arrays[key] = np.asarray(arr[...])
+        except Exception as exc:  # noqa: BLE001
+            raise CorruptChunkError(
+                f"{what}: array {key!r} of {str(path)!r} cannot be read ({_reason(exc)}); "
+                f"the store is damaged: write it again"
+            ) from None
+    return arrays
+
+
+def _open_group(path) -> zarr.Group:
+    node = open_node(path)
+    if isinstance(node, zarr.Array):
+        raise zarr.errors.ContainsArrayError(str(path))
+    return node
+
+
+def read_search_store(path, arrays: bool = True) -> tuple[dict, dict[str, np.ndarray]]:
+    """Read a search result written by ``slem-dask search``: (metadata, arrays), refusing
+    one that is unfinished, edited or damaged (``arrays`` False: its chunks are checked
+    against their recorded crc32c, not read, and the arrays are {})."""
+    path = str(canonical(path))
+    try:
+        group = _open_group(path)
+    except versions.VersionError as exc:
+        raise type(exc)(f"search result: {exc}") from None
+    except FileNotFoundError:
+        raise FileNotFoundError(f"search result: no zarr group at {path!r}") from None
+    except Exception as exc:  # noqa: BLE001
+        if is_storage_failure(exc):
+            raise  # the store did not answer: no word on what it holds
+        raise damaged_metadata("search result", path, exc) or ValueError(
+            f"search result: {path!r} is not a zarr group ({type(exc).__name__}: {exc})"
+        ) from None
+    meta = group.attrs.get(ATTR)
+    if not isinstance(meta, dict) or meta.get("kind") != "search":
+        raise ValueError(f"search result: {path!r} was not written by `slem-dask search`")
+    if not meta.get("complete"):
+        raise ValueError(
+            f"search result: {path!r} is unfinished (the run that wrote it stopped "
+            f"part-way); run `slem-dask search` again with --overwrite"
+        )
+    if meta.get("metadata_checksum") != metadata_checksum(meta):
+        raise ValueError(
+            f"search result: the metadata of {path!r} does not match its "
+            f"checksum; run `slem-dask search` again with --overwrite"
+        )
+    return meta, read_group_arrays(group, path, "search result", read=arrays)
+
+
+def read_model_store(path: str | os.PathLike[str]) -> tuple[dict, dict[str, np.ndarray]]:
+    """Read a model group written by :func:`write_model_store`: (metadata, arrays)."""
+    path = str(canonical(path))
+    meta, group = _read_model_meta(path)
+    arrays = read_group_arrays(group, path, "model", recorded=False)  # its fingerprint says
+    if fingerprint(arrays, meta["params"]) != meta.get("fingerprint"):
+        changed = [
+            c
+            for c in (_changed_member_chunk(group, k, a) for k, a in group.arrays())
+            if c is not None
+        ]
+        which = f" ({changed[0]})" if changed else ""
+        raise ValueError(
+            f"model: the arrays in {path!r} do not match its recorded fingerprint{which}; "
+            f"the store was modified or damaged, refit the model (or roll back: "
+            f"`slem-dask rollback {path} --to N`)"
+        )
+    return meta, arrays
+
+
+def read_model_meta(path: str) -> dict:
+    """The checked metadata of a model group, without reading its arrays (512 MiB for a
+    linear model at d = 8192): for checks that must not wait for them."""
+    return _read_model_meta(str(canonical(path)))[0]
+
+
+def _read_model_meta(path: str) -> tuple[dict, zarr.Group]:
+    try:
+        group = _open_group(path)
+    except versions.VersionError as exc:
+        raise type(exc)(f"model: {exc}") from None
+    except FileNotFoundError:
+        raise FileNotFoundError(
+            f"model: no zarr store at {path!r}; give the path written by "
+            f"`slem-dask fit --model PATH` or model.save(PATH)"
+        ) from None
+    except zarr.errors.ContainsArrayError:
+        raise ValueError(
+            f"model: {path!r} is a zarr array, not a model (a model is a zarr group); give "
+            f"the path written by `slem-dask fit --model PATH` or model.save(PATH)"
+        ) from None
+    except Exception as exc:
+        if is_storage_failure(exc):
+            raise  # the store did not answer: no word on what it holds
+        raise damaged_metadata("model", path, exc) or ValueError(
+            f"model: {path!r} is not a zarr group ({type(exc).__name__}: {exc}); give "
+            f"the path written by `slem-dask fit --model PATH` or model.save(PATH)"
+        ) from None
+    meta = group.attrs.get(ATTR)
+    if not isinstance(meta, dict) or meta.get("kind") != "model":
+        raise ValueError(
+            f"model: the zarr store at {path!r} was not written by slem-dask (no "
+            f"'{ATTR}' model attribute; a run that stopped part-way leaves none); "
+            f"fit a model with `slem-dask fit` or model.save(PATH)"
+        )
+    if meta.get("format_version") != MODEL_FORMAT_VERSION:
+        raise ValueError(
+            f"model: {path!r} has format_version {meta.get('format_version')!r}, this "
+            f"slem-dask {__version__} reads {MODEL_FORMAT_VERSION}; refit the model"
+        )
+    if meta.get("metadata_checksum") != metadata_checksum(meta):
+        raise ValueError(
+            f"model: the metadata of {path!r} does not match its checksum (a field such as "
+            f"n_samples, source or params was edited); the store was modified or damaged, "
+            f"refit the model"
+        )
+    return meta, group

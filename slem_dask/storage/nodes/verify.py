@@ -1,0 +1,129 @@
+"""``slem-dask verify``: check a store written by slem-dask end to end."""
+
+from __future__ import annotations
+
+import zarr
+
+from ..versioning import versions
+from .checksums import _full_key, self_consistent_crc32c, stored_crc32c
+from .groups import _open_group, read_group_arrays, read_model_store, read_search_store
+from .inputs import _exists, open_node
+from .outputs import output_meta
+from ..versioning.ownership import ATTR, damaged_metadata, slem_dask_kind, unreadable_marker
+from ..backends.paths import canonical
+from .readers import ENCODINGS
+
+
+def verify(path) -> tuple[str, list[str]]:
+    """Check a store written by slem-dask end to end: (what it is, problems found).
+
+    A versioned store: its current version, against its commit record. A model: its
+    metadata checksum, every chunk's crc32c, its fingerprint. An output: complete,
+    every partition present with the recorded crc32c, and every chunk decodable. A
+    search result or a corpus: complete, every chunk decodable.
+    """
+    path = canonical(path)
+    store = versions.VersionedStore(path)
+    if not _exists(path):
+        if store.has_history():
+            return "unfinished", [
+                "no version was committed (the job that wrote it stopped "
+                "part-way): run the same command again"
+            ]
+        return "missing", [
+            f"no store at {str(path)!r}: check the path (a job that has not "
+            f"run yet writes nothing there)"
+        ]
+    try:  # a damaged record counts only in a store that slem-dask provably wrote
+        head = store.head() if store.has_history() else None
+    except versions.VersionError as exc:  # a damaged head record: nothing is read through it
+        return "versioned store", [str(exc)]
+    what, problems = _verify_current(path)
+    return (f"{what}, version {head.seq}" if head else what), problems
+
+
+def _verify_current(path) -> tuple[str, list[str]]:
+    kind = slem_dask_kind(path)
+    if kind is None:
+        return "unknown", [_not_marked(path)]
+    if kind in ("model", "search", "corpus"):
+        return _verify_group(kind, path)
+    return _verify_output(path)
+
+
+def _not_marked(path) -> str:
+    """Why ``path`` holds nothing slem-dask wrote (no marker)."""
+    if unreadable_marker(path):
+        return (
+            "its metadata document 'zarr.json' cannot be read: the store is damaged, "
+            "or is not a zarr v3 store"
+        )
+    if not _exists(path.child("zarr.json")):
+        return (
+            f"{str(path)!r} is not a zarr store (no 'zarr.json' in it): give the path "
+            f"of a model, output, search result or corpus that slem-dask wrote"
+        )
+    return f"{str(path)!r} was not written by slem-dask (no '{ATTR}' marker)"
+
+
+def _verify_group(kind: str, path) -> tuple[str, list[str]]:
+    """A model, search result or corpus read whole (each array checked as it is read)."""
+    if kind == "model":
+        try:
+            meta, _ = read_model_store(path)
+        except ValueError as exc:
+            return kind, [str(exc)]
+        return f"model ({meta['model']})", []
+    if kind == "search":
+        try:
+            read_search_store(path)
+        except ValueError as exc:
+            return "search result", [str(exc)]
+        return "search result", []
+    try:
+        group = _open_group(path)
+        read_group_arrays(group, path, "corpus")
+    except ValueError as exc:
+        return "corpus", [str(exc)]
+    return "corpus", []
+
+
+def _verify_output(path) -> tuple[str, list[str]]:
+    """An encoder's output: complete, every chunk present, whole and the one recorded."""
+    try:
+        arr = open_node(path)
+    except versions.VersionError as exc:
+        return "output", [str(exc)]
+    except Exception as exc:  # noqa: BLE001 - its marker was read, zarr cannot read the rest
+        location = versions.resolve(path)[0]
+        return "output", [str(damaged_metadata("output", location, exc) or exc)]
+    if isinstance(arr, zarr.Group) and ENCODINGS in arr:  # `slem-dask export` of an output
+        arr = arr[ENCODINGS]
+    meta = output_meta(arr) or {}
+    problems = (
+        []
+        if meta.get("complete")
+        else ["unfinished (complete: false): re-run the encode to finish it"]
+    )
+    crcs = meta.get("partition_crc32c") or []
+    n_parts = -(-arr.shape[0] // int(arr.chunks[0]))
+    if meta.get("complete") and len(crcs) != n_parts:
+        problems.append(f"records {len(crcs)} partition checksums for {n_parts} partitions")
+    for i in range(n_parts):
+        key = _full_key(arr, (i, 0))
+        lo, hi = i * arr.chunks[0], min(arr.shape[0], (i + 1) * arr.chunks[0])
+        crc = self_consistent_crc32c(arr, i)
+        if crc is None:
+            exists = stored_crc32c(arr, i) is not None
+            problems.append(
+                f"chunk {key!r} (rows {lo}-{hi - 1}) is "
+                f"{'corrupt or truncated' if exists else 'missing'}"
+            )
+        elif i < len(crcs) and crcs[i] is not None and crcs[i] != crc:
+            problems.append(
+                f"chunk {key!r} (rows {lo}-{hi - 1}) is not the chunk that was "
+                f"written (crc32c {crc:08x}, recorded {crcs[i]:08x})"
+            )
+    if len(problems) > 12:  # an interrupted output can miss thousands of chunks
+        problems = problems[:10] + [f"... and {len(problems) - 10} more"]
+    return "output", problems

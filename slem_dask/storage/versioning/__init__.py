@@ -1,0 +1,17 @@
+"""The versioned-store protocol: drafts, atomic commits, fencing, garbage, history.
+
+``versions`` a versioned store (drafts, commits, snapshot reads, history); ``records``
+the commit record's format; ``heads`` finding the head; ``publish`` creating a commit
+record and reading it back; ``rollback`` its copy-and-commit; ``leases`` one writer per
+store; ``gc`` what is garbage, settled by fate files; ``markers`` whose a version folder
+is; ``rootmarker`` what plain zarr finds at a store's path; ``ownership`` what
+slem-dask wrote and may replace; ``errors`` the errors by which a guarantee is kept.
+
+Imports ``storage.backends`` only.
+"""
+
+from .errors import IntegrityError  # noqa: F401
+from .leases import LEASE_TTL, Lease, LeaseHeldError, LeaseLostError  # noqa: F401
+from .publish import CommitConflictError, CommitUnknownError  # noqa: F401
+from .records import Commit, VersionError  # noqa: F401
+from .versions import Draft, VersionedStore, resolve  # noqa: F401

@@ -1,0 +1,361 @@
+"""Leases: one job at a time writes a store (advisory; safety comes from commits).
+
+A lease is the file ``.NAME.slem-dask-lease`` beside the store, created
+atomically (:meth:`Backend.create`). Its owner rewrites it every
+``LEASE_HEARTBEAT`` seconds with a counter one higher. Whether an owner is alive
+is judged without comparing clocks of two hosts:
+
+* an owner in this host's boot and PID namespace is alive while its pid runs (the
+  same process: same start time);
+* any other owner (another host, container or PID namespace) is alive while its
+  record keeps changing: a record that this observer sees unchanged for
+  ``LEASE_TTL`` seconds of its own monotonic clock is stale and may be taken over.
+
+An owner trusts its own lease only while it renewed it less than ``TRUSTED_PART * LEASE_TTL``
+seconds ago (3/4 of it; counted from the start of the renewal that succeeded, on
+its monotonic clock): an observer judges it stale no sooner than ``LEASE_TTL`` after
+that renewal landed. A heartbeat that cannot reach the store (a store that stopped
+answering: each request ends at its deadline, :mod:`.deadlines`) therefore stops
+claiming the lease once that time is up, and the job's :meth:`Lease.check` refuses the
+commit, as it does for a lease taken over.
+
+A lease only keeps two jobs from doing the same work at once. What readers see is
+protected by :mod:`.versions`: a job whose lease was taken over, and which goes on
+writing (a stalled client, a late worker), writes only into its own uncommitted
+draft, and its commit fails.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import threading
+import time
+import uuid
+
+from .errors import IntegrityError
+from ..backends.outcomes import FAILED
+from .records import private_copy_of
+from ..backends.registry import backend_for
+
+__all__ = ["Lease", "LeaseHeldError", "LeaseLostError", "LEASE_TTL", "host_identity"]
+
+#: A lease whose record an observer sees unchanged this many seconds is stale.
+LEASE_TTL = float(os.environ.get("SLEM_DASK_LEASE_TTL", "120"))
+LEASE_HEARTBEAT = max(0.2, min(30.0, LEASE_TTL / 4))
+#: The part of LEASE_TTL an owner trusts its lease after renewing it: an observer takes
+#: it over no sooner than LEASE_TTL after that renewal landed; the rest is a margin for
+#: two clocks' rates (three heartbeats may fail before the owner stops trusting it).
+TRUSTED_PART = 0.75
+#: The most seconds an interrupted job waits to delete its lease.
+INTERRUPTED_RELEASE_WAIT = 3.0
+
+
+class LeaseHeldError(FileExistsError):
+    """Another live slem-dask job writes this store."""
+
+
+class LeaseLostError(IntegrityError):
+    """This job's lease was taken over (it was thought dead): it must not commit."""
+
+
+def _read(path: str) -> str | None:
+    try:
+        with open(path) as f:
+            return f.read().strip()
+    except OSError:
+        return None
+
+
+def host_identity() -> dict:
+    """Where a pid means something: host name, boot and PID namespace. Two processes
+    may compare pids only when all three agree (a container on the same host name, or
+    a host rebooted since, has other pids)."""
+    ns = None
+    try:
+        ns = os.readlink("/proc/self/ns/pid")
+    except OSError:
+        pass
+    return {
+        "host": socket.gethostname(),
+        "boot": _read("/proc/sys/kernel/random/boot_id"),
+        "pid_ns": ns,
+    }
+
+
+def _process_start(pid: int) -> str | None:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return None
+
+
+def _pid_alive(pid: int, start: str | None) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    now = _process_start(pid)
+    return start is None or now is None or now == start  # a reused pid is another process
+
+
+class Lease:
+    """Exclusive right to write one store, for the lifetime of a job.
+
+    ``with Lease(path, "encode"):`` takes it (waiting up to ``LEASE_TTL`` to tell a
+    silent owner from a live one, or raising :class:`LeaseHeldError` naming the owner),
+    refreshes it from a daemon thread, and removes it on exit. :meth:`check` before a
+    commit says whether another job took it over meanwhile.
+    """
+
+    def __init__(self, target, job: str, on_wait=None):
+        from ..backends.paths import canonical
+
+        self.target = canonical(target)
+        self.job = job
+        self.on_wait = on_wait  # called with a message when acquire() must watch a lease
+        self.file = self.target.parent.child(f".{self.target.name}.slem-dask-lease")
+        self._backend = backend_for(self.target.parent.url)
+        self._key = self.file.name
+        self.token = uuid.uuid4().hex
+        self.took_over: dict | None = None
+        self._beat_no = 0
+        self._renewed_at: float | None = None  # monotonic start of the last renewal
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def _record(self) -> dict:
+        return {
+            "token": self.token,
+            "job": self.job,
+            **host_identity(),
+            "pid": os.getpid(),
+            "pid_start": _process_start(os.getpid()),
+            "store": self.target.url,
+            "beat": self._beat_no,
+            "started": time.strftime("%Y-%m-%d %H:%M:%S %Z", time.localtime()),
+        }
+
+    def _create(self) -> bool:
+        started = time.monotonic()
+        created = self._backend.create(self._key, json.dumps(self._record()).encode())
+        if created:
+            self._renewed_at = started
+        return created
+
+    def trusted_for(self) -> float:
+        """Seconds this job may still count on its lease without renewing it (<= 0:
+        not at all; see the module)."""
+        if self._renewed_at is None:
+            return 0.0
+        return self._renewed_at + LEASE_TTL * TRUSTED_PART - time.monotonic()
+
+    def _raw(self) -> bytes | None:
+        return self._backend.read(self._key)
+
+    def read(self) -> dict | None:
+        raw = self._raw()
+        try:
+            record = json.loads(raw) if raw is not None else None
+        except (ValueError, UnicodeDecodeError):
+            return None
+        return record if isinstance(record, dict) else None
+
+    def _same_namespace(self, record: dict | None) -> bool:
+        if not record or not isinstance(record.get("pid"), int):
+            return False
+        me = host_identity()
+        return all(record.get(k) == me[k] and me[k] is not None for k in me)
+
+    def is_stale(self, raw: bytes | None, watch: float | None = None) -> bool:
+        """Whether the lease whose current bytes are ``raw`` belongs to no live job.
+        Owners outside this PID namespace are watched for ``watch`` seconds
+        (``LEASE_TTL``): stale if their record did not change meanwhile."""
+        if raw is None:
+            return True
+        try:
+            record = json.loads(raw)
+        except (ValueError, UnicodeDecodeError):
+            record = None
+        if self._same_namespace(record):
+            return not _pid_alive(record["pid"], record.get("pid_start"))
+        watch = LEASE_TTL if watch is None else watch
+        if self.on_wait and watch > 1:
+            self.on_wait(
+                f"the lease of {str(self.target)!r} is held by "
+                f"{self.describe(record)}; waiting up to {watch:.0f} s to see whether "
+                f"that job is alive"
+            )
+        end = time.monotonic() + watch
+        while time.monotonic() < end:
+            time.sleep(min(max(LEASE_HEARTBEAT / 4, 0.05), max(0.0, end - time.monotonic())))
+            if self._raw() != raw:
+                return False  # it changed: alive (or released, or taken by a third job)
+        return True
+
+    def describe(self, record: dict | None) -> str:
+        if not record:
+            return f"an unreadable lease file {str(self.file)!r}"
+        return (
+            f"{record.get('job', 'a job')} (pid {record.get('pid')} on host "
+            f"{record.get('host')}, started {record.get('started')} by its clock; "
+            f"lease {str(self.file)!r})"
+        )
+
+    def acquire(self) -> Lease:
+        for _ in range(5):
+            if self._create():
+                break
+            raw = self._raw()
+            if raw is None:
+                continue  # released meanwhile
+            if not self.is_stale(raw):
+                record = self.read()
+                if record is None and self._raw() is None:
+                    continue  # released while we watched: race for it again
+                raise self._held(record)
+            if self._raw() != raw:
+                continue  # someone else took it over while we watched
+            self.took_over = self.read() or {}
+            self._backend.delete(self._key)  # then race for it like everyone else
+        else:  # pragma: no cover - five lost races in a row
+            raise LeaseHeldError(f"could not take the lease of {str(self.target)!r}; retry")
+        self._forget_private_copies()
+        self._stop.clear()
+        self._thread = threading.Thread(
+            target=self._beat, daemon=True, name=f"slem-dask-lease-{self.target.name}"
+        )
+        self._thread.start()
+        return self
+
+    def _forget_private_copies(self) -> None:
+        """Delete the private files of this store's lease (``<lease>.<32 hex>.tmp``)
+        that a local write killed before its link or rename left beside the store: the
+        lease is ours, so their writers lost it (fenced). Each is trusted by its content
+        alone, a whole lease record of this store with another token, as a marker is;
+        anything else (an empty file of a process killed before its write) is left. Best
+        effort: the lease is taken either way (docs/guarantees-garbage.md)."""
+        if not getattr(self._backend, "private_copies", False):
+            return
+        try:
+            for name in self._backend.list(""):
+                if private_copy_of(name) != self._key:
+                    continue
+                try:
+                    record = json.loads(self._backend.read(name) or b"")
+                except ValueError:
+                    continue  # not a whole record: nothing proves it slem-dask's
+                if (
+                    isinstance(record, dict)
+                    and record.get("store") == self.target.url
+                    and record.get("token") not in (None, self.token)
+                ):
+                    self._backend.delete(name)
+        except Exception:  # noqa: BLE001 - garbage: left to the next job that takes it
+            pass
+
+    def _beat(self) -> None:
+        while not self._stop.wait(LEASE_HEARTBEAT):
+            if self.trusted_for() <= 0:
+                return  # not renewed in time: another job may own it; never claim it again
+            try:
+                record = self.read()
+            except FAILED:  # a 503, a deadline met: not renewed this time (trusted_for()
+                continue  # says how long that may go on); the heartbeat goes on
+            if not record or record.get("token") != self.token:
+                return  # taken over: check() will refuse the commit
+            if self.trusted_for() <= 0 or self._stop.is_set():
+                return  # the read outlived the lease (a silent store), or the job ended
+                # while it waited (an interrupt): do not write
+            self._beat_no += 1
+            started = time.monotonic()
+            try:
+                self._backend.put(self._key, json.dumps(self._record()).encode())
+            except FAILED:
+                continue  # as above: unrenewed; the next beat writes a higher counter
+            self._renewed_at = started
+
+    def held(self) -> bool:
+        """Whether this job holds the lease: renewed in time (asked first, without a
+        request), and its token in the record."""
+        if self.trusted_for() <= 0:
+            return False
+        record = self.read()
+        return record is not None and bool(record) and record.get("token") == self.token
+
+    def check(self) -> None:
+        if self._renewed_at is not None and self.trusted_for() <= 0:
+            raise LeaseLostError(
+                f"the lease of {str(self.target)!r} was not renewed for "
+                f"{time.monotonic() - self._renewed_at:.0f} s (its store did not answer, "
+                f"or this process was paused), so another job may have taken it over; "
+                f"nothing was committed: run the job again once the store answers"
+            )
+        if not self.held():
+            record = self.read()
+            owner = f" by {self.describe(record)}" if record else ""
+            raise LeaseLostError(
+                f"the lease of {str(self.target)!r} was taken over{owner} while this job "
+                f"ran (it was thought dead); nothing was committed: run the job again"
+            )
+
+    def release(self, wait: float | None = None) -> None:
+        """Stop renewing the lease, and delete it if this job still holds it; ``wait``:
+        the most seconds to wait for that (an interrupted job must end within seconds
+        even when its store does not answer: the lease is then left as a killed job's
+        is, and the next job takes it over)."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5 if wait is None else min(5, wait))
+        if wait is None:
+            self._delete_if_held()
+            return
+        deleting = threading.Thread(target=self._delete_quietly, daemon=True, name="lease-release")
+        deleting.start()
+        deleting.join(timeout=wait)
+
+    def _delete_quietly(self) -> None:
+        """:meth:`_delete_if_held` in a thread that may outlive the job: the interpreter
+        may be exiting while it waits (its client's loop gone), with nothing to tell."""
+        try:
+            self._delete_if_held()
+        except BaseException:  # noqa: BLE001 - see above
+            pass
+
+    def _delete_if_held(self) -> None:
+        try:
+            if self.held():
+                self._backend.delete(self._key)
+        except FAILED:  # a 503, a deadline met: the job's outcome stands (a version it
+            # committed is committed): the lease is left as a killed job's is, and the
+            # next job takes it over
+            pass
+
+    def check_free(self) -> None:
+        """Raise :class:`LeaseHeldError` if a job in this PID namespace holds the lease
+        and runs (taking nothing, waiting for nothing): the check made before a cluster
+        starts. Owners elsewhere are judged by :meth:`acquire`, which may watch them."""
+        raw = self._raw()
+        if raw is not None and not self.is_stale(raw, watch=0):
+            record = self.read()
+            if self._same_namespace(record):
+                raise self._held(record)
+
+    def _held(self, record: dict | None) -> LeaseHeldError:
+        return LeaseHeldError(
+            f"{str(self.target)!r} is being written by another slem-dask job: "
+            f"{self.describe(record)}; wait until it ends (one writer per store), or write "
+            f"to another path. A dead job's lease is taken over automatically (at once "
+            f"on its own host, after {LEASE_TTL:.0f} s without a heartbeat otherwise)"
+        )
+
+    def __enter__(self) -> Lease:
+        return self.acquire()
+
+    def __exit__(self, kind, *exc) -> None:
+        # an interrupt (Ctrl-C) ends the job within seconds, answered or not
+        self.release(wait=INTERRUPTED_RELEASE_WAIT if kind is KeyboardInterrupt else None)
