@@ -142,22 +142,20 @@ def write_corpus(
     """
     from . import storage
     from .storage.versioning import versions
-    from .storage.versioning.rollback import abandon_after_failure
 
     where = storage.canonical(path)
-    with storage.Lease(where, "write corpus") as lease:
-        store = versions.VersionedStore(where)
-        store.make_room()  # always commits: the oldest version goes first
-        draft = store.begin()
+    with versions.VersionedStore(where).transaction("write corpus") as tx:
+        tx.make_room()  # always commits: the oldest version goes first
+        draft = tx.begin()
         try:
             _write_group(corpus, draft.location, chunk_rows, attrs)
-            lease.check()
-            store.commit(draft, "corpus", "write corpus", {"n_instances": int(len(corpus.queries))})
+            tx.check_lease()
+            tx.commit("corpus", {"n_instances": int(len(corpus.queries))})
         except KeyboardInterrupt:  # within seconds, answered or not
-            abandon_after_failure(store, draft, interrupted=True)
+            tx.discard(interrupted=True)
             raise
         except BaseException:
-            store.abandon(draft)  # quick to write again: nothing worth resuming
+            tx.discard()  # quick to write again: nothing worth resuming
             raise
 
 

@@ -236,13 +236,14 @@ class SLEMEstimator(EstimatorProtocol):
         path: str | os.PathLike[str],
         overwrite: bool = False,
         metadata: dict | None = None,
-        lease=None,
+        transaction=None,
     ) -> str:
         """Write the fitted model to a zarr group at ``path``; return its fingerprint.
 
         ``metadata``: extra JSON-serializable facts to record (e.g. the source).
         The store is replaced whole or not at all, only if slem-dask wrote it, and
-        under a lease (one writer at a time; ``lease``: one the caller holds).
+        under a lease (one writer at a time; ``transaction``: the caller's write of it,
+        :meth:`slem_dask.storage.versioning.versions.VersionedStore.transaction`).
         """
         self._check_fitted()
         info, arrays = self._state()
@@ -254,7 +255,7 @@ class SLEMEstimator(EstimatorProtocol):
             arrays,
             {**info, **(metadata or {})},
             overwrite=overwrite,
-            lease=lease,
+            transaction=transaction,
         )
 
     def similarity(self, p: Rows, q: Rows) -> Array:

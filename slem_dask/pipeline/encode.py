@@ -94,9 +94,9 @@ def encode_job(
             lambda: _output_bytes(model, positives),
             lambda: what_is_kept(out, head_before, advice=False),
         ),
-        storage.Lease(out, "slem-dask encode") as lease,
+        storage.VersionedStore(out).transaction("slem-dask encode") as tx,
     ):
-        return _encode_under_lease(client, model, model_path, positives, out, options, lease, t0)
+        return _encode_in(client, model, model_path, positives, out, options, tx, t0)
 
 
 def _current_report(model, model_path, positives, out, options: EncodeOptions, t0: float):
@@ -110,20 +110,20 @@ def _current_report(model, model_path, positives, out, options: EncodeOptions, t
     return current
 
 
-def _encode_under_lease(
-    client, model, model_path, positives, out, options: EncodeOptions, lease, t0: float
+def _encode_in(
+    client, model, model_path, positives, out, options: EncodeOptions, tx, t0: float
 ) -> JobReport:
-    """The job once it holds ``out``'s lease: plan, check memory, begin the draft, then
+    """The job in ``out``'s transaction ``tx`` (under its lease): plan, check memory, begin the draft, then
     keep the head as it is or encode what the plan needs and commit."""
     plan = plan_encode(model, model_path, positives, out, options)
     if plan.head is None:  # a new output: before anything is written
         workers.check_memory(client, plan.memory, plan.n_parts, common.TASK_MODULES)
     storage.replace_legacy(out, "output")  # only reached with --overwrite
-    job = _begin_draft(model, model_path, positives, out, plan)
+    job = _begin_draft(tx, model, model_path, positives, out, plan)
     t1 = time.perf_counter()
     report = _start_report(model, model_path, positives, out, plan, job)
     if _kept_as_it_is(report, model, plan, job):
-        job.store.abandon(job.draft)  # nothing to write: the head stays as it is
+        tx.discard()  # nothing to write: the head stays as it is
         report.timings["total"] = time.perf_counter() - t0
         return report
     if plan.head is not None and job.todo:  # only what this update computes must fit
@@ -136,7 +136,6 @@ def _encode_under_lease(
             positives,
             plan,
             job,
-            lease,
             report,
             options.progress,
             (t0, t1),
@@ -146,11 +145,10 @@ def _encode_under_lease(
 
 @dataclass
 class _Draft:
-    """The version an encode writes: its store, the draft, the output array in it, the
-    partitions left to encode and the crc32c of every partition (None: not yet)."""
+    """The version an encode writes: its transaction (the draft), the output array in
+    it, the partitions left to encode and the crc32c of every partition (None: not yet)."""
 
-    store: versions.VersionedStore
-    draft: Any
+    tx: storage.Transaction
     target: Any
     todo: list
     crcs: list
@@ -158,11 +156,10 @@ class _Draft:
     out: Any  # the output's path, as the user gave it (canonical)
 
 
-def _begin_draft(model, model_path, positives, out, plan: EncodePlan) -> _Draft:
+def _begin_draft(tx, model, model_path, positives, out, plan: EncodePlan) -> _Draft:
     """This job's own version folder (invisible until committed), its output array
     created there, and the partitions it can keep linked into it."""
-    store = versions.VersionedStore(out)
-    draft = store.begin()
+    draft = tx.begin()
     n_parts = plan.n_parts
     target = storage.create_output(
         draft.location,
@@ -183,11 +180,11 @@ def _begin_draft(model, model_path, positives, out, plan: EncodePlan) -> _Draft:
             "partition_crc32c": [None] * n_parts,
         },
     )
-    todo, crcs = reuse_partitions(store, draft, target, plan.head, plan.inputs, n_parts)
+    todo, crcs = reuse_partitions(tx, target, plan.head, plan.inputs, n_parts)
     action = plan.action
     if plan.head is None and len(todo) < n_parts:
         action = "resume"  # partitions of an interrupted run's draft were reused
-    return _Draft(store, draft, target, todo, crcs, action, out)
+    return _Draft(tx, target, todo, crcs, action, out)
 
 
 def _start_report(model, model_path, positives, out, plan: EncodePlan, job: _Draft) -> JobReport:
@@ -204,7 +201,7 @@ def _start_report(model, model_path, positives, out, plan: EncodePlan, job: _Dra
     )
     if scale:
         report.facts["warning"] = scale
-        warnings.warn(scale, stacklevel=4)  # where encode_job was called (via _encode_under_lease)
+        warnings.warn(scale, stacklevel=4)  # where encode_job was called (via _encode_in)
     if job.todo:  # the warning points at encode_job's caller, as the one above
         common.hint_small_chunks(report, arr, "positives", positives, stacklevel=5)
     report.facts.update(
@@ -257,7 +254,7 @@ def _check_update_memory(client, plan: EncodePlan, job: _Draft) -> None:
     try:
         workers.check_memory(client, plan.memory, len(job.todo), common.TASK_MODULES)
     except workers.WorkerMemoryError:
-        job.store.abandon(job.draft)
+        job.tx.discard()
         raise
 
 
@@ -268,7 +265,6 @@ def _encode_and_commit(
     positives,
     plan: EncodePlan,
     job: _Draft,
-    lease,
     report: JobReport,
     progress: bool,
     times,
@@ -276,10 +272,10 @@ def _encode_and_commit(
     """Encode the partitions left, check every partition as this client reads the
     store, mark the draft complete and commit it (recorded in ``report``)."""
     t0, t1 = times
-    store, draft = job.store, job.draft
-    storage.check_workers_see(client, {"positives": positives, "output": draft.location})
+    tx = job.tx
+    storage.check_workers_see(client, {"positives": positives, "output": tx.draft.location})
     # this job writes and commits: the oldest kept version goes while it writes
-    with store.making_room(mine=draft.version):
+    with tx.making_room():
         if job.todo:
             with scatter_large_arrays(client):  # the model: once to the workers
                 written = common._compute(
@@ -298,12 +294,11 @@ def _encode_and_commit(
             for index, crc in np.asarray(written).reshape(-1, 2).tolist():
                 job.crcs[int(index)] = int(crc)
     t2 = time.perf_counter()
-    lease.check()  # first: a job that lost its lease must not blame the storage
+    tx.check_lease()  # first: a job that lost its lease must not blame the storage
     try:
         _verify_partitions(job.target, job.out, job.crcs)
     except JobFailed:
-        if gc.was_fenced(store, draft.version):  # its draft deleted by another job
-            raise gc.DraftFencedError(gc.fenced_message(store, draft.version)) from None
+        tx.raise_if_fenced()  # its draft deleted by another job
         raise
     if storage.partition_fingerprints(plan.arr, positives, "positives", plan.rows) != plan.inputs:
         raise JobFailed(
@@ -314,12 +309,7 @@ def _encode_and_commit(
         {"open": t1 - t0, "encode+write": t2 - t1, "total": time.perf_counter() - t0}
     )
     _mark_complete(model, model_path, plan, job, report)
-    commit = store.commit(
-        draft,
-        "encoding",
-        "slem-dask encode",
-        {"rows": plan.n_rows, "model_fingerprint": model.identity_[:16]},
-    )
+    commit = tx.commit("encoding", {"rows": plan.n_rows, "model_fingerprint": model.identity_[:16]})
     report.facts["version"] = commit.seq
 
 
@@ -338,7 +328,7 @@ def _mark_complete(model, model_path, plan: EncodePlan, job: _Draft, report: Job
             "timings": report.timings,
         }
     ]
-    storage.remove_stray_partials(job.draft.location)  # left by writers killed mid-chunk
+    storage.remove_stray_partials(job.tx.draft.location)  # left by writers killed mid-chunk
     storage.mark_complete(
         job.target,
         {
@@ -358,39 +348,30 @@ def _draft_failures(job: _Draft, plan: EncodePlan, positives, out):
     """What becomes of the draft when writing or committing it fails, and the one line
     that says so: kept for a re-run to reuse, abandoned, or left to the job that
     fenced it."""
-    store, draft = job.store, job.draft
+    tx, seq = job.tx, job.tx.draft.seq
     try:
         yield
     except KeyboardInterrupt:
         raise  # the draft stays: a re-run reuses its finished partitions
     except versions.CommitConflictError:
-        store.abandon(draft)
+        tx.discard()
         raise
     except gc.DraftFencedError:  # its draft is another job's to delete: left alone
-        record = store.commit_at(draft.seq)
-        if record is not None and record.version != draft.version:
-            # the job that fenced it committed: the draft is dead by its number, and
-            # only this job can tell a chunk that its tasks wrote after the draft's
-            # marker went (no collection deletes a folder without it): delete it
-            store.abandon(draft)
-            store._raise_conflict(draft.seq)
-        raise gc.DraftFencedError(gc.fenced_message(store, draft.version)) from None
+        tx.fenced()  # (a conflict if that job committed its number)
     except storage.DamagedStoreError:
         raise
     except storage.StorageViewError:  # refused before any task ran: nothing to resume
-        store.abandon(draft)  # a first write leaves no store, a later one its head
+        tx.discard()  # a first write leaves no store, a later one its head
         raise
     except ValueError as exc:  # e.g. NaN rows found by a worker: say where
-        store.abandon(draft)  # once no task writes any more
+        tx.discard()  # once no task writes any more
         raise ValueError(f"positives {str(positives)!r}: {_detail(exc, positives)}") from None
     except _LOST as exc:
-        raise _lost_cluster(exc, what_is_kept(out, draft.seq - 1)) from None
+        raise _lost_cluster(exc, what_is_kept(out, seq - 1)) from None
     except OSError as exc:
         if storage.is_out_of_space(exc):  # what is still to write, and what is kept
             needed = len(job.todo) * plan.rows * plan.width * plan.out_dtype.itemsize
             raise JobFailed(
-                common.out_of_space_line(
-                    exc, out, needed, what_is_kept(out, draft.seq - 1, advice=False)
-                )
+                common.out_of_space_line(exc, out, needed, what_is_kept(out, seq - 1, advice=False))
             ) from None
         raise

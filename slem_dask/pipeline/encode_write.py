@@ -125,9 +125,9 @@ def _zero_reason(model) -> str:
     return "such a row has no direction (an all-zero descriptor?): drop those rows"
 
 
-def reuse_partitions(store, draft, target, head, inputs: list[str], n_parts: int):
+def reuse_partitions(tx, target, head, inputs: list[str], n_parts: int):
     """Which partitions this job must encode, and the crc32c of each partition it can
-    keep, linked (never rewritten) into its draft from the head version (chunks it
+    keep, linked (never rewritten) into the draft of its transaction ``tx`` from the head version (chunks it
     recorded, from the same input rows) or from drafts of killed or stalled jobs that
     meant to commit the same version (chunks whose bytes match their own crc32c,
     written from the same input rows and for the same encoding)."""
@@ -136,11 +136,9 @@ def reuse_partitions(store, draft, target, head, inputs: list[str], n_parts: int
     sources = []
     if head is not None:
         sources.append((head, True))
-    for version in store.drafts(draft.seq):
-        if version == draft.version:
-            continue
+    for version in tx.others():
         try:  # a draft is never committed: opened as it is, never through the commits
-            old = zarr.open(store=store.location(version), mode="r", zarr_format=3)
+            old = zarr.open(store=tx.store.location(version), mode="r", zarr_format=3)
         except Exception:  # noqa: BLE001 - killed before its metadata was whole
             continue
         meta = storage.output_meta(old) if hasattr(old, "chunks") else None
@@ -176,7 +174,7 @@ def reuse_partitions(store, draft, target, head, inputs: list[str], n_parts: int
                 crcs[i] = crc
                 names.append(storage.nodes.checksums._full_key(old, (i, 0)))
         if names:
-            store.backend.copy_tree(_relative(store, old), _relative(store, target), names)
+            tx.store.backend.copy_tree(_relative(tx.store, old), _relative(tx.store, target), names)
     return [i for i, crc in enumerate(crcs) if crc is None], crcs
 
 

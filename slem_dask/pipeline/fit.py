@@ -280,7 +280,7 @@ def _fit_linear(client, negatives, model_path, model: LinearSLEM, options: FitOp
         common.full_disk_said(
             model_path, lambda: model_bytes(model, arr.shape[1]), nothing_written(model_path)
         ),
-        storage.Lease(model_path, "slem-dask fit") as lease,
+        storage.VersionedStore(model_path).transaction("slem-dask fit") as tx,
     ):
         update = options.update and exists and not options.overwrite  # both: refit
         previous = _previous_statistics(model_path, negatives, arr, model) if update else None
@@ -308,7 +308,7 @@ def _fit_linear(client, negatives, model_path, model: LinearSLEM, options: FitOp
         t2 = _fit_from_statistics(
             client, model, arr, negatives, model_path, plan, previous, report, options.progress
         )
-        fp = _save_fitted(model, arr, negatives, model_path, seen, lease)
+        fp = _save_fitted(model, arr, negatives, model_path, seen, tx)
     t3 = time.perf_counter()
     report.facts.update({"model": str(model_path), "fingerprint": fp[:16]})
     report.timings.update(

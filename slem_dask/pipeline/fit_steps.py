@@ -90,8 +90,8 @@ def _warnings_naming(negatives, report, category):
         warnings.warn(warning.message, warning.category, stacklevel=7)
 
 
-def _save_fitted(model, arr, negatives, model_path, seen: str, lease) -> str:
-    """Save a fitted model under the job's lease, unless its negatives changed while
+def _save_fitted(model, arr, negatives, model_path, seen: str, tx) -> str:
+    """Save a fitted model in the job's transaction ``tx`` (under its lease), unless its negatives changed while
     they were read (``seen``: their fingerprint before); return its fingerprint."""
     if storage.rows_fingerprint(arr, negatives, "negatives", int(arr.shape[0])) != seen:
         raise JobFailed(
@@ -101,7 +101,7 @@ def _save_fitted(model, arr, negatives, model_path, seen: str, lease) -> str:
     fp = model.save(
         model_path,
         overwrite=True,
-        lease=lease,
+        transaction=tx,
         metadata={
             "source": negatives.url,
             "negatives_fingerprint": seen,

@@ -10,7 +10,6 @@ import time
 import warnings
 
 from .. import storage
-from ..storage.versioning import versions
 from ..models import load_model
 from ..models.kernel import TraceErrorWarning
 from ..core.kernels import unused_params
@@ -88,7 +87,7 @@ def _fit_kernel_job(client, negatives, model_path, model, options) -> JobReport:
             lambda: _kernel_store_bytes(model, n, arr.shape[1]),
             nothing_written(model_path),
         ),
-        storage.Lease(model_path, "slem-dask fit") as lease,
+        storage.VersionedStore(model_path).transaction("slem-dask fit") as tx,
     ):
         seen = storage.rows_fingerprint(arr, negatives, "negatives", n)
         found = (None, "fit")
@@ -105,7 +104,7 @@ def _fit_kernel_job(client, negatives, model_path, model, options) -> JobReport:
         )
         if options.progress:  # the choice, before the passes start
             print("\n".join(report.lines()), flush=True)
-        checkpoint = _streaming_checkpoint(model_path, model, seen, x, old, strategy)
+        checkpoint = _streaming_checkpoint(tx, model, seen, x, old, strategy)
         t1 = time.perf_counter()
         model = _run_factor(
             client,
@@ -118,7 +117,7 @@ def _fit_kernel_job(client, negatives, model_path, model, options) -> JobReport:
             options.progress,
         )
         t2 = time.perf_counter()
-        fp = _save_fitted(model, arr, negatives, model_path, seen, lease)
+        fp = _save_fitted(model, arr, negatives, model_path, seen, tx)
     _kernel_report(report, model, model_path, fp, (x, start, old is None), (t0, t1, t2))
     return report
 
@@ -136,10 +135,10 @@ def _kernel_plan_report(client, negatives, arr, model, x, old, appended: int, ac
     return report, strategy, why
 
 
-def _streaming_checkpoint(model_path, model, seen: str, x, old, strategy: str):
+def _streaming_checkpoint(tx, model, seen: str, x, old, strategy: str):
     """The final pass's checkpoint of a streaming fit from scratch, else None."""
     if old is None and strategy == "streaming":
-        return _final_pass_checkpoint(model_path, model, seen, x)
+        return _final_pass_checkpoint(tx, model, seen, x)
     return None
 
 
@@ -313,20 +312,19 @@ def _kernel_store_bytes(model, n: int, d: int) -> int:
     return 8 * (r * d + 2 * r * r + r * r * max(1, n // 10_000))
 
 
-def _final_pass_checkpoint(model_path, model, seen: str, x):
+def _final_pass_checkpoint(tx, model, seen: str, x):
     """This job's draft of the model store as the place where the final pass of a
     streaming fit leaves its per-partition statistics, with the drafts that killed runs
     left for the same version (:mod:`slem_dask.parallel.kernel_checkpoint`), which it deletes once
     it copied what it reuses of them (the job holds the lease: :meth:`make_room`)."""
     from ..parallel.kernel_checkpoint import FinalPassCheckpoint
 
-    store = versions.VersionedStore(model_path)
-    draft = store.begin()
-    others = [store.location(v) for v in store.drafts(draft.seq) if v != draft.version]
+    draft = tx.begin_scratch()  # the model itself is committed from a draft of its own
+    others = [tx.store.location(v) for v in tx.others(draft)]
     params = {k: v for k, v in model.get_params().items() if k not in model._execution_params}
     key = FinalPassCheckpoint.key_of(seen, storage.json_params(params), x.chunks[0])
     return FinalPassCheckpoint(
-        draft.location, others, key, release=lambda: store.make_room(mine=draft.version)
+        draft.location, others, key, release=lambda: tx.make_room(mine=draft)
     )
 
 

@@ -116,10 +116,10 @@ def search_job(
     n_queries = int(q_arr.shape[0])  # scores float64 and indices int64, k of each
     with (
         full_disk_said(out, 16 * n_queries * k, f"nothing was written ({str(out)!r} is as before)"),
-        storage.Lease(out, "slem-dask search") as lease,
+        storage.VersionedStore(out).transaction("slem-dask search") as tx,
     ):
         rows, partitions, times = _search_and_write(
-            client, (queries, database, out), k, options, lease, action
+            client, (queries, database, out), k, options, tx, action
         )
     return _search_report(
         queries, database, out, (k, options.metric), action, (rows, partitions), (t0, *times)
@@ -155,8 +155,8 @@ def search_input_warnings(q_arr, db_arr, queries: str, database: str, options) -
     return said + ([norms] if norms else [])
 
 
-def _search_and_write(client, paths, k: int, options: SearchOptions, lease, action: str):
-    """Under ``out``'s lease: reopen the inputs, search, check that they did not change
+def _search_and_write(client, paths, k: int, options: SearchOptions, tx, action: str):
+    """In ``out``'s transaction ``tx`` (under its lease): reopen the inputs, search, check that they did not change
     while read, write the result. ("q x db" rows, database partitions, (t1, t2, t3))."""
     queries, database, out = paths
     # what is read: a versioned input stays the version opened here, whatever commits
@@ -188,7 +188,7 @@ def _search_and_write(client, paths, k: int, options: SearchOptions, lease, acti
         {"scores": scores.astype(np.float64), "indices": indices.astype(np.int64)},
         "search result",
         overwrite=True,
-        lease=lease,
+        transaction=tx,
     )
     return f"{q.shape[0]} x {db_arr.shape[0]}", db.numblocks[0], (t1, t2, time.perf_counter())
 

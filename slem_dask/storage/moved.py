@@ -44,10 +44,14 @@ class _Alias(importlib.abc.Loader):
         self.new = new
 
     def create_module(self, spec):
-        return importlib.import_module(self.new)
+        module = importlib.import_module(self.new)
+        self.spec = module.__spec__
+        return module
 
     def exec_module(self, module):
-        pass  # the new module ran already
+        # the new module ran already; the import system gave it the old path's spec:
+        # its own back (its relative imports and its pickles name its new path)
+        module.__spec__ = self.spec
 
 
 class _OldPaths(importlib.abc.MetaPathFinder):

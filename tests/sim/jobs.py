@@ -1,5 +1,5 @@
 """The commands the simulated actors run, written the way slem-dask's jobs use the
-protocol (:mod:`slem_dask.storage.versioning.versions`, :mod:`slem_dask.storage.versioning.leases`).
+protocol through its transaction (:mod:`slem_dask.storage.versioning.transaction`).
 
 A version's node is a small stand-in for a zarr node: ``zarr.json`` (the content's
 name, whether it is complete, the sha256 of each chunk) and chunks ``c/<i>``. The
@@ -11,13 +11,14 @@ and of other drafts of its number reused, the oldest version pruned by
 the worker's check that the draft is alive, a fenced draft left to the job that fenced
 it, a failed write keeping the draft for a resume), ``writer_group`` follows
 ``storage/groups.write_group`` (make room, draft, write, read back, commit; any failure
-abandons the draft). ``leased=False`` is a writer whose lease was taken over while it
+discards the draft). ``leased=False`` is a writer whose lease was taken over while it
 went on (a stalled client): the fate files and the commit alone must keep readers
 right.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import json
@@ -25,7 +26,7 @@ import json
 from slem_dask.storage.versioning import gc
 from slem_dask.storage.versioning import versions
 from slem_dask.storage.versioning.errors import DamagedStoreError
-from slem_dask.storage.versioning.leases import Lease, LeaseHeldError
+from slem_dask.storage.versioning.leases import LeaseHeldError
 
 from . import world
 
@@ -75,16 +76,17 @@ def head_content(store: versions.VersionedStore, head) -> dict | None:
     return json.loads(store.check(head)) if head is not None else None
 
 
-def _reuse(store, draft, head, content: str, n: int) -> list[int]:
-    """Chunks this draft can link from the head or from other drafts of its sequence
-    number (encode.reuse_partitions): the ones left to write."""
+def _reuse(tx, head, content: str, n: int) -> list[int]:
+    """Chunks the transaction's draft can link from the head or from other drafts of its
+    sequence number (encode.reuse_partitions): the ones left to write."""
+    store, draft = tx.store, tx.draft
     todo = set(range(n))
     sources = []
     if head is not None:
         meta = head_content(store, head)
         if meta["content"] == content:
             sources.append(head.version)
-    sources += [v for v in store.drafts(draft.seq) if v != draft.version]
+    sources += tx.others()
     for version in sources:
         raw = store.backend.read(f"versions/{version}/zarr.json")
         meta = json.loads(raw) if raw else None
@@ -100,60 +102,70 @@ def _reuse(store, draft, head, content: str, n: int) -> list[int]:
     return sorted(todo)
 
 
-def _write(store, draft, content, todo, fenced_check=False):
+def _write(tx, content, todo, fenced_check=False):
     """The chunks left to write; an encode's worker first checks that its draft still
     has its zarr.json (``gc.draft_alive``): a fenced job never grows a deleted draft."""
-    b, folder = store.backend, f"versions/{draft.version}"
+    b, folder = tx.store.backend, f"versions/{tx.draft.version}"
     for i in todo:
         if fenced_check and not b.exists(f"{folder}/zarr.json"):
             raise gc.DraftFencedError(
                 f"{STORE}: this job's draft was deleted by another "
                 f"slem-dask job; chunk {i} was not written"
             )
-        _put_in_draft(store, draft, f"c/{i}", chunk(content, i))
+        _put_in_draft(tx, f"c/{i}", chunk(content, i))
 
 
-def _put_in_draft(store, draft, name: str, data: bytes) -> None:
-    """A write into the draft. On local disk a job whose draft another job deleted
-    meanwhile (zarr's store would make the folder again; LocalBackend's private file
-    went with it) fails FileNotFoundError: told as encode tells a failed task."""
+def _put_in_draft(tx, name: str, data: bytes) -> None:
+    """A write into the transaction's draft. On local disk a job whose draft another job
+    deleted meanwhile (zarr's store would make the folder again; LocalBackend's private
+    file went with it) fails FileNotFoundError: told as encode tells a failed task."""
     try:
-        store.backend.put(f"versions/{draft.version}/{name}", data)
+        tx.store.backend.put(f"versions/{tx.draft.version}/{name}", data)
     except FileNotFoundError:
-        if gc.was_fenced(store, draft.version):
-            raise gc.DraftFencedError(gc.fenced_message(store, draft.version)) from None
+        tx.raise_if_fenced()
         raise
 
 
-def _check_and_commit(store, draft, content, n, lease, job):
+def _check_and_commit(tx, content, n):
     """Read back every chunk, mark the node complete, check the lease, commit (the
     order of encode and write_group)."""
-    b, folder = store.backend, f"versions/{draft.version}"
-    if lease is not None:
-        lease.check()  # first: a job that lost its lease must not blame the storage
+    b, folder = tx.store.backend, f"versions/{tx.draft.version}"
+    tx.check_lease()  # first: a job that lost its lease must not blame the storage
     for i in range(n):  # read back before anything is marked complete
         if b.read(f"{folder}/c/{i}") != chunk(content, i):
-            if gc.was_fenced(store, draft.version):
-                raise gc.DraftFencedError(gc.fenced_message(store, draft.version))
+            tx.raise_if_fenced()
             raise DamagedStoreError(
-                f"{STORE}: chunk {i} of {draft.version} cannot be read "
+                f"{STORE}: chunk {i} of {tx.draft.version} cannot be read "
                 f"back; nothing was committed: run the job again"
             )
-    _put_in_draft(store, draft, "zarr.json", node(content, n, True))
-    return store.commit(draft, "sim", job)
+    _put_in_draft(tx, "zarr.json", node(content, n, True))
+    return tx.commit("sim")
 
 
-def _lease(job: str, leased: bool, path: str = STORE) -> Lease | None:
-    """The store's lease (None for a writer that lost it and goes on); a refusal keeps
-    what the lease file held at that moment, for the checks."""
-    if not leased:
-        return None
-    lease = Lease(path, job)
+class _LostLease:
+    """The lease of a writer that lost it and goes on (a stalled client that never
+    looks): its checks pass, and it holds nothing to release."""
+
+    def check(self) -> None:
+        pass
+
+
+@contextlib.contextmanager
+def _transaction(job: str, leased: bool, path: str = STORE):
+    """The job's transaction of the store (its lease taken, or for ``leased=False`` a
+    lost one); a refusal keeps what the lease file held at that moment, for the checks."""
+    store = versions.VersionedStore(path)
+    tx = store.transaction(job, lease=None if leased else _LostLease())
     try:
-        return lease.acquire()
+        tx.__enter__()
     except LeaseHeldError as exc:
         exc.lease_was = world.WORLD.server.objects.get(lease_key(path))  # the harness looks
         raise
+    try:
+        yield tx
+    finally:
+        if leased:
+            tx.lease.release()
 
 
 def _up_to_date(content: str) -> bool:
@@ -177,62 +189,43 @@ def writer_encode(content: str, n: int, job: str, leased: bool = True):
     reuse, write while making room (``mine``: its draft), read back, commit."""
     if _up_to_date(content):
         return "up to date"
-    lease = _lease(job, leased)
-    try:
-        store = versions.VersionedStore(STORE)
-        head = store.head()
-        draft = store.begin()
-        _put_in_draft(store, draft, "zarr.json", node(content, n, False))
-        todo = _reuse(store, draft, head, content, n)
-        meta = head_content(store, head)
+    with _transaction(job, leased) as tx:
+        head = tx.store.head()
+        tx.begin()
+        _put_in_draft(tx, "zarr.json", node(content, n, False))
+        todo = _reuse(tx, head, content, n)
+        meta = head_content(tx.store, head)
         if meta is not None and meta["content"] == content and meta["complete"] and not todo:
-            store.abandon(draft)  # nothing to write: the head stays as it is
+            tx.discard()  # nothing to write: the head stays as it is
             return "up to date"
         try:
-            with store.making_room(mine=draft.version):
-                _write(store, draft, content, todo, fenced_check=True)
-            commit = _check_and_commit(store, draft, content, n, lease, job)
+            with tx.making_room():
+                _write(tx, content, todo, fenced_check=True)
+            commit = _check_and_commit(tx, content, n)
         except versions.CommitConflictError:
-            store.abandon(draft)
+            tx.discard()
             raise
         except gc.DraftFencedError:  # its draft is another job's to delete: left alone
-            record = store.commit_at(draft.seq)
-            if record is not None and record.version != draft.version:
-                store.abandon(draft)  # dead by its number: what its late writes regrew
-                store._raise_conflict(draft.seq)
-            raise gc.DraftFencedError(gc.fenced_message(store, draft.version)) from None
+            tx.fenced()  # dead by its number if that job committed: deleted, a conflict
         except DamagedStoreError:
             raise
         except ValueError:
-            store.abandon(draft)
+            tx.discard()
             raise
         return commit.seq  # OSError and the rest: the draft stays, for a resume
-    finally:
-        if lease is not None:
-            lease.release()
 
 
 def writer_group(content: str, n: int, job: str, leased: bool = True, path: str = STORE):
-    """storage/groups.write_group: under the lease, make room, begin, write, read back,
-    commit; any failure abandons the draft (small: nothing worth resuming)."""
-    lease = _lease(job, leased, path)
-    try:
-        store = versions.VersionedStore(path)
-        store.make_room()  # always commits: the oldest version goes first
-        draft = store.begin()
-        try:
-            _put_in_draft(store, draft, "zarr.json", node(content, n, False))
-            _write(store, draft, content, range(n))
-            commit = _check_and_commit(store, draft, content, n, lease, job)
-        except versions.CommitUnknownError:
-            raise  # its record may still land, naming the draft: it stays
-        except BaseException:
-            store.abandon(draft)
-            raise
+    """storage/groups.write_group: in its transaction, make room, begin, write, read
+    back, commit; any failure discards the draft (small: nothing worth resuming)."""
+    with _transaction(job, leased, path) as tx:
+        tx.make_room()  # always commits: the oldest version goes first
+        tx.begin()
+        with tx.discarded_on_failure():
+            _put_in_draft(tx, "zarr.json", node(content, n, False))
+            _write(tx, content, range(n))
+            commit = _check_and_commit(tx, content, n)
         return commit.seq
-    finally:
-        if lease is not None:
-            lease.release()
 
 
 def reader():

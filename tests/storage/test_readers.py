@@ -462,6 +462,8 @@ def test_the_old_module_paths_import_as_the_new_modules():
     for name, subpackage in MOVED.items():
         old = importlib.import_module(f"slem_dask.storage.{name}")
         assert old is importlib.import_module(f"slem_dask.storage.{subpackage}.{name}"), name
+        # still its own module: its spec (relative imports, pickles) names its new path
+        assert old.__spec__.name == f"slem_dask.storage.{subpackage}.{name}", name
     from slem_dask.storage.formats import FileArray, file_format  # the module's names
     from slem_dask.storage.versions import VersionedStore  # as docs/operations.md had it
 

@@ -7,11 +7,10 @@ SHA-256 of models and metadata (``recorded`` the chunk crcs a version records);
 results (small arrays, written whole); ``readers`` zarr, xarray (``xarrays``,
 ``dimensions``) and dask readers of one committed version; ``export`` a plain copy of
 one version; ``workers`` checking that every worker sees the stores as the client does;
-``verify`` ``slem-dask verify``.
+``verify`` ``slem-dask verify`` (``export`` and ``verify`` are each a module and a
+function of that name: import them from their module).
 
 Imports ``storage.backends``, ``storage.versioning`` and ``storage.formats``.
 """
 
-from .export import export  # noqa: F401
 from .readers import VersionStore, open_dataset, open_zarr  # noqa: F401
-from .verify import verify  # noqa: F401

@@ -105,9 +105,11 @@ def _to_npy(node, source, target) -> None:
 def _to_zarr(source, target, overwrite: bool, facts: dict) -> None:
     from zarr.core.sync import sync
 
-    from ..versioning.leases import Lease
+    from ..versioning.versions import VersionedStore
 
-    with Lease(target, "slem-dask export"):  # two exports to one path: one at a time
+    # a plain copy, no version: its transaction holds the lease alone (two exports to
+    # one path: one at a time)
+    with VersionedStore(target).transaction("slem-dask export"):
         _clear_target(target, overwrite, source.kind)
         sync(_copy(source, target, facts))
 

@@ -3,7 +3,6 @@ versioned store, read back before they are committed, and read with every check.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import time
 
@@ -25,12 +24,11 @@ from .chunks import _reason
 from .dimensions import dimension_names
 from ..versioning.errors import CorruptChunkError, DamagedStoreError, IntegrityError
 from .inputs import _exists, open_node
-from ..versioning.leases import Lease
+from ..versioning.transaction import Transaction
 from .outputs import is_legacy
 from ..versioning.ownership import ATTR, check_may_replace, damaged_metadata, remove
 from ..backends.paths import canonical, zarr_store
 from ..backends.registry import is_storage_failure
-from ..versioning.rollback import abandon_after_failure
 from .readers import fill_value
 from .recorded import CHUNK_CRC32C
 
@@ -63,7 +61,7 @@ def write_group(
     arrays: dict[str, np.ndarray],
     what: str,
     overwrite: bool = False,
-    lease: Lease | None = None,
+    transaction: Transaction | None = None,
     job: str | None = None,
 ) -> versions.Commit:
     """Write a zarr group of small arrays (a model, a search result, a corpus) as a new
@@ -71,26 +69,24 @@ def write_group(
 
     Readers see the previous version until the commit, then the whole new one. Every
     chunk carries a crc32c, and the group is read back before it is committed. Written
-    under ``lease`` (taken here if not given).
+    in ``transaction`` (the job's, which holds the lease; one of its own if not given).
     """
     path = canonical(path)
-    with contextlib.ExitStack() as held:
-        if lease is None:  # its exit ends an interrupted job within seconds, answered or not
-            lease = held.enter_context(Lease(path, f"write {what}"))
-        return _write_group_leased(path, meta, arrays, what, overwrite, lease, job)
+    if transaction is None:
+        with versions.VersionedStore(path).transaction(f"write {what}") as tx:
+            return _write_group_in(tx, path, meta, arrays, what, overwrite, job)
+    return _write_group_in(transaction, path, meta, arrays, what, overwrite, job)
 
 
-def _write_group_leased(
-    path, meta: dict, arrays: dict[str, np.ndarray], what: str, overwrite: bool, lease, job
+def _write_group_in(
+    tx: Transaction, path, meta: dict, arrays, what: str, overwrite: bool, job: str | None
 ) -> versions.Commit:
-    """:func:`write_group` under ``lease``."""
     # under the lease: what is at the path stays as checked until it is replaced
     _check_overwrite(path, overwrite, what, "overwrite=True (CLI: --overwrite)", meta.get("kind"))
     replace_legacy(path, what)
-    store = versions.VersionedStore(path)
-    store.make_room()  # always commits: the oldest version goes first
-    draft = store.begin()
-    try:
+    tx.make_room()  # always commits: the oldest version goes first
+    draft = tx.begin()
+    with tx.discarded_on_failure():  # small: nothing worth resuming
         group = zarr.open_group(store=zarr_store(draft.location, "w"), mode="w", zarr_format=3)
         _write_arrays(group, arrays)
         # every chunk's crc32c, in the checksummed metadata: a chunk swapped in from
@@ -98,19 +94,12 @@ def _write_group_leased(
         meta = {**meta, CHUNK_CRC32C: {key: chunk_trailers(arr) for key, arr in group.arrays()}}
         group.attrs[ATTR] = {**meta, "metadata_checksum": metadata_checksum(meta)}
         _check_written(draft.location, arrays, what)
-        lease.check()  # no other job took the store over meanwhile
-        commit = store.commit(
-            draft,
+        tx.check_lease()  # no other job took the store over meanwhile
+        return tx.commit(
             meta.get("kind", "group"),
-            job or f"write {what}",
             {k: meta[k] for k in ("model", "k") if k in meta},
+            job=job or f"write {what}",
         )
-    except versions.CommitUnknownError:
-        raise  # its record may still land, naming the draft: it stays
-    except BaseException as exc:  # small: nothing worth resuming; Ctrl-C: within seconds
-        abandon_after_failure(store, draft, interrupted=isinstance(exc, KeyboardInterrupt))
-        raise
-    return commit
 
 
 def _write_arrays(group: zarr.Group, arrays: dict[str, np.ndarray]) -> None:
@@ -189,7 +178,7 @@ def write_model_store(
     arrays: dict[str, np.ndarray],
     info: dict,
     overwrite: bool = False,
-    lease: Lease | None = None,
+    transaction: Transaction | None = None,
 ) -> str:
     """Write a model group; return its fingerprint (see :func:`write_group`)."""
     params = json_params(params)
@@ -206,7 +195,7 @@ def write_model_store(
             **info,
         }
     )
-    write_group(path, meta, arrays, "model store", overwrite=overwrite, lease=lease)
+    write_group(path, meta, arrays, "model store", overwrite=overwrite, transaction=transaction)
     return fp
 
 

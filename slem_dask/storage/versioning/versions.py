@@ -70,8 +70,10 @@ from .records import (
 from .markers import MARKER, check_own_folders, is_link, listed, marker_document, trusted
 from .publish import CommitConflictError, CommitUnknownError, publish
 from ..backends.registry import backend_for
-from .rollback import INTERRUPTED_ABANDON_WAIT, rollback_to
+from .rollback import rollback_to
 from .rootmarker import mark_after_commit
+from .leases import Lease
+from .transaction import INTERRUPTED_ABANDON_WAIT, Transaction
 
 __all__ = [
     "Commit",
@@ -439,18 +441,16 @@ class VersionedStore:
         self.backend.remove_tree(folder)
         self.backend.delete(self._marker(version))
 
+    def transaction(self, job: str, lease: Lease | None = None) -> Transaction:
+        """``job``'s write of this store (:mod:`.transaction`), under its lease."""
+        return Transaction(self, job, lease)
+
     def rollback(self, seq: int, job: str = "slem-dask rollback") -> Commit:
-        """Commit the content of version ``seq`` again as the new head, and return that
-        commit; if the head already holds it (it is version ``seq``, or a rollback to it),
-        commit nothing and return the head: readers already see that content.
-
-        Under the store's lease, like every job that commits: a writer's ``make_room``
-        (under the lease) could otherwise prune the old folder between this check and
-        the record that names it again, leaving a head with nothing behind it."""
-        from .leases import Lease
-
-        with Lease(self.path, job):
-            return rollback_to(self, seq, job)
+        """Commit the content of version ``seq`` again as the new head and return that
+        commit, or the head if it already holds it (version ``seq``, or a rollback to
+        it), in a transaction like every job that commits (:func:`.rollback.rollback_to`)."""
+        with self.transaction(job) as tx:
+            return rollback_to(tx, seq)
 
     def collect_garbage(self, keep: int = KEEP_VERSIONS) -> list[str]:
         """Delete dead drafts and versions older than the last ``keep`` commits (unless
