@@ -16,8 +16,6 @@ import numpy as np
 
 from .. import storage
 from ..cluster import workers
-from ..storage.versioning import gc
-from ..storage.versioning import versions
 from .._version import __version__
 from ..storage import canonical
 from ..models import load_model
@@ -353,10 +351,10 @@ def _draft_failures(job: _Draft, plan: EncodePlan, positives, out):
         yield
     except KeyboardInterrupt:
         raise  # the draft stays: a re-run reuses its finished partitions
-    except versions.CommitConflictError:
+    except storage.CommitConflictError:
         tx.discard()
         raise
-    except gc.DraftFencedError:  # its draft is another job's to delete: left alone
+    except storage.DraftFencedError:  # its draft is another job's to delete: left alone
         tx.fenced()  # (a conflict if that job committed its number)
     except storage.DamagedStoreError:
         raise

@@ -95,6 +95,8 @@ from .backends.outcomes import (  # noqa: F401
     StoreUnreachableError,
 )
 from .versioning.leases import LEASE_TTL, Lease, LeaseHeldError, LeaseLostError  # noqa: F401
+from .versioning.gc import DraftFencedError  # noqa: F401
+from .versioning.publish import CommitConflictError, CommitUnknownError  # noqa: F401
 from .versioning.transaction import Transaction  # noqa: F401
 from .versioning.versions import VersionedStore  # noqa: F401
 from .nodes.outputs import (  # noqa: F401
