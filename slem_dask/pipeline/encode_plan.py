@@ -280,7 +280,7 @@ def check_encode_inputs(
         _check_same_partitions(arr, partition_rows, kept, out)
     width = int(getattr(model, "rank_", arr.shape[1]))  # a KernelSLEM writes r columns
     if not leased:
-        storage.Lease(out, "slem-dask encode").check_free()
+        storage.VersionedStore(out).transaction("slem-dask encode").check_free()
     _plan_output(
         out,
         existing,

@@ -71,3 +71,13 @@ def test_a_fenced_draft_whose_number_another_job_committed_is_a_conflict(tmp_pat
         with pytest.raises(storage.CommitConflictError, match="committed by winner"):
             tx.fenced()
     assert not store.exists(draft.version)  # dead by its number: deleted by this job
+
+
+def test_check_free_refuses_a_store_being_written_and_takes_nothing(tmp_path):
+    store = _store(tmp_path)
+    store.transaction("before the cluster starts").check_free()  # free: nothing taken
+    with store.transaction("job one"):
+        with pytest.raises(leases.LeaseHeldError, match="being written by another"):
+            store.transaction("job two").check_free()
+    store.transaction("job two").check_free()
+    assert leases.Lease(store.path, "job three").read() is None  # none left behind

@@ -55,6 +55,12 @@ class Transaction:
         if self._own_lease:
             self.lease.__exit__(kind, *exc)
 
+    def check_free(self) -> None:
+        """:class:`.leases.LeaseHeldError` if a job in this PID namespace holds the lease
+        and runs, taking nothing and waiting for nothing: the check before a cluster
+        starts (:meth:`.leases.Lease.check_free`)."""
+        self.lease.check_free()
+
     # the draft ---------------------------------------------------------------------------
     def begin(self):
         """This job's draft, to be committed as the version after the head."""
