@@ -154,7 +154,7 @@ def test_an_exported_output_is_a_group_slem_dask_still_reads(corpus, stores, tmp
     group = zarr.open_group(plain, mode="r")
     assert list(group.array_keys()) == ["encodings"]
     np.testing.assert_array_equal(group["encodings"][...], read()["encodings"])
-    assert slem_dask.storage.nodes.verify(plain) == ("output", [])
+    assert slem_dask.storage.verify(plain) == ("output", [])
     out = str(tmp_path / "again.zarr")  # an input, as the output it was copied from
     assert main(["search", "--queries", plain, "--database", path, "--k", "4", "--out", out]) == 0
     np.testing.assert_array_equal(
