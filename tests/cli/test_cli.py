@@ -274,7 +274,7 @@ def test_ctrl_c_after_a_fit_search_or_rollback_committed_says_so(
     the version committed (they said "nothing was marked complete (no model or output
     was written)", as encode did before it looked); before the commit it says that."""
     from slem_dask import pipeline
-    from slem_dask.storage import versions
+    from slem_dask.storage.versioning import versions
 
     model = str(tmp_path / "model.zarr")
     with monkeypatch.context() as patch:
