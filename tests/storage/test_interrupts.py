@@ -68,19 +68,8 @@ def silent(monkeypatch):
 def _interrupted_within_bound(call) -> None:
     """Run ``call`` (which gets a KeyboardInterrupt) in a thread: it must raise it and
     return within RETURN_WITHIN seconds, its lease's heartbeat stopped."""
-    raised: list[BaseException] = []
-
-    def run():
-        try:
-            call()
-        except BaseException as exc:  # noqa: BLE001 - handed to the test
-            raised.append(exc)
-
-    job = threading.Thread(target=run, daemon=True)
-    job.start()
-    job.join(RETURN_WITHIN)
-    assert not job.is_alive(), "the interrupted job still waits on its silent store"
-    assert raised and isinstance(raised[0], KeyboardInterrupt), raised
+    raised = _within_bound(call, "the interrupted job still waits on its silent store")
+    assert isinstance(raised, KeyboardInterrupt), raised
     beating = [t.name for t in threading.enumerate() if t.name.startswith("slem-dask-lease-")]
     assert not beating, f"the lease is still renewed: {beating}"
 
@@ -186,7 +175,9 @@ def hung_link(monkeypatch):
     answer.set()
 
 
-def _within_bound(call):
+def _within_bound(call, waits: str = "the call still waits on a local disk that does not answer"):
+    """``call()``'s answer, or what it raised, run in a thread that must end within
+    RETURN_WITHIN seconds (``waits``: the failure's words if it does not)."""
     answer: list = []
 
     def run():
@@ -198,7 +189,7 @@ def _within_bound(call):
     job = threading.Thread(target=run, daemon=True)
     job.start()
     job.join(RETURN_WITHIN)
-    assert not job.is_alive(), "the call still waits on a local disk that does not answer"
+    assert not job.is_alive(), waits
     return answer[0]
 
 
