@@ -534,3 +534,28 @@ def test_a_worker_that_leaves_while_connect_sets_up_the_workers_is_not_the_comma
         "(CommClosedError: Address removed.); no job started: run the same command again "
         "once the cluster's workers are steady"
     )
+
+
+def test_joining_an_in_process_cluster_gives_the_caller_its_blas_threads_back():
+    """connect(ADDRESS) limits every worker's BLAS to one thread; workers in the caller's
+    own process share the caller's BLAS, which stayed on one thread for the rest of the
+    process (every later numpy product of the caller single-threaded, and a later
+    in-process transform's last bits those of one thread)."""
+    from distributed import LocalCluster
+    from threadpoolctl import threadpool_info
+
+    from slem_dask.cluster.connect import connect
+
+    def blas_threads():
+        return [i["num_threads"] for i in threadpool_info() if i["user_api"] == "blas"]
+
+    before = blas_threads()
+    if max(before) < 2:
+        pytest.skip(f"BLAS runs on one thread here ({before}): nothing to give back")
+    with LocalCluster(
+        n_workers=2, threads_per_worker=1, processes=False, dashboard_address=":0"
+    ) as cluster:
+        with connect(cluster.scheduler_address) as client:
+            in_workers = client.run(blas_threads)
+    assert all(n == 1 for threads in in_workers.values() for n in threads)
+    assert blas_threads() == before
