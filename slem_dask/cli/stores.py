@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import errno
+import os
 
 __all__ = ["verify", "versions", "export"]
 
@@ -95,6 +96,11 @@ def _no_history(store, args) -> ValueError:
         return ValueError(
             f"{str(store.path)!r} is part of the slem-dask store {str(owner.path)!r} and "
             f"has no versions of its own: the store's versions hold it; {fix}"
+        )
+    if "://" not in str(args.path) and not os.path.lexists(args.path):
+        return ValueError(
+            f"{str(store.path)!r} does not exist: check the path (a job that has not run "
+            f"yet writes nothing there)"
         )
     return ValueError(
         f"{str(store.path)!r} has no versions: it was not written by this slem-dask (or "

@@ -90,3 +90,19 @@ def test_evaluate_names_the_option_and_shard_of_nan_rows_before_any_method_runs(
         f"(rows 33: emb_2.npy row 3); drop or repair those rows\n"
     )
     assert "raw" not in out  # no method ran
+
+
+@pytest.mark.parametrize("command", [["versions"], ["rollback", "--to", "1"]])
+def test_a_store_command_on_a_path_that_does_not_exist_says_so(command, tmp_path, capsys):
+    """`versions nope.zarr` said nope.zarr "was not written by this slem-dask (or not at
+    all)" and sent the user to `verify`: a typo in the path is said as one."""
+    missing = tmp_path / "nope.zarr"
+    assert main([command[0], str(missing), *command[1:]]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [
+        f"slem-dask {command[0]}: error: {str(missing)!r} does not exist: check the path "
+        "(a job that has not run yet writes nothing there)"
+    ]
+    missing.mkdir()
+    assert main([command[0], str(missing), *command[1:]]) == 1
+    assert "has no versions: it was not written by this slem-dask" in capsys.readouterr().err
