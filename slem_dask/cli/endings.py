@@ -158,7 +158,7 @@ def _committed_line(args, path, head_before: int) -> str | None:
 
 def head_seq_after(path, head_before: int) -> int:
     """The head's sequence number of ``path`` if past ``head_before``, else 0."""
-    from ..storage.versioning.versions import VersionedStore
+    from ..storage import VersionedStore
 
     seq = VersionedStore(path).head_seq()  # raises where the store cannot say
     return seq if seq > head_before else 0

@@ -46,20 +46,20 @@ EXIT_ERROR = 1
 def _storage_timeout(seconds: float | None):
     """--storage-timeout: $SLEM_DASK_STORAGE_TIMEOUT while the command runs (a local
     cluster's workers inherit it; storage.deadlines reads it), as it was afterwards."""
-    from ..storage.backends import deadlines
+    from ..storage.backends import ENV_TIMEOUT
 
     if seconds is None:
         yield
         return
-    before = os.environ.get(deadlines.ENV_TIMEOUT)
-    os.environ[deadlines.ENV_TIMEOUT] = f"{seconds:g}"
+    before = os.environ.get(ENV_TIMEOUT)
+    os.environ[ENV_TIMEOUT] = f"{seconds:g}"
     try:
         yield
     finally:
         if before is None:
-            os.environ.pop(deadlines.ENV_TIMEOUT, None)
+            os.environ.pop(ENV_TIMEOUT, None)
         else:
-            os.environ[deadlines.ENV_TIMEOUT] = before
+            os.environ[ENV_TIMEOUT] = before
 
 
 def _run(args) -> int:
@@ -311,8 +311,8 @@ def _storage_line(exc: BaseException, args) -> str | None:
     """One line for a storage failure: the backend's own (credentials, bucket,
     endpoint, a 5xx burst), else a client library's exception as one line (never a
     traceback); None for any other error."""
-    from ..storage.backends.registry import is_storage_failure
-    from ..storage.versioning.publish import describe_storage_error
+    from ..storage.backends import is_storage_failure
+    from ..storage.versioning import describe_storage_error
 
     line = describe_storage_error(exc, _paths_of(args))
     if line is None and not isinstance(exc, OSError) and is_storage_failure(exc):

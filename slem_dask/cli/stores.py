@@ -45,7 +45,7 @@ def _rollback(store, seq: int):
 def versions(args) -> None:
     """`versions PATH`: the history, one line per commit; `rollback PATH --to N`: version N
     made current by a new commit, or nothing committed if the current one holds it."""
-    from ..storage.versioning import versions as versioned
+    from ..storage import versioning as versioned
 
     store = versioned.VersionedStore(args.path)
     if not store.has_history():
@@ -81,7 +81,7 @@ def versions(args) -> None:
 def _no_history(store, args) -> ValueError:
     """The error of `versions P` / `rollback P` for a ``P`` without a history of its own:
     a member or a version folder of a store names that store; anything else is no store."""
-    from ..storage.versioning import versions as versioned
+    from ..storage import versioning as versioned
 
     try:
         owner = versioned.resolve(args.path)[1]
@@ -111,7 +111,7 @@ def _no_history(store, args) -> ValueError:
 def export(args) -> None:
     """`export PATH --to OUT`: one committed version copied out as plain zarr or .npy."""
     from ..cluster.preflight import check_writable
-    from ..storage.nodes.export import export as copy_out
+    from ..storage.nodes import export_version as copy_out
 
     check_writable({"--to": args.to})  # a file as its parent, a read-only folder: one line
     facts = copy_out(args.path, args.to, args.export_version, args.overwrite)

@@ -15,7 +15,6 @@ import dask
 from distributed.comm.core import CommClosedError
 
 from .. import storage
-from ..storage.backends.paths import shown_path
 from ..core.validation import RowsError
 
 
@@ -165,7 +164,7 @@ def update_refusal(model_path, meta: dict, negatives, arr) -> str | None:
     n_rows = int(meta.get("n_samples", -1))
     fitted = (
         f"--update: the model {str(model_path)!r} was fitted on {n_rows} rows of "
-        f"{shown_path(source)!r}"
+        f"{storage.shown_path(source)!r}"
     )
     if source != negatives.url:
         why = (
@@ -277,9 +276,7 @@ def hint_small_chunks(report: JobReport, arr, name: str, path, stacklevel: int =
     (``stacklevel``: the warning's, counted from this function)."""
     import warnings
 
-    from ..storage.nodes.chunks import SmallChunksWarning, small_chunks_hint
-
-    hint = small_chunks_hint(arr, name, path)
+    hint = storage.small_chunks_hint(arr, name, path)
     if hint:
         report.facts["hint"] = hint
-        warnings.warn(hint, SmallChunksWarning, stacklevel=stacklevel)
+        warnings.warn(hint, storage.SmallChunksWarning, stacklevel=stacklevel)

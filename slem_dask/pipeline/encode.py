@@ -17,7 +17,6 @@ import numpy as np
 from .. import storage
 from ..cluster import workers
 from .._version import __version__
-from ..storage import canonical
 from ..models import load_model
 from ..parallel.blocks import scatter_large_arrays
 
@@ -79,7 +78,11 @@ def encode_job(
         precision=precision,
     )
     t0 = time.perf_counter()
-    model_path, positives, out = canonical(model_path), canonical(positives), canonical(out)
+    model_path, positives, out = (
+        storage.canonical(model_path),
+        storage.canonical(positives),
+        storage.canonical(out),
+    )
     model = model if model is not None else load_model(model_path)
     storage.check_distinct(out, "--out", {"positives": positives, "model": model_path})
     current = _current_report(model, model_path, positives, out, options, t0)

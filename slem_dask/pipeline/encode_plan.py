@@ -12,8 +12,6 @@ import numpy as np
 
 from .. import storage
 from ..cluster import workers
-from ..storage import canonical
-from ..storage.backends.paths import shown_path
 from ..models import LinearSLEM
 from ..core.validation import check_n_features, output_dtype
 
@@ -256,7 +254,11 @@ def check_encode_inputs(
     """Every check of an encode that needs no data: (positives array, output dtype,
     output width). Run by the command line before a cluster starts, and by the job
     (``leased``: it holds the output's lease)."""
-    model_path, positives, out = canonical(model_path), canonical(positives), canonical(out)
+    model_path, positives, out = (
+        storage.canonical(model_path),
+        storage.canonical(positives),
+        storage.canonical(out),
+    )
     storage.check_distinct(out, "--out", {"positives": positives, "model": model_path})
     arr = storage.open_input(positives, "positives", empty_ok=True)  # 0 rows: an empty output
     check_n_features(
@@ -380,7 +382,9 @@ def _resume_problems(meta, existing, arr, positives, written) -> list[str]:
     width, out_dtype, precision = written
     problems = []
     if meta.get("source") != positives.url:
-        problems.append(f"it encodes {shown_path(meta.get('source'))!r}, not {str(positives)!r}")
+        problems.append(
+            f"it encodes {storage.shown_path(meta.get('source'))!r}, not {str(positives)!r}"
+        )
     if existing.shape[1] != width or existing.dtype != out_dtype:
         problems.append(
             f"it holds {existing.shape[1]} columns of {existing.dtype}, this run "

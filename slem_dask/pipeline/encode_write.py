@@ -8,8 +8,6 @@ import numpy as np
 import zarr
 
 from .. import storage
-from ..storage.versioning import versions
-from ..storage.backends.paths import shown_path
 from ..core.kernels import _USES_GAMMA
 from ..models import KernelSLEM, LinearSLEM
 from ..core.validation import check_encoded_rows, rows_text
@@ -24,7 +22,7 @@ def what_is_kept(out, head_before: int | None = None, advice: bool = True) -> st
     ``head_before``: the head's sequence number when the job began (None: not known);
     ``advice``: end with what to run next."""
     try:
-        store = versions.VersionedStore(out)
+        store = storage.VersionedStore(out)
         head = store.head()
         seq = head.seq if head is not None else 0
         if head_before is not None and seq > head_before:
@@ -52,7 +50,7 @@ def what_is_kept(out, head_before: int | None = None, advice: bool = True) -> st
     where, done, total = max(written, key=lambda w: w[1])
     return (
         f"nothing was committed ({readers}); {done} of {total} partitions are kept in "
-        f"the draft {shown_path(where)!r}"
+        f"the draft {storage.shown_path(where)!r}"
         + (": run the same command again to resume" if advice else "")
     )
 
@@ -172,7 +170,7 @@ def reuse_partitions(tx, target, head, inputs: list[str], n_parts: int):
             )
             if crc is not None:
                 crcs[i] = crc
-                names.append(storage.nodes.checksums._full_key(old, (i, 0)))
+                names.append(storage._full_key(old, (i, 0)))
         if names:
             tx.store.backend.copy_tree(_relative(tx.store, old), _relative(tx.store, target), names)
     return [i for i, crc in enumerate(crcs) if crc is None], crcs

@@ -8,7 +8,6 @@ from dataclasses import dataclass
 
 from .. import storage
 from ..cluster import workers
-from ..storage import canonical
 from ..models import KernelSLEM, LinearSLEM, load_model
 from ..models.kernel_defaults import KERNEL_DEFAULTS
 from ..core.kernels import unused_params
@@ -103,7 +102,7 @@ def fit_job(
     stored model's).
     """
     options = _fit_options(options, partition_rows, overwrite, update, repivot, progress)
-    negatives, model_path = canonical(negatives), canonical(model_path)
+    negatives, model_path = storage.canonical(negatives), storage.canonical(model_path)
     keywords = _model_keywords(
         lam, theta, kernel, gamma, degree, rank, pivoting, tol, seed, precision, kernel_memory
     )
@@ -206,7 +205,7 @@ def fit_model(
     negatives and save it as a new version of ``model_path``: :func:`fit_job`'s work,
     its paths canonical."""
     options = options if options is not None else FitOptions()
-    negatives, model_path = canonical(negatives), canonical(model_path)
+    negatives, model_path = storage.canonical(negatives), storage.canonical(model_path)
     if isinstance(estimator, KernelSLEM):
         return _fit_kernel_job(client, negatives, model_path, estimator, options)
     if not isinstance(estimator, LinearSLEM):

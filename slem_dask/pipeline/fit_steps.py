@@ -10,7 +10,6 @@ import contextlib
 import warnings
 
 from .. import storage
-from ..storage import canonical
 
 from . import common
 from .common import JobFailed, JobReport, _LOST, _detail, _lost_cluster
@@ -115,7 +114,7 @@ def _save_fitted(model, arr, negatives, model_path, seen: str, tx) -> str:
 def _open_negatives(negatives, model_path, overwrite: bool, update: bool, repivot: bool = False):
     """Checks shared by every fit, before any data is read: (zarr array, model exists).
     ``repivot`` (kernel): an update that reads all rows again, whatever the stored ones."""
-    negatives, model_path = canonical(negatives), canonical(model_path)
+    negatives, model_path = storage.canonical(negatives), storage.canonical(model_path)
     storage.check_distinct(model_path, "--model", {"negatives": negatives})
     exists = storage._exists(model_path)
     if exists:

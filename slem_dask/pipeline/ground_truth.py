@@ -9,7 +9,7 @@ import numpy as np
 
 from .. import storage
 from ..retrieval.metrics import check_neighbors
-from ..storage.formats import formats
+from ..storage import formats
 
 __all__ = ["GROUND_TRUTH_OPTION", "read_ground_truth"]
 

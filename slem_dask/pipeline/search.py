@@ -12,7 +12,6 @@ from .. import storage
 from .._version import __version__
 from ..retrieval.distances import SCORE_NAMES, unit_norm_warning
 from ..retrieval.topk import search
-from ..storage.backends.paths import shown_path
 from .common import JobFailed, JobReport, _compute, _detail, full_disk_said
 from .options import SearchOptions, options_from
 
@@ -42,7 +41,7 @@ def check_search_inputs(queries: str, database: str, k: int, force: bool = False
         and mdb
         and mq.get("encoding_fingerprint") != mdb.get("encoding_fingerprint")
     ):
-        models = [shown_path(m.get("model_path")) for m in (mq, mdb)]
+        models = [storage.shown_path(m.get("model_path")) for m in (mq, mdb)]
         raise ValueError(
             f"queries ({queries!r}) and database ({database!r}) were encoded with different "
             f"models (encoding fingerprints {str(mq.get('encoding_fingerprint'))[:16]} and "
@@ -258,8 +257,8 @@ def _committed_search(out, queries, database, k: int, metric: str = "ip") -> dic
         ) from None
     said = {"queries": str(queries), "database": str(database), "k": int(k), "metric": metric}
     held = {
-        "queries": shown_path(meta.get("queries")),  # recorded as URLs
-        "database": shown_path(meta.get("database")),
+        "queries": storage.shown_path(meta.get("queries")),  # recorded as URLs
+        "database": storage.shown_path(meta.get("database")),
         "k": meta.get("k"),
         "metric": meta.get("metric", "ip"),  # results written before metrics were inner product
     }

@@ -18,7 +18,8 @@ mean "right". Four subpackages, each importing only the ones above it in this li
 Each subpackage's ``__init__`` names what it offers. Layout and contracts:
 docs/operations.md ("Versioned stores", "Integrity guarantees", "Zarr layout"),
 docs/guarantees-protocol.md and docs/guarantees-garbage.md. The names below are this
-package's interface; the jobs use them as ``storage.NAME``. The flat paths of before the
+package's interface; the jobs use them as ``storage.NAME`` (or a subpackage's face's
+names), never a module inside (tests/system/test_import_layers.py). The flat paths of before the
 split (``slem_dask.storage.versions``, ...) still import (``moved``).
 """
 
@@ -29,6 +30,7 @@ from .moved import install as _install_moved
 from .versioning import versions  # noqa: F401
 from .nodes.checksums import (  # noqa: F401
     CHECKSUM,
+    _full_key,
     delete_chunk,
     fingerprint,
     json_params,
@@ -39,6 +41,7 @@ from .nodes.checksums import (  # noqa: F401
 )
 from .nodes.chunks import (  # noqa: F401
     DEFAULT_PARTITION_BYTES,
+    SmallChunksWarning,
     _RowChunkCodecs,
     _reason,
     _where,
@@ -48,6 +51,7 @@ from .nodes.chunks import (  # noqa: F401
     dask_rows,
     read_rows,
     row_partition,
+    small_chunks_hint,
 )
 from .versioning.errors import (  # noqa: F401
     CorruptChunkError,
@@ -121,7 +125,13 @@ from .versioning.ownership import (  # noqa: F401
     unreadable_document,
     unreadable_marker,
 )
-from .backends.paths import StorePath, canonical, check_outside_inputs, exists  # noqa: F401
+from .backends.paths import (  # noqa: F401
+    StorePath,
+    canonical,
+    check_outside_inputs,
+    exists,
+    shown_path,
+)
 from .nodes.readers import VersionStore, open_dataset, open_zarr  # noqa: F401
 from .nodes.verify import verify  # noqa: F401
 from .nodes.workers import check_workers_see, store_signature  # noqa: F401

@@ -165,3 +165,71 @@ def test_every_storage_module_is_in_a_subpackage():
 
 def test_the_circle_finder_finds_a_circle():
     assert _circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+#: The faces of storage/ (issue 41): the package and its subpackages, each an ``__init__``
+#: that names what it offers. The jobs import storage through these only.
+STORAGE_FACES = {"slem_dask.storage"} | {f"slem_dask.storage.{s}" for s in STORAGE_SUBPACKAGES}
+
+#: The jobs: the batch jobs and the command line that runs them.
+JOBS = ("slem_dask.pipeline", "slem_dask.cli")
+
+
+def _deep_storage_uses(name: str, path: Path, modules) -> list[str]:
+    """Where ``name`` reaches past storage's faces: an import of a storage module that is
+    no face, an import of a module through a face (``from ..storage.nodes import
+    chunks``), or an attribute path into one (``storage.nodes.checksums._full_key``)."""
+    package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found += [a.name for a in node.names if a.name.startswith("slem_dask.storage.")]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - (node.level - 1)]
+                base = ".".join(anchor + ([node.module] if node.module else []))
+            if base == "slem_dask" and any(a.name == "storage" for a in node.names):
+                continue  # the face itself
+            if base != "slem_dask.storage" and not base.startswith("slem_dask.storage."):
+                continue
+            if base not in STORAGE_FACES:
+                found.append(f"from {base} import {', '.join(a.name for a in node.names)}")
+            found += [
+                f"from {base} import {a.name}"
+                for a in node.names
+                if f"{base}.{a.name}" in modules and f"{base}.{a.name}" not in STORAGE_FACES
+            ]
+        elif (
+            isinstance(node, ast.Attribute)
+            and isinstance(node.value, ast.Name)
+            and node.value.id == "storage"
+            and f"slem_dask.storage.{node.attr}" in modules
+            and f"slem_dask.storage.{node.attr}" not in STORAGE_FACES
+        ):
+            found.append(f"storage.{node.attr} (line {node.lineno})")
+        elif (
+            isinstance(node, ast.Attribute)
+            and isinstance(node.value, ast.Attribute)
+            and isinstance(node.value.value, ast.Name)
+            and node.value.value.id == "storage"
+            and f"slem_dask.storage.{node.value.attr}" in STORAGE_FACES
+            and f"slem_dask.storage.{node.value.attr}.{node.attr}" in modules
+        ):
+            found.append(f"storage.{node.value.attr}.{node.attr} (line {node.lineno})")
+    return found
+
+
+def test_the_jobs_reach_storage_through_its_faces():
+    modules = _modules()
+    deep = [
+        f"{name}: {use}"
+        for name, path in sorted(modules.items())
+        if name.startswith(JOBS)
+        for use in _deep_storage_uses(name, path, modules)
+    ]
+    assert not deep, (
+        "the jobs import storage through its faces (slem_dask.storage and its subpackages' "
+        "__init__), not its modules: hand the name on from the face, then use it there:\n"
+        + "\n".join(deep)
+    )

@@ -10,6 +10,7 @@ client's exceptions at its boundary); ``paths`` canonical store paths.
 Imports nothing of slem_dask: the versioning protocol, the formats and the nodes stand on it.
 """
 
+from .deadlines import ENV_TIMEOUT  # noqa: F401
 from .backend import Backend, StorageConfigError, check_conditional_writes  # noqa: F401
 from .outcomes import (  # noqa: F401
     AccessRefusedError,
@@ -18,5 +19,12 @@ from .outcomes import (  # noqa: F401
     StorageRefusedError,
     StoreUnreachableError,
 )
-from .paths import StorePath, canonical, check_outside_inputs, exists, zarr_store  # noqa: F401
+from .paths import (  # noqa: F401
+    StorePath,
+    canonical,
+    check_outside_inputs,
+    exists,
+    shown_path,
+    zarr_store,
+)
 from .registry import backend_for, is_storage_failure  # noqa: F401

@@ -8,9 +8,11 @@ results (small arrays, written whole); ``readers`` zarr, xarray (``xarrays``,
 ``dimensions``) and dask readers of one committed version; ``export`` a plain copy of
 one version; ``workers`` checking that every worker sees the stores as the client does;
 ``verify`` ``slem-dask verify`` (``export`` and ``verify`` are each a module and a
-function of that name: import them from their module).
+function of that name: import them from their module, or ``export`` from here as
+``export_version``).
 
 Imports ``storage.backends``, ``storage.versioning`` and ``storage.formats``.
 """
 
+from .export import export as export_version  # noqa: F401 - the name export is the module's
 from .readers import VersionStore, open_dataset, open_zarr  # noqa: F401

@@ -13,7 +13,7 @@ Imports ``storage.backends`` only.
 
 from .errors import IntegrityError  # noqa: F401
 from .leases import LEASE_TTL, Lease, LeaseHeldError, LeaseLostError  # noqa: F401
-from .publish import CommitConflictError, CommitUnknownError  # noqa: F401
+from .publish import CommitConflictError, CommitUnknownError, describe_storage_error  # noqa: F401
 from .records import Commit, VersionError  # noqa: F401
 from .transaction import Transaction  # noqa: F401
 from .versions import Draft, VersionedStore, resolve  # noqa: F401
