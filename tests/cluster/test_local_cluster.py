@@ -534,3 +534,22 @@ def test_a_worker_that_leaves_while_connect_sets_up_the_workers_is_not_the_comma
         "(CommClosedError: Address removed.); no job started: run the same command again "
         "once the cluster's workers are steady"
     )
+
+
+def _profiling(client) -> list[bool]:
+    """Whether each worker keeps dask's statistical profile of its tasks."""
+    return sorted(
+        client.run(lambda dask_worker: "profile" in dask_worker.periodic_callbacks).values()
+    )
+
+
+def test_a_local_cluster_keeps_no_task_profile_unless_asked():
+    # Every 10 ms while a task ran, the worker walked the task threads' stacks on the
+    # event loop an in-process cluster shares with its scheduler and client; nothing
+    # of slem-dask reads that profile. A performance report shows it: asked, it is kept.
+    from slem_dask.cluster.connect import connect
+
+    with connect(processes=False) as client:
+        assert _profiling(client) == [False]
+    with connect(processes=False, task_profile=True) as client:
+        assert _profiling(client) == [True]
