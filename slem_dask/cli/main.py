@@ -76,7 +76,13 @@ def _run(args) -> int:
     processes, why = _local_processes(args, spec, workers, threads)
     with (
         connect(
-            scheduler, workers, threads, security=security, quiet=not progress, processes=processes
+            scheduler,
+            workers,
+            threads,
+            security=security,
+            quiet=not progress,
+            processes=processes,
+            task_profile=bool(args.performance_report),  # the report's "Worker Profile"
         ) as client,
         _performance_report(args.performance_report),
     ):

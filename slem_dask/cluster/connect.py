@@ -25,6 +25,7 @@ __all__ = [
     "SMALL_INPUT_BYTES",
     "GIL_FREE_JOBS",
     "local_cluster_kind",
+    "NO_TASK_PROFILE",
 ]
 
 
@@ -83,6 +84,17 @@ WORKER_MALLOC = {
     "distributed.nanny.pre-spawn-environ.MALLOC_MMAP_THRESHOLD_": 2**28,
 }
 _MALLOC_VARIABLES = [key.rsplit(".", 1)[1] for key in WORKER_MALLOC]
+
+
+#: dask settings of a LocalCluster this module starts, unless its caller wants the
+#: workers' statistical profile of the tasks (a performance report shows it). Every
+#: 10 ms while a task runs, a worker takes the GIL and walks the stack of each task
+#: thread, on the event loop that an in-process cluster's scheduler, worker and client
+#: share: at 400,000 x 512 that loop took 0.063-0.084 CPU s per second of the fit (tasks
+#: 3.4 CPU s), and 0.045-0.062 without the profile (per-thread CPU from /proc, on a
+#: shared 2-core machine). Nothing of slem-dask reads that profile, and an in-process
+#: cluster has no dashboard that would show it.
+NO_TASK_PROFILE = {"distributed.worker.profile.enabled": False}
 
 
 def _restore_environment(saved: dict) -> None:
@@ -185,6 +197,7 @@ def connect(
     security=None,
     quiet: bool = False,
     processes: bool = True,
+    task_profile: bool = False,
 ):
     """Yield a Client: to ``scheduler`` (or $DASK_SCHEDULER_ADDRESS) if given,
     else to a new LocalCluster, closed on exit: worker processes sized to this
@@ -192,7 +205,9 @@ def connect(
     no BLAS limit is set process-wide, the tasks limit their own BLAS threads).
 
     A LocalCluster's workers log nothing below CRITICAL: task errors (bad rows,
-    say) come back to the caller as exceptions and are reported once, there.
+    say) come back to the caller as exceptions and are reported once, there. Its
+    workers keep no statistical profile of the tasks unless ``task_profile`` (a
+    performance report's "Worker Profile"): see :data:`NO_TASK_PROFILE`.
     """
     address = scheduler or os.environ.get("DASK_SCHEDULER_ADDRESS")
     if address:
@@ -211,8 +226,10 @@ def connect(
         finally:
             client.close()
         return
+    profile = {} if task_profile else NO_TASK_PROFILE
     if not processes:
         with (
+            dask.config.set(profile),  # read once, as the worker starts
             LocalCluster(
                 **in_process_kwargs(n_workers, threads_per_worker), silence_logs=logging.CRITICAL
             ) as cluster,
@@ -222,7 +239,7 @@ def connect(
         return
     kwargs = default_local_cluster_kwargs(n_workers, threads_per_worker)
     with contextlib.ExitStack() as stack:
-        stack.enter_context(dask.config.set(WORKER_MALLOC))
+        stack.enter_context(dask.config.set({**WORKER_MALLOC, **profile}))
         # the nannies put these variables in this process's environment to hand them to
         # the workers they spawn, and leave them there: every later subprocess of the
         # caller (a `dask worker` of its own) would keep freed memory in its heap

@@ -421,3 +421,34 @@ def test_kernel_defaults_have_one_source():
     assert [getattr(spec, n) for n in names] + [spec.seed] == expected
     assert [CLI[n] for n in names] + [CLI["seed"]] == expected
     assert [MODEL_KEYWORDS[n] for n in names] + [MODEL_KEYWORDS["seed"]] == expected
+
+
+@pytest.mark.parametrize("report", [False, True], ids=["no report", "a performance report"])
+def test_the_workers_profile_tasks_only_for_a_performance_report(
+    capsys, monkeypatch, corpus, tmp_path, report
+):
+    # the report's "Worker Profile" tab needs dask's task profile; without a report the
+    # workers keep none (slem_dask.cluster.connect.NO_TASK_PROFILE)
+    from slem_dask.cluster import connect as cluster_connect
+
+    given, real = [], cluster_connect.connect
+
+    def recording(*args, **kwargs):
+        given.append(kwargs.get("task_profile", False))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(cluster_connect, "connect", recording)
+    flags = ["--performance-report", str(tmp_path / "report.html")] if report else []
+    code, _, err = run(
+        capsys,
+        "fit",
+        "--negatives",
+        f"{corpus}/negatives",
+        "--model",
+        tmp_path / "m.zarr",
+        *IN_THREADS,
+        *flags,
+    )
+    assert code == 0, err
+    assert given == [report]
+    assert (tmp_path / "report.html").exists() is report

@@ -559,3 +559,22 @@ def test_joining_an_in_process_cluster_gives_the_caller_its_blas_threads_back():
             in_workers = client.run(blas_threads)
     assert all(n == 1 for threads in in_workers.values() for n in threads)
     assert blas_threads() == before
+
+
+def _profiling(client) -> list[bool]:
+    """Whether each worker keeps dask's statistical profile of its tasks."""
+    return sorted(
+        client.run(lambda dask_worker: "profile" in dask_worker.periodic_callbacks).values()
+    )
+
+
+def test_a_local_cluster_keeps_no_task_profile_unless_asked():
+    # Every 10 ms while a task ran, the worker walked the task threads' stacks on the
+    # event loop an in-process cluster shares with its scheduler and client; nothing
+    # of slem-dask reads that profile. A performance report shows it: asked, it is kept.
+    from slem_dask.cluster.connect import connect
+
+    with connect(processes=False) as client:
+        assert _profiling(client) == [False]
+    with connect(processes=False, task_profile=True) as client:
+        assert _profiling(client) == [True]
