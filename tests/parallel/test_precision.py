@@ -172,6 +172,29 @@ def test_encoding_piece_by_piece_is_the_whole_block_encoding(monkeypatch, dtype)
     assert not pieces[700].any() and np.abs(pieces[[3, 517]]).max() > 0.1
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_a_row_encodes_alike_whether_or_not_its_piece_needs_the_guarded_path(dtype):
+    """A piece whose rows all have norms in the safe range is normalized without the
+    guarded division (issue 42: less Python per piece); a piece holding an extreme row or
+    a row equal to the mean takes the guarded one. Its other rows: the same bits."""
+    import slem_dask.core.linear as linear
+
+    rng = np.random.default_rng(10)
+    x = rng.standard_normal((200, 64)).astype(dtype) + 3
+    mean = x.mean(axis=0, dtype=np.float64).astype(dtype).astype(np.float64)  # a row can equal it
+    cov = np.cov(x.T.astype(np.float64)) + 0.1 * np.eye(64)
+    matrix = np.linalg.inv(cov)
+    matrix = linear.float32_matrix(matrix) if dtype == np.float32 else matrix
+    plain = encode_rows(x, mean, matrix)
+    guarded = x.copy()
+    guarded[50] *= dtype(1e30) if dtype == np.float32 else 1e200  # its product overflows
+    guarded[120] = mean  # no direction: 0
+    got = encode_rows(guarded, mean, matrix)
+    others = np.setdiff1d(np.arange(200), [50, 120])
+    np.testing.assert_array_equal(got[others], plain[others])
+    assert not got[120].any() and np.abs(got[50]).max() > 0.1
+
+
 def test_ill_conditioned_model_encodes_in_float64():
     x = descriptors(2_000, 20, 0.0, seed=6)
     model = LinearSLEM(lam=1e-6).fit(x)  # cond(A) up to ~1e7: float32 would lose the bound
