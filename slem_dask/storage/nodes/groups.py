@@ -162,7 +162,8 @@ def write_member_documented_last(
     from zarr.storage._common import make_store_path
 
     layout = zarr.create_array(store={}, shape=value.shape, dtype=value.dtype, **create)
-    where = sync(make_store_path(zarr_store(_member(location, key), "w"), mode="w"))
+    # mode "a": a new member of a new draft (zarr's "w" would first delete under it)
+    where = sync(make_store_path(zarr_store(_member(location, key), "w"), mode="a"))
     metadata = cast("ArrayV3Metadata", layout.metadata)  # zarr v3, as create_array makes
     arr = zarr.Array(AsyncArray(metadata=metadata, store_path=where))
     arr[...] = value  # its chunks alone: zarr writes no document for them
