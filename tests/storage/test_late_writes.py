@@ -105,3 +105,33 @@ def test_a_late_first_write_of_a_corpus_document_leaves_the_version_whole(tmp_pa
     assert store.check(store.head())
     assert storage.verify(path)[1] == []
     assert storage.open_node(path)["queries"][...].tolist() == corpus.queries.tolist()
+
+
+def test_a_heartbeat_that_lands_after_the_release_does_not_hold_the_store(tmp_path):
+    """A heartbeat's write of the lease that timed out lands after its job released
+    (deleted) the lease, putting this process's record back: the next job of the same
+    process, which is alive, takes the lease at once (before: refused as "being written
+    by another slem-dask job" for as long as the process ran)."""
+    from slem_dask.storage.versioning.leases import Lease
+
+    path = str(tmp_path / "s.zarr")
+    first = Lease(path, "first").acquire()
+    late = first._backend.read(first._key)  # the heartbeat's bytes, sent before release
+    first.release()
+    first._backend.put(first._key, late)  # ... and landing after it
+    second = Lease(path, "second").acquire()
+    try:
+        assert second.held()
+    finally:
+        second.release()
+    assert not Path(second.file.location).exists()
+
+
+def test_a_lease_held_in_this_process_still_refuses_a_second_job(tmp_path):
+    """The same process's lease, still held (another thread's job), is not taken."""
+    from slem_dask.storage.versioning.leases import Lease, LeaseHeldError
+
+    path = str(tmp_path / "s.zarr")
+    with Lease(path, "first"):
+        with pytest.raises(LeaseHeldError, match="being written by another slem-dask job"):
+            Lease(path, "second").acquire()
