@@ -13,7 +13,8 @@ the worker's check that the draft is alive, a fenced draft left to the job that 
 it, a failed write keeping the draft for a resume), ``writer_group`` follows
 ``storage/groups.write_group`` (make room, draft, write the chunks, then the node's
 ``zarr.json`` once, read back, commit; any failure discards the draft). No key of a
-draft is ever written twice with other bytes: a late request that overtakes a newer one
+draft is written with a plain write once it held other bytes (an encode's first
+``zarr.json`` is a create): a late request that overtakes a newer one
 (``late_overtakes``) cannot undo it. ``leased=False`` is a writer whose lease was taken over while it
 went on (a stalled client): the fate files and the commit alone must keep readers
 right.

@@ -27,7 +27,7 @@ OBJECT_MODES = (
     "pause",
     "transport",
     # a late request overwrites a newer one: safe since no key of a draft is written
-    # twice with other bytes (docs/testing-faults.md)
+    # with a plain write once it held other bytes (docs/testing-faults.md)
     "late_overtakes",
 )
 #: the modes of the real LocalBackend (``shared``: a store sharing P's versions/

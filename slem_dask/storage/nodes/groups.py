@@ -110,7 +110,7 @@ def _write_group_in(
 def create_group_last(location: str, attributes: dict) -> zarr.Group:
     """The group document at the root of the draft ``location``, with its final
     ``attributes``, written once, after its arrays: a key of a draft is never written
-    twice with other bytes, since a store may let a timed-out request, retried by its
+    again with other bytes, since a store may let a timed-out request, retried by its
     client, land after a newer write of the same key (the committed version would then
     no longer match its record). Never ``overwrite``: that would empty the draft."""
     return zarr.create_group(store=zarr_store(location, "w"), attributes=attributes, zarr_format=3)
