@@ -160,50 +160,43 @@ def write_corpus(
 
 
 def _write_group(corpus: Corpus, location: str, chunk_rows: int, attrs: dict | None) -> None:
-    import zarr
-
     from .storage import CHECKSUM, metadata_checksum
     from .storage.nodes.checksums import chunk_trailers, corpus_array_meta
     from .storage.nodes.dimensions import dimension_names
-    from .storage.nodes.groups import CHUNK_CRC32C
+    from .storage.nodes.groups import CHUNK_CRC32C, create_group_last, write_member_documented_last
     from .storage.versioning.ownership import ATTR
     from .storage.nodes.readers import fill_value
 
-    group = zarr.open_group(store=location, mode="w", zarr_format=3)
-    for name in ("negatives", "database", "queries"):
-        data = getattr(corpus, name)
-        arr = group.create_array(
-            name,
-            shape=data.shape,
-            dtype=data.dtype,
-            chunks=(min(chunk_rows, max(1, len(data))), data.shape[1]),
-            compressors=CHECKSUM,
-            dimension_names=dimension_names(name, 2),
-            fill_value=fill_value(data.dtype),  # a chunk not there reads NaN or -1
-        )
-        arr[...] = data
-    for name in ("database_labels", "query_labels"):
-        data = getattr(corpus, name)
-        arr = group.create_array(
-            name,
-            shape=data.shape,
-            dtype=data.dtype,
-            chunks=(max(1, len(data)),),
-            compressors=CHECKSUM,
-            dimension_names=dimension_names(name, 1),
-            fill_value=fill_value(data.dtype),  # a chunk not there reads NaN or -1
-        )
-        arr[...] = data
     # every chunk's crc32c: in each array's metadata (for its readers) and in the
-    # group's checksummed metadata, which its commit record covers (for verify)
+    # group's checksummed metadata, which its commit record covers (for verify); each
+    # document written once, whole, after what it describes (a late write of an
+    # earlier one would otherwise undo it: docs/testing-faults.md, late_overtakes)
     crcs = {}
-    for name, arr in group.arrays():
-        crcs[name] = chunk_trailers(arr)
-        arr.attrs[ATTR] = corpus_array_meta(crcs[name])
-    group.attrs.update(attrs or {})
-    group.attrs["slem_dask_corpus"] = {
-        "kind": "synthetic-instance-corpus",
-        "n_instances": int(len(corpus.queries)),
-    }
+    for name in ("negatives", "database", "queries", "database_labels", "query_labels"):
+        data = getattr(corpus, name)
+        rows = min(chunk_rows, max(1, len(data))) if data.ndim == 2 else max(1, len(data))
+
+        def documented(arr, name=name) -> dict:
+            crcs[name] = chunk_trailers(arr)
+            return {ATTR: corpus_array_meta(crcs[name])}
+
+        write_member_documented_last(
+            location,
+            name,
+            data,
+            documented,
+            chunks=(rows, *data.shape[1:]),
+            compressors=CHECKSUM,
+            dimension_names=dimension_names(name, data.ndim),
+            fill_value=fill_value(data.dtype),  # a chunk not there reads NaN or -1
+        )
     meta = {"kind": "corpus", CHUNK_CRC32C: crcs}
-    group.attrs[ATTR] = {**meta, "metadata_checksum": metadata_checksum(meta)}
+    group_attrs = {
+        **(attrs or {}),
+        "slem_dask_corpus": {
+            "kind": "synthetic-instance-corpus",
+            "n_instances": int(len(corpus.queries)),
+        },
+        ATTR: {**meta, "metadata_checksum": metadata_checksum(meta)},
+    }
+    create_group_last(location, group_attrs)

@@ -8,6 +8,7 @@ from slem_dask import LinearSLEM, load_model, storage
 from slem_dask.cli.main import main
 from slem_dask.core.linear import condition_bound
 from slem_dask.pipeline.jobspec import SpecError, load_spec, parse_spec
+from slem_dask.storage.nodes import groups
 from helpers import ROOT
 from reference import partitionwise
 
@@ -321,16 +322,16 @@ negatives = "{corpus}/negatives"
 positives = "{corpus}/queries"
 out = "{corpus}/slem_queries"
 """)
-    real_create = zarr.Group.create_array
+    real_create = groups.write_member_documented_last  # each array of the corpus
     calls = []
 
-    def interrupted(self, name, *args, **kwargs):
+    def interrupted(location, name, *args, **kwargs):
         calls.append(name)
         if name == "queries":  # negatives and database are written by now
             raise KeyboardInterrupt
-        return real_create(self, name, *args, **kwargs)
+        return real_create(location, name, *args, **kwargs)
 
-    monkeypatch.setattr(zarr.Group, "create_array", interrupted)
+    monkeypatch.setattr(groups, "write_member_documented_last", interrupted)
     assert main(["run", str(spec), *CLUSTER]) == 130
     assert calls[-1] == "queries"
     assert (
@@ -338,7 +339,7 @@ out = "{corpus}/slem_queries"
         "way was not marked complete" in capsys.readouterr().err
     )
     assert sorted(p.name for p in tmp_path.iterdir()) == ["gen.toml"]  # no corpus, no parts
-    monkeypatch.setattr(zarr.Group, "create_array", real_create)
+    monkeypatch.setattr(groups, "write_member_documented_last", real_create)
     capsys.readouterr()
     assert main(["run", str(spec), *CLUSTER]) == 0, capsys.readouterr().err
     assert sorted(storage.open_node(str(corpus), mode="r").array_keys()) == [

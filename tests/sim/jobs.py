@@ -5,13 +5,17 @@ A version's node is a small stand-in for a zarr node: ``zarr.json`` (the content
 name, whether it is complete, the sha256 of each chunk) and chunks ``c/<i>``. The
 sequence of calls is the jobs': ``writer_encode`` follows ``pipeline/encode.py`` (up
 to date from the committed head alone, before any lease; else under the lease: draft
-begun with its marker, its metadata written before anything else, chunks of the head
+begun with its marker, its metadata created before anything else (only if absent:
+a late copy never overwrites the complete one), chunks of the head
 and of other drafts of its number reused, the oldest version pruned by
 ``making_room(mine=draft)`` while the chunks are written, each chunk write preceded by
 the worker's check that the draft is alive, a fenced draft left to the job that fenced
 it, a failed write keeping the draft for a resume), ``writer_group`` follows
-``storage/groups.write_group`` (make room, draft, write, read back, commit; any failure
-discards the draft). ``leased=False`` is a writer whose lease was taken over while it
+``storage/groups.write_group`` (make room, draft, write the chunks, then the node's
+``zarr.json`` once, read back, commit; any failure discards the draft). No key of a
+draft is written with a plain write once it held other bytes (an encode's first
+``zarr.json`` is a create): a late request that overtakes a newer one
+(``late_overtakes``) cannot undo it. ``leased=False`` is a writer whose lease was taken over while it
 went on (a stalled client): the fate files and the commit alone must keep readers
 right.
 """
@@ -115,12 +119,18 @@ def _write(tx, content, todo, fenced_check=False):
         _put_in_draft(tx, f"c/{i}", chunk(content, i))
 
 
-def _put_in_draft(tx, name: str, data: bytes) -> None:
-    """A write into the transaction's draft. On local disk a job whose draft another job
+def _put_in_draft(tx, name: str, data: bytes, create: bool = False) -> None:
+    """A write into the transaction's draft (``create``: only if absent, as
+    ``create_output`` writes an encode's first ``zarr.json``: a late copy of it never
+    overwrites the complete one). On local disk a job whose draft another job
     deleted meanwhile (zarr's store would make the folder again; LocalBackend's private
     file went with it) fails FileNotFoundError: told as encode tells a failed task."""
+    key = f"versions/{tx.draft.version}/{name}"
     try:
-        tx.store.backend.put(f"versions/{tx.draft.version}/{name}", data)
+        if create and not tx.store.backend.create(key, data):
+            raise DamagedStoreError(f"{STORE}: {key} was there before this job created it")
+        if not create:
+            tx.store.backend.put(key, data)
     except FileNotFoundError:
         tx.raise_if_fenced()
         raise
@@ -192,7 +202,7 @@ def writer_encode(content: str, n: int, job: str, leased: bool = True):
     with _transaction(job, leased) as tx:
         head = tx.store.head()
         tx.begin()
-        _put_in_draft(tx, "zarr.json", node(content, n, False))
+        _put_in_draft(tx, "zarr.json", node(content, n, False), create=True)
         todo = _reuse(tx, head, content, n)
         meta = head_content(tx.store, head)
         if meta is not None and meta["content"] == content and meta["complete"] and not todo:
@@ -221,8 +231,7 @@ def writer_group(content: str, n: int, job: str, leased: bool = True, path: str 
     with _transaction(job, leased, path) as tx:
         tx.make_room()  # always commits: the oldest version goes first
         tx.begin()
-        with tx.discarded_on_failure():
-            _put_in_draft(tx, "zarr.json", node(content, n, False))
+        with tx.discarded_on_failure():  # its zarr.json once, last (_check_and_commit)
             _write(tx, content, range(n))
             commit = _check_and_commit(tx, content, n)
         return commit.seq

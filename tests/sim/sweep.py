@@ -26,6 +26,9 @@ OBJECT_MODES = (
     "hang",
     "pause",
     "transport",
+    # a late request overwrites a newer one: safe since no key of a draft is written
+    # with a plain write once it held other bytes (docs/testing-faults.md)
+    "late_overtakes",
 )
 #: the modes of the real LocalBackend (``shared``: a store sharing P's versions/
 #: folder through a symlink, and a user's symlink inside P, under ``interleave``)

@@ -351,6 +351,8 @@ def _patches(world: World) -> dict:
         (leases, "LEASE_HEARTBEAT"): 30.0,
         # each seed probes the bucket's conditional writes afresh (once per world)
         (backend_module, "_PROBED"): set(),
+        # the leases each simulated process holds, per world (none left by a killed one)
+        (leases, "_HELD_HERE"): set(),
         # one OS thread: a greenlet that waits on a held threading.Lock deadlocks
         (backend_module, "_PROBE_LOCK"): contextlib.nullcontext(),
         (backend_module, "uuid"): types.SimpleNamespace(uuid4=_uuid4),

@@ -55,6 +55,7 @@ def test_the_sweeps_cover_every_backend_and_fault():
         faults = sim.MODES.get(mode.removeprefix("shared").lstrip("_") or "interleave")
         drawn |= {name for name, p in vars(faults).items() if p and p is not False}
     assert {"late_5xx", "hang", "silence", "burst", "pause", "crash", "twice"} <= drawn
+    assert {"late_overtakes"} <= drawn  # a late request that overtakes a newer one
 
 
 @pytest.mark.parametrize(

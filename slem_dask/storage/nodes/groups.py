@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import time
+from typing import TYPE_CHECKING, cast
 
 import numpy as np
 
@@ -31,6 +32,9 @@ from ..backends.paths import canonical, zarr_store
 from ..backends.registry import is_storage_failure
 from .readers import fill_value
 from .recorded import CHUNK_CRC32C
+
+if TYPE_CHECKING:
+    from zarr.core.metadata import ArrayV3Metadata
 
 
 MODEL_FORMAT_VERSION = 2
@@ -87,12 +91,13 @@ def _write_group_in(
     tx.make_room()  # always commits: the oldest version goes first
     draft = tx.begin()
     with tx.discarded_on_failure():  # small: nothing worth resuming
-        group = zarr.open_group(store=zarr_store(draft.location, "w"), mode="w", zarr_format=3)
-        _write_arrays(group, arrays)
+        written = _write_arrays(draft.location, arrays)
         # every chunk's crc32c, in the checksummed metadata: a chunk swapped in from
         # another version (itself self-consistent) is told from the one written here
-        meta = {**meta, CHUNK_CRC32C: {key: chunk_trailers(arr) for key, arr in group.arrays()}}
-        group.attrs[ATTR] = {**meta, "metadata_checksum": metadata_checksum(meta)}
+        meta = {**meta, CHUNK_CRC32C: {key: chunk_trailers(arr) for key, arr in written.items()}}
+        create_group_last(
+            draft.location, {ATTR: {**meta, "metadata_checksum": metadata_checksum(meta)}}
+        )
         _check_written(draft.location, arrays, what)
         tx.check_lease()  # no other job took the store over meanwhile
         return tx.commit(
@@ -102,15 +107,27 @@ def _write_group_in(
         )
 
 
-def _write_arrays(group: zarr.Group, arrays: dict[str, np.ndarray]) -> None:
-    """Each array into ``group``, in chunks of :func:`_group_chunk_rows` rows, every chunk
-    with its crc32c."""
+def create_group_last(location: str, attributes: dict) -> zarr.Group:
+    """The group document at the root of the draft ``location``, with its final
+    ``attributes``, written once, after its arrays: a key of a draft is never written
+    again with other bytes, since a store may let a timed-out request, retried by its
+    client, land after a newer write of the same key (the committed version would then
+    no longer match its record). Never ``overwrite``: that would empty the draft."""
+    return zarr.create_group(store=zarr_store(location, "w"), attributes=attributes, zarr_format=3)
+
+
+def _write_arrays(location: str, arrays: dict[str, np.ndarray]) -> dict[str, zarr.Array]:
+    """Each array into the draft ``location`` as a member of the group to be written
+    there, in chunks of :func:`_group_chunk_rows` rows, every chunk with its crc32c.
+    Each opened at its own key, not through the group: zarr would write the group's
+    document first, empty, to be rewritten with the attributes (:func:`create_group_last`)."""
+    written = {}
     for key, value in arrays.items():
         value = np.asarray(value)
         rows = _group_chunk_rows(value)
         # zarr takes chunks=None (a 0-d array: one chunk); its annotation does not
-        arr = group.create_array(
-            key,
+        written[key] = arr = zarr.create_array(
+            store=zarr_store(_member(location, key), "w"),
             shape=value.shape,
             dtype=value.dtype,
             chunks=(rows, *value.shape[1:]) if value.ndim else None,  # type: ignore[arg-type]
@@ -124,6 +141,34 @@ def _write_arrays(group: zarr.Group, arrays: dict[str, np.ndarray]) -> None:
             arr[...] = value
         for start in range(0, len(value) if value.ndim else 0, rows):
             arr[start : start + rows] = value[start : start + rows]
+    return written
+
+
+def _member(location: str, key: str) -> str:
+    """The location of member ``key`` of the group at ``location`` (a path or a URL)."""
+    return f"{location.rstrip('/')}/{key}"
+
+
+def write_member_documented_last(
+    location: str, key: str, value: np.ndarray, attributes, **create
+) -> zarr.Array:
+    """Member ``key`` of the group to be written at the draft ``location`` (then
+    :func:`create_group_last`): its chunks first, then its zarr.json, once, with the
+    attributes that ``attributes(arr)`` makes from what was written (a corpus records
+    each chunk's crc32c there). ``create``: :func:`zarr.create_array`'s layout
+    arguments. Written once for the reason :func:`create_group_last` says."""
+    from zarr.core.array import AsyncArray
+    from zarr.core.sync import sync
+    from zarr.storage._common import make_store_path
+
+    layout = zarr.create_array(store={}, shape=value.shape, dtype=value.dtype, **create)
+    # mode "a": a new member of a new draft (zarr's "w" would first delete under it)
+    where = sync(make_store_path(zarr_store(_member(location, key), "w"), mode="a"))
+    metadata = cast("ArrayV3Metadata", layout.metadata)  # zarr v3, as create_array makes
+    arr = zarr.Array(AsyncArray(metadata=metadata, store_path=where))
+    arr[...] = value  # its chunks alone: zarr writes no document for them
+    arr.update_attributes(attributes(arr))  # the document, whole
+    return arr
 
 
 #: Bytes per chunk of the arrays of a model or search result: writing and checking a

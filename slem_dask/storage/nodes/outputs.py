@@ -21,6 +21,7 @@ from ..versioning.errors import IntegrityError
 from .inputs import _exists, open_node
 from ..versioning.ownership import ATTR, slem_dask_kind
 from ..backends.paths import canonical, zarr_store
+from ..backends.registry import backend_for
 from .readers import DIMENSIONS, fill_value
 
 if TYPE_CHECKING:
@@ -48,14 +49,20 @@ def create_output(
     # Dimension names label it for xarray; a NaN fill value makes a chunk that is not
     # there (a version pruned under a plain zarr reader) read as NaN, never as zeros.
     # (zarr's ArrayConfigParams types every key as required; a partial config is fine)
-    return zarr.create_array(
-        store=zarr_store(location, "w"),
+    # The document is made in memory and created at the draft only if absent: it is
+    # rewritten once, complete (mark_complete), and a store may let a timed-out write,
+    # retried by its client, land after a newer one; a late plain write of this one
+    # would undo the complete document after the commit (its record would no longer
+    # match), while a late create is refused by the store.
+    config = {"write_empty_chunks": True}
+    memory: dict = {}
+    zarr.create_array(
+        store=memory,
         shape=shape,
         dtype=np.dtype(dtype).newbyteorder("<"),
         chunks=(max(1, partition_rows), shape[1]),
-        overwrite=True,
         compressors=CHECKSUM,
-        config={"write_empty_chunks": True},  # type: ignore[arg-type]
+        config=config,  # type: ignore[arg-type]
         fill_value=fill_value(dtype),
         dimension_names=DIMENSIONS,
         attributes={
@@ -64,6 +71,20 @@ def create_output(
             )
         },
     )
+    _create_document(location, memory["zarr.json"].to_bytes())
+    arr = zarr.open_array(store=zarr_store(location, "w"), mode="r+", zarr_format=3)
+    return arr.with_config(config)  # type: ignore[call-overload]
+
+
+def _create_document(location: str, document: bytes) -> None:
+    """``zarr.json`` of the draft ``location`` created only if absent (the backend's
+    conditional create; a lost reply or a retry is settled by reading it back)."""
+    where = canonical(location)
+    if not backend_for(where.url).create("zarr.json", document):
+        raise IntegrityError(
+            f"output {str(where)!r}: the draft already holds a zarr.json that this job did "
+            f"not write (expected a new, empty draft); nothing was written: run the job again"
+        )
 
 
 def output_meta(arr: zarr.Array) -> dict | None:

@@ -50,6 +50,11 @@ LEASE_HEARTBEAT = max(0.2, min(30.0, LEASE_TTL / 4))
 TRUSTED_PART = 0.75
 #: The most seconds an interrupted job waits to delete its lease.
 INTERRUPTED_RELEASE_WAIT = 3.0
+#: The tokens of the leases this process holds now (taken, not yet released). A record
+#: of this process with any other token is one it released: a heartbeat's write that
+#: timed out and landed after the release deleted the lease put it back, and this
+#: process, alive, would otherwise refuse its own next job for as long as it runs.
+_HELD_HERE: set[str] = set()
 
 
 class LeaseHeldError(FileExistsError):
@@ -182,6 +187,8 @@ class Lease:
         except (ValueError, UnicodeDecodeError):
             record = None
         if self._same_namespace(record):
+            if record["pid"] == os.getpid() and record.get("token") not in _HELD_HERE:
+                return True  # released by this very process (see _HELD_HERE)
             return not _pid_alive(record["pid"], record.get("pid_start"))
         watch = LEASE_TTL if watch is None else watch
         if self.on_wait and watch > 1:
@@ -224,6 +231,7 @@ class Lease:
             self._backend.delete(self._key)  # then race for it like everyone else
         else:  # pragma: no cover - five lost races in a row
             raise LeaseHeldError(f"could not take the lease of {str(self.target)!r}; retry")
+        _HELD_HERE.add(self.token)
         self._forget_private_copies()
         self._stop.clear()
         self._thread = threading.Thread(
@@ -309,6 +317,7 @@ class Lease:
         even when its store does not answer: the lease is then left as a killed job's
         is, and the next job takes it over)."""
         self._stop.set()
+        _HELD_HERE.discard(self.token)
         if self._thread is not None:
             self._thread.join(timeout=5 if wait is None else min(5, wait))
         if wait is None:
