@@ -78,11 +78,7 @@ def encode_job(
         precision=precision,
     )
     t0 = time.perf_counter()
-    model_path, positives, out = (
-        storage.canonical(model_path),
-        storage.canonical(positives),
-        storage.canonical(out),
-    )
+    model_path, positives, out = map(storage.canonical, (model_path, positives, out))
     model = model if model is not None else load_model(model_path)
     storage.check_distinct(out, "--out", {"positives": positives, "model": model_path})
     current = _current_report(model, model_path, positives, out, options, t0)
