@@ -10,11 +10,22 @@ moment; the job prints ``started`` once its draft is being written (and, with
 
 import os
 import sys
+import threading
 import time
 
 from slem_dask import pipeline, storage
 
 DELAY = float(os.environ.get("SLOW_JOB_DELAY", "0.5"))
+_SAYING = threading.Lock()
+
+
+def say(word: str) -> None:
+    """One line, whole: ``print`` writes the word and its newline in two calls, and
+    the pruning thread's ``pruned`` and a partition's ``started`` then came out as
+    ``startedpruned`` (the test waited for both and the job ran to its end)."""
+    with _SAYING:
+        sys.stdout.write(word + "\n")
+        sys.stdout.flush()
 
 
 def main() -> int:
@@ -23,7 +34,7 @@ def main() -> int:
         real = storage.write_partition
 
         def slow(block, arr, index, block_info=None):
-            print("started", flush=True)
+            say("started")
             time.sleep(DELAY)
             return real(block, arr, index)
 
@@ -33,7 +44,7 @@ def main() -> int:
 
             def room(self, mine=None):
                 pruned = real_room(self, mine)
-                print("pruned", flush=True)
+                say("pruned")
                 return pruned
 
             storage.versions.VersionedStore.make_room = room
@@ -50,7 +61,7 @@ def main() -> int:
         real_check = storage.nodes.groups._check_written
 
         def slow_check(location, arrays, what):
-            print("started", flush=True)
+            say("started")
             time.sleep(DELAY)
             return real_check(location, arrays, what)
 
@@ -63,7 +74,7 @@ def main() -> int:
         else:
             negatives, model = paths
             report = pipeline.fit_job(None, negatives, model, lam=0.1, overwrite=True)
-    print("\n".join(report.lines()), flush=True)
+    say("\n".join(report.lines()))
     return 0
 
 

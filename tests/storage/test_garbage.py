@@ -530,7 +530,7 @@ def test_sigkilled_encodes_on_s3_leave_one_draft(s3_model):
             said.add(line.strip())  # (not a time guessed for them: load delays both)
             if {"started", "pruned"} <= said:
                 break
-        assert {"started", "pruned"} <= said, proc.stderr.read()
+        assert {"started", "pruned"} <= said, (sorted(said), proc.stderr.read())
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait(30)
         assert storage.head_seq(out) == 1

@@ -34,3 +34,32 @@ def test_support_code_stays_at_the_top():
         and "__pycache__" not in p.parts
     ]
     assert not nested, f"support modules outside tests/ or tests/sim/: {nested}"
+
+
+def test_the_slow_jobs_words_come_out_whole_from_many_threads():
+    """tests/_slow_job.py's ``started`` (a partition's thread) and ``pruned`` (the
+    pruning thread) once came out as one line ``startedpruned``: ``print`` writes the
+    word and its newline in two calls, and a test waiting for both words let the job run
+    to its end (CI, test_sigkilled_encodes_on_s3_leave_one_draft)."""
+    import os
+    import subprocess
+    import sys
+
+    script = (
+        "import threading, _slow_job\n"
+        "def say(word):\n"
+        "    for _ in range(5000):\n"
+        "        _slow_job.say(word)\n"
+        "ts = [threading.Thread(target=say, args=(w,)) for w in ('started', 'pruned')]\n"
+        "[t.start() for t in ts]\n"
+        "[t.join() for t in ts]\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", script],
+        cwd=TESTS,
+        capture_output=True,
+        text=True,
+        check=True,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS), str(ROOT)])},
+    ).stdout.splitlines()
+    assert sorted(set(out)) == ["pruned", "started"] and len(out) == 10000, sorted(set(out))
