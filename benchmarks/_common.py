@@ -50,6 +50,8 @@ QUICK_D = 128
 #: Rows per zarr chunk of the data store. Partitions are whole multiples of it
 #: (storage.row_partition), so it must not exceed the smallest partition tried.
 DEFAULT_CHUNK_ROWS = 8192
+#: The largest float32 chunk of a generated data store (:func:`default_chunk_rows`).
+WIDE_CHUNK_BYTES = 32 * 2**20
 #: Rows generated and written per step when the store is written.
 WRITE_BLOCK_ROWS = 65536
 
@@ -105,8 +107,9 @@ def add_common_args(
     parser.add_argument(
         "--chunk-rows",
         type=int_size,
-        default=DEFAULT_CHUNK_ROWS,
-        help=f"rows per zarr chunk of the data store (default {DEFAULT_CHUNK_ROWS})",
+        default=None,
+        help=f"rows per zarr chunk of the data store (default {DEFAULT_CHUNK_ROWS}, or "
+        f"chunks of {WIDE_CHUNK_BYTES >> 20} MiB where that is fewer rows: 1,024 at d = 8192)",
     )
     parser.add_argument("--seed", type=int, default=0, help="seed of the data stream (default 0)")
 
@@ -159,6 +162,15 @@ def resolve_sizes(args) -> None:
         args.n = min(QUICK_N, args.default_n) if args.quick else args.default_n
     if args.d is None:
         args.d = QUICK_D if args.quick else DEFAULT_D
+    if getattr(args, "chunk_rows", "absent") is None:
+        args.chunk_rows = default_chunk_rows(args.d)
+
+
+def default_chunk_rows(d: int) -> int:
+    """8,192 rows per chunk, or fewer where those would pass :data:`WIDE_CHUNK_BYTES` of
+    float32: at d = 8192 the store held 256 MiB chunks, and 10,000 rows made two
+    partitions (8,192 and 1,808 rows) for two cores, an imbalance no user's store has."""
+    return int(max(1, min(DEFAULT_CHUNK_ROWS, WIDE_CHUNK_BYTES // (4 * d))))
 
 
 # -- the data store -------------------------------------------------------

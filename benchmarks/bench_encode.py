@@ -238,8 +238,9 @@ def main(argv=None) -> int:  # noqa: C901 - a driver: options, then each contend
         fit_job(None, path, model_path, lam=args.lam, overwrite=True, **kernel)
     model = load_model(model_path)
     arr = storage.open_input(path, "positives")
-    x = storage.dask_rows(arr, args.partition_rows)
-    rows = x.chunks[0][0]
+    # the partitions encode_job makes (the floor reads the same ones)
+    rows = storage.row_partition(arr, args.partition_rows, at_least_width=False)
+    x = storage.dask_rows(arr, rows, exact=True)
     if args.kernel_rank:
         print(
             f"model: KernelSLEM rbf gamma={args.gamma} rank {model.rank_} (trace error "

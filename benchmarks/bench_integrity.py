@@ -89,7 +89,7 @@ def main(argv=None) -> int:
         fit_job(client, path, model_path, lam=args.lam, overwrite=True)
         model = load_model(model_path)
         arr = storage.open_input(path, "positives")
-        rows = storage.row_partition(arr, args.partition_rows)
+        rows = storage.row_partition(arr, args.partition_rows, at_least_width=False)  # encode's
         print(
             f"cluster: {len(client.nthreads())} worker process(es); partitions of {rows:,} "
             f"rows ({-(-args.n // rows)} partitions)"

@@ -22,6 +22,7 @@ from _common import (
     add_common_args,
     add_run_args,
     band,
+    default_chunk_rows,
     emit_json,
     ensure_store,
     header,
@@ -63,7 +64,13 @@ def main(argv=None) -> int:
     from slem_dask import KernelSLEM, LinearSLEM, storage
     from slem_dask.cluster.connect import connect
 
-    path = ensure_store(args.workdir, max(sizes), d, seed=args.seed, chunk_rows=args.chunk_rows)
+    path = ensure_store(
+        args.workdir,
+        max(sizes),
+        d,
+        seed=args.seed,
+        chunk_rows=args.chunk_rows or default_chunk_rows(d),
+    )
     arr = storage.open_input(path, "negatives")
     rows = []
     with connect(None, args.workers, args.threads):

@@ -28,6 +28,7 @@ from .encode_plan import (
     _scale_mismatch,
     check_encode_inputs,  # noqa: F401 - the pipeline package exports it from here
     plan_encode,
+    recorded_model_is,
     up_to_date_report,
 )
 from .encode_write import _verify_partitions, _write_partitions, reuse_partitions, what_is_kept
@@ -229,7 +230,7 @@ def _kept_as_it_is(report: JobReport, model, plan: EncodePlan, job: _Draft) -> b
         and not job.todo
         and same_rows
         and meta.get("n_rows") == plan.n_rows
-        and meta.get("model_fingerprint") in (model.identity_, model.fingerprint_)
+        and recorded_model_is(model, meta.get("model_fingerprint"))
     ):
         report.facts["action"] = "up to date"
         return True

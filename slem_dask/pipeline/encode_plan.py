@@ -65,7 +65,7 @@ def plan_encode(model, model_path, positives, out, options: EncodeOptions) -> En
         existing,
         arr,
         positives,
-        (model.encoding_identity_, model.encoding_fingerprint_),
+        model,
         out_dtype,
         options.overwrite,
         options.on_model_change,
@@ -75,7 +75,11 @@ def plan_encode(model, model_path, positives, out, options: EncodeOptions) -> En
     partition_rows = options.partition_rows
     if head is None and partition_rows is None and existing is not None:
         partition_rows = int(existing.chunks[0])  # a rebuild keeps the chunking
-    rows = int(head.chunks[0]) if head is not None else storage.row_partition(arr, partition_rows)
+    rows = (
+        int(head.chunks[0])
+        if head is not None
+        else storage.row_partition(arr, partition_rows, at_least_width=False)
+    )
     n_rows = int(arr.shape[0])
     memory = _task_memory(model, arr, rows, resumed=head is not None)
     return EncodePlan(
@@ -124,7 +128,7 @@ def up_to_date_report(
     if (
         not meta
         or not meta.get("complete")
-        or meta.get("model_fingerprint") not in (model.identity_, model.fingerprint_)
+        or not recorded_model_is(model, meta.get("model_fingerprint"))
     ):
         return None
     arr = storage.open_input(positives, "positives", empty_ok=True)  # 0 rows: empty output
@@ -146,7 +150,7 @@ def up_to_date_report(
             existing,
             arr,
             positives,
-            (model.encoding_identity_, model.encoding_fingerprint_),
+            model,
             out_dtype,
             False,
             options.on_model_change,
@@ -288,7 +292,7 @@ def check_encode_inputs(
         existing,
         arr,
         positives,
-        (model.encoding_identity_, model.encoding_fingerprint_),
+        model,
         out_dtype,
         overwrite,
         on_model_change,
@@ -326,7 +330,7 @@ def _plan_output(
     existing,
     arr,
     positives,
-    encoding,
+    model,
     out_dtype,
     overwrite,
     on_model_change,
@@ -356,13 +360,12 @@ def _plan_output(
         )
     if overwrite:
         return None, "replace"  # a new version; the old one stays in the history
-    encoding, *earlier = encoding  # (identity, the arrays' fingerprint)
-    if meta.get("encoding_fingerprint") not in (encoding, *earlier):
+    if not _recorded_encoding_is(model, meta.get("encoding_fingerprint")):
         if on_model_change == "reencode":
             return None, "re-encode (model changed)"
         raise FileExistsError(
             f"output {str(out)!r} was encoded with another model (encoding fingerprint "
-            f"{str(meta.get('encoding_fingerprint'))[:16]}, now {encoding[:16]}); pass "
+            f"{str(meta.get('encoding_fingerprint'))[:16]}, now {model.encoding_identity_[:16]}); pass "
             f"--overwrite to re-encode it with the current model"
         )
     problems = _resume_problems(meta, existing, arr, positives, (width, out_dtype, precision))
@@ -374,6 +377,19 @@ def _plan_output(
     if arr.shape[0] > existing.shape[0]:
         return existing, "append"
     return existing, "resume" if not meta.get("complete") else "update"
+
+
+def recorded_model_is(model, recorded) -> bool:
+    """Whether an output's recorded model is ``model``: its identity or (outputs written
+    before identities) its arrays' fingerprint, hashed only when the identity differs (a
+    SHA-256 over every array: 1 s at d = 8192, paid on every re-run before)."""
+    return recorded == model.identity_ or recorded == model.fingerprint_
+
+
+def _recorded_encoding_is(model, recorded) -> bool:
+    """:func:`recorded_model_is` for what ``transform`` depends on (a SHA-256 over A^-1 and
+    the mean, 0.7 s at d = 8192, was paid twice per encode before)."""
+    return recorded == model.encoding_identity_ or recorded == model.encoding_fingerprint_
 
 
 def _resume_problems(meta, existing, arr, positives, written) -> list[str]:

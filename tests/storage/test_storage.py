@@ -75,6 +75,20 @@ def test_row_partition_is_whole_chunks(tmp_path):
     assert x.chunks == ((32, 32, 32, 4), (4,))
 
 
+def test_an_encodes_wide_rows_are_partitioned_by_bytes_not_by_width(tmp_path):
+    """A fit keeps at least d rows per partition (its d x d partial); an encode has no
+    partial, and at d = 8192 that rule made 512 MiB tasks and left a core idle (issue 42)."""
+    import zarr
+
+    arr = zarr.create_array(  # metadata only: no chunk is written
+        store=str(tmp_path / "wide.zarr"), shape=(20_000, 4096), chunks=(512, 4096), dtype="f4"
+    )
+    by_bytes = storage.DEFAULT_PARTITION_BYTES // (4096 * 8)  # 2,048 rows of float64
+    assert storage.row_partition(arr) == 4096  # a fit's: at least d rows
+    assert storage.row_partition(arr, at_least_width=False) == by_bytes
+    assert storage.row_partition(arr, 700, at_least_width=False) == 1024  # given: whole chunks
+
+
 # -- model stores --------------------------------------------------------------
 def test_save_and_load_round_trip(tmp_path, fitted):
     path = str(tmp_path / "model.zarr")

@@ -30,18 +30,25 @@ STORE_ROWS = "_slem_store_rows"
 
 
 def row_partition(
-    arr: zarr.Array, partition_rows: int | None = None, target_bytes: int = DEFAULT_PARTITION_BYTES
+    arr: zarr.Array,
+    partition_rows: int | None = None,
+    target_bytes: int = DEFAULT_PARTITION_BYTES,
+    at_least_width: bool = True,
 ) -> int:
     """Rows per dask partition: a whole multiple of the store's shard (or chunk) rows.
 
     Reading a partition then touches whole storage units only, and writing an
     output chunked the same way can never race on a shared chunk or shard.
+    ``at_least_width`` (a fit's default): never fewer rows than columns.
     """
     unit = unit_rows(arr)
     if partition_rows is None:
         row_bytes = max(1, arr.shape[1]) * 8  # the float64 copy a task makes
         # At least d rows: a fit's d x d partial then never outweighs its rows (issue 9).
-        partition_rows = max(1, target_bytes // row_bytes, arr.shape[1])
+        # An encode has no partial: at d = 8192 that rule made 512 MiB partitions, and
+        # 10,000 rows two tasks of 8,192 and 1,808 rows (one core idle for most of it).
+        width = arr.shape[1] if at_least_width else 1
+        partition_rows = max(1, target_bytes // row_bytes, width)
     multiple = max(1, -(-int(partition_rows) // unit))  # round up
     return int(min(max(arr.shape[0], 1), multiple * unit)) if arr.shape[0] else unit
 
