@@ -182,3 +182,20 @@ def test_arrays_of_groups_have_sentinel_fill_values(corpus, tmp_path, kind):
             assert np.isnan(arr.fill_value), name
         elif arr.dtype.kind == "i":
             assert arr.fill_value == -1, name
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_lost_chunk_of_version_1_is_not_met_with_advice_to_roll_back(corpus, where, kind):
+    """Version 1 has no earlier version: a reader's message said "roll back (`slem-dask
+    rollback P --to N`)" all the same. It says to write the store again."""
+    path = f"{where}/{kind}.zarr"
+    _write(kind, corpus, path)
+    fs, folder = fsspec.core.url_to_fs(_folder(path))
+    chunk = next(
+        key for key in _chunk_keys(fs, folder) if kind != "group" or "negatives" in key
+    )
+    fs.rm(f"{folder}/{chunk}")
+    for read in _readers(path, kind).values():
+        with pytest.raises(MissingChunkError, match=re.escape(repr(chunk))) as info:
+            read()
+        assert "roll back" not in str(info.value) and "write it again" in str(info.value)

@@ -197,6 +197,31 @@ def test_load_model_detects_tampered_arrays(tmp_path, fitted):
         load_model(path)
 
 
+def test_a_damaged_models_advice_names_a_rollback_only_where_one_can_exist(tmp_path, fitted):
+    """Version 1 has no earlier version: its repair advice said `rollback --to N` all the
+    same. Version 2 may have one kept: the advice says how to list them."""
+    path = str(tmp_path / "model.zarr")
+
+    def tampered_load_says() -> str:
+        group = storage.open_node(path, mode="r+")
+        precision = group["precision"][...]
+        precision[0, 0] *= 1.0 + 1e-12
+        group["precision"][...] = precision
+        with pytest.raises(ValueError, match="do not match its recorded fingerprint") as info:
+            load_model(path)
+        return str(info.value)
+
+    fitted.save(path)
+    first = tampered_load_says()
+    assert "roll" not in first and first.endswith("refit the model"), first
+    fitted.save(path, overwrite=True)  # version 2
+    second = tampered_load_says()
+    assert second.endswith(
+        f"refit the model, or roll back to an earlier version if one is kept "
+        f"(`slem-dask versions {path}` lists them; `slem-dask rollback {path} --to N`)"
+    ), second
+
+
 def test_load_model_detects_tampered_params(tmp_path, fitted):
     path = str(tmp_path / "model.zarr")
     fitted.save(path)

@@ -15,7 +15,12 @@ import dask
 from .checksums import _full_key, crc32c, recorded_crc32c
 from ..versioning.ownership import ATTR
 from ..versioning import versions
-from ..versioning.errors import CorruptChunkError, MissingChunkError, missing_chunk_error
+from ..versioning.errors import (
+    CorruptChunkError,
+    MissingChunkError,
+    missing_chunk_error,
+    rollback_advice,
+)
 from ..formats.formats import FileArray
 
 
@@ -286,7 +291,7 @@ def _rewrite(arr) -> str:
     meta = arr.attrs.get(ATTR)
     if isinstance(meta, dict) and meta.get("kind") == "encoding":
         return "run its `slem-dask encode` again (it rewrites what differs)"
-    return "write it again, or roll back to an earlier version (`slem-dask rollback PATH --to N`)"
+    return "write it again" + rollback_advice("PATH")  # a version's folder, not PATH
 
 
 #: Chunks of one read fetched at once from an object store (S3...): a request there

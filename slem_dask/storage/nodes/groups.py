@@ -23,8 +23,14 @@ from .checksums import (
 )
 from .chunks import _reason
 from .dimensions import dimension_names
-from ..versioning.errors import CorruptChunkError, DamagedStoreError, IntegrityError
+from ..versioning.errors import (
+    CorruptChunkError,
+    DamagedStoreError,
+    IntegrityError,
+    rollback_advice,
+)
 from .inputs import _exists, open_node
+from ..versioning.records import VERSIONS, draft_seq
 from ..versioning.transaction import Transaction
 from .outputs import is_legacy
 from ..versioning.ownership import ATTR, check_may_replace, damaged_metadata, remove
@@ -284,7 +290,7 @@ def read_group_arrays(
         if changed is not None:
             raise CorruptChunkError(
                 f"{what} {str(path)!r}: {changed}; the store was modified: write it "
-                f"again, or roll back (`slem-dask rollback {path} --to N`)"
+                f"again{rollback_advice(path, _version_seq(group))}"
             )
         if not read:
             continue
@@ -296,6 +302,14 @@ def read_group_arrays(
                 f"the store is damaged: write it again"
             ) from None
     return arrays
+
+
+def _version_seq(group) -> int | None:
+    """The sequence number of the version folder a group was read in (``P/versions/
+    00000002-...``), from its path alone (no request while the store fails); None for a
+    plain store."""
+    *_, parent, name = ("/", *str(group.store_path).rstrip("/").split("/"))
+    return draft_seq(name) if parent == VERSIONS else None
 
 
 def _open_group(path) -> zarr.Group:
@@ -352,8 +366,8 @@ def read_model_store(path: str | os.PathLike[str]) -> tuple[dict, dict[str, np.n
         which = f" ({changed[0]})" if changed else ""
         raise ValueError(
             f"model: the arrays in {path!r} do not match its recorded fingerprint{which}; "
-            f"the store was modified or damaged, refit the model (or roll back: "
-            f"`slem-dask rollback {path} --to N`)"
+            f"the store was modified or damaged: refit the model"
+            f"{rollback_advice(path, _version_seq(group))}"
         )
     return meta, arrays
 

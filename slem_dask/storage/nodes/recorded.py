@@ -17,6 +17,7 @@ from typing import Any
 
 from zarr.core.buffer import default_buffer_prototype
 
+from ..versioning.errors import rollback_advice
 from ..versioning.ownership import ATTR
 from ..versioning.rootmarker import _json
 
@@ -153,8 +154,8 @@ class CheckedReads:
             f"{self.path!r}: chunk {inner_key!r} of version {self.version} "
             f"({self.folder}) is missing: its commit recorded it as written (crc32c "
             f"{expected}), so zarr would read fill values in its place; the store is "
-            f"damaged: roll back (`slem-dask rollback {self.path} --to N`) or write it "
-            f"again (`slem-dask verify {self.path}` names every missing chunk)"
+            f"damaged: write it again{rollback_advice(self.path, self.version)} "
+            f"(`slem-dask verify {self.path}` names every missing chunk)"
         )
 
     def _changed(self, inner_key: str, why: str):
@@ -163,8 +164,8 @@ class CheckedReads:
         return CorruptChunkError(
             f"{self.path!r}: chunk {inner_key!r} of version {self.version} "
             f"({self.folder}) is not the chunk that was written ({why} at its commit: "
-            f"swapped in from another version, or damaged); the store was modified: roll "
-            f"back (`slem-dask rollback {self.path} --to N`) or write it again"
+            f"swapped in from another version, or damaged); the store was modified: write "
+            f"it again{rollback_advice(self.path, self.version)}"
         )
 
     async def _document(self, inner_key: str):

@@ -26,6 +26,19 @@ class DamagedMetadataError(DamagedStoreError):
     """A node's metadata document (zarr.json) is there but zarr cannot read it."""
 
 
+def rollback_advice(path, seq: int | None = None) -> str:
+    """How to get back a version that reads, beside writing the store again: roll back,
+    where an earlier version may still be kept. Said without reading the store (the
+    message is raised while it fails): version 1 has no earlier one, and of a later
+    version's earlier ones, `slem-dask versions` says which are kept."""
+    if seq == 1:
+        return ""
+    return (
+        f", or roll back to an earlier version if one is kept (`slem-dask versions {path}` "
+        f"lists them; `slem-dask rollback {path} --to N`)"
+    )
+
+
 def is_out_of_space(exc: BaseException) -> bool:
     return isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT)
 

@@ -71,6 +71,7 @@ from .markers import MARKER, check_own_folders, is_link, listed, marker_document
 from .publish import CommitConflictError, CommitUnknownError, publish
 from ..backends.registry import backend_for
 from .rollback import rollback_to
+from .errors import rollback_advice
 from .rootmarker import mark_after_commit
 from .leases import Lease
 from .transaction import INTERRUPTED_ABANDON_WAIT, Transaction
@@ -192,9 +193,8 @@ class VersionedStore:
         if _checksum(data) != commit.checksum:
             raise DamagedCommitError(
                 f"{str(self.path)!r}: the metadata document 'zarr.json' of version "
-                f"{commit.seq} does not match its commit record (edited or damaged); roll "
-                f"back to an earlier version "
-                f"(`slem-dask rollback {self.path} --to N`) or write it again"
+                f"{commit.seq} does not match its commit record (edited or damaged): write "
+                f"it again{rollback_advice(self.path, commit.seq)}"
             )
         return data
 
