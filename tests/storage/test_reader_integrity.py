@@ -191,9 +191,7 @@ def test_a_lost_chunk_of_version_1_is_not_met_with_advice_to_roll_back(corpus, w
     path = f"{where}/{kind}.zarr"
     _write(kind, corpus, path)
     fs, folder = fsspec.core.url_to_fs(_folder(path))
-    chunk = next(
-        key for key in _chunk_keys(fs, folder) if kind != "group" or "negatives" in key
-    )
+    chunk = next(key for key in _chunk_keys(fs, folder) if kind != "group" or "negatives" in key)
     fs.rm(f"{folder}/{chunk}")
     for read in _readers(path, kind).values():
         with pytest.raises(MissingChunkError, match=re.escape(repr(chunk))) as info:
