@@ -8,14 +8,13 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import threading
 
 import dask
 
 from distributed import Client, LocalCluster
 from distributed.diagnostics.plugin import WorkerPlugin
 
-from ..core.blas_threads import usable_cores
+from ..core.blas_threads import CountedLimit, usable_cores
 
 __all__ = [
     "connect",
@@ -44,31 +43,24 @@ class SingleThreadedBLAS(WorkerPlugin):
     idempotent = True
 
     def setup(self, worker):
-        _worker_blas_limit(+1)
+        _WORKERS_BLAS.enter()
 
     def teardown(self, worker):
         # Workers in the caller's own process (LocalCluster(processes=False) joined by
         # address) share its BLAS: the last of them to end gives the caller its threads back.
-        _worker_blas_limit(-1)
+        _WORKERS_BLAS.leave()
 
 
-_worker_limit_lock = threading.Lock()
-_worker_limit: dict = {"workers": 0, "limits": None}
-
-
-def _worker_blas_limit(change: int) -> None:
-    """One BLAS thread while any worker of this process has the plugin: the first sets
-    it, the last restores what it found (counted, as the workers of one process share
-    one BLAS and may end in any order)."""
+def _process_wide_single_blas_thread():
     from threadpoolctl import threadpool_limits
 
-    with _worker_limit_lock:
-        if change > 0 and _worker_limit["workers"] == 0:
-            _worker_limit["limits"] = threadpool_limits(limits=1, user_api="blas")
-        _worker_limit["workers"] = max(0, _worker_limit["workers"] + change)
-        if change < 0 and _worker_limit["workers"] == 0 and _worker_limit["limits"] is not None:
-            _worker_limit["limits"].restore_original_limits()
-            _worker_limit["limits"] = None
+    return threadpool_limits(limits=1, user_api="blas")
+
+
+#: One BLAS thread while any worker of this process has the plugin (process-wide:
+#: threadpoolctl's setting, not a task thread's); counted, as the workers of one process
+#: share one BLAS and may end in any order.
+_WORKERS_BLAS = CountedLimit(_process_wide_single_blas_thread)
 
 
 #: glibc settings for worker processes. Distributed's nannies set

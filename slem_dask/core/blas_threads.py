@@ -9,11 +9,15 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import threading
+from collections.abc import Callable
+from typing import Any
 
 __all__ = [
     "factorization_threads",
     "one_blas_thread",
     "usable_cores",
+    "CountedLimit",
     "TaskThreadsController",
     "task_threads_controller",
     "THREADED_POTRF_MIN",
@@ -138,3 +142,31 @@ class _Restore:
             setter(count)
         for lib, count in self._others:
             lib.set_num_threads(count)
+
+
+class CountedLimit:
+    """A BLAS limit that concurrent users of one process share: the first user in sets
+    it (``set_limit()``, which returns what undoes it, threadpoolctl's interface), the
+    last one out restores what the first found. One process has one BLAS: a user that
+    restored on its own way out would lift the limit under the others, and with two
+    workers of one process ending in turn, the second restored the first's limit and
+    left the caller on one thread for good (tests/cluster/test_local_cluster.py)."""
+
+    def __init__(self, set_limit: Callable[[], Any]):
+        self._set_limit = set_limit
+        self._lock = threading.Lock()
+        self._users = 0
+        self._limit: Any = None
+
+    def enter(self) -> None:
+        with self._lock:
+            if self._users == 0:
+                self._limit = self._set_limit()
+            self._users += 1
+
+    def leave(self) -> None:
+        with self._lock:
+            self._users = max(0, self._users - 1)  # a teardown without its setup: no-op
+            if self._users == 0 and self._limit is not None:
+                self._limit.restore_original_limits()
+                self._limit = None

@@ -18,6 +18,7 @@ import dask.array as da
 import numpy as np
 from dask.sizeof import sizeof
 
+from ..core.blas_threads import CountedLimit, task_threads_controller
 from ..core.linear import encode_rows
 from ..core.statistics import (
     ScatterAccumulator,
@@ -51,10 +52,8 @@ MERGE_BYTES = 2**30
 
 
 # -- BLAS threads inside tasks ---------------------------------------------------
-_blas_lock = threading.Lock()
-_blas_users = 0
-_blas_limit = None
-_blas_controller = None
+#: One BLAS thread while any task of this process runs (:func:`single_threaded_blas`).
+_TASKS_BLAS = CountedLimit(lambda: task_threads_controller().limit(limits=1, user_api="blas"))
 
 
 @contextlib.contextmanager
@@ -71,26 +70,14 @@ def single_threaded_blas():
     synchronous scheduler, numpy input) BLAS keeps all its threads. Worker
     processes are limited once for all by ``slem_dask.cluster.connect.SingleThreadedBLAS``.
     """
-    global _blas_users, _blas_limit, _blas_controller
     if threading.current_thread() is threading.main_thread():
         yield
         return
-    with _blas_lock:
-        if _blas_users == 0:
-            if _blas_controller is None:
-                from ..core.blas_threads import task_threads_controller
-
-                _blas_controller = task_threads_controller()
-            _blas_limit = _blas_controller.limit(limits=1, user_api="blas")
-        _blas_users += 1
+    _TASKS_BLAS.enter()
     try:
         yield
     finally:
-        with _blas_lock:
-            _blas_users -= 1
-            if _blas_users == 0:
-                _blas_limit.restore_original_limits()
-                _blas_limit = None
+        _TASKS_BLAS.leave()
 
 
 def blas_task(func, *args):

@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 
 from slem_dask import LinearSLEM
+from slem_dask.core.blas_threads import CountedLimit
 from slem_dask.core.linear import encode_rows, float32_encoding_ok
 from slem_dask.core.statistics import block_statistics, covariance, merge_many
 from slem_dask.parallel.blocks import merge_fan_in, scatter_statistics, single_threaded_blas
@@ -279,7 +280,7 @@ def test_single_threaded_blas_in_pool_threads_only(monkeypatch):
     import slem_dask.parallel.blocks as parallel
 
     fake = FakeController()
-    monkeypatch.setattr(parallel, "_blas_controller", fake)
+    monkeypatch.setattr(parallel, "_TASKS_BLAS", CountedLimit(lambda: fake.limit(1, "blas")))
     with single_threaded_blas():  # main thread: the synchronous scheduler, numpy input
         assert fake.threads == 2
     inside = [threading.Event(), threading.Event()]
@@ -308,7 +309,7 @@ def test_dask_tasks_run_with_one_blas_thread(monkeypatch):
     import slem_dask.parallel.blocks as parallel
 
     fake = FakeController()
-    monkeypatch.setattr(parallel, "_blas_controller", fake)
+    monkeypatch.setattr(parallel, "_TASKS_BLAS", CountedLimit(lambda: fake.limit(1, "blas")))
     seen = []
     original = parallel.block_statistics
 
