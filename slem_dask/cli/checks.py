@@ -111,7 +111,8 @@ def _check_inputs(args, spec) -> None:
         from ..models import load_model
         from ..pipeline import check_encode_inputs
 
-        args.loaded_model = load_model(args.model)  # read once: the job encodes with it
+        # read once, only what an encode uses: the job encodes with it
+        args.loaded_model = load_model(args.model, transform_only=True)
         check_encode_inputs(
             args.loaded_model,
             args.model,

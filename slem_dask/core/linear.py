@@ -235,12 +235,12 @@ def condition_bound(cov: np.ndarray, lam: float) -> float:
 _BOUND_BLOCK_BYTES = 1 << 22
 
 
-def float32_encoding_ok(cov: np.ndarray, lam: float) -> bool:
-    """Whether float32 encoding stays within 1e-5 of float64: the float32 rounding
-    of delta, A^-1 and the product is amplified by at most cond(A), so it is used
-    only while :func:`condition_bound` <= FLOAT32_ENCODE_MAX_COND (measured
-    errors: tests/parallel/test_precision.py)."""
-    return condition_bound(cov, lam) <= FLOAT32_ENCODE_MAX_COND
+def float32_encoding_ok(bound: float) -> bool:
+    """Whether float32 encoding stays within 1e-5 of float64, given ``bound``, the
+    :func:`condition_bound` of Sigma and lambda: the float32 rounding of delta, A^-1 and
+    the product is amplified by at most cond(A), so it is used only while the bound is
+    <= FLOAT32_ENCODE_MAX_COND (measured errors: tests/parallel/test_precision.py)."""
+    return bound <= FLOAT32_ENCODE_MAX_COND
 
 
 def exemplar_solution(

@@ -9,6 +9,7 @@ import dask
 import numpy as np
 
 from ..core.linear import (
+    condition_bound,
     encode_rows,
     exemplar_solution,
     float32_encoding_ok,
@@ -49,6 +50,9 @@ __all__ = ["LinearSLEM"]
 #: Bytes of float64 rows per block when fitting on an in-memory numpy array (bounds the
 #: float64 copy; at least d rows: core.statistics.array_statistics).
 _NUMPY_BLOCK_BYTES = 64 * 2**20
+#: The metadata field of a saved LinearSLEM that records :func:`condition_bound` of its
+#: Sigma and lambda (what decides float32 encoding), so that an encode need not read Sigma.
+CONDITION_BOUND = "condition_bound"
 
 
 class LinearSLEM(SLEMEstimator):
@@ -199,10 +203,20 @@ class LinearSLEM(SLEMEstimator):
             return self.precision_
         cache = getattr(self, "_float32_cache", None)
         if cache is None or cache[0] is not self.precision_:  # fitted or loaded since
-            ok = float32_encoding_ok(self.covariance_, self._lam())
+            ok = float32_encoding_ok(self._condition_bound())
             cache = (self.precision_, float32_matrix(self.precision_) if ok else None)
             self._float32_cache = cache
         return self.precision_ if cache[1] is None else cache[1]
+
+    def _condition_bound(self) -> float:
+        """:func:`condition_bound` of these Sigma and lambda, computed once per fit and
+        recorded with the model: an encode that loads it ``transform_only`` decides on
+        float32 from the record, exactly as from Sigma, without reading Sigma."""
+        cache = getattr(self, "_bound_cache", None)
+        if cache is None or cache[0] is not self.precision_:  # fitted since
+            cache = (self.precision_, condition_bound(self.covariance_, self._lam()))
+            self._bound_cache = cache
+        return cache[1]
 
     def _matrix_token(self, matrix: np.ndarray) -> str:
         """dask's token of the encoding matrix, kept with it: a lazy ``transform`` hashed
@@ -237,14 +251,22 @@ class LinearSLEM(SLEMEstimator):
             "n_features": self.n_features_in_,
             "input_dtype": self.input_dtype_,
             "lam_": self._lam(),
+            CONDITION_BOUND: self._condition_bound(),
         }
         arrays = {"mean": self.mean_, "covariance": self.covariance_, "precision": self.precision_}
         return info, arrays
 
+    @classmethod
+    def _transform_members(cls, meta: dict) -> tuple[str, ...] | None:
+        # Sigma serves transform only through its condition bound, when that is recorded
+        return ("mean", "precision") if meta.get(CONDITION_BOUND) is not None else None
+
     def _set_state(self, info, arrays):
         self.mean_ = arrays["mean"]
-        self.covariance_ = arrays["covariance"]
+        self.covariance_ = arrays.get("covariance")  # None: loaded transform_only
         self.precision_ = arrays["precision"]
+        if info.get(CONDITION_BOUND) is not None:
+            self._bound_cache = (self.precision_, float(info[CONDITION_BOUND]))
         self.n_samples_ = int(info["n_samples"])
         self.n_features_in_ = int(info["n_features"])
         self.input_dtype_ = info["input_dtype"]

@@ -80,7 +80,7 @@ def encode_job(
     )
     t0 = time.perf_counter()
     model_path, positives, out = map(storage.canonical, (model_path, positives, out))
-    model = model if model is not None else load_model(model_path)
+    model = model if model is not None else load_model(model_path, transform_only=True)
     storage.check_distinct(out, "--out", {"positives": positives, "model": model_path})
     current = _current_report(model, model_path, positives, out, options, t0)
     if current is not None:  # decided from the committed head: no lease, nothing written

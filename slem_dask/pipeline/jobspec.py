@@ -293,7 +293,7 @@ def check_inputs(spec: JobSpec) -> None:
     elif spec.encode:
         check(
             "model.path",
-            lambda p: width.update(model=load_model(p).n_features_in_),
+            lambda p: width.update(model=load_model(p, transform_only=True).n_features_in_),
             spec.model.path,
         )
     for i, step in enumerate(spec.encode):

@@ -70,6 +70,7 @@ from .nodes.fingerprints import (  # noqa: F401
     unit_rows,
 )
 from .nodes.groups import (  # noqa: F401
+    ARRAY_SHA256,
     GROUP_CHUNK_BYTES,
     MODEL_FORMAT_VERSION,
     _check_written,
@@ -147,6 +148,7 @@ __all__ = [
     "fingerprint",
     "write_model_store",
     "read_model_store",
+    "ARRAY_SHA256",
     "read_model_meta",
     "create_output",
     "mark_complete",

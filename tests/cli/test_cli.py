@@ -710,7 +710,7 @@ def test_encode_bad_models(scheduler, corpus, bad_inputs, tmp_path, capsys):
         bad_inputs["missing"]: "no zarr store at",
         bad_inputs["foreign model"]: "not written by slem-dask",
         bad_inputs["1-D"]: "model: ",
-        tampered: "do not match its recorded fingerprint",
+        tampered: "do not match their recorded SHA-256",  # an encode reads mean and A^-1 alone
     }
     for model_path, message in cases.items():
         out_path = tmp_path / "codes.zarr"

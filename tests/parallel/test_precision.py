@@ -18,7 +18,7 @@ import pytest
 
 from slem_dask import LinearSLEM
 from slem_dask.core.blas_threads import CountedLimit
-from slem_dask.core.linear import encode_rows, float32_encoding_ok
+from slem_dask.core.linear import condition_bound, encode_rows, float32_encoding_ok
 from slem_dask.core.statistics import block_statistics, covariance, merge_many
 from slem_dask.parallel.blocks import merge_fan_in, scatter_statistics, single_threaded_blas
 
@@ -199,7 +199,7 @@ def test_a_row_encodes_alike_whether_or_not_its_piece_needs_the_guarded_path(dty
 def test_ill_conditioned_model_encodes_in_float64():
     x = descriptors(2_000, 20, 0.0, seed=6)
     model = LinearSLEM(lam=1e-6).fit(x)  # cond(A) up to ~1e7: float32 would lose the bound
-    assert not float32_encoding_ok(model.covariance_, model.lam)
+    assert not float32_encoding_ok(condition_bound(model.covariance_, model.lam))
     assert model._encoding_matrix(np.float32, "auto").dtype == np.float64
     ref = encode_rows(x[:50].astype(np.float64), model.mean_, model.precision_)
     np.testing.assert_array_equal(model.transform(x[:50], dtype=np.float64), ref)

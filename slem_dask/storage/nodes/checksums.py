@@ -152,14 +152,32 @@ def fingerprint(arrays: dict[str, np.ndarray], params: dict[str, Any]) -> str:
     h = hashlib.sha256()
     h.update(json.dumps(json_params(params), sort_keys=True).encode())
     for key in sorted(arrays):
-        a = np.ascontiguousarray(arrays[key])
-        h.update(key.encode())
-        h.update(str(a.dtype).encode())
-        h.update(str(a.shape).encode())
-        # the same bytes as a.tobytes(), without a copy (an ndarray is a buffer: numpy's
-        # stubs declare __buffer__ for Python >= 3.12 only)
-        h.update(a.reshape(-1).view(np.uint8))  # type: ignore[arg-type]  # a buffer (numpy stubs: >= 3.12)
+        _hash_array(h, key, arrays[key])
     return h.hexdigest()
+
+
+def array_digests(arrays: dict[str, np.ndarray], params: dict[str, Any]) -> dict[str, str]:
+    """SHA-256 of each array alone (name, dtype, shape, bytes) with the parameters,
+    recorded beside a model's fingerprint: a reader that needs only some arrays (an
+    encode: A^-1 and the mean, not Sigma) checks those, and the parameters, as strictly
+    without reading the others."""
+    head = json.dumps(json_params(params), sort_keys=True).encode()
+    digests = {}
+    for key in sorted(arrays):
+        h = hashlib.sha256(head)
+        _hash_array(h, key, arrays[key])
+        digests[key] = h.hexdigest()
+    return digests
+
+
+def _hash_array(h, key: str, array: np.ndarray) -> None:
+    a = np.ascontiguousarray(array)
+    h.update(key.encode())
+    h.update(str(a.dtype).encode())
+    h.update(str(a.shape).encode())
+    # the same bytes as a.tobytes(), without a copy (an ndarray is a buffer: numpy's
+    # stubs declare __buffer__ for Python >= 3.12 only)
+    h.update(a.reshape(-1).view(np.uint8))  # type: ignore[arg-type]  # a buffer (numpy stubs: >= 3.12)
 
 
 def metadata_checksum(meta: dict) -> str:

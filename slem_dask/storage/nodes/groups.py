@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, cast
 
 import numpy as np
@@ -16,6 +17,7 @@ from ..versioning import versions
 from .checksums import (
     CHECKSUM,
     chunk_change,
+    array_digests,
     chunk_trailers,
     fingerprint,
     json_params,
@@ -44,6 +46,9 @@ if TYPE_CHECKING:
 
 
 MODEL_FORMAT_VERSION = 2
+#: The metadata field of a model that records each array's own SHA-256
+#: (:func:`.checksums.array_digests`), beside the fingerprint of them all.
+ARRAY_SHA256 = "array_sha256"
 # CHUNK_CRC32C: the metadata field of a group written by :func:`write_group` (and of a
 # corpus) that records each array's chunk checksums (:func:`.checksums.chunk_trailers`);
 # its readers check every chunk against it (:mod:`.recorded`)
@@ -241,6 +246,7 @@ def write_model_store(
             "model": model_name,
             "params": params,
             "fingerprint": fp,
+            ARRAY_SHA256: array_digests(arrays, params),
             "package_version": __version__,
             "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             **info,
@@ -272,14 +278,20 @@ def _changed_member_chunk(group, key: str, arr) -> str | None:
 
 
 def read_group_arrays(
-    group, path, what: str, recorded: bool = True, read: bool = True
+    group,
+    path,
+    what: str,
+    recorded: bool = True,
+    read: bool = True,
+    only: Sequence[str] | None = None,
 ) -> dict[str, np.ndarray]:
-    """Every array of a group written by :func:`write_group`, corrupt chunks named, and
-    (``recorded``) each chunk checked against the crc32c recorded at its commit; with
-    ``read`` False, only checked (a re-run deciding that it is up to date): {}."""
+    """Every array of a group written by :func:`write_group` (``only``: those of them),
+    corrupt chunks named, and (``recorded``) each chunk checked against the crc32c
+    recorded at its commit; with ``read`` False, only checked (a re-run deciding that it
+    is up to date): {}."""
     arrays = {}
     try:
-        members = list(group.arrays())
+        members = [(k, a) for k, a in group.arrays() if only is None or k in only]
     except Exception as exc:  # noqa: BLE001 - a member's zarr.json that cannot be parsed
         raise damaged_metadata(what, path, exc) or DamagedStoreError(
             f"{what}: the arrays of {str(path)!r} cannot be listed ({_reason(exc)}); the "
@@ -352,24 +364,50 @@ def read_search_store(path, arrays: bool = True) -> tuple[dict, dict[str, np.nda
     return meta, read_group_arrays(group, path, "search result", read=arrays)
 
 
-def read_model_store(path: str | os.PathLike[str]) -> tuple[dict, dict[str, np.ndarray]]:
-    """Read a model group written by :func:`write_model_store`: (metadata, arrays)."""
+def read_model_store(
+    path: str | os.PathLike[str], members: Callable[[dict], Sequence[str] | None] | None = None
+) -> tuple[dict, dict[str, np.ndarray]]:
+    """Read a model group written by :func:`write_model_store`: (metadata, arrays).
+
+    ``members(metadata)``: the arrays the caller needs (None: all), chosen once the
+    metadata of the version being read is known. They alone are read, each checked
+    against its own recorded SHA-256, where the model records them (:data:`ARRAY_SHA256`);
+    a model written before them is read whole and checked against its fingerprint."""
     path = str(canonical(path))
     meta, group = _read_model_meta(path)
+    wanted = members(meta) if members is not None else None
+    digests = meta.get(ARRAY_SHA256)
+    if wanted is not None and isinstance(digests, dict) and set(wanted) <= set(digests):
+        arrays = read_group_arrays(group, path, "model", recorded=False, only=wanted)
+        if any(k not in arrays for k in wanted) or array_digests(arrays, meta["params"]) != {
+            k: digests[k] for k in wanted
+        }:
+            raise _model_arrays_changed(path, group, wanted)
+        return meta, arrays
     arrays = read_group_arrays(group, path, "model", recorded=False)  # its fingerprint says
     if fingerprint(arrays, meta["params"]) != meta.get("fingerprint"):
-        changed = [
-            c
-            for c in (_changed_member_chunk(group, k, a) for k, a in group.arrays())
-            if c is not None
-        ]
-        which = f" ({changed[0]})" if changed else ""
-        raise ValueError(
-            f"model: the arrays in {path!r} do not match its recorded fingerprint{which}; "
-            f"the store was modified or damaged: refit the model"
-            f"{rollback_advice(path, _version_seq(group))}"
-        )
+        raise _model_arrays_changed(path, group, None)
     return meta, arrays
+
+
+def _model_arrays_changed(path: str, group, members: Sequence[str] | None) -> ValueError:
+    """The error for arrays that do not match their record, naming a changed chunk."""
+    changed = [
+        c
+        for c in (
+            _changed_member_chunk(group, k, a)
+            for k, a in group.arrays()
+            if members is None or k in members
+        )
+        if c is not None
+    ]
+    which = f" ({changed[0]})" if changed else ""
+    record = "its recorded fingerprint" if members is None else "their recorded SHA-256"
+    return ValueError(
+        f"model: the arrays in {path!r} do not match {record}{which}; "
+        f"the store was modified or damaged: refit the model"
+        f"{rollback_advice(path, _version_seq(group))}"
+    )
 
 
 def read_model_meta(path: str) -> dict:

@@ -1,0 +1,105 @@
+"""load_model(path, transform_only=True): what an encode reads of a model (a LinearSLEM's
+mean and A^-1, each checked against its own recorded SHA-256; not Sigma, 512 MiB at
+d = 8192), and that it encodes and names itself exactly as the whole model does."""
+
+import numpy as np
+import pytest
+
+from slem_dask import LinearSLEM, load_model, storage
+from slem_dask.models import linear as model_linear
+
+from helpers import recommit
+
+
+@pytest.fixture
+def saved(tmp_path):
+    rng = np.random.default_rng(3)
+    X = rng.standard_normal((400, 12)).astype(np.float32)
+    path = str(tmp_path / "model.zarr")
+    LinearSLEM(lam="0.01x", theta=2.0).fit(X).save(path)
+    return path, X
+
+
+def _tamper(path, member):
+    group = storage.open_node(path, mode="r+")
+    values = group[member][...]
+    values.flat[0] *= 1.0 + 1e-12
+    group[member][...] = values
+
+
+def test_a_transform_only_model_encodes_and_names_itself_as_the_whole_one(saved, monkeypatch):
+    path, X = saved
+    whole = load_model(path)
+    # Sigma is not read, and its condition bound comes from the record, not a new pass
+    monkeypatch.setattr(model_linear, "condition_bound", lambda *a: pytest.fail("recomputed"))
+    part = load_model(path, transform_only=True)
+    assert part.covariance_ is None and whole.covariance_ is not None
+    for rows in (X[:50], X[:50].astype(np.float64)):
+        np.testing.assert_array_equal(part.transform(rows), whole.transform(rows))
+    for name in ("fingerprint_", "encoding_fingerprint_", "identity_", "encoding_identity_"):
+        assert getattr(part, name) == getattr(whole, name), name
+    w_part, nu_part = part.exemplar(X[0])
+    w_whole, nu_whole = whole.exemplar(X[0])
+    np.testing.assert_array_equal(w_part, w_whole)
+    assert nu_part == nu_whole
+
+
+def test_a_transform_only_model_cannot_be_saved_or_changed_unnoticed(saved, tmp_path):
+    path, X = saved
+    part = load_model(path, transform_only=True)
+    with pytest.raises(ValueError, match=r"transform_only=True.*load_model\(path\)"):
+        part.save(str(tmp_path / "copy.zarr"))
+    assert not (tmp_path / "copy.zarr").exists()
+    part.set_params(lam=0.5)  # its recorded fingerprints no longer describe it
+    with pytest.raises(ValueError, match="parameters changed since"):
+        _ = part.fingerprint_
+    part.fit(X)  # a new fit owns all its arrays again
+    assert part.covariance_ is not None
+    assert part.fingerprint_ == LinearSLEM(lam=0.5, theta=2.0).fit(X).fingerprint_
+    part.save(str(tmp_path / "copy.zarr"))
+
+
+def test_a_transform_only_load_checks_what_it_reads(saved):
+    path, _ = saved
+    _tamper(path, "covariance")  # not read by an encode: the whole load still catches it
+    load_model(path, transform_only=True)
+    with pytest.raises(ValueError, match="do not match its recorded fingerprint"):
+        load_model(path)
+    _tamper(path, "precision")
+    with pytest.raises(ValueError, match=r"do not match their recorded SHA-256 \(chunk '") as e:
+        load_model(path, transform_only=True)
+    assert "precision" in str(e.value)
+
+
+def test_a_transform_only_load_checks_the_parameters(saved):
+    """The per-array digests cover the parameters as the fingerprint does: a forger who
+    also recomputes the metadata checksum is caught by either load."""
+    path, _ = saved
+    group = storage.open_node(path, mode="r+")
+    meta = dict(group.attrs[storage.ATTR])
+    meta["params"] = {**meta["params"], "lam": 0.5}
+    meta["metadata_checksum"] = storage.metadata_checksum(meta)
+    group.attrs[storage.ATTR] = meta
+    recommit(path)
+    with pytest.raises(ValueError, match="recorded SHA-256"):
+        load_model(path, transform_only=True)
+
+
+def test_a_model_written_before_the_records_is_read_whole(saved):
+    """A model saved by slem-dask 0.4 records neither the arrays' own digests nor Sigma's
+    condition bound: asked for its transform's arrays only, it is read whole and checked
+    against its fingerprint, as before."""
+    path, X = saved
+    group = storage.open_node(path, mode="r+")
+    meta = dict(group.attrs[storage.ATTR])
+    for field in (storage.ARRAY_SHA256, model_linear.CONDITION_BOUND, "encoding_fingerprint"):
+        del meta[field]
+    meta["metadata_checksum"] = storage.metadata_checksum(meta)
+    group.attrs[storage.ATTR] = meta
+    recommit(path)
+    old = load_model(path, transform_only=True)
+    assert old.covariance_ is not None
+    np.testing.assert_array_equal(old.transform(X[:20]), load_model(path).transform(X[:20]))
+    _tamper(path, "covariance")
+    with pytest.raises(ValueError, match="do not match its recorded fingerprint"):
+        load_model(path, transform_only=True)
