@@ -450,8 +450,11 @@ def fit_floor(x, client=None) -> dict:
 def _encode_floor_block(
     block: np.ndarray, matrix: np.ndarray, folder: str, block_info=None
 ) -> np.ndarray:
-    from slem_dask.parallel.blocks import single_threaded_blas
+    from slem_dask.parallel.blocks import aligned, single_threaded_blas
 
+    # distributed delivers the matrix at any byte offset, and matmul would copy it on
+    # every call: the floor copies it once per worker, as slem-dask's tasks do
+    matrix = aligned(matrix)
     with single_threaded_blas():
         z = block @ matrix
     z *= (1.0 / np.sqrt(np.einsum("ij,ij->i", z, z)))[:, None].astype(z.dtype)

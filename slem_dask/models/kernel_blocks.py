@@ -14,6 +14,7 @@ import numpy as np
 from ..core.cholesky import exact_parts, lowrank_parts, similarity_from_parts
 from ..core.kernels import check_histogram, kernel_diagonal, kernel_matrix
 from ..core.validation import check_finite_rows
+from ..parallel.blocks import aligned
 
 
 @dataclass(frozen=True, eq=False)
@@ -64,6 +65,7 @@ def _checked(block, enc: _Encoder, name: str, block_info=None):
 
 
 def _encode_block(block, enc: _Encoder, name: str, dtype, unit: bool = False, block_info=None):
+    enc = aligned(enc)  # as distributed delivered it: at any byte offset
     block = _checked(block, enc, name, block_info)
     z = enc.parts(block)[0]
     if unit:
@@ -74,12 +76,14 @@ def _encode_block(block, enc: _Encoder, name: str, dtype, unit: bool = False, bl
 
 def _packed_block(block, enc: _Encoder, name: str, block_info=None):
     """[z | v | c] of a block: what the similarity needs besides the kernel."""
+    enc = aligned(enc)
     block = _checked(block, enc, name, block_info)
     z, v, c = enc.parts(block)
     return np.hstack([z, v, c[:, None]])
 
 
 def _similarity_block(pp, p, pq, q, enc: _Encoder):
+    enc = aligned(enc)
     r = enc.pivot_factor.shape[0]
     k_pq = kernel_matrix(p, q, enc.kernel, enc.gamma, enc.degree)
     return similarity_from_parts(

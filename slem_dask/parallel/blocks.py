@@ -12,6 +12,7 @@ import contextlib
 import contextvars
 import dataclasses
 import threading
+import weakref
 
 import dask
 import dask.array as da
@@ -391,8 +392,54 @@ def shared(value, token: str | None = None):
 def _apply_rows(block, func, out_dtype, name, *args, block_info=None):
     offset = block_info[0]["array-location"][0][0] if block_info else 0
     check_finite_rows(block, name, row_offset=offset)
+    args = tuple(aligned(a) for a in args)
     with single_threaded_blas():
         return np.asarray(func(block, *args), dtype=out_dtype)
+
+
+def aligned(value):
+    """``value`` (an array, or a dataclass of arrays), or, once per process, a copy whose
+    arrays are aligned for their dtype; anything else as it is.
+
+    distributed hands a task an array in the buffer it was received in, at any byte
+    offset: a scattered or graph-embedded float32 A^-1 arrived at offsets 5 and 57 on a
+    LocalCluster's two workers. numpy's matmul copies a misaligned operand whole on every
+    call: 256 MiB twice per 1,024-row partition at d = 8192, 0.44 s of each 2.4 s task.
+    The copy is kept while the original lives (a job's scattered model), so a worker
+    holds A^-1 twice, as each of its tasks' products did."""
+    if isinstance(value, np.ndarray):
+        return value if value.flags.aligned else _aligned_copy(value, np.copy)
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        fields = {f.name: getattr(value, f.name) for f in dataclasses.fields(value)}
+        if all(a.flags.aligned for a in fields.values() if isinstance(a, np.ndarray)):
+            return value
+        return _aligned_copy(
+            value,
+            lambda v: dataclasses.replace(
+                v, **{k: aligned(a) for k, a in fields.items() if isinstance(a, np.ndarray)}
+            ),
+        )
+    return value
+
+
+#: id(original) -> (weak reference to it, its aligned copy), for :func:`aligned`.
+_ALIGNED: dict[int, tuple[weakref.ref, object]] = {}
+_ALIGNED_LOCK = threading.RLock()  # a dataclass copies its arrays under it
+
+
+def _aligned_copy(value, copy):
+    with _ALIGNED_LOCK:  # the first of a worker's tasks copies; the others wait for it
+        entry = _ALIGNED.get(id(value))
+        if entry is not None and entry[0]() is value:
+            return entry[1]
+        key = id(value)
+
+        def forget(ref, key=key):
+            if _ALIGNED.get(key, (None,))[0] is ref:
+                _ALIGNED.pop(key, None)
+
+        _ALIGNED[key] = (weakref.ref(value, forget), copy(value))
+        return _ALIGNED[key][1]
 
 
 def map_rows(

@@ -47,6 +47,29 @@ def write_array(path, data, chunk_rows):
     return str(path)
 
 
+def _alignment_of_args(block, *args):
+    return np.array([[a.flags.aligned for a in args]])
+
+
+@pytest.mark.cluster
+def test_a_workers_tasks_get_the_shared_model_arrays_aligned(client, monkeypatch):
+    """distributed delivers a scattered array at any byte offset in its buffer (A^-1 at
+    offsets 5 and 57 on two workers), and numpy's matmul then copies it whole on every
+    call; the tasks of map_rows see aligned copies (parallel/blocks.aligned)."""
+    from slem_dask.parallel import blocks
+
+    monkeypatch.setattr(blocks, "SCATTER_BYTES", 0)  # scatter even these small arrays
+    x = da.from_array(np.ones((40, 6), np.float32), chunks=(10, 6))
+    args = (np.ones(6), np.ones((6, 6), np.float32), np.ones((5, 7)))
+    seen = []
+    with blocks.scatter_large_arrays(client):
+        lazy = blocks.map_rows(
+            _alignment_of_args, x, tuple(blocks.shared(a) for a in args), 3, bool, "X", "t"
+        )
+        seen.append(client.compute(lazy).result())
+    assert seen[0].shape == (4, 3) and seen[0].all(), seen[0]
+
+
 @pytest.mark.cluster
 @pytest.mark.parametrize(
     "chunks,precision", [(7, "float64"), (64, "float64"), ((1, 200, 299), "float64"), (64, "auto")]
