@@ -391,3 +391,20 @@ def test_loads_while_a_model_is_replaced_read_one_whole_version(tmp_path):
         t.join()
     assert len(loaded) > 10 and all(loaded), (len(loaded), errors[:3])
     assert not errors, errors[:3]
+
+
+@pytest.mark.parametrize(
+    "path,seq",
+    [
+        ("s3://bucket/m.zarr/versions/00000002-0123456789ab", 2),
+        ("/data/m.zarr/versions/00000003-0123456789ab/", 3),
+        ("/data/m.zarr/versions/1-notes", None),  # a user's folder, never a version
+        ("/data/m.zarr/other/00000002-0123456789ab", None),
+        ("/data/m.zarr", None),
+        ("00000002-0123456789ab", None),
+    ],
+)
+def test_a_version_folders_sequence_number_is_read_from_its_path_alone(path, seq):
+    from slem_dask.storage.versioning.records import version_folder_seq
+
+    assert version_folder_seq(path) == seq

@@ -291,7 +291,8 @@ def _rewrite(arr) -> str:
     meta = arr.attrs.get(ATTR)
     if isinstance(meta, dict) and meta.get("kind") == "encoding":
         return "run its `slem-dask encode` again (it rewrites what differs)"
-    return "write it again" + rollback_advice("PATH")  # a version's folder, not PATH
+    # only the version's folder is known here, not the path the user gave: say PATH
+    return "write it again" + rollback_advice("PATH")
 
 
 #: Chunks of one read fetched at once from an object store (S3...): a request there

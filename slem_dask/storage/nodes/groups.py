@@ -32,7 +32,7 @@ from ..versioning.errors import (
     rollback_advice,
 )
 from .inputs import _exists, open_node
-from ..versioning.records import VERSIONS, draft_seq
+from ..versioning.records import version_folder_seq
 from ..versioning.transaction import Transaction
 from .outputs import is_legacy
 from ..versioning.ownership import ATTR, check_may_replace, damaged_metadata, remove
@@ -317,11 +317,9 @@ def read_group_arrays(
 
 
 def _version_seq(group) -> int | None:
-    """The sequence number of the version folder a group was read in (``P/versions/
-    00000002-...``), from its path alone (no request while the store fails); None for a
-    plain store."""
-    *_, parent, name = ("/", *str(group.store_path).rstrip("/").split("/"))
-    return draft_seq(name) if parent == VERSIONS else None
+    """The sequence number of the version folder a group was read in; None for a plain
+    store."""
+    return version_folder_seq(group.store_path)
 
 
 def _open_group(path) -> zarr.Group:

@@ -13,6 +13,7 @@ __all__ = [
     "VersionError",
     "DamagedCommitError",
     "draft_seq",
+    "version_folder_seq",
     "private_copy_of",
     "VERSIONS",
     "VERSION_NAME",
@@ -95,6 +96,14 @@ def draft_seq(version) -> int | None:
     ``1-notes``): such a folder is never read or deleted as a version."""
     match = VERSION_NAME.fullmatch(version) if isinstance(version, str) else None
     return int(match.group(1)) if match else None
+
+
+def version_folder_seq(path) -> int | None:
+    """The sequence number of the version folder at ``path`` (``P/versions/<seq>-<hex>``),
+    from the path alone (no request, so it can be said while the store fails); None for
+    any other path."""
+    *_, parent, name = ("/", *str(path).rstrip("/").split("/"))
+    return draft_seq(name) if parent == VERSIONS else None
 
 
 def private_copy_of(name: str) -> str | None:

@@ -66,6 +66,7 @@ from .records import (
     VersionError,
     _checksum,
     draft_seq,
+    version_folder_seq,
 )
 from .markers import MARKER, check_own_folders, is_link, listed, marker_document, trusted
 from .publish import CommitConflictError, CommitUnknownError, publish
@@ -475,7 +476,7 @@ def resolve(path) -> tuple[str, VersionedStore | None, Commit | None]:
     head = store.head()  # a few requests, whatever the length of the history
     if head is not None:
         return store.location(head.version), store, head
-    if path.parent.name == VERSIONS and (seq := draft_seq(path.name)) is not None:
+    if (seq := version_folder_seq(path)) is not None:
         owner = VersionedStore(path.parent.parent)
         if owner.is_versioned():
             commit = owner.commit_at(seq)
