@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING, NamedTuple, cast
 
 import numpy as np
 
@@ -45,6 +45,20 @@ IDENTITY_VERSION = 1
 ENCODING_FINGERPRINT = "encoding_fingerprint"
 
 
+class ReadInPart(NamedTuple):
+    """What a model loaded with ``transform_only`` knows of itself from its record: its
+    unread arrays were never in memory, so its fingerprints cannot be computed."""
+
+    fingerprint: str
+    encoding_fingerprint: str
+    #: Stored array name -> SHA-256 recorded at save (each read one was checked by it).
+    array_sha256: dict[str, str]
+    #: The parameters as loaded: their fingerprints describe only those.
+    params: dict
+    #: (array name, id) of the arrays as loaded: a fit sets new ones.
+    array_ids: tuple
+
+
 class SLEMEstimator(EstimatorProtocol):
     """Base class. Subclasses set ``_param_names`` (their ``__init__`` arguments, in the
     order ``repr`` shows them) and define ``fit``, ``transform``, and ``_state`` /
@@ -73,9 +87,9 @@ class SLEMEstimator(EstimatorProtocol):
     #: (negatives' fingerprint, the arrays then) of a model fitted from a store by a fit
     #: job (set by :meth:`_mark_fitted_on` when it is saved, and by load_model).
     _fitted_on: tuple[str, tuple] | None = None
-    #: (fingerprint, encoding fingerprint, :meth:`_marks`) of a model loaded with
-    #: ``transform_only`` whose unread arrays are known by their record alone.
-    _read_in_part: tuple[str, str, tuple] | None = None
+    #: A model loaded with ``transform_only`` whose unread arrays are known by their
+    #: record alone (cleared in effect by a fit: see :meth:`_read_in_part_still`).
+    _read_in_part: ReadInPart | None = None
     #: Learned by ``fit`` (an annotation only: its absence means "not fitted").
     n_features_in_: int
     #: The fitted attribute that counts the outputs (PCAWhitening: n_components_).
@@ -176,34 +190,43 @@ class SLEMEstimator(EstimatorProtocol):
     def _set_state(self, info: dict, arrays: dict[str, np.ndarray]) -> None:
         raise NotImplementedError
 
+    def _save_records(self) -> dict:
+        """Facts derived from the arrays that :meth:`save` records beside them, so that
+        a ``transform_only`` load need not read the arrays they come from."""
+        return {}
+
     @classmethod
     def _transform_members(cls, meta: dict) -> tuple[str, ...] | None:
         """The stored arrays that ``transform`` needs, given a stored model's metadata
         (:func:`load_model`'s ``transform_only``); None: all of them."""
         return None
 
-    def _marks(self) -> tuple:
-        """What tells these parameters and arrays from any others set since."""
+    def _array_ids(self) -> tuple:
+        """What tells these arrays from any set since (a fit sets new ones)."""
         _, arrays = self._state()
-        return (self.get_params(), tuple((k, id(v)) for k, v in arrays.items()))
+        return tuple((k, id(v)) for k, v in arrays.items())
 
-    def _read_in_part_still(self) -> bool:
-        """Whether this is a model loaded ``transform_only`` and not fitted since."""
-        return self._read_in_part is not None and self._read_in_part[2][1] == self._marks()[1]
+    def _read_in_part_still(self) -> ReadInPart | None:
+        """What a model loaded ``transform_only`` and not fitted since knows from its
+        record; None for any other model."""
+        read_in_part = self._read_in_part
+        if read_in_part is None or read_in_part.array_ids != self._array_ids():
+            return None
+        return read_in_part
 
     def _recorded_fingerprints(self) -> tuple[str, str] | None:
         """(fingerprint, encoding fingerprint) recorded in the store of a model read in
         part (their arrays were not all read); None for any other model."""
-        read_in_part = self._read_in_part
-        if read_in_part is None or not self._read_in_part_still():
-            return None  # a fit since set every array anew
-        if read_in_part[2] != self._marks():
+        read_in_part = self._read_in_part_still()
+        if read_in_part is None:
+            return None
+        if read_in_part.params != self.get_params():
             raise ValueError(
                 f"this {type(self).__name__} was loaded with transform_only=True and its "
                 f"parameters changed since, so the fingerprints recorded with it no longer "
                 f"describe it; load it whole (load_model(path)) before changing them"
             )
-        return read_in_part[0], read_in_part[1]
+        return read_in_part.fingerprint, read_in_part.encoding_fingerprint
 
     @property
     def fingerprint_(self) -> str:
@@ -250,16 +273,15 @@ class SLEMEstimator(EstimatorProtocol):
 
     def _mark_fitted_on(self, negatives_fingerprint: str) -> None:
         """Record that the arrays as they are now were fitted on those negatives."""
-        _, arrays = self._state()
-        self._fitted_on = (negatives_fingerprint, tuple((k, id(v)) for k, v in arrays.items()))
+        self._fitted_on = (negatives_fingerprint, self._array_ids())
 
     def _identity(self, left_out: tuple[str, ...]) -> str | None:
         if self._identity_arrays is None or self._fitted_on is None:
             return None
         negatives, fitted = self._fitted_on
-        _, arrays = self._state()
-        if tuple((k, id(v)) for k, v in arrays.items()) != fitted:
+        if self._array_ids() != fitted:
             return None  # refitted or updated since (fit and update set new arrays)
+        _, arrays = self._state()
         params = {k: v for k, v in self.get_params().items() if k not in left_out}
         return storage.fingerprint(
             {k: arrays[k] for k in self._identity_arrays},
@@ -287,7 +309,7 @@ class SLEMEstimator(EstimatorProtocol):
         :meth:`slem_dask.storage.versioning.versions.VersionedStore.transaction`).
         """
         self._check_fitted()
-        if self._read_in_part_still():
+        if self._read_in_part_still() is not None:
             raise ValueError(
                 f"this {type(self).__name__} was loaded with transform_only=True: not all "
                 f"of its arrays were read, so it cannot be saved; load it whole "
@@ -295,12 +317,13 @@ class SLEMEstimator(EstimatorProtocol):
             )
         info, arrays = self._state()
         check_finite_model(arrays, f"model: this {type(self).__name__}")  # never saved
+        records = {**self._save_records(), ENCODING_FINGERPRINT: self.encoding_fingerprint_}
         return storage.write_model_store(
             path,
             type(self).__name__,
             self.get_params(),
             arrays,
-            {**info, ENCODING_FINGERPRINT: self.encoding_fingerprint_, **(metadata or {})},
+            {**info, **records, **(metadata or {})},
             overwrite=overwrite,
             transaction=transaction,
         )
@@ -335,26 +358,38 @@ def load_model(path: str | os.PathLike[str], *, transform_only: bool = False) ->
     """
 
     def members(meta: dict) -> tuple[str, ...] | None:
-        cls = MODEL_CLASSES.get(meta["model"])
-        if not transform_only or cls is None or ENCODING_FINGERPRINT not in meta:
+        # called before any array is read: an unknown model is refused without them
+        if not transform_only or ENCODING_FINGERPRINT not in meta:
             return None
-        return cls._transform_members(meta)
+        return _model_class(meta, path)._transform_members(meta)
 
     meta, arrays = storage.read_model_store(path, members)
-    cls = MODEL_CLASSES.get(meta["model"])
-    if cls is None:
-        raise ValueError(
-            f"model: {path!r} holds a {meta['model']!r} model, which this version of "
-            f"slem-dask does not know (it knows {sorted(MODEL_CLASSES)}); upgrade slem-dask"
-        )
+    cls = _model_class(meta, path)
     check_finite_model(arrays, f"model: {str(path)!r} holds a {meta['model']} that")
     model = cls(**meta["params"])
     model._set_state(meta, arrays)
     if meta.get("negatives_fingerprint"):
         model._mark_fitted_on(meta["negatives_fingerprint"])
-    if set(arrays) != set(meta.get(storage.ARRAY_SHA256) or arrays):  # some left unread
-        model._read_in_part = (meta["fingerprint"], meta[ENCODING_FINGERPRINT], model._marks())
+    digests = meta.get(storage.ARRAY_SHA256) or {}
+    if set(arrays) != set(digests or arrays):  # some left unread
+        model._read_in_part = ReadInPart(
+            meta["fingerprint"],
+            meta[ENCODING_FINGERPRINT],
+            dict(digests),
+            model.get_params(),
+            model._array_ids(),
+        )
     return model
+
+
+def _model_class(meta: dict, path) -> type[SLEMEstimator]:
+    cls = MODEL_CLASSES.get(meta["model"])
+    if cls is None:
+        raise ValueError(
+            f"model: {str(path)!r} holds a {meta['model']!r} model, which this version of "
+            f"slem-dask does not know (it knows {sorted(MODEL_CLASSES)}); upgrade slem-dask"
+        )
+    return cls
 
 
 def fresh_seed() -> int:

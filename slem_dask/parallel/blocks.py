@@ -334,7 +334,7 @@ def locate_nonfinite_rows(x, client=None, row_offset: int = 0) -> tuple[int, str
 def scatter_large_arrays(client):
     """Within this block, :func:`shared` sends arrays (or dataclasses of arrays) of
     SCATTER_BYTES or more to every worker of ``client`` once
-    (``client.scatter(broadcast=True)``) instead of embedding them in the task graph.
+    (:func:`.replicas.scatter_everywhere`) instead of embedding them in the task graph.
 
     An embedded array travels in the graph through the scheduler, which holds it
     (a d = 8192 linear model: 256 MiB; E-SVM's negatives: all of them), and
@@ -373,15 +373,14 @@ def shared(value, token: str | None = None):
     """
     scatter = _scatter_client.get()
     if scatter is not None and _array_bytes(value) >= SCATTER_BYTES:
-        from .replicas import PREFIX, protect
+        from .replicas import PREFIX, protect, scatter_everywhere
 
         client, held = scatter
         if not held:  # the scheduler's memory manager must spare the copies (replicas.py)
             protect(client)
-        # on every worker (copied worker to worker): a worker lost mid-job does not
-        # take the only copy with it (scattered data, unlike a task, cannot be rerun)
-        key = PREFIX + (token or dask.base.tokenize(value))
-        future = client.scatter({key: value}, broadcast=True)[key]
+        # on every worker: a worker lost mid-job does not take the only copy with it
+        # (scattered data, unlike a task, cannot be rerun)
+        future = scatter_everywhere(client, PREFIX + (token or dask.base.tokenize(value)), value)
         held.append(future)
         return future
     if token is not None:  # a key named by its content, without hashing it again

@@ -235,6 +235,23 @@ def test_a_scattered_model_survives_the_loss_of_a_worker(client):
 
 
 @pytest.mark.cluster
+def test_a_local_clusters_model_is_scattered_straight_to_every_worker(client, monkeypatch):
+    # the workers listen on loopback, so the array skips the scheduler (replicas.py)
+    from slem_dask.parallel.replicas import PREFIX, scatter_everywhere
+
+    seen = []
+    real = type(client).scatter
+    monkeypatch.setattr(
+        type(client), "scatter", lambda self, *a, **k: seen.append(k) or real(self, *a, **k)
+    )
+    value = np.arange(300_000.0)
+    future = scatter_everywhere(client, PREFIX + "straight-to-workers", value)
+    assert seen == [{"broadcast": True, "direct": True}]
+    assert len(client.who_has(future)[future.key]) == len(client.nthreads()) == 2
+    np.testing.assert_array_equal(future.result(), value)
+
+
+@pytest.mark.cluster
 def test_fit_job_rejects_nonfinite_negatives_and_writes_nothing(client, data, tmp_path):
     from slem_dask.pipeline import fit_job
 

@@ -103,3 +103,34 @@ def test_a_model_written_before_the_records_is_read_whole(saved):
     _tamper(path, "covariance")
     with pytest.raises(ValueError, match="do not match its recorded fingerprint"):
         load_model(path, transform_only=True)
+
+
+def test_a_transform_only_models_lazy_encode_is_named_by_its_record(saved, monkeypatch):
+    # dask's key for A^-1 comes from its checked SHA-256, not from hashing it again
+    # (0.17 CPU s at d = 8192); one key per dtype, and the same encodings
+    import dask.array as da
+    import dask.base
+
+    path, X = saved
+    rows = da.from_array(X[:60], chunks=20)
+    want = load_model(path).transform(rows).compute()
+    part = load_model(path, transform_only=True)
+    hashed = []
+    real = dask.base.tokenize
+    monkeypatch.setattr(
+        dask.base,
+        "tokenize",
+        lambda *a, **k: (
+            hashed.extend(x.shape for x in a if isinstance(x, np.ndarray)) or real(*a, **k)
+        ),
+    )
+    got = part.transform(rows)
+    assert hashed == [], hashed
+    np.testing.assert_array_equal(got.compute(), want)
+    tokens = {
+        part._matrix_token(part._encoding_matrix(t, "auto")) for t in (np.float32, np.float64)
+    }
+    assert len(tokens) == 2
+    part.fit(X)  # arrays of its own again: hashed as any fitted model's
+    part.transform(rows)
+    assert hashed == [(12, 12)]
