@@ -346,11 +346,16 @@ def scatter_large_arrays(client):
     """
     # the futures are held here: a graph keeps only their keys, and a future
     # nobody holds is released by the client before its tasks run
-    token = _scatter_client.set((client, []) if client is not None else None)
+    held: list = []
+    token = _scatter_client.set((client, held) if client is not None else None)
     try:
         yield
     finally:
         _scatter_client.reset(token)
+        # emptied, not only dropped: asyncio handles that distributed made inside the
+        # block (a direct scatter's connections) keep a copy of this context, and so the
+        # list, alive long after it; the scattered arrays stayed on the workers
+        held.clear()
 
 
 def _array_bytes(value) -> int:

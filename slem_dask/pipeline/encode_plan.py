@@ -320,8 +320,14 @@ def _exists_error(out) -> FileExistsError:
             f"export`); pass --overwrite to replace it with this encoding, or choose "
             f"another path"
         )
-    return FileExistsError(
-        f"output {str(out)!r} already exists and is not a zarr array; choose another path"
+    try:  # not slem-dask's, or another kind of its stores: say so as a fit does
+        storage.check_may_replace(out, "output", kind="encoding")
+    except FileExistsError as refused:
+        return refused
+    return FileExistsError(  # what --overwrite may replace: an empty folder, a draft
+        f"output {str(out)!r} already exists and holds no encoding (an empty folder, or "
+        f"a draft that was never committed); pass --overwrite to replace it, or choose "
+        f"another path"
     )
 
 

@@ -701,6 +701,25 @@ def test_encode_refuses_existing_output(scheduler, corpus, tmp_path, capsys):
     np.testing.assert_array_equal(storage.open_node(out_path, mode="r")[...], 0.0)
 
 
+def test_encode_into_a_folder_slem_dask_did_not_write_says_so_as_fit_does(
+    scheduler, corpus, tmp_path, capsys
+):
+    folder = tmp_path / "photos"
+    folder.mkdir()
+    (folder / "notes.txt").write_text("mine")
+    code, _, err = run(
+        capsys, *encode_args(scheduler, corpus["model"], corpus["positives"], str(folder))
+    )
+    assert code != 0 and "was not written by slem-dask" in err, err
+    assert "never deletes what it did not write, even with --overwrite" in err, err
+    assert os.listdir(folder) == ["notes.txt"]
+    (folder / "notes.txt").unlink()  # an empty folder: --overwrite may use it
+    code, _, err = run(
+        capsys, *encode_args(scheduler, corpus["model"], corpus["positives"], str(folder))
+    )
+    assert code != 0 and "holds no encoding" in err and "pass --overwrite" in err, err
+
+
 def test_encode_bad_models(scheduler, corpus, bad_inputs, tmp_path, capsys):
     tampered = str(tmp_path / "tampered.zarr")
     LinearSLEM().fit(corpus["X"]).save(tampered)
