@@ -85,8 +85,8 @@ def scatter_everywhere(client, key: str, value):
     workers: as it was told (``Client(direct_to_workers=...)``), else when every worker
     is local (:func:`workers_are_local`, a LocalCluster). Otherwise through the
     scheduler, which receives the whole array once more before the first worker does:
-    on a LocalCluster at d = 8192 (256 MiB) that made the scatter 1.0-3.0 s, against
-    0.2-1.4 s directly (benchmarks/results/q42s5_*.txt). A remote client may not reach
+    on a LocalCluster at d = 8192 (256 MiB) that made the scatter 3.2-4.0 s, against
+    1.2-2.7 s directly (docs/benchmarks.md, issue 42's fifth pass). A remote client may not reach
     workers behind a gateway or another network, so it goes through the scheduler."""
     direct = client.direct_to_workers
     if direct is None:

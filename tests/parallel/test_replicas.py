@@ -53,3 +53,18 @@ def test_scatter_goes_direct_only_where_the_workers_can_be_reached(told, address
     client = _RecordingClient(told, addresses)
     assert scatter_everywhere(client, "k", np.ones(3)) == "future of k"
     assert client.calls == [{"broadcast": True, "direct": direct}]
+
+
+def test_a_jobs_scattered_arrays_are_let_go_when_its_block_ends():
+    # asyncio handles made by a direct scatter keep a copy of the caller's context, and
+    # with it the futures the block held: the workers kept the arrays after the job
+    import contextvars
+
+    from slem_dask.parallel import blocks
+
+    client = _RecordingClient(None, ["tcp://127.0.0.1:1"])
+    with blocks.scatter_large_arrays(client):
+        assert blocks.shared(np.ones(blocks.SCATTER_BYTES // 8 + 1)).startswith("future of")
+        survivor = contextvars.copy_context()
+    assert survivor[blocks._scatter_client][1] == []
+    assert client.calls == [{"broadcast": True, "direct": True}]
