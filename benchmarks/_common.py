@@ -344,6 +344,15 @@ def header(title: str, args) -> None:
             f"  WARNING: the machine is busy ({load_line()}): timings are not reliable; "
             f"a multi-threaded BLAS in particular slows down a lot when the cores are shared"
         )
+    from _physical import reports_free_pages
+
+    if reports_free_pages():
+        print(
+            "  WARNING: this VM may hand its free memory back to its host (a virtio balloon "
+            "with free page reporting): a run that touches memory freed before it can take "
+            "up to twice as long, in kernel time; compare user CPU seconds where they are "
+            "printed (benchmarks/_physical.py)"
+        )
     print("=" * 78)
     sys.stdout.flush()
 
@@ -393,6 +402,21 @@ def scheduler_contexts(args, schedulers, plain_cluster: bool = False):
                 )
                 clients["plain-cluster"], contexts["plain-cluster"] = plain, plain.as_current
         yield clients, contexts
+
+
+def cpu_times(client=None) -> tuple[float, float]:
+    """(user, system) CPU seconds used so far by this process and every worker of
+    ``client``. User time is what a contender's own code costs: a host that must back
+    memory again (``_physical.reports_free_pages``) adds system time, not user time."""
+
+    def own() -> tuple[float, float]:
+        import psutil as p
+
+        t = p.Process().cpu_times()
+        return t.user, t.system
+
+    times = [own(), *(client.run(own).values() if client is not None else ())]
+    return sum(t[0] for t in times), sum(t[1] for t in times)
 
 
 def cluster_cpu_seconds(client) -> float:

@@ -10,6 +10,19 @@
   to make room for the next writer), the input's pages themselves (read once more, so
   that every contender reads a cached input), Python garbage (``gc.collect`` here and
   in every worker of a cluster) and spinning OpenBLAS threads (a pause).
+* What it cannot undo (:func:`reports_free_pages`): a virtual machine whose kernel hands
+  free memory back to its host (virtio-balloon free page reporting; this project's
+  2-core Firecracker VM does). The host discards what the guest reported, and the
+  guest's next first touch of such a page faults in the host too: a contender's time
+  then depends on how much of the memory it touches had been reported, which nothing
+  here controls. 1e6 x 128 encodes were bimodal: the floor 1.05-1.2 s or 1.9-2.4 s,
+  slem-dask 1.1-1.3 s or 1.8-2.3 s, the slow runs with 1.4-2.1 s more kernel CPU time
+  (perf: ``clear_page_erms``, ``copy_folio_from_iter_atomic``) for the same number of
+  page faults, and user CPU time unchanged. Touching and freeing memory before each
+  contender did not help reliably (3 GiB removed the extra kernel time but took 4-6 s
+  each time; 0.7-1 GiB slowed the job's first 0.2 s; 0.4 GiB left it bimodal). Hence
+  the benchmarks print, beside wall times, each contender's user CPU seconds, which
+  this does not move.
 * :func:`physical_floor`: the least any implementation must spend on this machine
   for a job over the rows ``x``: the CPU seconds of decoding every input chunk, of
   the product at the BLAS's measured single-thread peak for that shape (measured here
@@ -64,6 +77,19 @@ def read_through(paths, block: int = 1 << 24) -> int:
             while n := f.readinto(buf):
                 total += n
     return total
+
+
+def reports_free_pages() -> bool:
+    """Whether this kernel may hand free memory back to its host: free page reporting is
+    built in and a virtio balloon device is bound (the driver registers for reporting
+    where the host offers it). Memory freed here may then be unbacked when it is next
+    touched (module doc)."""
+    balloon = "/sys/bus/virtio/drivers/virtio_balloon"
+    try:
+        bound = any(name.startswith("virtio") for name in os.listdir(balloon))
+    except OSError:
+        return False
+    return bound and os.path.exists("/sys/module/page_reporting/parameters")
 
 
 def same_start(outputs=(), inputs=(), client=None, pause: float = 0.3) -> None:

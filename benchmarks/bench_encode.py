@@ -30,6 +30,10 @@ rows at once: the kernel against the pivots, a triangular solve, one product
   reader, one float32 product with A^-1, an L2 normalization and one plain file
   write of the rows (no centring, checks, checksums, metadata or commit).
   ``RATIO floor_time / slem_time``: 1.0 would mean slem-dask does nothing beyond it.
+  Beside it, ``RATIO floor_user_cpu / slem_user_cpu`` (medians; this process and the
+  workers): what slem-dask's own code costs beyond the floor's, which a VM whose host
+  takes free memory back does not move (``_physical``'s module doc); wall times there
+  can double at random, for either contender.
   Beside it, the physical floor (``_physical.physical_floor``): the CPU seconds of
   decoding every input chunk, of the product at the BLAS's measured single-thread rate
   (one partition @ A^-1) and of writing n x d floats (measured in the same run), over
@@ -130,6 +134,31 @@ def naive_dask(path: str, out_path: str, mean, precision, rows: int) -> dict:
         z = z / da.linalg.norm(z, axis=1, keepdims=True)
         da.to_zarr(z.astype(np.float32), out_path, overwrite=True)
     return {"total": t.seconds}
+
+
+def _cpu_used(before, after) -> dict:
+    return {"user cpu": after[0] - before[0], "system cpu": after[1] - before[1]}
+
+
+def _cpu_summary(result: dict, sched: str, floor_runs: list, slem_runs: list) -> None:
+    """The floor's CPU seconds against slem-dask's (this process and the workers, all
+    runs): user time is the contenders' own work, which a VM's host backing memory
+    again does not inflate (``_physical`` module doc); system time is printed beside."""
+    import statistics
+
+    med = statistics.median
+    parts = {
+        kind: (med(t[f"{kind} cpu"] for t in floor_runs), med(t[f"{kind} cpu"] for t in slem_runs))
+        for kind in ("user", "system")
+    }
+    (fu, su), (fs, ss) = parts["user"], parts["system"]
+    print(
+        f"[{sched}] RATIO floor_user_cpu / slem_user_cpu = {fu / su:.3f} (medians: floor "
+        f"{fu:.3f} s, slem-dask {su:.3f} s; system cpu: floor {fs:.3f} s, slem-dask "
+        f"{ss:.3f} s)  [1.0: slem-dask's code does no work beyond the floor's]"
+    )
+    result[f"{sched}_ratio_floor_user_cpu"] = fu / su
+    result[f"{sched}_cpu_medians"] = {"floor": [fu, fs], "slem": [su, ss]}
 
 
 def main(argv=None) -> int:  # noqa: C901 - a driver: options, then each contender in turn
@@ -340,6 +369,7 @@ def main(argv=None) -> int:  # noqa: C901 - a driver: options, then each contend
                     # every contender writes n x d floats: none pays for another's
                     # writeback (or spinning BLAS threads)
                     C.settle(**state)
+                    cpu0 = C.cpu_times(clients[sched])
                     with C.Timer() as t:  # from outside: its commit and pruning included
                         report = encode_job(
                             clients[sched],
@@ -350,7 +380,8 @@ def main(argv=None) -> int:  # noqa: C901 - a driver: options, then each contend
                             overwrite=True,
                             precision=args.precision,
                         )
-                    tm = {**report.timings, "total": t.seconds}
+                    cpu = _cpu_used(cpu0, C.cpu_times(clients[sched]))
+                    tm = {**report.timings, "total": t.seconds, **cpu}
                     slem[sched].append(tm)
                     extra = ", ".join(f"{k} {v:.3f}" for k, v in tm.items() if k != "total")
                     print(
@@ -367,14 +398,20 @@ def main(argv=None) -> int:  # noqa: C901 - a driver: options, then each contend
                         )
                     if args.floor:
                         C.settle(**state)
+                        cpu0 = C.cpu_times(clients[sched])
                         fl = C.encode_floor(
                             x,
                             model._encoding_matrix(arr.dtype, args.precision),
                             out_floor,
                             clients[sched],
                         )
+                        fl.update(_cpu_used(cpu0, C.cpu_times(clients[sched])))
                         floor[sched].append(fl)
-                        print(f"run {r + 1}: floor [{sched}] {fl['total']:.3f} s | {C.load_line()}")
+                        print(
+                            f"run {r + 1}: floor [{sched}] {fl['total']:.3f} s (user cpu "
+                            f"{fl['user cpu']:.3f}, system cpu {fl['system cpu']:.3f}) | "
+                            f"{C.load_line()}"
+                        )
                 if args.no_numpy:
                     continue
                 # numpy takes its turn in every phase's rounds, so that each phase's
@@ -440,6 +477,7 @@ def main(argv=None) -> int:  # noqa: C901 - a driver: options, then each contend
                 args,
             )
             C.physical_summary(result, "encode", sched, phys, totals)
+            _cpu_summary(result, sched, floor[sched], slem[sched])
     print("uptime: " + subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip())
 
     zs = storage.open_output(out_slem)

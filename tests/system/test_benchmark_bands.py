@@ -124,3 +124,40 @@ def test_same_start_reads_the_inputs_and_keeps_every_file(tmp_path):
     assert (tmp_path / "out" / "chunk").read_bytes() == b"x" * 5000  # dropped from cache only
     assert _physical.read_through([tmp_path / "in.bin"]) == 7000
     assert _physical.drop_cached([tmp_path / "out"]) == 5000
+
+
+def test_cpu_times_adds_every_workers_user_and_system_time():
+    class Client:
+        def run(self, func):
+            return {"w1": (1.0, 0.25), "w2": (2.0, 0.5)}
+
+    user0, system0 = C.cpu_times()
+    user, system = C.cpu_times(Client())
+    assert user - user0 >= 3.0 and system - system0 >= 0.75
+
+
+def test_the_cpu_ratio_compares_the_medians_of_user_time(capsys):
+    import bench_encode
+
+    floor = [{"user cpu": u, "system cpu": 0.5} for u in (1.2, 1.0, 9.0)]
+    slem = [{"user cpu": u, "system cpu": s} for u, s in ((1.6, 0.4), (1.5, 2.0), (1.4, 0.3))]
+    result = {}
+    bench_encode._cpu_summary(result, "threads", floor, slem)
+    assert result["threads_ratio_floor_user_cpu"] == 1.2 / 1.5
+    assert result["threads_cpu_medians"] == {"floor": [1.2, 0.5], "slem": [1.5, 0.4]}
+    assert "RATIO floor_user_cpu / slem_user_cpu = 0.800" in capsys.readouterr().out
+
+
+def test_a_machine_without_a_balloon_device_reports_no_free_pages(monkeypatch):
+    import _physical
+
+    def listdir(path):
+        raise FileNotFoundError(path)
+
+    monkeypatch.setattr(_physical.os, "listdir", listdir)
+    assert _physical.reports_free_pages() is False
+    monkeypatch.setattr(_physical.os, "listdir", lambda path: ["bind", "virtio0"])
+    monkeypatch.setattr(_physical.os.path, "exists", lambda path: True)
+    assert _physical.reports_free_pages() is True
+    monkeypatch.setattr(_physical.os, "listdir", lambda path: ["bind", "uevent"])
+    assert _physical.reports_free_pages() is False
