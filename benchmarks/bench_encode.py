@@ -42,7 +42,7 @@ rows at once: the kernel against the pivots, a triangular solve, one product
 Every timed contender starts from the same state (``_physical.same_start``: no dirty
 pages, the outputs out of the page cache, the input in it, garbage collected, BLAS
 threads idle), so that a ratio does not depend on which other contenders ran
-(``--no-same-start``: only sync and pause, as before issue 42).
+(``--no-same-start``: only garbage collection here, sync and pause, as before issue 42).
 
 ``--schedulers threads,cluster`` as in bench_fit: one phase per scheduler, its
 cluster alive only then; the numpy contender takes its turn in every phase. Contenders alternate; every
@@ -216,8 +216,9 @@ def main(argv=None) -> int:  # noqa: C901 - a driver: options, then each contend
     parser.add_argument(
         "--no-same-start",
         action="store_true",
-        help="before each contender only sync and pause, as before issue 42 (the "
-        "other contenders' outputs stay in the page cache): shows what carries over",
+        help="before each contender only collect garbage here, sync and pause, as before "
+        "issue 42 (the other contenders' outputs stay in the page cache): shows what "
+        "carries over",
     )
     args = parser.parse_args(argv)
     if args.floor and args.kernel_rank:
@@ -292,7 +293,10 @@ def main(argv=None) -> int:  # noqa: C901 - a driver: options, then each contend
     floor = {s: [] for s in schedulers}
     numpy_runs = {s: [] for s in schedulers}  # numpy runs in every phase: paired ratios
     print("slem contender: pipeline.encode_job (float32 output)")
-    print("naive Dask contender: ((A - mean) @ precision) / row norms in float32, da.to_zarr")
+    if args.no_naive:
+        print("naive Dask contender: skipped (--no-naive)")
+    else:
+        print("naive Dask contender: ((A - mean) @ precision) / row norms in float32, da.to_zarr")
     if args.no_numpy:
         print("numpy contender: skipped (--no-numpy)")
     elif args.kernel_rank:
