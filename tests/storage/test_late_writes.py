@@ -135,3 +135,33 @@ def test_a_lease_held_in_this_process_still_refuses_a_second_job(tmp_path):
     with Lease(path, "first"):
         with pytest.raises(LeaseHeldError, match="being written by another slem-dask job"):
             Lease(path, "second").acquire()
+
+
+def test_a_lease_this_process_is_still_taking_is_not_taken_for_a_released_one(
+    tmp_path, monkeypatch
+):
+    """Another thread reads the lease between its record's creation and the end of
+    ``acquire``: the record is this process's and its job is alive, so the lease is
+    refused, not taken over (before: taken for one this process had released; the
+    first job's draft was deleted and its heartbeat overwrote the second's record, so
+    two racing encodes both failed under load)."""
+    from slem_dask.storage.versioning.leases import Lease, LeaseHeldError
+
+    path = str(tmp_path / "s.zarr")
+    first, second = Lease(path, "first"), Lease(path, "second")
+    create, refused = Lease._create, []
+
+    def create_then_look(self):
+        made = create(self)
+        if self is first and made:  # the record exists; first.acquire() has not returned
+            with pytest.raises(LeaseHeldError, match="being written by another"):
+                second.acquire()
+            refused.append(second.took_over)
+        return made
+
+    monkeypatch.setattr(Lease, "_create", create_then_look)
+    first.acquire()
+    try:
+        assert refused == [None] and first.held()
+    finally:
+        first.release()

@@ -214,9 +214,29 @@ class Lease:
         )
 
     def acquire(self) -> Lease:
+        # counted as held here before the record exists: another thread of this process
+        # reading it before the add took it for one this process had released
+        # (is_stale), took the lease over and deleted this job's draft, and this job's
+        # heartbeat then overwrote the other's record (both jobs failed, under load)
+        _HELD_HERE.add(self.token)
+        try:
+            self._take()
+        except BaseException:
+            _HELD_HERE.discard(self.token)
+            raise
+        self._forget_private_copies()
+        self._stop.clear()
+        self._thread = threading.Thread(
+            target=self._beat, daemon=True, name=f"slem-dask-lease-{self.target.name}"
+        )
+        self._thread.start()
+        return self
+
+    def _take(self) -> None:
+        """Create the lease record, or take over a stale one (five races at most)."""
         for _ in range(5):
             if self._create():
-                break
+                return
             raw = self._raw()
             if raw is None:
                 continue  # released meanwhile
@@ -229,16 +249,7 @@ class Lease:
                 continue  # someone else took it over while we watched
             self.took_over = self.read() or {}
             self._backend.delete(self._key)  # then race for it like everyone else
-        else:  # pragma: no cover - five lost races in a row
-            raise LeaseHeldError(f"could not take the lease of {str(self.target)!r}; retry")
-        _HELD_HERE.add(self.token)
-        self._forget_private_copies()
-        self._stop.clear()
-        self._thread = threading.Thread(
-            target=self._beat, daemon=True, name=f"slem-dask-lease-{self.target.name}"
-        )
-        self._thread.start()
-        return self
+        raise LeaseHeldError(f"could not take the lease of {str(self.target)!r}; retry")
 
     def _forget_private_copies(self) -> None:
         """Delete the private files of this store's lease (``<lease>.<32 hex>.tmp``)
