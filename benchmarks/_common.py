@@ -423,15 +423,7 @@ def cluster_cpu_seconds(client) -> float:
     """CPU seconds (user + system) used so far by this process and every worker of
     ``client``: a cost that the load of other processes on the machine barely changes,
     unlike wall time (compare contenders by differences of it)."""
-
-    def own() -> float:
-        import psutil as p
-
-        t = p.Process().cpu_times()
-        return t.user + t.system
-
-    workers = client.run(own) if client is not None else {}
-    return own() + sum(workers.values())
+    return sum(cpu_times(client))
 
 
 def settle(seconds: float = 0.3, outputs=(), inputs=(), client=None) -> None:
