@@ -31,6 +31,7 @@ from ..core.validation import (
     DegenerateNegativesWarning,
     Rows,
     all_finite,
+    NonFiniteRowsError,
     check_finite_rows,
     check_positive_float,
     check_rows,
@@ -189,8 +190,11 @@ class LinearSLEM(SLEMEstimator):
             return encode_blocks(
                 X, shared(self.mean_), shared(matrix, self._matrix_token(matrix)), dtype, "X"
             )
-        check_finite_rows(X, "X")
-        return encode_rows(X, self.mean_, matrix, dtype=dtype)
+        try:  # encode_rows refuses NaN and inf at no cost for finite rows
+            return encode_rows(X, self.mean_, matrix, dtype=dtype)
+        except NonFiniteRowsError:
+            check_finite_rows(X, "X")  # the same rows, named as rows of X
+            raise
 
     def _encoding_matrix(self, dtype, precision: str) -> np.ndarray:
         """A^-1 in the dtype the encoding is computed in (the stored one stays float64).

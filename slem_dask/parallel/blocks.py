@@ -30,7 +30,7 @@ from ..core.statistics import (
     product_rows,
 )
 from ..storage.nodes.chunks import STORE_ROWS, array_token
-from ..core.validation import check_finite_rows
+from ..core.validation import NonFiniteRowsError, check_finite_rows
 
 __all__ = [
     "scatter_statistics",
@@ -395,10 +395,17 @@ def shared(value, token: str | None = None):
 
 def _apply_rows(block, func, out_dtype, name, *args, block_info=None):
     offset = block_info[0]["array-location"][0][0] if block_info else 0
-    check_finite_rows(block, name, row_offset=offset)
+    checks_itself = getattr(func, "checks_finite_rows", False)
+    if not checks_itself:
+        check_finite_rows(block, name, row_offset=offset)
     args = tuple(aligned(a) for a in args)
-    with single_threaded_blas():
-        return np.asarray(func(block, *args), dtype=out_dtype)
+    try:
+        with single_threaded_blas():
+            return np.asarray(func(block, *args), dtype=out_dtype)
+    except NonFiniteRowsError:
+        if checks_itself:  # it names them as its own rows: again, as this input's
+            check_finite_rows(block, name, row_offset=offset)
+        raise
 
 
 def aligned(value):

@@ -13,7 +13,10 @@ it runs a job of one partition of rows x d (d = 128, 512, 2048; 2,000 to 100,000
 - linear encode (read, finite check, centred rows, product, zarr's encoded
   chunk): 16 MiB plus 21 bytes per value for float32 input (5.0-5.6 x the
   partition above 20,000 rows), 25 for float64 (3.0-3.1 x), whatever the
-  precision and output dtype;
+  precision and output dtype (measured while a pass over the block looked for NaN
+  with a boolean copy of it, 1 byte per value, which encode_rows no longer needs:
+  the estimate errs high by that; its centred piece grew from 1 to 4 MiB, inside the
+  fixed 16 MiB);
 - kernel encode (rbf): 16 MiB plus, per row, 11 d + 30 r bytes for float32
   input, 9 d + 33 r for float64 (r pivots, 128-1024); other kernels are assumed
   alike;

@@ -121,9 +121,15 @@ def test_float32_encoding_within_bound_with_float32_partial_norms(offset_sds):
     )
 
 
-def test_float32_partial_squares_bound_and_their_float64_fallback():
+@pytest.mark.parametrize("vecdot", [True, False], ids=["np.vecdot", "numpy<2"])
+def test_float32_partial_squares_bound_and_their_float64_fallback(monkeypatch, vecdot):
+    import slem_dask.core.linear as linear
     from slem_dask.core.linear import _row_squares
 
+    if not vecdot:  # the way numpy < 2 sums them: squares, then a product with ones
+        monkeypatch.setattr(linear, "_VECDOT", None)
+    elif linear._VECDOT is None:
+        pytest.skip("numpy < 2 has no np.vecdot")
     rng = np.random.default_rng(8)
     v = rng.standard_normal((500, 256)).astype(np.float32)
     v[1] *= np.float32(1e25)  # its squares overflow float32
@@ -171,6 +177,36 @@ def test_encoding_piece_by_piece_is_the_whole_block_encoding(monkeypatch, dtype)
     brute = np.divide(direction, norms, out=np.zeros_like(direction), where=norms > 0)
     np.testing.assert_allclose(pieces, brute, rtol=0, atol=1e-5 if dtype == np.float32 else 1e-12)
     assert not pieces[700].any() and np.abs(pieces[[3, 517]]).max() > 0.1
+
+
+@pytest.mark.parametrize(
+    "rows_dtype,matrix_dtype",
+    [(np.float32, np.float32), (np.float64, np.float64), (np.float32, np.float64)],
+)
+@pytest.mark.parametrize("piece_rows", [None, 300])
+def test_centring_in_runs_of_rows_gives_the_same_bits_as_row_by_row(
+    monkeypatch, rows_dtype, matrix_dtype, piece_rows
+):
+    """encode_rows subtracts the mean from runs of whole rows at once (issue 42: numpy's
+    broadcast loop restarts every d values): the same bits as row by row, for the rows
+    of whole runs, the rows left over, a strided input (row by row) and every precision."""
+    import slem_dask.core.linear as linear
+
+    rng = np.random.default_rng(13)
+    x = (rng.standard_normal((1_000, 64)) * 3 + 40).astype(rows_dtype)  # far from 0: low counts
+    mean = x.mean(axis=0, dtype=np.float64) + 1e-7
+    cov = np.cov(x.T.astype(np.float64)) + 0.1 * np.eye(64)
+    matrix = np.linalg.inv(cov)
+    matrix = linear.float32_matrix(matrix) if matrix_dtype == np.float32 else matrix
+    if piece_rows:  # pieces of 300 rows: 256 in runs of 128 rows, 44 left over
+        monkeypatch.setattr(linear, "_PIECE_BYTES", 1)
+        monkeypatch.setattr(linear, "_PIECE_MIN_ROWS", piece_rows)
+    assert linear._CENTRE_RUN // 64 == 128
+    runs = linear.encode_rows(x, mean, matrix)
+    strided = linear.encode_rows(np.asfortranarray(x), mean, matrix)
+    monkeypatch.setattr(linear, "_CENTRE_RUN", 1)  # row by row
+    np.testing.assert_array_equal(runs, linear.encode_rows(x, mean, matrix))
+    np.testing.assert_array_equal(strided, runs)
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])

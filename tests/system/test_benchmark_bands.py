@@ -103,6 +103,57 @@ def test_a_physical_floor_slower_than_slem_dask_is_called_wrong(capsys):
     assert result["threads_ratio_physical_best"] == 0.8
 
 
+def test_a_physical_floor_slower_than_the_floor_contender_is_called_wrong(capsys):
+    phys = {
+        "total": 2.0,
+        "decode_cpu": 1.0,
+        "product_cpu": 3.0,
+        "gflops_per_core": 50.0,
+        "write_cpu": 0.0,
+        "write_gbps": 0.0,
+        "disk_gbps": 0.0,
+        "cores": 2,
+    }
+    C.physical_summary({}, "encode", "threads", phys, [2.5, 2.6], [1.9, 2.2])
+    text = capsys.readouterr().out
+    assert (
+        "WRONG FLOOR: the physical floor (2.000 s) is slower than the floor contender's "
+        "best run (1.900 s)" in text
+    )
+    C.physical_summary({}, "encode", "threads", phys, [2.5, 2.6], [2.1, 2.2])
+    assert "WRONG FLOOR" not in capsys.readouterr().out
+
+
+def test_the_physical_floor_keeps_the_least_of_each_part_over_measurements():
+    """A shared VM's speed moves within minutes: measured again, each part of the floor
+    is the least of all measurements, and the total is their sum over the cores."""
+    import _physical
+
+    slow_product = {
+        "total": 5.0,
+        "decode_cpu": 4.0,
+        "product_cpu": 6.0,
+        "gflops_per_core": 85.0,
+        "write_cpu": 0.0,
+        "write_gbps": 0.0,
+        "disk_gbps": 1.0,
+        "cores": 2,
+        "measurements": 1,
+    }
+    slow_decode = {
+        **slow_product,
+        "decode_cpu": 4.4,
+        "product_cpu": 4.0,
+        "gflops_per_core": 127.5,
+        "disk_gbps": 1.2,
+    }
+    merged = _physical.least_floor(slow_product, slow_decode)
+    assert merged["decode_cpu"] == 4.0 and merged["product_cpu"] == 4.0
+    assert merged["gflops_per_core"] == 127.5 and merged["disk_gbps"] == 1.2
+    assert merged["total"] == 4.0 and merged["measurements"] == 2
+    assert _physical.least_floor(slow_decode, slow_product) == merged
+
+
 def test_the_physical_floor_adds_decode_product_and_write_over_the_cores(tmp_path):
     import dask.array as da
     import numpy as np
