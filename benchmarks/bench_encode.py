@@ -439,6 +439,10 @@ def main(argv=None) -> int:  # noqa: C901 - a driver: options, then each contend
                     f"{C.load_line()}"
                 )
                 sys.stdout.flush()
+        if args.floor:  # measured again after each phase, each part the least of all
+            phys = C.physical_floor(
+                x, lambda b: b @ matrix, args.n * args.d * 4, args.workdir, previous=phys
+            )
 
     print()
     result = {"n": args.n, "d": args.d, "precision": args.precision}
@@ -480,7 +484,7 @@ def main(argv=None) -> int:  # noqa: C901 - a driver: options, then each contend
                 totals,
                 args,
             )
-            C.physical_summary(result, "encode", sched, phys, totals)
+            C.physical_summary(result, "encode", sched, phys, totals, fts)
             _cpu_summary(result, sched, floor[sched], slem[sched])
     print("uptime: " + subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip())
 

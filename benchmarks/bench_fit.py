@@ -327,6 +327,15 @@ def main(argv=None) -> int:  # noqa: C901 - a driver: options, then each contend
                     f"compute {nt['compute']:.3f}) | {C.load_line()}"
                 )
                 sys.stdout.flush()
+        if args.floor:  # measured again after each phase, each part the least of all
+            phys = C.physical_floor(
+                x,
+                lambda b: b.T @ b,
+                0,
+                args.workdir,
+                flops_per_row=float(args.d) ** 2,
+                previous=phys,
+            )
 
     med = C.statistics.median
     print()
@@ -366,7 +375,7 @@ def main(argv=None) -> int:  # noqa: C901 - a driver: options, then each contend
         if args.floor:
             fts = [t["total"] for t in floor[sched]]
             C.floor_summary(result, "fit", sched, "floor (read + X^T X) ", fts, totals, args)
-            C.physical_summary(result, "fit", sched, phys, totals)
+            C.physical_summary(result, "fit", sched, phys, totals, fts)
             if not args.no_naive:
                 nts = [t["total"] for t in naive[sched]]
                 print(
