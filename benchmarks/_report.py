@@ -19,7 +19,7 @@ def spread(values) -> str:
         return "n/a"
     return (
         f"best {min(values):.3f} s, median {statistics.median(values):.3f} s, "
-        f"worst {max(values):.3f} s over {len(values)}"
+        f"worst {max(values):.3f} s over {len(values)} runs"
     )
 
 
@@ -188,7 +188,7 @@ def floor_summary(result, bench, sched, heading, times, totals, args) -> None:
     what the floor does; its BAND line first (a floor slower than slem-dask gives no
     ratio), then the RATIO line, and both ratios kept in ``result``."""
     med = statistics.median
-    print(f"[{sched}] {heading}: {spread(times)}  runs {runs_line(times)}")
+    print(f"[{sched}] {heading}: {spread(times)}: {runs_line(times)}")
     fb = band(
         f"{bench} [{sched}] floor / slem-dask",
         times,

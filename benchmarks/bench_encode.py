@@ -317,7 +317,7 @@ def main(argv=None) -> int:  # noqa: C901 - a driver: options, then each contend
     phys = None
     if args.floor:
         matrix = model._encoding_matrix(arr.dtype, args.precision)
-        phys = C.physical_floor(x, lambda b: b @ matrix, args.n * args.d * 4, args.workdir)
+        phys = C.physical_floor(x, lambda b: b @ matrix, args.n * args.d * 4, args.workdir, arr=arr)
     for sched in schedulers:
         print()
         with C.scheduler_contexts(args, [sched]) as (clients, contexts):
@@ -441,7 +441,7 @@ def main(argv=None) -> int:  # noqa: C901 - a driver: options, then each contend
                 sys.stdout.flush()
         if args.floor:  # measured again after each phase, each part the least of all
             phys = C.physical_floor(
-                x, lambda b: b @ matrix, args.n * args.d * 4, args.workdir, previous=phys
+                x, lambda b: b @ matrix, args.n * args.d * 4, args.workdir, previous=phys, arr=arr
             )
 
     print()
@@ -451,13 +451,12 @@ def main(argv=None) -> int:  # noqa: C901 - a driver: options, then each contend
         result.update({"numpy_best": min(all_numpy), "numpy_runs": all_numpy})
     for sched in schedulers:
         totals = [t["total"] for t in slem[sched]]
-        print(f"[{sched}] slem-dask encode total: {C.spread(totals)}  runs {C.runs_line(totals)}")
+        print(f"[{sched}] slem-dask encode total: {C.spread(totals)}: {C.runs_line(totals)}")
         result[f"{sched}_slem_runs"] = totals
         if numpy_runs[sched]:
             np_totals = [t["total"] for t in numpy_runs[sched]]
             print(
-                f"[{sched}] numpy total           : {C.spread(np_totals)}  runs "
-                f"{C.runs_line(np_totals)}"
+                f"[{sched}] numpy total           : {C.spread(np_totals)}: {C.runs_line(np_totals)}"
             )
             for part in ("read", "compute", "write"):
                 print(
@@ -470,7 +469,7 @@ def main(argv=None) -> int:  # noqa: C901 - a driver: options, then each contend
             )
         if naive[sched]:
             nts = [t["total"] for t in naive[sched]]
-            print(f"[{sched}] naive Dask total      : {C.spread(nts)}  runs {C.runs_line(nts)}")
+            print(f"[{sched}] naive Dask total      : {C.spread(nts)}: {C.runs_line(nts)}")
             result[f"{sched}_naive_runs"] = nts
             C.ratio_summary(result, "encode", sched, "naive", nts, totals, args)
         if floor[sched]:

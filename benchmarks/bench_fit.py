@@ -266,7 +266,9 @@ def main(argv=None) -> int:  # noqa: C901 - a driver: options, then each contend
     x_last = gram = mean32 = None
     # the physical floor: decode of every chunk + X^T X at the measured BLAS rate per core
     phys = (
-        C.physical_floor(x, lambda b: b.T @ b, 0, args.workdir, flops_per_row=float(args.d) ** 2)
+        C.physical_floor(
+            x, lambda b: b.T @ b, 0, args.workdir, flops_per_row=float(args.d) ** 2, arr=arr
+        )
         if args.floor
         else None
     )
@@ -335,6 +337,7 @@ def main(argv=None) -> int:  # noqa: C901 - a driver: options, then each contend
                 args.workdir,
                 flops_per_row=float(args.d) ** 2,
                 previous=phys,
+                arr=arr,
             )
 
     med = C.statistics.median
@@ -349,15 +352,13 @@ def main(argv=None) -> int:  # noqa: C901 - a driver: options, then each contend
     }
     for sched in schedulers:
         np_totals = [t["total"] for t in numpy_runs[sched]]
-        print(
-            f"[{sched}] numpy read+compute  : {C.spread(np_totals)}  runs {C.runs_line(np_totals)}"
-        )
+        print(f"[{sched}] numpy read+compute  : {C.spread(np_totals)}: {C.runs_line(np_totals)}")
         print(f"[{sched}]   of which read     : {C.spread(t['read'] for t in numpy_runs[sched])}")
         print(
             f"[{sched}]   of which compute  : {C.spread(t['compute'] for t in numpy_runs[sched])}"
         )
         totals = [t["total"] for t in slem[sched]]
-        print(f"[{sched}] slem-dask fit total : {C.spread(totals)}  runs {C.runs_line(totals)}")
+        print(f"[{sched}] slem-dask fit total : {C.spread(totals)}: {C.runs_line(totals)}")
         if "statistics" in slem[sched][0]:
             print(
                 f"[{sched}]   of which statistics: {C.spread(t['statistics'] for t in slem[sched])}"
@@ -368,7 +369,7 @@ def main(argv=None) -> int:  # noqa: C901 - a driver: options, then each contend
         for label in naive_labels[sched] if not args.no_naive else ():
             nts = [t["total"] for t in naive[label]]
             goal = "goal >= 1.3" if label == sched else "for comparison"
-            print(f"[{label}] naive Dask total    : {C.spread(nts)}  runs {C.runs_line(nts)}")
+            print(f"[{label}] naive Dask total    : {C.spread(nts)}: {C.runs_line(nts)}")
             key = label.replace(", slem-dask's workers", "_slem_workers")
             result[f"{key}_naive_runs"] = nts
             C.ratio_summary(result, "fit", label, "naive", nts, totals, args, key=key, goal=goal)

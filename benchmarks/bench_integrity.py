@@ -135,10 +135,10 @@ def main(argv=None) -> int:
     ratio = min(plain) / min(guarded)
     ratio_med = med(plain) / med(guarded)
     print()
-    print(f"guarded   : {C.spread(guarded)}  runs {C.runs_line(guarded)}")
-    print(f"unguarded : {C.spread(plain)}  runs {C.runs_line(plain)}")
+    print(f"guarded   : {C.spread(guarded)}: {C.runs_line(guarded)}")
+    print(f"unguarded : {C.spread(plain)}: {C.runs_line(plain)}")
     print(
-        f"unguarded + crc32c codec: {C.spread(crc_only)}  runs {C.runs_line(crc_only)}; "
+        f"unguarded + crc32c codec: {C.spread(crc_only)}: {C.runs_line(crc_only)}; "
         f"the codec alone: {100 * (med(crc_only) / med(plain) - 1):+.1f}% (medians)"
     )
     print(

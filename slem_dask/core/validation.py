@@ -412,14 +412,16 @@ def nonfinite_rows_error(
     shown: str | None,
     total: int | None = None,
     remedy: str = "drop or repair those rows before fitting",
+    where: str = "",
 ) -> NonFiniteRowsError:
     """The one wording of rows with NaN or inf, in every fit and encode: how many, the
-    first five (``shown``, if known), out of how many rows (``total``, if counted), the fix."""
+    first five (``shown``, if known), out of how many rows (``total``, if counted),
+    ``where`` they were looked for (text after the rows; "": everywhere), the fix."""
     rows = f" (rows {shown})" if shown is not None else ""
     out_of = f" out of {total}" if total is not None else ""
     return NonFiniteRowsError(
         name,
-        f"{count} row(s) with NaN or inf{rows}{out_of}; {remedy}",
+        f"{count} row(s) with NaN or inf{rows}{out_of}{where}; {remedy}",
         getattr(shown, "rows", ()),
     )
 
@@ -429,13 +431,14 @@ def check_finite_rows(
     name: str,
     row_offset: int = 0,
     remedy: str = "drop or repair those rows before running SLEM",
+    where: str = "",
 ) -> None:
-    """Raise if any row of a numpy block holds NaN or inf, saying how many, where, and
-    ``remedy``."""
+    """Raise if any row of a numpy block holds NaN or inf, saying how many, where
+    (``where``: which part of the input ``x`` is, "" for all of it), and ``remedy``."""
     if np.isfinite(x).all():
         return
     count, shown = nonfinite_rows(x, row_offset)
-    raise nonfinite_rows_error(name, count, shown, remedy=remedy)
+    raise nonfinite_rows_error(name, count, shown, remedy=remedy, where=where)
 
 
 #: Largest declared size of an input array: numpy and dask index with int64, and no

@@ -395,17 +395,30 @@ def shared(value, token: str | None = None):
 
 def _apply_rows(block, func, out_dtype, name, *args, block_info=None):
     offset = block_info[0]["array-location"][0][0] if block_info else 0
+    where = _block_text(block_info, offset, len(block))
     checks_itself = getattr(func, "checks_finite_rows", False)
     if not checks_itself:
-        check_finite_rows(block, name, row_offset=offset)
+        check_finite_rows(block, name, row_offset=offset, where=where)
     args = tuple(aligned(a) for a in args)
     try:
         with single_threaded_blas():
             return np.asarray(func(block, *args), dtype=out_dtype)
     except NonFiniteRowsError:
         if checks_itself:  # it names them as its own rows: again, as this input's
-            check_finite_rows(block, name, row_offset=offset)
+            check_finite_rows(block, name, row_offset=offset, where=where)
         raise
+
+
+def _block_text(block_info, offset: int, rows: int) -> str:
+    """Which part of the input a block's error counts rows in ("" for a block that is
+    all of it): the task that fails first ends the compute, before others have looked."""
+    blocks = block_info[0]["num-chunks"][0] if block_info else 1
+    if blocks <= 1:
+        return ""
+    return (
+        f" in its rows {offset}-{offset + rows - 1}, one of its {blocks} blocks (the other "
+        f"blocks may hold more)"
+    )
 
 
 def aligned(value):

@@ -22,6 +22,7 @@ from ..parallel.blocks import scatter_large_arrays
 
 from . import common
 from .common import JobFailed, JobReport, _LOST, _detail, _lost_cluster
+from ..core.validation import NonFiniteRowsError, nonfinite_rows_error
 from .encode_plan import (
     EncodePlan,
     _output_bytes,
@@ -126,7 +127,7 @@ def _encode_in(
         return report
     if plan.head is not None and job.todo:  # only what this update computes must fit
         _check_update_memory(client, plan, job)
-    with _draft_failures(job, plan, positives, out):
+    with _draft_failures(job, plan, positives, out, client):
         _encode_and_commit(
             client,
             model,
@@ -342,10 +343,10 @@ def _mark_complete(model, model_path, plan: EncodePlan, job: _Draft, report: Job
 
 
 @contextlib.contextmanager
-def _draft_failures(job: _Draft, plan: EncodePlan, positives, out):
+def _draft_failures(job: _Draft, plan: EncodePlan, positives, out, client=None):
     """What becomes of the draft when writing or committing it fails, and the one line
     that says so: kept for a re-run to reuse, abandoned, or left to the job that
-    fenced it."""
+    fenced it. Rows with NaN or inf: all of them, counted on ``client``'s cluster."""
     tx, seq = job.tx, job.tx.draft.seq
     try:
         yield
@@ -361,8 +362,12 @@ def _draft_failures(job: _Draft, plan: EncodePlan, positives, out):
     except storage.StorageViewError:  # refused before any task ran: nothing to resume
         tx.discard()  # a first write leaves no store, a later one its head
         raise
-    except ValueError as exc:  # e.g. NaN rows found by a worker: say where
+    except NonFiniteRowsError as exc:  # found by the task that failed first, in its rows
         tx.discard()  # once no task writes any more
+        exc = _every_nonfinite_row(client, positives, exc)
+        raise ValueError(f"positives {str(positives)!r}: {_detail(exc, positives)}") from None
+    except ValueError as exc:  # e.g. rows whose encoding is 0, found by a worker: say where
+        tx.discard()
         raise ValueError(f"positives {str(positives)!r}: {_detail(exc, positives)}") from None
     except _LOST as exc:
         raise _lost_cluster(exc, what_is_kept(out, seq - 1)) from None
@@ -373,3 +378,22 @@ def _draft_failures(job: _Draft, plan: EncodePlan, positives, out):
                 common.out_of_space_line(exc, out, needed, what_is_kept(out, seq - 1, advice=False))
             ) from None
         raise
+
+
+def _every_nonfinite_row(client, positives, found: NonFiniteRowsError) -> NonFiniteRowsError:
+    """Every row of ``positives`` with NaN or inf, counted by a second pass over them
+    (as a fit counts its negatives') once a task found some in its own partition: a user
+    who repaired only those would meet the next partition's in the next run. ``found``
+    where the second pass cannot run."""
+    from ..parallel.blocks import locate_nonfinite_rows
+
+    try:
+        arr = storage.open_input(str(positives), "positives")
+        count, shown = locate_nonfinite_rows(storage.dask_rows(arr, name="positives"), client)
+    except Exception:  # noqa: BLE001 - the task's own count stands
+        return found
+    if not count:  # pragma: no cover - the input changed since the task read it
+        return found
+    return nonfinite_rows_error(
+        "X", count, shown, remedy="drop or repair those rows before running SLEM"
+    )

@@ -273,9 +273,16 @@ def test_dask_encode_checks_finite_rows_only_inside_encode_rows(monkeypatch, tmp
     np.testing.assert_array_equal(Z, model.transform(P))
     assert calls == []
     P[[21, 35], [0, 7]] = [np.nan, -np.inf]
-    with pytest.raises(ValueError, match=r"X has 2 row\(s\) with NaN or inf \(rows 21, 35\)"):
+    with pytest.raises(
+        ValueError,
+        match=r"X has 2 row\(s\) with NaN or inf \(rows 21, 35\) in its rows 20-39, one of "
+        r"its 3 blocks \(the other blocks may hold more\); drop or repair",
+    ):
         model.transform(da.from_array(P, chunks=(20, 8))).compute(scheduler="sync")
     assert len(calls) == 1  # in the block that held them, to name them as rows of X
+    with pytest.raises(ValueError, match=r"\(rows 21, 35\); drop or repair") as one_block:
+        model.transform(da.from_array(P, chunks=(60, 8))).compute(scheduler="sync")
+    assert "blocks" not in str(one_block.value)  # the whole input: nothing to add
 
 
 @pytest.mark.parametrize(

@@ -1,6 +1,7 @@
 """Tests of the band and floor helpers of the benchmarks (benchmarks/_common.band,
 benchmarks/compare_bands.py): the benchmarks are scripts, not part of the package."""
 
+import pytest
 import json
 import sys
 
@@ -163,6 +164,31 @@ def test_the_physical_floor_adds_decode_product_and_write_over_the_cores(tmp_pat
     parts = phys["decode_cpu"] + phys["product_cpu"] + phys["write_cpu"]
     assert phys["total"] == parts / phys["cores"]
     assert phys["write_cpu"] > 0 and not list(tmp_path.iterdir())  # its probe file removed
+
+
+def test_the_physical_floor_decodes_every_block_with_the_reader_and_no_dask(tmp_path, monkeypatch):
+    """Given the store, the decode is slem-dask's reader on every block in turn (a dask
+    compute per block put the physical floor of a 2e5 x 256 fit above its floor)."""
+    import dask.array as da
+    import numpy as np
+    import zarr
+
+    import _physical
+    from slem_dask import storage
+
+    arr = zarr.create_array(str(tmp_path / "x.zarr"), shape=(70, 8), chunks=(16, 8), dtype="f4")
+    arr[...] = np.ones((70, 8), dtype=np.float32)
+    x = storage.dask_rows(arr, 32)
+    reads = []
+    real = storage.read_rows
+    monkeypatch.setattr(
+        storage,
+        "read_rows",
+        lambda a, lo, hi, *r, **k: (reads.append((lo, hi)), real(a, lo, hi))[1],
+    )
+    monkeypatch.setattr(da.Array, "compute", lambda *a, **k: pytest.fail("dask computed"))
+    _physical._read_every_block(x, arr)
+    assert reads == [(0, 32), (32, 64), (64, 70)]
 
 
 def test_same_start_reads_the_inputs_and_keeps_every_file(tmp_path):
