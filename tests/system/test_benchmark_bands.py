@@ -84,17 +84,21 @@ def test_compare_bands_pairs_two_runs(tmp_path, capsys):
     assert "| x | 1.000 | 1.000 | +-15% | yes | yes/yes |" in capsys.readouterr().out
 
 
+#: A physical floor of 2.0 s (decode 1 CPU s, product 3 CPU s, over 2 cores).
+PHYSICAL_FLOOR_OF_2_S = {
+    "total": 2.0,
+    "decode_cpu": 1.0,
+    "product_cpu": 3.0,
+    "gflops_per_core": 50.0,
+    "write_cpu": 0.0,
+    "write_gbps": 0.0,
+    "disk_gbps": 0.0,
+    "cores": 2,
+}
+
+
 def test_a_physical_floor_slower_than_slem_dask_is_called_wrong(capsys):
-    phys = {
-        "total": 2.0,
-        "decode_cpu": 1.0,
-        "product_cpu": 3.0,
-        "gflops_per_core": 50.0,
-        "write_cpu": 0.0,
-        "write_gbps": 0.0,
-        "disk_gbps": 0.0,
-        "cores": 2,
-    }
+    phys = dict(PHYSICAL_FLOOR_OF_2_S)
     result = {}
     C.physical_summary(result, "fit", "threads", phys, [1.5, 1.6])
     assert "WRONG FLOOR" in capsys.readouterr().out
@@ -105,16 +109,7 @@ def test_a_physical_floor_slower_than_slem_dask_is_called_wrong(capsys):
 
 
 def test_a_physical_floor_slower_than_the_floor_contender_is_called_wrong(capsys):
-    phys = {
-        "total": 2.0,
-        "decode_cpu": 1.0,
-        "product_cpu": 3.0,
-        "gflops_per_core": 50.0,
-        "write_cpu": 0.0,
-        "write_gbps": 0.0,
-        "disk_gbps": 0.0,
-        "cores": 2,
-    }
+    phys = dict(PHYSICAL_FLOOR_OF_2_S)
     C.physical_summary({}, "encode", "threads", phys, [2.5, 2.6], [1.9, 2.2])
     text = capsys.readouterr().out
     assert (
