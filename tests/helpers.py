@@ -247,6 +247,8 @@ def wait_for_workers(address: str, n: int) -> dict:
     """{name: address} of the workers of the scheduler at ``address``, once ``n`` joined."""
     from distributed import Client
 
+    from slem_dask.storage.nodes.workers import listed_workers
+
     with Client(address) as client:
         client.wait_for_workers(n, timeout=60)
-        return {w["name"]: a for a, w in client.scheduler_info()["workers"].items()}
+        return {w["name"]: a for a, w in listed_workers(client).items()}

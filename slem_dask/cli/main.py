@@ -86,7 +86,9 @@ def _run(args) -> int:
         ) as client,
         _performance_report(args.performance_report),
     ):
-        info = client.scheduler_info()
+        from ..storage import listed_workers
+
+        listed = listed_workers(client)
         where = (
             ""
             if args.scheduler_address
@@ -95,7 +97,7 @@ def _run(args) -> int:
             else f" in this process ({sum(client.nthreads().values())} threads; {why})"
         )
         print(
-            f"dask: {info.get('address', '')} with {len(info['workers'])} worker(s){where}, "
+            f"dask: {client.scheduler.address} with {len(listed)} worker(s){where}, "
             f"start-up {time.perf_counter() - started:.2f} s (the jobs' own times follow)",
             flush=True,
         )

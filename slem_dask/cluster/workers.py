@@ -47,7 +47,7 @@ import dataclasses
 import numpy as np
 
 from ..storage import IntegrityError
-from ..storage.nodes.workers import ask_workers
+from ..storage.nodes.workers import ask_workers, listed_workers
 from ..parallel.task_memory import (
     MiB,
     encode_task_bytes,  # noqa: F401
@@ -155,9 +155,7 @@ def _worker_memory(task_modules: tuple = (), dask_worker=None) -> int:
 def _limited_workers(client) -> dict:
     """Workers that a nanny restarts above a memory limit: {address: info}."""
     return {
-        a: w
-        for a, w in client.scheduler_info().get("workers", {}).items()
-        if w.get("memory_limit") and w.get("nanny")
+        a: w for a, w in listed_workers(client).items() if w.get("memory_limit") and w.get("nanny")
     }
 
 
@@ -172,7 +170,7 @@ def _in_process_workers(client) -> dict:
 
     found = {
         a: dict(w)
-        for a, w in client.scheduler_info().get("workers", {}).items()
+        for a, w in listed_workers(client).items()
         if a.startswith("inproc://") and str(os.getpid()) in a.split("/") and not w.get("nanny")
     }
     if found:
@@ -383,7 +381,7 @@ def explain(
 
 def _worker_limits(client, field: str = "memory_limit") -> dict:
     try:
-        return {a: w.get(field) for a, w in client.scheduler_info().get("workers", {}).items()}
+        return {a: w.get(field) for a, w in listed_workers(client).items()}
     except Exception:  # noqa: BLE001
         return {}
 

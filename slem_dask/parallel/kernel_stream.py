@@ -59,6 +59,7 @@ from .kernel_rounds import (
 )
 from .task_memory import kernel_fit_bytes
 from ..core.validation import check_finite_rows, is_dask_array
+from ..storage.nodes.workers import listed_workers
 
 __all__ = [
     "factor_rows",
@@ -347,7 +348,7 @@ def memory_budget(x) -> tuple[float, str]:
         client = getattr(dask.base.get_scheduler(collections=[x]), "__self__", None)
         workers = None
         if client is not None and hasattr(client, "scheduler_info"):
-            workers = client.scheduler_info().get("workers", {})
+            workers = listed_workers(client)
         if workers and all(w.get("memory_limit") for w in workers.values()):
             limit = sum(w["memory_limit"] for w in workers.values())
             used = sum(w.get("metrics", {}).get("memory", 0) or 0 for w in workers.values())

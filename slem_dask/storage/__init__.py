@@ -135,7 +135,7 @@ from .backends.paths import (  # noqa: F401
 )
 from .nodes.readers import VersionStore, open_dataset, open_zarr  # noqa: F401
 from .nodes.verify import verify  # noqa: F401
-from .nodes.workers import check_workers_see, store_signature  # noqa: F401
+from .nodes.workers import check_workers_see, listed_workers, store_signature  # noqa: F401
 
 __all__ = [
     "ATTR",

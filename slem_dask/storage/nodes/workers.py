@@ -114,7 +114,20 @@ def ask_workers(
 
 
 def _current_workers(client) -> list:
-    return list(client.scheduler_info().get("workers", {}))
+    return list(listed_workers(client))
+
+
+def listed_workers(client) -> dict[str, dict]:
+    """{address: info} of every worker the scheduler of ``client`` lists now, asked of
+    the scheduler itself. ``client.scheduler_info()`` returns the client's cache, which
+    its periodic refresh (every 2 s, with the details of no worker) can overwrite
+    between the call's own fetch and its return: under load it listed 0 of 2 workers
+    (distributed 2026.8); and distributed 2025.4 to 2026.6 cut its list to 5 workers."""
+    try:
+        info = client.sync(client.scheduler.identity, n_workers=-1)
+    except TypeError:  # a scheduler before distributed 2025.4: it lists them all
+        info = client.sync(client.scheduler.identity)
+    return dict(info.get("workers") or {})
 
 
 def check_workers_see(client, stores: dict[str, object]) -> None:
@@ -127,9 +140,7 @@ def check_workers_see(client, stores: dict[str, object]) -> None:
     paths = [canonical(stores[n]) for n in names]
     local = [p for p in paths if p.url.startswith("memory://")]
     if local:
-        apart = [
-            w for w in client.scheduler_info().get("workers", {}) if not w.startswith("inproc://")
-        ]
+        apart = [w for w in listed_workers(client) if not w.startswith("inproc://")]
         if apart:
             raise StorageViewError(
                 f"{str(local[0])!r} is a memory:// store: it lives in this process only, "

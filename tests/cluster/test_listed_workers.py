@@ -1,0 +1,52 @@
+"""storage.nodes.workers.listed_workers: the workers a scheduler lists, asked of the
+scheduler itself, never from the client's cache (client.scheduler_info()), which
+distributed's periodic refresh overwrites with an identity that lists no worker: under
+load, a check of "every worker" then checked none, and a job printed "0 worker(s)"."""
+
+import pytest
+
+from slem_dask.storage.nodes.workers import listed_workers
+
+
+@pytest.fixture(scope="module")
+def seven_workers():
+    from distributed import Client, LocalCluster
+
+    with (
+        LocalCluster(
+            n_workers=7, threads_per_worker=1, processes=False, dashboard_address=":0"
+        ) as cluster,
+        Client(cluster) as client,
+    ):
+        client.wait_for_workers(7, timeout=60)
+        yield client
+
+
+def test_every_worker_is_listed_whatever_the_clients_cache_holds(seven_workers, monkeypatch):
+    client = seven_workers
+    # what a refresh landing between scheduler_info()'s fetch and its return leaves
+    monkeypatch.setattr(client, "scheduler_info", lambda *a, **k: {"workers": {}})
+    listed = listed_workers(client)
+    assert len(listed) == 7  # all of them: distributed 2025.4 to 2026.6 cut its list to 5
+    assert all(a.startswith("inproc://") and w["nthreads"] == 1 for a, w in listed.items())
+
+
+def test_a_scheduler_before_distributed_2025_4_lists_them_all():
+    calls = []
+
+    class OldScheduler:  # identity() took no arguments, and listed every worker
+        @staticmethod
+        def identity(**kwargs):
+            calls.append(kwargs)
+            if kwargs:
+                raise TypeError("identity() got an unexpected keyword argument 'n_workers'")
+            return {"workers": {"tcp://a:1": {}, "tcp://b:2": {}}}
+
+    class OldClient:
+        scheduler = OldScheduler
+
+        def sync(self, function, *args, **kwargs):
+            return function(*args, **kwargs)
+
+    assert list(listed_workers(OldClient())) == ["tcp://a:1", "tcp://b:2"]
+    assert calls == [{"n_workers": -1}, {}]
