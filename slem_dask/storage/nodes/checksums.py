@@ -161,7 +161,7 @@ def array_digests(arrays: dict[str, np.ndarray], params: dict[str, Any]) -> dict
     recorded beside a model's fingerprint: a reader that needs only some arrays (an
     encode: A^-1 and the mean, not Sigma) checks those, and the parameters, as strictly
     without reading the others."""
-    head = json.dumps(json_params(params), sort_keys=True).encode()
+    head = digest_head(params)
     digests = {}
     for key in sorted(arrays):
         h = hashlib.sha256(head)
@@ -170,11 +170,21 @@ def array_digests(arrays: dict[str, np.ndarray], params: dict[str, Any]) -> dict
     return digests
 
 
+def digest_head(params: dict[str, Any]) -> bytes:
+    """The bytes every array's SHA-256 in :func:`array_digests` starts with."""
+    return json.dumps(json_params(params), sort_keys=True).encode()
+
+
+def hash_array_header(h, key: str, dtype: np.dtype, shape: tuple[int, ...]) -> None:
+    """What an array's SHA-256 hashes before its bytes: its name, dtype and shape."""
+    h.update(key.encode())
+    h.update(str(dtype).encode())
+    h.update(str(shape).encode())
+
+
 def _hash_array(h, key: str, array: np.ndarray) -> None:
     a = np.ascontiguousarray(array)
-    h.update(key.encode())
-    h.update(str(a.dtype).encode())
-    h.update(str(a.shape).encode())
+    hash_array_header(h, key, a.dtype, a.shape)
     # the same bytes as a.tobytes(), without a copy (an ndarray is a buffer: numpy's
     # stubs declare __buffer__ for Python >= 3.12 only)
     h.update(a.reshape(-1).view(np.uint8))  # type: ignore[arg-type]  # a buffer (numpy stubs: >= 3.12)

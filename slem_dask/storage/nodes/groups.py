@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
@@ -19,11 +19,13 @@ from .checksums import (
     chunk_change,
     array_digests,
     chunk_trailers,
+    digest_head,
     fingerprint,
     json_params,
     metadata_checksum,
 )
 from .chunks import _reason
+from .hashed_reads import read_hashed
 from .dimensions import dimension_names
 from ..versioning.errors import (
     CorruptChunkError,
@@ -290,30 +292,54 @@ def read_group_arrays(
     recorded at its commit; with ``read`` False, only checked (a re-run deciding that it
     is up to date): {}."""
     arrays = {}
-    try:
-        members = [(k, a) for k, a in group.arrays() if only is None or k in only]
-    except Exception as exc:  # noqa: BLE001 - a member's zarr.json that cannot be parsed
-        raise damaged_metadata(what, path, exc) or DamagedStoreError(
-            f"{what}: the arrays of {str(path)!r} cannot be listed ({_reason(exc)}); the "
-            f"store is damaged: write it again"
-        ) from None
-    for key, arr in members:
+    for key, arr in _group_members(group, path, what, only):
         changed = _changed_member_chunk(group, key, arr) if recorded else None
         if changed is not None:
             raise CorruptChunkError(
                 f"{what} {str(path)!r}: {changed}; the store was modified: write it "
                 f"again{rollback_advice(path, _version_seq(group))}"
             )
-        if not read:
-            continue
-        try:
-            arrays[key] = np.asarray(arr[...])
-        except Exception as exc:  # noqa: BLE001
-            raise CorruptChunkError(
-                f"{what}: array {key!r} of {str(path)!r} cannot be read ({_reason(exc)}); "
-                f"the store is damaged: write it again"
-            ) from None
+        if read:
+            arrays[key] = _read_member(path, what, key, _read_whole, arr)
     return arrays
+
+
+def _group_members(group, path, what: str, only: Sequence[str] | None) -> list:
+    """(name, zarr array) of each array of ``group`` (``only``: those of them)."""
+    try:
+        return [(k, a) for k, a in group.arrays() if only is None or k in only]
+    except Exception as exc:  # noqa: BLE001 - a member's zarr.json that cannot be parsed
+        raise damaged_metadata(what, path, exc) or DamagedStoreError(
+            f"{what}: the arrays of {str(path)!r} cannot be listed ({_reason(exc)}); the "
+            f"store is damaged: write it again"
+        ) from None
+
+
+def _read_whole(arr) -> np.ndarray:
+    return np.asarray(arr[...])
+
+
+def _read_member(path, what: str, key: str, read: Callable[..., Any], *args: Any) -> Any:
+    """``read(*args)``, the reading of member ``key``, with a failure named as damage."""
+    try:
+        return read(*args)
+    except Exception as exc:  # noqa: BLE001
+        raise CorruptChunkError(
+            f"{what}: array {key!r} of {str(path)!r} cannot be read ({_reason(exc)}); "
+            f"the store is damaged: write it again"
+        ) from None
+
+
+def _read_hashed_members(
+    group, path, wanted: Sequence[str], params: dict
+) -> tuple[dict[str, np.ndarray], dict[str, str]]:
+    """The members ``wanted`` of a model group and the SHA-256 of each as
+    :func:`.checksums.array_digests` computes it, each hashed while it is read."""
+    head = digest_head(params)
+    arrays, digests = {}, {}
+    for key, arr in _group_members(group, path, "model", wanted):
+        arrays[key], digests[key] = _read_member(path, "model", key, read_hashed, arr, key, head)
+    return arrays, digests
 
 
 def _version_seq(group) -> int | None:
@@ -376,10 +402,8 @@ def read_model_store(
     wanted = members(meta) if members is not None else None
     digests = meta.get(ARRAY_SHA256)
     if wanted is not None and isinstance(digests, dict) and set(wanted) <= set(digests):
-        arrays = read_group_arrays(group, path, "model", recorded=False, only=wanted)
-        if any(k not in arrays for k in wanted) or array_digests(arrays, meta["params"]) != {
-            k: digests[k] for k in wanted
-        }:
+        arrays, read = _read_hashed_members(group, path, wanted, meta["params"])
+        if any(k not in arrays for k in wanted) or read != {k: digests[k] for k in wanted}:
             raise _model_arrays_changed(path, group, wanted)
         return meta, arrays
     arrays = read_group_arrays(group, path, "model", recorded=False)  # its fingerprint says

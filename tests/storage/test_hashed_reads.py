@@ -1,0 +1,63 @@
+"""storage.nodes.hashed_reads: a model's array read in blocks of rows, each hashed while
+the next is read, gives the bytes and the SHA-256 that reading it whole and hashing it
+after (checksums.array_digests) give, for any chunking and block size."""
+
+import numpy as np
+import pytest
+import zarr
+
+from slem_dask.storage.nodes import hashed_reads
+from slem_dask.storage.nodes.checksums import array_digests, digest_head
+
+PARAMS = {"lam": 0.5, "theta": 2.0}
+
+
+def _array(tmp_path, values, chunks):
+    arr = zarr.create_array(
+        store=str(tmp_path / "a.zarr"), shape=values.shape, dtype=values.dtype, chunks=chunks
+    )
+    arr[...] = values
+    return arr
+
+
+@pytest.mark.parametrize("block_bytes", [1, 700, 1 << 25])
+@pytest.mark.parametrize(
+    "shape, chunks",
+    [((37, 11), (5, 11)), ((37, 11), (37, 11)), ((64, 8), (16, 4)), ((9,), (4,)), ((0, 3), (1, 3))],
+)
+def test_a_hashed_read_gives_the_bytes_and_digest_of_a_whole_read(
+    tmp_path, monkeypatch, shape, chunks, block_bytes
+):
+    monkeypatch.setattr(hashed_reads, "_BLOCK_BYTES", block_bytes)
+    values = np.random.default_rng(5).standard_normal(shape)
+    arr = _array(tmp_path, values, chunks)
+    got, digest = hashed_reads.read_hashed(arr, "precision", digest_head(PARAMS))
+    np.testing.assert_array_equal(got, values)
+    assert got.dtype == values.dtype and got.flags.c_contiguous
+    assert digest == array_digests({"precision": values}, PARAMS)["precision"]
+    # any changed bit in the last block, or another name or parameter: another digest
+    changed = values.copy()
+    if changed.size:
+        changed.reshape(-1)[-1] = np.nextafter(changed.reshape(-1)[-1], np.inf)
+        arr[...] = changed
+        assert hashed_reads.read_hashed(arr, "precision", digest_head(PARAMS))[1] != digest
+    assert hashed_reads.read_hashed(arr, "mean", digest_head(PARAMS))[1] != digest
+
+
+def test_a_failed_block_read_raises_after_the_hash_in_flight_is_done(tmp_path, monkeypatch):
+    monkeypatch.setattr(hashed_reads, "_BLOCK_BYTES", 1)
+    arr = _array(tmp_path, np.ones((6, 4)), (2, 4))
+    calls = []
+
+    class Failing:
+        shape, dtype, chunks = arr.shape, arr.dtype, arr.chunks
+
+        def get_basic_selection(self, selection, out):
+            calls.append(selection)
+            if len(calls) == 2:
+                raise OSError("chunk 1 unreadable")
+            return arr.get_basic_selection(selection, out=out)
+
+    with pytest.raises(OSError, match="chunk 1 unreadable"):
+        hashed_reads.read_hashed(Failing(), "precision", digest_head(PARAMS))
+    assert calls == [(slice(0, 2),), (slice(2, 4),)]
