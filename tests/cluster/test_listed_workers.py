@@ -50,3 +50,27 @@ def test_a_scheduler_before_distributed_2025_4_lists_them_all():
 
     assert list(listed_workers(OldClient())) == ["tcp://a:1", "tcp://b:2"]
     assert calls == [{"n_workers": -1}, {}]
+
+
+def test_the_storage_check_asks_every_worker_whatever_the_cache_holds(
+    seven_workers, monkeypatch, tmp_path
+):
+    import numpy as np
+    import zarr
+
+    from slem_dask import storage
+
+    client = seven_workers
+    zarr.create_array(store=str(tmp_path / "p.zarr"), shape=(4, 3), dtype="f4")[...] = np.ones(
+        (4, 3)
+    )
+    monkeypatch.setattr(client, "scheduler_info", lambda *a, **k: {"workers": {}})
+    run, asked = client.run, []
+
+    def recording_run(function, *args, workers=None, **kwargs):
+        asked.extend(workers)
+        return run(function, *args, workers=workers, **kwargs)
+
+    monkeypatch.setattr(client, "run", recording_run)
+    storage.check_workers_see(client, {"positives": str(tmp_path / "p.zarr")})
+    assert sorted(asked) == sorted(listed_workers(client)) and len(asked) == 7
