@@ -152,6 +152,8 @@ def _label(address: str, info: dict) -> str:
 def describe(state: dict) -> str:
     """The workers a stalled job waits for, e.g. "worker tcp://h:1 (w0; 2 tasks; not heard
     from for 58 s: stopped, swapping or cut off)"."""
+    if _no_workers(state):
+        return "a worker: the scheduler has none connected"
     parts = []
     for address, count in sorted(state["processing"].items()):
         info = state["workers"].get(address, {})
@@ -212,7 +214,18 @@ def _paused_remedy(state: dict) -> str:
     )
 
 
+def _no_workers(state: dict) -> bool:
+    """Whether the scheduler has no worker at all (a --scheduler whose workers never
+    started, or have all gone): nothing runs, and no worker is there to restart."""
+    return state.get("n_workers") == 0 and not state["processing"]
+
+
 def _remedy(state: dict, why: bool = True) -> str:
+    if _no_workers(state):
+        return (
+            "start workers for this scheduler (`dask worker SCHEDULER_ADDRESS`), or give "
+            "no scheduler address (--scheduler, DASK_SCHEDULER_ADDRESS) to start local ones"
+        )
     if state.get("paused") and not any(
         state["workers"].get(a, {}).get("silent") for a in state["processing"]
     ):

@@ -910,3 +910,26 @@ def test_a_rerun_on_empty_positives_is_up_to_date(capsys, scheduler, corpus, fmt
     assert code == 0, err
     assert re.search(r"action +up to date", stdout), stdout + err
     assert storage.read_all(out).shape == (0, 8)
+
+
+def test_a_stall_on_a_scheduler_without_workers_says_to_start_some():
+    """A --scheduler whose workers never started: no worker to name or restart (it said
+    "waiting for tasks queued on the scheduler: check or restart those workers")."""
+    import threading
+
+    from distributed import Client, LocalCluster
+
+    with (
+        LocalCluster(n_workers=0, processes=False, dashboard_address=":0") as cluster,
+        Client(cluster) as client,
+    ):
+        threading.Timer(1.5, cluster.scale, (1,)).start()  # then the job goes on
+        result, lines = _watched(client, lambda: client.submit(sum, [1, 2]).result(timeout=30))
+    assert result == 3
+    stall = [x for x in lines if x.startswith("slem-dask: no task finished for")]
+    assert stall, lines
+    assert (
+        "waiting for a worker: the scheduler has none connected: start workers for this "
+        in (stall[0])
+    )
+    assert "`dask worker SCHEDULER_ADDRESS`" in stall[0] and "restart" not in stall[0]

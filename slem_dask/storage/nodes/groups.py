@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, cast
 
 import numpy as np
 
@@ -25,7 +25,7 @@ from .checksums import (
     metadata_checksum,
 )
 from .chunks import _reason
-from .hashed_reads import read_hashed
+from .member_reads import read_hashed, read_member, read_whole
 from .dimensions import dimension_names
 from ..versioning.errors import (
     CorruptChunkError,
@@ -300,7 +300,7 @@ def read_group_arrays(
                 f"again{rollback_advice(path, _version_seq(group))}"
             )
         if read:
-            arrays[key] = _read_member(path, what, key, _read_whole, arr)
+            arrays[key] = read_member(path, what, key, _version_seq(group), read_whole, arr)
     return arrays
 
 
@@ -315,21 +315,6 @@ def _group_members(group, path, what: str, only: Sequence[str] | None) -> list:
         ) from None
 
 
-def _read_whole(arr) -> np.ndarray:
-    return np.asarray(arr[...])
-
-
-def _read_member(path, what: str, key: str, read: Callable[..., Any], *args: Any) -> Any:
-    """``read(*args)``, the reading of member ``key``, with a failure named as damage."""
-    try:
-        return read(*args)
-    except Exception as exc:  # noqa: BLE001
-        raise CorruptChunkError(
-            f"{what}: array {key!r} of {str(path)!r} cannot be read ({_reason(exc)}); "
-            f"the store is damaged: write it again"
-        ) from None
-
-
 def _read_hashed_members(
     group, path, wanted: Sequence[str], params: dict
 ) -> tuple[dict[str, np.ndarray], dict[str, str]]:
@@ -338,7 +323,9 @@ def _read_hashed_members(
     head = digest_head(params)
     arrays, digests = {}, {}
     for key, arr in _group_members(group, path, "model", wanted):
-        arrays[key], digests[key] = _read_member(path, "model", key, read_hashed, arr, key, head)
+        arrays[key], digests[key] = read_member(
+            path, "model", key, _version_seq(group), read_hashed, arr, key, head
+        )
     return arrays, digests
 
 

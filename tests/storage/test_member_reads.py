@@ -1,4 +1,4 @@
-"""storage.nodes.hashed_reads: a model's array read in blocks of rows, each hashed while
+"""storage.nodes.member_reads: a model's array read in blocks of rows, each hashed while
 the next is read, gives the bytes and the SHA-256 that reading it whole and hashing it
 after (checksums.array_digests) give, for any chunking and block size."""
 
@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import zarr
 
-from slem_dask.storage.nodes import hashed_reads
+from slem_dask.storage.nodes import member_reads
 from slem_dask.storage.nodes.checksums import array_digests, digest_head
 
 PARAMS = {"lam": 0.5, "theta": 2.0}
@@ -28,10 +28,10 @@ def _array(tmp_path, values, chunks):
 def test_a_hashed_read_gives_the_bytes_and_digest_of_a_whole_read(
     tmp_path, monkeypatch, shape, chunks, block_bytes
 ):
-    monkeypatch.setattr(hashed_reads, "_BLOCK_BYTES", block_bytes)
+    monkeypatch.setattr(member_reads, "_BLOCK_BYTES", block_bytes)
     values = np.random.default_rng(5).standard_normal(shape)
     arr = _array(tmp_path, values, chunks)
-    got, digest = hashed_reads.read_hashed(arr, "precision", digest_head(PARAMS))
+    got, digest = member_reads.read_hashed(arr, "precision", digest_head(PARAMS))
     np.testing.assert_array_equal(got, values)
     assert got.dtype == values.dtype and got.flags.c_contiguous
     assert digest == array_digests({"precision": values}, PARAMS)["precision"]
@@ -40,12 +40,12 @@ def test_a_hashed_read_gives_the_bytes_and_digest_of_a_whole_read(
     if changed.size:
         changed.reshape(-1)[-1] = np.nextafter(changed.reshape(-1)[-1], np.inf)
         arr[...] = changed
-        assert hashed_reads.read_hashed(arr, "precision", digest_head(PARAMS))[1] != digest
-    assert hashed_reads.read_hashed(arr, "mean", digest_head(PARAMS))[1] != digest
+        assert member_reads.read_hashed(arr, "precision", digest_head(PARAMS))[1] != digest
+    assert member_reads.read_hashed(arr, "mean", digest_head(PARAMS))[1] != digest
 
 
 def test_a_failed_block_read_raises_after_the_hash_in_flight_is_done(tmp_path, monkeypatch):
-    monkeypatch.setattr(hashed_reads, "_BLOCK_BYTES", 1)
+    monkeypatch.setattr(member_reads, "_BLOCK_BYTES", 1)
     arr = _array(tmp_path, np.ones((6, 4)), (2, 4))
     calls = []
 
@@ -59,5 +59,25 @@ def test_a_failed_block_read_raises_after_the_hash_in_flight_is_done(tmp_path, m
             return arr.get_basic_selection(selection, out=out)
 
     with pytest.raises(OSError, match="chunk 1 unreadable"):
-        hashed_reads.read_hashed(Failing(), "precision", digest_head(PARAMS))
+        member_reads.read_hashed(Failing(), "precision", digest_head(PARAMS))
     assert calls == [(slice(0, 2),), (slice(2, 4),)]
+
+
+@pytest.mark.parametrize("transform_only", [True, False])
+def test_a_damaged_model_chunk_is_named_with_how_to_get_the_model_back(tmp_path, transform_only):
+    from slem_dask import LinearSLEM, load_model, storage
+
+    path = str(tmp_path / "m.zarr")
+    X = np.random.default_rng(0).standard_normal((300, 6)).astype(np.float32)
+    for lam in (0.1, 0.2):  # version 1 is kept: a rollback can bring it back
+        LinearSLEM(lam=lam).fit(X).save(path, overwrite=True)
+    chunk = next((tmp_path / "m.zarr" / "versions").glob("00000002-*/precision/c/0/0"))
+    data = bytearray(chunk.read_bytes())
+    data[40] ^= 1
+    chunk.write_bytes(bytes(data))
+    with pytest.raises(storage.CorruptChunkError) as raised:
+        load_model(path, transform_only=transform_only)
+    message = str(raised.value)
+    assert "chunk 'precision/c/0/0' (rows 0-5) of array 'precision'" in message, message
+    assert "crc32c checksum does not match" in message and "--overwrite" in message
+    assert f"slem-dask rollback {path} --to N" in message and "\n" not in message
