@@ -8,9 +8,8 @@ read 0.96 s then hashed 0.45 s, one after the other; issue 42)."""
 from __future__ import annotations
 
 import hashlib
-from concurrent.futures import Future, ThreadPoolExecutor
-
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
