@@ -136,6 +136,12 @@ def add_run_args(parser: argparse.ArgumentParser, repeat: int = 3) -> None:
     )
     parser.add_argument("--threads", type=int, default=None, help="threads per worker (default 1)")
     parser.add_argument("--lam", type=float, default=1e-3, help="ridge lambda (default 1e-3)")
+    parser.add_argument(
+        "--hold-free-pages",
+        action="store_true",
+        help="root, on a VM whose kernel reports free pages to its host: keep freed memory "
+        "backed during the run, put back at exit (_physical.hold_free_pages)",
+    )
 
 
 def add_scheduler_args(parser: argparse.ArgumentParser) -> None:
@@ -344,14 +350,16 @@ def header(title: str, args) -> None:
             f"  WARNING: the machine is busy ({load_line()}): timings are not reliable; "
             f"a multi-threaded BLAS in particular slows down a lot when the cores are shared"
         )
-    from _physical import reports_free_pages
+    from _physical import hold_free_pages, reports_free_pages
 
-    if reports_free_pages():
+    if getattr(args, "hold_free_pages", False):
+        print("  " + hold_free_pages())
+    elif reports_free_pages():
         print(
             "  WARNING: this VM may hand its free memory back to its host (a virtio balloon "
             "with free page reporting): a run that touches memory freed before it can take "
             "up to twice as long, in kernel time; compare user CPU seconds where they are "
-            "printed (benchmarks/_physical.py)"
+            "printed, or run as root with --hold-free-pages (benchmarks/_physical.py)"
         )
     print("=" * 78)
     sys.stdout.flush()

@@ -92,6 +92,53 @@ def reports_free_pages() -> bool:
     return bound and os.path.exists("/sys/module/page_reporting/parameters")
 
 
+#: How long (ms) a page must have been free before the guest kernel reports it to the
+#: host: a parameter of the Firecracker guest kernel of this project's machines (upstream
+#: Linux has only ``page_reporting_order``); 0 there, so a page was reported at once.
+MIN_FREE_MS = "/sys/module/page_reporting/parameters/min_free_ms"
+#: What :func:`hold_free_pages` sets: five minutes, the largest round value that kernel
+#: took (600000 was refused: EINVAL). A contender reuses within seconds what the one
+#: before it freed, so none of it is reported during a run.
+HELD_MIN_FREE_MS = 300_000
+
+
+def hold_free_pages() -> str:
+    """For the rest of this process, keep memory that a contender frees backed by the
+    host (``--hold-free-pages``): :data:`MIN_FREE_MS` is set to :data:`HELD_MIN_FREE_MS`
+    and put back at exit (a killed run leaves it set: the line returned says how to put
+    it back). Root only. Returns the line to print; raises ``SystemExit`` with one line
+    where it cannot (no such parameter, or not allowed to write it).
+
+    Why (issue 42, ninth pass): at 1e6 x 128 on a LocalCluster, with reporting as it is
+    (0 ms), a contender's system CPU was 0.21-0.30 s in one round and 0.63-0.87 s in
+    another, whichever contender it was (floor / slem-dask 0.72 in one run, the floor
+    slower than slem-dask in the next); held, 0.21-0.39 s in every round of three runs
+    (``benchmarks/results/q42s9_128*.txt``)."""
+    import atexit
+
+    try:
+        with open(MIN_FREE_MS) as f:
+            before = f.read().strip()
+        with open(MIN_FREE_MS, "w") as f:
+            f.write(str(HELD_MIN_FREE_MS))
+    except OSError as exc:
+        raise SystemExit(
+            f"--hold-free-pages: cannot set {MIN_FREE_MS} ({exc.strerror or exc}): it needs "
+            f"root and a guest kernel that has this parameter; run as root, or omit "
+            f"--hold-free-pages (then compare the user CPU lines)"
+        ) from None
+
+    def put_back() -> None:
+        with open(MIN_FREE_MS, "w") as f:
+            f.write(before)
+
+    atexit.register(put_back)
+    return (
+        f"free page reporting held: {MIN_FREE_MS} = {HELD_MIN_FREE_MS} for this run "
+        f"(was {before}; put back at exit; after a killed run: echo {before} > {MIN_FREE_MS})"
+    )
+
+
 def same_start(outputs=(), inputs=(), client=None, pause: float = 0.3) -> None:
     """Bring the machine to the state every timed contender starts from (module doc):
     ``outputs``: folders the contenders write (their pages are dropped from the cache),

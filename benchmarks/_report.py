@@ -150,7 +150,8 @@ def band(
         print(
             f"BAND {label}: {names[0]} / {names[1]} = {ratio:.3f} (best / best); per round "
             f"min {lo:.3f}, median {mid:.3f}, max {hi:.3f} over {len(rounds)} rounds: "
-            f"{outside} outside +-{promised:.0%} of the median (one in five allowed): "
+            f"{outside} outside +-{promised:.0%} of the median ({len(rounds) // 5} allowed: "
+            f"one in five rounds): "
             f"{verdict}"
         )
     emit_json("BAND", out)

@@ -236,3 +236,45 @@ def test_a_machine_without_a_balloon_device_reports_no_free_pages(monkeypatch):
     assert _physical.reports_free_pages() is True
     monkeypatch.setattr(_physical.os, "listdir", lambda path: ["bind", "uevent"])
     assert _physical.reports_free_pages() is False
+
+
+def test_hold_free_pages_sets_the_parameter_and_puts_it_back_at_exit(tmp_path, monkeypatch):
+    import _physical
+
+    parameter = tmp_path / "min_free_ms"
+    parameter.write_text("0\n")
+    at_exit = []
+    monkeypatch.setattr(_physical, "MIN_FREE_MS", str(parameter))
+    monkeypatch.setattr("atexit.register", at_exit.append)
+    line = _physical.hold_free_pages()
+    assert parameter.read_text() == str(_physical.HELD_MIN_FREE_MS)
+    assert f"was 0; put back at exit; after a killed run: echo 0 > {parameter}" in line
+    (put_back,) = at_exit
+    put_back()
+    assert parameter.read_text() == "0"
+
+
+def test_hold_free_pages_without_the_parameter_says_why_in_one_line(tmp_path, monkeypatch):
+    import _physical
+
+    missing = tmp_path / "no-such-parameter"
+    monkeypatch.setattr(_physical, "MIN_FREE_MS", str(missing))
+    with pytest.raises(SystemExit) as stop:
+        _physical.hold_free_pages()
+    message = str(stop.value)
+    assert message.startswith(f"--hold-free-pages: cannot set {missing} (No such file")
+    assert "run as root, or omit --hold-free-pages" in message and "\n" not in message
+    assert not missing.exists()
+
+
+def test_bench_encode_parts_times_every_step_of_both_sides(tmp_path, capsys):
+    import bench_encode_parts
+
+    args = ["--n", "4000", "--d", "64", "--repeat", "2", "--workdir", str(tmp_path)]
+    assert bench_encode_parts.main(args) == 0
+    out = capsys.readouterr().out
+    for step in {*bench_encode_parts.FLOOR_STEPS, *bench_encode_parts.SLEM_STEPS}:
+        assert f"\n{step} " in out, step
+    ratios = [line for line in out.splitlines() if line.startswith("RATIO floor / slem-dask")]
+    assert [r.split("(")[1].split(")")[0] for r in ratios] == ["bests", "medians"]
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith("bench-encode-parts-")]
