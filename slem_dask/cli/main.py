@@ -96,8 +96,14 @@ def _run(args) -> int:
             if processes
             else f" in this process ({sum(client.nthreads().values())} threads; {why})"
         )
+        none_yet = (
+            " (none connected yet: the jobs wait for one; start workers for this scheduler "
+            "with `dask worker SCHEDULER_ADDRESS`)"
+            if not listed
+            else ""
+        )
         print(
-            f"dask: {client.scheduler.address} with {len(listed)} worker(s){where}, "
+            f"dask: {client.scheduler.address} with {len(listed)} worker(s){none_yet}{where}, "
             f"start-up {time.perf_counter() - started:.2f} s (the jobs' own times follow)",
             flush=True,
         )

@@ -47,7 +47,7 @@ import dataclasses
 import numpy as np
 
 from ..storage import IntegrityError
-from ..storage.nodes.workers import ask_workers, listed_workers
+from ..storage.nodes.workers import ask_workers, listed_workers, wait_for_a_worker
 from ..parallel.task_memory import (
     MiB,
     encode_task_bytes,  # noqa: F401
@@ -189,6 +189,7 @@ def check_memory(client, plan: Plan, n_tasks: int, task_modules: tuple = ()) -> 
     fraction = _terminate_fraction()
     if client is None or n_tasks <= 0:
         return
+    wait_for_a_worker(client)  # else no worker is checked, and those that join are not
     limited = _limited_workers(client)
     plan.limits = {a: w["memory_limit"] for a, w in limited.items()}
     in_process = _in_process_workers(client)

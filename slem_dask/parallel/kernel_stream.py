@@ -347,7 +347,8 @@ def memory_budget(x) -> tuple[float, str]:
 
         client = getattr(dask.base.get_scheduler(collections=[x]), "__self__", None)
         workers = None
-        if client is not None and hasattr(client, "scheduler_info"):
+        # a distributed Client: listed_workers asks its scheduler through its loop
+        if client is not None and hasattr(client, "scheduler") and hasattr(client, "sync"):
             workers = listed_workers(client)
         if workers and all(w.get("memory_limit") for w in workers.values()):
             limit = sum(w["memory_limit"] for w in workers.values())

@@ -178,6 +178,31 @@ def test_overwrite_replaces(scheduler, corpus, tmp_path, capsys):
     assert sorted(os.listdir(tmp_path)) == ["codes.zarr", "model.zarr"]
 
 
+def test_a_scheduler_without_workers_is_said_so_at_the_start(corpus, tmp_path, capsys, monkeypatch):
+    """The start line said "with 0 worker(s)" and nothing more, and the job then waited
+    without a word for 60 s (the watchdog's stall line); it now says what to start."""
+    from distributed import LocalCluster
+
+    listed = storage.listed_workers
+
+    def then_one_worker(client):  # the start line asks first; a worker then joins
+        workers = listed(client)
+        if not workers:
+            cluster.scale(1)
+        return workers
+
+    monkeypatch.setattr(storage, "listed_workers", then_one_worker)
+    with LocalCluster(n_workers=0, processes=False, dashboard_address=":0") as cluster:
+        code, out, err = run(
+            capsys,
+            *fit_args(cluster.scheduler_address, corpus["negatives"], str(tmp_path / "m.zarr")),
+        )
+    assert code == 0, err
+    start = next(line for line in out.splitlines() if line.startswith("dask: "))
+    assert "with 0 worker(s) (none connected yet: the jobs wait for one; start workers " in start
+    assert "`dask worker SCHEDULER_ADDRESS`" in start
+
+
 def test_cli_starts_its_own_local_cluster(corpus, tmp_path, capsys):
     model_path = str(tmp_path / "model.zarr")
     code, out, err = run(

@@ -445,6 +445,28 @@ def one_worker():
         yield client, worker
 
 
+def test_a_check_on_a_scheduler_without_workers_waits_in_view_and_gives_up_on_time(tmp_path):
+    """The check of every worker waits for one (it checked none before), queued as a
+    task: the stall line says what it waits for, and --task-timeout still ends it."""
+    import numpy as np
+    import zarr
+    from distributed import Client, LocalCluster
+
+    from slem_dask import storage
+    from slem_dask.cluster.watchdog import TaskTimeout
+
+    path = str(tmp_path / "p.zarr")
+    zarr.create_array(store=path, shape=(4, 3), dtype="f4")[...] = np.ones((4, 3))
+    with (
+        LocalCluster(n_workers=0, processes=False, dashboard_address=":0") as cluster,
+        Client(cluster) as client,
+    ):
+        with pytest.raises(TaskTimeout) as stop:
+            _watched(client, lambda: storage.check_workers_see(client, {"p": path}), task_timeout=2)
+    assert "waiting for a worker: the scheduler has none connected" in str(stop.value)
+    assert "`dask worker SCHEDULER_ADDRESS`" in str(stop.value)
+
+
 def _watched(client, compute, **options):
     """(result, the watchdog's lines) of ``compute()`` watched with short intervals."""
     import io

@@ -74,3 +74,46 @@ def test_the_storage_check_asks_every_worker_whatever_the_cache_holds(
     monkeypatch.setattr(client, "run", recording_run)
     storage.check_workers_see(client, {"positives": str(tmp_path / "p.zarr")})
     assert sorted(asked) == sorted(listed_workers(client)) and len(asked) == 7
+
+
+@pytest.mark.parametrize("check", ["stores", "memory"])
+def test_the_checks_wait_for_a_worker_on_a_scheduler_that_has_none_yet(
+    check, monkeypatch, tmp_path
+):
+    """A --scheduler started before its workers: the checks of "every worker" checked
+    none and passed, and the workers that joined ran the job unchecked."""
+    import numpy as np
+    import zarr
+    from distributed import Client, LocalCluster
+
+    from slem_dask import storage
+    from slem_dask.cluster import workers as worker_checks
+
+    path = str(tmp_path / "p.zarr")
+    zarr.create_array(store=path, shape=(4, 3), dtype="f4")[...] = np.ones((4, 3))
+    with (
+        LocalCluster(n_workers=0, processes=False, dashboard_address=":0") as cluster,
+        Client(cluster) as client,
+    ):
+        run, asked, listed = client.run, [], listed_workers
+
+        def recording_run(function, *args, workers=None, **kwargs):
+            asked.extend(workers or ())
+            return run(function, *args, workers=workers, **kwargs)
+
+        def then_one_worker(client):  # the first look finds none; one joins after it
+            found = listed(client)
+            if not found:
+                cluster.scale(1)
+            return found
+
+        monkeypatch.setattr(client, "run", recording_run)
+        monkeypatch.setattr(storage.nodes.workers, "listed_workers", then_one_worker)
+        if check == "stores":
+            storage.check_workers_see(client, {"positives": path})
+        else:
+            plan = worker_checks.Plan("encode", "positives", 4, 3, "float32", 1, 0.0, 0, 1)
+            worker_checks.check_memory(client, plan, 1)
+        assert len(listed(client)) == 1  # returned once the worker had joined
+    if check == "stores":
+        assert len(set(asked)) == 1  # and that worker was checked

@@ -85,12 +85,12 @@ def ask_workers(
 
     answers: dict = {}
     failed: dict = {}
-    asked = list(workers) if workers is not None else _current_workers(client)
+    asked = list(workers) if workers is not None else list(listed_workers(client))
     for _ in range(_ASK_ROUNDS):
         if not asked:
             return answers
         got = client.run(function, *args, workers=asked, on_error="return")
-        present = _current_workers(client)
+        present = listed_workers(client)
         failed = {}
         for address, value in got.items():
             if not isinstance(value, BaseException):
@@ -113,8 +113,16 @@ def ask_workers(
     )
 
 
-def _current_workers(client) -> list:
-    return list(listed_workers(client))
+def wait_for_a_worker(client) -> None:
+    """Return once the scheduler of ``client`` lists a worker. A check of "every worker"
+    on a scheduler whose workers have not connected yet (``--scheduler`` started before
+    them) would check none, and the workers that join later would run the job unchecked.
+    A job in the command line's watchdog is told, after its stall time, that it waits for
+    a worker and how to start one (cluster/stall_text.py)."""
+    if not listed_workers(client):
+        # a task, not client.wait_for_workers: the watchdog sees it queued and says why it
+        # waits, and its --task-timeout cancels it (the wait would not end)
+        client.submit(int, pure=False).result()
 
 
 def listed_workers(client) -> dict[str, dict]:
@@ -136,6 +144,7 @@ def check_workers_see(client, stores: dict[str, object]) -> None:
     another directory with a relative path, would read nothing or something else)."""
     if client is None or not stores:
         return
+    wait_for_a_worker(client)
     names = list(stores)
     paths = [canonical(stores[n]) for n in names]
     local = [p for p in paths if p.url.startswith("memory://")]
