@@ -114,7 +114,9 @@ def add_common_args(
     parser.add_argument("--seed", type=int, default=0, help="seed of the data stream (default 0)")
 
 
-def add_run_args(parser: argparse.ArgumentParser, repeat: int = 3) -> None:
+def add_run_args(parser: argparse.ArgumentParser, repeat: int = 3, cluster: bool = True) -> None:
+    """--repeat, --partition-rows, --lam, --hold-free-pages, and with ``cluster`` the
+    LocalCluster's --workers and --threads (a script that starts none takes neither)."""
     parser.add_argument(
         "--repeat",
         type=int,
@@ -127,14 +129,17 @@ def add_run_args(parser: argparse.ArgumentParser, repeat: int = 3) -> None:
         default=None,
         help="rows per dask partition (default: the library's, storage.row_partition)",
     )
-    parser.add_argument(
-        "--workers",
-        type=int,
-        default=None,
-        help="LocalCluster worker processes (default: slem_dask.cluster.connect "
-        "default, one per core)",
-    )
-    parser.add_argument("--threads", type=int, default=None, help="threads per worker (default 1)")
+    if cluster:
+        parser.add_argument(
+            "--workers",
+            type=int,
+            default=None,
+            help="LocalCluster worker processes (default: slem_dask.cluster.connect "
+            "default, one per core)",
+        )
+        parser.add_argument(
+            "--threads", type=int, default=None, help="threads per worker (default 1)"
+        )
     parser.add_argument("--lam", type=float, default=1e-3, help="ridge lambda (default 1e-3)")
     parser.add_argument(
         "--hold-free-pages",
@@ -359,7 +364,13 @@ def header(title: str, args) -> None:
             "  WARNING: this VM may hand its free memory back to its host (a virtio balloon "
             "with free page reporting): a run that touches memory freed before it can take "
             "up to twice as long, in kernel time; compare user CPU seconds where they are "
-            "printed, or run as root with --hold-free-pages (benchmarks/_physical.py)"
+            "printed"
+            + (
+                ", or run as root with --hold-free-pages"
+                if hasattr(args, "hold_free_pages")
+                else ""
+            )
+            + " (benchmarks/_physical.py)"
         )
     print("=" * 78)
     sys.stdout.flush()

@@ -105,8 +105,9 @@ HELD_MIN_FREE_MS = 300_000
 def hold_free_pages() -> str:
     """For the rest of this process, keep memory that a contender frees backed by the
     host (``--hold-free-pages``): :data:`MIN_FREE_MS` is set to :data:`HELD_MIN_FREE_MS`
-    and put back at exit (a killed run leaves it set: the line returned says how to put
-    it back). Root only. Returns the line to print; raises ``SystemExit`` with one line
+    and put back at exit, if it still holds that value (two runs that overlap: the one
+    that saw it held does not hold it again); a killed run leaves it set, and the line
+    returned says how to put it back. Root only. Returns the line to print; raises ``SystemExit`` with one line
     where it cannot (no such parameter, or not allowed to write it).
 
     Why (issue 42, ninth pass): at 1e6 x 128 on a LocalCluster, with reporting as it is
@@ -128,7 +129,10 @@ def hold_free_pages() -> str:
             f"--hold-free-pages (then compare the user CPU lines)"
         ) from None
 
-    def put_back() -> None:
+    def put_back() -> None:  # unless another run put it back first (runs that overlapped)
+        with open(MIN_FREE_MS) as f:
+            if f.read().strip() != str(HELD_MIN_FREE_MS):
+                return
         with open(MIN_FREE_MS, "w") as f:
             f.write(before)
 

@@ -13,7 +13,9 @@ thread (BLAS single-threaded, as in a task), slem-dask's against the floor's
   the output's check (``check_encoded_rows``), the chunk's crc32c and its write, and the
   deletion of one partition of the version a job prunes (its pages out of the cache).
 
-Each slem-dask step is printed with what it is for; the sums of each side's bests, and
+``encode_rows``, whole, also allocates its output and runs the three steps piece by piece
+(the pieces' Python calls weigh at small partitions). Each slem-dask step that the floor
+does not do is printed with the promise it keeps; the sums of each side's bests, and
 of its medians, give the floor / slem-dask of one partition's work. A whole job adds
 what is paid once (the model's read, the commit) and overlaps tasks on the cores.
 """
@@ -80,7 +82,7 @@ SLEM_STEPS = (
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     C.add_common_args(parser)
-    C.add_run_args(parser, repeat=15)
+    C.add_run_args(parser, repeat=15, cluster=False)
     args = parser.parse_args(argv)
     C.resolve_sizes(args)
 
@@ -162,13 +164,16 @@ def main(argv=None) -> int:
         )
     best = {name: min(t) * 1e3 for name, t in times.items()}
     median = {name: statistics.median(t) * 1e3 for name, t in times.items()}
+    result: dict = {"n": args.n, "d": args.d, "rows": int(block.shape[0]), "steps_ms": best}
     for what, of in (("bests", best), ("medians", median)):
         floor, slem = sum(of[k] for k in FLOOR_STEPS), sum(of[k] for k in SLEM_STEPS)
+        result[f"ratio_{what}"] = floor / slem
         print(
             f"RATIO floor / slem-dask, one partition's steps ({what}) = {floor / slem:.3f} "
             f"(floor {floor:.1f} ms, slem-dask {slem:.1f} ms: read, encode_rows, check, "
             f"crc32c, write, one pruned partition's deletion)"
         )
+    C.emit_json("RESULT bench_encode_parts", result)
     return 0
 
 

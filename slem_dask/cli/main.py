@@ -97,8 +97,8 @@ def _run(args) -> int:
             else f" in this process ({sum(client.nthreads().values())} threads; {why})"
         )
         none_yet = (
-            " (none connected yet: the jobs wait for one; start workers for this scheduler "
-            "with `dask worker SCHEDULER_ADDRESS`)"
+            f" (none connected yet: nothing runs until one does; start workers with "
+            f"`dask worker {client.scheduler.address}`)"
             if not listed
             else ""
         )

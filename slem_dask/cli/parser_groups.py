@@ -21,8 +21,8 @@ def _add_cluster_args(p: argparse.ArgumentParser) -> None:
         "--workers",
         type=_positive_int,
         metavar="N",
-        help="LocalCluster workers (default: worker processes, one per core; "
-        "with --local-cluster threads, one in this process)",
+        help="LocalCluster workers (default: one per core, as processes, or one in this "
+        "process with a thread per core where --local-cluster auto picks threads)",
     )
     g.add_argument(
         "--threads-per-worker",

@@ -85,8 +85,9 @@ def _no_workers(state: dict) -> bool:
 def remedy(state: dict, why: bool = True) -> str:
     if _no_workers(state):
         return (
-            "start workers for this scheduler (`dask worker SCHEDULER_ADDRESS`), or give "
-            "no scheduler address (--scheduler, DASK_SCHEDULER_ADDRESS) to start local ones"
+            f"start workers for this scheduler (`dask worker "
+            f"{state.get('address') or 'SCHEDULER_ADDRESS'}`), or give no scheduler address "
+            f"(--scheduler, DASK_SCHEDULER_ADDRESS) to start local ones"
         )
     if state.get("paused") and not any(
         state["workers"].get(a, {}).get("silent") for a in state["processing"]

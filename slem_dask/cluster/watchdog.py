@@ -140,6 +140,7 @@ def _probe_function():
             "inputs": {a: n for a, n in inputs.items() if a not in processing},
             "paused": paused,
             "n_workers": len(dask_scheduler.workers),
+            "address": dask_scheduler.address,
         }
 
     return probe

@@ -254,6 +254,23 @@ def test_hold_free_pages_sets_the_parameter_and_puts_it_back_at_exit(tmp_path, m
     assert parameter.read_text() == "0"
 
 
+def test_of_two_runs_that_overlap_the_later_does_not_hold_the_pages_again(tmp_path, monkeypatch):
+    import _physical
+
+    parameter = tmp_path / "min_free_ms"
+    parameter.write_text("0\n")
+    at_exit = []
+    monkeypatch.setattr(_physical, "MIN_FREE_MS", str(parameter))
+    monkeypatch.setattr("atexit.register", at_exit.append)
+    _physical.hold_free_pages()  # the first run
+    assert "(was 300000;" in _physical.hold_free_pages()  # the second, while it runs
+    first, second = at_exit
+    first()  # the first ends: put back as it found it
+    assert parameter.read_text() == "0"
+    second()  # the second ends after it: what it found held is not held again
+    assert parameter.read_text() == "0"
+
+
 def test_hold_free_pages_without_the_parameter_says_why_in_one_line(tmp_path, monkeypatch):
     import _physical
 
@@ -277,4 +294,9 @@ def test_bench_encode_parts_times_every_step_of_both_sides(tmp_path, capsys):
         assert f"\n{step} " in out, step
     ratios = [line for line in out.splitlines() if line.startswith("RATIO floor / slem-dask")]
     assert [r.split("(")[1].split(")")[0] for r in ratios] == ["bests", "medians"]
+    (result,) = [line for line in out.splitlines() if line.startswith("RESULT bench_encode_parts")]
+    values = json.loads(result.split(" ", 2)[2])
+    assert 0 < values["ratio_bests"] and set(values["steps_ms"]) >= set(
+        bench_encode_parts.SLEM_STEPS
+    )
     assert not [p for p in tmp_path.iterdir() if p.name.startswith("bench-encode-parts-")]
