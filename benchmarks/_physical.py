@@ -107,8 +107,9 @@ def hold_free_pages() -> str:
     host (``--hold-free-pages``): :data:`MIN_FREE_MS` is set to :data:`HELD_MIN_FREE_MS`
     and put back at exit, if it still holds that value (two runs that overlap: the one
     that saw it held does not hold it again); a killed run leaves it set, and the line
-    returned says how to put it back. Root only. Returns the line to print; raises ``SystemExit`` with one line
-    where it cannot (no such parameter, or not allowed to write it).
+    returned says how to put it back. Root only. Returns the line to print; raises
+    ``SystemExit`` with one line where it cannot (no such parameter, or not allowed to
+    write it).
 
     Why (issue 42, ninth pass): at 1e6 x 128 on a LocalCluster, with reporting as it is
     (0 ms), a contender's system CPU was 0.21-0.30 s in one round and 0.63-0.87 s in

@@ -3,7 +3,8 @@
 
 bench_encode times whole jobs; this times each step of one partition's task on one
 thread (BLAS single-threaded, as in a task), slem-dask's against the floor's
-(``_common.encode_floor``), alternating, best and median of ``--repeat``:
+(``_common.encode_floor``), each called once untimed, then alternating (``_report.alternate``),
+best and median of ``--repeat``:
 
 * both: reading the partition (slem-dask's reader: the floor uses it too);
 * the floor: one float32 product with A^-1, the rows' squares (np.einsum), the scaling,
@@ -33,17 +34,6 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _common as C  # noqa: E402
-
-
-def _timed(steps: dict, repeat: int) -> dict:
-    """{name: [seconds, ...]}: every step once per round, in order, ``repeat`` rounds."""
-    times: dict = {name: [] for name in steps}
-    for _ in range(repeat):
-        for name, step in steps.items():
-            start = time.perf_counter()
-            step()
-            times[name].append(time.perf_counter() - start)
-    return times
 
 
 def _write(folder: str, data: np.ndarray, trailer: bytes = b"") -> None:
@@ -144,7 +134,7 @@ def main(argv=None) -> int:
         "slem: write (with trailer)": lambda: _write(folder, product, trailer),
     }
     with single_threaded_blas():
-        times = _timed(steps, args.repeat)
+        times = C.alternate(steps, args.repeat)  # every step warmed up once first
     times["slem: delete a pruned partition"] = [
         _delete_uncached(folder, encoded) for _ in range(max(3, args.repeat // 3))
     ]

@@ -252,3 +252,17 @@ def wait_for_workers(address: str, n: int) -> dict:
     with Client(address) as client:
         client.wait_for_workers(n, timeout=60)
         return {w["name"]: a for a, w in listed_workers(client).items()}
+
+
+def one_worker_once_none_listed(cluster, listed):
+    """``listed`` (``storage.listed_workers``) that, whenever it finds no worker, has the
+    in-process ``cluster`` start one: whatever looks first (a start line, a check) sees
+    none, and a worker joins after it, with no timer to race."""
+
+    def listed_then_one(client):
+        found = listed(client)
+        if not found:
+            cluster.scale(1)
+        return found
+
+    return listed_then_one

@@ -183,20 +183,15 @@ def test_a_scheduler_without_workers_is_said_so_at_the_start(corpus, tmp_path, c
     without a word for 60 s (the watchdog's stall line); it now says what to start."""
     from distributed import LocalCluster
 
-    listed = storage.listed_workers
+    from helpers import one_worker_once_none_listed
 
-    def then_one_worker(client):  # the start line asks first; a worker then joins
-        workers = listed(client)
-        if not workers:
-            cluster.scale(1)
-        return workers
-
-    monkeypatch.setattr(storage, "listed_workers", then_one_worker)
     with LocalCluster(n_workers=0, processes=False, dashboard_address=":0") as cluster:
+        # the start line asks first; a worker then joins
+        listed = one_worker_once_none_listed(cluster, storage.listed_workers)
+        monkeypatch.setattr(storage, "listed_workers", listed)
         address = cluster.scheduler_address
         code, out, err = run(
-            capsys,
-            *fit_args(cluster.scheduler_address, corpus["negatives"], str(tmp_path / "m.zarr")),
+            capsys, *fit_args(address, corpus["negatives"], str(tmp_path / "m.zarr"))
         )
     assert code == 0, err
     start = next(line for line in out.splitlines() if line.startswith("dask: "))

@@ -86,6 +86,7 @@ def test_the_checks_wait_for_a_worker_on_a_scheduler_that_has_none_yet(
     import zarr
     from distributed import Client, LocalCluster
 
+    from helpers import one_worker_once_none_listed
     from slem_dask import storage
     from slem_dask.cluster import workers as worker_checks
 
@@ -101,13 +102,9 @@ def test_the_checks_wait_for_a_worker_on_a_scheduler_that_has_none_yet(
             asked.extend(workers or ())
             return run(function, *args, workers=workers, **kwargs)
 
-        def then_one_worker(client):  # the first look finds none; one joins after it
-            found = listed(client)
-            if not found:
-                cluster.scale(1)
-            return found
-
         monkeypatch.setattr(client, "run", recording_run)
+        # the first look finds none; one joins after it
+        then_one_worker = one_worker_once_none_listed(cluster, listed)
         monkeypatch.setattr(storage.nodes.workers, "listed_workers", then_one_worker)
         if check == "stores":
             storage.check_workers_see(client, {"positives": path})

@@ -238,14 +238,24 @@ def test_a_machine_without_a_balloon_device_reports_no_free_pages(monkeypatch):
     assert _physical.reports_free_pages() is False
 
 
-def test_hold_free_pages_sets_the_parameter_and_puts_it_back_at_exit(tmp_path, monkeypatch):
+@pytest.fixture
+def page_parameter(tmp_path, monkeypatch):
+    """(a stand-in for the kernel's min_free_ms, at 0; the functions registered to run at
+    exit, not run)."""
     import _physical
 
     parameter = tmp_path / "min_free_ms"
     parameter.write_text("0\n")
-    at_exit = []
+    at_exit: list = []
     monkeypatch.setattr(_physical, "MIN_FREE_MS", str(parameter))
     monkeypatch.setattr("atexit.register", at_exit.append)
+    return parameter, at_exit
+
+
+def test_hold_free_pages_sets_the_parameter_and_puts_it_back_at_exit(page_parameter):
+    import _physical
+
+    parameter, at_exit = page_parameter
     line = _physical.hold_free_pages()
     assert parameter.read_text() == str(_physical.HELD_MIN_FREE_MS)
     assert f"was 0; put back at exit; after a killed run: echo 0 > {parameter}" in line
@@ -254,14 +264,10 @@ def test_hold_free_pages_sets_the_parameter_and_puts_it_back_at_exit(tmp_path, m
     assert parameter.read_text() == "0"
 
 
-def test_of_two_runs_that_overlap_the_later_does_not_hold_the_pages_again(tmp_path, monkeypatch):
+def test_of_two_runs_that_overlap_the_later_does_not_hold_the_pages_again(page_parameter):
     import _physical
 
-    parameter = tmp_path / "min_free_ms"
-    parameter.write_text("0\n")
-    at_exit = []
-    monkeypatch.setattr(_physical, "MIN_FREE_MS", str(parameter))
-    monkeypatch.setattr("atexit.register", at_exit.append)
+    parameter, at_exit = page_parameter
     _physical.hold_free_pages()  # the first run
     assert "(was 300000;" in _physical.hold_free_pages()  # the second, while it runs
     first, second = at_exit
