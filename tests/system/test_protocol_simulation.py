@@ -229,6 +229,81 @@ def test_one_failed_heartbeat_read_does_not_stop_the_heartbeat(monkeypatch):
     assert second.outcome[0] == "error" and isinstance(second.outcome[1], LeaseHeldError)
 
 
+def _late_heartbeat_world(monkeypatch, pause_before_put: bool):
+    """An owner whose first heartbeat write lands 200 s late, after a waiter took the
+    lease over (it saw the record unchanged for LEASE_TTL = 120 s): either the write is
+    delivered late, or the owner's process is paused between its read and its write.
+    The owner then works until t = 400, the waiter until t = 600; both check their
+    lease at the end, as a job does before its commit. Returns both outcomes."""
+    from sim import jobs
+    from sim.server import Faults, SimBackend
+    from sim.world import World, simulated
+
+    from slem_dask.storage.versioning.leases import Lease
+
+    real_put, late = SimBackend.put, []
+
+    def put(self, key, data):
+        if key.endswith(".slem-dask-lease") and self.world.actor_name().startswith("owner/"):
+            if not late:
+                late.append(self.world.now)
+                self.world.sleep(200)  # in flight, or the whole process stopped
+        return real_put(self, key, data)
+
+    if pause_before_put:  # stopped right after the heartbeat's last check, before its put
+        real_trusted_for, calls = Lease.trusted_for, []
+
+        def trusted_for(self):
+            value = real_trusted_for(self)
+            if self.job == "owner" and world.actor_name().startswith("owner/") and not late:
+                calls.append(value)
+                if len(calls) == 2:  # the first beat's check after its read
+                    late.append(world.now)
+                    world.sleep(200)
+            return value
+
+        monkeypatch.setattr(Lease, "trusted_for", trusted_for)
+    else:
+        monkeypatch.setattr(SimBackend, "put", at_the_boundary(put))
+    world = World(0, Faults())
+    with simulated(world):
+
+        def owner():
+            with Lease(jobs.STORE, "owner") as lease:
+                world.sleep(400)
+                lease.check()
+
+        def waiter():
+            world.sleep(10)
+            with Lease(jobs.STORE, "waiter") as lease:
+                world.sleep(600)
+                lease.check()
+                return lease.took_over.get("job")
+
+        first = world.spawn("owner", owner)
+        second = world.spawn("waiter", waiter)
+        world.run()
+    assert late, "the owner's heartbeat never wrote"
+    return first.outcome, second.outcome
+
+
+@pytest.mark.parametrize("pause_before_put", [False, True], ids=["delivered-late", "paused"])
+def test_a_heartbeat_that_lands_after_a_takeover_fails_neither_job_wrongly(
+    monkeypatch, pause_before_put
+):
+    """The late write overwrote the new owner's record. The job that took over keeps
+    its lease (it writes its record back) and succeeds; the late writer is refused,
+    told that its lease went unrenewed. Before, the job that took over was refused in
+    both cases (its heartbeat stopped at the foreign token), and the paused one passed
+    its check: its late write had renewed its lease (noticed in review, stop 51)."""
+    from slem_dask.storage.versioning.leases import LeaseLostError
+
+    owner, waiter = _late_heartbeat_world(monkeypatch, pause_before_put)
+    assert waiter == ("ok", "owner"), waiter
+    assert owner[0] == "error" and isinstance(owner[1], LeaseLostError), owner
+    assert "was not renewed" in str(owner[1]), owner
+
+
 def test_a_commit_that_lands_after_the_job_gave_up_names_a_whole_version(monkeypatch):
     """Every create of the commit record times out and stays in flight; the job gives
     up ("cannot learn whether version 1 was committed") and must keep its draft: the

@@ -19,6 +19,14 @@ answering: each request ends at its deadline, :mod:`.deadlines`) therefore stops
 claiming the lease once that time is up, and the job's :meth:`Lease.check` refuses the
 commit, as it does for a lease taken over.
 
+A store has no conditional replace on every backend, so a heartbeat's write can land
+after another job took the lease over (its process paused between its read and its
+write, or the write delivered late) and overwrite that job's record. The late writer
+renews nothing by it (its write ended too late to count), and the job that took over
+treats the token of the job it took the lease from as a late write, not as a new owner:
+it writes its own record back (:meth:`Lease.held`, the heartbeat). Both jobs would fail
+otherwise, the second one told that the first, a dead job, had taken its lease.
+
 A lease only keeps two jobs from doing the same work at once. What readers see is
 protected by :mod:`.versions`: a job whose lease was taken over, and which goes on
 writing (a stalled client, a late worker), writes only into its own uncommitted
@@ -285,26 +293,58 @@ class Lease:
                 record = self.read()
             except FAILED:  # a 503, a deadline met: not renewed this time (trusted_for()
                 continue  # says how long that may go on); the heartbeat goes on
-            if not record or record.get("token") != self.token:
+            if not self._ours(record):
                 return  # taken over: check() will refuse the commit
             if self.trusted_for() <= 0 or self._stop.is_set():
                 return  # the read outlived the lease (a silent store), or the job ended
                 # while it waited (an interrupt): do not write
             self._beat_no += 1
-            started = time.monotonic()
+            started, previous = time.monotonic(), self._renewed_at
             try:
                 self._backend.put(self._key, json.dumps(self._record()).encode())
             except FAILED:
                 continue  # as above: unrenewed; the next beat writes a higher counter
+            if previous is not None and time.monotonic() - previous >= LEASE_TTL:
+                # the put ended when an observer could have taken the lease over (this
+                # process was paused after its read, or the put was slow): it may have
+                # overwritten that job's record, so it renews nothing (that job writes
+                # its own back: _ours); the lease is no longer trusted (check() says so)
+                return
             self._renewed_at = started
+
+    def _ours(self, record: dict | None) -> bool:
+        """Whether ``record``, the lease's current record, leaves the lease this job's: its
+        token, or that of the job this one took the lease over from. The latter is a late
+        write of that job (a heartbeat paused between its read and its put, or a put
+        delivered late): it must not end this job, which then writes its own record back
+        (:meth:`_reassert`); that job, reading this one's, stops claiming the lease."""
+        if not record:
+            return False
+        token = record.get("token")
+        return token == self.token or (
+            isinstance(token, str) and token == (self.took_over or {}).get("token")
+        )
+
+    def _reassert(self, record: dict) -> dict | None:
+        """This job's record written over a late write of the job it took the lease
+        over from (see :meth:`_ours`), and the record read back."""
+        if record.get("token") == self.token:
+            return record
+        self._beat_no += 1
+        self._backend.put(self._key, json.dumps(self._record()).encode())
+        return self.read()
 
     def held(self) -> bool:
         """Whether this job holds the lease: renewed in time (asked first, without a
-        request), and its token in the record."""
+        request), and its token in the record (written back over a late write of the job
+        it took the lease over from, :meth:`_ours`)."""
         if self.trusted_for() <= 0:
             return False
         record = self.read()
-        return record is not None and bool(record) and record.get("token") == self.token
+        if record is None or not self._ours(record):
+            return False
+        record = self._reassert(record)
+        return record is not None and record.get("token") == self.token
 
     def check(self) -> None:
         if self._renewed_at is not None and self.trusted_for() <= 0:
