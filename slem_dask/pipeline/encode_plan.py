@@ -375,6 +375,13 @@ def _plan_output(
             f"--overwrite to re-encode it with the current model"
         )
     problems = _resume_problems(meta, existing, arr, positives, (width, out_dtype, precision))
+    if problems and meta.get("complete"):  # a whole output, committed: not this run's draft
+        raise FileExistsError(
+            f"output {str(out)!r} is complete, and is not what this run writes: "
+            f"{'; '.join(problems)}; it is kept: pass --overwrite to replace it with a new "
+            f"version (this one stays readable in the store's history until pruned), or "
+            f"write to another path"
+        )
     if problems:
         raise FileExistsError(
             f"output {str(out)!r} cannot be resumed: {'; '.join(problems)}; pass --overwrite "

@@ -957,3 +957,40 @@ def test_a_stall_on_a_scheduler_without_workers_says_to_start_some():
         in (stall[0])
     )
     assert f"`dask worker {address}`" in stall[0] and "restart" not in stall[0]
+
+
+# -- a store held by a job elsewhere -----------------------------------------------------
+def test_the_command_line_says_it_watches_a_lease_and_takes_it_over(corpus, tmp_path):
+    """A lease left by a job in another PID namespace (another host or container): the
+    command says at once that it watches it, then that it took it over, each as one
+    warning line, and writes the output. Before, it waited SLEM_DASK_LEASE_TTL (120 s by
+    default) in silence, and said nothing of the takeover (a new user, stop 52)."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    out = tmp_path / "codes.zarr"
+    lease = tmp_path / ".codes.zarr.slem-dask-lease"
+    record = {"token": "f" * 32, "job": "slem-dask encode", "host": "elsewhere", "pid": 7}
+    record.update(pid_ns="pid:[1]", boot="b", beat=3, started="2026-11-29 10:00:00 UTC")
+    lease.write_text(json.dumps(record))
+    exe = os.path.join(os.path.dirname(sys.executable), "slem-dask")
+    done = subprocess.run(
+        [exe, *encode_command(corpus, out), "--local-cluster", "threads", "--no-progress"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "SLEM_DASK_LEASE_TTL": "2"},
+    )
+    assert done.returncode == 0, done.stderr
+    said = [line for line in done.stderr.splitlines() if "lease" in line]
+    assert said == [
+        f"slem-dask encode: warning: the lease of {str(out)!r} is held by slem-dask encode "
+        f"(pid 7 on host elsewhere, started 2026-11-29 10:00:00 UTC by its clock; lease {str(lease)!r}); "
+        f"waiting up to 2 s to see whether that job is alive",
+        f"slem-dask encode: warning: took the lease of {str(out)!r} over from slem-dask "
+        f"encode (pid 7 on host elsewhere, started 2026-11-29 10:00:00 UTC by its clock; lease {str(lease)!r}): "
+        f"its record did not change for 2 s; if that job resumes, its commit is refused",
+    ], done.stderr
+    assert main(["verify", str(out)]) == 0

@@ -37,7 +37,7 @@ def test_of_two_jobs_from_one_head_one_commits_and_the_other_is_told_who(tmp_pat
     store.commit(second, "model", "job two")
     with pytest.raises(
         versions.CommitConflictError,
-        match=r"version 1 was committed by job two on host .* run it again",
+        match=r"version 1 was committed by job two on host .* before you run this job again",
     ):
         store.commit(first, "model", "job one")
     assert storage.open_node(store.path).attrs["value"] == 2.0
@@ -261,6 +261,60 @@ def test_a_beating_lease_from_another_namespace_is_refused(tmp_path, monkeypatch
     finally:
         stop.set()
         t.join()
+
+
+def test_a_watcher_with_a_shorter_ttl_waits_out_the_owners_longer_one(tmp_path, monkeypatch):
+    """The owner's record carries its TTL (it beats every quarter of it): a job started
+    with a shorter SLEM_DASK_LEASE_TTL watches the owner's, and is refused when the owner
+    beats after the watcher's own TTL but within its own. Before, it took the lease of a
+    live job over after its own TTL (found by a new user, stop 52)."""
+    monkeypatch.setattr(leases, "LEASE_TTL", 0.3)
+    monkeypatch.setattr(leases, "LEASE_HEARTBEAT", 0.4)  # the watch looks every 0.1 s
+    target = tmp_path / "out.zarr"
+    theirs = _foreign_lease(target, ttl=60.0)
+    beats = []
+
+    def beat_later(message):  # once the watch began: one beat, 1 s later (> 0.3 s)
+        def beat():
+            record = {**json.loads(theirs._raw()), "beat": 1}
+            theirs._backend.put(theirs._key, json.dumps(record).encode())
+            beats.append(message)
+
+        threading.Timer(1.0, beat).start()
+
+    with pytest.raises(leases.LeaseHeldError, match=r"after 60 s without a heartbeat otherwise"):
+        leases.Lease(target, "me", on_wait=beat_later).acquire()
+    assert beats and "waiting up to 60 s" in beats[0], beats
+
+
+@pytest.mark.parametrize("ttl", [None, "a day", float("nan"), -5.0, 1e12])
+def test_the_recorded_ttl_is_used_only_when_it_is_a_sane_longer_one(ttl, monkeypatch):
+    monkeypatch.setattr(leases, "LEASE_TTL", 10.0)
+    want = leases.MOST_RECORDED_TTL if ttl == 1e12 else 10.0
+    assert leases.recorded_ttl({"ttl": ttl}) == want
+    assert leases.recorded_ttl({"ttl": 25}) == 25.0 and leases.recorded_ttl(None) == 10.0
+
+
+def test_the_wait_and_the_takeover_are_said_as_warnings(tmp_path, monkeypatch):
+    """Without an on_wait of its own, a job says that it watches a lease and that it took
+    one over (the command line prints both as `slem-dask CMD: warning: ...`). Before, no
+    job passed on_wait: a job waited 120 s in silence, and said nothing of the takeover."""
+    monkeypatch.setattr(leases, "LEASE_TTL", 1.5)
+    target = tmp_path / "out.zarr"
+    _foreign_lease(target)
+    with pytest.warns(leases.LeaseWaitWarning) as said:
+        with leases.Lease(target, "me"):
+            pass
+    lines = [str(w.message) for w in said]
+    assert len(lines) == 2, lines
+    assert lines[0].startswith(f"the lease of {str(target)!r} is held by a job elsewhere (pid")
+    assert lines[0].endswith("; waiting up to 2 s to see whether that job is alive"), lines
+    assert lines[1].startswith(f"took the lease of {str(target)!r} over from a job elsewhere")
+    assert lines[1].endswith(
+        "on host other-host, started 2031-01-01 00:00:00 UTC by its clock; lease "
+        f"{str(target.parent / '.out.zarr.slem-dask-lease')!r}): its record did not change "
+        "for 2 s; if that job resumes, its commit is refused"
+    ), lines[1]
 
 
 def test_a_dead_pid_in_this_namespace_is_stale_at_once(tmp_path):

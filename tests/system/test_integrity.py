@@ -791,6 +791,6 @@ def test_an_output_of_other_positives_is_refused_for_that_reason_only(corpus):
     zarr_rows(corpus["dir"] / "short.zarr", corpus["pos"][:50])
     with pytest.raises(FileExistsError) as info:
         pipeline.encode_job(None, corpus["model"], str(corpus["dir"] / "short.zarr"), str(out))
-    assert "cannot be resumed: it encodes" in str(info.value)
+    assert "is complete, and is not what this run writes: it encodes" in str(info.value)
     assert f"not {str(corpus['dir'] / 'short.zarr')!r}" in str(info.value)  # as given
     assert "shrank" not in str(info.value) and "file://" not in str(info.value)

@@ -26,6 +26,11 @@ from sim import run as sim
 
 from slem_dask.storage.backends.outcomes import at_the_boundary
 
+#: every simulated takeover says so (leases.LeaseWaitWarning): thousands of lines a sweep
+pytestmark = pytest.mark.filterwarnings(
+    "ignore::slem_dask.storage.versioning.leases.LeaseWaitWarning"
+)
+
 
 #: mode -> (options, what it adds): every fault kind, alone and at once
 SWEEPS = {

@@ -273,7 +273,9 @@ def fenced_message(store, version: str) -> str:
         f"{str(store.path)!r}: this job was fenced: another slem-dask job took the "
         f"store over while this one ran (this job's lease was thought dead) and "
         f"deleted its draft {version}; nothing this job wrote was ever visible to "
-        f"readers, and it wrote nothing more: run the same command again"
+        f"readers (a partition it was still writing may land in that draft's folder: the "
+        f"next job that writes this store deletes it): see what that job wrote with "
+        f"`slem-dask versions {store.path}` before you run this command again"
     )
 
 

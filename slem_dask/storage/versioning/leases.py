@@ -39,15 +39,24 @@ import json
 import os
 import socket
 import threading
+import math
 import time
 import uuid
+import warnings
 
 from .errors import IntegrityError
 from ..backends.outcomes import FAILED
 from .records import private_copy_of
 from ..backends.registry import backend_for
 
-__all__ = ["Lease", "LeaseHeldError", "LeaseLostError", "LEASE_TTL", "host_identity"]
+__all__ = [
+    "Lease",
+    "LeaseHeldError",
+    "LeaseLostError",
+    "LeaseWaitWarning",
+    "LEASE_TTL",
+    "host_identity",
+]
 
 #: A lease whose record an observer sees unchanged this many seconds is stale.
 LEASE_TTL = float(os.environ.get("SLEM_DASK_LEASE_TTL", "120"))
@@ -71,6 +80,32 @@ class LeaseHeldError(FileExistsError):
 
 class LeaseLostError(IntegrityError):
     """This job's lease was taken over (it was thought dead): it must not commit."""
+
+
+class LeaseWaitWarning(UserWarning):
+    """A job waits to see whether the owner of a store's lease is alive, or took the
+    lease over from a dead one (the default ``on_wait`` of :class:`Lease`)."""
+
+
+#: The longest TTL a lease record may ask its observers to wait (a day): a damaged record
+#: must not make them wait for ever.
+MOST_RECORDED_TTL = 86400.0
+
+
+def recorded_ttl(record: dict | None) -> float:
+    """How long an observer watches the owner of ``record`` before it judges it dead: the
+    owner's own ``SLEM_DASK_LEASE_TTL`` (written in its record, as its heartbeat follows
+    it), or this process's if longer or unknown. A job started with a shorter TTL took a
+    live job's lease over after its own TTL, while that job beat every quarter of its
+    longer one (found by a new user, stop 52)."""
+    ttl = record.get("ttl") if isinstance(record, dict) else None
+    if not isinstance(ttl, (int, float)) or not math.isfinite(ttl) or ttl <= 0:
+        return LEASE_TTL
+    return max(LEASE_TTL, min(float(ttl), MOST_RECORDED_TTL))
+
+
+def _warn(message: str) -> None:
+    warnings.warn(LeaseWaitWarning(message), stacklevel=2)
 
 
 def _read(path: str) -> str | None:
@@ -130,7 +165,8 @@ class Lease:
 
         self.target = canonical(target)
         self.job = job
-        self.on_wait = on_wait  # called with a message when acquire() must watch a lease
+        # called with a message when acquire() must watch a lease, or took one over
+        self.on_wait = on_wait if on_wait is not None else _warn
         self.file = self.target.parent.child(f".{self.target.name}.slem-dask-lease")
         self._backend = backend_for(self.target.parent.url)
         self._key = self.file.name
@@ -150,6 +186,7 @@ class Lease:
             "pid_start": _process_start(os.getpid()),
             "store": self.target.url,
             "beat": self._beat_no,
+            "ttl": LEASE_TTL,  # observers watch this long at least (recorded_ttl)
             "started": time.strftime("%Y-%m-%d %H:%M:%S %Z", time.localtime()),
         }
 
@@ -186,8 +223,8 @@ class Lease:
 
     def is_stale(self, raw: bytes | None, watch: float | None = None) -> bool:
         """Whether the lease whose current bytes are ``raw`` belongs to no live job.
-        Owners outside this PID namespace are watched for ``watch`` seconds
-        (``LEASE_TTL``): stale if their record did not change meanwhile."""
+        Owners outside this PID namespace are watched for ``watch`` seconds (default:
+        :func:`recorded_ttl`): stale if their record did not change meanwhile."""
         if raw is None:
             return True
         try:
@@ -198,7 +235,7 @@ class Lease:
             if record["pid"] == os.getpid() and record.get("token") not in _HELD_HERE:
                 return True  # released by this very process (see _HELD_HERE)
             return not _pid_alive(record["pid"], record.get("pid_start"))
-        watch = LEASE_TTL if watch is None else watch
+        watch = recorded_ttl(record) if watch is None else watch
         if self.on_wait and watch > 1:
             self.on_wait(
                 f"the lease of {str(self.target)!r} is held by "
@@ -244,6 +281,8 @@ class Lease:
         """Create the lease record, or take over a stale one (five races at most)."""
         for _ in range(5):
             if self._create():
+                if self.took_over is not None:
+                    self._say_taken_over()
                 return
             raw = self._raw()
             if raw is None:
@@ -405,12 +444,32 @@ class Lease:
             if self._same_namespace(record):
                 raise self._held(record)
 
+    def _say_taken_over(self) -> None:
+        """Tell ``on_wait`` whose lease this job took over, and why it judged that job
+        dead; nothing for a record of this very process (a late write of a job of it
+        that ended: :data:`_HELD_HERE`)."""
+        record = self.took_over or {}
+        here = self._same_namespace(record)
+        if here and record.get("pid") == os.getpid():
+            return
+        why = (
+            f"its process {record.get('pid')} is gone"
+            if here
+            else f"its record did not change for {recorded_ttl(record):.0f} s"
+        )
+        self.on_wait(
+            f"took the lease of {str(self.target)!r} over from "
+            f"{self.describe(record or None)}: {why}; if that job resumes, its commit is "
+            f"refused"
+        )
+
     def _held(self, record: dict | None) -> LeaseHeldError:
         return LeaseHeldError(
             f"{str(self.target)!r} is being written by another slem-dask job: "
             f"{self.describe(record)}; wait until it ends (one writer per store), or write "
             f"to another path. A dead job's lease is taken over automatically (at once "
-            f"on its own host, after {LEASE_TTL:.0f} s without a heartbeat otherwise)"
+            f"on its own host, after {recorded_ttl(record):.0f} s without a heartbeat "
+            f"otherwise)"
         )
 
     def __enter__(self) -> Lease:

@@ -351,8 +351,8 @@ class VersionedStore:
         )
         raise CommitConflictError(
             f"{str(self.path)!r}: version {seq} was committed by {by} while this job "
-            f"ran; this job's writes were never visible and are discarded: run it "
-            f"again to build on that version"
+            f"ran; this job's writes were never visible and are discarded: see that "
+            f"version with `slem-dask versions {self.path}` before you run this job again"
         )
 
     def abandon(self, draft: Draft) -> None:
