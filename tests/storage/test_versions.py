@@ -317,6 +317,41 @@ def test_the_wait_and_the_takeover_are_said_as_warnings(tmp_path, monkeypatch):
     ), lines[1]
 
 
+def test_a_stopped_owner_in_this_namespace_is_said_to_be_stopped(tmp_path):
+    """A job refused by a lease whose owner, on this host, is stopped (SIGSTOP) is told
+    so, and how to continue it: it said only that another job was writing the store (a
+    new user, stop 52)."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    owner = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    try:
+        os.kill(owner.pid, signal.SIGSTOP)
+        deadline = time.monotonic() + 60
+        while not leases._process_stopped(owner.pid):  # the stop is delivered, not timed
+            assert time.monotonic() < deadline, "the process was never seen stopped"
+            time.sleep(0.01)
+        target = tmp_path / "out.zarr"
+        lease = leases.Lease(target, "a stopped job")
+        record = {
+            **lease._record(),
+            "pid": owner.pid,
+            "pid_start": leases._process_start(owner.pid),
+        }
+        lease._backend.create(lease._key, json.dumps(record).encode())
+        with pytest.raises(leases.LeaseHeldError) as info:
+            leases.Lease(target, "me").acquire()
+        assert (
+            f"its process is stopped (SIGSTOP, a debugger): it keeps the lease until it is "
+            f"continued (`kill -CONT {owner.pid}`) or ended; wait until it ends"
+        ) in str(info.value)
+    finally:
+        os.kill(owner.pid, signal.SIGKILL)
+        owner.wait()
+
+
 def test_a_dead_pid_in_this_namespace_is_stale_at_once(tmp_path):
     target = tmp_path / "out.zarr"
     lease = leases.Lease(target, "dead job")

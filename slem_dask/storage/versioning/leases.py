@@ -140,6 +140,16 @@ def _process_start(pid: int) -> str | None:
         return None
 
 
+def _process_stopped(pid: int) -> bool:
+    """Whether process ``pid`` of this namespace is stopped (SIGSTOP, a debugger): it
+    holds its lease, alive, until it is continued or killed."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] in ("T", "t")
+    except (OSError, IndexError):
+        return False
+
+
 def _pid_alive(pid: int, start: str | None) -> bool:
     try:
         os.kill(pid, 0)
@@ -464,10 +474,16 @@ class Lease:
         )
 
     def _held(self, record: dict | None) -> LeaseHeldError:
+        stopped = (
+            f"; its process is stopped (SIGSTOP, a debugger): it keeps the lease until it "
+            f"is continued (`kill -CONT {record['pid']}`) or ended"
+            if record and self._same_namespace(record) and _process_stopped(record["pid"])
+            else ""
+        )
         return LeaseHeldError(
             f"{str(self.target)!r} is being written by another slem-dask job: "
-            f"{self.describe(record)}; wait until it ends (one writer per store), or write "
-            f"to another path. A dead job's lease is taken over automatically (at once "
+            f"{self.describe(record)}{stopped}; wait until it ends (one writer per store), or "
+            f"write to another path. A dead job's lease is taken over automatically (at once "
             f"on its own host, after {recorded_ttl(record):.0f} s without a heartbeat "
             f"otherwise)"
         )
