@@ -36,10 +36,10 @@ draft, and its commit fails.
 from __future__ import annotations
 
 import json
+import math
 import os
 import socket
 import threading
-import math
 import time
 import uuid
 import warnings
