@@ -45,6 +45,7 @@ def _rollback(store, seq: int):
 def versions(args) -> None:
     """`versions PATH`: the history, one line per commit; `rollback PATH --to N`: version N
     made current by a new commit, or nothing committed if the current one holds it."""
+    from ..storage import shown_path
     from ..storage import versioning as versioned
 
     store = versioned.VersionedStore(args.path)
@@ -70,9 +71,12 @@ def versions(args) -> None:
             "current" if c.seq == head else ("readable" if store.exists(c.version) else "pruned")
         )
         where = store.location(c.version) if state != "pruned" else "-"
+        encodes = c.summary.get("positives") if isinstance(c.summary, dict) else None
         print(
             f"{c.seq:>5}  {c.kind:<9} {state:<8} {c.created}  {c.job} on {c.host}"
-            f"{'  (' + c.source + ')' if c.source else ''}  {where}"
+            f"{'  (' + c.source + ')' if c.source else ''}"
+            f"{f'  encodes {shown_path(encodes)!r}' if isinstance(encodes, str) else ''}"
+            f"  {where}"
         )
     if not commits:
         print(f"{store.path}: no committed version (an unfinished first write)")

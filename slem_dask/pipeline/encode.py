@@ -309,7 +309,9 @@ def _encode_and_commit(
         {"open": t1 - t0, "encode+write": t2 - t1, "total": time.perf_counter() - t0}
     )
     _mark_complete(model, model_path, plan, job, report)
-    commit = tx.commit("encoding", {"rows": plan.n_rows, "model_fingerprint": model.identity_[:16]})
+    summary = {"rows": plan.n_rows, "model_fingerprint": model.identity_[:16]}
+    # what `slem-dask versions` shows of it: two jobs' outputs looked alike there
+    commit = tx.commit("encoding", {**summary, "positives": positives.url})
     report.facts["version"] = commit.seq
 
 

@@ -345,6 +345,7 @@ def _patches(world: World) -> dict:
             "pid_ns": "sim",
         },
         (leases, "_process_start"): lambda pid: "sim",
+        (leases, "_process_stopped"): lambda pid: False,  # not this machine's processes
         (leases, "uuid"): types.SimpleNamespace(uuid4=_uuid4),
         (versions, "uuid"): types.SimpleNamespace(uuid4=_uuid4),
         (leases, "LEASE_TTL"): 120.0,

@@ -15,7 +15,7 @@ import pytest
 import zarr
 
 import slem_dask
-from slem_dask import load_model
+from slem_dask import load_model, storage
 from slem_dask.cli.main import main
 from slem_dask.storage import VersionStore, verify
 from slem_dask.storage.versioning import ownership
@@ -99,7 +99,12 @@ def test_slem_dask_reads_verifies_and_rewrites_a_store_with_its_marker(corpus, c
         slem_dask.storage.read_all(codes), expected_encoding(corpus, corpus["other"])
     )
     assert main(["verify", str(codes), corpus["model"]]) == 0
+    capsys.readouterr()
     assert main(["versions", str(codes)]) == 0
+    listed = capsys.readouterr().out.splitlines()  # what each version encodes (stop 52)
+    assert [line.split("  encodes ")[1].split("  ")[0] for line in listed] == [
+        repr(str(storage.canonical(corpus[k]))) for k in ("positives", "others")
+    ], listed
     assert main(["rollback", str(codes), "--to", "1"]) == 0
     assert verify(codes) == ("output, version 3", [])
     assert ownership.unreadable_document(ownership.canonical(codes)) is None

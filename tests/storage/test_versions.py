@@ -3,7 +3,9 @@ fencing, snapshot reads, atomic publish, history, checksummed output metadata.""
 
 import json
 import os
+import socket
 import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -282,7 +284,7 @@ def test_a_watcher_with_a_shorter_ttl_waits_out_the_owners_longer_one(tmp_path, 
 
         threading.Timer(1.0, beat).start()
 
-    with pytest.raises(leases.LeaseHeldError, match=r"after 60 s without a heartbeat otherwise"):
+    with pytest.raises(leases.LeaseHeldError, match=r"after 60 s without a heartbeat when it"):
         leases.Lease(target, "me", on_wait=beat_later).acquire()
     assert beats and "waiting up to 60 s" in beats[0], beats
 
@@ -326,7 +328,9 @@ def test_a_stopped_owner_in_this_namespace_is_said_to_be_stopped(tmp_path):
     import sys
     import time
 
-    owner = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    owner = subprocess.Popen(  # a job's process and its workers: one process group
+        [sys.executable, "-c", "import time; time.sleep(600)"], start_new_session=True
+    )
     try:
         os.kill(owner.pid, signal.SIGSTOP)
         deadline = time.monotonic() + 60
@@ -344,12 +348,40 @@ def test_a_stopped_owner_in_this_namespace_is_said_to_be_stopped(tmp_path):
         with pytest.raises(leases.LeaseHeldError) as info:
             leases.Lease(target, "me").acquire()
         assert (
-            f"its process is stopped (SIGSTOP, a debugger): it keeps the lease until it is "
-            f"continued (`kill -CONT {owner.pid}`) or ended; wait until it ends"
+            f"a stopped job (pid {owner.pid} on host {socket.gethostname()}, started "
+            f"{lease.started} by its clock; lease {str(lease.file)!r}); its process is "
+            f"stopped (SIGSTOP, a debugger), and keeps the lease while it exists: continue "
+            f"it with the worker processes stopped with it (`kill -CONT -- -{owner.pid}`, "
+            f"its process group) or end it, then run this command again, or write to "
+            f"another path; once stopped for more than "
+            f"{leases.TRUSTED_PART * leases.LEASE_TTL:.0f} s it can no longer commit (it "
+            f"would fail at its end): end it. A dead job's lease"
         ) in str(info.value)
     finally:
         os.kill(owner.pid, signal.SIGKILL)
         owner.wait()
+
+
+def test_an_owner_in_another_pid_namespace_of_this_host_is_not_named_by_a_bare_pid():
+    """A container's job records its own pid (often 1): shown bare, it read as the host's
+    init, which a user told to "stop that job" might kill (a new user, stop 52)."""
+    from slem_dask.storage.versioning.processes import where
+
+    me = {"host": "vm", "boot": "b1", "pid_ns": "pid:[4026531836]"}
+    ns = {**me, "pid": 1, "pid_ns": "pid:[4026532210]"}
+    assert where(ns, me) == "pid 1 of another PID namespace (a container) on host vm"
+    assert where({**ns, "boot": "b0"}, me) == "pid 1 on host vm before its last reboot"
+    assert where({**me, "pid": 42}, me) == "pid 42 on host vm"
+    assert where({**ns, "host": "h2"}, me) == "pid 1 on host h2"
+
+
+def test_a_lease_record_keeps_the_time_its_job_started(tmp_path, monkeypatch):
+    """Every heartbeat wrote the time of that beat as "started": a job watched and then
+    refused 30 s later seemed to be another job (a new user, stop 52)."""
+    lease = leases.Lease(tmp_path / "out.zarr", "me")
+    first = lease._record()["started"]
+    monkeypatch.setattr(leases.time, "localtime", lambda *a: time.localtime(time.time() + 3600))
+    assert lease._record()["started"] == first == lease.started
 
 
 def test_a_dead_pid_in_this_namespace_is_stale_at_once(tmp_path):

@@ -38,7 +38,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import socket
 import threading
 import time
 import uuid
@@ -46,6 +45,9 @@ import warnings
 
 from .errors import IntegrityError
 from ..backends.outcomes import FAILED
+from .processes import host_identity, process_group, where
+from .processes import process_start as _process_start
+from .processes import process_stopped as _process_stopped
 from .records import private_copy_of
 from ..backends.registry import backend_for
 
@@ -98,56 +100,19 @@ def recorded_ttl(record: dict | None) -> float:
     it), or this process's if longer or unknown. A job started with a shorter TTL took a
     live job's lease over after its own TTL, while that job beat every quarter of its
     longer one (found by a new user, stop 52)."""
+    return max(LEASE_TTL, _owner_ttl(record))
+
+
+def _owner_ttl(record: dict | None) -> float:
+    """The TTL the owner of ``record`` runs with (this process's when not recorded)."""
     ttl = record.get("ttl") if isinstance(record, dict) else None
     if not isinstance(ttl, (int, float)) or not math.isfinite(ttl) or ttl <= 0:
         return LEASE_TTL
-    return max(LEASE_TTL, min(float(ttl), MOST_RECORDED_TTL))
+    return min(float(ttl), MOST_RECORDED_TTL)
 
 
 def _warn(message: str) -> None:
     warnings.warn(LeaseWaitWarning(message), stacklevel=2)
-
-
-def _read(path: str) -> str | None:
-    try:
-        with open(path) as f:
-            return f.read().strip()
-    except OSError:
-        return None
-
-
-def host_identity() -> dict:
-    """Where a pid means something: host name, boot and PID namespace. Two processes
-    may compare pids only when all three agree (a container on the same host name, or
-    a host rebooted since, has other pids)."""
-    ns = None
-    try:
-        ns = os.readlink("/proc/self/ns/pid")
-    except OSError:
-        pass
-    return {
-        "host": socket.gethostname(),
-        "boot": _read("/proc/sys/kernel/random/boot_id"),
-        "pid_ns": ns,
-    }
-
-
-def _process_start(pid: int) -> str | None:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[19]
-    except (OSError, IndexError):
-        return None
-
-
-def _process_stopped(pid: int) -> bool:
-    """Whether process ``pid`` of this namespace is stopped (SIGSTOP, a debugger): it
-    holds its lease, alive, until it is continued or killed."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] in ("T", "t")
-    except (OSError, IndexError):
-        return False
 
 
 def _pid_alive(pid: int, start: str | None) -> bool:
@@ -181,6 +146,8 @@ class Lease:
         self._backend = backend_for(self.target.parent.url)
         self._key = self.file.name
         self.token = uuid.uuid4().hex
+        # when this job began, by this host's clock: shown to others, never compared
+        self.started = time.strftime("%Y-%m-%d %H:%M:%S %Z", time.localtime())
         self.took_over: dict | None = None
         self._beat_no = 0
         self._renewed_at: float | None = None  # monotonic start of the last renewal
@@ -197,7 +164,7 @@ class Lease:
             "store": self.target.url,
             "beat": self._beat_no,
             "ttl": LEASE_TTL,  # observers watch this long at least (recorded_ttl)
-            "started": time.strftime("%Y-%m-%d %H:%M:%S %Z", time.localtime()),
+            "started": self.started,  # each beat said its own time: a new job, it seemed
         }
 
     def _create(self) -> bool:
@@ -263,9 +230,8 @@ class Lease:
         if not record:
             return f"an unreadable lease file {str(self.file)!r}"
         return (
-            f"{record.get('job', 'a job')} (pid {record.get('pid')} on host "
-            f"{record.get('host')}, started {record.get('started')} by its clock; "
-            f"lease {str(self.file)!r})"
+            f"{record.get('job', 'a job')} ({where(record, host_identity())}, started "
+            f"{record.get('started')} by its clock; lease {str(self.file)!r})"
         )
 
     def acquire(self) -> Lease:
@@ -400,8 +366,9 @@ class Lease:
             raise LeaseLostError(
                 f"the lease of {str(self.target)!r} was not renewed for "
                 f"{time.monotonic() - self._renewed_at:.0f} s (its store did not answer, "
-                f"or this process was paused), so another job may have taken it over; "
-                f"nothing was committed: run the job again once the store answers"
+                f"or this process was stopped or paused), so another job may have taken "
+                f"it over; nothing was committed: run the same command again (once the "
+                f"store answers, if it did not)"
             )
         if not self.held():
             record = self.read()
@@ -474,18 +441,26 @@ class Lease:
         )
 
     def _held(self, record: dict | None) -> LeaseHeldError:
-        stopped = (
-            f"; its process is stopped (SIGSTOP, a debugger): it keeps the lease until it "
-            f"is continued (`kill -CONT {record['pid']}`) or ended"
-            if record and self._same_namespace(record) and _process_stopped(record["pid"])
-            else ""
-        )
+        advice = "wait until it ends (one writer per store), or write to another path"
+        if record and self._same_namespace(record) and _process_stopped(record["pid"]):
+            group = process_group(record["pid"])
+            advice = (
+                f"its process is stopped (SIGSTOP, a debugger), and keeps the lease while "
+                f"it exists: continue it with the worker processes stopped with it "
+                f"(`kill -CONT -- -{group}`, its process group) or end it, then run this "
+                f"command again, or write to another path; once stopped for more than "
+                f"{TRUSTED_PART * _owner_ttl(record):.0f} s it can no longer commit (it "
+                f"would fail at its end): end it"
+                if group
+                else f"its process is stopped (SIGSTOP, a debugger): continue it (`kill "
+                f"-CONT {record['pid']}`) or end it, then run this command again"
+            )
         return LeaseHeldError(
             f"{str(self.target)!r} is being written by another slem-dask job: "
-            f"{self.describe(record)}{stopped}; wait until it ends (one writer per store), or "
-            f"write to another path. A dead job's lease is taken over automatically (at once "
-            f"on its own host, after {recorded_ttl(record):.0f} s without a heartbeat "
-            f"otherwise)"
+            f"{self.describe(record)}; {advice}. A dead job's lease is taken over "
+            f"automatically: at once when its process, in this host's PID namespace, is "
+            f"gone; after {recorded_ttl(record):.0f} s without a heartbeat when it runs "
+            f"elsewhere (another host, container or PID namespace)"
         )
 
     def __enter__(self) -> Lease:
