@@ -23,6 +23,11 @@ pytest.importorskip("adlfs")
 from sim import history, sweep
 from sim import run as sim
 
+#: every simulated takeover says so (leases.LeaseWaitWarning): hundreds of lines a history
+pytestmark = pytest.mark.filterwarnings(
+    "ignore::slem_dask.storage.versioning.leases.LeaseWaitWarning"
+)
+
 
 #: (backend, mode) -> what still fails there, and the seed that showed it first
 KNOWN: dict = {}
