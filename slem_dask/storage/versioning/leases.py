@@ -313,10 +313,9 @@ class Lease:
             if self.trusted_for() <= 0 or self._stop.is_set():
                 return  # the read outlived the lease (a silent store), or the job ended
                 # while it waited (an interrupt): do not write
-            self._beat_no += 1
             started, previous = time.monotonic(), self._renewed_at
             try:
-                self._backend.put(self._key, json.dumps(self._record()).encode())
+                self._put_record()
             except FAILED:
                 continue  # as above: unrenewed; the next beat writes a higher counter
             if previous is not None and time.monotonic() - previous >= LEASE_TTL:
@@ -345,9 +344,13 @@ class Lease:
         over from (see :meth:`_ours`), and the record read back."""
         if record.get("token") == self.token:
             return record
+        self._put_record()
+        return self.read()
+
+    def _put_record(self) -> None:
+        """Write this job's record with a counter one higher (a beat, or a write back)."""
         self._beat_no += 1
         self._backend.put(self._key, json.dumps(self._record()).encode())
-        return self.read()
 
     def held(self) -> bool:
         """Whether this job holds the lease: renewed in time (asked first, without a

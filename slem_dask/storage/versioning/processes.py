@@ -51,7 +51,7 @@ def process_start(pid: int) -> str | None:
 def process_stopped(pid: int) -> bool:
     """Whether process ``pid`` of this namespace is stopped (SIGSTOP, a debugger)."""
     fields = _stat_fields(pid)
-    return bool(fields) and fields[0] in ("T", "t")  # type: ignore[index]
+    return fields is not None and bool(fields) and fields[0] in ("T", "t")
 
 
 def process_group(pid: int) -> int | None:
