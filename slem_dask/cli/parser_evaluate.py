@@ -27,7 +27,7 @@ def _add_evaluate_command(sub) -> None:
     _add_method_options(p)
     _add_parameter_grids(p)
     _add_partition_arg(p)
-    _add_cluster_args(p)
+    _add_cluster_args(p, writes_stores=False)  # it reads, and writes no store
 
 
 def _add_own_descriptors(p: argparse.ArgumentParser) -> None:

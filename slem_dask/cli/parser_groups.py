@@ -9,7 +9,9 @@ from .parser_types import _fraction, _gamma, _positive_float, _positive_int
 from ..core.kernel_defaults import KERNEL_DEFAULTS
 
 
-def _add_cluster_args(p: argparse.ArgumentParser) -> None:
+def _add_cluster_args(p: argparse.ArgumentParser, writes_stores: bool = True) -> None:
+    if writes_stores:
+        p.epilog = LEASE_EPILOG
     g = p.add_argument_group("cluster")
     g.add_argument(
         "--scheduler",
@@ -51,6 +53,16 @@ def _add_cluster_args(p: argparse.ArgumentParser) -> None:
     )
     _add_storage_timeout(g)
     _add_report_and_tls_args(g)
+
+
+#: What every command that writes a store says of its lease, below its options.
+LEASE_EPILOG = (
+    "A job holds a lease on each store it writes, renewed every quarter of "
+    "$SLEM_DASK_LEASE_TTL (seconds, default 120). A job of another host or container "
+    "that sees a lease unchanged for that long takes it over, and says so; the job "
+    "that held it, if it resumes, is refused at its commit. Set the same value on "
+    "every host (a watcher waits out the longer of its own and the owner's)."
+)
 
 
 def _add_report_and_tls_args(g) -> None:

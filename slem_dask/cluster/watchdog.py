@@ -28,6 +28,7 @@ import time
 from ..core.steps import current_step
 from .stall_text import describe, duration, long_tasks, remedy, running
 from ..storage import IntegrityError
+from ..storage.versioning.leases import LeaseLostError, lost_lease, open_leases
 
 __all__ = ["watch", "TaskTimeout", "stall_warning_seconds", "progress_line_seconds"]
 
@@ -206,6 +207,8 @@ class _Watch:
         self.progress = _Progress()
         self.message = None  # set when the job was given up on
         self.remedy = ""
+        self.lost = None  # the job's lease, once it can no longer commit under it
+        self._held_before = open_leases()  # another caller's: not this job's
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="slem-dask-watchdog", daemon=True)
 
@@ -218,6 +221,8 @@ class _Watch:
         said_at = since  # the last progress line (without a terminal)
         step_said: tuple = (None, 0)  # (the step said, how many times)
         while not self._stop.wait(self.interval):
+            if self._lease_lost():
+                continue
             try:
                 state = self.client.run_on_scheduler(probe, self.client.id)
             except Exception:  # noqa: BLE001 - a lost scheduler is the job's to report
@@ -251,6 +256,17 @@ class _Watch:
                 warned += 1
                 said_at = now
                 self._say(self._stall_line(state, stalled, now))
+
+    def _lease_lost(self) -> bool:
+        """Whether the job lost its lease: then whatever it waits for is cancelled, now
+        and at every look after (a compute that starts later), for its commit would be
+        refused however long it ran on."""
+        lost = self.lost or lost_lease(self._held_before)
+        if lost is None:
+            return False
+        self.lost = lost
+        self._cancel()
+        return True
 
     def _say_long_step(self, now: float, said: tuple) -> tuple:
         """One line each ``warn_after`` seconds that this process computes a long step
@@ -368,6 +384,8 @@ def watch(
         with dog:
             yield dog
     except BaseException:
+        if dog.lost is not None:
+            _raise_lost(dog.lost)
         if dog.message is None:
             raise
         kept = what_is_kept() if callable(what_is_kept) else what_is_kept
@@ -375,3 +393,20 @@ def watch(
             f"{dog.message}; {kept}: {dog.remedy} (or raise "
             f"{source}), then run the same command again"
         ) from None
+
+
+def _raise_lost(lease) -> None:
+    """The job's end once its lease was lost: :meth:`Lease.check`'s own refusal, which
+    says how (one read of the lease record, with the storage's deadline); if that read
+    fails, the refusal without the new owner's name."""
+    try:
+        lease.check()
+    except LeaseLostError:
+        raise
+    except Exception:  # noqa: BLE001 - the store did not answer: say what is known
+        pass
+    raise LeaseLostError(
+        f"the lease of {str(lease.target)!r} was lost while this job ran (taken over by "
+        f"another job, or not renewed in time); nothing was committed: run the same "
+        f"command again (once the store answers, if it did not)"
+    ) from None

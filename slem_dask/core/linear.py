@@ -7,18 +7,23 @@ covariance ``Sigma``; ``A = Sigma + lam I`` (docs/math.md#woodbury);
 
 from __future__ import annotations
 
+import dataclasses
+from typing import ClassVar
+
 import numpy as np
 
 from .blas_threads import factorization_threads
 from .lapack import cholesky_inverse_in_place
 from .steps import long_step
 from .statistics import mirror_upper
-from .validation import check_finite_rows
+from .validation import check_finite_rows, degenerate_encodings_error
 
 __all__ = [
     "regularized_covariance",
     "precision_matrix",
     "encode_rows",
+    "encode_rows_and_degenerate",
+    "EncodeRefusingDegenerate",
     "condition_bound",
     "float32_encoding_ok",
     "float32_matrix",
@@ -89,6 +94,20 @@ def encode_rows(
     and norms from float32 sums of 64 squares added in float64 (:func:`_row_squares`;
     :func:`float32_encoding_ok` says when the whole stays within 1e-5 of float64).
     """
+    return encode_rows_and_degenerate(rows, mean, precision, dtype)[0]
+
+
+def encode_rows_and_degenerate(
+    rows: np.ndarray, mean: np.ndarray, precision: np.ndarray, dtype=None
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(:func:`encode_rows`, the rows it encoded to all zeros, those it encoded with NaN
+    or inf), found by the encoding's own norms, with no pass of their own: a row whose
+    sum of squares lies inside the safe range (:data:`_SAFE_SQUARES`) is scaled by a
+    finite factor to a norm of 1 (its largest entry at least 1/sqrt(d), far above
+    float16's and float32's smallest normal numbers), so only a row encoded again
+    outside it can be all zeros (x0 = mu) or not finite (an A^-1 near float64's
+    largest numbers). ``slem-dask encode`` refuses both, as :func:`check_encoded_rows`
+    does for any model (tests/core/test_linear_degenerate.py compares the two)."""
     rows = np.asarray(rows)
     single = precision.dtype == np.float32 and rows.dtype == np.float32
     if single:
@@ -102,6 +121,8 @@ def encode_rows(
     centred = np.empty((min(step, rows.shape[0]), rows.shape[1]), dtype=precision.dtype)
     centre = _Centring(rows, high, low)
     safe_low, safe_high = _SAFE_SQUARES[single]
+    zero: list[np.ndarray] = []
+    nonfinite: list[np.ndarray] = []
     # piece by piece, so that each piece's centring, norms and scaling run in cache. The
     # loops of every call below release the GIL (ufuncs, the BLAS, np.einsum); what holds
     # it is each call's Python part, once per piece (8 pieces a partition at d = 512):
@@ -119,16 +140,24 @@ def encode_rows(
                 np.divide(1.0, np.sqrt(squares, out=squares), out=squares)
                 np.multiply(out, squares[:, None].astype(out.dtype), out=out)
                 continue
-            _normalize_guarded(rows, lo, out, squares, ~inside, mean, precision)
-    return vectors if dtype is None else vectors.astype(dtype, copy=False)
+            extreme = np.flatnonzero(~inside)
+            _normalize_guarded(rows, lo, out, squares, extreme, mean, precision)
+            zero.append(lo + extreme[squares[extreme] == 0])
+            nonfinite.append(lo + extreme[~np.isfinite(squares[extreme])])
+    vectors = vectors if dtype is None else vectors.astype(dtype, copy=False)
+    return vectors, _indices(zero), _indices(nonfinite)
+
+
+def _indices(pieces: list[np.ndarray]) -> np.ndarray:
+    return np.concatenate(pieces) if pieces else np.empty(0, dtype=np.intp)
 
 
 def _normalize_guarded(rows, lo: int, out, squares, extreme, mean, precision) -> None:
     """Normalize ``out``, the products of the piece of ``rows`` from row ``lo``, of which
-    the rows ``extreme`` (a mask) left the safe range of squares: those are encoded
-    again, scaled (:func:`_scaled_directions`), and a row equal to the mean stays 0. NaN
-    or inf in such a row: refused, every such row of ``rows`` counted, the first five named."""
-    extreme = np.flatnonzero(extreme)
+    the rows ``extreme`` (indices) left the safe range of squares: those are encoded
+    again, scaled (:func:`_scaled_directions`), and a row equal to the mean stays 0
+    (``squares`` holds their new sums of squares: 0 for such a row). NaN or inf in such
+    a row: refused, every such row of ``rows`` counted, the first five named."""
     piece = rows[lo : lo + out.shape[0]]
     if not np.isfinite(piece[extreme]).all():
         check_finite_rows(rows, "rows")
@@ -143,6 +172,28 @@ def _normalize_guarded(rows, lo: int, out, squares, extreme, mean, precision) ->
 #: that would check them first (``parallel.blocks.map_rows``: a pass over every block,
 #: with a boolean copy of it) leaves that to it.
 encode_rows.checks_finite_rows = True  # type: ignore[attr-defined]
+encode_rows_and_degenerate.checks_finite_rows = True  # type: ignore[attr-defined]
+
+
+@dataclasses.dataclass(frozen=True)
+class EncodeRefusingDegenerate:
+    """:func:`encode_rows` as a task of ``slem-dask encode``, which must never write a
+    row without a direction: the rows it encodes to all zeros or with NaN or inf are
+    refused as :func:`~.validation.check_encoded_rows` refuses them (``zero_reason``:
+    why this model gives a row 0), from the encoding's own norms, where the check
+    took a pass of its own over the output (4 ms of a 32 MiB partition, issue 42).
+    ``row_offset``: the row of the whole input that ``rows`` starts at, for the message."""
+
+    zero_reason: str
+    checks_finite_rows: ClassVar[bool] = True
+    takes_row_offset: ClassVar[bool] = True
+
+    def __call__(self, rows, mean, precision, row_offset: int = 0) -> np.ndarray:
+        vectors, zero, nonfinite = encode_rows_and_degenerate(rows, mean, precision)
+        error = degenerate_encodings_error(zero, nonfinite, row_offset, self.zero_reason)
+        if error is not None:
+            raise error
+        return vectors
 
 
 #: Rows per piece in :func:`encode_rows`: about 4 MiB of centred rows (2,048 rows at

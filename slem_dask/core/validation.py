@@ -345,6 +345,16 @@ def check_encoded_rows(z: np.ndarray, row_offset: int = 0, zero_reason: str = ""
     nonfinite = np.flatnonzero(~np.isfinite(squares))
     # a square sum of 0 can be entries too small to square: only all-zero rows count
     zero = np.array([i for i in np.flatnonzero(squares == 0) if not z[i].any()], dtype=int)
+    error = degenerate_encodings_error(zero, nonfinite, row_offset, zero_reason)
+    if error is not None:
+        raise error
+
+
+def degenerate_encodings_error(
+    zero: np.ndarray, nonfinite: np.ndarray, row_offset: int = 0, zero_reason: str = ""
+) -> DegenerateEncodingsError | None:
+    """:func:`check_encoded_rows`'s error for the rows ``zero`` (encoded to all zeros) and
+    ``nonfinite`` (NaN or inf) of a block from row ``row_offset``; None if both are empty."""
     parts = []
     for rows, what, why in (
         (zero, "all zeros", zero_reason or "such a row has no direction"),
@@ -358,8 +368,7 @@ def check_encoded_rows(z: np.ndarray, row_offset: int = 0, zero_reason: str = ""
         if rows.size:
             shown = rows_text(rows + row_offset, rows.size)
             parts.append(f"{rows.size} row(s) whose encoding is {what} (rows {shown}): {why}")
-    if parts:
-        raise DegenerateEncodingsError("X", "; ".join(parts))
+    return DegenerateEncodingsError("X", "; ".join(parts)) if parts else None
 
 
 def all_finite(a: np.ndarray, rows: int = 256) -> bool:

@@ -181,15 +181,21 @@ class LinearSLEM(SLEMEstimator):
         float32 ``X`` is encoded in float32 under "auto" while A is well enough
         conditioned (see the class docstring), else in float64.
         """
+        return self._transform(X, dtype, precision)
+
+    def _transform(
+        self, X: Rows, dtype: DTypeLike | None, precision: str | None, zero_reason=None
+    ) -> Array:
+        """:meth:`transform`; dask ``X`` with a ``zero_reason``: rows encoded to zeros,
+        NaN or inf refused in the encoding's own pass (an encode job's check)."""
         X = self._check_positives(X)
         dtype = self._output_dtype(X, dtype)
         matrix = self._encoding_matrix(
             X.dtype, self.precision if precision is None else check_precision(precision)
         )
         if is_dask_array(X):
-            return encode_blocks(
-                X, shared(self.mean_), shared(matrix, self._matrix_token(matrix)), dtype, "X"
-            )
+            shipped = shared(matrix, self._matrix_token(matrix))
+            return encode_blocks(X, shared(self.mean_), shipped, dtype, "X", zero_reason)
         try:  # encode_rows refuses NaN and inf at no cost for finite rows
             return encode_rows(X, self.mean_, matrix, dtype=dtype)
         except NonFiniteRowsError:

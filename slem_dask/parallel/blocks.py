@@ -3,8 +3,7 @@
 Nothing here computes but :func:`locate_nonfinite_rows` (a second pass over the rows,
 on a fit's error path only): every other function takes dask arrays and returns lazy
 dask arrays or Delayed objects. The caller (an estimator's ``fit``, a job) decides
-when to compute, and on which client.
-"""
+when to compute, and on which client."""
 
 from __future__ import annotations
 
@@ -20,7 +19,7 @@ import numpy as np
 from dask.sizeof import sizeof
 
 from ..core.blas_threads import CountedLimit, task_threads_controller
-from ..core.linear import encode_rows
+from ..core.linear import EncodeRefusingDegenerate, encode_rows
 from ..core.statistics import (
     ScatterAccumulator,
     ScatterStats,
@@ -400,9 +399,10 @@ def _apply_rows(block, func, out_dtype, name, *args, block_info=None):
     if not checks_itself:
         check_finite_rows(block, name, row_offset=offset, where=where)
     args = tuple(aligned(a) for a in args)
+    at = {"row_offset": offset} if getattr(func, "takes_row_offset", False) else {}
     try:
         with single_threaded_blas():
-            return np.asarray(func(block, *args), dtype=out_dtype)
+            return np.asarray(func(block, *args, **at), dtype=out_dtype)
     except NonFiniteRowsError:
         if checks_itself:  # it names them as its own rows: again, as this input's
             check_finite_rows(block, name, row_offset=offset, where=where)
@@ -472,9 +472,9 @@ def map_rows(
     """Lazy ``func(block, *args)`` over the row blocks of ``x``, one task per block.
 
     ``func`` maps (rows, d) to (rows, out_dim); rows with NaN or inf are rejected
-    with their global index (``name`` names the input in the message). ``args``
-    may hold results of :func:`shared` (one graph key each, shipped once per worker).
-    """
+    with their global index (``name`` names the input in the message); one that
+    ``takes_row_offset`` is told where its block starts. ``args`` may hold results of
+    :func:`shared` (one graph key each, shipped once per worker)."""
     out_dtype = np.dtype(out_dtype)
     return da.map_blocks(
         _apply_rows,
@@ -490,9 +490,11 @@ def map_rows(
     )
 
 
-def encode_blocks(p: da.Array, mean, precision, out_dtype, name: str = "positives") -> da.Array:
-    """Lazy linear SLEM vectors of the rows of ``p``, with the row chunks of ``p``.
-
-    ``mean`` and ``precision`` may be numpy arrays or results of :func:`shared`.
-    """
-    return map_rows(encode_rows, p, (mean, precision), p.shape[1], out_dtype, name, "slem-encode")
+def encode_blocks(
+    p: da.Array, mean, precision, out_dtype, name: str = "positives", zero_reason=None
+) -> da.Array:
+    """Lazy linear SLEM vectors of the rows of ``p``, with its row chunks; ``mean`` and
+    ``precision``: numpy arrays or results of :func:`shared`. ``zero_reason``: rows encoded
+    to zeros, NaN or inf refused, saying why (:class:`EncodeRefusingDegenerate`)."""
+    func = encode_rows if zero_reason is None else EncodeRefusingDegenerate(zero_reason)
+    return map_rows(func, p, (mean, precision), p.shape[1], out_dtype, name, "slem-encode")

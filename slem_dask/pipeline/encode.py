@@ -211,7 +211,9 @@ def _start_report(model, model_path, positives, out, plan: EncodePlan, job: _Dra
             "partitions": f"{len(job.todo)} encoded of {plan.n_parts}",
             "action": job.action,
             "model": str(model_path),
-            "fingerprint": model.identity_[:16],
+            # the model's identity, as fit reports it: its fingerprint (fit's other line)
+            # changes with the last bits of a refit on other partitions or workers
+            "model identity": model.identity_[:16],
             "out": str(out),
             "out dtype": plan.out_dtype.name,
         }

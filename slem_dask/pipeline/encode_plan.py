@@ -187,7 +187,7 @@ def _up_to_date_facts(model, model_path, positives, out, arr, existing, n_parts)
             "partitions": f"0 encoded of {n_parts}",
             "action": "up to date",
             "model": str(model_path),
-            "fingerprint": model.identity_[:16],
+            "model identity": model.identity_[:16],  # as encode_job's report says it
             "out": str(out),
             "out dtype": existing.dtype.name,
         }

@@ -72,17 +72,22 @@ def _write_partitions(
     writes one partition (fused by dask into one task), and returns its checksum."""
     import dask.array as da
 
-    extra = {"precision": precision} if precision else {}
-    z = model.transform(
-        storage.dask_rows(arr, rows, name="positives", exact=True), dtype=out_dtype, **extra
-    )
+    x = storage.dask_rows(arr, rows, name="positives", exact=True)
+    reason = _zero_reason(model)
+    if isinstance(model, LinearSLEM) and np.dtype(out_dtype).kind == "f":
+        # the encoding refuses rows without a direction in its own pass: none is
+        # left for the write to look for (its check would be a pass over the output)
+        z, reason = model._transform(x, out_dtype, precision or None, reason), None
+    else:
+        extra = {"precision": precision} if precision else {}
+        z = model.transform(x, dtype=out_dtype, **extra)
     # map_blocks over every partition, then select: read, encode and write fuse into
     # one task per partition (a write layer over z.blocks[todo] would not fuse)
     written = da.map_blocks(
         _write_block,
         z,
         target,
-        _zero_reason(model),
+        reason,
         dtype=np.int64,
         chunks=((1,) * z.numblocks[0], (2,)),
         meta=np.empty((0, 2), dtype=np.int64),
@@ -90,10 +95,12 @@ def _write_partitions(
     return written if len(todo) == z.numblocks[0] else written.blocks[todo]
 
 
-def _write_block(block, target, zero_reason: str, block_info=None):
+def _write_block(block, target, zero_reason: str | None, block_info=None):
     # checked in the task that computed the rows, before they are written: an output
-    # with an all-zero or NaN encoding row is never marked complete
-    check_encoded_rows(block, block_info[0]["array-location"][0][0], zero_reason)
+    # with an all-zero or NaN encoding row is never marked complete (zero_reason None:
+    # the encoding refused such rows itself)
+    if zero_reason is not None:
+        check_encoded_rows(block, block_info[0]["array-location"][0][0], zero_reason)
     return storage.write_partition(block, target, block_info[0]["chunk-location"][0])
 
 

@@ -309,7 +309,9 @@ def _fit_linear(client, negatives, model_path, model: LinearSLEM, options: FitOp
         )
         fp = _save_fitted(model, arr, negatives, model_path, seen, tx)
     t3 = time.perf_counter()
-    report.facts.update({"model": str(model_path), "fingerprint": fp[:16]})
+    report.facts.update(
+        {"model": str(model_path), "fingerprint": fp[:16], "model identity": model.identity_[:16]}
+    )
     report.timings.update(
         {"open": t1 - t0, "statistics": t2 - t1, "factor+save": t3 - t2, "total": t3 - t0}
     )

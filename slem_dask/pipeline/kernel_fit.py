@@ -251,6 +251,7 @@ def _kernel_report(
             "passes": model.n_passes_ if from_scratch else 1,
             "model": str(model_path),
             "fingerprint": fp[:16],
+            "model identity": model.identity_[:16],  # what encode's report names it by
         }
     )
     report.timings.update(

@@ -788,3 +788,29 @@ def test_the_first_line_names_where_the_worker_processes_came_from():
     )
     given = parser.parse_args(["run", "spec.toml", "--workers", "2"])
     assert _local_processes(given, None, 2, None) == (True, "--workers/--threads-per-worker given")
+
+
+def test_fit_and_encode_reports_name_the_model_by_the_same_identity(
+    scheduler, corpus, tmp_path, capsys
+):
+    """encode's report said "fingerprint" for the model's identity, while fit's said it
+    for the arrays' fingerprint (two numbers for one model, under one label)."""
+    import re
+
+    model_path, out_path = str(tmp_path / "model.zarr"), str(tmp_path / "codes.zarr")
+    code, fitted, err = run(capsys, *fit_args(scheduler, corpus["negatives"], model_path))
+    assert code == 0, err
+    said = [fitted]
+    for _ in range(2):  # encoded, then up to date
+        code, out, err = run(
+            capsys, *encode_args(scheduler, model_path, corpus["positives"], out_path)
+        )
+        assert code == 0, err
+        said.append(out)
+    identity = load_model(model_path).identity_[:16]
+    for out in said:
+        assert re.findall(r"model identity\s+(\S+)", out) == [identity], out
+    assert "up to date" in said[2]
+    fingerprint = re.findall(r"\bfingerprint\s+(\S+)", fitted)
+    assert fingerprint == [load_model(model_path).fingerprint_[:16]] != [identity], fitted
+    assert not re.findall(r"\bfingerprint\s", said[1] + said[2])

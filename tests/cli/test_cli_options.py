@@ -452,3 +452,15 @@ def test_the_workers_profile_tasks_only_for_a_performance_report(
     assert code == 0, err
     assert given == [report]
     assert (tmp_path / "report.html").exists() is report
+
+
+@pytest.mark.parametrize("command", ["demo", "fit", "encode", "run", "search", "evaluate"])
+def test_the_help_of_every_command_that_writes_a_store_names_its_lease_ttl(capsys, command):
+    from slem_dask.storage.versioning.leases import DEFAULT_LEASE_TTL
+
+    code, out, _ = run(capsys, command, "--help")
+    out = " ".join(out.split())
+    writes = command != "evaluate"  # evaluate reads, and writes no store
+    assert code == 0
+    assert ("renewed every quarter of $SLEM_DASK_LEASE_TTL" in out) == writes, out
+    assert (f"(seconds, default {DEFAULT_LEASE_TTL:g})" in out) == writes, out

@@ -44,6 +44,8 @@ import uuid
 import warnings
 
 from .errors import IntegrityError
+from .held_leases import OPEN as _OPEN
+from .held_leases import lost_lease, open_leases
 from ..backends.outcomes import FAILED
 from .processes import host_identity, process_group, where
 from .processes import process_start as _process_start
@@ -58,10 +60,14 @@ __all__ = [
     "LeaseWaitWarning",
     "LEASE_TTL",
     "host_identity",
+    "lost_lease",
+    "open_leases",
 ]
 
-#: A lease whose record an observer sees unchanged this many seconds is stale.
-LEASE_TTL = float(os.environ.get("SLEM_DASK_LEASE_TTL", "120"))
+#: A lease whose record an observer sees unchanged this many seconds is stale
+#: ($SLEM_DASK_LEASE_TTL, else DEFAULT_LEASE_TTL: the commands' --help states it).
+DEFAULT_LEASE_TTL = 120.0
+LEASE_TTL = float(os.environ.get("SLEM_DASK_LEASE_TTL", DEFAULT_LEASE_TTL))
 LEASE_HEARTBEAT = max(0.2, min(30.0, LEASE_TTL / 4))
 #: The part of LEASE_TTL an owner trusts its lease after renewing it: an observer takes
 #: it over no sooner than LEASE_TTL after that renewal landed; the rest is a margin for
@@ -151,6 +157,7 @@ class Lease:
         self.took_over: dict | None = None
         self._beat_no = 0
         self._renewed_at: float | None = None  # monotonic start of the last renewal
+        self._given_up = False  # the heartbeat stopped for good: taken over, or too late
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -251,6 +258,7 @@ class Lease:
             target=self._beat, daemon=True, name=f"slem-dask-lease-{self.target.name}"
         )
         self._thread.start()
+        _OPEN.add(self)
         return self
 
     def _take(self) -> None:
@@ -309,7 +317,8 @@ class Lease:
             except FAILED:  # a 503, a deadline met: not renewed this time (trusted_for()
                 continue  # says how long that may go on); the heartbeat goes on
             if not self._ours(record):
-                return  # taken over: check() will refuse the commit
+                self._given_up = True  # taken over: check() will refuse the commit
+                return
             if self.trusted_for() <= 0 or self._stop.is_set():
                 return  # the read outlived the lease (a silent store), or the job ended
                 # while it waited (an interrupt): do not write
@@ -323,6 +332,7 @@ class Lease:
                 # process was paused after its read, or the put was slow): it may have
                 # overwritten that job's record, so it renews nothing (that job writes
                 # its own back: _ours); the lease is no longer trusted (check() says so)
+                self._given_up = True
                 return
             self._renewed_at = started
 
@@ -364,6 +374,15 @@ class Lease:
         record = self._reassert(record)
         return record is not None and record.get("token") == self.token
 
+    def lost(self) -> bool:
+        """Whether :meth:`check` will refuse this job's commit, known without a request:
+        its heartbeat gave up before the lease was released (the record was another
+        job's, or a renewal ended too late: :meth:`_beat`), or the lease went unrenewed
+        past the part of its TTL an owner trusts."""
+        if self._thread is None or self._stop.is_set():
+            return False
+        return self._given_up or self.trusted_for() <= 0
+
     def check(self) -> None:
         if self._renewed_at is not None and self.trusted_for() <= 0:
             raise LeaseLostError(
@@ -388,6 +407,7 @@ class Lease:
         is, and the next job takes it over)."""
         self._stop.set()
         _HELD_HERE.discard(self.token)
+        _OPEN.discard(self)
         if self._thread is not None:
             self._thread.join(timeout=5 if wait is None else min(5, wait))
         if wait is None:
