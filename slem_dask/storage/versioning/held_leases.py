@@ -15,6 +15,7 @@ class Lease(Protocol):
 
     def lost(self) -> bool: ...
 
+
 __all__ = ["OPEN", "open_leases", "lost_lease"]
 
 #: The leases this process holds now (taken, not yet released).
