@@ -3,7 +3,7 @@
 
 bench_encode times whole jobs; this times each step of one partition's task on one
 thread (BLAS single-threaded, as in a task), slem-dask's against the floor's
-(``_common.encode_floor``), each called once untimed, then alternating (``_report.alternate``),
+(``_floors.encode_floor``), each called once untimed, then alternating (``_report.alternate``),
 best and median of ``--repeat``:
 
 * both: reading the partition (slem-dask's reader: the floor uses it too);

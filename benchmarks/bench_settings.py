@@ -8,7 +8,7 @@ encode_job once for every layout and partition size (default 8192, 32768,
 131072 rows), so that a change of machine load spreads over all settings. Printed: every run, and
 best / median / worst per setting. ``--floor`` also times, per layout and partition
 size, the least work any fit must do (each partition's read and one float32
-``X.T @ X``, nothing else: ``_common.fit_floor``), whose 1-worker / 2-worker ratio
+``X.T @ X``, nothing else: ``_floors.fit_floor``), whose 1-worker / 2-worker ratio
 is the most a fit can scale on this machine.
 """
 
