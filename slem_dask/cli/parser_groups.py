@@ -60,7 +60,10 @@ LEASE_EPILOG = (
     "A job holds a lease on each store it writes, renewed every quarter of "
     "$SLEM_DASK_LEASE_TTL (seconds, default 120). A job of another host or container "
     "that sees a lease unchanged for that long takes it over, and says so; the job "
-    "that held it, if it resumes, is refused at its commit. Set the same value on "
+    "that held it, if it resumes, ends with an error within seconds and commits "
+    "nothing (as does a job whose lease went unrenewed for 3/4 of that time: a store "
+    "that did not answer, a process stopped). On one host and PID namespace a job "
+    "holds its lease while its process exists, even stopped. Set the same value on "
     "every host (a watcher waits out the longer of its own and the owner's)."
 )
 

@@ -100,6 +100,7 @@ def test_a_lease_counts_as_lost_only_when_its_commit_would_be_refused(tmp_path, 
     assert leases.lost_lease(before) is None
     # a heartbeat that dies of an unexpected error leaves the lease trusted for the rest
     # of its time: a job that commits within it commits (it did before)
+    read = lease.read
     monkeypatch.setattr(lease, "read", lambda: 1 / 0)
     deadline = time.monotonic() + 10
     while lease._thread.is_alive() and time.monotonic() < deadline:
@@ -110,6 +111,7 @@ def test_a_lease_counts_as_lost_only_when_its_commit_would_be_refused(tmp_path, 
     while lease.trusted_for() > 0:
         time.sleep(0.01)
     assert lease.lost() and leases.lost_lease(before) is lease
+    monkeypatch.setattr(lease, "read", read)  # the record is still this job's
     with pytest.raises(leases.LeaseLostError, match="was not renewed for"):
         lease.check()
     assert leases.lost_lease(leases.open_leases()) is None  # held before a watch: not its

@@ -991,6 +991,6 @@ def test_the_command_line_says_it_watches_a_lease_and_takes_it_over(corpus, tmp_
         f"waiting up to 2 s to see whether that job is alive",
         f"slem-dask encode: warning: took the lease of {str(out)!r} over from slem-dask "
         f"encode (pid 7 on host elsewhere, started 2026-11-29 10:00:00 UTC by its clock; lease {str(lease)!r}): "
-        f"its record did not change for 2 s; if that job resumes, its commit is refused",
+        f"its record did not change for 2 s; if that job resumes, it is refused and commits nothing",
     ], done.stderr
     assert main(["verify", str(out)]) == 0

@@ -315,7 +315,7 @@ def test_the_wait_and_the_takeover_are_said_as_warnings(tmp_path, monkeypatch):
     assert lines[1].endswith(
         "on host other-host, started 2031-01-01 00:00:00 UTC by its clock; lease "
         f"{str(target.parent / '.out.zarr.slem-dask-lease')!r}): its record did not change "
-        "for 2 s; if that job resumes, its commit is refused"
+        "for 2 s; if that job resumes, it is refused and commits nothing"
     ), lines[1]
 
 
@@ -354,8 +354,8 @@ def test_a_stopped_owner_in_this_namespace_is_said_to_be_stopped(tmp_path):
             f"it with the worker processes stopped with it (`kill -CONT -- -{owner.pid}`, "
             f"its process group) or end it, then run this command again, or write to "
             f"another path; once stopped for more than "
-            f"{leases.TRUSTED_PART * leases.LEASE_TTL:.0f} s it can no longer commit (it "
-            f"would fail at its end): end it. A dead job's lease"
+            f"{leases.TRUSTED_PART * leases.LEASE_TTL:.0f} s it can no longer commit (once "
+            f"continued, it ends with an error): end it. A dead job's lease"
         ) in str(info.value)
     finally:
         os.kill(owner.pid, signal.SIGKILL)

@@ -19,18 +19,16 @@ answering: each request ends at its deadline, :mod:`.deadlines`) therefore stops
 claiming the lease once that time is up, and the job's :meth:`Lease.check` refuses the
 commit, as it does for a lease taken over.
 
-A store has no conditional replace on every backend, so a heartbeat's write can land
-after another job took the lease over (its process paused between its read and its
-write, or the write delivered late) and overwrite that job's record. The late writer
-renews nothing by it (its write ended too late to count), and the job that took over
-treats the token of the job it took the lease from as a late write, not as a new owner:
-it writes its own record back (:meth:`Lease.held`, the heartbeat). Both jobs would fail
-otherwise, the second one told that the first, a dead job, had taken its lease.
+Not every backend has a conditional replace, so a heartbeat's write can land after
+another job took the lease over (a process paused between its read and its write, a
+write delivered late) and overwrite that job's record. The late writer renews nothing
+by it, and the job that took over treats it as a late write, not as a new owner: it
+writes its own record back (:meth:`Lease.held`, the heartbeat).
 
-A lease only keeps two jobs from doing the same work at once. What readers see is
-protected by :mod:`.versions`: a job whose lease was taken over, and which goes on
-writing (a stalled client, a late worker), writes only into its own uncommitted
-draft, and its commit fails.
+A lease only keeps two jobs from doing the same work at once (:mod:`.held_leases`: a
+command whose lease was lost ends at once). What readers see is protected by
+:mod:`.versions`: a job whose lease was taken over, and which goes on writing (a
+stalled client, a late worker), writes only into its own draft, and its commit fails.
 """
 
 from __future__ import annotations
@@ -75,10 +73,9 @@ LEASE_HEARTBEAT = max(0.2, min(30.0, LEASE_TTL / 4))
 TRUSTED_PART = 0.75
 #: The most seconds an interrupted job waits to delete its lease.
 INTERRUPTED_RELEASE_WAIT = 3.0
-#: The tokens of the leases this process holds now (taken, not yet released). A record
-#: of this process with any other token is one it released: a heartbeat's write that
-#: timed out and landed after the release deleted the lease put it back, and this
-#: process, alive, would otherwise refuse its own next job for as long as it runs.
+#: The tokens of the leases this process holds now. A record of this process with any
+#: other token is one it released (a late heartbeat write put it back after the release
+#: deleted it): else this process, alive, refused its own next job for as long as it ran.
 _HELD_HERE: set[str] = set()
 
 
@@ -95,8 +92,7 @@ class LeaseWaitWarning(UserWarning):
     lease over from a dead one (the default ``on_wait`` of :class:`Lease`)."""
 
 
-#: The longest TTL a lease record may ask its observers to wait (a day): a damaged record
-#: must not make them wait for ever.
+#: The longest TTL a lease record may ask its observers to wait (a damaged one: a day).
 MOST_RECORDED_TTL = 86400.0
 
 
@@ -375,30 +371,41 @@ class Lease:
         return record is not None and record.get("token") == self.token
 
     def lost(self) -> bool:
-        """Whether :meth:`check` will refuse this job's commit, known without a request:
-        its heartbeat gave up before the lease was released (the record was another
-        job's, or a renewal ended too late: :meth:`_beat`), or the lease went unrenewed
-        past the part of its TTL an owner trusts."""
+        """Whether :meth:`check` will refuse the commit, known without a request: the
+        heartbeat gave up (:meth:`_beat`), or the lease went unrenewed past its trust."""
         if self._thread is None or self._stop.is_set():
             return False
         return self._given_up or self.trusted_for() <= 0
 
     def check(self) -> None:
-        if self._renewed_at is not None and self.trusted_for() <= 0:
-            raise LeaseLostError(
-                f"the lease of {str(self.target)!r} was not renewed for "
-                f"{time.monotonic() - self._renewed_at:.0f} s (its store did not answer, "
-                f"or this process was stopped or paused), so another job may have taken "
-                f"it over; nothing was committed: run the same command again (once the "
-                f"store answers, if it did not)"
-            )
-        if not self.held():
+        """:class:`LeaseLostError` unless this job may commit, naming the lease's owner."""
+        unrenewed = self._renewed_at is not None and self.trusted_for() <= 0
+        if not unrenewed and self.held():
+            return
+        try:
             record = self.read()
-            owner = f" by {self.describe(record)}" if record else ""
+        except FAILED:
+            if not unrenewed:
+                raise
+            record = None  # the store does not answer: say what this job knows
+        if record is not None and not self._ours(record):
             raise LeaseLostError(
-                f"the lease of {str(self.target)!r} was taken over{owner} while this job "
-                f"ran (it was thought dead); nothing was committed: run the job again"
+                f"the lease of {str(self.target)!r} was taken over by "
+                f"{self.describe(record)} while this job ran (it was thought dead); "
+                f"nothing was committed: see what that job wrote with `slem-dask versions "
+                f"{self.target}` before you run this command again"
             )
+        how = (  # mypy: _renewed_at is set when unrenewed
+            f"was not renewed for {time.monotonic() - (self._renewed_at or 0):.0f} s (its "
+            f"store did not answer, or this process was stopped or paused), so another "
+            f"job may have taken it over"
+            if unrenewed
+            else "was deleted while this job ran (it was thought dead)"
+        )
+        raise LeaseLostError(
+            f"the lease of {str(self.target)!r} {how}; nothing was committed: run the same "
+            f"command again (once the store answers, if it did not)"
+        )
 
     def release(self, wait: float | None = None) -> None:
         """Stop renewing the lease, and delete it if this job still holds it; ``wait``:
@@ -452,15 +459,14 @@ class Lease:
         here = self._same_namespace(record)
         if here and record.get("pid") == os.getpid():
             return
-        why = (
+        why = (  # a job whose process is gone cannot resume
             f"its process {record.get('pid')} is gone"
             if here
-            else f"its record did not change for {recorded_ttl(record):.0f} s"
+            else f"its record did not change for {recorded_ttl(record):.0f} s; if that job "
+            f"resumes, it is refused and commits nothing"
         )
         self.on_wait(
-            f"took the lease of {str(self.target)!r} over from "
-            f"{self.describe(record or None)}: {why}; if that job resumes, its commit is "
-            f"refused"
+            f"took the lease of {str(self.target)!r} over from {self.describe(record or None)}: {why}"
         )
 
     def _held(self, record: dict | None) -> LeaseHeldError:
@@ -472,8 +478,8 @@ class Lease:
                 f"it exists: continue it with the worker processes stopped with it "
                 f"(`kill -CONT -- -{group}`, its process group) or end it, then run this "
                 f"command again, or write to another path; once stopped for more than "
-                f"{TRUSTED_PART * _owner_ttl(record):.0f} s it can no longer commit (it "
-                f"would fail at its end): end it"
+                f"{TRUSTED_PART * _owner_ttl(record):.0f} s it can no longer commit (once "
+                f"continued, it ends with an error): end it"
                 if group
                 else f"its process is stopped (SIGSTOP, a debugger): continue it (`kill "
                 f"-CONT {record['pid']}`) or end it, then run this command again"
