@@ -75,7 +75,9 @@ def _add_report_and_tls_args(g) -> None:
         "--progress",
         action=argparse.BooleanOptionalAction,
         default=None,
-        help="show progress bars (default: when the output is a terminal)",
+        help="show progress bars (default: when the output is a terminal); without "
+        "them, one line of progress to stderr every 60 s while tasks run "
+        "($SLEM_DASK_PROGRESS_LINES seconds)",
     )
     g.add_argument(
         "--performance-report",
