@@ -92,8 +92,7 @@ class LeaseWaitWarning(UserWarning):
     lease over from a dead one (the default ``on_wait`` of :class:`Lease`)."""
 
 
-#: The longest TTL a lease record may ask its observers to wait (a damaged one: a day).
-MOST_RECORDED_TTL = 86400.0
+MOST_RECORDED_TTL = 86400.0  # the longest TTL a record may ask to be watched (damaged: a day)
 
 
 def recorded_ttl(record: dict | None) -> float:
@@ -402,9 +401,10 @@ class Lease:
             if unrenewed
             else "was deleted while this job ran (it was thought dead)"
         )
-        raise LeaseLostError(
-            f"the lease of {str(self.target)!r} {how}; nothing was committed: run the same "
-            f"command again (once the store answers, if it did not)"
+        raise LeaseLostError(  # a job that took over may have committed, and released it
+            f"the lease of {str(self.target)!r} {how}; nothing was committed: `slem-dask "
+            f"versions {self.target}` shows whether another job committed meanwhile; if not, "
+            f"run the same command again (once the store answers, if it did not)"
         )
 
     def release(self, wait: float | None = None) -> None:
