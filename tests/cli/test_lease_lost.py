@@ -23,7 +23,7 @@ def _taken_over(lease_file: str) -> None:
     """The lease record as a job of another host writes it when it takes the lease over."""
     with open(lease_file) as f:
         record = json.load(f)
-    record.update(token="f" * 32, host="elsewhere", boot_id="other-boot", pid=4242)
+    record.update(token="f" * 32, host="elsewhere", pid=4242)  # another host: watched
     with open(lease_file + ".new", "w") as f:
         json.dump(record, f)
     os.replace(lease_file + ".new", lease_file)
