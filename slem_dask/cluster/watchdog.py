@@ -407,6 +407,7 @@ def _raise_lost(lease) -> None:
         pass
     raise LeaseLostError(
         f"the lease of {str(lease.target)!r} was lost while this job ran (taken over by "
-        f"another job, or not renewed in time); nothing was committed: run the same "
-        f"command again (once the store answers, if it did not)"
+        f"another job, or not renewed in time); nothing was committed: `slem-dask versions "
+        f"{lease.target}` shows whether another job committed meanwhile; if not, run the "
+        f"same command again (once the store answers, if it did not)"
     ) from None

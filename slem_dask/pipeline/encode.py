@@ -310,6 +310,7 @@ def _encode_and_commit(
     report.timings.update(
         {"open": t1 - t0, "encode+write": t2 - t1, "total": time.perf_counter() - t0}
     )
+    report.split_lease_wait(tx)
     _mark_complete(model, model_path, plan, job, report)
     summary = {"rows": plan.n_rows, "model_fingerprint": model.identity_[:16]}
     # what `slem-dask versions` shows of it: two jobs' outputs looked alike there

@@ -315,6 +315,7 @@ def _fit_linear(client, negatives, model_path, model: LinearSLEM, options: FitOp
     report.timings.update(
         {"open": t1 - t0, "statistics": t2 - t1, "factor+save": t3 - t2, "total": t3 - t0}
     )
+    report.split_lease_wait(tx)
     return report
 
 

@@ -119,6 +119,7 @@ def _fit_kernel_job(client, negatives, model_path, model, options) -> JobReport:
         t2 = time.perf_counter()
         fp = _save_fitted(model, arr, negatives, model_path, seen, tx)
     _kernel_report(report, model, model_path, fp, (x, start, old is None), (t0, t1, t2))
+    report.split_lease_wait(tx)
     return report
 
 

@@ -122,7 +122,7 @@ def search_job(
         )
     return _search_report(
         queries, database, out, (k, options.metric), action, (rows, partitions), (t0, *times)
-    )
+    ).split_lease_wait(tx)
 
 
 def search_input_warnings(q_arr, db_arr, queries: str, database: str, options) -> list[str]:

@@ -117,3 +117,46 @@ def test_a_lease_counts_as_lost_only_when_its_commit_would_be_refused(tmp_path, 
     assert leases.lost_lease(leases.open_leases()) is None  # held before a watch: not its
     lease.release(wait=1)
     assert lease not in leases.open_leases() and not lease.lost()
+
+
+def test_a_lost_lease_whose_store_does_not_answer_still_says_what_to_look_at(tmp_path):
+    """The watchdog's refusal when the lease's own check cannot read its record: what is
+    known, and the same advice as the check's (a job that took over may have committed)."""
+
+    class Silent:
+        target = tmp_path / "out.zarr"
+
+        def check(self):
+            raise OutcomeUnknownError("the store did not answer within 5 s")
+
+    with pytest.raises(leases.LeaseLostError) as caught:
+        watchdog._raise_lost(Silent())
+    message = str(caught.value)
+    assert "nothing was committed" in message
+    assert f"`slem-dask versions {Silent.target}` shows whether another job committed" in message
+    assert message.endswith("(once the store answers, if it did not)")
+
+
+def test_the_time_a_job_waited_for_a_lease_is_not_reported_as_opening(
+    capsys, scheduler, corpus, monkeypatch
+):
+    """A job that waits out another host's silent lease says so in its report: `lease
+    wait [s]` ahead of `open [s]`, which no longer holds it (it read as 2 s of opening)."""
+    monkeypatch.setattr(leases, "LEASE_TTL", 2.0)
+    out = corpus["dir"] / "codes.zarr"
+    other = leases.Lease(out, "slem-dask encode")
+    record = {**other._record(), "pid_ns": "pid:[1]", "host": "other-host", "pid": 4242}
+    other._backend.create(other._key, json.dumps(record).encode())
+    with pytest.warns(leases.LeaseWaitWarning, match="took the lease of"):
+        code, report, err = cli(
+            capsys, scheduler, *encode_command(corpus, out, "--partition-rows", "40")
+        )
+    assert code == 0, err
+    timings = {
+        line.split(" [s]")[0].strip(): float(line.split()[-1])
+        for line in report.splitlines()
+        if " [s]" in line
+    }
+    assert list(timings)[:2] == ["lease wait", "open"], report
+    assert timings["lease wait"] >= 1.5 and timings["open"] < 1.0, report
+    assert timings["total"] >= timings["lease wait"] + timings["open"], report

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import time
 from typing import Any, NoReturn
 
 from ..backends.outcomes import FAILED
@@ -45,10 +46,14 @@ class Transaction:
         self._own_lease = lease is None
         self.lease = Lease(store.path, job, on_wait) if lease is None else lease
         self.draft: Any = None  # a versions.Draft once begun
+        #: seconds :meth:`__enter__` spent taking the lease (another job's: waited out)
+        self.lease_wait = 0.0
 
     def __enter__(self) -> Transaction:
         if self._own_lease:
+            start = time.monotonic()
             self.lease.acquire()
+            self.lease_wait = time.monotonic() - start
         return self
 
     def __exit__(self, kind, *exc) -> None:
