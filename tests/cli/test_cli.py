@@ -814,3 +814,17 @@ def test_fit_and_encode_reports_name_the_model_by_the_same_identity(
     fingerprint = re.findall(r"\bfingerprint\s+(\S+)", fitted)
     assert fingerprint == [load_model(model_path).fingerprint_[:16]] != [identity], fitted
     assert not re.findall(r"\bfingerprint\s", said[1] + said[2])
+
+
+def test_every_command_commits_under_its_own_name(scheduler, corpus, tmp_path, capsys):
+    """`slem-dask versions` (and a lost race's refusal) name the job that committed a
+    version: fit and search committed as "write model store" and "write search result",
+    where encode's commits read "slem-dask encode" (a new user's finding, stop 54)."""
+    model_path, codes = str(tmp_path / "model.zarr"), str(tmp_path / "codes.zarr")
+    hits = str(tmp_path / "hits.zarr")
+    assert run(capsys, *fit_args(scheduler, corpus["negatives"], model_path))[0] == 0
+    assert run(capsys, *encode_args(scheduler, model_path, corpus["positives"], codes))[0] == 0
+    search = ["search", "--queries", codes, "--database", codes, "--k", "3", "--out", hits]
+    assert run(capsys, *search, "--scheduler", scheduler, "--no-progress")[0] == 0
+    for path, command in [(model_path, "fit"), (codes, "encode"), (hits, "search")]:
+        assert storage.VersionedStore(path).head().job == f"slem-dask {command}", path

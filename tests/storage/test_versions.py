@@ -286,7 +286,7 @@ def test_a_watcher_with_a_shorter_ttl_waits_out_the_owners_longer_one(tmp_path, 
 
     with pytest.raises(leases.LeaseHeldError, match=r"after 60 s without a heartbeat when it"):
         leases.Lease(target, "me", on_wait=beat_later).acquire()
-    assert beats and "waiting up to 60 s" in beats[0], beats
+    assert beats and "waiting up to 60 s (its TTL; this job's: 0.3 s)" in beats[0], beats
 
 
 @pytest.mark.parametrize("ttl", [None, "a day", float("nan"), -5.0, 1e12])

@@ -116,7 +116,7 @@ def _write_group_in(
         return tx.commit(
             meta.get("kind", "group"),
             {k: meta[k] for k in ("model", "k") if k in meta},
-            job=job or f"write {what}",
+            job=job or tx.job,  # the command's name (slem-dask fit), as encode's commits
         )
 
 

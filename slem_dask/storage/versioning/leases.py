@@ -215,11 +215,11 @@ class Lease:
                 return True  # released by this very process (see _HELD_HERE)
             return not _pid_alive(record["pid"], record.get("pid_start"))
         watch = recorded_ttl(record) if watch is None else watch
-        if self.on_wait and watch > 1:
+        if self.on_wait and watch > 1:  # a longer TTL than ours is the owner's: say so
+            mine = f" (its TTL; this job's: {LEASE_TTL:g} s)" if watch > LEASE_TTL else ""
             self.on_wait(
-                f"the lease of {str(self.target)!r} is held by "
-                f"{self.describe(record)}; waiting up to {watch:.0f} s to see whether "
-                f"that job is alive"
+                f"the lease of {str(self.target)!r} is held by {self.describe(record)}; "
+                f"waiting up to {watch:.0f} s{mine} to see whether that job is alive"
             )
         end = time.monotonic() + watch
         while time.monotonic() < end:
