@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
 import numpy as np
 import zarr
 
-from slem_dask.storage.versioning import versions
+from slem_dask.storage.versioning import leases, versions
 
 # tests/, where the support modules and scripts live (the test files sit in sub-folders
 # mirroring the package), and the repository's root
@@ -266,3 +267,19 @@ def one_worker_once_none_listed(cluster, listed):
         return found
 
     return listed_then_one
+
+
+def foreign_lease(target, **fields):
+    """A lease on ``target`` as a job of another host holds it (``fields``: what its
+    record says besides): this host can only watch it, and takes it over after a TTL
+    of silence."""
+    lease = leases.Lease(target, "a job elsewhere")
+    record = {
+        **lease._record(),
+        "pid_ns": "pid:[1]",
+        "host": "other-host",
+        "started": "2031-01-01 00:00:00 UTC",
+        **fields,
+    }
+    lease._backend.create(lease._key, json.dumps(record).encode())
+    return lease

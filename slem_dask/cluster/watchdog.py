@@ -28,6 +28,7 @@ import time
 from ..core.steps import current_step
 from .stall_text import describe, duration, long_tasks, remedy, running
 from ..storage import IntegrityError
+from ..storage.versioning.errors import lost_lease_advice
 from ..storage.versioning.leases import LeaseLostError, lost_lease, open_leases
 
 __all__ = ["watch", "TaskTimeout", "stall_warning_seconds", "progress_line_seconds"]
@@ -407,7 +408,5 @@ def _raise_lost(lease) -> None:
         pass
     raise LeaseLostError(
         f"the lease of {str(lease.target)!r} was lost while this job ran (taken over by "
-        f"another job, or not renewed in time); nothing was committed: `slem-dask versions "
-        f"{lease.target}` shows whether another job committed meanwhile; if not, run the "
-        f"same command again (once the store answers, if it did not)"
+        f"another job, or not renewed in time); {lost_lease_advice(lease.target)}"
     ) from None

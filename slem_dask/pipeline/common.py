@@ -36,7 +36,7 @@ class JobReport:
         waited two minutes for a lease read as two minutes spent opening its stores).
         Taking a free lease (a write and a read back, milliseconds) stays in ``open``.
         Returns this report."""
-        wait = getattr(tx, "lease_wait", 0.0)
+        wait = tx.lease_wait
         if wait >= LEASE_WAIT_SHOWN and "open" in self.timings:
             timings = {"lease wait": wait, **self.timings}
             timings["open"] = max(0.0, timings["open"] - wait)

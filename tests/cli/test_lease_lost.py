@@ -14,7 +14,7 @@ from slem_dask.cluster import watchdog
 from slem_dask.storage.backends.outcomes import OutcomeUnknownError
 from slem_dask.storage.versioning import leases
 
-from helpers import cli, encode_command
+from helpers import cli, encode_command, foreign_lease
 
 pytestmark = pytest.mark.usefixtures("no_scheduler_env")  # conftest.py
 
@@ -148,9 +148,7 @@ def test_the_time_a_job_waited_for_a_lease_is_not_reported_as_opening(
     wait [s]` ahead of `open [s]`, which no longer holds it (it read as 2 s of opening)."""
     monkeypatch.setattr(leases, "LEASE_TTL", 2.0)
     out = corpus["dir"] / "codes.zarr"
-    other = leases.Lease(out, "slem-dask encode")
-    record = {**other._record(), "pid_ns": "pid:[1]", "host": "other-host", "pid": 4242}
-    other._backend.create(other._key, json.dumps(record).encode())
+    foreign_lease(out, pid=4242)
     with pytest.warns(leases.LeaseWaitWarning, match="took the lease of"):
         code, report, err = cli(
             capsys, scheduler, *encode_command(corpus, out, "--partition-rows", "40")

@@ -19,7 +19,7 @@ from slem_dask.retrieval import search
 from slem_dask.storage.versioning import leases
 from slem_dask.storage.versioning import versions
 
-from helpers import encode_corpus, expected_encoding, head, small_corpus
+from helpers import encode_corpus, expected_encoding, foreign_lease, head, small_corpus
 
 D = 8
 
@@ -219,23 +219,10 @@ def test_a_swapped_chunk_is_not_the_chunk_that_was_written(corpus):
 
 
 # -- leases: liveness without comparing clocks ---------------------------------------------
-def _foreign_lease(target, **fields):
-    lease = leases.Lease(target, "a job elsewhere")
-    record = {
-        **lease._record(),
-        "pid_ns": "pid:[1]",
-        "host": "other-host",
-        "started": "2031-01-01 00:00:00 UTC",
-        **fields,
-    }
-    lease._backend.create(lease._key, json.dumps(record).encode())
-    return lease
-
-
 def test_a_silent_lease_from_another_namespace_is_taken_over_after_the_ttl(tmp_path, monkeypatch):
     monkeypatch.setattr(leases, "LEASE_TTL", 1.2)
     target = tmp_path / "out.zarr"
-    _foreign_lease(target, pid=os.getpid())  # a live pid here means nothing there
+    foreign_lease(target, pid=os.getpid())  # a live pid here means nothing there
     waited = []
     with leases.Lease(target, "me", on_wait=waited.append) as mine:
         assert mine.took_over["host"] == "other-host" and mine.held()
@@ -245,7 +232,7 @@ def test_a_silent_lease_from_another_namespace_is_taken_over_after_the_ttl(tmp_p
 def test_a_beating_lease_from_another_namespace_is_refused(tmp_path, monkeypatch):
     monkeypatch.setattr(leases, "LEASE_TTL", 1.0)
     target = tmp_path / "out.zarr"
-    theirs = _foreign_lease(target)
+    theirs = foreign_lease(target)
     stop = threading.Event()
 
     def beat():
@@ -273,7 +260,7 @@ def test_a_watcher_with_a_shorter_ttl_waits_out_the_owners_longer_one(tmp_path, 
     monkeypatch.setattr(leases, "LEASE_TTL", 0.3)
     monkeypatch.setattr(leases, "LEASE_HEARTBEAT", 0.4)  # the watch looks every 0.1 s
     target = tmp_path / "out.zarr"
-    theirs = _foreign_lease(target, ttl=60.0)
+    theirs = foreign_lease(target, ttl=60.0)
     beats = []
 
     def beat_later(message):  # once the watch began: one beat, 1 s later (> 0.3 s)
@@ -303,7 +290,7 @@ def test_the_wait_and_the_takeover_are_said_as_warnings(tmp_path, monkeypatch):
     job passed on_wait: a job waited 120 s in silence, and said nothing of the takeover."""
     monkeypatch.setattr(leases, "LEASE_TTL", 1.5)
     target = tmp_path / "out.zarr"
-    _foreign_lease(target)
+    foreign_lease(target)
     with pytest.warns(leases.LeaseWaitWarning) as said:
         with leases.Lease(target, "me"):
             pass

@@ -39,6 +39,17 @@ def rollback_advice(path, seq: int | None = None) -> str:
     )
 
 
+def lost_lease_advice(target) -> str:
+    """What a job that lost its lease before its commit is told to do: a job that took
+    the lease over may have committed since (and released the lease, so it cannot always
+    be named): look first, then run again."""
+    return (
+        f"nothing was committed: `slem-dask versions {target}` shows whether another job "
+        f"committed meanwhile; if not, run the same command again (once the store answers, "
+        f"if it did not)"
+    )
+
+
 def is_out_of_space(exc: BaseException) -> bool:
     return isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT)
 

@@ -41,7 +41,7 @@ import time
 import uuid
 import warnings
 
-from .errors import IntegrityError
+from .errors import IntegrityError, lost_lease_advice
 from .held_leases import OPEN as _OPEN
 from .held_leases import lost_lease, open_leases
 from ..backends.outcomes import FAILED
@@ -401,10 +401,8 @@ class Lease:
             if unrenewed
             else "was deleted while this job ran (it was thought dead)"
         )
-        raise LeaseLostError(  # a job that took over may have committed, and released it
-            f"the lease of {str(self.target)!r} {how}; nothing was committed: `slem-dask "
-            f"versions {self.target}` shows whether another job committed meanwhile; if not, "
-            f"run the same command again (once the store answers, if it did not)"
+        raise LeaseLostError(
+            f"the lease of {str(self.target)!r} {how}; {lost_lease_advice(self.target)}"
         )
 
     def release(self, wait: float | None = None) -> None:
