@@ -111,7 +111,12 @@ def _add_encode_command(sub) -> None:
         metavar="PATH",
         help="descriptors (m, d) to encode, in any input format of fit --negatives",
     )
-    p.add_argument("--out", required=True, metavar="PATH", help="zarr array to write (m, d)")
+    p.add_argument(
+        "--out",
+        required=True,
+        metavar="PATH",
+        help="zarr array to write: (m, d) for a linear model, (m, r) for a kernel model of rank r",
+    )
     p.add_argument(
         "--dtype",
         choices=("float32", "float64"),

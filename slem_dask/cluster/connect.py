@@ -77,6 +77,12 @@ WORKER_MALLOC = {
 }
 _MALLOC_VARIABLES = [key.rsplit(".", 1)[1] for key in WORKER_MALLOC]
 
+#: What a LocalCluster's worker processes import as they start: the tasks' code (and
+#: with it zarr, numcodecs, scipy). Imported by the first task instead, it was 3.0 s of
+#: the demo's first fit's 3.3 s, reported as that job's ``open`` (2 cores, both workers
+#: importing at once); it is the cluster's start-up, which the command reports apart.
+WORKER_PRELOAD = ("slem_dask.pipeline",)
+
 
 #: dask settings of a LocalCluster this module starts, unless its caller wants the
 #: workers' statistical profile of the tasks (a performance report shows it). Every
@@ -87,6 +93,16 @@ _MALLOC_VARIABLES = [key.rsplit(".", 1)[1] for key in WORKER_MALLOC]
 #: shared 2-core machine). Nothing of slem-dask reads that profile, and an in-process
 #: cluster has no dashboard that would show it.
 NO_TASK_PROFILE = {"distributed.worker.profile.enabled": False}
+
+
+def _preload() -> dict:
+    """dask's setting that has worker processes import :data:`WORKER_PRELOAD` too."""
+    return {
+        "distributed.worker.preload": [
+            *dask.config.get("distributed.worker.preload", []),
+            *WORKER_PRELOAD,
+        ]
+    }
 
 
 def _restore_environment(saved: dict) -> None:
@@ -231,7 +247,7 @@ def connect(
         return
     kwargs = default_local_cluster_kwargs(n_workers, threads_per_worker)
     with contextlib.ExitStack() as stack:
-        stack.enter_context(dask.config.set({**WORKER_MALLOC, **profile}))
+        stack.enter_context(dask.config.set({**WORKER_MALLOC, **profile, **_preload()}))
         # the nannies put these variables in this process's environment to hand them to
         # the workers they spawn, and leave them there: every later subprocess of the
         # caller (a `dask worker` of its own) would keep freed memory in its heap

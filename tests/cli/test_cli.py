@@ -625,7 +625,7 @@ def test_encode_bad_positives(scheduler, corpus, bad_inputs, tmp_path, capsys, k
     messages = {
         **INPUT_ERRORS,
         "no features": r"has no features \(columns\)",
-        "wrong d": f"{D + 1} features.* fitted on {D}",
+        "wrong d": f"{D + 1} features, but the model .* is expecting {D} features",
     }
     out_path = tmp_path / "codes.zarr"
     code, _, err = run(capsys, *encode_args(scheduler, corpus["model"], bad_inputs[kind], out_path))

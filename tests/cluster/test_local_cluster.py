@@ -627,3 +627,29 @@ def test_a_local_cluster_keeps_no_task_profile_unless_asked():
         assert _profiling(client) == [False]
     with connect(processes=False, task_profile=True) as client:
         assert _profiling(client) == [True]
+
+
+def _imported_pipeline() -> bool:
+    import sys
+
+    return "slem_dask.pipeline" in sys.modules
+
+
+@pytest.mark.cluster
+def test_a_local_clusters_workers_import_the_tasks_code_as_they_start():
+    # imported by the first task instead, it was 3 of the demo's first fit's 3.3 s of
+    # "open": the cluster's start-up, which the command reports apart; a user's own
+    # preload is kept beside it
+    import dask
+
+    from slem_dask.cluster.connect import connect
+
+    with dask.config.set({"distributed.worker.preload": ["json"]}):
+        with connect(n_workers=1, processes=True) as client:
+            imported = client.run(_imported_pipeline)
+            preload = client.run(
+                lambda: __import__("dask").config.get("distributed.worker.preload")
+            )
+        assert dask.config.get("distributed.worker.preload") == ["json"]  # as it was
+    assert list(imported.values()) == [True]
+    assert list(preload.values()) == [["json", "slem_dask.pipeline"]]

@@ -185,6 +185,19 @@ def test_verify_of_a_folder_that_is_no_zarr_store_says_so(tmp_path, capsys):
     assert "not written by slem-dask" not in out
 
 
+@pytest.mark.parametrize("name", ["x.npy", "x.h5", "x.fvecs"])
+def test_verify_of_a_descriptor_file_says_it_is_an_input(tmp_path, capsys, name):
+    # a user's own descriptors: verify checks what slem-dask wrote, fit and encode check these
+    np.save(tmp_path / "x.npy", np.ones((3, 4), dtype=np.float32))
+    if name != "x.npy":
+        (tmp_path / "x.npy").rename(tmp_path / name)
+    assert main(["verify", str(tmp_path / name)]) == 1
+    out = capsys.readouterr().out
+    assert f"is a descriptor file ({name[2:].replace('h5', 'hdf5')}), not a store" in out, out
+    assert "fit and encode check descriptors" in out
+    assert "zarr.json" not in out
+
+
 def test_verify_of_a_path_with_nothing_says_missing_and_what_to_check(tmp_path, capsys):
     assert main(["verify", str(tmp_path / "typo.zarr")]) == 1
     out = capsys.readouterr().out

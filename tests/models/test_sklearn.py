@@ -244,7 +244,7 @@ def test_feature_count_message_is_sklearns_and_says_how_to_fix(est, labelled):
     with pytest.raises(
         ValueError,
         match=r"X has 3 features, but \w+ is expecting 16 features "
-        r"as input.*same dimension as the negatives",
+        r"as input.*the dimension of the negatives",
     ):
         method(X[:, :3])
 

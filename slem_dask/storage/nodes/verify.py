@@ -5,6 +5,7 @@ from __future__ import annotations
 import zarr
 
 from ..versioning import versions
+from ..formats import formats
 from .checksums import _full_key, self_consistent_crc32c, stored_crc32c
 from .groups import _open_group, read_group_arrays, read_model_store, read_search_store
 from .inputs import _exists, open_node
@@ -57,6 +58,13 @@ def _not_marked(path) -> str:
         return (
             "its metadata document 'zarr.json' cannot be read: the store is damaged, "
             "or is not a zarr v3 store"
+        )
+    fmt = formats.remote_format(str(path))
+    if fmt is not None:  # an input (x.npy, x.h5, x.fvecs): nothing slem-dask keeps checksums of
+        return (
+            f"{str(path)!r} is a descriptor file ({fmt}), not a store that slem-dask wrote: verify "
+            f"checks models, outputs, search results and corpora; fit and encode check "
+            f"descriptors (shape, dtype, NaN or inf) as they read them"
         )
     if not _exists(path.child("zarr.json")):
         return (
