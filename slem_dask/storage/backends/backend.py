@@ -63,6 +63,7 @@ BOUNDARY = (
     "remove_tree",
     "copy_tree",
     "prune_empty",
+    "make_durable",
 )
 
 
@@ -169,6 +170,12 @@ class Backend(abc.ABC):
         """Remove folders left empty under the root, and the root if it is empty (object
         stores have no folders: nothing to do)."""
         return None  # a default, not abstract: object stores override nothing
+
+    def make_durable(self, prefix: str) -> None:
+        """Everything written under the folder ``prefix`` on stable storage, before a
+        commit record names it (:mod:`.local_durable`). Object stores: nothing to do, a
+        write they acknowledged is durable."""
+        return None
 
     def describe_error(self, exc: BaseException) -> str | None:
         """One line for a failure of this storage (credentials, bucket, endpoint), or

@@ -17,6 +17,7 @@ import uuid
 
 from .backend import Backend
 from .local_deadline import with_deadlines
+from .local_durable import make_durable, sync_folder
 from .outcomes import UNKNOWN, os_error_kind, settle_create
 
 __all__ = ["LocalBackend"]
@@ -76,7 +77,10 @@ class LocalBackend(Backend):
         for tries_left in reversed(range(3)):
             tmp = self._private_copy(key, data)
             try:
-                return self._link(tmp, key, data)
+                created = self._link(tmp, key, data)
+                if created:  # its name, too, survives a power loss (a commit reported stays)
+                    sync_folder(os.path.dirname(self._path(key)))
+                return created
             except FileNotFoundError:
                 if os.path.lexists(tmp) or not tries_left:
                     raise
@@ -131,6 +135,9 @@ class LocalBackend(Backend):
             # read back: applied if the private file is gone and the name holds `data`
             if os.path.lexists(tmp) or self.read(key) != data:
                 raise
+
+    def make_durable(self, prefix: str) -> None:
+        make_durable(self.root, self._path(prefix))  # each call within the deadline
 
     def list(self, prefix: str) -> list[str]:
         try:

@@ -15,7 +15,8 @@ Ctrl-C ends it within seconds, and its lease's heartbeat stops claiming the leas
 
 Not bounded: the calls whose time grows with a version's size (``remove_tree``,
 ``copy_tree``, ``prune_empty``) and zarr's own chunk I/O, in the job's tasks; no
-deadline fits them without failing a large, slow but healthy job. docs/object-stores.md,
+deadline fits them without failing a large, slow but healthy job (``make_durable``
+bounds each of its system calls instead: :mod:`.local_durable`). docs/object-stores.md,
 "When a store stops answering", says what each bounds.
 
 Threads: one per call at a time, kept for the next (a few at most in a job); a thread
@@ -33,7 +34,7 @@ import threading
 from . import deadlines
 from .outcomes import OutcomeUnknownError
 
-__all__ = ["BOUNDED", "with_deadlines", "local_bound", "call_within"]
+__all__ = ["BOUNDED", "bounded_call", "with_deadlines", "local_bound", "call_within"]
 
 #: LocalBackend's calls that touch one small file or one folder's names
 BOUNDED = (
@@ -119,16 +120,24 @@ def call_within(function, seconds: float, what: str):
     return call.result
 
 
+def bounded_call(function, where: str, call: str):
+    """``function()`` within :func:`local_bound` seconds, else
+    :class:`~.outcomes.OutcomeUnknownError` in one line naming ``where`` and ``call``."""
+    seconds = local_bound()
+    try:
+        return call_within(function, seconds, where)
+    except TimeoutError as exc:
+        raise OutcomeUnknownError(_line(call, where, seconds)) from exc
+
+
 def _bounded(method):
     @functools.wraps(method)
     def bounded(self, *args, **kwargs):
         key = args[0] if args and isinstance(args[0], str) else ""
         where = f"{self.root}/{key}" if key else self.root
-        seconds = local_bound()
-        try:
-            return call_within(functools.partial(method, self, *args, **kwargs), seconds, where)
-        except TimeoutError as exc:
-            raise OutcomeUnknownError(_line(method.__name__, where, seconds)) from exc
+        return bounded_call(
+            functools.partial(method, self, *args, **kwargs), where, method.__name__
+        )
 
     return bounded
 

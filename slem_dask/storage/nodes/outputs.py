@@ -21,6 +21,7 @@ from ..versioning.errors import IntegrityError
 from .inputs import _exists, open_node
 from ..versioning.ownership import ATTR, slem_dask_kind
 from ..backends.paths import canonical, zarr_store
+from ..backends.local_durable import start_writeback
 from ..backends.registry import backend_for
 from .readers import DIMENSIONS, fill_value
 
@@ -198,6 +199,7 @@ def _write_local_chunk(arr: zarr.Array, index: int, block: np.ndarray) -> bool:
                 parts.pop(0)
             if parts and done:
                 parts[0] = parts[0][done:]
+        start_writeback(fd)  # on the disk by the commit, which waits for it (local_durable)
         os.close(fd)
         fd = -1
         os.replace(tmp, path)

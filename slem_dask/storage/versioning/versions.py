@@ -19,10 +19,10 @@ exactly one commits; the other fails naming the winner. Hence:
   late writes never reach readers;
 * **snapshot reads**: readers resolve the head once and read that version folder,
   which nobody writes after its commit;
-* **atomic publish**: the path holds the previous complete version until the
-  commit record exists, then the new one; a job killed at any moment leaves a
-  draft that the next run may reuse (copying what verifies) and that is deleted
-  once another draft commits in its place;
+* **atomic, durable publish**: the path holds the previous complete version until the
+  commit record exists, then the new one, on stable storage before its record is
+  (``Backend.make_durable``); a job killed at any moment leaves a draft that the next
+  run may reuse (copying what verifies), deleted once another commits in its place;
 * **no clocks**: which draft may still commit is decided by sequence numbers,
   never by comparing times. A draft for sequence ``s`` can only ever be committed
   as ``s``; once ``commits/<s>`` names another draft it is dead and deleted. A job
@@ -290,6 +290,7 @@ class VersionedStore:
                 f"{str(self.path)!r}: the draft {draft.version} has no "
                 f"zarr.json; nothing was committed"
             )
+        self.backend.make_durable(self._folder(draft.version))  # a power loss keeps it
         if gc.claim(self.backend, draft.version, gc.COMMIT) != gc.COMMIT:
             if self.commit_at(draft.seq) is not None:
                 self._raise_conflict(draft.seq)  # the winner deleted this dead draft
@@ -304,9 +305,8 @@ class VersionedStore:
         """Delete ``seq``'s other drafts (now dead) and settled fate files. The commit
         stands whatever happens here: a storage failure leaves that garbage to the next
         job that writes (:func:`.gc.collect`), and must not fail a job whose version
-        readers already see (the job would report a failure, and a job that abandons
-        its draft on failure would try to). Any failure, as for the head hint and the
-        root marker: botocore's own errors (an endpoint gone) are no OSError."""
+        readers see (it would report a failure, and abandon its draft). Any failure, as
+        for the head hint and the root marker: botocore's errors are no OSError."""
         try:
             gc.after_commit(self, seq, version)
         except Exception:  # noqa: BLE001 - the commit stands: its job succeeds
