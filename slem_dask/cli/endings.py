@@ -139,7 +139,9 @@ def _committed_line(args, path, head_before: int) -> str | None:
     ``path`` moved past ``head_before``) or whose store did not say; else None (then
     nothing was committed: the usual line is true)."""
     # a store that fails to answer, like one that is silent, leaves it unknown
-    moved = _within(lambda: head_seq_after(path, head_before), INTERRUPTED_LOOK_SECONDS)
+    from ..storage.backends.deadlines import answer_within
+
+    moved = answer_within(lambda: head_seq_after(path, head_before), INTERRUPTED_LOOK_SECONDS)
     verify = f"`slem-dask verify {path}` checks it"
     if moved:
         return (
@@ -164,26 +166,6 @@ def head_seq_after(path, head_before: int) -> int:
     return seq if seq > head_before else 0
 
 
-def _within(look, seconds: float, failed=None):
-    """``look()``'s answer, ``failed`` if it raised, or None if it gave none within
-    ``seconds`` (its thread is left to finish: Ctrl-C ends a job within seconds,
-    whether its store answers or not)."""
-    import threading
-
-    answer: dict = {}
-
-    def run():
-        try:
-            answer["value"] = look()
-        except Exception:  # noqa: BLE001 - the store could not say
-            answer["value"] = failed
-
-    thread = threading.Thread(target=run, daemon=True, name="slem-dask-interrupted")
-    thread.start()
-    thread.join(seconds)
-    return answer.get("value")
-
-
 #: The most seconds an interrupted encode waits to learn whether its output was finished.
 INTERRUPTED_LOOK_SECONDS = 5.0
 
@@ -192,10 +174,11 @@ def _finished_within(out, head_before, seconds: float) -> bool | None:
     """Whether the encode's commit moved the head of ``out`` past ``head_before``; None
     if its store did not answer within ``seconds`` (Ctrl-C ends a job within seconds,
     whether its store answers or not)."""
+    from ..storage.backends.deadlines import answer_within
     from ..storage import marked_complete
 
     # unreadable: not known to be finished
-    return _within(lambda: marked_complete(out, after=head_before), seconds, failed=False)
+    return answer_within(lambda: marked_complete(out, after=head_before), seconds, failed=False)
 
 
 def _not_complete(args, short: bool = False, advice: bool = True) -> str:

@@ -243,7 +243,11 @@ def connect(
             ) as cluster,
             Client(cluster) as client,
         ):
-            yield client
+            try:
+                yield client
+            except BaseException:
+                _close_workers_now(cluster)
+                raise
         return
     kwargs = default_local_cluster_kwargs(n_workers, threads_per_worker)
     with contextlib.ExitStack() as stack:
@@ -258,6 +262,19 @@ def connect(
         client = stack.enter_context(Client(cluster))
         _register_blas_plugin(client)
         yield client
+
+
+def _close_workers_now(cluster) -> None:
+    """Close an in-process cluster's workers without waiting for the tasks they still
+    run: a command that failed or gave up (its lease lost, --task-timeout, Ctrl-C) ends
+    then, and a task stuck in a request to a store that stopped answering would hold
+    the cluster's close for that request's whole deadline (45 s more of a job that had
+    lost its lease, 2026-11-30). Its threads are daemons: they end with the process."""
+    for worker in list(cluster.workers.values()):
+        try:
+            cluster.sync(worker.close, executor_wait=False, timeout=5, reason="job-ended")
+        except Exception:  # noqa: BLE001 - the cluster's own close follows
+            pass
 
 
 def _register_blas_plugin(client, rounds: int = 3) -> None:

@@ -89,11 +89,12 @@ def _compute(client, obj, progress: bool):
     try:
         return client.gather(future)
     except BaseException as exc:
-        # Ctrl-C ends a job within seconds, even when its tasks wait on a store that does
-        # not answer (they end at their requests' deadlines); an interrupted job removes
-        # nothing its tasks may still write into (its draft stays, for a re-run)
-        interrupted = isinstance(exc, KeyboardInterrupt)
-        _settle(client, future, timeout=INTERRUPTED_SETTLE if interrupted else 60.0)
+        # Ctrl-C, and the watchdog's cancel (its lease lost, --task-timeout), end a job
+        # within seconds even when its tasks wait on a store that does not answer (they
+        # end at their requests' deadlines, minutes): such a job removes nothing its
+        # tasks may still write into (its draft stays, for a re-run or the taker)
+        given_up = isinstance(exc, (KeyboardInterrupt, CancelledError))
+        _settle(client, future, timeout=INTERRUPTED_SETTLE if given_up else 60.0)
         raise
 
 
@@ -104,7 +105,7 @@ def _threads(client) -> int:
     return max(1, sum(client.nthreads().values()))
 
 
-#: The most seconds an interrupted job waits for its running tasks to end.
+#: The most seconds a job interrupted or given up on waits for its running tasks to end.
 INTERRUPTED_SETTLE = 3.0
 
 

@@ -376,6 +376,8 @@ def _draft_failures(job: _Draft, plan: EncodePlan, positives, out, client=None):
         tx.discard()
         raise ValueError(f"positives {str(positives)!r}: {_detail(exc, positives)}") from None
     except _LOST as exc:
+        if tx.lease.lost():  # cancelled by the watchdog, whose line says it (cli.watchdog):
+            raise  # asking its store, maybe the one that went silent, would only delay it
         raise _lost_cluster(exc, what_is_kept(out, seq - 1)) from None
     except OSError as exc:
         if storage.is_out_of_space(exc):  # what is still to write, and what is kept

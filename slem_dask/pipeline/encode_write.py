@@ -12,6 +12,7 @@ from ..core.kernels import _USES_GAMMA
 from ..models import KernelSLEM, LinearSLEM
 from ..core.validation import check_encoded_rows, rows_text
 
+from ..storage.backends.deadlines import LOOK_SECONDS, answer_within
 from .common import JobFailed
 
 
@@ -20,7 +21,21 @@ def what_is_kept(out, head_before: int | None = None, advice: bool = True) -> st
     now (said by an interrupt or a lost job, whenever it comes): the version readers
     see, and the partitions kept in drafts of the next version for a re-run to reuse.
     ``head_before``: the head's sequence number when the job began (None: not known);
-    ``advice``: end with what to run next."""
+    ``advice``: end with what to run next. A store that does not answer within
+    ``LOOK_SECONDS`` is said not to (it may be the one that stopped answering)."""
+    said = answer_within(lambda: _held(out, head_before, advice), LOOK_SECONDS)
+    return said if said is not None else _not_known(advice)
+
+
+def _not_known(advice: bool) -> str:
+    """What a stopped encode left, when its store cannot say: its job committed nothing."""
+    return "nothing was committed: readers still see the previous version, if any" + (
+        "; run the same command again (it reuses the partitions already written)" if advice else ""
+    )
+
+
+def _held(out, head_before: int | None, advice: bool) -> str:
+    """:func:`what_is_kept`, read from the store without a bound of its own."""
     try:
         store = storage.VersionedStore(out)
         head = store.head()
@@ -32,11 +47,7 @@ def what_is_kept(out, head_before: int | None = None, advice: bool = True) -> st
             for v in store.drafts(seq + 1)
         ]
     except Exception:  # noqa: BLE001 - unreachable storage: say what is known for sure
-        return "nothing was committed: readers still see the previous version, if any" + (
-            "; run the same command again (it reuses the partitions already written)"
-            if advice
-            else ""
-        )
+        return _not_known(advice)
     readers = (
         f"readers still see version {seq}"
         if seq

@@ -259,3 +259,32 @@ def _read_or_fail(root: str) -> None:
     os.environ[deadlines.ENV_TIMEOUT] = "30"
     os.environ[deadlines.ENV_ATTEMPTS] = "1"
     os._exit(0 if LocalBackend(root).read("k") == b"v" else 1)
+
+
+@pytest.mark.parametrize("step", ["read", "put"])
+def test_a_heartbeat_that_meets_an_error_of_no_storage_kind_stops_quietly(
+    tmp_path, monkeypatch, step
+):
+    """Its store's client failing otherwise (its event loop gone as the process ends)
+    killed the heartbeat thread with a traceback on stderr, under a job's last line (seen
+    once jobs stopped waiting for their stuck tasks): the heartbeat now stops there, the
+    lease is never renewed again, and the commit is refused as for a silent store."""
+    monkeypatch.setattr(leases, "LEASE_HEARTBEAT", 0.05)
+    died: list = []
+    monkeypatch.setattr(threading, "excepthook", lambda args: died.append(args.exc_value))
+    lease = leases.Lease(str(tmp_path / "s.zarr"), "a job").acquire()
+    try:
+
+        def closed(*args, **kwargs):
+            raise RuntimeError("Event loop is closed")
+
+        monkeypatch.setattr(lease, "read" if step == "read" else "_put_record", closed)
+        lease._thread.join(RETURN_WITHIN)
+        assert not lease._thread.is_alive() and died == []
+        monkeypatch.setattr(leases, "LEASE_TTL", 0.2)  # until its trust has run out
+        time.sleep(0.3)
+        with pytest.raises(leases.LeaseLostError, match="was not renewed"):
+            lease.check()
+    finally:
+        monkeypatch.undo()
+        lease.release()

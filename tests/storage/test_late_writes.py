@@ -165,3 +165,75 @@ def test_a_lease_this_process_is_still_taking_is_not_taken_for_a_released_one(
         assert refused == [None] and first.held()
     finally:
         first.release()
+
+
+def _first_write_timing_out(tmp_path, monkeypatch, error):
+    """A first write_group whose chunk write fails with ``error`` (a request that met
+    its deadline, and lands later), then that write landing once the job has ended."""
+    import zarr
+
+    from slem_dask.storage.nodes import groups
+
+    path = tmp_path / "model.zarr"
+    real = zarr.Array.__setitem__
+    failed: list = []
+
+    def times_out(self, key, value):
+        if not failed:
+            failed.append(Path(str(self.store_path.store.root)) / str(self.store_path.path))
+            raise error
+        return real(self, key, value)
+
+    monkeypatch.setattr(zarr.Array, "__setitem__", times_out)
+    with pytest.raises(type(error)):
+        groups.write_group(path, {"kind": "t"}, {"w": np.arange(6.0)}, "model")
+    monkeypatch.setattr(zarr.Array, "__setitem__", real)
+    late = failed[0] / "c" / "0"  # the request lands after the job's clean-up
+    late.parent.mkdir(parents=True, exist_ok=True)
+    late.write_bytes(b"late chunk")
+    return path, late
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        TimeoutError("the object store did not answer within its deadline"),
+        storage.OutcomeUnknownError("a request's outcome is unknown"),
+        RuntimeError("a client's own error type (aiohttp, google.api_core)"),
+    ],
+    ids=["timeout", "unknown outcome", "client error"],
+)
+def test_a_late_write_of_a_failed_first_write_is_slem_dasks_for_the_next_run(
+    tmp_path, monkeypatch, error
+):
+    """A first write that failed on its storage kept its draft's fate file: the write
+    that landed after it is provably slem-dask's, so the same job run again replaces it
+    (before: the fate file went with the failed first write, and every re-run, with
+    --overwrite too, refused a store "not written by slem-dask"; seen on fake-gcs-server
+    and Azurite through the fault proxy)."""
+    from slem_dask.storage.nodes import groups
+    from slem_dask.storage.versioning.ownership import check_may_replace
+
+    path, late = _first_write_timing_out(tmp_path, monkeypatch, error)
+    assert late.exists()
+    check_may_replace(path, "model store", kind="model")  # not refused
+    groups.write_group(path, {"kind": "t"}, {"w": np.arange(6.0)}, "model", overwrite=True)
+    store = versions.VersionedStore(str(path))
+    assert store.head().seq == 1 and not late.exists()  # the regrown folder went
+
+
+def test_a_first_write_refused_for_its_input_leaves_no_store(tmp_path, monkeypatch):
+    """A failure whose writes had all answered (here: refused before any was made)
+    leaves nothing at all, fate file included."""
+    import zarr
+
+    from slem_dask.storage.nodes import groups
+
+    def refused(self, key, value):
+        raise ValueError("bad input")
+
+    monkeypatch.setattr(zarr.Array, "__setitem__", refused)
+    path = tmp_path / "model.zarr"
+    with pytest.raises(ValueError, match="bad input"):
+        groups.write_group(path, {"kind": "t"}, {"w": np.arange(6.0)}, "model")
+    assert not path.exists() and list(tmp_path.iterdir()) == []

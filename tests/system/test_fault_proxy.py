@@ -398,3 +398,36 @@ def test_ctrl_c_ends_every_job_that_writes_a_store_that_stopped_answering(proxy,
         assert code == 0, (name, err)
     for name in ("model.zarr", "kernel.zarr", "out.zarr", "hits.zarr"):
         assert storage.verify(f"{root}/{name}")[1] == [], name
+
+
+@pytest.mark.slow
+def test_a_job_that_lost_its_lease_to_a_silent_store_ends_within_seconds(
+    proxy, monkeypatch, capsys
+):
+    """Its store stopped answering mid-encode and the job lost its lease (not renewed
+    for 3/4 of its TTL): it waited 60 s more for its tasks, stuck in writes to the
+    silent store, then up to a request's whole deadline to read what its store held,
+    for a line it did not print: 350-400 s in all on fake-gcs-server and Azurite
+    stopped with SIGSTOP (a helper's run, 2026-11-30). It now ends within seconds of
+    the loss, in one line, and the same command completes once the store answers."""
+    assert deadlines.current().request_bound(proxy.kind) > 2 * INTERRUPT_BOUND
+    monkeypatch.setenv("SLEM_DASK_LEASE_TTL", "8")  # lost after 6 s without renewal
+    root = proxy.root
+    data = _inputs(root)
+    assert _run(_commands(root)[0], capsys)[0] == 0  # fit
+    code, err, took = _silenced_at_first_chunk(proxy, _encode(root), within=4 * INTERRUPT_BOUND)
+    lines = err.strip().splitlines()
+    assert code != 0 and len(lines) == 1, err
+    assert "was not renewed for" in lines[0] and "nothing was committed" in lines[0], lines[0]
+    assert took < INTERRUPT_BOUND, (took, lines[0])
+    print(f"{proxy.kind}: ended {took:.1f} s after its store went silent: {lines[0]}")
+    proxy.resume()
+    code, err = _run(_encode(root), capsys)
+    assert code == 0, err
+    assert storage.verify(f"{root}/out.zarr")[1] == []
+    np.testing.assert_allclose(
+        storage.read_all(f"{root}/out.zarr"),
+        _model_transform(root, data["pos"]),
+        rtol=1e-5,
+        atol=1e-6,
+    )

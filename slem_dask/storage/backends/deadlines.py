@@ -34,6 +34,8 @@ __all__ = [
     "install",
     "silent_endpoint",
     "is_timeout",
+    "answer_within",
+    "LOOK_SECONDS",
     "ENV_TIMEOUT",
     "ENV_ATTEMPTS",
     "DEFAULT_TIMEOUT",
@@ -55,6 +57,11 @@ AZURE_BACKOFF_BASE = 2.0
 AZURE_JITTER = 0.5
 #: botocore's standard retry mode waits at most this long between tries.
 BOTOCORE_BACKOFF_CAP = 20.0
+#: The most seconds a job that has failed waits to learn more from its store for its
+#: last line (who took its lease, what its output holds): the store may be the one that
+#: stopped answering, and each request would wait for its whole deadline (a job that
+#: lost its lease to a stopped emulator ended 130-160 s after the loss, 2026-11-30).
+LOOK_SECONDS = 10.0
 
 
 @dataclass(frozen=True)
@@ -271,3 +278,22 @@ def silent_line(endpoint: str, root: str, why: str, fix: str) -> str:
         f"resume it, or fix {fix}; the job's tasks wait for it (each request gives up "
         f"after its deadline, {current().said()}), no worker needs a restart"
     )
+
+
+def answer_within(look, seconds: float, failed=None):
+    """``look()``'s answer, ``failed`` if it raised, or None if it gave none within
+    ``seconds`` (its thread is left to finish, a daemon: the process may exit)."""
+    import threading
+
+    answer: dict = {}
+
+    def run():
+        try:
+            answer["value"] = look()
+        except Exception:  # noqa: BLE001 - the store could not say
+            answer["value"] = failed
+
+    thread = threading.Thread(target=run, daemon=True, name="slem-dask-look")
+    thread.start()
+    thread.join(seconds)
+    return answer.get("value")

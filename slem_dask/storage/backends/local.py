@@ -85,7 +85,7 @@ class LocalBackend(Backend):
                 if os.path.lexists(tmp) or not tries_left:
                     raise
                 # the private file went before its link: another job's collection
-                # (gc._forget_private_copies, Lease._forget_private_copies) or its
+                # (gc._forget_private_copies, records.forget_lease_copies) or its
                 # folder pruned: read back; absent, nothing was linked: again
                 held = self.read(key)
                 if held is not None:

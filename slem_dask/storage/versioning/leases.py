@@ -44,11 +44,12 @@ import warnings
 from .errors import IntegrityError, lost_lease_advice
 from .held_leases import OPEN as _OPEN
 from .held_leases import lost_lease, open_leases
+from ..backends.deadlines import LOOK_SECONDS, answer_within
 from ..backends.outcomes import FAILED
 from .processes import host_identity, process_group, where
 from .processes import process_start as _process_start
 from .processes import process_stopped as _process_stopped
-from .records import private_copy_of
+from .records import forget_lease_copies
 from ..backends.registry import backend_for
 
 __all__ = [
@@ -247,7 +248,7 @@ class Lease:
         except BaseException:
             _HELD_HERE.discard(self.token)
             raise
-        self._forget_private_copies()
+        forget_lease_copies(self._backend, self._key, self.target.url, self.token)
         self._stop.clear()
         self._thread = threading.Thread(
             target=self._beat, daemon=True, name=f"slem-dask-lease-{self.target.name}"
@@ -277,40 +278,16 @@ class Lease:
             self._backend.delete(self._key)  # then race for it like everyone else
         raise LeaseHeldError(f"could not take the lease of {str(self.target)!r}; retry")
 
-    def _forget_private_copies(self) -> None:
-        """Delete the private files of this store's lease (``<lease>.<32 hex>.tmp``)
-        that a local write killed before its link or rename left beside the store: the
-        lease is ours, so their writers lost it (fenced). Each is trusted by its content
-        alone, a whole lease record of this store with another token, as a marker is;
-        anything else (an empty file of a process killed before its write) is left. Best
-        effort: the lease is taken either way (docs/guarantees-garbage.md)."""
-        if not getattr(self._backend, "private_copies", False):
-            return
-        try:
-            for name in self._backend.list(""):
-                if private_copy_of(name) != self._key:
-                    continue
-                try:
-                    record = json.loads(self._backend.read(name) or b"")
-                except ValueError:
-                    continue  # not a whole record: nothing proves it slem-dask's
-                if (
-                    isinstance(record, dict)
-                    and record.get("store") == self.target.url
-                    and record.get("token") not in (None, self.token)
-                ):
-                    self._backend.delete(name)
-        except Exception:  # noqa: BLE001 - garbage: left to the next job that takes it
-            pass
-
     def _beat(self) -> None:
         while not self._stop.wait(LEASE_HEARTBEAT):
             if self.trusted_for() <= 0:
                 return  # not renewed in time: another job may own it; never claim it again
             try:
                 record = self.read()
-            except FAILED:  # a 503, a deadline met: not renewed this time (trusted_for()
-                continue  # says how long that may go on); the heartbeat goes on
+            except Exception as exc:  # noqa: BLE001 - FAILED (a 503, a deadline met): not
+                if isinstance(exc, FAILED):  # renewed this time (trusted_for() says how
+                    continue  # long that may go on); else (the process ends, its client's
+                return  # loop gone) never renewed again, which check() refuses
             if not self._ours(record):
                 self._given_up = True  # taken over: check() will refuse the commit
                 return
@@ -320,8 +297,10 @@ class Lease:
             started, previous = time.monotonic(), self._renewed_at
             try:
                 self._put_record()
-            except FAILED:
-                continue  # as above: unrenewed; the next beat writes a higher counter
+            except Exception as exc:  # noqa: BLE001 - as above; the next beat writes a
+                if isinstance(exc, FAILED):  # higher counter
+                    continue
+                return
             if previous is not None and time.monotonic() - previous >= LEASE_TTL:
                 # the put ended when an observer could have taken the lease over (this
                 # process was paused after its read, or the put was slow): it may have
@@ -381,8 +360,8 @@ class Lease:
         unrenewed = self._renewed_at is not None and self.trusted_for() <= 0
         if not unrenewed and self.held():
             return
-        try:
-            record = self.read()
+        try:  # unrenewed: the store may be silent, each request waiting its deadline
+            record = answer_within(self.read, LOOK_SECONDS) if unrenewed else self.read()
         except FAILED:
             if not unrenewed:
                 raise

@@ -15,6 +15,7 @@ __all__ = [
     "draft_seq",
     "version_folder_seq",
     "private_copy_of",
+    "forget_lease_copies",
     "VERSIONS",
     "VERSION_NAME",
     "FORMAT",
@@ -112,3 +113,31 @@ def private_copy_of(name: str) -> str | None:
     rename), or None."""
     match = PRIVATE_COPY.fullmatch(name)
     return match.group(1) if match else None
+
+
+def forget_lease_copies(backend, key: str, url: str, token: str) -> None:
+    """Delete the private files of the lease ``key`` of the store ``url``
+    (``<lease>.<32 hex>.tmp``) that a local write killed before its link or rename left
+    beside the store, once the job of ``token`` holds that lease: their writers lost it
+    (fenced). Each is trusted by its content alone, a whole lease record of this store
+    with another token, as a marker is; anything else (an empty file of a process killed
+    before its write) is left. Best effort: the lease is taken either way
+    (docs/guarantees-garbage.md)."""
+    if not getattr(backend, "private_copies", False):
+        return
+    try:
+        for name in backend.list(""):
+            if private_copy_of(name) != key:
+                continue
+            try:
+                record = json.loads(backend.read(name) or b"")
+            except ValueError:
+                continue  # not a whole record: nothing proves it slem-dask's
+            if (
+                isinstance(record, dict)
+                and record.get("store") == url
+                and record.get("token") not in (None, token)
+            ):
+                backend.delete(name)
+    except Exception:  # noqa: BLE001 - garbage: left to the next job that takes it
+        pass

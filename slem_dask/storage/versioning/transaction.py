@@ -27,6 +27,7 @@ from typing import Any, NoReturn
 from ..backends.outcomes import FAILED
 from . import gc
 from .leases import Lease
+from .errors import IntegrityError
 from .publish import CommitUnknownError
 from .records import Commit
 
@@ -125,7 +126,7 @@ class Transaction:
         ``interrupted`` (Ctrl-C): best effort, waited a few seconds at most
         (:func:`abandon_after_failure`)."""
         if interrupted:
-            abandon_after_failure(self.store, self.draft, interrupted=True)
+            abandon_after_failure(self.store, self.draft, interrupted=True, keep_fate=True)
         else:
             self.store.abandon(self.draft)
 
@@ -152,11 +153,21 @@ class Transaction:
             raise
         except BaseException as exc:
             interrupted = isinstance(exc, KeyboardInterrupt)
-            abandon_after_failure(self.store, self.draft, interrupted=interrupted)
+            abandon_after_failure(self.store, self.draft, interrupted, writes_may_land(exc))
             raise
 
 
-def abandon_after_failure(store, draft, interrupted: bool = False) -> None:
+def writes_may_land(exc: BaseException) -> bool:
+    """Whether a write of a job that failed with ``exc`` may still land: unless it was
+    refused (bad input) or a write read back wrong (each write had answered), any failure
+    may have left one in flight (a request that timed out, a task still running, a
+    client's own error type). Its draft's fate file is then kept, even for a first
+    write: it proves what such a write regrows slem-dask's (before, a fit whose first
+    write timed out left, once the late write landed, a folder no later run would touch)."""
+    return not isinstance(exc, (ValueError, TypeError)) and type(exc) is not IntegrityError
+
+
+def abandon_after_failure(store, draft, interrupted: bool = False, keep_fate: bool = False) -> None:
     """Abandon ``draft`` after its job failed, best effort: the job's own error is the
     one to report, and a storage that fails here too (a burst of 503s) leaves the draft
     to the next job that writes (:mod:`.gc`). :meth:`~.versions.VersionedStore.abandon`
@@ -168,18 +179,21 @@ def abandon_after_failure(store, draft, interrupted: bool = False) -> None:
     it did not finish deleting is left as a killed job's is, to the next job that
     writes (a kill may come at any step of an abandon: each is safe to stop after)."""
     if not interrupted:
-        _abandon_quietly(store, draft)
+        _abandon_quietly(store, draft, keep_fate)
         return
     thread = threading.Thread(
-        target=_abandon_quietly, args=(store, draft, True), daemon=True, name="slem-dask-abandon"
+        target=_abandon_quietly,
+        args=(store, draft, keep_fate, True),
+        daemon=True,
+        name="slem-dask-abandon",
     )
     thread.start()
     thread.join(INTERRUPTED_ABANDON_WAIT)
 
 
-def _abandon_quietly(store, draft, in_thread: bool = False) -> None:
+def _abandon_quietly(store, draft, keep_fate: bool, in_thread: bool = False) -> None:
     try:
-        store.abandon(draft)
+        store.abandon(draft, keep_fate)
     except FAILED:
         pass
     except BaseException:  # noqa: BLE001 - a thread that may outlive the job: the

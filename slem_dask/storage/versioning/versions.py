@@ -355,7 +355,7 @@ class VersionedStore:
             f"version with `slem-dask versions {self.path}` before you run this job again"
         )
 
-    def abandon(self, draft: Draft) -> None:
+    def abandon(self, draft: Draft, keep_fate: bool = False) -> None:
         """Delete a draft that will not be committed, unless its commit record names it
         after all (a commit whose reply was lost): then it is a version, and stays.
 
@@ -365,8 +365,8 @@ class VersionedStore:
         the folder without its marker; that file proves the regrowth slem-dask's, and
         the next collection deletes it (:mod:`.gc`).
 
-        Except for a store's first draft, when nothing else is there: a failed first
-        write leaves no store at all (its fate file goes, then the empty folders).
+        Except for a store's first draft, when nothing else is there and no write of its
+        job can land any more (not ``keep_fate``): then no store is left at all.
 
         A draft whose job claimed its commit (fate ``commit``) is kept while no record
         of its number names another: the outcome of its commit is unknown (its record
@@ -379,7 +379,7 @@ class VersionedStore:
             if record is None:  # another draft took the number, its record may land
                 return  # late (a lost reply, a 5xx after it was applied): kept
         self.delete_version(draft.version)
-        if not self._history_besides(draft.version):
+        if not keep_fate and not self._history_besides(draft.version):
             self.backend.delete(f"{gc.FATES}/{draft.version}")
             self.backend.prune_empty()
 
