@@ -168,6 +168,16 @@ def test_azure_no_credentials(azure, monkeypatch, op):
     assert "no Azure credentials" in message and "AZURE_STORAGE_ACCOUNT_KEY" in message
 
 
+@pytest.mark.parametrize("value", ["", "garbage"])
+def test_azure_malformed_connection_string(azure, monkeypatch, value):
+    """azure-storage-blob's ValueError ("Connection string is either blank or
+    malformed") reached the user as it was, with its type and no remedy."""
+    monkeypatch.setenv("AZURE_STORAGE_CONNECTION_STRING", value)
+    message = _failure(AzureBackend(f"az://{azure.bucket}/p"), "read")
+    assert "AZURE_STORAGE_CONNECTION_STRING is empty or malformed" in message, message
+    assert "AccountKey=" in message and "ValueError" not in message, message
+
+
 def test_gcs_refused_credentials_and_denials(monkeypatch, tmp_path):
     """fake-gcs-server takes any caller: the errors gcsfs raises for GCS's 401 and 403
     are made here."""

@@ -177,6 +177,13 @@ class AzureBackend(BucketBackend):
                     f"{self.root}: start it, or fix the BlobEndpoint of "
                     f"AZURE_STORAGE_CONNECTION_STRING {EVERY_WORKER}"
                 )
+            if isinstance(e, ValueError) and "blank or malformed" in str(e):
+                return (  # azure-storage-blob's words for a string it cannot parse
+                    f"AZURE_STORAGE_CONNECTION_STRING is empty or malformed (for "
+                    f"{self.root}): set it to the account's connection string, "
+                    "'DefaultEndpointsProtocol=https;AccountName=...;AccountKey=...;"
+                    f"BlobEndpoint=...' (Azurite prints its own) {EVERY_WORKER}"
+                )
             if isinstance(e, ValueError) and "connection_string or account_name" in str(e):
                 return (
                     f"no Azure credentials for {self.root}: set "
