@@ -236,18 +236,8 @@ def connect(
         return
     profile = {} if task_profile else NO_TASK_PROFILE
     if not processes:
-        with (
-            dask.config.set(profile),  # read once, as the worker starts
-            LocalCluster(
-                **in_process_kwargs(n_workers, threads_per_worker), silence_logs=logging.CRITICAL
-            ) as cluster,
-            Client(cluster) as client,
-        ):
-            try:
-                yield client
-            except BaseException:
-                _close_workers_now(cluster)
-                raise
+        with _in_process(profile, n_workers, threads_per_worker) as client:
+            yield client
         return
     kwargs = default_local_cluster_kwargs(n_workers, threads_per_worker)
     with contextlib.ExitStack() as stack:
@@ -262,6 +252,23 @@ def connect(
         client = stack.enter_context(Client(cluster))
         _register_blas_plugin(client)
         yield client
+
+
+@contextlib.contextmanager
+def _in_process(profile: dict, n_workers: int | None, threads_per_worker: int | None):
+    """A client of a LocalCluster whose worker runs in this process (:func:`connect`)."""
+    with (
+        dask.config.set(profile),  # read once, as the worker starts
+        LocalCluster(
+            **in_process_kwargs(n_workers, threads_per_worker), silence_logs=logging.CRITICAL
+        ) as cluster,
+        Client(cluster) as client,
+    ):
+        try:
+            yield client
+        except BaseException:
+            _close_workers_now(cluster)
+            raise
 
 
 def _close_workers_now(cluster) -> None:
