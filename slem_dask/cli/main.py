@@ -32,6 +32,7 @@ from .endings import (
     _flush_stdout,
     _interrupted,
     _not_complete,
+    WRITTEN,
     _paths_of,
     _reader_gone,
     _spec_paths,
@@ -186,11 +187,20 @@ def _watched_jobs(args, client, spec, progress: bool):
             what_is_kept=lambda: _not_complete(args, advice=False),
             source=getattr(args, "task_timeout_source", "--task-timeout"),
             progress_every=None if progress else watchdog.progress_line_seconds(),
-            stores=_paths_of(args) + _spec_paths(spec),
+            stores=_watched_stores(args, spec),
         ),
         worker_faults.explain_failures(client, _not_complete(args, short=True)),
     ):
         return _jobs(args, client, spec, progress)
+
+
+def _watched_stores(args, spec) -> list[str]:
+    """The stores a stall line may name, the one the command writes first: its tasks
+    wait there (an encode named its model, read at its start from the same silent
+    object store, while its writes to --out waited; a helper's run)."""
+    option = {"encode": "out", **WRITTEN}.get(args.command)
+    written = getattr(args, option, None) if option else None
+    return sorted(_paths_of(args) + _spec_paths(spec), key=lambda path: path != written)
 
 
 #: Set by :func:`console_main`: this process is the ``slem-dask`` executable.

@@ -994,3 +994,20 @@ def test_the_command_line_says_it_watches_a_lease_and_takes_it_over(corpus, tmp_
         f"its record did not change for 2 s; if that job resumes, it is refused and commits nothing",
     ], done.stderr
     assert main(["verify", str(out)]) == 0
+
+
+def test_a_stall_line_names_the_store_the_command_writes_first():
+    """An encode's stall on a silent object store named its model (read at its start,
+    from the same store) while its writes to --out waited (a helper's run)."""
+    from types import SimpleNamespace
+
+    from slem_dask.cli.main import _watched_stores
+
+    encode = SimpleNamespace(
+        command="encode", model="gs://b/m.zarr", positives="gs://b/p.zarr", out="gs://b/o.zarr"
+    )
+    assert _watched_stores(encode, None) == ["gs://b/o.zarr", "gs://b/m.zarr", "gs://b/p.zarr"]
+    fit = SimpleNamespace(command="fit", negatives="gs://b/n.zarr", model="gs://b/m.zarr")
+    assert _watched_stores(fit, None)[0] == "gs://b/m.zarr"
+    verify = SimpleNamespace(command="evaluate", database="gs://b/d.zarr")
+    assert _watched_stores(verify, None) == ["gs://b/d.zarr"]
