@@ -62,7 +62,11 @@ def _add_fit_command(sub) -> None:
         "shards, FILE.h5:/dataset, .fvecs/.bvecs/.ivecs (docs/your-data.md)",
     )
     p.add_argument(
-        "--model", required=True, metavar="PATH", help="zarr group to write the model to"
+        "--model",
+        required=True,
+        metavar="PATH",
+        help="where to write the model: a versioned store of zarr groups "
+        "(slem_dask.load_model reads it)",
     )
     p.add_argument("--lam", type=_lam, default=None, help=_LAM_HELP)
     p.add_argument(
@@ -115,7 +119,9 @@ def _add_encode_command(sub) -> None:
         "--out",
         required=True,
         metavar="PATH",
-        help="zarr array to write: (m, d) for a linear model, (m, r) for a kernel model of rank r",
+        help="where to write the encodings, a versioned store of zarr arrays "
+        "(slem_dask.open_zarr reads it): (m, d) for a linear model, (m, r) for a kernel "
+        "model with r pivots (at most its --rank)",
     )
     p.add_argument(
         "--dtype",
@@ -202,7 +208,8 @@ def _add_search_command(sub) -> None:
         "--out",
         required=True,
         metavar="PATH",
-        help="zarr group to write, with arrays scores (q, k) and indices (q, k)",
+        help="where to write the result, a versioned store of zarr groups with arrays "
+        "scores (q, k) and indices (q, k) (slem_dask.open_dataset reads it)",
     )
     p.add_argument(
         "--overwrite",

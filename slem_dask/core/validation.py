@@ -262,8 +262,8 @@ def check_n_features(x, expected: int, name: str, fitted_on: str = "the model") 
     if x.shape[1] != expected:
         raise ValueError(
             f"{name} has {x.shape[1]} features, but {fitted_on} is expecting {expected} "
-            f"features as input (shape {x.shape}): give descriptors of the dimension "
-            f"of the negatives it was fitted on"
+            f"features as input: give descriptors of the dimension of the negatives it "
+            f"was fitted on"
         )
 
 

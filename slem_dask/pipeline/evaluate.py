@@ -20,6 +20,7 @@ from .ground_truth import GROUND_TRUTH_OPTION, read_ground_truth
 from .search import check_search_inputs, open_search_result, search_job  # noqa: F401
 from .evaluation import (
     METHODS,
+    _ranking_length,
     evaluate_methods,
     export_faiss,
     format_table,  # noqa: F401
@@ -256,7 +257,7 @@ def evaluate_job(
     rows, curves = _run_methods(
         client, (negatives, database, queries, relevant, truth), methods, grids, k, p_at
     )
-    report = _evaluate_report(source, negatives.shape[0], db, q, methods)
+    report = _evaluate_report(source, negatives.shape[0], db, q, methods, (k, relevant, truth))
     if ground_truth:  # with how many neighbours: 10-R@10 needs 10
         report.facts["ground truth"] = f"{ground_truth} ({truth.shape[1]} neighbours per query)"
     lams = _lams_used(methods, grids)
@@ -328,8 +329,9 @@ def _run_methods(client, data, methods, grids, k, p_at):
         return rows, curves
 
 
-def _evaluate_report(source: dict, n_negatives: int, db, q, methods) -> JobReport:
-    """The report's facts on what was evaluated."""
+def _evaluate_report(source: dict, n_negatives: int, db, q, methods, ranking) -> JobReport:
+    """The report's facts on what was evaluated; ``ranking``: (k, relevant sets, ground
+    truth), for the ranking length when it is shorter than the database."""
     report = JobReport("evaluate")
     report.facts.update(
         {
@@ -341,6 +343,13 @@ def _evaluate_report(source: dict, n_negatives: int, db, q, methods) -> JobRepor
             "methods": ",".join(methods),
         }
     )
+    k, relevant, truth = ranking
+    ranked = _ranking_length(k, db.shape[0], relevant is None, truth is not None)
+    if relevant is not None and ranked < db.shape[0]:  # mAP counts what is ranked there
+        report.facts["ranking"] = (
+            f"top {ranked} of {db.shape[0]} database rows (mAP counts the relevant rows "
+            f"ranked there; --k {db.shape[0]} ranks them all)"
+        )
     return report
 
 

@@ -291,9 +291,8 @@ def test_dask_encode_checks_finite_rows_only_inside_encode_rows(monkeypatch, tmp
         (
             np.ones((4, 5)),
             # once each: the width found, the one expected, and what to give instead
-            r"^X has 5 features, but LinearSLEM is expecting 3 features as input "
-            r"\(shape \(4, 5\)\): give descriptors of the dimension of the negatives "
-            r"it was fitted on$",
+            r"^X has 5 features, but LinearSLEM is expecting 3 features as input: give "
+            r"descriptors of the dimension of the negatives it was fitted on$",
         ),
         (np.ones(3), "2-D"),
         (np.ones((2, 3, 1)), "2-D"),

@@ -68,7 +68,8 @@ def _check_synced_before_its_record(path, seen, seq: int = 1) -> None:
     before = {p for kind, p in seen[: links[0]] if kind in ("file", "folder")}
     files, folders = _version_tree(path)
     assert files and set(files) <= before, set(files) - before  # every chunk, zarr.json
-    above = [os.path.join(str(path), "versions"), str(path)]  # the version's own name
+    # the version's own name, and the store's (a first commit made its folder)
+    above = [os.path.join(str(path), "versions"), str(path), os.path.dirname(str(path))]
     assert set(folders + above) <= before, set(folders + above) - before
     after = [p for kind, p in seen[links[0] :] if kind == "folder"]
     assert os.path.join(str(path), "commits") in after  # the record's name, once linked

@@ -10,7 +10,8 @@ it: the committed version would be unreadable (its checksums say so) while the
 version before it may be pruned already. So before a commit record is created:
 
 * every file of the version is ``fdatasync``-ed and every folder of it ``fsync``-ed,
-  up to the store's root (the names of new files and folders are in their folders);
+  up to the folder that holds the store (the names of new files and folders are in
+  their folders, the store's own name in that one);
 * the record's own folder is ``fsync``-ed after its link (:meth:`.local.LocalBackend.create`),
   so that a commit that was reported stays.
 
@@ -113,8 +114,8 @@ def _tree(top: str) -> tuple[list[str], list[str]]:
 
 def make_durable(root: str, top: str) -> None:
     """Every file and folder under ``top`` on stable storage, and the folders from
-    ``top``'s parent up to ``root`` (where ``top``'s own name and its parents' are
-    kept); each call within the storage deadline."""
+    ``top``'s parent up to ``root``'s parent (where ``top``'s own name, its parents'
+    and the store's are kept); each call within the storage deadline."""
     files, folders = bounded_call(functools.partial(_tree, top), top, "make_durable")
     for path in files:
         bounded_call(functools.partial(_sync_file, path), path, "make_durable")
@@ -124,5 +125,7 @@ def make_durable(root: str, top: str) -> None:
         if parent == root or os.path.dirname(parent) == parent:
             break
         parent = os.path.dirname(parent)
+    if os.path.dirname(root) != root:  # the store's own name, made by its first job
+        folders.append(os.path.dirname(root))
     for path in folders:
         bounded_call(functools.partial(_sync_folder, path), path, "make_durable")

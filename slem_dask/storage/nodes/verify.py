@@ -45,6 +45,12 @@ def verify(path) -> tuple[str, list[str]]:
 
 def _verify_current(path) -> tuple[str, list[str]]:
     kind = slem_dask_kind(path)
+    fmt = formats.remote_format(str(path))
+    if kind is None and fmt is not None:  # x.npy, x.h5, x.fvecs: an input, nothing to verify
+        return f"descriptor file ({fmt}), not a store that slem-dask wrote", [
+            "verify checks models, outputs, search results and corpora; fit and encode "
+            "check descriptors (shape, dtype, NaN or inf) as they read them"
+        ]
     if kind is None:
         return "unknown", [_not_marked(path)]
     if kind in ("model", "search", "corpus"):
@@ -58,13 +64,6 @@ def _not_marked(path) -> str:
         return (
             "its metadata document 'zarr.json' cannot be read: the store is damaged, "
             "or is not a zarr v3 store"
-        )
-    fmt = formats.remote_format(str(path))
-    if fmt is not None:  # an input (x.npy, x.h5, x.fvecs): nothing slem-dask keeps checksums of
-        return (
-            f"{str(path)!r} is a descriptor file ({fmt}), not a store that slem-dask wrote: verify "
-            f"checks models, outputs, search results and corpora; fit and encode check "
-            f"descriptors (shape, dtype, NaN or inf) as they read them"
         )
     if not _exists(path.child("zarr.json")):
         return (
