@@ -139,7 +139,7 @@ def _committed_line(args, path, head_before: int) -> str | None:
     ``path`` moved past ``head_before``) or whose store did not say; else None (then
     nothing was committed: the usual line is true)."""
     # a store that fails to answer, like one that is silent, leaves it unknown
-    from ..storage.backends.deadlines import answer_within
+    from ..storage.backends import answer_within
 
     moved = answer_within(lambda: head_seq_after(path, head_before), INTERRUPTED_LOOK_SECONDS)
     verify = f"`slem-dask verify {path}` checks it"
@@ -174,7 +174,7 @@ def _finished_within(out, head_before, seconds: float) -> bool | None:
     """Whether the encode's commit moved the head of ``out`` past ``head_before``; None
     if its store did not answer within ``seconds`` (Ctrl-C ends a job within seconds,
     whether its store answers or not)."""
-    from ..storage.backends.deadlines import answer_within
+    from ..storage.backends import answer_within
     from ..storage import marked_complete
 
     # unreadable: not known to be finished

@@ -12,7 +12,7 @@ from ..core.kernels import _USES_GAMMA
 from ..models import KernelSLEM, LinearSLEM
 from ..core.validation import check_encoded_rows, rows_text
 
-from ..storage.backends.deadlines import LOOK_SECONDS, answer_within
+from ..storage.backends import LOOK_SECONDS, answer_within
 from .common import JobFailed
 
 

@@ -311,6 +311,14 @@ def _uuid4():
     return types.SimpleNamespace(hex=WORLD.token())
 
 
+def _answer_inline(look, seconds: float, failed=None):
+    """``deadlines.answer_within`` in this thread, on the world's clock."""
+    try:
+        return look()
+    except Exception:  # noqa: BLE001 - as answer_within: the store could not say
+        return failed
+
+
 def _patches(world: World) -> dict:
     """What :func:`simulated` puts in place: (module, name) -> the world's."""
 
@@ -360,6 +368,9 @@ def _patches(world: World) -> dict:
         # local disk's calls in this thread, on the world's clock (greenlets: one OS
         # thread); a deadline's own test blocks a real call (tests/storage/test_interrupts)
         (local_deadline, "call_within"): lambda function, seconds, what: function(),
+        # likewise a failed job's last look at its store (its requests have their own,
+        # simulated, deadlines)
+        (leases, "answer_within"): _answer_inline,
         # the heads this process saw (a listing's starting point): none, per world,
         # else a seed's calls depend on the seeds run before it
         (heads, "_HEAD_SEEN"): {},

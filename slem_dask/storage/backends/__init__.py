@@ -10,7 +10,7 @@ client's exceptions at its boundary); ``paths`` canonical store paths.
 Imports nothing of slem_dask: the versioning protocol, the formats and the nodes stand on it.
 """
 
-from .deadlines import ENV_TIMEOUT  # noqa: F401
+from .deadlines import ENV_TIMEOUT, LOOK_SECONDS, answer_within  # noqa: F401
 from .backend import Backend, StorageConfigError, check_conditional_writes  # noqa: F401
 from .outcomes import (  # noqa: F401
     AccessRefusedError,

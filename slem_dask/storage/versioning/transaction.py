@@ -24,7 +24,8 @@ import threading
 import time
 from typing import Any, NoReturn
 
-from ..backends.outcomes import FAILED
+from ..backends import deadlines
+from ..backends.outcomes import FAILED, OutcomeUnknownError
 from . import gc
 from .leases import Lease
 from .errors import IntegrityError
@@ -126,7 +127,7 @@ class Transaction:
         ``interrupted`` (Ctrl-C): best effort, waited a few seconds at most
         (:func:`abandon_after_failure`)."""
         if interrupted:
-            abandon_after_failure(self.store, self.draft, interrupted=True, keep_fate=True)
+            abandon_after_failure(self.store, self.draft, interrupted=True)
         else:
             self.store.abandon(self.draft)
 
@@ -158,13 +159,18 @@ class Transaction:
 
 
 def writes_may_land(exc: BaseException) -> bool:
-    """Whether a write of a job that failed with ``exc`` may still land: unless it was
-    refused (bad input) or a write read back wrong (each write had answered), any failure
-    may have left one in flight (a request that timed out, a task still running, a
-    client's own error type). Its draft's fate file is then kept, even for a first
-    write: it proves what such a write regrows slem-dask's (before, a fit whose first
-    write timed out left, once the late write landed, a folder no later run would touch)."""
-    return not isinstance(exc, (ValueError, TypeError)) and type(exc) is not IntegrityError
+    """Whether a write of a job that failed with ``exc`` may still land: a request that
+    met its deadline or whose outcome is unknown, or a store client's own error type
+    (whatever it means); not a refusal (bad input, a full or failing local disk that
+    answered, a write read back wrong: each write had answered). Its draft's fate file is
+    then kept, even for a first write: it proves what such a write regrows slem-dask's
+    (before, a fit whose first write timed out left, once the late write landed, a
+    folder no later run would touch; a helper's fault-proxy run on GCS and Azure)."""
+    if isinstance(exc, (ValueError, TypeError, KeyboardInterrupt)) or type(exc) is IntegrityError:
+        return False
+    if deadlines.is_timeout(exc) or isinstance(exc, OutcomeUnknownError):
+        return True
+    return not isinstance(exc, OSError)
 
 
 def abandon_after_failure(store, draft, interrupted: bool = False, keep_fate: bool = False) -> None:
