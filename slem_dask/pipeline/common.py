@@ -132,22 +132,10 @@ def _settle(client, future, timeout: float = 60.0) -> None:
 
 
 def _run_within(client, function, seconds: float):
-    """``client.run(function)``, or None if a worker has not answered within ``seconds``:
-    a stopped worker would hold the call as long as it is stopped."""
-    import threading
-
-    answer = {}
-
-    def ask():
-        try:
-            answer["busy"] = client.run(function)
-        except Exception:  # noqa: BLE001 - e.g. the client closed while the worker slept
-            pass
-
-    thread = threading.Thread(target=ask, daemon=True)
-    thread.start()
-    thread.join(seconds)
-    return answer.get("busy")
+    """``client.run(function)``, or None if a worker has not answered within ``seconds``
+    (a stopped worker would hold the call as long as it is stopped) or the call failed
+    (the client closed while the worker slept)."""
+    return storage.backends.answer_within(lambda: client.run(function), seconds)
 
 
 class JobFailed(storage.IntegrityError):

@@ -119,13 +119,11 @@ def make_durable(root: str, top: str) -> None:
     files, folders = bounded_call(functools.partial(_tree, top), top, "make_durable")
     for path in files:
         bounded_call(functools.partial(_sync_file, path), path, "make_durable")
-    parent = os.path.dirname(top)
-    while len(parent) >= len(root) and parent.startswith(root):
-        folders.append(parent)
-        if parent == root or os.path.dirname(parent) == parent:
-            break
-        parent = os.path.dirname(parent)
-    if os.path.dirname(root) != root:  # the store's own name, made by its first job
+    folder = top  # inside root: up to it, then the store's own name in its parent
+    while folder != root and os.path.dirname(folder) != folder:
+        folder = os.path.dirname(folder)
+        folders.append(folder)
+    if os.path.dirname(root) != root:  # made by the store's first job
         folders.append(os.path.dirname(root))
     for path in folders:
         bounded_call(functools.partial(_sync_folder, path), path, "make_durable")

@@ -284,10 +284,10 @@ class Lease:
                 return  # not renewed in time: another job may own it; never claim it again
             try:
                 record = self.read()
-            except Exception as exc:  # noqa: BLE001 - FAILED (a 503, a deadline met): not
-                if isinstance(exc, FAILED):  # renewed this time (trusted_for() says how
-                    continue  # long that may go on); else (the process ends, its client's
-                return  # loop gone) never renewed again, which check() refuses
+            except FAILED:  # a 503, a deadline met: not renewed this time (trusted_for()
+                continue  # says how long that may go on); the heartbeat goes on
+            except Exception:  # noqa: BLE001 - the process ends (its client's loop gone):
+                return  # never renewed again, which check() refuses
             if not self._ours(record):
                 self._given_up = True  # taken over: check() will refuse the commit
                 return
@@ -297,9 +297,9 @@ class Lease:
             started, previous = time.monotonic(), self._renewed_at
             try:
                 self._put_record()
-            except Exception as exc:  # noqa: BLE001 - as above; the next beat writes a
-                if isinstance(exc, FAILED):  # higher counter
-                    continue
+            except FAILED:
+                continue  # as above: unrenewed; the next beat writes a higher counter
+            except Exception:  # noqa: BLE001 - as above
                 return
             if previous is not None and time.monotonic() - previous >= LEASE_TTL:
                 # the put ended when an observer could have taken the lease over (this
