@@ -334,7 +334,9 @@ def _start_moto_once(timeout: float) -> S3Server:
     t0 = time.monotonic()
     workdir = tempfile.mkdtemp(prefix="slem-moto-")
     port = free_port()
-    args = [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)]
+    # moto's server, with its check-then-put of a conditional write made atomic
+    launcher = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_moto_atomic.py")
+    args = [sys.executable, launcher, "-H", "127.0.0.1", "-p", str(port)]
     # moto takes any key and checks no signature: there is no wrong secret to test
     server = start_process(
         S3Server,
