@@ -108,11 +108,10 @@ def _check_inputs(args, spec) -> None:
 
         check_search_out(args.queries, args.database, args.out, args.k, args.overwrite, args.metric)
     elif args.command == "encode":
-        from ..models import load_model
-        from ..pipeline import check_encode_inputs
+        from ..pipeline import check_encode_inputs, load_encoding_model
 
         # read once, only what an encode uses: the job encodes with it
-        args.loaded_model = load_model(args.model, transform_only=True)
+        args.loaded_model = load_encoding_model(args.model, args.positives, args.precision)
         check_encode_inputs(
             args.loaded_model,
             args.model,

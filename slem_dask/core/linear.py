@@ -27,6 +27,7 @@ __all__ = [
     "condition_bound",
     "float32_encoding_ok",
     "float32_matrix",
+    "float32_factor",
     "exemplar_solution",
 ]
 
@@ -321,13 +322,20 @@ def _scaled_directions(rows: np.ndarray, mean: np.ndarray, precision: np.ndarray
 
 def float32_matrix(precision: np.ndarray) -> np.ndarray:
     """A^-1 cast to float32 for float32 encoding, first scaled by a power of two to a
-    largest entry in [0.5, 1): encodings are directions, so the factor changes nothing,
-    but A^-1 of negatives of magnitude 1e30 (entries ~1e-60) would flush to float32
-    zeros. Exact (no rounding beyond the cast's); one float32 copy, no float64 one."""
-    peak = float(max(precision.max(), -precision.min()))
-    factor = 2.0 ** -np.frexp(peak)[1] if np.isfinite(peak) and peak > 0 else 1.0
+    largest entry in [0.5, 1) (:func:`float32_factor`): encodings are directions, so the
+    factor changes nothing, but A^-1 of negatives of magnitude 1e30 (entries ~1e-60)
+    would flush to float32 zeros. Exact (no rounding beyond the cast's); one float32
+    copy, no float64 one. Element by element, so a load that casts A^-1 block by block
+    with the same factor gets the same bits (``storage.MemberCast``)."""
     out = np.empty(precision.shape, dtype=np.float32)
-    return np.multiply(precision, factor, out=out, casting="same_kind")
+    return np.multiply(precision, float32_factor(precision), out=out, casting="same_kind")
+
+
+def float32_factor(precision: np.ndarray) -> float:
+    """The power of two :func:`float32_matrix` scales A^-1 by (1.0 for an A^-1 that is 0
+    or not finite, which the cast keeps as it is)."""
+    peak = float(max(precision.max(), -precision.min()))
+    return 2.0 ** -np.frexp(peak)[1] if np.isfinite(peak) and peak > 0 else 1.0
 
 
 #: Largest bound on cond(A) for which float32 encoding is used with precision="auto".

@@ -163,7 +163,10 @@ class CentroidSLEMClassifier(_Classifier):
         self.intercept_ = np.empty(K)
         for c in range(K):
             self.coef_[c], self.intercept_[c] = exemplar_solution(
-                self.centroids_[c], self.slem_.mean_, self.slem_.precision_, float(self.theta)
+                self.centroids_[c],
+                self.slem_.mean_,
+                self.slem_._float64_precision(),
+                float(self.theta),
             )
         return self
 

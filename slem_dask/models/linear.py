@@ -13,6 +13,7 @@ from ..core.linear import (
     encode_rows,
     exemplar_solution,
     float32_encoding_ok,
+    float32_factor,
     float32_matrix,
     precision_matrix,
 )
@@ -40,6 +41,7 @@ from ..core.validation import (
     nonfinite_rows_error,
     parse_lam,
 )
+from ..storage import MemberCast
 from .base import SLEMEstimator
 
 if TYPE_CHECKING:
@@ -54,6 +56,9 @@ _NUMPY_BLOCK_BYTES = 64 * 2**20
 #: The metadata field of a saved LinearSLEM that records :func:`condition_bound` of its
 #: Sigma and lambda (what decides float32 encoding), so that an encode need not read Sigma.
 CONDITION_BOUND = "condition_bound"
+#: The metadata field that records :func:`float32_factor` of its A^-1, so that an encode
+#: in float32 can read A^-1 straight into the float32 copy it encodes with.
+FLOAT32_FACTOR = "float32_factor"
 
 
 class LinearSLEM(SLEMEstimator):
@@ -87,12 +92,16 @@ class LinearSLEM(SLEMEstimator):
     --------------------------
     mean_ : (d,) float64, mean mu of the negatives.
     covariance_ : (d, d) float64, population covariance Sigma of the negatives.
-    precision_ : (d, d) float64, A^-1 = (Sigma + lam_ I)^-1.
+    precision_ : (d, d) float64, A^-1 = (Sigma + lam_ I)^-1 (None in a model loaded
+        for float32 encoding alone: ``load_model(..., encode_dtype="float32")``).
     lam_ : float, the absolute lambda used (``lam`` itself, or c x tr(Sigma)).
     n_samples_ : number of negatives.
     n_features_in_ : d.
     input_dtype_ : dtype name of the negatives.
     """
+
+    precision_: np.ndarray | None  # None: loaded for float32 encoding alone
+    _float32_cache: tuple[np.ndarray | None, np.ndarray | None]
 
     _param_names = ("lam", "theta", "precision")
     _exemplar_only_params = ("theta",)
@@ -210,13 +219,24 @@ class LinearSLEM(SLEMEstimator):
         d = 8192) and A^-1's float32 copy (0.4 s), so that encoding one row costs about
         one matrix-vector product."""
         if compute_dtype(dtype, precision) != np.float32:
-            return self.precision_
+            return self._float64_precision()
         cache = getattr(self, "_float32_cache", None)
         if cache is None or cache[0] is not self.precision_:  # fitted or loaded since
             ok = float32_encoding_ok(self._condition_bound())
-            cache = (self.precision_, float32_matrix(self.precision_) if ok else None)
+            matrix = self._float64_precision()
+            cache = (matrix, float32_matrix(matrix) if ok else None)
             self._float32_cache = cache
-        return self.precision_ if cache[1] is None else cache[1]
+        return self._float64_precision() if cache[1] is None else cache[1]
+
+    def _float64_precision(self) -> np.ndarray:
+        """A^-1 itself, refused in a model loaded for float32 encoding alone."""
+        if self.precision_ is None:
+            raise ValueError(
+                "this LinearSLEM was loaded for float32 encoding alone (load_model with "
+                "encode_dtype='float32') and holds no float64 A^-1, which encoding in "
+                "float64 and exemplar() use; load it without encode_dtype for those"
+            )
+        return self.precision_
 
     def _condition_bound(self) -> float:
         """:func:`condition_bound` of these Sigma and lambda, computed once per fit and
@@ -259,7 +279,7 @@ class LinearSLEM(SLEMEstimator):
             )
         self._check_positives(x0[None, :], "x0")
         check_finite_rows(x0[None, :], "x0")
-        return exemplar_solution(x0, self.mean_, self.precision_, float(self.theta))
+        return exemplar_solution(x0, self.mean_, self._float64_precision(), float(self.theta))
 
     # -- persistence --------------------------------------------------
     def _state(self):
@@ -275,17 +295,38 @@ class LinearSLEM(SLEMEstimator):
     def _save_records(self) -> dict:
         # computed here, not in _state (which every fingerprint and identity calls): a
         # model fitted and hashed but never saved or encoded in float32 never pays it
-        return {CONDITION_BOUND: self._condition_bound()}
+        return {
+            CONDITION_BOUND: self._condition_bound(),
+            FLOAT32_FACTOR: float32_factor(self._float64_precision()),
+        }
 
     @classmethod
-    def _transform_members(cls, meta: dict) -> tuple[str, ...] | None:
+    def _transform_members(
+        cls, meta: dict, encode_dtype=None, precision: str | None = None
+    ) -> tuple[str, ...] | dict[str, MemberCast | None] | None:
         # Sigma serves transform only through its condition bound, when that is recorded
-        return ("mean", "precision") if meta.get(CONDITION_BOUND) is not None else None
+        bound = meta.get(CONDITION_BOUND)
+        if bound is None:
+            return None
+        factor = meta.get(FLOAT32_FACTOR)
+        precision = precision if precision is not None else meta["params"]["precision"]
+        if (
+            encode_dtype is None
+            or factor is None
+            or compute_dtype(encode_dtype, precision) != np.float32
+            or not float32_encoding_ok(float(bound))
+        ):
+            return ("mean", "precision")
+        # A^-1 read straight into float32_matrix's copy: no float64 A^-1 is ever held
+        return {"mean": None, "precision": MemberCast(np.dtype(np.float32), float(factor))}
 
     def _set_state(self, info, arrays):
         self.mean_ = arrays["mean"]
         self.covariance_ = arrays.get("covariance")  # None: loaded transform_only
         self.precision_ = arrays["precision"]
+        if self.precision_.dtype == np.float32:  # read as the float32 copy alone (above)
+            self._float32_cache = (None, self.precision_)
+            self.precision_ = None
         if info.get(CONDITION_BOUND) is not None:
             self._bound_cache = (self.precision_, float(info[CONDITION_BOUND]))
         self.n_samples_ = int(info["n_samples"])

@@ -15,7 +15,7 @@ options (:class:`FitOptions`, :class:`EncodeOptions`, :class:`SearchOptions`).
 
 from .common import JobFailed, JobReport
 from .demo import demo_job
-from .encode import check_encode_inputs, encode_job
+from .encode import check_encode_inputs, encode_job, load_encoding_model
 from .fit import _open_negatives, fit_job  # noqa: F401 - the CLI checks before a cluster
 from .options import EncodeOptions, FitOptions, SearchOptions
 from .search import search_job
@@ -26,6 +26,7 @@ __all__ = [
     "search_job",
     "demo_job",
     "check_encode_inputs",
+    "load_encoding_model",
     "FitOptions",
     "EncodeOptions",
     "SearchOptions",

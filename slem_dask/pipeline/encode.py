@@ -17,7 +17,6 @@ import numpy as np
 from .. import storage
 from ..cluster import workers
 from .._version import __version__
-from ..models import load_model
 from ..parallel.blocks import scatter_large_arrays
 
 from . import common
@@ -28,6 +27,7 @@ from .encode_plan import (
     _output_bytes,
     _scale_mismatch,
     check_encode_inputs,  # noqa: F401 - the pipeline package exports it from here
+    load_encoding_model,  # noqa: F401 - the pipeline package exports it from here
     plan_encode,
     recorded_model_is,
     up_to_date_report,
@@ -54,20 +54,19 @@ def encode_job(
 
     ``options``: an :class:`EncodeOptions` (its fields are the keywords ``dtype`` ...
     ``precision``, which build one when it is not given; give one or the other).
-    ``model``: that model, if the caller has already loaded it (it is then not read
-    again: one committed version of it, read once).
+    ``model``: that model, if the caller has already loaded it (it is then not read again:
+    one committed version of it, read once: :func:`load_encoding_model`).
 
-    Re-running the same command resumes: an output left unfinished by a killed
-    run gets only its missing partitions; partitions whose input rows changed
-    (by the store listing) or whose chunk is missing or damaged are encoded
-    again; rows appended to ``positives`` get encoded. An output written with
-    another model is refused (``on_model_change="fail"``, the CLI default)
-    unless ``overwrite``; with ``on_model_change="reencode"`` (job specs) it is
-    rebuilt. ``complete: true`` is written only after the client has checked
-    that every partition is in the store with the checksum its task wrote.
-    ``precision`` (linear models; default: the model's): "auto" encodes float32
-    positives in float32, "float64" in float64; an output is continued only in the
-    precision it was started with.
+    Re-running the same command resumes: an output left unfinished by a killed run gets
+    only its missing partitions; partitions whose input rows changed (by the store
+    listing) or whose chunk is missing or damaged are encoded again; rows appended to
+    ``positives`` get encoded. An output written with another model is refused
+    (``on_model_change="fail"``, the CLI default) unless ``overwrite``; with
+    ``on_model_change="reencode"`` (job specs) it is rebuilt. ``complete: true`` is
+    written only after the client has checked that every partition is in the store with
+    the checksum its task wrote. ``precision`` (linear models; default: the model's):
+    "auto" encodes float32 positives in float32, "float64" in float64; an output is
+    continued only in the precision it was started with.
     """
     options = options_from(
         EncodeOptions,
@@ -81,7 +80,8 @@ def encode_job(
     )
     t0 = time.perf_counter()
     model_path, positives, out = map(storage.canonical, (model_path, positives, out))
-    model = model if model is not None else load_model(model_path, transform_only=True)
+    if model is None:
+        model = load_encoding_model(model_path, positives, options.precision)
     storage.check_distinct(out, "--out", {"positives": positives, "model": model_path})
     current = _current_report(model, model_path, positives, out, options, t0)
     if current is not None:  # decided from the committed head: no lease, nothing written

@@ -12,7 +12,7 @@ import numpy as np
 
 from .. import storage
 from ..cluster import workers
-from ..models import LinearSLEM
+from ..models import LinearSLEM, load_model
 from ..core.validation import check_n_features, output_dtype
 
 from .common import JobReport
@@ -234,6 +234,20 @@ def _scale_mismatch(model, arr, sample_rows: int = 1000) -> str | None:
             f"collapse to nearly identical rows"
         )
     return None
+
+
+def load_encoding_model(model_path, positives, precision: str | None = None):
+    """The model at ``model_path``, read for an encode of ``positives``: only the arrays
+    that ``transform`` uses, and a LinearSLEM's A^-1 straight into float32 when it will
+    encode them in float32 (``load_model``'s ``encode_dtype``). Positives that cannot be
+    opened are named by the encode's own checks, after the model's."""
+    try:
+        encode_dtype = storage.open_input(positives, "positives", empty_ok=True).dtype
+    except Exception:  # noqa: BLE001 - check_encode_inputs says what is wrong with them
+        encode_dtype = None
+    return load_model(
+        model_path, transform_only=True, encode_dtype=encode_dtype, precision=precision
+    )
 
 
 def _effective_precision(model, precision: str | None) -> str | None:

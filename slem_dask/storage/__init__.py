@@ -82,6 +82,7 @@ from .nodes.groups import (  # noqa: F401
     write_group,
     write_model_store,
 )
+from .nodes.member_reads import MemberCast  # noqa: F401
 from .nodes.inputs import (  # noqa: F401
     _exists,
     _key,
@@ -148,6 +149,7 @@ __all__ = [
     "fingerprint",
     "write_model_store",
     "read_model_store",
+    "MemberCast",
     "ARRAY_SHA256",
     "read_model_meta",
     "create_output",

@@ -134,3 +134,85 @@ def test_a_transform_only_models_lazy_encode_is_named_by_its_record(saved, monke
     part.fit(X)  # arrays of its own again: hashed as any fitted model's
     part.transform(rows)
     assert hashed == [(12, 12)]
+
+
+def test_a_model_loaded_for_float32_encoding_reads_a_inverse_straight_into_float32(saved):
+    """encode_dtype=float32 (an encode of float32 rows): A^-1 is read straight into the
+    float32 copy that float32 encoding uses, with no float64 A^-1 held, and the model
+    encodes, lazily or not, and names itself bit for bit as the whole one does."""
+    import dask.array as da
+
+    path, X = saved
+    whole = load_model(path)
+    part = load_model(path, transform_only=True, encode_dtype=np.float32)
+    assert part.precision_ is None and part.covariance_ is None
+    np.testing.assert_array_equal(part.transform(X[:50]), whole.transform(X[:50]))
+    rows = da.from_array(X[:60], chunks=20)
+    np.testing.assert_array_equal(part.transform(rows).compute(), whole.transform(rows).compute())
+    for name in ("fingerprint_", "encoding_fingerprint_", "identity_", "encoding_identity_"):
+        assert getattr(part, name) == getattr(whole, name), name
+    # what needs the float64 A^-1 says so in one line, naming the remedy
+    for use in (lambda: part.transform(X[:5].astype(np.float64)), lambda: part.exemplar(X[0])):
+        with pytest.raises(ValueError, match="loaded for float32 encoding alone") as raised:
+            use()
+        assert "load it without encode_dtype" in str(raised.value)
+        assert "\n" not in str(raised.value)
+    part.fit(X)  # a new fit owns a float64 A^-1 again
+    np.testing.assert_array_equal(
+        part.transform(X[:5].astype(np.float64)), whole.transform(X[:5].astype(np.float64))
+    )
+
+
+@pytest.mark.parametrize(
+    "encode_dtype, precision", [(np.float64, None), (np.float32, "float64"), (np.int16, None)]
+)
+def test_a_model_loaded_for_rows_encoded_in_float64_holds_a_inverse_as_stored(
+    saved, encode_dtype, precision
+):
+    path, X = saved
+    part = load_model(path, transform_only=True, encode_dtype=encode_dtype, precision=precision)
+    assert part.precision_ is not None and part.precision_.dtype == np.float64
+    rows = (
+        X[:20].astype(encode_dtype) if encode_dtype != np.int16 else (X[:20] * 100).astype(np.int16)
+    )
+    np.testing.assert_array_equal(
+        part.transform(rows, precision=precision),
+        load_model(path).transform(rows, precision=precision),
+    )
+
+
+def _edit_meta(path, edit) -> None:
+    group = storage.open_node(path, mode="r+")
+    meta = dict(group.attrs[storage.ATTR])
+    edit(meta)
+    meta["metadata_checksum"] = storage.metadata_checksum(meta)
+    group.attrs[storage.ATTR] = meta
+    recommit(path)
+
+
+def test_a_float32_load_of_an_older_or_ill_conditioned_model_reads_a_inverse_as_stored(saved):
+    """A model saved before slem-dask recorded A^-1's float32 factor, or one whose A is
+    too ill-conditioned for float32 encoding, is read as before (float64 A^-1), and
+    encodes as the whole model does."""
+    path, X = saved
+    want = load_model(path).transform(X[:20])
+    _edit_meta(path, lambda meta: meta.pop(model_linear.FLOAT32_FACTOR))
+    older = load_model(path, transform_only=True, encode_dtype=np.float32)
+    assert older.precision_ is not None
+    np.testing.assert_array_equal(older.transform(X[:20]), want)
+    _edit_meta(
+        path,
+        lambda meta: meta.update(
+            {model_linear.FLOAT32_FACTOR: 0.5, model_linear.CONDITION_BOUND: 1e9}
+        ),
+    )
+    ill = load_model(path, transform_only=True, encode_dtype=np.float32)
+    assert ill.precision_ is not None
+    assert ill._encoding_matrix(np.float32, "auto").dtype == np.float64
+
+
+def test_a_float32_load_checks_the_stored_bytes(saved):
+    path, _ = saved
+    _tamper(path, "precision")
+    with pytest.raises(ValueError, match=r"do not match their recorded SHA-256 \(chunk '"):
+        load_model(path, transform_only=True, encode_dtype=np.float32)

@@ -44,23 +44,50 @@ def test_a_hashed_read_gives_the_bytes_and_digest_of_a_whole_read(
     assert member_reads.read_hashed(arr, "mean", digest_head(PARAMS))[1] != digest
 
 
-def test_a_failed_block_read_raises_after_the_hash_in_flight_is_done(tmp_path, monkeypatch):
+@pytest.mark.parametrize("cast", [None, member_reads.MemberCast(np.dtype(np.float32), 0.5)])
+def test_a_failed_block_read_raises_after_the_hash_in_flight_is_done(tmp_path, monkeypatch, cast):
     monkeypatch.setattr(member_reads, "_BLOCK_BYTES", 1)
     arr = _array(tmp_path, np.ones((6, 4)), (2, 4))
     calls = []
+    read_block = member_reads._read_block
 
-    class Failing:
-        shape, dtype, chunks = arr.shape, arr.dtype, arr.chunks
+    def failing(arr, lo, hi, block, key):
+        calls.append((lo, hi))
+        if len(calls) == 2:
+            raise OSError("chunk 1 unreadable")
+        read_block(arr, lo, hi, block, key)
 
-        def get_basic_selection(self, selection, out):
-            calls.append(selection)
-            if len(calls) == 2:
-                raise OSError("chunk 1 unreadable")
-            return arr.get_basic_selection(selection, out=out)
-
+    monkeypatch.setattr(member_reads, "_read_block", failing)
     with pytest.raises(OSError, match="chunk 1 unreadable"):
-        member_reads.read_hashed(Failing(), "precision", digest_head(PARAMS))
-    assert calls == [(slice(0, 2),), (slice(2, 4),)]
+        member_reads.read_hashed(arr, "precision", digest_head(PARAMS), cast)
+    assert calls == [(0, 2), (2, 4)]
+
+
+@pytest.mark.parametrize("block_bytes", [1, 700, 1 << 25])
+@pytest.mark.parametrize(
+    "shape, chunks",
+    [((37, 11), (5, 11)), ((37, 11), (37, 11)), ((64, 8), (16, 4)), ((9,), (4,)), ((0, 3), (1, 3))],
+)
+@pytest.mark.parametrize("scale", [1.0, 1e-60])
+def test_a_cast_read_gives_float32_matrixs_bits_and_the_stored_arrays_digest(
+    tmp_path, monkeypatch, shape, chunks, block_bytes, scale
+):
+    """Read straight into float32 (an encode's A^-1): the bits that casting the whole
+    float64 array gives (core.linear.float32_matrix, with its factor), and the digest of
+    the float64 bytes stored, for any chunking and block size; A^-1 of entries 1e-60 (of
+    negatives of magnitude 1e30), which a plain cast would flush to zeros, included."""
+    from slem_dask.core.linear import float32_factor, float32_matrix
+
+    monkeypatch.setattr(member_reads, "_BLOCK_BYTES", block_bytes)
+    values = np.random.default_rng(7).standard_normal(shape) * scale
+    arr = _array(tmp_path, values, chunks)
+    factor = float32_factor(values) if values.size else 1.0
+    cast = member_reads.MemberCast(np.dtype(np.float32), factor)
+    got, digest = member_reads.read_hashed(arr, "precision", digest_head(PARAMS), cast)
+    assert got.dtype == np.float32 and got.shape == values.shape and got.flags.c_contiguous
+    np.testing.assert_array_equal(got, float32_matrix(values) if values.size else values)
+    assert not values.size or np.abs(got).max() >= 0.5  # not flushed to zeros
+    assert digest == array_digests({"precision": values}, PARAMS)["precision"]
 
 
 @pytest.mark.parametrize("transform_only", [True, False])

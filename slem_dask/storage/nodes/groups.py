@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, cast
 
 import numpy as np
@@ -25,7 +25,7 @@ from .checksums import (
     metadata_checksum,
 )
 from .chunks import _reason
-from .member_reads import read_hashed, read_member, read_whole
+from .member_reads import MemberCast, read_hashed, read_member, read_whole
 from .dimensions import dimension_names
 from ..versioning.errors import (
     CorruptChunkError,
@@ -316,15 +316,16 @@ def _group_members(group, path, what: str, only: Sequence[str] | None) -> list:
 
 
 def _read_hashed_members(
-    group, path, wanted: Sequence[str], params: dict
+    group, path, wanted: Mapping[str, MemberCast | None], params: dict
 ) -> tuple[dict[str, np.ndarray], dict[str, str]]:
-    """The members ``wanted`` of a model group and the SHA-256 of each as
+    """The members ``wanted`` of a model group (each in the dtype of its :class:`MemberCast`,
+    None: as stored) and the SHA-256 of each stored one as
     :func:`.checksums.array_digests` computes it, each hashed while it is read."""
     head = digest_head(params)
     arrays, digests = {}, {}
-    for key, arr in _group_members(group, path, "model", wanted):
+    for key, arr in _group_members(group, path, "model", list(wanted)):
         arrays[key], digests[key] = read_member(
-            path, "model", key, _version_seq(group), read_hashed, arr, key, head
+            path, "model", key, _version_seq(group), read_hashed, arr, key, head, wanted[key]
         )
     return arrays, digests
 
@@ -376,22 +377,26 @@ def read_search_store(path, arrays: bool = True) -> tuple[dict, dict[str, np.nda
 
 
 def read_model_store(
-    path: str | os.PathLike[str], members: Callable[[dict], Sequence[str] | None] | None = None
+    path: str | os.PathLike[str],
+    members: Callable[[dict], Sequence[str] | Mapping[str, MemberCast | None] | None] | None = None,
 ) -> tuple[dict, dict[str, np.ndarray]]:
     """Read a model group written by :func:`write_model_store`: (metadata, arrays).
 
     ``members(metadata)``: the arrays the caller needs (None: all), chosen once the
-    metadata of the version being read is known. They alone are read, each checked
-    against its own recorded SHA-256, where the model records them (:data:`ARRAY_SHA256`);
-    a model written before them is read whole and checked against its fingerprint."""
+    metadata of the version being read is known, or a mapping of them to the
+    :class:`MemberCast` each is read through (None: as stored). They alone are read, each
+    checked against its own recorded SHA-256, where the model records them
+    (:data:`ARRAY_SHA256`); a model written before them is read whole, as stored, and
+    checked against its fingerprint."""
     path = str(canonical(path))
     meta, group = _read_model_meta(path)
-    wanted = members(meta) if members is not None else None
+    asked = members(meta) if members is not None else None
+    wanted = asked if asked is None or isinstance(asked, Mapping) else dict.fromkeys(asked)
     digests = meta.get(ARRAY_SHA256)
     if wanted is not None and isinstance(digests, dict) and set(wanted) <= set(digests):
         arrays, read = _read_hashed_members(group, path, wanted, meta["params"])
         if any(k not in arrays for k in wanted) or read != {k: digests[k] for k in wanted}:
-            raise _model_arrays_changed(path, group, wanted)
+            raise _model_arrays_changed(path, group, list(wanted))
         return meta, arrays
     arrays = read_group_arrays(group, path, "model", recorded=False)  # its fingerprint says
     if fingerprint(arrays, meta["params"]) != meta.get("fingerprint"):

@@ -3,62 +3,103 @@ corpus), read whole: a read that fails names the chunk that fails it and how to 
 store back; a model's arrays are hashed as they are read (:func:`read_hashed`: each
 block of rows is hashed on a second thread while the next one is read, so that checking
 A^-1 against its recorded SHA-256 costs little beyond reading it; at d = 8192, 512 MiB:
-read 0.96 s then hashed 0.45 s, one after the other; issue 42)."""
+read 0.96 s then hashed 0.45 s, one after the other; issue 42), and may be read
+straight into another dtype (:class:`MemberCast`)."""
 
 from __future__ import annotations
 
 import hashlib
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from ..versioning.errors import CorruptChunkError, rollback_advice
 from .checksums import _full_key, hash_array_header
-from .chunks import _reason
+from .chunks import _reason, read_rows
 
 #: Bytes of rows read (and then hashed) at a time, rounded to whole chunks of rows.
 _BLOCK_BYTES = 1 << 25
 
 
-def read_hashed(arr, key: str, head: bytes) -> tuple[np.ndarray, str]:
+@dataclass(frozen=True)
+class MemberCast:
+    """A member read straight into another dtype: each element multiplied by ``factor``
+    and cast to ``dtype``, as ``np.multiply(a, factor, out=..., casting="same_kind")``
+    gives it, bit for bit (a LinearSLEM's A^-1 read as the scaled float32 copy that
+    float32 encoding uses, with no float64 copy of it ever held)."""
+
+    dtype: np.dtype
+    factor: float
+
+
+def read_hashed(
+    arr, key: str, head: bytes, cast: MemberCast | None = None
+) -> tuple[np.ndarray, str]:
     """The zarr array ``arr`` read whole, and its SHA-256 as
     :func:`.checksums.array_digests` computes it (``head``: its
     :func:`.checksums.digest_head`, ``key``: its name in the group), the same digest of
-    the same bytes. The rows are read in blocks of whole chunks into one array (as
-    ``arr[...]`` would be), each block hashed while the next is read: hashlib and the
-    read's decoding release the GIL."""
-    from zarr.core.buffer import default_buffer_prototype
-
-    out = np.empty(arr.shape, dtype=arr.dtype)
+    the same bytes. The rows are read in blocks of whole chunks (arrays of rows through
+    :func:`.chunks.read_rows`, which decodes each chunk straight into the block), each
+    block hashed while the next is read: hashlib and the read's decoding release the
+    GIL. ``cast``: the result in its dtype, each block cast once it is hashed (the
+    stored bytes are the ones hashed)."""
+    out = np.empty(arr.shape, dtype=arr.dtype if cast is None else cast.dtype)
     h = hashlib.sha256(head)
-    hash_array_header(h, key, out.dtype, out.shape)
+    hash_array_header(h, key, np.dtype(arr.dtype), out.shape)
     if out.ndim == 0 or out.size == 0:
-        out[...] = arr[...]
-        h.update(out.reshape(-1).view(np.uint8).data)
+        stored = np.asarray(arr[...])
+        h.update(np.ascontiguousarray(stored).reshape(-1).view(np.uint8).data)
+        _store(out, stored, cast)
         return out, h.hexdigest()
     rows = _block_rows(arr, out)
-    wrap = default_buffer_prototype().nd_buffer.from_numpy_array
+    # without a cast the blocks are read into the result; with one, into two buffers in
+    # turn (one is hashed while the other is read) and cast from there
+    buffers = [np.empty((rows,) + out.shape[1:], dtype=arr.dtype) for _ in range(2 if cast else 0)]
     pending: Future | None = None
     with ThreadPoolExecutor(1, thread_name_prefix="slem-dask-hash") as pool:
         try:
-            for lo in range(0, out.shape[0], rows):
-                block = out[lo : lo + rows]
-                arr.get_basic_selection((slice(lo, lo + rows),), out=wrap(block))
+            for i, lo in enumerate(range(0, out.shape[0], rows)):
+                hi = min(out.shape[0], lo + rows)
+                block = buffers[i % 2][: hi - lo] if cast else out[lo:hi]
+                _read_block(arr, lo, hi, block, key)
                 if pending is not None:
                     pending.result()
                 pending = pool.submit(h.update, block.reshape(-1).view(np.uint8).data)
+                if cast and i > 0:  # the block before, hashed by now, cast as this one is
+                    _store(out[lo - rows : lo], buffers[(i - 1) % 2], cast)
         finally:  # a failed read: the block being hashed is finished before out is dropped
             if pending is not None:
                 pending.result()
+    if cast:  # the last block, hashed by now
+        last = (out.shape[0] - 1) // rows * rows
+        _store(out[last:], buffers[(out.shape[0] - 1) // rows % 2][: out.shape[0] - last], cast)
     return out, h.hexdigest()
 
 
+def _read_block(arr, lo: int, hi: int, block: np.ndarray, key: str) -> None:
+    if arr.ndim == 2:  # rows: decoded straight into the block (zarr would copy it twice)
+        read_rows(arr, lo, hi, f"array {key!r}", out=block)
+        return
+    from zarr.core.buffer import default_buffer_prototype
+
+    wrap = default_buffer_prototype().nd_buffer.from_numpy_array
+    arr.get_basic_selection((slice(lo, hi),), out=wrap(block))
+
+
+def _store(out: np.ndarray, stored: np.ndarray, cast: MemberCast | None) -> None:
+    if cast is None:
+        out[...] = stored
+    else:
+        np.multiply(stored, cast.factor, out=out, casting="same_kind")
+
+
 def _block_rows(arr, out: np.ndarray) -> int:
-    """Rows per block: whole chunks of rows, about _BLOCK_BYTES, at least one chunk."""
+    """Rows per block: whole chunks of rows, about _BLOCK_BYTES stored, at least one chunk."""
     chunk_rows = max(1, int(arr.chunks[0]))
-    row_bytes = max(1, out[0].nbytes)
+    row_bytes = max(1, out[0].size * np.dtype(arr.dtype).itemsize)
     return chunk_rows * max(1, _BLOCK_BYTES // (chunk_rows * row_bytes))
 
 
