@@ -198,14 +198,16 @@ class EncodeRefusingDegenerate:
 
 
 #: Rows per piece in :func:`encode_rows`: about 4 MiB of centred rows (2,048 rows at
-#: d = 512), so the passes over a piece stay in cache, but never fewer than 512, so that
-#: the BLAS's packing of A^-1 (d x d) is amortized over enough rows (d = 8192: 16 MiB).
-#: 1 MiB pieces packed A^-1 four times as often (OpenBLAS sgemm_itcopy: 1.7% of an
-#: encode job's CPU at d = 512): a 16,384 x 512 partition took 82.7 ms against 77.9 ms
-#: on one thread, 108.1 ms against 103.3 ms with two threads encoding at once (best of
-#: 15 and 6; issue 42).
+#: d = 512), so the passes over a piece stay in cache, but never fewer than 1,024, so that
+#: the BLAS's packing of A^-1 (d x d) is amortized over enough rows. 1 MiB pieces packed
+#: A^-1 four times as often (OpenBLAS sgemm_itcopy: 1.7% of an encode job's CPU at
+#: d = 512): a 16,384 x 512 partition took 82.7 ms against 77.9 ms on one thread, 108.1
+#: ms against 103.3 ms with two threads encoding at once (best of 15 and 6). At d = 8192
+#: A^-1 (256 MiB) is packed from memory, not cache: with two threads encoding at once,
+#: 4,096 rows in pieces of 512 took 4.12 s (best of 4) against 3.66 s in pieces of
+#: 1,024, 3.75 s of 2,048 and 3.50 s of 4,096 (issue 42).
 _PIECE_BYTES = 2**22
-_PIECE_MIN_ROWS = 512
+_PIECE_MIN_ROWS = 1024
 
 
 class _Centring:

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import zarr
 
-from slem_dask import load_model
+from slem_dask import load_model, storage
 from slem_dask.pipeline import encode_job, fit_job
 
 N, D = 50_000, 32
@@ -104,3 +104,30 @@ def test_a_kernel_model_is_named_by_its_pivots(stores, tmp_path):
     drawn, redrawn = ids["rpcholesky", 8192], ids["rpcholesky", N]
     assert not np.array_equal(drawn.pivots_, redrawn.pivots_)
     assert drawn.identity_ != redrawn.identity_
+
+
+@pytest.mark.parametrize(
+    "dtype, precision, float32_only",
+    [(np.float32, None, True), (np.float32, "float64", False), (np.float64, None, False)],
+)
+def test_an_encode_reads_a_inverse_in_the_dtype_it_encodes_in(
+    stores, tmp_path, monkeypatch, dtype, precision, float32_only
+):
+    """An encode of float32 positives (precision "auto") reads A^-1 straight into
+    float32 and holds no float64 A^-1; others read it as stored. Either way the output
+    is the model's own transform, bit for bit."""
+    from slem_dask.pipeline import encode_plan
+
+    model, out = str(tmp_path / "model.zarr"), str(tmp_path / "encoded.zarr")
+    fit_job(None, stores["negatives"], model, lam=0.01)
+    positives = zarr.open_array(stores["positives"], mode="r")[...].astype(dtype)
+    path = write_rows(tmp_path / "positives.zarr", positives, 100)
+    loaded = []
+    real = encode_plan.load_model
+    monkeypatch.setattr(
+        encode_plan, "load_model", lambda *a, **k: loaded.append(real(*a, **k)) or loaded[-1]
+    )
+    encode_job(None, model, path, out, dtype="float64", precision=precision)
+    assert (loaded[0].precision_ is None) == float32_only
+    want = load_model(model).transform(positives, dtype=np.float64, precision=precision)
+    np.testing.assert_array_equal(storage.open_output(out)[...], want)
