@@ -56,8 +56,9 @@ def read_hashed(
         return out, h.hexdigest()
     rows = _block_rows(arr, out)
     # without a cast the blocks are read into the result; with one, into two buffers in
-    # turn (one is hashed while the other is read) and cast from there
+    # turn, each cast into the result while the next one is hashed
     buffers = [np.empty((rows,) + out.shape[1:], dtype=arr.dtype) for _ in range(2 if cast else 0)]
+    uncast: tuple[slice, np.ndarray] | None = None  # a block hashed, not yet cast
     pending: Future | None = None
     with ThreadPoolExecutor(1, thread_name_prefix="slem-dask-hash") as pool:
         try:
@@ -68,14 +69,14 @@ def read_hashed(
                 if pending is not None:
                     pending.result()
                 pending = pool.submit(h.update, block.reshape(-1).view(np.uint8).data)
-                if cast and i > 0:  # the block before, hashed by now, cast as this one is
-                    _store(out[lo - rows : lo], buffers[(i - 1) % 2], cast)
+                if uncast is not None:
+                    _store(out[uncast[0]], uncast[1], cast)
+                uncast = (slice(lo, hi), block) if cast else None
         finally:  # a failed read: the block being hashed is finished before out is dropped
             if pending is not None:
                 pending.result()
-    if cast:  # the last block, hashed by now
-        last = (out.shape[0] - 1) // rows * rows
-        _store(out[last:], buffers[(out.shape[0] - 1) // rows % 2][: out.shape[0] - last], cast)
+    if uncast is not None:
+        _store(out[uncast[0]], uncast[1], cast)
     return out, h.hexdigest()
 
 
