@@ -367,11 +367,19 @@ def load_model(
     slem-dask recorded what this needs are read whole.
 
     ``encode_dtype`` (with ``transform_only``): the dtype of the rows the model will
-    encode, with ``precision`` (default: the model's). A LinearSLEM that will encode
-    them in float32 then reads A^-1 straight into the float32 copy that float32 encoding
-    uses, the same bits, and holds no float64 A^-1 (``precision_ = None``; 512 MiB
-    fewer and about 0.4 s less at d = 8192): it encodes only in float32.
+    encode, with the ``precision`` they will be encoded with (``transform``'s; default:
+    the model's; it decides what is read and does not change the model's parameter). A
+    LinearSLEM that will encode them in float32 (float32 rows, precision "auto", A well
+    enough conditioned) then reads A^-1 straight into the float32 copy that float32
+    encoding uses, the same bits, and holds no float64 A^-1 (``precision_ = None``; 512
+    MiB fewer and about 0.4 s less at d = 8192): it encodes only float32 rows then.
     """
+
+    if encode_dtype is not None and not transform_only:
+        raise ValueError(
+            f"encode_dtype={encode_dtype!r} is given without transform_only=True: a model "
+            f"read whole holds A^-1 as stored; pass transform_only=True with it, or drop it"
+        )
 
     def members(meta: dict):
         # called before any array is read: an unknown model is refused without them

@@ -218,6 +218,8 @@ def _start_report(model, model_path, positives, out, plan: EncodePlan, job: _Dra
             "out dtype": plan.out_dtype.name,
         }
     )
+    if plan.precision is not None:  # a linear model's arithmetic, as fit reports it
+        report.facts["precision"] = plan.precision
     return report
 
 

@@ -216,3 +216,10 @@ def test_a_float32_load_checks_the_stored_bytes(saved):
     _tamper(path, "precision")
     with pytest.raises(ValueError, match=r"do not match their recorded SHA-256 \(chunk '"):
         load_model(path, transform_only=True, encode_dtype=np.float32)
+
+
+def test_encode_dtype_without_transform_only_is_refused_in_one_line(saved):
+    path, _ = saved
+    with pytest.raises(ValueError, match="without transform_only=True") as raised:
+        load_model(path, encode_dtype=np.float32)
+    assert "pass transform_only=True" in str(raised.value) and "\n" not in str(raised.value)

@@ -127,7 +127,8 @@ def test_an_encode_reads_a_inverse_in_the_dtype_it_encodes_in(
     monkeypatch.setattr(
         encode_plan, "load_model", lambda *a, **k: loaded.append(real(*a, **k)) or loaded[-1]
     )
-    encode_job(None, model, path, out, dtype="float64", precision=precision)
+    report = encode_job(None, model, path, out, dtype="float64", precision=precision)
     assert (loaded[0].precision_ is None) == float32_only
+    assert report.facts["precision"] == (precision or "auto")  # as fit reports it
     want = load_model(model).transform(positives, dtype=np.float64, precision=precision)
     np.testing.assert_array_equal(storage.open_output(out)[...], want)
