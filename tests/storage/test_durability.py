@@ -81,6 +81,30 @@ def test_a_group_is_on_stable_storage_before_its_commit_record(tmp_path, calls):
     _check_synced_before_its_record(path, calls)
 
 
+def test_a_groups_chunks_start_their_writeback_as_each_array_is_written(tmp_path, monkeypatch):
+    """A model's writer starts every chunk's writeback after each member array (at d =
+    8192 the read-back of a 1 GiB model then overlaps with writing it to the disk), and
+    before its group document, so before the commit that waits for them."""
+    started: list[str] = []
+    kick = local_durable._start_file_writeback
+    monkeypatch.setattr(
+        local_durable, "_start_file_writeback", lambda p: (started.append(p), kick(p))
+    )
+    written = groups.create_group_last
+    monkeypatch.setattr(
+        groups,
+        "create_group_last",
+        lambda *a, **k: (started.append("group document"), written(*a, **k))[1],
+    )
+    path = tmp_path / "model.zarr"
+    arrays = {"w": np.arange(4096.0).reshape(1024, 4), "b": np.arange(3.0)}
+    groups.write_group(path, {"kind": "t"}, arrays, "test")
+    files = [p for p in _version_tree(path)[0] if not p.endswith("/zarr.json")]
+    chunks = [p for p in files if "/c/" in p]
+    assert len(chunks) == 2 and set(files) <= set(started), set(files) - set(started)
+    assert started[-1] == "group document"
+
+
 def _encode_inputs(tmp_path):
     rng = np.random.default_rng(0)
     negatives = rng.standard_normal((300, 8)).astype(np.float32)

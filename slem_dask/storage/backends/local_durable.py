@@ -19,7 +19,8 @@ Waiting for 512 MiB of chunks at the end of a job would cost what writing them b
 costs (0.3 s here, 2026-11-30). The encode's tasks therefore start each chunk's
 writeback as they write it (:func:`start_writeback`, Linux's ``sync_file_range``, which
 does not wait), and the commit's ``fdatasync`` finds the bytes on the disk already:
-16-20 ms for 16 chunks of 32 MiB (docs/benchmarks.md, durability).
+16-20 ms for 16 chunks of 32 MiB (docs/benchmarks.md, durability). A model's writer
+does the same after each member array (:func:`start_writeback_tree`).
 
 Each system call here runs within the storage deadline (:mod:`.local_deadline`): a hung
 network mount fails the commit in one line, before any record is written.
@@ -36,7 +37,7 @@ import sys
 
 from .local_deadline import bounded_call
 
-__all__ = ["make_durable", "start_writeback", "sync_folder"]
+__all__ = ["make_durable", "start_writeback", "start_writeback_tree", "sync_folder"]
 
 #: sync_file_range(2): start writing the range's dirty pages, do not wait
 _SYNC_FILE_RANGE_WRITE = 2
@@ -64,6 +65,25 @@ def start_writeback(fd: int) -> None:
     function = _sync_file_range()
     if function is not None:
         function(fd, 0, 0, _SYNC_FILE_RANGE_WRITE)
+
+
+def start_writeback_tree(top: str) -> None:
+    """:func:`start_writeback` of every file under ``top`` (a model's member array just
+    written through zarr, whose chunks the commit will wait for), each call within the
+    storage deadline: at d = 8192 a model is 1 GiB, and its read-back before the commit
+    then overlaps with writing it to the disk."""
+    files, _ = bounded_call(functools.partial(_tree, top), top, "start_writeback")
+    for path in files:
+        bounded_call(functools.partial(_start_file_writeback, path), path, "start_writeback")
+
+
+def _start_file_writeback(path: str) -> None:
+    fd = _open(path)
+    if fd is not None:
+        try:
+            start_writeback(fd)
+        finally:
+            os.close(fd)
 
 
 def _open(path: str) -> int | None:

@@ -24,6 +24,7 @@ from .checksums import (
     json_params,
     metadata_checksum,
 )
+from ..backends.local_durable import start_writeback_tree
 from .chunks import _reason
 from .member_reads import MemberCast, read_hashed, read_member, read_whole
 from .dimensions import dimension_names
@@ -154,6 +155,8 @@ def _write_arrays(location: str, arrays: dict[str, np.ndarray]) -> dict[str, zar
             arr[...] = value
         for start in range(0, len(value) if value.ndim else 0, rows):
             arr[start : start + rows] = value[start : start + rows]
+        if "://" not in location:  # on the disk by the commit, which waits for it
+            start_writeback_tree(_member(location, key))
     return written
 
 
