@@ -4,7 +4,7 @@ checks and messages in its ``kernel_*`` sibling modules; classifiers in :mod:`.c
 
 from typing import TYPE_CHECKING
 
-from .base import MODEL_CLASSES, SLEMEstimator, load_model
+from .base import MODEL_CLASSES, SLEMEstimator, load_model, model_width
 from .kernel import KernelSLEM
 from .esvm import ESVM
 from .linear import LinearSLEM
@@ -23,6 +23,7 @@ __all__ = [
     "SLEMEstimator",
     "NotFittedError",
     "load_model",
+    "model_width",
     "MODEL_CLASSES",
 ]
 

@@ -406,6 +406,15 @@ def load_model(
     return model
 
 
+def model_width(path: str | os.PathLike[str]) -> int:
+    """The number of features the model at ``path`` was fitted on, from its checked
+    record alone: no array is read (a LinearSLEM's are 1 GiB at d = 8192), so a model
+    of an unknown kind is refused here and damaged arrays only by :func:`load_model`."""
+    meta = storage.read_model_meta(os.fspath(path))
+    _model_class(meta, path)
+    return int(meta["n_features"])
+
+
 def _model_class(meta: dict, path) -> type[SLEMEstimator]:
     cls = MODEL_CLASSES.get(meta["model"])
     if cls is None:

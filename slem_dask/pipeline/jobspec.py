@@ -268,7 +268,7 @@ def check_inputs(spec: JobSpec) -> None:
     Paths inside ``[generate] path`` are skipped while that corpus does not exist yet.
     """
     from .. import storage
-    from ..models import load_model
+    from ..models import model_width
 
     gen = spec.generate.path if spec.generate and not _corpus_exists(spec.generate.path) else None
 
@@ -291,11 +291,9 @@ def check_inputs(spec: JobSpec) -> None:
     if spec.fit is not None:
         check("fit.negatives", features, spec.fit.negatives, "negatives", "model")
     elif spec.encode:
-        check(
-            "model.path",
-            lambda p: width.update(model=load_model(p, transform_only=True).n_features_in_),
-            spec.model.path,
-        )
+        # the model's record alone: its arrays (512 MiB at d = 8192) are read, and
+        # checked, once, by the encode step, before it writes anything
+        check("model.path", lambda p: width.update(model=model_width(p)), spec.model.path)
     for i, step in enumerate(spec.encode):
         check(f"encode[{i}].positives", features, step.positives, "positives", i)
         if "model" in width and i in width and width[i] != width["model"]:

@@ -471,3 +471,38 @@ def test_run_takes_several_specs_in_order_and_stops_at_the_first_that_fails(tmp_
     assert "model.lam = -1: expected a number > 0" in captured.err
     assert f"{bad} did not finish, so 1 later spec(s) were not run ({specs[1]})" in captured.err
     assert f"{specs[1]} (3 of 3)" not in captured.out
+
+
+def test_a_specs_check_learns_the_models_width_from_its_record_alone(tmp_path, monkeypatch):
+    """A spec that encodes with a saved model checks every positive's width before
+    anything runs, from the model's record: its arrays (1 GiB for a linear model at
+    d = 8192) are read once, by the encode step, and not by the check as well."""
+    from slem_dask.pipeline.jobspec import check_inputs
+
+    rng = np.random.default_rng(0)
+    LinearSLEM(lam=0.1).fit(rng.standard_normal((50, 6))).save(str(tmp_path / "m.zarr"))
+    for name, width in (("fits", 6), ("wide", 7)):
+        arr = zarr.create_array(
+            str(tmp_path / f"{name}.zarr"), shape=(4, width), dtype="float32", chunks=(4, width)
+        )
+        arr[...] = rng.standard_normal((4, width))
+
+    def spec(positives: str):
+        path = tmp_path / "job.toml"
+        path.write_text(
+            f'[model]\npath = "{tmp_path}/m.zarr"\n[[encode]]\n'
+            f'positives = "{tmp_path}/{positives}.zarr"\nout = "{tmp_path}/out.zarr"\n'
+        )
+        return load_spec(str(path))
+
+    def no_array_read(*args, **kwargs):
+        raise AssertionError("the check read the model's arrays")
+
+    monkeypatch.setattr(groups, "read_model_store", no_array_read)
+    monkeypatch.setattr(storage, "read_model_store", no_array_read)
+    check_inputs(spec("fits"))
+    with pytest.raises(SpecError, match="has 7 features but the model is fitted on 6"):
+        check_inputs(spec("wide"))
+    monkeypatch.setattr(storage, "read_model_meta", lambda p: {"model": "Cubic", "n_features": 6})
+    with pytest.raises(ValueError, match="model.path: .* holds a 'Cubic' model, which this"):
+        check_inputs(spec("fits"))
