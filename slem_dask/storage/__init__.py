@@ -75,14 +75,13 @@ from .nodes.groups import (  # noqa: F401
     MODEL_FORMAT_VERSION,
     _check_written,
     read_group_arrays,
-    read_model_meta,
-    read_model_store,
     read_search_store,
     replace_legacy,
     write_group,
     write_model_store,
 )
 from .nodes.member_reads import MemberCast  # noqa: F401
+from .nodes.model_reads import read_model_meta, read_model_store  # noqa: F401
 from .nodes.inputs import (  # noqa: F401
     _exists,
     _key,

@@ -8,7 +8,7 @@ from slem_dask import LinearSLEM, load_model, storage
 from slem_dask.cli.main import main
 from slem_dask.core.linear import condition_bound
 from slem_dask.pipeline.jobspec import SpecError, load_spec, parse_spec
-from slem_dask.storage.nodes import groups
+from slem_dask.storage.nodes import groups, model_reads
 from helpers import ROOT
 from reference import partitionwise
 
@@ -498,7 +498,7 @@ def test_a_specs_check_learns_the_models_width_from_its_record_alone(tmp_path, m
     def no_array_read(*args, **kwargs):
         raise AssertionError("the check read the model's arrays")
 
-    monkeypatch.setattr(groups, "read_model_store", no_array_read)
+    monkeypatch.setattr(model_reads, "read_model_store", no_array_read)
     monkeypatch.setattr(storage, "read_model_store", no_array_read)
     check_inputs(spec("fits"))
     with pytest.raises(SpecError, match="has 7 features but the model is fitted on 6"):

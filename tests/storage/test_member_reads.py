@@ -108,3 +108,87 @@ def test_a_damaged_model_chunk_is_named_with_how_to_get_the_model_back(tmp_path,
     assert "chunk 'precision/c/0/0' (rows 0-5) of array 'precision'" in message, message
     assert "crc32c checksum does not match" in message and "--overwrite" in message
     assert f"slem-dask rollback {path} --to N" in message and "\n" not in message
+
+
+def _checked_array(tmp_path, values, chunk_rows):
+    from slem_dask.storage.nodes.checksums import CHECKSUM
+
+    arr = zarr.create_array(
+        store=str(tmp_path / "c.zarr"),
+        shape=values.shape,
+        dtype=values.dtype,
+        chunks=(chunk_rows, values.shape[1]),
+        compressors=CHECKSUM,
+    )
+    arr[...] = values
+    return arr
+
+
+@pytest.mark.parametrize("block_bytes", [1, 700, 1 << 25])
+@pytest.mark.parametrize("rows, chunk_rows", [(37, 5), (37, 37), (64, 16), (0, 1)])
+@pytest.mark.parametrize("scale", [1.0, 1e-60])
+def test_a_read_checked_against_the_record_gives_the_bits_of_a_whole_read(
+    tmp_path, monkeypatch, rows, chunk_rows, block_bytes, scale
+):
+    """read_recorded (no digest): the stored array, or float32_matrix's bits of it with
+    the cast, for any chunking and block size; a chunk whose trailer is not the recorded
+    one is refused by name, however valid its own bytes are."""
+    from slem_dask.core.linear import float32_factor, float32_matrix
+    from slem_dask.storage.nodes.checksums import chunk_trailers
+    from slem_dask.storage.nodes.chunks import trailers_checked_by_rows
+    from slem_dask.storage.versioning.errors import ChangedChunkError
+
+    monkeypatch.setattr(member_reads, "_BLOCK_BYTES", block_bytes)
+    values = np.random.default_rng(8).standard_normal((rows, 11)) * scale
+    arr = _checked_array(tmp_path, values, chunk_rows)
+    assert trailers_checked_by_rows(arr) and not trailers_checked_by_rows(
+        _array(tmp_path, values, (max(1, chunk_rows), 11))  # zstd, no crc32c: hashed instead
+    )
+    crcs = chunk_trailers(arr)
+    got = member_reads.read_recorded(arr, "precision", crcs)
+    np.testing.assert_array_equal(got, values)
+    assert got.dtype == values.dtype and got.flags.c_contiguous
+    factor = float32_factor(values) if values.size else 1.0
+    cast = member_reads.MemberCast(np.dtype(np.float32), factor)
+    got = member_reads.read_recorded(arr, "precision", crcs, cast)
+    assert got.dtype == np.float32 and got.flags.c_contiguous
+    np.testing.assert_array_equal(got, float32_matrix(values) if values.size else values)
+    if not values.size:
+        return
+    last = len(crcs) - 1
+    changed = values.copy()
+    changed[-1, -1] += 1.0
+    arr[...] = changed  # valid chunks, each with its own crc32c: not the recorded ones
+    with pytest.raises(ChangedChunkError, match=rf"chunk 'c/{last}/0' \(rows .*not the chunk"):
+        member_reads.read_recorded(arr, "precision", crcs, cast)
+
+
+def test_a_failed_read_raises_after_the_casts_in_flight_are_done(tmp_path, monkeypatch):
+    monkeypatch.setattr(member_reads, "_BLOCK_BYTES", 1)
+    arr = _checked_array(tmp_path, np.ones((8, 4)), 2)
+    calls, casts = [], []
+    read_block, store = member_reads._read_block, member_reads._store
+
+    def failing(arr, lo, hi, block, key, crcs):
+        calls.append((lo, hi))
+        if len(calls) == 3:
+            raise OSError("chunk 2 unreadable")
+        read_block(arr, lo, hi, block, key, crcs)
+
+    def slow_store(out, stored, cast):
+        import time
+
+        time.sleep(0.05)
+        store(out, stored, cast)
+        casts.append(out.shape)
+
+    monkeypatch.setattr(member_reads, "_read_block", failing)
+    monkeypatch.setattr(member_reads, "_store", slow_store)
+    from slem_dask.storage.nodes.checksums import chunk_trailers
+
+    crcs = chunk_trailers(arr)
+    with pytest.raises(OSError, match="chunk 2 unreadable"):
+        member_reads.read_recorded(
+            arr, "precision", crcs, member_reads.MemberCast(np.dtype(np.float32), 1.0)
+        )
+    assert calls == [(0, 2), (2, 4), (4, 6)] and len(casts) == 2

@@ -175,6 +175,16 @@ def digest_head(params: dict[str, Any]) -> bytes:
     return json.dumps(json_params(params), sort_keys=True).encode()
 
 
+def chunk_record_digest(params: dict[str, Any], crcs: dict[str, list]) -> str:
+    """SHA-256 of a model's parameters (:func:`digest_head`) and the crc32c recorded of
+    each chunk of its arrays: what binds the two, as each array's own digest binds its
+    bytes and the parameters, for a reader that checks the chunks against the record
+    instead of hashing the arrays."""
+    h = hashlib.sha256(digest_head(params))
+    h.update(json.dumps(crcs, sort_keys=True).encode())
+    return h.hexdigest()
+
+
 def hash_array_header(h, key: str, dtype: np.dtype, shape: tuple[int, ...]) -> None:
     """What an array's SHA-256 hashes before its bytes: its name, dtype and shape."""
     h.update(key.encode())

@@ -16,6 +16,7 @@ from .checksums import _full_key, crc32c, recorded_crc32c
 from ..versioning.ownership import ATTR
 from ..versioning import versions
 from ..versioning.errors import (
+    ChangedChunkError,
     CorruptChunkError,
     MissingChunkError,
     missing_chunk_error,
@@ -104,7 +105,12 @@ def _read_rows(arr: zarr.Array, name: str, block_info=None) -> np.ndarray:
 
 
 def read_rows(
-    arr: zarr.Array, lo: int, hi: int, name: str = "input", out: np.ndarray | None = None
+    arr: zarr.Array,
+    lo: int,
+    hi: int,
+    name: str = "input",
+    out: np.ndarray | None = None,
+    recorded: list | None = None,
 ) -> np.ndarray:
     """Rows [lo, hi) of ``arr``: refused if a chunk is missing, named if one is corrupt.
 
@@ -112,6 +118,10 @@ def read_rows(
     crc32c) are decoded here, straight into the result (see :class:`_RowChunkCodecs`);
     any other layout is read through zarr. ``out``: a C-ordered array of shape
     (hi - lo, d) and the array's dtype to read into (a buffer reused across reads).
+    ``recorded``: the crc32c of each chunk as its writer recorded it (default: what the
+    array's own attributes record, :func:`.checksums.recorded_crc32c`), which each chunk's
+    trailer must equal (:class:`ChangedChunkError`); only where
+    :func:`trailers_checked_by_rows` says the layout is decoded here.
     """
     if isinstance(arr, FileArray) and out is None:
         return arr.read(lo, hi, name)
@@ -128,7 +138,7 @@ def read_rows(
         return arr.read(lo, hi, name, out)
     codecs = _RowChunkCodecs.of(arr)
     if codecs is not None:
-        return codecs.read(arr, lo, hi, name, out)
+        return codecs.read(arr, lo, hi, name, out, recorded)
     from zarr.core.sync import sync
 
     store = arr.store_path.store
@@ -227,8 +237,10 @@ class _RowChunkCodecs:
                 return None
         return cls(tuple(steps))
 
-    def read(self, arr, lo: int, hi: int, name: str, out: np.ndarray) -> np.ndarray:
-        recorded = recorded_crc32c(arr)
+    def read(
+        self, arr, lo: int, hi: int, name: str, out: np.ndarray, recorded: list | None = None
+    ) -> np.ndarray:
+        recorded = recorded_crc32c(arr) if recorded is None else recorded
         keys = chunk_keys_for_rows(arr, lo, hi)
         batch = 1 if _is_local(arr) else REMOTE_CHUNKS_IN_FLIGHT
         for i in range(0, len(keys), batch):
@@ -244,7 +256,7 @@ class _RowChunkCodecs:
             raise _missing(arr, name, key, a, b)
         crc = recorded[a // rows] if recorded and a // rows < len(recorded) else None
         if crc is not None and (len(data) < 4 or int(data[-4:].view("<u4")[0]) != crc):
-            raise CorruptChunkError(
+            raise ChangedChunkError(
                 f"{name} {_where(arr)!r}: chunk {key!r} (rows {a}-{b - 1}) is not the "
                 f"chunk its job wrote (its crc32c differs from the one recorded when the "
                 f"store was committed); the store was modified: {_rewrite(arr)}"
@@ -284,6 +296,13 @@ class _RowChunkCodecs:
         if len(view) != target.nbytes:
             raise ValueError(f"size {len(view)} bytes, expected {target.nbytes}")
         target.reshape(-1).view(np.uint8)[:] = view
+
+
+def trailers_checked_by_rows(arr) -> bool:
+    """Whether :func:`read_rows` decodes ``arr`` itself and checks every chunk's bytes
+    against a crc32c trailer, so that a ``recorded`` list of trailers pins each chunk."""
+    codecs = _RowChunkCodecs.of(arr)
+    return codecs is not None and codecs.steps[:1] == ("crc32c",)
 
 
 def _rewrite(arr) -> str:

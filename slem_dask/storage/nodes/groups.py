@@ -3,9 +3,8 @@ versioned store, read back before they are committed, and read with every check.
 
 from __future__ import annotations
 
-import os
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, cast
 
 import numpy as np
@@ -17,16 +16,16 @@ from ..versioning import versions
 from .checksums import (
     CHECKSUM,
     chunk_change,
+    chunk_record_digest,
     array_digests,
     chunk_trailers,
-    digest_head,
     fingerprint,
     json_params,
     metadata_checksum,
 )
 from ..backends.local_durable import start_writeback_tree
 from .chunks import _reason
-from .member_reads import MemberCast, read_hashed, read_member, read_whole
+from .member_reads import read_member, read_whole
 from .dimensions import dimension_names
 from ..versioning.errors import (
     CorruptChunkError,
@@ -52,6 +51,10 @@ MODEL_FORMAT_VERSION = 2
 #: The metadata field of a model that records each array's own SHA-256
 #: (:func:`.checksums.array_digests`), beside the fingerprint of them all.
 ARRAY_SHA256 = "array_sha256"
+#: The metadata field of a model that records :func:`.checksums.chunk_record_digest` of
+#: its parameters and ``chunk_crc32c``: a reader that has it checks each chunk of an
+#: array it reads against the record (:mod:`.model_reads`), with no SHA-256 of the array.
+CHUNK_CRC32C_SHA256 = "chunk_crc32c_sha256"
 # CHUNK_CRC32C: the metadata field of a group written by :func:`write_group` (and of a
 # corpus) that records each array's chunk checksums (:func:`.checksums.chunk_trailers`);
 # its readers check every chunk against it (:mod:`.recorded`)
@@ -108,7 +111,10 @@ def _write_group_in(
         written = _write_arrays(draft.location, arrays)
         # every chunk's crc32c, in the checksummed metadata: a chunk swapped in from
         # another version (itself self-consistent) is told from the one written here
-        meta = {**meta, CHUNK_CRC32C: {key: chunk_trailers(arr) for key, arr in written.items()}}
+        crcs = {key: chunk_trailers(arr) for key, arr in written.items()}
+        meta = {**meta, CHUNK_CRC32C: crcs}
+        if meta.get("kind") == "model":  # the record, bound to the parameters it is read with
+            meta[CHUNK_CRC32C_SHA256] = chunk_record_digest(meta["params"], crcs)
         create_group_last(
             draft.location, {ATTR: {**meta, "metadata_checksum": metadata_checksum(meta)}}
         )
@@ -318,21 +324,6 @@ def _group_members(group, path, what: str, only: Sequence[str] | None) -> list:
         ) from None
 
 
-def _read_hashed_members(
-    group, path, wanted: Mapping[str, MemberCast | None], params: dict
-) -> tuple[dict[str, np.ndarray], dict[str, str]]:
-    """The members ``wanted`` of a model group (each in the dtype of its :class:`MemberCast`,
-    None: as stored) and the SHA-256 of each stored one as
-    :func:`.checksums.array_digests` computes it, each hashed while it is read."""
-    head = digest_head(params)
-    arrays, digests = {}, {}
-    for key, arr in _group_members(group, path, "model", list(wanted)):
-        arrays[key], digests[key] = read_member(
-            path, "model", key, _version_seq(group), read_hashed, arr, key, head, wanted[key]
-        )
-    return arrays, digests
-
-
 def _version_seq(group) -> int | None:
     """The sequence number of the version folder a group was read in; None for a plain
     store."""
@@ -377,100 +368,3 @@ def read_search_store(path, arrays: bool = True) -> tuple[dict, dict[str, np.nda
             f"checksum; run `slem-dask search` again with --overwrite"
         )
     return meta, read_group_arrays(group, path, "search result", read=arrays)
-
-
-def read_model_store(
-    path: str | os.PathLike[str],
-    members: Callable[[dict], Sequence[str] | Mapping[str, MemberCast | None] | None] | None = None,
-) -> tuple[dict, dict[str, np.ndarray]]:
-    """Read a model group written by :func:`write_model_store`: (metadata, arrays).
-
-    ``members(metadata)``: the arrays the caller needs (None: all), chosen once the
-    metadata of the version being read is known, or a mapping of them to the
-    :class:`MemberCast` each is read through (None: as stored). They alone are read, each
-    checked against its own recorded SHA-256, where the model records them
-    (:data:`ARRAY_SHA256`); a model written before them is read whole, as stored, and
-    checked against its fingerprint."""
-    path = str(canonical(path))
-    meta, group = _read_model_meta(path)
-    asked = members(meta) if members is not None else None
-    wanted = asked if asked is None or isinstance(asked, Mapping) else dict.fromkeys(asked)
-    digests = meta.get(ARRAY_SHA256)
-    if wanted is not None and isinstance(digests, dict) and set(wanted) <= set(digests):
-        arrays, read = _read_hashed_members(group, path, wanted, meta["params"])
-        if any(k not in arrays for k in wanted) or read != {k: digests[k] for k in wanted}:
-            raise _model_arrays_changed(path, group, list(wanted))
-        return meta, arrays
-    arrays = read_group_arrays(group, path, "model", recorded=False)  # its fingerprint says
-    if fingerprint(arrays, meta["params"]) != meta.get("fingerprint"):
-        raise _model_arrays_changed(path, group, None)
-    return meta, arrays
-
-
-def _model_arrays_changed(path: str, group, members: Sequence[str] | None) -> ValueError:
-    """The error for arrays that do not match their record, naming a changed chunk."""
-    changed = [
-        c
-        for c in (
-            _changed_member_chunk(group, k, a)
-            for k, a in group.arrays()
-            if members is None or k in members
-        )
-        if c is not None
-    ]
-    which = f" ({changed[0]})" if changed else ""
-    record = "its recorded fingerprint" if members is None else "their recorded SHA-256"
-    return ValueError(
-        f"model: the arrays in {path!r} do not match {record}{which}; "
-        f"the store was modified or damaged: refit the model"
-        f"{rollback_advice(path, _version_seq(group))}"
-    )
-
-
-def read_model_meta(path: str) -> dict:
-    """The checked metadata of a model group, without reading its arrays (512 MiB for a
-    linear model at d = 8192): for checks that must not wait for them."""
-    return _read_model_meta(str(canonical(path)))[0]
-
-
-def _read_model_meta(path: str) -> tuple[dict, zarr.Group]:
-    try:
-        group = _open_group(path)
-    except versions.VersionError as exc:
-        raise type(exc)(f"model: {exc}") from None
-    except FileNotFoundError:
-        raise FileNotFoundError(
-            f"model: no zarr store at {path!r}; give the path written by "
-            f"`slem-dask fit --model PATH` or model.save(PATH)"
-        ) from None
-    except zarr.errors.ContainsArrayError:
-        raise ValueError(
-            f"model: {path!r} is a zarr array, not a model (a model is a zarr group); give "
-            f"the path written by `slem-dask fit --model PATH` or model.save(PATH)"
-        ) from None
-    except Exception as exc:
-        if is_storage_failure(exc):
-            raise  # the store did not answer: no word on what it holds
-        raise damaged_metadata("model", path, exc) or ValueError(
-            f"model: {path!r} is not a zarr group ({type(exc).__name__}: {exc}); give "
-            f"the path written by `slem-dask fit --model PATH` or model.save(PATH)"
-        ) from None
-    meta = group.attrs.get(ATTR)
-    if not isinstance(meta, dict) or meta.get("kind") != "model":
-        raise ValueError(
-            f"model: the zarr store at {path!r} was not written by slem-dask (no "
-            f"'{ATTR}' model attribute; a run that stopped part-way leaves none); "
-            f"fit a model with `slem-dask fit` or model.save(PATH)"
-        )
-    if meta.get("format_version") != MODEL_FORMAT_VERSION:
-        raise ValueError(
-            f"model: {path!r} has format_version {meta.get('format_version')!r}, this "
-            f"slem-dask {__version__} reads {MODEL_FORMAT_VERSION}; refit the model"
-        )
-    if meta.get("metadata_checksum") != metadata_checksum(meta):
-        raise ValueError(
-            f"model: the metadata of {path!r} does not match its checksum (a field such as "
-            f"n_samples, source or params was edited); the store was modified or damaged, "
-            f"refit the model"
-        )
-    return meta, group

@@ -7,7 +7,8 @@ import zarr
 from ..versioning import versions
 from ..formats import formats
 from .checksums import _full_key, self_consistent_crc32c, stored_crc32c
-from .groups import _open_group, read_group_arrays, read_model_store, read_search_store
+from .groups import _open_group, read_group_arrays, read_search_store
+from .model_reads import read_model_store
 from .inputs import _exists, open_node
 from .outputs import output_meta
 from ..versioning.ownership import ATTR, damaged_metadata, slem_dask_kind, unreadable_marker

@@ -22,6 +22,11 @@ class CorruptChunkError(DamagedStoreError):
     """A chunk fails its checksum or cannot be decoded."""
 
 
+class ChangedChunkError(CorruptChunkError):
+    """A chunk reads, and its bytes match its own crc32c, but that crc32c is not the one
+    its commit recorded: another chunk than the one written (swapped in, or rewritten)."""
+
+
 class DamagedMetadataError(DamagedStoreError):
     """A node's metadata document (zarr.json) is there but zarr cannot read it."""
 
