@@ -25,6 +25,7 @@ it checks the methods on real descriptors at the paper's width; it is not Holida
 from __future__ import annotations
 
 import argparse
+import hashlib
 import os
 import sys
 import time
@@ -119,6 +120,13 @@ def main(argv=None) -> int:
     os.makedirs(args.workdir, exist_ok=True)
     path = realdesc_corpus.build(os.path.join(args.workdir, "realdesc.zarr"))
     neg, db, q, relevant = read(path)
+    # the key names the settings and the packages that make the corpus, not every library
+    # under them nor the CPU: the bytes tell two runs' corpora apart (2026-11-30: the same
+    # key as 11-28's, raw mAP 0.9871 against 0.9878; docs/benchmarks.md)
+    content = hashlib.sha256()
+    for rows in (neg, db, q):
+        content.update(np.ascontiguousarray(rows).view(np.uint8).reshape(-1))
+    print(f"corpus content: SHA-256 {content.hexdigest()[:16]} of its negatives, database, queries")
     lams = [float(v) if not v.endswith("x") else v for v in args.lams.split(",")]
     for d in [int(v) for v in args.dims.split(",")]:
         data = (neg, db, q) if d == neg.shape[1] else project(neg, db, q, d)

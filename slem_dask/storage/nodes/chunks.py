@@ -4,7 +4,6 @@ input, :mod:`.formats`), and the reader that names every missing or damaged chun
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 import numpy as np
@@ -23,6 +22,7 @@ from ..versioning.errors import (
     rollback_advice,
 )
 from ..formats.formats import FileArray
+from .chunk_bytes import REMOTE_CHUNKS_IN_FLIGHT, chunks_bytes, is_local, read_whole_chunk_into
 
 
 #: Bytes of input per dask partition when the caller does not choose.
@@ -242,25 +242,47 @@ class _RowChunkCodecs:
     ) -> np.ndarray:
         recorded = recorded_crc32c(arr) if recorded is None else recorded
         keys = chunk_keys_for_rows(arr, lo, hi)
-        batch = 1 if _is_local(arr) else REMOTE_CHUNKS_IN_FLIGHT
+        local = is_local(arr)
+        if local and self.steps == ("crc32c",):  # whole chunks read straight into ``out``
+            keys = [
+                k for k in keys if not self._read_in_place(arr, *k, lo, hi, name, out, recorded)
+            ]
+        batch = 1 if local else REMOTE_CHUNKS_IN_FLIGHT
         for i in range(0, len(keys), batch):
             part = keys[i : i + batch]
-            fetched = _chunks_bytes(arr, [k for k, _, _ in part])
+            fetched = chunks_bytes(arr, [k for k, _, _ in part])
             for (key, a, b), data in zip(part, fetched, strict=True):
                 self._read_chunk(arr, key, a, b, lo, hi, name, out, recorded, data)
         return out
+
+    def _read_in_place(self, arr, key, a, b, lo, hi, name, out, recorded) -> bool:
+        """Whether the chunk at rows [a, b), whole within [lo, hi), was read straight into
+        its rows of ``out`` and checked (False: to be read by :meth:`_read_chunk`)."""
+        if a < lo or b > hi or b - a != arr.chunks[0]:
+            return False
+        target = out[a - lo : b - lo]
+        stored = read_whole_chunk_into(arr, key, target)
+        if stored is None:
+            return False
+        _check_recorded(arr, key, a, b, name, recorded, stored)
+        if crc32c(target.reshape(-1).view(np.uint8)) != stored:
+            error = ValueError("checksum: stored and computed crc32c do not match")
+            raise _corrupt_chunk(arr, name, key, a, b, error)
+        return True
 
     def _read_chunk(self, arr, key, a, b, lo, hi, name, out, recorded, data) -> None:
         rows = arr.chunks[0]
         if data is None:
             raise _missing(arr, name, key, a, b)
-        crc = recorded[a // rows] if recorded and a // rows < len(recorded) else None
-        if crc is not None and (len(data) < 4 or int(data[-4:].view("<u4")[0]) != crc):
-            raise ChangedChunkError(
-                f"{name} {_where(arr)!r}: chunk {key!r} (rows {a}-{b - 1}) is not the "
-                f"chunk its job wrote (its crc32c differs from the one recorded when the "
-                f"store was committed); the store was modified: {_rewrite(arr)}"
-            )
+        _check_recorded(
+            arr,
+            key,
+            a,
+            b,
+            name,
+            recorded,
+            int(data[-4:].view("<u4")[0]) if len(data) >= 4 else None,
+        )
         start, stop = max(a, lo), min(b, hi)
         whole = start == a and stop - start == rows  # the chunk fills its rows of ``out``
         target = (
@@ -298,6 +320,19 @@ class _RowChunkCodecs:
         target.reshape(-1).view(np.uint8)[:] = view
 
 
+def _check_recorded(arr, key, a, b, name, recorded, stored: int | None) -> None:
+    """Refuse the chunk at rows [a, b) whose trailer ``stored`` is not the crc32c
+    ``recorded`` of it (None: nothing recorded, nothing to compare)."""
+    rows = arr.chunks[0]
+    crc = recorded[a // rows] if recorded and a // rows < len(recorded) else None
+    if crc is not None and stored != crc:
+        raise ChangedChunkError(
+            f"{name} {_where(arr)!r}: chunk {key!r} (rows {a}-{b - 1}) is not the "
+            f"chunk its job wrote (its crc32c differs from the one recorded when the "
+            f"store was committed); the store was modified: {_rewrite(arr)}"
+        )
+
+
 def trailers_checked_by_rows(arr) -> bool:
     """Whether :func:`read_rows` decodes ``arr`` itself and checks every chunk's bytes
     against a crc32c trailer, so that a ``recorded`` list of trailers pins each chunk."""
@@ -312,73 +347,6 @@ def _rewrite(arr) -> str:
         return "run its `slem-dask encode` again (it rewrites what differs)"
     # only the version's folder is known here, not the path the user gave: say PATH
     return "write it again" + rollback_advice("PATH")
-
-
-#: Chunks of one read fetched at once from an object store (S3...): a request there
-#: waits mostly for the network and the server, so the chunks of a partition are asked
-#: for together (one event loop, no thread each); at most this many chunks' bytes are
-#: held at once. Local disk reads one at a time (the disk is the limit there).
-REMOTE_CHUNKS_IN_FLIGHT = 4
-
-
-def _is_local(arr) -> bool:
-    from zarr.storage import LocalStore
-
-    return isinstance(arr.store_path.store, LocalStore)
-
-
-def _chunks_bytes(arr, keys: list[str]) -> list:
-    """:func:`_chunk_bytes` of each key; from an object store, all at once."""
-    if len(keys) < 2 or _is_local(arr):
-        return [_chunk_bytes(arr, key) for key in keys]
-    import asyncio
-
-    from zarr.core.sync import sync
-
-    async def fetch_all():
-        return await asyncio.gather(
-            *[_remote_chunk_bytes(arr.store_path.store, key) for key in keys]
-        )
-
-    return list(sync(fetch_all()))
-
-
-async def _remote_chunk_bytes(store, key: str) -> np.ndarray | None:
-    """One chunk from a store that is not local disk, in ONE request: asked for from
-    byte 0 on, since a plain get costs s3fs a HEAD (for the size) before the GET."""
-    from zarr.abc.store import OffsetByteRequest
-    from zarr.core.buffer import default_buffer_prototype
-
-    prototype = default_buffer_prototype()
-    try:
-        buf = await store.get(key, prototype=prototype, byte_range=OffsetByteRequest(0))
-    except OSError:  # e.g. a range of an empty (damaged) object: 416 on S3; ask plainly
-        buf = await store.get(key, prototype=prototype)
-    return None if buf is None else buf.as_numpy_array().view(np.uint8).reshape(-1)
-
-
-def _chunk_bytes(arr, key: str) -> np.ndarray | None:
-    """The stored bytes of one chunk as uint8 (no copy), or None if the chunk is absent."""
-    from zarr.core.sync import sync
-    from zarr.storage import LocalStore
-
-    store = arr.store_path.store
-    if isinstance(store, LocalStore):
-        # Read straight into an array: zarr's LocalStore reads a bytes object and
-        # wraps it (22 ms instead of 10 ms for a 37 MB chunk).
-        try:
-            with open(os.path.join(store.root, key), "rb", buffering=0) as f:
-                data = np.empty(os.fstat(f.fileno()).st_size, dtype=np.uint8)
-                view, done = memoryview(data), 0  # type: ignore[arg-type]  # a buffer (numpy stubs: >= 3.12)
-                while done < len(data):
-                    got = f.readinto(view[done:])
-                    if not got:
-                        return data[:done]  # shrank while read: the checks will say so
-                    done += got
-                return data
-        except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
-            return None
-    return sync(_remote_chunk_bytes(store, key))
 
 
 def _zstd_content_size(frame) -> int | None:
