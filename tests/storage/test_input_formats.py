@@ -600,3 +600,29 @@ def test_a_corrupt_npy_file_is_named_as_not_a_valid_npy_file(tmp_path, content):
     ) as info:
         storage.open_input(str(tmp_path / "bad.npy"), "positives")
     assert "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize("dtype", ["<f4", ">f8", "<i2"])
+@pytest.mark.parametrize("compressors", [None, "auto"])
+def test_a_fingerprint_digests_a_partly_filled_chunk_as_zarr_reads_it(tmp_path, dtype, compressors):
+    """The rows of a partly filled last chunk are digested as slem-dask's reader gives
+    them: the same bytes as zarr's copy of them, so that the fingerprints recorded with
+    outputs and models before the reader did it still match."""
+    values = (np.arange(23 * 5).reshape(23, 5) * 1.5).astype(dtype)
+    path = str(tmp_path / "a.zarr")
+    written = zarr.create_array(
+        path, shape=values.shape, dtype=values.dtype, chunks=(10, 5), compressors=compressors
+    )
+    written[...] = values
+    arr = storage.open_input(path, "negatives")
+    ours = fingerprints.rows_fingerprint(arr, path, "negatives", 23)
+    zarrs = fingerprints.read_rows
+    try:
+        fingerprints.read_rows = lambda a, lo, hi, name: np.ascontiguousarray(a[lo:hi])
+        assert fingerprints.rows_fingerprint(arr, path, "negatives", 23) == ours
+    finally:
+        fingerprints.read_rows = zarrs
+    written[22, 4] = (
+        values[22, 4] + 1
+    )  # a changed row of the partly filled chunk: another fingerprint
+    assert fingerprints.rows_fingerprint(arr, path, "negatives", 23) != ours
