@@ -11,7 +11,9 @@ def _add_store_commands(sub) -> None:
     p = sub.add_parser(
         "verify",
         help="check a model, output or search result written by "
-        "slem-dask end to end (checksums, completeness); exit 1 on any problem",
+        "slem-dask end to end (checksums, completeness): a versioned store's current "
+        "version, or the version whose folder is given (`slem-dask versions P` lists "
+        "them); exit 1 on any problem",
     )
     p.add_argument(
         "paths",
@@ -39,7 +41,7 @@ def _add_rollback_and_export(sub) -> None:
     p = sub.add_parser(
         "rollback",
         help="make an earlier version of a store the current one "
-        "(a new commit; the history is kept)",
+        "(a new commit; the history is kept), once that version is checked whole",
     )
     p.add_argument(
         "path",

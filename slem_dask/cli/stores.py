@@ -27,10 +27,13 @@ def verify(paths) -> bool:
 
 
 def _rollback(store, seq: int):
-    """``store.rollback(seq)``, with a store that this user cannot write said in one line
-    (not the errno of the private file that a commit record is first written to)."""
+    """``storage.rollback``: version ``seq`` checked whole, then made current, with a
+    store that this user cannot write said in one line (not the errno of the private
+    file that a commit record is first written to)."""
+    from .. import storage
+
     try:
-        return store.rollback(seq)
+        return storage.rollback(store.path, seq)
     except OSError as exc:
         if exc.errno not in (errno.EACCES, errno.EPERM, errno.EROFS):
             raise

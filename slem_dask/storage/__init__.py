@@ -134,7 +134,7 @@ from .backends.paths import (  # noqa: F401
     shown_path,
 )
 from .nodes.readers import VersionStore, open_dataset, open_zarr  # noqa: F401
-from .nodes.verify import verify  # noqa: F401
+from .nodes.verify import rollback, verify  # noqa: F401
 from .nodes.workers import check_workers_see, listed_workers, store_signature  # noqa: F401
 
 __all__ = [
@@ -155,6 +155,7 @@ __all__ = [
     "mark_complete",
     "open_output",
     "verify",
+    "rollback",
     "versions",
     "Lease",
     "Transaction",

@@ -117,6 +117,35 @@ def test_rollback_to_the_version_already_current_commits_nothing(tmp_path, capsy
     assert [c.seq for c in store.commits()] == [1, 2, 3] and load_model(path).lam == 0.1
 
 
+@pytest.mark.parametrize("damage", ["flipped byte", "chunk of another version"])
+def test_a_rollback_to_a_damaged_version_is_refused_and_commits_nothing(tmp_path, capsys, damage):
+    """A rollback checks the version it would make current end to end, as `verify`
+    does: a damaged one is refused in one line naming it and the chunk, and nothing is
+    committed; the current version stays current and readable."""
+    path = str(tmp_path / "m.zarr")
+    X = np.random.default_rng(0).standard_normal((60, 4))
+    for lam in (0.1, 0.2):
+        LinearSLEM(lam=lam).fit(X).save(path, overwrite=True)
+    store = versions.VersionedStore(path)
+    old, head = (Path(store.location(store.commit_at(s).version)) for s in (1, 2))
+    chunk = old / "precision" / "c" / "0" / "0"
+    if damage == "flipped byte":
+        data = bytearray(chunk.read_bytes())
+        data[len(data) // 2] ^= 1
+        chunk.write_bytes(bytes(data))
+    else:  # whole and self-consistent, but not the chunk version 1 recorded
+        chunk.write_bytes((head / "precision" / "c" / "0" / "0").read_bytes())
+    assert main(["rollback", path, "--to", "1"]) == 1
+    err = capsys.readouterr().err
+    assert f"{str(store.path)!r}: version 1 is damaged, nothing was rolled back or committed" in err
+    assert "'precision/c/0/0'" in err and "slem-dask versions" in err
+    assert err.count("\n") == 1, err
+    assert [c.seq for c in store.commits()] == [1, 2] and load_model(path).lam == 0.2
+    with pytest.raises(storage.DamagedStoreError, match="version 1 is damaged"):
+        storage.rollback(path, 1)
+    assert [c.seq for c in store.commits()] == [1, 2]
+
+
 # -- fencing ---------------------------------------------------------------------------
 def test_a_job_that_lost_its_output_can_never_change_what_readers_see(corpus, monkeypatch):
     """Job A encodes the positives; while its workers run, its lease is taken over and

@@ -5,6 +5,7 @@ from __future__ import annotations
 import zarr
 
 from ..versioning import versions
+from ..versioning.errors import DamagedStoreError
 from ..formats import formats
 from .checksums import _full_key, self_consistent_crc32c, stored_crc32c
 from .groups import _open_group, read_group_arrays, read_search_store
@@ -42,6 +43,28 @@ def verify(path) -> tuple[str, list[str]]:
         return "versioned store", [str(exc)]
     what, problems = _verify_current(path)
     return (f"{what}, version {head.seq}" if head else what), problems
+
+
+def rollback(path, seq: int, job: str = "slem-dask rollback") -> versions.Commit:
+    """Version ``seq`` of the versioned store at ``path`` made current again by a new
+    commit (:meth:`.versions.VersionedStore.rollback`), once :func:`verify` finds it
+    whole, under the store's lease: a damaged version is refused, nothing committed."""
+    store = versions.VersionedStore(canonical(path))
+
+    def whole(location: str) -> None:
+        what, problems = verify(location)
+        if problems:
+            more = f" (and {len(problems) - 1} more problem(s))" if len(problems) > 1 else ""
+            kind = what.split(" ")[0]  # "model (LinearSLEM)": the problem may name it
+            first = problems[0] if problems[0].startswith(f"{kind}:") else f"{what}: {problems[0]}"
+            raise DamagedStoreError(
+                f"{str(store.path)!r}: version {seq} is damaged, nothing was rolled back "
+                f"or committed: {first}{more}; roll back to another version "
+                f"(`slem-dask versions {store.path}` lists them, `slem-dask verify "
+                f"{location}` checks one)"
+            )
+
+    return store.rollback(seq, job, check=whole)
 
 
 def _verify_current(path) -> tuple[str, list[str]]:

@@ -4,18 +4,22 @@ the new head, through a draft of its own, in a transaction
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from .records import Commit, VersionError
 
 __all__ = ["rollback_to"]
 
 
-def rollback_to(tx, seq: int) -> Commit:
+def rollback_to(tx, seq: int, check: Callable[[str], None] | None = None) -> Commit:
     """Commit version ``seq``'s content again as the head of the store of ``tx`` (a
     :class:`.transaction.Transaction`, which holds its lease): the head itself if it
     already holds that content (readers already see it). Under the lease, like every
     job that commits: a writer's ``make_room`` could otherwise prune the old folder
     between this check and the record that names it again, leaving a head with nothing
-    behind it."""
+    behind it. ``check(location)``: called on the old version's folder before anything
+    is written, to refuse a version whose content is damaged by raising (storage's
+    ``rollback`` checks it end to end, as ``slem-dask verify`` does)."""
     store = tx.store
     old = store.commit_at(seq)
     if old is None:
@@ -29,6 +33,8 @@ def rollback_to(tx, seq: int) -> Commit:
     if head.version == old.version or (head.source == source and head.checksum == old.checksum):
         return head  # a new commit would change nothing but the history
     store.check(old)  # still there, unchanged
+    if check is not None:  # its chunks too: a damaged version is never made current
+        check(store.location(old.version))
     # a copy in a draft of its own, committed as any draft is: a job whose lease was
     # taken over may still prune the old folder, never a draft that a record names
     draft = tx.begin()

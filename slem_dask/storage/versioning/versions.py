@@ -446,12 +446,12 @@ class VersionedStore:
         """``job``'s write of this store (:mod:`.transaction`), under its lease."""
         return Transaction(self, job, lease)
 
-    def rollback(self, seq: int, job: str = "slem-dask rollback") -> Commit:
-        """Commit the content of version ``seq`` again as the new head and return that
-        commit, or the head if it already holds it (version ``seq``, or a rollback to
-        it), in a transaction like every job that commits (:func:`.rollback.rollback_to`)."""
+    def rollback(self, seq: int, job: str = "slem-dask rollback", check=None) -> Commit:
+        """Commit version ``seq``'s content again as the new head, or return the head if it
+        holds it (``seq``, or a rollback to it), in a transaction like any job's commit
+        (:func:`.rollback.rollback_to`, and its ``check``: ``storage.rollback``'s)."""
         with self.transaction(job) as tx:
-            return rollback_to(tx, seq)
+            return rollback_to(tx, seq, check)
 
     def collect_garbage(self, keep: int = KEEP_VERSIONS) -> list[str]:
         """Delete dead drafts and versions older than the last ``keep`` commits (unless
