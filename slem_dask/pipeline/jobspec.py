@@ -297,9 +297,11 @@ def check_inputs(spec: JobSpec) -> None:
     for i, step in enumerate(spec.encode):
         check(f"encode[{i}].positives", features, step.positives, "positives", i)
         if "model" in width and i in width and width[i] != width["model"]:
+            # the [fit] step's model is not fitted yet: its negatives' width is what is known
+            model = "fit.negatives have" if spec.fit is not None else "the model is fitted on"
             raise SpecError(
                 f"{spec.source}: encode[{i}].positives: {step.positives!r} has {width[i]} "
-                f"features but the model is fitted on {width['model']}; encode descriptors of "
+                f"features but {model} {width['model']}; encode descriptors of "
                 f"the negatives' dimension"
             )
     check_paths(spec)

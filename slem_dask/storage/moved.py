@@ -12,8 +12,9 @@ import importlib.machinery
 import importlib.util
 import sys
 
-#: {old module name: its subpackage now}. ``verify`` is left out (that name of the package
-#: is the function ``storage.verify``, which importing the module would shadow), and
+#: {old module name: its subpackage now}. ``verify`` and ``rollback`` are left out (those
+#: names of the package are the functions ``storage.verify`` and ``storage.rollback``,
+#: which importing the modules would shadow), and
 #: ``formats`` is the subpackage itself, whose face names what the module offered.
 MOVED = {
     **dict.fromkeys(
@@ -22,8 +23,7 @@ MOVED = {
         "backends",
     ),
     **dict.fromkeys(
-        "errors gc heads leases markers ownership publish records rollback rootmarker "
-        "versions".split(),
+        "errors gc heads leases markers ownership publish records rootmarker versions".split(),
         "versioning",
     ),
     **dict.fromkeys("formats_detect format_messages".split(), "formats"),

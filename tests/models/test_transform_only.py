@@ -67,7 +67,8 @@ def test_a_transform_only_load_checks_what_it_reads(saved):
     with pytest.raises(ValueError, match="do not match its recorded fingerprint"):
         load_model(path)
     _tamper(path, "precision")
-    with pytest.raises(ValueError, match=r"do not match the crc32c recorded of their ch") as e:
+    # a CorruptChunkError (a ValueError) naming the chunk, as a chunk that fails its crc32c
+    with pytest.raises(storage.CorruptChunkError, match=r"the crc32c recorded of their ch") as e:
         load_model(path, transform_only=True)
     assert "(chunk 'precision/c/0/0' is not the chunk that was written" in str(e.value)
 

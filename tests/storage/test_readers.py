@@ -475,3 +475,4 @@ def test_the_old_module_paths_import_as_the_new_modules():
     assert FileArray.__module__ == "slem_dask.storage.formats.formats" and file_format
     assert VersionedStore is versions.VersionedStore
     assert callable(slem_dask.storage.verify)  # the function, not the module
+    assert callable(slem_dask.storage.rollback)

@@ -231,7 +231,7 @@ out = "{corpus}/e1.zarr"
 """)
     assert main(["run", str(spec)]) == 1
     err = capsys.readouterr().err
-    assert "encode[1].positives" in err and "11 features but the model is fitted on 10" in err
+    assert "encode[1].positives" in err and "11 features but fit.negatives have 10" in err
     assert not (corpus / "m2.zarr").exists() and not (corpus / "e0.zarr").exists()
 
 

@@ -16,7 +16,12 @@ from ..._version import __version__
 from ..backends.paths import canonical
 from ..backends.registry import is_storage_failure
 from ..versioning import versions
-from ..versioning.errors import ChangedChunkError, rollback_advice
+from ..versioning.errors import (
+    ChangedChunkError,
+    CorruptChunkError,
+    DamagedStoreError,
+    rollback_advice,
+)
 from ..versioning.ownership import ATTR, damaged_metadata
 from .checksums import chunk_record_digest, digest_head, fingerprint, metadata_checksum
 from .chunks import trailers_checked_by_rows
@@ -65,7 +70,7 @@ def read_model_store(
 
 def _model_arrays_changed(
     path: str, group, members: Sequence[str] | None, record: str | None = None
-) -> ValueError:
+) -> DamagedStoreError:
     """The error for arrays that do not match their record (``record``: which, in words;
     default: the fingerprint, or their SHA-256 for ``members``), naming a changed chunk."""
     changed = [
@@ -80,7 +85,9 @@ def _model_arrays_changed(
     which = f" ({changed[0]})" if changed else ""
     if record is None:
         record = "its recorded fingerprint" if members is None else "their recorded SHA-256"
-    return ValueError(
+    # a ValueError, as before: a chunk named as changed is damage of that chunk
+    error = CorruptChunkError if changed else DamagedStoreError
+    return error(
         f"model: the arrays in {path!r} do not match {record}{which}; "
         f"the store was modified or damaged: refit the model"
         f"{rollback_advice(path, _version_seq(group))}"

@@ -17,8 +17,8 @@ def rollback_to(tx, seq: int, check: Callable[[str], None] | None = None) -> Com
     already holds that content (readers already see it). Under the lease, like every
     job that commits: a writer's ``make_room`` could otherwise prune the old folder
     between this check and the record that names it again, leaving a head with nothing
-    behind it. ``check(location)``: called on the old version's folder before anything
-    is written, to refuse a version whose content is damaged by raising (storage's
+    behind it. ``check(location)``: called on the old version's folder before it is
+    copied, to refuse a version whose content is damaged by raising (storage's
     ``rollback`` checks it end to end, as ``slem-dask verify`` does)."""
     store = tx.store
     old = store.commit_at(seq)
@@ -33,12 +33,12 @@ def rollback_to(tx, seq: int, check: Callable[[str], None] | None = None) -> Com
     if head.version == old.version or (head.source == source and head.checksum == old.checksum):
         return head  # a new commit would change nothing but the history
     store.check(old)  # still there, unchanged
-    if check is not None:  # its chunks too: a damaged version is never made current
-        check(store.location(old.version))
     # a copy in a draft of its own, committed as any draft is: a job whose lease was
     # taken over may still prune the old folder, never a draft that a record names
     draft = tx.begin()
     with tx.discarded_on_failure():  # kept if its commit's outcome is unknown
+        if check is not None:  # its chunks too: a damaged version is never made current
+            check(store.location(old.version))  # (after begin: a shared folder is refused)
         try:
             store.backend.copy_tree(store._folder(old.version), store._folder(draft.version))
         except FileNotFoundError:
