@@ -64,13 +64,8 @@ def chunk_bytes(arr, key: str) -> np.ndarray | None:
         try:
             with open(os.path.join(store.root, key), "rb", buffering=0) as f:
                 data = np.empty(os.fstat(f.fileno()).st_size, dtype=np.uint8)
-                view, done = memoryview(data), 0  # type: ignore[arg-type]  # a buffer (numpy stubs: >= 3.12)
-                while done < len(data):
-                    got = f.readinto(view[done:])
-                    if not got:
-                        return data[:done]  # shrank while read: the checks will say so
-                    done += got
-                return data
+                done = _read_into(f, memoryview(data))  # type: ignore[arg-type]  # a buffer (numpy stubs: >= 3.12)
+                return data[:done]  # shorter: it shrank while read, the checks will say so
         except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
             return None
     return sync(_remote_chunk_bytes(store, key))
@@ -94,13 +89,21 @@ def read_whole_chunk_into(arr, key: str, target: np.ndarray) -> int | None:
         with open(os.path.join(store.root, key), "rb", buffering=0) as f:
             if os.fstat(f.fileno()).st_size != len(view) + 4:
                 return None
-            done = 0
-            while done < len(view):
-                got = f.readinto(view[done:])
-                if not got:
-                    return None
-                done += got
+            if _read_into(f, view) < len(view):
+                return None
             tail = f.read(4)
     except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
         return None
     return int.from_bytes(tail, "little") if len(tail) == 4 else None
+
+
+def _read_into(f, view: memoryview) -> int:
+    """Bytes of the unbuffered file ``f`` read into ``view`` until it is full or the
+    file ends (a file that shrank while read): how many."""
+    done = 0
+    while done < len(view):
+        got = f.readinto(view[done:])
+        if not got:
+            break
+        done += got
+    return done
