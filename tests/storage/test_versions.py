@@ -471,6 +471,36 @@ def test_making_room_prunes_while_the_body_writes_and_reports_a_failed_pruning(t
     assert kept() == [2, 3, 4]
 
 
+def test_a_failed_body_does_not_wait_for_a_pruning_stuck_in_a_request(tmp_path, monkeypatch):
+    """An encode that lost its lease to a silent store ended 145 s after the silence,
+    not within seconds (a fresh-clone CI under load, Azurite, 2026-11-30): its pruning
+    was in a request to that store, and the job waited for that request's deadline. A
+    body that failed now waits a few seconds at most; the pruning, left to run, ends
+    once its store answers, and prunes what it would have."""
+    store, kept = _three_model_versions(tmp_path)
+    answers = threading.Event()  # the store answers again
+    listed = store.backend.list
+
+    def silent_list(prefix):  # the pruning's request to a store that does not answer
+        if threading.current_thread().name == "slem-dask-make-room" and not answers.is_set():
+            answers.wait(120)  # (its deadline)
+            answers.set()
+        return listed(prefix)
+
+    monkeypatch.setattr(store.backend, "list", silent_list)
+    start = time.monotonic()
+    with pytest.raises(RuntimeError, match="lease lost"):
+        with store.making_room():
+            raise RuntimeError("lease lost")
+    took = time.monotonic() - start
+    assert took < 60, took  # it waited for the pruning before: 120 s here, at least
+    pruning = [t for t in threading.enumerate() if t.name == "slem-dask-make-room"]
+    assert pruning, "the pruning was not left running"
+    answers.set()
+    pruning[0].join(60)
+    assert kept() == [2, 3]
+
+
 def test_a_job_with_nothing_to_write_prunes_no_version(corpus):
     out = corpus["dir"] / "out.zarr"
     for i in range(versions.KEEP_VERSIONS):

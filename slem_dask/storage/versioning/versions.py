@@ -247,8 +247,8 @@ class VersionedStore:
         large version (0.5 s of unlinks for 2 GB on local disk, batches of DELETEs on
         S3) then costs the job no wall time, and a local write takes the pages it frees
         as they are freed. Only versions older than the kept ones are touched, never the
-        draft. The body's error wins; after a body that succeeded, a pruning that failed
-        is raised (before the caller commits)."""
+        draft. The body's error wins (it waits seconds at most for the pruning); after a
+        body that succeeded, a pruning that failed is raised (before the caller commits)."""
         failure: list[BaseException] = []
 
         def prune() -> None:
@@ -259,14 +259,14 @@ class VersionedStore:
 
         thread = threading.Thread(target=prune, name="slem-dask-make-room", daemon=True)
         thread.start()
-        interrupted = False
+        failed = True
         try:
             yield
-        except KeyboardInterrupt:  # Ctrl-C ends the job within seconds, answered or not
-            interrupted = True  # (it prunes only what no reader or draft needs)
-            raise
-        finally:
-            thread.join(INTERRUPTED_ABANDON_WAIT if interrupted else None)
+            failed = False
+        finally:  # a job that failed (Ctrl-C, its lease lost) ends within seconds: a pruning
+            # in a request to a silent store would hold it to that request's deadline (145 s
+            # on Azurite, 2026-11-30); left running, it prunes only what nothing needs
+            thread.join(INTERRUPTED_ABANDON_WAIT if failed else None)
         if failure:
             raise failure[0]
 
