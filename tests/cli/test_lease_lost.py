@@ -123,6 +123,32 @@ def test_a_lease_counts_as_lost_only_when_its_commit_would_be_refused(tmp_path, 
     assert lease not in leases.open_leases() and not lease.lost()
 
 
+def test_a_lost_lease_is_released_without_waiting_for_its_stuck_heartbeat(tmp_path, monkeypatch):
+    """A job that lost its lease to a silent store waited 5 s more at its end for its
+    heartbeat, in a request to that store: that heartbeat writes nothing any more, so
+    the release no longer waits for it; once the store answers, it ends unwritten."""
+    import time
+
+    monkeypatch.setattr(leases, "LEASE_TTL", 1.0)  # trusted for 0.75 s after a renewal
+    monkeypatch.setattr(leases, "LEASE_HEARTBEAT", 0.05)
+    lease = leases.Lease(tmp_path / "out.zarr", "encode").acquire()
+    read = lease.read
+    answers = threading.Event()  # the store answers again
+    monkeypatch.setattr(lease, "read", lambda: answers.wait(60) and read())
+    deadline = time.monotonic() + 30
+    while not lease.lost() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert lease.lost() and lease._thread.is_alive()  # its heartbeat waits on the store
+    record = read()
+    start = time.monotonic()
+    lease.release()
+    took = time.monotonic() - start
+    assert took < 4, took  # 5 s before: the heartbeat's join
+    answers.set()
+    lease._thread.join(30)
+    assert not lease._thread.is_alive() and read() == record  # it renewed nothing
+
+
 def test_a_lost_lease_whose_store_does_not_answer_still_says_what_to_look_at(tmp_path):
     """The watchdog's refusal when the lease's own check cannot read its record: what is
     known, and the same advice as the check's (a job that took over may have committed)."""

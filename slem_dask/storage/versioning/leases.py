@@ -389,11 +389,13 @@ class Lease:
         the most seconds to wait for that (an interrupted job must end within seconds
         even when its store does not answer: the lease is then left as a killed job's
         is, and the next job takes it over)."""
+        lost = self.lost()  # its heartbeat writes no more: not waited for (it may be in a
+        # request to a store that does not answer, 5 s more of a job that lost its lease)
         self._stop.set()
         _HELD_HERE.discard(self.token)
         _OPEN.discard(self)
         if self._thread is not None:
-            self._thread.join(timeout=5 if wait is None else min(5, wait))
+            self._thread.join(timeout=0 if lost else 5 if wait is None else min(5, wait))
         if wait is None:
             self._delete_if_held()
             return
