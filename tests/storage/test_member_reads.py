@@ -51,11 +51,11 @@ def test_a_failed_block_read_raises_after_the_hash_in_flight_is_done(tmp_path, m
     calls = []
     read_block = member_reads._read_block
 
-    def failing(arr, lo, hi, block, key):
+    def failing(arr, lo, hi, block, key, crcs=None):
         calls.append((lo, hi))
         if len(calls) == 2:
             raise OSError("chunk 1 unreadable")
-        read_block(arr, lo, hi, block, key)
+        read_block(arr, lo, hi, block, key, crcs)
 
     monkeypatch.setattr(member_reads, "_read_block", failing)
     with pytest.raises(OSError, match="chunk 1 unreadable"):

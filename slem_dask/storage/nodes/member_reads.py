@@ -55,29 +55,9 @@ def read_hashed(
         h.update(np.ascontiguousarray(stored).reshape(-1).view(np.uint8).data)
         _store(out, stored, cast)
         return out, h.hexdigest()
-    rows = _block_rows(arr, out)
-    # without a cast the blocks are read into the result; with one, into two buffers in
-    # turn, each cast into the result while the next one is hashed
-    buffers = [np.empty((rows,) + out.shape[1:], dtype=arr.dtype) for _ in range(2 if cast else 0)]
-    uncast: tuple[slice, np.ndarray] | None = None  # a block hashed, not yet cast
-    pending: Future | None = None
-    with ThreadPoolExecutor(1, thread_name_prefix="slem-dask-hash") as pool:
-        try:
-            for i, lo in enumerate(range(0, out.shape[0], rows)):
-                hi = min(out.shape[0], lo + rows)
-                block = buffers[i % 2][: hi - lo] if cast else out[lo:hi]
-                _read_block(arr, lo, hi, block, key)
-                if pending is not None:
-                    pending.result()
-                pending = pool.submit(h.update, block.reshape(-1).view(np.uint8).data)
-                if uncast is not None:
-                    _store(out[uncast[0]], uncast[1], cast)
-                uncast = (slice(lo, hi), block) if cast else None
-        finally:  # a failed read: the block being hashed is finished before out is dropped
-            if pending is not None:
-                pending.result()
-    if uncast is not None:
-        _store(out[uncast[0]], uncast[1], cast)
+    _read_in_blocks(
+        arr, key, out, cast, lambda block: h.update(block.reshape(-1).view(np.uint8).data)
+    )
     return out, h.hexdigest()
 
 
@@ -88,29 +68,50 @@ def read_recorded(arr, key: str, crcs: list, cast: MemberCast | None = None) -> 
     whole: the record, in the group's metadata, is covered by the metadata's checksum
     and the commit's SHA-256 of it, so every byte read is pinned to the ones written.
     Only for arrays :func:`.chunks.trailers_checked_by_rows` accepts. ``cast``: as
-    :func:`read_hashed`'s, each block cast on a second thread while the next is read."""
+    :func:`read_hashed`'s."""
     out = np.empty(arr.shape, dtype=arr.dtype if cast is None else cast.dtype)
-    if out.size == 0:  # no chunk to read
-        return out
+    if out.size:  # else no chunk to read
+        _read_in_blocks(arr, key, out, cast, None, crcs)
+    return out
+
+
+def _read_in_blocks(
+    arr,
+    key: str,
+    out: np.ndarray,
+    cast: MemberCast | None,
+    seen: Callable[[np.ndarray], Any] | None,
+    crcs: list | None = None,
+) -> None:
+    """``arr`` read into ``out`` in blocks of whole chunks (:func:`_read_block`), each
+    block, as stored, handed to ``seen`` (in order) and then cast into ``out`` on a
+    second thread while the next block is read. Without a cast the blocks are read into
+    ``out``; with one, into two buffers in turn, each reused once its block is cast."""
     rows = _block_rows(arr, out)
     buffers = [np.empty((rows,) + out.shape[1:], dtype=arr.dtype) for _ in range(2 if cast else 0)]
-    casts: list[Future | None] = [None, None]  # the cast out of each buffer, if any
-    with ThreadPoolExecutor(1, thread_name_prefix="slem-dask-cast") as pool:
+    pending: list[Future | None] = [None, None]  # the second thread's work on each block
+
+    def finish(block: np.ndarray, lo: int, hi: int) -> None:
+        if seen is not None:
+            seen(block)
+        if cast is not None:
+            _store(out[lo:hi], block, cast)
+
+    with ThreadPoolExecutor(1, thread_name_prefix="slem-dask-block") as pool:
         try:
             for i, lo in enumerate(range(0, out.shape[0], rows)):
                 hi = min(out.shape[0], lo + rows)
                 block = buffers[i % 2][: hi - lo] if cast else out[lo:hi]
-                if casts[i % 2] is not None:  # this buffer's last block is cast: reuse it
-                    casts[i % 2].result()  # type: ignore[union-attr]
+                if pending[i % 2] is not None:  # this buffer's last block is done: reuse it
+                    pending[i % 2].result()  # type: ignore[union-attr]
                 _read_block(arr, lo, hi, block, key, crcs)
-                if cast:
-                    casts[i % 2] = pool.submit(_store, out[lo:hi], block, cast)
-            for done in casts:
+                if seen is not None or cast is not None:
+                    pending[i % 2] = pool.submit(finish, block, lo, hi)
+            for done in pending:
                 if done is not None:
                     done.result()
-        finally:  # a failed read: the blocks being cast are finished before out is dropped
-            wait([done for done in casts if done is not None])
-    return out
+        finally:  # a failed read: the blocks in work are finished before out is dropped
+            wait([done for done in pending if done is not None])
 
 
 def _read_block(
