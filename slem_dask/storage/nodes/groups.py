@@ -337,23 +337,34 @@ def _open_group(path) -> zarr.Group:
     return node
 
 
+def open_written_group(path: str, what: str, fix: str = "") -> zarr.Group:
+    """The zarr group at ``path``, to be read as the ``what`` slem-dask wrote there; a
+    path that holds none is refused in one line, ending with ``fix`` (how to name the
+    right one). A store that does not answer raises as it does: no word on what it holds."""
+    try:
+        return _open_group(path)
+    except versions.VersionError as exc:
+        raise type(exc)(f"{what}: {exc}") from None
+    except FileNotFoundError:
+        raise FileNotFoundError(f"{what}: no zarr store at {path!r}{fix}") from None
+    except zarr.errors.ContainsArrayError:
+        raise ValueError(
+            f"{what}: {path!r} is a zarr array, not a {what} (a {what} is a zarr group){fix}"
+        ) from None
+    except Exception as exc:  # noqa: BLE001
+        if is_storage_failure(exc):
+            raise
+        raise damaged_metadata(what, path, exc) or ValueError(
+            f"{what}: {path!r} is not a zarr group ({type(exc).__name__}: {exc}){fix}"
+        ) from None
+
+
 def read_search_store(path, arrays: bool = True) -> tuple[dict, dict[str, np.ndarray]]:
     """Read a search result written by ``slem-dask search``: (metadata, arrays), refusing
     one that is unfinished, edited or damaged (``arrays`` False: its chunks are checked
     against their recorded crc32c, not read, and the arrays are {})."""
     path = str(canonical(path))
-    try:
-        group = _open_group(path)
-    except versions.VersionError as exc:
-        raise type(exc)(f"search result: {exc}") from None
-    except FileNotFoundError:
-        raise FileNotFoundError(f"search result: no zarr group at {path!r}") from None
-    except Exception as exc:  # noqa: BLE001
-        if is_storage_failure(exc):
-            raise  # the store did not answer: no word on what it holds
-        raise damaged_metadata("search result", path, exc) or ValueError(
-            f"search result: {path!r} is not a zarr group ({type(exc).__name__}: {exc})"
-        ) from None
+    group = open_written_group(path, "search result", "; give the --out of `slem-dask search`")
     meta = group.attrs.get(ATTR)
     if not isinstance(meta, dict) or meta.get("kind") != "search":
         raise ValueError(f"search result: {path!r} was not written by `slem-dask search`")

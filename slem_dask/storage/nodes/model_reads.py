@@ -14,15 +14,13 @@ import zarr
 
 from ..._version import __version__
 from ..backends.paths import canonical
-from ..backends.registry import is_storage_failure
-from ..versioning import versions
 from ..versioning.errors import (
     ChangedChunkError,
     CorruptChunkError,
     DamagedStoreError,
     rollback_advice,
 )
-from ..versioning.ownership import ATTR, damaged_metadata
+from ..versioning.ownership import ATTR
 from .checksums import chunk_record_digest, digest_head, fingerprint, metadata_checksum
 from .chunks import trailers_checked_by_rows
 from .groups import (
@@ -31,7 +29,7 @@ from .groups import (
     MODEL_FORMAT_VERSION,
     _changed_member_chunk,
     _group_members,
-    _open_group,
+    open_written_group,
     _version_seq,
     read_group_arrays,
 )
@@ -101,27 +99,9 @@ def read_model_meta(path: str) -> dict:
 
 
 def _read_model_meta(path: str) -> tuple[dict, zarr.Group]:
-    try:
-        group = _open_group(path)
-    except versions.VersionError as exc:
-        raise type(exc)(f"model: {exc}") from None
-    except FileNotFoundError:
-        raise FileNotFoundError(
-            f"model: no zarr store at {path!r}; give the path written by "
-            f"`slem-dask fit --model PATH` or model.save(PATH)"
-        ) from None
-    except zarr.errors.ContainsArrayError:
-        raise ValueError(
-            f"model: {path!r} is a zarr array, not a model (a model is a zarr group); give "
-            f"the path written by `slem-dask fit --model PATH` or model.save(PATH)"
-        ) from None
-    except Exception as exc:
-        if is_storage_failure(exc):
-            raise  # the store did not answer: no word on what it holds
-        raise damaged_metadata("model", path, exc) or ValueError(
-            f"model: {path!r} is not a zarr group ({type(exc).__name__}: {exc}); give "
-            f"the path written by `slem-dask fit --model PATH` or model.save(PATH)"
-        ) from None
+    group = open_written_group(
+        path, "model", "; give the path written by `slem-dask fit --model PATH` or model.save(PATH)"
+    )
     meta = group.attrs.get(ATTR)
     if not isinstance(meta, dict) or meta.get("kind") != "model":
         raise ValueError(
