@@ -120,10 +120,7 @@ def _open_negatives(negatives, model_path, overwrite: bool, update: bool, repivo
     if exists:
         storage.check_may_replace(model_path, "model store", kind="model")
     if exists and not (overwrite or update):
-        raise FileExistsError(
-            f"model store {str(model_path)!r} already exists; pass --overwrite to replace "
-            f"it, or --update to add the negatives appended since it was fitted"
-        )
+        raise FileExistsError(_exists_message(model_path, negatives))
     arr = storage.open_input(negatives, "negatives")
     if arr.shape[0] < 2:
         raise ValueError(
@@ -136,6 +133,30 @@ def _open_negatives(negatives, model_path, overwrite: bool, update: bool, repivo
         if refused:
             raise ValueError(refused)
     return arr, exists
+
+
+def _exists_message(model_path, negatives) -> str:
+    """The refusal of a fit into an existing model store, with the flag that fits what
+    it holds: --update for a model of these negatives, --overwrite for one of others."""
+    said = f"model store {str(model_path)!r} already exists"
+    try:
+        source = storage.read_model_meta(model_path).get("source")
+    except Exception:  # noqa: BLE001 - not a readable model: what is said stands alone
+        source = None
+    if source is not None and source != negatives.url:
+        return (
+            f"{said}, fitted on {storage.shown_path(source)!r}, not on {str(negatives)!r}; "
+            f"pass --overwrite to replace it with a fit on these negatives"
+        )
+    if source is not None:
+        return (
+            f"{said}, fitted on these negatives; pass --update to add the rows appended "
+            f"since (it says 'up to date' when there are none), or --overwrite to fit again"
+        )
+    return (
+        f"{said}; pass --overwrite to replace it, or --update to add the negatives "
+        f"appended since it was fitted"
+    )
 
 
 def check_same_params(model, meta: dict, model_path, flag: str) -> None:

@@ -174,3 +174,40 @@ def test_nan_rows_are_told_in_one_wording_by_linear_and_kernel_fits(
         f"slem-dask fit: error: negatives {path!r}: 3 row(s) with NaN or inf (rows 5, 77, "
         f"200) out of 300; drop or repair those rows before fitting\n"
     ), err
+
+
+def test_a_fit_into_an_existing_model_says_which_flag_fits_what_it_holds(
+    capsys, scheduler, corpus, tmp_path
+):
+    """The same fit run again was told "--update to add the negatives appended", and so
+    was a fit of other negatives, which --update then refused (a new user's run): a
+    model of these negatives is pointed to --update (up to date when nothing was
+    appended), a model of others to --overwrite, and each flag then does so."""
+    model, negatives = str(tmp_path / "fitted.zarr"), corpus["negatives"]
+    fit = ("fit", "--negatives", negatives, "--model", model)
+    assert cli(capsys, scheduler, *fit)[0] == 0
+    code, _, err = cli(capsys, scheduler, *fit)
+    assert code == 1 and len(err.strip().splitlines()) == 1, err
+    assert "fitted on these negatives; pass --update" in err, err
+    code, out, err = cli(capsys, scheduler, *fit, "--update")
+    assert code == 0 and fact(out, "action") == "up to date", (out, err)
+    others = zarr_rows(tmp_path / "others.zarr", np.random.default_rng(1).standard_normal((50, 8)))
+    code, _, err = cli(capsys, scheduler, "fit", "--negatives", others, "--model", model)
+    assert code == 1 and len(err.strip().splitlines()) == 1, err
+    assert f"not on '{others}'; pass --overwrite to replace it" in err, err
+    code, out, err = cli(
+        capsys, scheduler, "fit", "--negatives", others, "--model", model, "--overwrite"
+    )
+    assert code == 0, err
+
+
+def test_an_encoded_output_given_as_the_model_is_named_as_one(capsys, scheduler, corpus, tmp_path):
+    """It was said to be "a zarr array, not a model", as any array is (a new user's
+    run), while `fit --model` of the same path named it slem-dask's encoded output."""
+    out = tmp_path / "out.zarr"
+    assert cli(capsys, scheduler, *encode_command(corpus, out))[0] == 0
+    code, _, err = cli(
+        capsys, scheduler, *encode_command({**corpus, "model": out}, tmp_path / "o2")
+    )
+    assert code == 1 and len(err.strip().splitlines()) == 1, err
+    assert "is an encoded output of slem-dask (`slem-dask encode --out`), not a model" in err, err

@@ -348,15 +348,24 @@ def open_written_group(path: str, what: str, fix: str = "") -> zarr.Group:
     except FileNotFoundError:
         raise FileNotFoundError(f"{what}: no zarr store at {path!r}{fix}") from None
     except zarr.errors.ContainsArrayError:
-        raise ValueError(
-            f"{what}: {path!r} is a zarr array, not a {what} (a {what} is a zarr group){fix}"
-        ) from None
+        raise ValueError(f"{what}: {path!r} is {_array_said(path, what)}{fix}") from None
     except Exception as exc:  # noqa: BLE001
         if is_storage_failure(exc):
             raise
         raise damaged_metadata(what, path, exc) or ValueError(
             f"{what}: {path!r} is not a zarr group ({type(exc).__name__}: {exc}){fix}"
         ) from None
+
+
+def _array_said(path: str, what: str) -> str:
+    """What the zarr array at ``path`` is, said against the ``what`` it is not."""
+    try:
+        meta = open_node(path).attrs.get(ATTR)
+    except Exception:  # noqa: BLE001 - said as any array
+        meta = None
+    if isinstance(meta, dict) and meta.get("kind") == "encoding":
+        return f"an encoded output of slem-dask (`slem-dask encode --out`), not a {what}"
+    return f"a zarr array, not a {what} (a {what} is a zarr group)"
 
 
 def read_search_store(path, arrays: bool = True) -> tuple[dict, dict[str, np.ndarray]]:
