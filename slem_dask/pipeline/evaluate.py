@@ -55,29 +55,15 @@ __all__ = [
 
 
 def _open_corpus(path: str):
-    import zarr
-
-    try:
-        group = storage.open_node(path)
-        if isinstance(group, zarr.Array):
-            raise zarr.errors.ContainsArrayError(str(path))
-    except FileNotFoundError:
-        raise FileNotFoundError(
-            f"corpus: no zarr group at {path!r}; write one with "
-            f"slem_dask.datasets.write_corpus or `slem-dask demo` (its workdir/corpus.zarr)"
-        ) from None
-    except zarr.errors.ContainsArrayError:
-        parent = os.path.dirname(str(path).rstrip("/")) or "."
-        raise ValueError(
-            f"corpus: {path!r} is a zarr array, not a corpus group; give the group that "
-            f"holds negatives, database, queries and their labels, e.g. {parent!r}"
-        ) from None
-    except Exception as exc:
-        raise ValueError(
-            f"corpus: {path!r} is not a zarr group ({type(exc).__name__}: {exc}); "
-            f"give a corpus group as written by `slem-dask demo` "
-            f"(its workdir/corpus.zarr)"
-        ) from None
+    parent = os.path.dirname(str(path).rstrip("/")) or "."
+    group = storage.open_written_group(
+        path,
+        "corpus",
+        "; give a corpus group, as written by slem_dask.datasets.write_corpus or "
+        "`slem-dask demo` (its workdir/corpus.zarr)",
+        array_fix=f"; give the group that holds negatives, database, queries and their "
+        f"labels, e.g. {parent!r}",
+    )
     needed = ("negatives", "database", "queries", "database_labels", "query_labels")
     missing = [n for n in needed if n not in group]
     if missing:

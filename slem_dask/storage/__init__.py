@@ -74,6 +74,7 @@ from .nodes.groups import (  # noqa: F401
     GROUP_CHUNK_BYTES,
     MODEL_FORMAT_VERSION,
     _check_written,
+    open_written_group,
     read_group_arrays,
     read_search_store,
     replace_legacy,

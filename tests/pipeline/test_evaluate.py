@@ -339,7 +339,8 @@ def test_cli_errors_come_before_any_cluster(tmp_path, corpus_path, capsys, monke
     assert main(["evaluate", "--corpus", corpus_path, "--negatives", "601"]) == 1
     assert "more than the corpus holds (600)" in capsys.readouterr().err
     assert main(["evaluate", "--corpus", str(tmp_path / "nothing.zarr")]) == 1
-    assert "no zarr group" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "corpus: no zarr store at" in err and "give a corpus group, as written" in err
     group = storage.open_node(corpus_path, mode="r")
     bad = str(tmp_path / "bad.zarr")
     g = zarr.open_group(bad, mode="w")
@@ -658,6 +659,24 @@ def test_a_search_result_the_store_did_not_answer_for_is_not_called_unreadable(m
     monkeypatch.setattr(storage, "read_search_store", unavailable)
     with pytest.raises(storage.OutcomeUnknownError) as info:
         search_job._committed_search("gs://b/hits.zarr", "q.zarr", "d.zarr", 3)
+    assert info.value is failure
+
+
+def test_a_corpus_the_store_did_not_answer_for_is_not_called_not_a_group(monkeypatch):
+    """A corpus whose store does not answer raised "is not a zarr group (...)", which
+    was false: the store's failure is raised as it is, as for models and search
+    results (storage.open_written_group)."""
+    from slem_dask.pipeline import evaluate
+    from slem_dask.storage.nodes import groups
+
+    failure = storage.StoreUnreachableError("read s3://b/corpus.zarr/zarr.json: timed out")
+
+    def unreachable(*args, **kwargs):
+        raise failure
+
+    monkeypatch.setattr(groups, "open_node", unreachable)
+    with pytest.raises(storage.StoreUnreachableError) as info:
+        evaluate._open_corpus("s3://b/corpus.zarr")
     assert info.value is failure
 
 

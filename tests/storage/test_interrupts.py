@@ -237,9 +237,9 @@ def test_a_commit_whose_local_create_never_returns_is_settled_by_reading_back(
 
 
 def _group(path):
-    from slem_dask.storage.nodes.groups import _open_group
+    from slem_dask.storage.nodes.groups import open_written_group
 
-    return _open_group(path)
+    return open_written_group(path, "t")
 
 
 def test_a_forked_child_starts_its_own_disk_workers(tmp_path):

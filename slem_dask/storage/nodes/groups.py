@@ -330,39 +330,34 @@ def _version_seq(group) -> int | None:
     return version_folder_seq(group.store_path)
 
 
-def _open_group(path) -> zarr.Group:
-    node = open_node(path)
-    if isinstance(node, zarr.Array):
-        raise zarr.errors.ContainsArrayError(str(path))
-    return node
-
-
-def open_written_group(path: str, what: str, fix: str = "") -> zarr.Group:
+def open_written_group(
+    path: str, what: str, fix: str = "", array_fix: str | None = None
+) -> zarr.Group:
     """The zarr group at ``path``, to be read as the ``what`` slem-dask wrote there; a
     path that holds none is refused in one line, ending with ``fix`` (how to name the
-    right one). A store that does not answer raises as it does: no word on what it holds."""
+    right one; ``array_fix`` instead when the path holds an array). A store that does
+    not answer raises as it does: no word on what it holds."""
     try:
-        return _open_group(path)
+        node = open_node(path)
     except versions.VersionError as exc:
         raise type(exc)(f"{what}: {exc}") from None
     except FileNotFoundError:
         raise FileNotFoundError(f"{what}: no zarr store at {path!r}{fix}") from None
-    except zarr.errors.ContainsArrayError:
-        raise ValueError(f"{what}: {path!r} is {_array_said(path, what)}{fix}") from None
     except Exception as exc:  # noqa: BLE001
         if is_storage_failure(exc):
             raise
         raise damaged_metadata(what, path, exc) or ValueError(
             f"{what}: {path!r} is not a zarr group ({type(exc).__name__}: {exc}){fix}"
         ) from None
+    if isinstance(node, zarr.Array):
+        said = _array_said(node, what)
+        raise ValueError(f"{what}: {path!r} is {said}{fix if array_fix is None else array_fix}")
+    return node
 
 
-def _array_said(path: str, what: str) -> str:
-    """What the zarr array at ``path`` is, said against the ``what`` it is not."""
-    try:
-        meta = open_node(path).attrs.get(ATTR)
-    except Exception:  # noqa: BLE001 - said as any array
-        meta = None
+def _array_said(array: zarr.Array, what: str) -> str:
+    """What ``array`` is, said against the ``what`` it is not."""
+    meta = array.attrs.get(ATTR)
     if isinstance(meta, dict) and meta.get("kind") == "encoding":
         return f"an encoded output of slem-dask (`slem-dask encode --out`), not a {what}"
     return f"a zarr array, not a {what} (a {what} is a zarr group)"

@@ -8,7 +8,7 @@ from ..versioning import versions
 from ..versioning.errors import DamagedStoreError
 from ..formats import formats
 from .checksums import _full_key, self_consistent_crc32c, stored_crc32c
-from .groups import _open_group, read_group_arrays, read_search_store
+from .groups import open_written_group, read_group_arrays, read_search_store
 from .model_reads import read_model_store
 from .inputs import _exists, open_node
 from .outputs import output_meta
@@ -112,7 +112,7 @@ def _verify_group(kind: str, path) -> tuple[str, list[str]]:
             return "search result", [str(exc)]
         return "search result", []
     try:
-        group = _open_group(path)
+        group = open_written_group(path, "corpus")
         read_group_arrays(group, path, "corpus")
     except ValueError as exc:
         return "corpus", [str(exc)]
