@@ -21,6 +21,8 @@ def verify(paths) -> bool:
             print(f"{path}: {what}: {len(problems)} problem(s)")
             for problem in problems:
                 print(f"  - {problem}")
+            if getattr(problems, "fix", ""):
+                print(f"  fix: {problems.fix}")
         else:
             print(f"{path}: {what}: ok")
     return fine

@@ -59,8 +59,10 @@ def encode_job(
 
     Re-running the same command resumes: an output left unfinished by a killed run gets
     only its missing partitions; partitions whose input rows changed (by the store
-    listing) or whose chunk is missing or damaged are encoded again; rows appended to
-    ``positives`` get encoded. An output written with another model is refused
+    listing) or whose chunk is missing or ends in a checksum other than the one recorded
+    are encoded again; rows appended to ``positives`` get encoded. (A re-run reads 4
+    bytes of each chunk, not the whole: a chunk damaged inside is found by ``slem-dask
+    verify`` and every read, and ``overwrite`` encodes it again.) An output written with another model is refused
     (``on_model_change="fail"``, the CLI default) unless ``overwrite``; with
     ``on_model_change="reencode"`` (job specs) it is rebuilt. ``complete: true`` is
     written only after the client has checked that every partition is in the store with

@@ -419,6 +419,7 @@ def test_deleted_output_chunk_is_not_up_to_date(corpus, client, capsys):
     os.remove(_chunk(out, 1))
     code, text, _ = _verify(capsys, out)
     assert code == 1 and "c/1/0" in text and "missing" in text
+    assert "  fix: run the same `slem-dask encode` again" in text
     report = encode_corpus(corpus, out)
     assert report.facts["partitions"] == "1 encoded of 5"
     np.testing.assert_array_equal(storage.read_all(out), _expected(corpus))
@@ -436,10 +437,16 @@ def test_flipped_byte_in_an_output_chunk_fails_every_read_naming_the_chunk(corpu
         storage.read_all(out)
     code, text, _ = _verify(capsys, out)
     assert code == 1 and "c/2/0" in text and "corrupt" in text
+    assert "  fix: run the same `slem-dask encode` with --overwrite" in text  # the repair
     # reading it as an input of another job names it too
     code, _, err = _cli(capsys, client, *_search_args(out, out, corpus["dir"] / "s.zarr"))
     assert code == 1 and "c/2/0" in err and "crc32c" in err
     assert not (corpus["dir"] / "s.zarr").exists()
+    # and the repair verify names does repair it: a re-run trusts each chunk's trailer
+    # (it reads 4 bytes of each, not the whole output), so every partition is encoded again
+    assert encode_corpus(corpus, out, overwrite=True).facts["partitions"] == "5 encoded of 5"
+    np.testing.assert_array_equal(storage.read_all(out), _expected(corpus))
+    assert _verify(capsys, out)[0] == 0
 
 
 def test_truncated_input_chunk_is_named(corpus):

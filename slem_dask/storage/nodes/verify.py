@@ -5,7 +5,7 @@ from __future__ import annotations
 import zarr
 
 from ..versioning import versions
-from ..versioning.errors import DamagedStoreError
+from ..versioning.errors import DamagedStoreError, rollback_advice
 from ..formats import formats
 from .checksums import _full_key, self_consistent_crc32c, stored_crc32c
 from .groups import open_written_group, read_group_arrays, read_search_store
@@ -15,6 +15,13 @@ from .outputs import output_meta
 from ..versioning.ownership import ATTR, damaged_metadata, slem_dask_kind, unreadable_marker
 from ..backends.paths import canonical
 from .readers import ENCODINGS
+
+
+class Problems(list):
+    """What :func:`verify` found wrong, one line each, and (``fix``) what repairs them
+    when the lines do not say it themselves: '' otherwise."""
+
+    fix: str = ""
 
 
 def verify(path) -> tuple[str, list[str]]:
@@ -41,7 +48,7 @@ def verify(path) -> tuple[str, list[str]]:
         head = store.head() if store.has_history() else None
     except versions.VersionError as exc:  # a damaged head record: nothing is read through it
         return "versioned store", [str(exc)]
-    what, problems = _verify_current(path)
+    what, problems = _verify_current(path, head.seq if head else None)
     return (f"{what}, version {head.seq}" if head else what), problems
 
 
@@ -67,7 +74,7 @@ def rollback(path, seq: int, job: str = "slem-dask rollback") -> versions.Commit
     return store.rollback(seq, job, check=whole)
 
 
-def _verify_current(path) -> tuple[str, list[str]]:
+def _verify_current(path, seq: int | None = None) -> tuple[str, list[str]]:
     kind = slem_dask_kind(path)
     fmt = formats.remote_format(str(path))
     if kind is None and fmt is not None:  # x.npy, x.h5, x.fvecs: an input, nothing to verify
@@ -79,7 +86,7 @@ def _verify_current(path) -> tuple[str, list[str]]:
         return "unknown", [_not_marked(path)]
     if kind in ("model", "search", "corpus"):
         return _verify_group(kind, path)
-    return _verify_output(path)
+    return _verify_output(path, seq)
 
 
 def _not_marked(path) -> str:
@@ -119,8 +126,9 @@ def _verify_group(kind: str, path) -> tuple[str, list[str]]:
     return "corpus", []
 
 
-def _verify_output(path) -> tuple[str, list[str]]:
-    """An encoder's output: complete, every chunk present, whole and the one recorded."""
+def _verify_output(path, seq: int | None = None) -> tuple[str, list[str]]:
+    """An encoder's output (version ``seq`` of its store, if versioned): complete, every
+    chunk present, whole and the one recorded."""
     try:
         arr = open_node(path)
     except versions.VersionError as exc:
@@ -140,21 +148,51 @@ def _verify_output(path) -> tuple[str, list[str]]:
     n_parts = -(-arr.shape[0] // int(arr.chunks[0]))
     if meta.get("complete") and len(crcs) != n_parts:
         problems.append(f"records {len(crcs)} partition checksums for {n_parts} partitions")
+    chunk_problems, trusted = _chunk_problems(arr, crcs, n_parts)
+    problems += chunk_problems
+    if len(problems) > 12:  # an interrupted output can miss thousands of chunks
+        problems = problems[:10] + [f"... and {len(problems) - 10} more"]
+    found = Problems(problems)
+    if meta.get("complete") and found:
+        found.fix = _output_fix(path, seq, trusted)
+    return "output", found
+
+
+def _chunk_problems(arr, crcs: list, n_parts: int) -> tuple[list[str], bool]:
+    """(each chunk of the output ``arr`` that is missing, damaged or not the one
+    recorded, whether one of them is damaged behind the trailer recorded for it)."""
+    problems, trusted = [], False
     for i in range(n_parts):
         key = _full_key(arr, (i, 0))
         lo, hi = i * arr.chunks[0], min(arr.shape[0], (i + 1) * arr.chunks[0])
         crc = self_consistent_crc32c(arr, i)
         if crc is None:
-            exists = stored_crc32c(arr, i) is not None
+            trailer = stored_crc32c(arr, i)
+            trusted |= trailer is not None and i < len(crcs) and trailer == crcs[i]
             problems.append(
                 f"chunk {key!r} (rows {lo}-{hi - 1}) is "
-                f"{'corrupt or truncated' if exists else 'missing'}"
+                f"{'missing' if trailer is None else 'corrupt or truncated'}"
             )
         elif i < len(crcs) and crcs[i] is not None and crcs[i] != crc:
             problems.append(
                 f"chunk {key!r} (rows {lo}-{hi - 1}) is not the chunk that was "
                 f"written (crc32c {crc:08x}, recorded {crcs[i]:08x})"
             )
-    if len(problems) > 12:  # an interrupted output can miss thousands of chunks
-        problems = problems[:10] + [f"... and {len(problems) - 10} more"]
-    return "output", problems
+    return problems, trusted
+
+
+def _output_fix(path, seq: int | None, trusted: bool) -> str:
+    """How to repair a committed output's chunks. A re-run of its encode reads each
+    chunk's 4-byte trailer, not the whole output: it encodes again a partition whose
+    chunk is missing or whose trailer is not the one recorded, not one damaged behind a
+    trailer it trusts (``trusted``); --overwrite encodes every partition."""
+    if trusted:
+        return (
+            f"run the same `slem-dask encode` with --overwrite (a re-run without it checks "
+            f"each chunk's recorded checksum, which a chunk damaged inside still matches); "
+            f"it commits a new version{rollback_advice(path, seq)}"
+        )
+    return (
+        f"run the same `slem-dask encode` again: it encodes those partitions again and "
+        f"commits a new version{rollback_advice(path, seq)}"
+    )
