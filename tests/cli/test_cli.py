@@ -741,11 +741,33 @@ def test_encode_into_a_folder_slem_dask_did_not_write_says_so_as_fit_does(
     assert code != 0 and "was not written by slem-dask" in err, err
     assert "never deletes what it did not write, even with --overwrite" in err, err
     assert os.listdir(folder) == ["notes.txt"]
-    (folder / "notes.txt").unlink()  # an empty folder: --overwrite may use it
+    (folder / "notes.txt").unlink()  # an empty folder: no store to replace (`mkdir out`)
     code, _, err = run(
         capsys, *encode_args(scheduler, corpus["model"], corpus["positives"], str(folder))
     )
-    assert code != 0 and "holds no encoding" in err and "pass --overwrite" in err, err
+    assert code == 0, err
+    assert storage.verify(str(folder)) == ("output, version 1", [])
+
+
+def test_an_empty_folder_is_no_store_to_replace_for_fit_encode_and_search(
+    scheduler, corpus, tmp_path, capsys
+):
+    """`mkdir out` before a job: fit, encode and search write into the empty folder
+    without --overwrite (an object store's empty prefix does not exist either), and a
+    second run finds what the first wrote."""
+    model, out, hits = (tmp_path / n for n in ("model.zarr", "out.zarr", "hits.zarr"))
+    for folder in (model, out, hits):
+        folder.mkdir()
+    fit = ["fit", "--negatives", corpus["negatives"], "--model", str(model)]
+    fit += ["--scheduler", scheduler]
+    assert run(capsys, *fit)[0] == 0
+    assert run(capsys, *encode_args(scheduler, str(model), corpus["positives"], str(out)))[0] == 0
+    search = ["search", "--queries", str(out), "--database", str(out), "--k", "3"]
+    search += ["--out", str(hits), "--scheduler", scheduler]
+    assert run(capsys, *search)[0] == 0
+    assert [storage.verify(str(p))[1] for p in (model, out, hits)] == [[], [], []]
+    code, _, err = run(capsys, *fit)
+    assert code == 1 and "already exists, fitted on these negatives" in err, err
 
 
 def test_encode_bad_models(scheduler, corpus, bad_inputs, tmp_path, capsys):

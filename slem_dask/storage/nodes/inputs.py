@@ -24,12 +24,18 @@ from ..backends.paths import canonical, check_outside_inputs, exists, zarr_store
 def _exists(path) -> bool:
     """Whether ``path`` holds something to read or to refuse replacing: a committed
     version, or any store that is not slem-dask's drafts alone (a killed first write
-    leaves only drafts: the next run reuses or deletes them)."""
+    leaves only drafts: the next run reuses or deletes them). An empty folder holds
+    neither, as an empty prefix of an object store does not exist (``mkdir out`` before
+    a job is no store to replace)."""
     path = canonical(path)
-    if not exists(path):
+    if not exists(path) or _empty_local_folder(path):
         return False
     store = versions.VersionedStore(path)
     return store.is_versioned() or not store.has_history()
+
+
+def _empty_local_folder(path) -> bool:
+    return path.is_local and os.path.isdir(path.location) and not os.listdir(path.location)
 
 
 def _demo_member(name: str) -> str:
