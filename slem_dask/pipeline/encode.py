@@ -57,18 +57,16 @@ def encode_job(
     ``model``: that model, if the caller has already loaded it (it is then not read again:
     one committed version of it, read once: :func:`load_encoding_model`).
 
-    Re-running the same command resumes: an output left unfinished by a killed run gets
-    only its missing partitions; partitions whose input rows changed (by the store
-    listing) or whose chunk is missing or ends in a checksum other than the one recorded
-    are encoded again; rows appended to ``positives`` get encoded. (A re-run reads 4
-    bytes of each chunk, not the whole: a chunk damaged inside is found by ``slem-dask
-    verify`` and every read, and ``overwrite`` encodes it again.) An output written with another model is refused
-    (``on_model_change="fail"``, the CLI default) unless ``overwrite``; with
-    ``on_model_change="reencode"`` (job specs) it is rebuilt. ``complete: true`` is
-    written only after the client has checked that every partition is in the store with
-    the checksum its task wrote. ``precision`` (linear models; default: the model's):
-    "auto" encodes float32 positives in float32, "float64" in float64; an output is
-    continued only in the precision it was started with.
+    Re-running the same command resumes: an output left unfinished by a killed run gets only
+    its missing partitions; partitions whose input rows changed (by the store listing), or
+    whose chunk is missing or ends in another crc32c than recorded (one damaged inside is
+    for ``verify``), are encoded again; rows appended to ``positives`` get encoded. An
+    output of another model is refused (the CLI's ``on_model_change="fail"``) unless
+    ``overwrite``; with ``on_model_change="reencode"`` (job specs) it is rebuilt.
+    ``complete: true`` is written only after the client has checked that every partition is
+    in the store with the checksum its task wrote. ``precision`` (linear models; default:
+    the model's): "auto" encodes float32 positives in float32, "float64" in float64; an
+    output is continued only in the precision it was started with.
     """
     options = options_from(
         EncodeOptions,

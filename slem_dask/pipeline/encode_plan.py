@@ -338,10 +338,9 @@ def _exists_error(out) -> FileExistsError:
         storage.check_may_replace(out, "output", kind="encoding")
     except FileExistsError as refused:
         return refused
-    return FileExistsError(  # what --overwrite may replace: an empty folder, a draft
-        f"output {str(out)!r} already exists and holds no encoding (an empty folder, or "
-        f"a draft that was never committed); pass --overwrite to replace it, or choose "
-        f"another path"
+    return FileExistsError(  # what --overwrite may replace: a draft, a group of ours
+        f"output {str(out)!r} already exists and holds no committed encoding; pass "
+        f"--overwrite to replace it, or choose another path"
     )
 
 
@@ -383,11 +382,7 @@ def _plan_output(
     if not _recorded_encoding_is(model, meta.get("encoding_fingerprint")):
         if on_model_change == "reencode":
             return None, "re-encode (model changed)"
-        raise FileExistsError(
-            f"output {str(out)!r} was encoded with another model (encoding fingerprint "
-            f"{str(meta.get('encoding_fingerprint'))[:16]}, now {model.encoding_identity_[:16]}); pass "
-            f"--overwrite to re-encode it with the current model"
-        )
+        raise FileExistsError(_another_model_message(out, meta, model))
     problems = _resume_problems(meta, existing, arr, positives, (width, out_dtype, precision))
     if problems and meta.get("complete"):  # a whole output, committed: not this run's draft
         raise FileExistsError(
@@ -411,6 +406,20 @@ def recorded_model_is(model, recorded) -> bool:
     before identities) its arrays' fingerprint, hashed only when the identity differs (a
     SHA-256 over every array: 1 s at d = 8192, paid on every re-run before)."""
     return recorded == model.identity_ or recorded == model.fingerprint_
+
+
+def _another_model_message(out, meta: dict, model) -> str:
+    """The refusal of an output encoded with another model, named as fit and encode
+    print a model: its path and ``model identity`` (an output of before the identity
+    was recorded: its encoding fingerprint)."""
+    recorded = meta.get("model_fingerprint") or meta.get("encoding_fingerprint")
+    path = meta.get("model_path")
+    of = f"the model at {storage.shown_path(path)!r}, " if path else ""
+    return (
+        f"output {str(out)!r} was encoded with another model ({of}model identity "
+        f"{str(recorded)[:16]}; this one's is {model.identity_[:16]}); pass --overwrite to "
+        f"re-encode it with this model"
+    )
 
 
 def _recorded_encoding_is(model, recorded) -> bool:

@@ -58,8 +58,11 @@ def test_other_parameters_or_negatives_are_another_model(stores, tmp_path):
     encode_job(None, model, stores["positives"], out)
     fit_job(None, stores["negatives"], model, lam=0.02, overwrite=True)
     assert load_model(model).encoding_identity_ != first.encoding_identity_
-    with pytest.raises(FileExistsError, match="encoded with another model"):
+    with pytest.raises(FileExistsError, match="encoded with another model") as refused:
         encode_job(None, model, stores["positives"], out)
+    # named as fit and encode print a model: its path and `model identity`
+    said = f"(the model at {model!r}, model identity {first.identity_[:16]}; this one's is "
+    assert said + f"{load_model(model).identity_[:16]})" in str(refused.value), refused.value
     # the same values in another store (its own listing): not assumed the same
     copy = write_rows(tmp_path / "copy.zarr", zarr.open_array(stores["negatives"])[:], 1024)
     fit_job(None, copy, model, lam=0.01, overwrite=True)
