@@ -42,12 +42,16 @@ def check_search_inputs(queries: str, database: str, k: int, force: bool = False
         and mq.get("encoding_fingerprint") != mdb.get("encoding_fingerprint")
     ):
         models = [storage.shown_path(m.get("model_path")) for m in (mq, mdb)]
+        # named as fit and encode print a model: `model identity` (before it was
+        # recorded: the encoding fingerprint)
+        ids = [
+            str(m.get("model_fingerprint") or m.get("encoding_fingerprint"))[:16] for m in (mq, mdb)
+        ]
         raise ValueError(
             f"queries ({queries!r}) and database ({database!r}) were encoded with different "
-            f"models (encoding fingerprints {str(mq.get('encoding_fingerprint'))[:16]} and "
-            f"{str(mdb.get('encoding_fingerprint'))[:16]}; models {models[0]!r} and "
-            f"{models[1]!r}): their scores are not comparable. Encode both with one model, "
-            f"or pass --force to search anyway"
+            f"models ({models[0]!r}, model identity {ids[0]}, and {models[1]!r}, model "
+            f"identity {ids[1]}): their scores are not comparable. Encode both with one "
+            f"model, or pass --force to search anyway"
         )
     if q.shape[1] != db.shape[1]:
         raise ValueError(

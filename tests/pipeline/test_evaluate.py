@@ -9,7 +9,7 @@ from helpers import ROOT, recommit
 from slem_dask import storage
 from slem_dask.storage.versioning import versions
 
-from slem_dask import LinearSLEM, search
+from slem_dask import LinearSLEM, load_model, search
 from slem_dask.cli.main import main
 from slem_dask.datasets import make_corpus, write_corpus
 from slem_dask.pipeline.evaluate import (
@@ -159,7 +159,12 @@ def test_search_refuses_outputs_of_two_models_naming_them_as_paths(tmp_path, rng
     with pytest.raises(ValueError, match="encoded with different models") as caught:
         search_job(None, outs[0], outs[1], str(tmp_path / "hits.zarr"), k=3)
     said = str(caught.value)
-    assert f"models {str(tmp_path / 'm0.1.zarr')!r} and {str(tmp_path / 'm1.0.zarr')!r}" in said
+    ids = [load_model(str(tmp_path / f"m{lam}.zarr")).identity_[:16] for lam in (0.1, 1.0)]
+    m01, m10 = str(tmp_path / "m0.1.zarr"), str(tmp_path / "m1.0.zarr")
+    # named as fit and encode print them: path and model identity
+    assert (
+        f"models ({m01!r}, model identity {ids[0]}, and {m10!r}, model identity {ids[1]})" in said
+    )
     assert "--force" in said
 
 
