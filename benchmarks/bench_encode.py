@@ -56,6 +56,7 @@ numpy outputs, and of each vs a float64 encoding of the first
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import shutil
 import sys
@@ -64,76 +65,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _common as C  # noqa: E402
-
-
-def _read_compute_write(path: str, out_path: str, chunk_rows: int, compute) -> dict:
-    """Timed: read all rows with zarr, ``z = compute(x)`` (float32), write z to a zarr
-    array with the output's chunking and zarr's default codecs."""
-    import zarr
-
-    arr = zarr.open_array(store=path, mode="r")
-    with C.Timer() as t_read:
-        x = arr[...]
-    with C.Timer() as t_comp:
-        z = compute(x)
-    del x
-    with C.Timer() as t_write:
-        if os.path.exists(out_path):
-            shutil.rmtree(out_path)
-        out = zarr.create_array(
-            store=out_path, shape=z.shape, dtype="float32", chunks=(chunk_rows, z.shape[1])
-        )
-        out[...] = z
-    return {
-        "read": t_read.seconds,
-        "compute": t_comp.seconds,
-        "write": t_write.seconds,
-        "total": t_read.seconds + t_comp.seconds + t_write.seconds,
-    }
-
-
-def numpy_reference(
-    path: str, out_path: str, mean: np.ndarray, precision: np.ndarray, chunk_rows: int, dtype
-) -> dict:
-    m = mean.astype(dtype)
-    p = precision.astype(dtype)
-
-    def compute(x):
-        z = (x.astype(dtype, copy=False) - m) @ p
-        z /= np.linalg.norm(z, axis=1, keepdims=True)
-        return z.astype(np.float32, copy=False)
-
-    return _read_compute_write(path, out_path, chunk_rows, compute)
-
-
-def kernel_numpy_reference(path: str, out_path: str, model, chunk_rows: int) -> dict:
-    """The kernel model by hand, on all rows at once: the kernel against the pivots,
-    a triangular solve, one product (core.cholesky.lowrank_parts), float32 output."""
-    from slem_dask.core.cholesky import lowrank_parts
-    from slem_dask.core.kernels import kernel_diagonal, kernel_matrix
-
-    kernel, gamma, degree, lam = model.kernel, model.gamma, model.degree, model.lam
-
-    def compute(x):
-        k_piv = kernel_matrix(x, model.pivot_rows_, kernel, gamma, degree)
-        k_self = kernel_diagonal(x, kernel, gamma, degree)
-        return lowrank_parts(
-            k_piv, k_self, model.pivot_factor_, model.factor_mean_, model.g_factor_, lam
-        )[0].astype(np.float32)
-
-    return _read_compute_write(path, out_path, chunk_rows, compute)
-
-
-def naive_dask(path: str, out_path: str, mean, precision, rows: int) -> dict:
-    import dask.array as da
-    import zarr
-
-    with C.Timer() as t:
-        a = da.from_zarr(zarr.open_array(store=path, mode="r"), chunks=(rows, None))
-        z = (a - mean.astype(np.float32)) @ precision.astype(np.float32)
-        z = z / da.linalg.norm(z, axis=1, keepdims=True)
-        da.to_zarr(z.astype(np.float32), out_path, overwrite=True)
-    return {"total": t.seconds}
+from _encode_references import kernel_numpy_reference, naive_dask, numpy_reference  # noqa: E402
 
 
 def _cpu_used(before, after) -> dict:
@@ -161,7 +93,7 @@ def _cpu_summary(result: dict, sched: str, floor_runs: list, slem_runs: list) ->
     result[f"{sched}_cpu_medians"] = {"floor": [fu, fs], "slem": [su, ss]}
 
 
-def main(argv=None) -> int:  # noqa: C901 - a driver: options, then each contender in turn
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     C.add_common_args(parser)
     C.add_run_args(parser)
@@ -184,6 +116,12 @@ def main(argv=None) -> int:  # noqa: C901 - a driver: options, then each contend
         help="slem-dask's precision for the encoding (default auto)",
     )
     C.add_scheduler_args(parser)
+    _contender_args(parser)
+    return parser
+
+
+def _contender_args(parser: argparse.ArgumentParser) -> None:
+    """The options that choose and shape the contenders."""
     parser.add_argument(
         "--no-numpy",
         action="store_true",
@@ -220,78 +158,112 @@ def main(argv=None) -> int:  # noqa: C901 - a driver: options, then each contend
         "issue 42 (the other contenders' outputs stay in the page cache): shows what "
         "carries over",
     )
-    args = parser.parse_args(argv)
-    if args.floor and args.kernel_rank:
-        parser.error("--floor: the floor is defined for linear models; omit --kernel-rank")
-    if args.kernel_rank:
-        args.no_naive = True
-    C.resolve_sizes(args)
-    schedulers = C.chosen_schedulers(parser, args)
 
-    import subprocess
 
-    import zarr
+@dataclasses.dataclass
+class Bench:
+    """What every contender shares: the options, the store, the fitted model, the
+    partitions, the outputs' paths, and each contender's runs per scheduler."""
 
+    args: argparse.Namespace
+    path: str
+    model_path: str
+    outs: dict  # contender -> its output's path
+    model: object
+    arr: object  # the store, as slem-dask opens it
+    rows: int  # of a partition
+    x: object  # the store's rows as dask partitions (the floor reads them)
+    runs: dict = dataclasses.field(default_factory=dict)  # contender -> sched -> [runs]
+
+    def encode(self, client):
+        from slem_dask.pipeline import encode_job
+
+        return encode_job(
+            client,
+            self.model_path,
+            self.path,
+            self.outs["slem"],
+            partition_rows=self.args.partition_rows,
+            overwrite=True,
+            precision=self.args.precision,
+        )
+
+    def matrix(self):
+        return self.model._encoding_matrix(self.arr.dtype, self.args.precision)
+
+    def numpy(self) -> dict:
+        if self.args.kernel_rank:
+            return kernel_numpy_reference(self.path, self.outs["numpy"], self.model, self.rows)
+        m = self.model
+        dtype = np.dtype(self.args.numpy_dtype)
+        return numpy_reference(
+            self.path, self.outs["numpy"], m.mean_, m.precision_, self.rows, dtype
+        )
+
+    def naive(self) -> dict:
+        m = self.model
+        return naive_dask(self.path, self.outs["naive"], m.mean_, m.precision_, self.rows)
+
+
+def _prepare(args) -> Bench:
+    """The store, the model fitted on it (not timed), and the outputs of earlier runs
+    removed."""
     from slem_dask import storage
-    from slem_dask.core.linear import encode_rows
     from slem_dask.models import load_model
-    from slem_dask.pipeline import encode_job, fit_job
+    from slem_dask.pipeline import fit_job
 
-    C.header(
-        f"bench_encode: n={args.n:,} d={args.d} float32"
-        f"{f', kernel rank {args.kernel_rank}' if args.kernel_rank else ''}",
-        args,
-    )
-    print("uptime: " + subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip())
     path = C.ensure_store(args.workdir, args.n, args.d, args.seed, args.chunk_rows)
     print(f"data: {C.describe_store(path)}")
     tag = f"n{args.n}-d{args.d}" + (f"-k{args.kernel_rank}" if args.kernel_rank else "")
     model_path = os.path.join(args.workdir, f"bench-encode-model-{tag}.zarr")
-    out_slem = os.path.join(args.workdir, f"bench-encode-slem-{tag}.zarr")
-    out_np = os.path.join(args.workdir, f"bench-encode-numpy-{tag}.zarr")
-    out_naive = os.path.join(args.workdir, f"bench-encode-naive-{tag}.zarr")
-    out_floor = os.path.join(args.workdir, f"bench-encode-floor-{tag}")
-
-    kernel = (
-        {
-            "kernel": "rbf",
-            "gamma": args.gamma,
-            "rank": args.kernel_rank,
-            "pivoting": "rpcholesky",
-            "tol": 0.0,
-            "seed": 0,
-        }
-        if args.kernel_rank
-        else {}
-    )
+    outs = {
+        name: os.path.join(args.workdir, f"bench-encode-{name}-{tag}{suffix}")
+        for name, suffix in (
+            ("slem", ".zarr"),
+            ("numpy", ".zarr"),
+            ("naive", ".zarr"),
+            ("floor", ""),
+        )
+    }
+    kernel = {"kernel": "rbf", "gamma": args.gamma, "rank": args.kernel_rank}
+    kernel.update(pivoting="rpcholesky", tol=0.0, seed=0)
     with C.Timer() as t:
-        fit_job(None, path, model_path, lam=args.lam, overwrite=True, **kernel)
+        fit_job(
+            None,
+            path,
+            model_path,
+            lam=args.lam,
+            overwrite=True,
+            **(kernel if args.kernel_rank else {}),
+        )
     model = load_model(model_path)
     arr = storage.open_input(path, "positives")
     # the partitions encode_job makes (the floor reads the same ones)
     rows = storage.row_partition(arr, args.partition_rows, at_least_width=False)
     x = storage.dask_rows(arr, rows, exact=True)
-    if args.kernel_rank:
-        print(
-            f"model: KernelSLEM rbf gamma={args.gamma} rank {model.rank_} (trace error "
-            f"{model.trace_error_:.3f}), fitted with fit_job in {t.seconds:.2f} s (not counted)"
-        )
-    else:
-        print(
-            f"model: fitted with fit_job in {t.seconds:.2f} s (not counted); encoding in "
-            f"{model._encoding_matrix(arr.dtype, args.precision).dtype} "
-            f"(precision={args.precision!r})"
-        )
-    print(f"partitions: {x.numblocks[0]} of {rows:,} rows")
+    bench = Bench(args, path, model_path, outs, model, arr, rows, x)
+    _describe(bench, t.seconds)
     # the outputs of an earlier run go first: an encode with --overwrite keeps the old
     # output's chunking, and slem-dask then encoded 1,024-row chunks' data in that run's
     # 8,192-row partitions while the floor used 1,024 (floor / slem 0.47 at d = 8192)
-    for old in (out_slem, out_np, out_naive, out_floor):
+    for old in outs.values():
         shutil.rmtree(old, ignore_errors=True)
-    slem = {s: [] for s in schedulers}
-    naive = {s: [] for s in schedulers}
-    floor = {s: [] for s in schedulers}
-    numpy_runs = {s: [] for s in schedulers}  # numpy runs in every phase: paired ratios
+    return bench
+
+
+def _describe(bench: Bench, fit_seconds: float) -> None:
+    args, model = bench.args, bench.model
+    if args.kernel_rank:
+        print(
+            f"model: KernelSLEM rbf gamma={args.gamma} rank {model.rank_} (trace error "
+            f"{model.trace_error_:.3f}), fitted with fit_job in {fit_seconds:.2f} s (not counted)"
+        )
+    else:
+        print(
+            f"model: fitted with fit_job in {fit_seconds:.2f} s (not counted); encoding in "
+            f"{bench.matrix().dtype} (precision={args.precision!r})"
+        )
+    print(f"partitions: {bench.x.numblocks[0]} of {bench.rows:,} rows")
     print("slem contender: pipeline.encode_job (float32 output)")
     if args.no_naive:
         print("naive Dask contender: skipped (--no-naive)")
@@ -307,211 +279,216 @@ def main(argv=None) -> int:  # noqa: C901 - a driver: options, then each contend
     else:
         print(
             f"numpy contender: X = arr[...]; Z = (X - mean) @ precision in "
-            f"{args.numpy_dtype}; Z /= row norms; zarr out[...] = Z (chunks ({rows}, "
+            f"{args.numpy_dtype}; Z /= row norms; zarr out[...] = Z (chunks ({bench.rows}, "
             f"{args.d}), default codecs)"
         )
     print(
         "one phase per scheduler: its cluster lives only during its own phase (an idle "
         "LocalCluster costs about a tenth of a core and runs its scheduler in this process)"
     )
+
+
+def _warm_up(bench: Bench, sched: str, client, context) -> None:
+    """One untimed run of each contender: imports in the workers, the job's first
+    lease, checks and commit (a first timed run paid 0.7 s more for them); numpy is
+    warmed up alike, in every phase."""
+    args = bench.args
+    with context(), C.Timer() as t:
+        bench.encode(client)
+        if not args.no_naive:
+            bench.naive()
+        if args.floor:
+            C.encode_floor(bench.x, bench.matrix(), bench.outs["floor"], client)
+    if not args.no_numpy:
+        with C.Timer() as tn:
+            bench.numpy()
+        t.seconds += tn.seconds
+    print(f"warm-up on {sched} (not counted): {t.seconds:.3f} s")
+
+
+def _round(bench: Bench, r: int, sched: str, client, context, state: dict) -> None:
+    """Round ``r`` on ``sched``: each contender in turn, each from the same start."""
+    args, runs = bench.args, bench.runs
+    with context():
+        # every contender writes n x d floats: none pays for another's writeback (or
+        # spinning BLAS threads)
+        C.settle(**state)
+        cpu0 = C.cpu_times(client)
+        with C.Timer() as t:  # from outside: its commit and pruning included
+            report = bench.encode(client)
+        tm = {**report.timings, "total": t.seconds, **_cpu_used(cpu0, C.cpu_times(client))}
+        runs["slem"][sched].append(tm)
+        extra = ", ".join(f"{k} {v:.3f}" for k, v in tm.items() if k != "total")
+        print(f"run {r}: slem-dask [{sched}] {tm['total']:.3f} s ({extra}) | {C.load_line()}")
+        if not args.no_naive:
+            C.settle(**state)
+            nv = bench.naive()
+            runs["naive"][sched].append(nv)
+            print(f"run {r}: naive Dask [{sched}] {nv['total']:.3f} s | {C.load_line()}")
+        if args.floor:
+            C.settle(**state)
+            cpu0 = C.cpu_times(client)
+            fl = C.encode_floor(bench.x, bench.matrix(), bench.outs["floor"], client)
+            fl.update(_cpu_used(cpu0, C.cpu_times(client)))
+            runs["floor"][sched].append(fl)
+            print(
+                f"run {r}: floor [{sched}] {fl['total']:.3f} s (user cpu "
+                f"{fl['user cpu']:.3f}, system cpu {fl['system cpu']:.3f}) | {C.load_line()}"
+            )
+    if args.no_numpy:
+        return
+    # numpy takes its turn in every phase's rounds, so that each phase's numpy /
+    # slem-dask ratio compares runs made under the same conditions
+    C.settle(**state)
+    nt = bench.numpy()
+    runs["numpy"][sched].append(nt)
+    print(
+        f"run {r}: numpy [{sched}] {nt['total']:.3f} s (read {nt['read']:.3f}, "
+        f"compute {nt['compute']:.3f}, write {nt['write']:.3f}) | {C.load_line()}"
+    )
+    sys.stdout.flush()
+
+
+def _phases(bench: Bench, schedulers: list):
+    """Every scheduler's phase (its warm-up, then the rounds); the physical floor,
+    measured before and after each phase, each part the least of all."""
+    args = bench.args
+    bench.runs = {c: {s: [] for s in schedulers} for c in ("slem", "naive", "floor", "numpy")}
     phys = None
+    product = bench.matrix() if args.floor else None
     if args.floor:
-        matrix = model._encoding_matrix(arr.dtype, args.precision)
-        phys = C.physical_floor(x, lambda b: b @ matrix, args.n * args.d * 4, args.workdir, arr=arr)
+        phys = C.physical_floor(
+            bench.x, lambda b: b @ product, args.n * args.d * 4, args.workdir, arr=bench.arr
+        )
     for sched in schedulers:
         print()
         with C.scheduler_contexts(args, [sched]) as (clients, contexts):
-            # one untimed run of each contender: imports in the workers, the job's first
-            # lease, checks and commit (a first timed run paid 0.7 s more for them)
-            with contexts[sched](), C.Timer() as t:
-                encode_job(
-                    clients[sched],
-                    model_path,
-                    path,
-                    out_slem,
-                    partition_rows=args.partition_rows,
-                    overwrite=True,
-                    precision=args.precision,
-                )
-                if not args.no_naive:
-                    naive_dask(path, out_naive, model.mean_, model.precision_, rows)
-                if args.floor:
-                    C.encode_floor(
-                        x,
-                        model._encoding_matrix(arr.dtype, args.precision),
-                        out_floor,
-                        clients[sched],
-                    )
-            if not args.no_numpy:  # numpy is warmed up alike, in every phase
-                with C.Timer() as tn:
-                    if args.kernel_rank:
-                        kernel_numpy_reference(path, out_np, model, rows)
-                    else:
-                        numpy_reference(
-                            path,
-                            out_np,
-                            model.mean_,
-                            model.precision_,
-                            rows,
-                            np.dtype(args.numpy_dtype),
-                        )
-                t.seconds += tn.seconds
-            print(f"warm-up on {sched} (not counted): {t.seconds:.3f} s")
+            _warm_up(bench, sched, clients[sched], contexts[sched])
             # every contender starts alike: outputs out of the page cache, the input in
             # it, garbage collected (here and in the workers), no dirty pages
             state = (
                 {}
                 if args.no_same_start
                 else {
-                    "outputs": [out_slem, out_np, out_naive, out_floor],
-                    "inputs": [path],
+                    "outputs": list(bench.outs.values()),
+                    "inputs": [bench.path],
                     "client": clients[sched],
                 }
             )
             for r in range(args.repeat):
-                with contexts[sched]():
-                    # every contender writes n x d floats: none pays for another's
-                    # writeback (or spinning BLAS threads)
-                    C.settle(**state)
-                    cpu0 = C.cpu_times(clients[sched])
-                    with C.Timer() as t:  # from outside: its commit and pruning included
-                        report = encode_job(
-                            clients[sched],
-                            model_path,
-                            path,
-                            out_slem,
-                            partition_rows=args.partition_rows,
-                            overwrite=True,
-                            precision=args.precision,
-                        )
-                    cpu = _cpu_used(cpu0, C.cpu_times(clients[sched]))
-                    tm = {**report.timings, "total": t.seconds, **cpu}
-                    slem[sched].append(tm)
-                    extra = ", ".join(f"{k} {v:.3f}" for k, v in tm.items() if k != "total")
-                    print(
-                        f"run {r + 1}: slem-dask [{sched}] {tm['total']:.3f} s ({extra}) | "
-                        f"{C.load_line()}"
-                    )
-                    if not args.no_naive:
-                        C.settle(**state)
-                        nv = naive_dask(path, out_naive, model.mean_, model.precision_, rows)
-                        naive[sched].append(nv)
-                        print(
-                            f"run {r + 1}: naive Dask [{sched}] {nv['total']:.3f} s | "
-                            f"{C.load_line()}"
-                        )
-                    if args.floor:
-                        C.settle(**state)
-                        cpu0 = C.cpu_times(clients[sched])
-                        fl = C.encode_floor(
-                            x,
-                            model._encoding_matrix(arr.dtype, args.precision),
-                            out_floor,
-                            clients[sched],
-                        )
-                        fl.update(_cpu_used(cpu0, C.cpu_times(clients[sched])))
-                        floor[sched].append(fl)
-                        print(
-                            f"run {r + 1}: floor [{sched}] {fl['total']:.3f} s (user cpu "
-                            f"{fl['user cpu']:.3f}, system cpu {fl['system cpu']:.3f}) | "
-                            f"{C.load_line()}"
-                        )
-                if args.no_numpy:
-                    continue
-                # numpy takes its turn in every phase's rounds, so that each phase's
-                # numpy / slem-dask ratio compares runs made under the same conditions
-                C.settle(**state)
-                if args.kernel_rank:
-                    nt = kernel_numpy_reference(path, out_np, model, rows)
-                else:
-                    nt = numpy_reference(
-                        path,
-                        out_np,
-                        model.mean_,
-                        model.precision_,
-                        rows,
-                        np.dtype(args.numpy_dtype),
-                    )
-                numpy_runs[sched].append(nt)
-                print(
-                    f"run {r + 1}: numpy [{sched}] {nt['total']:.3f} s (read {nt['read']:.3f}, "
-                    f"compute {nt['compute']:.3f}, write {nt['write']:.3f}) | "
-                    f"{C.load_line()}"
-                )
-                sys.stdout.flush()
-        if args.floor:  # measured again after each phase, each part the least of all
+                _round(bench, r + 1, sched, clients[sched], contexts[sched], state)
+        if args.floor:
             phys = C.physical_floor(
-                x, lambda b: b @ matrix, args.n * args.d * 4, args.workdir, previous=phys, arr=arr
+                bench.x,
+                lambda b: b @ product,
+                args.n * args.d * 4,
+                args.workdir,
+                previous=phys,
+                arr=bench.arr,
             )
+    return phys
 
-    print()
+
+def _summaries(bench: Bench, schedulers: list, phys) -> dict:
+    """Each scheduler's spreads and ratios, printed and returned."""
+    args, runs = bench.args, bench.runs
     result = {"n": args.n, "d": args.d, "precision": args.precision}
-    all_numpy = [t["total"] for sched in schedulers for t in numpy_runs[sched]]
+    all_numpy = [t["total"] for sched in schedulers for t in runs["numpy"][sched]]
     if all_numpy:
         result.update({"numpy_best": min(all_numpy), "numpy_runs": all_numpy})
     for sched in schedulers:
-        totals = [t["total"] for t in slem[sched]]
+        totals = [t["total"] for t in runs["slem"][sched]]
         print(f"[{sched}] slem-dask encode total: {C.spread(totals)}: {C.runs_line(totals)}")
         result[f"{sched}_slem_runs"] = totals
-        if numpy_runs[sched]:
-            np_totals = [t["total"] for t in numpy_runs[sched]]
+        if runs["numpy"][sched]:
+            np_totals = [t["total"] for t in runs["numpy"][sched]]
             print(
                 f"[{sched}] numpy total           : {C.spread(np_totals)}: {C.runs_line(np_totals)}"
             )
             for part in ("read", "compute", "write"):
                 print(
-                    f"[{sched}]   of which {part:<12}: "
-                    f"{C.spread(t[part] for t in numpy_runs[sched])}"
+                    f"[{sched}]   of which {part:<12}: {C.spread(t[part] for t in runs['numpy'][sched])}"
                 )
             no_slower = ">= 1.0: slem-dask no slower"
             C.ratio_summary(
                 result, "encode", sched, "numpy", np_totals, totals, args, goal=no_slower
             )
-        if naive[sched]:
-            nts = [t["total"] for t in naive[sched]]
+        if runs["naive"][sched]:
+            nts = [t["total"] for t in runs["naive"][sched]]
             print(f"[{sched}] naive Dask total      : {C.spread(nts)}: {C.runs_line(nts)}")
             result[f"{sched}_naive_runs"] = nts
             C.ratio_summary(result, "encode", sched, "naive", nts, totals, args)
-        if floor[sched]:
-            fts = [t["total"] for t in floor[sched]]
-            C.floor_summary(
-                result,
-                "encode",
-                sched,
-                "floor (read, product, normalize, write)",
-                fts,
-                totals,
-                args,
-            )
+        if runs["floor"][sched]:
+            fts = [t["total"] for t in runs["floor"][sched]]
+            what = "floor (read, product, normalize, write)"
+            C.floor_summary(result, "encode", sched, what, fts, totals, args)
             C.physical_summary(result, "encode", sched, phys, totals, fts)
-            _cpu_summary(result, sched, floor[sched], slem[sched])
-    print("uptime: " + subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip())
+            _cpu_summary(result, sched, runs["floor"][sched], runs["slem"][sched])
+    return result
 
-    zs = storage.open_output(out_slem)
+
+def _check(bench: Bench, result: dict) -> None:
+    """Not timed: slem-dask's output against numpy's and a float64 encoding."""
+    import zarr
+
+    from slem_dask import storage
+    from slem_dask.core.linear import encode_rows
+
+    args, model = bench.args, bench.model
+    zs = storage.open_output(bench.outs["slem"])
     m = min(args.check_rows, args.n)
-    rows64 = zarr.open_array(store=path, mode="r")[:m].astype(np.float64)
+    rows64 = zarr.open_array(store=bench.path, mode="r")[:m].astype(np.float64)
     ref = (
         model.transform(rows64)
         if args.kernel_rank
         else encode_rows(rows64, model.mean_, model.precision_)
     )
     print()
-    if all_numpy:
-        zn = zarr.open_array(store=out_np, mode="r")
-        diff = 0.0
-        for i in range(0, args.n, 65536):
-            diff = max(diff, float(np.abs(zs[i : i + 65536] - zn[i : i + 65536]).max()))
-        print(
-            f"check: max abs diff slem vs numpy outputs (all {args.n:,} rows): {diff:.3e}; vs "
-            f"a float64 encoding of the first {m:,} rows: slem "
-            f"{np.abs(zs[:m] - ref).max():.3e}, numpy {np.abs(zn[:m] - ref).max():.3e}"
-        )
-        result["output_maxdiff"] = diff
-    else:
+    if "numpy_runs" not in result:
         print(
             f"check: max abs diff slem vs a float64 encoding of the first {m:,} rows: "
             f"{np.abs(zs[:m] - ref).max():.3e}"
         )
+        return
+    zn = zarr.open_array(store=bench.outs["numpy"], mode="r")
+    diff = 0.0
+    for i in range(0, args.n, 65536):
+        diff = max(diff, float(np.abs(zs[i : i + 65536] - zn[i : i + 65536]).max()))
+    print(
+        f"check: max abs diff slem vs numpy outputs (all {args.n:,} rows): {diff:.3e}; vs "
+        f"a float64 encoding of the first {m:,} rows: slem "
+        f"{np.abs(zs[:m] - ref).max():.3e}, numpy {np.abs(zn[:m] - ref).max():.3e}"
+    )
+    result["output_maxdiff"] = diff
+
+
+def _uptime() -> str:
+    import subprocess
+
+    return "uptime: " + subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
+
+
+def main(argv=None) -> int:
+    parser = _parser()
+    args = parser.parse_args(argv)
+    if args.floor and args.kernel_rank:
+        parser.error("--floor: the floor is defined for linear models; omit --kernel-rank")
+    if args.kernel_rank:
+        args.no_naive = True
+    C.resolve_sizes(args)
+    schedulers = C.chosen_schedulers(parser, args)
+    C.header(
+        f"bench_encode: n={args.n:,} d={args.d} float32"
+        f"{f', kernel rank {args.kernel_rank}' if args.kernel_rank else ''}",
+        args,
+    )
+    print(_uptime())
+    bench = _prepare(args)
+    phys = _phases(bench, schedulers)
+    print()
+    result = _summaries(bench, schedulers, phys)
+    print(_uptime())
+    _check(bench, result)
     C.emit_json("RESULT bench_encode", result)
     return 0
 
