@@ -449,6 +449,27 @@ def test_flipped_byte_in_an_output_chunk_fails_every_read_naming_the_chunk(corpu
     assert _verify(capsys, out)[0] == 0
 
 
+def test_a_damaged_output_written_in_place_by_slem_dask_0_2_is_fixed_with_overwrite(
+    corpus, client, capsys
+):
+    """An output of slem-dask 0.2 (the array at the path, no versions): verify's fix is
+    --overwrite, which a re-run needs for it, and names no version to roll back to."""
+    import shutil
+
+    out, legacy = corpus["dir"] / "out.zarr", corpus["dir"] / "legacy.zarr"
+    encode_corpus(corpus, out)
+    shutil.copytree(head(out), legacy)  # the layout 0.2 wrote in place
+    os.remove(_chunk(legacy, 1))
+    code, text, _ = _verify(capsys, legacy)
+    assert code == 1 and "c/1/0" in text and "missing" in text, text
+    assert "  fix: run the same `slem-dask encode` with --overwrite: it writes it again" in text
+    assert "roll back" not in text
+    with pytest.raises(FileExistsError, match="pass --overwrite"):
+        encode_corpus(corpus, legacy)
+    encode_corpus(corpus, legacy, overwrite=True)
+    assert _verify(capsys, legacy)[0] == 0
+
+
 def test_truncated_input_chunk_is_named(corpus):
     chunk = _chunk(corpus["positives"], 3)
     chunk.write_bytes(chunk.read_bytes()[:-9])

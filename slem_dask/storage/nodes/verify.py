@@ -185,7 +185,10 @@ def _output_fix(path, seq: int | None, trusted: bool) -> str:
     """How to repair a committed output's chunks. A re-run of its encode reads each
     chunk's 4-byte trailer, not the whole output: it encodes again a partition whose
     chunk is missing or whose trailer is not the one recorded, not one damaged behind a
-    trailer it trusts (``trusted``); --overwrite encodes every partition."""
+    trailer it trusts (``trusted``); --overwrite encodes every partition. An output
+    written in place by slem-dask 0.2 (``seq`` None) is written again only with it."""
+    if seq is None:
+        return "run the same `slem-dask encode` with --overwrite: it writes it again, versioned"
     if trusted:
         return (
             f"run the same `slem-dask encode` with --overwrite (a re-run without it checks "
