@@ -54,24 +54,42 @@ __all__ = [
 # -- jobs -----------------------------------------------------------------
 
 
+_CORPUS_FIX = (
+    "; give a corpus group, as written by slem_dask.datasets.write_corpus or "
+    "`slem-dask demo` (its workdir/corpus.zarr)"
+)
+
+
 def _open_corpus(path: str):
-    parent = os.path.dirname(str(path).rstrip("/")) or "."
-    group = storage.open_written_group(
-        path,
-        "corpus",
-        "; give a corpus group, as written by slem_dask.datasets.write_corpus or "
-        "`slem-dask demo` (its workdir/corpus.zarr)",
-        array_fix=f"; give the group that holds negatives, database, queries and their "
-        f"labels, e.g. {parent!r}",
-    )
+    group = storage.open_written_group(path, "corpus", _CORPUS_FIX, lambda: _array_fix(path))
     needed = ("negatives", "database", "queries", "database_labels", "query_labels")
     missing = [n for n in needed if n not in group]
+    kind = (group.attrs.get(storage.ATTR) or {}).get("kind")
+    if missing and kind in ("model", "search"):
+        said = "a model" if kind == "model" else "a search result"
+        raise ValueError(f"corpus: {path!r} is {said} of slem-dask, not a corpus{_CORPUS_FIX}")
     if missing:
         raise ValueError(
             f"corpus: {path!r} lacks {', '.join(missing)}; a corpus group holds "
             f"{', '.join(needed)} (as written by slem_dask.datasets.write_corpus)"
         )
     return group
+
+
+def _array_fix(path: str) -> str:
+    """What to give instead of the array at ``path``: the group around it when that is
+    a corpus (``corpus.zarr/negatives``), else any corpus group."""
+    import zarr
+
+    parent = os.path.dirname(str(path).rstrip("/"))
+    try:
+        around = storage.open_node(parent) if parent else None
+    except Exception:  # noqa: BLE001 - no group around it: the general advice stands
+        around = None
+    is_corpus = isinstance(around, zarr.Group) and all(n in around for n in EVALUATE_INPUTS)
+    if is_corpus:
+        return f"; give the corpus group that holds it, {parent!r}"
+    return _CORPUS_FIX
 
 
 def check_plot_path(plot: str | None) -> None:

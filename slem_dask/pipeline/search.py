@@ -159,8 +159,9 @@ def search_input_warnings(q_arr, db_arr, queries: str, database: str, options) -
 
 
 def _search_and_write(client, paths, k: int, options: SearchOptions, tx, action: str):
-    """In ``out``'s transaction ``tx`` (under its lease): reopen the inputs, search, check that they did not change
-    while read, write the result. ("q x db" rows, database partitions, (t1, t2, t3))."""
+    """In ``out``'s transaction ``tx`` (under its lease): reopen the inputs, search, check
+    that they did not change while read, write the result. ("q x db" rows, database
+    partitions, (t1, t2, t3))."""
     queries, database, out = paths
     # what is read: a versioned input stays the version opened here, whatever commits
     # meanwhile; a plain one is fingerprinted before and after

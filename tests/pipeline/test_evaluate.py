@@ -685,6 +685,25 @@ def test_a_corpus_the_store_did_not_answer_for_is_not_called_not_a_group(monkeyp
     assert info.value is failure
 
 
+def test_a_store_of_slem_dask_given_as_the_corpus_is_named_with_what_to_give(
+    tmp_path, corpus_path, capsys
+):
+    """An encoded output or a model given as --corpus: said as what it is, and the
+    corpus to give instead; the folder around an output is not offered as a corpus
+    (it was, as the parent of any array)."""
+    from slem_dask.pipeline import encode_job, fit_job
+
+    model, out = str(tmp_path / "m.zarr"), str(tmp_path / "db.zarr")
+    fit_job(None, f"{corpus_path}/negatives", model)
+    encode_job(None, model, f"{corpus_path}/database", out)
+    fix = "give a corpus group, as written by slem_dask.datasets.write_corpus or `slem-dask demo`"
+    for path, said in ((out, "an encoded output of slem-dask"), (model, "a model of slem-dask")):
+        assert main(["evaluate", "--corpus", path, "--k", "3"]) == 1
+        err = capsys.readouterr().err
+        assert f"corpus: {path!r} is {said}" in err and fix in err, err
+        assert repr(str(tmp_path)) not in err, err
+
+
 def test_a_failing_method_still_prints_the_rows_computed_before_it(
     corpus_path, capsys, monkeypatch
 ):

@@ -470,6 +470,29 @@ def test_a_damaged_output_written_in_place_by_slem_dask_0_2_is_fixed_with_overwr
     assert _verify(capsys, legacy)[0] == 0
 
 
+def test_verify_of_a_damaged_version_folder_says_the_fix_of_its_store(corpus, client, capsys):
+    """A version folder given to verify: its current version's fix names the store
+    (the encode writes the store, not the folder); an older version is not the one to
+    repair: nothing reads it, and a rollback to it is refused."""
+    out = corpus["dir"] / "out.zarr"
+    encode_corpus(corpus, out)
+    first = head(out)
+    encode_corpus(corpus, out, overwrite=True)  # version 2, a copy of version 1
+    current = head(out)
+    for folder in (first, current):
+        os.remove(folder / "c" / "1" / "0")
+    code, text, _ = _verify(capsys, first)
+    assert code == 1 and "c/1/0" in text, text
+    assert (
+        f"  fix: this is version 1 of {str(out)!r}, not its current version 2: readers of "
+        f"the store do not read it, and a rollback to it is refused" in text
+    ), text
+    code, text, _ = _verify(capsys, current)
+    assert code == 1 and "c/1/0" in text, text
+    assert "  fix: run the same `slem-dask encode` again: it encodes those partitions" in text
+    assert f"`slem-dask versions {out}`" in text and str(current) not in text.split("fix:")[1]
+
+
 def test_truncated_input_chunk_is_named(corpus):
     chunk = _chunk(corpus["positives"], 3)
     chunk.write_bytes(chunk.read_bytes()[:-9])

@@ -4,7 +4,7 @@ versioned store, read back before they are committed, and read with every check.
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, cast
 
 import numpy as np
@@ -331,12 +331,12 @@ def _version_seq(group) -> int | None:
 
 
 def open_written_group(
-    path: str, what: str, fix: str = "", array_fix: str | None = None
+    path: str, what: str, fix: str = "", array_fix: Callable[[], str] | None = None
 ) -> zarr.Group:
     """The zarr group at ``path``, to be read as the ``what`` slem-dask wrote there; a
     path that holds none is refused in one line, ending with ``fix`` (how to name the
-    right one; ``array_fix`` instead when the path holds an array). A store that does
-    not answer raises as it does: no word on what it holds."""
+    right one; ``array_fix()`` instead when the path holds an array: called only then).
+    A store that does not answer raises as it does: no word on what it holds."""
     try:
         node = open_node(path)
     except versions.VersionError as exc:
@@ -351,7 +351,7 @@ def open_written_group(
         ) from None
     if isinstance(node, zarr.Array):
         said = _array_said(node, what)
-        raise ValueError(f"{what}: {path!r} is {said}{fix if array_fix is None else array_fix}")
+        raise ValueError(f"{what}: {path!r} is {said}{fix if array_fix is None else array_fix()}")
     return node
 
 

@@ -12,6 +12,7 @@ from .groups import open_written_group, read_group_arrays, read_search_store
 from .model_reads import read_model_store
 from .inputs import _exists, open_node
 from .outputs import output_meta
+from ..versioning.records import version_folder_seq
 from ..versioning.ownership import ATTR, damaged_metadata, slem_dask_kind, unreadable_marker
 from ..backends.paths import canonical
 from .readers import ENCODINGS
@@ -182,6 +183,28 @@ def _chunk_problems(arr, crcs: list, n_parts: int) -> tuple[list[str], bool]:
 
 
 def _output_fix(path, seq: int | None, trusted: bool) -> str:
+    """How to repair a damaged committed output at ``path`` (:func:`_store_fix`); given
+    by a version folder, said of its store: only the current version is repaired."""
+    folder = version_folder_seq(path)
+    if folder is None:
+        return _store_fix(path, seq, trusted)
+    try:
+        owner = versions.resolve(path)[1]
+        current = owner.head() if owner is not None else None
+    except Exception:  # noqa: BLE001 - the store around it fails: nothing sure to say
+        return ""
+    if owner is None or current is None:
+        return ""
+    if current.seq == folder:
+        return _store_fix(owner.path, folder, trusted)
+    return (
+        f"this is version {folder} of {str(owner.path)!r}, not its current version "
+        f"{current.seq}: readers of the store do not read it, and a rollback to it is "
+        f"refused; `slem-dask verify {owner.path}` checks the current one"
+    )
+
+
+def _store_fix(path, seq: int | None, trusted: bool) -> str:
     """How to repair a committed output's chunks. A re-run of its encode reads each
     chunk's 4-byte trailer, not the whole output: it encodes again a partition whose
     chunk is missing or whose trailer is not the one recorded, not one damaged behind a
@@ -191,9 +214,10 @@ def _output_fix(path, seq: int | None, trusted: bool) -> str:
         return "run the same `slem-dask encode` with --overwrite: it writes it again, versioned"
     if trusted:
         return (
-            f"run the same `slem-dask encode` with --overwrite (a re-run without it checks "
-            f"each chunk's recorded checksum, which a chunk damaged inside still matches); "
-            f"it commits a new version{rollback_advice(path, seq)}"
+            f"run the same `slem-dask encode` with --overwrite: it encodes every partition "
+            f"again and commits a new version (without it, a re-run checks each chunk's "
+            f"recorded checksum, which a chunk damaged inside still ends with)"
+            f"{rollback_advice(path, seq)}"
         )
     return (
         f"run the same `slem-dask encode` again: it encodes those partitions again and "
