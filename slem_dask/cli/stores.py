@@ -76,11 +76,14 @@ def versions(args) -> None:
             "current" if c.seq == head else ("readable" if store.exists(c.version) else "pruned")
         )
         where = store.location(c.version) if state != "pruned" else "-"
-        encodes = c.summary.get("positives") if isinstance(c.summary, dict) else None
+        summary = c.summary if isinstance(c.summary, dict) else {}
+        encodes, model = summary.get("positives"), summary.get("model_fingerprint")
         print(
             f"{c.seq:>5}  {c.kind:<9} {state:<8} {c.created}  {c.job} on {c.host}"
             f"{'  (' + c.source + ')' if c.source else ''}"
             f"{f'  encodes {shown_path(encodes)!r}' if isinstance(encodes, str) else ''}"
+            # as fit and encode print a model, and a refusal of another model names it
+            f"{f' with model identity {model}' if isinstance(model, str) else ''}"
             f"  {where}"
         )
     if not commits:

@@ -102,8 +102,10 @@ def test_slem_dask_reads_verifies_and_rewrites_a_store_with_its_marker(corpus, c
     capsys.readouterr()
     assert main(["versions", str(codes)]) == 0
     listed = capsys.readouterr().out.splitlines()  # what each version encodes (stop 52)
+    identity = slem_dask.load_model(corpus["model"]).identity_[:16]
     assert [line.split("  encodes ")[1].split("  ")[0] for line in listed] == [
-        repr(str(storage.canonical(corpus[k]))) for k in ("positives", "others")
+        f"{str(storage.canonical(corpus[k]))!r} with model identity {identity}"
+        for k in ("positives", "others")
     ], listed
     assert main(["rollback", str(codes), "--to", "1"]) == 0
     assert verify(codes) == ("output, version 3", [])
