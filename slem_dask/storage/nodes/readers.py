@@ -129,10 +129,12 @@ class VersionStore(CheckedReads, Store):
     A version pruned while it is read (storage keeps the last few) raises
     :class:`~slem_dask.storage.versioning.versions.VersionError` saying so, never zeros; so does
     a store unpickled on a dask worker after the pruning. Every chunk read is checked
-    against the crc32c its commit recorded (:mod:`.recorded`): a chunk missing, or not
-    the one written, raises :class:`~slem_dask.storage.versioning.errors.MissingChunkError` or
-    :class:`~slem_dask.storage.versioning.errors.CorruptChunkError` naming it; a key that no
-    written chunk could be reads as None, like any zarr store's.
+    against the crc32c its commit recorded (:mod:`.recorded`): a chunk missing, or ending
+    in another checksum, raises :class:`~slem_dask.storage.versioning.errors.MissingChunkError`
+    or :class:`~slem_dask.storage.versioning.errors.CorruptChunkError` naming it (one damaged
+    inside fails zarr's own crc32c check: its trailer alone is read here, so that each
+    chunk's crc32c is computed once); a key that no written chunk could be reads as None,
+    like any zarr store's.
 
     ``read_only``: True only (zarr's ``Store`` argument; versions are written by
     slem-dask's commits, never through a store).
