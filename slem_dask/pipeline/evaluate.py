@@ -62,16 +62,15 @@ _CORPUS_FIX = (
 
 def _open_corpus(path: str):
     group = storage.open_written_group(path, "corpus", _CORPUS_FIX, lambda: _array_fix(path))
-    needed = ("negatives", "database", "queries", "database_labels", "query_labels")
-    missing = [n for n in needed if n not in group]
+    missing = [n for n in EVALUATE_INPUTS if n not in group]
     kind = (group.attrs.get(storage.ATTR) or {}).get("kind")
     if missing and kind in ("model", "search"):
-        said = "a model" if kind == "model" else "a search result"
+        said = storage.KIND_NAMES[kind]
         raise ValueError(f"corpus: {path!r} is {said} of slem-dask, not a corpus{_CORPUS_FIX}")
     if missing:
         raise ValueError(
             f"corpus: {path!r} lacks {', '.join(missing)}; a corpus group holds "
-            f"{', '.join(needed)} (as written by slem_dask.datasets.write_corpus)"
+            f"{', '.join(EVALUATE_INPUTS)} (as written by slem_dask.datasets.write_corpus)"
         )
     return group
 

@@ -119,6 +119,7 @@ from .nodes.outputs import (  # noqa: F401
 )
 from .versioning.ownership import (  # noqa: F401
     ATTR,
+    KIND_NAMES,
     KINDS,
     check_may_replace,
     damaged_metadata,

@@ -17,6 +17,13 @@ ATTR = "slem_dask"
 
 
 KINDS = ("model", "encoding", "search", "corpus")
+#: How messages name a store of each of :data:`KINDS`.
+KIND_NAMES = {
+    "model": "a model",
+    "encoding": "an encoded output",
+    "search": "a search result",
+    "corpus": "a corpus",
+}
 
 
 def slem_dask_kind(path: StorePath) -> str | None:
@@ -62,15 +69,9 @@ def check_may_replace(path, what: str, flag: str = "--overwrite", kind: str | No
     if found == "draft":
         return
     if found is not None and kind is not None and found != kind:
-        names = {
-            "model": "a model",
-            "encoding": "an encoded output",
-            "search": "a search result",
-            "corpus": "a corpus",
-        }
         raise FileExistsError(
-            f"{what} {str(path)!r} holds {names[found]} of slem-dask, not "
-            f"{names[kind]}; {flag} replaces only a store of the same kind: choose another "
+            f"{what} {str(path)!r} holds {KIND_NAMES[found]} of slem-dask, not "
+            f"{KIND_NAMES[kind]}; {flag} replaces only a store of the same kind: choose another "
             f"path, or delete it yourself if it is really unwanted"
         )
     if found is not None:
