@@ -71,6 +71,14 @@ def versions(args) -> None:
         return
     commits = store.commits()
     head = commits[-1].seq if commits else None
+    if commits:
+        print(
+            f"{store.path}: {len(commits)} version(s) committed, oldest first; readers "
+            f"read the current one; a pruned one keeps only its record"
+        )
+        print(
+            f"{'N':>5}  {'kind':<9} {'state':<8} {'committed (UTC)':<20}  by, then what it holds and its folder"
+        )
     for c in commits:
         state = (
             "current" if c.seq == head else ("readable" if store.exists(c.version) else "pruned")

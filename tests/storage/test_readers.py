@@ -101,7 +101,24 @@ def test_slem_dask_reads_verifies_and_rewrites_a_store_with_its_marker(corpus, c
     assert main(["verify", str(codes), corpus["model"]]) == 0
     capsys.readouterr()
     assert main(["versions", str(codes)]) == 0
-    listed = capsys.readouterr().out.splitlines()  # what each version encodes (stop 52)
+    header, legend, *listed = capsys.readouterr().out.splitlines()
+    assert header.startswith(f"{storage.canonical(codes)}: 2 version(s) committed"), header
+    assert legend.split() == [
+        "N",
+        "kind",
+        "state",
+        "committed",
+        "(UTC)",
+        "by,",
+        "then",
+        "what",
+        "it",
+        "holds",
+        "and",
+        "its",
+        "folder",
+    ]
+    # what each version encodes (stop 52)
     identity = slem_dask.load_model(corpus["model"]).identity_[:16]
     assert [line.split("  encodes ")[1].split("  ")[0] for line in listed] == [
         f"{str(storage.canonical(corpus[k]))!r} with model identity {identity}"
