@@ -188,7 +188,7 @@ def reuse_partitions(tx, target, head, inputs: list[str], n_parts: int):
             )
             if crc is not None:
                 crcs[i] = crc
-                names.append(storage._full_key(old, (i, 0)))
+                names.append(storage.chunk_key(old, (i, 0)))
         if names:
             tx.store.backend.copy_tree(_relative(tx.store, old), _relative(tx.store, target), names)
     return [i for i, crc in enumerate(crcs) if crc is None], crcs

@@ -30,7 +30,7 @@ from .moved import install as _install_moved
 from .versioning import versions  # noqa: F401
 from .nodes.checksums import (  # noqa: F401
     CHECKSUM,
-    _full_key,
+    chunk_key,
     delete_chunk,
     fingerprint,
     json_params,

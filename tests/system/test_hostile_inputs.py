@@ -137,7 +137,7 @@ def key_budget(monkeypatch):
     calls = []
     from slem_dask.storage.nodes import chunks
 
-    original = chunks._full_key
+    original = chunks.chunk_key
 
     def counted(arr, coords):
         calls.append(1)
@@ -145,7 +145,7 @@ def key_budget(monkeypatch):
             raise RuntimeError("enumerated more than 100,000 chunk keys")
         return original(arr, coords)
 
-    monkeypatch.setattr(chunks, "_full_key", counted)  # where the keys are generated
+    monkeypatch.setattr(chunks, "chunk_key", counted)  # where the keys are generated
     return calls
 
 

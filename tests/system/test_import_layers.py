@@ -178,7 +178,7 @@ JOBS = ("slem_dask.pipeline", "slem_dask.cli")
 def _deep_storage_uses(name: str, path: Path, modules) -> list[str]:
     """Where ``name`` reaches past storage's faces: an import of a storage module that is
     no face, an import of a module through a face (``from ..storage.nodes import
-    chunks``), or an attribute path into one (``storage.nodes.checksums._full_key``)."""
+    chunks``), or an attribute path into one (``storage.nodes.checksums.chunk_key``)."""
     package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
     found = []
     for node in ast.walk(ast.parse(path.read_text())):

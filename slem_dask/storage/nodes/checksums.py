@@ -17,7 +17,8 @@ import zarr.codecs
 from ..versioning.ownership import ATTR
 
 
-def _full_key(arr, coords) -> str:
+def chunk_key(arr, coords) -> str:
+    """The store key of the chunk at ``coords`` of ``arr``, from the store's root."""
     key = arr.metadata.encode_chunk_key(coords)
     return f"{arr.path}/{key}" if arr.path else key
 
@@ -108,14 +109,14 @@ def crc32c(data) -> int:
 
 def stored_crc32c(arr, row_chunk: int) -> int | None:
     """The crc32c trailer of output chunk ``(row_chunk, 0)``, or None if it is absent."""
-    tail = _store_get(arr, _full_key(arr, (row_chunk, 0)), suffix=4)
+    tail = _store_get(arr, chunk_key(arr, (row_chunk, 0)), suffix=4)
     return None if tail is None or len(tail) != 4 else int(np.frombuffer(tail, "<u4")[0])
 
 
 def self_consistent_crc32c(arr, row_chunk: int) -> int | None:
     """Read a whole output chunk; its crc32c if the payload matches the trailer and
     has the expected size, else None (absent, truncated or corrupt)."""
-    data = _store_get(arr, _full_key(arr, (row_chunk, 0)))
+    data = _store_get(arr, chunk_key(arr, (row_chunk, 0)))
     expected = int(np.prod(arr.chunks)) * arr.dtype.itemsize + 4
     if data is None or len(data) != expected:
         return None
@@ -126,7 +127,7 @@ def self_consistent_crc32c(arr, row_chunk: int) -> int | None:
 def delete_chunk(arr, row_chunk: int) -> None:
     from zarr.core.sync import sync
 
-    sync(arr.store_path.store.delete(_full_key(arr, (row_chunk, 0))))
+    sync(arr.store_path.store.delete(chunk_key(arr, (row_chunk, 0))))
 
 
 #: Every chunk slem-dask writes ends in a crc32c of its bytes (zarr v3 codec).
@@ -232,7 +233,7 @@ def chunk_trailers(arr) -> list:
     was read back, and what its readers and ``slem-dask verify`` compare with that."""
     trailers = []
     for coords in np.ndindex(*arr.cdata_shape):
-        tail = _store_get(arr, _full_key(arr, coords), suffix=4)
+        tail = _store_get(arr, chunk_key(arr, coords), suffix=4)
         trailers.append(
             None if tail is None or len(tail) != 4 else int(np.frombuffer(tail, "<u4")[0])
         )
@@ -247,7 +248,7 @@ def chunk_change(arr, recorded: list) -> tuple[str, str] | None:
     # strict=False: a record of another length is itself a change, reported below
     for i, (stored, crc) in enumerate(zip(chunk_trailers(arr), recorded, strict=False)):
         if stored != crc:
-            key = _full_key(arr, tuple(np.unravel_index(i, arr.cdata_shape)))
+            key = chunk_key(arr, tuple(np.unravel_index(i, arr.cdata_shape)))
             if stored is not None or crc is None:
                 return key, "changed"
             return key, "missing" if _store_get(arr, key) is None else "truncated"

@@ -11,7 +11,7 @@ import numpy as np
 import zarr
 import dask
 
-from .checksums import _full_key, crc32c, recorded_crc32c
+from .checksums import chunk_key, crc32c, recorded_crc32c
 from ..versioning.ownership import ATTR
 from ..versioning import versions
 from ..versioning.errors import (
@@ -415,7 +415,7 @@ def iter_chunk_keys(arr, lo: int, hi: int):
     n_cols = -(-int(arr.shape[1]) // cols)
     for i in range(lo // rows, -(-hi // rows)):
         for j in range(n_cols):
-            yield _full_key(arr, (i, j)), i * rows, min((i + 1) * rows, arr.shape[0])
+            yield chunk_key(arr, (i, j)), i * rows, min((i + 1) * rows, arr.shape[0])
 
 
 #: A store unit (chunk or shard) smaller than this, in a store of more than MANY_UNITS of

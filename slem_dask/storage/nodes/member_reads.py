@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from ..versioning.errors import ChangedChunkError, CorruptChunkError, rollback_advice
-from .checksums import _full_key, hash_array_header
+from .checksums import chunk_key, hash_array_header
 from .chunks import _reason, read_rows
 
 #: Bytes of rows read (and then hashed) at a time, rounded to whole chunks of rows.
@@ -187,7 +187,7 @@ def _unreadable_chunk(arr) -> tuple[str, BaseException] | None:
         try:
             arr[lo:hi] if arr.ndim else arr[...]
         except Exception as exc:  # noqa: BLE001
-            key = _full_key(arr, (i,) + (0,) * (arr.ndim - 1)) if arr.ndim else None
+            key = chunk_key(arr, (i,) + (0,) * (arr.ndim - 1)) if arr.ndim else None
             named = f"{key!r} " if key is not None and whole_rows else ""
             return f"{named}(rows {lo}-{hi - 1})" if arr.ndim else "(its only chunk)", exc
     return None

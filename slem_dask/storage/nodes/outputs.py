@@ -12,7 +12,7 @@ import numpy as np
 import zarr
 
 from ..._version import __version__
-from .checksums import _full_key, crc32c, stored_crc32c
+from .checksums import chunk_key, crc32c, stored_crc32c
 from ..versioning import versions
 from .checksums import CHECKSUM, json_params, metadata_checksum
 from .chunks import _where
@@ -185,7 +185,7 @@ def _write_local_chunk(arr: zarr.Array, index: int, block: np.ndarray) -> bool:
     raw = block.reshape(-1).view(np.uint8)
     trailer = np.array([crc32c(raw)], dtype="<u4").tobytes()
     data = memoryview(raw)  # type: ignore[arg-type]  # a buffer (numpy stubs: >= 3.12)
-    path = os.path.join(str(store.root), _full_key(arr, (index, 0)))
+    path = os.path.join(str(store.root), chunk_key(arr, (index, 0)))
     os.makedirs(os.path.dirname(path), exist_ok=True)
     tmp = f"{path}.{uuid.uuid4().hex}.partial"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
@@ -264,7 +264,7 @@ def _write_s3_chunk(arr: zarr.Array, index: int, block: np.ndarray) -> tuple[boo
     view[: raw.nbytes] = raw
     view[raw.nbytes :] = np.frombuffer(np.array([crc32c(raw)], dtype="<u4").tobytes(), np.uint8)
     whole = base64.b64encode(crc32c(view).to_bytes(4, "big")).decode()
-    path = _dereference_path(store.path, _full_key(arr, (index, 0)))
+    path = _dereference_path(store.path, chunk_key(arr, (index, 0)))
     # chunksize: one PUT whatever the size (s3fs goes multipart from 2 chunksizes on)
     answer = sync(store.fs._pipe_file(path, body, chunksize=len(body), ChecksumCRC32C=whole))
     trailer = int(view[raw.nbytes :].view("<u4")[0])

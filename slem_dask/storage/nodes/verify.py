@@ -7,7 +7,7 @@ import zarr
 from ..versioning import versions
 from ..versioning.errors import DamagedStoreError, rollback_advice
 from ..formats import formats
-from .checksums import _full_key, self_consistent_crc32c, stored_crc32c
+from .checksums import chunk_key, self_consistent_crc32c, stored_crc32c
 from .groups import open_written_group, read_group_arrays, read_search_store
 from .model_reads import read_model_store
 from .inputs import _exists, open_node
@@ -164,7 +164,7 @@ def _chunk_problems(arr, crcs: list, n_parts: int) -> tuple[list[str], bool]:
     recorded, whether one of them is damaged behind the trailer recorded for it)."""
     problems, trusted = [], False
     for i in range(n_parts):
-        key = _full_key(arr, (i, 0))
+        key = chunk_key(arr, (i, 0))
         lo, hi = i * arr.chunks[0], min(arr.shape[0], (i + 1) * arr.chunks[0])
         crc = self_consistent_crc32c(arr, i)
         if crc is None:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import hashlib
 
 
-from .checksums import _full_key, _store_get
+from .checksums import chunk_key, _store_get
 from ..versioning.errors import IntegrityError, StorageViewError
 from ..backends.paths import canonical
 
@@ -29,7 +29,7 @@ def store_signature(location: str) -> dict:
         # the first chunk's size and its first and last 64 KiB: enough to tell a missing
         # mount or another file, without reading a whole chunk (37 MB at 20,000 x 512)
         # in the client and every worker before each job
-        key = _full_key(node, (0,) * node.ndim)
+        key = chunk_key(node, (0,) * node.ndim)
         head = _store_get(node, key, head=_SIGNATURE_BYTES)
         tail = _store_get(node, key, suffix=_SIGNATURE_BYTES)
         sig["first_chunk"] = (
