@@ -62,6 +62,7 @@ __all__ = [
     "fit_task_bytes",
     "kernel_fit_bytes",
     "explain_failures",
+    "memory_events",
 ]
 
 #: The fraction of its limit at which a nanny restarts a worker, when dask's
@@ -286,7 +287,7 @@ def _smaller_partitions(plan: Plan, rows: int, or_less: str = "", in_process: bo
 
 
 # -- after the fact ----------------------------------------------------------------
-def _memory_events(client, after: float = float("-inf")) -> list:
+def memory_events(client, after: float = float("-inf")) -> list:
     """The nannies' memory restarts logged after scheduler time ``after``: [(time, msg)]."""
     try:
         return [(t, msg) for t, msg in client.get_events("worker-restart-memory") if t > after]
@@ -393,7 +394,7 @@ def explain_failures(client, what_is_kept: str = "nothing was marked complete"):
     if client is None:
         yield
         return
-    before = max((t for t, _ in _memory_events(client)), default=float("-inf"))
+    before = max((t for t, _ in memory_events(client)), default=float("-inf"))
     limits = _worker_limits(client)
     names = {a: str(n) for a, n in _worker_limits(client, "name").items()}
     token, remedy = _plan.set(None), _remedy.set(None)
@@ -404,7 +405,7 @@ def explain_failures(client, what_is_kept: str = "nothing was marked complete"):
         if _killed_worker(exc) is None and not _lost_dependencies(exc):
             raise
         limits.update({a: v for a, v in _worker_limits(client).items() if a not in limits})
-        text = explain(exc, _memory_events(client, before), limits, what_is_kept, names)
+        text = explain(exc, memory_events(client, before), limits, what_is_kept, names)
         if text is None:
             raise
         raise WorkerMemoryError(text) from None

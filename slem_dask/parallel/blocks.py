@@ -336,19 +336,19 @@ def scatter_large_arrays(client):
     (:func:`.replicas.scatter_everywhere`) instead of embedding them in the task graph.
 
     An embedded array travels in the graph through the scheduler, which holds it
-    (a d = 8192 linear model: 256 MiB; E-SVM's negatives: all of them), and
-    distributed warns about it. A scattered one is a future, held until the
-    block ends: a graph built here must be computed on ``client`` inside it.
-    Jobs, which build and compute at once, use this; library calls outside it
-    stay self-contained graphs that any scheduler can compute. ``client=None``
-    (no cluster) changes nothing.
+    (a d = 8192 linear model: 256 MiB; E-SVM's negatives: all of them), and distributed
+    warns about it. A scattered one is a future, held until the block ends: a graph
+    built here must be computed on ``client`` inside it. Jobs, which build and compute
+    at once, use this; library calls outside it stay self-contained graphs that any
+    scheduler can compute. ``client=None`` (no cluster) changes nothing. Yields the
+    futures scattered so far (:func:`.replicas.lost` says if the cluster lost one).
     """
     # the futures are held here: a graph keeps only their keys, and a future
     # nobody holds is released by the client before its tasks run
     held: list = []
     token = _scatter_client.set((client, held) if client is not None else None)
     try:
-        yield
+        yield held
     finally:
         _scatter_client.reset(token)
         # emptied, not only dropped: asyncio handles that distributed made inside the

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import ipaddress
 
-__all__ = ["PREFIX", "protect", "scatter_everywhere", "workers_are_local"]
+__all__ = ["PREFIX", "lost", "protect", "scatter_everywhere", "workers_are_local"]
 
 #: Keys of the arrays slem-dask scatters; the policy spares exactly these.
 PREFIX = "slem-dask-shared-"
@@ -92,6 +92,13 @@ def scatter_everywhere(client, key: str, value):
     if direct is None:
         direct = workers_are_local(client.nthreads())
     return client.scatter({key: value}, broadcast=True, direct=bool(direct))[key]
+
+
+def lost(futures) -> bool:
+    """Whether one of these scattered arrays is gone from the cluster: every worker that
+    held it left (the only worker killed, or restarted by its nanny), and distributed
+    cancelled it and every task that needs it (it cannot compute scattered data again)."""
+    return any(f.status in ("cancelled", "lost", "error") for f in futures)
 
 
 def workers_are_local(addresses) -> bool:

@@ -12,12 +12,10 @@ import warnings
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
 
 from .. import storage
 from ..cluster import workers
 from .._version import __version__
-from ..parallel.blocks import scatter_large_arrays
 
 from . import common
 from .common import JobFailed, JobReport, _LOST, _detail, _lost_cluster
@@ -32,7 +30,7 @@ from .encode_plan import (
     recorded_model_is,
     up_to_date_report,
 )
-from .encode_write import _verify_partitions, _write_partitions, reuse_partitions, what_is_kept
+from .encode_write import _verify_partitions, encode_partitions, reuse_partitions, what_is_kept
 from .options import EncodeOptions, options_from
 
 
@@ -276,27 +274,24 @@ def _encode_and_commit(
     store, mark the draft complete and commit it (recorded in ``report``)."""
     t0, t1 = times
     tx = job.tx
+    stores = {"positives": positives, "output": tx.draft.location}
     if job.todo:  # nothing computes otherwise: no worker is needed, nor waited for
-        storage.check_workers_see(client, {"positives": positives, "output": tx.draft.location})
+        storage.check_workers_see(client, stores)
     # this job writes and commits: the oldest kept version goes while it writes
     with tx.making_room():
         if job.todo:
-            with scatter_large_arrays(client):  # the model: once to the workers
-                written = common._compute(
-                    client,
-                    _write_partitions(
-                        model,
-                        plan.arr,
-                        job.target,
-                        job.todo,
-                        plan.rows,
-                        plan.out_dtype,
-                        plan.precision,
-                    ),
-                    progress,
-                )
-            for index, crc in np.asarray(written).reshape(-1, 2).tolist():
-                job.crcs[int(index)] = int(crc)
+            written = encode_partitions(
+                client,
+                model,
+                plan,
+                job.target,
+                job.todo,
+                progress,
+                check=lambda: storage.check_workers_see(client, stores),
+                kept=lambda: what_is_kept(job.out, tx.draft.seq - 1),
+            )
+            for index, crc in written.items():
+                job.crcs[index] = crc
     t2 = time.perf_counter()
     tx.check_lease()  # first: a job that lost its lease must not blame the storage
     try:

@@ -335,3 +335,59 @@ def test_a_stopped_worker_mid_fit_gives_up_after_the_spec_task_timeout(two_worke
         setting=f"[cluster] task_timeout = {TASK_TIMEOUT}",
     )
     assert not (c["tmp"] / "model.zarr").exists()
+
+
+# -- the only worker lost with the model it was sent (a new user's report) -------------
+@pytest.fixture
+def one_worker(tmp_path):
+    cluster = _start_cluster(tmp_path, [], 1)  # with its nanny, which restarts it
+    yield {**cluster, "tmp": tmp_path}
+    _stop_cluster(cluster)
+
+
+def test_an_encode_whose_only_worker_dies_sends_its_model_again_and_completes(one_worker):
+    """A model of 768 x 768 (A^-1 in float32: 2.25 MiB) is scattered to the workers,
+    which alone hold it. SIGKILL of the only worker lost it with the worker: distributed
+    cancelled the compute ("already forgotten") and the job ended in "lost the dask
+    cluster", while the scheduler was up and the nanny restarted the worker at once. The
+    job now sends the model again to the restarted worker and encodes the partitions
+    left: the output is the one a clean run writes."""
+    from distributed import Client
+
+    c = one_worker
+    positives = _array(c["tmp"] / "positives.zarr", 60_000, 768, 500)
+    model = str(c["tmp"] / "model.zarr")
+    LinearSLEM().fit(np.random.default_rng(1).standard_normal((3_000, 768))).save(model)
+    out = c["tmp"] / "out.zarr"
+    with Client(c["address"]) as client:
+        pid = next(iter(client.run(os.getpid).values()))
+    args = ["encode", "--model", model, "--positives", positives, "--partition-rows", "500"]
+    proc = subprocess.Popen(
+        [str(BIN / "slem-dask"), *args, "--out", str(out), "--scheduler", c["address"]],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.time() + 120
+        while (
+            time.time() < deadline
+            and proc.poll() is None
+            and len(list(out.glob("versions/*/c/*/*"))) < 5
+        ):  # chunks in the job's draft
+            time.sleep(0.01)
+        assert proc.poll() is None, "the encode ended before its worker could be killed"
+        os.kill(pid, signal.SIGKILL)
+        stdout, stderr = proc.communicate(timeout=240)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, stderr
+    assert "lost the dask cluster" not in stderr
+    assert re.search(r"partitions +120 encoded of 120", stdout), stdout
+    clean = _cli(c, *args, "--out", c["tmp"] / "clean.zarr", timeout=240)
+    assert clean.returncode == 0, clean.stderr
+    np.testing.assert_array_equal(
+        storage.read_all(str(out)), storage.read_all(str(c["tmp"] / "clean.zarr"))
+    )
+    assert storage.verify(str(out)) == ("output, version 1", [])
