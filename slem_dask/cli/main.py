@@ -150,11 +150,13 @@ def _cluster_settings(args):
 
 def _check_before_cluster(args, spec):
     """Every check that needs no cluster, before one starts; the TLS Security (or None)."""
-    security = _security(args)  # before any cluster starts, like every input check
-    _check_inputs(args, spec)  # input errors come before any cluster starts
-    from ..cluster.preflight import check_writable, output_paths
+    from ..cluster.preflight import check_store_names, check_writable, output_paths
 
-    check_writable(output_paths(args, spec))  # so do read-only output folders
+    security = _security(args)  # before any cluster starts, like every input check
+    outputs = output_paths(args, spec)
+    check_store_names(outputs)  # `--out codes.npy`: a file's name, whatever is there
+    _check_inputs(args, spec)  # input errors come before any cluster starts
+    check_writable(outputs)  # so do read-only output folders
     _check_report_path(args)  # and a report file that could not be written at the end
     if args.command == "search":
         from ..pipeline.search import check_search_inputs

@@ -16,7 +16,7 @@ import os
 import re
 import uuid
 
-__all__ = ["check_writable", "check_output_file", "output_paths"]
+__all__ = ["check_store_names", "check_writable", "check_output_file", "output_paths"]
 
 #: File systems that are the kernel's view of processes, devices and settings, not storage:
 #: they refuse new files (with ENOENT on /proc, EACCES on /sys, even for root).
@@ -74,16 +74,17 @@ _STORE_KEYS = re.compile(r"--model|--out|model\.path|generate\.path|encode\[\d+\
 
 
 def _check_store_name(key: str, path, target: str) -> None:
-    """Refuse a new store named as a file format slem-dask reads (``codes.npy``): it would
+    """Refuse a store named as a file format slem-dask reads (``codes.npy``): it would
     be a folder that ``np.load`` or h5py cannot open, and a user who typed it wanted that
-    file; ``slem-dask export`` writes one."""
+    file; ``slem-dask export`` writes one. Such a file there already (an export) is no
+    store either; a folder of that name (a store written so) is left to the store checks."""
     from ..storage.formats.formats import HDF5_SUFFIXES, TEXMEX
 
     suffix = os.path.splitext(target.rstrip("/"))[1].lower()
     if (
         _STORE_KEYS.fullmatch(key)
         and suffix in (".npy", *HDF5_SUFFIXES, *TEXMEX)
-        and not os.path.exists(target)
+        and not os.path.isdir(target)
     ):
         raise ValueError(
             f"{key} {str(path)!r}: slem-dask writes a versioned zarr store (a folder) "
@@ -93,10 +94,21 @@ def _check_store_name(key: str, path, target: str) -> None:
         )
 
 
+def check_store_names(paths: dict[str, object]) -> None:
+    """A ValueError for a store of ``paths`` ({option: path}) named like a file
+    (:func:`_check_store_name`); checked before the inputs and what is at the outputs, so
+    that a file there (an export's ``codes.npy``) is named for what it is."""
+    from ..storage import canonical
+
+    for key, path in paths.items():
+        where = canonical(path) if path else None
+        if where is not None and where.is_local:
+            _check_store_name(key, path, where.location)
+
+
 def check_writable(paths: dict[str, object]) -> None:
     """Raise PermissionError (one line: the option, the folder, the fix) unless a file
-    can be created where each local output of ``paths`` ({option: path}) goes; a
-    ValueError for a new store named like a file (:func:`_check_store_name`)."""
+    can be created where each local output of ``paths`` ({option: path}) goes."""
     from ..storage import canonical
 
     for key, path in paths.items():
@@ -106,7 +118,6 @@ def check_writable(paths: dict[str, object]) -> None:
         if not where.is_local:
             continue
         target = where.location
-        _check_store_name(key, path, target)
         if key == "--workdir" and os.path.exists(target) and not os.path.isdir(target):
             raise NotADirectoryError(  # the demo makes it a folder: os.makedirs' errno 17
                 f"--workdir {str(path)!r}: {target!r} is a file, not a folder; give a "

@@ -86,6 +86,14 @@ def test_a_new_store_named_as_a_file_format_is_refused(command, option, name, tm
     assert "\n" not in err and f"{option} {str(target)!r}" in err
     assert "slem-dask export" in err and str(tmp_path / "codes.zarr") in err
     assert not target.exists()
+    # such a file there already (`slem-dask export`'s) is named so too, and kept: it
+    # was said to be "not written by slem-dask" and to be removed, only to be refused
+    # by its name next
+    target.write_bytes(b"an export")
+    assert main([command, *given, option, str(target), "--overwrite"]) == 1
+    err = capsys.readouterr().err.strip()
+    assert f"{option} {str(target)!r}: slem-dask writes a versioned zarr store" in err, err
+    assert target.read_bytes() == b"an export"
 
 
 @pytest.mark.parametrize("given", ["model", "search result"])
