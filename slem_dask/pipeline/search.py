@@ -129,6 +129,31 @@ def search_job(
     ).split_lease_wait(tx)
 
 
+def _one_side_encoded(encoded_arr, other_arr, queries_encoded, queries: str, database: str) -> str:
+    """The warning for slem-dask encodings searched against rows that are not, as far as
+    their store says: a file (.npy, HDF5, fvecs) records nothing, and may hold
+    encodings exported from slem-dask (`slem-dask export`) as well as raw descriptors."""
+    encoded, other, path = (
+        ("the queries are slem-dask encodings", "the database", database)
+        if queries_encoded
+        else ("the database is a slem-dask encoding", "the queries", queries)
+    )
+    fmt = getattr(other_arr, "format", None)
+    if fmt is not None:
+        kind = {"npy": "a .npy file", "hdf5": "an HDF5 file"}.get(fmt, f"a .{fmt} file")
+        return (
+            f"{encoded}; {path!r} ({other}) is {kind}, which records nothing of what it "
+            f"holds: raw descriptors against encodings score little (encode both with the "
+            f"same model: `slem-dask encode`), encodings exported (`slem-dask export`) are "
+            f"searched as such"
+        )
+    return (
+        f"{encoded} but {other} ({path!r}) {'is' if queries_encoded else 'are'} not (raw "
+        f"descriptors?): their scores mean little; encode both with the same model "
+        f"(`slem-dask encode`)"
+    )
+
+
 def search_input_warnings(q_arr, db_arr, queries: str, database: str, options) -> list[str]:
     """One-line warnings on what a search of these inputs means: inner product of rows
     far from unit norm, raw descriptors against slem-dask encodings, or (with --force)
@@ -136,14 +161,8 @@ def search_input_warnings(q_arr, db_arr, queries: str, database: str, options) -
     said = []
     mq, mdb = storage.output_meta(q_arr), storage.output_meta(db_arr)
     if bool(mq) != bool(mdb):
-        encoded, raw = (
-            ("the queries are slem-dask encodings", f"the database ({database!r}) is not")
-            if mq
-            else ("the database is a slem-dask encoding", f"the queries ({queries!r}) are not")
-        )
         said.append(
-            f"{encoded} but {raw} (raw descriptors?): their scores mean little; encode "
-            f"both with the same model (`slem-dask encode`)"
+            _one_side_encoded(*((q_arr, db_arr) if mq else (db_arr, q_arr)), mq, queries, database)
         )
     elif mq and mdb and mq.get("encoding_fingerprint") != mdb.get("encoding_fingerprint"):
         said.append(
