@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
+import sys
 
 from .._version import __version__
 from .parser_evaluate import _add_evaluate_command
@@ -36,9 +38,32 @@ class OneLineParser(argparse.ArgumentParser):
     (the option, the value, what it takes) and where its options are listed. The
     commands' parsers are of this class too (argparse makes them of their parent's)."""
 
+    def parse_known_args(self, args=None, namespace=None):  # type: ignore[override]
+        self._given = list(sys.argv[1:] if args is None else args)  # for error()
+        return super().parse_known_args(args, namespace)
+
     def error(self, message: str):  # type: ignore[override]
         listed = "the commands" if " " not in self.prog else "the options"
+        message += _dash_value_hint(
+            message, getattr(self, "_given", []), self._option_string_actions
+        )
         self.exit(2, f"{self.prog}: error: {message} (`{self.prog} --help` lists {listed})\n")
+
+
+def _dash_value_hint(message: str, given: list, options) -> str:
+    """For "argument --lam: expected one argument" after ``--lam -1x``: argparse read the
+    value, which starts with '-' and is no plain negative number, as an option (a value
+    that is one of ``options``, ``--lam --model``, is a missing value: no hint)."""
+    found = re.fullmatch(r"argument (\S+): expected one argument", message)
+    names = found.group(1).split("/") if found else []
+    for option, value in zip(given, given[1:], strict=False):
+        value = str(value)
+        if str(option) in names and value.startswith("-") and value.split("=")[0] not in options:
+            return (
+                f"; its value {str(value)!r} starts with '-' and was read as an option: "
+                f"write {option}={value}"
+            )
+    return ""
 
 
 def build_parser() -> argparse.ArgumentParser:

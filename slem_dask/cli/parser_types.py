@@ -19,26 +19,27 @@ def _positive_float(text: str) -> float:
 
 def _lam(text: str):
     """--lam: a number > 0 (absolute) or "<c>x" (c times the negatives' tr(Sigma))."""
-    relative = text.strip().lower().endswith("x")
-    try:
-        value = _positive_float(text.strip()[:-1] if relative else text)
-    except argparse.ArgumentTypeError as exc:
-        raise argparse.ArgumentTypeError(
-            f"{exc} (a number is absolute; Cx is C times the negatives' total variance, e.g. 0.01x)"
-        ) from None
-    return f"{value:g}x" if relative else value
+    return _absolute_or_relative(text, "Cx is C times the negatives' total variance, e.g. 0.01x")
 
 
 def _gamma(text: str):
     """--gamma: a number > 0 (absolute) or "<c>x" (c over the negatives' median squared
     distance)."""
+    return _absolute_or_relative(
+        text, "Cx is C over the negatives' median squared distance, e.g. 0.0625x"
+    )
+
+
+def _absolute_or_relative(text: str, relative_means: str):
+    """A number > 0, or "<c>x" (c > 0) kept as text; refused quoting the whole value
+    as given (``0x`` was quoted as '0')."""
     relative = text.strip().lower().endswith("x")
     try:
         value = _positive_float(text.strip()[:-1] if relative else text)
-    except argparse.ArgumentTypeError as exc:
+    except argparse.ArgumentTypeError:
         raise argparse.ArgumentTypeError(
-            f"{exc} (a number is absolute; Cx is C over the negatives' median squared "
-            f"distance, e.g. 0.0625x)"
+            f"expected a finite number > 0 or Cx with C > 0, got {text!r} (a number is "
+            f"absolute; {relative_means})"
         ) from None
     return f"{value:g}x" if relative else value
 

@@ -136,6 +136,40 @@ def test_bad_grids_refused(capsys, corpus, text):
     assert code == 2 and "--lam" in err
 
 
+@pytest.mark.parametrize("option", ["--lam", "--gamma"])
+@pytest.mark.parametrize("text", ["0x", "-1x", "0", "infx", "abc"])
+def test_a_bad_lambda_or_gamma_is_quoted_as_given(capsys, corpus, tmp_path, option, text):
+    # `--lam 0x` was quoted as '0', and `--lam=-1x` as '-1': not what was typed
+    kernel = ["--kernel", "rbf"] if option == "--gamma" else []
+    given = ["--negatives", f"{corpus}/negatives", "--model", tmp_path / "m.zarr", *kernel]
+    code, _, err = run(capsys, "fit", *given, f"{option}={text}", "--scheduler", UNREACHABLE)
+    assert code == 2 and f"argument {option}: expected a finite number > 0 or Cx " in err
+    assert f"got {text!r} (a number is absolute; Cx is C " in err, err
+
+
+@pytest.mark.parametrize(
+    "given, hint",
+    [
+        (
+            ["--lam", "-1x"],
+            "; its value '-1x' starts with '-' and was read as an option: write --lam=-1x",
+        ),
+        (["--lam", "--overwrite"], ""),  # a missing value: no hint
+        (["--lam", "--partition-rows=10"], ""),
+        (["--lam"], ""),
+    ],
+)
+def test_a_value_that_starts_with_a_dash_is_said_to_need_an_equals_sign(
+    capsys, corpus, tmp_path, given, hint
+):
+    args = ["--negatives", f"{corpus}/negatives", "--model", tmp_path / "m.zarr", *given]
+    code, _, err = run(capsys, "fit", *args)
+    assert code == 2 and err.strip() == (
+        f"slem-dask fit: error: argument --lam: expected one argument{hint} "
+        f"(`slem-dask fit --help` lists the options)"
+    ), err
+
+
 def test_python_dash_m():
     result = subprocess.run(
         [sys.executable, "-m", "slem_dask", "--version"],

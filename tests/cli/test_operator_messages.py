@@ -787,8 +787,8 @@ def test_the_command_line_takes_relative_and_absolute_lambdas(capsys, scheduler,
     code, err = exited.value.code, capsys.readouterr().err
     assert (
         code == 2
-        and "argument --lam: expected a number > 0, got 'big' (a number is "
-        "absolute; Cx is C times the negatives' total variance, e.g. 0.01x)"
+        and "argument --lam: expected a finite number > 0 or Cx with C > 0, got 'big' (a "
+        "number is absolute; Cx is C times the negatives' total variance, e.g. 0.01x)"
         in err
     ), err
 
