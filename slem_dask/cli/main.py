@@ -154,7 +154,7 @@ def _check_before_cluster(args, spec):
 
     security = _security(args)  # before any cluster starts, like every input check
     outputs = output_paths(args, spec)
-    check_store_names(outputs)  # `--out codes.npy`: a file's name, whatever is there
+    check_store_names(outputs, files_only=True)  # an export there: named for what it is
     _check_inputs(args, spec)  # input errors come before any cluster starts
     check_writable(outputs)  # so do read-only output folders
     _check_report_path(args)  # and a report file that could not be written at the end

@@ -94,23 +94,28 @@ def _check_store_name(key: str, path, target: str) -> None:
         )
 
 
-def check_store_names(paths: dict[str, object]) -> None:
+def check_store_names(paths: dict[str, object], files_only: bool = False) -> None:
     """A ValueError for a store of ``paths`` ({option: path}) named like a file
-    (:func:`_check_store_name`); checked before the inputs and what is at the outputs, so
-    that a file there (an export's ``codes.npy``) is named for what it is."""
+    (:func:`_check_store_name`). ``files_only``: only where such a file is (an export's
+    ``codes.npy``), which the commands check before their inputs, so that the file is
+    not called something slem-dask did not write (:func:`check_writable` checks the rest)."""
     from ..storage import canonical
 
     for key, path in paths.items():
         where = canonical(path) if path else None
-        if where is not None and where.is_local:
+        if where is None or not where.is_local:
+            continue
+        if not files_only or os.path.isfile(where.location):
             _check_store_name(key, path, where.location)
 
 
 def check_writable(paths: dict[str, object]) -> None:
     """Raise PermissionError (one line: the option, the folder, the fix) unless a file
-    can be created where each local output of ``paths`` ({option: path}) goes."""
+    can be created where each local output of ``paths`` ({option: path}) goes; a
+    ValueError for a new store named like a file (:func:`check_store_names`)."""
     from ..storage import canonical
 
+    check_store_names(paths)
     for key, path in paths.items():
         if not path:
             continue
