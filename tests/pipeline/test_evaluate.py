@@ -485,6 +485,17 @@ def test_hdf5_labels_suggest_only_datasets_that_can_be_the_labels(tmp_path):
     )
 
 
+def test_labels_of_floats_are_refused_with_the_fix(tmp_path):
+    np.save(tmp_path / "labels.npy", np.arange(5.0))
+    with pytest.raises(
+        ValueError,
+        match=r"^--query-labels: '.*labels\.npy' holds float64 of shape \(5,\); expected one "
+        r"integer or string label per row, shape \(5,\): save them as such "
+        r"\(labels\.astype\(np\.int64\) for whole numbers held as floats\)$",
+    ):
+        storage.read_labels(str(tmp_path / "labels.npy"), "--query-labels", 5)
+
+
 def test_cli_search_and_evaluate_end_to_end(tmp_path, corpus_path, capsys):
     out = str(tmp_path / "hits.zarr")
     args = ["--workers", "1", "--threads-per-worker", "1", "--no-progress"]

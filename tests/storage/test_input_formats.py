@@ -407,6 +407,10 @@ def test_unreadable_inputs_say_what_to_do(tmp_path, data, monkeypatch):
     (tmp_path / "cut.fvecs").write_bytes(whole.tobytes()[:-10])  # a copy cut short
     with h5py.File(tmp_path / "cube.h5", "w") as f:
         f["images"] = np.zeros((4, 5, D), "float32")
+    with h5py.File(tmp_path / "grouped.h5", "w") as f:
+        f["grp/neg"] = np.zeros((4, D), "float32")
+        f["grp/ids"] = np.arange(4)
+        f.create_group("nothing")
     (tmp_path / "empty").mkdir()
     (tmp_path / "notes").mkdir()
     (tmp_path / "notes" / "a.txt").write_text("")
@@ -424,6 +428,11 @@ def test_unreadable_inputs_say_what_to_do(tmp_path, data, monkeypatch):
         "nothing.npy": r"no file at .*nothing\.npy'; check the path",
         "two.h5": r"holds 2 2-D datasets \(datasets: /a, /b\); name one as .*two\.h5:/path",
         "two.h5:/c": r"has no dataset '/c' \(datasets: /a, /b\)",
+        # a group named where a dataset goes: its dataset of rows is offered
+        "grouped.h5:/grp": r"'/grp' in the HDF5 file .*grouped\.h5' is a group, not a "
+        r"dataset; name its dataset of rows: .*grouped\.h5:/grp/neg$",
+        "grouped.h5:/nothing": r"is a group, not a dataset; it holds no 2-D dataset: name "
+        r"one of rows as .*grouped\.h5:/dataset$",
         "bad.fvecs": r"is not a \.fvecs file: its first row declares dimension 6, and its "
         r"size \(14 bytes\)",
         "cut.fvecs": r"the \.fvecs file .*cut\.fvecs' is cut short: its rows are 4 \+ 6 x 4 "

@@ -58,7 +58,10 @@ def test_open_input_errors(tmp_path):
         ),
         "one.zarr": (ValueError, r"shape \(3,\) \(1-D\); expected a 2-D array"),
         "three.zarr": (ValueError, r"\(3-D\); expected a 2-D array"),
-        "text.zarr": (TypeError, "expected real numbers"),
+        "text.zarr": (
+            TypeError,
+            r"expected real numbers \(integers or floats\): save the descriptors as float32",
+        ),
     }
     for name, (error, message) in cases.items():
         with pytest.raises(error, match=message) as info:

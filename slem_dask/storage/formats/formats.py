@@ -408,6 +408,17 @@ def _open_hdf5(path: StorePath, file: str, dataset: str | None, name: str) -> Fi
                 raise FormatError(_no_single_2d_dataset(f, file, found, two_d, name))
             dataset = two_d[0]
         node = f.get(dataset)
+        if isinstance(node, h5py.Group):
+            inside = [k for k in _datasets(node) if node[k.lstrip("/")].ndim == 2][:6]
+            shown = " or ".join(f"{file}:{node.name.rstrip('/')}/{k.lstrip('/')}" for k in inside)
+            raise FormatError(
+                f"{name}: {dataset!r} in the HDF5 file {file!r} is a group, not a dataset; "
+                + (
+                    f"name its dataset of rows: {shown}"
+                    if inside
+                    else f"it holds no 2-D dataset: name one of rows as {file}:/dataset"
+                )
+            )
         if not isinstance(node, h5py.Dataset):
             raise FormatError(
                 f"{name}: the HDF5 file {file!r} has no dataset {dataset!r} (datasets: "

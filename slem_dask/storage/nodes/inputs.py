@@ -202,7 +202,9 @@ def _check_shape_and_dtype(node, path: str, name: str, kind: str, empty_ok: bool
         )
     if not (np.issubdtype(node.dtype, np.floating) or np.issubdtype(node.dtype, np.integer)):
         raise TypeError(
-            f"{name}: the {kind} at {path!r} has dtype {node.dtype}; expected real numbers"
+            f"{name}: the {kind} at {path!r} has dtype {node.dtype}; expected real numbers "
+            f"(integers or floats): save the descriptors as float32 (x.astype(np.float32), "
+            f"or x.real for complex ones)"
         )
 
 
@@ -275,7 +277,8 @@ def read_labels(path, name: str, n_rows: int) -> np.ndarray:
         raise ValueError(
             f"{name}: {str(where)!r} holds {labels.dtype} of shape "
             f"{labels.shape}; expected one integer or string label per row, "
-            f"shape ({n_rows},)"
+            f"shape ({n_rows},): save them as such (labels.astype(np.int64) for whole "
+            f"numbers held as floats)"
         )
     if len(labels) != n_rows:
         raise ValueError(
