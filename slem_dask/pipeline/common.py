@@ -172,7 +172,13 @@ def update_refusal(model_path, meta: dict, negatives, arr) -> str | None:
         f"--update: the model {str(model_path)!r} was fitted on {n_rows} rows of "
         f"{storage.shown_path(source)!r}"
     )
-    if source != negatives.url:
+    if source is None:  # saved by the library: `fit(X).save(path)` read no store
+        why = (
+            f"--update: the model {str(model_path)!r} was fitted on {n_rows} rows given in "
+            f"memory (saved by the library, e.g. LinearSLEM().fit(X).save(...)), not read "
+            f"from a store: an update appends the rows added to the store a fit read"
+        )
+    elif source != negatives.url:
         why = (
             f"{fitted}, not of {str(negatives)!r}: an update appends the rows added to the "
             f"same store since (a store moved or copied elsewhere counts as another one)"

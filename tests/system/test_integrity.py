@@ -354,6 +354,20 @@ def test_fit_update_of_a_moved_store_or_other_width_says_which(corpus, tmp_path)
         pipeline.fit_job(None, corpus["negatives"], model, lam=0.1, update=True)
 
 
+def test_fit_update_of_a_model_saved_by_the_library_says_it_read_no_store(corpus):
+    # it said "was fitted on 300 rows of None"
+    model = str(corpus["dir"] / "m.zarr")
+    LinearSLEM(lam=0.1).fit(corpus["neg"][:300]).save(model)
+    with pytest.raises(ValueError) as refused:
+        pipeline.fit_job(None, corpus["negatives"], model, lam=0.1, update=True)
+    assert str(refused.value) == (
+        f"--update: the model {model!r} was fitted on 300 rows given in memory (saved by "
+        f"the library, e.g. LinearSLEM().fit(X).save(...)), not read from a store: an "
+        f"update appends the rows added to the store a fit read; fit from scratch with "
+        f"--overwrite"
+    )
+
+
 def test_cli_update_refusals_come_before_any_cluster_starts(corpus, capsys):
     from slem_dask.cli.main import main
 
