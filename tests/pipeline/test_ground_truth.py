@@ -191,7 +191,8 @@ def test_search_job_warns_raw_queries_against_encodings(tmp_path, rng):
     encode_job(None, str(tmp_path / "m.zarr"), neg, str(tmp_path / "codes.zarr"))
     with pytest.warns(
         UserWarning,
-        match=r"the database is a slem-dask encoding but the queries \('.*neg.npy'\) are not",
+        match=r"the database is a slem-dask encoding; '.*neg.npy' \(the queries\) is a \.npy "
+        r"file, which records nothing of what it holds: raw descriptors against encodings",
     ):
         search_job(None, neg, str(tmp_path / "codes.zarr"), str(tmp_path / "h.zarr"), k=3)
 

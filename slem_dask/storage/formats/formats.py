@@ -389,6 +389,17 @@ def _datasets(f) -> list[str]:
     return found
 
 
+def _group_given(group, file: str, dataset: str, name: str) -> str:
+    """Why a group named as the dataset of rows is refused, offering its 2-D datasets."""
+    inside = [k for k in _datasets(group) if group[k.lstrip("/")].ndim == 2][:6]
+    shown = " or ".join(f"{file}:{group.name.rstrip('/')}/{k.lstrip('/')}" for k in inside)
+    return f"{name}: {dataset!r} in the HDF5 file {file!r} is a group, not a dataset; " + (
+        f"name its dataset of rows: {shown}"
+        if inside
+        else f"it holds no 2-D dataset: name one of rows as {file}:/dataset"
+    )
+
+
 def _open_hdf5(path: StorePath, file: str, dataset: str | None, name: str) -> FileArray:
     h5py = _h5py(file, name)
     if not os.path.isfile(file):
@@ -409,16 +420,7 @@ def _open_hdf5(path: StorePath, file: str, dataset: str | None, name: str) -> Fi
             dataset = two_d[0]
         node = f.get(dataset)
         if isinstance(node, h5py.Group):
-            inside = [k for k in _datasets(node) if node[k.lstrip("/")].ndim == 2][:6]
-            shown = " or ".join(f"{file}:{node.name.rstrip('/')}/{k.lstrip('/')}" for k in inside)
-            raise FormatError(
-                f"{name}: {dataset!r} in the HDF5 file {file!r} is a group, not a dataset; "
-                + (
-                    f"name its dataset of rows: {shown}"
-                    if inside
-                    else f"it holds no 2-D dataset: name one of rows as {file}:/dataset"
-                )
-            )
+            raise FormatError(_group_given(node, file, dataset, name))
         if not isinstance(node, h5py.Dataset):
             raise FormatError(
                 f"{name}: the HDF5 file {file!r} has no dataset {dataset!r} (datasets: "
