@@ -44,25 +44,28 @@ class OneLineParser(argparse.ArgumentParser):
 
     def error(self, message: str):  # type: ignore[override]
         listed = "the commands" if " " not in self.prog else "the options"
-        message += _dash_value_hint(
-            message, getattr(self, "_given", []), self._option_string_actions
-        )
+        message += _dash_value_hint(message, getattr(self, "_given", []), self)
         self.exit(2, f"{self.prog}: error: {message} (`{self.prog} --help` lists {listed})\n")
 
 
-def _dash_value_hint(message: str, given: list, options) -> str:
+def _dash_value_hint(message: str, given: list, parser: argparse.ArgumentParser) -> str:
     """For "argument --lam: expected one argument" after ``--lam -1x``: argparse read the
-    value, which starts with '-' and is no plain negative number, as an option (a value
-    that is one of ``options``, ``--lam --model``, is a missing value: no hint)."""
+    value, which starts with one '-' and is no plain negative number, as an option. A
+    value of two dashes (``--lam --model``, a mistyped ``--positivs``) is a missing
+    value: no hint. A value that the option's type refuses is said with that refusal."""
     found = re.fullmatch(r"argument (\S+): expected one argument", message)
     names = found.group(1).split("/") if found else []
-    for option, value in zip(given, given[1:], strict=False):
-        value = str(value)
-        if str(option) in names and value.startswith("-") and value.split("=")[0] not in options:
-            return (
-                f"; its value {str(value)!r} starts with '-' and was read as an option: "
-                f"write {option}={value}"
-            )
+    for option, value in zip(map(str, given), map(str, given[1:]), strict=False):
+        if option not in names or not value.startswith("-") or value.startswith("--"):
+            continue
+        said = f"; its value {value!r} starts with '-' and was read as an option"
+        convert = getattr(parser._option_string_actions.get(option), "type", None)
+        try:
+            if callable(convert):
+                convert(value)
+        except (argparse.ArgumentTypeError, TypeError, ValueError) as exc:
+            return f"{said}, and as a value it is refused too: {exc}"
+        return f"{said}: write {option}={value}"
     return ""
 
 

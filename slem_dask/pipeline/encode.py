@@ -30,7 +30,8 @@ from .encode_plan import (
     recorded_model_is,
     up_to_date_report,
 )
-from .encode_write import _verify_partitions, encode_partitions, reuse_partitions, what_is_kept
+from .encode_retry import encode_partitions
+from .encode_write import _verify_partitions, reuse_partitions, what_is_kept
 from .options import EncodeOptions, options_from
 
 

@@ -13,10 +13,6 @@ from ..models import KernelSLEM, LinearSLEM
 from ..core.validation import check_encoded_rows, rows_text
 
 from ..storage.backends import LOOK_SECONDS, answer_within
-from ..cluster import workers
-from ..parallel import replicas
-from ..parallel.blocks import scatter_large_arrays
-from . import common
 from .common import JobFailed
 
 
@@ -78,67 +74,6 @@ def _partitions_written(location: str) -> tuple[int, int]:
         return int(arr.nchunks_initialized), int(arr.nchunks)
     except Exception:  # noqa: BLE001
         return 0, 0
-
-
-#: Times an encode sends its model to the workers again after every worker that held
-#: it left (:func:`encode_partitions`).
-RESCATTERS = 2
-
-
-def encode_partitions(client, model, plan, target, todo: list[int], progress: bool, check, kept):
-    """{partition: crc32c} of the partitions ``todo`` of ``plan``, encoded into the draft
-    ``target`` on ``client``'s workers (``check()``: that the workers listed see the
-    stores, as before the first attempt; ``kept()``: what a failed job leaves).
-
-    A model large enough to be scattered is held by the workers alone: when every
-    worker that held it leaves (the only worker killed, or restarted by its nanny),
-    distributed cancels the compute ("already forgotten"), though the cluster is still
-    there. The model is then sent again, once the workers listed are checked, and the
-    partitions not yet written are encoded, up to RESCATTERS times. A worker restarted
-    for its memory is not retried: ``cluster.workers.explain_failures`` says what helps."""
-    from concurrent.futures import CancelledError
-
-    written: dict[int, int] = {}
-    for attempt in range(RESCATTERS + 1):
-        if attempt:
-            check()
-        restarts = max((t for t, _ in workers.memory_events(client)), default=float("-inf"))
-        with scatter_large_arrays(client) as scattered:
-            graph = _write_partitions(
-                model, plan.arr, target, todo, plan.rows, plan.out_dtype, plan.precision
-            )
-            try:
-                result = common._compute(client, graph, progress)
-            except CancelledError:
-                if not _model_lost(client, scattered, restarts):
-                    raise
-                if attempt == RESCATTERS:
-                    raise JobFailed(
-                        f"every worker that held the model left while it encoded, "
-                        f"{attempt + 1} times (killed, or restarted by their nannies), "
-                        f"though the scheduler stayed up; {kept()}"
-                    ) from None
-            else:
-                for index, crc in np.asarray(result).reshape(-1, 2).tolist():
-                    written[int(index)] = int(crc)
-                return written
-        # what the cancelled attempt finished stays: each chunk whole, with its trailer
-        for i in list(todo):
-            if (crc := storage.self_consistent_crc32c(target, i)) is not None:
-                written[i] = crc
-        todo = [i for i in todo if i not in written]
-    raise AssertionError("unreachable")  # pragma: no cover - the last attempt returns or raises
-
-
-def _model_lost(client, scattered: list, restarts_before: float) -> bool:
-    """Whether a compute was cancelled because the cluster lost the model it was sent
-    (and not for a worker's memory, its connection, an interrupt or the watchdog)."""
-    return (
-        client is not None
-        and client.status == "running"
-        and replicas.lost(scattered)
-        and not workers.memory_events(client, restarts_before)
-    )
 
 
 def _write_partitions(

@@ -129,6 +129,10 @@ def search_job(
     ).split_lease_wait(tx)
 
 
+#: How the search warning names an input file that records nothing (its format).
+_FILE_KINDS = {"npy": "a .npy file", "npy shards": "a set of .npy shards", "hdf5": "an HDF5 file"}
+
+
 def _one_side_encoded(encoded_arr, other_arr, queries_encoded, queries: str, database: str) -> str:
     """The warning for slem-dask encodings searched against rows that are not, as far as
     their store says: a file (.npy, HDF5, fvecs) records nothing, and may hold
@@ -140,12 +144,13 @@ def _one_side_encoded(encoded_arr, other_arr, queries_encoded, queries: str, dat
     )
     fmt = getattr(other_arr, "format", None)
     if fmt is not None:
-        kind = {"npy": "a .npy file", "hdf5": "an HDF5 file"}.get(fmt, f"a .{fmt} file")
+        kind = _FILE_KINDS.get(fmt, f"a .{fmt} file")
+        export = " (as `slem-dask export --to OUT.npy` writes them)" if fmt == "npy" else ""
         return (
             f"{encoded}; {path!r} ({other}) is {kind}, which records nothing of what it "
             f"holds: raw descriptors against encodings score little (encode both with the "
-            f"same model: `slem-dask encode`), encodings exported (`slem-dask export`) are "
-            f"searched as such"
+            f"same model: `slem-dask encode`), encodings saved in it{export} are searched "
+            f"as such"
         )
     return (
         f"{encoded} but {other} ({path!r}) {'is' if queries_encoded else 'are'} not (raw "

@@ -152,10 +152,18 @@ def test_a_bad_lambda_or_gamma_is_quoted_as_given(capsys, corpus, tmp_path, opti
     [
         (
             ["--lam", "-1x"],
-            "; its value '-1x' starts with '-' and was read as an option: write --lam=-1x",
+            "; its value '-1x' starts with '-' and was read as an option, and as a value "
+            "it is refused too: expected a finite number > 0 or Cx with C > 0, got '-1x' "
+            "(a number is absolute; Cx is C times the negatives' total variance, e.g. 0.01x)",
+        ),
+        (
+            ["--partition-rows", "-m.zarr"],
+            "; its value '-m.zarr' starts with '-' and was read as an option, and as a value "
+            "it is refused too: expected an integer >= 1, got '-m.zarr'",
         ),
         (["--lam", "--overwrite"], ""),  # a missing value: no hint
         (["--lam", "--partition-rows=10"], ""),
+        (["--lam", "--lamda"], ""),  # a missing value and a mistyped option
         (["--lam"], ""),
     ],
 )
@@ -164,9 +172,22 @@ def test_a_value_that_starts_with_a_dash_is_said_to_need_an_equals_sign(
 ):
     args = ["--negatives", f"{corpus}/negatives", "--model", tmp_path / "m.zarr", *given]
     code, _, err = run(capsys, "fit", *args)
+    option = given[0]
     assert code == 2 and err.strip() == (
-        f"slem-dask fit: error: argument --lam: expected one argument{hint} "
+        f"slem-dask fit: error: argument {option}: expected one argument{hint} "
         f"(`slem-dask fit --help` lists the options)"
+    ), err
+
+
+def test_a_value_of_one_dash_that_the_option_takes_is_given_with_an_equals_sign(
+    capsys, corpus, tmp_path
+):
+    model = tmp_path / "-m.zarr"
+    code, _, err = run(capsys, "fit", "--negatives", f"{corpus}/negatives", "--model", model.name)
+    assert code == 2 and err.strip() == (
+        "slem-dask fit: error: argument --model: expected one argument; its value '-m.zarr' "
+        "starts with '-' and was read as an option: write --model=-m.zarr (`slem-dask fit "
+        "--help` lists the options)"
     ), err
 
 

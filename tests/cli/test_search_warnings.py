@@ -45,7 +45,10 @@ def test_encodings_against_a_file_say_the_file_cannot_tell(stores, capsys):
     for queries, database in (("codes.zarr", "codes.npy"), ("codes.zarr", "raw.npy")):
         (said,) = _warnings(capsys, stores, queries, database)
         assert f"{str(stores / database)!r} (the database) is a .npy file, which records" in said
-        assert "encodings exported (`slem-dask export`) are searched as such" in said
+        assert said.endswith(
+            "encodings saved in it (as `slem-dask export --to OUT.npy` writes them) are "
+            "searched as such"
+        ), said
         assert "raw descriptors?" not in said
     (said,) = _warnings(capsys, stores, "raw.npy", "codes.zarr")
     assert said.startswith("the database is a slem-dask encoding; ")
@@ -63,3 +66,17 @@ def test_encodings_against_a_zarr_array_without_their_record_are_called_raw(stor
         f"model (`slem-dask encode`)"
     )
     assert _warnings(capsys, stores, "codes.zarr", "plain.zarr") == []  # its record kept
+
+
+def test_an_hdf5_file_or_shards_are_named_for_what_they_are(stores, capsys):
+    import h5py
+
+    with h5py.File(stores / "raw.h5", "w") as f:
+        f["rows"] = np.load(stores / "raw.npy")
+    (stores / "shards").mkdir()
+    np.save(stores / "shards" / "emb_0.npy", np.load(stores / "raw.npy"))
+    (said,) = _warnings(capsys, stores, "codes.zarr", "raw.h5")
+    assert f"{str(stores / 'raw.h5')!r} (the database) is an HDF5 file, which records" in said
+    assert said.endswith("encodings saved in it are searched as such"), said  # no export
+    (said,) = _warnings(capsys, stores, "codes.zarr", "shards")
+    assert "(the database) is a set of .npy shards, which records nothing" in said, said

@@ -378,12 +378,15 @@ def test_an_encode_whose_only_worker_dies_sends_its_model_again_and_completes(on
             time.sleep(0.01)
         assert proc.poll() is None, "the encode ended before its worker could be killed"
         os.kill(pid, signal.SIGKILL)
+        at_kill = len(list(out.glob("versions/*/c/*/*")))
         stdout, stderr = proc.communicate(timeout=240)
     finally:
         if proc.poll() is None:
             proc.kill()
     assert proc.returncode == 0, stderr
+    assert at_kill < 120, "every partition was written before the kill: nothing was tested"
     assert "lost the dask cluster" not in stderr
+    assert "warning: the model was lost with every worker that held it" in stderr, stderr
     assert re.search(r"partitions +120 encoded of 120", stdout), stdout
     clean = _cli(c, *args, "--out", c["tmp"] / "clean.zarr", timeout=240)
     assert clean.returncode == 0, clean.stderr
