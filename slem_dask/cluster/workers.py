@@ -63,6 +63,7 @@ __all__ = [
     "kernel_fit_bytes",
     "explain_failures",
     "memory_events",
+    "last_memory_event",
 ]
 
 #: The fraction of its limit at which a nanny restarts a worker, when dask's
@@ -287,6 +288,12 @@ def _smaller_partitions(plan: Plan, rows: int, or_less: str = "", in_process: bo
 
 
 # -- after the fact ----------------------------------------------------------------
+def last_memory_event(client) -> float:
+    """The scheduler time of the last memory restart logged so far (-inf: none): what
+    :func:`memory_events` counts from for a job that starts now."""
+    return max((t for t, _ in memory_events(client)), default=float("-inf"))
+
+
 def memory_events(client, after: float = float("-inf")) -> list:
     """The nannies' memory restarts logged after scheduler time ``after``: [(time, msg)]."""
     try:
@@ -394,7 +401,7 @@ def explain_failures(client, what_is_kept: str = "nothing was marked complete"):
     if client is None:
         yield
         return
-    before = max((t for t, _ in memory_events(client)), default=float("-inf"))
+    before = last_memory_event(client)
     limits = _worker_limits(client)
     names = {a: str(n) for a, n in _worker_limits(client, "name").items()}
     token, remedy = _plan.set(None), _remedy.set(None)

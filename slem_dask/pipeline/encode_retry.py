@@ -38,7 +38,7 @@ def encode_partitions(client, model, plan, target, todo: list[int], progress: bo
     stores, as before the first attempt; ``kept()``: what a failed job leaves)."""
     written: dict[int, int] = {}
     for attempt in range(RESCATTERS + 1):
-        restarts = max((t for t, _ in workers.memory_events(client)), default=float("-inf"))
+        restarts = workers.last_memory_event(client)
         lost = _attempt(client, model, plan, target, todo, progress, written, restarts)
         if lost is None:
             return written

@@ -133,7 +133,7 @@ def search_job(
 _FILE_KINDS = {"npy": "a .npy file", "npy shards": "a set of .npy shards", "hdf5": "an HDF5 file"}
 
 
-def _one_side_encoded(encoded_arr, other_arr, queries_encoded, queries: str, database: str) -> str:
+def _one_side_encoded(other_arr, queries_encoded: bool, queries: str, database: str) -> str:
     """The warning for slem-dask encodings searched against rows that are not, as far as
     their store says: a file (.npy, HDF5, fvecs) records nothing, and may hold
     encodings exported from slem-dask (`slem-dask export`) as well as raw descriptors."""
@@ -166,9 +166,7 @@ def search_input_warnings(q_arr, db_arr, queries: str, database: str, options) -
     said = []
     mq, mdb = storage.output_meta(q_arr), storage.output_meta(db_arr)
     if bool(mq) != bool(mdb):
-        said.append(
-            _one_side_encoded(*((q_arr, db_arr) if mq else (db_arr, q_arr)), mq, queries, database)
-        )
+        said.append(_one_side_encoded(db_arr if mq else q_arr, bool(mq), queries, database))
     elif mq and mdb and mq.get("encoding_fingerprint") != mdb.get("encoding_fingerprint"):
         said.append(
             "queries and database are encodings of different models (searched anyway: "

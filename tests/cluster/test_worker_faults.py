@@ -194,6 +194,19 @@ def two_workers(tmp_path):
     _stop_cluster(cluster)
 
 
+def _draft_chunks(out) -> list:
+    """The chunk files in the drafts of the output ``out``."""
+    return list(out.glob("versions/*/c/*/*"))
+
+
+def _wait_for_draft_chunks(proc, out, n: int, seconds: float) -> None:
+    """Until the encode ``proc`` has written ``n`` chunks into its draft, or has ended,
+    or ``seconds`` have passed."""
+    deadline = time.time() + seconds
+    while time.time() < deadline and proc.poll() is None and len(_draft_chunks(out)) < n:
+        time.sleep(0.01)
+
+
 def _worker_pid(cluster, name):
     from distributed import Client
 
@@ -258,13 +271,7 @@ def test_a_stopped_worker_is_named_and_encode_gives_up_after_task_timeout(two_wo
         env=env,
     )
     try:
-        deadline = time.time() + 60
-        while (
-            time.time() < deadline
-            and proc.poll() is None
-            and len(list(out.glob("versions/*/c/*/*"))) < 10
-        ):  # chunks in the job's draft
-            time.sleep(0.01)
+        _wait_for_draft_chunks(proc, out, 10, seconds=60)
         assert proc.poll() is None, "the encode ended before a worker could be stopped"
         os.kill(pid, signal.SIGSTOP)
         stopped = time.monotonic()
@@ -369,16 +376,10 @@ def test_an_encode_whose_only_worker_dies_sends_its_model_again_and_completes(on
         text=True,
     )
     try:
-        deadline = time.time() + 120
-        while (
-            time.time() < deadline
-            and proc.poll() is None
-            and len(list(out.glob("versions/*/c/*/*"))) < 5
-        ):  # chunks in the job's draft
-            time.sleep(0.01)
+        _wait_for_draft_chunks(proc, out, 5, seconds=120)
         assert proc.poll() is None, "the encode ended before its worker could be killed"
         os.kill(pid, signal.SIGKILL)
-        at_kill = len(list(out.glob("versions/*/c/*/*")))
+        at_kill = len(_draft_chunks(out))
         stdout, stderr = proc.communicate(timeout=240)
     finally:
         if proc.poll() is None:
